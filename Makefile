@@ -1,0 +1,45 @@
+# kinst: the two commands are `make demo` and `make test` (see README.md).
+# Both install what they need on a fresh Debian 12 machine (as root).
+
+SHELL  := /bin/bash
+GO     ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
+CACHE  ?= $(CURDIR)/.cache
+STRESS ?= 300
+
+export KINST_CACHE := $(CACHE)
+export CGO_ENABLED := 0
+
+.PHONY: all deps build demo test unit vm-up vm-down clean
+
+all: build
+
+# apt packages and Go modules; the Debian kernel image and the matching
+# headers are fetched by `kinst vm up` (cached under $(CACHE)).
+deps:
+	@scripts/deps.sh
+	@$(GO) mod download
+
+# Static binaries: the same files run on the host and inside the guest.
+build:
+	@mkdir -p bin
+	$(GO) build -trimpath -o bin/kinst ./cmd/kinst
+	$(GO) build -trimpath -o bin/kerninstd ./cmd/kerninstd
+
+demo: deps build
+	@scripts/demo.sh
+
+# Unit tests, then the live-VM tests (one VM per test package).
+test: deps build
+	KINST_LIVE=1 KINST_BIN=$(CURDIR)/bin KINST_STRESS_CYCLES=$(STRESS) $(GO) test -p 1 -timeout 40m -count=1 ./...
+
+unit:
+	KINST_LIVE=0 $(GO) test ./...
+
+vm-up: deps build
+	bin/kinst vm up
+
+vm-down:
+	bin/kinst vm down
+
+clean:
+	rm -rf bin

@@ -1,0 +1,216 @@
+package cfg
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"sort"
+
+	"golang.org/x/arch/x86/x86asm"
+)
+
+// Instruction is one decoded instruction of a function.
+type Instruction struct {
+	Addr  uint64
+	Bytes []byte
+	Inst  x86asm.Inst
+}
+
+// Len is the instruction's length in bytes.
+func (in *Instruction) Len() int { return len(in.Bytes) }
+
+// End is the address of the next instruction.
+func (in *Instruction) End() uint64 { return in.Addr + uint64(len(in.Bytes)) }
+
+// String is the instruction in AT&T syntax, as objdump prints it.
+func (in *Instruction) String() string {
+	return x86asm.GNUSyntax(in.Inst, in.Addr, nil)
+}
+
+// Function is a function's instructions, decoded by a linear sweep of its
+// live bytes (alternatives and static keys already applied by the kernel).
+type Function struct {
+	Name   string
+	Module string
+	Addr   uint64
+	End    uint64
+	Insns  []Instruction
+	// Truncated is set when the sweep stopped at bytes x86asm cannot
+	// decode; Insns then covers [Addr, Insns[len-1].End()) only.
+	Truncated bool
+}
+
+// TextReader reads kernel memory: the driver, a core dump, or a file.
+type TextReader interface {
+	Read(addr uint64, b []byte) error
+}
+
+// ReadFunction reads and decodes the function sym from the live kernel.
+func ReadFunction(r TextReader, syms *Symbols, sym Symbol) (*Function, error) {
+	end := syms.End(sym)
+	code := make([]byte, end-sym.Addr)
+	if err := r.Read(sym.Addr, code); err != nil {
+		// The extent is a guess where no symbol follows (the end of a
+		// module's text): keep what reads, a chunk at a time.
+		n := 0
+		for n < len(code) {
+			c := min(readChunk, len(code)-n)
+			if r.Read(sym.Addr+uint64(n), code[n:n+c]) != nil {
+				break
+			}
+			n += c
+		}
+		if n == 0 {
+			return nil, fmt.Errorf("read %s text at %#x: %w", sym.Name, sym.Addr, err)
+		}
+		code = code[:n]
+	}
+	return Decode(sym.Name, sym.Module, sym.Addr, code)
+}
+
+// readChunk is the granule of the fallback read in ReadFunction.
+const readChunk = 8
+
+// Decode splits code, the bytes of a function at addr, into instructions.
+func Decode(name, module string, addr uint64, code []byte) (*Function, error) {
+	f := &Function{Name: name, Module: module, Addr: addr, End: addr + uint64(len(code))}
+	for off := 0; off < len(code); {
+		inst, err := x86asm.Decode(code[off:], 64)
+		if err != nil {
+			f.Truncated = true
+			break
+		}
+		f.Insns = append(f.Insns, Instruction{
+			Addr:  addr + uint64(off),
+			Bytes: code[off : off+inst.Len : off+inst.Len],
+			Inst:  inst,
+		})
+		off += inst.Len
+	}
+	if len(f.Insns) == 0 {
+		return nil, fmt.Errorf("%s at %#x: no decodable instruction", name, addr)
+	}
+	return f, nil
+}
+
+// ErrNotBoundary is matched by every NotBoundaryError.
+var ErrNotBoundary = errors.New("not an instruction boundary")
+
+// NotBoundaryError reports an address inside an instruction.
+type NotBoundaryError struct {
+	Addr      uint64
+	Insn      uint64 // start of the instruction that contains Addr
+	InsnLen   int
+	InsnText  string
+	Function  string
+	InsnOff   uint64
+	Requested uint64 // offset requested into Function
+}
+
+func (e *NotBoundaryError) Error() string {
+	return fmt.Sprintf("%s+%#x is inside the %d-byte instruction at %s+%#x (%s): not an instruction boundary",
+		e.Function, e.Requested, e.InsnLen, e.Function, e.InsnOff, e.InsnText)
+}
+
+func (e *NotBoundaryError) Is(target error) bool { return target == ErrNotBoundary }
+
+// Index returns the index of the instruction starting at addr.
+func (f *Function) Index(addr uint64) (int, error) {
+	if addr < f.Addr || addr >= f.End {
+		return 0, fmt.Errorf("%#x is outside %s [%#x, %#x)", addr, f.Name, f.Addr, f.End)
+	}
+	i := sort.Search(len(f.Insns), func(i int) bool { return f.Insns[i].End() > addr })
+	if i == len(f.Insns) {
+		return 0, fmt.Errorf("%s+%#x lies past the last decodable instruction", f.Name, addr-f.Addr)
+	}
+	in := &f.Insns[i]
+	if in.Addr != addr {
+		return 0, &NotBoundaryError{Addr: addr, Insn: in.Addr, InsnLen: in.Len(), InsnText: in.String(),
+			Function: f.Name, InsnOff: in.Addr - f.Addr, Requested: addr - f.Addr}
+	}
+	return i, nil
+}
+
+// nop5 is the 5-byte nop the kernel leaves at an ftrace site while no
+// tracer uses it.
+var nop5 = []byte{0x0f, 0x1f, 0x44, 0x00, 0x00}
+
+// endbr64 starts functions on kernels built with IBT.
+var endbr64 = []byte{0xf3, 0x0f, 0x1e, 0xfa}
+
+// IsFtraceSite reports whether instruction i is the function's ftrace
+// site: the first instruction (after an endbr64), 5 bytes long, either
+// the idle nop or a call that ftrace patched in. ftrace owns those bytes
+// and rewrites them at any time.
+func (f *Function) IsFtraceSite(i int) bool {
+	first := 0
+	if len(f.Insns) > 0 && bytes.Equal(f.Insns[0].Bytes, endbr64) {
+		first = 1
+	}
+	if i != first || i >= len(f.Insns) {
+		return false
+	}
+	in := &f.Insns[i]
+	return in.Len() == 5 && (bytes.Equal(in.Bytes, nop5) || in.Inst.Op == x86asm.CALL)
+}
+
+// IsControlTransfer reports whether the instruction may not fall through
+// to the next one: every branch, return, call and trap.
+func IsControlTransfer(in *Instruction) bool {
+	switch in.Inst.Op {
+	case x86asm.JMP, x86asm.LJMP, x86asm.RET, x86asm.LRET, x86asm.CALL, x86asm.LCALL,
+		x86asm.JA, x86asm.JAE, x86asm.JB, x86asm.JBE, x86asm.JE, x86asm.JNE,
+		x86asm.JG, x86asm.JGE, x86asm.JL, x86asm.JLE, x86asm.JO, x86asm.JNO,
+		x86asm.JP, x86asm.JNP, x86asm.JS, x86asm.JNS,
+		x86asm.JCXZ, x86asm.JECXZ, x86asm.JRCXZ, x86asm.LOOP, x86asm.LOOPE, x86asm.LOOPNE,
+		x86asm.INT, x86asm.UD0, x86asm.UD1, x86asm.UD2, x86asm.HLT, x86asm.IRET, x86asm.IRETD, x86asm.IRETQ,
+		x86asm.SYSCALL, x86asm.SYSRET, x86asm.SYSENTER, x86asm.SYSEXIT:
+		return true
+	}
+	return false
+}
+
+// BranchTarget returns the target of a direct (relative) branch or call.
+func BranchTarget(in *Instruction) (uint64, bool) {
+	if len(in.Inst.Args) == 0 {
+		return 0, false
+	}
+	rel, ok := in.Inst.Args[0].(x86asm.Rel)
+	if !ok {
+		return 0, false
+	}
+	return in.End() + uint64(int64(rel)), true
+}
+
+// BranchTargets returns the set of addresses inside the function that a
+// direct jump of the function lands on.
+func (f *Function) BranchTargets() map[uint64]bool {
+	t := make(map[uint64]bool)
+	for i := range f.Insns {
+		in := &f.Insns[i]
+		if in.Inst.Op == x86asm.CALL {
+			continue
+		}
+		if a, ok := BranchTarget(in); ok && a >= f.Addr && a < f.End {
+			t[a] = true
+		}
+	}
+	return t
+}
+
+// EntryBlock returns the indices [0, n) of the function's entry block: the
+// instructions up to and including the first control transfer, cut short
+// where a jump of the function lands (a loop back to the top makes such an
+// instruction run more than once per call).
+func (f *Function) EntryBlock() int {
+	targets := f.BranchTargets()
+	for i := range f.Insns {
+		if i > 0 && targets[f.Insns[i].Addr] {
+			return i
+		}
+		if IsControlTransfer(&f.Insns[i]) {
+			return i + 1
+		}
+	}
+	return len(f.Insns)
+}

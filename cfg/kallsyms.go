@@ -1,0 +1,149 @@
+package cfg
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// Symbol is one text symbol of the running kernel or a module.
+type Symbol struct {
+	Addr   uint64
+	Type   byte   // kallsyms type letter: 't' or 'T'
+	Name   string
+	Module string // "" for the core kernel
+}
+
+// Symbols is a kallsyms snapshot: text symbols sorted by address, indexed
+// by name. It is immutable once built, so it is safe for concurrent use.
+type Symbols struct {
+	byAddr []Symbol
+	byName map[string][]int
+}
+
+// ErrHiddenAddresses is returned when kallsyms shows zero addresses: the
+// reader lacks CAP_SYSLOG or kernel.kptr_restrict hides them.
+var ErrHiddenAddresses = errors.New("kallsyms addresses are hidden (run as root, or lower kernel.kptr_restrict)")
+
+// ErrUnknownFunction is matched by every UnknownFunctionError.
+var ErrUnknownFunction = errors.New("unknown function")
+
+// UnknownFunctionError names a function that kallsyms does not list.
+type UnknownFunctionError struct{ Name string }
+
+func (e *UnknownFunctionError) Error() string {
+	return fmt.Sprintf("unknown function %q: not in /proc/kallsyms (static functions may have been inlined; check the name)", e.Name)
+}
+
+func (e *UnknownFunctionError) Is(target error) bool { return target == ErrUnknownFunction }
+
+// LoadKallsyms reads a kallsyms file such as /proc/kallsyms.
+func LoadKallsyms(path string) (*Symbols, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return ParseKallsyms(f)
+}
+
+// ParseKallsyms parses the "ADDR TYPE NAME [MODULE]" lines of kallsyms,
+// keeping text symbols only.
+func ParseKallsyms(r io.Reader) (*Symbols, error) {
+	s := &Symbols{byName: make(map[string][]int)}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 64*1024), 1024*1024)
+	nonzero := false
+	line := 0
+	for sc.Scan() {
+		line++
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 3 || len(fields[1]) != 1 {
+			return nil, fmt.Errorf("kallsyms line %d: malformed %q", line, sc.Text())
+		}
+		addr, err := strconv.ParseUint(fields[0], 16, 64)
+		if err != nil {
+			return nil, fmt.Errorf("kallsyms line %d: bad address: %w", line, err)
+		}
+		t := fields[1][0]
+		if t != 't' && t != 'T' {
+			continue
+		}
+		if addr != 0 {
+			nonzero = true
+		}
+		sym := Symbol{Addr: addr, Type: t, Name: fields[2]}
+		if len(fields) > 3 {
+			sym.Module = strings.Trim(fields[3], "[]")
+		}
+		s.byAddr = append(s.byAddr, sym)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	if len(s.byAddr) == 0 {
+		return nil, errors.New("kallsyms: no text symbols")
+	}
+	if !nonzero {
+		return nil, ErrHiddenAddresses
+	}
+	sort.SliceStable(s.byAddr, func(i, j int) bool { return s.byAddr[i].Addr < s.byAddr[j].Addr })
+	for i, sym := range s.byAddr {
+		s.byName[sym.Name] = append(s.byName[sym.Name], i)
+	}
+	return s, nil
+}
+
+// Len is the number of text symbols.
+func (s *Symbols) Len() int { return len(s.byAddr) }
+
+// Lookup returns the symbol called name. Where several share the name
+// (static functions), the core kernel's first one wins; ambiguous reports
+// how many there were, so callers can say so.
+func (s *Symbols) Lookup(name string) (sym Symbol, ambiguous int, err error) {
+	idx := s.byName[name]
+	if len(idx) == 0 {
+		return Symbol{}, 0, &UnknownFunctionError{Name: name}
+	}
+	best := s.byAddr[idx[0]]
+	for _, i := range idx {
+		if s.byAddr[i].Module == "" {
+			best = s.byAddr[i]
+			break
+		}
+	}
+	return best, len(idx), nil
+}
+
+// End returns the address where the function starting at sym.Addr ends:
+// the next text symbol at a higher address, capped at maxFunctionSize.
+func (s *Symbols) End(sym Symbol) uint64 {
+	i := sort.Search(len(s.byAddr), func(i int) bool { return s.byAddr[i].Addr > sym.Addr })
+	end := sym.Addr + maxFunctionSize
+	if i < len(s.byAddr) && s.byAddr[i].Addr < end {
+		end = s.byAddr[i].Addr
+	}
+	return end
+}
+
+// maxFunctionSize bounds a function's extent when no later symbol does
+// (the last symbol of a module, say).
+const maxFunctionSize = 64 << 10
+
+// At returns the symbol containing addr and the offset into it.
+func (s *Symbols) At(addr uint64) (Symbol, uint64, bool) {
+	i := sort.Search(len(s.byAddr), func(i int) bool { return s.byAddr[i].Addr > addr })
+	if i == 0 {
+		return Symbol{}, 0, false
+	}
+	sym := s.byAddr[i-1]
+	if addr-sym.Addr >= maxFunctionSize {
+		return Symbol{}, 0, false
+	}
+	return sym, addr - sym.Addr, true
+}

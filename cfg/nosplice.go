@@ -1,0 +1,67 @@
+package cfg
+
+import (
+	"errors"
+	"fmt"
+)
+
+// ErrNoSplice is matched by every NoSpliceError.
+var ErrNoSplice = errors.New("no-splice site")
+
+// NoSpliceError refuses a point that must never be overwritten, with why.
+type NoSpliceError struct {
+	Where  string // symbolic location
+	Reason string
+}
+
+func (e *NoSpliceError) Error() string {
+	return fmt.Sprintf("%s is a no-splice site: %s", e.Where, e.Reason)
+}
+
+func (e *NoSpliceError) Is(target error) bool { return target == ErrNoSplice }
+
+// int3Path lists the functions a CPU runs between hitting an int3 and our
+// die notifier redirecting it: a splice there would recurse.
+var int3Path = map[string]bool{
+	"exc_int3": true, "do_int3": true, "do_int3_user": true, "poke_int3_handler": true,
+	"notify_die": true, "atomic_notifier_call_chain": true, "notifier_call_chain": true,
+	"kprobe_int3_handler": true, "irqentry_nmi_enter": true, "irqentry_nmi_exit": true,
+	"sync_core": true, "text_poke_bp_batch": true,
+}
+
+// noinstrSections are [start, end) marker symbol pairs of text the kernel
+// runs with instrumentation forbidden (entry code, noinstr functions).
+var noinstrSections = [][2]string{
+	{"__entry_text_start", "__entry_text_end"},
+	{"__noinstr_text_start", "__noinstr_text_end"},
+	{"__irqentry_text_start", "__irqentry_text_end"},
+}
+
+// NoSpliceReason returns why the instruction at addr in function f must not
+// be spliced, or "" if nothing forbids it. driverModule is the module name
+// of our own driver, whose text is never touched.
+func (s *Symbols) NoSpliceReason(f *Function, addr uint64, driverModule string) string {
+	switch {
+	case f.Module != "" && f.Module == driverModule:
+		return "kinst's own driver text"
+	case int3Path[f.Name]:
+		return "on the int3 / die-notifier path that splices rely on"
+	}
+	for _, sec := range noinstrSections {
+		lo, _, err1 := s.Lookup(sec[0])
+		hi, _, err2 := s.Lookup(sec[1])
+		if err1 == nil && err2 == nil && addr >= lo.Addr && addr < hi.Addr {
+			return fmt.Sprintf("inside %s…%s (code that must not be instrumented)", sec[0], sec[1])
+		}
+	}
+	if i, err := f.Index(addr); err == nil {
+		in := &f.Insns[i]
+		if f.IsFtraceSite(i) {
+			return "the function's ftrace site (__mcount_loc): ftrace owns these 5 bytes"
+		}
+		if in.Bytes[0] == 0xcc {
+			return "an int3 is already there (a kprobe or another tool owns this byte)"
+		}
+	}
+	return ""
+}

@@ -1,0 +1,102 @@
+// Command kerninstd is the privileged daemon: it opens /dev/kerninst and
+// serves kinst's requests over a unix socket (and, if asked, loopback TCP).
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/kinst/kinst/driver"
+	"github.com/kinst/kinst/kerninstd"
+	"github.com/spf13/pflag"
+)
+
+func main() {
+	fs := pflag.NewFlagSet("kerninstd", pflag.ExitOnError)
+	socket := fs.String("socket", kerninstd.DefaultSocket, "unix socket `path` (mode 0600)")
+	listen := fs.String("listen", "", "also serve on this TCP `address` (e.g. 127.0.0.1:7070); off by default")
+	dev := fs.String("device", "/dev/kerninst", "driver device")
+	kallsyms := fs.String("kallsyms", "/proc/kallsyms", "kernel symbol table")
+	level := fs.String("log-level", "info", "debug, info, warn or error")
+	format := fs.String("log-format", "text", "text or json")
+	fs.Parse(os.Args[1:])
+
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(*level)); err != nil {
+		fmt.Fprintln(os.Stderr, "kerninstd:", err)
+		os.Exit(2)
+	}
+	var h slog.Handler = slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lv})
+	if *format == "json" {
+		h = slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: lv})
+	}
+	log := slog.New(h)
+	if err := run(log, *socket, *listen, *dev, *kallsyms); err != nil {
+		log.Error("exiting", "err", err)
+		os.Exit(1)
+	}
+}
+
+func run(log *slog.Logger, socket, listen, devPath, kallsyms string) error {
+	dev, err := driver.Open(devPath)
+	if err != nil {
+		return err
+	}
+	defer dev.Close()
+	info, err := dev.Info()
+	if err != nil {
+		return err
+	}
+	log.Info("driver open", "abi", info.ABIVersion, "patch_heap", fmt.Sprintf("%#x", info.PatchHeap),
+		"counter_heap", fmt.Sprintf("%#x", info.CounterHeap), "counters", dev.NumCounters())
+	d, err := kerninstd.New(kerninstd.Config{Device: dev, Kallsyms: kallsyms, Log: log, Info: func() kerninstd.Info {
+		return kerninstd.Info{ABIVersion: info.ABIVersion, PatchHeap: kerninstd.Addr(info.PatchHeap),
+			PatchHeapSize: info.PatchHeapSize, CounterHeap: kerninstd.Addr(info.CounterHeap), Counters: dev.NumCounters()}
+	}})
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+
+	srv := &http.Server{Handler: d.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	os.Remove(socket)
+	old := syscall.Umask(0o177) // the socket is born 0600: root only
+	ul, err := net.Listen("unix", socket)
+	syscall.Umask(old)
+	if err != nil {
+		return err
+	}
+	errc := make(chan error, 2)
+	go func() { errc <- srv.Serve(ul) }()
+	log.Info("serving", "socket", socket)
+	if listen != "" {
+		tl, err := net.Listen("tcp", listen)
+		if err != nil {
+			return err
+		}
+		go func() { errc <- srv.Serve(tl) }()
+		log.Info("serving", "tcp", tl.Addr().String())
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	select {
+	case <-ctx.Done():
+		log.Info("signal; removing every splice")
+	case err := <-errc:
+		if !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	srv.Shutdown(sctx)
+	return d.Close()
+}

@@ -1,0 +1,40 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+
+	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/internal/cli"
+	"github.com/kinst/kinst/kerninstd"
+)
+
+func countCmd(ctx context.Context, args []string) (int, error) {
+	fs, addr := newFlags("count", "count POINT… [--duration D] [--interval I] [--json] [-- CMD…]")
+	var o cli.CountOptions
+	fs.DurationVarP(&o.Duration, "duration", "d", 0, "stop after this long (default: until Ctrl-C, or until CMD exits)")
+	fs.DurationVarP(&o.Interval, "interval", "i", 1e9, "print counts this often")
+	fs.BoolVar(&o.JSON, "json", false, "print one JSON report at the end instead of live rows")
+	if err := fs.Parse(args); err != nil {
+		return 2, err
+	}
+	pos := fs.Args()
+	if n := fs.ArgsLenAtDash(); n >= 0 {
+		o.Command = pos[n:]
+		pos = pos[:n]
+	}
+	o.Points = pos
+	return cli.Count(ctx, kerninstd.NewClient(*addr), o, os.Stdout, os.Stderr)
+}
+
+func classicList() string {
+	var s []string
+	for _, n := range cfg.ClassicNames() {
+		s = append(s, fmt.Sprintf("%s→%s", n, cfg.Classic[n].Linux))
+	}
+	sort.Strings(s)
+	return strings.Join(s, ", ")
+}

@@ -1,0 +1,143 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"time"
+
+	"github.com/kinst/kinst/internal/vm"
+	"github.com/kinst/kinst/kerninstd"
+	"github.com/spf13/pflag"
+)
+
+const vmUsage = `vm up     [--cache DIR] [--smp N] [--memory MB] [--accel auto|tcg|kvm] [--kerninstd PATH]
+  vm exec   -- CMD [ARGS…]     run CMD in the guest; exit with its status
+  vm status [--json]
+  vm down`
+
+func vmCmd(ctx context.Context, args []string) (int, error) {
+	if len(args) == 0 {
+		return 2, fmt.Errorf("usage: kinst %s", vmUsage)
+	}
+	fs := pflag.NewFlagSet("vm "+args[0], pflag.ContinueOnError)
+	fs.SortFlags = false
+	fs.Usage = func() { fmt.Fprintf(os.Stderr, "Usage: kinst %s\n\n%s", vmUsage, fs.FlagUsages()) }
+	cache := fs.String("cache", defaultCache(), "cache `dir` for the kernel, module and initramfs (env KINST_CACHE)")
+	switch args[0] {
+	case "up":
+		c := vm.Config{Progress: os.Stderr}
+		fs.IntVar(&c.SMP, "smp", 2, "virtual CPUs")
+		fs.IntVar(&c.MemoryMB, "memory", 1024, "guest memory in MiB")
+		fs.StringVar(&c.Accel, "accel", "auto", "auto (KVM only if a probe boots), tcg or kvm")
+		kd := fs.String("kerninstd", "", "static kerninstd binary for the guest (default: next to kinst)")
+		if err := fs.Parse(args[1:]); err != nil {
+			return 2, err
+		}
+		self, err := os.Executable()
+		if err != nil {
+			return 1, err
+		}
+		c.CacheDir, c.KinstBin, c.KerninstdBin = *cache, self, *kd
+		if c.KerninstdBin == "" {
+			c.KerninstdBin = filepath.Join(filepath.Dir(self), "kerninstd")
+		}
+		c.Ready = waitKerninstd
+		start := time.Now()
+		in, err := vm.Up(ctx, c)
+		if err != nil {
+			return 1, err
+		}
+		fmt.Printf("VM up in %.1fs (%s, kernel %s)\n", time.Since(start).Seconds(), in.Accel(), in.KernelRelease())
+		fmt.Printf("  run in the guest:   kinst vm exec -- kinst count lookuppn\n")
+		fmt.Printf("  kerninstd from here: KINST_ADDR=%s kinst count lookuppn\n", in.KerninstdAddr())
+		fmt.Printf("  serial log:         %s\n  QMP:                %s\n  stop it:            kinst vm down\n", in.SerialLog(), in.QMPSocket())
+		return 0, nil
+	case "exec":
+		if err := fs.Parse(args[1:]); err != nil {
+			return 2, err
+		}
+		argv := fs.Args()
+		if len(argv) == 0 {
+			return 2, errors.New("vm exec: want -- CMD [ARGS…]")
+		}
+		in, err := vm.Attach(filepath.Join(*cache, "vm"))
+		if err != nil {
+			return 1, err
+		}
+		ctx, stop := signal.NotifyContext(ctx, os.Interrupt)
+		defer stop()
+		return in.Exec(ctx, argv, os.Stdout, os.Stderr)
+	case "status":
+		asJSON := fs.Bool("json", false, "print JSON")
+		if err := fs.Parse(args[1:]); err != nil {
+			return 2, err
+		}
+		in, err := vm.Attach(filepath.Join(*cache, "vm"))
+		if err != nil {
+			return 1, err
+		}
+		st := map[string]any{"kernel_release": in.KernelRelease(), "accel": in.Accel(), "kerninstd": in.KerninstdAddr(),
+			"agent": in.AgentAddr(), "serial_log": in.SerialLog(), "qmp": in.QMPSocket()}
+		if *asJSON {
+			return 0, json.NewEncoder(os.Stdout).Encode(st)
+		}
+		for _, k := range []string{"kernel_release", "accel", "kerninstd", "agent", "serial_log", "qmp"} {
+			fmt.Printf("%-15s %v\n", k, st[k])
+		}
+		return 0, nil
+	case "down":
+		if err := fs.Parse(args[1:]); err != nil {
+			return 2, err
+		}
+		in, err := vm.Attach(filepath.Join(*cache, "vm"))
+		if err != nil {
+			return 1, err
+		}
+		return 0, in.Down(ctx)
+	case "agent":
+		listen := fs.String("listen", ":7071", "listen `address` (guest side of vm exec)")
+		if err := fs.Parse(args[1:]); err != nil {
+			return 2, err
+		}
+		ln, err := net.Listen("tcp", *listen)
+		if err != nil {
+			return 1, err
+		}
+		return 0, vm.ServeAgent(ctx, ln)
+	}
+	return 2, fmt.Errorf("usage: kinst %s", vmUsage)
+}
+
+// waitKerninstd is vm.Up's readiness check: the guest's kerninstd answers.
+func waitKerninstd(ctx context.Context, in *vm.Instance) error {
+	c := kerninstd.NewClient(in.KerninstdAddr())
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := c.Info(cctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("kerninstd in the guest did not answer: %w", err)
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+func defaultCache() string {
+	if v := os.Getenv("KINST_CACHE"); v != "" {
+		return v
+	}
+	if d, err := os.UserCacheDir(); err == nil {
+		return filepath.Join(d, "kinst")
+	}
+	return ".cache"
+}

@@ -1,0 +1,11 @@
+// Package linux holds the sources of kerninst.ko, the Linux driver, so that
+// `kinst vm up` (and anyone else) can build the module against a kernel's
+// headers without the source tree at hand.
+package linux
+
+import "embed"
+
+// Sources is the module's Kbuild tree: Kbuild, kerninst.c, kerninst_uapi.h.
+//
+//go:embed Kbuild kerninst.c kerninst_uapi.h
+var Sources embed.FS

@@ -1,0 +1,105 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * kerninst.ko user ABI: ioctls on /dev/kerninst.
+ *
+ * The driver only does what needs kernel context and checks every argument;
+ * all policy (what to splice, where patches go, which counter a patch bumps)
+ * lives in kerninstd. This header is mirrored by driver/abi.go; keep both in
+ * step and bump KI_ABI_VERSION on any change.
+ */
+#ifndef KERNINST_UAPI_H
+#define KERNINST_UAPI_H
+
+#include <linux/ioctl.h>
+#include <linux/types.h>
+
+#define KI_ABI_VERSION 1
+#define KI_MAX_INSN 15
+
+/* KI_IOC_INFO: layout of the driver's heaps. */
+struct ki_info {
+	__u32 abi_version;
+	__u32 chunk_size;      /* patch heap allocation granule, bytes */
+	__u64 patch_heap;      /* kernel address of the executable patch heap */
+	__u64 patch_heap_size; /* bytes */
+	__u64 counter_heap;    /* kernel address of the counter heap (u64 slots) */
+	__u64 counter_heap_size; /* bytes; mmap offset 0 maps it read-only */
+	__u64 module_text;     /* [module_text, module_text+module_text_size): our own text, never spliced */
+	__u64 module_text_size;
+	__u32 nr_splices;      /* splices currently installed */
+	__u32 pad;
+};
+
+/* KI_IOC_READ: copy len bytes of kernel memory at addr to user buffer buf.
+ * Faults return -EFAULT, never oops. len <= 1 MiB. */
+struct ki_read {
+	__u64 addr;
+	__u64 buf;
+	__u64 len;
+};
+
+/* KI_IOC_PATCH_ALLOC: allocate size bytes (rounded up to chunk_size) of the
+ * patch heap; the driver fills it with int3. addr is returned. */
+struct ki_patch_alloc {
+	__u64 size;
+	__u64 addr; /* out */
+};
+
+/* KI_IOC_PATCH_WRITE: write len bytes from user buf into an allocated patch
+ * range [addr, addr+len), through a temporary writable alias. Refused
+ * (-EBUSY) while an installed splice targets that allocation. */
+struct ki_patch_write {
+	__u64 addr;
+	__u64 buf;
+	__u64 len;
+};
+
+/* KI_IOC_PATCH_FREE: free the allocation that starts at addr. Refused
+ * (-EBUSY) while a splice targets it. Waits for synchronize_rcu_tasks() first
+ * if any splice was removed since the last such wait, so no task can still be
+ * running in the memory being freed. */
+struct ki_patch_free {
+	__u64 addr;
+};
+
+/* KI_IOC_SPLICE: overwrite the one instruction at addr.
+ *   orig[0..len)  the bytes the caller expects there now (checked);
+ *   new[0..len)   the replacement: either "e9 rel32" (len == 5) jumping to
+ *                 patch, or a single int3 (len == 1, trap splice);
+ *   patch         start of an allocated patch: where a CPU that hits the
+ *                 int3 (during the write, or forever for a trap splice) is
+ *                 sent by the die notifier.
+ * Written with the text_poke_bp protocol: int3, sync all CPUs, tail, sync,
+ * first byte, sync. id is returned; splices never overlap. */
+struct ki_splice {
+	__u64 addr;
+	__u64 patch;
+	__u32 len;
+	__u32 id; /* out */
+	__u8 orig[16];
+	__u8 new[16];
+};
+
+/* KI_IOC_UNSPLICE: restore the original bytes of splice id (same protocol). */
+struct ki_unsplice {
+	__u32 id;
+	__u32 pad;
+};
+
+/* KI_IOC_COUNTERS_CLEAR: zero counter slots [first, first+count). */
+struct ki_counters_clear {
+	__u32 first;
+	__u32 count;
+};
+
+#define KI_IOC_MAGIC 0xB7
+#define KI_IOC_INFO           _IOR(KI_IOC_MAGIC, 0, struct ki_info)
+#define KI_IOC_READ           _IOW(KI_IOC_MAGIC, 1, struct ki_read)
+#define KI_IOC_PATCH_ALLOC    _IOWR(KI_IOC_MAGIC, 2, struct ki_patch_alloc)
+#define KI_IOC_PATCH_WRITE    _IOW(KI_IOC_MAGIC, 3, struct ki_patch_write)
+#define KI_IOC_PATCH_FREE     _IOW(KI_IOC_MAGIC, 4, struct ki_patch_free)
+#define KI_IOC_SPLICE         _IOWR(KI_IOC_MAGIC, 5, struct ki_splice)
+#define KI_IOC_UNSPLICE       _IOW(KI_IOC_MAGIC, 6, struct ki_unsplice)
+#define KI_IOC_COUNTERS_CLEAR _IOW(KI_IOC_MAGIC, 7, struct ki_counters_clear)
+
+#endif

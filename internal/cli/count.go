@@ -1,0 +1,213 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kinst/kinst/kerninstd"
+)
+
+// CountOptions are the flags of `kinst count`.
+type CountOptions struct {
+	Points   []string
+	Duration time.Duration // 0: until Ctrl-C or the command exits
+	Interval time.Duration
+	JSON     bool
+	Command  []string // run this and count for its lifetime
+}
+
+// CountReport is `kinst count --json`.
+type CountReport struct {
+	Probes     []CountProbe  `json:"probes"`
+	DurationNS int64         `json:"duration_ns"`
+	IntervalNS int64         `json:"interval_ns"`
+	Intervals  []CountSample `json:"intervals"`
+	ExitStatus *int          `json:"exit_status,omitempty"` // of -- CMD
+}
+
+// CountProbe is one point's total.
+type CountProbe struct {
+	Point    string         `json:"point"`
+	Function string         `json:"function"`
+	Offset   uint64         `json:"offset"`
+	Address  kerninstd.Addr `json:"address"`
+	Count    uint64         `json:"count"`
+	Classic  string         `json:"classic,omitempty"` // the Solaris name asked for
+}
+
+// CountSample is one interval's deltas, in probe order.
+type CountSample struct {
+	ElapsedNS int64    `json:"elapsed_ns"`
+	Deltas    []uint64 `json:"deltas"`
+}
+
+// Count attaches a counter at every point, reports live, and removes the
+// counters when the duration ends, the command exits or a signal arrives.
+// It returns the exit status kinst should exit with.
+func Count(ctx context.Context, c *kerninstd.Client, o CountOptions, stdout, stderr io.Writer) (int, error) {
+	if len(o.Points) == 0 {
+		return 2, errors.New("count: name at least one POINT (FUNC, FUNC+0xOFF or a classic name such as lookuppn)")
+	}
+	if o.Interval <= 0 {
+		o.Interval = time.Second
+	}
+	sess, err := c.CreateSession(ctx, kerninstd.SessionRequest{Points: o.Points, Tied: true})
+	if err != nil {
+		return 1, err
+	}
+	for _, p := range sess.Probes {
+		describeProbe(stderr, p.Resolved)
+	}
+	// The stream ties the splices to this process: if kinst dies, kerninstd
+	// removes them.
+	stream, err := c.Samples(context.WithoutCancel(ctx), sess.ID, o.Interval)
+	if err != nil {
+		c.RemoveSession(context.WithoutCancel(ctx), sess.ID)
+		return 1, err
+	}
+	defer stream.Close()
+	samples := make(chan kerninstd.Sample)
+	go func() {
+		defer close(samples)
+		for {
+			s, err := stream.Next()
+			if err != nil {
+				return
+			}
+			samples <- s
+		}
+	}()
+
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sig)
+
+	var cmd *exec.Cmd
+	cmdDone := make(chan error, 1)
+	if len(o.Command) > 0 {
+		cmd = exec.Command(o.Command[0], o.Command[1:]...)
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+		if err := cmd.Start(); err != nil {
+			c.RemoveSession(context.WithoutCancel(ctx), sess.ID)
+			return 127, fmt.Errorf("start %s: %w", o.Command[0], err)
+		}
+		go func() { cmdDone <- cmd.Wait() }()
+	} else if o.Duration == 0 {
+		fmt.Fprintln(stderr, "kinst: counting; Ctrl-C to stop")
+	}
+	var deadline <-chan time.Time
+	if o.Duration > 0 {
+		deadline = time.After(o.Duration)
+	}
+
+	start := time.Now()
+	report := CountReport{IntervalNS: int64(o.Interval)}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	if !o.JSON {
+		fmt.Fprintln(tw, "time\tpoint\tlocation\tinterval\ttotal\t")
+		tw.Flush()
+	}
+	exitStatus := 0
+	waitCmd := func(err error) {
+		exitStatus = exitCode(err)
+		report.ExitStatus = &exitStatus
+	}
+loop:
+	for {
+		select {
+		case s, ok := <-samples:
+			if !ok {
+				break loop
+			}
+			el := s.Time.Sub(start)
+			report.Intervals = append(report.Intervals, CountSample{ElapsedNS: int64(el), Deltas: s.Deltas})
+			if !o.JSON {
+				for i, p := range sess.Probes {
+					fmt.Fprintf(tw, "%.3f\t%s\t%s+%#x\t%d\t%d\t\n", el.Seconds(), p.Point, p.Function, p.Offset, s.Deltas[i], s.Totals[i])
+				}
+				tw.Flush()
+			}
+		case err := <-cmdDone:
+			waitCmd(err)
+			break loop
+		case <-deadline:
+			break loop
+		case sg := <-sig:
+			if cmd != nil {
+				// The terminal sent the command the same SIGINT; a
+				// SIGTERM is passed on. Count until it is gone.
+				if sg == syscall.SIGTERM {
+					cmd.Process.Signal(sg)
+				}
+				waitCmd(<-cmdDone)
+			}
+			break loop
+		}
+	}
+	if cmd != nil && report.ExitStatus == nil {
+		// --duration ended first: stop the command, as perf stat does not,
+		// but a bounded run must end.
+		cmd.Process.Signal(syscall.SIGTERM)
+		waitCmd(<-cmdDone)
+	}
+	report.DurationNS = int64(time.Since(start))
+	final, err := c.RemoveSession(context.WithoutCancel(ctx), sess.ID)
+	if err != nil {
+		return 1, fmt.Errorf("remove counters: %w", err)
+	}
+	for _, p := range final.Probes {
+		cp := CountProbe{Point: p.Point, Function: p.Function, Offset: p.Offset, Address: p.Address, Count: p.Count}
+		if p.Classic != nil {
+			cp.Classic = p.Classic.Solaris
+		}
+		report.Probes = append(report.Probes, cp)
+	}
+	if o.JSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return exitStatus, enc.Encode(report)
+	}
+	fmt.Fprintf(stdout, "\ncounts over %.3f s (splices removed):\n", time.Duration(report.DurationNS).Seconds())
+	tw = tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	for _, p := range report.Probes {
+		fmt.Fprintf(tw, "%d\t%s\t%s+%#x\t%#x\t\n", p.Count, p.Point, p.Function, p.Offset, uint64(p.Address))
+	}
+	tw.Flush()
+	return exitStatus, nil
+}
+
+// describeProbe prints where a point landed, and the classic-name mapping.
+func describeProbe(w io.Writer, r kerninstd.Resolved) {
+	if r.Classic != nil {
+		fmt.Fprintf(w, "kinst: %s → %s (classic name; Linux equivalent: %s)\n", r.Classic.Solaris, r.Classic.Linux, r.Classic.Why)
+	}
+	flags := "flags dead"
+	if r.FlagsLive {
+		flags = "flags saved"
+	}
+	fmt.Fprintf(w, "kinst: spliced %s at %s+%#x (%#x): %d-byte %q, %s splice, %s\n",
+		r.Point, r.Function, r.Offset, uint64(r.Address), r.Length, r.Instruction, r.SpliceClass, flags)
+}
+
+func exitCode(err error) int {
+	if err == nil {
+		return 0
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return 128 + int(ws.Signal())
+		}
+		return ee.ExitCode()
+	}
+	return 1
+}

@@ -1,0 +1,142 @@
+package kerninstd
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/kinst/kinst/cfg"
+)
+
+// The JSON API. Paths are under /v1. Errors are returned with a 4xx/5xx
+// status and an ErrorResponse body.
+//
+//	GET    /v1/info                          Info
+//	POST   /v1/resolve        ResolveRequest → Resolved
+//	POST   /v1/sessions       SessionRequest → Session
+//	GET    /v1/sessions/{id}/samples?interval=D  → stream of Sample (NDJSON)
+//	DELETE /v1/sessions/{id}                 → Session with final counts
+//	GET    /v1/read?at=ADDR|SYM[+OFF]&len=N  → Memory
+//	POST   /v1/bench/splice   BenchRequest   → BenchResult
+
+// Info describes the daemon and the kernel it instruments.
+type Info struct {
+	KernelRelease string `json:"kernel_release"`
+	ABIVersion    uint32 `json:"abi_version"`
+	PatchHeap     Addr   `json:"patch_heap"`
+	PatchHeapSize uint64 `json:"patch_heap_size"`
+	CounterHeap   Addr   `json:"counter_heap"`
+	Counters      int    `json:"counters"`
+	Splices       int    `json:"splices"`
+	Sessions      int    `json:"sessions"`
+	Symbols       int    `json:"symbols"`
+}
+
+// Addr is a kernel address, written in JSON as a "0x…" string.
+type Addr uint64
+
+func (a Addr) MarshalText() ([]byte, error) { return []byte(fmt.Sprintf("%#x", uint64(a))), nil }
+
+func (a *Addr) UnmarshalText(b []byte) error {
+	var v uint64
+	if _, err := fmt.Sscanf(string(b), "0x%x", &v); err != nil {
+		return fmt.Errorf("address %q: want 0x…", b)
+	}
+	*a = Addr(v)
+	return nil
+}
+
+// ResolveRequest names one instrumentation point.
+type ResolveRequest struct {
+	Point string `json:"point"`
+}
+
+// Resolved is a point mapped to one instruction of the live kernel.
+type Resolved struct {
+	Point       string           `json:"point"`
+	Function    string           `json:"function"`
+	Module      string           `json:"module,omitempty"`
+	Offset      uint64           `json:"offset"`
+	Address     Addr             `json:"address"`
+	Length      int              `json:"length"`
+	Bytes       string           `json:"bytes"` // hex
+	Instruction string           `json:"instruction"`
+	SpliceClass string           `json:"splice_class"`
+	FlagsLive   bool             `json:"flags_live"`
+	Classic     *cfg.ClassicName `json:"classic,omitempty"`
+	Ambiguous   int              `json:"ambiguous,omitempty"` // >1: that many functions share the name
+}
+
+// SessionRequest asks for a counter at each point. All or none are
+// installed.
+type SessionRequest struct {
+	Points []string `json:"points"`
+	// Tied sessions are removed when their sample stream ends.
+	Tied bool `json:"tied"`
+}
+
+// Probe is one installed counter.
+type Probe struct {
+	Resolved
+	Count uint64 `json:"count"`
+	Patch Addr   `json:"patch"`
+}
+
+// Session is a set of probes installed together.
+type Session struct {
+	ID      string    `json:"id"`
+	Created time.Time `json:"created"`
+	Probes  []Probe   `json:"probes"`
+}
+
+// Sample is one line of a sample stream: counts per probe, in the order of
+// Session.Probes.
+type Sample struct {
+	Time   time.Time `json:"time"`
+	Totals []uint64  `json:"totals"`
+	Deltas []uint64  `json:"deltas"`
+}
+
+// Memory is a range of live kernel memory.
+type Memory struct {
+	Address Addr   `json:"address"`
+	Symbol  string `json:"symbol,omitempty"` // FUNC+0xOFF of Address, if known
+	Bytes   string `json:"bytes"`            // hex
+}
+
+// BenchRequest asks for cycles of splice and unsplice at one point.
+type BenchRequest struct {
+	Point  string `json:"point"`
+	Cycles int    `json:"cycles"`
+}
+
+// Durations summarises a set of measured durations, in nanoseconds.
+type Durations struct {
+	N      int   `json:"n"`
+	Median int64 `json:"median_ns"`
+	P90    int64 `json:"p90_ns"`
+	Min    int64 `json:"min_ns"`
+	Max    int64 `json:"max_ns"`
+}
+
+// BenchResult is the latency of each step of an instrumentation request.
+type BenchResult struct {
+	Point    Resolved  `json:"point"`
+	Cycles   int       `json:"cycles"`
+	Splice   Durations `json:"splice"`   // the driver's splice (int3, sync, tail, sync, head, sync)
+	Unsplice Durations `json:"unsplice"` // the driver's restore, same protocol
+	// Whole requests, fewer of them: resolve (read + decode + liveness),
+	// codegen (build + verify), patch alloc+write, and free (which waits
+	// for an RCU-tasks grace period).
+	Resolve  Durations `json:"resolve"`
+	Codegen  Durations `json:"codegen"`
+	Patch    Durations `json:"patch_write"`
+	Free     Durations `json:"free"`
+	Restored bool      `json:"restored"` // text equals the original bytes afterwards
+}
+
+// ErrorResponse is the body of every error reply.
+type ErrorResponse struct {
+	Error string `json:"error"`
+	Code  string `json:"code"` // unknown_function, not_boundary, too_short, no_splice, busy, bad_request, internal
+	Point string `json:"point,omitempty"`
+}

@@ -1,0 +1,161 @@
+package kerninstd
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// DefaultSocket is where kerninstd listens unless told otherwise.
+const DefaultSocket = "/run/kerninstd.sock"
+
+// Client talks to kerninstd.
+type Client struct {
+	hc   *http.Client
+	base string
+	addr string
+}
+
+// NewClient returns a client for addr: a unix socket path ("/run/…" or
+// "unix:/run/…") or a TCP "host:port".
+func NewClient(addr string) *Client {
+	if addr == "" {
+		addr = DefaultSocket
+	}
+	c := &Client{addr: addr, base: "http://kerninstd"}
+	tr := &http.Transport{}
+	if path, ok := strings.CutPrefix(addr, "unix:"); ok || strings.HasPrefix(addr, "/") {
+		if !ok {
+			path = addr
+		}
+		tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", path)
+		}
+	} else {
+		c.base = "http://" + addr
+	}
+	c.hc = &http.Client{Transport: tr}
+	return c
+}
+
+// APIError is an error reply from kerninstd.
+type APIError struct {
+	Status int
+	ErrorResponse
+}
+
+func (e *APIError) Error() string { return e.ErrorResponse.Error }
+
+func (c *Client) do(ctx context.Context, method, path string, body, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
+	if err != nil {
+		return err
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("kerninstd at %s: %w (is kerninstd running? set --addr or KINST_ADDR)", c.addr, err)
+	}
+	defer resp.Body.Close()
+	return decodeReply(resp, out)
+}
+
+func decodeReply(resp *http.Response, out any) error {
+	if resp.StatusCode >= 300 {
+		e := &APIError{Status: resp.StatusCode}
+		if err := json.NewDecoder(resp.Body).Decode(&e.ErrorResponse); err != nil || e.ErrorResponse.Error == "" {
+			e.ErrorResponse.Error = fmt.Sprintf("kerninstd: HTTP %d", resp.StatusCode)
+		}
+		return e
+	}
+	if out == nil {
+		return nil
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+func (c *Client) Info(ctx context.Context) (Info, error) {
+	var v Info
+	return v, c.do(ctx, "GET", "/v1/info", nil, &v)
+}
+
+func (c *Client) Resolve(ctx context.Context, point string) (Resolved, error) {
+	var v Resolved
+	return v, c.do(ctx, "POST", "/v1/resolve", ResolveRequest{Point: point}, &v)
+}
+
+func (c *Client) CreateSession(ctx context.Context, req SessionRequest) (Session, error) {
+	var v Session
+	return v, c.do(ctx, "POST", "/v1/sessions", req, &v)
+}
+
+func (c *Client) RemoveSession(ctx context.Context, id string) (Session, error) {
+	var v Session
+	return v, c.do(ctx, "DELETE", "/v1/sessions/"+url.PathEscape(id), nil, &v)
+}
+
+func (c *Client) Read(ctx context.Context, at string, n int) (Memory, error) {
+	var v Memory
+	q := url.Values{"at": {at}, "len": {fmt.Sprint(n)}}
+	return v, c.do(ctx, "GET", "/v1/read?"+q.Encode(), nil, &v)
+}
+
+func (c *Client) BenchSplice(ctx context.Context, req BenchRequest) (BenchResult, error) {
+	var v BenchResult
+	return v, c.do(ctx, "POST", "/v1/bench/splice", req, &v)
+}
+
+// SampleStream is an open sample stream of a session.
+type SampleStream struct {
+	body io.ReadCloser
+	sc   *bufio.Scanner
+}
+
+// Samples opens the session's sample stream. Closing it removes a tied
+// session.
+func (c *Client) Samples(ctx context.Context, id string, interval time.Duration) (*SampleStream, error) {
+	req, err := http.NewRequestWithContext(ctx, "GET",
+		c.base+"/v1/sessions/"+url.PathEscape(id)+"/samples?interval="+interval.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		defer resp.Body.Close()
+		return nil, decodeReply(resp, nil)
+	}
+	return &SampleStream{body: resp.Body, sc: bufio.NewScanner(resp.Body)}, nil
+}
+
+// Next blocks for the next sample. io.EOF means the session ended.
+func (s *SampleStream) Next() (Sample, error) {
+	if !s.sc.Scan() {
+		if err := s.sc.Err(); err != nil {
+			return Sample{}, err
+		}
+		return Sample{}, io.EOF
+	}
+	var v Sample
+	return v, json.Unmarshal(s.sc.Bytes(), &v)
+}
+
+func (s *SampleStream) Close() error { return s.body.Close() }

@@ -1,0 +1,229 @@
+package kerninstd
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kinst/kinst/cfg"
+)
+
+// Config configures a Daemon.
+type Config struct {
+	Device   Device
+	Kallsyms string // default /proc/kallsyms
+	Release  string // kernel release; default from /proc/sys/kernel/osrelease
+	Info     func() Info
+	Log      *slog.Logger
+}
+
+// Daemon owns the device and every session.
+type Daemon struct {
+	dev      Device
+	log      *slog.Logger
+	kallsyms string
+	release  string
+	info     func() Info
+
+	symMu sync.Mutex   // protects syms
+	syms  *cfg.Symbols // immutable snapshot, replaced on reload
+
+	mu       sync.Mutex          // serialises every change to the kernel; protects the fields below
+	sessions map[string]*session // by ID
+	spliced  map[uint64]string   // instruction address → owning session ID
+	slots    slotAllocator
+}
+
+type session struct {
+	id      string
+	created time.Time
+	tied    bool
+	probes  []*probe
+	done    chan struct{} // closed when the session is removed
+}
+
+// New loads the symbol table and returns a daemon ready to serve.
+func New(c Config) (*Daemon, error) {
+	d := &Daemon{
+		dev:      c.Device,
+		log:      c.Log,
+		kallsyms: c.Kallsyms,
+		release:  c.Release,
+		info:     c.Info,
+		sessions: make(map[string]*session),
+		spliced:  make(map[uint64]string),
+		slots:    slotAllocator{n: c.Device.NumCounters(), used: make(map[int]bool)},
+	}
+	if d.log == nil {
+		d.log = slog.Default()
+	}
+	if d.kallsyms == "" {
+		d.kallsyms = "/proc/kallsyms"
+	}
+	if d.release == "" {
+		b, _ := os.ReadFile("/proc/sys/kernel/osrelease")
+		d.release = strings.TrimSpace(string(b))
+	}
+	if _, err := d.reloadSymbols(); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+func (d *Daemon) symbols() *cfg.Symbols {
+	d.symMu.Lock()
+	defer d.symMu.Unlock()
+	return d.syms
+}
+
+func (d *Daemon) reloadSymbols() (*cfg.Symbols, error) {
+	s, err := cfg.LoadKallsyms(d.kallsyms)
+	if err != nil {
+		return nil, fmt.Errorf("load symbols: %w", err)
+	}
+	d.symMu.Lock()
+	d.syms = s
+	d.symMu.Unlock()
+	return s, nil
+}
+
+// Info reports the daemon's state.
+func (d *Daemon) Info() Info {
+	var in Info
+	if d.info != nil {
+		in = d.info()
+	}
+	in.KernelRelease = d.release
+	in.Symbols = d.symbols().Len()
+	d.mu.Lock()
+	in.Sessions = len(d.sessions)
+	in.Splices = len(d.spliced)
+	d.mu.Unlock()
+	return in
+}
+
+// Resolve maps a point to its instruction without changing anything.
+func (d *Daemon) Resolve(point string) (Resolved, error) {
+	s, err := d.resolve(point)
+	if err != nil {
+		return Resolved{}, err
+	}
+	return s.resolved(), nil
+}
+
+// PointError ties an error to the point that caused it.
+type PointError struct {
+	Point string
+	Err   error
+}
+
+func (e *PointError) Error() string { return fmt.Sprintf("%s: %v", e.Point, e.Err) }
+func (e *PointError) Unwrap() error { return e.Err }
+
+// CreateSession installs a counter at every point, or none.
+func (d *Daemon) CreateSession(req SessionRequest) (Session, error) {
+	if len(req.Points) == 0 {
+		return Session{}, errors.New("no points given")
+	}
+	sites := make([]*site, len(req.Points))
+	for i, p := range req.Points {
+		s, err := d.resolve(p)
+		if err != nil {
+			return Session{}, &PointError{Point: p, Err: err}
+		}
+		sites[i] = s
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	ss := &session{id: newID(), created: time.Now(), tied: req.Tied, done: make(chan struct{})}
+	for _, s := range sites {
+		p, _, err := d.attachCounter(s)
+		if err != nil {
+			if rerr := d.removeLocked(ss); rerr != nil {
+				d.log.Error("roll back session", "err", rerr)
+			}
+			return Session{}, &PointError{Point: s.point.Spec, Err: err}
+		}
+		ss.probes = append(ss.probes, p)
+		d.spliced[s.insn().Addr] = ss.id
+		d.log.Info("spliced", "session", ss.id, "point", s.point.Spec, "at", s.where(),
+			"addr", fmt.Sprintf("%#x", s.insn().Addr), "patch", fmt.Sprintf("%#x", p.patch), "slot", p.slot)
+	}
+	d.sessions[ss.id] = ss
+	return d.describe(ss), nil
+}
+
+func (d *Daemon) describe(ss *session) Session {
+	out := Session{ID: ss.id, Created: ss.created}
+	for _, p := range ss.probes {
+		out.Probes = append(out.Probes, Probe{Resolved: p.site.resolved(), Count: d.dev.Counter(p.slot), Patch: Addr(p.patch)})
+	}
+	return out
+}
+
+// ErrNoSession is returned for an unknown session ID.
+var ErrNoSession = errors.New("no such session")
+
+// RemoveSession removes every splice of a session and returns its final
+// counts.
+func (d *Daemon) RemoveSession(id string) (Session, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	ss, ok := d.sessions[id]
+	if !ok {
+		return Session{}, fmt.Errorf("%w %q", ErrNoSession, id)
+	}
+	final := d.describe(ss)
+	err := d.removeLocked(ss)
+	delete(d.sessions, id)
+	return final, err
+}
+
+// removeLocked detaches every probe of ss. A probe that cannot be detached
+// stays listed so a later attempt (or the driver, on close) restores it.
+func (d *Daemon) removeLocked(ss *session) error {
+	var errs []error
+	kept := ss.probes[:0]
+	for _, p := range ss.probes {
+		if err := d.detach(p); err != nil {
+			errs = append(errs, err)
+			kept = append(kept, p)
+			continue
+		}
+		delete(d.spliced, p.site.insn().Addr)
+		d.log.Info("unspliced", "session", ss.id, "at", p.site.where())
+	}
+	ss.probes = kept
+	if len(kept) == 0 {
+		select {
+		case <-ss.done:
+		default:
+			close(ss.done)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Close removes every session.
+func (d *Daemon) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var errs []error
+	for id, ss := range d.sessions {
+		errs = append(errs, d.removeLocked(ss))
+		delete(d.sessions, id)
+	}
+	return errors.Join(errs...)
+}
+
+func newID() string {
+	b := make([]byte, 4)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}

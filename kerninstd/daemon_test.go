@@ -1,0 +1,222 @@
+package kerninstd
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kinst/kinst/codegen"
+)
+
+const textAddr = 0xffffffff81200000
+
+// A filename_lookup shaped like the real one: ftrace nop, short prologue
+// instructions, then a 7-byte RIP-relative load (the entry point), a test
+// and branch, a call, and a return-thunk jump.
+var text = []byte{
+	0x0f, 0x1f, 0x44, 0x00, 0x00, // +0x00 nopl (ftrace site)
+	0x55,             // +0x05 push %rbp
+	0x48, 0x89, 0xe5, // +0x06 mov %rsp,%rbp
+	0x41, 0x54, // +0x09 push %r12
+	0x48, 0x8b, 0x05, 0x10, 0x20, 0x30, 0x00, // +0x0b mov 0x302010(%rip),%rax
+	0x48, 0x85, 0xc0, // +0x12 test %rax,%rax
+	0x74, 0x05, // +0x15 je +0x1c
+	0xe8, 0x00, 0x01, 0x00, 0x00, // +0x17 call
+	0x41, 0x5c, // +0x1c pop %r12
+	0x5d,                         // +0x1e pop %rbp
+	0xe9, 0x10, 0x00, 0x00, 0x00, // +0x1f jmp (return thunk)
+	0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, // padding to +0x30
+	0xc3, // +0x30 next_fn: ret
+}
+
+const kallsyms = `ffffffff81200000 T filename_lookup
+ffffffff81200030 T next_fn
+ffffffff81200031 T exc_int3
+`
+
+func newTestDaemon(t *testing.T) (*Daemon, *fakeKernel) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "kallsyms")
+	if err := os.WriteFile(path, []byte(kallsyms), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	full := append(bytes.Clone(text), 0x90, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90)
+	k := newFakeKernel(textAddr, full)
+	d, err := New(Config{Device: k, Kallsyms: path, Release: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, k
+}
+
+func textNow(t *testing.T, k *fakeKernel) []byte {
+	b := make([]byte, len(text))
+	if err := k.Read(textAddr, b); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestSessionSplicesAndRestores(t *testing.T) {
+	d, k := newTestDaemon(t)
+	s, err := d.CreateSession(SessionRequest{Points: []string{"lookuppn"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := s.Probes[0]
+	if p.Function != "filename_lookup" || p.Offset != 0x0b || p.Length != 7 || p.SpliceClass != "direct" || p.Classic == nil {
+		t.Fatalf("probe = %+v; want the 7-byte load at +0xb", p)
+	}
+	if p.FlagsLive {
+		t.Error("flags reported live at +0xb; test at +0x12 writes them all first")
+	}
+	now := textNow(t, k)
+	want, _ := codegen.JmpRel32(textAddr+0x0b, uint64(p.Patch))
+	if !bytes.Equal(now[0x0b:0x10], want) || !bytes.Equal(now[0x10:0x12], text[0x10:0x12]) {
+		t.Fatalf("text at +0xb = %x, want %x then the original tail", now[0x0b:0x12], want)
+	}
+	if !bytes.Equal(now[:0x0b], text[:0x0b]) || !bytes.Equal(now[0x12:], text[0x12:]) {
+		t.Fatal("bytes outside the spliced instruction changed")
+	}
+	code := make([]byte, 64)
+	k.Read(uint64(p.Patch), code)
+	var slot int
+	for s := range d.slots.used {
+		slot = s
+	}
+	if err := codegen.Verify(trimPatch(code), uint64(p.Patch), codegen.Site{Addr: textAddr + 0x0b, Bytes: text[0x0b:0x12]}, k.CounterAddr(slot), false); err != nil {
+		t.Errorf("installed patch does not verify: %v", err)
+	}
+	k.counters[slot] = 42
+	final, err := d.RemoveSession(s.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if final.Probes[0].Count != 42 {
+		t.Errorf("final count %d, want 42", final.Probes[0].Count)
+	}
+	if !bytes.Equal(textNow(t, k), text) {
+		t.Error("text not restored")
+	}
+	if len(k.allocs) != 0 || len(k.splices) != 0 || len(d.slots.used) != 0 {
+		t.Errorf("leaks: allocs %v splices %v slots %v", k.allocs, k.splices, d.slots.used)
+	}
+}
+
+// trimPatch drops the int3 fill after a patch.
+func trimPatch(b []byte) []byte {
+	for len(b) > 0 && b[len(b)-1] == 0xcc {
+		b = b[:len(b)-1]
+	}
+	return b
+}
+
+func TestRefusalsChangeNothing(t *testing.T) {
+	d, k := newTestDaemon(t)
+	for _, tc := range []struct{ point, code string }{
+		{"nosuch", "unknown_function"},
+		{"filename_lookup+0xc", "not_boundary"},
+		{"filename_lookup+0x9", "too_short"},
+		{"filename_lookup+0x0", "no_splice"},
+		{"exc_int3", "too_short"},
+		{"exc_int3+0x1", "no_splice"},
+		{"filename_lookup+", "bad_request"},
+	} {
+		_, err := d.CreateSession(SessionRequest{Points: []string{tc.point}})
+		if err == nil {
+			t.Errorf("%s: accepted", tc.point)
+			continue
+		}
+		if _, code := errorCode(err); code != tc.code && !(tc.code == "bad_request" && code == "internal") {
+			t.Errorf("%s: code %s (%v), want %s", tc.point, code, err, tc.code)
+		}
+	}
+	if !bytes.Equal(textNow(t, k), text) || len(k.allocs) != 0 {
+		t.Error("a refused request changed the kernel")
+	}
+}
+
+func TestSessionIsAllOrNothing(t *testing.T) {
+	d, k := newTestDaemon(t)
+	_, err := d.CreateSession(SessionRequest{Points: []string{"filename_lookup", "lookuppn"}})
+	if err == nil || !strings.Contains(err.Error(), "already instrumented") {
+		t.Fatalf("same point twice: %v", err)
+	}
+	if !bytes.Equal(textNow(t, k), text) || len(k.allocs) != 0 || len(k.splices) != 0 {
+		t.Error("failed session left something behind")
+	}
+	k.failSplice = true
+	if _, err := d.CreateSession(SessionRequest{Points: []string{"lookuppn"}}); err == nil {
+		t.Fatal("injected splice failure not reported")
+	}
+	if len(k.allocs) != 0 || len(d.slots.used) != 0 {
+		t.Error("failed splice leaked a patch or slot")
+	}
+}
+
+func TestAPIAndTiedSession(t *testing.T) {
+	d, k := newTestDaemon(t)
+	srv := httptest.NewServer(d.Handler())
+	defer srv.Close()
+	c := NewClient(strings.TrimPrefix(srv.URL, "http://"))
+	ctx := context.Background()
+
+	_, err := c.Resolve(ctx, "filename_lookup+0xc")
+	var ae *APIError
+	if !errors.As(err, &ae) || ae.Code != "not_boundary" || !strings.Contains(ae.Error(), "+0xb") {
+		t.Fatalf("resolve mid-instruction: %v", err)
+	}
+	s, err := c.CreateSession(ctx, SessionRequest{Points: []string{"lookuppn"}, Tied: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := c.Samples(ctx, s.ID, 20*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.mu.Lock()
+	for i := range k.counters {
+		k.counters[i] += 7
+	}
+	k.mu.Unlock()
+	smp, err := st.Next()
+	if err != nil || len(smp.Totals) != 1 {
+		t.Fatalf("sample: %+v %v", smp, err)
+	}
+	m, err := c.Read(ctx, "filename_lookup+0xb", 5)
+	if err != nil || !strings.HasPrefix(m.Bytes, "e9") || m.Symbol != "filename_lookup+0xb" {
+		t.Errorf("read during splice: %+v %v", m, err)
+	}
+	// The client going away removes a tied session.
+	st.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for d.Info().Splices != 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if d.Info().Splices != 0 || !bytes.Equal(textNow(t, k), text) {
+		t.Fatal("closing the stream of a tied session did not remove it")
+	}
+	if _, err := c.RemoveSession(ctx, s.ID); !errors.As(err, &ae) || ae.Code != "no_session" {
+		t.Errorf("remove of a gone session: %v", err)
+	}
+}
+
+func TestBenchSpliceFake(t *testing.T) {
+	d, k := newTestDaemon(t)
+	res, err := d.BenchSplice(context.Background(), BenchRequest{Point: "lookuppn", Cycles: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Cycles != 50 || res.Splice.N != 50 || !res.Restored || len(k.allocs) != 0 {
+		t.Errorf("bench = %+v, allocs %v", res, k.allocs)
+	}
+	if _, err := d.BenchSplice(context.Background(), BenchRequest{Point: "lookuppn", Cycles: 0}); err == nil {
+		t.Error("zero cycles accepted")
+	}
+}

@@ -1,0 +1,16 @@
+package kerninstd
+
+// Device is what kerninstd needs of the driver (driver.Device implements
+// it); unit tests substitute an in-memory kernel.
+type Device interface {
+	Read(addr uint64, b []byte) error
+	PatchAlloc(size int) (uint64, error)
+	PatchWrite(addr uint64, code []byte) error
+	PatchFree(addr uint64) error
+	Splice(addr, patch uint64, orig, new []byte) (uint32, error)
+	Unsplice(id uint32) error
+	Counter(slot int) uint64
+	CounterAddr(slot int) uint64
+	NumCounters() int
+	ClearCounters(first, count int) error
+}

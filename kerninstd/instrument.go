@@ -1,0 +1,247 @@
+package kerninstd
+
+import (
+	"bytes"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/codegen"
+	"github.com/kinst/kinst/springboard"
+)
+
+// DriverModule is the module name of kerninst.ko in kallsyms.
+const DriverModule = "kerninst"
+
+// patchSize is what one counter patch is given: the largest is
+// pushfq + lock inc + popfq + a relocated jcc (rel32 + jmp) + jmp back.
+const patchSize = 128
+
+// site is a resolved point: one instruction of a decoded function.
+type site struct {
+	point cfg.Point
+	sym   cfg.Symbol
+	fn    *cfg.Function
+	index int
+	amb   int
+}
+
+func (s *site) insn() *cfg.Instruction { return &s.fn.Insns[s.index] }
+
+func (s *site) where() string {
+	return fmt.Sprintf("%s+%#x", s.fn.Name, s.insn().Addr-s.fn.Addr)
+}
+
+func (s *site) resolved() Resolved {
+	in := s.insn()
+	return Resolved{
+		Point:       s.point.Spec,
+		Function:    s.fn.Name,
+		Module:      s.fn.Module,
+		Offset:      in.Addr - s.fn.Addr,
+		Address:     Addr(in.Addr),
+		Length:      in.Len(),
+		Bytes:       hex.EncodeToString(in.Bytes),
+		Instruction: in.String(),
+		SpliceClass: springboard.Classify(in.Len()).String(),
+		FlagsLive:   s.fn.FlagsLive(s.index),
+		Classic:     s.point.Classic,
+		Ambiguous:   s.amb,
+	}
+}
+
+// ErrNoEntryInstruction is returned when a function's entry block has no
+// instruction a direct splice can take.
+var ErrNoEntryInstruction = errors.New("no spliceable instruction in the entry block")
+
+// resolve maps a point to one instruction of the live kernel and checks
+// that it may be spliced. It changes nothing.
+func (d *Daemon) resolve(spec string) (*site, error) {
+	p, err := cfg.ParsePoint(spec)
+	if err != nil {
+		return nil, err
+	}
+	syms := d.symbols()
+	sym, amb, err := syms.Lookup(p.Function)
+	if errors.Is(err, cfg.ErrUnknownFunction) {
+		// A module may have been loaded since the last snapshot.
+		if syms, err = d.reloadSymbols(); err == nil {
+			sym, amb, err = syms.Lookup(p.Function)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	fn, err := cfg.ReadFunction(d.dev, syms, sym)
+	if err != nil {
+		return nil, err
+	}
+	s := &site{point: p, sym: sym, fn: fn, amb: amb}
+	if p.HasOffset {
+		if s.index, err = fn.Index(fn.Addr + p.Offset); err != nil {
+			return nil, err
+		}
+	} else if s.index, err = entryInstruction(fn); err != nil {
+		return nil, err
+	}
+	in := s.insn()
+	if why := syms.NoSpliceReason(fn, in.Addr, DriverModule); why != "" {
+		return nil, &cfg.NoSpliceError{Where: s.where(), Reason: why}
+	}
+	if springboard.Classify(in.Len()) != springboard.Direct {
+		return nil, &springboard.TooShortError{Addr: in.Addr, Len: in.Len(), Where: s.where(), Text: in.String()}
+	}
+	return s, nil
+}
+
+// entryInstruction picks where "function entry" is spliced: the first
+// instruction of the entry block that is not the ftrace site and is long
+// enough for a direct splice. Every instruction of the entry block runs
+// exactly once per call, so a counter there counts calls.
+func entryInstruction(fn *cfg.Function) (int, error) {
+	n := fn.EntryBlock()
+	for i := 0; i < n; i++ {
+		if fn.IsFtraceSite(i) {
+			continue
+		}
+		if springboard.Classify(fn.Insns[i].Len()) == springboard.Direct {
+			return i, nil
+		}
+	}
+	var listing bytes.Buffer
+	for i := 0; i < n && i < 8; i++ {
+		in := &fn.Insns[i]
+		fmt.Fprintf(&listing, "\n  +%#x  %d bytes  %s", in.Addr-fn.Addr, in.Len(), in.String())
+	}
+	return 0, fmt.Errorf("%w of %s: every instruction before its first branch is the ftrace site or shorter than 5 bytes (springboard and trap splices come later); pick one with %s+0xOFF:%s",
+		ErrNoEntryInstruction, fn.Name, fn.Name, listing.String())
+}
+
+// probe is an installed counter.
+type probe struct {
+	site    *site
+	slot    int
+	patch   uint64
+	spliceID uint32
+	orig    []byte // the bytes the splice replaced
+}
+
+// stepTimes records how long each step of an attach took.
+type stepTimes struct {
+	codegen, patch, splice time.Duration
+}
+
+// attachCounter installs a counter at s: allocate a slot and a patch,
+// generate and verify the patch, write it, then splice. On error nothing
+// stays installed. The caller holds d.mu.
+func (d *Daemon) attachCounter(s *site) (*probe, stepTimes, error) {
+	var st stepTimes
+	in := s.insn()
+	if other, ok := d.spliced[in.Addr]; ok {
+		return nil, st, fmt.Errorf("%s is already instrumented (session %s); several requests at one point are not shared yet", s.where(), other)
+	}
+	slot, err := d.slots.alloc()
+	if err != nil {
+		return nil, st, err
+	}
+	if err := d.dev.ClearCounters(slot, 1); err != nil {
+		d.slots.free(slot)
+		return nil, st, err
+	}
+	t0 := time.Now()
+	patch, err := d.dev.PatchAlloc(patchSize)
+	if err != nil {
+		d.slots.free(slot)
+		return nil, st, fmt.Errorf("allocate patch: %w", err)
+	}
+	fail := func(err error) (*probe, stepTimes, error) {
+		if ferr := d.dev.PatchFree(patch); ferr != nil {
+			d.log.Error("free patch after failed attach", "patch", fmt.Sprintf("%#x", patch), "err", ferr)
+		}
+		d.slots.free(slot)
+		return nil, st, err
+	}
+	t1 := time.Now()
+	code, err := buildCounterPatch(patch, s, d.dev.CounterAddr(slot))
+	if err != nil {
+		return fail(fmt.Errorf("%s: %w", s.where(), err))
+	}
+	if len(code) > patchSize {
+		return fail(fmt.Errorf("%s: patch of %d bytes exceeds %d", s.where(), len(code), patchSize))
+	}
+	t2 := time.Now()
+	if err := d.dev.PatchWrite(patch, code); err != nil {
+		return fail(fmt.Errorf("write patch: %w", err))
+	}
+	// Read the patch back: what runs must be what was verified.
+	back := make([]byte, len(code))
+	if err := d.dev.Read(patch, back); err != nil || !bytes.Equal(back, code) {
+		return fail(fmt.Errorf("patch at %#x does not read back as written (%v)", patch, err))
+	}
+	t3 := time.Now()
+	jmp, err := codegen.JmpRel32(in.Addr, patch)
+	if err != nil {
+		return fail(err)
+	}
+	orig := append([]byte(nil), in.Bytes[:len(jmp)]...)
+	id, err := d.dev.Splice(in.Addr, patch, orig, jmp)
+	if err != nil {
+		return fail(fmt.Errorf("splice %s: %w", s.where(), err))
+	}
+	t4 := time.Now()
+	st = stepTimes{codegen: t2 - t1, patch: (t1 - t0) + (t3 - t2), splice: t4 - t3}
+	return &probe{site: s, slot: slot, patch: patch, spliceID: id, orig: orig}, st, nil
+}
+
+// buildCounterPatch generates and verifies the counter patch for s.
+func buildCounterPatch(patch uint64, s *site, counter uint64) ([]byte, error) {
+	in := s.insn()
+	cs := codegen.Site{Addr: in.Addr, Bytes: in.Bytes}
+	saveFlags := s.fn.FlagsLive(s.index)
+	code, err := codegen.CounterPatch(patch, cs, counter, saveFlags)
+	if err != nil {
+		return nil, err
+	}
+	if err := codegen.Verify(code, patch, cs, counter, saveFlags); err != nil {
+		return nil, err
+	}
+	return code, nil
+}
+
+// detach removes a probe: restore the text, then free the patch (the
+// driver waits for tasks that may still run in it) and the counter slot.
+// The caller holds d.mu.
+func (d *Daemon) detach(p *probe) error {
+	if err := d.dev.Unsplice(p.spliceID); err != nil {
+		return fmt.Errorf("unsplice %s: %w", p.site.where(), err)
+	}
+	var errs []error
+	if err := d.dev.PatchFree(p.patch); err != nil {
+		errs = append(errs, fmt.Errorf("free patch %#x: %w", p.patch, err))
+	}
+	d.slots.free(p.slot)
+	return errors.Join(errs...)
+}
+
+// slotAllocator hands out counter slots. Protected by Daemon.mu.
+type slotAllocator struct {
+	n    int
+	used map[int]bool
+	next int
+}
+
+func (a *slotAllocator) alloc() (int, error) {
+	for i := 0; i < a.n; i++ {
+		s := (a.next + i) % a.n
+		if !a.used[s] {
+			a.used[s] = true
+			a.next = s + 1
+			return s, nil
+		}
+	}
+	return 0, fmt.Errorf("all %d counter slots in use", a.n)
+}
+
+func (a *slotAllocator) free(s int) { delete(a.used, s) }

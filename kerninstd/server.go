@@ -1,0 +1,242 @@
+package kerninstd
+
+import (
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/metrics"
+	"github.com/kinst/kinst/springboard"
+)
+
+// maxRead bounds one /v1/read.
+const maxRead = 1 << 20
+
+// Handler returns the HTTP API.
+func (d *Daemon) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/info", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, d.Info())
+	})
+	mux.HandleFunc("POST /v1/resolve", func(w http.ResponseWriter, r *http.Request) {
+		var req ResolveRequest
+		if !readJSON(w, r, &req) {
+			return
+		}
+		res, err := d.Resolve(req.Point)
+		if err != nil {
+			writeError(w, &PointError{Point: req.Point, Err: err})
+			return
+		}
+		writeJSON(w, http.StatusOK, res)
+	})
+	mux.HandleFunc("POST /v1/sessions", func(w http.ResponseWriter, r *http.Request) {
+		var req SessionRequest
+		if !readJSON(w, r, &req) {
+			return
+		}
+		s, err := d.CreateSession(req)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusCreated, s)
+	})
+	mux.HandleFunc("DELETE /v1/sessions/{id}", func(w http.ResponseWriter, r *http.Request) {
+		s, err := d.RemoveSession(r.PathValue("id"))
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, s)
+	})
+	mux.HandleFunc("GET /v1/sessions/{id}/samples", d.serveSamples)
+	mux.HandleFunc("GET /v1/read", d.serveRead)
+	mux.HandleFunc("POST /v1/bench/splice", func(w http.ResponseWriter, r *http.Request) {
+		var req BenchRequest
+		if !readJSON(w, r, &req) {
+			return
+		}
+		res, err := d.BenchSplice(r.Context(), req)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, res)
+	})
+	return mux
+}
+
+// serveSamples streams one Sample per interval until the client goes away
+// or the session is removed. For a tied session, the client going away
+// removes the session: its splices never outlive the kinst that asked.
+func (d *Daemon) serveSamples(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	interval := time.Second
+	if v := r.URL.Query().Get("interval"); v != "" {
+		iv, err := time.ParseDuration(v)
+		if err != nil || iv < 10*time.Millisecond {
+			writeError(w, badRequest(fmt.Errorf("interval %q: want a duration ≥ 10ms", v)))
+			return
+		}
+		interval = iv
+	}
+	d.mu.Lock()
+	ss, ok := d.sessions[id]
+	var slots []int
+	if ok {
+		for _, p := range ss.probes {
+			slots = append(slots, p.slot)
+		}
+	}
+	d.mu.Unlock()
+	if !ok {
+		writeError(w, fmt.Errorf("%w %q", ErrNoSession, id))
+		return
+	}
+	if ss.tied {
+		defer func() {
+			select {
+			case <-ss.done:
+				return
+			default:
+			}
+			d.log.Info("client gone; removing tied session", "session", id)
+			if _, err := d.RemoveSession(id); err != nil && !errors.Is(err, ErrNoSession) {
+				d.log.Error("remove tied session", "session", id, "err", err)
+			}
+		}()
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	fl, _ := w.(http.Flusher)
+	if fl != nil {
+		fl.Flush()
+	}
+	set := metrics.NewCounterSet(d.dev, slots)
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	enc := json.NewEncoder(w)
+	for {
+		select {
+		case <-r.Context().Done():
+			return
+		case <-ss.done:
+			return
+		case now := <-tick.C:
+			s := set.Sample(now)
+			if err := enc.Encode(Sample{Time: s.Time, Totals: s.Totals, Deltas: s.Deltas}); err != nil {
+				return
+			}
+			if fl != nil {
+				fl.Flush()
+			}
+		}
+	}
+}
+
+func (d *Daemon) serveRead(w http.ResponseWriter, r *http.Request) {
+	at := r.URL.Query().Get("at")
+	n := 64
+	if v := r.URL.Query().Get("len"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n <= 0 || n > maxRead {
+			writeError(w, badRequest(fmt.Errorf("len %q: want 1..%d", v, maxRead)))
+			return
+		}
+	}
+	addr, err := d.parseLocation(at)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	b := make([]byte, n)
+	if err := d.dev.Read(addr, b); err != nil {
+		writeError(w, fmt.Errorf("read %d bytes at %#x: %w", n, addr, err))
+		return
+	}
+	m := Memory{Address: Addr(addr), Bytes: hex.EncodeToString(b)}
+	if sym, off, ok := d.symbols().At(addr); ok {
+		m.Symbol = fmt.Sprintf("%s+%#x", sym.Name, off)
+	}
+	writeJSON(w, http.StatusOK, m)
+}
+
+// parseLocation accepts 0xADDR, a hex address without 0x, or SYM[+OFF].
+func (d *Daemon) parseLocation(at string) (uint64, error) {
+	if at == "" {
+		return 0, badRequest(errors.New("missing address: want ADDR or SYM[+0xOFF]"))
+	}
+	if v, err := strconv.ParseUint(strings.TrimPrefix(at, "0x"), 16, 64); err == nil && (strings.HasPrefix(at, "0x") || len(at) == 16) {
+		return v, nil
+	}
+	p, err := cfg.ParsePoint(at)
+	if err != nil {
+		return 0, badRequest(err)
+	}
+	sym, _, err := d.symbols().Lookup(p.Function)
+	if err != nil {
+		return 0, err
+	}
+	return sym.Addr + p.Offset, nil
+}
+
+type badRequestError struct{ error }
+
+func (e badRequestError) Unwrap() error { return e.error }
+
+func badRequest(err error) error { return badRequestError{err} }
+
+// errorCode classifies an error for API clients.
+func errorCode(err error) (int, string) {
+	var br badRequestError
+	switch {
+	case errors.Is(err, cfg.ErrUnknownFunction):
+		return http.StatusNotFound, "unknown_function"
+	case errors.Is(err, cfg.ErrNotBoundary):
+		return http.StatusUnprocessableEntity, "not_boundary"
+	case errors.Is(err, springboard.ErrTooShort), errors.Is(err, ErrNoEntryInstruction):
+		return http.StatusUnprocessableEntity, "too_short"
+	case errors.Is(err, cfg.ErrNoSplice):
+		return http.StatusUnprocessableEntity, "no_splice"
+	case errors.Is(err, ErrNoSession):
+		return http.StatusNotFound, "no_session"
+	case errors.As(err, &br):
+		return http.StatusBadRequest, "bad_request"
+	}
+	return http.StatusInternalServerError, "internal"
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	status, code := errorCode(err)
+	resp := ErrorResponse{Error: err.Error(), Code: code}
+	var pe *PointError
+	if errors.As(err, &pe) {
+		resp.Point = pe.Point
+	}
+	writeJSON(w, status, resp)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
+}
+
+func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		writeError(w, badRequest(fmt.Errorf("request body: %w", err)))
+		return false
+	}
+	return true
+}

@@ -1,0 +1,71 @@
+// Package springboard decides how a splice reaches its patch from an
+// instruction of a given length, and (in time) owns the springboard heap:
+// never-executed bytes within rel8 reach of short instructions that hold a
+// jmp rel32 to a patch.
+//
+// Today only direct splices are made; springboard and trap splices are
+// classified so that requests for them are refused with the right reason.
+package springboard
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Class is how a splice of one instruction reaches its patch.
+type Class int
+
+const (
+	// Direct: the instruction is at least 5 bytes, room for jmp rel32.
+	Direct Class = iota
+	// Springboard: 2–4 bytes, room for a jmp rel8 to a springboard slot.
+	Springboard
+	// Trap: 1 byte; only an int3 fits.
+	Trap
+)
+
+// JmpRel32Len is the length of the jmp rel32 a direct splice writes.
+const JmpRel32Len = 5
+
+func (c Class) String() string {
+	switch c {
+	case Direct:
+		return "direct"
+	case Springboard:
+		return "springboard"
+	case Trap:
+		return "trap"
+	}
+	return fmt.Sprintf("Class(%d)", int(c))
+}
+
+// Classify returns the splice class of an instruction of length n.
+func Classify(n int) Class {
+	switch {
+	case n >= JmpRel32Len:
+		return Direct
+	case n >= 2:
+		return Springboard
+	default:
+		return Trap
+	}
+}
+
+// ErrTooShort is matched by TooShortError.
+var ErrTooShort = errors.New("instruction too short for a direct splice")
+
+// TooShortError refuses a splice at an instruction shorter than a jmp rel32
+// while springboard and trap splices are not available.
+type TooShortError struct {
+	Addr  uint64
+	Len   int
+	Where string // symbolic location, e.g. "filename_lookup+0x3"
+	Text  string // the instruction
+}
+
+func (e *TooShortError) Error() string {
+	return fmt.Sprintf("%s (%s) is %d byte(s): too short for a direct splice (needs %d); it would need a %s splice, which kinst does not make yet",
+		e.Where, e.Text, e.Len, JmpRel32Len, Classify(e.Len))
+}
+
+func (e *TooShortError) Is(target error) bool { return target == ErrTooShort }

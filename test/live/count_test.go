@@ -1,0 +1,294 @@
+package live
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/internal/cli"
+	"github.com/kinst/kinst/kerninstd"
+)
+
+// statCalls is the number of stat(2) calls the workload makes; each enters
+// filename_lookup exactly once on 6.1.
+const statCalls = 5000
+
+// slack bounds the calls of filename_lookup made during the counting window
+// by the rest of the guest (kinst's own start-up, the exec agent, busybox):
+// the counter sees every call system-wide, not only the workload's.
+const slack = 150
+
+func resolveLookuppn(t *testing.T, ctx context.Context) kerninstd.Resolved {
+	t.Helper()
+	r, err := client.Resolve(ctx, "lookuppn")
+	if err != nil {
+		t.Fatalf("resolve lookuppn: %v", err)
+	}
+	if r.Function != "filename_lookup" || r.Classic == nil {
+		t.Fatalf("lookuppn resolved to %+v, want filename_lookup via the classic map", r)
+	}
+	return r
+}
+
+// qemuBytes reads guest kernel memory as QEMU sees it: independent of our
+// driver.
+func qemuBytes(t *testing.T, addr kerninstd.Addr, n int) []byte {
+	t.Helper()
+	b, err := guest.ReadVirt(uint64(addr), n)
+	if err != nil {
+		t.Fatalf("QEMU read %#x: %v", uint64(addr), err)
+	}
+	return b
+}
+
+func TestCountAgreesWithKprobe(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	r := resolveLookuppn(t, ctx)
+	orig := qemuBytes(t, r.Address, r.Length)
+	if hex.EncodeToString(orig) != r.Bytes {
+		t.Fatalf("kerninstd reads %s at %#x, QEMU reads %x", r.Bytes, uint64(r.Address), orig)
+	}
+	out := gsh(t, ctx, fmt.Sprintf(`T=/sys/kernel/tracing
+echo 'p:kinst/oracle filename_lookup' >> $T/kprobe_events
+echo 1 > $T/events/kinst/oracle/enable
+before=$(awk '$1=="oracle"{print $2}' $T/kprobe_profile)
+kinst count lookuppn --json -- kinst workload stat %d / > /tmp/count.json
+after=$(awk '$1=="oracle"{print $2}' $T/kprobe_profile)
+echo 0 > $T/events/kinst/oracle/enable
+echo '-:kinst/oracle' >> $T/kprobe_events
+echo "$before $after"
+cat /tmp/count.json`, statCalls))
+	first, rest, _ := strings.Cut(out, "\n")
+	var before, after uint64
+	if _, err := fmt.Sscan(first, &before, &after); err != nil {
+		t.Fatalf("kprobe_profile readings %q: %v", first, err)
+	}
+	var rep cli.CountReport
+	if err := json.Unmarshal([]byte(rest), &rep); err != nil {
+		t.Fatalf("count --json: %v\n%s", err, rest)
+	}
+	if len(rep.Probes) != 1 || rep.ExitStatus == nil || *rep.ExitStatus != 0 {
+		t.Fatalf("count report: %+v", rep)
+	}
+	got, oracle := rep.Probes[0].Count, after-before
+	t.Logf("kinst count: %d; kprobe on filename_lookup over a slightly wider window: %d; workload: %d stat calls", got, oracle, statCalls)
+	if got < statCalls || got > statCalls+slack {
+		t.Errorf("kinst counted %d calls, want %d..%d", got, statCalls, statCalls+slack)
+	}
+	if oracle < got || oracle > got+slack {
+		t.Errorf("kprobe counted %d calls, kinst %d: want kprobe in [kinst, kinst+%d] (its window is wider)", oracle, got, slack)
+	}
+	if now := qemuBytes(t, r.Address, r.Length); !bytes.Equal(now, orig) {
+		t.Errorf("after count: bytes at %#x are %x, want the original %x", uint64(r.Address), now, orig)
+	}
+}
+
+// waitBytes polls QEMU's view of addr until pred holds.
+func waitBytes(t *testing.T, addr kerninstd.Addr, n int, what string, pred func([]byte) bool) []byte {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		b := qemuBytes(t, addr, n)
+		if pred(b) {
+			return b
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s at %#x (now %x)", what, uint64(addr), b)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func TestSpliceVisibleThenRestored(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	r := resolveLookuppn(t, ctx)
+	orig := qemuBytes(t, r.Address, r.Length)
+	info, err := client.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	cctx, stop := context.WithCancel(ctx)
+	done := make(chan string)
+	go func() {
+		var out, errb bytes.Buffer
+		guest.Exec(cctx, []string{"kinst", "count", "lookuppn", "--duration", "2m"}, &out, &errb)
+		done <- out.String() + errb.String()
+	}()
+	spliced := waitBytes(t, r.Address, 5, "the jmp rel32", func(b []byte) bool { return b[0] == 0xe9 })
+	target := uint64(r.Address) + 5 + uint64(int64(int32(uint32(spliced[1])|uint32(spliced[2])<<8|uint32(spliced[3])<<16|uint32(spliced[4])<<24)))
+	if target < uint64(info.PatchHeap) || target >= uint64(info.PatchHeap)+info.PatchHeapSize {
+		t.Errorf("splice jumps to %#x, outside the patch heap [%#x, +%#x)", target, uint64(info.PatchHeap), info.PatchHeapSize)
+	}
+	if r.Length > 5 && !bytes.Equal(qemuBytes(t, r.Address, r.Length)[5:], orig[5:]) {
+		t.Errorf("splice wrote more than one jmp rel32: bytes after it changed")
+	}
+	// kinst rd shows the same bytes as QEMU.
+	m, err := client.Read(ctx, fmt.Sprintf("%#x", uint64(r.Address)), 5)
+	if err != nil || m.Bytes != hex.EncodeToString(spliced) {
+		t.Errorf("kinst rd = %+v, %v; QEMU sees %x", m, err, spliced)
+	}
+	// Ctrl-C (the exec agent sends SIGINT) removes the splice.
+	stop()
+	out := <-done
+	waitBytes(t, r.Address, r.Length, "the original bytes", func(b []byte) bool { return bytes.Equal(b, orig) })
+	if info, err := client.Info(ctx); err != nil || info.Splices != 0 {
+		t.Errorf("after Ctrl-C: info %+v, %v; want no splices\nkinst output:\n%s", info, err, out)
+	}
+}
+
+func TestKill9DaemonRestoresText(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	r := resolveLookuppn(t, ctx)
+	orig := qemuBytes(t, r.Address, r.Length)
+	cctx, stop := context.WithCancel(ctx)
+	defer stop()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		guest.Exec(cctx, []string{"kinst", "count", "lookuppn", "--duration", "2m"}, new(bytes.Buffer), new(bytes.Buffer))
+	}()
+	// A workload keeps running through the spliced function meanwhile.
+	wctx, wstop := context.WithCancel(ctx)
+	wdone := make(chan int)
+	go func() {
+		code, _ := guest.Exec(wctx, []string{"kinst", "workload", "syscalls", "40s"}, new(bytes.Buffer), new(bytes.Buffer))
+		wdone <- code
+	}()
+	defer wstop()
+	waitBytes(t, r.Address, 5, "the jmp rel32", func(b []byte) bool { return b[0] == 0xe9 })
+	gsh(t, ctx, "kill -9 $(pidof kerninstd)")
+	waitBytes(t, r.Address, r.Length, "the driver to restore the original bytes", func(b []byte) bool { return bytes.Equal(b, orig) })
+	if code := <-wdone; code != 0 {
+		t.Errorf("workload across kill -9 exited %d", code)
+	}
+	stop()
+	<-done
+	gsh(t, ctx, "kinst workload stat 100 /")
+	// The guest's supervisor restarts kerninstd; later tests need it.
+	if err := waitInfo(ctx, client, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestBadRequestsChangeNothing(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	r := resolveLookuppn(t, ctx)
+	m, err := client.Read(ctx, "filename_lookup", 256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, _ := hex.DecodeString(m.Bytes)
+	fn, err := cfg.Decode("filename_lookup", "", uint64(m.Address), code)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var short, long *cfg.Instruction
+	for i := range fn.Insns {
+		in := &fn.Insns[i]
+		if short == nil && in.Len() < 5 {
+			short = in
+		}
+		if long == nil && in.Len() >= 2 && in.Addr > fn.Addr {
+			long = in
+		}
+	}
+	if short == nil || long == nil {
+		t.Fatalf("filename_lookup has no short or multi-byte instruction in its first 256 bytes?")
+	}
+	before := qemuBytes(t, kerninstd.Addr(fn.Addr), 256)
+	for _, tc := range []struct {
+		point, code, mention string
+	}{
+		{"no_such_function_kinst", "unknown_function", "no_such_function_kinst"},
+		{fmt.Sprintf("filename_lookup+%#x", long.Addr-fn.Addr+1), "not_boundary", "not an instruction boundary"},
+		{fmt.Sprintf("filename_lookup+%#x", short.Addr-fn.Addr), "too_short", "too short"},
+		{"filename_lookup+0x0", "no_splice", "ftrace"},
+		{"filename_lookup+zz", "bad_request", "bad offset"},
+	} {
+		for _, attach := range []bool{false, true} {
+			var err error
+			if attach {
+				_, err = client.CreateSession(ctx, kerninstd.SessionRequest{Points: []string{"lookuppn", tc.point}})
+			} else {
+				_, err = client.Resolve(ctx, tc.point)
+			}
+			var ae *kerninstd.APIError
+			if !errors.As(err, &ae) || ae.Code != tc.code || !strings.Contains(ae.Error(), tc.mention) {
+				t.Errorf("%s (attach=%v): got %v (%+v), want code %s mentioning %q", tc.point, attach, err, ae, tc.code, tc.mention)
+			}
+		}
+	}
+	// The CLI says it plainly and exits non-zero.
+	_, errs, status := gexec(t, ctx, "kinst", "count", "no_such_function_kinst", "--duration", "1s")
+	if status == 0 || !strings.Contains(errs, "unknown function") {
+		t.Errorf("kinst count of an unknown function: status %d, stderr %q", status, errs)
+	}
+	if after := qemuBytes(t, kerninstd.Addr(fn.Addr), 256); !bytes.Equal(before, after) {
+		t.Errorf("refused requests changed filename_lookup's text:\nbefore %x\nafter  %x", before, after)
+	}
+	if info, err := client.Info(ctx); err != nil || info.Splices != 0 {
+		t.Errorf("after refusals: %+v, %v; want no splices", info, err)
+	}
+	_ = r
+}
+
+func TestSpliceStressUnderLoad(t *testing.T) {
+	cycles := 300
+	if v := os.Getenv("KINST_STRESS_CYCLES"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			t.Fatalf("KINST_STRESS_CYCLES=%q", v)
+		}
+		cycles = n
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	r := resolveLookuppn(t, ctx)
+	orig := qemuBytes(t, r.Address, r.Length)
+	// A syscall-heavy workload on every vCPU, through the spliced function.
+	wctx, wstop := context.WithCancel(ctx)
+	wdone := make(chan string)
+	go func() {
+		var out, errb bytes.Buffer
+		code, err := guest.Exec(wctx, []string{"kinst", "workload", "syscalls", "30m"}, &out, &errb)
+		wdone <- fmt.Sprintf("status %d err %v: %s", code, err, errb.String())
+	}()
+	time.Sleep(2 * time.Second)
+	res, err := client.BenchSplice(ctx, kerninstd.BenchRequest{Point: "lookuppn", Cycles: cycles})
+	wstop()
+	wres := <-wdone
+	if err != nil {
+		t.Fatalf("bench splice: %v", err)
+	}
+	t.Logf("%d cycles under load: splice median %v, unsplice median %v (TCG guest time)", res.Cycles,
+		time.Duration(res.Splice.Median), time.Duration(res.Unsplice.Median))
+	if res.Cycles != cycles || !res.Restored {
+		t.Errorf("bench: %d cycles of %d, restored=%v", res.Cycles, cycles, res.Restored)
+	}
+	if !strings.Contains(wres, "stat calls") {
+		t.Errorf("workload did not finish cleanly: %s", wres)
+	}
+	if now := qemuBytes(t, r.Address, r.Length); !bytes.Equal(now, orig) {
+		t.Errorf("after the burst: %x, want %x", now, orig)
+	}
+	// The kernel still works, and a count still counts exactly.
+	out := gsh(t, ctx, "kinst count lookuppn --json -- kinst workload stat 1000 /")
+	var rep cli.CountReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || len(rep.Probes) != 1 || rep.Probes[0].Count < 1000 || rep.Probes[0].Count > 1000+slack {
+		t.Errorf("count after the burst: %v %+v", err, rep)
+	}
+}
