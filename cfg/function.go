@@ -76,7 +76,7 @@ func Decode(name, module string, addr uint64, code []byte) (*Function, error) {
 	f := &Function{Name: name, Module: module, Addr: addr, End: addr + uint64(len(code))}
 	for off := 0; off < len(code); {
 		inst, err := x86asm.Decode(code[off:], 64)
-		if err != nil {
+		if err != nil || inst.Op == 0 {
 			f.Truncated = true
 			break
 		}

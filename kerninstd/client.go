@@ -159,3 +159,24 @@ func (s *SampleStream) Next() (Sample, error) {
 }
 
 func (s *SampleStream) Close() error { return s.body.Close() }
+
+// WaitReady polls until kerninstd answers or timeout passes: it may be
+// starting, or restarting after a crash while the driver restores text.
+func (c *Client) WaitReady(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := c.Info(cctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("kerninstd did not answer within %v: %w", timeout, err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(300 * time.Millisecond):
+		}
+	}
+}

@@ -191,7 +191,7 @@ func (d *Daemon) attachCounter(s *site) (*probe, stepTimes, error) {
 		return fail(fmt.Errorf("splice %s: %w", s.where(), err))
 	}
 	t4 := time.Now()
-	st = stepTimes{codegen: t2 - t1, patch: (t1 - t0) + (t3 - t2), splice: t4 - t3}
+	st = stepTimes{codegen: t2.Sub(t1), patch: t1.Sub(t0) + t3.Sub(t2), splice: t4.Sub(t3)}
 	return &probe{site: s, slot: slot, patch: patch, spliceID: id, orig: orig}, st, nil
 }
 

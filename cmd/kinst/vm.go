@@ -116,20 +116,7 @@ func vmCmd(ctx context.Context, args []string) (int, error) {
 
 // waitKerninstd is vm.Up's readiness check: the guest's kerninstd answers.
 func waitKerninstd(ctx context.Context, in *vm.Instance) error {
-	c := kerninstd.NewClient(in.KerninstdAddr())
-	for {
-		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := c.Info(cctx)
-		cancel()
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("kerninstd in the guest did not answer: %w", err)
-		case <-time.After(500 * time.Millisecond):
-		}
-	}
+	return kerninstd.NewClient(in.KerninstdAddr()).WaitReady(ctx, 2*time.Minute)
 }
 
 func defaultCache() string {

@@ -178,7 +178,7 @@ func TestKill9DaemonRestoresText(t *testing.T) {
 	<-done
 	gsh(t, ctx, "kinst workload stat 100 /")
 	// The guest's supervisor restarts kerninstd; later tests need it.
-	if err := waitInfo(ctx, client, time.Minute); err != nil {
+	if err := client.WaitReady(ctx, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 }

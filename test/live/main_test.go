@@ -92,24 +92,7 @@ func runWithVM(m *testing.M) int {
 }
 
 func waitKerninstd(ctx context.Context, in *vm.Instance) error {
-	return waitInfo(ctx, kerninstd.NewClient(in.KerninstdAddr()), 2*time.Minute)
-}
-
-// waitInfo waits until kerninstd answers (it restarts after a kill).
-func waitInfo(ctx context.Context, c *kerninstd.Client, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := c.Info(cctx)
-		cancel()
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("kerninstd did not answer within %v: %w", timeout, err)
-		}
-		time.Sleep(300 * time.Millisecond)
-	}
+	return kerninstd.NewClient(in.KerninstdAddr()).WaitReady(ctx, 2*time.Minute)
 }
 
 func repoRoot() string {
