@@ -4,7 +4,7 @@
 SHELL  := /bin/bash
 GO     ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 CACHE  ?= $(CURDIR)/.cache
-STRESS ?= 300
+STRESS ?= 2000
 
 export KINST_CACHE := $(CACHE)
 export CGO_ENABLED := 0

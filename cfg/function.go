@@ -199,16 +199,17 @@ func (f *Function) BranchTargets() map[uint64]bool {
 }
 
 // EntryBlock returns the indices [0, n) of the function's entry block: the
-// instructions up to and including the first control transfer, cut short
-// where a jump of the function lands (a loop back to the top makes such an
-// instruction run more than once per call).
+// instructions up to and including the first control transfer other than
+// a call (callees return), cut short where a jump of the function lands (a
+// loop back to the top makes such an instruction run more than once per
+// call).
 func (f *Function) EntryBlock() int {
 	targets := f.BranchTargets()
 	for i := range f.Insns {
 		if i > 0 && targets[f.Insns[i].Addr] {
 			return i
 		}
-		if IsControlTransfer(&f.Insns[i]) {
+		if in := &f.Insns[i]; IsControlTransfer(in) && in.Inst.Op != x86asm.CALL {
 			return i + 1
 		}
 	}

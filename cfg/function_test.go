@@ -105,3 +105,18 @@ func TestFlagsLive(t *testing.T) {
 		t.Error("inc; adc: CF live")
 	}
 }
+
+func TestEntryBlockSpansCalls(t *testing.T) {
+	// With ftrace in use the site is a call; the block goes on past it.
+	f, err := Decode("f", "", fnAddr, []byte{
+		0xe8, 0x00, 0x00, 0x00, 0x00, // call (ftrace trampoline)
+		0x48, 0x8b, 0x47, 0x10, // mov 0x10(%rdi),%rax
+		0xc3, // ret
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !f.IsFtraceSite(0) || f.EntryBlock() != 3 {
+		t.Errorf("IsFtraceSite(0)=%v EntryBlock=%d, want true, 3", f.IsFtraceSite(0), f.EntryBlock())
+	}
+}

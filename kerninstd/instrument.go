@@ -61,7 +61,7 @@ var ErrNoEntryInstruction = errors.New("no spliceable instruction in the entry b
 func (d *Daemon) resolve(spec string) (*site, error) {
 	p, err := cfg.ParsePoint(spec)
 	if err != nil {
-		return nil, err
+		return nil, badRequest(err)
 	}
 	syms := d.symbols()
 	sym, amb, err := syms.Lookup(p.Function)
