@@ -1,0 +1,149 @@
+package vm
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestTopoOrder(t *testing.T) {
+	deps := map[string][]string{
+		"virtio_net":   {"net_failover", "virtio_ring", "virtio"},
+		"net_failover": {"failover"},
+		"failover":     nil,
+		"virtio_ring":  nil,
+		"virtio":       nil,
+		"virtio_pci":   {"virtio_pci_modern_dev", "virtio_pci_legacy_dev", "virtio", "virtio_ring"},
+		"virtio_pci_modern_dev": nil, "virtio_pci_legacy_dev": nil,
+	}
+	lookup := func(n string) (module, error) {
+		d, ok := deps[n]
+		if !ok {
+			return module{}, errors.New("missing " + n)
+		}
+		return module{name: n, depends: d}, nil
+	}
+	mods, err := topoOrder([]string{"virtio_pci", "virtio_net"}, lookup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pos := map[string]int{}
+	for i, m := range mods {
+		pos[m.name] = i
+	}
+	if len(mods) != len(deps) {
+		t.Fatalf("order %v has %d modules, want %d", mods, len(mods), len(deps))
+	}
+	for n, ds := range deps {
+		for _, d := range ds {
+			if pos[d] > pos[n] {
+				t.Errorf("%s loads before its dependency %s", n, d)
+			}
+		}
+	}
+	deps["failover"] = []string{"virtio_net"}
+	if _, err := topoOrder([]string{"virtio_net"}, lookup); err == nil || !strings.Contains(err.Error(), "cycle") {
+		t.Errorf("cycle not detected: %v", err)
+	}
+	if _, err := topoOrder([]string{"nope"}, lookup); err == nil {
+		t.Error("missing module not reported")
+	}
+}
+
+func TestReadModinfo(t *testing.T) {
+	if _, err := exec.LookPath("gcc"); err != nil {
+		t.Skip("gcc not installed")
+	}
+	dir := t.TempDir()
+	src := filepath.Join(dir, "m.c")
+	os.WriteFile(src, []byte(`__attribute__((section(".modinfo"), used)) static const char a[] = "license=GPL";
+__attribute__((section(".modinfo"), used)) static const char b[] = "depends=virtio,virtio_ring";
+__attribute__((section(".modinfo"), used)) static const char c[] = "name=virtio_net";
+`), 0o600)
+	obj := filepath.Join(dir, "m.o")
+	if out, err := exec.Command("gcc", "-c", "-o", obj, src).CombinedOutput(); err != nil {
+		t.Fatalf("gcc: %v\n%s", err, out)
+	}
+	f, _ := os.Open(obj)
+	defer f.Close()
+	d, err := readModinfo(f)
+	if err != nil || !reflect.DeepEqual(d, []string{"virtio", "virtio_ring"}) {
+		t.Errorf("depends = %q, %v", d, err)
+	}
+}
+
+func TestParseHMPBytes(t *testing.T) {
+	out := "ffffffff81000000: 0x48 0x8d 0x25 0x51 0x3f 0x60 0x01 0x48\r\nffffffff81000008: 0x8d 0x3d\r\n"
+	b, err := parseHMPBytes(out, 0xffffffff81000000)
+	if err != nil || !bytes.Equal(b, []byte{0x48, 0x8d, 0x25, 0x51, 0x3f, 0x60, 0x01, 0x48, 0x8d, 0x3d}) {
+		t.Errorf("parse = % x, %v", b, err)
+	}
+	if _, err := parseHMPBytes("Cannot access memory\r\n", 0x1000); err == nil {
+		t.Error("monitor error not reported")
+	}
+	if _, err := parseHMPBytes("0000000000002000: 0x00\r\n", 0x1000); err == nil {
+		t.Error("wrong address not reported")
+	}
+}
+
+func startAgent(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go ServeAgent(ctx, ln)
+	return ln.Addr().String()
+}
+
+func TestAgentExec(t *testing.T) {
+	addr := startAgent(t)
+	ctx := context.Background()
+	if _, err := agentExec(ctx, addr, agentRequest{Ping: true}, nil, nil); err != nil {
+		t.Fatalf("ping: %v", err)
+	}
+	var out, errb bytes.Buffer
+	code, err := agentExec(ctx, addr, agentRequest{Argv: []string{"sh", "-c", "echo out; echo err >&2; exit 3"}}, &out, &errb)
+	if err != nil || code != 3 || out.String() != "out\n" || errb.String() != "err\n" {
+		t.Errorf("exec: code %d err %v stdout %q stderr %q", code, err, out.String(), errb.String())
+	}
+	code, _ = agentExec(ctx, addr, agentRequest{Argv: []string{"sh", "-c", "kill -TERM $$"}}, &out, &errb)
+	if code != 128+15 {
+		t.Errorf("killed by SIGTERM: status %d, want 143", code)
+	}
+	if _, err := agentExec(ctx, addr, agentRequest{Argv: []string{"/no/such/binary"}}, &out, &errb); err == nil {
+		t.Error("missing binary: no error")
+	}
+}
+
+func TestAgentCancelInterrupts(t *testing.T) {
+	addr := startAgent(t)
+	mark := filepath.Join(t.TempDir(), "interrupted")
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := agentExec(ctx, addr, agentRequest{Argv: []string{"sh", "-c",
+		"trap 'echo int > " + mark + "; exit 1' INT; sleep 30 & wait"}}, new(bytes.Buffer), new(bytes.Buffer))
+	if err == nil || time.Since(start) > 5*time.Second {
+		t.Fatalf("cancel: err %v after %v", err, time.Since(start))
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if b, _ := os.ReadFile(mark); strings.TrimSpace(string(b)) == "int" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the command never got SIGINT")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
