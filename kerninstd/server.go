@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/kinst/kinst/cfg"
@@ -158,7 +159,7 @@ func (d *Daemon) serveRead(w http.ResponseWriter, r *http.Request) {
 	}
 	b := make([]byte, n)
 	if err := d.dev.Read(addr, b); err != nil {
-		writeError(w, fmt.Errorf("read %d bytes at %#x: %w", n, addr, err))
+		writeError(w, err)
 		return
 	}
 	m := Memory{Address: Addr(addr), Bytes: hex.EncodeToString(b)}
@@ -209,6 +210,8 @@ func errorCode(err error) (int, string) {
 		return http.StatusNotFound, "no_session"
 	case errors.As(err, &br):
 		return http.StatusBadRequest, "bad_request"
+	case errors.Is(err, syscall.EFAULT):
+		return http.StatusUnprocessableEntity, "fault"
 	}
 	return http.StatusInternalServerError, "internal"
 }

@@ -72,7 +72,11 @@ func vmCmd(ctx context.Context, args []string) (int, error) {
 		}
 		ctx, stop := signal.NotifyContext(ctx, os.Interrupt)
 		defer stop()
-		return in.Exec(ctx, argv, os.Stdout, os.Stderr)
+		status, err := in.Exec(ctx, argv, os.Stdout, os.Stderr)
+		if ctx.Err() != nil {
+			return 130, nil // interrupted; the guest command got SIGINT
+		}
+		return status, err
 	case "status":
 		asJSON := fs.Bool("json", false, "print JSON")
 		if err := fs.Parse(args[1:]); err != nil {

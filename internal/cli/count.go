@@ -111,10 +111,13 @@ func Count(ctx context.Context, c *kerninstd.Client, o CountOptions, stdout, std
 
 	start := time.Now()
 	report := CountReport{IntervalNS: int64(o.Interval)}
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	// Live rows use fixed widths: each is printed as its sample arrives.
+	locWidth := 8
+	for _, p := range sess.Probes {
+		locWidth = max(locWidth, len(location(p.Resolved)))
+	}
 	if !o.JSON {
-		fmt.Fprintln(tw, "time\tpoint\tlocation\tinterval\ttotal\t")
-		tw.Flush()
+		fmt.Fprintf(stdout, "%8s  %-*s  %12s  %12s\n", "time", locWidth, "location", "+interval", "total")
 	}
 	exitStatus := 0
 	waitCmd := func(err error) {
@@ -132,9 +135,8 @@ loop:
 			report.Intervals = append(report.Intervals, CountSample{ElapsedNS: int64(el), Deltas: s.Deltas})
 			if !o.JSON {
 				for i, p := range sess.Probes {
-					fmt.Fprintf(tw, "%.3f\t%s\t%s+%#x\t%d\t%d\t\n", el.Seconds(), p.Point, p.Function, p.Offset, s.Deltas[i], s.Totals[i])
+					fmt.Fprintf(stdout, "%8.3f  %-*s  %12d  %12d\n", el.Seconds(), locWidth, location(p.Resolved), s.Deltas[i], s.Totals[i])
 				}
-				tw.Flush()
 			}
 		case err := <-cmdDone:
 			waitCmd(err)
@@ -177,12 +179,22 @@ loop:
 		return exitStatus, enc.Encode(report)
 	}
 	fmt.Fprintf(stdout, "\ncounts over %.3f s (splices removed):\n", time.Duration(report.DurationNS).Seconds())
-	tw = tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "count\tpoint\tlocation\taddress")
 	for _, p := range report.Probes {
-		fmt.Fprintf(tw, "%d\t%s\t%s+%#x\t%#x\t\n", p.Count, p.Point, p.Function, p.Offset, uint64(p.Address))
+		fmt.Fprintf(tw, "%d\t%s\t%s+%#x\t%#x\n", p.Count, p.Point, p.Function, p.Offset, uint64(p.Address))
 	}
-	tw.Flush()
-	return exitStatus, nil
+	return exitStatus, tw.Flush()
+}
+
+// location is how a probe is named in live rows: the point as asked, and
+// where it landed when that differs.
+func location(r kerninstd.Resolved) string {
+	at := fmt.Sprintf("%s+%#x", r.Function, r.Offset)
+	if r.Point == at {
+		return at
+	}
+	return r.Point + " (" + at + ")"
 }
 
 // describeProbe prints where a point landed, and the classic-name mapping.

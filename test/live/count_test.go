@@ -232,10 +232,22 @@ func TestBadRequestsChangeNothing(t *testing.T) {
 			}
 		}
 	}
+	var ae *kerninstd.APIError
 	// The CLI says it plainly and exits non-zero.
 	_, errs, status := gexec(t, ctx, "kinst", "count", "no_such_function_kinst", "--duration", "1s")
 	if status == 0 || !strings.Contains(errs, "unknown function") {
 		t.Errorf("kinst count of an unknown function: status %d, stderr %q", status, errs)
+	}
+	// A read of unmapped kernel memory is an error, not an oops.
+	if _, err := client.Read(ctx, "0xffffffffff7ff000", 16); !errors.As(err, &ae) || ae.Code != "fault" {
+		t.Errorf("read of unmapped kernel memory: %v, want a fault error", err)
+	}
+	// The module cannot be unloaded while kerninstd holds the device.
+	if _, errs, status := gexec(t, ctx, "rmmod", "kerninst"); status == 0 {
+		t.Errorf("rmmod kerninst succeeded while in use (%s)", errs)
+	}
+	if _, err := client.Info(ctx); err != nil {
+		t.Errorf("kerninstd after the bad requests: %v", err)
 	}
 	if after := qemuBytes(t, kerninstd.Addr(fn.Addr), 256); !bytes.Equal(before, after) {
 		t.Errorf("refused requests changed filename_lookup's text:\nbefore %x\nafter  %x", before, after)
