@@ -5,18 +5,7 @@ package driver
 
 const abiVersion = 1
 
-type kiInfo struct {
-	ABIVersion      uint32
-	ChunkSize       uint32
-	PatchHeap       uint64
-	PatchHeapSize   uint64
-	CounterHeap     uint64
-	CounterHeapSize uint64
-	ModuleText      uint64
-	ModuleTextSize  uint64
-	NrSplices       uint32
-	Pad             uint32
-}
+// struct ki_info is Info (device.go), which the ioctl fills directly.
 
 type kiRead struct {
 	Addr, Buf, Len uint64

@@ -41,7 +41,7 @@ int main(void) {
 	}
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	sizes := strings.Join([]string{
-		itoa(unsafe.Sizeof(kiInfo{})), itoa(unsafe.Sizeof(kiRead{})), itoa(unsafe.Sizeof(kiPatchAlloc{})),
+		itoa(unsafe.Sizeof(Info{})), itoa(unsafe.Sizeof(kiRead{})), itoa(unsafe.Sizeof(kiPatchAlloc{})),
 		itoa(unsafe.Sizeof(kiPatchWrite{})), itoa(unsafe.Sizeof(kiPatchFree{})), itoa(unsafe.Sizeof(kiSplice{})),
 		itoa(unsafe.Sizeof(kiUnsplice{})), itoa(unsafe.Sizeof(kiCountersClear{}))}, " ")
 	if lines[0] != sizes {

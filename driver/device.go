@@ -34,17 +34,19 @@ func (e *StaleError) Error() string {
 
 func (e *StaleError) Is(t error) bool { return t == ErrStale }
 
-// Info is the layout of the driver's heaps.
+// Info is the layout of the driver's heaps. It is also the ABI's struct
+// ki_info, filled by the INFO ioctl.
 type Info struct {
 	ABIVersion      uint32
-	ChunkSize       uint32
-	PatchHeap       uint64
+	ChunkSize       uint32 // patch heap allocation granule
+	PatchHeap       uint64 // kernel address of the executable patch heap
 	PatchHeapSize   uint64
-	CounterHeap     uint64
+	CounterHeap     uint64 // kernel address of counter slot 0
 	CounterHeapSize uint64
-	ModuleText      uint64
+	ModuleText      uint64 // kerninst.ko's own memory, never spliced
 	ModuleTextSize  uint64
-	Splices         uint32
+	Splices         uint32 // installed right now
+	_               uint32
 }
 
 // Device is an open /dev/kerninst. Its methods are safe for concurrent
@@ -82,8 +84,8 @@ func Open(path string) (*Device, error) {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
 	d := &Device{f: f}
-	var in kiInfo
-	if err := d.ioctl("info", iocInfo, unsafe.Pointer(&in)); err != nil {
+	in, err := d.Info()
+	if err != nil {
 		f.Close()
 		return nil, err
 	}
@@ -91,8 +93,7 @@ func Open(path string) (*Device, error) {
 		f.Close()
 		return nil, fmt.Errorf("kerninst.ko speaks ABI %d, this kerninstd %d: rebuild and reload the module", in.ABIVersion, abiVersion)
 	}
-	d.info = Info{ABIVersion: in.ABIVersion, ChunkSize: in.ChunkSize, PatchHeap: in.PatchHeap, PatchHeapSize: in.PatchHeapSize,
-		CounterHeap: in.CounterHeap, CounterHeapSize: in.CounterHeapSize, ModuleText: in.ModuleText, ModuleTextSize: in.ModuleTextSize}
+	d.info = in
 	m, err := unix.Mmap(int(f.Fd()), 0, int(in.CounterHeapSize), unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {
 		f.Close()
@@ -131,13 +132,9 @@ func (d *Device) ioctl(op string, req uintptr, arg unsafe.Pointer) error {
 
 // Info returns the heap layout and the number of installed splices.
 func (d *Device) Info() (Info, error) {
-	var in kiInfo
-	if err := d.ioctl("info", iocInfo, unsafe.Pointer(&in)); err != nil {
-		return Info{}, err
-	}
-	i := d.info
-	i.Splices = in.NrSplices
-	return i, nil
+	var in Info
+	err := d.ioctl("info", iocInfo, unsafe.Pointer(&in))
+	return in, err
 }
 
 // Read copies kernel memory at addr into b. An unmapped address is an

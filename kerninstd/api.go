@@ -26,7 +26,8 @@ type Info struct {
 	PatchHeapSize uint64 `json:"patch_heap_size"`
 	CounterHeap   Addr   `json:"counter_heap"`
 	Counters      int    `json:"counters"`
-	Splices       int    `json:"splices"`
+	Splices       int    `json:"splices"`        // installed by this daemon
+	DriverSplices int    `json:"driver_splices"` // installed, as the driver counts them
 	Sessions      int    `json:"sessions"`
 	Symbols       int    `json:"symbols"`
 }

@@ -58,14 +58,16 @@ func run(log *slog.Logger, socket, listen, devPath, kallsyms string) error {
 	log.Info("driver open", "abi", info.ABIVersion, "patch_heap", fmt.Sprintf("%#x", info.PatchHeap),
 		"counter_heap", fmt.Sprintf("%#x", info.CounterHeap), "counters", dev.NumCounters())
 	d, err := kerninstd.New(kerninstd.Config{Device: dev, Kallsyms: kallsyms, Log: log, Info: func() kerninstd.Info {
-		return kerninstd.Info{ABIVersion: info.ABIVersion, PatchHeap: kerninstd.Addr(info.PatchHeap),
+		in := kerninstd.Info{ABIVersion: info.ABIVersion, PatchHeap: kerninstd.Addr(info.PatchHeap),
 			PatchHeapSize: info.PatchHeapSize, CounterHeap: kerninstd.Addr(info.CounterHeap), Counters: dev.NumCounters()}
+		if now, err := dev.Info(); err == nil {
+			in.DriverSplices = int(now.Splices)
+		}
+		return in
 	}})
 	if err != nil {
 		return err
 	}
-	defer d.Close()
-
 	srv := &http.Server{Handler: d.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	os.Remove(socket)
 	old := syscall.Umask(0o177) // the socket is born 0600: root only
@@ -95,8 +97,11 @@ func run(log *slog.Logger, socket, listen, devPath, kallsyms string) error {
 			return err
 		}
 	}
+	// Remove the sessions first: that ends their sample streams, so the
+	// shutdown does not wait on them.
+	err = d.Close()
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	srv.Shutdown(sctx)
-	return d.Close()
+	return err
 }

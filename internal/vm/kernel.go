@@ -95,18 +95,24 @@ func aptUpdate(ctx context.Context) error {
 	return nil
 }
 
-func aptDownload(ctx context.Context, dir, pkg string) error {
-	run := func() ([]byte, error) {
-		cmd := exec.CommandContext(ctx, "apt-get", "download", "-qq", pkg)
-		cmd.Dir = dir
-		return cmd.CombinedOutput()
-	}
-	out, err := run()
+// retryAfterUpdate runs an apt command, and once more after refreshing
+// the package lists if it failed (a fresh machine may have stale lists).
+func retryAfterUpdate(ctx context.Context, cmd func() *exec.Cmd) ([]byte, error) {
+	out, err := cmd().CombinedOutput()
 	if err != nil {
 		if uerr := aptUpdate(ctx); uerr == nil {
-			out, err = run()
+			out, err = cmd().CombinedOutput()
 		}
 	}
+	return out, err
+}
+
+func aptDownload(ctx context.Context, dir, pkg string) error {
+	out, err := retryAfterUpdate(ctx, func() *exec.Cmd {
+		cmd := exec.CommandContext(ctx, "apt-get", "download", "-qq", pkg)
+		cmd.Dir = dir
+		return cmd
+	})
 	if err != nil {
 		return fmt.Errorf("apt-get download %s: %v\n%s", pkg, err, out)
 	}
@@ -124,17 +130,11 @@ func ensureHeaders(ctx context.Context, release string, say func(string, ...any)
 		return "", fmt.Errorf("%s is not installed (apt-get install %s, as root)", dir, pkg)
 	}
 	say("installing %s", pkg)
-	install := func() ([]byte, error) {
+	out, err := retryAfterUpdate(ctx, func() *exec.Cmd {
 		cmd := exec.CommandContext(ctx, "apt-get", "install", "-y", "-qq", "--no-install-recommends", pkg)
 		cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
-		return cmd.CombinedOutput()
-	}
-	out, err := install()
-	if err != nil {
-		if uerr := aptUpdate(ctx); uerr == nil {
-			out, err = install()
-		}
-	}
+		return cmd
+	})
 	if err != nil {
 		return "", fmt.Errorf("apt-get install %s: %v\n%s", pkg, err, out)
 	}

@@ -143,7 +143,7 @@ func TestSpliceVisibleThenRestored(t *testing.T) {
 	stop()
 	out := <-done
 	waitBytes(t, r.Address, r.Length, "the original bytes", func(b []byte) bool { return bytes.Equal(b, orig) })
-	if info, err := client.Info(ctx); err != nil || info.Splices != 0 {
+	if info, err := client.Info(ctx); err != nil || info.Splices != 0 || info.DriverSplices != 0 {
 		t.Errorf("after Ctrl-C: info %+v, %v; want no splices\nkinst output:\n%s", info, err, out)
 	}
 }
@@ -180,6 +180,9 @@ func TestKill9DaemonRestoresText(t *testing.T) {
 	// The guest's supervisor restarts kerninstd; later tests need it.
 	if err := client.WaitReady(ctx, time.Minute); err != nil {
 		t.Fatal(err)
+	}
+	if info, err := client.Info(ctx); err != nil || info.DriverSplices != 0 {
+		t.Errorf("restarted kerninstd: %+v, %v; want no splices left in the driver", info, err)
 	}
 }
 
