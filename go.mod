@@ -1,0 +1,10 @@
+module github.com/kinst/kinst
+
+go 1.26.0
+
+require (
+	github.com/cavaliergopher/cpio v1.0.1
+	github.com/spf13/pflag v1.1.0
+	golang.org/x/arch v0.32.0
+	golang.org/x/sys v0.49.0
+)
