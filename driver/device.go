@@ -46,7 +46,7 @@ type Info struct {
 	ModuleText      uint64 // kerninst.ko's own memory, never spliced
 	ModuleTextSize  uint64
 	Splices         uint32 // installed right now
-	_               uint32
+	Int3Hits        uint32 // CPUs the int3 notifier sent to a patch (wraps)
 }
 
 // Device is an open /dev/kerninst. Its methods are safe for concurrent

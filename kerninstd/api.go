@@ -28,6 +28,7 @@ type Info struct {
 	Counters      int    `json:"counters"`
 	Splices       int    `json:"splices"`        // installed by this daemon
 	DriverSplices int    `json:"driver_splices"` // installed, as the driver counts them
+	Int3Hits      uint32 `json:"int3_hits"`      // CPUs the driver's int3 notifier sent to a patch
 	Sessions      int    `json:"sessions"`
 	Symbols       int    `json:"symbols"`
 }

@@ -62,6 +62,7 @@ func run(log *slog.Logger, socket, listen, devPath, kallsyms string) error {
 			PatchHeapSize: info.PatchHeapSize, CounterHeap: kerninstd.Addr(info.CounterHeap), Counters: dev.NumCounters()}
 		if now, err := dev.Info(); err == nil {
 			in.DriverSplices = int(now.Splices)
+			in.Int3Hits = now.Int3Hits
 		}
 		return in
 	}})

@@ -81,6 +81,7 @@ static u32 ki_owner[KI_NCHUNKS];
 static u32 ki_alloc_len[KI_NCHUNKS];	/* [ki_lock] chunks, at an allocation's first chunk */
 static bool ki_alloc_spliced[KI_NCHUNKS]; /* [ki_lock] a splice has targeted it */
 static atomic_t ki_is_open = ATOMIC_INIT(0);
+static atomic_t ki_int3_hits = ATOMIC_INIT(0);	/* redirects by ki_die_notify */
 
 /* ---- text access ---------------------------------------------------- */
 
@@ -200,6 +201,7 @@ static int ki_die_notify(struct notifier_block *nb, unsigned long val, void *dat
 		if (READ_ONCE(ki_splices[i].addr) == ip) {
 			smp_rmb();
 			regs->ip = READ_ONCE(ki_splices[i].patch);
+			atomic_inc(&ki_int3_hits);
 			return NOTIFY_STOP;
 		}
 	}
@@ -512,6 +514,7 @@ static long ki_info(struct ki_info __user *uarg)
 		.module_text = (unsigned long)THIS_MODULE->core_layout.base,
 		.module_text_size = THIS_MODULE->core_layout.text_size,
 		.nr_splices = ki_nr_splices,
+		.int3_hits = atomic_read(&ki_int3_hits),
 	};
 
 	return copy_to_user(uarg, &in, sizeof(in)) ? -EFAULT : 0;

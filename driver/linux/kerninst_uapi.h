@@ -27,7 +27,7 @@ struct ki_info {
 	__u64 module_text;     /* [module_text, module_text+module_text_size): our own text, never spliced */
 	__u64 module_text_size;
 	__u32 nr_splices;      /* splices currently installed */
-	__u32 pad;
+	__u32 int3_hits;       /* CPUs sent to a patch by the int3 notifier (wraps) */
 };
 
 /* KI_IOC_READ: copy len bytes of kernel memory at addr to user buffer buf.
