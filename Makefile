@@ -30,6 +30,8 @@ demo: deps build
 
 # Unit tests, then the live-VM tests (one VM per test package).
 test: deps build
+	$(GO) vet ./...
+	@test -z "$$(gofmt -l .)" || { gofmt -l .; echo "gofmt: files above need formatting"; exit 1; }
 	KINST_LIVE=1 KINST_BIN=$(CURDIR)/bin KINST_STRESS_CYCLES=$(STRESS) $(GO) test -p 1 -timeout 40m -count=1 ./...
 
 unit:

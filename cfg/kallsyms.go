@@ -14,7 +14,7 @@ import (
 // Symbol is one text symbol of the running kernel or a module.
 type Symbol struct {
 	Addr   uint64
-	Type   byte   // kallsyms type letter: 't' or 'T'
+	Type   byte // kallsyms type letter: 't' or 'T'
 	Name   string
 	Module string // "" for the core kernel
 }

@@ -37,14 +37,14 @@ func gnu(inst x86asm.Inst, pc uint64) string { return x86asm.GNUSyntax(inst, pc,
 type kind int
 
 const (
-	kindPlain       kind = iota // verbatim, RIP-relative operand fixed up, then jmp back
-	kindExit                    // verbatim, no jmp back (ret)
-	kindJcc                     // jcc rel32 target; jmp back
-	kindJmp                     // jmp rel32 target
-	kindCall                    // push next; jmp rel32 target
-	kindShortOnly               // loop*/jrcxz: op +2; jmp +5; jmp target; jmp back
-	kindIndirectCall            // push next; same operand as jmp
-	kindIndirectJmp             // verbatim with fix-up, no jmp back
+	kindPlain        kind = iota // verbatim, RIP-relative operand fixed up, then jmp back
+	kindExit                     // verbatim, no jmp back (ret)
+	kindJcc                      // jcc rel32 target; jmp back
+	kindJmp                      // jmp rel32 target
+	kindCall                     // push next; jmp rel32 target
+	kindShortOnly                // loop*/jrcxz: op +2; jmp +5; jmp target; jmp back
+	kindIndirectCall             // push next; same operand as jmp
+	kindIndirectJmp              // verbatim with fix-up, no jmp back
 )
 
 var jccOps = map[x86asm.Op]bool{

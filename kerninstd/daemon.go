@@ -143,7 +143,7 @@ func (d *Daemon) CreateSession(req SessionRequest) (Session, error) {
 	defer d.mu.Unlock()
 	ss := &session{id: newID(), created: time.Now(), tied: req.Tied, done: make(chan struct{})}
 	for _, s := range sites {
-		p, _, err := d.attachCounter(s)
+		p, err := d.attachCounter(s)
 		if err != nil {
 			if rerr := d.removeLocked(ss); rerr != nil {
 				d.log.Error("roll back session", "err", rerr)

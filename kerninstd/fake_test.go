@@ -11,14 +11,14 @@ import (
 // patch heap and a counter heap, with the driver's argument checks. It
 // never executes anything; the live tests do that against the real driver.
 type fakeKernel struct {
-	mu       sync.Mutex
-	text     map[uint64]byte
-	heapBase uint64
-	heapNext uint64
-	allocs   map[uint64]int
-	splices  map[uint32]fakeSplice
-	nextID   uint32
-	counters []uint64
+	mu         sync.Mutex
+	text       map[uint64]byte
+	heapBase   uint64
+	heapNext   uint64
+	allocs     map[uint64]int
+	splices    map[uint32]fakeSplice
+	nextID     uint32
+	counters   []uint64
 	failSplice bool
 }
 
@@ -146,7 +146,7 @@ func (k *fakeKernel) Counter(slot int) uint64 {
 }
 
 func (k *fakeKernel) CounterAddr(slot int) uint64 { return k.heapBase - 0x10000 + uint64(slot)*8 }
-func (k *fakeKernel) NumCounters() int           { return len(k.counters) }
+func (k *fakeKernel) NumCounters() int            { return len(k.counters) }
 
 func (k *fakeKernel) ClearCounters(first, count int) error {
 	k.mu.Lock()

@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/codegen"
@@ -121,49 +120,40 @@ func entryInstruction(fn *cfg.Function) (int, error) {
 
 // probe is an installed counter.
 type probe struct {
-	site    *site
-	slot    int
-	patch   uint64
+	site     *site
+	slot     int
+	patch    uint64
 	spliceID uint32
-	orig    []byte // the bytes the splice replaced
-}
-
-// stepTimes records how long each step of an attach took.
-type stepTimes struct {
-	codegen, patch, splice time.Duration
 }
 
 // attachCounter installs a counter at s: allocate a slot and a patch,
 // generate and verify the patch, write it, then splice. On error nothing
 // stays installed. The caller holds d.mu.
-func (d *Daemon) attachCounter(s *site) (*probe, stepTimes, error) {
-	var st stepTimes
+func (d *Daemon) attachCounter(s *site) (*probe, error) {
 	in := s.insn()
 	if other, ok := d.spliced[in.Addr]; ok {
-		return nil, st, fmt.Errorf("%s is already instrumented (session %s); several requests at one point are not shared yet", s.where(), other)
+		return nil, fmt.Errorf("%s is already instrumented (session %s); several requests at one point are not shared yet", s.where(), other)
 	}
 	slot, err := d.slots.alloc()
 	if err != nil {
-		return nil, st, err
+		return nil, err
 	}
 	if err := d.dev.ClearCounters(slot, 1); err != nil {
 		d.slots.free(slot)
-		return nil, st, err
+		return nil, err
 	}
-	t0 := time.Now()
 	patch, err := d.dev.PatchAlloc(patchSize)
 	if err != nil {
 		d.slots.free(slot)
-		return nil, st, fmt.Errorf("allocate patch: %w", err)
+		return nil, fmt.Errorf("allocate patch: %w", err)
 	}
-	fail := func(err error) (*probe, stepTimes, error) {
+	fail := func(err error) (*probe, error) {
 		if ferr := d.dev.PatchFree(patch); ferr != nil {
 			d.log.Error("free patch after failed attach", "patch", fmt.Sprintf("%#x", patch), "err", ferr)
 		}
 		d.slots.free(slot)
-		return nil, st, err
+		return nil, err
 	}
-	t1 := time.Now()
 	code, err := buildCounterPatch(patch, s, d.dev.CounterAddr(slot))
 	if err != nil {
 		return fail(fmt.Errorf("%s: %w", s.where(), err))
@@ -171,7 +161,6 @@ func (d *Daemon) attachCounter(s *site) (*probe, stepTimes, error) {
 	if len(code) > patchSize {
 		return fail(fmt.Errorf("%s: patch of %d bytes exceeds %d", s.where(), len(code), patchSize))
 	}
-	t2 := time.Now()
 	if err := d.dev.PatchWrite(patch, code); err != nil {
 		return fail(fmt.Errorf("write patch: %w", err))
 	}
@@ -180,7 +169,6 @@ func (d *Daemon) attachCounter(s *site) (*probe, stepTimes, error) {
 	if err := d.dev.Read(patch, back); err != nil || !bytes.Equal(back, code) {
 		return fail(fmt.Errorf("patch at %#x does not read back as written (%v)", patch, err))
 	}
-	t3 := time.Now()
 	jmp, err := codegen.JmpRel32(in.Addr, patch)
 	if err != nil {
 		return fail(err)
@@ -190,9 +178,7 @@ func (d *Daemon) attachCounter(s *site) (*probe, stepTimes, error) {
 	if err != nil {
 		return fail(fmt.Errorf("splice %s: %w", s.where(), err))
 	}
-	t4 := time.Now()
-	st = stepTimes{codegen: t2.Sub(t1), patch: t1.Sub(t0) + t3.Sub(t2), splice: t4.Sub(t3)}
-	return &probe{site: s, slot: slot, patch: patch, spliceID: id, orig: orig}, st, nil
+	return &probe{site: s, slot: slot, patch: patch, spliceID: id}, nil
 }
 
 // buildCounterPatch generates and verifies the counter patch for s.

@@ -52,11 +52,3 @@ func (s *CounterSet) Sample(now time.Time) Sample {
 	}
 	return out
 }
-
-// Rate is a delta per second over an interval; zero for an empty interval.
-func Rate(delta uint64, interval time.Duration) float64 {
-	if interval <= 0 {
-		return 0
-	}
-	return float64(delta) / interval.Seconds()
-}

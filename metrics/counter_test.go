@@ -23,12 +23,3 @@ func TestCounterSet(t *testing.T) {
 		t.Fatalf("second sample = %+v", got)
 	}
 }
-
-func TestRate(t *testing.T) {
-	if r := Rate(50, 500*time.Millisecond); r != 100 {
-		t.Errorf("Rate = %v, want 100", r)
-	}
-	if r := Rate(5, 0); r != 0 {
-		t.Errorf("Rate over empty interval = %v", r)
-	}
-}

@@ -16,12 +16,12 @@ import (
 
 func TestTopoOrder(t *testing.T) {
 	deps := map[string][]string{
-		"virtio_net":   {"net_failover", "virtio_ring", "virtio"},
-		"net_failover": {"failover"},
-		"failover":     nil,
-		"virtio_ring":  nil,
-		"virtio":       nil,
-		"virtio_pci":   {"virtio_pci_modern_dev", "virtio_pci_legacy_dev", "virtio", "virtio_ring"},
+		"virtio_net":            {"net_failover", "virtio_ring", "virtio"},
+		"net_failover":          {"failover"},
+		"failover":              nil,
+		"virtio_ring":           nil,
+		"virtio":                nil,
+		"virtio_pci":            {"virtio_pci_modern_dev", "virtio_pci_legacy_dev", "virtio", "virtio_ring"},
 		"virtio_pci_modern_dev": nil, "virtio_pci_legacy_dev": nil,
 	}
 	lookup := func(n string) (module, error) {

@@ -189,7 +189,6 @@ func TestKill9DaemonRestoresText(t *testing.T) {
 func TestBadRequestsChangeNothing(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	r := resolveLookuppn(t, ctx)
 	m, err := client.Read(ctx, "filename_lookup", 256)
 	if err != nil {
 		t.Fatal(err)
@@ -258,7 +257,6 @@ func TestBadRequestsChangeNothing(t *testing.T) {
 	if info, err := client.Info(ctx); err != nil || info.Splices != 0 {
 		t.Errorf("after refusals: %+v, %v; want no splices", info, err)
 	}
-	_ = r
 }
 
 func TestSpliceStressUnderLoad(t *testing.T) {
