@@ -120,3 +120,19 @@ func TestEntryBlockSpansCalls(t *testing.T) {
 		t.Errorf("IsFtraceSite(0)=%v EntryBlock=%d, want true, 3", f.IsFtraceSite(0), f.EntryBlock())
 	}
 }
+
+func TestFlagsLiveIn(t *testing.T) {
+	// cmp writes everything; je reads ZF: live before je is exactly ZF.
+	f, _ := Decode("f", "", fnAddr, []byte{0x48, 0x39, 0xc8, 0x74, 0x00}) // cmp %rcx,%rax; je
+	if got := f.FlagsLiveIn(0); got != 0 {
+		t.Errorf("before cmp: %v, want none", got.Names())
+	}
+	// inc; adc: CF comes from before inc, the rest is written by inc.
+	k, _ := Decode("k", "", fnAddr, []byte{0x48, 0xff, 0xc0, 0x48, 0x83, 0xd0, 0x00, 0x48, 0x39, 0xc8})
+	if got := k.FlagsLiveIn(0); got != CF {
+		t.Errorf("inc; adc; cmp: %v, want [CF]", got.Names())
+	}
+	if n := AllFlags.Names(); len(n) != 6 || n[0] != "CF" || n[5] != "OF" {
+		t.Errorf("Names = %v", n)
+	}
+}

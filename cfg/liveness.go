@@ -53,34 +53,49 @@ var flagEffects = map[x86asm.Op]flagEffect{
 
 // FlagsLive reports whether any arithmetic flag may be live just before
 // instruction i, that is, whether a patch inserted there must preserve
-// RFLAGS. It scans forward through straight-line code: a flag is dead once
-// an instruction writes it before anything reads it. Any control transfer
-// or unknown operation ends the scan with "live", so the answer errs on the
-// side of saving flags.
-func (f *Function) FlagsLive(i int) bool {
-	pending := AllFlags // flags not yet known to be dead
+// RFLAGS.
+func (f *Function) FlagsLive(i int) bool { return f.FlagsLiveIn(i) != 0 }
+
+// FlagsLiveIn returns the flags that may be live just before instruction
+// i. It scans forward through straight-line code: a flag is live if it is
+// read before it is written; once every flag is written the rest cannot
+// matter. Any control transfer or unknown operation ends the scan with the
+// flags still undecided counted live, so the answer errs on the side of
+// saving flags.
+func (f *Function) FlagsLiveIn(i int) Flag {
+	pending := AllFlags // not yet read or written
+	var live Flag
 	for ; i < len(f.Insns); i++ {
 		in := &f.Insns[i]
 		if IsControlTransfer(in) {
-			return true
+			return live | pending
 		}
 		eff, ok := flagEffects[in.Inst.Op]
 		if !ok {
 			if r, w, ok := shiftEffect(in); ok {
 				eff = flagEffect{reads: r, writes: w}
 			} else {
-				return true
+				return live | pending
 			}
 		}
-		if eff.reads&pending != 0 {
-			return true
-		}
-		pending &^= eff.writes
+		live |= eff.reads & pending
+		pending &^= eff.reads | eff.writes
 		if pending == 0 {
-			return false
+			return live
 		}
 	}
-	return true
+	return live | pending
+}
+
+// Names lists the flags in the set, e.g. ["CF", "ZF"].
+func (fl Flag) Names() []string {
+	var n []string
+	for i, name := range []string{"CF", "PF", "AF", "ZF", "SF", "OF"} {
+		if fl&(1<<i) != 0 {
+			n = append(n, name)
+		}
+	}
+	return n
 }
 
 // shiftEffect handles shifts by an immediate count: a count of zero leaves

@@ -1,0 +1,197 @@
+package cfg
+
+import (
+	"sort"
+	"strings"
+
+	"golang.org/x/arch/x86/x86asm"
+)
+
+// EdgeKind says how control passes from one block to another.
+type EdgeKind int
+
+const (
+	// Fallthrough: into the next block (including a jcc not taken).
+	Fallthrough EdgeKind = iota
+	// Jump: an unconditional direct jmp.
+	Jump
+	// Taken: a conditional branch taken.
+	Taken
+)
+
+func (k EdgeKind) String() string {
+	return [...]string{"fallthrough", "jump", "taken"}[k]
+}
+
+// Edge is a control transfer between blocks of one function.
+type Edge struct {
+	Kind EdgeKind
+	To   int // index of the target block
+}
+
+// ExitKind says how a block leaves the function, if it does.
+type ExitKind int
+
+const (
+	NoExit ExitKind = iota
+	// Return: ret, or jmp to a return thunk (__x86_return_thunk and kin).
+	Return
+	// TailCall: a direct jmp to another function.
+	TailCall
+	// IndirectJump: a jump through a register or memory that this
+	// analysis does not resolve (jump tables come later).
+	IndirectJump
+	// Trap: int3 — control does not continue. (ud2 is not one: WARN()
+	// resumes after its ud2; BUG() does not, but telling them apart needs
+	// __bug_table.)
+	Trap
+)
+
+func (k ExitKind) String() string {
+	return [...]string{"", "return", "tail-call", "indirect-jump", "trap"}[k]
+}
+
+// Block is a basic block: a run of instructions entered only at the top
+// and left only at the bottom. Calls do not end blocks.
+type Block struct {
+	Index int
+	First int // index of the first instruction
+	N     int // number of instructions
+	Succs []Edge
+	Preds []int
+	Exit  ExitKind
+	// Padding blocks are unreachable nops and int3s between functions:
+	// never executed, candidate springboard space.
+	Padding bool
+}
+
+// Start is the block's first address.
+func (b *Block) Start(f *Function) uint64 { return f.Insns[b.First].Addr }
+
+// Last is the block's last instruction.
+func (b *Block) Last(f *Function) *Instruction { return &f.Insns[b.First+b.N-1] }
+
+// NameAt names kernel addresses for the analysis: return thunks and tail
+// calls are told apart by the name of the jump's target. Nil is allowed.
+type NameAt func(addr uint64) (string, bool)
+
+// IsReturnThunk reports the kernel's return thunks: with RETHUNK, function
+// returns are jmp __x86_return_thunk (or a mitigation's variant).
+func IsReturnThunk(name string) bool {
+	return name == "__x86_return_thunk" || strings.HasSuffix(name, "_return_thunk") || name == "retbleed_return_thunk"
+}
+
+// IsIndirectThunk reports retpoline thunks: call __x86_indirect_thunk_rax
+// is an indirect call through %rax.
+func IsIndirectThunk(name string) bool {
+	return strings.HasPrefix(name, "__x86_indirect_thunk_") || strings.HasPrefix(name, "__x86_indirect_call_thunk_")
+}
+
+// Blocks splits f into basic blocks. Leaders are the entry, every direct
+// branch target inside f, and every instruction after a block-ending one.
+func (f *Function) Blocks(names NameAt) []Block {
+	leader := map[int]bool{0: true}
+	targets := f.BranchTargets()
+	for i := range f.Insns {
+		in := &f.Insns[i]
+		if targets[in.Addr] {
+			leader[i] = true
+		}
+		if endsBlock(in) && i+1 < len(f.Insns) {
+			leader[i+1] = true
+		}
+	}
+	starts := make([]int, 0, len(leader))
+	for i := range leader {
+		starts = append(starts, i)
+	}
+	sort.Ints(starts)
+	blocks := make([]Block, len(starts))
+	byAddr := make(map[uint64]int, len(starts))
+	for bi, s := range starts {
+		end := len(f.Insns)
+		if bi+1 < len(starts) {
+			end = starts[bi+1]
+		}
+		blocks[bi] = Block{Index: bi, First: s, N: end - s}
+		byAddr[f.Insns[s].Addr] = bi
+	}
+	for bi := range blocks {
+		b := &blocks[bi]
+		last := b.Last(f)
+		target, direct := BranchTarget(last)
+		inside := direct && target >= f.Addr && target < f.End
+		name := ""
+		if direct && !inside && names != nil {
+			name, _ = names(target)
+		}
+		switch op := last.Inst.Op; {
+		case op == x86asm.RET:
+			b.Exit = Return
+		case op == x86asm.JMP && inside:
+			b.Succs = append(b.Succs, Edge{Jump, byAddr[target]})
+		case op == x86asm.JMP && direct && IsReturnThunk(name):
+			b.Exit = Return
+		case op == x86asm.JMP && direct:
+			b.Exit = TailCall
+		case op == x86asm.JMP:
+			b.Exit = IndirectJump
+		case last.Bytes[0] == 0xcc:
+			b.Exit = Trap
+		case IsControlTransfer(last) && op != x86asm.CALL:
+			// Conditional branch: taken, then not taken.
+			if inside {
+				b.Succs = append(b.Succs, Edge{Taken, byAddr[target]})
+			}
+			fallthrough
+		default:
+			if bi+1 < len(blocks) {
+				b.Succs = append(b.Succs, Edge{Fallthrough, bi + 1})
+			}
+		}
+	}
+	for bi := range blocks {
+		for _, e := range blocks[bi].Succs {
+			blocks[e.To].Preds = append(blocks[e.To].Preds, bi)
+		}
+	}
+	markPadding(f, blocks)
+	return blocks
+}
+
+// endsBlock: every control transfer but a call.
+func endsBlock(in *Instruction) bool {
+	return IsControlTransfer(in) && in.Inst.Op != x86asm.CALL || in.Bytes[0] == 0xcc
+}
+
+// markPadding flags blocks unreachable from the entry that hold only nops
+// and int3s.
+func markPadding(f *Function, blocks []Block) {
+	seen := make([]bool, len(blocks))
+	work := []int{0}
+	seen[0] = true
+	for len(work) > 0 {
+		b := work[len(work)-1]
+		work = work[:len(work)-1]
+		for _, e := range blocks[b].Succs {
+			if !seen[e.To] {
+				seen[e.To] = true
+				work = append(work, e.To)
+			}
+		}
+	}
+	for bi := range blocks {
+		if seen[bi] {
+			continue
+		}
+		pad := true
+		for i := blocks[bi].First; i < blocks[bi].First+blocks[bi].N; i++ {
+			in := &f.Insns[i]
+			if in.Inst.Op != x86asm.NOP && in.Bytes[0] != 0xcc {
+				pad = false
+				break
+			}
+		}
+		blocks[bi].Padding = pad
+	}
+}

@@ -1,0 +1,94 @@
+package cfg
+
+import (
+	"debug/elf"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// assemble builds testdata/NAME.s with as and returns the text and its
+// symbols (text is linked at address 0).
+func assemble(t *testing.T, name string) ([]byte, map[string]uint64) {
+	t.Helper()
+	if _, err := exec.LookPath("as"); err != nil {
+		t.Skip("as not installed")
+	}
+	obj := filepath.Join(t.TempDir(), name+".o")
+	if out, err := exec.Command("as", "--64", "-o", obj, filepath.Join("testdata", name+".s")).CombinedOutput(); err != nil {
+		t.Fatalf("as: %v\n%s", err, out)
+	}
+	f, err := elf.Open(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	text, err := f.Section(".text").Data()
+	if err != nil {
+		t.Fatal(err)
+	}
+	syms, _ := f.Symbols()
+	m := map[string]uint64{}
+	for _, s := range syms {
+		if s.Section < elf.SHN_LORESERVE && int(s.Section) < len(f.Sections) && f.Sections[s.Section].Name == ".text" {
+			m[s.Name] = s.Value
+		}
+	}
+	return text, m
+}
+
+func TestBlocks(t *testing.T) {
+	text, syms := assemble(t, "blocks")
+	fn, err := Decode("f", "", 0, text[:syms["g"]])
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := func(a uint64) (string, bool) {
+		for n, v := range syms {
+			if v == a {
+				return n, true
+			}
+		}
+		return "", false
+	}
+	blocks := fn.Blocks(names)
+	// One line per block: first instruction, exit, successors, padding.
+	var got []string
+	for _, b := range blocks {
+		var succ []string
+		for _, e := range b.Succs {
+			succ = append(succ, fmt.Sprintf("%s:%d", e.Kind, e.To))
+		}
+		got = append(got, fmt.Sprintf("%d %s exit=%s succ=[%s] pad=%v", b.Index,
+			strings.Fields(fn.Insns[b.First].String())[0], b.Exit, strings.Join(succ, " "), b.Padding))
+	}
+	want := []string{
+		"0 nopl exit= succ=[taken:2 fallthrough:1] pad=false",  // ftrace nop … je 1f
+		"1 callq exit= succ=[taken:3 fallthrough:2] pad=false", // call g (no block end); test; jne 2f
+		"2 pop exit=return succ=[] pad=false",                  // 1: pop; jmp __x86_return_thunk
+		"3 callq exit= succ=[taken:5 fallthrough:4] pad=false", // 2: retpoline call; cmp; ja 3f
+		"4 jmp exit=indirect-jump succ=[] pad=false",           // jmp *%rax
+		"5 ud2 exit= succ=[fallthrough:6] pad=false",           // 3: WARN's ud2 resumes
+		"6 pop exit=tail-call succ=[] pad=false",               // pop; jmp g
+		"7 int3 exit=trap succ=[] pad=true",                    // padding
+		"8 int3 exit=trap succ=[] pad=true",
+		"9 nopw exit= succ=[] pad=true",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("blocks:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	// Predecessors mirror successors.
+	for _, b := range blocks {
+		for _, e := range b.Succs {
+			found := false
+			for _, p := range blocks[e.To].Preds {
+				found = found || p == b.Index
+			}
+			if !found {
+				t.Errorf("block %d → %d has no matching predecessor", b.Index, e.To)
+			}
+		}
+	}
+}
