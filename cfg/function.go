@@ -45,8 +45,25 @@ type TextReader interface {
 	Read(addr uint64, b []byte) error
 }
 
+// ErrFreedInit is matched by FreedInitError.
+var ErrFreedInit = errors.New("init text, freed after boot")
+
+// FreedInitError refuses a function of the kernel's init sections
+// (.init.text, and .exit.text of built-in code): kallsyms still lists it,
+// but the memory was freed (and maybe reused) after boot.
+type FreedInitError struct{ Name string }
+
+func (e *FreedInitError) Error() string {
+	return fmt.Sprintf("%s is in the init sections, which the kernel freed after boot: nothing to analyse or splice", e.Name)
+}
+
+func (e *FreedInitError) Is(t error) bool { return t == ErrFreedInit }
+
 // ReadFunction reads and decodes the function sym from the live kernel.
 func ReadFunction(r TextReader, syms *Symbols, sym Symbol) (*Function, error) {
+	if sym.Module == "" && syms.inRange(sym.Addr, "__init_begin", "__init_end") {
+		return nil, &FreedInitError{Name: sym.Name}
+	}
 	end := syms.End(sym)
 	code := make([]byte, end-sym.Addr)
 	if err := r.Read(sym.Addr, code); err != nil {

@@ -22,9 +22,14 @@ type Symbol struct {
 // Symbols is a kallsyms snapshot: text symbols sorted by address, indexed
 // by name. It is immutable once built, so it is safe for concurrent use.
 type Symbols struct {
-	byAddr []Symbol
-	byName map[string][]int
+	byAddr  []Symbol
+	byName  map[string][]int
+	markers map[string]uint64 // section markers of other types
 }
+
+// markerNames are non-text symbols kept for their addresses: the bounds of
+// the init sections the kernel frees after boot.
+var markerNames = map[string]bool{"__init_begin": true, "__init_end": true}
 
 // ErrHiddenAddresses is returned when kallsyms shows zero addresses: the
 // reader lacks CAP_SYSLOG or kernel.kptr_restrict hides them.
@@ -55,7 +60,7 @@ func LoadKallsyms(path string) (*Symbols, error) {
 // ParseKallsyms parses the "ADDR TYPE NAME [MODULE]" lines of kallsyms,
 // keeping text symbols only.
 func ParseKallsyms(r io.Reader) (*Symbols, error) {
-	s := &Symbols{byName: make(map[string][]int)}
+	s := &Symbols{byName: make(map[string][]int), markers: make(map[string]uint64)}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64*1024), 1024*1024)
 	nonzero := false
@@ -72,6 +77,9 @@ func ParseKallsyms(r io.Reader) (*Symbols, error) {
 		}
 		t := fields[1][0]
 		if t != 't' && t != 'T' {
+			if markerNames[fields[2]] && len(fields) == 3 {
+				s.markers[fields[2]] = addr
+			}
 			continue
 		}
 		if addr != 0 {

@@ -37,6 +37,22 @@ var noinstrSections = [][2]string{
 	{"__irqentry_text_start", "__irqentry_text_end"},
 }
 
+// inRange reports whether addr lies in [start, end) of two marker symbols
+// of the core kernel; false when either is missing.
+func (s *Symbols) inRange(addr uint64, start, end string) bool {
+	lo, ok1 := s.marker(start)
+	hi, ok2 := s.marker(end)
+	return ok1 && ok2 && addr >= lo && addr < hi
+}
+
+func (s *Symbols) marker(name string) (uint64, bool) {
+	if a, ok := s.markers[name]; ok {
+		return a, true
+	}
+	sym, _, err := s.Lookup(name)
+	return sym.Addr, err == nil && sym.Module == ""
+}
+
 // NoSpliceReason returns why the instruction at addr in function f must not
 // be spliced, or "" if nothing forbids it. driverModule is the module name
 // of our own driver, whose text is never touched.
@@ -48,9 +64,7 @@ func (s *Symbols) NoSpliceReason(f *Function, addr uint64, driverModule string) 
 		return "on the int3 / die-notifier path that splices rely on"
 	}
 	for _, sec := range noinstrSections {
-		lo, _, err1 := s.Lookup(sec[0])
-		hi, _, err2 := s.Lookup(sec[1])
-		if err1 == nil && err2 == nil && addr >= lo.Addr && addr < hi.Addr {
+		if s.inRange(addr, sec[0], sec[1]) {
 			return fmt.Sprintf("inside %s…%s (code that must not be instrumented)", sec[0], sec[1])
 		}
 	}

@@ -17,6 +17,7 @@ import (
 //	DELETE /v1/sessions/{id}                 → Session with final counts
 //	GET    /v1/read?at=ADDR|SYM[+OFF]&len=N  → Memory
 //	POST   /v1/bench/splice   BenchRequest   → BenchResult
+//	GET    /v1/cfg?func=NAME                 → CFG
 
 // Info describes the daemon and the kernel it instruments.
 type Info struct {
@@ -141,4 +142,48 @@ type ErrorResponse struct {
 	Error string `json:"error"`
 	Code  string `json:"code"` // unknown_function, not_boundary, too_short, no_splice, busy, bad_request, internal
 	Point string `json:"point,omitempty"`
+}
+
+// CFG is GET /v1/cfg?func=NAME: a function's basic blocks, with every
+// instruction's live-in set and splice class. A stable interface.
+type CFG struct {
+	Function  string     `json:"function"`
+	Module    string     `json:"module,omitempty"`
+	Address   Addr       `json:"address"`
+	Size      uint64     `json:"size"`
+	Truncated bool       `json:"truncated,omitempty"` // decoding stopped early
+	Blocks    []CFGBlock `json:"blocks"`
+}
+
+// CFGBlock is one basic block.
+type CFGBlock struct {
+	Index        int              `json:"index"`
+	Start        Addr             `json:"start"`
+	Exit         string           `json:"exit,omitempty"` // return, tail-call, indirect-jump, trap
+	Padding      bool             `json:"padding,omitempty"`
+	Succs        []CFGEdge        `json:"succs"`
+	Preds        []int            `json:"preds"`
+	Instructions []CFGInstruction `json:"instructions"`
+}
+
+// CFGEdge is a control transfer to block To.
+type CFGEdge struct {
+	Kind string `json:"kind"` // fallthrough, jump, taken
+	To   int    `json:"to"`
+}
+
+// CFGInstruction is one instruction.
+type CFGInstruction struct {
+	Address Addr   `json:"address"`
+	Offset  uint64 `json:"offset"`
+	Length  int    `json:"length"`
+	Bytes   string `json:"bytes"`
+	Text    string `json:"text"`
+	// LiveIn lists what may be live just before the instruction. Today:
+	// arithmetic flags (CF PF AF ZF SF OF) from a conservative scan;
+	// registers are not yet analysed.
+	LiveIn      []string `json:"live_in"`
+	SpliceClass string   `json:"splice_class"`      // direct, springboard, trap, refused
+	Refused     string   `json:"refused,omitempty"` // why, when refused
+	Target      string   `json:"target,omitempty"`  // symbol a call or jump goes to
 }

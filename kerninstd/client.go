@@ -116,6 +116,11 @@ func (c *Client) Read(ctx context.Context, at string, n int) (Memory, error) {
 	return v, c.do(ctx, "GET", "/v1/read?"+q.Encode(), nil, &v)
 }
 
+func (c *Client) CFG(ctx context.Context, function string) (CFG, error) {
+	var v CFG
+	return v, c.do(ctx, "GET", "/v1/cfg?"+url.Values{"func": {function}}.Encode(), nil, &v)
+}
+
 func (c *Client) BenchSplice(ctx context.Context, req BenchRequest) (BenchResult, error) {
 	var v BenchResult
 	return v, c.do(ctx, "POST", "/v1/bench/splice", req, &v)

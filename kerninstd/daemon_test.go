@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -11,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/codegen"
 )
 
@@ -48,7 +51,7 @@ func newTestDaemon(t *testing.T) (*Daemon, *fakeKernel) {
 	}
 	full := append(bytes.Clone(text), 0x90, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90)
 	k := newFakeKernel(textAddr, full)
-	d, err := New(Config{Device: k, Kallsyms: path, Release: "test"})
+	d, err := New(Config{Device: k, Kallsyms: path, Release: "test", Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,5 +221,41 @@ func TestBenchSpliceFake(t *testing.T) {
 	}
 	if _, err := d.BenchSplice(context.Background(), BenchRequest{Point: "lookuppn", Cycles: 0}); err == nil {
 		t.Error("zero cycles accepted")
+	}
+}
+
+func TestFunctionCFG(t *testing.T) {
+	d, _ := newTestDaemon(t)
+	g, err := d.FunctionCFG("filename_lookup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.Function != "filename_lookup" || uint64(g.Address) != textAddr || len(g.Blocks) < 3 {
+		t.Fatalf("cfg = %+v", g)
+	}
+	// je at +0x15 splits the entry block; the call at +0x17 does not end one.
+	b0 := g.Blocks[0]
+	if last := b0.Instructions[len(b0.Instructions)-1]; last.Offset != 0x15 || len(b0.Succs) != 2 {
+		t.Errorf("entry block ends at +%#x with %d successors", last.Offset, len(b0.Succs))
+	}
+	byOff := map[uint64]CFGInstruction{}
+	for _, b := range g.Blocks {
+		for _, in := range b.Instructions {
+			byOff[in.Offset] = in
+		}
+	}
+	for off, want := range map[uint64]string{0x0: "refused", 0x5: "trap", 0x9: "springboard", 0xb: "direct"} {
+		if got := byOff[off].SpliceClass; got != want {
+			t.Errorf("+%#x: class %s, want %s", off, got, want)
+		}
+	}
+	if in := byOff[0x15]; len(in.LiveIn) == 0 {
+		t.Errorf("je: no live flags")
+	}
+	if in := byOff[0x1f]; in.Target != "exc_int3+0x3" {
+		t.Errorf("jmp target not named: %+v", in)
+	}
+	if _, err := d.FunctionCFG("nosuch"); !errors.Is(err, cfg.ErrUnknownFunction) {
+		t.Errorf("unknown function: %v", err)
 	}
 }

@@ -59,6 +59,14 @@ func (d *Daemon) Handler() http.Handler {
 	})
 	mux.HandleFunc("GET /v1/sessions/{id}/samples", d.serveSamples)
 	mux.HandleFunc("GET /v1/read", d.serveRead)
+	mux.HandleFunc("GET /v1/cfg", func(w http.ResponseWriter, r *http.Request) {
+		c, err := d.FunctionCFG(r.URL.Query().Get("func"))
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, c)
+	})
 	mux.HandleFunc("POST /v1/bench/splice", func(w http.ResponseWriter, r *http.Request) {
 		var req BenchRequest
 		if !readJSON(w, r, &req) {
@@ -204,7 +212,7 @@ func errorCode(err error) (int, string) {
 		return http.StatusUnprocessableEntity, "not_boundary"
 	case errors.Is(err, springboard.ErrTooShort), errors.Is(err, ErrNoEntryInstruction):
 		return http.StatusUnprocessableEntity, "too_short"
-	case errors.Is(err, cfg.ErrNoSplice):
+	case errors.Is(err, cfg.ErrNoSplice), errors.Is(err, cfg.ErrFreedInit):
 		return http.StatusUnprocessableEntity, "no_splice"
 	case errors.Is(err, ErrNoSession):
 		return http.StatusNotFound, "no_session"

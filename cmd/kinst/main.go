@@ -21,6 +21,9 @@ Usage:
                          live call counts at kernel functions or instructions
   kinst rd ADDR|SYM[+0xOFF] [LEN] [--json]
                          hex dump of live kernel memory
+  kinst cfg FUNC [--json | --dot]
+                         basic blocks, edges, disassembly, live flags and
+                         the splice class of every instruction
   kinst bench splice POINT [--cycles N] [--json]
                          latency of each step of an instrumentation request
   kinst vm up|exec|down|status
@@ -54,6 +57,8 @@ func run(args []string) int {
 		status, err = countCmd(ctx, args[1:])
 	case "rd":
 		err = rdCmd(ctx, args[1:])
+	case "cfg":
+		err = cfgCmd(ctx, args[1:])
 	case "bench":
 		err = benchCmd(ctx, args[1:])
 	case "vm":

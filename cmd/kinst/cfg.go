@@ -1,0 +1,33 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	"github.com/kinst/kinst/internal/cli"
+	"github.com/kinst/kinst/kerninstd"
+)
+
+func cfgCmd(ctx context.Context, args []string) error {
+	fs, addr := newFlags("cfg", "cfg FUNC [--json | --dot]")
+	asJSON := fs.Bool("json", false, "print JSON (blocks → instructions with address, length, text, live_in, splice_class)")
+	dot := fs.Bool("dot", false, "print a graphviz digraph")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		fs.Usage()
+		return fmt.Errorf("cfg: want one FUNC")
+	}
+	format := cli.CFGText
+	switch {
+	case *asJSON && *dot:
+		return fmt.Errorf("cfg: --json and --dot are exclusive")
+	case *asJSON:
+		format = cli.CFGJSON
+	case *dot:
+		format = cli.CFGDot
+	}
+	return cli.ShowCFG(ctx, kerninstd.NewClient(*addr), fs.Arg(0), format, os.Stdout)
+}

@@ -1,0 +1,124 @@
+package cli
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/kinst/kinst/kerninstd"
+)
+
+// CFGFormat selects how `kinst cfg` prints.
+type CFGFormat int
+
+const (
+	CFGText CFGFormat = iota
+	CFGJSON
+	CFGDot
+)
+
+// ShowCFG prints a function's control-flow graph.
+func ShowCFG(ctx context.Context, c *kerninstd.Client, function string, format CFGFormat, w io.Writer) error {
+	g, err := c.CFG(ctx, function)
+	if err != nil {
+		return err
+	}
+	switch format {
+	case CFGJSON:
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(g)
+	case CFGDot:
+		return writeDot(w, g)
+	}
+	where := "vmlinux"
+	if g.Module != "" {
+		where = g.Module
+	}
+	fmt.Fprintf(w, "%s [%s] %#x, %d bytes, %d blocks\n", g.Function, where, uint64(g.Address), g.Size, len(g.Blocks))
+	for _, b := range g.Blocks {
+		var succ []string
+		for _, e := range b.Succs {
+			succ = append(succ, fmt.Sprintf("%d (%s)", e.To, e.Kind))
+		}
+		fmt.Fprintf(w, "\nblock %d", b.Index)
+		if len(b.Preds) > 0 {
+			fmt.Fprintf(w, "  ← %s", joinInts(b.Preds))
+		}
+		if len(succ) > 0 {
+			fmt.Fprintf(w, "  → %s", strings.Join(succ, ", "))
+		}
+		if b.Exit != "" {
+			fmt.Fprintf(w, "  exit: %s", b.Exit)
+		}
+		if b.Padding {
+			fmt.Fprint(w, "  (padding: never executed)")
+		}
+		fmt.Fprintln(w)
+		for _, in := range b.Instructions {
+			live := strings.Join(in.LiveIn, ",")
+			if live == "" {
+				live = "-"
+			}
+			class := in.SpliceClass
+			if in.Refused != "" {
+				class = "refused: " + in.Refused
+			}
+			text := in.Text
+			if in.Target != "" {
+				text += " <" + in.Target + ">"
+			}
+			fmt.Fprintf(w, "  +%-5x %-27s %-44s live-in %-18s %s\n", in.Offset, spacedHex(in.Bytes), text, live, class)
+		}
+	}
+	return nil
+}
+
+func spacedHex(h string) string {
+	b, _ := hex.DecodeString(h)
+	var s []string
+	for _, c := range b {
+		s = append(s, fmt.Sprintf("%02x", c))
+	}
+	return strings.Join(s, " ")
+}
+
+func joinInts(v []int) string {
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = fmt.Sprint(x)
+	}
+	return strings.Join(s, ", ")
+}
+
+// writeDot renders the graph for graphviz: one box per block with its
+// disassembly, edges labelled by kind.
+func writeDot(w io.Writer, g kerninstd.CFG) error {
+	fmt.Fprintf(w, "digraph %q {\n  node [shape=box fontname=monospace fontsize=10];\n", g.Function)
+	for _, b := range g.Blocks {
+		var lines []string
+		lines = append(lines, fmt.Sprintf("block %d", b.Index))
+		for _, in := range b.Instructions {
+			lines = append(lines, fmt.Sprintf("+%x  %s", in.Offset, in.Text))
+		}
+		if b.Exit != "" {
+			lines = append(lines, "["+b.Exit+"]")
+		}
+		style := ""
+		if b.Padding {
+			style = " style=dashed"
+		}
+		label := strings.ReplaceAll(strings.Join(lines, "\\l"), `"`, `\"`) + "\\l"
+		fmt.Fprintf(w, "  b%d [label=\"%s\"%s];\n", b.Index, label, style)
+	}
+	for _, b := range g.Blocks {
+		for _, e := range b.Succs {
+			fmt.Fprintf(w, "  b%d -> b%d [label=%q];\n", b.Index, e.To, e.Kind)
+		}
+	}
+	_, err := fmt.Fprintln(w, "}")
+	return err
+}

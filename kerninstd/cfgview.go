@@ -1,0 +1,86 @@
+package kerninstd
+
+import (
+	"encoding/hex"
+	"errors"
+	"fmt"
+
+	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/codegen"
+	"github.com/kinst/kinst/springboard"
+)
+
+// FunctionCFG analyses one function of the live kernel. It changes
+// nothing.
+func (d *Daemon) FunctionCFG(name string) (CFG, error) {
+	p, err := cfg.ParsePoint(name)
+	if err != nil || p.HasOffset {
+		return CFG{}, badRequest(fmt.Errorf("cfg: want a function name, got %q", name))
+	}
+	syms := d.symbols()
+	sym, _, err := syms.Lookup(p.Function)
+	if errors.Is(err, cfg.ErrUnknownFunction) {
+		if syms, err = d.reloadSymbols(); err == nil {
+			sym, _, err = syms.Lookup(p.Function)
+		}
+	}
+	if err != nil {
+		return CFG{}, err
+	}
+	fn, err := cfg.ReadFunction(d.dev, syms, sym)
+	if err != nil {
+		return CFG{}, err
+	}
+	names := func(a uint64) (string, bool) {
+		s, off, ok := syms.At(a)
+		return s.Name, ok && off == 0
+	}
+	out := CFG{Function: fn.Name, Module: fn.Module, Address: Addr(fn.Addr), Size: fn.End - fn.Addr, Truncated: fn.Truncated}
+	for _, b := range fn.Blocks(names) {
+		cb := CFGBlock{Index: b.Index, Start: Addr(b.Start(fn)), Padding: b.Padding, Preds: b.Preds, Succs: []CFGEdge{}}
+		if b.Exit != cfg.NoExit {
+			cb.Exit = b.Exit.String()
+		}
+		if cb.Preds == nil {
+			cb.Preds = []int{}
+		}
+		for _, e := range b.Succs {
+			cb.Succs = append(cb.Succs, CFGEdge{Kind: e.Kind.String(), To: e.To})
+		}
+		for i := b.First; i < b.First+b.N; i++ {
+			cb.Instructions = append(cb.Instructions, d.describeInstruction(syms, fn, i))
+		}
+		out.Blocks = append(out.Blocks, cb)
+	}
+	return out, nil
+}
+
+func (d *Daemon) describeInstruction(syms *cfg.Symbols, fn *cfg.Function, i int) CFGInstruction {
+	in := &fn.Insns[i]
+	ci := CFGInstruction{
+		Address: Addr(in.Addr), Offset: in.Addr - fn.Addr, Length: in.Len(),
+		Bytes: hex.EncodeToString(in.Bytes), Text: in.String(),
+		LiveIn:      fn.FlagsLiveIn(i).Names(),
+		SpliceClass: springboard.Classify(in.Len()).String(),
+	}
+	if ci.LiveIn == nil {
+		ci.LiveIn = []string{}
+	}
+	if t, ok := cfg.BranchTarget(in); ok && (t < fn.Addr || t >= fn.End) {
+		if s, off, ok := syms.At(t); ok {
+			ci.Target = fmt.Sprintf("%s+%#x", s.Name, off)
+		}
+	}
+	why := syms.NoSpliceReason(fn, in.Addr, DriverModule)
+	if why == "" {
+		// An instruction the patch cannot reproduce is refused too; the
+		// address given only has to be in rel32 reach.
+		if _, err := codegen.Relocate(in.Addr, codegen.Site{Addr: in.Addr, Bytes: in.Bytes}); err != nil {
+			why = err.Error()
+		}
+	}
+	if why != "" {
+		ci.SpliceClass, ci.Refused = "refused", why
+	}
+	return ci
+}

@@ -1,0 +1,92 @@
+package live
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+var objdumpInsn = regexp.MustCompile(`^\s*([0-9a-f]+):\t`)
+
+// TestCFGBoundariesMatchObjdump decodes a sample of the live kernel's
+// functions through kerninstd and checks every instruction boundary
+// against objdump run on the same bytes.
+func TestCFGBoundariesMatchObjdump(t *testing.T) {
+	if _, err := exec.LookPath("objdump"); err != nil {
+		t.Skip("objdump not installed")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	out := gsh(t, ctx, "grep -E ' [tT] ' /proc/kallsyms | grep -v '\\[' | awk '{print $3}'")
+	names := strings.Fields(out)
+	const sample = 300
+	step := max(1, len(names)/sample)
+	dir := t.TempDir()
+	checked, insns := 0, 0
+	for i := 0; i < len(names); i += step {
+		g, err := client.CFG(ctx, names[i])
+		if err != nil {
+			continue // e.g. a duplicate static name that resolved elsewhere, or unreadable text
+		}
+		var ours []uint64
+		for _, b := range g.Blocks {
+			for _, in := range b.Instructions {
+				ours = append(ours, uint64(in.Address))
+			}
+		}
+		if len(ours) == 0 {
+			continue
+		}
+		last := g.Blocks[len(g.Blocks)-1].Instructions
+		end := uint64(last[len(last)-1].Address) + uint64(last[len(last)-1].Length)
+		m, err := client.Read(ctx, fmt.Sprintf("%#x", uint64(g.Address)), int(end-uint64(g.Address)))
+		if err != nil {
+			t.Fatalf("read %s: %v", g.Function, err)
+		}
+		code, _ := hex.DecodeString(m.Bytes)
+		f := filepath.Join(dir, "fn.bin")
+		os.WriteFile(f, code, 0o600)
+		dump, err := exec.Command("objdump", "-D", "-b", "binary", "-mi386:x86-64", "-w",
+			fmt.Sprintf("--adjust-vma=%#x", uint64(g.Address)), f).Output()
+		if err != nil {
+			t.Fatalf("objdump: %v", err)
+		}
+		var theirs []uint64
+		sc := bufio.NewScanner(bytes.NewReader(dump))
+		for sc.Scan() {
+			if mm := objdumpInsn.FindStringSubmatch(sc.Text()); mm != nil {
+				a, _ := strconv.ParseUint(mm[1], 16, 64)
+				theirs = append(theirs, a)
+			}
+		}
+		if fmt.Sprint(ours) != fmt.Sprint(theirs) {
+			t.Errorf("%s: %d boundaries, objdump %d; first difference at %s", g.Function, len(ours), len(theirs), firstDiff(ours, theirs))
+			continue
+		}
+		checked++
+		insns += len(ours)
+	}
+	t.Logf("%d functions, %d instructions: boundaries identical to objdump's", checked, insns)
+	if checked < sample/2 {
+		t.Errorf("only %d functions checked", checked)
+	}
+}
+
+func firstDiff(a, b []uint64) string {
+	for i := 0; i < len(a) && i < len(b); i++ {
+		if a[i] != b[i] {
+			return fmt.Sprintf("%#x (ours) vs %#x (objdump)", a[i], b[i])
+		}
+	}
+	return "the end"
+}
