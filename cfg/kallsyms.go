@@ -29,7 +29,7 @@ type Symbols struct {
 
 // markerNames are non-text symbols kept for their addresses: the bounds of
 // the init sections the kernel frees after boot.
-var markerNames = map[string]bool{"__init_begin": true, "__init_end": true}
+var markerNames = map[string]bool{"__init_begin": true, "__init_end": true, "_stext": true, "_etext": true}
 
 // ErrHiddenAddresses is returned when kallsyms shows zero addresses: the
 // reader lacks CAP_SYSLOG or kernel.kptr_restrict hides them.

@@ -57,6 +57,17 @@ func (s *Symbols) marker(name string) (uint64, bool) {
 // be spliced, or "" if nothing forbids it. driverModule is the module name
 // of our own driver, whose text is never touched.
 func (s *Symbols) NoSpliceReason(f *Function, addr uint64, driverModule string) string {
+	if why := s.FunctionNoSplice(f, driverModule); why != "" {
+		return why
+	}
+	if i, err := f.Index(addr); err == nil {
+		return f.InstructionNoSplice(i)
+	}
+	return ""
+}
+
+// FunctionNoSplice returns why no instruction of f may be spliced, or "".
+func (s *Symbols) FunctionNoSplice(f *Function, driverModule string) string {
 	switch {
 	case f.Module != "" && f.Module == driverModule:
 		return "kinst's own driver text"
@@ -64,18 +75,21 @@ func (s *Symbols) NoSpliceReason(f *Function, addr uint64, driverModule string) 
 		return "on the int3 / die-notifier path that splices rely on"
 	}
 	for _, sec := range noinstrSections {
-		if s.inRange(addr, sec[0], sec[1]) {
+		if f.Module == "" && s.inRange(f.Addr, sec[0], sec[1]) {
 			return fmt.Sprintf("inside %s…%s (code that must not be instrumented)", sec[0], sec[1])
 		}
 	}
-	if i, err := f.Index(addr); err == nil {
-		in := &f.Insns[i]
-		if f.IsFtraceSite(i) {
-			return "the function's ftrace site (__mcount_loc): ftrace owns these 5 bytes"
-		}
-		if in.Bytes[0] == 0xcc {
-			return "an int3 is already there (a kprobe or another tool owns this byte)"
-		}
+	return ""
+}
+
+// InstructionNoSplice returns why instruction i itself must not be
+// spliced, or "".
+func (f *Function) InstructionNoSplice(i int) string {
+	switch {
+	case f.IsFtraceSite(i):
+		return "the function's ftrace site (__mcount_loc): ftrace owns these 5 bytes"
+	case f.Insns[i].Bytes[0] == 0xcc:
+		return "an int3 is already there (a kprobe or another tool owns this byte)"
 	}
 	return ""
 }

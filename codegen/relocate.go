@@ -241,3 +241,11 @@ func isPrefix(c byte) bool {
 	}
 	return c&0xf0 == 0x40
 }
+
+// CheckRelocatable reports whether Relocate would accept the decoded
+// instruction inst with encoding b, without generating anything: the
+// cheap test analysis runs over every instruction of the kernel.
+func CheckRelocatable(addr uint64, inst x86asm.Inst, b []byte) error {
+	_, err := classify(inst, Site{Addr: addr, Bytes: b})
+	return err
+}

@@ -18,6 +18,7 @@ import (
 //	GET    /v1/read?at=ADDR|SYM[+OFF]&len=N  → Memory
 //	POST   /v1/bench/splice   BenchRequest   → BenchResult
 //	GET    /v1/cfg?func=NAME                 → CFG
+//	GET    /v1/cfg/stats                     → stream of StatsEvent (NDJSON)
 
 // Info describes the daemon and the kernel it instruments.
 type Info struct {

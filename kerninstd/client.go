@@ -12,6 +12,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/kinst/kinst/cfg"
 )
 
 // DefaultSocket is where kerninstd listens unless told otherwise.
@@ -119,6 +121,37 @@ func (c *Client) Read(ctx context.Context, at string, n int) (Memory, error) {
 func (c *Client) CFG(ctx context.Context, function string) (CFG, error) {
 	var v CFG
 	return v, c.do(ctx, "GET", "/v1/cfg?"+url.Values{"func": {function}}.Encode(), nil, &v)
+}
+
+// CFGStats analyses the whole kernel, calling progress as it goes.
+func (c *Client) CFGStats(ctx context.Context, progress func(done, total int)) (cfg.Stats, error) {
+	req, err := http.NewRequestWithContext(ctx, "GET", c.base+"/v1/cfg/stats", nil)
+	if err != nil {
+		return cfg.Stats{}, err
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return cfg.Stats{}, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return cfg.Stats{}, decodeReply(resp, nil)
+	}
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var ev StatsEvent
+		if err := dec.Decode(&ev); err != nil {
+			return cfg.Stats{}, fmt.Errorf("cfg stats stream: %w", err)
+		}
+		switch {
+		case ev.Error != "":
+			return cfg.Stats{}, fmt.Errorf("cfg stats: %s", ev.Error)
+		case ev.Stats != nil:
+			return *ev.Stats, nil
+		case progress != nil:
+			progress(ev.Done, ev.Total)
+		}
+	}
 }
 
 func (c *Client) BenchSplice(ctx context.Context, req BenchRequest) (BenchResult, error) {

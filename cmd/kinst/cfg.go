@@ -10,15 +10,22 @@ import (
 )
 
 func cfgCmd(ctx context.Context, args []string) error {
-	fs, addr := newFlags("cfg", "cfg FUNC [--json | --dot]")
+	fs, addr := newFlags("cfg", "cfg FUNC [--json | --dot]\n       kinst cfg --stats [--json]")
+	stats := fs.Bool("stats", false, "analyse the whole kernel and its modules: functions, blocks, bytes, splice classes")
 	asJSON := fs.Bool("json", false, "print JSON (blocks → instructions with address, length, text, live_in, splice_class)")
 	dot := fs.Bool("dot", false, "print a graphviz digraph")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if *stats {
+		if fs.NArg() != 0 || *dot {
+			return fmt.Errorf("cfg --stats takes no FUNC and no --dot")
+		}
+		return cli.ShowStats(ctx, kerninstd.NewClient(*addr), *asJSON, os.Stdout, os.Stderr)
+	}
 	if fs.NArg() != 1 {
 		fs.Usage()
-		return fmt.Errorf("cfg: want one FUNC")
+		return fmt.Errorf("cfg: want one FUNC (or --stats)")
 	}
 	format := cli.CFGText
 	switch {

@@ -122,3 +122,37 @@ func writeDot(w io.Writer, g kerninstd.CFG) error {
 	_, err := fmt.Fprintln(w, "}")
 	return err
 }
+
+// ShowStats analyses the whole kernel and prints the census, with progress
+// on stderr while it runs.
+func ShowStats(ctx context.Context, c *kerninstd.Client, asJSON bool, w, stderr io.Writer) error {
+	st, err := c.CFGStats(ctx, func(done, total int) {
+		fmt.Fprintf(stderr, "\rkinst: analysing %d/%d functions…", done, total)
+	})
+	fmt.Fprintln(stderr)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(st)
+	}
+	pct := func(n int) string {
+		if st.Instructions == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.1f%%", 100*float64(n)/float64(st.Instructions))
+	}
+	fmt.Fprintf(w, "modules             %d\nfunctions           %d\nbasic blocks        %d\ninstructions        %d\ninstruction bytes   %d\n",
+		st.Modules, st.Functions, st.BasicBlocks, st.Instructions, st.InstructionBytes)
+	fmt.Fprintf(w, "padding bytes       %d (never executed: springboard space)\nreturns             %d\ntail calls          %d\nunanalysable jumps  %d\njump tables         %d (not resolved yet)\n",
+		st.PaddingBytes, st.Returns, st.TailCalls, st.UnanalysableJump, st.JumpTables)
+	fmt.Fprintf(w, "truncated decodes   %d\nfreed init funcs    %d\nunreadable funcs    %d\n", st.Truncated, st.FreedInit, st.Unreadable)
+	fmt.Fprintln(w, "splice classes:")
+	for _, c := range []string{"direct", "springboard", "trap", "refused"} {
+		fmt.Fprintf(w, "  %-12s %9d  %s\n", c, st.SpliceClasses[c], pct(st.SpliceClasses[c]))
+	}
+	fmt.Fprintf(w, "analysed in %.2f s\n", st.Seconds)
+	return nil
+}

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -89,4 +90,41 @@ func firstDiff(a, b []uint64) string {
 		}
 	}
 	return "the end"
+}
+
+// TestCFGStats runs the whole-kernel census end to end in the guest.
+func TestCFGStats(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	out, errs, code := gexec(t, ctx, "kinst", "cfg", "--stats", "--json")
+	if code != 0 {
+		t.Fatalf("kinst cfg --stats: status %d: %s", code, errs)
+	}
+	var st struct {
+		Modules          int            `json:"modules"`
+		Functions        int            `json:"functions"`
+		BasicBlocks      int            `json:"basic_blocks"`
+		InstructionBytes int            `json:"instruction_bytes"`
+		Instructions     int            `json:"instructions"`
+		SpliceClasses    map[string]int `json:"splice_classes"`
+	}
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("--stats --json: %v\n%s", err, out)
+	}
+	t.Logf("%+v", st)
+	// A Debian 6.1 kernel has tens of thousands of functions and ~10 MB of
+	// instructions; the guest loads the virtio modules and kerninst.
+	if st.Functions < 30000 || st.BasicBlocks < 10*st.Functions/2 || st.InstructionBytes < 5<<20 || st.Modules < 5 {
+		t.Errorf("implausible census: %+v", st)
+	}
+	sum := 0
+	for _, n := range st.SpliceClasses {
+		sum += n
+	}
+	if sum != st.Instructions || st.SpliceClasses["direct"] == 0 || st.SpliceClasses["refused"] == 0 {
+		t.Errorf("splice classes %v do not cover the %d instructions", st.SpliceClasses, st.Instructions)
+	}
+	if !strings.Contains(errs, "analysing") {
+		t.Errorf("no progress shown on stderr: %q", errs)
+	}
 }
