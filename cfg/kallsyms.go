@@ -155,3 +155,12 @@ func (s *Symbols) At(addr uint64) (Symbol, uint64, bool) {
 	}
 	return sym, addr - sym.Addr, true
 }
+
+// Names returns a NameAt that names the symbol starting exactly at an
+// address.
+func (s *Symbols) Names() NameAt {
+	return func(a uint64) (string, bool) {
+		sym, off, ok := s.At(a)
+		return sym.Name, ok && off == 0
+	}
+}

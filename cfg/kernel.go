@@ -145,10 +145,7 @@ func analyzeOne(r TextReader, syms *Symbols, s Symbol, o AnalyzeOptions, st *Sta
 	if fn.Truncated {
 		st.Truncated++
 	}
-	names := func(a uint64) (string, bool) {
-		t, off, ok := syms.At(a)
-		return t.Name, ok && off == 0
-	}
+	names := syms.Names()
 	fnWhy := syms.FunctionNoSplice(fn, o.DriverModule)
 	for _, b := range fn.Blocks(names) {
 		n := 0

@@ -180,9 +180,10 @@ type CFGInstruction struct {
 	Length  int    `json:"length"`
 	Bytes   string `json:"bytes"`
 	Text    string `json:"text"`
-	// LiveIn lists what may be live just before the instruction. Today:
-	// arithmetic flags (CF PF AF ZF SF OF) from a conservative scan;
-	// registers are not yet analysed.
+	// LiveIn lists what may be live just before the instruction: general
+	// registers (RAX…R15) and arithmetic flags (CF PF AF ZF SF OF), from
+	// a backward data-flow over the function's blocks. Calls are assumed
+	// to read all six argument registers (no prototypes yet).
 	LiveIn      []string `json:"live_in"`
 	SpliceClass string   `json:"splice_class"`      // direct, springboard, trap, refused
 	Refused     string   `json:"refused,omitempty"` // why, when refused

@@ -31,12 +31,11 @@ func (d *Daemon) FunctionCFG(name string) (CFG, error) {
 	if err != nil {
 		return CFG{}, err
 	}
-	names := func(a uint64) (string, bool) {
-		s, off, ok := syms.At(a)
-		return s.Name, ok && off == 0
-	}
+	names := syms.Names()
 	out := CFG{Function: fn.Name, Module: fn.Module, Address: Addr(fn.Addr), Size: fn.End - fn.Addr, Truncated: fn.Truncated}
-	for _, b := range fn.Blocks(names) {
+	blocks := fn.Blocks(names)
+	lv := fn.Live(blocks, names)
+	for _, b := range blocks {
 		cb := CFGBlock{Index: b.Index, Start: Addr(b.Start(fn)), Padding: b.Padding, Preds: b.Preds, Succs: []CFGEdge{}}
 		if b.Exit != cfg.NoExit {
 			cb.Exit = b.Exit.String()
@@ -48,7 +47,11 @@ func (d *Daemon) FunctionCFG(name string) (CFG, error) {
 			cb.Succs = append(cb.Succs, CFGEdge{Kind: e.Kind.String(), To: e.To})
 		}
 		for i := b.First; i < b.First+b.N; i++ {
-			cb.Instructions = append(cb.Instructions, d.describeInstruction(syms, fn, i))
+			ci := d.describeInstruction(syms, fn, i)
+			if ci.LiveIn = lv.Before(b.Index, i).Names(); ci.LiveIn == nil {
+				ci.LiveIn = []string{}
+			}
+			cb.Instructions = append(cb.Instructions, ci)
 		}
 		out.Blocks = append(out.Blocks, cb)
 	}
@@ -60,11 +63,7 @@ func (d *Daemon) describeInstruction(syms *cfg.Symbols, fn *cfg.Function, i int)
 	ci := CFGInstruction{
 		Address: Addr(in.Addr), Offset: in.Addr - fn.Addr, Length: in.Len(),
 		Bytes: hex.EncodeToString(in.Bytes), Text: in.String(),
-		LiveIn:      fn.FlagsLiveIn(i).Names(),
 		SpliceClass: springboard.Classify(in.Len()).String(),
-	}
-	if ci.LiveIn == nil {
-		ci.LiveIn = []string{}
 	}
 	if t, ok := cfg.BranchTarget(in); ok && (t < fn.Addr || t >= fn.End) {
 		if s, off, ok := syms.At(t); ok {

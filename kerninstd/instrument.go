@@ -25,6 +25,10 @@ type site struct {
 	fn    *cfg.Function
 	index int
 	amb   int
+	// flagsLive: a patch here must preserve RFLAGS. Set when either the
+	// forward scan or the block data-flow says a flag may be live, so a
+	// mistake in one analysis alone cannot corrupt the kernel.
+	flagsLive bool
 }
 
 func (s *site) insn() *cfg.Instruction { return &s.fn.Insns[s.index] }
@@ -45,7 +49,7 @@ func (s *site) resolved() Resolved {
 		Bytes:       hex.EncodeToString(in.Bytes),
 		Instruction: in.String(),
 		SpliceClass: springboard.Classify(in.Len()).String(),
-		FlagsLive:   s.fn.FlagsLive(s.index),
+		FlagsLive:   s.flagsLive,
 		Classic:     s.point.Classic,
 		Ambiguous:   s.amb,
 	}
@@ -92,7 +96,22 @@ func (d *Daemon) resolve(spec string) (*site, error) {
 	if springboard.Classify(in.Len()) != springboard.Direct {
 		return nil, &springboard.TooShortError{Addr: in.Addr, Len: in.Len(), Where: s.where(), Text: in.String()}
 	}
+	s.flagsLive = fn.FlagsLive(s.index) || dataflowLive(syms, fn, s.index).Flags() != 0
 	return s, nil
+}
+
+// dataflowLive is what the block data-flow says is live before
+// instruction i of fn.
+func dataflowLive(syms *cfg.Symbols, fn *cfg.Function, i int) cfg.LiveSet {
+	names := syms.Names()
+	blocks := fn.Blocks(names)
+	lv := fn.Live(blocks, names)
+	for _, b := range blocks {
+		if i >= b.First && i < b.First+b.N {
+			return lv.Before(b.Index, i)
+		}
+	}
+	return ^cfg.LiveSet(0)
 }
 
 // entryInstruction picks where "function entry" is spliced: the first
@@ -185,7 +204,7 @@ func (d *Daemon) attachCounter(s *site) (*probe, error) {
 func buildCounterPatch(patch uint64, s *site, counter uint64) ([]byte, error) {
 	in := s.insn()
 	cs := codegen.Site{Addr: in.Addr, Bytes: in.Bytes}
-	saveFlags := s.fn.FlagsLive(s.index)
+	saveFlags := s.flagsLive
 	code, err := codegen.CounterPatch(patch, cs, counter, saveFlags)
 	if err != nil {
 		return nil, err

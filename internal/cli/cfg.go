@@ -71,7 +71,7 @@ func ShowCFG(ctx context.Context, c *kerninstd.Client, function string, format C
 			if in.Target != "" {
 				text += " <" + in.Target + ">"
 			}
-			fmt.Fprintf(w, "  +%-5x %-27s %-44s live-in %-18s %s\n", in.Offset, spacedHex(in.Bytes), text, live, class)
+			fmt.Fprintf(w, "  +%-5x %-27s %-44s %-12s live-in: %s\n", in.Offset, spacedHex(in.Bytes), text, class, live)
 		}
 	}
 	return nil

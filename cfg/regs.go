@@ -1,0 +1,390 @@
+package cfg
+
+import (
+	"strings"
+
+	"golang.org/x/arch/x86/x86asm"
+)
+
+// LiveSet is a set of the 16 general-purpose registers (bits 0–15, in
+// encoding order RAX RCX RDX RBX RSP RBP RSI RDI R8–R15) and the six
+// arithmetic flags (bits 16–21).
+type LiveSet uint32
+
+const (
+	regRAX LiveSet = 1 << iota
+	regRCX
+	regRDX
+	regRBX
+	regRSP
+	regRBP
+	regRSI
+	regRDI
+	regR8
+	regR9
+	regR10
+	regR11
+	regR12
+	regR13
+	regR14
+	regR15
+
+	allRegs  LiveSet = 0xffff
+	flagBits LiveSet = LiveSet(AllFlags) << 16
+	// Everything: what unknown semantics are assumed to read.
+	allLive = allRegs | flagBits
+)
+
+// SysV / kernel ABI sets.
+const (
+	argRegs     = regRDI | regRSI | regRDX | regRCX | regR8 | regR9
+	callerSaved = regRAX | regRCX | regRDX | regRSI | regRDI | regR8 | regR9 | regR10 | regR11
+	calleeSaved = regRBX | regRBP | regR12 | regR13 | regR14 | regR15
+	retRegs     = regRAX | regRDX
+)
+
+var regNames = [16]string{"RAX", "RCX", "RDX", "RBX", "RSP", "RBP", "RSI", "RDI",
+	"R8", "R9", "R10", "R11", "R12", "R13", "R14", "R15"}
+
+// Flags is the flag part of the set.
+func (s LiveSet) Flags() Flag { return Flag(s >> 16) }
+
+// Names lists the members: registers, then flags.
+func (s LiveSet) Names() []string {
+	var n []string
+	for i, name := range regNames {
+		if s&(1<<i) != 0 {
+			n = append(n, name)
+		}
+	}
+	return append(n, s.Flags().Names()...)
+}
+
+func (s LiveSet) String() string { return strings.Join(s.Names(), " ") }
+
+func flags(f Flag) LiveSet { return LiveSet(f) << 16 }
+
+// gpr maps an x86asm register to its GPR bit and whether writing it
+// replaces the whole register (32- and 64-bit writes do; 8- and 16-bit
+// writes merge, so they also read it).
+func gpr(r x86asm.Reg) (bit LiveSet, full bool, ok bool) {
+	switch {
+	case r >= x86asm.AL && r <= x86asm.BL:
+		return 1 << (r - x86asm.AL), false, true
+	case r >= x86asm.AH && r <= x86asm.BH:
+		return 1 << (r - x86asm.AH), false, true
+	case r >= x86asm.SPB && r <= x86asm.R15B:
+		return 1 << (r - x86asm.SPB + 4), false, true
+	case r >= x86asm.AX && r <= x86asm.R15W:
+		return 1 << (r - x86asm.AX), false, true
+	case r >= x86asm.EAX && r <= x86asm.R15L:
+		return 1 << (r - x86asm.EAX), true, true
+	case r >= x86asm.RAX && r <= x86asm.R15:
+		return 1 << (r - x86asm.RAX), true, true
+	}
+	return 0, false, false
+}
+
+// memUses is what addressing an operand reads.
+func memUses(a x86asm.Arg) LiveSet {
+	m, ok := a.(x86asm.Mem)
+	if !ok {
+		return 0
+	}
+	var s LiveSet
+	for _, r := range []x86asm.Reg{m.Base, m.Index} {
+		if b, _, ok := gpr(r); ok {
+			s |= b
+		}
+	}
+	return s
+}
+
+// argUse is what reading operand a reads.
+func argUse(a x86asm.Arg) LiveSet {
+	if r, ok := a.(x86asm.Reg); ok {
+		b, _, _ := gpr(r)
+		return b
+	}
+	return memUses(a)
+}
+
+// destDef: writing operand a defines (kills) def and reads use (partial
+// register writes, and the address of a memory destination).
+func destDef(a x86asm.Arg) (use, def LiveSet) {
+	if r, ok := a.(x86asm.Reg); ok {
+		b, full, _ := gpr(r)
+		if full {
+			return 0, b
+		}
+		return b, b
+	}
+	return memUses(a), 0
+}
+
+// opKind classifies operations by how they use their explicit operands.
+type opKind int
+
+const (
+	opUnknown  opKind = iota
+	opMove            // dst = f(src…): dst written, not read
+	opRMW             // dst = dst op src…
+	opRead            // every operand read (cmp, test, bt)
+	opExchange        // both operands read and written
+	opNop
+)
+
+var opKinds = map[x86asm.Op]opKind{
+	x86asm.MOV: opMove, x86asm.MOVZX: opMove, x86asm.MOVSX: opMove, x86asm.MOVSXD: opMove,
+	x86asm.LEA: opMove, x86asm.MOVQ: opMove, x86asm.MOVD: opMove, x86asm.POPCNT: opMove,
+	x86asm.LZCNT: opMove, x86asm.TZCNT: opMove, x86asm.BSF: opRMW, x86asm.BSR: opRMW,
+	x86asm.SETA: opMove, x86asm.SETAE: opMove, x86asm.SETB: opMove, x86asm.SETBE: opMove,
+	x86asm.SETE: opMove, x86asm.SETNE: opMove, x86asm.SETG: opMove, x86asm.SETGE: opMove,
+	x86asm.SETL: opMove, x86asm.SETLE: opMove, x86asm.SETO: opMove, x86asm.SETNO: opMove,
+	x86asm.SETP: opMove, x86asm.SETNP: opMove, x86asm.SETS: opMove, x86asm.SETNS: opMove,
+	x86asm.CMOVA: opRMW, x86asm.CMOVAE: opRMW, x86asm.CMOVB: opRMW, x86asm.CMOVBE: opRMW,
+	x86asm.CMOVE: opRMW, x86asm.CMOVNE: opRMW, x86asm.CMOVG: opRMW, x86asm.CMOVGE: opRMW,
+	x86asm.CMOVL: opRMW, x86asm.CMOVLE: opRMW, x86asm.CMOVO: opRMW, x86asm.CMOVNO: opRMW,
+	x86asm.CMOVP: opRMW, x86asm.CMOVNP: opRMW, x86asm.CMOVS: opRMW, x86asm.CMOVNS: opRMW,
+	x86asm.ADD: opRMW, x86asm.SUB: opRMW, x86asm.AND: opRMW, x86asm.OR: opRMW, x86asm.XOR: opRMW,
+	x86asm.ADC: opRMW, x86asm.SBB: opRMW, x86asm.INC: opRMW, x86asm.DEC: opRMW, x86asm.NEG: opRMW,
+	x86asm.NOT: opRMW, x86asm.SHL: opRMW, x86asm.SHR: opRMW, x86asm.SAR: opRMW, x86asm.ROL: opRMW,
+	x86asm.ROR: opRMW, x86asm.BTS: opRMW, x86asm.BTR: opRMW, x86asm.BTC: opRMW, x86asm.BSWAP: opRMW,
+	x86asm.CMP: opRead, x86asm.TEST: opRead, x86asm.BT: opRead,
+	x86asm.XCHG: opExchange, x86asm.XADD: opExchange,
+	x86asm.NOP: opNop, x86asm.PREFETCHT0: opRead, x86asm.PREFETCHNTA: opRead, x86asm.PREFETCHW: opRead,
+}
+
+// readsCondition reports setcc and cmovcc, which read flags.
+func readsCondition(op x86asm.Op) bool {
+	s := op.String()
+	return strings.HasPrefix(s, "SET") || strings.HasPrefix(s, "CMOV")
+}
+
+// isJcc reports the conditional jumps.
+func isJcc(op x86asm.Op) bool {
+	switch op {
+	case x86asm.JA, x86asm.JAE, x86asm.JB, x86asm.JBE, x86asm.JE, x86asm.JNE, x86asm.JG, x86asm.JGE,
+		x86asm.JL, x86asm.JLE, x86asm.JO, x86asm.JNO, x86asm.JP, x86asm.JNP, x86asm.JS, x86asm.JNS:
+		return true
+	}
+	return false
+}
+
+// useDef returns what instruction in reads before it writes anything (use)
+// and what it overwrites entirely (def). Calls follow the kernel's SysV
+// ABI; anything not understood reads everything and defines nothing.
+func useDef(in *Instruction, names NameAt) (use, def LiveSet) {
+	inst := &in.Inst
+	args := inst.Args[:]
+	n := 0
+	for n < len(args) && args[n] != nil {
+		n++
+	}
+	args = args[:n]
+	var fl flagEffect
+	if e, ok := flagEffects[inst.Op]; ok {
+		fl = e
+	} else if r, w, ok := shiftEffect(in); ok {
+		fl = flagEffect{reads: r, writes: w}
+	}
+	flagUse, flagDef := flags(fl.reads), flags(fl.writes)
+
+	switch op := inst.Op; {
+	case op == x86asm.CALL:
+		use = argRegs | regRSP
+		if t, ok := BranchTarget(in); ok && names != nil {
+			if name, ok := names(t); ok && IsIndirectThunk(name) {
+				use |= thunkReg(name)
+			}
+		} else {
+			for _, a := range args {
+				use |= argUse(a)
+			}
+		}
+		return use, callerSaved | flags(AllFlags)
+	case op == x86asm.RET:
+		return retRegs | calleeSaved | regRSP, 0
+	case op == x86asm.JMP:
+		t, direct := BranchTarget(in)
+		if !direct {
+			return allLive, 0 // unresolved: anything may be read
+		}
+		_ = t
+		return 0, 0 // inside the function, or an exit handled by the block
+	case isJcc(op):
+		return flags(AllFlags), 0
+	case op == x86asm.PUSH:
+		return argUse(args[0]) | regRSP, 0
+	case op == x86asm.POP:
+		u, d := destDef(args[0])
+		return u | regRSP, d
+	case op == x86asm.LEAVE:
+		return regRBP, regRBP
+	case op == x86asm.CQO || op == x86asm.CDQ:
+		return regRAX, regRDX
+	case op == x86asm.CDQE:
+		return regRAX, regRAX
+	case op == x86asm.CMPXCHG:
+		// RAX is written only when the compare fails: not a definite
+		// write, so it stays live through.
+		u, _ := destDef(args[0])
+		return regRAX | argUse(args[1]) | u | argUse(args[0]), flagDef
+	case (op == x86asm.MUL || op == x86asm.DIV || op == x86asm.IDIV || (op == x86asm.IMUL && n == 1)):
+		return regRAX | regRDX | argUse(args[0]), regRAX | regRDX | flags(AllFlags)
+	case op == x86asm.STOSB || op == x86asm.STOSW || op == x86asm.STOSD || op == x86asm.STOSQ:
+		// RCX counts only under rep, so it is read but never a definite
+		// write.
+		return regRAX | regRDI | regRCX, regRDI
+	case op == x86asm.MOVSB || op == x86asm.MOVSW || op == x86asm.MOVSD || op == x86asm.MOVSQ:
+		if n > 0 { // movsd the SSE move, not the string one
+			break
+		}
+		return regRSI | regRDI | regRCX, regRSI | regRDI
+	}
+	if readsCondition(inst.Op) {
+		flagUse = flags(AllFlags)
+	}
+	kind, ok := opKinds[inst.Op]
+	if !ok {
+		return allLive, 0
+	}
+	switch kind {
+	case opNop:
+		return flagUse, 0
+	case opRead:
+		for _, a := range args {
+			use |= argUse(a)
+		}
+		return use | flagUse, flagDef
+	case opMove:
+		u, d := destDef(args[0])
+		use = u
+		for _, a := range args[1:] {
+			use |= argUse(a)
+		}
+		if inst.Op == x86asm.LEA {
+			use = u | memUses(args[1])
+		}
+		return use | flagUse, d | flagDef
+	case opRMW:
+		u, d := destDef(args[0])
+		use = u | argUse(args[0])
+		for _, a := range args[1:] {
+			use |= argUse(a)
+		}
+		// xor %eax,%eax and sub %eax,%eax set a register to zero
+		// without reading it.
+		if (inst.Op == x86asm.XOR || inst.Op == x86asm.SUB) && n == 2 && args[0] == args[1] {
+			use = 0
+		}
+		if _, isShift := shiftEffectOp(inst.Op); isShift && n == 2 {
+			if r, ok := args[1].(x86asm.Reg); ok && r == x86asm.CL {
+				use |= regRCX
+			}
+		}
+		return use | flagUse, d | flagDef
+	case opExchange:
+		for _, a := range args {
+			u, d := destDef(a)
+			use |= u | argUse(a)
+			def |= d
+		}
+		return use | flagUse, def | flagDef
+	}
+	return allLive, 0
+}
+
+func shiftEffectOp(op x86asm.Op) (struct{}, bool) {
+	switch op {
+	case x86asm.SHL, x86asm.SHR, x86asm.SAR, x86asm.ROL, x86asm.ROR:
+		return struct{}{}, true
+	}
+	return struct{}{}, false
+}
+
+// thunkReg is the register a retpoline thunk jumps through.
+func thunkReg(name string) LiveSet {
+	suffix := strings.ToUpper(name[strings.LastIndexByte(name, '_')+1:])
+	for i, n := range regNames {
+		if n == suffix {
+			return 1 << i
+		}
+	}
+	return allRegs
+}
+
+// Liveness is the result of the backward data-flow over one function:
+// what is live on entry to each block.
+type Liveness struct {
+	fn      *Function
+	blocks  []Block
+	names   NameAt
+	LiveIn  []LiveSet // per block
+	LiveOut []LiveSet // per block
+}
+
+// exitUses is what a block that leaves the function reads at its end.
+func exitUses(k ExitKind) LiveSet {
+	switch k {
+	case Return:
+		return retRegs | calleeSaved | regRSP
+	case TailCall:
+		return argRegs | calleeSaved | regRSP
+	}
+	return allLive // indirect jump, trap: assume anything
+}
+
+// Live computes liveness of registers and flags over f's blocks,
+// iterating to a fixed point. Calls use the argument registers and
+// clobber the caller-saved ones; returns read the return and callee-saved
+// registers.
+func (f *Function) Live(blocks []Block, names NameAt) *Liveness {
+	lv := &Liveness{fn: f, blocks: blocks, names: names,
+		LiveIn: make([]LiveSet, len(blocks)), LiveOut: make([]LiveSet, len(blocks))}
+	type ud struct{ use, def LiveSet }
+	summary := make([]ud, len(blocks))
+	for bi := range blocks {
+		b := &blocks[bi]
+		var s ud
+		for i := b.First + b.N - 1; i >= b.First; i-- {
+			u, d := useDef(&f.Insns[i], names)
+			s.use = u | (s.use &^ d)
+			s.def |= d
+		}
+		summary[bi] = s
+	}
+	for changed := true; changed; {
+		changed = false
+		for bi := len(blocks) - 1; bi >= 0; bi-- {
+			b := &blocks[bi]
+			var out LiveSet
+			if b.Exit != NoExit {
+				out = exitUses(b.Exit)
+			}
+			if len(b.Succs) == 0 && b.Exit == NoExit {
+				out = allLive // falls off the end of what was decoded
+			}
+			for _, e := range b.Succs {
+				out |= lv.LiveIn[e.To]
+			}
+			in := summary[bi].use | (out &^ summary[bi].def)
+			if in != lv.LiveIn[bi] || out != lv.LiveOut[bi] {
+				lv.LiveIn[bi], lv.LiveOut[bi] = in, out
+				changed = true
+			}
+		}
+	}
+	return lv
+}
+
+// Before returns what is live just before instruction i of block b.
+func (lv *Liveness) Before(b, i int) LiveSet {
+	blk := &lv.blocks[b]
+	live := lv.LiveOut[b]
+	for j := blk.First + blk.N - 1; j >= i; j-- {
+		u, d := useDef(&lv.fn.Insns[j], lv.names)
+		live = u | (live &^ d)
+	}
+	return live
+}

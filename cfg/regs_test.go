@@ -1,0 +1,78 @@
+package cfg
+
+import (
+	"testing"
+)
+
+func TestLiveness(t *testing.T) {
+	text, syms := assemble(t, "live")
+	fn, err := Decode("f", "", 0, text[:syms["g"]])
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := func(a uint64) (string, bool) {
+		for n, v := range syms {
+			if v == a {
+				return n, true
+			}
+		}
+		return "", false
+	}
+	blocks := fn.Blocks(names)
+	lv := fn.Live(blocks, names)
+	before := func(off uint64) LiveSet {
+		t.Helper()
+		i, err := fn.Index(off)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for bi, b := range blocks {
+			if i >= b.First && i < b.First+b.N {
+				return lv.Before(bi, i)
+			}
+		}
+		t.Fatalf("+%#x in no block", off)
+		return 0
+	}
+	for _, tc := range []struct {
+		off        uint64
+		live, dead LiveSet
+	}{
+		// Entry: the arguments the function reads, callee-saved rbx.
+		{0x5, regRDI | regRSI | regRBX | regRSP, regRAX | flagBits},
+		// After mov %rdi,%rbx: rbx live; rdi stays live only because
+		// the call below is assumed to read every argument register
+		// (no prototype known).
+		{0x9, regRBX | regRSI | regRDI, regRAX},
+		// Before cmp: flags dead (cmp writes them).
+		{0xb, regRSI, flagBits},
+		// Between cmp and jne: flags live (the splice-point case).
+		{0xe, flagBits, regRCX},
+		// Before the call: rax live (added after it? no: the call
+		// clobbers it), so rax dead here; rbx live across the call.
+		{0x15, regRBX | regRSP, regRAX},
+		// Before add: rax (return value of g) and rbx live.
+		{0x1a, regRAX | regRBX, regRCX},
+	} {
+		got := before(tc.off)
+		if got&tc.live != tc.live {
+			t.Errorf("+%#x: live %v, missing %v", tc.off, got, tc.live&^got)
+		}
+		if got&tc.dead != 0 {
+			t.Errorf("+%#x: live %v, but %v should be dead", tc.off, got, got&tc.dead)
+		}
+	}
+	// At the return: return value and callee-saved registers.
+	last := len(blocks) - 1
+	if out := lv.LiveOut[last]; out&(regRAX|regRBX|regRBP|regR12) != regRAX|regRBX|regRBP|regR12 {
+		t.Errorf("live out of the return block: %v", out)
+	}
+}
+
+func TestUseDefUnknownIsConservative(t *testing.T) {
+	f, _ := Decode("f", "", 0, []byte{0x0f, 0xa2}) // cpuid
+	u, d := useDef(&f.Insns[0], nil)
+	if u != allLive || d != 0 {
+		t.Errorf("cpuid: use %v def %v; unknown semantics must read everything", u, d)
+	}
+}
