@@ -38,8 +38,9 @@ const (
 	Return
 	// TailCall: a direct jmp to another function.
 	TailCall
-	// IndirectJump: a jump through a register or memory that this
-	// analysis does not resolve (jump tables come later).
+	// IndirectJump: a jump through a register or memory, or through a
+	// retpoline thunk, that this analysis does not resolve (jump tables
+	// come later; a retpoline kernel is built with -fno-jump-tables).
 	IndirectJump
 	// Trap: int3 — control does not continue. (ud2 is not one: WARN()
 	// resumes after its ud2; BUG() does not, but telling them apart needs
@@ -132,6 +133,8 @@ func (f *Function) Blocks(names NameAt) []Block {
 			b.Succs = append(b.Succs, Edge{Jump, byAddr[target]})
 		case op == x86asm.JMP && direct && IsReturnThunk(name):
 			b.Exit = Return
+		case op == x86asm.JMP && direct && IsIndirectThunk(name):
+			b.Exit = IndirectJump // jmp __x86_indirect_thunk_rax: a retpolined jmp *%rax
 		case op == x86asm.JMP && direct:
 			b.Exit = TailCall
 		case op == x86asm.JMP:

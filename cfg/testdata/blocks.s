@@ -15,7 +15,7 @@ f:
 	call __x86_indirect_thunk_rax	# retpoline call
 	cmp $7, %eax
 	ja 3f
-	jmp *%rax			# unresolved indirect jump
+	jmp __x86_indirect_thunk_rax	# retpolined jmp *%rax
 3:
 	ud2				# WARN(): resumes
 	pop %rbp
