@@ -8,3 +8,5 @@ require (
 	golang.org/x/arch v0.32.0
 	golang.org/x/sys v0.49.0
 )
+
+require github.com/cilium/ebpf v0.22.0

@@ -174,7 +174,7 @@ func isJcc(op x86asm.Op) bool {
 // useDef returns what instruction in reads before it writes anything (use)
 // and what it overwrites entirely (def). Calls follow the kernel's SysV
 // ABI; anything not understood reads everything and defines nothing.
-func useDef(in *Instruction, names NameAt) (use, def LiveSet) {
+func useDef(in *Instruction, names NameAt, protos Prototypes) (use, def LiveSet) {
 	inst := &in.Inst
 	args := inst.Args[:]
 	n := 0
@@ -196,6 +196,8 @@ func useDef(in *Instruction, names NameAt) (use, def LiveSet) {
 		if t, ok := BranchTarget(in); ok && names != nil {
 			if name, ok := names(t); ok && IsIndirectThunk(name) {
 				use |= thunkReg(name)
+			} else if ok {
+				use = protos.argSet(name) | regRSP
 			}
 		} else {
 			for _, a := range args {
@@ -320,27 +322,35 @@ type Liveness struct {
 	fn      *Function
 	blocks  []Block
 	names   NameAt
+	protos  Prototypes
 	LiveIn  []LiveSet // per block
 	LiveOut []LiveSet // per block
 }
 
 // exitUses is what a block that leaves the function reads at its end.
-func exitUses(k ExitKind) LiveSet {
-	switch k {
+func (lv *Liveness) exitUses(b *Block) LiveSet {
+	switch b.Exit {
 	case Return:
-		return retRegs | calleeSaved | regRSP
+		return lv.protos.retSet(lv.fn.Name) | calleeSaved | regRSP
 	case TailCall:
-		return argRegs | calleeSaved | regRSP
+		args := argRegs
+		if t, ok := BranchTarget(b.Last(lv.fn)); ok && lv.names != nil {
+			if name, ok := lv.names(t); ok {
+				args = lv.protos.argSet(name)
+			}
+		}
+		return args | calleeSaved | regRSP
 	}
 	return allLive // indirect jump, trap: assume anything
 }
 
 // Live computes liveness of registers and flags over f's blocks,
-// iterating to a fixed point. Calls use the argument registers and
-// clobber the caller-saved ones; returns read the return and callee-saved
-// registers.
-func (f *Function) Live(blocks []Block, names NameAt) *Liveness {
-	lv := &Liveness{fn: f, blocks: blocks, names: names,
+// iterating to a fixed point. A call reads its argument registers (per
+// its BTF prototype in protos, else all six) and clobbers the
+// caller-saved ones; a return reads the return registers (none for a
+// void function) and the callee-saved ones. protos may be nil.
+func (f *Function) Live(blocks []Block, names NameAt, protos Prototypes) *Liveness {
+	lv := &Liveness{fn: f, blocks: blocks, names: names, protos: protos,
 		LiveIn: make([]LiveSet, len(blocks)), LiveOut: make([]LiveSet, len(blocks))}
 	type ud struct{ use, def LiveSet }
 	summary := make([]ud, len(blocks))
@@ -348,7 +358,7 @@ func (f *Function) Live(blocks []Block, names NameAt) *Liveness {
 		b := &blocks[bi]
 		var s ud
 		for i := b.First + b.N - 1; i >= b.First; i-- {
-			u, d := useDef(&f.Insns[i], names)
+			u, d := useDef(&f.Insns[i], names, protos)
 			s.use = u | (s.use &^ d)
 			s.def |= d
 		}
@@ -360,7 +370,7 @@ func (f *Function) Live(blocks []Block, names NameAt) *Liveness {
 			b := &blocks[bi]
 			var out LiveSet
 			if b.Exit != NoExit {
-				out = exitUses(b.Exit)
+				out = lv.exitUses(b)
 			}
 			if len(b.Succs) == 0 && b.Exit == NoExit {
 				out = allLive // falls off the end of what was decoded
@@ -383,7 +393,7 @@ func (lv *Liveness) Before(b, i int) LiveSet {
 	blk := &lv.blocks[b]
 	live := lv.LiveOut[b]
 	for j := blk.First + blk.N - 1; j >= i; j-- {
-		u, d := useDef(&lv.fn.Insns[j], lv.names)
+		u, d := useDef(&lv.fn.Insns[j], lv.names, lv.protos)
 		live = u | (live &^ d)
 	}
 	return live

@@ -19,7 +19,7 @@ func TestLiveness(t *testing.T) {
 		return "", false
 	}
 	blocks := fn.Blocks(names)
-	lv := fn.Live(blocks, names)
+	lv := fn.Live(blocks, names, nil)
 	before := func(off uint64) LiveSet {
 		t.Helper()
 		i, err := fn.Index(off)
@@ -71,7 +71,7 @@ func TestLiveness(t *testing.T) {
 
 func TestUseDefUnknownIsConservative(t *testing.T) {
 	f, _ := Decode("f", "", 0, []byte{0x0f, 0xa2}) // cpuid
-	u, d := useDef(&f.Insns[0], nil)
+	u, d := useDef(&f.Insns[0], nil, nil)
 	if u != allLive || d != 0 {
 		t.Errorf("cpuid: use %v def %v; unknown semantics must read everything", u, d)
 	}

@@ -34,7 +34,8 @@ func (d *Daemon) FunctionCFG(name string) (CFG, error) {
 	names := syms.Names()
 	out := CFG{Function: fn.Name, Module: fn.Module, Address: Addr(fn.Addr), Size: fn.End - fn.Addr, Truncated: fn.Truncated}
 	blocks := fn.Blocks(names)
-	lv := fn.Live(blocks, names)
+	protos := d.prototypes()
+	lv := fn.Live(blocks, names, protos)
 	for _, b := range blocks {
 		cb := CFGBlock{Index: b.Index, Start: Addr(b.Start(fn)), Padding: b.Padding, Preds: b.Preds, Succs: []CFGEdge{}}
 		if b.Exit != cfg.NoExit {

@@ -21,18 +21,25 @@ type Config struct {
 	Release  string // kernel release; default from /proc/sys/kernel/osrelease
 	Info     func() Info
 	Log      *slog.Logger
+	// Prototypes loads function prototypes (cfg.LoadKernelPrototypes);
+	// nil: none.
+	Prototypes func() (cfg.Prototypes, error)
 }
 
 // Daemon owns the device and every session.
 type Daemon struct {
-	dev      Device
-	log      *slog.Logger
-	kallsyms string
-	release  string
-	info     func() Info
+	dev        Device
+	log        *slog.Logger
+	kallsyms   string
+	release    string
+	info       func() Info
+	loadProtos func() (cfg.Prototypes, error)
 
 	symMu sync.Mutex   // protects syms
 	syms  *cfg.Symbols // immutable snapshot, replaced on reload
+
+	protoOnce sync.Once
+	protoMap  cfg.Prototypes // from kernel BTF; nil (conservative) if unavailable
 
 	mu       sync.Mutex          // serialises every change to the kernel; protects the fields below
 	sessions map[string]*session // by ID
@@ -51,14 +58,15 @@ type session struct {
 // New loads the symbol table and returns a daemon ready to serve.
 func New(c Config) (*Daemon, error) {
 	d := &Daemon{
-		dev:      c.Device,
-		log:      c.Log,
-		kallsyms: c.Kallsyms,
-		release:  c.Release,
-		info:     c.Info,
-		sessions: make(map[string]*session),
-		spliced:  make(map[uint64]string),
-		slots:    slotAllocator{n: c.Device.NumCounters(), used: make(map[int]bool)},
+		dev:        c.Device,
+		log:        c.Log,
+		kallsyms:   c.Kallsyms,
+		release:    c.Release,
+		info:       c.Info,
+		loadProtos: c.Prototypes,
+		sessions:   make(map[string]*session),
+		spliced:    make(map[uint64]string),
+		slots:      slotAllocator{n: c.Device.NumCounters(), used: make(map[int]bool)},
 	}
 	if d.log == nil {
 		d.log = slog.Default()
@@ -80,6 +88,24 @@ func (d *Daemon) symbols() *cfg.Symbols {
 	d.symMu.Lock()
 	defer d.symMu.Unlock()
 	return d.syms
+}
+
+// prototypes returns the kernel's function prototypes from BTF, loaded on
+// first use. Without BTF the analysis assumes every call reads all six
+// argument registers.
+func (d *Daemon) prototypes() cfg.Prototypes {
+	d.protoOnce.Do(func() {
+		if d.loadProtos == nil {
+			return
+		}
+		p, err := d.loadProtos()
+		if err != nil {
+			d.log.Warn("no function prototypes; liveness stays conservative at calls", "err", err)
+			return
+		}
+		d.protoMap = p
+	})
+	return d.protoMap
 }
 
 func (d *Daemon) reloadSymbols() (*cfg.Symbols, error) {

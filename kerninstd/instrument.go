@@ -96,16 +96,16 @@ func (d *Daemon) resolve(spec string) (*site, error) {
 	if springboard.Classify(in.Len()) != springboard.Direct {
 		return nil, &springboard.TooShortError{Addr: in.Addr, Len: in.Len(), Where: s.where(), Text: in.String()}
 	}
-	s.flagsLive = fn.FlagsLive(s.index) || dataflowLive(syms, fn, s.index).Flags() != 0
+	s.flagsLive = fn.FlagsLive(s.index) || dataflowLive(syms, d.prototypes(), fn, s.index).Flags() != 0
 	return s, nil
 }
 
 // dataflowLive is what the block data-flow says is live before
 // instruction i of fn.
-func dataflowLive(syms *cfg.Symbols, fn *cfg.Function, i int) cfg.LiveSet {
+func dataflowLive(syms *cfg.Symbols, protos cfg.Prototypes, fn *cfg.Function, i int) cfg.LiveSet {
 	names := syms.Names()
 	blocks := fn.Blocks(names)
-	lv := fn.Live(blocks, names)
+	lv := fn.Live(blocks, names, protos)
 	for _, b := range blocks {
 		if i >= b.First && i < b.First+b.N {
 			return lv.Before(b.Index, i)
