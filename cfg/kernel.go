@@ -38,6 +38,8 @@ type AnalyzeOptions struct {
 	// Relocatable says whether a patch can reproduce an instruction;
 	// those it cannot are counted as refused. Nil: all can.
 	Relocatable func(addr uint64, inst x86asm.Inst, b []byte) error
+	// Prototypes make call liveness precise; nil is conservative.
+	Prototypes Prototypes
 	// Progress is called now and then with functions done and total.
 	Progress func(done, total int)
 	Workers  int // default GOMAXPROCS
@@ -63,7 +65,8 @@ func (p *prefetchReader) Read(addr uint64, b []byte) error {
 const prefetchChunk = 1 << 20
 
 // AnalyzeKernel decodes every function of the kernel and its modules from
-// the live text and returns the census. Functions are analysed in
+// the live text, splits it into blocks, computes block liveness, and
+// returns the census. Functions are analysed in
 // parallel; one function's failure is counted, not fatal.
 func AnalyzeKernel(ctx context.Context, r TextReader, syms *Symbols, o AnalyzeOptions) (Stats, error) {
 	start := time.Now()
@@ -147,7 +150,11 @@ func analyzeOne(r TextReader, syms *Symbols, s Symbol, o AnalyzeOptions, st *Sta
 	}
 	names := syms.Names()
 	fnWhy := syms.FunctionNoSplice(fn, o.DriverModule)
-	for _, b := range fn.Blocks(names) {
+	blocks := fn.Blocks(names)
+	// Liveness is part of the analysis (its block live-in sets are what
+	// splicing consults), so the census pays for it too.
+	fn.Live(blocks, names, o.Prototypes)
+	for _, b := range blocks {
 		n := 0
 		for i := b.First; i < b.First+b.N; i++ {
 			n += fn.Insns[i].Len()

@@ -46,6 +46,7 @@ func (d *Daemon) serveStats(w http.ResponseWriter, r *http.Request) {
 	st, err := cfg.AnalyzeKernel(r.Context(), d.dev, syms, cfg.AnalyzeOptions{
 		DriverModule: DriverModule,
 		Relocatable:  codegen.CheckRelocatable,
+		Prototypes:   d.prototypes(),
 		Progress: func(n, total int) {
 			select {
 			case progress <- StatsEvent{Done: n, Total: total}:

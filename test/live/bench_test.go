@@ -1,0 +1,96 @@
+package live
+
+import (
+	"context"
+	"debug/elf"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/codegen"
+)
+
+// fileText serves kernel text from the vmlinux ELF, relocated to where
+// KASLR put the running kernel.
+type fileText struct {
+	base  uint64 // runtime address of .text
+	bytes []byte
+}
+
+func (f *fileText) Read(addr uint64, b []byte) error {
+	if addr < f.base || addr+uint64(len(b)) > f.base+uint64(len(f.bytes)) {
+		return errors.New("outside .text")
+	}
+	copy(b, f.bytes[addr-f.base:])
+	return nil
+}
+
+// BenchmarkAnalyzeKernel runs the whole-kernel analysis natively on the
+// Debian vmlinux (its .text relocated with the guest's kallsyms), and
+// objdump -d of the same text for comparison:
+//
+//	go test -run XXX -bench AnalyzeKernel -benchtime 3x ./test/live
+func BenchmarkAnalyzeKernel(b *testing.B) {
+	ctx := context.Background()
+	cache := os.Getenv("KINST_CACHE")
+	if cache == "" {
+		cache = filepath.Join(repoRoot(), ".cache")
+	}
+	vmlinux, err := guest.Kernel(cache).Vmlinux()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var out strings.Builder
+	if code, err := guest.Exec(ctx, []string{"sh", "-c", "grep -v '\\[' /proc/kallsyms"}, &out, new(strings.Builder)); err != nil || code != 0 {
+		b.Fatalf("kallsyms: %v %d", err, code)
+	}
+	syms, err := cfg.ParseKallsyms(strings.NewReader(out.String()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	f, err := elf.Open(vmlinux)
+	if err != nil {
+		b.Fatal(err)
+	}
+	text := f.Section(".text")
+	data, err := text.Data()
+	if err != nil {
+		b.Fatal(err)
+	}
+	runtimeText, _, _ := syms.Lookup("_text")
+	linkText := f.Section(".text").Addr // vmlinux is linked at _text == .text
+	r := &fileText{base: runtimeText.Addr + (text.Addr - linkText), bytes: data}
+
+	var st cfg.Stats
+	var ms runtime.MemStats
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		st, err = cfg.AnalyzeKernel(ctx, r, syms, cfg.AnalyzeOptions{Relocatable: codegen.CheckRelocatable})
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	runtime.ReadMemStats(&ms)
+	b.ReportMetric(float64(st.Instructions), "insns")
+	b.ReportMetric(float64(st.InstructionBytes)/1e6, "MB")
+	b.ReportMetric(float64(ms.Sys)/(1<<20), "MiB-sys")
+
+	if _, err := exec.LookPath("objdump"); err == nil {
+		t0 := time.Now()
+		cmd := exec.Command("objdump", "-d", "-j", ".text", vmlinux)
+		cmd.Stdout = nil
+		if err := cmd.Run(); err == nil {
+			b.ReportMetric(time.Since(t0).Seconds(), "objdump-s")
+		}
+	}
+	b.Logf("%d functions, %d blocks, %d instructions (%d bytes); %d unreadable (module or init text)",
+		st.Functions, st.BasicBlocks, st.Instructions, st.InstructionBytes, st.Unreadable)
+}
