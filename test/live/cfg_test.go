@@ -128,3 +128,46 @@ func TestCFGStats(t *testing.T) {
 		t.Errorf("no progress shown on stderr: %q", errs)
 	}
 }
+
+// TestCFGJSONInterface checks the documented shape of `kinst cfg FUNC
+// --json`, and that liveness at filename_lookup's entry follows its BTF
+// prototype: five arguments (dfd, name, flags, path, root) live, R9 not.
+func TestCFGJSONInterface(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	out := gsh(t, ctx, "kinst cfg filename_lookup --json")
+	var g struct {
+		Blocks []struct {
+			Instructions []map[string]any `json:"instructions"`
+		} `json:"blocks"`
+	}
+	if err := json.Unmarshal([]byte(out), &g); err != nil || len(g.Blocks) == 0 {
+		t.Fatalf("cfg --json: %v\n%.500s", err, out)
+	}
+	first := g.Blocks[0].Instructions
+	for _, in := range first {
+		for _, k := range []string{"address", "length", "text", "live_in", "splice_class"} {
+			if _, ok := in[k]; !ok {
+				t.Fatalf("instruction %v lacks %q", in, k)
+			}
+		}
+		if a, _ := in["address"].(string); !strings.HasPrefix(a, "0x") {
+			t.Fatalf("address %v is not a 0x… string", in["address"])
+		}
+	}
+	// The first instruction after the ftrace site.
+	live := map[string]bool{}
+	for _, r := range first[1]["live_in"].([]any) {
+		live[r.(string)] = true
+	}
+	for _, r := range []string{"RDI", "RSI", "RDX", "RCX", "R8", "RSP", "RBX", "RBP", "R12"} {
+		if !live[r] {
+			t.Errorf("%s not live at filename_lookup's entry: %v", r, live)
+		}
+	}
+	for _, r := range []string{"R9", "R10", "R11", "RAX", "ZF"} {
+		if live[r] {
+			t.Errorf("%s live at filename_lookup's entry, but the prototype has five arguments: %v", r, live)
+		}
+	}
+}
