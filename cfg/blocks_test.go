@@ -39,13 +39,16 @@ func assemble(t *testing.T, name string) ([]byte, map[string]uint64) {
 	return text, m
 }
 
-func TestBlocks(t *testing.T) {
-	text, syms := assemble(t, "blocks")
+// assembleFunction decodes function f of testdata/NAME.s (it ends where
+// g begins) and names the fixture's symbols.
+func assembleFunction(t *testing.T, name string) (*Function, NameAt) {
+	t.Helper()
+	text, syms := assemble(t, name)
 	fn, err := Decode("f", "", 0, text[:syms["g"]])
 	if err != nil {
 		t.Fatal(err)
 	}
-	names := func(a uint64) (string, bool) {
+	return fn, func(a uint64) (string, bool) {
 		for n, v := range syms {
 			if v == a {
 				return n, true
@@ -53,6 +56,10 @@ func TestBlocks(t *testing.T) {
 		}
 		return "", false
 	}
+}
+
+func TestBlocks(t *testing.T) {
+	fn, names := assembleFunction(t, "blocks")
 	blocks := fn.Blocks(names)
 	// One line per block: first instruction, exit, successors, padding.
 	var got []string

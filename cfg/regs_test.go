@@ -5,19 +5,7 @@ import (
 )
 
 func TestLiveness(t *testing.T) {
-	text, syms := assemble(t, "live")
-	fn, err := Decode("f", "", 0, text[:syms["g"]])
-	if err != nil {
-		t.Fatal(err)
-	}
-	names := func(a uint64) (string, bool) {
-		for n, v := range syms {
-			if v == a {
-				return n, true
-			}
-		}
-		return "", false
-	}
+	fn, names := assembleFunction(t, "live")
 	blocks := fn.Blocks(names)
 	lv := fn.Live(blocks, names, nil)
 	before := func(off uint64) LiveSet {

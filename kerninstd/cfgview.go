@@ -2,7 +2,6 @@ package kerninstd
 
 import (
 	"encoding/hex"
-	"errors"
 	"fmt"
 
 	"github.com/kinst/kinst/cfg"
@@ -17,13 +16,7 @@ func (d *Daemon) FunctionCFG(name string) (CFG, error) {
 	if err != nil || p.HasOffset {
 		return CFG{}, badRequest(fmt.Errorf("cfg: want a function name, got %q", name))
 	}
-	syms := d.symbols()
-	sym, _, err := syms.Lookup(p.Function)
-	if errors.Is(err, cfg.ErrUnknownFunction) {
-		if syms, err = d.reloadSymbols(); err == nil {
-			sym, _, err = syms.Lookup(p.Function)
-		}
-	}
+	syms, sym, _, err := d.lookup(p.Function)
 	if err != nil {
 		return CFG{}, err
 	}

@@ -59,6 +59,19 @@ func (s *site) resolved() Resolved {
 // instruction a direct splice can take.
 var ErrNoEntryInstruction = errors.New("no spliceable instruction in the entry block")
 
+// lookup finds a function by name, reloading kallsyms once if it is not
+// there: a module may have been loaded since the last snapshot.
+func (d *Daemon) lookup(name string) (*cfg.Symbols, cfg.Symbol, int, error) {
+	syms := d.symbols()
+	sym, amb, err := syms.Lookup(name)
+	if errors.Is(err, cfg.ErrUnknownFunction) {
+		if syms, err = d.reloadSymbols(); err == nil {
+			sym, amb, err = syms.Lookup(name)
+		}
+	}
+	return syms, sym, amb, err
+}
+
 // resolve maps a point to one instruction of the live kernel and checks
 // that it may be spliced. It changes nothing.
 func (d *Daemon) resolve(spec string) (*site, error) {
@@ -66,14 +79,7 @@ func (d *Daemon) resolve(spec string) (*site, error) {
 	if err != nil {
 		return nil, badRequest(err)
 	}
-	syms := d.symbols()
-	sym, amb, err := syms.Lookup(p.Function)
-	if errors.Is(err, cfg.ErrUnknownFunction) {
-		// A module may have been loaded since the last snapshot.
-		if syms, err = d.reloadSymbols(); err == nil {
-			sym, amb, err = syms.Lookup(p.Function)
-		}
-	}
+	syms, sym, amb, err := d.lookup(p.Function)
 	if err != nil {
 		return nil, err
 	}
