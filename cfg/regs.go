@@ -30,9 +30,10 @@ const (
 	regR15
 
 	allRegs  LiveSet = 0xffff
-	flagBits LiveSet = LiveSet(AllFlags) << 16
+	// FlagBits is every arithmetic flag, as a LiveSet.
+	FlagBits LiveSet = LiveSet(AllFlags) << 16
 	// Everything: what unknown semantics are assumed to read.
-	allLive = allRegs | flagBits
+	allLive = allRegs | FlagBits
 )
 
 // SysV / kernel ABI sets.
@@ -397,4 +398,71 @@ func (lv *Liveness) Before(b, i int) LiveSet {
 		live = u | (live &^ d)
 	}
 	return live
+}
+
+// Clobbers returns what the instruction sequence code (placed at addr)
+// overwrites that was not saved and restored within it: the writes of a
+// patch's instrumentation before it runs the relocated original. A
+// pushfq … popfq pair restores the flags; push/pop of a register restores
+// it. Instructions it does not understand clobber everything.
+func Clobbers(code []byte, addr uint64) (LiveSet, error) {
+	fn, err := Decode("patch", "", addr, code)
+	if err != nil {
+		return 0, err
+	}
+	if fn.Truncated {
+		return allLive, nil
+	}
+	var clobbered, savedFlags LiveSet
+	var stack []LiveSet // registers pushed, innermost last
+	for i := range fn.Insns {
+		in := &fn.Insns[i]
+		switch in.Inst.Op {
+		case x86asm.PUSHFQ, x86asm.PUSHF:
+			savedFlags = clobbered & FlagBits
+			continue
+		case x86asm.POPFQ, x86asm.POPF:
+			clobbered = clobbered&^FlagBits | savedFlags
+			continue
+		case x86asm.PUSH:
+			if r, ok := in.Inst.Args[0].(x86asm.Reg); ok {
+				b, _, _ := gpr(r)
+				stack = append(stack, b)
+				continue
+			}
+		case x86asm.POP:
+			if r, ok := in.Inst.Args[0].(x86asm.Reg); ok && len(stack) > 0 {
+				b, _, _ := gpr(r)
+				if stack[len(stack)-1] == b {
+					stack = stack[:len(stack)-1]
+					clobbered &^= b
+					continue
+				}
+			}
+		}
+		u, d := useDef(in, nil, nil)
+		if u == allLive && d == 0 && in.Inst.Op != x86asm.NOP {
+			return allLive, nil // not understood
+		}
+		// A partial register write reads and writes it: count the write.
+		clobbered |= d | writesOf(in)
+	}
+	return clobbered, nil
+}
+
+// writesOf adds the registers an instruction writes only in part (8/16-
+// bit destinations), which useDef reports as uses.
+func writesOf(in *Instruction) LiveSet {
+	if in.Inst.Args[0] == nil {
+		return 0
+	}
+	kind, ok := opKinds[in.Inst.Op]
+	if !ok || kind == opRead || kind == opNop {
+		return 0
+	}
+	if r, ok := in.Inst.Args[0].(x86asm.Reg); ok {
+		b, _, _ := gpr(r)
+		return b
+	}
+	return 0
 }

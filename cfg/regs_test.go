@@ -27,15 +27,15 @@ func TestLiveness(t *testing.T) {
 		live, dead LiveSet
 	}{
 		// Entry: the arguments the function reads, callee-saved rbx.
-		{0x5, regRDI | regRSI | regRBX | regRSP, regRAX | flagBits},
+		{0x5, regRDI | regRSI | regRBX | regRSP, regRAX | FlagBits},
 		// After mov %rdi,%rbx: rbx live; rdi stays live only because
 		// the call below is assumed to read every argument register
 		// (no prototype known).
 		{0x9, regRBX | regRSI | regRDI, regRAX},
 		// Before cmp: flags dead (cmp writes them).
-		{0xb, regRSI, flagBits},
+		{0xb, regRSI, FlagBits},
 		// Between cmp and jne: flags live (the splice-point case).
-		{0xe, flagBits, regRCX},
+		{0xe, FlagBits, regRCX},
 		// Before the call: rax live (added after it? no: the call
 		// clobbers it), so rax dead here; rbx live across the call.
 		{0x15, regRBX | regRSP, regRAX},
@@ -62,5 +62,25 @@ func TestUseDefUnknownIsConservative(t *testing.T) {
 	u, d := useDef(&f.Insns[0], nil, nil)
 	if u != allLive || d != 0 {
 		t.Errorf("cpuid: use %v def %v; unknown semantics must read everything", u, d)
+	}
+}
+
+func TestClobbers(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		code []byte
+		want LiveSet
+	}{
+		{"pushfq; lock incq; popfq", []byte{0x9c, 0xf0, 0x48, 0xff, 0x05, 0, 0, 0, 0, 0x9d}, 0},
+		{"lock incq", []byte{0xf0, 0x48, 0xff, 0x05, 0, 0, 0, 0}, flags(AllFlags &^ CF)},
+		{"push rax; mov $1,%eax; pop rax", []byte{0x50, 0xb8, 1, 0, 0, 0, 0x58}, 0},
+		{"mov $1,%eax", []byte{0xb8, 1, 0, 0, 0}, regRAX},
+		{"mov $1,%al", []byte{0xb0, 1}, regRAX},
+		{"cpuid", []byte{0x0f, 0xa2}, allLive},
+	} {
+		got, err := Clobbers(tc.code, 0xffffffffc0000000)
+		if err != nil || got != tc.want {
+			t.Errorf("%s: clobbers %v (%v), want %v", tc.name, got, err, tc.want)
+		}
 	}
 }

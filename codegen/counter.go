@@ -36,3 +36,12 @@ func CounterPatch(patchAddr uint64, site Site, counter uint64, saveFlags bool) (
 	}
 	return append(b, r...), nil
 }
+
+// CounterPrefixLen is the length of a counter patch's instrumentation,
+// before the relocated instruction.
+func CounterPrefixLen(saveFlags bool) int {
+	if saveFlags {
+		return 1 + lenLockInc + 1
+	}
+	return lenLockInc
+}

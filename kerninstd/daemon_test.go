@@ -259,3 +259,21 @@ func TestFunctionCFG(t *testing.T) {
 		t.Errorf("unknown function: %v", err)
 	}
 }
+
+func TestCheckClobbers(t *testing.T) {
+	site := codegen.Site{Addr: textAddr + 0x0b, Bytes: text[0x0b:0x12]}
+	flagsLive := cfg.FlagBits
+	for _, save := range []bool{false, true} {
+		code, err := codegen.CounterPatch(0xffffffffc0000000, site, 0xffffffffc0100000, save)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = checkClobbers(code[:codegen.CounterPrefixLen(save)], 0xffffffffc0000000, flagsLive)
+		if save && err != nil {
+			t.Errorf("flags saved: %v", err)
+		}
+		if !save && !errors.Is(err, ErrClobber) {
+			t.Errorf("flags not saved where live: %v, want ErrClobber", err)
+		}
+	}
+}

@@ -25,11 +25,15 @@ type site struct {
 	fn    *cfg.Function
 	index int
 	amb   int
-	// flagsLive: a patch here must preserve RFLAGS. Set when either the
-	// forward scan or the block data-flow says a flag may be live, so a
-	// mistake in one analysis alone cannot corrupt the kernel.
-	flagsLive bool
+	// live: registers and flags that may be live before the instruction.
+	// Flags count as live when either the forward scan or the block
+	// data-flow says so, so a mistake in one analysis alone cannot
+	// corrupt the kernel.
+	live cfg.LiveSet
 }
+
+// flagsLive: a patch here must preserve RFLAGS.
+func (s *site) flagsLive() bool { return s.live.Flags() != 0 }
 
 func (s *site) insn() *cfg.Instruction { return &s.fn.Insns[s.index] }
 
@@ -49,7 +53,7 @@ func (s *site) resolved() Resolved {
 		Bytes:       hex.EncodeToString(in.Bytes),
 		Instruction: in.String(),
 		SpliceClass: springboard.Classify(in.Len()).String(),
-		FlagsLive:   s.flagsLive,
+		FlagsLive:   s.flagsLive(),
 		Classic:     s.point.Classic,
 		Ambiguous:   s.amb,
 	}
@@ -102,7 +106,10 @@ func (d *Daemon) resolve(spec string) (*site, error) {
 	if springboard.Classify(in.Len()) != springboard.Direct {
 		return nil, &springboard.TooShortError{Addr: in.Addr, Len: in.Len(), Where: s.where(), Text: in.String()}
 	}
-	s.flagsLive = fn.FlagsLive(s.index) || dataflowLive(syms, d.prototypes(), fn, s.index).Flags() != 0
+	s.live = dataflowLive(syms, d.prototypes(), fn, s.index)
+	if fn.FlagsLive(s.index) {
+		s.live |= cfg.FlagBits
+	}
 	return s, nil
 }
 
@@ -210,7 +217,7 @@ func (d *Daemon) attachCounter(s *site) (*probe, error) {
 func buildCounterPatch(patch uint64, s *site, counter uint64) ([]byte, error) {
 	in := s.insn()
 	cs := codegen.Site{Addr: in.Addr, Bytes: in.Bytes}
-	saveFlags := s.flagsLive
+	saveFlags := s.flagsLive()
 	code, err := codegen.CounterPatch(patch, cs, counter, saveFlags)
 	if err != nil {
 		return nil, err
@@ -218,7 +225,27 @@ func buildCounterPatch(patch uint64, s *site, counter uint64) ([]byte, error) {
 	if err := codegen.Verify(code, patch, cs, counter, saveFlags); err != nil {
 		return nil, err
 	}
+	if err := checkClobbers(code[:codegen.CounterPrefixLen(saveFlags)], patch, s.live); err != nil {
+		return nil, err
+	}
 	return code, nil
+}
+
+// ErrClobber is matched by errors from checkClobbers.
+var ErrClobber = errors.New("patch would clobber live state")
+
+// checkClobbers decodes a patch's instrumentation back and refuses it if
+// it overwrites, without restoring, a register or flag live at the site:
+// the last line of defence against a code generator bug.
+func checkClobbers(prefix []byte, addr uint64, live cfg.LiveSet) error {
+	c, err := cfg.Clobbers(prefix, addr)
+	if err != nil {
+		return err
+	}
+	if bad := c & live; bad != 0 {
+		return fmt.Errorf("%w: %v (a code generator bug; nothing was spliced)", ErrClobber, bad)
+	}
+	return nil
 }
 
 // detach removes a probe: restore the text, then free the patch (the
