@@ -29,7 +29,7 @@ const (
 	regR14
 	regR15
 
-	allRegs  LiveSet = 0xffff
+	allRegs LiveSet = 0xffff
 	// FlagBits is every arithmetic flag, as a LiveSet.
 	FlagBits LiveSet = LiveSet(AllFlags) << 16
 	// Everything: what unknown semantics are assumed to read.
