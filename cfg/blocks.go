@@ -42,6 +42,9 @@ const (
 	// retpoline thunk, that this analysis does not resolve (jump tables
 	// come later; a retpoline kernel is built with -fno-jump-tables).
 	IndirectJump
+	// NoReturnCall: a call to a function that never returns (found by
+	// AnalyzeKernel, not from a list).
+	NoReturnCall
 	// Trap: int3 — control does not continue. (ud2 is not one: WARN()
 	// resumes after its ud2; BUG() does not, but telling them apart needs
 	// __bug_table.)
@@ -49,7 +52,7 @@ const (
 )
 
 func (k ExitKind) String() string {
-	return [...]string{"", "return", "tail-call", "indirect-jump", "trap"}[k]
+	return [...]string{"", "return", "tail-call", "indirect-jump", "noreturn-call", "trap"}[k]
 }
 
 // Block is a basic block: a run of instructions entered only at the top
@@ -88,9 +91,16 @@ func IsIndirectThunk(name string) bool {
 	return strings.HasPrefix(name, "__x86_indirect_thunk_") || strings.HasPrefix(name, "__x86_indirect_call_thunk_")
 }
 
+// NoReturn reports whether the function at a call's target never returns.
+type NoReturn func(target uint64) bool
+
 // Blocks splits f into basic blocks. Leaders are the entry, every direct
 // branch target inside f, and every instruction after a block-ending one.
-func (f *Function) Blocks(names NameAt) []Block {
+func (f *Function) Blocks(names NameAt) []Block { return f.BlocksWith(names, nil) }
+
+// BlocksWith is Blocks where calls to functions noReturn names end their
+// block with no successor. noReturn may be nil.
+func (f *Function) BlocksWith(names NameAt, noReturn NoReturn) []Block {
 	leader := map[int]bool{0: true}
 	targets := f.BranchTargets()
 	for i := range f.Insns {
@@ -98,7 +108,7 @@ func (f *Function) Blocks(names NameAt) []Block {
 		if targets[in.Addr] {
 			leader[i] = true
 		}
-		if endsBlock(in) && i+1 < len(f.Insns) {
+		if (endsBlock(in) || isNoReturnCall(in, noReturn)) && i+1 < len(f.Insns) {
 			leader[i+1] = true
 		}
 	}
@@ -127,6 +137,8 @@ func (f *Function) Blocks(names NameAt) []Block {
 			name, _ = names(target)
 		}
 		switch op := last.Inst.Op; {
+		case isNoReturnCall(last, noReturn):
+			b.Exit = NoReturnCall
 		case op == x86asm.RET:
 			b.Exit = Return
 		case op == x86asm.JMP && inside:
@@ -160,6 +172,14 @@ func (f *Function) Blocks(names NameAt) []Block {
 	}
 	markPadding(f, blocks)
 	return blocks
+}
+
+func isNoReturnCall(in *Instruction, noReturn NoReturn) bool {
+	if noReturn == nil || in.Inst.Op != x86asm.CALL {
+		return false
+	}
+	t, ok := BranchTarget(in)
+	return ok && noReturn(t)
 }
 
 // endsBlock: every control transfer but a call.

@@ -164,3 +164,40 @@ func (s *Symbols) Names() NameAt {
 		return sym.Name, ok && off == 0
 	}
 }
+
+// Portable names a function start so that it survives a reboot of the same
+// build: core kernel addresses relative to _text (KASLR moves them
+// together), module functions by module and name.
+func (s *Symbols) Portable(addr uint64) (string, bool) {
+	sym, off, ok := s.At(addr)
+	if !ok || off != 0 {
+		return "", false
+	}
+	if sym.Module != "" {
+		return sym.Module + ":" + sym.Name, true
+	}
+	text, ok := s.marker("_text")
+	if !ok || addr < text {
+		return "", false
+	}
+	return fmt.Sprintf("_text+%#x", addr-text), true
+}
+
+// FromPortable is the inverse of Portable for this boot.
+func (s *Symbols) FromPortable(name string) (uint64, bool) {
+	if off, ok := strings.CutPrefix(name, "_text+"); ok {
+		text, ok := s.marker("_text")
+		v, err := strconv.ParseUint(off, 0, 64)
+		return text + v, ok && err == nil
+	}
+	mod, fn, ok := strings.Cut(name, ":")
+	if !ok {
+		return 0, false
+	}
+	for _, i := range s.byName[fn] {
+		if s.byAddr[i].Module == mod {
+			return s.byAddr[i].Addr, true
+		}
+	}
+	return 0, false
+}

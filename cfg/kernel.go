@@ -27,6 +27,7 @@ type Stats struct {
 	Returns          int            `json:"returns"`
 	Truncated        int            `json:"truncated_functions"` // decoding stopped at an unknown encoding
 	FreedInit        int            `json:"freed_init_functions"`
+	NoReturn         int            `json:"noreturn_functions"` // found by analysis: no path reaches a return
 	Unreadable       int            `json:"unreadable_functions"`
 	SpliceClasses    map[string]int `json:"splice_classes"` // direct, springboard, trap, refused
 	Seconds          float64        `json:"seconds"`
@@ -64,11 +65,17 @@ func (p *prefetchReader) Read(addr uint64, b []byte) error {
 // prefetchChunk is the size of one read of core kernel text.
 const prefetchChunk = 1 << 20
 
+// NoReturnSet holds the start addresses of functions that never return.
+type NoReturnSet map[uint64]bool
+
+// Func adapts the set for BlocksWith.
+func (s NoReturnSet) Func() NoReturn { return func(a uint64) bool { return s[a] } }
+
 // AnalyzeKernel decodes every function of the kernel and its modules from
-// the live text, splits it into blocks, computes block liveness, and
-// returns the census. Functions are analysed in
-// parallel; one function's failure is counted, not fatal.
-func AnalyzeKernel(ctx context.Context, r TextReader, syms *Symbols, o AnalyzeOptions) (Stats, error) {
+// the live text, splits it into blocks, computes block liveness, finds the
+// functions that never return, and returns the census. Functions are
+// analysed in parallel; one function's failure is counted, not fatal.
+func AnalyzeKernel(ctx context.Context, r TextReader, syms *Symbols, o AnalyzeOptions) (Stats, NoReturnSet, error) {
 	start := time.Now()
 	if o.Workers <= 0 {
 		o.Workers = runtime.GOMAXPROCS(0)
@@ -98,6 +105,7 @@ func AnalyzeKernel(ctx context.Context, r TextReader, syms *Symbols, o AnalyzeOp
 		}
 	}
 	st := Stats{Modules: len(modules), SpliceClasses: map[string]int{}}
+	sums := make(map[uint64]*summary, len(fns))
 	var mu sync.Mutex
 	var done atomic.Int64
 	work := make(chan Symbol, 256)
@@ -107,14 +115,20 @@ func AnalyzeKernel(ctx context.Context, r TextReader, syms *Symbols, o AnalyzeOp
 		go func() {
 			defer wg.Done()
 			local := Stats{SpliceClasses: map[string]int{}}
+			localSums := map[uint64]*summary{}
 			for s := range work {
-				analyzeOne(r, syms, s, o, &local)
+				if sum := analyzeOne(r, syms, s, o, &local); sum != nil {
+					localSums[s.Addr] = sum
+				}
 				if n := done.Add(1); o.Progress != nil && n%2000 == 0 {
 					o.Progress(int(n), len(fns))
 				}
 			}
 			mu.Lock()
 			st.add(&local)
+			for a, sum := range localSums {
+				sums[a] = sum
+			}
 			mu.Unlock()
 		}()
 	}
@@ -129,20 +143,105 @@ func AnalyzeKernel(ctx context.Context, r TextReader, syms *Symbols, o AnalyzeOp
 	if o.Progress != nil {
 		o.Progress(int(done.Load()), len(fns))
 	}
+	noret := noReturnFunctions(sums)
+	st.NoReturn = len(noret)
 	st.Seconds = time.Since(start).Seconds()
-	return st, ctx.Err()
+	return st, noret, ctx.Err()
 }
 
-func analyzeOne(r TextReader, syms *Symbols, s Symbol, o AnalyzeOptions, st *Stats) {
+// summary is what the no-return analysis needs of a function.
+type summary struct {
+	blocks []summaryBlock
+}
+
+type summaryBlock struct {
+	calls []uint64 // direct call targets, in order
+	succs []int
+	exit  ExitKind
+	tail  uint64 // tail-call target
+}
+
+// noReturnFunctions finds the functions from which no path reaches a
+// return: the least fixed point of "returns", starting from none. A path
+// is cut by a call to a function not (yet) known to return; a tail call
+// returns if its target does; an indirect jump, a call or tail call out of
+// the analysed set, or falling off the end counts as returning.
+func noReturnFunctions(sums map[uint64]*summary) NoReturnSet {
+	returns := make(map[uint64]bool, len(sums))
+	known := func(a uint64) bool { _, ok := sums[a]; return ok }
+	cut := func(a uint64) bool { return known(a) && !returns[a] }
+	for changed := true; changed; {
+		changed = false
+		for a, sum := range sums {
+			if returns[a] || len(sum.blocks) == 0 {
+				continue
+			}
+			if reachesReturn(sum, cut) {
+				returns[a] = true
+				changed = true
+			}
+		}
+	}
+	nr := NoReturnSet{}
+	for a := range sums {
+		if !returns[a] {
+			nr[a] = true
+		}
+	}
+	return nr
+}
+
+func reachesReturn(sum *summary, cut func(uint64) bool) bool {
+	seen := make([]bool, len(sum.blocks))
+	work := []int{0}
+	seen[0] = true
+	for len(work) > 0 {
+		b := &sum.blocks[work[len(work)-1]]
+		work = work[:len(work)-1]
+		stopped := false
+		for _, c := range b.calls {
+			if cut(c) {
+				stopped = true
+				break
+			}
+		}
+		if stopped {
+			continue
+		}
+		switch b.exit {
+		case Return, IndirectJump:
+			return true
+		case TailCall:
+			if !cut(b.tail) {
+				return true
+			}
+			continue
+		case Trap:
+			continue
+		}
+		if len(b.succs) == 0 {
+			return true // fell off what was decoded: assume it returns
+		}
+		for _, s := range b.succs {
+			if !seen[s] {
+				seen[s] = true
+				work = append(work, s)
+			}
+		}
+	}
+	return false
+}
+
+func analyzeOne(r TextReader, syms *Symbols, s Symbol, o AnalyzeOptions, st *Stats) *summary {
 	fn, err := ReadFunction(r, syms, s)
 	switch {
 	case err == nil:
 	case errors.Is(err, ErrFreedInit):
 		st.FreedInit++
-		return
+		return nil
 	default:
 		st.Unreadable++
-		return
+		return nil
 	}
 	st.Functions++
 	if fn.Truncated {
@@ -154,6 +253,24 @@ func analyzeOne(r TextReader, syms *Symbols, s Symbol, o AnalyzeOptions, st *Sta
 	// Liveness is part of the analysis (its block live-in sets are what
 	// splicing consults), so the census pays for it too.
 	fn.Live(blocks, names, o.Prototypes)
+	sum := &summary{blocks: make([]summaryBlock, len(blocks))}
+	for bi, b := range blocks {
+		sb := &sum.blocks[bi]
+		sb.exit = b.Exit
+		for _, e := range b.Succs {
+			sb.succs = append(sb.succs, e.To)
+		}
+		for i := b.First; i < b.First+b.N; i++ {
+			if in := &fn.Insns[i]; in.Inst.Op == x86asm.CALL {
+				if t, ok := BranchTarget(in); ok {
+					sb.calls = append(sb.calls, t)
+				}
+			}
+		}
+		if b.Exit == TailCall {
+			sb.tail, _ = BranchTarget(b.Last(fn))
+		}
+	}
 	for _, b := range blocks {
 		n := 0
 		for i := b.First; i < b.First+b.N; i++ {
@@ -184,6 +301,7 @@ func analyzeOne(r TextReader, syms *Symbols, s Symbol, o AnalyzeOptions, st *Sta
 			st.SpliceClasses[class]++
 		}
 	}
+	return sum
 }
 
 // classOf mirrors springboard.Classify, which cfg cannot import.

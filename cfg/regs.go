@@ -333,6 +333,10 @@ func (lv *Liveness) exitUses(b *Block) LiveSet {
 	switch b.Exit {
 	case Return:
 		return lv.protos.retSet(lv.fn.Name) | calleeSaved | regRSP
+	case NoReturnCall:
+		// The call itself (the block's last instruction) reads its
+		// arguments; nothing after it runs.
+		return 0
 	case TailCall:
 		args := argRegs
 		if t, ok := BranchTarget(b.Last(lv.fn)); ok && lv.names != nil {

@@ -24,6 +24,11 @@ type Config struct {
 	// Prototypes loads function prototypes (cfg.LoadKernelPrototypes);
 	// nil: none.
 	Prototypes func() (cfg.Prototypes, error)
+	// CacheDir keeps the whole-kernel analysis across restarts; "" off.
+	CacheDir string
+	// Notes and Modules identify the kernel build and module set for the
+	// cache (default /sys/kernel/notes and /proc/modules).
+	Notes, Modules string
 }
 
 // Daemon owns the device and every session.
@@ -40,6 +45,12 @@ type Daemon struct {
 
 	protoOnce sync.Once
 	protoMap  cfg.Prototypes // from kernel BTF; nil (conservative) if unavailable
+
+	cacheDir, notesPath, modulesPath string
+
+	anMu  sync.Mutex      // protects noret and stats
+	noret cfg.NoReturnSet // from the whole-kernel analysis; nil until it ran
+	stats *cfg.Stats      // its census
 
 	mu       sync.Mutex          // serialises every change to the kernel; protects the fields below
 	sessions map[string]*session // by ID
@@ -58,21 +69,30 @@ type session struct {
 // New loads the symbol table and returns a daemon ready to serve.
 func New(c Config) (*Daemon, error) {
 	d := &Daemon{
-		dev:        c.Device,
-		log:        c.Log,
-		kallsyms:   c.Kallsyms,
-		release:    c.Release,
-		info:       c.Info,
-		loadProtos: c.Prototypes,
-		sessions:   make(map[string]*session),
-		spliced:    make(map[uint64]string),
-		slots:      slotAllocator{n: c.Device.NumCounters(), used: make(map[int]bool)},
+		dev:         c.Device,
+		log:         c.Log,
+		kallsyms:    c.Kallsyms,
+		release:     c.Release,
+		info:        c.Info,
+		loadProtos:  c.Prototypes,
+		cacheDir:    c.CacheDir,
+		notesPath:   c.Notes,
+		modulesPath: c.Modules,
+		sessions:    make(map[string]*session),
+		spliced:     make(map[uint64]string),
+		slots:       slotAllocator{n: c.Device.NumCounters(), used: make(map[int]bool)},
 	}
 	if d.log == nil {
 		d.log = slog.Default()
 	}
 	if d.kallsyms == "" {
 		d.kallsyms = "/proc/kallsyms"
+	}
+	if d.notesPath == "" {
+		d.notesPath = "/sys/kernel/notes"
+	}
+	if d.modulesPath == "" {
+		d.modulesPath = "/proc/modules"
 	}
 	if d.release == "" {
 		b, _ := os.ReadFile("/proc/sys/kernel/osrelease")

@@ -277,3 +277,54 @@ func TestCheckClobbers(t *testing.T) {
 		}
 	}
 }
+
+// gnuNote is an ELF note holding a GNU build id, as /sys/kernel/notes has.
+func gnuNote(id []byte) []byte {
+	var b []byte
+	le := func(v uint32) { b = append(b, byte(v), byte(v>>8), byte(v>>16), byte(v>>24)) }
+	// A Xen note first, to be skipped.
+	le(4)
+	le(4)
+	le(1)
+	b = append(b, "Xen\x00"...)
+	b = append(b, 1, 2, 3, 4)
+	le(4)
+	le(uint32(len(id)))
+	le(3)
+	b = append(b, "GNU\x00"...)
+	return append(b, id...)
+}
+
+func TestAnalysisCache(t *testing.T) {
+	dir := t.TempDir()
+	notes := filepath.Join(dir, "notes")
+	os.WriteFile(notes, gnuNote([]byte{0xde, 0xad, 0xbe, 0xef}), 0o600)
+	mods := filepath.Join(dir, "modules")
+	os.WriteFile(mods, []byte("virtio_net 57344 0 - Live 0xffffffffc0000000\n"), 0o600)
+	if id, err := buildID(gnuNote([]byte{1, 2})); err != nil || id != "0102" {
+		t.Fatalf("buildID = %q, %v", id, err)
+	}
+
+	d, _ := newTestDaemon(t)
+	d.cacheDir, d.notesPath, d.modulesPath = filepath.Join(dir, "cache"), notes, mods
+	d.Prepare(context.Background(), true)
+	if d.stats == nil || d.stats.Functions == 0 {
+		t.Fatalf("Prepare computed no census: %+v", d.stats)
+	}
+	files, _ := filepath.Glob(filepath.Join(dir, "cache", "analysis-deadbeef-*.json"))
+	if len(files) != 1 {
+		t.Fatalf("cache files: %v", files)
+	}
+	// A restarted daemon loads it instead of analysing again.
+	d2, _ := newTestDaemon(t)
+	d2.cacheDir, d2.notesPath, d2.modulesPath = d.cacheDir, notes, mods
+	st, ok, err := d2.loadAnalysis()
+	if err != nil || !ok || st.Functions != d.stats.Functions {
+		t.Errorf("loadAnalysis = %+v, %v, %v", st, ok, err)
+	}
+	// Another module set is another cache entry.
+	os.WriteFile(mods, []byte("virtio_net 1 0 - Live 0x0\nnf_tables 1 0 - Live 0x0\n"), 0o600)
+	if _, ok, _ := d2.loadAnalysis(); ok {
+		t.Error("cache hit for a different module set")
+	}
+}

@@ -106,7 +106,7 @@ func (d *Daemon) resolve(spec string) (*site, error) {
 	if springboard.Classify(in.Len()) != springboard.Direct {
 		return nil, &springboard.TooShortError{Addr: in.Addr, Len: in.Len(), Where: s.where(), Text: in.String()}
 	}
-	s.live = dataflowLive(syms, d.prototypes(), fn, s.index)
+	s.live = d.dataflowLive(syms, fn, s.index)
 	if fn.FlagsLive(s.index) {
 		s.live |= cfg.FlagBits
 	}
@@ -115,9 +115,10 @@ func (d *Daemon) resolve(spec string) (*site, error) {
 
 // dataflowLive is what the block data-flow says is live before
 // instruction i of fn.
-func dataflowLive(syms *cfg.Symbols, protos cfg.Prototypes, fn *cfg.Function, i int) cfg.LiveSet {
+func (d *Daemon) dataflowLive(syms *cfg.Symbols, fn *cfg.Function, i int) cfg.LiveSet {
+	protos := d.prototypes()
 	names := syms.Names()
-	blocks := fn.Blocks(names)
+	blocks := fn.BlocksWith(names, d.noReturn())
 	lv := fn.Live(blocks, names, protos)
 	for _, b := range blocks {
 		if i >= b.First && i < b.First+b.N {

@@ -5,7 +5,6 @@ import (
 	"net/http"
 
 	"github.com/kinst/kinst/cfg"
-	"github.com/kinst/kinst/codegen"
 )
 
 // StatsEvent is one line of GET /v1/cfg/stats: progress while the whole
@@ -17,8 +16,9 @@ type StatsEvent struct {
 	Error string     `json:"error,omitempty"`
 }
 
-// serveStats analyses every function of the live kernel and its modules,
-// streaming progress as NDJSON.
+// serveStats returns the whole-kernel census: the one computed at start-up
+// or loaded from the cache, or (with ?fresh=1, or if there is none yet) a
+// new analysis, streaming progress as NDJSON.
 func (d *Daemon) serveStats(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
@@ -30,9 +30,11 @@ func (d *Daemon) serveStats(w http.ResponseWriter, r *http.Request) {
 			fl.Flush()
 		}
 	}
-	syms, err := d.reloadSymbols()
-	if err != nil {
-		send(StatsEvent{Error: err.Error()})
+	d.anMu.Lock()
+	cached := d.stats
+	d.anMu.Unlock()
+	if cached != nil && r.URL.Query().Get("fresh") == "" {
+		send(StatsEvent{Stats: cached})
 		return
 	}
 	progress := make(chan StatsEvent, 1)
@@ -43,16 +45,11 @@ func (d *Daemon) serveStats(w http.ResponseWriter, r *http.Request) {
 			send(ev)
 		}
 	}()
-	st, err := cfg.AnalyzeKernel(r.Context(), d.dev, syms, cfg.AnalyzeOptions{
-		DriverModule: DriverModule,
-		Relocatable:  codegen.CheckRelocatable,
-		Prototypes:   d.prototypes(),
-		Progress: func(n, total int) {
-			select {
-			case progress <- StatsEvent{Done: n, Total: total}:
-			default: // the client is slow; skip a tick
-			}
-		},
+	st, err := d.analyze(r.Context(), 0, func(n, total int) {
+		select {
+		case progress <- StatsEvent{Done: n, Total: total}:
+		default: // the client is slow; skip a tick
+		}
 	})
 	close(progress)
 	<-done
@@ -60,5 +57,6 @@ func (d *Daemon) serveStats(w http.ResponseWriter, r *http.Request) {
 		send(StatsEvent{Error: err.Error()})
 		return
 	}
+	d.setStats(st)
 	send(StatsEvent{Stats: &st})
 }

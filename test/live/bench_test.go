@@ -72,7 +72,7 @@ func BenchmarkAnalyzeKernel(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		st, err = cfg.AnalyzeKernel(ctx, r, syms, cfg.AnalyzeOptions{Relocatable: codegen.CheckRelocatable})
+		st, _, err = cfg.AnalyzeKernel(ctx, r, syms, cfg.AnalyzeOptions{Relocatable: codegen.CheckRelocatable})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -1,0 +1,219 @@
+package kerninstd
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/codegen"
+)
+
+// kernelAnalysis is what the whole-kernel pass produces: the census and
+// the functions that never return. It is persisted per kernel build and
+// module set, so a restarted kerninstd does not redo it. Per-function
+// blocks and liveness are not stored: they are recomputed on demand in
+// well under a millisecond from the live bytes.
+type kernelAnalysis struct {
+	Key      string    `json:"key"`
+	Created  time.Time `json:"created"`
+	Stats    cfg.Stats `json:"stats"`
+	NoReturn []string  `json:"noreturn"` // "sym+0xoff" of the function starts, core kernel relative to _text, or "module:name"
+}
+
+// analysisKey identifies the kernel build (GNU build id from
+// /sys/kernel/notes) and the set of loaded modules.
+func analysisKey(notes, modules string) (string, error) {
+	b, err := os.ReadFile(notes)
+	if err != nil {
+		return "", err
+	}
+	id, err := buildID(b)
+	if err != nil {
+		return "", err
+	}
+	var mods []string
+	if f, err := os.Open(modules); err == nil {
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if fields := strings.Fields(sc.Text()); len(fields) > 0 {
+				mods = append(mods, fields[0])
+			}
+		}
+		f.Close()
+	}
+	sort.Strings(mods)
+	h := sha256.Sum256([]byte(strings.Join(mods, ",")))
+	return id + "-" + hex.EncodeToString(h[:6]), nil
+}
+
+// buildID finds the NT_GNU_BUILD_ID note in raw ELF notes.
+func buildID(notes []byte) (string, error) {
+	for len(notes) >= 12 {
+		namesz := binary.LittleEndian.Uint32(notes[0:])
+		descsz := binary.LittleEndian.Uint32(notes[4:])
+		typ := binary.LittleEndian.Uint32(notes[8:])
+		off := 12
+		nameEnd := off + int(namesz)
+		descOff := off + int((namesz+3)&^3)
+		descEnd := descOff + int(descsz)
+		if nameEnd > len(notes) || descEnd > len(notes) {
+			break
+		}
+		if typ == 3 && bytes.Equal(bytes.TrimRight(notes[off:nameEnd], "\x00"), []byte("GNU")) {
+			return hex.EncodeToString(notes[descOff:descEnd]), nil
+		}
+		notes = notes[min(len(notes), descOff+int((descsz+3)&^3)):]
+	}
+	return "", errors.New("no GNU build id note")
+}
+
+// analyze runs (or loads) the whole-kernel analysis. workers bounds the
+// CPU it takes; progress may be nil.
+func (d *Daemon) analyze(ctx context.Context, workers int, progress func(done, total int)) (cfg.Stats, error) {
+	syms, err := d.reloadSymbols()
+	if err != nil {
+		return cfg.Stats{}, err
+	}
+	st, noret, err := cfg.AnalyzeKernel(ctx, d.dev, syms, cfg.AnalyzeOptions{
+		DriverModule: DriverModule,
+		Relocatable:  codegen.CheckRelocatable,
+		Prototypes:   d.prototypes(),
+		Progress:     progress,
+		Workers:      workers,
+	})
+	if err != nil {
+		return st, err
+	}
+	d.setNoReturn(noret)
+	if d.cacheDir != "" {
+		if err := d.saveAnalysis(syms, st, noret); err != nil {
+			d.log.Warn("analysis cache not saved", "err", err)
+		}
+	}
+	return st, nil
+}
+
+func (d *Daemon) setNoReturn(s cfg.NoReturnSet) {
+	d.anMu.Lock()
+	d.noret = s
+	d.anMu.Unlock()
+}
+
+// noReturn is the current no-return set, or nil before the first
+// analysis (calls then count as returning, which keeps liveness safe).
+func (d *Daemon) noReturn() cfg.NoReturn {
+	d.anMu.Lock()
+	defer d.anMu.Unlock()
+	if d.noret == nil {
+		return nil
+	}
+	return d.noret.Func()
+}
+
+func (d *Daemon) cachePath() (string, error) {
+	key, err := analysisKey(d.notesPath, d.modulesPath)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(d.cacheDir, "analysis-"+key+".json"), nil
+}
+
+func (d *Daemon) saveAnalysis(syms *cfg.Symbols, st cfg.Stats, noret cfg.NoReturnSet) error {
+	path, err := d.cachePath()
+	if err != nil {
+		return err
+	}
+	a := kernelAnalysis{Key: filepath.Base(path), Created: time.Now(), Stats: st}
+	for addr := range noret {
+		if name, ok := syms.Portable(addr); ok {
+			a.NoReturn = append(a.NoReturn, name)
+		}
+	}
+	sort.Strings(a.NoReturn)
+	b, err := json.Marshal(a)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(d.cacheDir, 0o700); err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// loadAnalysis restores a saved analysis for this kernel build and module
+// set; false if there is none.
+func (d *Daemon) loadAnalysis() (cfg.Stats, bool, error) {
+	if d.cacheDir == "" {
+		return cfg.Stats{}, false, nil
+	}
+	path, err := d.cachePath()
+	if err != nil {
+		return cfg.Stats{}, false, err
+	}
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return cfg.Stats{}, false, nil
+	}
+	if err != nil {
+		return cfg.Stats{}, false, err
+	}
+	var a kernelAnalysis
+	if err := json.Unmarshal(b, &a); err != nil {
+		return cfg.Stats{}, false, fmt.Errorf("%s: %w", path, err)
+	}
+	syms := d.symbols()
+	s := cfg.NoReturnSet{}
+	for _, name := range a.NoReturn {
+		if addr, ok := syms.FromPortable(name); ok {
+			s[addr] = true
+		}
+	}
+	d.setNoReturn(s)
+	return a.Stats, true, nil
+}
+
+// Prepare loads the cached whole-kernel analysis, or, if compute is set,
+// computes it (with one worker, so the daemon stays responsive) and saves
+// it. Without it the analysis runs on the first census request.
+func (d *Daemon) Prepare(ctx context.Context, compute bool) {
+	start := time.Now()
+	if st, ok, err := d.loadAnalysis(); err != nil {
+		d.log.Warn("analysis cache unreadable", "err", err)
+	} else if ok {
+		d.setStats(st)
+		d.log.Info("loaded kernel analysis from cache", "noreturn", st.NoReturn, "took", time.Since(start))
+		return
+	}
+	if !compute {
+		return
+	}
+	st, err := d.analyze(ctx, 1, nil)
+	if err != nil {
+		d.log.Warn("kernel analysis failed", "err", err)
+		return
+	}
+	d.setStats(st)
+	d.log.Info("analysed the kernel", "functions", st.Functions, "noreturn", st.NoReturn, "took", time.Since(start))
+}
+
+func (d *Daemon) setStats(st cfg.Stats) {
+	d.anMu.Lock()
+	d.stats = &st
+	d.anMu.Unlock()
+}
