@@ -17,10 +17,12 @@ const (
 	Jump
 	// Taken: a conditional branch taken.
 	Taken
+	// Table: one entry of a resolved jump table.
+	Table
 )
 
 func (k EdgeKind) String() string {
-	return [...]string{"fallthrough", "jump", "taken"}[k]
+	return [...]string{"fallthrough", "jump", "taken", "table"}[k]
 }
 
 // Edge is a control transfer between blocks of one function.
@@ -67,6 +69,9 @@ type Block struct {
 	// Padding blocks are unreachable nops and int3s between functions:
 	// never executed, candidate springboard space.
 	Padding bool
+	// JumpTable is set when the block ends in an indirect jump through a
+	// resolved table; its targets are the block's successors.
+	JumpTable *JumpTable
 }
 
 // Start is the block's first address.
@@ -94,15 +99,42 @@ func IsIndirectThunk(name string) bool {
 // NoReturn reports whether the function at a call's target never returns.
 type NoReturn func(target uint64) bool
 
+// BlockOptions tune how a function is split into blocks. All are optional.
+type BlockOptions struct {
+	Names    NameAt     // names call and jump targets (return thunks, retpolines)
+	NoReturn NoReturn   // calls to these end their block
+	Tables   TextReader // reads jump tables, so indirect jumps through them resolve
+}
+
 // Blocks splits f into basic blocks. Leaders are the entry, every direct
 // branch target inside f, and every instruction after a block-ending one.
-func (f *Function) Blocks(names NameAt) []Block { return f.BlocksWith(names, nil) }
+func (f *Function) Blocks(names NameAt) []Block { return f.BlocksOpt(BlockOptions{Names: names}) }
 
 // BlocksWith is Blocks where calls to functions noReturn names end their
 // block with no successor. noReturn may be nil.
 func (f *Function) BlocksWith(names NameAt, noReturn NoReturn) []Block {
+	return f.BlocksOpt(BlockOptions{Names: names, NoReturn: noReturn})
+}
+
+// BlocksOpt splits f into basic blocks with the given options.
+func (f *Function) BlocksOpt(o BlockOptions) []Block {
+	names, noReturn := o.Names, o.NoReturn
 	leader := map[int]bool{0: true}
 	targets := f.BranchTargets()
+	tables := map[int]JumpTable{}
+	for i := range f.Insns {
+		in := &f.Insns[i]
+		if in.Inst.Op == x86asm.JMP && o.Tables != nil {
+			if _, direct := BranchTarget(in); !direct || regOf(in, names) != 0 {
+				if jt, ok := f.jumpTable(i, o.Tables, names); ok {
+					tables[i] = jt
+					for _, t := range jt.Targets {
+						targets[t] = true
+					}
+				}
+			}
+		}
+	}
 	for i := range f.Insns {
 		in := &f.Insns[i]
 		if targets[in.Addr] {
@@ -135,6 +167,17 @@ func (f *Function) BlocksWith(names NameAt, noReturn NoReturn) []Block {
 		name := ""
 		if direct && !inside && names != nil {
 			name, _ = names(target)
+		}
+		if jt, ok := tables[b.First+b.N-1]; ok {
+			seen := map[int]bool{}
+			for _, t := range jt.Targets {
+				if to := byAddr[t]; !seen[to] {
+					seen[to] = true
+					b.Succs = append(b.Succs, Edge{Table, to})
+				}
+			}
+			b.JumpTable = &jt
+			continue
 		}
 		switch op := last.Inst.Op; {
 		case isNoReturnCall(last, noReturn):

@@ -22,7 +22,7 @@ type Stats struct {
 	InstructionBytes int            `json:"instruction_bytes"`
 	PaddingBytes     int            `json:"padding_bytes"`      // unreachable nop/int3 runs: springboard space
 	UnanalysableJump int            `json:"unanalysable_jumps"` // register/memory jumps left unresolved
-	JumpTables       int            `json:"jump_tables"`        // resolved jump tables (not yet attempted: 0)
+	JumpTables       int            `json:"jump_tables"`        // indirect jumps resolved through a jump table
 	TailCalls        int            `json:"tail_calls"`
 	Returns          int            `json:"returns"`
 	Truncated        int            `json:"truncated_functions"` // decoding stopped at an unknown encoding
@@ -249,7 +249,7 @@ func analyzeOne(r TextReader, syms *Symbols, s Symbol, o AnalyzeOptions, st *Sta
 	}
 	names := syms.Names()
 	fnWhy := syms.FunctionNoSplice(fn, o.DriverModule)
-	blocks := fn.Blocks(names)
+	blocks := fn.BlocksOpt(BlockOptions{Names: names, Tables: r})
 	// Liveness is part of the analysis (its block live-in sets are what
 	// splicing consults), so the census pays for it too.
 	fn.Live(blocks, names, o.Prototypes)
@@ -283,6 +283,9 @@ func analyzeOne(r TextReader, syms *Symbols, s Symbol, o AnalyzeOptions, st *Sta
 		st.BasicBlocks++
 		st.Instructions += b.N
 		st.InstructionBytes += n
+		if b.JumpTable != nil {
+			st.JumpTables++
+		}
 		switch b.Exit {
 		case IndirectJump:
 			st.UnanalysableJump++

@@ -209,12 +209,14 @@ func useDef(in *Instruction, names NameAt, protos Prototypes) (use, def LiveSet)
 	case op == x86asm.RET:
 		return retRegs | calleeSaved | regRSP, 0
 	case op == x86asm.JMP:
-		t, direct := BranchTarget(in)
-		if !direct {
-			return allLive, 0 // unresolved: anything may be read
+		// What happens after the jump (an exit, a table's targets, or
+		// anything at all for an unresolved one) is the block's out set;
+		// the jump itself reads its operand, or a retpoline thunk's
+		// register.
+		if _, direct := BranchTarget(in); !direct {
+			return argUse(args[0]), 0
 		}
-		_ = t
-		return 0, 0 // inside the function, or an exit handled by the block
+		return regOf(in, names), 0
 	case isJcc(op):
 		return flags(AllFlags), 0
 	case op == x86asm.PUSH:

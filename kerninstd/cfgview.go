@@ -26,7 +26,7 @@ func (d *Daemon) FunctionCFG(name string) (CFG, error) {
 	}
 	names := syms.Names()
 	out := CFG{Function: fn.Name, Module: fn.Module, Address: Addr(fn.Addr), Size: fn.End - fn.Addr, Truncated: fn.Truncated}
-	blocks := fn.BlocksWith(names, d.noReturn())
+	blocks := fn.BlocksOpt(cfg.BlockOptions{Names: names, NoReturn: d.noReturn(), Tables: d.dev})
 	protos := d.prototypes()
 	lv := fn.Live(blocks, names, protos)
 	for _, b := range blocks {

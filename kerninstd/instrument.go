@@ -118,7 +118,7 @@ func (d *Daemon) resolve(spec string) (*site, error) {
 func (d *Daemon) dataflowLive(syms *cfg.Symbols, fn *cfg.Function, i int) cfg.LiveSet {
 	protos := d.prototypes()
 	names := syms.Names()
-	blocks := fn.BlocksWith(names, d.noReturn())
+	blocks := fn.BlocksOpt(cfg.BlockOptions{Names: names, NoReturn: d.noReturn(), Tables: d.dev})
 	lv := fn.Live(blocks, names, protos)
 	for _, b := range blocks {
 		if i >= b.First && i < b.First+b.N {

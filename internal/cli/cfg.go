@@ -146,7 +146,7 @@ func ShowStats(ctx context.Context, c *kerninstd.Client, asJSON bool, w, stderr 
 	}
 	fmt.Fprintf(w, "modules             %d\nfunctions           %d\nbasic blocks        %d\ninstructions        %d\ninstruction bytes   %d\n",
 		st.Modules, st.Functions, st.BasicBlocks, st.Instructions, st.InstructionBytes)
-	fmt.Fprintf(w, "padding bytes       %d (never executed: springboard space)\nreturns             %d\ntail calls          %d\nunanalysable jumps  %d\njump tables         %d (not resolved yet)\n",
+	fmt.Fprintf(w, "padding bytes       %d (never executed: springboard space)\nreturns             %d\ntail calls          %d\nunanalysable jumps  %d\njump tables         %d (resolved; a retpoline kernel is built with -fno-jump-tables)\n",
 		st.PaddingBytes, st.Returns, st.TailCalls, st.UnanalysableJump, st.JumpTables)
 	fmt.Fprintf(w, "truncated decodes   %d\nfreed init funcs    %d\nunreadable funcs    %d\n", st.Truncated, st.FreedInit, st.Unreadable)
 	fmt.Fprintln(w, "splice classes:")
