@@ -7,253 +7,236 @@ import (
 	"golang.org/x/arch/x86/x86asm"
 )
 
-// patchReader walks a patch instruction by instruction.
-type patchReader struct {
+// Verify decodes a patch built by CounterPatch back and checks it before it
+// is ever spliced: the expected sequence of instructions; the increment
+// addresses counter; the relocated instruction has the original's
+// operation and operands, with every branch target and RIP-relative
+// address equal to the original's; control returns to
+// site.Addr+len(site.Bytes) where the original falls through; nothing
+// follows. A bad patch gives a *VerifyError (errors.Is ErrVerify); a site
+// that cannot be relocated at all gives its *UnsupportedError.
+func Verify(patch []byte, patchAddr uint64, site Site, counter uint64, saveFlags bool) error {
+	in, err := analyze(site)
+	if err != nil {
+		return err
+	}
+	r := &reader{code: patch, base: patchAddr}
+	if saveFlags {
+		if err := r.expect([]byte{opPushfq}, "pushfq"); err != nil {
+			return err
+		}
+	}
+	if err := r.lockIncq(counter); err != nil {
+		return err
+	}
+	if saveFlags {
+		if err := r.expect([]byte{opPopfq}, "popfq"); err != nil {
+			return err
+		}
+	}
+	if err := r.relocated(in); err != nil {
+		return err
+	}
+	return r.end()
+}
+
+// VerifyRelocation checks code produced by Relocate(addr, site) the way
+// Verify checks the relocated part of a patch.
+func VerifyRelocation(code []byte, addr uint64, site Site) error {
+	in, err := analyze(site)
+	if err != nil {
+		return err
+	}
+	r := &reader{code: code, base: addr}
+	if err := r.relocated(in); err != nil {
+		return err
+	}
+	return r.end()
+}
+
+// reader walks a patch instruction by instruction. Its checks never
+// trust the patch: any byte sequence gives an error, not a panic.
+type reader struct {
 	code []byte
 	base uint64
 	off  int
 }
 
-func (r *patchReader) fail(format string, args ...any) error {
+func (r *reader) pc() uint64 { return r.base + uint64(r.off) }
+
+func (r *reader) fail(format string, args ...any) error {
 	return &VerifyError{Offset: r.off, Reason: fmt.Sprintf(format, args...)}
 }
 
-func (r *patchReader) next() (x86asm.Inst, uint64, error) {
-	return r.nextN(len(r.code) - r.off)
-}
-
-// nextN decodes the next instruction from at most n bytes, so that what
-// follows cannot change how it decodes.
-func (r *patchReader) nextN(n int) (x86asm.Inst, uint64, error) {
+// decode decodes the next instruction from at most n bytes, so that what
+// follows cannot change how it decodes, and returns it with its address
+// and encoding without consuming it.
+func (r *reader) decode(n int) (x86asm.Inst, []byte, error) {
 	if r.off >= len(r.code) {
-		return x86asm.Inst{}, 0, r.fail("patch ends early")
+		return x86asm.Inst{}, nil, r.fail("patch ends early")
 	}
 	inst, err := x86asm.Decode(r.code[r.off:min(r.off+n, len(r.code))], 64)
-	if err != nil {
-		return inst, 0, r.fail("undecodable: %v", err)
+	if err == nil && inst.Op == 0 {
+		err = errInvalid
 	}
-	pc := r.base + uint64(r.off)
-	r.off += inst.Len
-	return inst, pc, nil
+	if err != nil {
+		return inst, nil, r.fail("undecodable: %v", err)
+	}
+	return inst, r.code[r.off : r.off+inst.Len], nil
 }
 
-// byte consumes one expected byte.
-func (r *patchReader) byte(want byte, what string) error {
-	if r.off >= len(r.code) || r.code[r.off] != want {
+func (r *reader) end() error {
+	if r.off != len(r.code) {
+		return r.fail("%d unexpected trailing bytes", len(r.code)-r.off)
+	}
+	return nil
+}
+
+// expect consumes exactly the bytes want.
+func (r *reader) expect(want []byte, what string) error {
+	if !bytes.HasPrefix(r.code[r.off:], want) {
 		return r.fail("want %s", what)
 	}
-	r.off++
+	r.off += len(want)
 	return nil
 }
 
-// jmpTo consumes a jmp rel32 that must land on target.
-func (r *patchReader) jmpTo(target uint64, what string) error {
-	start := r.off
-	inst, pc, err := r.next()
+// branch consumes a relative branch of operation op and length n that
+// must land on target.
+func (r *reader) branch(op x86asm.Op, n int, target uint64, what string) error {
+	inst, _, err := r.decode(n)
 	if err != nil {
 		return err
 	}
-	if inst.Op != x86asm.JMP || inst.Len != lenJmp32 {
-		r.off = start
-		return r.fail("want jmp rel32 %s, got %s", what, gnu(inst, pc))
+	rel, ok := inst.Args[0].(x86asm.Rel)
+	if inst.Op != op || inst.Len != n || !ok {
+		return r.fail("want %v (%d bytes) %s, got %q", op, n, what, gnu(inst, r.pc()))
 	}
-	if got := pc + uint64(inst.Len) + uint64(int64(inst.Args[0].(x86asm.Rel))); got != target {
-		r.off = start
-		return r.fail("jmp %s lands on %#x, want %#x", what, got, target)
+	if got := r.pc() + uint64(n) + uint64(int64(rel)); got != target {
+		return r.fail("%v %s lands on %#x, want %#x", op, what, got, target)
 	}
+	r.off += n
 	return nil
 }
 
-// ripDisp is a RIP-relative displacement, sign-extended: x86asm keeps
-// the 32 bits as decoded.
-func ripDisp(m x86asm.Mem) uint64 { return uint64(int64(int32(m.Disp))) }
-
-// absMem returns the absolute address of a RIP-relative operand.
-func absMem(inst x86asm.Inst, pc uint64) (uint64, bool) {
-	for _, a := range inst.Args {
-		if m, ok := a.(x86asm.Mem); ok && m.Base == x86asm.RIP {
-			return pc + uint64(inst.Len) + ripDisp(m), true
-		}
-	}
-	return 0, false
+func (r *reader) jmpTo(target uint64, what string) error {
+	return r.branch(x86asm.JMP, lenJmp32, target, what)
 }
 
-// Verify decodes a patch built by CounterPatch and checks it: the counter
-// increment addresses counter, the relocated instruction does what the
-// original did (same operation and operands, every absolute branch target
-// and RIP-relative address unchanged), control returns to the instruction
-// after the site, and nothing follows. kerninstd calls it before every
-// splice.
-func Verify(patch []byte, patchAddr uint64, site Site, counter uint64, saveFlags bool) error {
-	r := &patchReader{code: patch, base: patchAddr}
-	if saveFlags {
-		if err := r.byte(opPushfq, "pushfq"); err != nil {
-			return err
-		}
-	}
-	inst, pc, err := r.next()
+// lockIncq consumes "lock incq counter(%rip)".
+func (r *reader) lockIncq(counter uint64) error {
+	inst, enc, err := r.decode(lenLockIncq)
 	if err != nil {
 		return err
 	}
-	if inst.Len != lenLockInc || !bytes.Equal(r.code[r.off-inst.Len:r.off-4], lockIncOpcode) || inst.Op != x86asm.INC || inst.MemBytes != 8 || !hasLock(inst) {
-		return r.fail("want lock incq, got %s", gnu(inst, pc))
+	m, ok := inst.Args[0].(x86asm.Mem)
+	if inst.Op != x86asm.INC || inst.Len != lenLockIncq || !bytes.HasPrefix(enc, lockIncq) ||
+		!ok || m.Base != x86asm.RIP || inst.MemBytes != 8 {
+		return r.fail("want lock incq disp32(%%rip), got %q", gnu(inst, r.pc()))
 	}
-	if a, ok := absMem(inst, pc); !ok || a != counter {
-		return r.fail("increment addresses %#x, want counter %#x", a, counter)
+	if got := r.pc() + lenLockIncq + uint64(int64(le32(enc, 4))); got != counter {
+		return r.fail("increment addresses %#x, want counter %#x", got, counter)
 	}
-	if saveFlags {
-		if err := r.byte(opPopfq, "popfq"); err != nil {
-			return err
-		}
-	}
-	if err := verifyRelocated(r, site); err != nil {
-		return err
-	}
-	if r.off != len(patch) {
-		return r.fail("%d unexpected trailing bytes", len(patch)-r.off)
-	}
+	r.off += inst.Len
 	return nil
 }
 
-// VerifyRelocation checks code produced by Relocate(addr, site).
-func VerifyRelocation(code []byte, addr uint64, site Site) error {
-	r := &patchReader{code: code, base: addr}
-	if err := verifyRelocated(r, site); err != nil {
+// pushRet consumes "push $ret".
+func (r *reader) pushRet(ret uint64) error {
+	inst, enc, err := r.decode(lenPush32)
+	if err != nil {
 		return err
 	}
-	if r.off != len(code) {
-		return r.fail("%d unexpected trailing bytes", len(code)-r.off)
+	imm, ok := inst.Args[0].(x86asm.Imm)
+	if inst.Op != x86asm.PUSH || inst.Len != lenPush32 || enc[0] != opPushImm || !ok || uint64(int64(imm)) != ret {
+		return r.fail("want push of return address %#x, got %q", ret, gnu(inst, r.pc()))
 	}
+	r.off += inst.Len
 	return nil
 }
 
-func hasLock(inst x86asm.Inst) bool {
-	for _, p := range inst.Prefix {
-		if p&0xff == x86asm.PrefixLOCK {
-			return true
-		}
-	}
-	return false
-}
-
-func verifyRelocated(r *patchReader, site Site) error {
-	orig, err := decodeSite(site)
-	if err != nil {
-		return err
-	}
-	k, err := classify(orig, site)
-	if err != nil {
-		return err
-	}
-	next := site.next()
-	switch k {
+// relocated consumes the relocation of in.
+func (r *reader) relocated(in *insn) error {
+	next := in.next()
+	switch in.kind {
 	case kindJcc:
-		inst, pc, err := r.next()
-		if err != nil {
+		if err := r.branch(in.inst.Op, lenJcc32, in.target(), "to the original target"); err != nil {
 			return err
 		}
-		if inst.Op != orig.Op || inst.Len != 6 {
-			return r.fail("want %v rel32, got %s", orig.Op, gnu(inst, pc))
-		}
-		if got := pc + 6 + uint64(int64(inst.Args[0].(x86asm.Rel))); got != branchTarget(orig, site) {
-			return r.fail("%v lands on %#x, want %#x", orig.Op, got, branchTarget(orig, site))
-		}
-		return r.jmpTo(next, "back")
 	case kindJmp:
-		return r.jmpTo(branchTarget(orig, site), "to the original target")
+		return r.jmpTo(in.target(), "to the original target")
 	case kindCall:
-		if err := verifyPush(r, next); err != nil {
+		if err := r.pushRet(next); err != nil {
 			return err
 		}
-		return r.jmpTo(branchTarget(orig, site), "to the callee")
-	case kindShortOnly:
-		inst, pc, err := r.next()
-		if err != nil {
+		return r.jmpTo(in.target(), "to the callee")
+	case kindRCX:
+		b := in.site.Bytes
+		if !bytes.HasPrefix(r.code[r.off:], b[:len(b)-1]) {
+			return r.fail("want %v encoded as the original", in.inst.Op)
+		}
+		start := r.pc()
+		if err := r.branch(in.inst.Op, len(b), start+uint64(len(b))+2, "over the short jmp"); err != nil {
 			return err
 		}
-		if inst.Op != orig.Op || inst.Args[0] != x86asm.Rel(2) {
-			return r.fail("want %v +2, got %s", orig.Op, gnu(inst, pc))
-		}
-		if err := r.byte(opJmpRel8, "jmp +5"); err != nil {
+		if err := r.expect([]byte{opJmpRel8, lenJmp32}, "jmp +5 over the jump to the target"); err != nil {
 			return err
 		}
-		if err := r.byte(lenJmp32, "jmp +5"); err != nil {
+		if err := r.jmpTo(in.target(), "to the original target"); err != nil {
 			return err
 		}
-		if err := r.jmpTo(branchTarget(orig, site), "to the original target"); err != nil {
-			return err
-		}
-		return r.jmpTo(next, "back")
 	case kindIndirectCall:
-		if err := verifyPush(r, next); err != nil {
+		if err := r.pushRet(next); err != nil {
 			return err
 		}
-		inst, pc, err := r.next()
-		if err != nil {
+		jmp := bytes.Clone(in.site.Bytes)
+		jmp[in.l.modrm] = jmp[in.l.modrm]&^0x38 | 4<<3
+		if err := r.copyOf(in, jmp, x86asm.JMP); err != nil {
 			return err
 		}
-		if inst.Op != x86asm.JMP {
-			return r.fail("want jmp through the call's operand, got %s", gnu(inst, pc))
-		}
-		return sameOperands(r, inst, pc, orig, site)
-	}
-	inst, pc, err := r.nextN(len(site.Bytes))
-	if err != nil {
-		return err
-	}
-	if inst.Op != orig.Op {
-		return r.fail("relocated %s, original %s", gnu(inst, pc), gnu(orig, site.Addr))
-	}
-	if err := sameOperands(r, inst, pc, orig, site); err != nil {
-		return err
-	}
-	// Same encoding too, but for the displacement the move rewrote.
-	got := r.code[r.off-inst.Len : r.off]
-	for i := range got {
-		inDisp := hasRIPMem(orig) && i >= orig.PCRelOff && i < orig.PCRelOff+orig.PCRel
-		if !inDisp && got[i] != site.Bytes[i] {
-			return r.fail("relocated encoding % x differs from the original % x", got, site.Bytes)
+	default:
+		if err := r.copyOf(in, in.site.Bytes, in.inst.Op); err != nil {
+			return err
 		}
 	}
-	if k == kindExit || k == kindIndirectJmp {
+	if !in.kind.jumpsBack() {
 		return nil
 	}
 	return r.jmpTo(next, "back")
 }
 
-func verifyPush(r *patchReader, ret uint64) error {
-	inst, pc, err := r.next()
+// copyOf consumes enc (the site's encoding or a same-layout variant) as
+// relocated: byte for byte the same but for the RIP-relative displacement,
+// which must name the original's absolute address, and decoding to op
+// with the original's operands.
+func (r *reader) copyOf(in *insn, enc []byte, op x86asm.Op) error {
+	inst, got, err := r.decode(len(enc))
 	if err != nil {
 		return err
 	}
-	if inst.Op != x86asm.PUSH || inst.Len != lenPush32 || uint64(int64(inst.Args[0].(x86asm.Imm))) != ret {
-		return r.fail("want push of return address %#x, got %s", ret, gnu(inst, pc))
+	if inst.Op != op || inst.Len != len(enc) || !sameOperands(inst, in.inst) {
+		return r.fail("relocated as %q, original %q", gnu(inst, r.pc()), gnu(in.inst, in.site.Addr))
 	}
-	return nil
-}
-
-// sameOperands compares operands, with RIP-relative memory compared by the
-// absolute address it names.
-func sameOperands(r *patchReader, inst x86asm.Inst, pc uint64, orig x86asm.Inst, site Site) error {
-	for i := range inst.Args {
-		a, b := inst.Args[i], orig.Args[i]
-		ma, okA := a.(x86asm.Mem)
-		mb, okB := b.(x86asm.Mem)
-		if okA && okB && ma.Base == x86asm.RIP && mb.Base == x86asm.RIP {
-			got := pc + uint64(inst.Len) + ripDisp(ma)
-			want := site.next() + ripDisp(mb)
-			ma.Disp, mb.Disp = 0, 0
-			if ma != mb || got != want {
-				return r.fail("operand %d addresses %#x, want %#x", i, got, want)
+	for i := range got {
+		inDisp := in.l.rip >= 0 && i >= in.l.rip && i < in.l.rip+4
+		if !inDisp && got[i] != enc[i] {
+			return r.fail("relocated encoding % x differs from % x at byte %d", got, enc, i)
+		}
+	}
+	if in.l.rip >= 0 {
+		want := in.ripTarget()
+		if abs := r.pc() + uint64(len(got)) + uint64(int64(le32(got, in.l.rip))); abs != want {
+			return r.fail("RIP-relative operand addresses %#x, want %#x", abs, want)
+		}
+		// Where x86asm reports RIP-relative, its view must agree.
+		for _, a := range inst.Args {
+			if m, ok := a.(x86asm.Mem); ok && m.Base == x86asm.RIP {
+				if abs := r.pc() + uint64(len(got)) + uint64(int64(int32(m.Disp))); abs != want {
+					return r.fail("x86asm sees the operand at %#x, want %#x", abs, want)
+				}
 			}
-			continue
-		}
-		if a != b {
-			return r.fail("operand %d is %v, want %v", i, a, b)
 		}
 	}
-	if inst.MemBytes != orig.MemBytes || inst.DataSize != orig.DataSize {
-		return r.fail("operand size changed")
-	}
+	r.off += len(got)
 	return nil
 }
