@@ -28,8 +28,11 @@ type Symbols struct {
 }
 
 // markerNames are non-text symbols kept for their addresses: the bounds of
-// the init sections the kernel frees after boot.
-var markerNames = map[string]bool{"__init_begin": true, "__init_end": true, "_stext": true, "_etext": true}
+// the init sections the kernel frees after boot, and of the tables that
+// name instructions the kernel rewrites or fixes up (see OwnedSites).
+var markerNames = map[string]bool{"__init_begin": true, "__init_end": true, "_stext": true, "_etext": true,
+	"__start___ex_table": true, "__stop___ex_table": true, "__start___jump_table": true, "__stop___jump_table": true,
+	"__start_static_call_sites": true, "__stop_static_call_sites": true}
 
 // ErrHiddenAddresses is returned when kallsyms shows zero addresses: the
 // reader lacks CAP_SYSLOG or kernel.kptr_restrict hides them.
@@ -201,3 +204,6 @@ func (s *Symbols) FromPortable(name string) (uint64, bool) {
 	}
 	return 0, false
 }
+
+// Address returns the address of a text symbol or a kept marker symbol.
+func (s *Symbols) Address(name string) (uint64, bool) { return s.marker(name) }

@@ -39,6 +39,8 @@ type AnalyzeOptions struct {
 	// Relocatable says whether a patch can reproduce an instruction;
 	// those it cannot are counted as refused. Nil: all can.
 	Relocatable func(addr uint64, inst x86asm.Inst, b []byte) error
+	// Owned are instructions the kernel's own tables name; refused.
+	Owned *OwnedSites
 	// Prototypes make call liveness precise; nil is conservative.
 	Prototypes Prototypes
 	// Progress is called now and then with functions done and total.
@@ -297,7 +299,7 @@ func analyzeOne(r TextReader, syms *Symbols, s Symbol, o AnalyzeOptions, st *Sta
 		for i := b.First; i < b.First+b.N; i++ {
 			in := &fn.Insns[i]
 			class := classOf(in.Len())
-			if fnWhy != "" || fn.InstructionNoSplice(i) != "" ||
+			if fnWhy != "" || fn.InstructionNoSplice(i) != "" || o.Owned.Reason(in.Addr) != "" ||
 				(o.Relocatable != nil && o.Relocatable(in.Addr, in.Inst, in.Bytes) != nil) {
 				class = "refused"
 			}

@@ -90,6 +90,7 @@ func (d *Daemon) analyze(ctx context.Context, workers int, progress func(done, t
 		DriverModule: DriverModule,
 		Relocatable:  codegen.CheckRelocatable,
 		Prototypes:   d.prototypes(),
+		Owned:        d.ownedSites(),
 		Progress:     progress,
 		Workers:      workers,
 	})

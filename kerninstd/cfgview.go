@@ -64,7 +64,7 @@ func (d *Daemon) describeInstruction(syms *cfg.Symbols, fn *cfg.Function, i int)
 			ci.Target = fmt.Sprintf("%s+%#x", s.Name, off)
 		}
 	}
-	why := syms.NoSpliceReason(fn, in.Addr, DriverModule)
+	why := d.noSpliceReason(syms, fn, in.Addr)
 	if why == "" {
 		// An instruction the patch cannot reproduce is refused too; the
 		// address given only has to be in rel32 reach.

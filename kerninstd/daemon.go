@@ -48,6 +48,9 @@ type Daemon struct {
 
 	cacheDir, notesPath, modulesPath string
 
+	ownedOnce sync.Once
+	owned     *cfg.OwnedSites // instructions the kernel's own tables name; nil if unreadable
+
 	anMu  sync.Mutex      // protects noret and stats
 	noret cfg.NoReturnSet // from the whole-kernel analysis; nil until it ran
 	stats *cfg.Stats      // its census
@@ -126,6 +129,21 @@ func (d *Daemon) prototypes() cfg.Prototypes {
 		d.protoMap = p
 	})
 	return d.protoMap
+}
+
+// ownedSites returns the instructions the kernel's exception, jump-label
+// and static-call tables name, read once from live memory.
+func (d *Daemon) ownedSites() *cfg.OwnedSites {
+	d.ownedOnce.Do(func() {
+		o, n, err := cfg.LoadOwnedSites(d.dev, d.symbols())
+		if err != nil {
+			d.log.Warn("kernel tables unreadable; their sites are not refused", "err", err)
+			return
+		}
+		d.owned = o
+		d.log.Info("kernel tables read", "ex_table", n.ExTable, "jump_labels", n.JumpLabels, "static_calls", n.StaticCalls)
+	})
+	return d.owned
 }
 
 func (d *Daemon) reloadSymbols() (*cfg.Symbols, error) {

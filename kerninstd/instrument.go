@@ -93,6 +93,11 @@ func (d *Daemon) resolve(spec string) (*site, error) {
 	}
 	s := &site{point: p, sym: sym, fn: fn, amb: amb}
 	if p.HasOffset {
+		// The kernel's own tables first: they hold even where decoding
+		// does not reach (an instruction x86asm does not know).
+		if why := d.ownedSites().Reason(fn.Addr + p.Offset); why != "" {
+			return nil, &cfg.NoSpliceError{Where: spec, Reason: why}
+		}
 		if s.index, err = fn.Index(fn.Addr + p.Offset); err != nil {
 			return nil, err
 		}
@@ -100,7 +105,7 @@ func (d *Daemon) resolve(spec string) (*site, error) {
 		return nil, err
 	}
 	in := s.insn()
-	if why := syms.NoSpliceReason(fn, in.Addr, DriverModule); why != "" {
+	if why := d.noSpliceReason(syms, fn, in.Addr); why != "" {
 		return nil, &cfg.NoSpliceError{Where: s.where(), Reason: why}
 	}
 	if springboard.Classify(in.Len()) != springboard.Direct {
@@ -111,6 +116,15 @@ func (d *Daemon) resolve(spec string) (*site, error) {
 		s.live |= cfg.FlagBits
 	}
 	return s, nil
+}
+
+// noSpliceReason combines the symbol-based reasons with the kernel's own
+// tables.
+func (d *Daemon) noSpliceReason(syms *cfg.Symbols, fn *cfg.Function, addr uint64) string {
+	if why := syms.NoSpliceReason(fn, addr, DriverModule); why != "" {
+		return why
+	}
+	return d.ownedSites().Reason(addr)
 }
 
 // dataflowLive is what the block data-flow says is live before

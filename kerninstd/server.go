@@ -190,6 +190,9 @@ func (d *Daemon) parseLocation(at string) (uint64, error) {
 	if err != nil {
 		return 0, badRequest(err)
 	}
+	if a, ok := d.symbols().Address(p.Function); ok {
+		return a + p.Offset, nil // includes kept data markers such as __start___ex_table
+	}
 	sym, _, err := d.symbols().Lookup(p.Function)
 	if err != nil {
 		return 0, err

@@ -316,3 +316,38 @@ func TestSpliceStressUnderLoad(t *testing.T) {
 		t.Errorf("count after the burst: %v %+v", err, rep)
 	}
 }
+
+// TestExceptionTableSitesRefused splices at an instruction the kernel's
+// exception table names (a user-memory access): a copy of it in a patch
+// would fault with no fix-up, so it must be refused.
+func TestExceptionTableSitesRefused(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	m, err := client.Read(ctx, "__start___ex_table", 12*64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tab, _ := hex.DecodeString(m.Bytes)
+	tried := 0
+	for off := 0; off+12 <= len(tab) && tried < 5; off += 12 {
+		rel := int32(uint32(tab[off]) | uint32(tab[off+1])<<8 | uint32(tab[off+2])<<16 | uint32(tab[off+3])<<24)
+		insn := uint64(m.Address) + uint64(off) + uint64(int64(rel))
+		at, err := client.Read(ctx, fmt.Sprintf("%#x", insn), 1)
+		if err != nil || at.Symbol == "" {
+			continue
+		}
+		tried++
+		before := qemuBytes(t, kerninstd.Addr(insn), 8)
+		_, err = client.CreateSession(ctx, kerninstd.SessionRequest{Points: []string{at.Symbol}})
+		var ae *kerninstd.APIError
+		if !errors.As(err, &ae) || ae.Code != "no_splice" || !strings.Contains(ae.Error(), "exception-table") {
+			t.Errorf("splice at %s (an __ex_table site): %v, want a no_splice refusal naming the exception table", at.Symbol, err)
+		}
+		if after := qemuBytes(t, kerninstd.Addr(insn), 8); !bytes.Equal(before, after) {
+			t.Errorf("%s changed: %x → %x", at.Symbol, before, after)
+		}
+	}
+	if tried == 0 {
+		t.Fatal("no exception-table site found in the first 64 entries")
+	}
+}
