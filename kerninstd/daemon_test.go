@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http/httptest"
@@ -326,5 +327,46 @@ func TestAnalysisCache(t *testing.T) {
 	os.WriteFile(mods, []byte("virtio_net 1 0 - Live 0x0\nnf_tables 1 0 - Live 0x0\n"), 0o600)
 	if _, ok, _ := d2.loadAnalysis(); ok {
 		t.Error("cache hit for a different module set")
+	}
+}
+
+// BenchmarkLoadAnalysis measures a restarted kerninstd's cached load of
+// the whole-kernel analysis (here with 5,000 never-returning functions,
+// more than a real kernel has):
+//
+//	go test -run XXX -bench LoadAnalysis ./kerninstd
+func BenchmarkLoadAnalysis(b *testing.B) {
+	dir := b.TempDir()
+	notes := filepath.Join(dir, "notes")
+	os.WriteFile(notes, gnuNote([]byte{1, 2, 3, 4}), 0o600)
+	mods := filepath.Join(dir, "modules")
+	os.WriteFile(mods, nil, 0o600)
+	path := filepath.Join(dir, "kallsyms")
+	var ks strings.Builder
+	ks.WriteString("ffffffff81000000 T _text\n" + kallsyms)
+	noret := cfg.NoReturnSet{}
+	for i := 0; i < 5000; i++ {
+		a := uint64(0xffffffff82000000) + uint64(i)*0x40
+		fmt.Fprintf(&ks, "%x t fn%d\n", a, i)
+		noret[a] = true
+	}
+	os.WriteFile(path, []byte(ks.String()), 0o600)
+	d, err := New(Config{Device: newFakeKernel(textAddr, text), Kallsyms: path, Release: "test",
+		CacheDir: filepath.Join(dir, "cache"), Notes: notes, Modules: mods, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := d.saveAnalysis(d.symbols(), cfg.Stats{Functions: 47166}, noret); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, ok, err := d.loadAnalysis(); !ok || err != nil {
+			b.Fatal(ok, err)
+		}
+	}
+	b.StopTimer()
+	if n := len(d.noret); n != len(noret) {
+		b.Fatalf("loaded %d never-returning functions, saved %d", n, len(noret))
 	}
 }
