@@ -67,6 +67,27 @@ func (p *prefetchReader) Read(addr uint64, b []byte) error {
 // prefetchChunk is the size of one read of core kernel text.
 const prefetchChunk = 1 << 20
 
+// CallEdge is one direct call or tail call between functions.
+type CallEdge struct {
+	Caller, Callee uint64 // function start addresses
+	Site           uint64 // the call or jmp instruction
+	Tail           bool   // a tail call (jmp), not a call
+}
+
+// CallGraph is the interprocedural call graph of direct calls and tail
+// calls. Indirect calls (retpolines) are not edges.
+type CallGraph struct {
+	Callees map[uint64][]CallEdge // by caller
+	Callers map[uint64][]CallEdge // by callee
+}
+
+// Kernel is the result of AnalyzeKernel.
+type Kernel struct {
+	Stats    Stats
+	NoReturn NoReturnSet
+	Calls    CallGraph
+}
+
 // NoReturnSet holds the start addresses of functions that never return.
 type NoReturnSet map[uint64]bool
 
@@ -77,7 +98,7 @@ func (s NoReturnSet) Func() NoReturn { return func(a uint64) bool { return s[a] 
 // the live text, splits it into blocks, computes block liveness, finds the
 // functions that never return, and returns the census. Functions are
 // analysed in parallel; one function's failure is counted, not fatal.
-func AnalyzeKernel(ctx context.Context, r TextReader, syms *Symbols, o AnalyzeOptions) (Stats, NoReturnSet, error) {
+func AnalyzeKernel(ctx context.Context, r TextReader, syms *Symbols, o AnalyzeOptions) (*Kernel, error) {
 	start := time.Now()
 	if o.Workers <= 0 {
 		o.Workers = runtime.GOMAXPROCS(0)
@@ -148,7 +169,27 @@ func AnalyzeKernel(ctx context.Context, r TextReader, syms *Symbols, o AnalyzeOp
 	noret := noReturnFunctions(sums)
 	st.NoReturn = len(noret)
 	st.Seconds = time.Since(start).Seconds()
-	return st, noret, ctx.Err()
+	return &Kernel{Stats: st, NoReturn: noret, Calls: callGraph(sums)}, ctx.Err()
+}
+
+// callGraph collects the direct call and tail-call edges of the summaries.
+func callGraph(sums map[uint64]*summary) CallGraph {
+	g := CallGraph{Callees: map[uint64][]CallEdge{}, Callers: map[uint64][]CallEdge{}}
+	for caller, sum := range sums {
+		for _, b := range sum.blocks {
+			for i, c := range b.calls {
+				e := CallEdge{Caller: caller, Callee: c, Site: b.callSites[i]}
+				g.Callees[caller] = append(g.Callees[caller], e)
+				g.Callers[c] = append(g.Callers[c], e)
+			}
+			if b.exit == TailCall {
+				e := CallEdge{Caller: caller, Callee: b.tail, Site: b.tailSite, Tail: true}
+				g.Callees[caller] = append(g.Callees[caller], e)
+				g.Callers[b.tail] = append(g.Callers[b.tail], e)
+			}
+		}
+	}
+	return g
 }
 
 // summary is what the no-return analysis needs of a function.
@@ -157,10 +198,12 @@ type summary struct {
 }
 
 type summaryBlock struct {
-	calls []uint64 // direct call targets, in order
-	succs []int
-	exit  ExitKind
-	tail  uint64 // tail-call target
+	calls     []uint64 // direct call targets, in order
+	callSites []uint64 // the call instructions
+	succs     []int
+	exit      ExitKind
+	tail      uint64 // tail-call target
+	tailSite  uint64
 }
 
 // noReturnFunctions finds the functions from which no path reaches a
@@ -266,11 +309,13 @@ func analyzeOne(r TextReader, syms *Symbols, s Symbol, o AnalyzeOptions, st *Sta
 			if in := &fn.Insns[i]; in.Inst.Op == x86asm.CALL {
 				if t, ok := BranchTarget(in); ok {
 					sb.calls = append(sb.calls, t)
+					sb.callSites = append(sb.callSites, in.Addr)
 				}
 			}
 		}
 		if b.Exit == TailCall {
 			sb.tail, _ = BranchTarget(b.Last(fn))
+			sb.tailSite = b.Last(fn).Addr
 		}
 	}
 	for _, b := range blocks {

@@ -87,3 +87,17 @@ func TestPortableNames(t *testing.T) {
 		t.Error("mid-function address got a portable name")
 	}
 }
+
+func TestCallGraph(t *testing.T) {
+	sums := map[uint64]*summary{
+		0x10: {blocks: []summaryBlock{{calls: []uint64{0x20, 0x30}, callSites: []uint64{0x11, 0x15}, exit: TailCall, tail: 0x40, tailSite: 0x19}}},
+		0x20: {blocks: []summaryBlock{{calls: []uint64{0x30}, callSites: []uint64{0x21}, exit: Return}}},
+	}
+	g := callGraph(sums)
+	if len(g.Callees[0x10]) != 3 || len(g.Callers[0x30]) != 2 || len(g.Callers[0x40]) != 1 || !g.Callers[0x40][0].Tail {
+		t.Errorf("graph: callees %v callers %v", g.Callees, g.Callers)
+	}
+	if e := g.Callers[0x20][0]; e.Caller != 0x10 || e.Site != 0x11 || e.Tail {
+		t.Errorf("edge %+v", e)
+	}
+}

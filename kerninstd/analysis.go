@@ -86,7 +86,7 @@ func (d *Daemon) analyze(ctx context.Context, workers int, progress func(done, t
 	if err != nil {
 		return cfg.Stats{}, err
 	}
-	st, noret, err := cfg.AnalyzeKernel(ctx, d.dev, syms, cfg.AnalyzeOptions{
+	k, err := cfg.AnalyzeKernel(ctx, d.dev, syms, cfg.AnalyzeOptions{
 		DriverModule: DriverModule,
 		Relocatable:  codegen.CheckRelocatable,
 		Prototypes:   d.prototypes(),
@@ -95,15 +95,18 @@ func (d *Daemon) analyze(ctx context.Context, workers int, progress func(done, t
 		Workers:      workers,
 	})
 	if err != nil {
-		return st, err
+		return cfg.Stats{}, err
 	}
-	d.setNoReturn(noret)
+	d.setNoReturn(k.NoReturn)
+	d.anMu.Lock()
+	d.calls, d.callSyms = &k.Calls, syms
+	d.anMu.Unlock()
 	if d.cacheDir != "" {
-		if err := d.saveAnalysis(syms, st, noret); err != nil {
+		if err := d.saveAnalysis(syms, k.Stats, k.NoReturn); err != nil {
 			d.log.Warn("analysis cache not saved", "err", err)
 		}
 	}
-	return st, nil
+	return k.Stats, nil
 }
 
 func (d *Daemon) setNoReturn(s cfg.NoReturnSet) {

@@ -19,6 +19,7 @@ import (
 //	POST   /v1/bench/splice   BenchRequest   → BenchResult
 //	GET    /v1/cfg?func=NAME                 → CFG
 //	GET    /v1/cfg/stats                     → stream of StatsEvent (NDJSON)
+//	GET    /v1/cfg/calls?func=NAME           → Calls
 
 // Info describes the daemon and the kernel it instruments.
 type Info struct {
@@ -188,4 +189,23 @@ type CFGInstruction struct {
 	SpliceClass string   `json:"splice_class"`      // direct, springboard, trap, refused
 	Refused     string   `json:"refused,omitempty"` // why, when refused
 	Target      string   `json:"target,omitempty"`  // symbol a call or jump goes to
+}
+
+// Calls is GET /v1/cfg/calls?func=NAME: a function's place in the call
+// graph (direct calls and tail calls; retpolined indirect calls are not
+// edges).
+type Calls struct {
+	Function string    `json:"function"`
+	Address  Addr      `json:"address"`
+	Callees  []CallRef `json:"callees"`
+	Callers  []CallRef `json:"callers"`
+}
+
+// CallRef is the other end of one call edge.
+type CallRef struct {
+	Function string `json:"function"` // "?" for an address no symbol starts at
+	Module   string `json:"module,omitempty"`
+	Site     Addr   `json:"site"`    // the call or jmp instruction
+	At       string `json:"site_at"` // sym+0xoff of the site
+	Kind     string `json:"kind"`    // call or tail-call
 }

@@ -123,6 +123,13 @@ func (c *Client) CFG(ctx context.Context, function string) (CFG, error) {
 	return v, c.do(ctx, "GET", "/v1/cfg?"+url.Values{"func": {function}}.Encode(), nil, &v)
 }
 
+// Calls returns a function's callers and callees; the first call may
+// analyse the whole kernel.
+func (c *Client) Calls(ctx context.Context, function string) (Calls, error) {
+	var v Calls
+	return v, c.do(ctx, "GET", "/v1/cfg/calls?"+url.Values{"func": {function}}.Encode(), nil, &v)
+}
+
 // CFGStats analyses the whole kernel, calling progress as it goes.
 func (c *Client) CFGStats(ctx context.Context, progress func(done, total int)) (cfg.Stats, error) {
 	req, err := http.NewRequestWithContext(ctx, "GET", c.base+"/v1/cfg/stats", nil)

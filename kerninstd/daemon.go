@@ -51,9 +51,11 @@ type Daemon struct {
 	ownedOnce sync.Once
 	owned     *cfg.OwnedSites // instructions the kernel's own tables name; nil if unreadable
 
-	anMu  sync.Mutex      // protects noret and stats
-	noret cfg.NoReturnSet // from the whole-kernel analysis; nil until it ran
-	stats *cfg.Stats      // its census
+	anMu     sync.Mutex      // protects noret, stats, calls and callSyms
+	noret    cfg.NoReturnSet // from the whole-kernel analysis; nil until it ran
+	stats    *cfg.Stats      // its census
+	calls    *cfg.CallGraph  // its call graph (not cached on disk)
+	callSyms *cfg.Symbols    // the symbols the graph's addresses belong to
 
 	mu       sync.Mutex          // serialises every change to the kernel; protects the fields below
 	sessions map[string]*session // by ID

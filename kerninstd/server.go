@@ -60,6 +60,14 @@ func (d *Daemon) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/sessions/{id}/samples", d.serveSamples)
 	mux.HandleFunc("GET /v1/read", d.serveRead)
 	mux.HandleFunc("GET /v1/cfg/stats", d.serveStats)
+	mux.HandleFunc("GET /v1/cfg/calls", func(w http.ResponseWriter, r *http.Request) {
+		c, err := d.FunctionCalls(r.Context(), r.URL.Query().Get("func"))
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, c)
+	})
 	mux.HandleFunc("GET /v1/cfg", func(w http.ResponseWriter, r *http.Request) {
 		c, err := d.FunctionCFG(r.URL.Query().Get("func"))
 		if err != nil {

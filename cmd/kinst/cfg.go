@@ -10,7 +10,8 @@ import (
 )
 
 func cfgCmd(ctx context.Context, args []string) error {
-	fs, addr := newFlags("cfg", "cfg FUNC [--json | --dot]\n       kinst cfg --stats [--json]")
+	fs, addr := newFlags("cfg", "cfg FUNC [--json | --dot]\n       kinst cfg --stats [--json]\n       kinst cfg --calls FUNC [--json]")
+	calls := fs.Bool("calls", false, "FUNC's callers and callees in the whole-kernel call graph (direct and tail calls)")
 	stats := fs.Bool("stats", false, "analyse the whole kernel and its modules: functions, blocks, bytes, splice classes")
 	asJSON := fs.Bool("json", false, "print JSON (blocks → instructions with address, length, text, live_in, splice_class)")
 	dot := fs.Bool("dot", false, "print a graphviz digraph")
@@ -26,6 +27,9 @@ func cfgCmd(ctx context.Context, args []string) error {
 	if fs.NArg() != 1 {
 		fs.Usage()
 		return fmt.Errorf("cfg: want one FUNC (or --stats)")
+	}
+	if *calls {
+		return cli.ShowCalls(ctx, kerninstd.NewClient(*addr), fs.Arg(0), *asJSON, os.Stdout, os.Stderr)
 	}
 	format := cli.CFGText
 	switch {

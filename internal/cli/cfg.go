@@ -156,3 +156,28 @@ func ShowStats(ctx context.Context, c *kerninstd.Client, asJSON bool, w, stderr 
 	fmt.Fprintf(w, "analysed in %.2f s\n", st.Seconds)
 	return nil
 }
+
+// ShowCalls prints a function's callers and callees.
+func ShowCalls(ctx context.Context, c *kerninstd.Client, function string, asJSON bool, w, stderr io.Writer) error {
+	fmt.Fprintln(stderr, "kinst: reading the call graph (the first request analyses the whole kernel)…")
+	g, err := c.Calls(ctx, function)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(g)
+	}
+	fmt.Fprintf(w, "%s %#x\n", g.Function, uint64(g.Address))
+	for _, part := range []struct {
+		title string
+		refs  []kerninstd.CallRef
+	}{{"callees", g.Callees}, {"callers", g.Callers}} {
+		fmt.Fprintf(w, "%s (%d):\n", part.title, len(part.refs))
+		for _, r := range part.refs {
+			fmt.Fprintf(w, "  %-9s %-40s at %s\n", r.Kind, r.Function, r.At)
+		}
+	}
+	return nil
+}

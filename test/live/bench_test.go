@@ -72,10 +72,11 @@ func BenchmarkAnalyzeKernel(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		st, _, err = cfg.AnalyzeKernel(ctx, r, syms, cfg.AnalyzeOptions{Relocatable: codegen.CheckRelocatable})
+		k, err := cfg.AnalyzeKernel(ctx, r, syms, cfg.AnalyzeOptions{Relocatable: codegen.CheckRelocatable})
 		if err != nil {
 			b.Fatal(err)
 		}
+		st = k.Stats
 	}
 	b.StopTimer()
 	runtime.ReadMemStats(&ms)

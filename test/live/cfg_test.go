@@ -15,6 +15,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kinst/kinst/kerninstd"
 )
 
 var objdumpInsn = regexp.MustCompile(`^\s*([0-9a-f]+):\t`)
@@ -168,6 +170,44 @@ func TestCFGJSONInterface(t *testing.T) {
 	for _, r := range []string{"R9", "R10", "R11", "RAX", "ZF"} {
 		if live[r] {
 			t.Errorf("%s live at filename_lookup's entry, but the prototype has five arguments: %v", r, live)
+		}
+	}
+}
+
+// TestCFGCallGraph checks filename_lookup's place in the call graph: it
+// calls path_lookupat (seen in its disassembly) and is called by several
+// path-walking entry points.
+func TestCFGCallGraph(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	g, err := client.Calls(ctx, "filename_lookup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	has := func(refs []kerninstd.CallRef, fn string) bool {
+		for _, r := range refs {
+			if r.Function == fn {
+				return true
+			}
+		}
+		return false
+	}
+	if !has(g.Callees, "path_lookupat") {
+		t.Errorf("callees %v lack path_lookupat", g.Callees)
+	}
+	if len(g.Callers) < 2 {
+		t.Errorf("callers %v: want the path-walking entry points", g.Callers)
+	}
+	// Every caller's site really is a call to filename_lookup.
+	for _, r := range g.Callers {
+		m, err := client.Read(ctx, fmt.Sprintf("%#x", uint64(r.Site)), 5)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := hex.DecodeString(m.Bytes)
+		rel := int32(uint32(b[1]) | uint32(b[2])<<8 | uint32(b[3])<<16 | uint32(b[4])<<24)
+		if (b[0] != 0xe8 && b[0] != 0xe9) || uint64(r.Site)+5+uint64(int64(rel)) != uint64(g.Address) {
+			t.Errorf("caller site %s (%x) does not call filename_lookup", r.At, b)
 		}
 	}
 }

@@ -1,0 +1,51 @@
+package kerninstd
+
+import (
+	"context"
+	"fmt"
+	"sort"
+)
+
+// FunctionCalls returns the callers and callees of a function from the
+// whole-kernel call graph, running the analysis first if it has not run.
+func (d *Daemon) FunctionCalls(ctx context.Context, name string) (Calls, error) {
+	d.anMu.Lock()
+	g, syms := d.calls, d.callSyms
+	d.anMu.Unlock()
+	if g == nil {
+		if _, err := d.analyze(ctx, 0, nil); err != nil {
+			return Calls{}, err
+		}
+		d.anMu.Lock()
+		g, syms = d.calls, d.callSyms
+		d.anMu.Unlock()
+	}
+	sym, _, err := syms.Lookup(name)
+	if err != nil {
+		return Calls{}, err
+	}
+	ref := func(fn, site uint64, tail bool) CallRef {
+		r := CallRef{Function: "?", Site: Addr(site), Kind: "call"}
+		if tail {
+			r.Kind = "tail-call"
+		}
+		if s, off, ok := syms.At(fn); ok && off == 0 {
+			r.Function, r.Module = s.Name, s.Module
+		}
+		if s, off, ok := syms.At(site); ok {
+			r.At = fmt.Sprintf("%s+%#x", s.Name, off)
+		}
+		return r
+	}
+	out := Calls{Function: sym.Name, Address: Addr(sym.Addr), Callees: []CallRef{}, Callers: []CallRef{}}
+	for _, e := range g.Callees[sym.Addr] {
+		out.Callees = append(out.Callees, ref(e.Callee, e.Site, e.Tail))
+	}
+	for _, e := range g.Callers[sym.Addr] {
+		out.Callers = append(out.Callers, ref(e.Caller, e.Site, e.Tail))
+	}
+	for _, l := range [][]CallRef{out.Callees, out.Callers} {
+		sort.Slice(l, func(i, j int) bool { return l[i].Site < l[j].Site })
+	}
+	return out, nil
+}
