@@ -137,7 +137,7 @@ func (f *Function) indexBound(j int, index LiveSet) (int, bool) {
 			}
 			return 0, false
 		}
-		_, d := useDef(in, nil, nil)
+		_, d := useDef(in, nil, nil, nil)
 		if d&index != 0 && !extendsItself(in, index) {
 			return 0, false
 		}

@@ -86,6 +86,7 @@ type Kernel struct {
 	Stats    Stats
 	NoReturn NoReturnSet
 	Calls    CallGraph
+	Reads    CalleeReads // each function's entry live-in
 }
 
 // NoReturnSet holds the start addresses of functions that never return.
@@ -169,7 +170,11 @@ func AnalyzeKernel(ctx context.Context, r TextReader, syms *Symbols, o AnalyzeOp
 	noret := noReturnFunctions(sums)
 	st.NoReturn = len(noret)
 	st.Seconds = time.Since(start).Seconds()
-	return &Kernel{Stats: st, NoReturn: noret, Calls: callGraph(sums)}, ctx.Err()
+	reads := make(CalleeReads, len(sums))
+	for a, sum := range sums {
+		reads[a] = sum.entryLive
+	}
+	return &Kernel{Stats: st, NoReturn: noret, Calls: callGraph(sums), Reads: reads}, ctx.Err()
 }
 
 // callGraph collects the direct call and tail-call edges of the summaries.
@@ -194,7 +199,8 @@ func callGraph(sums map[uint64]*summary) CallGraph {
 
 // summary is what the no-return analysis needs of a function.
 type summary struct {
-	blocks []summaryBlock
+	blocks    []summaryBlock
+	entryLive LiveSet
 }
 
 type summaryBlock struct {
@@ -297,8 +303,8 @@ func analyzeOne(r TextReader, syms *Symbols, s Symbol, o AnalyzeOptions, st *Sta
 	blocks := fn.BlocksOpt(BlockOptions{Names: names, Tables: r})
 	// Liveness is part of the analysis (its block live-in sets are what
 	// splicing consults), so the census pays for it too.
-	fn.Live(blocks, names, o.Prototypes)
-	sum := &summary{blocks: make([]summaryBlock, len(blocks))}
+	lv := fn.Live(blocks, names, o.Prototypes)
+	sum := &summary{blocks: make([]summaryBlock, len(blocks)), entryLive: lv.LiveIn[0]}
 	for bi, b := range blocks {
 		sb := &sum.blocks[bi]
 		sb.exit = b.Exit

@@ -175,7 +175,7 @@ func isJcc(op x86asm.Op) bool {
 // useDef returns what instruction in reads before it writes anything (use)
 // and what it overwrites entirely (def). Calls follow the kernel's SysV
 // ABI; anything not understood reads everything and defines nothing.
-func useDef(in *Instruction, names NameAt, protos Prototypes) (use, def LiveSet) {
+func useDef(in *Instruction, names NameAt, protos Prototypes, reads CalleeReads) (use, def LiveSet) {
 	inst := &in.Inst
 	args := inst.Args[:]
 	n := 0
@@ -195,9 +195,20 @@ func useDef(in *Instruction, names NameAt, protos Prototypes) (use, def LiveSet)
 	case op == x86asm.CALL:
 		use = argRegs | regRSP
 		if t, ok := BranchTarget(in); ok && names != nil {
-			if name, ok := names(t); ok && IsIndirectThunk(name) {
+			name, named := names(t)
+			switch {
+			case named && IsIndirectThunk(name):
 				use |= thunkReg(name)
-			} else if ok {
+			case reads[t] != 0:
+				// What the callee reads before writing, plus its
+				// prototype's arguments where it has one: a tracer
+				// attached at its entry (fentry, kprobe) may read those
+				// even when the callee does not.
+				use = reads[t]&callerSaved | regRSP
+				if _, ok := protos[name]; named && ok {
+					use |= protos.argSet(name)
+				}
+			case named:
 				use = protos.argSet(name) | regRSP
 			}
 		} else {
@@ -326,6 +337,7 @@ type Liveness struct {
 	blocks  []Block
 	names   NameAt
 	protos  Prototypes
+	reads   CalleeReads
 	LiveIn  []LiveSet // per block
 	LiveOut []LiveSet // per block
 }
@@ -341,9 +353,17 @@ func (lv *Liveness) exitUses(b *Block) LiveSet {
 		return 0
 	case TailCall:
 		args := argRegs
-		if t, ok := BranchTarget(b.Last(lv.fn)); ok && lv.names != nil {
-			if name, ok := lv.names(t); ok {
+		if t, ok := BranchTarget(b.Last(lv.fn)); ok {
+			if name, ok := lv.names.name(t); ok {
 				args = lv.protos.argSet(name)
+			}
+			if r := lv.reads[t]; r != 0 {
+				name, named := lv.names.name(t)
+				if _, ok := lv.protos[name]; named && ok {
+					args = r&callerSaved | lv.protos.argSet(name)
+				} else {
+					args = r & callerSaved
+				}
 			}
 		}
 		return args | calleeSaved | regRSP
@@ -357,7 +377,17 @@ func (lv *Liveness) exitUses(b *Block) LiveSet {
 // caller-saved ones; a return reads the return registers (none for a
 // void function) and the callee-saved ones. protos may be nil.
 func (f *Function) Live(blocks []Block, names NameAt, protos Prototypes) *Liveness {
-	lv := &Liveness{fn: f, blocks: blocks, names: names, protos: protos,
+	return f.LiveWith(blocks, names, protos, nil)
+}
+
+// CalleeReads maps a function's start address to what it may read before
+// writing it (its entry live-in), from a whole-kernel pass: the callee
+// summaries that make call sites precise where they are known.
+type CalleeReads map[uint64]LiveSet
+
+// LiveWith is Live with callee summaries; reads may be nil.
+func (f *Function) LiveWith(blocks []Block, names NameAt, protos Prototypes, reads CalleeReads) *Liveness {
+	lv := &Liveness{fn: f, blocks: blocks, names: names, protos: protos, reads: reads,
 		LiveIn: make([]LiveSet, len(blocks)), LiveOut: make([]LiveSet, len(blocks))}
 	type ud struct{ use, def LiveSet }
 	summary := make([]ud, len(blocks))
@@ -365,7 +395,7 @@ func (f *Function) Live(blocks []Block, names NameAt, protos Prototypes) *Livene
 		b := &blocks[bi]
 		var s ud
 		for i := b.First + b.N - 1; i >= b.First; i-- {
-			u, d := useDef(&f.Insns[i], names, protos)
+			u, d := useDef(&f.Insns[i], names, protos, reads)
 			s.use = u | (s.use &^ d)
 			s.def |= d
 		}
@@ -400,7 +430,7 @@ func (lv *Liveness) Before(b, i int) LiveSet {
 	blk := &lv.blocks[b]
 	live := lv.LiveOut[b]
 	for j := blk.First + blk.N - 1; j >= i; j-- {
-		u, d := useDef(&lv.fn.Insns[j], lv.names, lv.protos)
+		u, d := useDef(&lv.fn.Insns[j], lv.names, lv.protos, lv.reads)
 		live = u | (live &^ d)
 	}
 	return live
@@ -446,7 +476,7 @@ func Clobbers(code []byte, addr uint64) (LiveSet, error) {
 				}
 			}
 		}
-		u, d := useDef(in, nil, nil)
+		u, d := useDef(in, nil, nil, nil)
 		if u == allLive && d == 0 && in.Inst.Op != x86asm.NOP {
 			return allLive, nil // not understood
 		}
@@ -471,4 +501,12 @@ func writesOf(in *Instruction) LiveSet {
 		return b
 	}
 	return 0
+}
+
+// name is a nil-safe lookup.
+func (n NameAt) name(a uint64) (string, bool) {
+	if n == nil {
+		return "", false
+	}
+	return n(a)
 }

@@ -59,7 +59,7 @@ func TestLiveness(t *testing.T) {
 
 func TestUseDefUnknownIsConservative(t *testing.T) {
 	f, _ := Decode("f", "", 0, []byte{0x0f, 0xa2}) // cpuid
-	u, d := useDef(&f.Insns[0], nil, nil)
+	u, d := useDef(&f.Insns[0], nil, nil, nil)
 	if u != allLive || d != 0 {
 		t.Errorf("cpuid: use %v def %v; unknown semantics must read everything", u, d)
 	}
@@ -82,5 +82,35 @@ func TestClobbers(t *testing.T) {
 		if err != nil || got != tc.want {
 			t.Errorf("%s: clobbers %v (%v), want %v", tc.name, got, err, tc.want)
 		}
+	}
+}
+
+func TestCalleeReads(t *testing.T) {
+	fn, names := assembleFunction(t, "live")
+	var g uint64
+	for i := range fn.Insns {
+		if tg, ok := BranchTarget(&fn.Insns[i]); ok && fn.Insns[i].Inst.Op.String() == "CALL" {
+			g = tg
+		}
+	}
+	blocks := fn.Blocks(names)
+	at := func(lv *Liveness, off uint64) LiveSet {
+		i, _ := fn.Index(off)
+		return lv.Before(0, i)
+	}
+	// Without a summary the call reads every argument register.
+	if l := at(fn.Live(blocks, names, nil), 0x9); l&regR8 == 0 {
+		t.Fatalf("without a summary R8 should be live before the call: %v", l)
+	}
+	// g reads only RDI: R8 is dead, RDI stays live.
+	l := at(fn.LiveWith(blocks, names, nil, CalleeReads{g: regRDI | regRSP}), 0x9)
+	if l&regR8 != 0 || l&regRDI == 0 {
+		t.Errorf("with g reading only RDI: %v", l)
+	}
+	// A prototype still counts: a tracer at g's entry may read its
+	// arguments.
+	l = at(fn.LiveWith(blocks, names, Prototypes{"g": {ArgRegs: 5, RetRegs: 1}}, CalleeReads{g: regRDI | regRSP}), 0x9)
+	if l&regR8 == 0 {
+		t.Errorf("g's prototype has 5 arguments, R8 must stay live: %v", l)
 	}
 }

@@ -30,6 +30,9 @@ type kernelAnalysis struct {
 	Created  time.Time `json:"created"`
 	Stats    cfg.Stats `json:"stats"`
 	NoReturn []string  `json:"noreturn"` // "sym+0xoff" of the function starts, core kernel relative to _text, or "module:name"
+	// Reads are the callee summaries: what each function reads before
+	// writing, as a cfg.LiveSet, by portable name.
+	Reads map[string]uint32 `json:"reads"`
 }
 
 // analysisKey identifies the kernel build (GNU build id from
@@ -99,10 +102,10 @@ func (d *Daemon) analyze(ctx context.Context, workers int, progress func(done, t
 	}
 	d.setNoReturn(k.NoReturn)
 	d.anMu.Lock()
-	d.calls, d.callSyms = &k.Calls, syms
+	d.calls, d.callSyms, d.reads = &k.Calls, syms, k.Reads
 	d.anMu.Unlock()
 	if d.cacheDir != "" {
-		if err := d.saveAnalysis(syms, k.Stats, k.NoReturn); err != nil {
+		if err := d.saveAnalysis(syms, k.Stats, k.NoReturn, k.Reads); err != nil {
 			d.log.Warn("analysis cache not saved", "err", err)
 		}
 	}
@@ -113,6 +116,13 @@ func (d *Daemon) setNoReturn(s cfg.NoReturnSet) {
 	d.anMu.Lock()
 	d.noret = s
 	d.anMu.Unlock()
+}
+
+// calleeReads are the current callee summaries, or nil.
+func (d *Daemon) calleeReads() cfg.CalleeReads {
+	d.anMu.Lock()
+	defer d.anMu.Unlock()
+	return d.reads
 }
 
 // noReturn is the current no-return set, or nil before the first
@@ -134,7 +144,7 @@ func (d *Daemon) cachePath() (string, error) {
 	return filepath.Join(d.cacheDir, "analysis-"+key+".json"), nil
 }
 
-func (d *Daemon) saveAnalysis(syms *cfg.Symbols, st cfg.Stats, noret cfg.NoReturnSet) error {
+func (d *Daemon) saveAnalysis(syms *cfg.Symbols, st cfg.Stats, noret cfg.NoReturnSet, reads cfg.CalleeReads) error {
 	path, err := d.cachePath()
 	if err != nil {
 		return err
@@ -146,6 +156,12 @@ func (d *Daemon) saveAnalysis(syms *cfg.Symbols, st cfg.Stats, noret cfg.NoRetur
 		}
 	}
 	sort.Strings(a.NoReturn)
+	a.Reads = make(map[string]uint32, len(reads))
+	for addr, r := range reads {
+		if name, ok := syms.Portable(addr); ok {
+			a.Reads[name] = uint32(r)
+		}
+	}
 	b, err := json.Marshal(a)
 	if err != nil {
 		return err
@@ -188,7 +204,16 @@ func (d *Daemon) loadAnalysis() (cfg.Stats, bool, error) {
 			s[addr] = true
 		}
 	}
+	reads := make(cfg.CalleeReads, len(a.Reads))
+	for name, r := range a.Reads {
+		if addr, ok := syms.FromPortable(name); ok {
+			reads[addr] = cfg.LiveSet(r)
+		}
+	}
 	d.setNoReturn(s)
+	d.anMu.Lock()
+	d.reads = reads
+	d.anMu.Unlock()
 	return a.Stats, true, nil
 }
 

@@ -28,7 +28,7 @@ func (d *Daemon) FunctionCFG(name string) (CFG, error) {
 	out := CFG{Function: fn.Name, Module: fn.Module, Address: Addr(fn.Addr), Size: fn.End - fn.Addr, Truncated: fn.Truncated}
 	blocks := fn.BlocksOpt(cfg.BlockOptions{Names: names, NoReturn: d.noReturn(), Tables: d.dev})
 	protos := d.prototypes()
-	lv := fn.Live(blocks, names, protos)
+	lv := fn.LiveWith(blocks, names, protos, d.calleeReads())
 	for _, b := range blocks {
 		cb := CFGBlock{Index: b.Index, Start: Addr(b.Start(fn)), Padding: b.Padding, Preds: b.Preds, Succs: []CFGEdge{}}
 		if b.Exit != cfg.NoExit {

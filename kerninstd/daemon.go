@@ -51,8 +51,9 @@ type Daemon struct {
 	ownedOnce sync.Once
 	owned     *cfg.OwnedSites // instructions the kernel's own tables name; nil if unreadable
 
-	anMu     sync.Mutex      // protects noret, stats, calls and callSyms
+	anMu     sync.Mutex      // protects noret, reads, stats, calls and callSyms
 	noret    cfg.NoReturnSet // from the whole-kernel analysis; nil until it ran
+	reads    cfg.CalleeReads // its callee summaries; nil until it ran
 	stats    *cfg.Stats      // its census
 	calls    *cfg.CallGraph  // its call graph (not cached on disk)
 	callSyms *cfg.Symbols    // the symbols the graph's addresses belong to

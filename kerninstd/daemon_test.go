@@ -331,8 +331,8 @@ func TestAnalysisCache(t *testing.T) {
 }
 
 // BenchmarkLoadAnalysis measures a restarted kerninstd's cached load of
-// the whole-kernel analysis (here with 5,000 never-returning functions,
-// more than a real kernel has):
+// the whole-kernel analysis: here 50,000 callee summaries and 5,000
+// never-returning functions, more than a real kernel has:
 //
 //	go test -run XXX -bench LoadAnalysis ./kerninstd
 func BenchmarkLoadAnalysis(b *testing.B) {
@@ -345,10 +345,14 @@ func BenchmarkLoadAnalysis(b *testing.B) {
 	var ks strings.Builder
 	ks.WriteString("ffffffff81000000 T _text\n" + kallsyms)
 	noret := cfg.NoReturnSet{}
-	for i := 0; i < 5000; i++ {
+	reads := cfg.CalleeReads{}
+	for i := 0; i < 50000; i++ {
 		a := uint64(0xffffffff82000000) + uint64(i)*0x40
 		fmt.Fprintf(&ks, "%x t fn%d\n", a, i)
-		noret[a] = true
+		reads[a] = cfg.LiveSet(i)
+		if i%10 == 0 {
+			noret[a] = true
+		}
 	}
 	os.WriteFile(path, []byte(ks.String()), 0o600)
 	d, err := New(Config{Device: newFakeKernel(textAddr, text), Kallsyms: path, Release: "test",
@@ -356,7 +360,7 @@ func BenchmarkLoadAnalysis(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := d.saveAnalysis(d.symbols(), cfg.Stats{Functions: 47166}, noret); err != nil {
+	if err := d.saveAnalysis(d.symbols(), cfg.Stats{Functions: 47166}, noret, reads); err != nil {
 		b.Fatal(err)
 	}
 	b.ResetTimer()
@@ -366,7 +370,7 @@ func BenchmarkLoadAnalysis(b *testing.B) {
 		}
 	}
 	b.StopTimer()
-	if n := len(d.noret); n != len(noret) {
-		b.Fatalf("loaded %d never-returning functions, saved %d", n, len(noret))
+	if n := len(d.noret); n != len(noret) || len(d.reads) != len(reads) {
+		b.Fatalf("loaded %d never-returning functions and %d summaries, saved %d and %d", n, len(d.reads), len(noret), len(reads))
 	}
 }

@@ -133,7 +133,7 @@ func (d *Daemon) dataflowLive(syms *cfg.Symbols, fn *cfg.Function, i int) cfg.Li
 	protos := d.prototypes()
 	names := syms.Names()
 	blocks := fn.BlocksOpt(cfg.BlockOptions{Names: names, NoReturn: d.noReturn(), Tables: d.dev})
-	lv := fn.Live(blocks, names, protos)
+	lv := fn.LiveWith(blocks, names, protos, d.calleeReads())
 	for _, b := range blocks {
 		if i >= b.First && i < b.First+b.N {
 			return lv.Before(b.Index, i)
