@@ -119,14 +119,20 @@ func (f *Function) BlocksWith(names NameAt, noReturn NoReturn) []Block {
 // BlocksOpt splits f into basic blocks with the given options.
 func (f *Function) BlocksOpt(o BlockOptions) []Block {
 	names, noReturn := o.Names, o.NoReturn
-	leader := map[int]bool{0: true}
+	// Slices and sorted searches rather than maps: this runs for every
+	// function of the kernel.
+	leader := make([]bool, len(f.Insns))
+	leader[0] = true
 	targets := f.BranchTargets()
-	tables := map[int]JumpTable{}
+	var tables map[int]JumpTable
 	for i := range f.Insns {
 		in := &f.Insns[i]
 		if in.Inst.Op == x86asm.JMP && o.Tables != nil {
 			if _, direct := BranchTarget(in); !direct || regOf(in, names) != 0 {
 				if jt, ok := f.jumpTable(i, o.Tables, names); ok {
+					if tables == nil {
+						tables = map[int]JumpTable{}
+					}
 					tables[i] = jt
 					for _, t := range jt.Targets {
 						targets[t] = true
@@ -144,20 +150,26 @@ func (f *Function) BlocksOpt(o BlockOptions) []Block {
 			leader[i+1] = true
 		}
 	}
-	starts := make([]int, 0, len(leader))
-	for i := range leader {
-		starts = append(starts, i)
+	var starts []int
+	for i, l := range leader {
+		if l {
+			starts = append(starts, i)
+		}
 	}
-	sort.Ints(starts)
 	blocks := make([]Block, len(starts))
-	byAddr := make(map[uint64]int, len(starts))
 	for bi, s := range starts {
 		end := len(f.Insns)
 		if bi+1 < len(starts) {
 			end = starts[bi+1]
 		}
 		blocks[bi] = Block{Index: bi, First: s, N: end - s}
-		byAddr[f.Insns[s].Addr] = bi
+	}
+	// byAddr maps a leader's address to its block; false for an address
+	// that starts no decoded instruction (a jump into the middle of one,
+	// or past where decoding stopped).
+	byAddr := func(a uint64) (int, bool) {
+		i := sort.Search(len(starts), func(i int) bool { return f.Insns[starts[i]].Addr >= a })
+		return i, i < len(starts) && f.Insns[starts[i]].Addr == a
 	}
 	for bi := range blocks {
 		b := &blocks[bi]
@@ -171,7 +183,7 @@ func (f *Function) BlocksOpt(o BlockOptions) []Block {
 		if jt, ok := tables[b.First+b.N-1]; ok {
 			seen := map[int]bool{}
 			for _, t := range jt.Targets {
-				if to := byAddr[t]; !seen[to] {
+				if to, _ := byAddr(t); !seen[to] { // table targets were made leaders
 					seen[to] = true
 					b.Succs = append(b.Succs, Edge{Table, to})
 				}
@@ -185,7 +197,11 @@ func (f *Function) BlocksOpt(o BlockOptions) []Block {
 		case op == x86asm.RET:
 			b.Exit = Return
 		case op == x86asm.JMP && inside:
-			b.Succs = append(b.Succs, Edge{Jump, byAddr[target]})
+			if to, ok := byAddr(target); ok {
+				b.Succs = append(b.Succs, Edge{Jump, to})
+			} else {
+				b.Exit = IndirectJump // lands where we did not decode: assume anything
+			}
 		case op == x86asm.JMP && direct && IsReturnThunk(name):
 			b.Exit = Return
 		case op == x86asm.JMP && direct && IsIndirectThunk(name):
@@ -198,8 +214,10 @@ func (f *Function) BlocksOpt(o BlockOptions) []Block {
 			b.Exit = Trap
 		case IsControlTransfer(last) && op != x86asm.CALL:
 			// Conditional branch: taken, then not taken.
-			if inside {
-				b.Succs = append(b.Succs, Edge{Taken, byAddr[target]})
+			if to, ok := byAddr(target); inside && ok {
+				b.Succs = append(b.Succs, Edge{Taken, to})
+			} else if inside {
+				b.Exit = IndirectJump // lands where we did not decode: assume anything
 			}
 			fallthrough
 		default:

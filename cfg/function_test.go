@@ -136,3 +136,18 @@ func TestFlagsLiveIn(t *testing.T) {
 		t.Errorf("Names = %v", n)
 	}
 }
+
+func TestJumpIntoAnInstruction(t *testing.T) {
+	// jmp +1 lands inside the mov: the analysis must not invent an edge.
+	f, err := Decode("f", "", fnAddr, []byte{0xeb, 0x01, 0xb8, 0x01, 0x00, 0x00, 0x00, 0xc3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := f.Blocks(nil)
+	if b[0].Exit != IndirectJump || len(b[0].Succs) != 0 {
+		t.Errorf("block 0: exit %v succs %v; want an unresolved jump", b[0].Exit, b[0].Succs)
+	}
+	if lv := f.Live(b, nil, nil); lv.LiveOut[0] != allLive {
+		t.Errorf("live out of the unresolved jump: %v, want everything", lv.LiveOut[0])
+	}
+}
