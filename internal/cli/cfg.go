@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
@@ -28,9 +27,7 @@ func ShowCFG(ctx context.Context, c *kerninstd.Client, function string, format C
 	}
 	switch format {
 	case CFGJSON:
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(g)
+		return writeJSON(w, g)
 	case CFGDot:
 		return writeDot(w, g)
 	}
@@ -134,9 +131,7 @@ func ShowStats(ctx context.Context, c *kerninstd.Client, asJSON bool, w, stderr 
 		return err
 	}
 	if asJSON {
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(st)
+		return writeJSON(w, st)
 	}
 	pct := func(n int) string {
 		if st.Instructions == 0 {
@@ -165,9 +160,7 @@ func ShowCalls(ctx context.Context, c *kerninstd.Client, function string, asJSON
 		return err
 	}
 	if asJSON {
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(g)
+		return writeJSON(w, g)
 	}
 	fmt.Fprintf(w, "%s %#x\n", g.Function, uint64(g.Address))
 	for _, part := range []struct {

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -174,9 +173,7 @@ loop:
 		report.Probes = append(report.Probes, cp)
 	}
 	if o.JSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return exitStatus, enc.Encode(report)
+		return exitStatus, writeJSON(stdout, report)
 	}
 	fmt.Fprintf(stdout, "\ncounts over %.3f s (splices removed):\n", time.Duration(report.DurationNS).Seconds())
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)

@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
@@ -19,9 +18,7 @@ func Read(ctx context.Context, c *kerninstd.Client, at string, n int, asJSON boo
 		return err
 	}
 	if asJSON {
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(m)
+		return writeJSON(w, m)
 	}
 	b, err := hex.DecodeString(m.Bytes)
 	if err != nil {
