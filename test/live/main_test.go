@@ -15,7 +15,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -41,12 +43,16 @@ func runWithVM(m *testing.M) int {
 	defer cancel()
 	root := repoRoot()
 	bin := os.Getenv("KINST_BIN")
+	reapStaleVMs()
 	tmp, err := os.MkdirTemp("", "kinst-live-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	defer os.RemoveAll(tmp)
+	// Whose VM this is: a later run reaps it if this process dies without
+	// tearing it down (a panic in a benchmark skips TestMain's defers).
+	os.WriteFile(filepath.Join(tmp, "owner.pid"), []byte(strconv.Itoa(os.Getpid())), 0o600)
 	if bin == "" {
 		bin = filepath.Join(tmp, "bin")
 		for _, c := range []string{"kinst", "kerninstd"} {
@@ -89,6 +95,41 @@ func runWithVM(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "live: vm down: %v\n", err)
 	}
 	return code
+}
+
+// reapStaleVMs stops test VMs whose test process is gone.
+func reapStaleVMs() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "kinst-live-*"))
+	for _, d := range dirs {
+		b, err := os.ReadFile(filepath.Join(d, "owner.pid"))
+		if err != nil {
+			continue
+		}
+		if owner, _ := strconv.Atoi(strings.TrimSpace(string(b))); owner > 0 && processAlive(owner) {
+			continue // still running
+		}
+		if in, err := vm.Attach(filepath.Join(d, "vm")); err == nil {
+			fmt.Fprintf(os.Stderr, "live: stopping a VM left by a crashed run (%s)\n", d)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			in.Down(ctx)
+			cancel()
+		}
+		os.RemoveAll(d)
+	}
+}
+
+// processAlive: the process exists and is not a zombie waiting to be
+// reaped.
+func processAlive(pid int) bool {
+	if syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	_, rest, _ := strings.Cut(string(st), ") ")
+	return !strings.HasPrefix(rest, "Z")
 }
 
 func waitKerninstd(ctx context.Context, in *vm.Instance) error {
