@@ -1,49 +1,78 @@
 package driver
 
-// Mirrors of the structs in driver/linux/kerninst_uapi.h (ABI version 1).
-// TestABILayout checks sizes and ioctl numbers against a C compiler.
+import "unsafe"
 
+// Mirrors of the structs and ioctl numbers in driver/linux/kerninst_uapi.h.
+// Every field has its C type's size and every struct its C layout (no
+// implicit padding on amd64); TestABILayout checks this against a C
+// compiler and against sizes worked out by hand.
+
+// abiVersion is KI_ABI_VERSION: the driver must report the same.
 const abiVersion = 1
 
-// struct ki_info is Info (device.go), which the ioctl fills directly.
+// maxInsn is KI_MAX_INSN: the longest x86 instruction.
+const maxInsn = 15
 
+// Info is struct ki_info, the layout of the driver's heaps, filled by the
+// INFO ioctl.
+type Info struct {
+	ABIVersion      uint32
+	ChunkSize       uint32 // patch heap allocation granule, bytes
+	PatchHeap       uint64 // kernel address of the executable patch heap
+	PatchHeapSize   uint64 // bytes
+	CounterHeap     uint64 // kernel address of counter slot 0
+	CounterHeapSize uint64 // bytes; mapped read-only by Open
+	ModuleText      uint64 // kerninst.ko's own text, never spliced
+	ModuleTextSize  uint64
+	Splices         uint32 // splices installed right now
+	Int3Hits        uint32 // CPUs the int3 notifier sent to a patch (wraps)
+}
+
+// kiRead is struct ki_read.
 type kiRead struct {
 	Addr, Buf, Len uint64
 }
 
+// kiPatchAlloc is struct ki_patch_alloc.
 type kiPatchAlloc struct {
-	Size, Addr uint64
+	Size uint64
+	Addr uint64 // out
 }
 
+// kiPatchWrite is struct ki_patch_write.
 type kiPatchWrite struct {
 	Addr, Buf, Len uint64
 }
 
+// kiPatchFree is struct ki_patch_free.
 type kiPatchFree struct {
 	Addr uint64
 }
 
+// kiSplice is struct ki_splice.
 type kiSplice struct {
 	Addr  uint64
 	Patch uint64
 	Len   uint32
-	ID    uint32
+	ID    uint32 // out
 	Orig  [16]byte
 	New   [16]byte
 }
 
+// kiUnsplice is struct ki_unsplice.
 type kiUnsplice struct {
 	ID, Pad uint32
 }
 
+// kiCountersClear is struct ki_counters_clear.
 type kiCountersClear struct {
 	First, Count uint32
 }
 
-// ioctl numbers: _IOC(dir, 0xB7, nr, size).
+// ioctl numbers: the kernel's _IOC(dir, type, nr, size) on x86.
 const (
-	iocWrite = 1
-	iocRead  = 2
+	iocWrite = 1 // _IOC_WRITE: user space writes the argument
+	iocRead  = 2 // _IOC_READ: user space reads it back
 	iocMagic = 0xB7
 )
 
@@ -52,12 +81,12 @@ func ioc(dir, nr, size uintptr) uintptr {
 }
 
 var (
-	iocInfo          = ioc(iocRead, 0, 64)
-	iocRead_         = ioc(iocWrite, 1, 24)
-	iocPatchAlloc    = ioc(iocRead|iocWrite, 2, 16)
-	iocPatchWrite    = ioc(iocWrite, 3, 24)
-	iocPatchFree     = ioc(iocWrite, 4, 8)
-	iocSplice        = ioc(iocRead|iocWrite, 5, 56)
-	iocUnsplice      = ioc(iocWrite, 6, 8)
-	iocCountersClear = ioc(iocWrite, 7, 8)
+	iocInfo          = ioc(iocRead, 0, unsafe.Sizeof(Info{}))
+	iocReadMem       = ioc(iocWrite, 1, unsafe.Sizeof(kiRead{}))
+	iocPatchAlloc    = ioc(iocRead|iocWrite, 2, unsafe.Sizeof(kiPatchAlloc{}))
+	iocPatchWrite    = ioc(iocWrite, 3, unsafe.Sizeof(kiPatchWrite{}))
+	iocPatchFree     = ioc(iocWrite, 4, unsafe.Sizeof(kiPatchFree{}))
+	iocSplice        = ioc(iocRead|iocWrite, 5, unsafe.Sizeof(kiSplice{}))
+	iocUnsplice      = ioc(iocWrite, 6, unsafe.Sizeof(kiUnsplice{}))
+	iocCountersClear = ioc(iocWrite, 7, unsafe.Sizeof(kiCountersClear{}))
 )

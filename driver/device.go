@@ -3,10 +3,9 @@ package driver
 import (
 	"errors"
 	"fmt"
-	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 	"unsafe"
 
@@ -16,142 +15,180 @@ import (
 // DefaultPath is the device node kerninst.ko creates.
 const DefaultPath = "/dev/kerninst"
 
+// maxRead is the most the driver copies in one READ ioctl.
+const maxRead = 1 << 20
+
+// openRetry is how long Open retries a busy device: a previous owner's
+// release may still be restoring text.
+const openRetry = 10 * time.Second
+
 var (
-	// ErrNotLoaded: there is no device node; kerninst.ko is not loaded.
+	// ErrNotLoaded: there is no kerninst device; the module is not loaded.
 	ErrNotLoaded = errors.New("no /dev/kerninst: load kerninst.ko (insmod kerninst.ko)")
-	// ErrBusy: another process holds the device (one kerninstd at a time).
+	// ErrBusy: another process holds the device (one owner at a time).
 	ErrBusy = errors.New("/dev/kerninst is held by another process (is kerninstd already running?)")
-	// ErrStale: the bytes at a splice point are not what the caller analysed.
+	// ErrStale: the bytes at a splice point are not the ones the caller
+	// expected; the text changed since it was analysed.
 	ErrStale = errors.New("kernel text changed since it was analysed")
+	// ErrClosed: the Device was closed.
+	ErrClosed = errors.New("kerninst device closed")
 )
 
-// StaleError reports the address whose bytes changed under us.
+// StaleError reports the address whose bytes are not the expected
+// original. errors.Is(err, ErrStale) holds for it.
 type StaleError struct{ Addr uint64 }
 
 func (e *StaleError) Error() string {
 	return fmt.Sprintf("bytes at %#x are not the expected original: %v", e.Addr, ErrStale)
 }
 
-func (e *StaleError) Is(t error) bool { return t == ErrStale }
+// Is makes errors.Is(err, ErrStale) true.
+func (e *StaleError) Is(target error) bool { return target == ErrStale }
 
-// Info is the layout of the driver's heaps. It is also the ABI's struct
-// ki_info, filled by the INFO ioctl.
-type Info struct {
-	ABIVersion      uint32
-	ChunkSize       uint32 // patch heap allocation granule
-	PatchHeap       uint64 // kernel address of the executable patch heap
-	PatchHeapSize   uint64
-	CounterHeap     uint64 // kernel address of counter slot 0
-	CounterHeapSize uint64
-	ModuleText      uint64 // kerninst.ko's own memory, never spliced
-	ModuleTextSize  uint64
-	Splices         uint32 // installed right now
-	Int3Hits        uint32 // CPUs the int3 notifier sent to a patch (wraps)
-}
-
-// Device is an open /dev/kerninst. Its methods are safe for concurrent
-// use; the driver serialises them anyway.
+// Device is an open /dev/kerninst: the process holding it owns every
+// splice and patch allocation it makes, and closing it -- explicitly, by
+// exit or by a crash -- makes the driver restore all of them.
+//
+// A Device is safe for concurrent use. The driver serialises its calls;
+// Close waits for calls in progress.
 type Device struct {
-	f        *os.File
+	// mu: Close holds it for writing; every other method holds it for
+	// reading, so neither the fd nor the counter mapping goes away under
+	// a call.
+	mu       sync.RWMutex
+	fd       int    // -1 once closed
 	counters []byte // read-only mapping of the counter heap
-	info     Info
-	mu       sync.Mutex // protects f against Close during a call
+	info     Info   // from Open; immutable
 }
 
-// Open opens the device. A previous owner's release may still be restoring
-// text, so EBUSY is retried for up to 10 s.
+// Open opens the device at path (DefaultPath if empty), checks that the
+// driver speaks this package's ABI and maps the counter heap read-only.
+// The driver zeroes every counter at open.
+//
+// A busy device is retried for up to 10 s, since a previous owner's
+// release may still be restoring its splices; after that the error is
+// ErrBusy. A missing device is ErrNotLoaded.
 func Open(path string) (*Device, error) {
 	if path == "" {
 		path = DefaultPath
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	var f *os.File
+	deadline := time.Now().Add(openRetry)
+	var fd int
 	for {
 		var err error
-		f, err = os.OpenFile(path, os.O_RDWR, 0)
+		fd, err = unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
 		if err == nil {
 			break
 		}
 		switch {
-		case errors.Is(err, os.ErrNotExist):
-			return nil, ErrNotLoaded
-		case errors.Is(err, syscall.EBUSY) && time.Now().Before(deadline):
-			time.Sleep(100 * time.Millisecond)
+		case errors.Is(err, unix.ENOENT), errors.Is(err, unix.ENODEV), errors.Is(err, unix.ENXIO):
+			return nil, fmt.Errorf("open %s: %w", path, ErrNotLoaded)
+		case errors.Is(err, unix.EBUSY) && time.Now().Before(deadline):
+			time.Sleep(50 * time.Millisecond)
 			continue
-		case errors.Is(err, syscall.EBUSY):
-			return nil, ErrBusy
+		case errors.Is(err, unix.EBUSY):
+			return nil, fmt.Errorf("open %s: %w", path, ErrBusy)
+		case errors.Is(err, unix.EPERM), errors.Is(err, unix.EACCES):
+			return nil, fmt.Errorf("open %s: %w (needs root: CAP_SYS_ADMIN)", path, err)
 		}
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
-	d := &Device{f: f}
+	d := &Device{fd: fd}
 	in, err := d.Info()
 	if err != nil {
-		f.Close()
+		unix.Close(fd)
 		return nil, err
 	}
 	if in.ABIVersion != abiVersion {
-		f.Close()
-		return nil, fmt.Errorf("kerninst.ko speaks ABI %d, this kerninstd %d: rebuild and reload the module", in.ABIVersion, abiVersion)
+		unix.Close(fd)
+		return nil, fmt.Errorf("kerninst.ko speaks ABI %d, this program %d: rebuild and reload the module", in.ABIVersion, abiVersion)
 	}
-	d.info = in
-	m, err := unix.Mmap(int(f.Fd()), 0, int(in.CounterHeapSize), unix.PROT_READ, unix.MAP_SHARED)
+	if in.CounterHeapSize == 0 || in.CounterHeapSize%8 != 0 || in.CounterHeapSize > 1<<30 {
+		unix.Close(fd)
+		return nil, fmt.Errorf("kerninst.ko reports a counter heap of %d bytes", in.CounterHeapSize)
+	}
+	m, err := unix.Mmap(fd, 0, int(in.CounterHeapSize), unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {
-		f.Close()
+		unix.Close(fd)
 		return nil, fmt.Errorf("mmap counter heap: %w", err)
 	}
+	d.info = in
 	d.counters = m
 	return d, nil
 }
 
-// Close releases the device: the driver restores every splice still
-// installed and reclaims the patch heap.
+// Close unmaps the counters and closes the device. The driver then puts
+// back the original bytes of every splice still installed, waits until no
+// task can be running in a patch, and reclaims the patch heap; a following
+// Open (by anyone) waits for that. Close after Close is a no-op.
 func (d *Device) Close() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.f == nil {
+	if d.fd < 0 {
 		return nil
 	}
-	unix.Munmap(d.counters)
-	err := d.f.Close()
-	d.f = nil
-	return err
+	err := unix.Munmap(d.counters)
+	d.counters = nil
+	if cerr := unix.Close(d.fd); err == nil {
+		err = cerr
+	}
+	d.fd = -1
+	if err != nil {
+		return fmt.Errorf("kerninst close: %w", err)
+	}
+	return nil
 }
 
+// ioctl issues one request; the caller holds d.mu for reading.
 func (d *Device) ioctl(op string, req uintptr, arg unsafe.Pointer) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.f == nil {
-		return fmt.Errorf("kerninst %s: device closed", op)
+	if d.fd < 0 {
+		return fmt.Errorf("kerninst %s: %w", op, ErrClosed)
 	}
-	_, _, errno := unix.Syscall(unix.SYS_IOCTL, d.f.Fd(), req, uintptr(arg))
-	if errno != 0 {
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(d.fd), req, uintptr(arg)); errno != 0 {
 		return fmt.Errorf("kerninst %s: %w", op, errno)
 	}
 	return nil
 }
 
-// Info returns the heap layout and the number of installed splices.
+// Info returns the driver's heap layout and how many splices are
+// installed now.
 func (d *Device) Info() (Info, error) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
 	var in Info
 	err := d.ioctl("info", iocInfo, unsafe.Pointer(&in))
 	return in, err
 }
 
-// Read copies kernel memory at addr into b. An unmapped address is an
-// error (EFAULT), never an oops.
+// Read copies len(b) bytes of kernel memory at addr into b. Memory the
+// kernel cannot read without faulting (unmapped, user addresses) is an
+// error wrapping unix.EFAULT, never an oops. It is the text reader the
+// analysis uses on a live kernel.
 func (d *Device) Read(addr uint64, b []byte) error {
-	if len(b) == 0 {
-		return nil
-	}
-	r := kiRead{Addr: addr, Buf: uint64(uintptr(unsafe.Pointer(&b[0]))), Len: uint64(len(b))}
-	if err := d.ioctl("read", iocRead_, unsafe.Pointer(&r)); err != nil {
-		return fmt.Errorf("%w at %#x+%d", err, addr, len(b))
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	for off := 0; off < len(b); off += maxRead {
+		n := min(len(b)-off, maxRead)
+		r := kiRead{Addr: addr + uint64(off), Buf: uint64(uintptr(unsafe.Pointer(&b[off]))), Len: uint64(n)}
+		err := d.ioctl("read", iocReadMem, unsafe.Pointer(&r))
+		runtime.KeepAlive(b)
+		if err != nil {
+			return fmt.Errorf("%w at %#x+%d", err, r.Addr, n)
+		}
 	}
 	return nil
 }
 
-// PatchAlloc allocates size bytes of the patch heap, filled with int3.
+// PatchAlloc allocates size bytes of the executable patch heap (rounded
+// up to Info.ChunkSize) and returns its kernel address. The memory holds
+// int3 until written, and lies within rel32 reach of kernel and module
+// text. Errors wrap unix.ENOSPC when the heap is full.
 func (d *Device) PatchAlloc(size int) (uint64, error) {
+	if size <= 0 {
+		return 0, fmt.Errorf("kerninst patch alloc: size %d", size)
+	}
+	d.mu.RLock()
+	defer d.mu.RUnlock()
 	a := kiPatchAlloc{Size: uint64(size)}
 	if err := d.ioctl("patch alloc", iocPatchAlloc, unsafe.Pointer(&a)); err != nil {
 		return 0, err
@@ -159,61 +196,128 @@ func (d *Device) PatchAlloc(size int) (uint64, error) {
 	return a.Addr, nil
 }
 
-// PatchWrite writes code into an allocated patch. Refused while a splice
-// sends CPUs there.
+// PatchWrite writes code at addr, which with len(code) must lie inside
+// one allocation. It is refused (unix.EBUSY) while an installed splice
+// sends CPUs into that allocation; if a splice was removed since the last
+// wait, the driver first waits until no task can still be running in a
+// removed patch.
 func (d *Device) PatchWrite(addr uint64, code []byte) error {
 	if len(code) == 0 {
 		return nil
 	}
+	d.mu.RLock()
+	defer d.mu.RUnlock()
 	w := kiPatchWrite{Addr: addr, Buf: uint64(uintptr(unsafe.Pointer(&code[0]))), Len: uint64(len(code))}
-	return d.ioctl("patch write", iocPatchWrite, unsafe.Pointer(&w))
-}
-
-// PatchFree frees the allocation at addr, after waiting (if a splice was
-// removed since the last wait) until no task can still run in it.
-func (d *Device) PatchFree(addr uint64) error {
-	f := kiPatchFree{Addr: addr}
-	return d.ioctl("patch free", iocPatchFree, unsafe.Pointer(&f))
-}
-
-// Splice overwrites the instruction at addr: orig are the bytes expected
-// there, replacement is a jmp rel32 to patch (5 bytes) or an int3 (1
-// byte). The driver checks orig first; a mismatch is a *StaleError.
-func (d *Device) Splice(addr, patch uint64, orig, replacement []byte) (uint32, error) {
-	if len(orig) != len(replacement) || len(orig) == 0 || len(orig) > 15 {
-		return 0, fmt.Errorf("kerninst splice: %d original and %d new bytes", len(orig), len(replacement))
+	err := d.ioctl("patch write", iocPatchWrite, unsafe.Pointer(&w))
+	runtime.KeepAlive(code)
+	if err != nil {
+		return fmt.Errorf("%w at %#x+%d", err, addr, len(code))
 	}
+	return nil
+}
+
+// PatchFree frees the allocation starting at addr and refills it with
+// int3. Like PatchWrite it is refused (unix.EBUSY) while a splice targets
+// the allocation, and waits until no task can still run in a removed
+// patch.
+func (d *Device) PatchFree(addr uint64) error {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	f := kiPatchFree{Addr: addr}
+	if err := d.ioctl("patch free", iocPatchFree, unsafe.Pointer(&f)); err != nil {
+		return fmt.Errorf("%w at %#x", err, addr)
+	}
+	return nil
+}
+
+// Splice overwrites the first len(orig) bytes of the one instruction at
+// addr with replacement: "e9 rel32" jumping to patch (5 bytes; a longer
+// instruction's other bytes stay as they are, unexecuted), or a single
+// int3 (a trap splice: the driver's int3 notifier sends every CPU that
+// reaches addr to patch). patch must be the start of an allocation that
+// already holds its code.
+//
+// The driver first checks that the bytes at addr are orig -- if not,
+// nothing is written and the error is a *StaleError -- then writes with
+// the kernel's own cross-modification protocol (int3, sync every CPU,
+// tail, sync, first byte, sync), so no CPU ever runs a torn instruction.
+// Other refusals wrap unix.EPERM (not kernel text, or the driver's own),
+// unix.EEXIST (overlaps an installed splice), unix.EBUSY (an int3 is
+// already there) and unix.EINVAL (a malformed request).
+func (d *Device) Splice(addr, patch uint64, orig, replacement []byte) (id uint32, err error) {
+	if len(orig) != len(replacement) || len(orig) == 0 || len(orig) > maxInsn {
+		return 0, fmt.Errorf("kerninst splice at %#x: %d original and %d new bytes", addr, len(orig), len(replacement))
+	}
+	d.mu.RLock()
+	defer d.mu.RUnlock()
 	s := kiSplice{Addr: addr, Patch: patch, Len: uint32(len(orig))}
 	copy(s.Orig[:], orig)
 	copy(s.New[:], replacement)
 	if err := d.ioctl("splice", iocSplice, unsafe.Pointer(&s)); err != nil {
-		if errors.Is(err, syscall.ESTALE) {
-			return 0, &StaleError{Addr: addr}
+		if errors.Is(err, unix.ESTALE) {
+			return 0, fmt.Errorf("kerninst splice: %w", &StaleError{Addr: addr})
 		}
-		return 0, err
+		return 0, fmt.Errorf("%w at %#x", err, addr)
 	}
 	return s.ID, nil
 }
 
-// Unsplice restores the original bytes of splice id.
+// Unsplice puts back the original bytes of splice id with the same
+// protocol. A task preempted inside the patch may still be running there
+// when it returns; PatchWrite and PatchFree wait for such tasks. Errors
+// wrap unix.ENOENT for an unknown id.
 func (d *Device) Unsplice(id uint32) error {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
 	u := kiUnsplice{ID: id}
-	return d.ioctl("unsplice", iocUnsplice, unsafe.Pointer(&u))
+	if err := d.ioctl("unsplice", iocUnsplice, unsafe.Pointer(&u)); err != nil {
+		return fmt.Errorf("%w (id %d)", err, id)
+	}
+	return nil
 }
 
 // ClearCounters zeroes counter slots [first, first+count).
 func (d *Device) ClearCounters(first, count int) error {
+	if first < 0 || count < 0 || first > d.NumCounters() || count > d.NumCounters()-first {
+		return fmt.Errorf("kerninst counters clear: slots [%d, %d+%d) outside [0, %d)", first, first, count, d.NumCounters())
+	}
+	d.mu.RLock()
+	defer d.mu.RUnlock()
 	c := kiCountersClear{First: uint32(first), Count: uint32(count)}
 	return d.ioctl("counters clear", iocCountersClear, unsafe.Pointer(&c))
 }
 
 // NumCounters is the number of 64-bit counter slots.
-func (d *Device) NumCounters() int { return len(d.counters) / 8 }
+func (d *Device) NumCounters() int { return int(d.info.CounterHeapSize / 8) }
 
-// Counter reads slot i with an atomic 64-bit load.
+// Counter reads slot i with one atomic 64-bit load from the read-only
+// mapping (no system call). It panics if i is out of range, and returns 0
+// after Close.
 func (d *Device) Counter(i int) uint64 {
-	return atomic.LoadUint64((*uint64)(unsafe.Pointer(&d.counters[i*8])))
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if d.counters == nil {
+		return 0
+	}
+	return atomic.LoadUint64((*uint64)(unsafe.Pointer(&d.counters[i*8 : i*8+8][0])))
 }
 
-// CounterAddr is the kernel address of slot i, for patches to increment.
+// ReadCounters loads slots [first, first+len(dst)) into dst, each with an
+// atomic load, and returns how many it read (fewer at the end of the
+// heap, none after Close).
+func (d *Device) ReadCounters(first int, dst []uint64) int {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if first < 0 || d.counters == nil {
+		return 0
+	}
+	n := 0
+	for ; n < len(dst) && first+n < len(d.counters)/8; n++ {
+		dst[n] = atomic.LoadUint64((*uint64)(unsafe.Pointer(&d.counters[(first+n)*8])))
+	}
+	return n
+}
+
+// CounterAddr is the kernel address of slot i, for patches to increment
+// with "lock incq [rip+disp32]".
 func (d *Device) CounterAddr(i int) uint64 { return d.info.CounterHeap + uint64(i)*8 }

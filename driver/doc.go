@@ -1,9 +1,14 @@
 // Package driver is the Go client of /dev/kerninst, the device of
 // kerninst.ko (sources in driver/linux). It mirrors the module's ioctl ABI
 // (kerninst_uapi.h) and maps the counter heap read-only, so reading a
-// counter is one atomic load.
+// counter is one atomic load, not a system call.
 //
-// The driver needs CAP_SYS_ADMIN and allows one open at a time: the
-// process that holds it owns every splice, and closing it (exit or crash)
-// restores every byte.
+// The device needs CAP_SYS_ADMIN and has one owner at a time: the process
+// that holds it owns every splice and patch it makes, and when it closes
+// the device -- or exits, or is killed -- the driver restores every byte
+// it changed.
+//
+// Errors match sentinels with errors.Is: ErrNotLoaded, ErrBusy, ErrStale
+// (a *StaleError carries the address), ErrClosed; others wrap the driver's
+// errno (unix.EBUSY, unix.EPERM, ...) together with the operation's name.
 package driver

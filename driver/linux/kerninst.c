@@ -5,15 +5,29 @@
 /*
  * kerninst.ko: the kernel half of kinst.
  *
- * It only does what needs kernel context — read kernel memory, write the
+ * It does only what needs kernel context -- read kernel memory, write the
  * patch heap through a temporary alias, splice and unsplice one instruction
- * with the text_poke_bp protocol, redirect int3 hits to patches — and checks
- * every argument it is given. What to splice, and the code in the patches,
- * is decided by kerninstd.
+ * with the text_poke_bp protocol, send CPUs that hit a splice's int3 to its
+ * patch -- and checks every argument it is given. What to splice, and the
+ * code in the patches, is decided in user space (kerninstd).
  *
- * Locking: ki_lock (a mutex) serialises every ioctl, release and the
- * fields marked [ki_lock] below. The int3 notifier runs in NMI-like
- * context and reads ki_splices[] lock-free (see ki_die_notify).
+ * /dev/kerninst opens exclusively. The opener owns every splice and every
+ * patch allocation: release() restores all of them, so a crashed owner
+ * leaves the kernel as it found it. fops.owner pins the module while the
+ * device is open (or mapped), so there is nothing to restore at rmmod.
+ * When another module whose text holds a splice is unloaded, the splice is
+ * taken out first (ki_module_notify).
+ *
+ * Locking:
+ *   ki_lock (mutex) serialises every ioctl, release() and the module
+ *     notifier; it protects the fields marked [ki_lock] below. Writers of
+ *     ki_splices[] hold it.
+ *   The int3 notifier runs in NMI-like context (interrupts off, may
+ *     interrupt anything, including a holder of ki_lock) and takes no lock:
+ *     it scans ki_splices[0, ki_nr_slots) with READ_ONCE. See
+ *     ki_die_notify for why that is safe.
+ *   ki_is_open (atomic) is the exclusive-open flag; release() clears it
+ *     last, after everything is restored.
  */
 #include <linux/module.h>
 #include <linux/miscdevice.h>
@@ -23,33 +37,42 @@
 #include <linux/vmalloc.h>
 #include <linux/slab.h>
 #include <linux/mutex.h>
+#include <linux/bitmap.h>
 #include <linux/kdebug.h>
 #include <linux/smp.h>
 #include <linux/rcupdate.h>
+#include <linux/delay.h>
 #include <linux/stringify.h>
 #include <asm/sync_core.h>
 #include <asm/pgtable.h>
-#include <asm/set_memory.h>
 #include <asm/unaligned.h>
 
 #include "kerninst_uapi.h"
 
-#define KI_HEAP_SIZE	(1 << 20)
-#define KI_CHUNK	64
+#define KI_HEAP_SIZE	(1 << 20)		/* patch heap, bytes */
+#define KI_CHUNK	64			/* patch heap granule */
 #define KI_NCHUNKS	(KI_HEAP_SIZE / KI_CHUNK)
-#define KI_COUNTER_SIZE	(64 << 10)
+#define KI_COUNTER_SIZE	(64 << 10)		/* counter heap, bytes */
 #define KI_MAX_SPLICES	4096
 #define KI_MAX_READ	(1 << 20)
-#define KI_MAX_PATCH	(64 << 10)
 #define KI_INT3		0xcc
 #define KI_JMP32	0xe9
+#define KI_JMP32_LEN	5
+#define KI_RETRIES	100			/* restore attempts at release */
 
 /*
- * The patch heap: executable bytes in this module's own text, so it lies
- * in the module area within rel32 reach of kernel text. The module loader
- * maps it read-only and executable; it is written only through a
- * temporary writable alias (ki_text_write), never by lifting write
- * protection. It is filled with int3 so a stray jump traps.
+ * The patch heap: executable bytes in this module's own text, so the module
+ * loader places it in the module area, within rel32 reach of kernel text
+ * and of every module. The loader maps it read-only and executable like the
+ * rest of our text; we write it only through a temporary writable alias
+ * (ki_text_write), never by lifting write protection. Unused bytes are
+ * int3, so a stray jump traps.
+ *
+ * The section is "ax" (alloc, exec) so it is laid out with the module's
+ * text. The label is a plain (untyped) symbol, not a function: objtool then
+ * treats the bytes as data-in-text and does not try to validate 1 MiB of
+ * int3 as code (the build is quiet), and no ORC entries are generated for
+ * it.
  */
 asm(".pushsection .text.kinst_heap,\"ax\",@progbits\n"
     ".balign 4096\n"
@@ -59,42 +82,74 @@ asm(".pushsection .text.kinst_heap,\"ax\",@progbits\n"
     ".popsection\n");
 extern u8 ki_patch_heap[];
 
-/* The counter heap: patches bump slots with lock incq; mmap'ed read-only. */
+/*
+ * The counter heap: patches bump slots with "lock incq [rip+disp32]". It is
+ * module data (vmalloc'ed by the loader), mmap'ed read-only into the owner.
+ * Zeroed at every open.
+ */
 static u64 ki_counters[KI_COUNTER_SIZE / sizeof(u64)] __aligned(PAGE_SIZE);
 
+/* One installed splice. */
 struct ki_splice_rec {
-	unsigned long addr;	/* 0 when the slot is free; read lock-free */
-	unsigned long patch;	/* where an int3 hit at addr is sent */
-	u32 id;
-	u32 len;
-	u8 orig[16];
+	unsigned long addr;	/* 0: free slot. Written last on publish, first on unpublish; read lock-free */
+	unsigned long patch;	/* where an int3 hit at addr is sent; read lock-free */
+	u32 id;			/* [ki_lock] */
+	u32 len;		/* [ki_lock] bytes written at addr */
+	u8 orig[KI_MAX_INSN];	/* [ki_lock] the bytes to put back */
 };
 
 static DEFINE_MUTEX(ki_lock);
+
 static struct ki_splice_rec ki_splices[KI_MAX_SPLICES];	/* [ki_lock] for writers */
-static int ki_nr_hw;		/* slots ever used: the notifier scans [0, ki_nr_hw) */
+/* [ki_lock] for writers: slots ever used; the notifier scans [0, ki_nr_slots) */
+static int ki_nr_slots;
 static u32 ki_nr_splices;	/* [ki_lock] installed splices */
-static u32 ki_next_id = 1;	/* [ki_lock] */
-static bool ki_need_tasks_gp;	/* [ki_lock] a splice was removed since the last RCU-tasks wait */
-/* [ki_lock] patch heap allocator: per chunk, 1 + the allocation's first chunk (0: free) */
-static u32 ki_owner[KI_NCHUNKS];
-static u32 ki_alloc_len[KI_NCHUNKS];	/* [ki_lock] chunks, at an allocation's first chunk */
-static bool ki_alloc_spliced[KI_NCHUNKS]; /* [ki_lock] a splice has targeted it */
+static u32 ki_next_id = 1;	/* [ki_lock] never 0 */
+/* [ki_lock] a splice was removed since the last synchronize_rcu_tasks() */
+static bool ki_need_tasks_gp;
+
+static DECLARE_BITMAP(ki_heap_used, KI_NCHUNKS);	/* [ki_lock] one bit per allocated chunk */
+/* [ki_lock] at an allocation's first chunk: its length in chunks; else 0 */
+static u16 ki_alloc_len[KI_NCHUNKS];
+
 static atomic_t ki_is_open = ATOMIC_INIT(0);
 static atomic_t ki_int3_hits = ATOMIC_INIT(0);	/* redirects by ki_die_notify */
 
 /* ---- text access ---------------------------------------------------- */
 
-/* ki_is_text: [addr, addr+len) is mapped executable kernel memory. */
+static bool ki_in_kernel_image(unsigned long addr)
+{
+	return addr >= __START_KERNEL_map && addr < MODULES_VADDR;
+}
+
+static bool ki_in_module_area(unsigned long addr)
+{
+	return addr >= MODULES_VADDR && addr < MODULES_END;
+}
+
+/*
+ * ki_is_text: every byte of [addr, addr+len) is kernel or module text.
+ *
+ * core_kernel_text() and is_module_text_address() would say this directly
+ * but are not exported to modules. The equivalent: the range lies in the
+ * kernel image mapping or the module area, and every page of it is present
+ * and executable. In the kernel image only text is executable (rodata and
+ * data are NX, freed init text is unmapped); in the module area that is
+ * module text, plus other generated code (BPF programs, ftrace and kprobe
+ * trampolines) that user space may legitimately want to instrument.
+ */
 static bool ki_is_text(unsigned long addr, size_t len)
 {
-	unsigned long a;
+	unsigned long a, last = addr + len - 1;
 	unsigned int level;
 	pte_t *pte;
 
-	if (addr < TASK_SIZE_MAX || addr + len < addr)
+	if (!len || last < addr)
 		return false;
-	for (a = addr & PAGE_MASK; a < addr + len; a += PAGE_SIZE) {
+	if (!(ki_in_kernel_image(addr) && ki_in_kernel_image(last)) &&
+	    !(ki_in_module_area(addr) && ki_in_module_area(last)))
+		return false;
+	for (a = addr & PAGE_MASK; a <= last; a += PAGE_SIZE) {
 		pte = lookup_address(a, &level);
 		if (!pte || !pte_present(*pte) || !pte_exec(*pte))
 			return false;
@@ -102,6 +157,7 @@ static bool ki_is_text(unsigned long addr, size_t len)
 	return true;
 }
 
+/* ki_in_own_module: [addr, addr+len) touches this module (text, heap, data). */
 static bool ki_in_own_module(unsigned long addr, size_t len)
 {
 	unsigned long base = (unsigned long)THIS_MODULE->core_layout.base;
@@ -110,31 +166,48 @@ static bool ki_in_own_module(unsigned long addr, size_t len)
 	return addr < end && addr + len > base;
 }
 
-static bool ki_in_heap(unsigned long addr, size_t len)
+/*
+ * ki_text_page: the struct page behind a text address. Kernel image text
+ * is mapped with large pages at __START_KERNEL_map; __pa (via virt_to_page)
+ * translates that mapping. Module text is vmalloc memory.
+ */
+static struct page *ki_text_page(unsigned long addr)
 {
-	unsigned long h = (unsigned long)ki_patch_heap;
-
-	return addr >= h && len <= KI_HEAP_SIZE && addr - h <= KI_HEAP_SIZE - len;
+	if (ki_in_kernel_image(addr))
+		return virt_to_page((void *)addr);
+	if (ki_in_module_area(addr))
+		return vmalloc_to_page((void *)addr);
+	return NULL;
 }
 
 /*
- * ki_text_write writes text through a temporary writable alias of the
- * physical page(s): the text mapping itself stays read-only.
+ * ki_text_write writes len bytes at text address addr -- from src, or the
+ * byte fill when src is NULL -- through a temporary writable alias of each
+ * physical page (vmap with PAGE_KERNEL); the text mapping itself stays
+ * read-only. A write may cross page boundaries. Callers check that the
+ * range is text first.
  */
-static int ki_text_write(unsigned long addr, const void *src, size_t len)
+static int ki_text_write(unsigned long addr, const u8 *src, u8 fill, size_t len)
 {
 	while (len) {
-		size_t off = addr & ~PAGE_MASK;
+		size_t off = offset_in_page(addr);
 		size_t n = min_t(size_t, len, PAGE_SIZE - off);
-		struct page *pg = pfn_to_page(slow_virt_to_phys((void *)addr) >> PAGE_SHIFT);
-		void *map = vmap(&pg, 1, VM_MAP, PAGE_KERNEL);
+		struct page *pg = ki_text_page(addr);
+		u8 *map;
 
+		if (!pg)
+			return -EFAULT;
+		map = vmap(&pg, 1, VM_MAP, PAGE_KERNEL);
 		if (!map)
 			return -ENOMEM;
-		memcpy(map + off, src, n);
+		if (src)
+			memcpy(map + off, src, n);
+		else
+			memset(map + off, fill, n);
 		vunmap(map);
 		addr += n;
-		src += n;
+		if (src)
+			src += n;
 		len -= n;
 	}
 	return 0;
@@ -145,46 +218,61 @@ static void ki_do_sync_core(void *unused)
 	sync_core();
 }
 
-/* Every CPU executes a serialising instruction: no stale prefetched text. */
+/*
+ * ki_sync_all makes every CPU execute a serialising instruction, so none
+ * runs stale prefetched bytes. It returns only when every CPU has taken the
+ * IPI -- which a CPU cannot do while it is inside the int3 handler.
+ */
 static void ki_sync_all(void)
 {
 	on_each_cpu(ki_do_sync_core, NULL, 1);
 }
 
 /*
- * ki_poke overwrites one instruction's first len bytes as text_poke_bp
- * does: int3 first, so a CPU racing with the write traps (and is sent to
- * the patch by ki_die_notify) instead of executing a torn instruction.
+ * ki_poke overwrites the first len bytes of one instruction as
+ * text_poke_bp does: int3 on the first byte, sync; the tail, sync; the
+ * first byte, sync. A CPU that reaches addr while the bytes are mixed traps
+ * on the int3 and ki_die_notify sends it to the splice's patch (which must
+ * therefore be published before the call), so no CPU ever executes a torn
+ * instruction.
  */
 static int ki_poke(unsigned long addr, const u8 *bytes, u32 len)
 {
-	u8 int3 = KI_INT3;
 	int err;
 
-	err = ki_text_write(addr, &int3, 1);
+	err = ki_text_write(addr, NULL, KI_INT3, 1);
 	if (err)
 		return err;
 	ki_sync_all();
 	if (len > 1) {
-		err = ki_text_write(addr + 1, bytes + 1, len - 1);
+		err = ki_text_write(addr + 1, bytes + 1, 0, len - 1);
 		ki_sync_all();
 		if (err)
 			return err;
 	}
-	err = ki_text_write(addr, bytes, 1);
-	ki_sync_all();
+	if (bytes[0] != KI_INT3) {
+		err = ki_text_write(addr, bytes, 0, 1);
+		ki_sync_all();
+	}
 	return err;
 }
 
 /* ---- int3 redirection ------------------------------------------------ */
 
 /*
- * ki_die_notify sends a CPU that hit the int3 of a splice to its patch.
- * It runs with interrupts off in NMI-like context: no locks. A slot's patch
- * is written before its addr (smp_wmb), and a slot is only cleared after
- * its bytes are restored and every CPU has synced — an IPI that cannot
- * complete while any CPU is still inside this handler — so a matching addr
- * always comes with its own patch.
+ * ki_die_notify sends a CPU that hit the int3 of an installed splice to the
+ * splice's patch: during a splice or unsplice (the transient int3) and, for
+ * a trap splice, always. It runs with interrupts off in NMI-like context, so
+ * it takes no lock and scans ki_splices[] with READ_ONCE:
+ *
+ *  - publish: patch is stored before addr (smp_wmb), and both before the
+ *    int3 is written and synced, so a CPU that traps on our int3 finds addr
+ *    together with its patch;
+ *  - unpublish: addr is cleared only after the original bytes are back and
+ *    every CPU has synced; that IPI cannot complete while a CPU is still in
+ *    this handler, so no CPU is looking at the slot when it is reused.
+ *
+ * Anything else (a user-mode int3, a kprobe, a stray int3) is not ours.
  */
 static int ki_die_notify(struct notifier_block *nb, unsigned long val, void *data)
 {
@@ -195,8 +283,8 @@ static int ki_die_notify(struct notifier_block *nb, unsigned long val, void *dat
 
 	if (val != DIE_INT3 || !regs || user_mode(regs))
 		return NOTIFY_DONE;
-	ip = regs->ip - 1;
-	n = READ_ONCE(ki_nr_hw);
+	ip = regs->ip - 1;	/* int3 is one byte; ip is after it */
+	n = READ_ONCE(ki_nr_slots);
 	for (i = 0; i < n; i++) {
 		if (READ_ONCE(ki_splices[i].addr) == ip) {
 			smp_rmb();
@@ -215,41 +303,69 @@ static struct notifier_block ki_die_nb = {
 
 /* ---- patch heap ------------------------------------------------------ */
 
-static unsigned long ki_chunk_addr(u32 c)
+static unsigned long ki_chunk_addr(unsigned long c)
 {
-	return (unsigned long)ki_patch_heap + (unsigned long)c * KI_CHUNK;
+	return (unsigned long)ki_patch_heap + c * KI_CHUNK;
 }
 
-/* ki_alloc_of returns the first chunk of the allocation holding [addr,
- * addr+len), or -1. */
-static long ki_alloc_of(unsigned long addr, size_t len)
+/* ki_heap_chunk: the chunk holding addr, or -1 outside the heap. */
+static long ki_heap_chunk(unsigned long addr)
 {
-	u32 c, first;
+	unsigned long h = (unsigned long)ki_patch_heap;
 
-	if (!len || !ki_in_heap(addr, len))
+	if (addr < h || addr - h >= KI_HEAP_SIZE)
 		return -1;
-	c = (addr - (unsigned long)ki_patch_heap) / KI_CHUNK;
-	if (!ki_owner[c])
-		return -1;
-	first = ki_owner[c] - 1;
-	if (addr + len > ki_chunk_addr(first + ki_alloc_len[first]))
-		return -1;
-	return first;
+	return (addr - h) / KI_CHUNK;
 }
 
-/* ki_alloc_busy: an installed splice sends CPUs into allocation first. */
-static bool ki_alloc_busy(u32 first)
+/* ki_alloc_start: the first chunk of the live allocation starting at addr, or -1. */
+static long ki_alloc_start(unsigned long addr)
 {
-	unsigned long lo = ki_chunk_addr(first), hi = ki_chunk_addr(first + ki_alloc_len[first]);
+	long c = ki_heap_chunk(addr);
+
+	if (c < 0 || ki_chunk_addr(c) != addr || !ki_alloc_len[c])
+		return -1;
+	return c;
+}
+
+/* ki_alloc_holding: the first chunk of the live allocation holding all of
+ * [addr, addr+len), or -1. */
+static long ki_alloc_holding(unsigned long addr, size_t len)
+{
+	long c = ki_heap_chunk(addr), s;
+
+	if (c < 0 || !len || addr + len < addr || !test_bit(c, ki_heap_used))
+		return -1;
+	/* Allocations are contiguous runs: the nearest start at or before
+	 * chunk c is the one holding c. */
+	for (s = c; s >= 0 && !ki_alloc_len[s]; s--)
+		;
+	if (s < 0 || c >= s + ki_alloc_len[s])
+		return -1;
+	if (addr + len > ki_chunk_addr(s + ki_alloc_len[s]))
+		return -1;
+	return s;
+}
+
+/* ki_alloc_busy: an installed splice sends CPUs into the allocation at first. */
+static bool ki_alloc_busy(long first)
+{
+	unsigned long start = ki_chunk_addr(first);
 	int i;
 
-	for (i = 0; i < ki_nr_hw; i++)
-		if (ki_splices[i].addr && ki_splices[i].patch >= lo && ki_splices[i].patch < hi)
+	for (i = 0; i < ki_nr_slots; i++)
+		if (ki_splices[i].addr && ki_splices[i].patch == start)
 			return true;
 	return false;
 }
 
-/* ki_quiesce waits until no task can still be running in a removed patch. */
+/*
+ * ki_quiesce waits, if a splice was removed since the last wait, until no
+ * task can still be running in any removed patch: a task preempted inside
+ * a patch (the kernel is preemptible) resumes there even after the splice
+ * is gone. synchronize_rcu_tasks() returns once every task has passed
+ * through a voluntary context switch or user mode since the call.
+ */
 static void ki_quiesce(void)
 {
 	if (ki_need_tasks_gp) {
@@ -258,53 +374,35 @@ static void ki_quiesce(void)
 	}
 }
 
-static int ki_fill_int3(unsigned long addr, size_t len)
+/* ki_heap_reset frees every allocation and refills the heap with int3.
+ * Only when no splice is installed and the heap is quiescent. */
+static int ki_heap_reset(void)
 {
-	static u8 int3s[KI_CHUNK * 16];
-	int err;
-
-	if (!int3s[0])
-		memset(int3s, KI_INT3, sizeof(int3s));
-	while (len) {
-		size_t n = min_t(size_t, len, sizeof(int3s));
-
-		err = ki_text_write(addr, int3s, n);
-		if (err)
-			return err;
-		addr += n;
-		len -= n;
-	}
-	return 0;
+	bitmap_zero(ki_heap_used, KI_NCHUNKS);
+	memset(ki_alloc_len, 0, sizeof(ki_alloc_len));
+	return ki_text_write((unsigned long)ki_patch_heap, NULL, KI_INT3, KI_HEAP_SIZE);
 }
 
 static long ki_patch_alloc(struct ki_patch_alloc __user *uarg)
 {
 	struct ki_patch_alloc a;
-	u32 need, c, run = 0, i;
+	unsigned long c, need;
 
 	if (copy_from_user(&a, uarg, sizeof(a)))
 		return -EFAULT;
-	if (!a.size || a.size > KI_MAX_PATCH)
+	if (!a.size || a.size > KI_HEAP_SIZE)
 		return -EINVAL;
 	need = DIV_ROUND_UP(a.size, KI_CHUNK);
-	for (c = 0; c < KI_NCHUNKS; c++) {
-		run = ki_owner[c] ? 0 : run + 1;
-		if (run == need)
-			break;
-	}
-	if (c == KI_NCHUNKS)
+	c = bitmap_find_next_zero_area(ki_heap_used, KI_NCHUNKS, 0, need, 0);
+	if (c >= KI_NCHUNKS)
 		return -ENOSPC;
-	c = c + 1 - need;
-	for (i = 0; i < need; i++)
-		ki_owner[c + i] = c + 1;
-	ki_alloc_len[c] = need;
-	ki_alloc_spliced[c] = false;
+	/* Fresh memory is int3 already: the heap starts so, free refills it. */
 	a.addr = ki_chunk_addr(c);
-	if (copy_to_user(uarg, &a, sizeof(a))) {
-		for (i = 0; i < need; i++)
-			ki_owner[c + i] = 0;
+	if (copy_to_user(uarg, &a, sizeof(a)))
 		return -EFAULT;
-	}
+	bitmap_set(ki_heap_used, c, need);
+	ki_alloc_len[c] = need;
+	pr_debug("kerninst: alloc %px +%lu\n", (void *)a.addr, need * KI_CHUNK);
 	return 0;
 }
 
@@ -312,89 +410,120 @@ static long ki_patch_write(struct ki_patch_write __user *uarg)
 {
 	struct ki_patch_write w;
 	long first;
-	void *buf;
-	int err;
+	u64 done = 0;
+	u8 *buf;
+	int err = 0;
 
 	if (copy_from_user(&w, uarg, sizeof(w)))
 		return -EFAULT;
-	if (!w.len || w.len > KI_MAX_PATCH)
+	if (!w.len || w.len > KI_HEAP_SIZE)
 		return -EINVAL;
-	first = ki_alloc_of(w.addr, w.len);
+	first = ki_alloc_holding(w.addr, w.len);
 	if (first < 0)
 		return -EINVAL;
 	if (ki_alloc_busy(first))
 		return -EBUSY;
-	if (ki_alloc_spliced[first])
-		ki_quiesce();
-	buf = memdup_user(u64_to_user_ptr(w.buf), w.len);
-	if (IS_ERR(buf))
-		return PTR_ERR(buf);
-	err = ki_text_write(w.addr, buf, w.len);
+	ki_quiesce();
+	buf = kmalloc(PAGE_SIZE, GFP_KERNEL);
+	if (!buf)
+		return -ENOMEM;
+	while (done < w.len) {
+		size_t n = min_t(u64, w.len - done, PAGE_SIZE);
+
+		if (copy_from_user(buf, u64_to_user_ptr(w.buf + done), n)) {
+			err = -EFAULT;
+			break;
+		}
+		err = ki_text_write(w.addr + done, buf, 0, n);
+		if (err)
+			break;
+		done += n;
+	}
 	kfree(buf);
 	return err;
-}
-
-static long ki_patch_free_one(u32 first)
-{
-	u32 i, n = ki_alloc_len[first];
-	int err;
-
-	if (ki_alloc_busy(first))
-		return -EBUSY;
-	if (ki_alloc_spliced[first])
-		ki_quiesce();
-	err = ki_fill_int3(ki_chunk_addr(first), (size_t)n * KI_CHUNK);
-	if (err)
-		return err;
-	for (i = 0; i < n; i++)
-		ki_owner[first + i] = 0;
-	ki_alloc_len[first] = 0;
-	ki_alloc_spliced[first] = false;
-	return 0;
 }
 
 static long ki_patch_free(struct ki_patch_free __user *uarg)
 {
 	struct ki_patch_free f;
 	long first;
+	unsigned int n;
+	int err;
 
 	if (copy_from_user(&f, uarg, sizeof(f)))
 		return -EFAULT;
-	first = ki_alloc_of(f.addr, 1);
-	if (first < 0 || ki_chunk_addr(first) != f.addr)
+	first = ki_alloc_start(f.addr);
+	if (first < 0)
 		return -EINVAL;
-	return ki_patch_free_one(first);
+	if (ki_alloc_busy(first))
+		return -EBUSY;
+	ki_quiesce();
+	n = ki_alloc_len[first];
+	err = ki_text_write(f.addr, NULL, KI_INT3, (size_t)n * KI_CHUNK);
+	if (err)
+		return err;
+	bitmap_clear(ki_heap_used, first, n);
+	ki_alloc_len[first] = 0;
+	pr_debug("kerninst: free %px\n", (void *)(unsigned long)f.addr);
+	return 0;
 }
 
 /* ---- splicing -------------------------------------------------------- */
 
+/* ki_unpublish clears a slot once its bytes are back (see ki_die_notify). */
+static void ki_unpublish(struct ki_splice_rec *r)
+{
+	WRITE_ONCE(r->addr, 0);
+	ki_nr_splices--;
+	ki_need_tasks_gp = true;
+}
+
+/* ki_restore puts back the original bytes of an installed splice. */
+static int ki_restore(struct ki_splice_rec *r)
+{
+	int err = ki_poke(r->addr, r->orig, r->len);
+
+	if (err)
+		return err;
+	pr_debug("kerninst: unsplice %u at %pS\n", r->id, (void *)r->addr);
+	ki_unpublish(r);
+	return 0;
+}
+
+/*
+ * ki_splice checks everything, publishes the record, then writes.
+ * Errors: -EINVAL malformed request or patch not an allocation start;
+ * -EPERM addr is not spliceable text; -EEXIST overlaps an installed splice;
+ * -EBUSY the first byte is already an int3 (someone else's breakpoint);
+ * -ESTALE the bytes at addr are not orig; -ENOSPC too many splices.
+ */
 static long ki_splice(struct ki_splice __user *uarg)
 {
 	struct ki_splice s;
 	struct ki_splice_rec *rec = NULL;
-	u8 cur[16];
-	long first;
+	unsigned long addr;
+	u8 cur[KI_MAX_INSN];
 	int i, err;
 
 	if (copy_from_user(&s, uarg, sizeof(s)))
 		return -EFAULT;
 	if (s.len < 1 || s.len > KI_MAX_INSN)
 		return -EINVAL;
+	addr = s.addr;
 	/* The replacement: jmp rel32 to the patch, or a trap. */
-	if (s.len == 5 && s.new[0] == KI_JMP32) {
-		s32 rel = (s32)get_unaligned_le32(&s.new[1]);
+	if (s.len == KI_JMP32_LEN && s.new[0] == KI_JMP32) {
+		s64 rel = (s32)get_unaligned_le32(&s.new[1]);
 
-		if (s.addr + 5 + (long)rel != s.patch)
+		if (s.addr + KI_JMP32_LEN + rel != s.patch)
 			return -EINVAL;
 	} else if (!(s.len == 1 && s.new[0] == KI_INT3)) {
 		return -EINVAL;
 	}
-	first = ki_alloc_of(s.patch, 1);
-	if (first < 0 || ki_chunk_addr(first) != s.patch)
+	if (ki_alloc_start(s.patch) < 0)
 		return -EINVAL;
-	if (!ki_is_text(s.addr, s.len) || ki_in_own_module(s.addr, s.len))
+	if (!ki_is_text(addr, s.len) || ki_in_own_module(addr, s.len))
 		return -EPERM;
-	for (i = 0; i < ki_nr_hw; i++) {
+	for (i = 0; i < ki_nr_slots; i++) {
 		struct ki_splice_rec *r = &ki_splices[i];
 
 		if (!r->addr) {
@@ -402,57 +531,51 @@ static long ki_splice(struct ki_splice __user *uarg)
 				rec = r;
 			continue;
 		}
-		if (s.addr < r->addr + r->len && s.addr + s.len > r->addr)
+		if (addr < r->addr + r->len && addr + s.len > r->addr)
 			return -EEXIST;
 	}
 	if (!rec) {
-		if (ki_nr_hw == KI_MAX_SPLICES)
+		if (ki_nr_slots == KI_MAX_SPLICES)
 			return -ENOSPC;
-		rec = &ki_splices[ki_nr_hw];
+		rec = &ki_splices[ki_nr_slots];
 	}
-	if (copy_from_kernel_nofault(cur, (void *)(unsigned long)s.addr, s.len))
+	if (copy_from_kernel_nofault(cur, (void *)addr, s.len))
 		return -EFAULT;
 	if (memcmp(cur, s.orig, s.len))
 		return -ESTALE;
+	if (cur[0] == KI_INT3)
+		return -EBUSY;
 
+	/* Publish before writing: the notifier must know where to send a
+	 * CPU that hits the int3 written first. */
 	rec->patch = s.patch;
 	rec->len = s.len;
 	rec->id = ki_next_id++;
+	if (!ki_next_id)
+		ki_next_id = 1;
 	memcpy(rec->orig, s.orig, s.len);
 	smp_wmb();
-	WRITE_ONCE(rec->addr, s.addr);
-	if (rec == &ki_splices[ki_nr_hw])
-		WRITE_ONCE(ki_nr_hw, ki_nr_hw + 1);
-	ki_alloc_spliced[first] = true;
+	WRITE_ONCE(rec->addr, addr);
+	if (rec == &ki_splices[ki_nr_slots])
+		WRITE_ONCE(ki_nr_slots, ki_nr_slots + 1);
+	ki_nr_splices++;
 
-	err = ki_poke(s.addr, s.new, s.len);
+	err = ki_poke(addr, s.new, s.len);
 	if (err) {
-		/* Put back what we can; the notifier covers a left-over int3. */
-		if (!ki_poke(s.addr, rec->orig, rec->len))
-			WRITE_ONCE(rec->addr, 0);
-		else
-			ki_nr_splices++;
-		ki_need_tasks_gp = true;
+		/* Put back what we can; if even that fails the record stays
+		 * installed (the notifier covers a left-over int3) and
+		 * release() retries. */
+		pr_warn("kerninst: splice at %pS failed (%d); restoring\n", (void *)addr, err);
+		ki_restore(rec);
 		return err;
 	}
-	ki_nr_splices++;
-	s.id = rec->id;
-	if (copy_to_user(&uarg->id, &s.id, sizeof(s.id)))
-		return -EFAULT;	/* installed; release() removes it */
-	return 0;
-}
-
-static int ki_unsplice_rec(struct ki_splice_rec *r)
-{
-	int err = ki_poke(r->addr, r->orig, r->len);
-
-	if (err)
-		return err;
-	/* Bytes restored and every CPU synced: no CPU can be in, or enter,
-	 * the notifier for this address any more. */
-	WRITE_ONCE(r->addr, 0);
-	ki_nr_splices--;
-	ki_need_tasks_gp = true;
+	pr_debug("kerninst: splice %u at %pS -> %px (%u bytes)\n", rec->id, (void *)addr,
+		 (void *)rec->patch, rec->len);
+	if (put_user(rec->id, &uarg->id)) {
+		/* The caller cannot learn the id: take the splice back out. */
+		ki_restore(rec);
+		return -EFAULT;
+	}
 	return 0;
 }
 
@@ -463,36 +586,118 @@ static long ki_unsplice(struct ki_unsplice __user *uarg)
 
 	if (copy_from_user(&u, uarg, sizeof(u)))
 		return -EFAULT;
-	for (i = 0; i < ki_nr_hw; i++)
+	if (!u.id)
+		return -EINVAL;
+	for (i = 0; i < ki_nr_slots; i++)
 		if (ki_splices[i].addr && ki_splices[i].id == u.id)
-			return ki_unsplice_rec(&ki_splices[i]);
+			return ki_restore(&ki_splices[i]);
 	return -ENOENT;
 }
+
+/* ki_newest: the installed splice with the highest id (ids only grow
+ * between wraps), or NULL. */
+static struct ki_splice_rec *ki_newest(void)
+{
+	struct ki_splice_rec *best = NULL;
+	int i;
+
+	for (i = 0; i < ki_nr_slots; i++) {
+		struct ki_splice_rec *r = &ki_splices[i];
+
+		if (r->addr && (!best || r->id > best->id))
+			best = r;
+	}
+	return best;
+}
+
+/*
+ * ki_restore_all restores every installed splice, newest first, waits until
+ * no task can be in a patch (if one was ever entered since the last wait),
+ * and resets the heap. Returns false (and leaves
+ * the heap alone, so installed splices keep working) if some splice could
+ * not be restored.
+ */
+static bool ki_restore_all(void)
+{
+	struct ki_splice_rec *r;
+	int tries = 0;
+
+	while ((r = ki_newest())) {
+		if (!ki_restore(r))
+			continue;
+		if (++tries == KI_RETRIES) {
+			pr_err("kerninst: cannot restore %pS; %u splice(s) left installed\n",
+			       (void *)r->addr, ki_nr_splices);
+			return false;
+		}
+		msleep(10);
+	}
+	ki_quiesce();
+	if (ki_heap_reset())
+		pr_err("kerninst: cannot refill the patch heap with int3\n");
+	return true;
+}
+
+/*
+ * ki_module_notify: a module whose text holds splices is going away (rmmod,
+ * or a failed load). Its exit function has run; its memory is freed next.
+ * Put its bytes back now, so that no later unsplice or release writes into
+ * freed (maybe reused) pages. The owner's ids for these splices become
+ * unknown (-ENOENT).
+ */
+static int ki_module_notify(struct notifier_block *nb, unsigned long action, void *data)
+{
+	struct module *mod = data;
+	unsigned long base, end;
+	int i;
+
+	if (action != MODULE_STATE_GOING || mod == THIS_MODULE)
+		return NOTIFY_DONE;
+	base = (unsigned long)mod->core_layout.base;
+	end = base + mod->core_layout.text_size;
+	mutex_lock(&ki_lock);
+	for (i = 0; i < ki_nr_slots; i++) {
+		struct ki_splice_rec *r = &ki_splices[i];
+
+		if (r->addr >= base && r->addr < end) {
+			pr_info("kerninst: module %s is unloading; removing splice %u at %pS\n",
+				mod->name, r->id, (void *)r->addr);
+			if (ki_restore(r))
+				pr_err("kerninst: cannot restore %px in going module %s\n",
+				       (void *)r->addr, mod->name);
+		}
+	}
+	mutex_unlock(&ki_lock);
+	return NOTIFY_DONE;
+}
+
+static struct notifier_block ki_module_nb = {
+	.notifier_call = ki_module_notify,
+};
 
 /* ---- the device ------------------------------------------------------ */
 
 static long ki_read(struct ki_read __user *uarg)
 {
 	struct ki_read r;
-	u8 *buf;
 	u64 done = 0;
 	long err = 0;
+	u8 *buf;
 
 	if (copy_from_user(&r, uarg, sizeof(r)))
 		return -EFAULT;
 	if (!r.len || r.len > KI_MAX_READ)
 		return -EINVAL;
+	if (r.addr + r.len < r.addr)
+		return -EFAULT;
 	buf = kmalloc(PAGE_SIZE, GFP_KERNEL);
 	if (!buf)
 		return -ENOMEM;
 	while (done < r.len) {
 		size_t n = min_t(u64, r.len - done, PAGE_SIZE);
 
-		if (copy_from_kernel_nofault(buf, (void *)(unsigned long)(r.addr + done), n)) {
-			err = -EFAULT;
-			break;
-		}
-		if (copy_to_user(u64_to_user_ptr(r.buf + done), buf, n)) {
+		if (copy_from_kernel_nofault(buf, (void *)(unsigned long)(r.addr + done), n) ||
+		    copy_to_user(u64_to_user_ptr(r.buf + done), buf, n)) {
 			err = -EFAULT;
 			break;
 		}
@@ -574,6 +779,7 @@ static long ki_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 	return ret;
 }
 
+/* ki_mmap maps the counter heap read-only: offset 0, at most its size. */
 static int ki_mmap(struct file *f, struct vm_area_struct *vma)
 {
 	unsigned long size = vma->vm_end - vma->vm_start, off;
@@ -581,16 +787,17 @@ static int ki_mmap(struct file *f, struct vm_area_struct *vma)
 
 	if (vma->vm_pgoff || size > KI_COUNTER_SIZE)
 		return -EINVAL;
-	if (vma->vm_flags & VM_WRITE)
+	if (vma->vm_flags & (VM_WRITE | VM_EXEC))
 		return -EPERM;
-	vma->vm_flags &= ~VM_MAYWRITE;
+	vma->vm_flags &= ~(VM_MAYWRITE | VM_MAYEXEC);
 	vma->vm_flags |= VM_DONTEXPAND | VM_DONTDUMP;
 	for (off = 0; off < size; off += PAGE_SIZE) {
 		struct page *pg = vmalloc_to_page((u8 *)ki_counters + off);
 
 		if (!pg)
 			return -EFAULT;
-		err = remap_pfn_range(vma, vma->vm_start + off, page_to_pfn(pg), PAGE_SIZE, vma->vm_page_prot);
+		err = remap_pfn_range(vma, vma->vm_start + off, page_to_pfn(pg), PAGE_SIZE,
+				      vma->vm_page_prot);
 		if (err)
 			return err;
 	}
@@ -607,28 +814,14 @@ static int ki_open(struct inode *inode, struct file *f)
 	return 0;
 }
 
-/* Restore every splice, newest first, then reclaim the whole heap. */
-static void ki_restore_all(void)
-{
-	u32 c;
-	int i;
-
-	for (i = ki_nr_hw - 1; i >= 0; i--) {
-		if (ki_splices[i].addr && ki_unsplice_rec(&ki_splices[i]))
-			pr_err("kerninst: cannot restore %px\n", (void *)ki_splices[i].addr);
-	}
-	synchronize_rcu_tasks();
-	ki_need_tasks_gp = false;
-	for (c = 0; c < KI_NCHUNKS; c++)
-		if (ki_owner[c] == c + 1 && ki_patch_free_one(c))
-			pr_err("kerninst: cannot reclaim patch %px\n", (void *)ki_chunk_addr(c));
-}
-
+/* ki_release: the owner is gone (closed, exited or killed). Put the kernel
+ * back as it was, then let the next owner in. */
 static int ki_release(struct inode *inode, struct file *f)
 {
 	mutex_lock(&ki_lock);
 	if (ki_nr_splices)
-		pr_info("kerninst: device closed with %u splice(s); restoring\n", ki_nr_splices);
+		pr_info("kerninst: device closed with %u splice(s) installed; restoring\n",
+			ki_nr_splices);
 	ki_restore_all();
 	mutex_unlock(&ki_lock);
 	atomic_set(&ki_is_open, 0);
@@ -641,6 +834,7 @@ static const struct file_operations ki_fops = {
 	.release = ki_release,
 	.unlocked_ioctl = ki_ioctl,
 	.mmap = ki_mmap,
+	.llseek = noop_llseek,
 };
 
 static struct miscdevice ki_dev = {
@@ -652,28 +846,45 @@ static struct miscdevice ki_dev = {
 
 static int __init ki_init(void)
 {
-	int err = register_die_notifier(&ki_die_nb);
+	int err;
 
+	BUILD_BUG_ON(KI_NCHUNKS > U16_MAX);	/* ki_alloc_len is u16 */
+	BUILD_BUG_ON(sizeof(struct ki_info) != 64 || sizeof(struct ki_splice) != 56);
+	err = register_die_notifier(&ki_die_nb);
 	if (err)
 		return err;
+	err = register_module_notifier(&ki_module_nb);
+	if (err)
+		goto out_die;
 	err = misc_register(&ki_dev);
-	if (err) {
-		unregister_die_notifier(&ki_die_nb);
-		return err;
-	}
+	if (err)
+		goto out_module;
 	pr_info("kerninst: patch heap %px (%d KiB), counter heap %px (%d KiB)\n",
 		ki_patch_heap, KI_HEAP_SIZE >> 10, ki_counters, KI_COUNTER_SIZE >> 10);
 	return 0;
+
+out_module:
+	unregister_module_notifier(&ki_module_nb);
+out_die:
+	unregister_die_notifier(&ki_die_nb);
+	return err;
 }
 
+/*
+ * ki_exit: no new opens, restore anything left (unreachable: an open or
+ * mapped device pins the module), and only then drop the notifiers: the
+ * int3 one must outlive every transient int3 of a restore.
+ * unregister_die_notifier waits for an RCU grace period, so no CPU is still
+ * running ki_die_notify when our text goes away.
+ */
 static void __exit ki_exit(void)
 {
 	misc_deregister(&ki_dev);
-	/* Unreachable with splices installed: the open device pins the
-	 * module. Defensive all the same. */
 	mutex_lock(&ki_lock);
-	ki_restore_all();
+	if (ki_nr_splices)
+		ki_restore_all();
 	mutex_unlock(&ki_lock);
+	unregister_module_notifier(&ki_module_nb);
 	unregister_die_notifier(&ki_die_nb);
 }
 
