@@ -19,7 +19,10 @@ import (
 const vmUsage = `vm up     [--cache DIR] [--smp N] [--memory MB] [--accel auto|tcg|kvm] [--kerninstd PATH]
   vm exec   -- CMD [ARGS…]     run CMD in the guest; exit with its status
   vm status [--json]
-  vm down`
+  vm down
+
+KINST_VM_STATE=DIR keeps a VM's state in DIR instead of CACHE/vm, so
+several VMs can run beside each other on one cache.`
 
 func vmCmd(ctx context.Context, args []string) (int, error) {
 	if len(args) == 0 {
@@ -43,7 +46,7 @@ func vmCmd(ctx context.Context, args []string) (int, error) {
 		if err != nil {
 			return 1, err
 		}
-		c.CacheDir, c.KinstBin, c.KerninstdBin = *cache, self, *kd
+		c.CacheDir, c.StateDir, c.KinstBin, c.KerninstdBin = *cache, stateDir(*cache), self, *kd
 		if c.KerninstdBin == "" {
 			c.KerninstdBin = filepath.Join(filepath.Dir(self), "kerninstd")
 		}
@@ -66,7 +69,7 @@ func vmCmd(ctx context.Context, args []string) (int, error) {
 		if len(argv) == 0 {
 			return 2, errors.New("vm exec: want -- CMD [ARGS…]")
 		}
-		in, err := vm.Attach(filepath.Join(*cache, "vm"))
+		in, err := vm.Attach(stateDir(*cache))
 		if err != nil {
 			return 1, err
 		}
@@ -82,7 +85,7 @@ func vmCmd(ctx context.Context, args []string) (int, error) {
 		if err := fs.Parse(args[1:]); err != nil {
 			return 2, err
 		}
-		in, err := vm.Attach(filepath.Join(*cache, "vm"))
+		in, err := vm.Attach(stateDir(*cache))
 		if err != nil {
 			return 1, err
 		}
@@ -99,7 +102,7 @@ func vmCmd(ctx context.Context, args []string) (int, error) {
 		if err := fs.Parse(args[1:]); err != nil {
 			return 2, err
 		}
-		in, err := vm.Attach(filepath.Join(*cache, "vm"))
+		in, err := vm.Attach(stateDir(*cache))
 		if err != nil {
 			return 1, err
 		}
@@ -121,6 +124,15 @@ func vmCmd(ctx context.Context, args []string) (int, error) {
 // waitKerninstd is vm.Up's readiness check: the guest's kerninstd answers.
 func waitKerninstd(ctx context.Context, in *vm.Instance) error {
 	return kerninstd.NewClient(in.KerninstdAddr()).WaitReady(ctx, 2*time.Minute)
+}
+
+// stateDir is where the running instance's files live: KINST_VM_STATE, so
+// that several VMs can share one cache, or CACHE/vm.
+func stateDir(cache string) string {
+	if v := os.Getenv("KINST_VM_STATE"); v != "" {
+		return v
+	}
+	return filepath.Join(cache, "vm")
 }
 
 func defaultCache() string {
