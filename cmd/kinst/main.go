@@ -26,6 +26,12 @@ Usage:
                          the splice class of every instruction
   kinst bench splice POINT [--cycles N] [--json]
                          latency of each step of an instrumentation request
+  kinst unwind table BINARY [--pc ADDR] [--json]
+                         DWARF CFI compiled into unwind rows (readelf's
+                         frames-interp notation)
+  kinst unwind stack PID [--tid TID] [--ptrace] [--json]
+                         user stacks of a live process, without frame
+                         pointers where CFI is available
   kinst vm up|exec|down|status
                          the test VM: a stock Debian kernel under QEMU with
                          kerninst.ko and kerninstd running in it
@@ -61,6 +67,8 @@ func run(args []string) int {
 		err = cfgCmd(ctx, args[1:])
 	case "bench":
 		err = benchCmd(ctx, args[1:])
+	case "unwind":
+		err = unwindCmd(args[1:])
 	case "vm":
 		status, err = vmCmd(ctx, args[1:])
 	case "workload":
