@@ -262,7 +262,7 @@ func (r *cfiReader) encoded(enc byte, addrSize int, funcBase uint64) uint64 {
 // parseCFI reads every FDE of a section, with its CIE.
 func parseCFI(sec *cfiSection, b bases) ([]fde, error) {
 	cies := map[int]*cie{}
-	var fdes []fde
+	fdes := make([]fde, 0, len(sec.data)/40) // FDEs of compiled code average about 40 bytes
 	data := sec.data
 	for off := 0; off < len(data); {
 		r := &cfiReader{sec: sec, b: b, pos: off, end: len(data)}

@@ -236,6 +236,7 @@ func (t *Table) merge(fdes []fde) {
 		prevEnd = f.end
 	}
 	t.add(Row{PC: prevEnd})
+	t.rows = slices.Clone(t.rows) // the table lives long: no spare capacity
 }
 
 // add appends r to the rows with the rules of appendRow.
