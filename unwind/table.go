@@ -167,8 +167,7 @@ func Compile(f *elf.File) (*Table, error) {
 	if s := f.Section(".got"); s != nil {
 		b.data = s.Addr
 	}
-	t := &Table{}
-	var fdes []fde
+	var secs []*cfiSection
 	for _, name := range []string{".eh_frame", ".debug_frame"} {
 		s := f.Section(name)
 		if s == nil || s.Type == elf.SHT_NOBITS {
@@ -182,15 +181,30 @@ func Compile(f *elf.File) (*Table, error) {
 		if sec.eh {
 			sec.addr = s.Addr
 		}
+		secs = append(secs, sec)
+	}
+	if secs == nil {
+		return nil, ErrNoCFI
+	}
+	return compile(secs, b)
+}
+
+// compile parses the sections, in order of precedence, and merges their
+// FDEs into a table.
+func compile(secs []*cfiSection, b bases) (*Table, error) {
+	t := &Table{}
+	var fdes []fde
+	for _, sec := range secs {
 		more, err := parseCFI(sec, b)
 		if err != nil {
 			return nil, err
 		}
-		fdes = append(fdes, more...)
-		t.Sections = append(t.Sections, name)
-	}
-	if t.Sections == nil {
-		return nil, ErrNoCFI
+		if fdes == nil {
+			fdes = more
+		} else {
+			fdes = append(fdes, more...)
+		}
+		t.Sections = append(t.Sections, sec.name)
 	}
 	t.merge(fdes)
 	return t, nil
