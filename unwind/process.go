@@ -312,6 +312,9 @@ type Process struct {
 // or in another mount namespace), else /proc/PID/root.
 func (c *Cache) Process(pid int) (*Process, error) {
 	maps, err := ReadMaps(pid)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("no process %d", pid)
+	}
 	if err != nil {
 		return nil, err
 	}

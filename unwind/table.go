@@ -143,6 +143,10 @@ func (t *Table) compact(r Row) (row, bool) {
 func Open(path string) (*Table, error) {
 	f, err := elf.Open(path)
 	if err != nil {
+		var fe *elf.FormatError
+		if errors.As(err, &fe) {
+			return nil, fmt.Errorf("%s: not an ELF file (%w)", path, err)
+		}
 		return nil, err
 	}
 	defer f.Close()
