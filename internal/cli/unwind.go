@@ -160,8 +160,14 @@ func ShowUnwindStack(pid, tid int, usePtrace, asJSON bool, w io.Writer) error {
 		pcs, methods := unwind.StackMethods(regs, p.Mem, p, 0)
 		for i, pc := range pcs {
 			f := UnwindFrameJSON{PC: fmt.Sprintf("%#x", pc)}
-			if s, ok := p.Symbolize(pc); ok {
-				f.File, f.Symbol, f.Offset = s.File, s.Name, fmt.Sprintf("%#x", s.Offset)
+			// A return address may be the first byte after a call to a
+			// function that never returns: name the call's last byte.
+			at := pc
+			if i > 0 {
+				at--
+			}
+			if s, ok := p.Symbolize(at); ok {
+				f.File, f.Symbol, f.Offset = s.File, s.Name, fmt.Sprintf("%#x", s.Offset+(pc-at))
 			}
 			if i > 0 {
 				f.Method = methods[i-1].String()

@@ -92,20 +92,25 @@ func TestUnwindStack(t *testing.T) {
 		PID     int                `json:"pid"`
 		Threads []UnwindThreadJSON `json:"threads"`
 	}
+	// Wait for the sleep first: mappings read while the dynamic loader
+	// is still at work would lack libc.
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		var out bytes.Buffer
-		if err := ShowUnwindStack(pid, 0, false, true, &out); err != nil {
-			t.Fatal(err)
-		}
-		if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
-			t.Fatal(err)
-		}
-		if len(rep.Threads) == 1 && rep.Threads[0].Syscall != nil && *rep.Threads[0].Syscall == unix.SYS_CLOCK_NANOSLEEP {
+		if _, nr, err := unwind.SyscallRegs(pid, pid); err == nil && nr == unix.SYS_CLOCK_NANOSLEEP {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("sleep never blocked in clock_nanosleep: %s", out.String())
+			t.Fatal("sleep never blocked in clock_nanosleep")
 		}
+	}
+	var out bytes.Buffer
+	if err := ShowUnwindStack(pid, 0, false, true, &out); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Threads) != 1 {
+		t.Fatalf("threads: %s", out.String())
 	}
 	frames := rep.Threads[0].Frames
 	var names []string
