@@ -297,7 +297,8 @@ type procMapping struct {
 
 // Process is the unwinding view of one process: its executable file
 // mappings with their Files, and its memory. Build it again after the
-// process maps new code (dlopen).
+// process maps new code (dlopen). FindRow and Symbolize are safe for
+// concurrent use; Unwind is not (Mem caches the pages it reads).
 type Process struct {
 	Pid  int
 	Mem  *ProcessMemory

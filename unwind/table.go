@@ -235,7 +235,13 @@ func (t *Table) merge(fdes []fde) {
 		return
 	}
 	t.base = kept[0].begin
-	t.rows = make([]row, 0, len(kept)*8)
+	// A row per location an FDE's program reaches: at most one per two
+	// bytes of instructions (an advance and a rule), plus a gap row each.
+	est := 2 * len(kept)
+	for _, f := range kept {
+		est += len(f.insns) / 2
+	}
+	t.rows = make([]row, 0, est)
 	in := &interp{}
 	var prevEnd uint64
 	for i, f := range kept {
