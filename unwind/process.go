@@ -360,6 +360,15 @@ func (p *Process) FindRow(pc uint64) (Row, error) {
 	return TableFinder{Table: m.file.Table, Bias: m.bias}.FindRow(pc)
 }
 
+// FuncStart implements FuncFinder over the process's mappings.
+func (p *Process) FuncStart(pc uint64) (uint64, error) {
+	m := p.mapping(pc)
+	if m == nil || m.file.Table == nil {
+		return 0, &NoFDEError{PC: pc}
+	}
+	return TableFinder{Table: m.file.Table, Bias: m.bias}.FuncStart(pc)
+}
+
 // Unwind unwinds a thread of the process from regs (see Stack).
 func (p *Process) Unwind(regs Regs, max int) []uint64 {
 	p.Mem.Reset()
