@@ -111,8 +111,9 @@ type UnwindFrameJSON struct {
 	File   string `json:"file,omitempty"`
 	Symbol string `json:"symbol,omitempty"`
 	Offset string `json:"offset,omitempty"`
-	// Method is how this frame was found from the one below: "cfi" or
-	// "fp" (frame pointer); "" for the innermost frame.
+	// Method is how this frame was found from the one below: "cfi",
+	// "fp" (frame pointer) or "scan" (CFI after a stack scan for rbp);
+	// "" for the innermost frame.
 	Method string `json:"method,omitempty"`
 }
 
