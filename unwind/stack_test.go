@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -130,6 +131,11 @@ func TestUnwindBlockedProcess(t *testing.T) {
 				t.Errorf("stack from /proc registers %#x, from ptrace registers %#x", pcs, ppcs)
 			}
 
+			// An independent unwinder: gdb's backtrace, past main.
+			if gdbPCs := gdbBacktrace(t, pid); gdbPCs != nil && !slices.Equal(pcs, gdbPCs) {
+				t.Errorf("stack %#x, gdb's %#x", pcs, gdbPCs)
+			}
+
 			fp := names(p, FramePointers(pregs, p.Mem, 0))
 			t.Logf("frame pointers: %v", fp)
 			// libc's read keeps no frame: rbp is level3's, whose return
@@ -161,4 +167,36 @@ func checkFullStack(t *testing.T, frames []string, methods []Method, oneScan boo
 	if oneScan && scans != 1 {
 		t.Errorf("methods %v: want level3's caller found by a scan", methods)
 	}
+}
+
+// gdbBacktrace attaches gdb to pid and returns the pc of every frame of
+// its backtrace past main and the entry point, or nil without gdb.
+func gdbBacktrace(t *testing.T, pid int) []uint64 {
+	t.Helper()
+	if _, err := exec.LookPath("gdb"); err != nil {
+		t.Log("no gdb: stack not compared with gdb's")
+		return nil
+	}
+	out, err := exec.Command("gdb", "-p", strconv.Itoa(pid), "-batch", "-nx",
+		"-iex", "set debuginfod enabled off",
+		"-ex", "set backtrace past-main on", "-ex", "set backtrace past-entry on",
+		"-ex", "frame apply all -q p/x $pc").CombinedOutput()
+	if err != nil {
+		t.Fatalf("gdb: %v\n%s", err, out)
+	}
+	var pcs []uint64
+	for _, line := range strings.Split(string(out), "\n") {
+		// "$1 = 0x7ff3602b02ad"
+		if _, v, ok := strings.Cut(line, " = 0x"); ok && strings.HasPrefix(line, "$") {
+			pc, err := strconv.ParseUint(v, 16, 64)
+			if err != nil {
+				t.Fatalf("gdb line %q", line)
+			}
+			pcs = append(pcs, pc)
+		}
+	}
+	if len(pcs) == 0 {
+		t.Fatalf("no frames in gdb's output:\n%s", out)
+	}
+	return pcs
 }
