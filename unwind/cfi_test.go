@@ -145,7 +145,8 @@ func TestSyntheticCFI(t *testing.T) {
 		[]byte{cfaDefCFAOffset, 40},                                                             // an expression CFA keeps its expression
 		[]byte{cfaAdvanceLoc | 1, cfaDefCFAExpression}, uleb(uint64(len(derefExpr))), derefExpr, // 0x201e
 		[]byte{cfaExpression, 6, 1, 0x30, cfaValExpression, 16, 1, 0x30},
-		[]byte{cfaAdvanceLoc | 1, cfaDefCFA, 7, 8, cfaRestoreExtended, 6, cfaUndefined, 16},      // 0x201f
+		// 0x201f: def_cfa_register after expressions takes the last offset set (40).
+		[]byte{cfaAdvanceLoc | 1, cfaDefCFARegister, 7, cfaRestoreExtended, 6, cfaUndefined, 16},
 		[]byte{cfaAdvanceLoc | 1, cfaValOffsetSF, 6}, sleb(-1), []byte{cfaOffsetExtended, 16, 1}, // 0x2020: v+8 c-8
 		[]byte{cfaDefCFAOffsetSF}, sleb(-4), // rsp+32
 		[]byte{cfaAdvanceLoc | 1, cfaDefCFAOffset, 8}, // 0x2021 rsp+8 v+8 c-8
@@ -191,7 +192,7 @@ func TestSyntheticCFI(t *testing.T) {
 		"0x201c rsp+24 c-16 c+8",
 		"0x201d exp c-16 c+8",
 		"0x201e exp exp vexp",
-		"0x201f rsp+8 u u",
+		"0x201f rsp+40 u u",
 		"0x2020 rsp+32 v+8 c-8",
 		"0x2021 rsp+8 v+8 c-8",
 		"0x2040 u u u",

@@ -143,7 +143,7 @@ func (in *interp) run(insns []byte, at int, emit bool) error {
 			in.defCFA(r, reg, r.sleb()*c.dataAlign)
 		case cfaDefCFARegister:
 			reg := r.uleb()
-			in.defCFA(r, reg, in.cur.cfa.Offset)
+			in.defCFA(r, reg, in.cur.cfaOff)
 		case cfaDefCFAOffset:
 			in.cfaOffset(int64(r.uleb()))
 		case cfaDefCFAOffsetSF:
@@ -189,11 +189,14 @@ func (in *interp) defCFA(r *cfiReader, reg uint64, off int64) {
 		return
 	}
 	in.cur.cfa = CFA{Kind: CFARegOffset, Reg: Reg(reg), Offset: off}
+	in.cur.cfaOff = off
 }
 
-// cfaOffset changes the offset of a register-based CFA; like readelf it
-// leaves an expression-based CFA alone.
+// cfaOffset changes the offset of a register-based CFA; like libgcc
+// and readelf it leaves an expression-based CFA alone, but remembers the
+// offset for a later DW_CFA_def_cfa_register.
 func (in *interp) cfaOffset(off int64) {
+	in.cur.cfaOff = off
 	if in.cur.cfa.Kind == CFARegOffset {
 		in.cur.cfa.Offset = off
 	}

@@ -130,4 +130,8 @@ type rules struct {
 	cfa CFA
 	rbp Rule
 	ra  Rule
+	// cfaOff is the offset of a register-based CFA, kept while the CFA
+	// is an expression: DW_CFA_def_cfa_register after an expression
+	// brings it back (as libgcc's unwinder and readelf do).
+	cfaOff int64
 }
