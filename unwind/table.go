@@ -233,10 +233,25 @@ func compile(secs []*cfiSection, b bases) (*Table, error) {
 // one start; a later duplicate is dropped), runs each, and joins their
 // rows with CFANone rows over the gaps between them.
 func (t *Table) merge(fdes []fde) {
-	slices.SortStableFunc(fdes, func(a, b fde) int { return cmp.Compare(a.begin, b.begin) })
-	var kept []*fde
+	// Sort keys without pointers: moving the FDEs themselves would cost
+	// a write barrier per move.
+	type key struct {
+		begin uint64
+		i     int32
+	}
+	keys := make([]key, len(fdes))
 	for i := range fdes {
-		f := &fdes[i]
+		keys[i] = key{fdes[i].begin, int32(i)}
+	}
+	slices.SortFunc(keys, func(a, b key) int {
+		if c := cmp.Compare(a.begin, b.begin); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.i, b.i) // section order, then file order
+	})
+	kept := make([]*fde, 0, len(fdes))
+	for _, k := range keys {
+		f := &fdes[k.i]
 		if f.begin >= f.end || (len(kept) > 0 && f.begin == kept[len(kept)-1].begin) {
 			continue
 		}
