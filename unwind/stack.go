@@ -79,7 +79,9 @@ func (m Method) String() string {
 // first: regs.PC, then return addresses. Each step uses the CFI row of
 // the pc (the return address minus one for callers, which is inside the
 // call instruction) and falls back to the frame-pointer chain where no
-// FDE covers the pc or its row is unsupported. rows may be nil (frame
+// FDE covers the pc or its row is unsupported. Where the row's CFA is
+// rbp-based and rbp is unknown (0), a Finder that is also a FuncFinder
+// lets a validated stack scan find it first. rows may be nil (frame
 // pointers only). max ≤ 0 means DefaultMaxFrames.
 func Stack(regs Regs, mem MemReader, rows Finder, max int) []uint64 {
 	pcs, _ := StackMethods(regs, mem, rows, max)
