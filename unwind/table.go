@@ -80,12 +80,15 @@ func (t *Table) Row(i int) Row {
 	case CFAPLT:
 		out.CFA.Threshold = r.cfa & 0x1f
 		out.CFA.Offset = int64(r.cfaOff)
+	case CFADeref:
+		out.CFA.Reg = Reg(r.cfa & 0x1f)
+		out.CFA.Offset = int64(r.cfaOff)
 	}
 	for _, rule := range []*Rule{&out.RBP, &out.RA} {
 		if rule.Kind == RuleRegister {
 			rule.Reg = Reg(rule.Offset)
 		}
-		if rule.Kind != RuleOffset && rule.Kind != RuleValOffset {
+		if rule.Kind != RuleOffset && rule.Kind != RuleValOffset && rule.Kind != RuleAtSP {
 			rule.Offset = 0
 		}
 	}
@@ -123,11 +126,11 @@ func (t *Table) FuncStart(pc uint64) (uint64, error) {
 func (t *Table) compact(r Row) (row, bool) {
 	c := row{pc: uint32(r.PC - t.base)}
 	switch r.CFA.Kind {
-	case CFARegOffset:
+	case CFARegOffset, CFADeref:
 		if r.CFA.Reg > 0x1f || r.CFA.Offset != int64(int32(r.CFA.Offset)) {
 			return row{}, false
 		}
-		c.cfa = uint8(CFARegOffset)<<5 | uint8(r.CFA.Reg)
+		c.cfa = uint8(r.CFA.Kind)<<5 | uint8(r.CFA.Reg)
 		c.cfaOff = int32(r.CFA.Offset)
 	case CFAPLT:
 		if r.CFA.Threshold > 0x1f || r.CFA.Offset != int64(int32(r.CFA.Offset)) {
