@@ -10,6 +10,8 @@ import (
 	"slices"
 	"sort"
 	"unsafe"
+
+	"github.com/kinst/kinst/internal/elfsym"
 )
 
 // row is the compact form of a Row: 16 bytes.
@@ -159,12 +161,8 @@ func (t *Table) compact(r Row) (row, bool) {
 
 // Open compiles the unwind table of the ELF file at path.
 func Open(path string) (*Table, error) {
-	f, err := elf.Open(path)
+	f, err := elfsym.OpenFile(path)
 	if err != nil {
-		var fe *elf.FormatError
-		if errors.As(err, &fe) {
-			return nil, fmt.Errorf("%s: not an ELF file (%w)", path, err)
-		}
 		return nil, err
 	}
 	defer f.Close()
