@@ -86,15 +86,19 @@ func (t *Table) Row(i int) Row {
 		out.CFA.Reg = Reg(r.cfa & 0x1f)
 		out.CFA.Offset = int64(r.cfaOff)
 	}
-	for _, rule := range []*Rule{&out.RBP, &out.RA} {
-		if rule.Kind == RuleRegister {
-			rule.Reg = Reg(rule.Offset)
-		}
-		if rule.Kind != RuleOffset && rule.Kind != RuleValOffset && rule.Kind != RuleAtSP {
-			rule.Offset = 0
-		}
-	}
+	out.RBP, out.RA = expandRule(out.RBP), expandRule(out.RA)
 	return out
+}
+
+// expandRule moves a register number out of the offset field.
+func expandRule(r Rule) Rule {
+	switch r.Kind {
+	case RuleRegister:
+		return Rule{Kind: r.Kind, Reg: Reg(r.Offset)}
+	case RuleOffset, RuleValOffset, RuleAtSP:
+		return r
+	}
+	return Rule{Kind: r.Kind}
 }
 
 // Lookup returns the row in effect at pc (a link-time address).
