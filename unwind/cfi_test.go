@@ -297,7 +297,8 @@ func TestClassifyExpressions(t *testing.T) {
 		want Rule
 	}{
 		{cat([]byte{0x77}, sleb(168)), Rule{Kind: RuleAtSP, Offset: 168}},
-		{cat([]byte{0x76}, sleb(168)), Rule{Kind: RuleExpression}},
+		{cat([]byte{0x76}, sleb(-16)), Rule{Kind: RuleAtBP, Offset: -16}},
+		{cat([]byte{0x75}, sleb(168)), Rule{Kind: RuleExpression}},
 		{cat([]byte{0x77}, sleb(168), []byte{0x06}), Rule{Kind: RuleExpression}},
 	} {
 		if got := classifyRegExpression(tc.expr); got != tc.want {

@@ -17,9 +17,10 @@
 // --debug-dump=frames-interp` (rsp+8, c-16, u, exp, …).
 //
 // Recognised DWARF expressions: the two standard .plt CFA forms, a CFA
-// loaded from memory ([rsp+N], glibc's signal trampoline __restore_rt),
-// and registers saved at rsp+N (its ucontext). Other expressions (stack
-// realignment through a DRAP register, for instance) are kept as "exp"
-// rows and the unwinder falls back to frame pointers there. Only 64-bit
-// little-endian x86-64 files are accepted.
+// loaded from memory ([rsp+N] in glibc's signal trampoline __restore_rt,
+// [rbp-8] in functions that realign the stack through a DRAP register),
+// and registers saved at rsp+N or rbp+N. Other expressions (hand-written
+// assembly's [rsp+N]+M, for instance) are kept as "exp" rows and the
+// unwinder falls back to frame pointers there. Only 64-bit little-endian
+// x86-64 files are accepted.
 package unwind

@@ -90,7 +90,7 @@ func unsupportedRow(r Row) string {
 	if k := r.RBP.Kind; k == RuleExpression || k == RuleValExpression || k == RuleRegister {
 		why = append(why, "rbp "+r.RBP.String())
 	}
-	if k := r.RA.Kind; r.CFA.Kind != CFANone && k != RuleOffset && k != RuleUndefined && k != RuleAtSP {
+	if k := r.RA.Kind; r.CFA.Kind != CFANone && k != RuleOffset && k != RuleUndefined && k != RuleAtSP && k != RuleAtBP {
 		why = append(why, "return address "+r.RA.String())
 	}
 	return strings.Join(why, ", ")

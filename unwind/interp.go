@@ -236,6 +236,7 @@ var pltTail = []byte{0x3f, 0x1a, 0xff, 0x2a, 0x33, 0x24, 0x22}
 // DWARF expression opcodes the recognised forms use.
 const (
 	opBreg0 = 0x70 // DW_OP_breg0 .. DW_OP_breg31: register + sleb128
+	opBreg6 = 0x76 // rbp
 	opBreg7 = 0x77 // rsp
 	opDeref = 0x06
 )
@@ -271,13 +272,18 @@ func classifyCFAExpression(expr []byte) CFA {
 	return CFA{Kind: CFAPLT, Offset: off, Threshold: k}
 }
 
-// classifyRegExpression recognises "saved at rsp + N" (DW_OP_breg7 N);
-// any other expression is RuleExpression.
+// classifyRegExpression recognises "saved at rsp + N" (DW_OP_breg7 N)
+// and "saved at rbp + N" (DW_OP_breg6 N); any other expression is
+// RuleExpression.
 func classifyRegExpression(expr []byte) Rule {
 	r := &cfiReader{sec: &cfiSection{name: "expression", data: expr}, end: len(expr)}
-	if r.u8() == opBreg7 {
+	op := r.u8()
+	if op == opBreg7 || op == opBreg6 {
 		if off := r.sleb(); r.err == nil && r.pos == len(expr) {
-			return Rule{Kind: RuleAtSP, Offset: off}
+			if op == opBreg7 {
+				return Rule{Kind: RuleAtSP, Offset: off}
+			}
+			return Rule{Kind: RuleAtBP, Offset: off}
 		}
 	}
 	return Rule{Kind: RuleExpression}

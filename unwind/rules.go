@@ -95,12 +95,16 @@ const (
 	// RuleAtSP: the expression DW_OP_breg7 Offset, saved at rsp + Offset
 	// (the registers of a signal frame's ucontext). readelf shows "exp".
 	RuleAtSP
+	// RuleAtBP: the expression DW_OP_breg6 Offset, saved at rbp + Offset
+	// (functions that realign the stack through a DRAP register, whose
+	// CFA is then [rbp-8]). readelf shows "exp".
+	RuleAtBP
 )
 
 // Rule recovers one register of the caller.
 type Rule struct {
 	Kind   RuleKind
-	Offset int64 // RuleOffset, RuleValOffset, RuleAtSP
+	Offset int64 // RuleOffset, RuleValOffset, RuleAtSP, RuleAtBP
 	Reg    Reg   // RuleRegister
 }
 
@@ -116,7 +120,7 @@ func (r Rule) String() string {
 		return fmt.Sprintf("v%+d", r.Offset)
 	case RuleRegister:
 		return fmt.Sprintf("r%d (%s)", uint8(r.Reg), r.Reg)
-	case RuleExpression, RuleAtSP:
+	case RuleExpression, RuleAtSP, RuleAtBP:
 		return "exp"
 	case RuleValExpression:
 		return "vexp"

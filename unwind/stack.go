@@ -113,8 +113,7 @@ func StackMethods(regs Regs, mem MemReader, rows Finder, max int) (pcs []uint64,
 			if row, err := rows.FindRow(lookup); err == nil {
 				next, ok, end = stepCFI(row, cur, mem)
 				exact = row.CFA.Kind == CFADeref // a saved context holds the exact pc
-				if ff, isFF := rows.(FuncFinder); !ok && !end && isFF && cur.BP == 0 &&
-					row.CFA.Kind == CFARegOffset && row.CFA.Reg == RegRBP {
+				if ff, isFF := rows.(FuncFinder); !ok && !end && isFF && cur.BP == 0 && needsBP(row) {
 					if bp, found := scanFrameRecord(cur, lookup, mem, ff); found {
 						withBP := cur
 						withBP.BP = bp
@@ -233,10 +232,16 @@ func stepCFI(row Row, cur Regs, mem MemReader) (next Regs, ok, end bool) {
 	switch row.RA.Kind {
 	case RuleUndefined:
 		return Regs{}, false, true
-	case RuleOffset, RuleAtSP:
+	case RuleOffset, RuleAtSP, RuleAtBP:
 		at := cfa + uint64(row.RA.Offset)
-		if row.RA.Kind == RuleAtSP {
+		switch row.RA.Kind {
+		case RuleAtSP:
 			at = cur.SP + uint64(row.RA.Offset)
+		case RuleAtBP:
+			if cur.BP == 0 {
+				return Regs{}, false, false
+			}
+			at = cur.BP + uint64(row.RA.Offset)
 		}
 		var okRA bool
 		if ra, okRA = readWord(mem, at); !okRA {
@@ -251,6 +256,10 @@ func stepCFI(row Row, cur Regs, mem MemReader) (next Regs, ok, end bool) {
 		bp, _ = readWord(mem, cfa+uint64(row.RBP.Offset)) // 0 (unknown) if unreadable
 	case RuleAtSP:
 		bp, _ = readWord(mem, cur.SP+uint64(row.RBP.Offset))
+	case RuleAtBP:
+		if bp != 0 {
+			bp, _ = readWord(mem, bp+uint64(row.RBP.Offset))
+		}
 	case RuleValOffset:
 		bp = cfa + uint64(row.RBP.Offset)
 	case RuleUndefined, RuleSameValue:
@@ -260,28 +269,34 @@ func stepCFI(row Row, cur Regs, mem MemReader) (next Regs, ok, end bool) {
 	return Regs{PC: ra, SP: cfa, BP: bp}, true, false
 }
 
+// needsBP reports whether a row's CFA is computed from rbp.
+func needsBP(row Row) bool {
+	return (row.CFA.Kind == CFARegOffset || row.CFA.Kind == CFADeref) && row.CFA.Reg == RegRBP
+}
+
 // scanWords bounds the stack scan for a frame record: 4 KiB above SP.
 const scanWords = 512
 
 // scanFrameRecord finds the rbp of a frame whose function keeps a frame
 // pointer when the register is unknown: the lowest 8-aligned address a
 // at or above SP where [a+8] is a return address right after a direct
-// call (e8 rel32) to the function containing pc, and [a], the saved rbp,
-// is 0 or further up the stack. Calls through a register, a PLT or a tail
-// call do not validate, and the unwind ends there as it would without the
-// scan.
+// call (e8 rel32) to the function containing pc; [a] is then the saved
+// rbp, whatever the caller kept there. (A function that realigns its
+// stack copies its return address to [rbp+8], below the original: the
+// lowest match is its frame record.) Calls through a register, a PLT or
+// a tail call do not validate, and the unwind ends there as it would
+// without the scan.
 func scanFrameRecord(cur Regs, pc uint64, mem MemReader, ff FuncFinder) (uint64, bool) {
 	fn, err := ff.FuncStart(pc)
 	if err != nil {
 		return 0, false
 	}
 	for a := (cur.SP + 7) &^ 7; a < cur.SP+scanWords*8; a += 8 {
-		saved, ok1 := readWord(mem, a)
-		ra, ok2 := readWord(mem, a+8)
-		if !ok1 || !ok2 {
+		ra, ok := readWord(mem, a+8)
+		if !ok {
 			return 0, false
 		}
-		if ra < 5 || (saved != 0 && (saved <= a || saved&7 != 0)) {
+		if ra < 5 {
 			continue
 		}
 		var call [5]byte

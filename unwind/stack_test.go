@@ -55,6 +55,61 @@ func TestUnwindSignalFrame(t *testing.T) {
 	}
 }
 
+// TestUnwindRealignedFrame unwinds through a function that realigns its
+// stack through a DRAP register (CFA [rbp-8], rbp saved at rbp+0): from
+// /proc registers, where rbp is unknown and a scan finds the frame
+// record, and from ptrace's, by CFI alone; both equal gdb's backtrace.
+func TestUnwindRealignedFrame(t *testing.T) {
+	bin := buildCFile(t, "testdata/drap.c", "-fomit-frame-pointer")
+	tab, err := Open(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deref := false
+	for i := 0; i < tab.Len(); i++ {
+		if r := tab.Row(i); r.CFA.Kind == CFADeref && r.CFA.Reg == RegRBP && r.RBP.Kind == RuleAtBP {
+			deref = true
+		}
+	}
+	if !deref {
+		t.Skip("this gcc did not realign drap's stack through DRAP")
+	}
+	pid := startReady(t, bin).Process.Pid
+	waitSyscall(t, pid, unix.SYS_READ)
+	p, err := NewCache().Process(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	regs, _, err := SyscallRegs(pid, pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcs, methods := StackMethods(regs, p.Mem, p, 0)
+	frames := names(p, pcs)
+	t.Logf("/proc registers: %v via %v", frames, methods)
+	if !strings.Contains(" "+strings.Join(frames, " ")+" ", " leaf drap main ") || frames[len(frames)-1] != "_start" {
+		t.Errorf("stack %q: want leaf drap main … _start", frames)
+	}
+	pregs, err := PtraceRegs(pid)
+	if err != nil {
+		t.Skipf("ptrace: %v", err)
+	}
+	p.Mem.Reset()
+	ppcs, pmethods := StackMethods(pregs, p.Mem, p, 0)
+	t.Logf("ptrace registers: %v via %v", names(p, ppcs), pmethods)
+	if !slices.Equal(pcs, ppcs) {
+		t.Errorf("stack from /proc registers %#x, from ptrace registers %#x", pcs, ppcs)
+	}
+	for i, m := range pmethods {
+		if m != ByCFI {
+			t.Errorf("with ptrace registers, frame %d found by %v, want cfi", i+1, m)
+		}
+	}
+	if gdbPCs := gdbBacktrace(t, pid); gdbPCs != nil && !slices.Equal(pcs, gdbPCs) {
+		t.Errorf("stack %#x, gdb's %#x", pcs, gdbPCs)
+	}
+}
+
 // waitSyscall waits until pid's main thread sleeps in system call nr.
 func waitSyscall(t testing.TB, pid, nr int) {
 	t.Helper()

@@ -95,7 +95,7 @@ func expandRule(r Rule) Rule {
 	switch r.Kind {
 	case RuleRegister:
 		return Rule{Kind: r.Kind, Reg: Reg(r.Offset)}
-	case RuleOffset, RuleValOffset, RuleAtSP:
+	case RuleOffset, RuleValOffset, RuleAtSP, RuleAtBP:
 		return r
 	}
 	return Rule{Kind: r.Kind}

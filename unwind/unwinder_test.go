@@ -132,11 +132,11 @@ func TestScan(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			mem := fakeMem{
 				0x7000: 0x7100, 0x7008: 0x2010, // an indirect call (ff d0) before 0x2010: no
-				0x7010: 0x7004, 0x7018: 0x2020, // a saved rbp that is not a frame: no
+				0x7010: 0x7004, 0x7018: 0x2020, // a direct call to another function: no
 				0x7020: 0, 0x7028: 0x2030, // the frame record
 			}
 			mem.setBytes(0x2008, []byte{0, 0, 0, 0, 0, 0, 0xff, 0xd0})
-			mem.setBytes(0x201b, call(0x2020, 0x1000))
+			mem.setBytes(0x201b, call(0x2020, 0x2800))
 			mem.setBytes(0x202b, call(0x2030, tc.target))
 			mem[0x2030] = 0
 			pcs, methods := StackMethods(Regs{PC: 0x1010, SP: 0x7000}, mem, rows, 0)
