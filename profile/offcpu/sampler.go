@@ -1,0 +1,367 @@
+package offcpu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Options select threads and stacks; they apply to both collectors.
+type Options struct {
+	PID int // only this process (thread group); 0 for every process
+	TID int // only this thread; 0 for every thread
+	// States keeps only threads in these states; empty keeps every state
+	// except running.
+	States     States
+	Group      Group
+	KernelOnly bool // do not collect user stacks
+	UserOnly   bool // do not collect kernel stacks
+	// IncludeSelf also profiles the profiler's own process.
+	IncludeSelf bool
+}
+
+func (o *Options) validate() error {
+	if o.KernelOnly && o.UserOnly {
+		return errors.New("kernel-only and user-only exclude each other")
+	}
+	if o.PID < 0 || o.TID < 0 {
+		return errors.New("pid and tid must be positive")
+	}
+	return nil
+}
+
+// ErrNoSuchThread is returned when the process or thread asked for does
+// not exist.
+var ErrNoSuchThread = errors.New("no such process or thread")
+
+// thread is one thread's open /proc files. A descriptor of -1 was not
+// wanted or could not be opened.
+type thread struct {
+	pid, tid             int
+	stat, stack, syscall int
+	procName             string
+	kthread              bool
+	gen                  uint32 // pass that last saw it
+}
+
+func (t *thread) close() {
+	for _, fd := range []int{t.stat, t.stack, t.syscall} {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+	}
+}
+
+// entry is one distinct raw stack: counted during sampling, symbolised
+// once at the end.
+type entry struct {
+	group    string
+	pid, tid int
+	state    byte
+	kstack   string
+	user     []userFrame
+	userErr  string
+	samples  int64
+	lastSeen uint32
+}
+
+// Sampler collects off-CPU stacks by periodic reads of /proc. It is not
+// safe for concurrent use.
+type Sampler struct {
+	opts    Options
+	self    int
+	period  time.Duration
+	threads map[int]*thread // by tid
+	gen     uint32
+	agg     map[string]*entry // by raw key (see sampleThread)
+	order   []*entry
+	user    *userStacks // nil with KernelOnly
+	start   time.Time
+	passes  int
+	visits  int
+
+	// Scratch buffers reused by every pass.
+	dirBuf, readBuf, stackBuf, key []byte
+	pids, tids                     []int
+	frames                         []userFrame
+}
+
+// NewSampler returns a sampler for threads selected by o. period is the
+// interval the caller will call Pass at; it turns sample counts into
+// estimated off-CPU time.
+func NewSampler(o Options, period time.Duration) (*Sampler, error) {
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	if period <= 0 {
+		return nil, errors.New("sampling period must be positive")
+	}
+	s := &Sampler{
+		opts:     o,
+		self:     os.Getpid(),
+		period:   period,
+		threads:  make(map[int]*thread),
+		agg:      make(map[string]*entry),
+		dirBuf:   make([]byte, 32<<10),
+		readBuf:  make([]byte, 1024),
+		stackBuf: make([]byte, 4096),
+		start:    time.Now(),
+	}
+	if !o.KernelOnly {
+		s.user = newUserStacks()
+	}
+	switch {
+	case o.TID != 0:
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d/task/%d", o.TID, o.TID)); err != nil {
+			return nil, fmt.Errorf("thread %d: %w", o.TID, ErrNoSuchThread)
+		}
+	case o.PID != 0:
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d/task", o.PID)); err != nil {
+			return nil, fmt.Errorf("process %d: %w", o.PID, ErrNoSuchThread)
+		}
+	}
+	return s, nil
+}
+
+// Close releases every open /proc descriptor.
+func (s *Sampler) Close() error {
+	for tid, t := range s.threads {
+		t.close()
+		delete(s.threads, tid)
+	}
+	return nil
+}
+
+// Pass takes one sample of every selected thread that is off CPU and
+// returns how many threads it visited.
+func (s *Sampler) Pass() (int, error) {
+	s.gen++
+	s.passes++
+	visited := 0
+	var err error
+	switch {
+	case s.opts.TID != 0:
+		pid := s.opts.PID
+		if pid == 0 {
+			pid = s.opts.TID // /proc/TID/task/TID exists for any thread
+		}
+		s.visit(pid, s.opts.TID)
+		visited = 1
+	case s.opts.PID != 0:
+		visited, err = s.visitProcess(s.opts.PID)
+	default:
+		s.pids, err = readDirIDs("/proc", s.dirBuf, s.pids[:0])
+		if err != nil {
+			return 0, err
+		}
+		for _, pid := range s.pids {
+			if pid == s.self && !s.opts.IncludeSelf {
+				continue
+			}
+			n, _ := s.visitProcess(pid) // it may have exited meanwhile
+			visited += n
+		}
+	}
+	// Forget threads that are gone.
+	for tid, t := range s.threads {
+		if t.gen != s.gen {
+			t.close()
+			delete(s.threads, tid)
+		}
+	}
+	s.visits += visited
+	return visited, err
+}
+
+func (s *Sampler) visitProcess(pid int) (int, error) {
+	var err error
+	s.tids, err = readDirIDs("/proc/"+strconv.Itoa(pid)+"/task", s.dirBuf, s.tids[:0])
+	if err != nil {
+		return 0, err
+	}
+	for _, tid := range s.tids {
+		s.visit(pid, tid)
+	}
+	return len(s.tids), nil
+}
+
+func (s *Sampler) visit(pid, tid int) {
+	t := s.threads[tid]
+	if t == nil || t.pid != pid {
+		if t != nil {
+			t.close()
+		}
+		var err error
+		if t, err = s.open(pid, tid); err != nil {
+			return
+		}
+		s.threads[tid] = t
+	}
+	t.gen = s.gen
+	if err := s.sampleThread(t); errors.Is(err, unix.ESRCH) || errors.Is(err, unix.ENOENT) {
+		// Exited (or the tid was reused): reopen if it shows up again.
+		t.close()
+		delete(s.threads, tid)
+	}
+}
+
+func (s *Sampler) open(pid, tid int) (*thread, error) {
+	dir := "/proc/" + strconv.Itoa(pid) + "/task/" + strconv.Itoa(tid) + "/"
+	t := &thread{pid: pid, tid: tid, stat: -1, stack: -1, syscall: -1}
+	var err error
+	if t.stat, err = openRO(dir + "stat"); err != nil {
+		return nil, err
+	}
+	if t.syscall, err = openRO(dir + "syscall"); err != nil {
+		t.close()
+		return nil, err
+	}
+	if !s.opts.UserOnly {
+		// Needs CAP_SYS_ADMIN (root); without it only user stacks remain.
+		t.stack, _ = openRO(dir + "stack")
+	}
+	if s.opts.Group == ByProcessName || s.opts.Group == ByPID {
+		if b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm"); err == nil {
+			t.procName = string(trimNL(b))
+		}
+	}
+	return t, nil
+}
+
+func trimNL(b []byte) []byte {
+	if n := len(b); n > 0 && b[n-1] == '\n' {
+		return b[:n-1]
+	}
+	return b
+}
+
+// sampleThread reads one thread. The syscall file comes first because it
+// is the cheapest test of "on a CPU": the kernel answers "running" for a
+// thread in TASK_RUNNING without touching its stack.
+func (s *Sampler) sampleThread(t *thread) error {
+	b, err := preadAll(t.syscall, s.readBuf)
+	if err != nil {
+		return err
+	}
+	sc, err := parseSyscall(b)
+	if err != nil || sc.running {
+		return err
+	}
+	b, err = preadAll(t.stat, s.readBuf)
+	if err != nil {
+		return err
+	}
+	st, err := parseStat(b)
+	if err != nil {
+		return err
+	}
+	switch st.state {
+	case 'R', 'Z', 'X':
+		return nil // woke up meanwhile, or has no stack any more
+	}
+	if !s.opts.States.Has(st.state) {
+		return nil
+	}
+	t.kthread = st.flags&pfKthread != 0
+	// The raw key: pid/tid as grouped, group name, state, kernel stack
+	// text, user frames. Symbolisation waits until a key is new.
+	key := s.key[:0]
+	group := st.comm
+	if s.opts.Group == ByProcessName || s.opts.Group == ByPID {
+		group = []byte(t.procName)
+	}
+	switch s.opts.Group {
+	case ByPID:
+		key = strconv.AppendInt(key, int64(t.pid), 10)
+	case ByTID:
+		key = strconv.AppendInt(key, int64(t.tid), 10)
+	}
+	key = append(key, 0)
+	key = append(key, group...)
+	key = append(key, 0, st.state, 0)
+	var kstack []byte
+	if t.stack >= 0 {
+		kstack, err = preadAll(t.stack, s.stackBuf)
+		if err != nil {
+			return err
+		}
+		s.stackBuf = kstack[:cap(kstack)]
+		key = append(key, kstack...)
+	}
+	key = append(key, 0)
+	frames := s.frames[:0]
+	var uerr error
+	if s.user != nil && !t.kthread && sc.nr >= 0 {
+		frames, uerr = s.user.unwind(t.pid, sc.pc, sc.sp, frames)
+		s.frames = frames
+		for _, f := range frames {
+			key = appendFrame(key, f)
+		}
+	}
+	s.key = key
+	e := s.agg[string(key)]
+	if e == nil {
+		e = &entry{state: st.state, kstack: string(kstack)}
+		e.group, e.pid, e.tid = s.opts.Group.label(t.procName, string(st.comm), t.pid, t.tid)
+		e.user = append([]userFrame(nil), frames...)
+		if uerr != nil {
+			e.userErr = uerr.Error()
+		}
+		s.agg[string(key)] = e
+		s.order = append(s.order, e)
+	}
+	e.samples++
+	return nil
+}
+
+// Run calls Pass every period until ctx is done or duration (if positive)
+// has passed. progress, if not nil, is called after every pass.
+func (s *Sampler) Run(ctx context.Context, duration time.Duration, progress func(pass, visited int)) error {
+	if duration > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, duration)
+		defer cancel()
+	}
+	tick := time.NewTicker(s.period)
+	defer tick.Stop()
+	for {
+		n, err := s.Pass()
+		if err != nil {
+			return err
+		}
+		if progress != nil {
+			progress(s.passes, n)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+// Profile symbolises what was sampled so far.
+func (s *Sampler) Profile() *Profile {
+	p := &Profile{Mode: "sample", Start: s.start, Duration: time.Since(s.start), Period: s.period,
+		Passes: s.passes, Threads: s.visits}
+	for _, e := range s.order {
+		st := Stack{Group: e.group, PID: e.pid, TID: e.tid, State: string(e.state),
+			Kernel: kernelFrames([]byte(e.kstack)), UserError: e.userErr,
+			Samples: e.samples, OffCPU: time.Duration(e.samples) * s.period}
+		if len(st.Kernel) > 0 {
+			// /proc/PID/stack starts after the scheduler's own frames, so
+			// its innermost frame is what get_wchan() reports.
+			st.Wchan = st.Kernel[0]
+		}
+		if s.user != nil {
+			st.User = s.user.names(e.user)
+		}
+		p.Stacks = append(p.Stacks, st)
+	}
+	return p
+}

@@ -1,0 +1,101 @@
+package offcpu
+
+import (
+	"bufio"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+var (
+	buildOnce sync.Once
+	buildPath string
+	buildErr  string
+	buildDir  string
+)
+
+// workloadBinary compiles testdata/workload.c without frame pointers,
+// once per test binary.
+func workloadBinary(tb testing.TB) string {
+	tb.Helper()
+	buildOnce.Do(func() {
+		cc, err := exec.LookPath("gcc")
+		if err != nil {
+			buildErr = "gcc not installed: cannot build the test workload"
+			return
+		}
+		buildDir, err = os.MkdirTemp("", "offcpu-workload")
+		if err != nil {
+			buildErr = err.Error()
+			return
+		}
+		out := filepath.Join(buildDir, "workload")
+		cmd := exec.Command(cc, "-O2", "-g", "-fomit-frame-pointer", "-fno-optimize-sibling-calls",
+			"-pthread", "-o", out, "testdata/workload.c")
+		if b, err := cmd.CombinedOutput(); err != nil {
+			buildErr = "building workload: " + err.Error() + "\n" + string(b)
+			return
+		}
+		buildPath = out
+	})
+	if buildErr != "" {
+		if strings.HasPrefix(buildErr, "gcc not installed") {
+			tb.Skip(buildErr)
+		}
+		tb.Fatal(buildErr)
+	}
+	return buildPath
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if buildDir != "" {
+		os.RemoveAll(buildDir)
+	}
+	os.Exit(code)
+}
+
+// startWorkload runs the workload with args and waits for its "ready";
+// the process exits when the test ends (its stdin closes).
+func startWorkload(tb testing.TB, args ...string) *exec.Cmd {
+	tb.Helper()
+	cmd := exec.Command(workloadBinary(tb), args...)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		stdin.Close()
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+	})
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil || line != "ready\n" {
+		tb.Fatalf("workload did not start: %q %v", line, err)
+	}
+	return cmd
+}
+
+func requireRoot(tb testing.TB) {
+	tb.Helper()
+	if os.Geteuid() != 0 {
+		tb.Skip("needs root: /proc/PID/task/TID/stack and BPF are root-only")
+	}
+}
