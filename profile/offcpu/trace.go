@@ -2,12 +2,16 @@ package offcpu
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"golang.org/x/sys/unix"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -381,17 +385,20 @@ func stateLetter(w uint32) string {
 
 // Profile reads the kernel's aggregation and symbolises it: kernel
 // addresses with kallsyms, user addresses with the process's mappings
-// (a process that has exited by now keeps hex addresses).
+// (a process that has exited by now keeps hex addresses). Threads still
+// blocked now count up to now; threads that have not been switched out
+// since the tracer started are not seen at all.
 func (t *Tracer) Profile() (*Profile, error) {
 	p := &Profile{Mode: "trace", Start: t.start, Duration: time.Since(t.start)}
+	agg, err := t.collect()
+	if err != nil {
+		return nil, err
+	}
 	ksyms, kerr := cfg.LoadKallsyms("/proc/kallsyms")
 	user := newUserStacks()
 	kcache := map[int32][]string{}
-	var key [keySize]byte
-	var val [valueSize]byte
-	it := t.maps.counts.Iterate()
 	stack := make([]uint64, maxStackDepth)
-	for it.Next(&key, &val) {
+	for key, val := range agg {
 		tgid := int(binary.LittleEndian.Uint32(key[0:]))
 		pid := int(binary.LittleEndian.Uint32(key[4:]))
 		kid := int32(binary.LittleEndian.Uint32(key[8:]))
@@ -401,9 +408,7 @@ func (t *Tracer) Profile() (*Profile, error) {
 			continue
 		}
 		comm := string(bytes.TrimRight(key[24:40], "\x00"))
-		s := Stack{State: state,
-			OffCPU:  time.Duration(binary.LittleEndian.Uint64(val[0:])),
-			Samples: int64(binary.LittleEndian.Uint64(val[8:]))}
+		s := Stack{State: state, OffCPU: time.Duration(val[0]), Samples: int64(val[1])}
 		s.Group, s.PID, s.TID = t.opts.Group.label(procName(tgid, comm), comm, tgid, pid)
 		if !t.opts.UserOnly {
 			if kid < 0 {
@@ -411,15 +416,13 @@ func (t *Tracer) Profile() (*Profile, error) {
 			} else if names, ok := kcache[kid]; ok {
 				s.Kernel = names
 			} else {
-				addrs := t.readStack(kid, stack)
-				for _, a := range addrs {
+				for _, a := range t.readStack(kid, stack) {
 					s.Kernel = append(s.Kernel, kernelName(ksyms, kerr, a))
 				}
+				s.Kernel = trimTracing(s.Kernel)
 				kcache[kid] = s.Kernel
 			}
-			if len(s.Kernel) > 0 {
-				s.Wchan = firstNonSched(s.Kernel)
-			}
+			s.Wchan = firstNonSched(s.Kernel)
 		}
 		if !t.opts.KernelOnly && uid >= 0 {
 			for _, a := range t.readStack(uid, stack) {
@@ -428,10 +431,63 @@ func (t *Tracer) Profile() (*Profile, error) {
 		}
 		p.Stacks = append(p.Stacks, s)
 	}
+	slices.SortFunc(p.Stacks, func(a, b Stack) int { return cmp.Compare(b.OffCPU, a.OffCPU) })
+	return p, nil
+}
+
+// collect reads the finished blocks and adds the ones in progress, with
+// the same limits the BPF program applies.
+func (t *Tracer) collect() (map[[keySize]byte][2]uint64, error) {
+	agg := map[[keySize]byte][2]uint64{}
+	var key [keySize]byte
+	var val [valueSize]byte
+	it := t.maps.counts.Iterate()
+	for it.Next(&key, &val) {
+		agg[key] = [2]uint64{binary.LittleEndian.Uint64(val[0:]), binary.LittleEndian.Uint64(val[8:])}
+	}
 	if err := it.Err(); err != nil {
 		return nil, err
 	}
-	return p, nil
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil { // bpf_ktime_get_ns's clock
+		return nil, err
+	}
+	now := uint64(ts.Nano())
+	var tid uint32
+	var start [startSize]byte
+	it = t.maps.starts.Iterate()
+	for it.Next(&tid, &start) {
+		began := binary.LittleEndian.Uint64(start[0:])
+		if began > now {
+			continue
+		}
+		d := now - began
+		if d < uint64(t.opts.MinBlock) || (t.opts.MaxBlock > 0 && d > uint64(t.opts.MaxBlock)) {
+			continue
+		}
+		var k [keySize]byte
+		copy(k[0:4], start[8:12])
+		binary.LittleEndian.PutUint32(k[4:], tid)
+		copy(k[8:20], start[12:24])
+		copy(k[24:40], start[24:40])
+		v := agg[k]
+		agg[k] = [2]uint64{v[0] + d, v[1] + 1}
+	}
+	return agg, it.Err()
+}
+
+// trimTracing drops the frames of the tracer itself from the top of a
+// BPF kernel stack: the program, the tracepoint glue and __schedule.
+func trimTracing(frames []string) []string {
+	for i, f := range frames {
+		if f == "__schedule" {
+			return frames[i+1:]
+		}
+		if !strings.HasPrefix(f, "bpf_") && !strings.HasPrefix(f, "__bpf_") && !strings.HasPrefix(f, "__traceiter_") {
+			return frames[i:]
+		}
+	}
+	return frames
 }
 
 func (t *Tracer) readStack(id int32, buf []uint64) []uint64 {
@@ -461,10 +517,7 @@ func firstNonSched(frames []string) string {
 		switch f {
 		case "__schedule", "schedule", "__traceiter_sched_switch", "preempt_schedule_common",
 			"schedule_timeout", "schedule_hrtimeout_range_clock", "schedule_hrtimeout_range",
-			"io_schedule", "io_schedule_timeout", "schedule_preempt_disabled", "bpf_trace_run4":
-			continue
-		}
-		if len(f) > 6 && (f[:6] == "bpf_pr" || f[:6] == "__bpf_") {
+			"io_schedule", "io_schedule_timeout", "schedule_preempt_disabled":
 			continue
 		}
 		return f

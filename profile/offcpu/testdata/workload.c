@@ -3,8 +3,10 @@
 //
 //   sleeper    blocked in clock_nanosleep all the time
 //   halfsleep  blocked in clock_nanosleep half the time, spinning otherwise
-//   piper      blocked in read() on a pipe nobody writes
-//   futexer    blocked in FUTEX_WAIT on a word nobody wakes
+//   piper      blocked in read() on a pipe
+//   futexer    blocked in FUTEX_WAIT
+//   waker      wakes piper and futexer every 250 ms, so that a tracer
+//              sees their blocks end
 //
 // With an argument N it instead starts N threads blocked in pipe reads
 // (the benchmark's helper). It prints "ready" once every thread has
@@ -67,6 +69,17 @@ static NOINLINE void wait_futex(void) {
 	}
 }
 
+static NOINLINE void wake_others(void) {
+	for (;;) {
+		struct timespec ts = {0, 250 * 1000 * 1000};
+		nanosleep(&ts, NULL);
+		if (write(pipefd[1], "x", 1) != 1)
+			sink++;
+		syscall(SYS_futex, &futex_word, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+	}
+}
+
+static void *waker_main(void *a) { wake_others(); return a; }
 static void *sleeper_main(void *a) { sleep_forever(); return a; }
 static void *halfsleep_main(void *a) { sleep_half(); return a; }
 static void *piper_main(void *a) { read_pipe(); return a; }
@@ -95,6 +108,7 @@ int main(int argc, char **argv) {
 		start("halfsleep", halfsleep_main);
 		start("piper", piper_main);
 		start("futexer", futexer_main);
+		start("waker", waker_main);
 	}
 	printf("ready\n");
 	fflush(stdout);

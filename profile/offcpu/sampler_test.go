@@ -1,0 +1,148 @@
+package offcpu
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kinst/kinst/profile/flamegraph"
+)
+
+// kernelPaths are the kernel functions each workload thread must be
+// blocked in, as substrings so that they hold across kernel versions
+// (pipe_read became anon_pipe_read in 6.x, futex_wait_queue became
+// futex_do_wait). The test cross-checks each against the thread's own
+// /proc/PID/task/TID/wchan before trusting it.
+var kernelPaths = map[string]string{
+	"sleeper": "nanosleep",
+	"piper":   "pipe_read",
+	"futexer": "futex",
+}
+
+// userPaths are the workload's own functions each thread's user stack
+// must name (the binary has no frame pointers: only CFI can find them).
+var userPaths = map[string][]string{
+	"sleeper": {"sleep_forever", "sleeper_main"},
+	"piper":   {"read_pipe", "piper_main"},
+	"futexer": {"wait_futex", "futexer_main"},
+}
+
+func TestSampleWorkload(t *testing.T) {
+	requireRoot(t)
+	cmd := startWorkload(t)
+	pid := cmd.Process.Pid
+	// The independent oracle: each thread's wchan from the kernel.
+	tids := map[string]int{}
+	ents, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		comm, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "task", e.Name(), "comm"))
+		tid, _ := strconv.Atoi(e.Name())
+		tids[strings.TrimSpace(string(comm))] = tid
+	}
+	for name, want := range kernelPaths {
+		w, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/task/" + strconv.Itoa(tids[name]) + "/wchan")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(w), want) {
+			t.Fatalf("%s: the kernel says wchan %q, the test expects %q: is the workload blocked where it should be?", name, w, want)
+		}
+	}
+
+	const period = 10 * time.Millisecond
+	s, err := NewSampler(Options{PID: pid}, period)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const passes = 200
+	for i := 0; i < passes; i++ {
+		if _, err := s.Pass(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(period)
+	}
+	p := s.Profile()
+	if p.Passes != passes {
+		t.Errorf("passes %d, want %d", p.Passes, passes)
+	}
+	byThread := map[string]int64{}
+	for _, st := range p.Stacks {
+		byThread[st.Group] += st.Samples
+		t.Logf("%-10s %s %4d kernel=%v user=%v %s", st.Group, st.State, st.Samples, st.Kernel, st.User, st.UserError)
+	}
+	for name, want := range kernelPaths {
+		var got int64
+		for _, st := range p.Stacks {
+			if st.Group == name && strings.Contains(strings.Join(st.Kernel, ";"), want) {
+				got += st.Samples
+				if !strings.Contains(st.Wchan, want) && !strings.Contains(strings.Join(st.Kernel, ";"), st.Wchan) {
+					t.Errorf("%s: wchan %q not in its stack", name, st.Wchan)
+				}
+			}
+		}
+		// A thread blocked all the time is off CPU in (nearly) every pass.
+		if got < passes*9/10 {
+			t.Errorf("%s: %d of %d samples in %s", name, got, passes, want)
+		}
+	}
+	// halfsleep is blocked half the time: its share against sleeper's.
+	ratio := float64(byThread["halfsleep"]) / float64(byThread["sleeper"])
+	t.Logf("halfsleep/sleeper = %d/%d = %.2f", byThread["halfsleep"], byThread["sleeper"], ratio)
+	if ratio < 0.3 || ratio > 0.7 {
+		t.Errorf("halfsleep/sleeper sample ratio %.2f, want about 0.5", ratio)
+	}
+	checkOutputs(t, p)
+}
+
+// checkOutputs renders the profile every way kinst can: folded text that
+// parses back, an SVG that is well-formed, and a pprof file that `go tool
+// pprof -top` reads.
+func checkOutputs(t *testing.T, p *Profile) {
+	t.Helper()
+	f := p.Folded(FoldOptions{})
+	if f.Total() == 0 {
+		t.Fatal("empty folded profile")
+	}
+	var svg bytes.Buffer
+	if err := flamegraph.Render(&svg, f.Stacks(), flamegraph.Options{Title: "off-CPU", Unit: p.Unit()}); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(svg.Bytes(), []byte("_[k]")) {
+		t.Error("SVG has no kernel frames")
+	}
+	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	if _, err := os.Stat(gobin); err != nil {
+		if gobin, err = exec.LookPath("go"); err != nil {
+			t.Log("go tool not found: pprof check skipped")
+			return
+		}
+	}
+	path := filepath.Join(t.TempDir(), "offcpu.pb.gz")
+	out, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.WritePprof(out, FoldOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	out.Close()
+	b, err := exec.Command(gobin, "tool", "pprof", "-top", path).CombinedOutput()
+	if err != nil {
+		t.Fatalf("go tool pprof -top: %v\n%s", err, b)
+	}
+	for _, want := range []string{"off_cpu", "sleeper"} {
+		if !bytes.Contains(b, []byte(want)) {
+			t.Errorf("pprof -top output lacks %q:\n%s", want, b)
+		}
+	}
+}
