@@ -26,6 +26,9 @@ Usage:
                          the splice class of every instruction
   kinst bench splice POINT [--cycles N] [--json]
                          latency of each step of an instrumentation request
+  kinst offcpu [-p PID] [--trace] [--duration D] [--folded | --json] [--svg F] [--pprof F]
+                         off-CPU profile of this host: where threads wait, as
+                         folded stacks, flame graphs and pprof (see --help)
   kinst vm up|exec|down|status
                          the test VM: a stock Debian kernel under QEMU with
                          kerninst.ko and kerninstd running in it
@@ -63,6 +66,8 @@ func run(args []string) int {
 		err = benchCmd(ctx, args[1:])
 	case "vm":
 		status, err = vmCmd(ctx, args[1:])
+	case "offcpu":
+		err = offcpuCmd(ctx, args[1:])
 	case "workload":
 		err = workloadCmd(ctx, args[1:])
 	default:
