@@ -57,7 +57,7 @@ type Table struct {
 	byName  []int32  // indices into syms, by Name, then by preference
 	buildID string
 	source  string
-	loads   []elf.ProgHeader // PT_LOAD segments, for LoadBias
+	segs    Segments // for LoadBias
 }
 
 // Open reads the symbols of the ELF file at path.
@@ -98,11 +98,7 @@ func Read(f *elf.File) (*Table, error) {
 	t := New(syms)
 	t.source = source
 	t.buildID, _ = BuildID(f)
-	for _, p := range f.Progs {
-		if p.Type == elf.PT_LOAD {
-			t.loads = append(t.loads, p.ProgHeader)
-		}
-	}
+	t.segs = LoadSegments(f)
 	return t, nil
 }
 
@@ -245,23 +241,28 @@ func (e *NotMappedError) Is(target error) bool { return target == ErrNotMapped }
 // the file from offset (the first and third fields of a /proc/PID/maps
 // line). It is 0 for a non-PIE executable.
 func (t *Table) LoadBias(start, offset uint64) (uint64, error) {
-	return loadBias(t.loads, start, offset)
+	return t.segs.LoadBias(start, offset)
 }
 
-// LoadBias is Table.LoadBias for an open file.
-func LoadBias(f *elf.File, start, offset uint64) (uint64, error) {
-	var loads []elf.ProgHeader
+// Segments are the PT_LOAD program headers of a file: how its file
+// offsets map to link-time addresses.
+type Segments []elf.ProgHeader
+
+// LoadSegments returns the PT_LOAD segments of f.
+func LoadSegments(f *elf.File) Segments {
+	var segs Segments
 	for _, p := range f.Progs {
 		if p.Type == elf.PT_LOAD {
-			loads = append(loads, p.ProgHeader)
+			segs = append(segs, p.ProgHeader)
 		}
 	}
-	return loadBias(loads, start, offset)
+	return segs
 }
 
-func loadBias(loads []elf.ProgHeader, start, offset uint64) (uint64, error) {
+// LoadBias is Table.LoadBias for the file of these segments.
+func (segs Segments) LoadBias(start, offset uint64) (uint64, error) {
 	const page = 4096
-	for _, p := range loads {
+	for _, p := range segs {
 		// The kernel maps a segment from its page-aligned offset.
 		if offset >= p.Off&^(page-1) && offset < p.Off+p.Filesz {
 			// runtime(X) = start + X - offset; link(X) = Vaddr + X - Off.
