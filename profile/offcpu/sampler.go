@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -65,6 +66,7 @@ type entry struct {
 	state    byte
 	kstack   string
 	user     []userFrame
+	userPID  int // whose address space user holds
 	userErr  string
 	samples  int64
 	lastSeen uint32
@@ -299,6 +301,7 @@ func (s *Sampler) sampleThread(t *thread) error {
 	if s.user != nil && !t.kthread && sc.nr >= 0 {
 		frames, uerr = s.user.unwind(t.pid, sc.pc, sc.sp, frames)
 		s.frames = frames
+		key = strconv.AppendInt(key, int64(t.pid), 10)
 		for _, f := range frames {
 			key = appendFrame(key, f)
 		}
@@ -306,7 +309,7 @@ func (s *Sampler) sampleThread(t *thread) error {
 	s.key = key
 	e := s.agg[string(key)]
 	if e == nil {
-		e = &entry{state: st.state, kstack: string(kstack)}
+		e = &entry{state: st.state, kstack: string(kstack), userPID: t.pid}
 		e.group, e.pid, e.tid = s.opts.Group.label(t.procName, string(st.comm), t.pid, t.tid)
 		e.user = append([]userFrame(nil), frames...)
 		if uerr != nil {
@@ -345,23 +348,34 @@ func (s *Sampler) Run(ctx context.Context, duration time.Duration, progress func
 	}
 }
 
-// Profile symbolises what was sampled so far.
+// Profile symbolises what was sampled so far. Raw stacks that name the
+// same functions (the same code in two processes, say) merge.
 func (s *Sampler) Profile() *Profile {
 	p := &Profile{Mode: "sample", Start: s.start, Duration: time.Since(s.start), Period: s.period,
 		Passes: s.passes, Threads: s.visits}
+	index := map[string]int{}
 	for _, e := range s.order {
 		st := Stack{Group: e.group, PID: e.pid, TID: e.tid, State: string(e.state),
-			Kernel: kernelFrames([]byte(e.kstack)), UserError: e.userErr,
-			Samples: e.samples, OffCPU: time.Duration(e.samples) * s.period}
+			Kernel: kernelFrames([]byte(e.kstack)), UserError: e.userErr, Samples: e.samples}
 		if len(st.Kernel) > 0 {
 			// /proc/PID/stack starts after the scheduler's own frames, so
 			// its innermost frame is what get_wchan() reports.
 			st.Wchan = st.Kernel[0]
 		}
 		if s.user != nil {
-			st.User = s.user.names(e.user)
+			st.User = s.user.names(e.userPID, e.user)
 		}
+		key := strings.Join([]string{st.Group, strconv.Itoa(st.PID), strconv.Itoa(st.TID), st.State, st.UserError,
+			strings.Join(st.Kernel, ";"), strings.Join(st.User, ";")}, "\x00")
+		if i, ok := index[key]; ok {
+			p.Stacks[i].Samples += st.Samples
+			continue
+		}
+		index[key] = len(p.Stacks)
 		p.Stacks = append(p.Stacks, st)
+	}
+	for i := range p.Stacks {
+		p.Stacks[i].OffCPU = time.Duration(p.Stacks[i].Samples) * s.period
 	}
 	return p
 }

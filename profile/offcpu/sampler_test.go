@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -49,15 +50,21 @@ func TestSampleWorkload(t *testing.T) {
 		tids[strings.TrimSpace(string(comm))] = tid
 	}
 	for name, want := range kernelPaths {
-		w, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/task/" + strconv.Itoa(tids[name]) + "/wchan")
-		if err != nil {
-			t.Fatal(err)
+		// The thread may be between two blocks: ask a few times.
+		var w []byte
+		for try := 0; try < 50; try++ {
+			if w, err = os.ReadFile("/proc/" + strconv.Itoa(pid) + "/task/" + strconv.Itoa(tids[name]) + "/wchan"); err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(string(w), want) {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
 		}
 		if !strings.Contains(string(w), want) {
 			t.Fatalf("%s: the kernel says wchan %q, the test expects %q: is the workload blocked where it should be?", name, w, want)
 		}
 	}
-
 	const period = 10 * time.Millisecond
 	s, err := NewSampler(Options{PID: pid}, period)
 	if err != nil {
@@ -93,6 +100,19 @@ func TestSampleWorkload(t *testing.T) {
 		// A thread blocked all the time is off CPU in (nearly) every pass.
 		if got < passes*9/10 {
 			t.Errorf("%s: %d of %d samples in %s", name, got, passes, want)
+		}
+	}
+	// User frames name the workload's own functions, innermost first, in
+	// call order: found through CFI, since there are no frame pointers.
+	for name, want := range userPaths {
+		found := false
+		for _, st := range p.Stacks {
+			if st.Group == name && containsInOrder(st.User, want) {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("%s: no stack whose user frames include %v", name, want)
 		}
 	}
 	// halfsleep is blocked half the time: its share against sleeper's.
@@ -145,4 +165,15 @@ func checkOutputs(t *testing.T, p *Profile) {
 			t.Errorf("pprof -top output lacks %q:\n%s", want, b)
 		}
 	}
+}
+
+// containsInOrder reports whether want appears in frames as a contiguous
+// run.
+func containsInOrder(frames, want []string) bool {
+	for i := 0; i+len(want) <= len(frames); i++ {
+		if slices.Equal(frames[i:i+len(want)], want) {
+			return true
+		}
+	}
+	return false
 }

@@ -416,8 +416,8 @@ func (t *Tracer) Profile() (*Profile, error) {
 			} else if names, ok := kcache[kid]; ok {
 				s.Kernel = names
 			} else {
-				for _, a := range t.readStack(kid, stack) {
-					s.Kernel = append(s.Kernel, kernelName(ksyms, kerr, a))
+				for i, a := range t.readStack(kid, stack) {
+					s.Kernel = append(s.Kernel, kernelName(ksyms, kerr, callerPC(i, a)))
 				}
 				s.Kernel = trimTracing(s.Kernel)
 				kcache[kid] = s.Kernel
@@ -425,8 +425,8 @@ func (t *Tracer) Profile() (*Profile, error) {
 			s.Wchan = firstNonSched(s.Kernel)
 		}
 		if !t.opts.KernelOnly && uid >= 0 {
-			for _, a := range t.readStack(uid, stack) {
-				s.User = append(s.User, user.nameAt(tgid, a))
+			for i, a := range t.readStack(uid, stack) {
+				s.User = append(s.User, user.nameAt(tgid, callerPC(i, a)))
 			}
 		}
 		p.Stacks = append(p.Stacks, s)

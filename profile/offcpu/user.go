@@ -3,33 +3,121 @@ package offcpu
 import (
 	"encoding/binary"
 	"errors"
+	"path/filepath"
 	"strconv"
+	"time"
+
+	"github.com/kinst/kinst/unwind"
 )
 
-// userFrame is one user return address, kept raw until the profile is
-// symbolised: obj indexes userStacks.objs, addr is the link-time address
-// in that object (or the absolute address when obj < 0).
-type userFrame struct {
-	obj  int32
-	addr uint64
-}
+// userFrame is one user pc, kept raw until the profile is symbolised (the
+// key of a stack includes the pid, so a pc names the same code every time
+// it is seen).
+type userFrame struct{ pc uint64 }
 
 func appendFrame(key []byte, f userFrame) []byte {
-	key = binary.LittleEndian.AppendUint32(key, uint32(f.obj))
-	return binary.LittleEndian.AppendUint64(key, f.addr)
+	return binary.LittleEndian.AppendUint64(key, f.pc)
 }
 
-// userStacks unwinds user stacks of threads blocked in system calls.
-type userStacks struct{}
+// maxUserFrames bounds a user stack.
+const maxUserFrames = 64
 
-func newUserStacks() *userStacks { return &userStacks{} }
+// reloadAfter is how long a process's mappings are trusted before a pc
+// outside all of them makes the sampler read them again (dlopen).
+const reloadAfter = time.Second
 
-var errNoUnwinder = errors.New("user stacks: unwinder not available")
+// userStacks unwinds the user stacks of threads blocked in system calls
+// and names their frames. Files (CFI tables and symbols) are cached by
+// build id across processes; each process's mappings are read once and
+// kept until the profile is symbolised, so a process that exits in the
+// meantime still gets names.
+type userStacks struct {
+	files *unwind.Cache
+	procs map[int]*userProcess
+}
 
+type userProcess struct {
+	p      *unwind.Process
+	err    error
+	loaded time.Time
+}
+
+func newUserStacks() *userStacks {
+	return &userStacks{files: unwind.NewCache(), procs: map[int]*userProcess{}}
+}
+
+func (u *userStacks) process(pid int) (*unwind.Process, error) {
+	up := u.procs[pid]
+	if up == nil {
+		up = &userProcess{loaded: time.Now()}
+		up.p, up.err = u.files.Process(pid)
+		u.procs[pid] = up
+	}
+	return up.p, up.err
+}
+
+// errNoUserFrames is reported when a stack could not be unwound at all.
+var errNoUserFrames = errors.New("user stack: pc outside any mapped file")
+
+// unwind appends the frames of the thread of pid blocked at pc with stack
+// pointer sp, innermost first.
 func (u *userStacks) unwind(pid int, pc, sp uint64, out []userFrame) ([]userFrame, error) {
-	return out, errNoUnwinder
+	p, err := u.process(pid)
+	if err != nil {
+		return out, err
+	}
+	if _, ok := p.Symbolize(pc); !ok {
+		// New code mapped since we read the mappings?
+		if up := u.procs[pid]; time.Since(up.loaded) > reloadAfter {
+			delete(u.procs, pid)
+			if p, err = u.process(pid); err != nil {
+				return out, err
+			}
+		}
+	}
+	pcs := p.Unwind(unwind.Regs{PC: pc, SP: sp}, maxUserFrames)
+	if len(pcs) == 0 {
+		return out, errNoUserFrames
+	}
+	for _, x := range pcs {
+		out = append(out, userFrame{pc: x})
+	}
+	return out, nil
 }
 
-func (u *userStacks) names(fs []userFrame) []string { return nil }
+// names symbolises frames of process pid, innermost first.
+func (u *userStacks) names(pid int, fs []userFrame) []string {
+	if len(fs) == 0 {
+		return nil
+	}
+	out := make([]string, len(fs))
+	for i, f := range fs {
+		out[i] = u.nameAt(pid, callerPC(i, f.pc))
+	}
+	return out
+}
 
-func (u *userStacks) nameAt(pid int, addr uint64) string { return "0x" + strconv.FormatUint(addr, 16) }
+// nameAt names one pc: the function, else file+offset, else the address.
+func (u *userStacks) nameAt(pid int, pc uint64) string {
+	p, err := u.process(pid)
+	if err == nil {
+		if s, ok := p.Symbolize(pc); ok {
+			if s.Name != "" {
+				return s.Name
+			}
+			return filepath.Base(s.File) + "+0x" + strconv.FormatUint(s.Offset, 16)
+		}
+	}
+	return "0x" + strconv.FormatUint(pc, 16)
+}
+
+// callerPC is the address to symbolise for frame i of a stack: the pc
+// itself for the innermost frame, and the byte before a return address
+// for the others, which is inside the call (a call to a function that
+// never returns may be the last instruction of its caller).
+func callerPC(i int, pc uint64) uint64 {
+	if i > 0 && pc > 0 {
+		return pc - 1
+	}
+	return pc
+}
