@@ -210,3 +210,20 @@ func kernelFrames(b []byte) []string {
 	}
 	return out
 }
+
+var errSchedstatFormat = errors.New("unexpected /proc schedstat format")
+
+// parseSchedstat returns the third field of "run_ns wait_ns timeslices":
+// how many times the thread has been scheduled in.
+func parseSchedstat(b []byte) (uint64, error) {
+	b = bytes.TrimRight(b, "\n")
+	i := bytes.LastIndexByte(b, ' ')
+	if i < 0 {
+		return 0, errSchedstatFormat
+	}
+	v, ok := atoi(b[i+1:])
+	if !ok {
+		return 0, errSchedstatFormat
+	}
+	return uint64(v), nil
+}

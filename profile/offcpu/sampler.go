@@ -43,15 +43,22 @@ var ErrNoSuchThread = errors.New("no such process or thread")
 // thread is one thread's open /proc files. A descriptor of -1 was not
 // wanted or could not be opened.
 type thread struct {
-	pid, tid             int
-	stat, stack, syscall int
-	procName             string
-	kthread              bool
-	gen                  uint32 // pass that last saw it
+	pid, tid                        int
+	stat, stack, syscall, schedstat int
+	procName                        string
+	kthread                         bool
+	gen                             uint32 // pass that last saw it
+
+	// last is what the previous sample of this thread found, and
+	// switches how many times it had been scheduled in then (the third
+	// field of schedstat). While that count stands still the thread has
+	// not run, so its state and both stacks are still what last says.
+	last     *entry
+	switches uint64
 }
 
 func (t *thread) close() {
-	for _, fd := range []int{t.stat, t.stack, t.syscall} {
+	for _, fd := range []int{t.stat, t.stack, t.syscall, t.schedstat} {
 		if fd >= 0 {
 			unix.Close(fd)
 		}
@@ -83,9 +90,12 @@ type Sampler struct {
 	agg     map[string]*entry // by raw key (see sampleThread)
 	order   []*entry
 	user    *userStacks // nil with KernelOnly
-	start   time.Time
-	passes  int
-	visits  int
+	// reread turns off the reuse of a sample for a thread that has not
+	// run since (benchmarks measure the full cost with it).
+	reread bool
+	start  time.Time
+	passes int
+	visits int
 
 	// Scratch buffers reused by every pass.
 	dirBuf, readBuf, stackBuf, key []byte
@@ -214,7 +224,7 @@ func (s *Sampler) visit(pid, tid int) {
 
 func (s *Sampler) open(pid, tid int) (*thread, error) {
 	dir := "/proc/" + strconv.Itoa(pid) + "/task/" + strconv.Itoa(tid) + "/"
-	t := &thread{pid: pid, tid: tid, stat: -1, stack: -1, syscall: -1}
+	t := &thread{pid: pid, tid: tid, stat: -1, stack: -1, syscall: -1, schedstat: -1}
 	var err error
 	if t.stat, err = openRO(dir + "stat"); err != nil {
 		return nil, err
@@ -223,6 +233,8 @@ func (s *Sampler) open(pid, tid int) (*thread, error) {
 		t.close()
 		return nil, err
 	}
+	// Needs CONFIG_SCHED_INFO; without it every sample reads everything.
+	t.schedstat, _ = openRO(dir + "schedstat")
 	if !s.opts.UserOnly {
 		// Needs CAP_SYS_ADMIN (root); without it only user stacks remain.
 		t.stack, _ = openRO(dir + "stack")
@@ -252,8 +264,23 @@ func (s *Sampler) sampleThread(t *thread) error {
 	}
 	sc, err := parseSyscall(b)
 	if err != nil || sc.running {
+		t.last = nil
 		return err
 	}
+	var switches uint64
+	if t.schedstat >= 0 {
+		if b, err = preadAll(t.schedstat, s.readBuf); err != nil {
+			return err
+		}
+		if switches, err = parseSchedstat(b); err != nil {
+			return err
+		}
+		if t.last != nil && switches == t.switches && !s.reread {
+			t.last.samples++ // blocked since the last sample
+			return nil
+		}
+	}
+	t.last = nil
 	b, err = preadAll(t.stat, s.readBuf)
 	if err != nil {
 		return err
@@ -319,6 +346,9 @@ func (s *Sampler) sampleThread(t *thread) error {
 		s.order = append(s.order, e)
 	}
 	e.samples++
+	if t.schedstat >= 0 {
+		t.last, t.switches = e, switches
+	}
 	return nil
 }
 

@@ -15,8 +15,9 @@ func TestTraceWorkload(t *testing.T) {
 			name = "raw_tracepoint"
 		}
 		t.Run(name, func(t *testing.T) {
-			cmd := startWorkload(t)
-			tr, err := NewTracer(TraceOptions{Options: Options{PID: cmd.Process.Pid}, ForceRawTracepoint: raw})
+			w := startWorkload(t)
+			pid := w.pid
+			tr, err := NewTracer(TraceOptions{Options: Options{PID: pid, Group: ByTID}, ForceRawTracepoint: raw})
 			if errors.Is(err, ErrBPFUnavailable) {
 				t.Skipf("BPF unavailable here: %v", err)
 			}
@@ -27,16 +28,78 @@ func TestTraceWorkload(t *testing.T) {
 			if tr.Attach != name {
 				t.Fatalf("attached as %s, want %s", tr.Attach, name)
 			}
-			time.Sleep(2500 * time.Millisecond)
+			blocked0, elapsed0 := w.halfsleep(t)
+			time.Sleep(2 * time.Second)
+			blocked1, elapsed1 := w.halfsleep(t)
 			p, err := tr.Profile()
 			if err != nil {
 				t.Fatal(err)
 			}
-			for _, s := range p.Top(20) {
-				t.Logf("%s %s %v %d %v | %v", s.Group, s.State, s.OffCPU, s.Samples, s.Kernel, s.User)
+			byThread := map[string]time.Duration{}
+			blocks := map[string]int64{}
+			for _, s := range p.Stacks {
+				if s.PID != pid {
+					t.Errorf("stack of pid %d traced with -p %d: %+v", s.PID, pid, s)
+				}
+				thread := s.Group[:strings.LastIndexByte(s.Group, '-')]
+				if len(s.Kernel) > 0 && (strings.HasPrefix(s.Kernel[0], "bpf_") || s.Kernel[0] == "__schedule") {
+					t.Errorf("%s: tracer frames left on top: %v", s.Group, s.Kernel)
+				}
+				if s.State == "S" {
+					byThread[thread] += s.OffCPU
+				}
+				for name, want := range kernelPaths {
+					if thread == name && strings.Contains(strings.Join(s.Kernel, ";"), want) {
+						blocks[name] += s.Samples
+					}
+				}
+			}
+			for _, s := range p.Top(8) {
+				t.Logf("%-14s %s %12v %3d blocks  wchan %s  %v", s.Group, s.State, s.OffCPU, s.Samples, s.Wchan, s.Kernel)
+			}
+			// The waker ends piper's and futexer's blocks every 250 ms.
+			for _, name := range []string{"piper", "futexer"} {
+				if blocks[name] < 3 {
+					t.Errorf("%s: %d blocks in %s, want several", name, blocks[name], kernelPaths[name])
+				}
+			}
+			if blocks["sleeper"] < 1 {
+				t.Errorf("sleeper: no block in %s", kernelPaths["sleeper"])
+			}
+			// halfsleep's sleeping time against its own account. The
+			// tracer saw its blocks from its first switch-out on, the
+			// account covers the same two seconds give or take a block.
+			truth := blocked1 - blocked0
+			got := byThread["halfsleep"].Seconds()
+			t.Logf("halfsleep sleeping: traced %.3f s, its own account %.3f s of %.3f s", got, truth, elapsed1-elapsed0)
+			if got < truth-0.1 || got > truth+0.1 {
+				t.Errorf("halfsleep: traced %.3f s asleep, the thread measured %.3f s", got, truth)
 			}
 		})
 	}
 }
 
-func joined(s []string) string { return strings.Join(s, ";") }
+func TestTraceOptionsRejected(t *testing.T) {
+	for _, o := range []TraceOptions{
+		{Options: Options{KernelOnly: true, UserOnly: true}},
+		{MinBlock: time.Second, MaxBlock: time.Millisecond},
+		{Options: Options{PID: -1}},
+	} {
+		if _, err := NewTracer(o); err == nil || errors.Is(err, ErrBPFUnavailable) {
+			t.Errorf("%+v: err %v, want a validation error", o, err)
+		}
+	}
+}
+
+func TestStateLetter(t *testing.T) {
+	for _, tc := range []struct {
+		w    uint32
+		want string
+	}{
+		{0, "R"}, {preemptBit | 1, "R"}, {1, "S"}, {2, "D"}, {0x402, "I"}, {4, "T"}, {8, "t"}, {0x40, "P"}, {0x80, "X"}, {0x102, "D"},
+	} {
+		if got := stateLetter(tc.w); got != tc.want {
+			t.Errorf("stateLetter(%#x) = %s, want %s", tc.w, got, tc.want)
+		}
+	}
+}

@@ -34,6 +34,7 @@ const reloadAfter = time.Second
 type userStacks struct {
 	files *unwind.Cache
 	procs map[int]*userProcess
+	mem   stackMemory
 }
 
 type userProcess struct {
@@ -75,7 +76,8 @@ func (u *userStacks) unwind(pid int, pc, sp uint64, out []userFrame) ([]userFram
 			}
 		}
 	}
-	pcs := p.Unwind(unwind.Regs{PC: pc, SP: sp}, maxUserFrames)
+	u.mem.reset(pid)
+	pcs := unwind.Stack(unwind.Regs{PC: pc, SP: sp}, &u.mem, p, maxUserFrames)
 	if len(pcs) == 0 {
 		return out, errNoUserFrames
 	}

@@ -2,6 +2,8 @@ package offcpu
 
 import (
 	"bufio"
+	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -59,9 +61,17 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// workload is a running testdata/workload.c.
+type workload struct {
+	cmd    *exec.Cmd
+	pid    int
+	stdin  io.WriteCloser
+	stdout *bufio.Reader
+}
+
 // startWorkload runs the workload with args and waits for its "ready";
 // the process exits when the test ends (its stdin closes).
-func startWorkload(tb testing.TB, args ...string) *exec.Cmd {
+func startWorkload(tb testing.TB, args ...string) *workload {
 	tb.Helper()
 	cmd := exec.Command(workloadBinary(tb), args...)
 	stdin, err := cmd.StdinPipe()
@@ -86,11 +96,30 @@ func startWorkload(tb testing.TB, args ...string) *exec.Cmd {
 			<-done
 		}
 	})
-	line, err := bufio.NewReader(stdout).ReadString('\n')
+	w := &workload{cmd: cmd, pid: cmd.Process.Pid, stdin: stdin, stdout: bufio.NewReader(stdout)}
+	line, err := w.stdout.ReadString('\n')
 	if err != nil || line != "ready\n" {
 		tb.Fatalf("workload did not start: %q %v", line, err)
 	}
-	return cmd
+	return w
+}
+
+// halfsleep asks the workload how long its halfsleep thread has been
+// blocked in nanosleep, and for how long it has existed, by its own
+// clock_gettime measurements.
+func (w *workload) halfsleep(tb testing.TB) (blocked, elapsed float64) {
+	tb.Helper()
+	if _, err := io.WriteString(w.stdin, "report\n"); err != nil {
+		tb.Fatal(err)
+	}
+	line, err := w.stdout.ReadString('\n')
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := fmt.Sscanf(line, "halfsleep %g %g", &blocked, &elapsed); err != nil {
+		tb.Fatalf("workload report %q: %v", line, err)
+	}
+	return blocked, elapsed
 }
 
 func requireRoot(tb testing.TB) {

@@ -9,8 +9,9 @@
 //              sees their blocks end
 //
 // With an argument N it instead starts N threads blocked in pipe reads
-// (the benchmark's helper). It prints "ready" once every thread has
-// started and then waits for stdin to close.
+// (the benchmark's helper). It prints "ready" once every thread has started, answers
+// each line on stdin with "halfsleep BLOCKED ELAPSED" (seconds), and
+// exits when stdin closes.
 #define _GNU_SOURCE
 #include <linux/futex.h>
 #include <pthread.h>
@@ -46,10 +47,20 @@ static NOINLINE void spin_for(double s) {
 		sink++;
 }
 
+// halfsleep's own account of its time, the oracle for sampled
+// proportions: seconds blocked in nanosleep, and since it started.
+static double half_blocked, half_start;
+static pthread_mutex_t half_mu = PTHREAD_MUTEX_INITIALIZER;
+
 static NOINLINE void sleep_half(void) {
+	half_start = now();
 	for (;;) {
 		struct timespec ts = {0, 20 * 1000 * 1000};
+		double t0 = now();
 		nanosleep(&ts, NULL);
+		pthread_mutex_lock(&half_mu);
+		half_blocked += now() - t0;
+		pthread_mutex_unlock(&half_mu);
 		spin_for(0.020);
 	}
 }
@@ -80,6 +91,7 @@ static NOINLINE void wake_others(void) {
 }
 
 static void *waker_main(void *a) { wake_others(); return a; }
+
 static void *sleeper_main(void *a) { sleep_forever(); return a; }
 static void *halfsleep_main(void *a) { sleep_half(); return a; }
 static void *piper_main(void *a) { read_pipe(); return a; }
@@ -113,7 +125,11 @@ int main(int argc, char **argv) {
 	printf("ready\n");
 	fflush(stdout);
 	char buf[64];
-	while (read(0, buf, sizeof buf) > 0)
-		;
+	while (read(0, buf, sizeof buf) > 0) {
+		pthread_mutex_lock(&half_mu);
+		printf("halfsleep %.6f %.6f\n", half_blocked, half_start ? now() - half_start : 0);
+		pthread_mutex_unlock(&half_mu);
+		fflush(stdout);
+	}
 	return 0;
 }
