@@ -2,7 +2,6 @@ package offcpu
 
 import (
 	"io"
-	"strings"
 
 	"github.com/google/pprof/profile"
 )
@@ -55,11 +54,7 @@ func (p *Profile) Pprof(o FoldOptions) *profile.Profile {
 		}
 		if !o.KernelOnly {
 			for _, u := range s.User {
-				file := "[user]"
-				if i := strings.LastIndex(u, " ["); i > 0 && strings.HasSuffix(u, "]") {
-					file = u[i+2 : len(u)-1]
-				}
-				smp.Location = append(smp.Location, loc(u, file))
+				smp.Location = append(smp.Location, loc(u, "[user]"))
 			}
 		}
 		smp.Location = append(smp.Location, loc(s.Group, "[thread]"))
