@@ -141,43 +141,35 @@ func (r *cfiReader) u64() uint64 {
 	return 0
 }
 
-func (r *cfiReader) uleb() uint64 {
-	var v uint64
-	var shift uint
+// leb reads a LEB128 number: its bits, how many it had, and its last
+// byte (whose bit 6 is the sign of a signed number).
+func (r *cfiReader) leb() (v uint64, shift uint, last byte) {
 	for {
 		c := r.u8()
 		if r.err != nil {
-			return 0
+			return 0, 0, 0
 		}
 		if shift < 64 {
 			v |= uint64(c&0x7f) << shift
 		}
 		shift += 7
 		if c&0x80 == 0 {
-			return v
+			return v, shift, c
 		}
 	}
 }
 
+func (r *cfiReader) uleb() uint64 {
+	v, _, _ := r.leb()
+	return v
+}
+
 func (r *cfiReader) sleb() int64 {
-	var v int64
-	var shift uint
-	for {
-		c := r.u8()
-		if r.err != nil {
-			return 0
-		}
-		if shift < 64 {
-			v |= int64(c&0x7f) << shift
-		}
-		shift += 7
-		if c&0x80 == 0 {
-			if shift < 64 && c&0x40 != 0 {
-				v |= -1 << shift
-			}
-			return v
-		}
+	v, shift, last := r.leb()
+	if shift < 64 && last&0x40 != 0 {
+		v |= ^uint64(0) << shift
 	}
+	return int64(v)
 }
 
 func (r *cfiReader) cstring() string {
@@ -262,7 +254,7 @@ func (r *cfiReader) encoded(enc byte, addrSize int, funcBase uint64) uint64 {
 // parseCFI reads every FDE of a section, with its CIE.
 func parseCFI(sec *cfiSection, b bases) ([]fde, error) {
 	cies := map[int]*cie{}
-	var fdes []fde
+	fdes := make([]fde, 0, len(sec.data)/40) // FDEs of compiled code average about 40 bytes
 	data := sec.data
 	for off := 0; off < len(data); {
 		r := &cfiReader{sec: sec, b: b, pos: off, end: len(data)}

@@ -10,6 +10,7 @@ import (
 var systemLibraries = []struct{ name, path string }{
 	{"libc.so.6", "/lib/x86_64-linux-gnu/libc.so.6"},
 	{"libstdc++.so.6", "/lib/x86_64-linux-gnu/libstdc++.so.6"},
+	{"libpython3.11.so.1.0", "/usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0"}, // Parca's benchmark library
 }
 
 func existing(t testing.TB, path string) string {

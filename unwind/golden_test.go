@@ -63,8 +63,10 @@ func summary(name, path string, tab *Table) (string, error) {
 
 // ruleClass replaces the number of a rule by N: "rsp+8" → "rsp+N".
 func ruleClass(s string) string {
-	return strings.TrimRight(strings.NewReplacer("+", "+N", "-", "-N").Replace(s), "0123456789")
+	return strings.TrimRight(signN.Replace(s), "0123456789")
 }
+
+var signN = strings.NewReplacer("+", "+N", "-", "-N")
 
 func kindNote(c CFA) string {
 	if c.Kind == CFAPLT {

@@ -256,9 +256,9 @@ func classifyCFAExpression(expr []byte) CFA {
 }
 
 // fdeRows runs the CIE's and the FDE's instructions and returns the rows
-// for [f.begin, f.end).
-func fdeRows(f *fde) ([]Row, error) {
-	in := &interp{f: f, pc: f.begin}
+// for [f.begin, f.end). The rows are valid until the next call.
+func (in *interp) fdeRows(f *fde) ([]Row, error) {
+	*in = interp{f: f, pc: f.begin, stack: in.stack[:0], rows: in.rows[:0]}
 	in.cur.cfa = CFA{Kind: CFARegOffset, Reg: RegRSP} // replaced by the CIE's def_cfa
 	c := f.cie
 	if err := in.run(c.initial, c.initialAt, false); err != nil {

@@ -20,11 +20,13 @@ import (
 
 // ProcessMemory reads another process's memory with process_vm_readv,
 // which needs ptrace access to it (same user, or CAP_SYS_PTRACE) but does
-// not stop it. Whole pages are read and kept until Reset, so an unwind
-// costs about one system call per stack page. Not safe for concurrent use.
+// not stop it. A miss reads up to readAhead bytes from the page of the
+// address (stacks are read upwards) and keeps the pages until Reset, so a
+// user stack usually costs one system call. Not safe for concurrent use.
 type ProcessMemory struct {
 	pid   int
-	pages map[uint64][]byte
+	pages map[uint64][]byte // page address → its bytes, until Reset
+	free  [][]byte          // page buffers for reuse after Reset
 }
 
 // NewProcessMemory reads the memory of process pid.
@@ -34,9 +36,17 @@ func NewProcessMemory(pid int) *ProcessMemory {
 
 // Reset forgets the cached pages: call it before each new sample, since
 // the stack changes while the thread runs.
-func (m *ProcessMemory) Reset() { clear(m.pages) }
+func (m *ProcessMemory) Reset() {
+	for _, p := range m.pages {
+		m.free = append(m.free, p)
+	}
+	clear(m.pages)
+}
 
-const pageSize = 4096
+const (
+	pageSize  = 4096
+	readAhead = 4 * pageSize
+)
 
 // ReadMemory implements MemReader.
 func (m *ProcessMemory) ReadMemory(addr uint64, p []byte) error {
@@ -44,12 +54,11 @@ func (m *ProcessMemory) ReadMemory(addr uint64, p []byte) error {
 		base := addr &^ (pageSize - 1)
 		page, ok := m.pages[base]
 		if !ok {
-			page = make([]byte, pageSize)
-			if err := m.readv(base, page); err != nil {
-				// A page that cannot be read whole: read just what is asked.
+			if !m.fill(base) {
+				// Not even one whole page: read just what is asked.
 				return m.readv(addr, p)
 			}
-			m.pages[base] = page
+			page = m.pages[base]
 		}
 		n := copy(p, page[addr-base:])
 		p, addr = p[n:], addr+uint64(n)
@@ -57,11 +66,38 @@ func (m *ProcessMemory) ReadMemory(addr uint64, p []byte) error {
 	return nil
 }
 
-func (m *ProcessMemory) readv(addr uint64, p []byte) error {
+// fill reads the pages from base on, as far as readAhead and the mapping
+// go, and reports whether the page at base was read.
+func (m *ProcessMemory) fill(base uint64) bool {
+	var buf [readAhead]byte
+	n, _ := m.readvPartial(base, buf[:])
+	for off := 0; off+pageSize <= n; off += pageSize {
+		a := base + uint64(off)
+		if _, ok := m.pages[a]; ok {
+			continue
+		}
+		var page []byte
+		if k := len(m.free); k > 0 {
+			page, m.free = m.free[k-1], m.free[:k-1]
+		} else {
+			page = make([]byte, pageSize)
+		}
+		copy(page, buf[off:])
+		m.pages[a] = page
+	}
+	return n >= pageSize
+}
+
+// readvPartial reads as much of p as is mapped from addr on.
+func (m *ProcessMemory) readvPartial(addr uint64, p []byte) (int, error) {
 	local := []unix.Iovec{{Base: &p[0]}}
 	local[0].SetLen(len(p))
 	remote := []unix.RemoteIovec{{Base: uintptr(addr), Len: len(p)}}
-	n, err := unix.ProcessVMReadv(m.pid, local, remote, 0)
+	return unix.ProcessVMReadv(m.pid, local, remote, 0)
+}
+
+func (m *ProcessMemory) readv(addr uint64, p []byte) error {
+	n, err := m.readvPartial(addr, p)
 	if err != nil {
 		return fmt.Errorf("process_vm_readv pid %d at %#x: %w", m.pid, addr, err)
 	}
@@ -80,11 +116,19 @@ var ErrNotBlocked = errors.New("thread is running")
 // number, or -1 when the thread is blocked outside a system call (a page
 // fault, for instance). BP is not available there and is 0.
 func SyscallRegs(pid, tid int) (regs Regs, nr int, err error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/syscall", pid, tid))
+	// Plain system calls: an os.File costs more than the read here.
+	path := "/proc/" + strconv.Itoa(pid) + "/task/" + strconv.Itoa(tid) + "/syscall"
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return Regs{}, 0, err
+		return Regs{}, 0, &os.PathError{Op: "open", Path: path, Err: err}
 	}
-	return parseSyscall(strings.TrimSpace(string(b)))
+	defer unix.Close(fd)
+	var buf [256]byte
+	n, err := unix.Read(fd, buf[:])
+	if err != nil {
+		return Regs{}, 0, &os.PathError{Op: "read", Path: path, Err: err}
+	}
+	return parseSyscall(strings.TrimSpace(string(buf[:n])))
 }
 
 func parseSyscall(s string) (Regs, int, error) {

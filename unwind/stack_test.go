@@ -14,7 +14,7 @@ import (
 // startBlocker runs a blocker binary, which blocks in read(2) on its
 // stdin (a pipe nobody writes) below main → level1 → level2 → level3,
 // and waits until its thread sleeps in that read.
-func startBlocker(t *testing.T, path string) int {
+func startBlocker(t testing.TB, path string) int {
 	t.Helper()
 	cmd := exec.Command(path)
 	stdin, err := cmd.StdinPipe()

@@ -167,8 +167,7 @@ func Compile(f *elf.File) (*Table, error) {
 	if s := f.Section(".got"); s != nil {
 		b.data = s.Addr
 	}
-	t := &Table{}
-	var fdes []fde
+	var secs []*cfiSection
 	for _, name := range []string{".eh_frame", ".debug_frame"} {
 		s := f.Section(name)
 		if s == nil || s.Type == elf.SHT_NOBITS {
@@ -182,70 +181,96 @@ func Compile(f *elf.File) (*Table, error) {
 		if sec.eh {
 			sec.addr = s.Addr
 		}
+		secs = append(secs, sec)
+	}
+	if secs == nil {
+		return nil, ErrNoCFI
+	}
+	return compile(secs, b)
+}
+
+// compile parses the sections, in order of precedence, and merges their
+// FDEs into a table.
+func compile(secs []*cfiSection, b bases) (*Table, error) {
+	t := &Table{}
+	var fdes []fde
+	for _, sec := range secs {
 		more, err := parseCFI(sec, b)
 		if err != nil {
 			return nil, err
 		}
-		fdes = append(fdes, more...)
-		t.Sections = append(t.Sections, name)
-	}
-	if t.Sections == nil {
-		return nil, ErrNoCFI
-	}
-	rows, err := t.merge(fdes)
-	if err != nil {
-		return nil, err
-	}
-	if len(rows) == 0 {
-		return t, nil
-	}
-	t.base = rows[0].PC
-	t.rows = make([]row, 0, len(rows))
-	for _, r := range rows {
-		if r.PC-t.base > math.MaxUint32 {
-			return nil, fmt.Errorf("CFI spans more than 4 GiB of text (%#x..%#x)", t.base, r.PC)
+		if fdes == nil {
+			fdes = more
+		} else {
+			fdes = append(fdes, more...)
 		}
-		c, ok := t.compact(r)
-		if !ok {
-			t.Unfit++
-			c, _ = t.compact(Row{PC: r.PC, CFA: CFA{Kind: CFAExpression}})
-		}
-		t.rows = append(t.rows, c)
+		t.Sections = append(t.Sections, sec.name)
 	}
+	t.merge(fdes)
 	return t, nil
 }
 
 // merge orders the FDEs by start (FDEs of an earlier section first at
 // one start; a later duplicate is dropped), runs each, and joins their
 // rows with CFANone rows over the gaps between them.
-func (t *Table) merge(fdes []fde) ([]Row, error) {
+func (t *Table) merge(fdes []fde) {
 	slices.SortStableFunc(fdes, func(a, b fde) int { return cmp.Compare(a.begin, b.begin) })
-	var rows []Row
-	var prevBegin, prevEnd uint64
-	started := false
+	var kept []*fde
 	for i := range fdes {
 		f := &fdes[i]
-		if f.begin >= f.end || (started && f.begin == prevBegin) {
+		if f.begin >= f.end || (len(kept) > 0 && f.begin == kept[len(kept)-1].begin) {
 			continue
 		}
-		frows, err := fdeRows(f)
+		if len(kept) > 0 && f.end-kept[0].begin > math.MaxUint32 {
+			t.Skipped++ // beyond the 4 GiB a table spans
+			continue
+		}
+		kept = append(kept, f)
+	}
+	if len(kept) == 0 {
+		return
+	}
+	t.base = kept[0].begin
+	t.rows = make([]row, 0, len(kept)*8)
+	in := &interp{}
+	var prevEnd uint64
+	for i, f := range kept {
+		frows, err := in.fdeRows(f)
 		if err != nil {
 			t.Skipped++
-			frows = []Row{{PC: f.begin}}
+			frows = append(frows[:0], Row{PC: f.begin})
 		}
 		t.FDEs++
-		if started && prevEnd < f.begin {
-			rows = appendRow(rows, Row{PC: prevEnd})
+		if i > 0 && prevEnd < f.begin {
+			t.add(Row{PC: prevEnd})
 		}
 		for _, r := range frows {
-			rows = appendRow(rows, r)
+			t.add(r)
 		}
-		prevBegin, prevEnd, started = f.begin, f.end, true
+		prevEnd = f.end
 	}
-	if started {
-		rows = appendRow(rows, Row{PC: prevEnd})
+	t.add(Row{PC: prevEnd})
+	t.rows = slices.Clone(t.rows) // the table lives long: no spare capacity
+}
+
+// add appends r to the rows with the rules of appendRow.
+func (t *Table) add(r Row) {
+	c, ok := t.compact(r)
+	if !ok {
+		t.Unfit++
+		c, _ = t.compact(Row{PC: r.PC, CFA: CFA{Kind: CFAExpression}})
 	}
-	return rows, nil
+	for n := len(t.rows); n > 0 && t.rows[n-1].pc >= c.pc; n = len(t.rows) {
+		t.rows = t.rows[:n-1]
+	}
+	if n := len(t.rows); n > 0 {
+		last := t.rows[n-1]
+		last.pc = c.pc
+		if last == c {
+			return
+		}
+	}
+	t.rows = append(t.rows, c)
 }
 
 // imageReader reads 8-byte words of f's loaded image (for indirect

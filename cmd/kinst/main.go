@@ -29,6 +29,12 @@ Usage:
   kinst offcpu [-p PID] [--trace] [--duration D] [--folded | --json] [--svg F] [--pprof F]
                          off-CPU profile of this host: where threads wait, as
                          folded stacks, flame graphs and pprof (see --help)
+  kinst unwind table BINARY [--pc ADDR] [--json]
+                         DWARF CFI compiled into unwind rows (readelf's
+                         frames-interp notation)
+  kinst unwind stack PID [--tid TID] [--ptrace] [--json]
+                         user stacks of a live process, without frame
+                         pointers where CFI is available
   kinst vm up|exec|down|status
                          the test VM: a stock Debian kernel under QEMU with
                          kerninst.ko and kerninstd running in it
@@ -64,6 +70,8 @@ func run(args []string) int {
 		err = cfgCmd(ctx, args[1:])
 	case "bench":
 		err = benchCmd(ctx, args[1:])
+	case "unwind":
+		err = unwindCmd(args[1:])
 	case "vm":
 		status, err = vmCmd(ctx, args[1:])
 	case "offcpu":

@@ -1,0 +1,220 @@
+package cli
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kinst/kinst/internal/elfsym"
+	"github.com/kinst/kinst/unwind"
+)
+
+// UnwindRowJSON is one row of `kinst unwind table --json`, in readelf's
+// frames-interp notation. CFA "u" starts a range no FDE covers.
+type UnwindRowJSON struct {
+	PC  string `json:"pc"`
+	CFA string `json:"cfa"`
+	RBP string `json:"rbp"`
+	RA  string `json:"ra"`
+	// CFAExpr says what an "exp" CFA is: "plt" (the standard .plt
+	// expression, which the unwinder evaluates) or "unsupported".
+	CFAExpr string `json:"cfa_expr,omitempty"`
+	// Symbol names the function at pc, when the file has symbols.
+	Symbol string `json:"symbol,omitempty"`
+}
+
+// UnwindTableJSON is the report of `kinst unwind table --json`.
+type UnwindTableJSON struct {
+	File        string          `json:"file"`
+	BuildID     string          `json:"build_id,omitempty"`
+	Sections    []string        `json:"sections"`
+	FDEs        int             `json:"fdes"`
+	SkippedFDEs int             `json:"skipped_fdes"`
+	BytesPerRow int             `json:"bytes_per_row"`
+	CompileNs   int64           `json:"compile_ns"`
+	Rows        []UnwindRowJSON `json:"rows"`
+}
+
+// ShowUnwindTable compiles the CFI of the ELF file at path and prints its
+// rows; with pc != nil, only the row in effect at *pc.
+func ShowUnwindTable(path string, pc *uint64, asJSON bool, w io.Writer) error {
+	t0 := time.Now()
+	tab, err := unwind.Open(path)
+	if err != nil {
+		return err
+	}
+	took := time.Since(t0)
+	syms, _ := elfsym.Open(path) // symbols are optional
+	rep := UnwindTableJSON{File: path, Sections: tab.Sections, FDEs: tab.FDEs, SkippedFDEs: tab.Skipped,
+		BytesPerRow: unwind.RowBytes, CompileNs: took.Nanoseconds(), Rows: []UnwindRowJSON{}}
+	if syms != nil {
+		rep.BuildID = syms.BuildID()
+	}
+	addRow := func(r unwind.Row) {
+		j := UnwindRowJSON{PC: fmt.Sprintf("%#x", r.PC), CFA: r.CFA.String(), RBP: r.RBP.String(), RA: r.RA.String()}
+		switch r.CFA.Kind {
+		case unwind.CFAPLT:
+			j.CFAExpr = "plt"
+		case unwind.CFAExpression:
+			j.CFAExpr = "unsupported"
+		}
+		if syms != nil && r.CFA.Kind != unwind.CFANone {
+			if s, off, ok := syms.Lookup(r.PC); ok {
+				j.Symbol = s.Name
+				if off != 0 {
+					j.Symbol += fmt.Sprintf("+%#x", off)
+				}
+			}
+		}
+		rep.Rows = append(rep.Rows, j)
+	}
+	if pc != nil {
+		r, err := tab.Lookup(*pc)
+		if err != nil {
+			return err
+		}
+		addRow(r)
+	} else {
+		for i := 0; i < tab.Len(); i++ {
+			addRow(tab.Row(i))
+		}
+	}
+	if asJSON {
+		return writeJSON(w, rep)
+	}
+	bw := bufio.NewWriter(w)
+	defer bw.Flush()
+	fmt.Fprintf(bw, "%s: %s, %d FDEs, %d rows × %d bytes = %d bytes, compiled in %v\n",
+		path, strings.Join(tab.Sections, " "), tab.FDEs, tab.Len(), unwind.RowBytes, tab.Bytes(), took.Round(10*time.Microsecond))
+	if tab.Skipped > 0 {
+		fmt.Fprintf(bw, "%d FDEs skipped (instructions that could not be interpreted)\n", tab.Skipped)
+	}
+	fmt.Fprintf(bw, "%-18s %-9s %-9s %-9s %s\n", "PC", "CFA", "RBP", "RA", "")
+	for _, r := range rep.Rows {
+		note := r.Symbol
+		if r.CFAExpr != "" {
+			note = strings.TrimSpace(note + " [" + r.CFAExpr + "]")
+		}
+		fmt.Fprintf(bw, "%-18s %-9s %-9s %-9s %s\n", r.PC, r.CFA, r.RBP, r.RA, note)
+	}
+	return nil
+}
+
+// UnwindFrameJSON is one frame of `kinst unwind stack --json`.
+type UnwindFrameJSON struct {
+	PC     string `json:"pc"`
+	File   string `json:"file,omitempty"`
+	Symbol string `json:"symbol,omitempty"`
+	Offset string `json:"offset,omitempty"`
+	// Method is how this frame was found from the one below: "cfi" or
+	// "fp" (frame pointer); "" for the innermost frame.
+	Method string `json:"method,omitempty"`
+}
+
+// UnwindThreadJSON is one thread of `kinst unwind stack --json`.
+type UnwindThreadJSON struct {
+	TID     int               `json:"tid"`
+	Comm    string            `json:"comm"`
+	Syscall *int              `json:"syscall,omitempty"` // number of the system call it is blocked in
+	Error   string            `json:"error,omitempty"`   // why it has no stack (e.g. "thread is running")
+	Frames  []UnwindFrameJSON `json:"frames"`
+}
+
+// ShowUnwindStack unwinds the user stacks of pid's threads (or one
+// thread) without frame pointers where CFI is available. Without
+// usePtrace only blocked threads unwind, from the registers in
+// /proc/PID/task/TID/syscall; with it every thread is stopped for a
+// moment to read its registers.
+func ShowUnwindStack(pid, tid int, usePtrace, asJSON bool, w io.Writer) error {
+	p, err := unwind.NewCache().Process(pid)
+	if err != nil {
+		return err
+	}
+	tids := []int{tid}
+	if tid == 0 {
+		if tids, err = threads(pid); err != nil {
+			return err
+		}
+	}
+	var out []UnwindThreadJSON
+	for _, t := range tids {
+		th := UnwindThreadJSON{TID: t, Comm: comm(pid, t), Frames: []UnwindFrameJSON{}}
+		regs, nr, err := unwind.SyscallRegs(pid, t)
+		if err == nil && nr >= 0 {
+			th.Syscall = &nr
+		}
+		if usePtrace {
+			regs, err = unwind.PtraceRegs(t)
+		}
+		if err != nil {
+			th.Error = err.Error()
+			out = append(out, th)
+			continue
+		}
+		p.Mem.Reset()
+		pcs, methods := unwind.StackMethods(regs, p.Mem, p, 0)
+		for i, pc := range pcs {
+			f := UnwindFrameJSON{PC: fmt.Sprintf("%#x", pc)}
+			if s, ok := p.Symbolize(pc); ok {
+				f.File, f.Symbol, f.Offset = s.File, s.Name, fmt.Sprintf("%#x", s.Offset)
+			}
+			if i > 0 {
+				f.Method = methods[i-1].String()
+			}
+			th.Frames = append(th.Frames, f)
+		}
+		out = append(out, th)
+	}
+	if asJSON {
+		return writeJSON(w, map[string]any{"pid": pid, "threads": out})
+	}
+	for name, err := range p.Missing {
+		fmt.Fprintf(w, "warning: %s: %v\n", name, err)
+	}
+	for _, th := range out {
+		fmt.Fprintf(w, "thread %d (%s)", th.TID, th.Comm)
+		if th.Syscall != nil {
+			fmt.Fprintf(w, " in system call %d", *th.Syscall)
+		}
+		if th.Error != "" {
+			fmt.Fprintf(w, ": %s\n", th.Error)
+			continue
+		}
+		fmt.Fprintln(w)
+		for i, f := range th.Frames {
+			where := f.File
+			if f.Symbol != "" {
+				where = f.Symbol
+			}
+			fmt.Fprintf(w, "  #%-2d %-18s %s+%s %s\n", i, f.PC, where, f.Offset, f.Method)
+		}
+	}
+	return nil
+}
+
+func threads(pid int) ([]int, error) {
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return nil, err
+	}
+	var tids []int
+	for _, e := range ents {
+		if t, err := strconv.Atoi(e.Name()); err == nil {
+			tids = append(tids, t)
+		}
+	}
+	if len(tids) == 0 {
+		return nil, errors.New("no threads")
+	}
+	return tids, nil
+}
+
+func comm(pid, tid int) string {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/comm", pid, tid))
+	return strings.TrimSpace(string(b))
+}
