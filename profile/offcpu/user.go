@@ -34,7 +34,6 @@ const reloadAfter = time.Second
 type userStacks struct {
 	files *unwind.Cache
 	procs map[int]*userProcess
-	mem   stackMemory
 }
 
 type userProcess struct {
@@ -76,8 +75,7 @@ func (u *userStacks) unwind(pid int, pc, sp uint64, out []userFrame) ([]userFram
 			}
 		}
 	}
-	u.mem.reset(pid)
-	pcs := unwind.Stack(unwind.Regs{PC: pc, SP: sp}, &u.mem, p, maxUserFrames)
+	pcs := p.Unwind(unwind.Regs{PC: pc, SP: sp}, maxUserFrames)
 	if len(pcs) == 0 {
 		return out, errNoUserFrames
 	}
