@@ -42,6 +42,7 @@ type OffCPUReport struct {
 	PeriodNS   int64          `json:"period_ns,omitempty"`
 	Passes     int            `json:"passes,omitempty"`
 	Visits     int            `json:"thread_visits,omitempty"`
+	Unreadable int            `json:"unreadable,omitempty"`
 	Lost       int64          `json:"lost,omitempty"`
 	Stacks     int            `json:"distinct_stacks"`
 	TotalNS    int64          `json:"total_off_cpu_ns"`
@@ -92,8 +93,12 @@ func OffCPU(ctx context.Context, o OffCPUOptions, stdout, stderr io.Writer) erro
 		defer s.Close()
 		fmt.Fprintf(stderr, "kinst: sampling off-CPU threads at %d Hz %s\n", o.Frequency, until)
 		tty := isTerminal(stderr)
-		last := time.Now()
+		began, last := time.Now(), time.Now()
 		err = s.Run(ctx, o.Duration, func(pass, visited int) {
+			if pass == 1 && time.Since(began) > time.Second {
+				// Opening every thread and every binary's unwind table.
+				fmt.Fprintf(stderr, "kinst: first pass over %d threads took %v\n", visited, time.Since(began).Round(time.Millisecond))
+			}
 			if tty && time.Since(last) >= time.Second {
 				last = time.Now()
 				fmt.Fprintf(stderr, "\r  %d passes, %d threads in the last pass", pass, visited)
@@ -126,7 +131,7 @@ func OffCPU(ctx context.Context, o OffCPUOptions, stdout, stderr io.Writer) erro
 		return folded.Write(stdout, f.Stacks())
 	case o.JSON:
 		r := OffCPUReport{Mode: p.Mode, Attach: attach, DurationNS: int64(p.Duration), PeriodNS: int64(p.Period),
-			Passes: p.Passes, Visits: p.Threads, Lost: p.Lost, Stacks: len(p.Stacks), Top: p.Top(o.Top)}
+			Passes: p.Passes, Visits: p.Threads, Unreadable: p.Unreadable, Lost: p.Lost, Stacks: len(p.Stacks), Top: p.Top(o.Top)}
 		for _, s := range p.Stacks {
 			r.TotalNS += int64(s.OffCPU)
 		}
@@ -154,8 +159,12 @@ func summary(p *offcpu.Profile, f *folded.Profile) string {
 	if p.Passes > 0 {
 		perPass = p.Threads / p.Passes
 	}
-	return fmt.Sprintf("%d passes over %.1f s, %d threads per pass, %d off-CPU samples in %d distinct stacks",
+	msg := fmt.Sprintf("%d passes over %.1f s, %d threads per pass, %d off-CPU samples in %d distinct stacks",
 		p.Passes, p.Duration.Seconds(), perPass, f.Total(), f.Len())
+	if p.Unreadable > 0 {
+		msg += fmt.Sprintf("; %d thread visits unreadable (permissions or descriptor limit)", p.Unreadable)
+	}
+	return msg
 }
 
 func writeSVG(o OffCPUOptions, p *offcpu.Profile, f *folded.Profile) error {

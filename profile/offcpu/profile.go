@@ -48,7 +48,7 @@ type Stack struct {
 	// Samples counts samples (sampling) or blocks (tracing).
 	Samples int64 `json:"samples"`
 	// OffCPU is the time off CPU: measured when tracing, estimated as
-	// samples × period when sampling.
+	// samples × the mean interval between passes when sampling.
 	OffCPU time.Duration `json:"off_cpu_ns"`
 }
 
@@ -63,6 +63,9 @@ type Profile struct {
 	// visits they made in total.
 	Passes  int `json:"passes,omitempty"`
 	Threads int `json:"thread_visits,omitempty"`
+	// Unreadable counts thread visits whose /proc files could not be
+	// opened (descriptor limit, permissions).
+	Unreadable int `json:"unreadable,omitempty"`
 	// Lost counts events the tracer could not record (full maps,
 	// stack-id collisions).
 	Lost   int64   `json:"lost,omitempty"`

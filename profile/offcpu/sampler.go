@@ -76,7 +76,6 @@ type entry struct {
 	userPID  int // whose address space user holds
 	userErr  string
 	samples  int64
-	lastSeen uint32
 }
 
 // Sampler collects off-CPU stacks by periodic reads of /proc. It is not
@@ -94,8 +93,13 @@ type Sampler struct {
 	// run since (benchmarks measure the full cost with it).
 	reread bool
 	start  time.Time
-	passes int
-	visits int
+	// firstPass and lastPass are when the first and latest passes began.
+	firstPass, lastPass time.Time
+	passes              int
+	visits              int
+	// unreadable counts thread visits whose files could not be opened
+	// (other than because the thread exited).
+	unreadable int
 
 	// Scratch buffers reused by every pass.
 	dirBuf, readBuf, stackBuf, key []byte
@@ -152,6 +156,11 @@ func (s *Sampler) Close() error {
 // Pass takes one sample of every selected thread that is off CPU and
 // returns how many threads it visited.
 func (s *Sampler) Pass() (int, error) {
+	now := time.Now()
+	if s.passes == 0 {
+		s.firstPass = now
+	}
+	s.lastPass = now
 	s.gen++
 	s.passes++
 	visited := 0
@@ -210,6 +219,9 @@ func (s *Sampler) visit(pid, tid int) {
 		}
 		var err error
 		if t, err = s.open(pid, tid); err != nil {
+			if !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ESRCH) {
+				s.unreadable++ // descriptor limit, permissions
+			}
 			return
 		}
 		s.threads[tid] = t
@@ -316,6 +328,11 @@ func (s *Sampler) sampleThread(t *thread) error {
 	var kstack []byte
 	if t.stack >= 0 {
 		kstack, err = preadAll(t.stack, s.stackBuf)
+		if errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) {
+			// Not allowed (not root): go on with user stacks only.
+			unix.Close(t.stack)
+			t.stack, kstack, err = -1, nil, nil
+		}
 		if err != nil {
 			return err
 		}
@@ -325,7 +342,9 @@ func (s *Sampler) sampleThread(t *thread) error {
 	key = append(key, 0)
 	frames := s.frames[:0]
 	var uerr error
-	if s.user != nil && !t.kthread && sc.nr >= 0 {
+	// A thread blocked outside a system call (nr -1: a page fault, say)
+	// still has its user sp and pc in the syscall file.
+	if s.user != nil && !t.kthread && sc.pc != 0 {
 		frames, uerr = s.user.unwind(t.pid, sc.pc, sc.sp, frames)
 		s.frames = frames
 		key = strconv.AppendInt(key, int64(t.pid), 10)
@@ -382,7 +401,13 @@ func (s *Sampler) Run(ctx context.Context, duration time.Duration, progress func
 // same functions (the same code in two processes, say) merge.
 func (s *Sampler) Profile() *Profile {
 	p := &Profile{Mode: "sample", Start: s.start, Duration: time.Since(s.start), Period: s.period,
-		Passes: s.passes, Threads: s.visits}
+		Passes: s.passes, Threads: s.visits, Unreadable: s.unreadable}
+	// A sample stands for the time between passes: the period, unless
+	// the passes could not keep up with it.
+	interval := s.period
+	if s.passes > 1 && s.lastPass.Sub(s.firstPass) > 0 {
+		interval = max(interval, s.lastPass.Sub(s.firstPass)/time.Duration(s.passes-1))
+	}
 	index := map[string]int{}
 	for _, e := range s.order {
 		st := Stack{Group: e.group, PID: e.pid, TID: e.tid, State: string(e.state),
@@ -405,7 +430,7 @@ func (s *Sampler) Profile() *Profile {
 		p.Stacks = append(p.Stacks, st)
 	}
 	for i := range p.Stacks {
-		p.Stacks[i].OffCPU = time.Duration(p.Stacks[i].Samples) * s.period
+		p.Stacks[i].OffCPU = time.Duration(p.Stacks[i].Samples) * interval
 	}
 	return p
 }
