@@ -2,6 +2,7 @@ package offcpu
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -76,6 +77,43 @@ func TestTraceWorkload(t *testing.T) {
 				t.Errorf("halfsleep: traced %.3f s asleep, the thread measured %.3f s", got, truth)
 			}
 		})
+	}
+}
+
+// TestTraceUserFramePointers checks BPF user stacks of the workload built
+// with frame pointers: they name its functions. (Its caller read_pipe is
+// skipped by any frame-pointer unwinder: the libc wrapper keeps no frame.)
+func TestTraceUserFramePointers(t *testing.T) {
+	requireRoot(t)
+	w := startBuild(t, framePointers)
+	tr, err := NewTracer(TraceOptions{Options: Options{PID: w.pid}})
+	if errors.Is(err, ErrBPFUnavailable) {
+		t.Skipf("BPF unavailable here: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	time.Sleep(time.Second)
+	p, err := tr.Profile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]string{"piper": "piper_main", "futexer": "futexer_main", "waker": "waker_main"} {
+		found := false
+		for _, s := range p.Stacks {
+			if s.Group == name && slices.Contains(s.User, want) {
+				found = true
+			}
+		}
+		if !found {
+			for _, s := range p.Stacks {
+				if s.Group == name {
+					t.Logf("%s: user %v", name, s.User)
+				}
+			}
+			t.Errorf("%s: no traced user stack names %s", name, want)
+		}
 	}
 }
 

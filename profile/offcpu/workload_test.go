@@ -15,14 +15,20 @@ import (
 
 var (
 	buildOnce sync.Once
-	buildPath string
 	buildErr  string
 	buildDir  string
 )
 
-// workloadBinary compiles testdata/workload.c without frame pointers,
-// once per test binary.
-func workloadBinary(tb testing.TB) string {
+// The workload's two builds: without frame pointers (what the sampler's
+// CFI unwinding must handle) and with them (what BPF's unwinder needs).
+const (
+	noFramePointers = "workload"
+	framePointers   = "workload-fp"
+)
+
+// workloadBinary compiles testdata/workload.c both ways, once per test
+// binary, and returns the path of the build asked for.
+func workloadBinary(tb testing.TB, build string) string {
 	tb.Helper()
 	buildOnce.Do(func() {
 		cc, err := exec.LookPath("gcc")
@@ -35,14 +41,17 @@ func workloadBinary(tb testing.TB) string {
 			buildErr = err.Error()
 			return
 		}
-		out := filepath.Join(buildDir, "workload")
-		cmd := exec.Command(cc, "-O2", "-g", "-fomit-frame-pointer", "-fno-optimize-sibling-calls",
-			"-pthread", "-o", out, "testdata/workload.c")
-		if b, err := cmd.CombinedOutput(); err != nil {
-			buildErr = "building workload: " + err.Error() + "\n" + string(b)
-			return
+		for name, flags := range map[string][]string{
+			noFramePointers: {"-fomit-frame-pointer"},
+			framePointers:   {"-fno-omit-frame-pointer", "-mno-omit-leaf-frame-pointer"},
+		} {
+			args := append([]string{"-O2", "-g", "-fno-optimize-sibling-calls", "-pthread", "-o", filepath.Join(buildDir, name)}, flags...)
+			cmd := exec.Command(cc, append(args, "testdata/workload.c")...)
+			if b, err := cmd.CombinedOutput(); err != nil {
+				buildErr = "building workload: " + err.Error() + "\n" + string(b)
+				return
+			}
 		}
-		buildPath = out
 	})
 	if buildErr != "" {
 		if strings.HasPrefix(buildErr, "gcc not installed") {
@@ -50,7 +59,7 @@ func workloadBinary(tb testing.TB) string {
 		}
 		tb.Fatal(buildErr)
 	}
-	return buildPath
+	return filepath.Join(buildDir, build)
 }
 
 func TestMain(m *testing.M) {
@@ -69,11 +78,16 @@ type workload struct {
 	stdout *bufio.Reader
 }
 
-// startWorkload runs the workload with args and waits for its "ready";
-// the process exits when the test ends (its stdin closes).
+// startWorkload runs the workload built without frame pointers with args
+// and waits for its "ready"; the process exits when the test ends (its
+// stdin closes).
 func startWorkload(tb testing.TB, args ...string) *workload {
+	return startBuild(tb, noFramePointers, args...)
+}
+
+func startBuild(tb testing.TB, build string, args ...string) *workload {
 	tb.Helper()
-	cmd := exec.Command(workloadBinary(tb), args...)
+	cmd := exec.Command(workloadBinary(tb, build), args...)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		tb.Fatal(err)
