@@ -133,9 +133,14 @@ func NewSampler(o Options, period time.Duration) (*Sampler, error) {
 	}
 	switch {
 	case o.TID != 0:
-		if _, err := os.Stat(fmt.Sprintf("/proc/%d/task/%d", o.TID, o.TID)); err != nil {
+		tgid, err := threadGroup(o.TID)
+		if err != nil {
 			return nil, fmt.Errorf("thread %d: %w", o.TID, ErrNoSuchThread)
 		}
+		if o.PID != 0 && o.PID != tgid {
+			return nil, fmt.Errorf("thread %d is in process %d, not %d: %w", o.TID, tgid, o.PID, ErrNoSuchThread)
+		}
+		s.opts.PID = tgid
 	case o.PID != 0:
 		if _, err := os.Stat(fmt.Sprintf("/proc/%d/task", o.PID)); err != nil {
 			return nil, fmt.Errorf("process %d: %w", o.PID, ErrNoSuchThread)
@@ -167,11 +172,7 @@ func (s *Sampler) Pass() (int, error) {
 	var err error
 	switch {
 	case s.opts.TID != 0:
-		pid := s.opts.PID
-		if pid == 0 {
-			pid = s.opts.TID // /proc/TID/task/TID exists for any thread
-		}
-		s.visit(pid, s.opts.TID)
+		s.visit(s.opts.PID, s.opts.TID) // NewSampler found the PID
 		visited = 1
 	case s.opts.PID != 0:
 		visited, err = s.visitProcess(s.opts.PID)
@@ -197,6 +198,21 @@ func (s *Sampler) Pass() (int, error) {
 	}
 	s.visits += visited
 	return visited, err
+}
+
+// threadGroup returns the process (thread group) of thread tid, from the
+// Tgid line of /proc/TID/status (/proc/TID exists for any thread).
+func threadGroup(tid int) (int, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(tid) + "/status")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Tgid:"); ok {
+			return strconv.Atoi(strings.TrimSpace(v))
+		}
+	}
+	return 0, errors.New("no Tgid in status")
 }
 
 func (s *Sampler) visitProcess(pid int) (int, error) {

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -394,7 +395,7 @@ func (t *Tracer) Profile() (*Profile, error) {
 	if err != nil {
 		return nil, err
 	}
-	ksyms, kerr := cfg.LoadKallsyms("/proc/kallsyms")
+	ksyms, kerr := kallsyms()
 	user := newUserStacks()
 	kcache := map[int32][]string{}
 	stack := make([]uint64, maxStackDepth)
@@ -436,7 +437,8 @@ func (t *Tracer) Profile() (*Profile, error) {
 }
 
 // collect reads the finished blocks and adds the ones in progress, with
-// the same limits the BPF program applies.
+// the same limits the BPF program applies. With a maximum, blocks in
+// progress are left out: how long they will last is not known yet.
 func (t *Tracer) collect() (map[[keySize]byte][2]uint64, error) {
 	agg := map[[keySize]byte][2]uint64{}
 	var key [keySize]byte
@@ -447,6 +449,9 @@ func (t *Tracer) collect() (map[[keySize]byte][2]uint64, error) {
 	}
 	if err := it.Err(); err != nil {
 		return nil, err
+	}
+	if t.opts.MaxBlock > 0 {
+		return agg, nil
 	}
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil { // bpf_ktime_get_ns's clock
@@ -462,7 +467,7 @@ func (t *Tracer) collect() (map[[keySize]byte][2]uint64, error) {
 			continue
 		}
 		d := now - began
-		if d < uint64(t.opts.MinBlock) || (t.opts.MaxBlock > 0 && d > uint64(t.opts.MaxBlock)) {
+		if d < uint64(t.opts.MinBlock) {
 			continue
 		}
 		var k [keySize]byte
@@ -489,6 +494,10 @@ func trimTracing(frames []string) []string {
 	}
 	return frames
 }
+
+// kallsyms is the running kernel's symbol table, read once per process:
+// reading and indexing /proc/kallsyms costs a few hundred milliseconds.
+var kallsyms = sync.OnceValues(func() (*cfg.Symbols, error) { return cfg.LoadKallsyms("/proc/kallsyms") })
 
 func (t *Tracer) readStack(id int32, buf []uint64) []uint64 {
 	if err := t.maps.stacks.Lookup(uint32(id), buf); err != nil {

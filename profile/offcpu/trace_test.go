@@ -29,9 +29,9 @@ func TestTraceWorkload(t *testing.T) {
 			if tr.Attach != name {
 				t.Fatalf("attached as %s, want %s", tr.Attach, name)
 			}
-			blocked0, elapsed0 := w.halfsleep(t)
+			before := w.halfsleep(t)
 			time.Sleep(2 * time.Second)
-			blocked1, elapsed1 := w.halfsleep(t)
+			account := w.halfsleep(t).sub(before)
 			p, err := tr.Profile()
 			if err != nil {
 				t.Fatal(err)
@@ -67,13 +67,14 @@ func TestTraceWorkload(t *testing.T) {
 			if blocks["sleeper"] < 1 {
 				t.Errorf("sleeper: no block in %s", kernelPaths["sleeper"])
 			}
-			// halfsleep's sleeping time against its own account. The
-			// tracer saw its blocks from its first switch-out on, the
+			// halfsleep's time off CPU in nanosleep (switch-out to
+			// switch-in) against its own account of the time in the call.
+			// The tracer saw its blocks from its first switch-out on, the
 			// account covers the same two seconds give or take a block.
-			truth := blocked1 - blocked0
+			truth := account.inCall
 			got := byThread["halfsleep"].Seconds()
-			t.Logf("halfsleep sleeping: traced %.3f s, its own account %.3f s of %.3f s", got, truth, elapsed1-elapsed0)
-			if got < truth-0.1 || got > truth+0.1 {
+			t.Logf("halfsleep in nanosleep: traced %.3f s, its own account %.3f s of %.3f s", got, truth, account.elapsed)
+			if tol := max(0.1, 0.15*truth); got < truth-tol || got > truth+tol {
 				t.Errorf("halfsleep: traced %.3f s asleep, the thread measured %.3f s", got, truth)
 			}
 		})
@@ -138,6 +139,89 @@ func TestStateLetter(t *testing.T) {
 	} {
 		if got := stateLetter(tc.w); got != tc.want {
 			t.Errorf("stateLetter(%#x) = %s, want %s", tc.w, got, tc.want)
+		}
+	}
+}
+
+// TestTraceFilters checks the filters against an unfiltered tracer
+// running alongside: --min-block drops halfsleep's short sleeps (20 ms,
+// more under load) and keeps only blocks of 100 ms or more; --max-block
+// drops piper's sleeps in pipe_read (250 ms or more); --state keeps one state; -t keeps
+// one thread.
+func TestTraceFilters(t *testing.T) {
+	requireRoot(t)
+	w := startWorkload(t)
+	tids := workloadTIDs(t, w.pid)
+	const limit = 100 * time.Millisecond
+	var tracers []*Tracer
+	defer func() {
+		for _, tr := range tracers {
+			tr.Close()
+		}
+	}()
+	for _, o := range []TraceOptions{
+		{Options: Options{PID: w.pid}},
+		{Options: Options{PID: w.pid, States: "S"}, MinBlock: limit},
+		{Options: Options{PID: w.pid}, MaxBlock: limit},
+		{Options: Options{TID: tids["futexer"]}},
+	} {
+		tr, err := NewTracer(o)
+		if errors.Is(err, ErrBPFUnavailable) {
+			t.Skipf("BPF unavailable here: %v", err)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		tracers = append(tracers, tr)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	var ps []*Profile
+	for _, tr := range tracers {
+		p, err := tr.Profile()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps = append(ps, p)
+	}
+	all, minb, maxb, one := ps[0], ps[1], ps[2], ps[3]
+	blocks := func(p *Profile, thread, state string) (n int64) {
+		for _, s := range p.Stacks {
+			if s.Group == thread && (state == "" || s.State == state) {
+				n += s.Samples
+			}
+		}
+		return n
+	}
+	for _, s := range minb.Stacks {
+		if s.State != "S" {
+			t.Errorf("--state S kept state %s: %+v", s.State, s)
+		}
+		if s.OffCPU < limit*time.Duration(s.Samples) {
+			t.Errorf("%s: %d blocks in %v: some shorter than --min-block %v", s.Group, s.Samples, s.OffCPU, limit)
+		}
+	}
+	t.Logf("halfsleep sleeps: %d traced, %d of %v or more; piper blocks: %d traced, %d with --max-block",
+		blocks(all, "halfsleep", "S"), blocks(minb, "halfsleep", "S"), limit, blocks(all, "piper", "S"), blocks(maxb, "piper", "S"))
+	if a, m := blocks(all, "halfsleep", "S"), blocks(minb, "halfsleep", "S"); m >= a || a == 0 {
+		t.Errorf("--min-block %v kept %d of halfsleep's %d sleeps", limit, m, a)
+	}
+	if blocks(minb, "piper", "S") == 0 {
+		t.Error("--min-block dropped piper's long blocks")
+	}
+	if n := blocks(maxb, "piper", "S"); n != 0 || blocks(all, "piper", "S") == 0 {
+		t.Errorf("--max-block %v kept %d piper blocks", limit, n)
+	}
+	for _, s := range maxb.Stacks {
+		if s.OffCPU > limit*time.Duration(s.Samples) {
+			t.Errorf("%s: %d blocks in %v: some longer than --max-block %v", s.Group, s.Samples, s.OffCPU, limit)
+		}
+	}
+	if len(one.Stacks) == 0 {
+		t.Error("-t futexer: nothing traced")
+	}
+	for _, s := range one.Stacks {
+		if s.Group != "futexer" {
+			t.Errorf("-t %d: stack of %s", tids["futexer"], s.Group)
 		}
 	}
 }

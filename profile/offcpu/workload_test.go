@@ -118,10 +118,18 @@ func startBuild(tb testing.TB, build string, args ...string) *workload {
 	return w
 }
 
-// halfsleep asks the workload how long its halfsleep thread has been
-// blocked in nanosleep, and for how long it has existed, by its own
-// clock_gettime measurements.
-func (w *workload) halfsleep(tb testing.TB) (blocked, elapsed float64) {
+// halfAccount is the halfsleep thread's own account of its time, in
+// seconds, from clock_gettime: asleep as requested (state S), inside
+// nanosleep (asleep plus the wait for a CPU after waking), and since it
+// started.
+type halfAccount struct{ asleep, inCall, elapsed float64 }
+
+func (a halfAccount) sub(b halfAccount) halfAccount {
+	return halfAccount{a.asleep - b.asleep, a.inCall - b.inCall, a.elapsed - b.elapsed}
+}
+
+// halfsleep asks the workload for halfsleep's account.
+func (w *workload) halfsleep(tb testing.TB) (a halfAccount) {
 	tb.Helper()
 	if _, err := io.WriteString(w.stdin, "report\n"); err != nil {
 		tb.Fatal(err)
@@ -130,10 +138,10 @@ func (w *workload) halfsleep(tb testing.TB) (blocked, elapsed float64) {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	if _, err := fmt.Sscanf(line, "halfsleep %g %g", &blocked, &elapsed); err != nil {
+	if _, err := fmt.Sscanf(line, "halfsleep %g %g %g", &a.asleep, &a.inCall, &a.elapsed); err != nil {
 		tb.Fatalf("workload report %q: %v", line, err)
 	}
-	return blocked, elapsed
+	return a
 }
 
 func requireRoot(tb testing.TB) {

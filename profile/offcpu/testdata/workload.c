@@ -10,7 +10,7 @@
 //
 // With an argument N it instead starts N threads blocked in pipe reads
 // (the benchmark's helper). It prints "ready" once every thread has started, answers
-// each line on stdin with "halfsleep BLOCKED ELAPSED" (seconds), and
+// each line on stdin with "halfsleep ASLEEP IN_CALL ELAPSED" (seconds), and
 // exits when stdin closes.
 #define _GNU_SOURCE
 #include <linux/futex.h>
@@ -47,19 +47,27 @@ static NOINLINE void spin_for(double s) {
 		sink++;
 }
 
-// halfsleep's own account of its time, the oracle for sampled
-// proportions: seconds blocked in nanosleep, and since it started.
-static double half_blocked, half_start;
+// halfsleep's own account of its time, the oracle for measured
+// proportions: seconds asleep as requested (what a sampler sees as state
+// S: the wait for a CPU after the timer fires is state R), seconds inside
+// nanosleep (what a tracer measures from switch-out to switch-in), and
+// seconds since it started.
+static double half_asleep, half_in_call, half_start, half_t0;
 static pthread_mutex_t half_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static NOINLINE void sleep_half(void) {
 	half_start = now();
 	for (;;) {
 		struct timespec ts = {0, 20 * 1000 * 1000};
-		double t0 = now();
+		pthread_mutex_lock(&half_mu);
+		double t0 = half_t0 = now();
+		pthread_mutex_unlock(&half_mu);
 		nanosleep(&ts, NULL);
 		pthread_mutex_lock(&half_mu);
-		half_blocked += now() - t0;
+		double t1 = now();
+		half_asleep += 0.020 < t1 - t0 ? 0.020 : t1 - t0;
+		half_in_call += t1 - t0;
+		half_t0 = 0;
 		pthread_mutex_unlock(&half_mu);
 		spin_for(0.020);
 	}
@@ -126,8 +134,15 @@ int main(int argc, char **argv) {
 	fflush(stdout);
 	char buf[64];
 	while (read(0, buf, sizeof buf) > 0) {
+		// The sleep in progress counts up to now, so that two reports
+		// bracket exactly the time between them.
 		pthread_mutex_lock(&half_mu);
-		printf("halfsleep %.6f %.6f\n", half_blocked, half_start ? now() - half_start : 0);
+		double t = now(), asleep = half_asleep, in_call = half_in_call;
+		if (half_t0) {
+			in_call += t - half_t0;
+			asleep += 0.020 < t - half_t0 ? 0.020 : t - half_t0;
+		}
+		printf("halfsleep %.6f %.6f %.6f\n", asleep, in_call, half_start ? t - half_start : 0);
 		pthread_mutex_unlock(&half_mu);
 		fflush(stdout);
 	}
