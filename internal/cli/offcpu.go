@@ -162,7 +162,7 @@ func summary(p *offcpu.Profile, f *folded.Profile) string {
 	msg := fmt.Sprintf("%d passes over %.1f s, %d threads per pass, %d off-CPU samples in %d distinct stacks",
 		p.Passes, p.Duration.Seconds(), perPass, f.Total(), f.Len())
 	if p.Unreadable > 0 {
-		msg += fmt.Sprintf("; %d thread visits unreadable (permissions or descriptor limit)", p.Unreadable)
+		msg += fmt.Sprintf("; %d thread visits unreadable (permissions: run as root to see every user's threads; or the descriptor limit)", p.Unreadable)
 	}
 	return msg
 }
@@ -174,7 +174,7 @@ func writeSVG(o OffCPUOptions, p *offcpu.Profile, f *folded.Profile) error {
 	}
 	sub := fmt.Sprintf("kinst offcpu, %s mode, %.1f s", p.Mode, p.Duration.Seconds())
 	if p.Mode == "sample" {
-		sub += fmt.Sprintf(", %d passes every %v", p.Passes, p.Period)
+		sub += fmt.Sprintf(", %d passes every %v", p.Passes, p.Period.Round(time.Microsecond))
 	}
 	return writeFile(o.SVG, func(w io.Writer) error {
 		return flamegraph.Render(w, f.Stacks(), flamegraph.Options{Title: title, Subtitle: sub, Unit: p.Unit()})

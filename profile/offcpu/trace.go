@@ -109,7 +109,7 @@ func NewTracer(o TraceOptions) (*Tracer, error) {
 		o.StackEntries = 16384
 	}
 	if err := rlimit.RemoveMemlock(); err != nil {
-		return nil, fmt.Errorf("%w: raising RLIMIT_MEMLOCK: %v", ErrBPFUnavailable, err)
+		return nil, fmt.Errorf("%w: raising RLIMIT_MEMLOCK: %v (tracing needs root)", ErrBPFUnavailable, err)
 	}
 	kspec, err := btf.LoadKernelSpec()
 	if err != nil {
