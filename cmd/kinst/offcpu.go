@@ -51,6 +51,8 @@ func offcpuCmd(ctx context.Context, args []string) error {
 	fs.DurationVarP(&o.Duration, "duration", "d", 0, "stop after this long (default: until Ctrl-C)")
 	fs.IntVarP(&o.PID, "pid", "p", 0, "only this process")
 	fs.IntVarP(&o.TID, "tid", "t", 0, "only this thread")
+	fs.BoolVarP(&o.UserThreadsOnly, "user-threads-only", "u", false, "leave out kernel threads")
+	fs.BoolVarP(&o.KernelThreadsOnly, "kernel-threads-only", "k", false, "only kernel threads")
 	fs.StringVar(&states, "state", "", "only threads in these states: letters of S (sleeping), D (uninterruptible), T, t, I, and R (preempted; --trace only)")
 	fs.BoolVar(&o.KernelOnly, "kernel-only", false, "kernel stacks only")
 	fs.BoolVar(&o.UserOnly, "user-only", false, "user stacks only")

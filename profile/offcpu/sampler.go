@@ -24,11 +24,17 @@ type Options struct {
 	UserOnly   bool // do not collect kernel stacks
 	// IncludeSelf also profiles the profiler's own process.
 	IncludeSelf bool
+	// UserThreadsOnly leaves out kernel threads; KernelThreadsOnly keeps
+	// only them (BCC's -u and -k).
+	UserThreadsOnly, KernelThreadsOnly bool
 }
 
 func (o *Options) validate() error {
 	if o.KernelOnly && o.UserOnly {
 		return errors.New("kernel-only and user-only exclude each other")
+	}
+	if o.UserThreadsOnly && o.KernelThreadsOnly {
+		return errors.New("user-threads-only and kernel-threads-only exclude each other")
 	}
 	if o.PID < 0 || o.TID < 0 {
 		return errors.New("pid and tid must be positive")
@@ -325,6 +331,9 @@ func (s *Sampler) sampleThread(t *thread) error {
 		return nil
 	}
 	t.kthread = st.flags&pfKthread != 0
+	if (s.opts.UserThreadsOnly && t.kthread) || (s.opts.KernelThreadsOnly && !t.kthread) {
+		return nil
+	}
 	// The raw key: pid/tid as grouped, group name, state, kernel stack
 	// text, user frames. Symbolisation waits until a key is new.
 	key := s.key[:0]

@@ -2,6 +2,7 @@ package offcpu
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -220,4 +221,62 @@ func containsInOrder(frames, want []string) bool {
 		}
 	}
 	return false
+}
+
+// TestThreadKinds checks -u and -k over the whole system, sampling and
+// tracing: kthreadd (always asleep) is a kernel thread; this test's own
+// workload threads are not.
+func TestThreadKinds(t *testing.T) {
+	requireRoot(t)
+	w := startWorkload(t)
+	for _, trace := range []bool{false, true} {
+		for _, kernel := range []bool{false, true} {
+			// User stacks only where they must be absent: reading
+			// every process's binaries would make this test slow.
+			o := Options{UserThreadsOnly: !kernel, KernelThreadsOnly: kernel, KernelOnly: !kernel}
+			var p *Profile
+			if trace {
+				tr, err := NewTracer(TraceOptions{Options: o})
+				if errors.Is(err, ErrBPFUnavailable) {
+					t.Skipf("BPF unavailable here: %v", err)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(600 * time.Millisecond)
+				p, err = tr.Profile()
+				tr.Close()
+				if err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				s, err := NewSampler(o, time.Millisecond)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := s.Pass(); err != nil {
+					t.Fatal(err)
+				}
+				p = s.Profile()
+				s.Close()
+			}
+			groups := map[string]bool{}
+			for _, st := range p.Stacks {
+				groups[st.Group] = true
+				if kernel && len(st.User) > 0 {
+					t.Errorf("trace=%v -k: user frames in %s: %v", trace, st.Group, st.User)
+				}
+			}
+			if len(groups) == 0 {
+				t.Errorf("trace=%v kernel=%v: nothing seen", trace, kernel)
+			}
+			if !trace && groups["kthreadd"] != kernel {
+				t.Errorf("sampling, kernel-threads-only=%v: kthreadd seen %v", kernel, groups["kthreadd"])
+			}
+			if groups["waker"] == kernel {
+				t.Errorf("trace=%v kernel-threads-only=%v: workload thread seen %v", trace, kernel, groups["waker"])
+			}
+		}
+	}
+	_ = w
 }

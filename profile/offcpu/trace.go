@@ -115,7 +115,10 @@ func NewTracer(o TraceOptions) (*Tracer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: kernel BTF: %v", ErrBPFUnavailable, err)
 	}
-	pidOff, err := memberOffset(kspec, "task_struct", "pid")
+	var task taskLayout
+	if task.pid, err = memberOffset(kspec, "task_struct", "pid"); err == nil {
+		task.flags, err = memberOffset(kspec, "task_struct", "flags")
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrBPFUnavailable, err)
 	}
@@ -130,7 +133,7 @@ func NewTracer(o TraceOptions) (*Tracer, error) {
 	var errs []error
 	if !o.ForceRawTracepoint {
 		prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "offcpu_switch", Type: ebpf.Tracing, AttachType: ebpf.AttachTraceRawTp,
-			AttachTo: "sched_switch", License: "GPL", Instructions: switchProgram(o, m, pidOff, true)})
+			AttachTo: "sched_switch", License: "GPL", Instructions: switchProgram(o, m, task, true)})
 		if err == nil {
 			t.link, err = link.AttachTracing(link.TracingOptions{Program: prog})
 			prog.Close() // the link holds it
@@ -142,7 +145,7 @@ func NewTracer(o TraceOptions) (*Tracer, error) {
 	}
 	if t.link == nil {
 		prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "offcpu_switch", Type: ebpf.RawTracepoint,
-			License: "GPL", Instructions: switchProgram(o, m, pidOff, false)})
+			License: "GPL", Instructions: switchProgram(o, m, task, false)})
 		if err == nil {
 			t.link, err = link.AttachRawTracepoint(link.RawTracepointOptions{Name: "sched_switch", Program: prog})
 			prog.Close()
@@ -195,7 +198,7 @@ func checkSchedSwitch(spec *btf.Spec) error {
 //
 // Stack frame (offsets from R10): start value at -80, tid key at -84,
 // scratch u32 at -88, counts key at -40, counts value at -104.
-func switchProgram(o TraceOptions, m *traceMaps, pidOff int16, direct bool) asm.Instructions {
+func switchProgram(o TraceOptions, m *traceMaps, task taskLayout, direct bool) asm.Instructions {
 	const (
 		startV = -80
 		tidK   = -84
@@ -220,7 +223,19 @@ func switchProgram(o TraceOptions, m *traceMaps, pidOff int16, direct bool) asm.
 	if !o.IncludeSelf {
 		in = append(in, asm.Mov.Reg(asm.R2, asm.R8), asm.RSh.Imm(asm.R2, 32), asm.JEq.Imm(asm.R2, int32(os.Getpid()), "in"))
 	}
+	if o.UserThreadsOnly || o.KernelThreadsOnly {
+		// prev->flags & PF_KTHREAD
+		in = append(in, asm.LoadMem(asm.R7, asm.R6, 8, asm.DWord))
+		in = append(in, loadTaskWord(asm.R1, asm.R7, task.flags, tmp, direct)...)
+		in = append(in, asm.And.Imm(asm.R1, pfKthread))
+		if o.UserThreadsOnly {
+			in = append(in, asm.JNE.Imm(asm.R1, 0, "in"))
+		} else {
+			in = append(in, asm.JEq.Imm(asm.R1, 0, "in"))
+		}
+	}
 	in = append(in,
+		asm.Mov.Reg32(asm.R1, asm.R8),
 		asm.StoreMem(asm.RFP, tidK, asm.R1, asm.Word),
 		asm.Mov.Reg(asm.R2, asm.R8), asm.RSh.Imm(asm.R2, 32),
 		asm.StoreMem(asm.RFP, startV+8, asm.R2, asm.Word),
@@ -260,18 +275,9 @@ func switchProgram(o TraceOptions, m *traceMaps, pidOff int16, direct bool) asm.
 		// Switch-in of next: was it switched out before?
 		asm.LoadMem(asm.R7, asm.R6, 16, asm.DWord).WithSymbol("in"),
 	)
-	if direct {
-		in = append(in,
-			asm.LoadMem(asm.R1, asm.R7, pidOff, asm.Word),
-			asm.StoreMem(asm.RFP, tidK, asm.R1, asm.Word))
-	} else {
-		in = append(in,
-			asm.Mov.Reg(asm.R1, asm.RFP), asm.Add.Imm(asm.R1, tidK), asm.Mov.Imm(asm.R2, 4),
-			asm.Mov.Reg(asm.R3, asm.R7), asm.Add.Imm(asm.R3, int32(pidOff)),
-			asm.FnProbeReadKernel.Call(),
-			asm.JNE.Imm(asm.R0, 0, "out"))
-	}
+	in = append(in, loadTaskWord(asm.R1, asm.R7, task.pid, tmp, direct)...)
 	in = append(in,
+		asm.StoreMem(asm.RFP, tidK, asm.R1, asm.Word),
 		asm.LoadMapPtr(asm.R1, m.starts.FD()),
 		asm.Mov.Reg(asm.R2, asm.RFP), asm.Add.Imm(asm.R2, tidK),
 		asm.FnMapLookupElem.Call(),
@@ -322,6 +328,26 @@ func switchProgram(o TraceOptions, m *traceMaps, pidOff int16, direct bool) asm.
 		asm.Return(),
 	)
 	return in
+}
+
+// taskLayout holds offsets into struct task_struct, from the kernel's BTF.
+type taskLayout struct{ pid, flags int16 }
+
+// loadTaskWord loads the u32 at task+off into dst: directly where the
+// verifier knows task's BTF type (tp_btf), else with
+// bpf_probe_read_kernel through the stack slot at R10+scratch (which
+// clobbers R1–R5; a failed read yields 0).
+func loadTaskWord(dst, task asm.Register, off int16, scratch int16, direct bool) asm.Instructions {
+	if direct {
+		return asm.Instructions{asm.LoadMem(dst, task, off, asm.Word)}
+	}
+	return asm.Instructions{
+		asm.StoreImm(asm.RFP, scratch, 0, asm.Word),
+		asm.Mov.Reg(asm.R1, asm.RFP), asm.Add.Imm(asm.R1, int32(scratch)), asm.Mov.Imm(asm.R2, 4),
+		asm.Mov.Reg(asm.R3, task), asm.Add.Imm(asm.R3, int32(off)),
+		asm.FnProbeReadKernel.Call(),
+		asm.LoadMem(dst, asm.RFP, scratch, asm.Word),
+	}
 }
 
 // Close detaches the program and frees the maps.
