@@ -5,6 +5,11 @@
 // plumbing (memory via process_vm_readv, mappings from /proc/PID/maps,
 // per-file tables cached by GNU build id).
 //
+// Registers of a sleeping thread come from /proc/PID/task/TID/syscall
+// (SP and PC, without stopping it) or from ptrace (all, stopping it for
+// a moment); where the CFA is rbp-based and rbp is unknown, a validated
+// stack scan recovers it.
+//
 // A Table keeps, for every pc where one of them changes, the rules that
 // recover the canonical frame address (CFA), the caller's rbp and the
 // return address: the three values a frame-pointer-less unwind needs on

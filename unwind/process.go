@@ -297,7 +297,8 @@ type procMapping struct {
 
 // Process is the unwinding view of one process: its executable file
 // mappings with their Files, and its memory. Build it again after the
-// process maps new code (dlopen).
+// process maps new code (dlopen). FindRow and Symbolize are safe for
+// concurrent use; Unwind is not (Mem caches the pages it reads).
 type Process struct {
 	Pid  int
 	Mem  *ProcessMemory
@@ -312,6 +313,9 @@ type Process struct {
 // or in another mount namespace), else /proc/PID/root.
 func (c *Cache) Process(pid int) (*Process, error) {
 	maps, err := ReadMaps(pid)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("no process %d", pid)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -354,6 +358,15 @@ func (p *Process) FindRow(pc uint64) (Row, error) {
 		return Row{}, &NoFDEError{PC: pc}
 	}
 	return TableFinder{Table: m.file.Table, Bias: m.bias}.FindRow(pc)
+}
+
+// FuncStart implements FuncFinder over the process's mappings.
+func (p *Process) FuncStart(pc uint64) (uint64, error) {
+	m := p.mapping(pc)
+	if m == nil || m.file.Table == nil {
+		return 0, &NoFDEError{PC: pc}
+	}
+	return TableFinder{Table: m.file.Table, Bias: m.bias}.FuncStart(pc)
 }
 
 // Unwind unwinds a thread of the process from regs (see Stack).

@@ -20,6 +20,13 @@ type Finder interface {
 	FindRow(pc uint64) (Row, error)
 }
 
+// FuncFinder is implemented by Finders that know where the function
+// containing a pc starts (the start of its FDE). Stack uses it to recover
+// an unknown rbp where a frame's CFA is rbp-based.
+type FuncFinder interface {
+	FuncStart(pc uint64) (uint64, error)
+}
+
 // TableFinder finds rows in one table whose file is loaded Bias bytes
 // above its link-time addresses.
 type TableFinder struct {
@@ -34,6 +41,12 @@ func (f TableFinder) FindRow(pc uint64) (Row, error) {
 	return r, err
 }
 
+// FuncStart implements FuncFinder.
+func (f TableFinder) FuncStart(pc uint64) (uint64, error) {
+	start, err := f.Table.FuncStart(pc - f.Bias)
+	return start + f.Bias, err
+}
+
 // DefaultMaxFrames bounds a stack when the caller gives no limit.
 const DefaultMaxFrames = 128
 
@@ -43,6 +56,11 @@ type Method uint8
 const (
 	ByCFI          Method = iota + 1 // the CFI row of the pc
 	ByFramePointer                   // the saved rbp chain
+	// ByScan: the CFI row needs rbp, which was unknown (registers from
+	// /proc/PID/task/TID/syscall), and a stack scan found the frame
+	// record: a saved rbp and a return address right after a direct call
+	// to the function being unwound (see FuncFinder).
+	ByScan
 )
 
 func (m Method) String() string {
@@ -51,6 +69,8 @@ func (m Method) String() string {
 		return "cfi"
 	case ByFramePointer:
 		return "fp"
+	case ByScan:
+		return "scan"
 	}
 	return "?"
 }
@@ -88,6 +108,16 @@ func StackMethods(regs Regs, mem MemReader, rows Finder, max int) (pcs []uint64,
 		if rows != nil {
 			if row, err := rows.FindRow(lookup); err == nil {
 				next, ok, end = stepCFI(row, cur, mem)
+				if ff, isFF := rows.(FuncFinder); !ok && !end && isFF && cur.BP == 0 &&
+					row.CFA.Kind == CFARegOffset && row.CFA.Reg == RegRBP {
+					if bp, found := scanFrameRecord(cur, lookup, mem, ff); found {
+						withBP := cur
+						withBP.BP = bp
+						if next, ok, end = stepCFI(row, withBP, mem); ok {
+							method = ByScan
+						}
+					}
+				}
 			}
 		}
 		if end {
@@ -202,4 +232,40 @@ func stepCFI(row Row, cur Regs, mem MemReader) (next Regs, ok, end bool) {
 		bp = 0
 	}
 	return Regs{PC: ra, SP: cfa, BP: bp}, true, false
+}
+
+// scanWords bounds the stack scan for a frame record: 4 KiB above SP.
+const scanWords = 512
+
+// scanFrameRecord finds the rbp of a frame whose function keeps a frame
+// pointer when the register is unknown: the lowest 8-aligned address a
+// at or above SP where [a+8] is a return address right after a direct
+// call (e8 rel32) to the function containing pc, and [a], the saved rbp,
+// is 0 or further up the stack. Calls through a register, a PLT or a tail
+// call do not validate, and the unwind ends there as it would without the
+// scan.
+func scanFrameRecord(cur Regs, pc uint64, mem MemReader, ff FuncFinder) (uint64, bool) {
+	fn, err := ff.FuncStart(pc)
+	if err != nil {
+		return 0, false
+	}
+	for a := (cur.SP + 7) &^ 7; a < cur.SP+scanWords*8; a += 8 {
+		saved, ok1 := readWord(mem, a)
+		ra, ok2 := readWord(mem, a+8)
+		if !ok1 || !ok2 {
+			return 0, false
+		}
+		if ra < 5 || (saved != 0 && (saved <= a || saved&7 != 0)) {
+			continue
+		}
+		var call [5]byte
+		if mem.ReadMemory(ra-5, call[:]) != nil || call[0] != 0xe8 {
+			continue
+		}
+		target := ra + uint64(int64(int32(binary.LittleEndian.Uint32(call[1:]))))
+		if start, err := ff.FuncStart(target); err == nil && start == fn {
+			return a, true
+		}
+	}
+	return 0, false
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -109,16 +111,11 @@ func TestUnwindBlockedProcess(t *testing.T) {
 			pcs, methods := StackMethods(regs, p.Mem, p, 0)
 			frames := names(p, pcs)
 			t.Logf("CFI, registers from /proc/%d/syscall: %v via %v", pid, frames, methods)
-			if tc.fp {
-				// level3 computes its CFA from rbp, which /proc does not give.
-				if len(frames) < 2 || frames[1] != "level3" {
-					t.Errorf("stack %q does not reach level3", frames)
-				}
-			} else {
-				checkFullStack(t, frames, methods)
-			}
+			// With frame pointers, level3's CFA is rbp-based and /proc
+			// does not give rbp: a validated stack scan finds it, once.
+			checkFullStack(t, frames, methods, tc.fp)
 
-			// ptrace gives rbp too: the whole stack for every build.
+			// ptrace gives rbp too: the same stack, by CFI alone.
 			pregs, err := PtraceRegs(pid)
 			if err != nil {
 				t.Skipf("ptrace: %v", err)
@@ -127,10 +124,17 @@ func TestUnwindBlockedProcess(t *testing.T) {
 				t.Errorf("ptrace regs %+v, /proc syscall %+v", pregs, regs)
 			}
 			p.Mem.Reset()
-			pcs, methods = StackMethods(pregs, p.Mem, p, 0)
-			frames = names(p, pcs)
-			t.Logf("CFI, registers from ptrace: %v via %v", frames, methods)
-			checkFullStack(t, frames, methods)
+			ppcs, pmethods := StackMethods(pregs, p.Mem, p, 0)
+			t.Logf("CFI, registers from ptrace: %v via %v", names(p, ppcs), pmethods)
+			checkFullStack(t, names(p, ppcs), pmethods, false)
+			if !slices.Equal(pcs, ppcs) {
+				t.Errorf("stack from /proc registers %#x, from ptrace registers %#x", pcs, ppcs)
+			}
+
+			// An independent unwinder: gdb's backtrace, past main.
+			if gdbPCs := gdbBacktrace(t, pid); gdbPCs != nil && !slices.Equal(pcs, gdbPCs) {
+				t.Errorf("stack %#x, gdb's %#x", pcs, gdbPCs)
+			}
 
 			fp := names(p, FramePointers(pregs, p.Mem, 0))
 			t.Logf("frame pointers: %v", fp)
@@ -143,7 +147,7 @@ func TestUnwindBlockedProcess(t *testing.T) {
 	}
 }
 
-func checkFullStack(t *testing.T, frames []string, methods []Method) {
+func checkFullStack(t *testing.T, frames []string, methods []Method, oneScan bool) {
 	t.Helper()
 	if !hasChain(frames) {
 		t.Errorf("stack %q lacks level3 level2 level1 main", frames)
@@ -151,9 +155,48 @@ func checkFullStack(t *testing.T, frames []string, methods []Method) {
 	if last := frames[len(frames)-1]; last != "_start" {
 		t.Errorf("outermost frame %q, want _start (its CFI marks the return address undefined)", last)
 	}
+	scans := 0
 	for i, m := range methods {
-		if m != ByCFI {
+		switch {
+		case m == ByScan && oneScan && frames[i] == "level3":
+			scans++
+		case m != ByCFI:
 			t.Errorf("frame %d (%s) found by %v, want cfi", i+1, frames[i+1], m)
 		}
 	}
+	if oneScan && scans != 1 {
+		t.Errorf("methods %v: want level3's caller found by a scan", methods)
+	}
+}
+
+// gdbBacktrace attaches gdb to pid and returns the pc of every frame of
+// its backtrace past main and the entry point, or nil without gdb.
+func gdbBacktrace(t *testing.T, pid int) []uint64 {
+	t.Helper()
+	if _, err := exec.LookPath("gdb"); err != nil {
+		t.Log("no gdb: stack not compared with gdb's")
+		return nil
+	}
+	out, err := exec.Command("gdb", "-p", strconv.Itoa(pid), "-batch", "-nx",
+		"-iex", "set debuginfod enabled off",
+		"-ex", "set backtrace past-main on", "-ex", "set backtrace past-entry on",
+		"-ex", "frame apply all -q p/x $pc").CombinedOutput()
+	if err != nil {
+		t.Fatalf("gdb: %v\n%s", err, out)
+	}
+	var pcs []uint64
+	for _, line := range strings.Split(string(out), "\n") {
+		// "$1 = 0x7ff3602b02ad"
+		if _, v, ok := strings.Cut(line, " = 0x"); ok && strings.HasPrefix(line, "$") {
+			pc, err := strconv.ParseUint(v, 16, 64)
+			if err != nil {
+				t.Fatalf("gdb line %q", line)
+			}
+			pcs = append(pcs, pc)
+		}
+	}
+	if len(pcs) == 0 {
+		t.Fatalf("no frames in gdb's output:\n%s", out)
+	}
+	return pcs
 }

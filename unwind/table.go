@@ -28,8 +28,9 @@ const RowBytes = int(unsafe.Sizeof(row{}))
 // Table is the unwind rows of one file, sorted by pc, at link-time
 // addresses. It is immutable once compiled and safe for concurrent use.
 type Table struct {
-	base uint64
-	rows []row
+	base   uint64
+	rows   []row
+	starts []uint32 // FDE starts - base, sorted: function entries (4 bytes per FDE)
 
 	// FDEs is the number of FDEs compiled; Skipped those left out
 	// because their instructions could not be interpreted (the rows of
@@ -104,6 +105,20 @@ func (t *Table) Lookup(pc uint64) (Row, error) {
 	return t.Row(i), nil
 }
 
+// FuncStart returns the start of the FDE that covers pc (a link-time
+// address): for compiled code, the entry of the function containing pc.
+func (t *Table) FuncStart(pc uint64) (uint64, error) {
+	if _, err := t.Lookup(pc); err != nil {
+		return 0, err
+	}
+	off := uint32(pc - t.base)
+	i := sort.Search(len(t.starts), func(i int) bool { return t.starts[i] > off }) - 1
+	if i < 0 {
+		return 0, &NoFDEError{PC: pc}
+	}
+	return t.base + uint64(t.starts[i]), nil
+}
+
 // compact packs r, or reports that it does not fit.
 func (t *Table) compact(r Row) (row, bool) {
 	c := row{pc: uint32(r.PC - t.base)}
@@ -143,6 +158,10 @@ func (t *Table) compact(r Row) (row, bool) {
 func Open(path string) (*Table, error) {
 	f, err := elf.Open(path)
 	if err != nil {
+		var fe *elf.FormatError
+		if errors.As(err, &fe) {
+			return nil, fmt.Errorf("%s: not an ELF file (%w)", path, err)
+		}
 		return nil, err
 	}
 	defer f.Close()
@@ -231,7 +250,14 @@ func (t *Table) merge(fdes []fde) {
 		return
 	}
 	t.base = kept[0].begin
-	t.rows = make([]row, 0, len(kept)*8)
+	// A row per location an FDE's program reaches: at most one per two
+	// bytes of instructions (an advance and a rule), plus a gap row each.
+	est := 2 * len(kept)
+	for _, f := range kept {
+		est += len(f.insns) / 2
+	}
+	t.rows = make([]row, 0, est)
+	t.starts = make([]uint32, 0, len(kept))
 	in := &interp{}
 	var prevEnd uint64
 	for i, f := range kept {
@@ -241,6 +267,7 @@ func (t *Table) merge(fdes []fde) {
 			frows = append(frows[:0], Row{PC: f.begin})
 		}
 		t.FDEs++
+		t.starts = append(t.starts, uint32(f.begin-t.base))
 		if i > 0 && prevEnd < f.begin {
 			t.add(Row{PC: prevEnd})
 		}

@@ -3,24 +3,33 @@ package unwind
 import (
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"slices"
 	"testing"
 )
 
-// fakeMem is memory of 8-byte words.
+// fakeMem is memory of 8-byte words at 8-aligned addresses.
 type fakeMem map[uint64]uint64
 
 func (m fakeMem) ReadMemory(addr uint64, p []byte) error {
-	if len(p) != 8 {
-		return fmt.Errorf("read of %d bytes", len(p))
+	for i := range p {
+		a := addr + uint64(i)
+		v, ok := m[a&^7]
+		if !ok {
+			return errors.New("unmapped")
+		}
+		p[i] = byte(v >> (8 * (a & 7)))
 	}
-	v, ok := m[addr]
-	if !ok {
-		return errors.New("unmapped")
-	}
-	binary.LittleEndian.PutUint64(p, v)
 	return nil
+}
+
+// setBytes stores b at addr.
+func (m fakeMem) setBytes(addr uint64, b []byte) {
+	for i, c := range b {
+		a := addr + uint64(i)
+		w := m[a&^7]
+		shift := 8 * (a & 7)
+		m[a&^7] = w&^(0xff<<shift) | uint64(c)<<shift
+	}
 }
 
 // fakeRows gives a row per 0x1000-byte function.
@@ -31,6 +40,13 @@ func (f fakeRows) FindRow(pc uint64) (Row, error) {
 		return r, nil
 	}
 	return Row{}, &NoFDEError{PC: pc}
+}
+
+func (f fakeRows) FuncStart(pc uint64) (uint64, error) {
+	if _, ok := f[pc&^0xfff]; ok {
+		return pc &^ 0xfff, nil
+	}
+	return 0, &NoFDEError{PC: pc}
 }
 
 var (
@@ -66,7 +82,7 @@ func TestStack(t *testing.T) {
 			[]uint64{0x1000, 0x2005, 0x3004, 0x4003, 0x5001}, []Method{ByCFI, ByCFI, ByCFI, ByFramePointer}},
 		{"plt after the push", Regs{PC: 0x300b, SP: 0x7108, BP: 0x7200}, // rsp+8+8
 			[]uint64{0x300b, 0x4003, 0x5001}, []Method{ByCFI, ByFramePointer}},
-		{"rbp unknown stops at an rbp-based CFA", Regs{PC: 0x1000, SP: 0x7000},
+		{"rbp unknown and no frame record to scan for", Regs{PC: 0x1000, SP: 0x7000},
 			[]uint64{0x1000, 0x2005}, []Method{ByCFI}},
 		{"unsupported expression falls back to frame pointers", Regs{PC: 0x6000, SP: 0x7100, BP: 0x7200},
 			[]uint64{0x6000, 0x5001}, []Method{ByFramePointer}},
@@ -83,6 +99,44 @@ func TestStack(t *testing.T) {
 	}
 	if pcs := Stack(Regs{PC: 0x1000, SP: 0x7000, BP: 0x7100}, mem, rows, 2); len(pcs) != 2 {
 		t.Errorf("max 2 frames: got %#x", pcs)
+	}
+}
+
+// TestScan recovers an unknown rbp for a function whose CFA is
+// rbp-based: only a frame record whose return address follows a direct
+// call to that function counts.
+func TestScan(t *testing.T) {
+	rows := fakeRows{
+		0x1000: {CFA: cfaRBP(16), RBP: at(-16), RA: at(-8)},     // F keeps a frame pointer
+		0x2000: {CFA: cfaRSP(8), RA: Rule{Kind: RuleUndefined}}, // G, outermost
+	}
+	call := func(from, to uint64) []byte { // e8 rel32 ending at from
+		return append([]byte{0xe8}, binary.LittleEndian.AppendUint32(nil, uint32(to-from))...)
+	}
+	for _, tc := range []struct {
+		name    string
+		target  uint64
+		pcs     []uint64
+		methods []Method
+	}{
+		{"a direct call to F", 0x1000, []uint64{0x1010, 0x2030}, []Method{ByScan}},
+		{"a call to another function", 0x2400, []uint64{0x1010}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mem := fakeMem{
+				0x7000: 0x7100, 0x7008: 0x2010, // an indirect call (ff d0) before 0x2010: no
+				0x7010: 0x7004, 0x7018: 0x2020, // a saved rbp that is not a frame: no
+				0x7020: 0, 0x7028: 0x2030, // the frame record
+			}
+			mem.setBytes(0x2008, []byte{0, 0, 0, 0, 0, 0, 0xff, 0xd0})
+			mem.setBytes(0x201b, call(0x2020, 0x1000))
+			mem.setBytes(0x202b, call(0x2030, tc.target))
+			mem[0x2030] = 0
+			pcs, methods := StackMethods(Regs{PC: 0x1010, SP: 0x7000}, mem, rows, 0)
+			if !slices.Equal(pcs, tc.pcs) || !slices.Equal(methods, tc.methods) {
+				t.Errorf("got %#x %v, want %#x %v", pcs, methods, tc.pcs, tc.methods)
+			}
+		})
 	}
 }
 

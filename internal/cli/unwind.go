@@ -111,8 +111,9 @@ type UnwindFrameJSON struct {
 	File   string `json:"file,omitempty"`
 	Symbol string `json:"symbol,omitempty"`
 	Offset string `json:"offset,omitempty"`
-	// Method is how this frame was found from the one below: "cfi" or
-	// "fp" (frame pointer); "" for the innermost frame.
+	// Method is how this frame was found from the one below: "cfi",
+	// "fp" (frame pointer) or "scan" (CFI after a stack scan for rbp);
+	// "" for the innermost frame.
 	Method string `json:"method,omitempty"`
 }
 
@@ -160,8 +161,14 @@ func ShowUnwindStack(pid, tid int, usePtrace, asJSON bool, w io.Writer) error {
 		pcs, methods := unwind.StackMethods(regs, p.Mem, p, 0)
 		for i, pc := range pcs {
 			f := UnwindFrameJSON{PC: fmt.Sprintf("%#x", pc)}
-			if s, ok := p.Symbolize(pc); ok {
-				f.File, f.Symbol, f.Offset = s.File, s.Name, fmt.Sprintf("%#x", s.Offset)
+			// A return address may be the first byte after a call to a
+			// function that never returns: name the call's last byte.
+			at := pc
+			if i > 0 {
+				at--
+			}
+			if s, ok := p.Symbolize(at); ok {
+				f.File, f.Symbol, f.Offset = s.File, s.Name, fmt.Sprintf("%#x", s.Offset+(pc-at))
 			}
 			if i > 0 {
 				f.Method = methods[i-1].String()

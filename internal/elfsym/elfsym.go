@@ -64,6 +64,10 @@ type Table struct {
 func Open(path string) (*Table, error) {
 	f, err := elf.Open(path)
 	if err != nil {
+		var fe *elf.FormatError
+		if errors.As(err, &fe) {
+			return nil, fmt.Errorf("%s: not an ELF file (%w)", path, err)
+		}
 		return nil, err
 	}
 	defer f.Close()

@@ -187,7 +187,7 @@ func goBinary() string {
 	return filepath.Join(runtime.GOROOT(), "bin", "go")
 }
 
-func existing(t *testing.T, path string) string {
+func existing(t testing.TB, path string) string {
 	if _, err := os.Stat(path); err != nil {
 		t.Skipf("%s: %v", path, err)
 	}
@@ -312,4 +312,24 @@ func TestLoadBias(t *testing.T) {
 	if _, err := tab.LoadBias(0x1000, 1<<40); !errors.Is(err, ErrNotMapped) {
 		t.Errorf("offset beyond the file: %v, want ErrNotMapped", err)
 	}
+}
+
+// BenchmarkLookup is one address → symbol lookup in the go command's
+// table (tens of thousands of symbols): a binary search, where procstat's
+// linear search cost milliseconds per thread.
+func BenchmarkLookup(b *testing.B) {
+	tab, err := Open(existing(b, goBinary()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	syms := tab.Symbols()
+	addrs := make([]uint64, 1024)
+	for i := range addrs {
+		s := syms[i*len(syms)/len(addrs)]
+		addrs[i] = s.Addr + s.Size/2
+	}
+	for i := 0; b.Loop(); i++ {
+		tab.Lookup(addrs[i%len(addrs)])
+	}
+	b.ReportMetric(float64(tab.Len()), "symbols")
 }

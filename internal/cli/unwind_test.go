@@ -1,0 +1,127 @@
+package cli
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kinst/kinst/unwind"
+)
+
+const libc = "/lib/x86_64-linux-gnu/libc.so.6"
+
+func TestUnwindTableJSON(t *testing.T) {
+	if _, err := os.Stat(libc); err != nil {
+		t.Skip(err)
+	}
+	tab, err := unwind.Open(libc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := ShowUnwindTable(libc, nil, true, &out); err != nil {
+		t.Fatal(err)
+	}
+	var rep UnwindTableJSON
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Rows) != tab.Len() || rep.FDEs != tab.FDEs || rep.BytesPerRow != unwind.RowBytes || rep.BuildID == "" {
+		t.Errorf("report: %d rows, %d FDEs, %d bytes/row, build id %q; table: %d rows, %d FDEs",
+			len(rep.Rows), rep.FDEs, rep.BytesPerRow, rep.BuildID, tab.Len(), tab.FDEs)
+	}
+	plt := 0
+	for i, r := range rep.Rows {
+		row := tab.Row(i)
+		if r.CFA != row.CFA.String() || r.RBP != row.RBP.String() || r.RA != row.RA.String() {
+			t.Fatalf("row %d: %+v, table %v %v %v", i, r, row.CFA, row.RBP, row.RA)
+		}
+		if r.CFAExpr == "plt" {
+			plt++
+		}
+	}
+	if plt != 1 {
+		t.Errorf("%d .plt rows, want 1", plt)
+	}
+
+	// --pc: the one row in effect.
+	out.Reset()
+	pc := tab.Row(10).PC
+	if err := ShowUnwindTable(libc, &pc, true, &out); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil || len(rep.Rows) != 1 || rep.Rows[0].CFA != tab.Row(10).CFA.String() {
+		t.Errorf("--pc %#x: %s (%v)", pc, out.String(), err)
+	}
+}
+
+func TestUnwindTableRefusals(t *testing.T) {
+	var out bytes.Buffer
+	err := ShowUnwindTable("/proc/self/status", nil, false, &out)
+	if err == nil || !strings.Contains(err.Error(), "not an ELF file") || out.Len() != 0 {
+		t.Errorf("a text file: %v, output %q", err, out.String())
+	}
+	if _, err := os.Stat(libc); err == nil {
+		pc := uint64(0x10)
+		if err := ShowUnwindTable(libc, &pc, false, &out); err == nil || out.Len() != 0 {
+			t.Errorf("a pc no FDE covers: %v, output %q", err, out.String())
+		}
+	}
+}
+
+// TestUnwindStack unwinds sleep(1), a stripped distribution binary built
+// without frame pointers, blocked in clock_nanosleep(2): the stack must
+// run through libc's clock_nanosleep out of main to __libc_start_main,
+// every caller found by CFI.
+func TestUnwindStack(t *testing.T) {
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Skip(err)
+	}
+	defer cmd.Wait()
+	defer cmd.Process.Kill()
+	pid := cmd.Process.Pid
+	var rep struct {
+		PID     int                `json:"pid"`
+		Threads []UnwindThreadJSON `json:"threads"`
+	}
+	// Wait for the sleep first: mappings read while the dynamic loader
+	// is still at work would lack libc.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, nr, err := unwind.SyscallRegs(pid, pid); err == nil && nr == unix.SYS_CLOCK_NANOSLEEP {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("sleep never blocked in clock_nanosleep")
+		}
+	}
+	var out bytes.Buffer
+	if err := ShowUnwindStack(pid, 0, false, true, &out); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Threads) != 1 {
+		t.Fatalf("threads: %s", out.String())
+	}
+	frames := rep.Threads[0].Frames
+	var names []string
+	for i, f := range frames {
+		names = append(names, f.Symbol)
+		if i > 0 && f.Method != "cfi" {
+			t.Errorf("frame %d %+v found by %q, want cfi", i, f, f.Method)
+		}
+	}
+	t.Logf("sleep: %q", names)
+	if len(names) < 4 || names[0] != "clock_nanosleep" || !slices.Contains(names, "__libc_start_main") {
+		t.Errorf("stack %q: want clock_nanosleep first and __libc_start_main", names)
+	}
+}
