@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kinst/kinst/unwind"
 	"golang.org/x/sys/unix"
 )
 
@@ -79,7 +80,7 @@ type entry struct {
 	state    byte
 	kstack   string
 	user     []userFrame
-	userPID  int // whose address space user holds
+	userProc *unwind.Process // names user
 	userErr  string
 	samples  int64
 }
@@ -91,6 +92,7 @@ type Sampler struct {
 	self    int
 	period  time.Duration
 	threads map[int]*thread // by tid
+	live    map[int]int     // open threads per pid
 	gen     uint32
 	agg     map[string]*entry // by raw key (see sampleThread)
 	order   []*entry
@@ -128,6 +130,7 @@ func NewSampler(o Options, period time.Duration) (*Sampler, error) {
 		self:     os.Getpid(),
 		period:   period,
 		threads:  make(map[int]*thread),
+		live:     make(map[int]int),
 		agg:      make(map[string]*entry),
 		dirBuf:   make([]byte, 32<<10),
 		readBuf:  make([]byte, 1024),
@@ -157,9 +160,8 @@ func NewSampler(o Options, period time.Duration) (*Sampler, error) {
 
 // Close releases every open /proc descriptor.
 func (s *Sampler) Close() error {
-	for tid, t := range s.threads {
-		t.close()
-		delete(s.threads, tid)
+	for _, t := range s.threads {
+		s.drop(t)
 	}
 	return nil
 }
@@ -196,10 +198,9 @@ func (s *Sampler) Pass() (int, error) {
 		}
 	}
 	// Forget threads that are gone.
-	for tid, t := range s.threads {
+	for _, t := range s.threads {
 		if t.gen != s.gen {
-			t.close()
-			delete(s.threads, tid)
+			s.drop(t)
 		}
 	}
 	s.visits += visited
@@ -237,7 +238,7 @@ func (s *Sampler) visit(pid, tid int) {
 	t := s.threads[tid]
 	if t == nil || t.pid != pid {
 		if t != nil {
-			t.close()
+			s.drop(t)
 		}
 		var err error
 		if t, err = s.open(pid, tid); err != nil {
@@ -246,13 +247,27 @@ func (s *Sampler) visit(pid, tid int) {
 			}
 			return
 		}
+		if s.live[pid] == 0 && s.user != nil {
+			// A process new to this run: if its pid was seen before,
+			// it named another process then.
+			s.user.forget(pid)
+		}
+		s.live[pid]++
 		s.threads[tid] = t
 	}
 	t.gen = s.gen
 	if err := s.sampleThread(t); errors.Is(err, unix.ESRCH) || errors.Is(err, unix.ENOENT) {
 		// Exited (or the tid was reused): reopen if it shows up again.
-		t.close()
-		delete(s.threads, tid)
+		s.drop(t)
+	}
+}
+
+// drop closes a thread's files and forgets it.
+func (s *Sampler) drop(t *thread) {
+	t.close()
+	delete(s.threads, t.tid)
+	if s.live[t.pid]--; s.live[t.pid] <= 0 {
+		delete(s.live, t.pid)
 	}
 }
 
@@ -367,10 +382,11 @@ func (s *Sampler) sampleThread(t *thread) error {
 	key = append(key, 0)
 	frames := s.frames[:0]
 	var uerr error
+	var uproc *unwind.Process
 	// A thread blocked outside a system call (nr -1: a page fault, say)
 	// still has its user sp and pc in the syscall file.
 	if s.user != nil && !t.kthread && sc.pc != 0 {
-		frames, uerr = s.user.unwind(t.pid, sc.pc, sc.sp, frames)
+		frames, uproc, uerr = s.user.unwind(t.pid, sc.pc, sc.sp, frames)
 		s.frames = frames
 		key = strconv.AppendInt(key, int64(t.pid), 10)
 		for _, f := range frames {
@@ -380,7 +396,7 @@ func (s *Sampler) sampleThread(t *thread) error {
 	s.key = key
 	e := s.agg[string(key)]
 	if e == nil {
-		e = &entry{state: st.state, kstack: string(kstack), userPID: t.pid}
+		e = &entry{state: st.state, kstack: string(kstack), userProc: uproc}
 		e.group, e.pid, e.tid = s.opts.Group.label(t.procName, string(st.comm), t.pid, t.tid)
 		e.user = append([]userFrame(nil), frames...)
 		if uerr != nil {
@@ -443,7 +459,7 @@ func (s *Sampler) Profile() *Profile {
 			st.Wchan = st.Kernel[0]
 		}
 		if s.user != nil {
-			st.User = s.user.names(e.userPID, e.user)
+			st.User = names(e.userProc, e.user)
 		}
 		key := strings.Join([]string{st.Group, strconv.Itoa(st.PID), strconv.Itoa(st.TID), st.State, st.UserError,
 			strings.Join(st.Kernel, ";"), strings.Join(st.User, ";")}, "\x00")

@@ -56,51 +56,62 @@ func (u *userStacks) process(pid int) (*unwind.Process, error) {
 	return up.p, up.err
 }
 
+// forget drops what is known of pid's mappings: the pid now names
+// another process. Stacks already taken keep the Process they used.
+func (u *userStacks) forget(pid int) { delete(u.procs, pid) }
+
 // errNoUserFrames is reported when a stack could not be unwound at all.
 var errNoUserFrames = errors.New("user stack: pc outside any mapped file")
 
 // unwind appends the frames of the thread of pid blocked at pc with stack
-// pointer sp, innermost first.
-func (u *userStacks) unwind(pid int, pc, sp uint64, out []userFrame) ([]userFrame, error) {
+// pointer sp, innermost first, and returns the view of the process that
+// names them.
+func (u *userStacks) unwind(pid int, pc, sp uint64, out []userFrame) ([]userFrame, *unwind.Process, error) {
 	p, err := u.process(pid)
 	if err != nil {
-		return out, err
+		return out, nil, err
 	}
 	if _, ok := p.Symbolize(pc); !ok {
 		// New code mapped since we read the mappings?
 		if up := u.procs[pid]; time.Since(up.loaded) > reloadAfter {
 			delete(u.procs, pid)
 			if p, err = u.process(pid); err != nil {
-				return out, err
+				return out, nil, err
 			}
 		}
 	}
 	pcs := p.Unwind(unwind.Regs{PC: pc, SP: sp}, maxUserFrames)
 	if len(pcs) == 0 {
-		return out, errNoUserFrames
+		return out, p, errNoUserFrames
 	}
 	for _, x := range pcs {
 		out = append(out, userFrame{pc: x})
 	}
-	return out, nil
+	return out, p, nil
 }
 
-// names symbolises frames of process pid, innermost first.
-func (u *userStacks) names(pid int, fs []userFrame) []string {
+// names symbolises frames unwound in p, innermost first.
+func names(p *unwind.Process, fs []userFrame) []string {
 	if len(fs) == 0 {
 		return nil
 	}
 	out := make([]string, len(fs))
 	for i, f := range fs {
-		out[i] = u.nameAt(pid, callerPC(i, f.pc))
+		out[i] = symbolName(p, callerPC(i, f.pc))
 	}
 	return out
 }
 
-// nameAt names one pc: the function, else file+offset, else the address.
+// nameAt names one pc of process pid as it is mapped now.
 func (u *userStacks) nameAt(pid int, pc uint64) string {
-	p, err := u.process(pid)
-	if err == nil {
+	p, _ := u.process(pid)
+	return symbolName(p, pc)
+}
+
+// symbolName names one pc: the function, else file+offset, else the
+// address.
+func symbolName(p *unwind.Process, pc uint64) string {
+	if p != nil {
 		if s, ok := p.Symbolize(pc); ok {
 			if s.Name != "" {
 				return s.Name
