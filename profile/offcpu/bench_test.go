@@ -102,3 +102,31 @@ func BenchmarkFirstPass(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(threads), "us/thread")
 }
+
+// BenchmarkSymbolize names one sampled stack, kernel and user, as Profile
+// does once per distinct stack: added to a pass's cost per thread, it is
+// the worst case where every thread's stack is distinct.
+func BenchmarkSymbolize(b *testing.B) {
+	requireRoot(b)
+	w := startWorkload(b)
+	s, err := NewSampler(Options{TID: workloadTIDs(b, w.pid)["piper"]}, time.Second)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.Pass(); err != nil {
+		b.Fatal(err)
+	}
+	if len(s.order) != 1 || len(s.order[0].user) == 0 {
+		b.Fatalf("no user stack sampled: %+v", s.order)
+	}
+	e := s.order[0]
+	b.ReportAllocs()
+	frames := 0
+	for b.Loop() {
+		k := kernelFrames([]byte(e.kstack))
+		u := names(e.userProc, e.user)
+		frames += len(k) + len(u)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(frames), "ns/frame")
+}

@@ -126,7 +126,7 @@ func TestSampleWorkload(t *testing.T) {
 }
 
 // workloadTIDs maps the workload's thread names to their tids.
-func workloadTIDs(t *testing.T, pid int) map[string]int {
+func workloadTIDs(t testing.TB, pid int) map[string]int {
 	t.Helper()
 	tids := map[string]int{}
 	ents, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/task")
