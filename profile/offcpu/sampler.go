@@ -43,6 +43,27 @@ func (o *Options) validate() error {
 	return nil
 }
 
+// resolve checks that the process or thread asked for exists, and fills
+// in the process of a thread given alone.
+func (o *Options) resolve() error {
+	switch {
+	case o.TID != 0:
+		tgid, err := threadGroup(o.TID)
+		if err != nil {
+			return fmt.Errorf("thread %d: %w", o.TID, ErrNoSuchThread)
+		}
+		if o.PID != 0 && o.PID != tgid {
+			return fmt.Errorf("thread %d is in process %d, not %d: %w", o.TID, tgid, o.PID, ErrNoSuchThread)
+		}
+		o.PID = tgid
+	case o.PID != 0:
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d/task", o.PID)); err != nil {
+			return fmt.Errorf("process %d: %w", o.PID, ErrNoSuchThread)
+		}
+	}
+	return nil
+}
+
 // ErrNoSuchThread is returned when the process or thread asked for does
 // not exist.
 var ErrNoSuchThread = errors.New("no such process or thread")
@@ -140,20 +161,8 @@ func NewSampler(o Options, period time.Duration) (*Sampler, error) {
 	if !o.KernelOnly {
 		s.user = newUserStacks()
 	}
-	switch {
-	case o.TID != 0:
-		tgid, err := threadGroup(o.TID)
-		if err != nil {
-			return nil, fmt.Errorf("thread %d: %w", o.TID, ErrNoSuchThread)
-		}
-		if o.PID != 0 && o.PID != tgid {
-			return nil, fmt.Errorf("thread %d is in process %d, not %d: %w", o.TID, tgid, o.PID, ErrNoSuchThread)
-		}
-		s.opts.PID = tgid
-	case o.PID != 0:
-		if _, err := os.Stat(fmt.Sprintf("/proc/%d/task", o.PID)); err != nil {
-			return nil, fmt.Errorf("process %d: %w", o.PID, ErrNoSuchThread)
-		}
+	if err := s.opts.resolve(); err != nil {
+		return nil, err
 	}
 	return s, nil
 }

@@ -105,6 +105,12 @@ func NewTracer(o TraceOptions) (*Tracer, error) {
 	if o.MaxBlock > 0 && o.MaxBlock < o.MinBlock {
 		return nil, errors.New("max-block is shorter than min-block")
 	}
+	if o.MinBlock < 0 || o.MaxBlock < 0 {
+		return nil, errors.New("min-block and max-block must not be negative")
+	}
+	if err := o.resolve(); err != nil {
+		return nil, err
+	}
 	if o.StackEntries == 0 {
 		o.StackEntries = 16384
 	}

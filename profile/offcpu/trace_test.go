@@ -2,6 +2,7 @@ package offcpu
 
 import (
 	"errors"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -123,6 +124,10 @@ func TestTraceOptionsRejected(t *testing.T) {
 		{Options: Options{KernelOnly: true, UserOnly: true}},
 		{MinBlock: time.Second, MaxBlock: time.Millisecond},
 		{Options: Options{PID: -1}},
+		{MinBlock: -time.Second},
+		{Options: Options{PID: 1 << 30}},
+		{Options: Options{TID: 1 << 30}},
+		{Options: Options{PID: 1, TID: os.Getpid()}},
 	} {
 		if _, err := NewTracer(o); err == nil || errors.Is(err, ErrBPFUnavailable) {
 			t.Errorf("%+v: err %v, want a validation error", o, err)
