@@ -93,6 +93,7 @@ const (
 	// state word: prev_state with bit 31 set when the switch was a preemption.
 	preemptBit = 1 << 31
 
+	taskDead      = 0x80   // TASK_DEAD in prev_state
 	bpfFUserStack = 1 << 8 // BPF_F_USER_STACK
 	maxStackDepth = 127    // PERF_MAX_STACK_DEPTH
 )
@@ -229,6 +230,11 @@ func switchProgram(o TraceOptions, m *traceMaps, task taskLayout, direct bool) a
 	if !o.IncludeSelf {
 		in = append(in, asm.Mov.Reg(asm.R2, asm.R8), asm.RSh.Imm(asm.R2, 32), asm.JEq.Imm(asm.R2, int32(os.Getpid()), "in"))
 	}
+	// A task switching out for the last time (TASK_DEAD) never comes back.
+	in = append(in,
+		asm.LoadMem(asm.R1, asm.R6, 24, asm.DWord),
+		asm.And.Imm(asm.R1, taskDead),
+		asm.JNE.Imm(asm.R1, 0, "in"))
 	if o.UserThreadsOnly || o.KernelThreadsOnly {
 		// prev->flags & PF_KTHREAD
 		in = append(in, asm.LoadMem(asm.R7, asm.R6, 8, asm.DWord))
@@ -392,7 +398,7 @@ func stateLetter(w uint32) string {
 		stopped         = 0x4
 		traced          = 0x8
 		parked          = 0x40
-		dead            = 0x80
+		dead            = taskDead
 		noload          = 0x400
 	)
 	switch {

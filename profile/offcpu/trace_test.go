@@ -3,6 +3,7 @@ package offcpu
 import (
 	"errors"
 	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -228,5 +229,43 @@ func TestTraceFilters(t *testing.T) {
 		if s.Group != "futexer" {
 			t.Errorf("-t %d: stack of %s", tids["futexer"], s.Group)
 		}
+	}
+}
+
+// TestTraceExit checks that a thread's last switch-out (TASK_DEAD) is not
+// counted as a block that never ends: a shell that waits for sleep(1) and
+// exits while the whole system is traced.
+func TestTraceExit(t *testing.T) {
+	requireRoot(t)
+	tr, err := NewTracer(TraceOptions{Options: Options{KernelOnly: true, Group: ByPID}})
+	if errors.Is(err, ErrBPFUnavailable) {
+		t.Skipf("BPF unavailable here: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	sh := exec.Command("sh", "-c", "sleep 0.2; true")
+	if err := sh.Run(); err != nil {
+		t.Skipf("sh: %v", err)
+	}
+	p, err := tr.Profile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	waited := false
+	for _, s := range p.Stacks {
+		if s.PID != sh.Process.Pid {
+			continue
+		}
+		if s.State == "X" {
+			t.Errorf("an exited thread counted as blocked: %+v", s)
+		}
+		if strings.Contains(strings.Join(s.Kernel, ";"), "wait") {
+			waited = true
+		}
+	}
+	if !waited {
+		t.Error("sh's wait for sleep not traced")
 	}
 }
