@@ -141,6 +141,26 @@ func (p *Profile) Folded(o FoldOptions) *folded.Profile {
 	return f
 }
 
+// merge adds up stacks that are equal once symbolised (raw stacks differ
+// by address: the same code in two processes, or a user stack cut short
+// at different garbage words).
+func merge(stacks []Stack) []Stack {
+	index := map[string]int{}
+	out := stacks[:0]
+	for _, st := range stacks {
+		key := strings.Join([]string{st.Group, strconv.Itoa(st.PID), strconv.Itoa(st.TID), st.State, st.UserError,
+			strings.Join(st.Kernel, ";"), strings.Join(st.User, ";")}, "\x00")
+		if i, ok := index[key]; ok {
+			out[i].Samples += st.Samples
+			out[i].OffCPU += st.OffCPU
+			continue
+		}
+		index[key] = len(out)
+		out = append(out, st)
+	}
+	return out
+}
+
 // Top returns the n stacks with the most off-CPU time (all when n <= 0).
 func (p *Profile) Top(n int) []Stack {
 	out := slices.Clone(p.Stacks)

@@ -458,7 +458,6 @@ func (s *Sampler) Profile() *Profile {
 	if s.passes > 1 && s.lastPass.Sub(s.firstPass) > 0 {
 		interval = max(interval, s.lastPass.Sub(s.firstPass)/time.Duration(s.passes-1))
 	}
-	index := map[string]int{}
 	for _, e := range s.order {
 		st := Stack{Group: e.group, PID: e.pid, TID: e.tid, State: string(e.state),
 			Kernel: kernelFrames([]byte(e.kstack)), UserError: e.userErr, Samples: e.samples}
@@ -470,15 +469,9 @@ func (s *Sampler) Profile() *Profile {
 		if s.user != nil {
 			st.User = names(e.userProc, e.user)
 		}
-		key := strings.Join([]string{st.Group, strconv.Itoa(st.PID), strconv.Itoa(st.TID), st.State, st.UserError,
-			strings.Join(st.Kernel, ";"), strings.Join(st.User, ";")}, "\x00")
-		if i, ok := index[key]; ok {
-			p.Stacks[i].Samples += st.Samples
-			continue
-		}
-		index[key] = len(p.Stacks)
 		p.Stacks = append(p.Stacks, st)
 	}
+	p.Stacks = merge(p.Stacks)
 	for i := range p.Stacks {
 		p.Stacks[i].OffCPU = time.Duration(p.Stacks[i].Samples) * interval
 	}

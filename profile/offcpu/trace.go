@@ -464,12 +464,11 @@ func (t *Tracer) Profile() (*Profile, error) {
 			s.Wchan = firstNonSched(s.Kernel)
 		}
 		if !t.opts.KernelOnly && uid >= 0 {
-			for i, a := range t.readStack(uid, stack) {
-				s.User = append(s.User, user.nameAt(tgid, callerPC(i, a)))
-			}
+			s.User = user.framePointerNames(tgid, t.readStack(uid, stack))
 		}
 		p.Stacks = append(p.Stacks, s)
 	}
+	p.Stacks = merge(p.Stacks)
 	slices.SortFunc(p.Stacks, func(a, b Stack) int { return cmp.Compare(b.OffCPU, a.OffCPU) })
 	return p, nil
 }

@@ -102,10 +102,25 @@ func names(p *unwind.Process, fs []userFrame) []string {
 	return out
 }
 
-// nameAt names one pc of process pid as it is mapped now.
-func (u *userStacks) nameAt(pid int, pc uint64) string {
-	p, _ := u.process(pid)
-	return symbolName(p, pc)
+// framePointerNames names a user stack that BPF unwound by frame
+// pointers in process pid, as it is mapped now. Through code built
+// without frame pointers that walk reads arbitrary words: the stack ends
+// at the first address outside the process's mapped files, marked
+// "[unknown]" as BCC does.
+func (u *userStacks) framePointerNames(pid int, pcs []uint64) []string {
+	p, err := u.process(pid)
+	var out []string
+	for i, pc := range pcs {
+		if err != nil {
+			out = append(out, "0x"+strconv.FormatUint(pc, 16))
+			continue
+		}
+		if _, ok := p.Symbolize(callerPC(i, pc)); !ok {
+			return append(out, "[unknown]")
+		}
+		out = append(out, symbolName(p, callerPC(i, pc)))
+	}
+	return out
 }
 
 // symbolName names one pc: the function, else file+offset, else the
