@@ -4,17 +4,24 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
 // buildC compiles testdata/blocker.c with gcc and the given flags.
 func buildC(t testing.TB, flags ...string) string {
 	t.Helper()
+	return buildCFile(t, "testdata/blocker.c", flags...)
+}
+
+// buildCFile compiles one C file with gcc -O2 and the given flags.
+func buildCFile(t testing.TB, src string, flags ...string) string {
+	t.Helper()
 	if _, err := exec.LookPath("gcc"); err != nil {
 		t.Skip("gcc not installed")
 	}
-	out := filepath.Join(t.TempDir(), "blocker")
-	args := append([]string{"-O2", "-o", out, "testdata/blocker.c"}, flags...)
+	out := filepath.Join(t.TempDir(), strings.TrimSuffix(filepath.Base(src), ".c"))
+	args := append([]string{"-O2", "-o", out, src}, flags...)
 	if b, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
 		t.Fatalf("gcc %v: %v\n%s", args, err, b)
 	}

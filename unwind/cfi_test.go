@@ -144,8 +144,9 @@ func TestSyntheticCFI(t *testing.T) {
 		[]byte{cfaAdvanceLoc | 1, cfaDefCFAExpression}, uleb(uint64(len(pltExpr(10)))), pltExpr(10), // 0x201d
 		[]byte{cfaDefCFAOffset, 40},                                                             // an expression CFA keeps its expression
 		[]byte{cfaAdvanceLoc | 1, cfaDefCFAExpression}, uleb(uint64(len(derefExpr))), derefExpr, // 0x201e
-		[]byte{cfaExpression, 6, 1, 0x30, cfaValExpression, 16, 1, 0x30},
-		[]byte{cfaAdvanceLoc | 1, cfaDefCFA, 7, 8, cfaRestoreExtended, 6, cfaUndefined, 16},      // 0x201f
+		[]byte{cfaExpression, 6, 3, 0x77}, sleb(120), []byte{cfaValExpression, 16, 1, 0x30},
+		// 0x201f: def_cfa_register after expressions takes the last offset set (40).
+		[]byte{cfaAdvanceLoc | 1, cfaDefCFARegister, 7, cfaRestoreExtended, 6, cfaUndefined, 16},
 		[]byte{cfaAdvanceLoc | 1, cfaValOffsetSF, 6}, sleb(-1), []byte{cfaOffsetExtended, 16, 1}, // 0x2020: v+8 c-8
 		[]byte{cfaDefCFAOffsetSF}, sleb(-4), // rsp+32
 		[]byte{cfaAdvanceLoc | 1, cfaDefCFAOffset, 8}, // 0x2021 rsp+8 v+8 c-8
@@ -191,7 +192,7 @@ func TestSyntheticCFI(t *testing.T) {
 		"0x201c rsp+24 c-16 c+8",
 		"0x201d exp c-16 c+8",
 		"0x201e exp exp vexp",
-		"0x201f rsp+8 u u",
+		"0x201f rsp+40 u u",
 		"0x2020 rsp+32 v+8 c-8",
 		"0x2021 rsp+8 v+8 c-8",
 		"0x2040 u u u",
@@ -217,8 +218,9 @@ func TestSyntheticCFI(t *testing.T) {
 	if r, err := tab.Lookup(0x201d); err != nil || r.CFA != (CFA{Kind: CFAPLT, Offset: 8, Threshold: 10}) {
 		t.Errorf("Lookup(0x201d) = %+v, %v; want the .plt form with threshold 10", r, err)
 	}
-	if r, err := tab.Lookup(0x201e); err != nil || r.CFA.Kind != CFAExpression {
-		t.Errorf("Lookup(0x201e) = %+v, %v; want an unsupported expression", r, err)
+	if r, err := tab.Lookup(0x201e); err != nil || r.CFA != (CFA{Kind: CFADeref, Reg: RegRSP, Offset: 160}) ||
+		r.RBP != (Rule{Kind: RuleAtSP, Offset: 120}) || r.RA.Kind != RuleValExpression {
+		t.Errorf("Lookup(0x201e) = %+v, %v; want CFA [rsp+160], rbp at rsp+120, ra vexp", r, err)
 	}
 	for _, pc := range []uint64{0x1fff, 0x2040, 0x2105, 0x3010, 0x6000} {
 		if _, err := tab.Lookup(pc); !errors.Is(err, ErrNoFDE) {
@@ -268,5 +270,38 @@ func TestMalformedCFI(t *testing.T) {
 	}
 	if _, err := compile([]*cfiSection{good().section(".eh_frame")}, bases{}); err != nil {
 		t.Fatalf("the unedited section: %v", err)
+	}
+}
+
+func TestClassifyExpressions(t *testing.T) {
+	for _, tc := range []struct {
+		expr []byte
+		want CFA
+	}{
+		{pltExpr(11), CFA{Kind: CFAPLT, Offset: 8, Threshold: 11}},
+		{pltExpr(10), CFA{Kind: CFAPLT, Offset: 8, Threshold: 10}},
+		{derefExpr, CFA{Kind: CFADeref, Reg: RegRSP, Offset: 160}},
+		{cat([]byte{0x76}, sleb(-8), []byte{0x06}), CFA{Kind: CFADeref, Reg: RegRBP, Offset: -8}},
+		// libgcrypt's [rsp+536]+56, a truncated .plt form, a literal, nothing:
+		{cat([]byte{0x77}, sleb(536), []byte{0x06, 0x23}, uleb(56)), CFA{Kind: CFAExpression}},
+		{pltExpr(11)[:len(pltExpr(11))-1], CFA{Kind: CFAExpression}},
+		{[]byte{0x30}, CFA{Kind: CFAExpression}},
+		{nil, CFA{Kind: CFAExpression}},
+	} {
+		if got := classifyCFAExpression(tc.expr); got != tc.want {
+			t.Errorf("CFA % x: %+v, want %+v", tc.expr, got, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		expr []byte
+		want Rule
+	}{
+		{cat([]byte{0x77}, sleb(168)), Rule{Kind: RuleAtSP, Offset: 168}},
+		{cat([]byte{0x76}, sleb(168)), Rule{Kind: RuleExpression}},
+		{cat([]byte{0x77}, sleb(168), []byte{0x06}), Rule{Kind: RuleExpression}},
+	} {
+		if got := classifyRegExpression(tc.expr); got != tc.want {
+			t.Errorf("register % x: %+v, want %+v", tc.expr, got, tc.want)
+		}
 	}
 }

@@ -16,9 +16,10 @@
 // x86-64. Rules print in the notation of `readelf
 // --debug-dump=frames-interp` (rsp+8, c-16, u, exp, …).
 //
-// Unsupported: DWARF expressions other than the two standard .plt forms
-// (the CFA of signal trampolines such as glibc's __restore_rt and of
-// functions that realign the stack through a DRAP register) are kept as
-// "exp" rows, and the unwinder falls back to frame pointers there. Only
-// 64-bit little-endian x86-64 files are accepted.
+// Recognised DWARF expressions: the two standard .plt CFA forms, a CFA
+// loaded from memory ([rsp+N], glibc's signal trampoline __restore_rt),
+// and registers saved at rsp+N (its ucontext). Other expressions (stack
+// realignment through a DRAP register, for instance) are kept as "exp"
+// rows and the unwinder falls back to frame pointers there. Only 64-bit
+// little-endian x86-64 files are accepted.
 package unwind

@@ -69,8 +69,11 @@ func ruleClass(s string) string {
 var signN = strings.NewReplacer("+", "+N", "-", "-N")
 
 func kindNote(c CFA) string {
-	if c.Kind == CFAPLT {
+	switch c.Kind {
+	case CFAPLT:
 		return fmt.Sprintf(" (plt, threshold %d)", c.Threshold)
+	case CFADeref:
+		return fmt.Sprintf(" ([%s%+d])", c.Reg, c.Offset)
 	}
 	return ""
 }
@@ -81,13 +84,13 @@ func unsupportedRow(r Row) string {
 	switch {
 	case r.CFA.Kind == CFAExpression:
 		why = append(why, "CFA expression")
-	case r.CFA.Kind == CFARegOffset && r.CFA.Reg != RegRSP && r.CFA.Reg != RegRBP:
+	case (r.CFA.Kind == CFARegOffset || r.CFA.Kind == CFADeref) && r.CFA.Reg != RegRSP && r.CFA.Reg != RegRBP:
 		why = append(why, "CFA based on "+r.CFA.Reg.String())
 	}
 	if k := r.RBP.Kind; k == RuleExpression || k == RuleValExpression || k == RuleRegister {
 		why = append(why, "rbp "+r.RBP.String())
 	}
-	if k := r.RA.Kind; r.CFA.Kind != CFANone && k != RuleOffset && k != RuleUndefined {
+	if k := r.RA.Kind; r.CFA.Kind != CFANone && k != RuleOffset && k != RuleUndefined && k != RuleAtSP {
 		why = append(why, "return address "+r.RA.String())
 	}
 	return strings.Join(why, ", ")

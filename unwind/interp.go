@@ -122,8 +122,7 @@ func (in *interp) run(insns []byte, at int, emit bool) error {
 			in.set(reg, Rule{Kind: RuleRegister, Reg: Reg(from)})
 		case cfaExpression:
 			reg := r.uleb()
-			r.bytes(int(r.uleb()))
-			in.set(reg, Rule{Kind: RuleExpression})
+			in.set(reg, classifyRegExpression(r.bytes(int(r.uleb()))))
 		case cfaValExpression:
 			reg := r.uleb()
 			r.bytes(int(r.uleb()))
@@ -143,7 +142,7 @@ func (in *interp) run(insns []byte, at int, emit bool) error {
 			in.defCFA(r, reg, r.sleb()*c.dataAlign)
 		case cfaDefCFARegister:
 			reg := r.uleb()
-			in.defCFA(r, reg, in.cur.cfa.Offset)
+			in.defCFA(r, reg, in.cur.cfaOff)
 		case cfaDefCFAOffset:
 			in.cfaOffset(int64(r.uleb()))
 		case cfaDefCFAOffsetSF:
@@ -189,11 +188,14 @@ func (in *interp) defCFA(r *cfiReader, reg uint64, off int64) {
 		return
 	}
 	in.cur.cfa = CFA{Kind: CFARegOffset, Reg: Reg(reg), Offset: off}
+	in.cur.cfaOff = off
 }
 
-// cfaOffset changes the offset of a register-based CFA; like readelf it
-// leaves an expression-based CFA alone.
+// cfaOffset changes the offset of a register-based CFA; like libgcc
+// and readelf it leaves an expression-based CFA alone, but remembers the
+// offset for a later DW_CFA_def_cfa_register.
 func (in *interp) cfaOffset(off int64) {
+	in.cur.cfaOff = off
 	if in.cur.cfa.Kind == CFARegOffset {
 		in.cur.cfa.Offset = off
 	}
@@ -231,14 +233,28 @@ func sameRules(a, b Row) bool { return a.CFA == b.CFA && a.RBP == b.RBP && a.RA 
 //	DW_OP_litK; DW_OP_ge; DW_OP_lit3; DW_OP_shl; DW_OP_plus
 var pltTail = []byte{0x3f, 0x1a, 0xff, 0x2a, 0x33, 0x24, 0x22}
 
-// classifyCFAExpression recognises the .plt expressions; any other
-// expression is CFAExpression.
+// DWARF expression opcodes the recognised forms use.
+const (
+	opBreg0 = 0x70 // DW_OP_breg0 .. DW_OP_breg31: register + sleb128
+	opBreg7 = 0x77 // rsp
+	opDeref = 0x06
+)
+
+// classifyCFAExpression recognises the .plt expressions and a
+// dereferenced register + offset; any other expression is CFAExpression.
 func classifyCFAExpression(expr []byte) CFA {
 	r := &cfiReader{sec: &cfiSection{name: "expression", data: expr}, end: len(expr)}
-	if r.u8() != 0x77 { // DW_OP_breg7
+	op := r.u8()
+	if op < opBreg0 || op > opBreg0+31 {
 		return CFA{Kind: CFAExpression}
 	}
 	off := r.sleb()
+	if r.err == nil && r.pos == len(expr)-1 && expr[r.pos] == opDeref {
+		return CFA{Kind: CFADeref, Reg: Reg(op - opBreg0), Offset: off}
+	}
+	if op != opBreg7 {
+		return CFA{Kind: CFAExpression}
+	}
 	if r.u8() != 0x80 || r.sleb() != 0 { // DW_OP_breg16 0
 		return CFA{Kind: CFAExpression}
 	}
@@ -253,6 +269,18 @@ func classifyCFAExpression(expr []byte) CFA {
 		return CFA{Kind: CFAExpression}
 	}
 	return CFA{Kind: CFAPLT, Offset: off, Threshold: k}
+}
+
+// classifyRegExpression recognises "saved at rsp + N" (DW_OP_breg7 N);
+// any other expression is RuleExpression.
+func classifyRegExpression(expr []byte) Rule {
+	r := &cfiReader{sec: &cfiSection{name: "expression", data: expr}, end: len(expr)}
+	if r.u8() == opBreg7 {
+		if off := r.sleb(); r.err == nil && r.pos == len(expr) {
+			return Rule{Kind: RuleAtSP, Offset: off}
+		}
+	}
+	return Rule{Kind: RuleExpression}
 }
 
 // fdeRows runs the CIE's and the FDE's instructions and returns the rows

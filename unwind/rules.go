@@ -51,14 +51,19 @@ const (
 	CFAPLT
 	// CFAExpression: any other DWARF expression (unsupported).
 	CFAExpression
+	// CFADeref: the expression DW_OP_bregN Offset; DW_OP_deref, CFA =
+	// [Reg + Offset]: a frame whose caller's state was saved in memory,
+	// such as glibc's signal trampoline __restore_rt (the saved rsp in
+	// its ucontext). The caller's pc is then exact, not a return address.
+	CFADeref
 )
 
 // CFA is the rule for the canonical frame address: the value of rsp in
 // the caller just before the call instruction.
 type CFA struct {
 	Kind      CFAKind
-	Reg       Reg   // CFARegOffset
-	Offset    int64 // CFARegOffset, CFAPLT
+	Reg       Reg   // CFARegOffset, CFADeref
+	Offset    int64 // CFARegOffset, CFAPLT, CFADeref
 	Threshold uint8 // CFAPLT
 }
 
@@ -68,7 +73,7 @@ func (c CFA) String() string {
 	switch c.Kind {
 	case CFARegOffset:
 		return fmt.Sprintf("%s%+d", c.Reg, c.Offset)
-	case CFAPLT, CFAExpression:
+	case CFAPLT, CFAExpression, CFADeref:
 		return "exp"
 	}
 	return "u"
@@ -87,12 +92,15 @@ const (
 	RuleRegister      // the value is in register Reg
 	RuleExpression    // saved at an address computed by an expression (unsupported)
 	RuleValExpression // the value is computed by an expression (unsupported)
+	// RuleAtSP: the expression DW_OP_breg7 Offset, saved at rsp + Offset
+	// (the registers of a signal frame's ucontext). readelf shows "exp".
+	RuleAtSP
 )
 
 // Rule recovers one register of the caller.
 type Rule struct {
 	Kind   RuleKind
-	Offset int64 // RuleOffset, RuleValOffset
+	Offset int64 // RuleOffset, RuleValOffset, RuleAtSP
 	Reg    Reg   // RuleRegister
 }
 
@@ -108,7 +116,7 @@ func (r Rule) String() string {
 		return fmt.Sprintf("v%+d", r.Offset)
 	case RuleRegister:
 		return fmt.Sprintf("r%d (%s)", uint8(r.Reg), r.Reg)
-	case RuleExpression:
+	case RuleExpression, RuleAtSP:
 		return "exp"
 	case RuleValExpression:
 		return "vexp"
@@ -130,4 +138,8 @@ type rules struct {
 	cfa CFA
 	rbp Rule
 	ra  Rule
+	// cfaOff is the offset of a register-based CFA, kept while the CFA
+	// is an expression: DW_CFA_def_cfa_register after an expression
+	// brings it back (as libgcc's unwinder and readelf do).
+	cfaOff int64
 }

@@ -79,7 +79,9 @@ func (m Method) String() string {
 // first: regs.PC, then return addresses. Each step uses the CFI row of
 // the pc (the return address minus one for callers, which is inside the
 // call instruction) and falls back to the frame-pointer chain where no
-// FDE covers the pc or its row is unsupported. rows may be nil (frame
+// FDE covers the pc or its row is unsupported. Where the row's CFA is
+// rbp-based and rbp is unknown (0), a Finder that is also a FuncFinder
+// lets a validated stack scan find it first. rows may be nil (frame
 // pointers only). max ≤ 0 means DefaultMaxFrames.
 func Stack(regs Regs, mem MemReader, rows Finder, max int) []uint64 {
 	pcs, _ := StackMethods(regs, mem, rows, max)
@@ -97,17 +99,20 @@ func StackMethods(regs Regs, mem MemReader, rows Finder, max int) (pcs []uint64,
 	}
 	pcs = append(pcs, regs.PC)
 	cur := regs
+	exact := true // cur.PC is where the thread is, not a return address
 	for len(pcs) < max {
 		lookup := cur.PC
-		if len(pcs) > 1 {
+		if !exact {
 			lookup-- // a return address may be the first byte of the next function
 		}
+		exact = false
 		var next Regs
 		ok, end := false, false
 		method := ByCFI
 		if rows != nil {
 			if row, err := rows.FindRow(lookup); err == nil {
 				next, ok, end = stepCFI(row, cur, mem)
+				exact = row.CFA.Kind == CFADeref // a saved context holds the exact pc
 				if ff, isFF := rows.(FuncFinder); !ok && !end && isFF && cur.BP == 0 &&
 					row.CFA.Kind == CFARegOffset && row.CFA.Reg == RegRBP {
 					if bp, found := scanFrameRecord(cur, lookup, mem, ff); found {
@@ -206,6 +211,21 @@ func stepCFI(row Row, cur Regs, mem MemReader) (next Regs, ok, end bool) {
 		if cur.PC&15 >= uint64(row.CFA.Threshold) {
 			cfa += 8
 		}
+	case CFADeref:
+		var base uint64
+		switch row.CFA.Reg {
+		case RegRSP:
+			base = cur.SP
+		case RegRBP:
+			base = cur.BP
+		}
+		var okCFA bool
+		if base == 0 {
+			return Regs{}, false, false
+		}
+		if cfa, okCFA = readWord(mem, base+uint64(row.CFA.Offset)); !okCFA {
+			return Regs{}, false, false
+		}
 	default:
 		return Regs{}, false, false
 	}
@@ -213,9 +233,13 @@ func stepCFI(row Row, cur Regs, mem MemReader) (next Regs, ok, end bool) {
 	switch row.RA.Kind {
 	case RuleUndefined:
 		return Regs{}, false, true
-	case RuleOffset:
+	case RuleOffset, RuleAtSP:
+		at := cfa + uint64(row.RA.Offset)
+		if row.RA.Kind == RuleAtSP {
+			at = cur.SP + uint64(row.RA.Offset)
+		}
 		var okRA bool
-		if ra, okRA = readWord(mem, cfa+uint64(row.RA.Offset)); !okRA {
+		if ra, okRA = readWord(mem, at); !okRA {
 			return Regs{}, false, false
 		}
 	default:
@@ -225,6 +249,8 @@ func stepCFI(row Row, cur Regs, mem MemReader) (next Regs, ok, end bool) {
 	switch row.RBP.Kind {
 	case RuleOffset:
 		bp, _ = readWord(mem, cfa+uint64(row.RBP.Offset)) // 0 (unknown) if unreadable
+	case RuleAtSP:
+		bp, _ = readWord(mem, cur.SP+uint64(row.RBP.Offset))
 	case RuleValOffset:
 		bp = cfa + uint64(row.RBP.Offset)
 	case RuleUndefined, RuleSameValue:

@@ -11,7 +11,74 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
+
+// TestUnwindSignalFrame unwinds a thread blocked in read(2) inside a
+// signal handler: through glibc's __restore_rt, whose CFA is [rsp+160]
+// (the saved rsp of the ucontext) and whose return address is the exact
+// interrupted pc. The oracle is gdb's backtrace, and the program's own
+// functions on both sides of the signal frame.
+func TestUnwindSignalFrame(t *testing.T) {
+	bin := buildCFile(t, "testdata/sigblock.c", "-fomit-frame-pointer")
+	cmd := exec.Command(bin)
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		stdin.Close()
+		cmd.Wait()
+	})
+	if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || line != "ready\n" {
+		t.Fatalf("sigblock said %q, %v", line, err)
+	}
+	pid := cmd.Process.Pid
+	waitSyscall(t, pid, unix.SYS_PAUSE)
+	if err := cmd.Process.Signal(unix.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	waitSyscall(t, pid, unix.SYS_READ)
+
+	p, err := NewCache().Process(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	regs, _, err := SyscallRegs(pid, pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcs, methods := StackMethods(regs, p.Mem, p, 0)
+	frames := names(p, pcs)
+	t.Logf("%v via %v", frames, methods)
+	joined := " " + strings.Join(frames, " ") + " "
+	if !strings.Contains(joined, " in_handler handler ") || !strings.Contains(joined, " waiter main ") ||
+		strings.Index(joined, " handler ") > strings.Index(joined, " waiter ") || frames[len(frames)-1] != "_start" {
+		t.Errorf("stack %q: want in_handler handler, the trampoline, pause, waiter main … _start", frames)
+	}
+	for i, m := range methods {
+		if m != ByCFI {
+			t.Errorf("frame %d (%s) found by %v, want cfi", i+1, frames[i+1], m)
+		}
+	}
+	if gdbPCs := gdbBacktrace(t, pid); gdbPCs != nil && !slices.Equal(pcs, gdbPCs) {
+		t.Errorf("stack %#x, gdb's %#x", pcs, gdbPCs)
+	}
+}
+
+// waitSyscall waits until pid's main thread sleeps in system call nr.
+func waitSyscall(t *testing.T, pid, nr int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if _, n, err := SyscallRegs(pid, pid); err == nil && n == nr {
+			return
+		}
+	}
+	t.Fatalf("process %d never blocked in system call %d", pid, nr)
+}
 
 // startBlocker runs a blocker binary, which blocks in read(2) on its
 // stdin (a pipe nobody writes) below main → level1 → level2 → level3,

@@ -80,12 +80,15 @@ func (t *Table) Row(i int) Row {
 	case CFAPLT:
 		out.CFA.Threshold = r.cfa & 0x1f
 		out.CFA.Offset = int64(r.cfaOff)
+	case CFADeref:
+		out.CFA.Reg = Reg(r.cfa & 0x1f)
+		out.CFA.Offset = int64(r.cfaOff)
 	}
 	for _, rule := range []*Rule{&out.RBP, &out.RA} {
 		if rule.Kind == RuleRegister {
 			rule.Reg = Reg(rule.Offset)
 		}
-		if rule.Kind != RuleOffset && rule.Kind != RuleValOffset {
+		if rule.Kind != RuleOffset && rule.Kind != RuleValOffset && rule.Kind != RuleAtSP {
 			rule.Offset = 0
 		}
 	}
@@ -123,11 +126,11 @@ func (t *Table) FuncStart(pc uint64) (uint64, error) {
 func (t *Table) compact(r Row) (row, bool) {
 	c := row{pc: uint32(r.PC - t.base)}
 	switch r.CFA.Kind {
-	case CFARegOffset:
+	case CFARegOffset, CFADeref:
 		if r.CFA.Reg > 0x1f || r.CFA.Offset != int64(int32(r.CFA.Offset)) {
 			return row{}, false
 		}
-		c.cfa = uint8(CFARegOffset)<<5 | uint8(r.CFA.Reg)
+		c.cfa = uint8(r.CFA.Kind)<<5 | uint8(r.CFA.Reg)
 		c.cfaOff = int32(r.CFA.Offset)
 	case CFAPLT:
 		if r.CFA.Threshold > 0x1f || r.CFA.Offset != int64(int32(r.CFA.Offset)) {
@@ -233,10 +236,25 @@ func compile(secs []*cfiSection, b bases) (*Table, error) {
 // one start; a later duplicate is dropped), runs each, and joins their
 // rows with CFANone rows over the gaps between them.
 func (t *Table) merge(fdes []fde) {
-	slices.SortStableFunc(fdes, func(a, b fde) int { return cmp.Compare(a.begin, b.begin) })
-	var kept []*fde
+	// Sort keys without pointers: moving the FDEs themselves would cost
+	// a write barrier per move.
+	type key struct {
+		begin uint64
+		i     int32
+	}
+	keys := make([]key, len(fdes))
 	for i := range fdes {
-		f := &fdes[i]
+		keys[i] = key{fdes[i].begin, int32(i)}
+	}
+	slices.SortFunc(keys, func(a, b key) int {
+		if c := cmp.Compare(a.begin, b.begin); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.i, b.i) // section order, then file order
+	})
+	kept := make([]*fde, 0, len(fdes))
+	for _, k := range keys {
+		f := &fdes[k.i]
 		if f.begin >= f.end || (len(kept) > 0 && f.begin == kept[len(kept)-1].begin) {
 			continue
 		}

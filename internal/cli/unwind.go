@@ -22,7 +22,8 @@ type UnwindRowJSON struct {
 	RBP string `json:"rbp"`
 	RA  string `json:"ra"`
 	// CFAExpr says what an "exp" CFA is: "plt" (the standard .plt
-	// expression, which the unwinder evaluates) or "unsupported".
+	// expression) or "deref" ([reg+offset], a signal frame's saved rsp),
+	// which the unwinder evaluates, or "unsupported".
 	CFAExpr string `json:"cfa_expr,omitempty"`
 	// Symbol names the function at pc, when the file has symbols.
 	Symbol string `json:"symbol,omitempty"`
@@ -60,6 +61,8 @@ func ShowUnwindTable(path string, pc *uint64, asJSON bool, w io.Writer) error {
 		switch r.CFA.Kind {
 		case unwind.CFAPLT:
 			j.CFAExpr = "plt"
+		case unwind.CFADeref:
+			j.CFAExpr = "deref"
 		case unwind.CFAExpression:
 			j.CFAExpr = "unsupported"
 		}
