@@ -78,9 +78,10 @@ type thread struct {
 	gen                             uint32 // pass that last saw it
 
 	// last is what the previous sample of this thread found, and
-	// switches how many times it had been scheduled in then (the third
-	// field of schedstat). While that count stands still the thread has
-	// not run, so its state and both stacks are still what last says.
+	// switches how many times it had been scheduled in before that sample
+	// was read (the third field of schedstat). While that count stands
+	// still the thread has not run, so its state and both stacks are
+	// still what last says.
 	last     *entry
 	switches uint64
 }
@@ -312,33 +313,37 @@ func trimNL(b []byte) []byte {
 	return b
 }
 
-// sampleThread reads one thread. The syscall file comes first because it
-// is the cheapest test of "on a CPU": the kernel answers "running" for a
-// thread in TASK_RUNNING without touching its stack.
+// sampleThread reads one thread. schedstat comes first: while the thread
+// has not been scheduled in since its last sample, that sample still holds
+// (blocked all along, or woken and still waiting for a CPU, which is
+// off-CPU time too and which the tracer also counts against the stack the
+// thread blocked in), and one small read is all it costs. Otherwise the
+// syscall file is the cheapest test of "on a CPU": the kernel answers
+// "running" for a thread in TASK_RUNNING without touching its stack.
 func (s *Sampler) sampleThread(t *thread) error {
-	b, err := preadAll(t.syscall, s.readBuf)
-	if err != nil {
-		return err
-	}
-	sc, err := parseSyscall(b)
-	if err != nil || sc.running {
-		t.last = nil
-		return err
-	}
 	var switches uint64
 	if t.schedstat >= 0 {
-		if b, err = preadAll(t.schedstat, s.readBuf); err != nil {
+		b, err := preadAll(t.schedstat, s.readBuf)
+		if err != nil {
 			return err
 		}
 		if switches, err = parseSchedstat(b); err != nil {
 			return err
 		}
 		if t.last != nil && switches == t.switches && !s.reread {
-			t.last.samples++ // blocked since the last sample
+			t.last.samples++
 			return nil
 		}
 	}
 	t.last = nil
+	b, err := preadAll(t.syscall, s.readBuf)
+	if err != nil {
+		return err
+	}
+	sc, err := parseSyscall(b)
+	if err != nil || sc.running {
+		return err
+	}
 	b, err = preadAll(t.stat, s.readBuf)
 	if err != nil {
 		return err
