@@ -7,7 +7,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"golang.org/x/sys/unix"
 	"os"
 	"slices"
 	"strconv"
@@ -21,6 +20,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/rlimit"
 	"github.com/kinst/kinst/cfg"
+	"golang.org/x/sys/unix"
 )
 
 // TraceOptions add the tracer's own limits to Options.
