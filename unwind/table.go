@@ -61,8 +61,8 @@ var ErrUnsupportedFile = errors.New("not a 64-bit little-endian x86-64 ELF file"
 // Len is the number of rows.
 func (t *Table) Len() int { return len(t.rows) }
 
-// Bytes is the memory the rows take.
-func (t *Table) Bytes() int { return len(t.rows) * RowBytes }
+// Bytes is the memory the table takes: its rows and FDE starts.
+func (t *Table) Bytes() int { return len(t.rows)*RowBytes + len(t.starts)*4 }
 
 // Row returns row i in its expanded form.
 func (t *Table) Row(i int) Row {

@@ -63,6 +63,8 @@ func TestStack(t *testing.T) {
 		0x5000: {CFA: cfaRSP(8), RA: Rule{Kind: RuleUndefined}},                // _start
 		0x6000: {CFA: CFA{Kind: CFAExpression}, RA: at(-8)},                    // unsupported: frame pointers
 		0x7000: {CFA: cfaRSP(0), RA: at(0)},                                    // a CFA that does not move up
+		// A signal trampoline: CFA, rbp and pc saved in a context at rsp.
+		0x8000: {CFA: CFA{Kind: CFADeref, Reg: RegRSP, Offset: 16}, RBP: Rule{Kind: RuleAtSP, Offset: 32}, RA: Rule{Kind: RuleAtSP, Offset: 24}},
 	}
 	mem := fakeMem{
 		0x7008: 0x2005,                 // A's return address, into B
@@ -71,6 +73,8 @@ func TestStack(t *testing.T) {
 		0x7118: 0x4007,                 // PLT after the push
 		0x7200: 0x7300, 0x7208: 0x5001, // D's frame record (frame pointers)
 		0x7300: 0, 0x7308: 0,
+		0x7410: 0x7500, 0x7418: 0x1000, 0x7420: 0x7100, // the context: rsp, pc (A's first byte), rbp
+		0x7508: 0x5001, // A's return address
 	}
 	for _, tc := range []struct {
 		name    string
@@ -89,6 +93,9 @@ func TestStack(t *testing.T) {
 		{"a frame that does not move up ends the stack", Regs{PC: 0x7000, SP: 0x7008},
 			[]uint64{0x7000}, nil},
 		{"no pc", Regs{SP: 0x7000}, nil, nil},
+		// The pc from a context is exact: A's row, not the byte before A.
+		{"signal frame", Regs{PC: 0x8001, SP: 0x7400},
+			[]uint64{0x8001, 0x1000, 0x5001}, []Method{ByCFI, ByCFI}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pcs, methods := StackMethods(tc.regs, mem, rows, 0)

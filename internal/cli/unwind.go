@@ -37,6 +37,7 @@ type UnwindTableJSON struct {
 	FDEs        int             `json:"fdes"`
 	SkippedFDEs int             `json:"skipped_fdes"`
 	BytesPerRow int             `json:"bytes_per_row"`
+	TableBytes  int             `json:"table_bytes"` // rows and FDE starts (4 bytes each)
 	CompileNs   int64           `json:"compile_ns"`
 	Rows        []UnwindRowJSON `json:"rows"`
 }
@@ -52,7 +53,7 @@ func ShowUnwindTable(path string, pc *uint64, asJSON bool, w io.Writer) error {
 	took := time.Since(t0)
 	syms, _ := elfsym.Open(path) // symbols are optional
 	rep := UnwindTableJSON{File: path, Sections: tab.Sections, FDEs: tab.FDEs, SkippedFDEs: tab.Skipped,
-		BytesPerRow: unwind.RowBytes, CompileNs: took.Nanoseconds(), Rows: []UnwindRowJSON{}}
+		BytesPerRow: unwind.RowBytes, TableBytes: tab.Bytes(), CompileNs: took.Nanoseconds(), Rows: []UnwindRowJSON{}}
 	if syms != nil {
 		rep.BuildID = syms.BuildID()
 	}
@@ -92,7 +93,7 @@ func ShowUnwindTable(path string, pc *uint64, asJSON bool, w io.Writer) error {
 	}
 	bw := bufio.NewWriter(w)
 	defer bw.Flush()
-	fmt.Fprintf(bw, "%s: %s, %d FDEs, %d rows × %d bytes = %d bytes, compiled in %v\n",
+	fmt.Fprintf(bw, "%s: %s, %d FDEs, %d rows × %d bytes, %d bytes with the FDE starts, compiled in %v\n",
 		path, strings.Join(tab.Sections, " "), tab.FDEs, tab.Len(), unwind.RowBytes, tab.Bytes(), took.Round(10*time.Microsecond))
 	if tab.Skipped > 0 {
 		fmt.Fprintf(bw, "%d FDEs skipped (instructions that could not be interpreted)\n", tab.Skipped)
