@@ -97,7 +97,7 @@ func names(p *unwind.Process, fs []userFrame) []string {
 	}
 	out := make([]string, len(fs))
 	for i, f := range fs {
-		out[i] = symbolName(p, callerPC(i, f.pc))
+		out[i] = symbolName(p, i, f.pc)
 	}
 	return out
 }
@@ -118,20 +118,21 @@ func (u *userStacks) framePointerNames(pid int, pcs []uint64) []string {
 		if _, ok := p.Symbolize(callerPC(i, pc)); !ok {
 			return append(out, "[unknown]")
 		}
-		out = append(out, symbolName(p, callerPC(i, pc)))
+		out = append(out, symbolName(p, i, pc))
 	}
 	return out
 }
 
-// symbolName names one pc: the function, else file+offset, else the
-// address.
-func symbolName(p *unwind.Process, pc uint64) string {
+// symbolName names frame i of a stack, whose pc is pc: the function, else
+// file+offset of the pc itself, else the address.
+func symbolName(p *unwind.Process, i int, pc uint64) string {
+	lookup := callerPC(i, pc)
 	if p != nil {
-		if s, ok := p.Symbolize(pc); ok {
+		if s, ok := p.Symbolize(lookup); ok {
 			if s.Name != "" {
 				return s.Name
 			}
-			return filepath.Base(s.File) + "+0x" + strconv.FormatUint(s.Offset, 16)
+			return filepath.Base(s.File) + "+0x" + strconv.FormatUint(s.Offset+pc-lookup, 16)
 		}
 	}
 	return "0x" + strconv.FormatUint(pc, 16)
