@@ -280,3 +280,44 @@ func TestThreadKinds(t *testing.T) {
 	}
 	_ = w
 }
+
+// TestSampleEveryThread checks that a whole-system pass visits every
+// thread: as many as os.ReadDir finds under /proc/*/task (less this
+// process's own), give or take threads that come and go meanwhile.
+func TestSampleEveryThread(t *testing.T) {
+	requireRoot(t)
+	s, err := NewSampler(Options{KernelOnly: true}, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	count := func() int {
+		n := 0
+		procs, err := os.ReadDir("/proc")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range procs {
+			pid, err := strconv.Atoi(p.Name())
+			if err != nil || pid == os.Getpid() {
+				continue
+			}
+			tasks, _ := os.ReadDir("/proc/" + p.Name() + "/task")
+			n += len(tasks)
+		}
+		return n
+	}
+	before := count()
+	visited, err := s.Pass()
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := count()
+	lo, hi := min(before, after), max(before, after)
+	if visited < lo*9/10 || visited > hi*11/10 {
+		t.Errorf("a pass visited %d threads; /proc lists %d then %d", visited, before, after)
+	}
+	if len(s.threads) == 0 || len(s.threads) > visited {
+		t.Errorf("%d threads cached after visiting %d", len(s.threads), visited)
+	}
+}
