@@ -64,6 +64,15 @@ func OffCPU(ctx context.Context, o OffCPUOptions, stdout, stderr io.Writer) erro
 	if !o.Trace && strings.Contains(string(o.States), "R") {
 		return errors.New("offcpu: state R (preempted) is only visible with --trace: a sample cannot tell a runnable thread from a running one")
 	}
+	// Find a bad output path now, not after a long profile.
+	for _, path := range []string{o.SVG, o.Pprof} {
+		if path == "" {
+			continue
+		}
+		if st, err := os.Stat(dirOf(path)); err != nil || !st.IsDir() {
+			return fmt.Errorf("offcpu: cannot write %s: no directory %s", path, dirOf(path))
+		}
+	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt)
 	defer stop()
 	until := "until Ctrl-C"

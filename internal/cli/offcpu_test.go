@@ -75,6 +75,7 @@ func TestOffCPURejects(t *testing.T) {
 		{Frequency: 49, MinBlock: time.Millisecond},
 		{Frequency: 0},
 		{Frequency: 49, Options: offcpu.Options{States: "R"}},
+		{Frequency: 49, SVG: "/nonexistent/dir/x.svg"},
 	} {
 		if err := OffCPU(context.Background(), o, &bytes.Buffer{}, &bytes.Buffer{}); err == nil {
 			t.Errorf("%+v: no error", o)
