@@ -2,7 +2,6 @@ package offcpu
 
 import (
 	"bytes"
-	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -236,14 +235,9 @@ func TestThreadKinds(t *testing.T) {
 			o := Options{UserThreadsOnly: !kernel, KernelThreadsOnly: kernel, KernelOnly: !kernel}
 			var p *Profile
 			if trace {
-				tr, err := NewTracer(TraceOptions{Options: o})
-				if errors.Is(err, ErrBPFUnavailable) {
-					t.Skipf("BPF unavailable here: %v", err)
-				}
-				if err != nil {
-					t.Fatal(err)
-				}
+				tr := startTracer(t, TraceOptions{Options: o})
 				time.Sleep(600 * time.Millisecond)
+				var err error
 				p, err = tr.Profile()
 				tr.Close()
 				if err != nil {

@@ -10,6 +10,21 @@ import (
 	"time"
 )
 
+// startTracer attaches a tracer for the test, or skips the test when the
+// kernel or the privileges do not allow BPF tracing.
+func startTracer(t *testing.T, o TraceOptions) *Tracer {
+	t.Helper()
+	tr, err := NewTracer(o)
+	if errors.Is(err, ErrBPFUnavailable) {
+		t.Skipf("BPF unavailable here: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tr.Close() })
+	return tr
+}
+
 func TestTraceWorkload(t *testing.T) {
 	requireRoot(t)
 	for _, raw := range []bool{false, true} {
@@ -20,14 +35,7 @@ func TestTraceWorkload(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			w := startWorkload(t)
 			pid := w.pid
-			tr, err := NewTracer(TraceOptions{Options: Options{PID: pid, Group: ByTID}, ForceRawTracepoint: raw})
-			if errors.Is(err, ErrBPFUnavailable) {
-				t.Skipf("BPF unavailable here: %v", err)
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tr.Close()
+			tr := startTracer(t, TraceOptions{Options: Options{PID: pid, Group: ByTID}, ForceRawTracepoint: raw})
 			if tr.Attach != name {
 				t.Fatalf("attached as %s, want %s", tr.Attach, name)
 			}
@@ -89,14 +97,7 @@ func TestTraceWorkload(t *testing.T) {
 func TestTraceUserFramePointers(t *testing.T) {
 	requireRoot(t)
 	w := startBuild(t, framePointers)
-	tr, err := NewTracer(TraceOptions{Options: Options{PID: w.pid}})
-	if errors.Is(err, ErrBPFUnavailable) {
-		t.Skipf("BPF unavailable here: %v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tr.Close()
+	tr := startTracer(t, TraceOptions{Options: Options{PID: w.pid}})
 	time.Sleep(time.Second)
 	p, err := tr.Profile()
 	if err != nil {
@@ -160,25 +161,13 @@ func TestTraceFilters(t *testing.T) {
 	tids := workloadTIDs(t, w.pid)
 	const limit = 100 * time.Millisecond
 	var tracers []*Tracer
-	defer func() {
-		for _, tr := range tracers {
-			tr.Close()
-		}
-	}()
 	for _, o := range []TraceOptions{
 		{Options: Options{PID: w.pid}},
 		{Options: Options{PID: w.pid, States: "S"}, MinBlock: limit},
 		{Options: Options{PID: w.pid}, MaxBlock: limit},
 		{Options: Options{TID: tids["futexer"]}},
 	} {
-		tr, err := NewTracer(o)
-		if errors.Is(err, ErrBPFUnavailable) {
-			t.Skipf("BPF unavailable here: %v", err)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		tracers = append(tracers, tr)
+		tracers = append(tracers, startTracer(t, o))
 	}
 	time.Sleep(1500 * time.Millisecond)
 	var ps []*Profile
@@ -237,14 +226,7 @@ func TestTraceFilters(t *testing.T) {
 // exits while the whole system is traced.
 func TestTraceExit(t *testing.T) {
 	requireRoot(t)
-	tr, err := NewTracer(TraceOptions{Options: Options{KernelOnly: true, Group: ByPID}})
-	if errors.Is(err, ErrBPFUnavailable) {
-		t.Skipf("BPF unavailable here: %v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tr.Close()
+	tr := startTracer(t, TraceOptions{Options: Options{KernelOnly: true, Group: ByPID}})
 	sh := exec.Command("sh", "-c", "sleep 0.2; true")
 	if err := sh.Run(); err != nil {
 		t.Skipf("sh: %v", err)
