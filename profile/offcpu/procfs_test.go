@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -74,26 +75,32 @@ func TestKernelFrames(t *testing.T) {
 	}
 }
 
-// TestReadDirIDs compares the dirent parser with os.ReadDir on /proc.
+// TestReadDirIDs lists a directory of numeric and other names, large
+// enough for many getdents calls through a small buffer.
 func TestReadDirIDs(t *testing.T) {
-	path := "/proc/self/task"
-	ids, err := readDirIDs(path, make([]byte, 256), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ents, err := os.ReadDir(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir := t.TempDir()
 	var want []int
-	for _, e := range ents {
-		if n, err := strconv.Atoi(e.Name()); err == nil {
-			want = append(want, n)
+	for i := 1; i <= 3000; i += 7 {
+		want = append(want, i)
+		if err := os.WriteFile(filepath.Join(dir, strconv.Itoa(i)), nil, 0o644); err != nil {
+			t.Fatal(err)
 		}
 	}
+	for _, name := range []string{"self", "12a", "a12", "-3"} {
+		if err := os.WriteFile(filepath.Join(dir, name), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ids, err := readDirIDs(dir, make([]byte, 256), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	slices.Sort(ids)
-	if !slices.Equal(ids, want) || len(ids) == 0 {
-		t.Errorf("readDirIDs = %v, os.ReadDir = %v", ids, want)
+	if !slices.Equal(ids, want) {
+		t.Errorf("readDirIDs = %v, want %v", ids, want)
+	}
+	if _, err := readDirIDs(filepath.Join(dir, "missing"), make([]byte, 256), nil); err == nil {
+		t.Error("no error for a missing directory")
 	}
 }
 
