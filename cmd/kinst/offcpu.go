@@ -58,6 +58,7 @@ func offcpuCmd(ctx context.Context, args []string) error {
 	fs.BoolVar(&o.UserOnly, "user-only", false, "user stacks only")
 	fs.DurationVar(&o.MinBlock, "min-block", 0, "--trace: ignore blocks shorter than this")
 	fs.DurationVar(&o.MaxBlock, "max-block", 0, "--trace: ignore blocks longer than this")
+	fs.Uint32Var(&o.StackStorage, "stack-storage-size", 16384, "--trace: distinct stacks the BPF stack map holds (a full map loses stacks, counted as lost)")
 	fs.StringVar(&group, "group", "thread", "first frame of each stack: thread (name), process (name), pid (name-PID) or tid (name-TID)")
 	fs.BoolVar(&o.Folded, "folded", false, "print folded stacks (flamegraph.pl input): comm;frame;…;frame count")
 	fs.BoolVar(&o.Fold.Delimiter, "delimiter", false, "put a \"-\" frame between user and kernel stacks")

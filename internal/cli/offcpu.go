@@ -25,13 +25,15 @@ type OffCPUOptions struct {
 	Duration  time.Duration // 0: until Ctrl-C
 	MinBlock  time.Duration // tracing
 	MaxBlock  time.Duration // tracing
-	Fold      offcpu.FoldOptions
-	Folded    bool   // folded stacks on stdout
-	JSON      bool   // JSON report on stdout
-	Top       int    // stacks in the text and JSON reports
-	SVG       string // write a flame graph here
-	Pprof     string // write a pprof profile here
-	Title     string
+	// StackStorage sizes the tracer's BPF stack map (distinct stacks).
+	StackStorage uint32
+	Fold         offcpu.FoldOptions
+	Folded       bool   // folded stacks on stdout
+	JSON         bool   // JSON report on stdout
+	Top          int    // stacks in the text and JSON reports
+	SVG          string // write a flame graph here
+	Pprof        string // write a pprof profile here
+	Title        string
 }
 
 // OffCPUReport is `kinst offcpu --json`.
@@ -82,7 +84,7 @@ func OffCPU(ctx context.Context, o OffCPUOptions, stdout, stderr io.Writer) erro
 	var p *offcpu.Profile
 	attach := ""
 	if o.Trace {
-		t, err := offcpu.NewTracer(offcpu.TraceOptions{Options: o.Options, MinBlock: o.MinBlock, MaxBlock: o.MaxBlock})
+		t, err := offcpu.NewTracer(offcpu.TraceOptions{Options: o.Options, MinBlock: o.MinBlock, MaxBlock: o.MaxBlock, StackEntries: o.StackStorage})
 		if err != nil {
 			return err
 		}
@@ -162,7 +164,11 @@ func summary(p *offcpu.Profile, f *folded.Profile) string {
 			total += s.OffCPU
 			blocks += s.Samples
 		}
-		return fmt.Sprintf("%d blocks, %v off CPU in %d distinct stacks over %.1f s", blocks, total.Round(time.Millisecond), len(p.Stacks), p.Duration.Seconds())
+		msg := fmt.Sprintf("%d blocks, %v off CPU in %d distinct stacks over %.1f s", blocks, total.Round(time.Millisecond), len(p.Stacks), p.Duration.Seconds())
+		if p.Lost > 0 {
+			msg += fmt.Sprintf("; %d blocks lost their kernel stack (stack map full? raise --stack-storage-size)", p.Lost)
+		}
+		return msg
 	}
 	perPass := 0
 	if p.Passes > 0 {
