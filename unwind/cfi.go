@@ -141,6 +141,15 @@ func (r *cfiReader) u64() uint64 {
 	return 0
 }
 
+// initialLength reads the length of an entry: 4 bytes, or 0xffffffff
+// and 8 bytes in the 64-bit DWARF format, whose offsets are then 8 bytes.
+func (r *cfiReader) initialLength() (length uint64, offsize int) {
+	if length = uint64(r.u32()); length == 0xffffffff {
+		return r.u64(), 8
+	}
+	return length, 4
+}
+
 // leb reads a LEB128 number: its bits, how many it had, and its last
 // byte (whose bit 6 is the sign of a signed number).
 func (r *cfiReader) leb() (v uint64, shift uint, last byte) {
@@ -258,12 +267,7 @@ func parseCFI(sec *cfiSection, b bases) ([]fde, error) {
 	data := sec.data
 	for off := 0; off < len(data); {
 		r := &cfiReader{sec: sec, b: b, pos: off, end: len(data)}
-		length := uint64(r.u32())
-		offsize := 4
-		if length == 0xffffffff {
-			length = r.u64()
-			offsize = 8
-		}
+		length, offsize := r.initialLength()
 		if r.err != nil {
 			return nil, r.err
 		}
@@ -305,12 +309,7 @@ func parseCFI(sec *cfiSection, b bases) ([]fde, error) {
 				return nil, &FormatError{sec.name, off, fmt.Sprintf("FDE's CIE pointer %#x is outside the section", cieOff)}
 			}
 			cr := &cfiReader{sec: sec, b: b, pos: cieOff, end: len(data)}
-			l := uint64(cr.u32())
-			co := 4
-			if l == 0xffffffff {
-				l = cr.u64()
-				co = 8
-			}
+			l, co := cr.initialLength()
 			if cr.err != nil || l > uint64(len(data)-cr.pos) {
 				return nil, &FormatError{sec.name, off, fmt.Sprintf("FDE's CIE at %#x is malformed", cieOff)}
 			}

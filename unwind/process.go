@@ -2,7 +2,6 @@ package unwind
 
 import (
 	"bufio"
-	"debug/elf"
 	"errors"
 	"fmt"
 	"io"
@@ -255,7 +254,7 @@ func (c *Cache) Open(path string) (*File, error) {
 	if ok {
 		return f, nil
 	}
-	ef, err := elf.Open(path)
+	ef, err := elfsym.OpenFile(path)
 	if err != nil {
 		return nil, err
 	}

@@ -21,21 +21,7 @@ import (
 // interrupted pc. The oracle is gdb's backtrace, and the program's own
 // functions on both sides of the signal frame.
 func TestUnwindSignalFrame(t *testing.T) {
-	bin := buildCFile(t, "testdata/sigblock.c", "-fomit-frame-pointer")
-	cmd := exec.Command(bin)
-	stdin, _ := cmd.StdinPipe()
-	stdout, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		stdin.Close()
-		cmd.Wait()
-	})
-	if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || line != "ready\n" {
-		t.Fatalf("sigblock said %q, %v", line, err)
-	}
+	cmd := startReady(t, buildCFile(t, "testdata/sigblock.c", "-fomit-frame-pointer"))
 	pid := cmd.Process.Pid
 	waitSyscall(t, pid, unix.SYS_PAUSE)
 	if err := cmd.Process.Signal(unix.SIGUSR1); err != nil {
@@ -70,20 +56,23 @@ func TestUnwindSignalFrame(t *testing.T) {
 }
 
 // waitSyscall waits until pid's main thread sleeps in system call nr.
-func waitSyscall(t *testing.T, pid, nr int) {
+func waitSyscall(t testing.TB, pid, nr int) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if _, n, err := SyscallRegs(pid, pid); err == nil && n == nr {
+		_, n, err := SyscallRegs(pid, pid)
+		if err == nil && n == nr {
 			return
+		}
+		if err != nil && !errors.Is(err, ErrNotBlocked) {
+			t.Fatal(err)
 		}
 	}
 	t.Fatalf("process %d never blocked in system call %d", pid, nr)
 }
 
-// startBlocker runs a blocker binary, which blocks in read(2) on its
-// stdin (a pipe nobody writes) below main → level1 → level2 → level3,
-// and waits until its thread sleeps in that read.
-func startBlocker(t testing.TB, path string) int {
+// startReady runs a test program with its stdin a pipe nobody writes,
+// and waits for it to print "ready".
+func startReady(t testing.TB, path string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(path)
 	stdin, err := cmd.StdinPipe()
@@ -103,20 +92,19 @@ func startBlocker(t testing.TB, path string) int {
 		cmd.Wait()
 	})
 	if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || line != "ready\n" {
-		t.Fatalf("blocker said %q, %v", line, err)
+		t.Fatalf("%s said %q, %v", path, line, err)
 	}
-	pid := cmd.Process.Pid
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		_, nr, err := SyscallRegs(pid, pid)
-		if err == nil && nr == 0 { // read
-			return pid
-		}
-		if err != nil && !errors.Is(err, ErrNotBlocked) {
-			t.Fatal(err)
-		}
-	}
-	t.Fatal("blocker never blocked in read(2)")
-	return 0
+	return cmd
+}
+
+// startBlocker runs a blocker binary, which blocks in read(2) on its
+// stdin below main → level1 → level2 → level3, and waits until its
+// thread sleeps in that read.
+func startBlocker(t testing.TB, path string) int {
+	t.Helper()
+	pid := startReady(t, path).Process.Pid
+	waitSyscall(t, pid, unix.SYS_READ)
+	return pid
 }
 
 // names symbolises pcs in the process.

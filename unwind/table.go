@@ -10,6 +10,8 @@ import (
 	"slices"
 	"sort"
 	"unsafe"
+
+	"github.com/kinst/kinst/internal/elfsym"
 )
 
 // row is the compact form of a Row: 16 bytes.
@@ -84,15 +86,19 @@ func (t *Table) Row(i int) Row {
 		out.CFA.Reg = Reg(r.cfa & 0x1f)
 		out.CFA.Offset = int64(r.cfaOff)
 	}
-	for _, rule := range []*Rule{&out.RBP, &out.RA} {
-		if rule.Kind == RuleRegister {
-			rule.Reg = Reg(rule.Offset)
-		}
-		if rule.Kind != RuleOffset && rule.Kind != RuleValOffset && rule.Kind != RuleAtSP {
-			rule.Offset = 0
-		}
-	}
+	out.RBP, out.RA = expandRule(out.RBP), expandRule(out.RA)
 	return out
+}
+
+// expandRule moves a register number out of the offset field.
+func expandRule(r Rule) Rule {
+	switch r.Kind {
+	case RuleRegister:
+		return Rule{Kind: r.Kind, Reg: Reg(r.Offset)}
+	case RuleOffset, RuleValOffset, RuleAtSP:
+		return r
+	}
+	return Rule{Kind: r.Kind}
 }
 
 // Lookup returns the row in effect at pc (a link-time address).
@@ -159,12 +165,8 @@ func (t *Table) compact(r Row) (row, bool) {
 
 // Open compiles the unwind table of the ELF file at path.
 func Open(path string) (*Table, error) {
-	f, err := elf.Open(path)
+	f, err := elfsym.OpenFile(path)
 	if err != nil {
-		var fe *elf.FormatError
-		if errors.As(err, &fe) {
-			return nil, fmt.Errorf("%s: not an ELF file (%w)", path, err)
-		}
 		return nil, err
 	}
 	defer f.Close()

@@ -62,12 +62,8 @@ type Table struct {
 
 // Open reads the symbols of the ELF file at path.
 func Open(path string) (*Table, error) {
-	f, err := elf.Open(path)
+	f, err := OpenFile(path)
 	if err != nil {
-		var fe *elf.FormatError
-		if errors.As(err, &fe) {
-			return nil, fmt.Errorf("%s: not an ELF file (%w)", path, err)
-		}
 		return nil, err
 	}
 	defer f.Close()
@@ -76,6 +72,20 @@ func Open(path string) (*Table, error) {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return t, nil
+}
+
+// OpenFile opens an ELF file with an error that says so when path is not
+// one.
+func OpenFile(path string) (*elf.File, error) {
+	f, err := elf.Open(path)
+	if err != nil {
+		var fe *elf.FormatError
+		if errors.As(err, &fe) {
+			return nil, fmt.Errorf("%s: not an ELF file (%w)", path, err)
+		}
+		return nil, err
+	}
+	return f, nil
 }
 
 // Read takes the symbols from .symtab, or from .dynsym when the file is
