@@ -9,10 +9,7 @@ require (
 	golang.org/x/sys v0.49.0
 )
 
-require github.com/cilium/ebpf v0.22.0
-
 require (
-	github.com/chzyer/readline v1.5.1 // indirect
-	github.com/google/pprof v0.0.0-20261016150608-1facf8f91b50 // indirect
-	github.com/ianlancetaylor/demangle v0.0.0-20250417193237-f615e6bd150b // indirect
+	github.com/cilium/ebpf v0.22.0
+	github.com/google/pprof v0.0.0-20261016150608-1facf8f91b50
 )
