@@ -9,4 +9,7 @@ require (
 	golang.org/x/sys v0.49.0
 )
 
-require github.com/cilium/ebpf v0.22.0
+require (
+	github.com/cilium/ebpf v0.22.0
+	github.com/google/pprof v0.0.0-20261016150608-1facf8f91b50
+)

@@ -26,6 +26,9 @@ Usage:
                          the splice class of every instruction
   kinst bench splice POINT [--cycles N] [--json]
                          latency of each step of an instrumentation request
+  kinst offcpu [-p PID] [--trace] [--duration D] [--folded | --json] [--svg F] [--pprof F]
+                         off-CPU profile of this host: where threads wait, as
+                         folded stacks, flame graphs and pprof (see --help)
   kinst unwind table BINARY [--pc ADDR] [--json]
                          DWARF CFI compiled into unwind rows (readelf's
                          frames-interp notation)
@@ -71,6 +74,8 @@ func run(args []string) int {
 		err = unwindCmd(args[1:])
 	case "vm":
 		status, err = vmCmd(ctx, args[1:])
+	case "offcpu":
+		err = offcpuCmd(ctx, args[1:])
 	case "workload":
 		err = workloadCmd(ctx, args[1:])
 	default:

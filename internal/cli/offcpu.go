@@ -1,0 +1,279 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kinst/kinst/profile/flamegraph"
+	"github.com/kinst/kinst/profile/folded"
+	"github.com/kinst/kinst/profile/offcpu"
+	"golang.org/x/sys/unix"
+)
+
+// OffCPUOptions are the flags of `kinst offcpu`.
+type OffCPUOptions struct {
+	offcpu.Options
+	Trace     bool
+	Frequency int           // sampling passes per second
+	Duration  time.Duration // 0: until Ctrl-C
+	MinBlock  time.Duration // tracing
+	MaxBlock  time.Duration // tracing
+	// StackStorage sizes the tracer's BPF stack map (distinct stacks).
+	StackStorage uint32
+	Fold         offcpu.FoldOptions
+	Folded       bool   // folded stacks on stdout
+	JSON         bool   // JSON report on stdout
+	Top          int    // stacks in the text and JSON reports
+	SVG          string // write a flame graph here
+	Pprof        string // write a pprof profile here
+	Title        string
+}
+
+// OffCPUReport is `kinst offcpu --json`.
+type OffCPUReport struct {
+	Mode       string         `json:"mode"`             // "sample" or "trace"
+	Attach     string         `json:"attach,omitempty"` // tracing: tp_btf or raw_tracepoint
+	DurationNS int64          `json:"duration_ns"`
+	PeriodNS   int64          `json:"period_ns,omitempty"`
+	Passes     int            `json:"passes,omitempty"`
+	Visits     int            `json:"thread_visits,omitempty"`
+	Unreadable int            `json:"unreadable,omitempty"`
+	Lost       int64          `json:"lost,omitempty"`
+	Stacks     int            `json:"distinct_stacks"`
+	TotalNS    int64          `json:"total_off_cpu_ns"`
+	Top        []offcpu.Stack `json:"top"`
+}
+
+// OffCPU profiles where threads wait, by sampling /proc or by tracing
+// sched_switch, and writes the reports o asks for.
+func OffCPU(ctx context.Context, o OffCPUOptions, stdout, stderr io.Writer) error {
+	if o.Folded && o.JSON {
+		return errors.New("offcpu: --folded and --json both want stdout; pick one")
+	}
+	if !o.Trace && (o.MinBlock > 0 || o.MaxBlock > 0) {
+		return errors.New("offcpu: --min-block and --max-block measure blocks: they need --trace")
+	}
+	if !o.Trace && (o.Frequency <= 0 || o.Frequency > 1000) {
+		return fmt.Errorf("offcpu: -F %d: want 1 to 1000 passes per second", o.Frequency)
+	}
+	if !o.Trace && strings.Contains(string(o.States), "R") {
+		return errors.New("offcpu: state R (preempted) is only visible with --trace: a sample cannot tell a runnable thread from a running one")
+	}
+	// Find a bad output path now, not after a long profile.
+	for _, path := range []string{o.SVG, o.Pprof} {
+		if path == "" {
+			continue
+		}
+		if st, err := os.Stat(dirOf(path)); err != nil || !st.IsDir() {
+			return fmt.Errorf("offcpu: cannot write %s: no directory %s", path, dirOf(path))
+		}
+	}
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt)
+	defer stop()
+	until := "until Ctrl-C"
+	if o.Duration > 0 {
+		until = "for " + o.Duration.String()
+	}
+	var p *offcpu.Profile
+	attach := ""
+	if o.Trace {
+		t, err := offcpu.NewTracer(offcpu.TraceOptions{Options: o.Options, MinBlock: o.MinBlock, MaxBlock: o.MaxBlock, StackEntries: o.StackStorage})
+		if err != nil {
+			return err
+		}
+		defer t.Close()
+		attach = t.Attach
+		fmt.Fprintf(stderr, "kinst: tracing sched_switch (%s) %s\n", t.Attach, until)
+		t.Wait(ctx, o.Duration)
+		if p, err = t.Profile(); err != nil {
+			return err
+		}
+	} else {
+		period := time.Second / time.Duration(o.Frequency)
+		s, err := offcpu.NewSampler(o.Options, period)
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		fmt.Fprintf(stderr, "kinst: sampling off-CPU threads at %d Hz %s\n", o.Frequency, until)
+		tty := isTerminal(stderr)
+		began, last := time.Now(), time.Now()
+		err = s.Run(ctx, o.Duration, func(pass, visited int) {
+			if pass == 1 && time.Since(began) > time.Second {
+				// Opening every thread and every binary's unwind table.
+				fmt.Fprintf(stderr, "kinst: first pass over %d threads took %v\n", visited, time.Since(began).Round(time.Millisecond))
+			}
+			if tty && time.Since(last) >= time.Second {
+				last = time.Now()
+				fmt.Fprintf(stderr, "\r  %d passes, %d threads in the last pass", pass, visited)
+			}
+		})
+		if tty {
+			fmt.Fprint(stderr, "\r\033[K")
+		}
+		if err != nil {
+			return err
+		}
+		p = s.Profile()
+	}
+	f := p.Folded(o.Fold)
+	fmt.Fprintf(stderr, "kinst: %s\n", summary(p, f))
+	if o.SVG != "" {
+		if err := writeSVG(o, p, f); err != nil {
+			return err
+		}
+		fmt.Fprintf(stderr, "kinst: flame graph in %s\n", o.SVG)
+	}
+	if o.Pprof != "" {
+		if err := writeFile(o.Pprof, func(w io.Writer) error { return p.WritePprof(w, o.Fold) }); err != nil {
+			return err
+		}
+		fmt.Fprintf(stderr, "kinst: pprof profile in %s (go tool pprof -top %s)\n", o.Pprof, o.Pprof)
+	}
+	switch {
+	case o.Folded:
+		return folded.Write(stdout, f.Stacks())
+	case o.JSON:
+		r := OffCPUReport{Mode: p.Mode, Attach: attach, DurationNS: int64(p.Duration), PeriodNS: int64(p.Period),
+			Passes: p.Passes, Visits: p.Threads, Unreadable: p.Unreadable, Lost: p.Lost, Stacks: len(p.Stacks), Top: p.Top(o.Top)}
+		for _, s := range p.Stacks {
+			r.TotalNS += int64(s.OffCPU)
+		}
+		if r.Top == nil {
+			r.Top = []offcpu.Stack{}
+		}
+		return writeJSON(stdout, r)
+	case o.SVG != "" || o.Pprof != "":
+		return nil
+	}
+	return writeOffCPUText(stdout, p, o)
+}
+
+func summary(p *offcpu.Profile, f *folded.Profile) string {
+	if p.Mode == "trace" {
+		var total time.Duration
+		var blocks int64
+		for _, s := range p.Stacks {
+			total += s.OffCPU
+			blocks += s.Samples
+		}
+		msg := fmt.Sprintf("%d blocks, %v off CPU in %d distinct stacks over %.1f s", blocks, total.Round(time.Millisecond), len(p.Stacks), p.Duration.Seconds())
+		if p.Lost > 0 {
+			msg += fmt.Sprintf("; %d blocks lost their kernel stack (stack map full? raise --stack-storage-size)", p.Lost)
+		}
+		return msg
+	}
+	perPass := 0
+	if p.Passes > 0 {
+		perPass = p.Threads / p.Passes
+	}
+	msg := fmt.Sprintf("%d passes over %.1f s, %d threads per pass, %d off-CPU samples in %d distinct stacks",
+		p.Passes, p.Duration.Seconds(), perPass, f.Total(), f.Len())
+	if p.Unreadable > 0 {
+		msg += fmt.Sprintf("; %d thread visits unreadable (permissions: run as root to see every user's threads; or the descriptor limit)", p.Unreadable)
+	}
+	return msg
+}
+
+func writeSVG(o OffCPUOptions, p *offcpu.Profile, f *folded.Profile) error {
+	title := o.Title
+	if title == "" {
+		title = "Off-CPU Time Flame Graph"
+	}
+	sub := fmt.Sprintf("kinst offcpu, %s mode, %.1f s", p.Mode, p.Duration.Seconds())
+	if p.Mode == "sample" {
+		sub += fmt.Sprintf(", %d passes every %v", p.Passes, p.Period.Round(time.Microsecond))
+	}
+	return writeFile(o.SVG, func(w io.Writer) error {
+		return flamegraph.Render(w, f.Stacks(), flamegraph.Options{Title: title, Subtitle: sub, Unit: p.Unit()})
+	})
+}
+
+// writeFile writes through a temporary file, so a failure leaves no
+// half-written output behind.
+func writeFile(path string, write func(io.Writer) error) error {
+	tmp, err := os.CreateTemp(dirOf(path), ".kinst-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if err := write(tmp); err != nil {
+		tmp.Close()
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Chmod(tmp.Name(), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
+
+func dirOf(path string) string {
+	if i := strings.LastIndexByte(path, '/'); i >= 0 {
+		return path[:i+1]
+	}
+	return "."
+}
+
+// writeOffCPUText prints the heaviest stacks, innermost frame first, as
+// BCC's offcputime does without -f.
+func writeOffCPUText(w io.Writer, p *offcpu.Profile, o OffCPUOptions) error {
+	top := p.Top(o.Top)
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	for _, s := range top {
+		if !o.Fold.UserOnly {
+			for _, k := range s.Kernel {
+				fmt.Fprintf(tw, "    %s\n", k)
+			}
+		}
+		if !o.Fold.UserOnly && !o.Fold.KernelOnly {
+			fmt.Fprintf(tw, "    --\n")
+		}
+		if !o.Fold.KernelOnly {
+			for _, u := range s.User {
+				fmt.Fprintf(tw, "    %s\n", u)
+			}
+			if s.UserError != "" {
+				fmt.Fprintf(tw, "    [%s]\n", s.UserError)
+			}
+		}
+		who := s.Group
+		if s.TID != 0 {
+			who += fmt.Sprintf(" (tid %d)", s.TID)
+		} else if s.PID != 0 {
+			who += fmt.Sprintf(" (pid %d)", s.PID)
+		}
+		fmt.Fprintf(tw, "    -\t%s\tstate %s\twchan %s\n", who, s.State, orDash(s.Wchan))
+		if p.Mode == "trace" {
+			fmt.Fprintf(tw, "        %v in %d blocks\n\n", s.OffCPU.Round(time.Microsecond), s.Samples)
+		} else {
+			fmt.Fprintf(tw, "        %d samples (~%v)\n\n", s.Samples, s.OffCPU.Round(time.Millisecond))
+		}
+	}
+	return tw.Flush()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}

@@ -1,0 +1,317 @@
+package offcpu
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kinst/kinst/profile/flamegraph"
+)
+
+// kernelPaths are the kernel functions each workload thread must be
+// blocked in, as substrings so that they hold across kernel versions
+// (pipe_read became anon_pipe_read in 6.x, futex_wait_queue became
+// futex_do_wait). The test cross-checks each against the thread's own
+// /proc/PID/task/TID/wchan before trusting it.
+var kernelPaths = map[string]string{
+	"sleeper": "nanosleep",
+	"piper":   "pipe_read",
+	"futexer": "futex",
+}
+
+// userPaths are the workload's own functions each thread's user stack
+// must name (the binary has no frame pointers: only CFI can find them).
+var userPaths = map[string][]string{
+	"sleeper": {"sleep_forever", "sleeper_main"},
+	"piper":   {"read_pipe", "piper_main"},
+	"futexer": {"wait_futex", "futexer_main"},
+}
+
+func TestSampleWorkload(t *testing.T) {
+	requireRoot(t)
+	w := startWorkload(t)
+	pid := w.pid
+	// The independent oracle: each thread's wchan from the kernel.
+	tids := workloadTIDs(t, pid)
+	for name, want := range kernelPaths {
+		// The thread may be between two blocks: ask a few times.
+		var w []byte
+		for try := 0; try < 50; try++ {
+			var err error
+			if w, err = os.ReadFile("/proc/" + strconv.Itoa(pid) + "/task/" + strconv.Itoa(tids[name]) + "/wchan"); err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(string(w), want) {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if !strings.Contains(string(w), want) {
+			t.Fatalf("%s: the kernel says wchan %q, the test expects %q: is the workload blocked where it should be?", name, w, want)
+		}
+	}
+	const period = 10 * time.Millisecond
+	s, err := NewSampler(Options{PID: pid}, period)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const passes = 200
+	before := w.halfsleep(t)
+	for i := 0; i < passes; i++ {
+		if _, err := s.Pass(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(period)
+	}
+	account := w.halfsleep(t).sub(before)
+	p := s.Profile()
+	if p.Passes != passes {
+		t.Errorf("passes %d, want %d", p.Passes, passes)
+	}
+	byThread := map[string]int64{}
+	for _, st := range p.Stacks {
+		byThread[st.Group] += st.Samples
+		t.Logf("%-10s %s %4d kernel=%v user=%v %s", st.Group, st.State, st.Samples, st.Kernel, st.User, st.UserError)
+	}
+	for name, want := range kernelPaths {
+		var got int64
+		for _, st := range p.Stacks {
+			if st.Group == name && strings.Contains(strings.Join(st.Kernel, ";"), want) {
+				got += st.Samples
+				if !strings.Contains(st.Wchan, want) && !strings.Contains(strings.Join(st.Kernel, ";"), st.Wchan) {
+					t.Errorf("%s: wchan %q not in its stack", name, st.Wchan)
+				}
+			}
+		}
+		// A thread blocked all the time is off CPU in (nearly) every pass.
+		if got < passes*9/10 {
+			t.Errorf("%s: %d of %d samples in %s", name, got, passes, want)
+		}
+	}
+	// User frames name the workload's own functions, innermost first, in
+	// call order: found through CFI, since there are no frame pointers.
+	for name, want := range userPaths {
+		found := false
+		for _, st := range p.Stacks {
+			if st.Group == name && containsInOrder(st.User, want) {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("%s: no stack whose user frames include %v", name, want)
+		}
+	}
+	// halfsleep sleeps about half the time, by its own measurement; the
+	// samples must say the same against sleeper, asleep all the time. Its
+	// time in state S lies between the sleep it asked for and its time in
+	// nanosleep, which adds the wait for a CPU after waking (state R):
+	// the two differ only on a loaded machine.
+	low, high := account.asleep/account.elapsed, account.inCall/account.elapsed
+	ratio := float64(byThread["halfsleep"]) / float64(byThread["sleeper"])
+	t.Logf("halfsleep/sleeper samples = %d/%d = %.2f; halfsleep's own account: asleep %.2f to %.2f of the time",
+		byThread["halfsleep"], byThread["sleeper"], ratio, low, high)
+	if ratio < low-0.1 || ratio > high+0.1 {
+		t.Errorf("halfsleep/sleeper sample ratio %.2f, the thread was asleep %.2f to %.2f of the time", ratio, low, high)
+	}
+	checkOutputs(t, p)
+}
+
+// workloadTIDs maps the workload's thread names to their tids.
+func workloadTIDs(t testing.TB, pid int) map[string]int {
+	t.Helper()
+	tids := map[string]int{}
+	ents, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		comm, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "task", e.Name(), "comm"))
+		tid, _ := strconv.Atoi(e.Name())
+		tids[strings.TrimSpace(string(comm))] = tid
+	}
+	return tids
+}
+
+// TestSampleOneThread samples with -t: only that thread, with its stacks.
+func TestSampleOneThread(t *testing.T) {
+	requireRoot(t)
+	w := startWorkload(t)
+	tid := workloadTIDs(t, w.pid)["piper"]
+	s, err := NewSampler(Options{TID: tid, States: "S", Group: ByTID}, time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for i := 0; i < 20; i++ {
+		if _, err := s.Pass(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := s.Profile()
+	var n int64
+	for _, st := range p.Stacks {
+		if st.TID != tid || st.PID != w.pid {
+			t.Errorf("-t %d: stack of pid %d tid %d", tid, st.PID, st.TID)
+		}
+		n += st.Samples
+	}
+	if n < 15 || !containsInOrder(p.Top(1)[0].User, userPaths["piper"]) {
+		t.Errorf("-t %d: %d samples, top %+v", tid, n, p.Top(1))
+	}
+}
+
+// checkOutputs renders the profile every way kinst can: folded text that
+// parses back, an SVG that is well-formed, and a pprof file that `go tool
+// pprof -top` reads.
+func checkOutputs(t *testing.T, p *Profile) {
+	t.Helper()
+	f := p.Folded(FoldOptions{})
+	if f.Total() == 0 {
+		t.Fatal("empty folded profile")
+	}
+	var svg bytes.Buffer
+	if err := flamegraph.Render(&svg, f.Stacks(), flamegraph.Options{Title: "off-CPU", Unit: p.Unit()}); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(svg.Bytes(), []byte("_[k]")) {
+		t.Error("SVG has no kernel frames")
+	}
+	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	if _, err := os.Stat(gobin); err != nil {
+		if gobin, err = exec.LookPath("go"); err != nil {
+			t.Log("go tool not found: pprof check skipped")
+			return
+		}
+	}
+	path := filepath.Join(t.TempDir(), "offcpu.pb.gz")
+	out, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.WritePprof(out, FoldOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	out.Close()
+	b, err := exec.Command(gobin, "tool", "pprof", "-top", path).CombinedOutput()
+	if err != nil {
+		t.Fatalf("go tool pprof -top: %v\n%s", err, b)
+	}
+	for _, want := range []string{"off_cpu", "sleeper"} {
+		if !bytes.Contains(b, []byte(want)) {
+			t.Errorf("pprof -top output lacks %q:\n%s", want, b)
+		}
+	}
+}
+
+// containsInOrder reports whether want appears in frames as a contiguous
+// run.
+func containsInOrder(frames, want []string) bool {
+	for i := 0; i+len(want) <= len(frames); i++ {
+		if slices.Equal(frames[i:i+len(want)], want) {
+			return true
+		}
+	}
+	return false
+}
+
+// TestThreadKinds checks -u and -k over the whole system, sampling and
+// tracing: kthreadd (always asleep) is a kernel thread; this test's own
+// workload threads are not.
+func TestThreadKinds(t *testing.T) {
+	requireRoot(t)
+	w := startWorkload(t)
+	for _, trace := range []bool{false, true} {
+		for _, kernel := range []bool{false, true} {
+			// User stacks only where they must be absent: reading
+			// every process's binaries would make this test slow.
+			o := Options{UserThreadsOnly: !kernel, KernelThreadsOnly: kernel, KernelOnly: !kernel}
+			var p *Profile
+			if trace {
+				tr := startTracer(t, TraceOptions{Options: o})
+				time.Sleep(600 * time.Millisecond)
+				var err error
+				p, err = tr.Profile()
+				tr.Close()
+				if err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				s, err := NewSampler(o, time.Millisecond)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := s.Pass(); err != nil {
+					t.Fatal(err)
+				}
+				p = s.Profile()
+				s.Close()
+			}
+			groups := map[string]bool{}
+			for _, st := range p.Stacks {
+				groups[st.Group] = true
+				if kernel && len(st.User) > 0 {
+					t.Errorf("trace=%v -k: user frames in %s: %v", trace, st.Group, st.User)
+				}
+			}
+			if len(groups) == 0 {
+				t.Errorf("trace=%v kernel=%v: nothing seen", trace, kernel)
+			}
+			if !trace && groups["kthreadd"] != kernel {
+				t.Errorf("sampling, kernel-threads-only=%v: kthreadd seen %v", kernel, groups["kthreadd"])
+			}
+			if groups["waker"] == kernel {
+				t.Errorf("trace=%v kernel-threads-only=%v: workload thread seen %v", trace, kernel, groups["waker"])
+			}
+		}
+	}
+	_ = w
+}
+
+// TestSampleEveryThread checks that a whole-system pass visits every
+// thread: as many as os.ReadDir finds under /proc/*/task (less this
+// process's own), give or take threads that come and go meanwhile.
+func TestSampleEveryThread(t *testing.T) {
+	requireRoot(t)
+	s, err := NewSampler(Options{KernelOnly: true}, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	count := func() int {
+		n := 0
+		procs, err := os.ReadDir("/proc")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range procs {
+			pid, err := strconv.Atoi(p.Name())
+			if err != nil || pid == os.Getpid() {
+				continue
+			}
+			tasks, _ := os.ReadDir("/proc/" + p.Name() + "/task")
+			n += len(tasks)
+		}
+		return n
+	}
+	before := count()
+	visited, err := s.Pass()
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := count()
+	lo, hi := min(before, after), max(before, after)
+	if visited < lo*9/10 || visited > hi*11/10 {
+		t.Errorf("a pass visited %d threads; /proc lists %d then %d", visited, before, after)
+	}
+	if len(s.threads) == 0 || len(s.threads) > visited {
+		t.Errorf("%d threads cached after visiting %d", len(s.threads), visited)
+	}
+}
