@@ -7,7 +7,7 @@ import (
 	"os"
 
 	"github.com/kinst/kinst/internal/cli"
-	"github.com/kinst/kinst/profile/offcpu"
+	"github.com/kinst/kinst/unwind/offcpu"
 	"github.com/spf13/pflag"
 )
 

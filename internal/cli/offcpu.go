@@ -11,9 +11,9 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/kinst/kinst/profile/flamegraph"
-	"github.com/kinst/kinst/profile/folded"
-	"github.com/kinst/kinst/profile/offcpu"
+	"github.com/kinst/kinst/unwind/flamegraph"
+	"github.com/kinst/kinst/unwind/folded"
+	"github.com/kinst/kinst/unwind/offcpu"
 	"golang.org/x/sys/unix"
 )
 

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kinst/kinst/profile/folded"
-	"github.com/kinst/kinst/profile/offcpu"
+	"github.com/kinst/kinst/unwind/folded"
+	"github.com/kinst/kinst/unwind/offcpu"
 )
 
 // TestOffCPUReports runs `kinst offcpu` on a sleep(1) process and checks

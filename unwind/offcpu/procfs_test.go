@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/google/pprof/profile"
-	"github.com/kinst/kinst/profile/folded"
+	"github.com/kinst/kinst/unwind/folded"
 )
 
 func TestParseStat(t *testing.T) {

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kinst/kinst/profile/flamegraph"
+	"github.com/kinst/kinst/unwind/flamegraph"
 )
 
 // kernelPaths are the kernel functions each workload thread must be

@@ -17,7 +17,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/kinst/kinst/profile/folded"
+	"github.com/kinst/kinst/unwind/folded"
 )
 
 // Options control the picture. Zero values take flamegraph.pl's defaults.

@@ -23,7 +23,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kinst/kinst/profile/folded"
+	"github.com/kinst/kinst/unwind/folded"
 )
 
 // Stack is one distinct off-CPU stack and what was measured for it.

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kinst/kinst/profile/folded"
+	"github.com/kinst/kinst/unwind/folded"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.svg golden files")
