@@ -4,7 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"sort"
-	"strings"
+	"sync"
 )
 
 // Symbol is one kallsyms entry.
@@ -22,7 +22,11 @@ func (s Symbol) IsText() bool {
 // Symbols is the kernel's symbol table, sorted by address. Immutable.
 type Symbols struct {
 	byAddr []Symbol
-	byName map[string]int // first index of a name
+
+	// A command looks up a handful of names: each is found by a scan and
+	// remembered, instead of hashing a hundred thousand names up front.
+	mu     sync.Mutex
+	byName map[string]int // name → first index, -1 if absent
 }
 
 // maxKallsymsNames bounds the compressed names table we read.
@@ -91,7 +95,7 @@ func (k *Kernel) loadKallsyms() (*Symbols, error) {
 	if err != nil {
 		return nil, err
 	}
-	var tokens [256]string
+	var tokens [256][]byte
 	for i := range tokens {
 		o := int(binary.LittleEndian.Uint16(idxb[2*i:]))
 		if o >= len(tt) {
@@ -101,10 +105,12 @@ func (k *Kernel) loadKallsyms() (*Symbols, error) {
 		for end < len(tt) && tt[end] != 0 {
 			end++
 		}
-		tokens[i] = string(tt[o:end])
+		tokens[i] = tt[o:end]
 	}
-	s := &Symbols{byAddr: make([]Symbol, 0, n), byName: make(map[string]int, n)}
-	var sb strings.Builder
+	// Expand every name into one buffer, then cut the symbols' names
+	// out of a single string: two allocations instead of one per symbol.
+	all := make([]byte, 0, 2*len(nb))
+	ends := make([]int, n)
 	off := 0
 	for i := 0; i < n; i++ {
 		if off >= len(nb) {
@@ -122,27 +128,34 @@ func (k *Kernel) loadKallsyms() (*Symbols, error) {
 		if off+l > len(nb) || l == 0 {
 			return nil, fmt.Errorf("symbol %d: length %d runs past the names table", i, l)
 		}
-		sb.Reset()
+		start := len(all)
 		for _, t := range nb[off : off+l] {
-			sb.WriteString(tokens[t])
+			all = append(all, tokens[t]...)
 		}
-		off += l
-		full := sb.String()
-		if full == "" {
+		if len(all) == start {
 			return nil, fmt.Errorf("symbol %d expands to nothing", i)
 		}
+		off += l
+		ends[i] = len(all)
+	}
+	strs := string(all)
+	s := &Symbols{byAddr: make([]Symbol, n)}
+	sorted := true
+	prev := 0
+	for i := 0; i < n; i++ {
 		rel := int32(binary.LittleEndian.Uint32(offs[4*i:]))
 		addr := uint64(rel)
 		if rel < 0 {
 			addr = base - 1 - uint64(int64(rel))
 		}
-		s.byAddr = append(s.byAddr, Symbol{Addr: addr, Type: full[0], Name: full[1:]})
-	}
-	sort.SliceStable(s.byAddr, func(i, j int) bool { return s.byAddr[i].Addr < s.byAddr[j].Addr })
-	for i, sym := range s.byAddr {
-		if _, ok := s.byName[sym.Name]; !ok {
-			s.byName[sym.Name] = i
+		s.byAddr[i] = Symbol{Addr: addr, Type: strs[prev], Name: strs[prev+1 : ends[i]]}
+		prev = ends[i]
+		if i > 0 && addr < s.byAddr[i-1].Addr {
+			sorted = false
 		}
+	}
+	if !sorted { // the kernel sorts them at build time; be safe anyway
+		sort.SliceStable(s.byAddr, func(i, j int) bool { return s.byAddr[i].Addr < s.byAddr[j].Addr })
 	}
 	return s, nil
 }
@@ -156,8 +169,23 @@ func (s *Symbols) All() []Symbol { return s.byAddr }
 // Lookup finds a symbol by name (the first, by address, if several
 // static symbols share it).
 func (s *Symbols) Lookup(name string) (Symbol, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	i, ok := s.byName[name]
 	if !ok {
+		if s.byName == nil {
+			s.byName = map[string]int{}
+		}
+		i = -1
+		for j := range s.byAddr {
+			if s.byAddr[j].Name == name {
+				i = j
+				break
+			}
+		}
+		s.byName[name] = i
+	}
+	if i < 0 {
 		return Symbol{}, fmt.Errorf("%q: %w", name, ErrNoSymbol)
 	}
 	return s.byAddr[i], nil

@@ -8,12 +8,13 @@ import (
 
 // Task is one kernel task (a thread) as the dump holds it.
 type Task struct {
-	Addr  uint64 `json:"address"` // the task_struct
-	PID   int    `json:"pid"`
-	TGID  int    `json:"tgid"`
-	Comm  string `json:"comm"`
-	State string `json:"state"` // ps letter: R S D T t X Z P I
-	CPU   int    `json:"cpu"`
+	Addr    uint64 `json:"-"`       // the task_struct
+	Address string `json:"address"` // Addr in hex
+	PID     int    `json:"pid"`
+	TGID    int    `json:"tgid"`
+	Comm    string `json:"comm"`
+	State   string `json:"state"` // ps letter: R S D T t X Z P I
+	CPU     int    `json:"cpu"`
 	// Active: the task was running on CPU when the dump was taken (it is
 	// that CPU's current task), so its stack starts from the CPU's
 	// registers, not from the context-switch frame.
@@ -166,6 +167,7 @@ func (k *Kernel) readTask(l *taskLayout, addr uint64) (Task, error) {
 	}
 	return Task{
 		Addr:     addr,
+		Address:  fmt.Sprintf("%#x", addr),
 		PID:      int(int32(u32(l.pid))),
 		TGID:     int(int32(u32(l.tgid))),
 		Comm:     string(comm),
