@@ -10,3 +10,8 @@ require (
 )
 
 require github.com/cilium/ebpf v0.22.0
+
+require (
+	github.com/anchore/go-lzo v0.1.1
+	github.com/klauspost/compress v1.18.0
+)

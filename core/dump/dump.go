@@ -103,6 +103,13 @@ type VirtReader interface {
 	ReadVirt(p []byte, addr uint64) (int, error)
 }
 
+// MessageBufferReader is implemented by dumps that carry the kernel's
+// message buffer beside memory (FreeBSD minidumps' msgbuf). Linux dumps
+// do not: their log is in memory, read through the kernel's printk ring.
+type MessageBufferReader interface {
+	MessageBuffer() []byte
+}
+
 // Range is a half-open physical address range [Start, End).
 type Range struct{ Start, End uint64 }
 
