@@ -133,6 +133,7 @@ func TestCore(t *testing.T) {
 		})
 		t.Run(format+"/log", func(t *testing.T) { checkLog(t, path, g.dmesg) })
 	}
+	t.Run("elf/vmlinux", func(t *testing.T) { checkVmlinux(t, dumps["elf"], work["sleep"]) })
 	t.Run("elf/sym", func(t *testing.T) { checkSymbols(t, dumps["elf"], kallsyms) })
 	t.Run("elf/dis", func(t *testing.T) { checkDis(t, dumps["elf"]) })
 	t.Run("elf/bt-all", func(t *testing.T) { checkBacktraceAll(t, dumps["elf"], g) })
@@ -215,6 +216,31 @@ func checkBacktrace(t *testing.T, path string, pid int, comm string, want []stri
 		t.Errorf("bt %d: innermost frame %s, want __schedule", pid, got[0])
 	}
 	t.Logf("bt %d (%s): %s", pid, comm, strings.Join(got, " < "))
+}
+
+// checkVmlinux: types and unwind tables from the kernel's vmlinux file
+// (relocated by the dump's KASLR offset) give the same ps and bt as the
+// dump's own copies.
+func checkVmlinux(t *testing.T, path string, pid int) {
+	vmlinux, err := guest.Kernel(cache).Vmlinux()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"ps", "--json"}, {"bt", strconv.Itoa(pid), "--json"}} {
+		own := kinst(t, append([]string{"core", path}, args...)...)
+		for _, flag := range []string{"--vmlinux", "--btf"} {
+			if args[0] == "bt" && flag == "--btf" {
+				continue
+			}
+			alt := kinst(t, append([]string{"core", path, flag, vmlinux}, args...)...)
+			if string(alt) != string(own) {
+				t.Errorf("%s %s: output differs from the dump's own tables:\n%s\nvs\n%s", args[0], flag, alt, own)
+			}
+		}
+	}
+	if out, err := exec.Command(filepath.Join(bin, "kinst"), "core", path, "--btf", "/etc/hostname", "ps").CombinedOutput(); err == nil {
+		t.Errorf("ps --btf /etc/hostname succeeded: %s", out)
+	}
 }
 
 func checkLog(t *testing.T, path string, dmesg []string) {

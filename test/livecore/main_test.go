@@ -30,6 +30,7 @@ var (
 	guest *vm.Instance
 	bin   string // directory with kinst and kerninstd
 	tmp   string // this run's scratch directory (dumps go here)
+	cache string // KINST_CACHE: the kernel package and its vmlinux
 )
 
 func TestMain(m *testing.M) {
@@ -65,7 +66,7 @@ func runWithVM(m *testing.M) int {
 			}
 		}
 	}
-	cache := os.Getenv("KINST_CACHE")
+	cache = os.Getenv("KINST_CACHE")
 	if cache == "" {
 		cache = filepath.Join(root, ".cache")
 	}
