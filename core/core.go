@@ -64,6 +64,10 @@ type Kernel struct {
 	syms  *Symbols
 	types *Types
 	orc   *orcTables
+	// Modules, read once.
+	mods     []*Module
+	modsErr  error
+	modsDone bool
 }
 
 // Open opens a dump and prepares its kernel view. The dump must carry

@@ -9,9 +9,10 @@ import (
 
 // Symbol is one kallsyms entry.
 type Symbol struct {
-	Addr uint64
-	Type byte // kallsyms type letter: T/t text, D/d data, B/b bss, R/r rodata, A absolute…
-	Name string
+	Addr   uint64
+	Type   byte // kallsyms type letter: T/t text, D/d data, B/b bss, R/r rodata, A absolute…
+	Name   string
+	Module string `json:",omitempty"` // "" for the kernel image
 }
 
 // IsText reports whether the symbol is in a text section.

@@ -22,6 +22,7 @@ type Frame struct {
 	AddrHex  string `json:"address"`
 	Function string `json:"function"`
 	Offset   uint64 `json:"offset"`
+	Module   string `json:"module,omitempty"`
 	// Exception: the frame was interrupted (its address is the
 	// interrupted instruction, not a return address).
 	Exception bool `json:"exception,omitempty"`
@@ -152,12 +153,12 @@ func (k *Kernel) Backtrace(t Task) (*Stack, error) {
 			st.Signal = true // a new task that never ran: ret_from_fork is its first instruction
 		}
 	}
-	frames, uerr := orc.Unwind(tab.kernel, k, st)
+	frames, uerr := orc.Unwind(orcFinder{k, tab.kernel}, k, st)
 	out := &Stack{Task: t}
 	for _, f := range frames {
 		fr := Frame{Address: f.IP, AddrHex: fmt.Sprintf("%#x", f.IP), Exception: f.Signal && len(out.Frames) > 0}
-		if sym, off, ok := syms.At(f.IP); ok {
-			fr.Function, fr.Offset = sym.Name, off
+		if sym, off, ok := k.SymbolAt(f.IP); ok {
+			fr.Function, fr.Offset, fr.Module = sym.Name, off, sym.Module
 		}
 		out.Frames = append(out.Frames, fr)
 	}

@@ -110,7 +110,7 @@ func TestCore(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	g, work := snapshot(t, ctx)
-	kallsyms := gsh(t, ctx, `grep -v '\[' /proc/kallsyms`)
+	kallsyms := gsh(t, ctx, `cat /proc/kallsyms`)
 	// Stop the guest so that the two dumps see the same memory.
 	if _, err := guest.QMP("stop", nil); err != nil {
 		t.Fatal(err)
@@ -264,28 +264,48 @@ func checkLog(t *testing.T, path string, dmesg []string) {
 	t.Logf("%d guest dmesg lines, %d missing", len(dmesg), missing)
 }
 
-// checkSymbols: kallsyms decoded from the dump equals the guest's
-// /proc/kallsyms, name for name (sampled through kinst core sym).
+// checkSymbols: kallsyms decoded from the dump, and each module's
+// symbols read from its struct module, equal the guest's /proc/kallsyms
+// (sampled through kinst core sym).
 func checkSymbols(t *testing.T, path, kallsyms string) {
 	lines := strings.Split(strings.TrimSpace(kallsyms), "\n")
-	if len(lines) < 10000 {
-		t.Fatalf("guest kallsyms has %d lines", len(lines))
+	var kernel, modules []string
+	for _, l := range lines {
+		if strings.HasSuffix(l, "]") {
+			modules = append(modules, l)
+		} else {
+			kernel = append(kernel, l)
+		}
 	}
-	for i := 0; i < len(lines); i += len(lines) / 25 {
-		f := strings.Fields(lines[i])
-		if len(f) != 3 || f[1] == "A" || f[1] == "a" {
+	if len(kernel) < 10000 || len(modules) < 100 {
+		t.Fatalf("guest kallsyms has %d kernel and %d module lines", len(kernel), len(modules))
+	}
+	var sample []string
+	for i := 0; i < len(kernel); i += len(kernel) / 20 {
+		sample = append(sample, kernel[i])
+	}
+	for i := 0; i < len(modules); i += len(modules) / 10 {
+		sample = append(sample, modules[i])
+	}
+	for _, line := range sample {
+		f := strings.Fields(line)
+		if len(f) < 3 || f[1] == "A" || f[1] == "a" {
 			continue
 		}
-		var s struct{ Name, Address, Type string }
-		if err := json.Unmarshal(kinst(t, "core", path, "sym", f[2], "--json"), &s); err != nil {
+		name := f[2]
+		if len(f) == 4 { // "ADDR TYPE NAME [module]"
+			name = strings.Trim(f[3], "[]") + ":" + f[2]
+		}
+		var s struct{ Name, Address, Type, Module string }
+		if err := json.Unmarshal(kinst(t, "core", path, "sym", name, "--json"), &s); err != nil {
 			t.Fatal(err)
 		}
 		want, _ := strconv.ParseUint(f[0], 16, 64)
 		got, _ := strconv.ParseUint(s.Address, 0, 64)
 		if got != want || s.Type != f[1] {
 			// Static symbols may share a name: accept any guest line.
-			if !strings.Contains(kallsyms, fmt.Sprintf("%016x %s %s\n", got, s.Type, f[2])) {
-				t.Errorf("sym %s: %#x %s, guest %s %s", f[2], got, s.Type, f[0], f[1])
+			if !strings.Contains(kallsyms, fmt.Sprintf("%016x %s %s", got, s.Type, f[2])) {
+				t.Errorf("sym %s: %#x %s, guest %s %s", name, got, s.Type, f[0], f[1])
 			}
 		}
 	}
