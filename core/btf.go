@@ -24,20 +24,7 @@ const maxBTF = 64 << 20
 // given, else from the dump's memory between __start_BTF and __stop_BTF
 // (CONFIG_DEBUG_INFO_BTF keeps it in .BTF, mapped with the image).
 func (k *Kernel) Types() (*Types, error) {
-	k.mu.Lock()
-	t := k.types
-	k.mu.Unlock()
-	if t != nil {
-		return t, nil
-	}
-	t, err := k.loadTypes()
-	if err != nil {
-		return nil, fmt.Errorf("BTF: %w", err)
-	}
-	k.mu.Lock()
-	k.types = t
-	k.mu.Unlock()
-	return t, nil
+	return k.types.get("BTF", k.loadTypes)
 }
 
 func (k *Kernel) loadTypes() (*Types, error) {

@@ -46,20 +46,7 @@ type moduleLayout struct {
 
 // Modules lists the loaded modules (the "modules" list), once.
 func (k *Kernel) Modules() ([]*Module, error) {
-	k.mu.Lock()
-	if k.modsDone {
-		defer k.mu.Unlock()
-		return k.mods, k.modsErr
-	}
-	k.mu.Unlock()
-	mods, err := k.loadModules()
-	if err != nil {
-		err = fmt.Errorf("modules: %w", err)
-	}
-	k.mu.Lock()
-	k.mods, k.modsErr, k.modsDone = mods, err, true
-	k.mu.Unlock()
-	return mods, err
+	return k.mods.get("modules", k.loadModules)
 }
 
 func (k *Kernel) loadModules() ([]*Module, error) {

@@ -38,20 +38,7 @@ type Stack struct {
 }
 
 func (k *Kernel) orcTable() (*orcTables, error) {
-	k.mu.Lock()
-	t := k.orc
-	k.mu.Unlock()
-	if t != nil {
-		return t, nil
-	}
-	t, err := k.loadORC()
-	if err != nil {
-		return nil, fmt.Errorf("ORC: %w", err)
-	}
-	k.mu.Lock()
-	k.orc = t
-	k.mu.Unlock()
-	return t, nil
+	return k.orc.get("ORC", k.loadORC)
 }
 
 // maxORC bounds the ORC tables read (the 6.1 kernel's are about 2 MiB).
