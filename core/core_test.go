@@ -286,3 +286,32 @@ func TestBlockData(t *testing.T) {
 		t.Errorf("PanicMessage = %q", got)
 	}
 }
+
+func TestWalkList(t *testing.T) {
+	d := newMemDump()
+	const root = 0x100000
+	d.write(root, make([]byte, pageSize))
+	d.info = fmt.Sprintf("OSRELEASE=test\nSYMBOL(init_top_pgt)=%x\nNUMBER(phys_base)=%d\n", uint64(startKernelMap+0x200000), root-0x200000)
+	k, err := New(d, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// head → a → b → head, in the image mapping (physical = va - map + phys_base).
+	va := func(off uint64) uint64 { return startKernelMap + 0x200000 + off }
+	pa := func(off uint64) uint64 { return root + off }
+	d.put64(pa(0x100), va(0x200))
+	d.put64(pa(0x200), va(0x300))
+	d.put64(pa(0x300), va(0x100))
+	var got []uint64
+	if err := k.walkList(va(0x100), 8, func(e uint64) error { got = append(got, e); return nil }); err != nil || len(got) != 2 || got[0] != va(0x1f8) || got[1] != va(0x2f8) {
+		t.Errorf("walk: %#x, %v", got, err)
+	}
+	d.put64(pa(0x300), va(0x200)) // b → a: a loop that skips head
+	if err := k.walkList(va(0x100), 8, func(uint64) error { return nil }); err == nil || !strings.Contains(err.Error(), "loops") {
+		t.Errorf("looping list: %v", err)
+	}
+	d.put64(pa(0x300), 0xffffc90000000000) // into unmapped memory
+	if err := k.walkList(va(0x100), 8, func(uint64) error { return nil }); !errors.Is(err, dump.ErrNotPresent) {
+		t.Errorf("list into unmapped memory: %v", err)
+	}
+}

@@ -132,16 +132,19 @@ func (k *Kernel) Tasks() ([]Task, error) {
 }
 
 // walkList calls f for each entry of a circular list_head at head, where
-// entries embed their list_head at entryOff.
+// entries embed their list_head at entryOff. A list that comes back to
+// an entry other than head (a corrupt dump) is an error, not a hang.
 func (k *Kernel) walkList(head, entryOff uint64, f func(entry uint64) error) error {
 	p, err := k.ReadU64(head)
 	if err != nil {
 		return fmt.Errorf("list at %#x: %w", head, err)
 	}
-	for n := 0; p != head; n++ {
-		if n > maxTasks {
-			return fmt.Errorf("list at %#x does not close after %d entries", head, maxTasks)
+	seen := map[uint64]bool{}
+	for p != head {
+		if seen[p] || len(seen) > maxTasks {
+			return fmt.Errorf("list at %#x loops back to %#x without returning to its head (corrupt memory?)", head, p)
 		}
+		seen[p] = true
 		if err := f(p - entryOff); err != nil {
 			return err
 		}

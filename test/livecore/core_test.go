@@ -420,11 +420,19 @@ func checkBacktraceAll(t *testing.T, path string, g *guestState) {
 }
 
 func checkErrors(t *testing.T, path string) {
+	// The first MiB of a real dump: headers and notes, memory cut off.
+	truncated := filepath.Join(t.TempDir(), "truncated.elf")
+	if out, err := exec.Command("head", "-c", "1048576", path).Output(); err != nil {
+		t.Fatal(err)
+	} else if err := os.WriteFile(truncated, out, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		args []string
 		want string
 	}{
 		{[]string{"core", "/etc/hostname", "ps"}, "not a kernel dump"},
+		{[]string{"core", truncated, "ps"}, "truncated dump"},
 		{[]string{"core", path, "bt", "999999"}, "no task with pid 999999"},
 		{[]string{"core", path, "sym", "no_such_symbol_xyz"}, "no such kernel symbol"},
 		{[]string{"core", path, "rd", "0x10", "8"}, "not mapped"},
