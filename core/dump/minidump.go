@@ -270,7 +270,9 @@ func (m *Minidump) read(p []byte, addr uint64, phys bool) (int, error) {
 		}
 		off, ok := m.pageOffset(pa)
 		if !ok {
-			return n, &NotPresentError{Addr: a, Physical: phys}
+			// A mapped virtual page that was not dumped names its
+			// physical address; an unmapped one its virtual address.
+			return n, &NotPresentError{Addr: pa, Physical: true}
 		}
 		in := pa % mdPageSize
 		chunk := min(uint64(len(p)-n), mdPageSize-in)
