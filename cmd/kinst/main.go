@@ -26,6 +26,8 @@ Usage:
                          the splice class of every instruction
   kinst bench splice POINT [--cycles N] [--json]
                          latency of each step of an instrumentation request
+  kinst core DUMP info|ps|bt PID|bt -a|log|rd ADDR [N]|sym ADDR|NAME|dis FUNC [--json]
+                         postmortem analysis of a kernel crash dump
   kinst vm up|exec|down|status
                          the test VM: a stock Debian kernel under QEMU with
                          kerninst.ko and kerninstd running in it
@@ -61,6 +63,8 @@ func run(args []string) int {
 		err = cfgCmd(ctx, args[1:])
 	case "bench":
 		err = benchCmd(ctx, args[1:])
+	case "core":
+		err = coreCmd(args[1:])
 	case "vm":
 		status, err = vmCmd(ctx, args[1:])
 	case "workload":
