@@ -100,6 +100,8 @@ type Kdump struct {
 	descOff int64
 	notes   Notes
 
+	zlibPool sync.Pool // of zlib readers
+
 	zstdOnce sync.Once
 	zstd     *zstd.Decoder
 	zstdErr  error
@@ -111,10 +113,13 @@ type Kdump struct {
 // Page-table walks read a few words from the same pages over and over;
 // a small direct-mapped cache of decompressed pages spares re-inflating
 // them.
-const kdCacheSlots = 256
+const (
+	kdCacheBits  = 8
+	kdCacheSlots = 1 << kdCacheBits
+)
 
 type kdCached struct {
-	pfn  uint64
+	off  int64  // file offset of the stored page
 	data []byte // nil: empty slot
 }
 
@@ -292,14 +297,6 @@ func (k *Kdump) ReadPhys(p []byte, addr uint64) (int, error) {
 
 // page returns frame pfn's content; the slice must not be modified.
 func (k *Kdump) page(pfn uint64) ([]byte, error) {
-	slot := &k.cache[pfn%kdCacheSlots]
-	k.mu.Lock()
-	if slot.data != nil && slot.pfn == pfn {
-		d := slot.data
-		k.mu.Unlock()
-		return d, nil
-	}
-	k.mu.Unlock()
 	rank, ok := k.dumped.Rank(pfn)
 	if !ok {
 		return nil, ErrNotPresent
@@ -333,6 +330,16 @@ func (k *Kdump) page(pfn uint64) ([]byte, error) {
 		}
 		return nil, corrupt("data at %#x+%d is outside the %d-byte file", off, size, k.size)
 	}
+	// Cached by data offset: repeated reads of a page, and the pages
+	// of zeros that share one stored copy, decode once.
+	slot := &k.cache[uint64(off)*0x9e3779b97f4a7c15>>(64-kdCacheBits)]
+	k.mu.Lock()
+	if slot.data != nil && slot.off == off {
+		d := slot.data
+		k.mu.Unlock()
+		return d, nil
+	}
+	k.mu.Unlock()
 	raw := make([]byte, size)
 	if err := k.readFull(raw, off, "page data"); err != nil {
 		return nil, err
@@ -345,7 +352,7 @@ func (k *Kdump) page(pfn uint64) ([]byte, error) {
 		}
 	}
 	k.mu.Lock()
-	slot.pfn, slot.data = pfn, data
+	slot.off, slot.data = off, data
 	k.mu.Unlock()
 	return data, nil
 }
@@ -363,10 +370,11 @@ func (k *Kdump) decompress(codec uint32, src []byte) (out []byte, err error) {
 	var n int
 	switch codec {
 	case kdZlib:
-		zr, err := zlib.NewReader(bytes.NewReader(src))
+		zr, err := k.zlibReader(src)
 		if err != nil {
 			return nil, fmt.Errorf("zlib page: %v", err)
 		}
+		defer k.zlibPool.Put(zr)
 		n, err = io.ReadFull(zr, dst)
 		if err != nil {
 			return nil, fmt.Errorf("zlib page: %d bytes inflated, want %d: %v", n, k.blockSize, err)
@@ -410,6 +418,18 @@ func (k *Kdump) decompress(codec uint32, src []byte) (out []byte, err error) {
 		return nil, fmt.Errorf("%s page decodes to %d bytes, want %d", codecName(codec), n, k.blockSize)
 	}
 	return dst[:n], nil
+}
+
+// zlibReader returns a pooled inflater reset to src: a new one per page
+// costs more than inflating the page.
+func (k *Kdump) zlibReader(src []byte) (io.ReadCloser, error) {
+	if zr, ok := k.zlibPool.Get().(io.ReadCloser); ok {
+		if err := zr.(zlib.Resetter).Reset(bytes.NewReader(src), nil); err != nil {
+			return nil, err
+		}
+		return zr, nil
+	}
+	return zlib.NewReader(bytes.NewReader(src))
 }
 
 func codecName(c uint32) string {
