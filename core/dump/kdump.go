@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"math/bits"
-	"os"
 	"sync"
 
 	lzo "github.com/anchore/go-lzo"
@@ -69,17 +68,13 @@ const (
 	kdMaxNotes      = 64 << 20 // a few KiB per CPU
 )
 
-func init() { register(kdumpFormat, probeKdump, openKdumpFile) }
+func init() {
+	register(kdumpFormat, probeKdump, withSize(func(r io.ReaderAt, size int64, c io.Closer) (Dump, error) {
+		return newKdump(r, size, size, kdumpFormat, c)
+	}))
+}
 
 func probeKdump(head []byte) bool { return bytes.HasPrefix(head, []byte(kdumpSignature)) }
-
-func openKdumpFile(f *os.File) (Dump, error) {
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	return newKdump(f, st.Size(), st.Size(), kdumpFormat, f)
-}
 
 // Kdump is an open kdump-compressed dump (standard or flattened).
 type Kdump struct {
@@ -225,19 +220,8 @@ func newKdump(r io.ReaderAt, size, backing int64, format string, closer io.Close
 	return k, nil
 }
 
-// readFull reads len(p) bytes at off; running short is corruption.
 func (k *Kdump) readFull(p []byte, off int64, what string) error {
-	if off < 0 || off > k.size || int64(len(p)) > k.size-off {
-		return &CorruptError{k.format, off, fmt.Sprintf("%s (%d bytes) runs past the end of the %d-byte file", what, len(p), k.size)}
-	}
-	n, err := k.r.ReadAt(p, off)
-	if n == len(p) {
-		return nil
-	}
-	if err == nil || errors.Is(err, io.EOF) {
-		err = &CorruptError{k.format, off, fmt.Sprintf("%s: short read", what)}
-	}
-	return err
+	return readFullAt(k.r, k.size, p, off, k.format, what)
 }
 
 // readBlob reads an (offset, size) area the sub-header points to.
