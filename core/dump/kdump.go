@@ -101,8 +101,9 @@ type Kdump struct {
 	zstd     *zstd.Decoder
 	zstdErr  error
 
-	mu    sync.Mutex // protects cache
-	cache [kdCacheSlots]kdCached
+	mu       sync.Mutex             // protects cache and pfnCache
+	cache    [kdCacheSlots]kdCached // by stored offset
+	pfnCache [kdCacheSlots]kdCached // by frame, sparing the descriptor read
 }
 
 // Page-table walks read a few words from the same pages over and over;
@@ -114,9 +115,11 @@ const (
 )
 
 type kdCached struct {
-	off  int64  // file offset of the stored page
+	key  uint64 // file offset of the stored page, or frame number
 	data []byte // nil: empty slot
 }
+
+func kdSlot(key uint64) uint64 { return key * 0x9e3779b97f4a7c15 >> (64 - kdCacheBits) }
 
 // newKdump reads a standard kdump-compressed file from r (size bytes).
 // backing is how many bytes really stand behind r (a flattened stream
@@ -281,6 +284,14 @@ func (k *Kdump) ReadPhys(p []byte, addr uint64) (int, error) {
 
 // page returns frame pfn's content; the slice must not be modified.
 func (k *Kdump) page(pfn uint64) ([]byte, error) {
+	fslot := &k.pfnCache[kdSlot(pfn)]
+	k.mu.Lock()
+	if fslot.data != nil && fslot.key == pfn {
+		d := fslot.data
+		k.mu.Unlock()
+		return d, nil
+	}
+	k.mu.Unlock()
 	rank, ok := k.dumped.Rank(pfn)
 	if !ok {
 		return nil, ErrNotPresent
@@ -316,10 +327,11 @@ func (k *Kdump) page(pfn uint64) ([]byte, error) {
 	}
 	// Cached by data offset: repeated reads of a page, and the pages
 	// of zeros that share one stored copy, decode once.
-	slot := &k.cache[uint64(off)*0x9e3779b97f4a7c15>>(64-kdCacheBits)]
+	slot := &k.cache[kdSlot(uint64(off))]
 	k.mu.Lock()
-	if slot.data != nil && slot.off == off {
+	if slot.data != nil && slot.key == uint64(off) {
 		d := slot.data
+		fslot.key, fslot.data = pfn, d
 		k.mu.Unlock()
 		return d, nil
 	}
@@ -336,7 +348,8 @@ func (k *Kdump) page(pfn uint64) ([]byte, error) {
 		}
 	}
 	k.mu.Lock()
-	slot.off, slot.data = off, data
+	slot.key, slot.data = uint64(off), data
+	fslot.key, fslot.data = pfn, data
 	k.mu.Unlock()
 	return data, nil
 }

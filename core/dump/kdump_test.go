@@ -441,3 +441,37 @@ func TestCodecsMatchReferenceLibraries(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkKdumpReadPhys: 8-byte physical reads from a zlib kdump of
+// 16 MiB, spread over every page (most decode a page) or over 64 pages
+// (the page cache answers, as in a page-table walk).
+func BenchmarkKdumpReadPhys(b *testing.B) {
+	g := &dumpgen.Kdump{MaxMapnr: 4096, Codec: dumpgen.CodecZlib, Pages: map[uint64][]byte{}}
+	for p := uint64(0); p < 4096; p++ {
+		g.Pages[p] = testPage(p, false)
+	}
+	std, err := g.Bytes()
+	if err != nil {
+		b.Fatal(err)
+	}
+	d, err := Open(writeTemp(b, std))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer d.Close()
+	for _, bc := range []struct {
+		name  string
+		pages uint64
+	}{{"spread", 4096}, {"hot", 64}} {
+		b.Run(bc.name, func(b *testing.B) {
+			rng := rand.New(rand.NewPCG(1, 1))
+			var buf [8]byte
+			for i := 0; i < b.N; i++ {
+				if _, err := d.ReadPhys(buf[:], rng.Uint64N(bc.pages)*4096+rng.Uint64N(512)*8); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "reads/s")
+		})
+	}
+}
