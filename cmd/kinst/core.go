@@ -34,8 +34,8 @@ func coreCmd(args []string) error {
 	fs.SortFlags = false
 	asJSON := fs.Bool("json", false, "print JSON")
 	all := fs.BoolP("all", "a", false, "bt: every task")
-	btfFile := fs.String("btf", "", "take types from this BTF file (raw BTF or an ELF with .BTF) instead of the dump")
-	vmlinux := fs.String("vmlinux", "", "take types (.BTF) and unwind tables (.orc_unwind*) from this vmlinux instead of the dump")
+	btfFile := fs.String("btf", "", "take types from `FILE` (raw BTF, or an ELF with .BTF) instead of the dump")
+	vmlinux := fs.String("vmlinux", "", "take types (.BTF) and unwind tables (.orc_unwind*) from the kernel image `FILE` instead of the dump")
 	fs.Usage = func() { fmt.Fprintf(os.Stderr, "Usage: kinst %s%s", coreSynopsis, fs.FlagUsages()) }
 	if err := fs.Parse(args); err != nil {
 		return err

@@ -12,40 +12,26 @@ import (
 	"github.com/kinst/kinst/core/dump"
 )
 
-// takeDumps pauses the guest and writes one dump per format into dir
-// with QMP dump-guest-memory: a paused guest gives identical memory to
-// every dump, so the ELF core is the oracle for the others.
-func takeDumps(t *testing.T, dir string, formats ...string) map[string]string {
-	t.Helper()
+// TestKdumpMatchesELF: every page QEMU's kdump-zlib dump holds (its
+// flattened form, and the standard form `makedumpfile -R` rebuilds from
+// it) equals the same page of an ELF core of the same paused guest (a
+// paused guest gives every dump the same memory), the kdump covers the
+// same memory, and the notes agree. It needs a live guest: this file
+// sorts before core_test.go, whose TestCore ends by panicking the guest.
+func TestKdumpMatchesELF(t *testing.T) {
 	if _, err := guest.QMP("stop", nil); err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
-		if _, err := guest.QMP("cont", nil); err != nil {
-			t.Errorf("cont: %v", err)
-		}
-	}()
-	paths := map[string]string{}
-	for _, f := range formats {
-		p := filepath.Join(dir, f)
-		start := time.Now()
-		if _, err := guest.QMP("dump-guest-memory", map[string]any{"paging": false, "protocol": "file:" + p, "format": f}); err != nil {
-			t.Fatalf("dump-guest-memory %s: %v", f, err)
-		}
-		st, _ := os.Stat(p)
-		t.Logf("%s: %d MiB in %.1fs", f, st.Size()>>20, time.Since(start).Seconds())
-		paths[f] = p
+	paths := map[string]string{
+		"elf":        dumpGuest(t, "compare.elf", "elf"),
+		"kdump-zlib": dumpGuest(t, "compare.kdump-zlib", "kdump-zlib"),
 	}
-	return paths
-}
-
-// TestKdumpMatchesELF: every page QEMU's kdump-zlib dump holds (its
-// flattened form, and the standard form `makedumpfile -R` rebuilds from
-// it) equals the same page of an ELF core of the same paused guest, the
-// kdump covers the same memory, and the notes agree.
-func TestKdumpMatchesELF(t *testing.T) {
+	if _, err := guest.QMP("cont", nil); err != nil {
+		t.Fatal(err)
+	}
 	dir := t.TempDir()
-	paths := takeDumps(t, dir, "elf", "kdump-zlib")
+	defer os.Remove(paths["elf"])
+	defer os.Remove(paths["kdump-zlib"])
 	elf, err := dump.Open(paths["elf"])
 	if err != nil {
 		t.Fatal(err)
