@@ -76,7 +76,9 @@ func init() {
 
 func probeKdump(head []byte) bool { return bytes.HasPrefix(head, []byte(kdumpSignature)) }
 
-// Kdump is an open kdump-compressed dump (standard or flattened).
+// Kdump is an open kdump-compressed dump (standard or flattened). It is
+// safe for concurrent use: the fields above mu are set when it opens and
+// only read afterwards.
 type Kdump struct {
 	format     string
 	r          io.ReaderAt

@@ -50,7 +50,8 @@ func init() {
 
 func probeMinidump(head []byte) bool { return bytes.HasPrefix(head, []byte(minidumpMagic)) }
 
-// Minidump is an open FreeBSD amd64 minidump.
+// Minidump is an open FreeBSD amd64 minidump. Nothing changes after it
+// opens, so it is safe for concurrent use.
 type Minidump struct {
 	r      io.ReaderAt
 	size   int64
