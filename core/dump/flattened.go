@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
-	"os"
 	"sort"
 )
 
@@ -26,19 +25,15 @@ const (
 	flatRecordHdr  = 16
 )
 
-func init() { register(flatFormat, probeFlattened, openFlattenedFile) }
+func init() {
+	register(flatFormat, probeFlattened, withSize(func(r io.ReaderAt, size int64, c io.Closer) (Dump, error) {
+		return openFlattened(r, size, c)
+	}))
+}
 
 func probeFlattened(head []byte) bool {
 	return len(head) >= 32 && bytes.HasPrefix(head, []byte(flatSignature)) &&
 		binary.BigEndian.Uint64(head[16:]) == 1 // TYPE_FLAT_HEADER
-}
-
-func openFlattenedFile(f *os.File) (Dump, error) {
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	return openFlattened(f, st.Size(), f)
 }
 
 // openFlattened indexes the stream in r and opens the kdump it carries.

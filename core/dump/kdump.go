@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"math/bits"
-	"os"
 	"sync"
 
 	lzo "github.com/anchore/go-lzo"
@@ -69,19 +68,17 @@ const (
 	kdMaxNotes      = 64 << 20 // a few KiB per CPU
 )
 
-func init() { register(kdumpFormat, probeKdump, openKdumpFile) }
+func init() {
+	register(kdumpFormat, probeKdump, withSize(func(r io.ReaderAt, size int64, c io.Closer) (Dump, error) {
+		return newKdump(r, size, size, kdumpFormat, c)
+	}))
+}
 
 func probeKdump(head []byte) bool { return bytes.HasPrefix(head, []byte(kdumpSignature)) }
 
-func openKdumpFile(f *os.File) (Dump, error) {
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	return newKdump(f, st.Size(), st.Size(), kdumpFormat, f)
-}
-
-// Kdump is an open kdump-compressed dump (standard or flattened).
+// Kdump is an open kdump-compressed dump (standard or flattened). It is
+// safe for concurrent use: the fields above mu are set when it opens and
+// only read afterwards.
 type Kdump struct {
 	format     string
 	r          io.ReaderAt
@@ -100,23 +97,31 @@ type Kdump struct {
 	descOff int64
 	notes   Notes
 
+	zlibPool sync.Pool // of zlib readers
+
 	zstdOnce sync.Once
 	zstd     *zstd.Decoder
 	zstdErr  error
 
-	mu    sync.Mutex // protects cache
-	cache [kdCacheSlots]kdCached
+	mu       sync.Mutex             // protects cache and pfnCache
+	cache    [kdCacheSlots]kdCached // by stored offset
+	pfnCache [kdCacheSlots]kdCached // by frame, sparing the descriptor read
 }
 
 // Page-table walks read a few words from the same pages over and over;
 // a small direct-mapped cache of decompressed pages spares re-inflating
 // them.
-const kdCacheSlots = 256
+const (
+	kdCacheBits  = 8
+	kdCacheSlots = 1 << kdCacheBits
+)
 
 type kdCached struct {
-	pfn  uint64
+	key  uint64 // file offset of the stored page, or frame number
 	data []byte // nil: empty slot
 }
+
+func kdSlot(key uint64) uint64 { return key * 0x9e3779b97f4a7c15 >> (64 - kdCacheBits) }
 
 // newKdump reads a standard kdump-compressed file from r (size bytes).
 // backing is how many bytes really stand behind r (a flattened stream
@@ -220,19 +225,8 @@ func newKdump(r io.ReaderAt, size, backing int64, format string, closer io.Close
 	return k, nil
 }
 
-// readFull reads len(p) bytes at off; running short is corruption.
 func (k *Kdump) readFull(p []byte, off int64, what string) error {
-	if off < 0 || off > k.size || int64(len(p)) > k.size-off {
-		return &CorruptError{k.format, off, fmt.Sprintf("%s (%d bytes) runs past the end of the %d-byte file", what, len(p), k.size)}
-	}
-	n, err := k.r.ReadAt(p, off)
-	if n == len(p) {
-		return nil
-	}
-	if err == nil || errors.Is(err, io.EOF) {
-		err = &CorruptError{k.format, off, fmt.Sprintf("%s: short read", what)}
-	}
-	return err
+	return readFullAt(k.r, k.size, p, off, k.format, what)
 }
 
 // readBlob reads an (offset, size) area the sub-header points to.
@@ -292,10 +286,10 @@ func (k *Kdump) ReadPhys(p []byte, addr uint64) (int, error) {
 
 // page returns frame pfn's content; the slice must not be modified.
 func (k *Kdump) page(pfn uint64) ([]byte, error) {
-	slot := &k.cache[pfn%kdCacheSlots]
+	fslot := &k.pfnCache[kdSlot(pfn)]
 	k.mu.Lock()
-	if slot.data != nil && slot.pfn == pfn {
-		d := slot.data
+	if fslot.data != nil && fslot.key == pfn {
+		d := fslot.data
 		k.mu.Unlock()
 		return d, nil
 	}
@@ -333,6 +327,17 @@ func (k *Kdump) page(pfn uint64) ([]byte, error) {
 		}
 		return nil, corrupt("data at %#x+%d is outside the %d-byte file", off, size, k.size)
 	}
+	// Cached by data offset: repeated reads of a page, and the pages
+	// of zeros that share one stored copy, decode once.
+	slot := &k.cache[kdSlot(uint64(off))]
+	k.mu.Lock()
+	if slot.data != nil && slot.key == uint64(off) {
+		d := slot.data
+		fslot.key, fslot.data = pfn, d
+		k.mu.Unlock()
+		return d, nil
+	}
+	k.mu.Unlock()
 	raw := make([]byte, size)
 	if err := k.readFull(raw, off, "page data"); err != nil {
 		return nil, err
@@ -345,7 +350,8 @@ func (k *Kdump) page(pfn uint64) ([]byte, error) {
 		}
 	}
 	k.mu.Lock()
-	slot.pfn, slot.data = pfn, data
+	slot.key, slot.data = uint64(off), data
+	fslot.key, fslot.data = pfn, data
 	k.mu.Unlock()
 	return data, nil
 }
@@ -363,10 +369,11 @@ func (k *Kdump) decompress(codec uint32, src []byte) (out []byte, err error) {
 	var n int
 	switch codec {
 	case kdZlib:
-		zr, err := zlib.NewReader(bytes.NewReader(src))
+		zr, err := k.zlibReader(src)
 		if err != nil {
 			return nil, fmt.Errorf("zlib page: %v", err)
 		}
+		defer k.zlibPool.Put(zr)
 		n, err = io.ReadFull(zr, dst)
 		if err != nil {
 			return nil, fmt.Errorf("zlib page: %d bytes inflated, want %d: %v", n, k.blockSize, err)
@@ -410,6 +417,18 @@ func (k *Kdump) decompress(codec uint32, src []byte) (out []byte, err error) {
 		return nil, fmt.Errorf("%s page decodes to %d bytes, want %d", codecName(codec), n, k.blockSize)
 	}
 	return dst[:n], nil
+}
+
+// zlibReader returns a pooled inflater reset to src: a new one per page
+// costs more than inflating the page.
+func (k *Kdump) zlibReader(src []byte) (io.ReadCloser, error) {
+	if zr, ok := k.zlibPool.Get().(io.ReadCloser); ok {
+		if err := zr.(zlib.Resetter).Reset(bytes.NewReader(src), nil); err != nil {
+			return nil, err
+		}
+		return zr, nil
+	}
+	return zlib.NewReader(bytes.NewReader(src))
 }
 
 func codecName(c uint32) string {

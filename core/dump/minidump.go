@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 
 	"github.com/kinst/kinst/core/internal/sparse"
 )
@@ -43,19 +42,16 @@ const (
 	mdMaxPart = 1 << 30 // msgbuf, bitmap, pmap: each far smaller on real machines
 )
 
-func init() { register(minidumpFormat, probeMinidump, openMinidumpFile) }
+func init() {
+	register(minidumpFormat, probeMinidump, withSize(func(r io.ReaderAt, size int64, c io.Closer) (Dump, error) {
+		return newMinidump(r, size, c)
+	}))
+}
 
 func probeMinidump(head []byte) bool { return bytes.HasPrefix(head, []byte(minidumpMagic)) }
 
-func openMinidumpFile(f *os.File) (Dump, error) {
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	return newMinidump(f, st.Size(), f)
-}
-
-// Minidump is an open FreeBSD amd64 minidump.
+// Minidump is an open FreeBSD amd64 minidump. Nothing changes after it
+// opens, so it is safe for concurrent use.
 type Minidump struct {
 	r      io.ReaderAt
 	size   int64
@@ -172,17 +168,7 @@ func newMinidump(r io.ReaderAt, size int64, closer io.Closer) (*Minidump, error)
 }
 
 func (m *Minidump) readFull(p []byte, off int64, what string) error {
-	if off < 0 || off > m.size || int64(len(p)) > m.size-off {
-		return &CorruptError{minidumpFormat, off, fmt.Sprintf("%s (%d bytes) runs past the end of the %d-byte file", what, len(p), m.size)}
-	}
-	n, err := m.r.ReadAt(p, off)
-	if n == len(p) {
-		return nil
-	}
-	if err == nil || errors.Is(err, io.EOF) {
-		err = &CorruptError{minidumpFormat, off, what + ": short read"}
-	}
-	return err
+	return readFullAt(m.r, m.size, p, off, minidumpFormat, what)
 }
 
 // bitID is the bitmap bit of the page holding pa (libkvm's
@@ -270,7 +256,9 @@ func (m *Minidump) read(p []byte, addr uint64, phys bool) (int, error) {
 		}
 		off, ok := m.pageOffset(pa)
 		if !ok {
-			return n, &NotPresentError{Addr: a, Physical: phys}
+			// A mapped virtual page that was not dumped names its
+			// physical address; an unmapped one its virtual address.
+			return n, &NotPresentError{Addr: pa, Physical: true}
 		}
 		in := pa % mdPageSize
 		chunk := min(uint64(len(p)-n), mdPageSize-in)
