@@ -35,6 +35,9 @@ type Stack struct {
 	// Stop says why the unwind ended before the outermost frame, if it
 	// did.
 	Stop string `json:"stop,omitempty"`
+	// UserMode: the task was running user code on its CPU; it has no
+	// kernel frames.
+	UserMode bool `json:"user_mode,omitempty"`
 }
 
 func (k *Kernel) orcTable() (*orcTables, error) {
@@ -149,7 +152,10 @@ func (k *Kernel) Backtrace(t Task) (*Stack, error) {
 		}
 		out.Frames = append(out.Frames, fr)
 	}
-	if uerr != nil {
+	switch {
+	case errors.Is(uerr, orc.ErrUserMode):
+		out.UserMode = true
+	case uerr != nil:
 		out.Stop = uerr.Error()
 	}
 	return out, nil

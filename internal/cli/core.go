@@ -167,6 +167,9 @@ func printStack(w io.Writer, st *core.Stack) {
 		}
 		fmt.Fprintf(w, " #%-2d %s %s%s\n", i, f.AddrHex, name, exc)
 	}
+	if st.UserMode {
+		fmt.Fprintf(w, "     (running in user mode: no kernel frames)\n")
+	}
 	if st.Stop != "" {
 		fmt.Fprintf(w, "     (%s)\n", st.Stop)
 	}
