@@ -58,11 +58,12 @@ type guestState struct {
 // stacks of the workload (/proc/PID/stack) and dmesg.
 func snapshot(t *testing.T, ctx context.Context) (*guestState, map[string]int) {
 	gsh(t, ctx, `setsid sh -c 'sleep 1000 | cat' </dev/null >/dev/null 2>&1 &
+setsid sh -c 'echo $$ > /tmp/spin.pid; while :; do :; done' </dev/null >/dev/null 2>&1 &
 echo livecore-marker-$$ > /dev/kmsg
 for i in 1 2 3 4 5 6 7 8 9 10; do pidof cat >/dev/null && pidof sleep >/dev/null && break; sleep 0.2; done
 sleep 0.5`)
 	out := gsh(t, ctx, `echo SELF $$
-echo PIDS sleep=$(pidof sleep) cat=$(pidof cat)
+echo PIDS sleep=$(pidof sleep) cat=$(pidof cat) spin=$(cat /tmp/spin.pid)
 for p in $(pidof sleep) $(pidof cat); do echo STACK $p; cat /proc/$p/stack; done
 echo PS; ps -o pid,comm
 echo DMESG; dmesg`)
@@ -98,7 +99,7 @@ echo DMESG; dmesg`)
 			g.dmesg = append(g.dmesg, line)
 		}
 	}
-	if g.self == 0 || work["sleep"] == 0 || work["cat"] == 0 || len(g.ps) < 20 || len(g.dmesg) < 20 {
+	if g.self == 0 || work["sleep"] == 0 || work["cat"] == 0 || work["spin"] == 0 || len(g.ps) < 20 || len(g.dmesg) < 20 {
 		t.Fatalf("guest snapshot incomplete:\n%s", out)
 	}
 	return g, work
@@ -124,6 +125,7 @@ func TestCore(t *testing.T) {
 	if _, err := guest.QMP("cont", nil); err != nil {
 		t.Fatal(err)
 	}
+	gsh(t, ctx, "kill $(cat /tmp/spin.pid)")
 	for _, format := range []string{"elf", "kdump-zlib"} {
 		path := dumps[format]
 		t.Run(format+"/ps", func(t *testing.T) { checkPS(t, path, g) })
@@ -138,6 +140,7 @@ func TestCore(t *testing.T) {
 	t.Run("elf/sym", func(t *testing.T) { checkSymbols(t, dumps["elf"], kallsyms) })
 	t.Run("elf/dis", func(t *testing.T) { checkDis(t, dumps["elf"]) })
 	t.Run("elf/bt-all", func(t *testing.T) { checkBacktraceAll(t, dumps["elf"], g) })
+	t.Run("elf/running", func(t *testing.T) { checkRunning(t, dumps["elf"], work["spin"]) })
 	t.Run("errors", func(t *testing.T) { checkErrors(t, dumps["elf"]) })
 	os.Remove(dumps["kdump-zlib"])
 	t.Run("panic", testPanic) // last: the guest does not come back
@@ -421,6 +424,25 @@ func checkBacktraceAll(t *testing.T, path string, g *guestState) {
 		}
 	}
 	t.Logf("%d stacks; outermost frames %v", len(all.Stacks), outer)
+}
+
+// checkRunning: a shell spinning in a loop was on a CPU when the dump was
+// taken; bt unwinds it from that CPU's registers: either it was in user
+// mode (no kernel frames), or in the kernel on its way from or back to
+// user mode (an interrupt, a syscall), ending cleanly at the entry code.
+func checkRunning(t *testing.T, path string, pid int) {
+	st := backtrace(t, path, pid)
+	if !st.Task.Active {
+		t.Fatalf("the spinning shell %d is not marked running on a CPU: %+v", pid, st.Task)
+	}
+	var fns []string
+	for _, f := range st.Frames {
+		fns = append(fns, fmt.Sprintf("%s+%#x", f.Function, f.Offset))
+	}
+	if st.Stop != "" || (!st.UserMode && len(fns) == 0) {
+		t.Errorf("bt %d: %v, stop %q", pid, fns, st.Stop)
+	}
+	t.Logf("spinning shell %d on cpu %d: user mode %v, kernel frames %v", pid, st.Task.CPU, st.UserMode, fns)
 }
 
 func checkErrors(t *testing.T, path string) {
