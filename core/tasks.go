@@ -241,3 +241,23 @@ func (k *Kernel) Task(pid int) (Task, error) {
 	}
 	return Task{}, fmt.Errorf("no task with pid %d in the dump", pid)
 }
+
+// TaskAt reads the task_struct at addr, whether or not it is on the
+// task lists (a task being created or torn down, or one found in a
+// register).
+func (k *Kernel) TaskAt(addr uint64) (Task, error) {
+	ts, err := k.Tasks()
+	if err != nil {
+		return Task{}, err
+	}
+	for _, t := range ts {
+		if t.Addr == addr {
+			return t, nil
+		}
+	}
+	l, err := k.taskLayout()
+	if err != nil {
+		return Task{}, err
+	}
+	return k.readTask(l, addr)
+}

@@ -104,12 +104,19 @@ func CorePS(k *core.Kernel, asJSON bool, w io.Writer) error {
 	return nil
 }
 
-// CoreBacktrace prints the kernel stack of one task (by PID), or of every
-// task with all: `{"frames":[{"address":"0x…","function":…,"offset":…}]}`
-// for one, `{"stacks":[{"task":…,"frames":[…]}]}` for all.
-func CoreBacktrace(k *core.Kernel, pid int, all, asJSON bool, w io.Writer) error {
+// CoreBacktrace prints the kernel stack of one task (by PID, or by
+// task_struct address), or of every task with all:
+// `{"frames":[{"address":"0x…","function":…,"offset":…}]}` for one,
+// `{"stacks":[{"task":…,"frames":[…]}]}` for all.
+func CoreBacktrace(k *core.Kernel, which uint64, all, asJSON bool, w io.Writer) error {
 	if !all {
-		t, err := k.Task(pid)
+		var t core.Task
+		var err error
+		if which >= kernelHalf {
+			t, err = k.TaskAt(which)
+		} else {
+			t, err = k.Task(int(which))
+		}
 		if err != nil {
 			return err
 		}
