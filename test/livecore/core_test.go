@@ -34,10 +34,11 @@ type frameJSON struct {
 
 type stackJSON struct {
 	Task struct {
-		PID    int    `json:"pid"`
-		Comm   string `json:"comm"`
-		Active bool   `json:"active"`
-		CPU    int    `json:"cpu"`
+		Address string `json:"address"`
+		PID     int    `json:"pid"`
+		Comm    string `json:"comm"`
+		Active  bool   `json:"active"`
+		CPU     int    `json:"cpu"`
 	} `json:"task"`
 	Frames   []frameJSON `json:"frames"`
 	Stop     string      `json:"stop"`
@@ -218,6 +219,14 @@ func checkBacktrace(t *testing.T, path string, pid int, comm string, want []stri
 	}
 	if !strings.HasPrefix(got[0], "__schedule+") {
 		t.Errorf("bt %d: innermost frame %s, want __schedule", pid, got[0])
+	}
+	// The same task named by its task_struct address.
+	var byAddr stackJSON
+	if err := json.Unmarshal(kinst(t, "core", path, "bt", st.Task.Address, "--json"), &byAddr); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(byAddr) != fmt.Sprint(st) {
+		t.Errorf("bt %s: %+v\nbt %d: %+v", st.Task.Address, byAddr, pid, st)
 	}
 	t.Logf("bt %d (%s): %s", pid, comm, strings.Join(got, " < "))
 }
