@@ -22,6 +22,7 @@ const (
 	descStateBits = 64 - 2
 	descIDMask    = 1<<descStateBits - 1
 	maxRingBits   = 28
+	maxRingBytes  = 512 << 20 // log_buf_len is at most 2^25 bytes in practice
 )
 
 // Log reads the printk ring buffer (the lockless printk_ringbuffer of
@@ -74,6 +75,9 @@ func (k *Kernel) Log() ([]LogRecord, error) {
 		return nil, fmt.Errorf("printk: ring sizes 2^%d descriptors, 2^%d text bytes are not plausible", cbits, sbits)
 	}
 	count, size := uint64(1)<<cbits, uint64(1)<<sbits
+	if total := count*(descSize+infoSize) + size; total > maxRingBytes {
+		return nil, fmt.Errorf("printk: a ring of %d descriptors and %d text bytes (%d MiB) is not plausible", count, size, total>>20)
+	}
 	db, err := k.ReadBytes(descs, int(count*descSize))
 	if err != nil {
 		return nil, fmt.Errorf("printk: descriptors: %w", err)
