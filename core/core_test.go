@@ -315,3 +315,31 @@ func TestWalkList(t *testing.T) {
 		t.Errorf("list into unmapped memory: %v", err)
 	}
 }
+
+// FuzzLog: whatever VMCOREINFO and ring memory say, reading the log ends
+// with records or an error, never a panic or a runaway allocation.
+func FuzzLog(f *testing.F) {
+	layout := "OFFSET(printk_ringbuffer.desc_ring)=0\nOFFSET(printk_ringbuffer.text_data_ring)=48\n" +
+		"OFFSET(prb_desc_ring.count_bits)=0\nOFFSET(prb_desc_ring.descs)=8\nOFFSET(prb_desc_ring.infos)=16\n" +
+		"OFFSET(prb_desc_ring.head_id)=24\nOFFSET(prb_desc_ring.tail_id)=32\nOFFSET(prb_desc.state_var)=0\n" +
+		"OFFSET(prb_desc.text_blk_lpos)=8\nOFFSET(prb_data_blk_lpos.begin)=0\nOFFSET(prb_data_blk_lpos.next)=8\n" +
+		"OFFSET(prb_data_ring.size_bits)=0\nOFFSET(prb_data_ring.data)=8\nOFFSET(printk_info.seq)=0\n" +
+		"OFFSET(printk_info.ts_nsec)=8\nOFFSET(printk_info.text_len)=16\nSIZE(prb_desc)=24\nSIZE(printk_info)=88\n"
+	f.Add(layout, []byte{})
+	f.Add(layout+"SIZE(prb_desc)=8\n", []byte{4, 0, 0, 0})
+	f.Fuzz(func(t *testing.T, info string, mem []byte) {
+		d := newMemDump()
+		const root = 0x100000
+		d.write(root, make([]byte, 4*pageSize))
+		d.write(root, mem[:min(len(mem), 4*pageSize)])
+		// prb (at image offset 0x200000) points to the ring at +0x100.
+		d.put64(root, startKernelMap+0x200100)
+		d.info = fmt.Sprintf("OSRELEASE=t\nSYMBOL(init_top_pgt)=%x\nNUMBER(phys_base)=%d\nSYMBOL(prb)=%x\n",
+			uint64(startKernelMap+0x200000), root-0x200000, uint64(startKernelMap+0x200000)) + info
+		k, err := New(d, Options{})
+		if err != nil {
+			return
+		}
+		k.Log()
+	})
+}

@@ -53,6 +53,9 @@ func (k *Kernel) Log() ([]LogRecord, error) {
 	if len(errs) > 0 || descSize == 0 || infoSize == 0 {
 		return nil, fmt.Errorf("printk: VMCOREINFO lacks the ring buffer layout: %v", errs)
 	}
+	if max(stateVar+8, textLpos+max(lposBegin, lposNext)+8) > descSize || max(infoSeq+8, infoTS+8, infoLen+4) > infoSize {
+		return nil, fmt.Errorf("printk: VMCOREINFO's ring buffer layout does not fit its own sizes (prb_desc %d, printk_info %d bytes)", descSize, infoSize)
+	}
 	prb, err := k.ReadU64(prbSym)
 	if err != nil {
 		return nil, fmt.Errorf("printk: prb: %w", err)
