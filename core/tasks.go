@@ -122,10 +122,16 @@ func (k *Kernel) Tasks() ([]Task, error) {
 			return out, err
 		}
 	}
-	// Idle tasks of the other CPUs, when they are running.
-	for addr := range current {
-		if err := add(addr); err != nil {
-			return out, err
+	// The idle tasks of CPUs other than 0 are on no task list; nor is a
+	// running task the dump caught between lists.
+	for _, ct := range k.cpuTasks() {
+		for _, addr := range []uint64{ct.current, ct.idle} {
+			if addr == 0 {
+				continue
+			}
+			if err := add(addr); err != nil {
+				return out, err
+			}
 		}
 	}
 	return out, nil
@@ -198,10 +204,25 @@ func stateLetter(state, exitState uint32) string {
 	return string("RSDTtXZPI"[idx])
 }
 
-// currentTasks maps each CPU's current task (per-CPU current_task, or
-// pcpu_hot.current_task since 6.2) to the CPU.
+// currentTasks maps each CPU's current task to the CPU.
 func (k *Kernel) currentTasks() map[uint64]int {
 	out := map[uint64]int{}
+	for cpu, ct := range k.cpuTasks() {
+		if ct.current != 0 {
+			out[ct.current] = cpu
+		}
+	}
+	return out
+}
+
+// cpuTask is what one CPU's runqueue knows of its tasks.
+type cpuTask struct{ current, idle uint64 }
+
+// cpuTasks reads each CPU's current task (per-CPU current_task, or
+// pcpu_hot.current_task since 6.2) and idle task (runqueues.idle); a
+// zero address where the dump does not say.
+func (k *Kernel) cpuTasks() []cpuTask {
+	out := make([]cpuTask, len(k.Dump.CPUs()))
 	s, err := k.Symbols()
 	if err != nil {
 		return out
@@ -210,19 +231,25 @@ func (k *Kernel) currentTasks() map[uint64]int {
 	if err != nil {
 		return out
 	}
-	cur, err := s.Addr("current_task")
-	if err != nil {
-		if cur, err = s.Addr("pcpu_hot"); err != nil {
-			return out
-		}
+	cur, errCur := s.Addr("current_task")
+	if errCur != nil {
+		cur, errCur = s.Addr("pcpu_hot")
 	}
-	for i := range k.Dump.CPUs() {
+	rq, errRQ := s.Addr("runqueues")
+	var idleOff uint64
+	if t, err := k.Types(); err == nil && errRQ == nil {
+		idleOff, errRQ = t.Offset("rq", "idle")
+	}
+	for i := range out {
 		base, err := k.ReadU64(offs + uint64(8*i))
 		if err != nil {
 			continue
 		}
-		if t, err := k.ReadU64(base + cur); err == nil && t != 0 {
-			out[t] = i
+		if errCur == nil {
+			out[i].current, _ = k.ReadU64(base + cur)
+		}
+		if errRQ == nil {
+			out[i].idle, _ = k.ReadU64(base + rq + idleOff)
 		}
 	}
 	return out

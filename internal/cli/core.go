@@ -158,7 +158,7 @@ func CoreBacktrace(k *core.Kernel, which uint64, all, asJSON bool, w io.Writer) 
 
 func printStack(w io.Writer, st *core.Stack) {
 	t := st.Task
-	where := "sleeping"
+	where := "switched out"
 	if t.Active {
 		where = fmt.Sprintf("running on cpu %d", t.CPU)
 	}
