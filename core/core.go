@@ -121,6 +121,9 @@ func New(d dump.Dump, o Options) (*Kernel, error) {
 	if info.Numbers["pgtable_l5_enabled"] == 1 {
 		k.levels = 5
 	}
+	// The kernel's own top-level table, not a CPU's CR3: an idle CPU runs
+	// on a borrowed user mm (lazy TLB), whose kernel half is the same but
+	// whose pages a dumper may have excluded. CR3 is the fallback.
 	top, ok := info.Symbols["init_top_pgt"]
 	if !ok {
 		top, ok = info.Symbols["swapper_pg_dir"]
