@@ -103,17 +103,20 @@ type Kdump struct {
 	zstd     *zstd.Decoder
 	zstdErr  error
 
-	mu       sync.Mutex             // protects cache and pfnCache
-	cache    [kdCacheSlots]kdCached // by stored offset
-	pfnCache [kdCacheSlots]kdCached // by frame, sparing the descriptor read
+	mu        sync.Mutex             // protects cache, pfnCache and descCache
+	cache     [kdCacheSlots]kdCached // by stored offset
+	pfnCache  [kdCacheSlots]kdCached // by frame, sparing the descriptor read
+	descCache [kdDescSlots]kdCached  // blocks of descriptors, by block number
 }
 
 // Page-table walks read a few words from the same pages over and over;
 // a small direct-mapped cache of decompressed pages spares re-inflating
 // them.
 const (
-	kdCacheBits  = 8
-	kdCacheSlots = 1 << kdCacheBits
+	kdCacheBits     = 8
+	kdCacheSlots    = 1 << kdCacheBits
+	kdDescsPerBlock = 170 // 4080 bytes of descriptors per read
+	kdDescSlots     = 16
 )
 
 type kdCached struct {
@@ -299,8 +302,8 @@ func (k *Kdump) page(pfn uint64) ([]byte, error) {
 		return nil, ErrNotPresent
 	}
 	descAt := k.descOff + int64(rank)*kdDescSize
-	var desc [kdDescSize]byte
-	if err := k.readFull(desc[:], descAt, "page descriptor"); err != nil {
+	desc, err := k.descriptor(rank)
+	if err != nil {
 		if k.incomplete {
 			return nil, ErrNotPresent
 		}
@@ -354,6 +357,38 @@ func (k *Kdump) page(pfn uint64) ([]byte, error) {
 	fslot.key, fslot.data = pfn, data
 	k.mu.Unlock()
 	return data, nil
+}
+
+// descriptor returns the rank-th page descriptor. Descriptors are read
+// a block at a time: neighbouring frames' descriptors are neighbours.
+func (k *Kdump) descriptor(rank uint64) ([]byte, error) {
+	block := rank / kdDescsPerBlock
+	slot := &k.descCache[block%kdDescSlots]
+	k.mu.Lock()
+	if slot.data != nil && slot.key == block {
+		d := slot.data
+		k.mu.Unlock()
+		return d[rank%kdDescsPerBlock*kdDescSize:][:kdDescSize], nil
+	}
+	k.mu.Unlock()
+	off := k.descOff + int64(block*kdDescsPerBlock*kdDescSize)
+	n := int64(kdDescsPerBlock * kdDescSize)
+	if last := int64(k.dumped.Count()-block*kdDescsPerBlock) * kdDescSize; last < n {
+		n = last
+	}
+	d := make([]byte, n)
+	if err := k.readFull(d, off, "page descriptors"); err != nil {
+		// Read just this one: the block may run past a truncated end.
+		one := make([]byte, kdDescSize)
+		if err := k.readFull(one, k.descOff+int64(rank)*kdDescSize, "page descriptor"); err != nil {
+			return nil, err
+		}
+		return one, nil
+	}
+	k.mu.Lock()
+	slot.key, slot.data = block, d
+	k.mu.Unlock()
+	return d[rank%kdDescsPerBlock*kdDescSize:][:kdDescSize], nil
 }
 
 // decompress inflates one page; the result must be exactly one block.

@@ -475,3 +475,35 @@ func BenchmarkKdumpReadPhys(b *testing.B) {
 		})
 	}
 }
+
+// TestKdumpDescriptorBlocks reads a dump with descriptors in several
+// blocks (kdDescsPerBlock each), in an order that jumps between them.
+func TestKdumpDescriptorBlocks(t *testing.T) {
+	g := &dumpgen.Kdump{MaxMapnr: 1200, Codec: dumpgen.CodecSnappy, Pages: map[uint64][]byte{}}
+	for p := uint64(0); p < 1200; p++ {
+		if p%7 != 3 {
+			g.Pages[p] = testPage(p, false)
+		}
+	}
+	std, err := g.Bytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := Open(writeTemp(t, std))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	buf := make([]byte, 4096)
+	for i := uint64(0); i < 1200; i++ {
+		p := i * 389 % 1200 // 389 is prime to 1200: every frame once
+		_, err := d.ReadPhys(buf, p*4096)
+		if want, ok := g.Pages[p]; !ok {
+			if !errors.Is(err, ErrNotPresent) {
+				t.Fatalf("frame %d: %v", p, err)
+			}
+		} else if err != nil || !bytes.Equal(buf, want) {
+			t.Fatalf("frame %d: %v", p, err)
+		}
+	}
+}
