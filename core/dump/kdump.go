@@ -94,6 +94,7 @@ type Kdump struct {
 	incomplete bool // the dumper ran out of space: pages past the end are lost
 
 	dumped  *sparse.Index // the 2nd bitmap
+	inRAM   *sparse.Index // the 1st bitmap
 	descOff int64
 	notes   Notes
 
@@ -216,12 +217,17 @@ func newKdump(r io.ReaderAt, size, backing int64, format string, closer io.Close
 		return nil, corrupt(kdHdrMaxMapnr, "max_mapnr %#x exceeds the %d-byte bitmap", k.maxMapnr, bitmapLen)
 	}
 
-	// Only the 2nd bitmap is needed: a page is readable when dumped.
+	// The 2nd bitmap says which pages are dumped; the 1st, which were in
+	// memory, so that a page left out can be told from one never there.
 	bm := make([]byte, (k.maxMapnr+7)/8)
 	if err := k.readFull(bm, int64(bitmapOff+bitmapLen), "2nd bitmap"); err != nil {
 		return nil, err
 	}
 	k.dumped = sparse.New(bm, k.maxMapnr)
+	if err := k.readFull(bm, int64(bitmapOff), "1st bitmap"); err != nil {
+		return nil, err
+	}
+	k.inRAM = sparse.New(bm, k.maxMapnr)
 	if n := k.dumped.Count(); !k.incomplete && (n > uint64(size) || uint64(k.descOff)+n*kdDescSize > uint64(size)) {
 		return nil, corrupt(k.descOff, "%d page descriptors run past the end of the %d-byte file", n, size)
 	}
@@ -278,7 +284,8 @@ func (k *Kdump) ReadPhys(p []byte, addr uint64) (int, error) {
 		page, err := k.page(a >> k.pageShift)
 		if err != nil {
 			if errors.Is(err, ErrNotPresent) {
-				err = &NotPresentError{Addr: a, Physical: true}
+				pfn := a >> k.pageShift
+				err = &NotPresentError{Addr: a, Physical: true, Excluded: k.inRAM.Test(pfn) && !k.dumped.Test(pfn)}
 			}
 			return n, err
 		}

@@ -109,9 +109,14 @@ func checkKdump(t *testing.T, d Dump, gen *dumpgen.Kdump, format string) {
 	if !bytes.Equal(span, append(want, gen.Pages[47][:123]...)) {
 		t.Fatalf("spanning read returned other bytes")
 	}
-	// A read that runs into an excluded frame stops there.
-	if n, err := d.ReadPhys(span, 9*4096); !errors.Is(err, ErrNotPresent) || n != 4096 {
+	// A read that runs into an excluded frame stops there, and says the
+	// frame was excluded (in the 1st bitmap, not the 2nd).
+	var npe *NotPresentError
+	if n, err := d.ReadPhys(span, 9*4096); !errors.As(err, &npe) || n != 4096 || !npe.Excluded || npe.Addr != 10*4096 {
 		t.Fatalf("read into excluded frame: %d, %v", n, err)
+	}
+	if _, err := d.ReadPhys(span, 12*4096); !errors.As(err, &npe) || npe.Excluded {
+		t.Fatalf("frame never in memory: %v", err)
 	}
 	wantRanges := []Range{{0, 10 * 4096}, {16 * 4096, 17 * 4096}, {40 * 4096, 90 * 4096}, {130 * 4096, 200 * 4096}}
 	if got := d.PhysRanges(); !reflect.DeepEqual(got, wantRanges) {
