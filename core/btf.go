@@ -2,8 +2,10 @@ package core
 
 import (
 	"bytes"
+	"debug/elf"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 
 	"github.com/cilium/ebpf/btf"
@@ -22,20 +24,7 @@ const maxBTF = 64 << 20
 // given, else from the dump's memory between __start_BTF and __stop_BTF
 // (CONFIG_DEBUG_INFO_BTF keeps it in .BTF, mapped with the image).
 func (k *Kernel) Types() (*Types, error) {
-	k.mu.Lock()
-	t := k.types
-	k.mu.Unlock()
-	if t != nil {
-		return t, nil
-	}
-	t, err := k.loadTypes()
-	if err != nil {
-		return nil, fmt.Errorf("BTF: %w", err)
-	}
-	k.mu.Lock()
-	k.types = t
-	k.mu.Unlock()
-	return t, nil
+	return k.types.get("BTF", k.loadTypes)
 }
 
 func (k *Kernel) loadTypes() (*Types, error) {
@@ -43,7 +32,7 @@ func (k *Kernel) loadTypes() (*Types, error) {
 		if f == "" {
 			continue
 		}
-		spec, err := btf.LoadSpec(f)
+		spec, err := loadBTFFile(f)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", f, err)
 		}
@@ -70,6 +59,30 @@ func (k *Kernel) loadTypes() (*Types, error) {
 		return nil, err
 	}
 	return &Types{Spec: spec, Source: fmt.Sprintf("dump memory %#x-%#x", start, stop)}, nil
+}
+
+// loadBTFFile reads raw BTF, or the .BTF section of an ELF file. A
+// vmlinux is read section-only: Debian's has no symbol table, which
+// btf.LoadSpec would want for fixing up data sections we do not need.
+func loadBTFFile(path string) (*btf.Spec, error) {
+	f, err := elf.Open(path)
+	if err != nil {
+		raw, rerr := os.ReadFile(path)
+		if rerr != nil {
+			return nil, rerr
+		}
+		return btf.LoadSpecFromReader(bytes.NewReader(raw))
+	}
+	defer f.Close()
+	sec := f.Section(".BTF")
+	if sec == nil {
+		return nil, errors.New("ELF file without a .BTF section")
+	}
+	raw, err := sec.Data()
+	if err != nil {
+		return nil, err
+	}
+	return btf.LoadSpecFromReader(bytes.NewReader(raw))
 }
 
 // Struct finds a struct by name.

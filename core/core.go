@@ -46,9 +46,9 @@ type Options struct {
 	Vmlinux string
 }
 
-// Kernel is a dump seen as a Linux kernel. Symbols, types and unwind
-// tables are loaded on first use; mu protects those lazy fields and the
-// translation cache, so a Kernel is safe for concurrent use.
+// Kernel is a dump seen as a Linux kernel. Symbols, types, unwind tables
+// and modules are loaded once, on first use; mu protects the translation
+// cache. A Kernel is safe for concurrent use.
 type Kernel struct {
 	Dump dump.Dump
 	Info *VMCoreInfo
@@ -59,11 +59,30 @@ type Kernel struct {
 	pgd      uint64 // physical address of the kernel's top-level page table
 	levels   int    // 4 or 5
 
-	mu    sync.Mutex
-	tlb   map[uint64]uint64 // virtual page → physical page (or notMapped)
-	syms  *Symbols
-	types *Types
-	orc   *orcTables
+	mu  sync.Mutex        // protects tlb
+	tlb map[uint64]uint64 // virtual page → physical page (or notMapped)
+
+	syms  loadOnce[*Symbols]
+	types loadOnce[*Types]
+	orc   loadOnce[*orcTables]
+	mods  loadOnce[[]*Module]
+}
+
+// loadOnce computes a value on first use and keeps it, error included:
+// the dump does not change, so a second attempt would fail the same way.
+type loadOnce[T any] struct {
+	once sync.Once
+	v    T
+	err  error
+}
+
+func (l *loadOnce[T]) get(what string, load func() (T, error)) (T, error) {
+	l.once.Do(func() {
+		if l.v, l.err = load(); l.err != nil {
+			l.err = fmt.Errorf("%s: %w", what, l.err)
+		}
+	})
+	return l.v, l.err
 }
 
 // Open opens a dump and prepares its kernel view. The dump must carry
@@ -102,6 +121,9 @@ func New(d dump.Dump, o Options) (*Kernel, error) {
 	if info.Numbers["pgtable_l5_enabled"] == 1 {
 		k.levels = 5
 	}
+	// The kernel's own top-level table, not a CPU's CR3: an idle CPU runs
+	// on a borrowed user mm (lazy TLB), whose kernel half is the same but
+	// whose pages a dumper may have excluded. CR3 is the fallback.
 	top, ok := info.Symbols["init_top_pgt"]
 	if !ok {
 		top, ok = info.Symbols["swapper_pg_dir"]

@@ -286,3 +286,60 @@ func TestBlockData(t *testing.T) {
 		t.Errorf("PanicMessage = %q", got)
 	}
 }
+
+func TestWalkList(t *testing.T) {
+	d := newMemDump()
+	const root = 0x100000
+	d.write(root, make([]byte, pageSize))
+	d.info = fmt.Sprintf("OSRELEASE=test\nSYMBOL(init_top_pgt)=%x\nNUMBER(phys_base)=%d\n", uint64(startKernelMap+0x200000), root-0x200000)
+	k, err := New(d, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// head → a → b → head, in the image mapping (physical = va - map + phys_base).
+	va := func(off uint64) uint64 { return startKernelMap + 0x200000 + off }
+	pa := func(off uint64) uint64 { return root + off }
+	d.put64(pa(0x100), va(0x200))
+	d.put64(pa(0x200), va(0x300))
+	d.put64(pa(0x300), va(0x100))
+	var got []uint64
+	if err := k.walkList(va(0x100), 8, func(e uint64) error { got = append(got, e); return nil }); err != nil || len(got) != 2 || got[0] != va(0x1f8) || got[1] != va(0x2f8) {
+		t.Errorf("walk: %#x, %v", got, err)
+	}
+	d.put64(pa(0x300), va(0x200)) // b → a: a loop that skips head
+	if err := k.walkList(va(0x100), 8, func(uint64) error { return nil }); err == nil || !strings.Contains(err.Error(), "loops") {
+		t.Errorf("looping list: %v", err)
+	}
+	d.put64(pa(0x300), 0xffffc90000000000) // into unmapped memory
+	if err := k.walkList(va(0x100), 8, func(uint64) error { return nil }); !errors.Is(err, dump.ErrNotPresent) {
+		t.Errorf("list into unmapped memory: %v", err)
+	}
+}
+
+// FuzzLog: whatever VMCOREINFO and ring memory say, reading the log ends
+// with records or an error, never a panic or a runaway allocation.
+func FuzzLog(f *testing.F) {
+	layout := "OFFSET(printk_ringbuffer.desc_ring)=0\nOFFSET(printk_ringbuffer.text_data_ring)=48\n" +
+		"OFFSET(prb_desc_ring.count_bits)=0\nOFFSET(prb_desc_ring.descs)=8\nOFFSET(prb_desc_ring.infos)=16\n" +
+		"OFFSET(prb_desc_ring.head_id)=24\nOFFSET(prb_desc_ring.tail_id)=32\nOFFSET(prb_desc.state_var)=0\n" +
+		"OFFSET(prb_desc.text_blk_lpos)=8\nOFFSET(prb_data_blk_lpos.begin)=0\nOFFSET(prb_data_blk_lpos.next)=8\n" +
+		"OFFSET(prb_data_ring.size_bits)=0\nOFFSET(prb_data_ring.data)=8\nOFFSET(printk_info.seq)=0\n" +
+		"OFFSET(printk_info.ts_nsec)=8\nOFFSET(printk_info.text_len)=16\nSIZE(prb_desc)=24\nSIZE(printk_info)=88\n"
+	f.Add(layout, []byte{})
+	f.Add(layout+"SIZE(prb_desc)=8\n", []byte{4, 0, 0, 0})
+	f.Fuzz(func(t *testing.T, info string, mem []byte) {
+		d := newMemDump()
+		const root = 0x100000
+		d.write(root, make([]byte, 4*pageSize))
+		d.write(root, mem[:min(len(mem), 4*pageSize)])
+		// prb (at image offset 0x200000) points to the ring at +0x100.
+		d.put64(root, startKernelMap+0x200100)
+		d.info = fmt.Sprintf("OSRELEASE=t\nSYMBOL(init_top_pgt)=%x\nNUMBER(phys_base)=%d\nSYMBOL(prb)=%x\n",
+			uint64(startKernelMap+0x200000), root-0x200000, uint64(startKernelMap+0x200000)) + info
+		k, err := New(d, Options{})
+		if err != nil {
+			return
+		}
+		k.Log()
+	})
+}

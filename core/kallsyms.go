@@ -9,9 +9,10 @@ import (
 
 // Symbol is one kallsyms entry.
 type Symbol struct {
-	Addr uint64
-	Type byte // kallsyms type letter: T/t text, D/d data, B/b bss, R/r rodata, A absolute…
-	Name string
+	Addr   uint64
+	Type   byte // kallsyms type letter: T/t text, D/d data, B/b bss, R/r rodata, A absolute…
+	Name   string
+	Module string `json:",omitempty"` // "" for the kernel image
 }
 
 // IsText reports whether the symbol is in a text section.
@@ -39,20 +40,7 @@ const maxKallsymsNames = 64 << 20
 // kallsyms_relative_base plus kallsyms_offsets[i], where a negative
 // offset means an absolute per-CPU address (KALLSYMS_ABSOLUTE_PERCPU).
 func (k *Kernel) Symbols() (*Symbols, error) {
-	k.mu.Lock()
-	s := k.syms
-	k.mu.Unlock()
-	if s != nil {
-		return s, nil
-	}
-	s, err := k.loadKallsyms()
-	if err != nil {
-		return nil, fmt.Errorf("kallsyms: %w", err)
-	}
-	k.mu.Lock()
-	k.syms = s
-	k.mu.Unlock()
-	return s, nil
+	return k.syms.get("kallsyms", k.loadKallsyms)
 }
 
 func (k *Kernel) loadKallsyms() (*Symbols, error) {

@@ -22,6 +22,7 @@ const (
 	descStateBits = 64 - 2
 	descIDMask    = 1<<descStateBits - 1
 	maxRingBits   = 28
+	maxRingBytes  = 512 << 20 // log_buf_len is at most 2^25 bytes in practice
 )
 
 // Log reads the printk ring buffer (the lockless printk_ringbuffer of
@@ -52,6 +53,9 @@ func (k *Kernel) Log() ([]LogRecord, error) {
 	if len(errs) > 0 || descSize == 0 || infoSize == 0 {
 		return nil, fmt.Errorf("printk: VMCOREINFO lacks the ring buffer layout: %v", errs)
 	}
+	if max(stateVar+8, textLpos+max(lposBegin, lposNext)+8) > descSize || max(infoSeq+8, infoTS+8, infoLen+4) > infoSize {
+		return nil, fmt.Errorf("printk: VMCOREINFO's ring buffer layout does not fit its own sizes (prb_desc %d, printk_info %d bytes)", descSize, infoSize)
+	}
 	prb, err := k.ReadU64(prbSym)
 	if err != nil {
 		return nil, fmt.Errorf("printk: prb: %w", err)
@@ -74,6 +78,9 @@ func (k *Kernel) Log() ([]LogRecord, error) {
 		return nil, fmt.Errorf("printk: ring sizes 2^%d descriptors, 2^%d text bytes are not plausible", cbits, sbits)
 	}
 	count, size := uint64(1)<<cbits, uint64(1)<<sbits
+	if total := count*(descSize+infoSize) + size; total > maxRingBytes {
+		return nil, fmt.Errorf("printk: a ring of %d descriptors and %d text bytes (%d MiB) is not plausible", count, size, total>>20)
+	}
 	db, err := k.ReadBytes(descs, int(count*descSize))
 	if err != nil {
 		return nil, fmt.Errorf("printk: descriptors: %w", err)

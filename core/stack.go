@@ -22,6 +22,7 @@ type Frame struct {
 	AddrHex  string `json:"address"`
 	Function string `json:"function"`
 	Offset   uint64 `json:"offset"`
+	Module   string `json:"module,omitempty"`
 	// Exception: the frame was interrupted (its address is the
 	// interrupted instruction, not a return address).
 	Exception bool `json:"exception,omitempty"`
@@ -34,23 +35,13 @@ type Stack struct {
 	// Stop says why the unwind ended before the outermost frame, if it
 	// did.
 	Stop string `json:"stop,omitempty"`
+	// UserMode: the task was running user code on its CPU; it has no
+	// kernel frames.
+	UserMode bool `json:"user_mode,omitempty"`
 }
 
 func (k *Kernel) orcTable() (*orcTables, error) {
-	k.mu.Lock()
-	t := k.orc
-	k.mu.Unlock()
-	if t != nil {
-		return t, nil
-	}
-	t, err := k.loadORC()
-	if err != nil {
-		return nil, fmt.Errorf("ORC: %w", err)
-	}
-	k.mu.Lock()
-	k.orc = t
-	k.mu.Unlock()
-	return t, nil
+	return k.orc.get("ORC", k.loadORC)
 }
 
 // maxORC bounds the ORC tables read (the 6.1 kernel's are about 2 MiB).
@@ -152,16 +143,19 @@ func (k *Kernel) Backtrace(t Task) (*Stack, error) {
 			st.Signal = true // a new task that never ran: ret_from_fork is its first instruction
 		}
 	}
-	frames, uerr := orc.Unwind(tab.kernel, k, st)
+	frames, uerr := orc.Unwind(orcFinder{k, tab.kernel}, k, st)
 	out := &Stack{Task: t}
 	for _, f := range frames {
 		fr := Frame{Address: f.IP, AddrHex: fmt.Sprintf("%#x", f.IP), Exception: f.Signal && len(out.Frames) > 0}
-		if sym, off, ok := syms.At(f.IP); ok {
-			fr.Function, fr.Offset = sym.Name, off
+		if sym, off, ok := k.SymbolAt(f.IP); ok {
+			fr.Function, fr.Offset, fr.Module = sym.Name, off, sym.Module
 		}
 		out.Frames = append(out.Frames, fr)
 	}
-	if uerr != nil {
+	switch {
+	case errors.Is(uerr, orc.ErrUserMode):
+		out.UserMode = true
+	case uerr != nil:
 		out.Stop = uerr.Error()
 	}
 	return out, nil

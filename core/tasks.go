@@ -122,26 +122,35 @@ func (k *Kernel) Tasks() ([]Task, error) {
 			return out, err
 		}
 	}
-	// Idle tasks of the other CPUs, when they are running.
-	for addr := range current {
-		if err := add(addr); err != nil {
-			return out, err
+	// The idle tasks of CPUs other than 0 are on no task list; nor is a
+	// running task the dump caught between lists.
+	for _, ct := range k.cpuTasks() {
+		for _, addr := range []uint64{ct.current, ct.idle} {
+			if addr == 0 {
+				continue
+			}
+			if err := add(addr); err != nil {
+				return out, err
+			}
 		}
 	}
 	return out, nil
 }
 
 // walkList calls f for each entry of a circular list_head at head, where
-// entries embed their list_head at entryOff.
+// entries embed their list_head at entryOff. A list that comes back to
+// an entry other than head (a corrupt dump) is an error, not a hang.
 func (k *Kernel) walkList(head, entryOff uint64, f func(entry uint64) error) error {
 	p, err := k.ReadU64(head)
 	if err != nil {
 		return fmt.Errorf("list at %#x: %w", head, err)
 	}
-	for n := 0; p != head; n++ {
-		if n > maxTasks {
-			return fmt.Errorf("list at %#x does not close after %d entries", head, maxTasks)
+	seen := map[uint64]bool{}
+	for p != head {
+		if seen[p] || len(seen) > maxTasks {
+			return fmt.Errorf("list at %#x loops back to %#x without returning to its head (corrupt memory?)", head, p)
 		}
+		seen[p] = true
 		if err := f(p - entryOff); err != nil {
 			return err
 		}
@@ -195,10 +204,25 @@ func stateLetter(state, exitState uint32) string {
 	return string("RSDTtXZPI"[idx])
 }
 
-// currentTasks maps each CPU's current task (per-CPU current_task, or
-// pcpu_hot.current_task since 6.2) to the CPU.
+// currentTasks maps each CPU's current task to the CPU.
 func (k *Kernel) currentTasks() map[uint64]int {
 	out := map[uint64]int{}
+	for cpu, ct := range k.cpuTasks() {
+		if ct.current != 0 {
+			out[ct.current] = cpu
+		}
+	}
+	return out
+}
+
+// cpuTask is what one CPU's runqueue knows of its tasks.
+type cpuTask struct{ current, idle uint64 }
+
+// cpuTasks reads each CPU's current task (per-CPU current_task, or
+// pcpu_hot.current_task since 6.2) and idle task (runqueues.idle); a
+// zero address where the dump does not say.
+func (k *Kernel) cpuTasks() []cpuTask {
+	out := make([]cpuTask, len(k.Dump.CPUs()))
 	s, err := k.Symbols()
 	if err != nil {
 		return out
@@ -207,19 +231,25 @@ func (k *Kernel) currentTasks() map[uint64]int {
 	if err != nil {
 		return out
 	}
-	cur, err := s.Addr("current_task")
-	if err != nil {
-		if cur, err = s.Addr("pcpu_hot"); err != nil {
-			return out
-		}
+	cur, errCur := s.Addr("current_task")
+	if errCur != nil {
+		cur, errCur = s.Addr("pcpu_hot")
 	}
-	for i := range k.Dump.CPUs() {
+	rq, errRQ := s.Addr("runqueues")
+	var idleOff uint64
+	if t, err := k.Types(); err == nil && errRQ == nil {
+		idleOff, errRQ = t.Offset("rq", "idle")
+	}
+	for i := range out {
 		base, err := k.ReadU64(offs + uint64(8*i))
 		if err != nil {
 			continue
 		}
-		if t, err := k.ReadU64(base + cur); err == nil && t != 0 {
-			out[t] = i
+		if errCur == nil {
+			out[i].current, _ = k.ReadU64(base + cur)
+		}
+		if errRQ == nil {
+			out[i].idle, _ = k.ReadU64(base + rq + idleOff)
 		}
 	}
 	return out
@@ -237,4 +267,24 @@ func (k *Kernel) Task(pid int) (Task, error) {
 		}
 	}
 	return Task{}, fmt.Errorf("no task with pid %d in the dump", pid)
+}
+
+// TaskAt reads the task_struct at addr, whether or not it is on the
+// task lists (a task being created or torn down, or one found in a
+// register).
+func (k *Kernel) TaskAt(addr uint64) (Task, error) {
+	ts, err := k.Tasks()
+	if err != nil {
+		return Task{}, err
+	}
+	for _, t := range ts {
+		if t.Addr == addr {
+			return t, nil
+		}
+	}
+	l, err := k.taskLayout()
+	if err != nil {
+		return Task{}, err
+	}
+	return k.readTask(l, addr)
 }

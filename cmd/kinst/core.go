@@ -19,7 +19,8 @@ symbols, types and unwind tables taken from the dump itself.
 Commands:
   info            format, kernel release, KASLR offset, memory, CPUs, panic message
   ps              every task: pid, tgid, cpu, state, comm ('>' marks running)
-  bt PID | -a     kernel stack of a task, or of every task (ORC unwinding)
+  bt PID|TASK|-a  kernel stack of a task (by pid or task_struct address),
+                  or of every task (ORC unwinding)
   log             the printk ring buffer (dmesg)
   rd ADDR|SYM[+0xOFF] [N]
                   hex dump of N bytes (default 64) of kernel virtual memory
@@ -72,15 +73,15 @@ func coreCmd(args []string) error {
 		} else if err := nargs(1, 1); err != nil {
 			return err
 		}
-		pid := 0
+		var which uint64
 		if !*all {
-			v, err := strconv.Atoi(rest[0])
-			if err != nil || v < 0 {
-				return fmt.Errorf("core bt: bad PID %q", rest[0])
+			v, err := strconv.ParseUint(rest[0], 0, 64)
+			if err != nil || (v > 1<<31 && v < 0xffff800000000000) {
+				return fmt.Errorf("core bt: %q is neither a PID nor a task_struct address", rest[0])
 			}
-			pid = v
+			which = v
 		}
-		run = func(k *core.Kernel) error { return cli.CoreBacktrace(k, pid, *all, *asJSON, os.Stdout) }
+		run = func(k *core.Kernel) error { return cli.CoreBacktrace(k, which, *all, *asJSON, os.Stdout) }
 	case "rd":
 		if err := nargs(1, 2); err != nil {
 			return err

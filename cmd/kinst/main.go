@@ -26,7 +26,7 @@ Usage:
                          the splice class of every instruction
   kinst bench splice POINT [--cycles N] [--json]
                          latency of each step of an instrumentation request
-  kinst core DUMP info|ps|bt PID|bt -a|log|rd ADDR [N]|sym ADDR|NAME|dis FUNC [--json]
+  kinst core DUMP info|ps|bt PID|TASK|-a|log|rd ADDR [N]|sym ADDR|NAME|dis FUNC [--json]
                          postmortem analysis of a kernel crash dump
   kinst vm up|exec|down|status
                          the test VM: a stock Debian kernel under QEMU with

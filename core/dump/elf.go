@@ -36,7 +36,7 @@ type ELF struct {
 	f     *os.File
 	data  []byte // the whole file, mmapped; nil when mmap failed
 	size  int64
-	segs  []elfSegment // sorted by start, non-overlapping
+	segs  []elfSegment // sorted by start, disjoint
 	notes *Notes
 }
 
@@ -137,12 +137,7 @@ func OpenELF(f *os.File) (*ELF, error) {
 	if len(e.segs) == 0 {
 		return nil, corrupt(int64(phoff), "no PT_LOAD segment: no memory in this dump")
 	}
-	sort.Slice(e.segs, func(i, j int) bool { return e.segs[i].start < e.segs[j].start })
-	for i := 1; i < len(e.segs); i++ {
-		if p := e.segs[i-1]; p.start+p.memsz > e.segs[i].start {
-			return nil, corrupt(-1, "PT_LOAD segments overlap at physical %#x", e.segs[i].start)
-		}
-	}
+	e.segs = disjoint(e.segs)
 	e.notes = &Notes{}
 	for i, b := range noteBlobs {
 		n, err := ParseNotes(b, elfFormat, noteOffs[i])
@@ -166,6 +161,36 @@ func OpenELF(f *os.File) (*ELF, error) {
 		}
 	}
 	return e, nil
+}
+
+// disjoint sorts segments by physical address and removes overlaps:
+// kdump's /proc/vmcore describes the kernel image twice, once in its own
+// PT_LOAD (at its text mapping) and once inside the RAM that holds it,
+// with the same physical bytes. A segment that another already covers is
+// dropped; one that overlaps partly keeps only its new part.
+func disjoint(segs []elfSegment) []elfSegment {
+	sort.Slice(segs, func(i, j int) bool {
+		if segs[i].start != segs[j].start {
+			return segs[i].start < segs[j].start
+		}
+		return segs[i].memsz > segs[j].memsz
+	})
+	out := segs[:0]
+	for _, s := range segs {
+		if n := len(out); n > 0 {
+			end := out[n-1].start + out[n-1].memsz
+			if s.start+s.memsz <= end {
+				continue
+			}
+			if s.start < end {
+				cut := end - s.start
+				s.start, s.memsz, s.off = end, s.memsz-cut, s.off+cut
+				s.filesz -= min(cut, s.filesz)
+			}
+		}
+		out = append(out, s)
+	}
+	return out
 }
 
 func (e *ELF) Format() string     { return elfFormat }

@@ -235,3 +235,31 @@ func FuzzELF(f *testing.F) {
 		}
 	})
 }
+
+// TestELFOverlap: /proc/vmcore maps the kernel image in a PT_LOAD of its
+// own inside a RAM segment; both describe the same bytes.
+func TestELFOverlap(t *testing.T) {
+	ram := bytes.Repeat([]byte{0xaa}, 0x4000)
+	copy(ram[0x2000:], bytes.Repeat([]byte{0xbb}, 0x1000))
+	tail := bytes.Repeat([]byte{0xcc}, 0x2000)
+	core := buildCore(note("CORE", ntPRStatus, prstatus(1, 0, 0)), []seg{
+		{paddr: 0x2000, data: ram[0x2000:0x3000]}, // the image: inside RAM
+		{paddr: 0, data: ram},
+		{paddr: 0x3000, data: tail}, // partly overlapping: its first page repeats RAM's
+	})
+	d, err := Open(writeTemp(t, core))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if got := d.PhysRanges(); len(got) != 2 || got[0] != (Range{0, 0x4000}) || got[1] != (Range{0x4000, 0x5000}) {
+		t.Errorf("ranges %v", got)
+	}
+	b := make([]byte, 0x5000)
+	if _, err := d.ReadPhys(b, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(b[:0x4000], ram) || !bytes.Equal(b[0x4000:], tail[0x1000:]) {
+		t.Errorf("overlapping segments read wrong bytes")
+	}
+}

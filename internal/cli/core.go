@@ -49,7 +49,6 @@ func CoreInfoReport(k *core.Kernel, asJSON bool, w io.Writer) error {
 		inf.Panic = core.PanicMessage(recs)
 	}
 	tasks, _ := k.Tasks()
-	syms, _ := k.Symbols()
 	for _, c := range k.Dump.CPUs() {
 		ci := CoreCPUInfo{CPU: c.Index, RIP: fmt.Sprintf("%#x", c.Regs.RIP), PID: -1}
 		for _, t := range tasks {
@@ -57,11 +56,7 @@ func CoreInfoReport(k *core.Kernel, asJSON bool, w io.Writer) error {
 				ci.PID, ci.Comm = t.PID, t.Comm
 			}
 		}
-		if syms != nil {
-			if s, off, ok := syms.At(c.Regs.RIP); ok {
-				ci.Function = fmt.Sprintf("%s+%#x", s.Name, off)
-			}
-		}
+		ci.Function = symbolize(k, c.Regs.RIP)
 		inf.CPUs = append(inf.CPUs, ci)
 	}
 	if asJSON {
@@ -109,12 +104,19 @@ func CorePS(k *core.Kernel, asJSON bool, w io.Writer) error {
 	return nil
 }
 
-// CoreBacktrace prints the kernel stack of one task (by PID), or of every
-// task with all: `{"frames":[{"address":"0x…","function":…,"offset":…}]}`
-// for one, `{"stacks":[{"task":…,"frames":[…]}]}` for all.
-func CoreBacktrace(k *core.Kernel, pid int, all, asJSON bool, w io.Writer) error {
+// CoreBacktrace prints the kernel stack of one task (by PID, or by
+// task_struct address), or of every task with all:
+// `{"frames":[{"address":"0x…","function":…,"offset":…}]}` for one,
+// `{"stacks":[{"task":…,"frames":[…]}]}` for all.
+func CoreBacktrace(k *core.Kernel, which uint64, all, asJSON bool, w io.Writer) error {
 	if !all {
-		t, err := k.Task(pid)
+		var t core.Task
+		var err error
+		if which >= kernelHalf {
+			t, err = k.TaskAt(which)
+		} else {
+			t, err = k.Task(int(which))
+		}
 		if err != nil {
 			return err
 		}
@@ -156,7 +158,7 @@ func CoreBacktrace(k *core.Kernel, pid int, all, asJSON bool, w io.Writer) error
 
 func printStack(w io.Writer, st *core.Stack) {
 	t := st.Task
-	where := "sleeping"
+	where := "switched out"
 	if t.Active {
 		where = fmt.Sprintf("running on cpu %d", t.CPU)
 	}
@@ -164,13 +166,16 @@ func printStack(w io.Writer, st *core.Stack) {
 	for i, f := range st.Frames {
 		name := "?"
 		if f.Function != "" {
-			name = fmt.Sprintf("%s+%#x", f.Function, f.Offset)
+			name = symName(core.Symbol{Name: f.Function, Module: f.Module}, f.Offset)
 		}
 		exc := ""
 		if f.Exception {
 			exc = "  (interrupted)"
 		}
 		fmt.Fprintf(w, " #%-2d %s %s%s\n", i, f.AddrHex, name, exc)
+	}
+	if st.UserMode {
+		fmt.Fprintf(w, "     (running in user mode: no kernel frames)\n")
 	}
 	if st.Stop != "" {
 		fmt.Fprintf(w, "     (%s)\n", st.Stop)
@@ -209,14 +214,11 @@ func resolveAddr(k *core.Kernel, at string) (uint64, error) {
 		return v, nil
 	}
 	name, offs, _ := strings.Cut(at, "+")
-	syms, err := k.Symbols()
+	s, err := k.LookupSymbol(name)
 	if err != nil {
 		return 0, err
 	}
-	a, err := syms.Addr(name)
-	if err != nil {
-		return 0, err
-	}
+	a := s.Addr
 	if offs != "" {
 		o, err := strconv.ParseUint(offs, 0, 64)
 		if err != nil {
@@ -231,14 +233,21 @@ func resolveAddr(k *core.Kernel, at string) (uint64, error) {
 const kernelHalf = 0xffff800000000000
 
 func symbolize(k *core.Kernel, a uint64) string {
-	syms, err := k.Symbols()
-	if err != nil || a < kernelHalf {
+	if a < kernelHalf {
 		return ""
 	}
-	if s, off, ok := syms.At(a); ok {
-		return fmt.Sprintf("%s+%#x", s.Name, off)
+	if s, off, ok := k.SymbolAt(a); ok {
+		return symName(s, off)
 	}
 	return ""
+}
+
+// symName is SYM+0xOFF, with [module] after a module's symbol.
+func symName(s core.Symbol, off uint64) string {
+	if s.Module != "" {
+		return fmt.Sprintf("%s+%#x [%s]", s.Name, off, s.Module)
+	}
+	return fmt.Sprintf("%s+%#x", s.Name, off)
 }
 
 // maxCoreRead bounds `rd`.
@@ -271,6 +280,7 @@ func CoreRead(k *core.Kernel, at string, n int, asJSON bool, w io.Writer) error 
 // CoreSymbol is `kinst core DUMP sym --json`.
 type CoreSymbol struct {
 	Name    string `json:"name"`
+	Module  string `json:"module,omitempty"`
 	Address string `json:"address"`
 	Type    string `json:"type"`
 	Offset  uint64 `json:"offset"`
@@ -279,31 +289,34 @@ type CoreSymbol struct {
 
 // CoreSym resolves an address to SYM+OFF, or a name to its address.
 func CoreSym(k *core.Kernel, arg string, asJSON bool, w io.Writer) error {
-	syms, err := k.Symbols()
-	if err != nil {
+	if _, err := k.Symbols(); err != nil {
 		return err
 	}
 	var out CoreSymbol
 	if a, perr := strconv.ParseUint(arg, 0, 64); perr == nil {
-		s, off, ok := syms.At(a)
+		s, off, ok := k.SymbolAt(a)
 		if !ok {
 			return fmt.Errorf("%#x: %w", a, core.ErrNoSymbol)
 		}
-		out = CoreSymbol{Name: s.Name, Address: fmt.Sprintf("%#x", s.Addr), Type: string(s.Type), Offset: off, Size: syms.Size(s)}
+		out = CoreSymbol{Name: s.Name, Module: s.Module, Address: fmt.Sprintf("%#x", s.Addr), Type: string(s.Type), Offset: off, Size: k.SymbolSize(s)}
 	} else {
-		s, err := syms.Lookup(arg)
+		s, err := k.LookupSymbol(arg)
 		if err != nil {
 			return err
 		}
-		out = CoreSymbol{Name: s.Name, Address: fmt.Sprintf("%#x", s.Addr), Type: string(s.Type), Size: syms.Size(s)}
+		out = CoreSymbol{Name: s.Name, Module: s.Module, Address: fmt.Sprintf("%#x", s.Addr), Type: string(s.Type), Size: k.SymbolSize(s)}
 	}
 	if asJSON {
 		return writeJSON(w, out)
 	}
+	mod := ""
+	if out.Module != "" {
+		mod = " [" + out.Module + "]"
+	}
 	if out.Offset != 0 {
-		fmt.Fprintf(w, "%s (%s) %s+%#x\n", arg, out.Type, out.Name, out.Offset)
+		fmt.Fprintf(w, "%s (%s) %s+%#x%s\n", arg, out.Type, out.Name, out.Offset, mod)
 	} else {
-		fmt.Fprintf(w, "%s %s %s\n", out.Address, out.Type, out.Name)
+		fmt.Fprintf(w, "%s %s %s%s\n", out.Address, out.Type, out.Name, mod)
 	}
 	return nil
 }
@@ -322,19 +335,15 @@ const maxDisBytes = 64 << 10
 // CoreDis disassembles a function from the dump's memory (AT&T syntax,
 // branch targets named).
 func CoreDis(k *core.Kernel, fn string, asJSON bool, w io.Writer) error {
-	syms, err := k.Symbols()
-	if err != nil {
-		return err
-	}
 	a, err := resolveAddr(k, fn)
 	if err != nil {
 		return err
 	}
-	s, off, ok := syms.At(a)
+	s, off, ok := k.SymbolAt(a)
 	if !ok || !s.IsText() {
 		return fmt.Errorf("%s is not in a text symbol", fn)
 	}
-	size := syms.Size(s)
+	size := k.SymbolSize(s)
 	if size == 0 || size > maxDisBytes {
 		size = min(maxDisBytes, 4096)
 	}
@@ -349,7 +358,7 @@ func CoreDis(k *core.Kernel, fn string, asJSON bool, w io.Writer) error {
 	symname := func(t uint64) (string, uint64) {
 		// Name kernel addresses only: immediates would otherwise match
 		// per-CPU offsets, which kallsyms lists as small absolute values.
-		if ts, toff, ok := syms.At(t); ok && t >= kernelHalf {
+		if ts, toff, ok := k.SymbolAt(t); ok && t >= kernelHalf {
 			return ts.Name, t - toff
 		}
 		return "", 0

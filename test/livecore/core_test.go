@@ -34,13 +34,15 @@ type frameJSON struct {
 
 type stackJSON struct {
 	Task struct {
-		PID    int    `json:"pid"`
-		Comm   string `json:"comm"`
-		Active bool   `json:"active"`
-		CPU    int    `json:"cpu"`
+		Address string `json:"address"`
+		PID     int    `json:"pid"`
+		Comm    string `json:"comm"`
+		Active  bool   `json:"active"`
+		CPU     int    `json:"cpu"`
 	} `json:"task"`
-	Frames []frameJSON `json:"frames"`
-	Stop   string      `json:"stop"`
+	Frames   []frameJSON `json:"frames"`
+	Stop     string      `json:"stop"`
+	UserMode bool        `json:"user_mode"`
 }
 
 // guestState is what the guest said about itself just before a dump.
@@ -57,11 +59,12 @@ type guestState struct {
 // stacks of the workload (/proc/PID/stack) and dmesg.
 func snapshot(t *testing.T, ctx context.Context) (*guestState, map[string]int) {
 	gsh(t, ctx, `setsid sh -c 'sleep 1000 | cat' </dev/null >/dev/null 2>&1 &
+setsid sh -c 'echo $$ > /tmp/spin.pid; while :; do :; done' </dev/null >/dev/null 2>&1 &
 echo livecore-marker-$$ > /dev/kmsg
 for i in 1 2 3 4 5 6 7 8 9 10; do pidof cat >/dev/null && pidof sleep >/dev/null && break; sleep 0.2; done
 sleep 0.5`)
 	out := gsh(t, ctx, `echo SELF $$
-echo PIDS sleep=$(pidof sleep) cat=$(pidof cat)
+echo PIDS sleep=$(pidof sleep) cat=$(pidof cat) spin=$(cat /tmp/spin.pid)
 for p in $(pidof sleep) $(pidof cat); do echo STACK $p; cat /proc/$p/stack; done
 echo PS; ps -o pid,comm
 echo DMESG; dmesg`)
@@ -97,7 +100,7 @@ echo DMESG; dmesg`)
 			g.dmesg = append(g.dmesg, line)
 		}
 	}
-	if g.self == 0 || work["sleep"] == 0 || work["cat"] == 0 || len(g.ps) < 20 || len(g.dmesg) < 20 {
+	if g.self == 0 || work["sleep"] == 0 || work["cat"] == 0 || work["spin"] == 0 || len(g.ps) < 20 || len(g.dmesg) < 20 {
 		t.Fatalf("guest snapshot incomplete:\n%s", out)
 	}
 	return g, work
@@ -110,7 +113,7 @@ func TestCore(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	g, work := snapshot(t, ctx)
-	kallsyms := gsh(t, ctx, `grep -v '\[' /proc/kallsyms`)
+	kallsyms := gsh(t, ctx, `cat /proc/kallsyms`)
 	// Stop the guest so that the two dumps see the same memory.
 	if _, err := guest.QMP("stop", nil); err != nil {
 		t.Fatal(err)
@@ -123,6 +126,7 @@ func TestCore(t *testing.T) {
 	if _, err := guest.QMP("cont", nil); err != nil {
 		t.Fatal(err)
 	}
+	gsh(t, ctx, "kill $(cat /tmp/spin.pid)")
 	for _, format := range []string{"elf", "kdump-zlib"} {
 		path := dumps[format]
 		t.Run(format+"/ps", func(t *testing.T) { checkPS(t, path, g) })
@@ -137,6 +141,7 @@ func TestCore(t *testing.T) {
 	t.Run("elf/sym", func(t *testing.T) { checkSymbols(t, dumps["elf"], kallsyms) })
 	t.Run("elf/dis", func(t *testing.T) { checkDis(t, dumps["elf"]) })
 	t.Run("elf/bt-all", func(t *testing.T) { checkBacktraceAll(t, dumps["elf"], g) })
+	t.Run("elf/running", func(t *testing.T) { checkRunning(t, dumps["elf"], work["spin"]) })
 	t.Run("errors", func(t *testing.T) { checkErrors(t, dumps["elf"]) })
 	os.Remove(dumps["kdump-zlib"])
 	t.Run("panic", testPanic) // last: the guest does not come back
@@ -215,6 +220,14 @@ func checkBacktrace(t *testing.T, path string, pid int, comm string, want []stri
 	if !strings.HasPrefix(got[0], "__schedule+") {
 		t.Errorf("bt %d: innermost frame %s, want __schedule", pid, got[0])
 	}
+	// The same task named by its task_struct address.
+	var byAddr stackJSON
+	if err := json.Unmarshal(kinst(t, "core", path, "bt", st.Task.Address, "--json"), &byAddr); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(byAddr) != fmt.Sprint(st) {
+		t.Errorf("bt %s: %+v\nbt %d: %+v", st.Task.Address, byAddr, pid, st)
+	}
 	t.Logf("bt %d (%s): %s", pid, comm, strings.Join(got, " < "))
 }
 
@@ -264,28 +277,48 @@ func checkLog(t *testing.T, path string, dmesg []string) {
 	t.Logf("%d guest dmesg lines, %d missing", len(dmesg), missing)
 }
 
-// checkSymbols: kallsyms decoded from the dump equals the guest's
-// /proc/kallsyms, name for name (sampled through kinst core sym).
+// checkSymbols: kallsyms decoded from the dump, and each module's
+// symbols read from its struct module, equal the guest's /proc/kallsyms
+// (sampled through kinst core sym).
 func checkSymbols(t *testing.T, path, kallsyms string) {
 	lines := strings.Split(strings.TrimSpace(kallsyms), "\n")
-	if len(lines) < 10000 {
-		t.Fatalf("guest kallsyms has %d lines", len(lines))
+	var kernel, modules []string
+	for _, l := range lines {
+		if strings.HasSuffix(l, "]") {
+			modules = append(modules, l)
+		} else {
+			kernel = append(kernel, l)
+		}
 	}
-	for i := 0; i < len(lines); i += len(lines) / 25 {
-		f := strings.Fields(lines[i])
-		if len(f) != 3 || f[1] == "A" || f[1] == "a" {
+	if len(kernel) < 10000 || len(modules) < 100 {
+		t.Fatalf("guest kallsyms has %d kernel and %d module lines", len(kernel), len(modules))
+	}
+	var sample []string
+	for i := 0; i < len(kernel); i += len(kernel) / 20 {
+		sample = append(sample, kernel[i])
+	}
+	for i := 0; i < len(modules); i += len(modules) / 10 {
+		sample = append(sample, modules[i])
+	}
+	for _, line := range sample {
+		f := strings.Fields(line)
+		if len(f) < 3 || f[1] == "A" || f[1] == "a" {
 			continue
 		}
-		var s struct{ Name, Address, Type string }
-		if err := json.Unmarshal(kinst(t, "core", path, "sym", f[2], "--json"), &s); err != nil {
+		name := f[2]
+		if len(f) == 4 { // "ADDR TYPE NAME [module]"
+			name = strings.Trim(f[3], "[]") + ":" + f[2]
+		}
+		var s struct{ Name, Address, Type, Module string }
+		if err := json.Unmarshal(kinst(t, "core", path, "sym", name, "--json"), &s); err != nil {
 			t.Fatal(err)
 		}
 		want, _ := strconv.ParseUint(f[0], 16, 64)
 		got, _ := strconv.ParseUint(s.Address, 0, 64)
 		if got != want || s.Type != f[1] {
 			// Static symbols may share a name: accept any guest line.
-			if !strings.Contains(kallsyms, fmt.Sprintf("%016x %s %s\n", got, s.Type, f[2])) {
-				t.Errorf("sym %s: %#x %s, guest %s %s", f[2], got, s.Type, f[0], f[1])
+			if !strings.Contains(kallsyms, fmt.Sprintf("%016x %s %s", got, s.Type, f[2])) {
+				t.Errorf("sym %s: %#x %s, guest %s %s", name, got, s.Type, f[0], f[1])
 			}
 		}
 	}
@@ -376,6 +409,9 @@ func checkBacktraceAll(t *testing.T, path string, g *guestState) {
 	bad := 0
 	outer := map[string]int{}
 	for _, st := range all.Stacks {
+		if st.UserMode && st.Task.Active {
+			continue // caught running user code: no kernel stack
+		}
 		if st.Stop != "" || len(st.Frames) == 0 {
 			bad++
 			t.Logf("pid %d (%s): %d frames, stop %q", st.Task.PID, st.Task.Comm, len(st.Frames), st.Stop)
@@ -399,12 +435,39 @@ func checkBacktraceAll(t *testing.T, path string, g *guestState) {
 	t.Logf("%d stacks; outermost frames %v", len(all.Stacks), outer)
 }
 
+// checkRunning: a shell spinning in a loop was on a CPU when the dump was
+// taken; bt unwinds it from that CPU's registers: either it was in user
+// mode (no kernel frames), or in the kernel on its way from or back to
+// user mode (an interrupt, a syscall), ending cleanly at the entry code.
+func checkRunning(t *testing.T, path string, pid int) {
+	st := backtrace(t, path, pid)
+	if !st.Task.Active {
+		t.Fatalf("the spinning shell %d is not marked running on a CPU: %+v", pid, st.Task)
+	}
+	var fns []string
+	for _, f := range st.Frames {
+		fns = append(fns, fmt.Sprintf("%s+%#x", f.Function, f.Offset))
+	}
+	if st.Stop != "" || (!st.UserMode && len(fns) == 0) {
+		t.Errorf("bt %d: %v, stop %q", pid, fns, st.Stop)
+	}
+	t.Logf("spinning shell %d on cpu %d: user mode %v, kernel frames %v", pid, st.Task.CPU, st.UserMode, fns)
+}
+
 func checkErrors(t *testing.T, path string) {
+	// The first MiB of a real dump: headers and notes, memory cut off.
+	truncated := filepath.Join(t.TempDir(), "truncated.elf")
+	if out, err := exec.Command("head", "-c", "1048576", path).Output(); err != nil {
+		t.Fatal(err)
+	} else if err := os.WriteFile(truncated, out, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		args []string
 		want string
 	}{
 		{[]string{"core", "/etc/hostname", "ps"}, "not a kernel dump"},
+		{[]string{"core", truncated, "ps"}, "truncated dump"},
 		{[]string{"core", path, "bt", "999999"}, "no task with pid 999999"},
 		{[]string{"core", path, "sym", "no_such_symbol_xyz"}, "no such kernel symbol"},
 		{[]string{"core", path, "rd", "0x10", "8"}, "not mapped"},

@@ -189,3 +189,11 @@ func TestUnwindStops(t *testing.T) {
 		t.Errorf("R13-based frame: %+v, %v", frames, err)
 	}
 }
+
+func TestUnwindUserMode(t *testing.T) {
+	tab := buildTable(t, k, []row{{k, Entry{SPOffset: 8, SPReg: RegSP}}})
+	frames, err := Unwind(tab, memory{}, State{IP: 0x401000, SP: 0x7ffc0000, Signal: true})
+	if len(frames) != 0 || !errors.Is(err, ErrUserMode) {
+		t.Errorf("user-mode start: %v, %v", frames, err)
+	}
+}

@@ -58,12 +58,14 @@ type Frame struct {
 
 // Why an unwind stopped early.
 var (
-	ErrNoEntry   = errors.New("no ORC entry for the address")
-	ErrBadEntry  = errors.New("ORC entry this unwinder does not understand")
-	ErrRead      = errors.New("stack memory unreadable")
-	ErrLoop      = errors.New("stack going the wrong way")
-	ErrTooDeep   = errors.New("stack deeper than the frame limit")
-	errUserSpace = errors.New("reached user mode")
+	ErrNoEntry  = errors.New("no ORC entry for the address")
+	ErrBadEntry = errors.New("ORC entry this unwinder does not understand")
+	ErrRead     = errors.New("stack memory unreadable")
+	ErrLoop     = errors.New("stack going the wrong way")
+	ErrTooDeep  = errors.New("stack deeper than the frame limit")
+	// ErrUserMode: the start state is in user space, so there is no
+	// kernel stack to unwind (a CPU caught running user code).
+	ErrUserMode = errors.New("the CPU was in user mode")
 )
 
 // StopError says where an unwind stopped and why; it matches the Err*
@@ -130,7 +132,7 @@ func Unwind(f Finder, mem Memory, st State) ([]Frame, error) {
 	for {
 		if !isKernel(ip) {
 			if len(frames) == 0 {
-				return stop(errUserSpace, "the CPU was in user mode")
+				return stop(ErrUserMode, "")
 			}
 			return frames, nil
 		}
