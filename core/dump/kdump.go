@@ -94,6 +94,7 @@ type Kdump struct {
 	incomplete bool // the dumper ran out of space: pages past the end are lost
 
 	dumped  *sparse.Index // the 2nd bitmap
+	inRAM   *sparse.Index // the 1st bitmap
 	descOff int64
 	notes   Notes
 
@@ -103,17 +104,20 @@ type Kdump struct {
 	zstd     *zstd.Decoder
 	zstdErr  error
 
-	mu       sync.Mutex             // protects cache and pfnCache
-	cache    [kdCacheSlots]kdCached // by stored offset
-	pfnCache [kdCacheSlots]kdCached // by frame, sparing the descriptor read
+	mu        sync.Mutex             // protects cache, pfnCache and descCache
+	cache     [kdCacheSlots]kdCached // by stored offset
+	pfnCache  [kdCacheSlots]kdCached // by frame, sparing the descriptor read
+	descCache [kdDescSlots]kdCached  // blocks of descriptors, by block number
 }
 
 // Page-table walks read a few words from the same pages over and over;
 // a small direct-mapped cache of decompressed pages spares re-inflating
 // them.
 const (
-	kdCacheBits  = 8
-	kdCacheSlots = 1 << kdCacheBits
+	kdCacheBits     = 8
+	kdCacheSlots    = 1 << kdCacheBits
+	kdDescsPerBlock = 170 // 4080 bytes of descriptors per read
+	kdDescSlots     = 16
 )
 
 type kdCached struct {
@@ -213,12 +217,17 @@ func newKdump(r io.ReaderAt, size, backing int64, format string, closer io.Close
 		return nil, corrupt(kdHdrMaxMapnr, "max_mapnr %#x exceeds the %d-byte bitmap", k.maxMapnr, bitmapLen)
 	}
 
-	// Only the 2nd bitmap is needed: a page is readable when dumped.
+	// The 2nd bitmap says which pages are dumped; the 1st, which were in
+	// memory, so that a page left out can be told from one never there.
 	bm := make([]byte, (k.maxMapnr+7)/8)
 	if err := k.readFull(bm, int64(bitmapOff+bitmapLen), "2nd bitmap"); err != nil {
 		return nil, err
 	}
 	k.dumped = sparse.New(bm, k.maxMapnr)
+	if err := k.readFull(bm, int64(bitmapOff), "1st bitmap"); err != nil {
+		return nil, err
+	}
+	k.inRAM = sparse.New(bm, k.maxMapnr)
 	if n := k.dumped.Count(); !k.incomplete && (n > uint64(size) || uint64(k.descOff)+n*kdDescSize > uint64(size)) {
 		return nil, corrupt(k.descOff, "%d page descriptors run past the end of the %d-byte file", n, size)
 	}
@@ -275,7 +284,8 @@ func (k *Kdump) ReadPhys(p []byte, addr uint64) (int, error) {
 		page, err := k.page(a >> k.pageShift)
 		if err != nil {
 			if errors.Is(err, ErrNotPresent) {
-				err = &NotPresentError{Addr: a, Physical: true}
+				pfn := a >> k.pageShift
+				err = &NotPresentError{Addr: a, Physical: true, Excluded: k.inRAM.Test(pfn) && !k.dumped.Test(pfn)}
 			}
 			return n, err
 		}
@@ -299,8 +309,8 @@ func (k *Kdump) page(pfn uint64) ([]byte, error) {
 		return nil, ErrNotPresent
 	}
 	descAt := k.descOff + int64(rank)*kdDescSize
-	var desc [kdDescSize]byte
-	if err := k.readFull(desc[:], descAt, "page descriptor"); err != nil {
+	desc, err := k.descriptor(rank)
+	if err != nil {
 		if k.incomplete {
 			return nil, ErrNotPresent
 		}
@@ -354,6 +364,38 @@ func (k *Kdump) page(pfn uint64) ([]byte, error) {
 	fslot.key, fslot.data = pfn, data
 	k.mu.Unlock()
 	return data, nil
+}
+
+// descriptor returns the rank-th page descriptor. Descriptors are read
+// a block at a time: neighbouring frames' descriptors are neighbours.
+func (k *Kdump) descriptor(rank uint64) ([]byte, error) {
+	block := rank / kdDescsPerBlock
+	slot := &k.descCache[block%kdDescSlots]
+	k.mu.Lock()
+	if slot.data != nil && slot.key == block {
+		d := slot.data
+		k.mu.Unlock()
+		return d[rank%kdDescsPerBlock*kdDescSize:][:kdDescSize], nil
+	}
+	k.mu.Unlock()
+	off := k.descOff + int64(block*kdDescsPerBlock*kdDescSize)
+	n := int64(kdDescsPerBlock * kdDescSize)
+	if last := int64(k.dumped.Count()-block*kdDescsPerBlock) * kdDescSize; last < n {
+		n = last
+	}
+	d := make([]byte, n)
+	if err := k.readFull(d, off, "page descriptors"); err != nil {
+		// Read just this one: the block may run past a truncated end.
+		one := make([]byte, kdDescSize)
+		if err := k.readFull(one, k.descOff+int64(rank)*kdDescSize, "page descriptor"); err != nil {
+			return nil, err
+		}
+		return one, nil
+	}
+	k.mu.Lock()
+	slot.key, slot.data = block, d
+	k.mu.Unlock()
+	return d[rank%kdDescsPerBlock*kdDescSize:][:kdDescSize], nil
 }
 
 // decompress inflates one page; the result must be exactly one block.

@@ -109,9 +109,14 @@ func checkKdump(t *testing.T, d Dump, gen *dumpgen.Kdump, format string) {
 	if !bytes.Equal(span, append(want, gen.Pages[47][:123]...)) {
 		t.Fatalf("spanning read returned other bytes")
 	}
-	// A read that runs into an excluded frame stops there.
-	if n, err := d.ReadPhys(span, 9*4096); !errors.Is(err, ErrNotPresent) || n != 4096 {
+	// A read that runs into an excluded frame stops there, and says the
+	// frame was excluded (in the 1st bitmap, not the 2nd).
+	var npe *NotPresentError
+	if n, err := d.ReadPhys(span, 9*4096); !errors.As(err, &npe) || n != 4096 || !npe.Excluded || npe.Addr != 10*4096 {
 		t.Fatalf("read into excluded frame: %d, %v", n, err)
+	}
+	if _, err := d.ReadPhys(span, 12*4096); !errors.As(err, &npe) || npe.Excluded {
+		t.Fatalf("frame never in memory: %v", err)
 	}
 	wantRanges := []Range{{0, 10 * 4096}, {16 * 4096, 17 * 4096}, {40 * 4096, 90 * 4096}, {130 * 4096, 200 * 4096}}
 	if got := d.PhysRanges(); !reflect.DeepEqual(got, wantRanges) {
@@ -473,5 +478,37 @@ func BenchmarkKdumpReadPhys(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "reads/s")
 		})
+	}
+}
+
+// TestKdumpDescriptorBlocks reads a dump with descriptors in several
+// blocks (kdDescsPerBlock each), in an order that jumps between them.
+func TestKdumpDescriptorBlocks(t *testing.T) {
+	g := &dumpgen.Kdump{MaxMapnr: 1200, Codec: dumpgen.CodecSnappy, Pages: map[uint64][]byte{}}
+	for p := uint64(0); p < 1200; p++ {
+		if p%7 != 3 {
+			g.Pages[p] = testPage(p, false)
+		}
+	}
+	std, err := g.Bytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := Open(writeTemp(t, std))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	buf := make([]byte, 4096)
+	for i := uint64(0); i < 1200; i++ {
+		p := i * 389 % 1200 // 389 is prime to 1200: every frame once
+		_, err := d.ReadPhys(buf, p*4096)
+		if want, ok := g.Pages[p]; !ok {
+			if !errors.Is(err, ErrNotPresent) {
+				t.Fatalf("frame %d: %v", p, err)
+			}
+		} else if err != nil || !bytes.Equal(buf, want) {
+			t.Fatalf("frame %d: %v", p, err)
+		}
 	}
 }

@@ -57,14 +57,17 @@ type Minidump struct {
 	size   int64
 	closer io.Closer
 
+	// From the header: the minidump version (1–3), the kernel VA the
+	// pmap starts at, and the direct map's virtual range.
 	Version           int
 	KernBase          uint64
 	DmapBase, DmapEnd uint64
-	msgbuf            []byte
-	dumpAvail         []Range // v3; nil: the bitmap counts pages from address 0
-	bitmap            *sparse.Index
-	pmap              []uint64 // v1: PTEs; v2, v3: PDEs
-	pagesOff          int64
+
+	msgbuf    []byte
+	dumpAvail []Range // v3; nil: the bitmap counts pages from address 0
+	bitmap    *sparse.Index
+	pmap      []uint64 // v1: PTEs; v2, v3: PDEs
+	pagesOff  int64
 }
 
 // MessageBuffer is the kernel message buffer the dump carries, as the
