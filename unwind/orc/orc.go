@@ -56,9 +56,17 @@ func DecodeEntry(b []byte) Entry {
 	}
 }
 
-// Table maps instruction addresses to ORC entries. Immutable.
+// Table maps instruction addresses to ORC entries. Immutable. A table
+// that is already sorted (the kernel's are: sorttable at build time, and
+// module_finalize at load) is searched in its encoded form, so that
+// parsing a few hundred thousand entries costs one pass and no copies.
 type Table struct {
-	ips     []uint64 // sorted start addresses
+	n int
+	// Encoded, sorted form: ip i is ipBase + 4i + int32 at rawIP[4i].
+	rawIP, rawEntries []byte
+	ipBase            uint64
+	// Decoded form, only for tables that were not sorted.
+	ips     []uint64
 	entries []Entry
 }
 
@@ -67,27 +75,49 @@ var ErrCorrupt = errors.New("corrupt ORC tables")
 
 // Parse builds a table from .orc_unwind_ip (int32 offsets, each relative
 // to its own address; ipBase is the address of the first) and
-// .orc_unwind (one entry per ip). The kernel sorts both at build time;
-// Parse sorts again so that tables from any source work.
+// .orc_unwind (one entry per ip). The table keeps the slices.
 func Parse(ipTable []byte, ipBase uint64, unwind []byte) (*Table, error) {
 	n := len(ipTable) / 4
 	if len(ipTable)%4 != 0 || len(unwind) != n*EntrySize || n == 0 {
 		return nil, fmt.Errorf("%w: %d bytes of ip table and %d of entries (want 4 and %d bytes per entry)", ErrCorrupt, len(ipTable), len(unwind), EntrySize)
 	}
-	t := &Table{ips: make([]uint64, n), entries: make([]Entry, n)}
-	sorted := true
-	for i := 0; i < n; i++ {
-		rel := int32(binary.LittleEndian.Uint32(ipTable[4*i:]))
-		t.ips[i] = ipBase + uint64(4*i) + uint64(int64(rel))
-		t.entries[i] = DecodeEntry(unwind[EntrySize*i:])
-		if i > 0 && t.ips[i] < t.ips[i-1] {
-			sorted = false
+	t := &Table{n: n, rawIP: ipTable, rawEntries: unwind, ipBase: ipBase}
+	for i := 1; i < n; i++ {
+		if t.rawIPAt(i) < t.rawIPAt(i-1) {
+			t.decodeSorted()
+			break
 		}
 	}
-	if !sorted {
-		sort.Stable(byIP{t})
-	}
 	return t, nil
+}
+
+func (t *Table) rawIPAt(i int) uint64 {
+	return t.ipBase + uint64(4*i) + uint64(int64(int32(binary.LittleEndian.Uint32(t.rawIP[4*i:]))))
+}
+
+func (t *Table) ipAt(i int) uint64 {
+	if t.ips != nil {
+		return t.ips[i]
+	}
+	return t.rawIPAt(i)
+}
+
+func (t *Table) entryAt(i int) Entry {
+	if t.entries != nil {
+		return t.entries[i]
+	}
+	return DecodeEntry(t.rawEntries[EntrySize*i:])
+}
+
+// decodeSorted decodes an unsorted table and sorts it (stably, so that
+// a terminator stays before the real entry at the same address).
+func (t *Table) decodeSorted() {
+	ips, entries := make([]uint64, t.n), make([]Entry, t.n)
+	for i := range ips {
+		ips[i], entries[i] = t.rawIPAt(i), DecodeEntry(t.rawEntries[EntrySize*i:])
+	}
+	t.ips, t.entries = ips, entries
+	sort.Stable(byIP{t})
 }
 
 type byIP struct{ t *Table }
@@ -100,18 +130,18 @@ func (b byIP) Swap(i, j int) {
 }
 
 // Len is the number of entries.
-func (t *Table) Len() int { return len(t.ips) }
+func (t *Table) Len() int { return t.n }
 
 // Lookup returns the entry covering ip: the rightmost one starting at or
 // below it (duplicates at one address are section terminators, which the
 // real entry after them overrides).
 func (t *Table) Lookup(ip uint64) (Entry, bool) {
-	i := sort.Search(len(t.ips), func(i int) bool { return t.ips[i] > ip })
+	i := sort.Search(t.n, func(i int) bool { return t.ipAt(i) > ip })
 	if i == 0 {
 		return Entry{}, false
 	}
-	return t.entries[i-1], true
+	return t.entryAt(i - 1), true
 }
 
 // Range is the address range the table covers.
-func (t *Table) Range() (lo, hi uint64) { return t.ips[0], t.ips[len(t.ips)-1] }
+func (t *Table) Range() (lo, hi uint64) { return t.ipAt(0), t.ipAt(t.n - 1) }

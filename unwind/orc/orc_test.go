@@ -197,3 +197,24 @@ func TestUnwindUserMode(t *testing.T) {
 		t.Errorf("user-mode start: %v, %v", frames, err)
 	}
 }
+
+// TestLookupSorted: a sorted table is searched in its encoded form, with
+// the same answers as the decoded one.
+func TestLookupSorted(t *testing.T) {
+	rows := []row{{k, Entry{SPOffset: 8, SPReg: RegSP}}, {k + 0x10, Entry{SPReg: RegUndefined}}, {k + 0x10, Entry{SPOffset: 16, SPReg: RegSP}}, {k + 0x20, Entry{SPOffset: 24, SPReg: RegSP}}}
+	tab := buildTable(t, k+0x1000, rows)
+	if tab.ips != nil {
+		t.Fatal("a sorted table was decoded")
+	}
+	for _, tc := range []struct {
+		ip uint64
+		sp int16
+	}{{k, 8}, {k + 0xf, 8}, {k + 0x10, 16}, {k + 0x1f, 16}, {k + 0x20, 24}} {
+		if e, ok := tab.Lookup(tc.ip); !ok || e.SPOffset != tc.sp {
+			t.Errorf("Lookup(%#x) = %+v, %v; want sp offset %d", tc.ip, e, ok, tc.sp)
+		}
+	}
+	if lo, hi := tab.Range(); lo != k || hi != k+0x20 {
+		t.Errorf("Range = %#x-%#x", lo, hi)
+	}
+}
