@@ -5,6 +5,7 @@ import (
 	"debug/elf"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 
@@ -50,15 +51,34 @@ func (k *Kernel) loadTypes() (*Types, error) {
 	if stop <= start || stop-start > maxBTF {
 		return nil, fmt.Errorf("__start_BTF %#x … __stop_BTF %#x is not a plausible range", start, stop)
 	}
-	raw, err := k.ReadBytes(start, int(stop-start))
-	if err != nil {
-		return nil, err
-	}
-	spec, err := btf.LoadSpecFromReader(bytes.NewReader(raw))
+	// The BTF loader copies what it reads; hand it the dump's memory
+	// directly rather than a copy of it.
+	spec, err := btf.LoadSpecFromReader(&virtRange{k, start, stop - start})
 	if err != nil {
 		return nil, err
 	}
 	return &Types{Spec: spec, Source: fmt.Sprintf("dump memory %#x-%#x", start, stop)}, nil
+}
+
+// virtRange is an io.ReaderAt over [start, start+size) of kernel virtual
+// memory.
+type virtRange struct {
+	k           *Kernel
+	start, size uint64
+}
+
+func (r *virtRange) ReadAt(p []byte, off int64) (int, error) {
+	if off < 0 || uint64(off) >= r.size {
+		return 0, io.EOF
+	}
+	n := min(uint64(len(p)), r.size-uint64(off))
+	if err := r.k.ReadVirt(p[:n], r.start+uint64(off)); err != nil {
+		return 0, err
+	}
+	if int(n) < len(p) {
+		return int(n), io.EOF
+	}
+	return int(n), nil
 }
 
 // loadBTFFile reads raw BTF, or the .BTF section of an ELF file. A
