@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/kinst/kinst/core/dump"
+	"github.com/kinst/kinst/unwind/orc"
 )
 
 // memDump is a dump.Dump over sparse physical pages, for unit tests of
@@ -342,4 +343,77 @@ func FuzzLog(f *testing.F) {
 		}
 		k.Log()
 	})
+}
+
+// TestBacktraceThroughModule: a switched-out task whose stack runs from a
+// kernel function through a module's function (found by the module's own
+// ORC table and symbols) to a kernel thread's outermost frame.
+func TestBacktraceThroughModule(t *testing.T) {
+	d := newMemDump()
+	const root = 0x100000
+	d.write(root, make([]byte, 4*pageSize))
+	d.info = fmt.Sprintf("OSRELEASE=t\nSYMBOL(init_top_pgt)=%x\nNUMBER(phys_base)=%d\n", uint64(startKernelMap+0x200000), root-0x200000)
+	k, err := New(d, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const (
+		kSched  = startKernelMap + 0x1000000
+		kThread = startKernelMap + 0x1000100
+		modBase = 0xffffffffc0100000
+		modWait = modBase + 0x40
+	)
+	table := func(rows ...[2]any) *orc.Table {
+		var ips, ents []byte
+		for i, r := range rows {
+			ips = binary.LittleEndian.AppendUint32(ips, uint32(int32(int64(r[0].(uint64))-int64(0x1000+4*i))))
+			e := r[1].(orc.Entry)
+			bits := uint16(e.SPReg) | uint16(e.BPReg)<<4 | uint16(e.Type)<<8
+			if e.End {
+				bits |= 1 << 10
+			}
+			ents = binary.LittleEndian.AppendUint16(binary.LittleEndian.AppendUint16(binary.LittleEndian.AppendUint16(ents, uint16(e.SPOffset)), uint16(e.BPOffset)), bits)
+		}
+		// The table claims to sit at 0x1000; entries are relative to it.
+		tab, err := orc.Parse(ips, 0x1000, ents)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tab
+	}
+	kernelORC := table([2]any{uint64(kSched), orc.Entry{SPOffset: 16, SPReg: orc.RegSP}}, [2]any{uint64(kThread), orc.Entry{End: true}})
+	modORC := table([2]any{uint64(modWait), orc.Entry{SPOffset: 8, SPReg: orc.RegSP}})
+	k.orc.get("ORC", func() (*orcTables, error) { return &orcTables{kernel: kernelORC}, nil })
+	k.syms.get("kallsyms", func() (*Symbols, error) {
+		return &Symbols{byAddr: []Symbol{{kSched, 't', "kfn_sched", ""}, {kThread, 'T', "kthread", ""}}}, nil
+	})
+	k.mods.get("modules", func() ([]*Module, error) {
+		return []*Module{{Name: "mod", Base: modBase, Size: 0x1000, TextSize: 0x800, orc: modORC,
+			syms: []Symbol{{modWait, 't', "mod_wait", "mod"}}}}, nil
+	})
+	// The stack, in the image mapping: the switch frame, then kfn_sched's
+	// pushed word and return into mod_wait, then the return into kthread.
+	stack := uint64(startKernelMap + 0x200800)
+	put := func(va, v uint64) { d.put64(va-startKernelMap-0x200000+root, v) }
+	put(stack+5*8, 0)           // bp
+	put(stack+6*8, kSched+5)    // ret_addr: where the task will resume
+	put(stack+56+8, modWait+3)  // return into the module
+	put(stack+56+16, kThread+7) // return into kthread
+	st, err := k.Backtrace(Task{PID: 7, Comm: "worker", threadSP: stack})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, f := range st.Frames {
+		got = append(got, fmt.Sprintf("%s+%#x[%s]", f.Function, f.Offset, f.Module))
+	}
+	if want := "kfn_sched+0x5[] mod_wait+0x3[mod] kthread+0x7[]"; strings.Join(got, " ") != want || st.Stop != "" {
+		t.Errorf("frames %v (stop %q), want %s", got, st.Stop, want)
+	}
+	if s, err := k.LookupSymbol("mod:mod_wait"); err != nil || s.Addr != modWait {
+		t.Errorf("LookupSymbol(mod:mod_wait) = %+v, %v", s, err)
+	}
+	if s, off, ok := k.SymbolAt(modWait + 9); !ok || s.Name != "mod_wait" || off != 9 || k.SymbolSize(s) != 0x800-0x40 {
+		t.Errorf("SymbolAt(mod_wait+9) = %+v %#x %v", s, off, ok)
+	}
 }
