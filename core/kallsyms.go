@@ -151,9 +151,6 @@ func (k *Kernel) loadKallsyms() (*Symbols, error) {
 // Len is the number of symbols.
 func (s *Symbols) Len() int { return len(s.byAddr) }
 
-// All returns the symbols sorted by address; callers must not modify it.
-func (s *Symbols) All() []Symbol { return s.byAddr }
-
 // Lookup finds a symbol by name (the first, by address, if several
 // static symbols share it).
 func (s *Symbols) Lookup(name string) (Symbol, error) {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 
 	"github.com/kinst/kinst/unwind/orc"
 )
@@ -235,7 +236,10 @@ func (k *Kernel) SymbolSize(sym Symbol) uint64 {
 // LookupSymbol finds a symbol by name in the kernel, then in modules;
 // "module:name" looks in one module only.
 func (k *Kernel) LookupSymbol(name string) (Symbol, error) {
-	mod, fn, scoped := cutModule(name)
+	mod, fn, scoped := strings.Cut(name, ":")
+	if !scoped {
+		fn = name
+	}
 	if !scoped {
 		syms, err := k.Symbols()
 		if err != nil {
@@ -257,15 +261,6 @@ func (k *Kernel) LookupSymbol(name string) (Symbol, error) {
 		}
 	}
 	return Symbol{}, fmt.Errorf("%q: %w", name, ErrNoSymbol)
-}
-
-func cutModule(name string) (mod, fn string, ok bool) {
-	for i := 0; i < len(name); i++ {
-		if name[i] == ':' {
-			return name[:i], name[i+1:], true
-		}
-	}
-	return "", name, false
 }
 
 // orcFinder looks an address up in its module's ORC table, else the

@@ -2,6 +2,7 @@ package core
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 
 	"github.com/kinst/kinst/core/dump"
@@ -51,7 +52,7 @@ func (k *Kernel) Translate(va uint64) (uint64, error) {
 		pa, err = k.walk(page)
 		if err != nil {
 			var te *TranslationError
-			if !asTranslation(err, &te) {
+			if !errors.As(err, &te) {
 				return 0, err
 			}
 			pa = notMapped
@@ -65,14 +66,6 @@ func (k *Kernel) Translate(va uint64) (uint64, error) {
 		return 0, err
 	}
 	return pa | va&pageMask, nil
-}
-
-func asTranslation(err error, te **TranslationError) bool {
-	t, ok := err.(*TranslationError)
-	if ok {
-		*te = t
-	}
-	return ok
 }
 
 // walk translates one page through the page tables.
