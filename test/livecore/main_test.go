@@ -148,12 +148,8 @@ func gsh(t testing.TB, ctx context.Context, script string) string {
 func dumpGuest(t testing.TB, name, format string) string {
 	t.Helper()
 	path := filepath.Join(tmp, name)
-	args := map[string]any{"paging": false, "protocol": "file:" + path}
-	if format != "elf" {
-		args["format"] = format
-	}
 	start := time.Now()
-	if _, err := guest.QMP("dump-guest-memory", args); err != nil {
+	if err := guest.Dump(path, format); err != nil {
 		t.Fatalf("dump-guest-memory %s: %v", format, err)
 	}
 	st, err := os.Stat(path)
