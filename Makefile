@@ -9,7 +9,7 @@ STRESS ?= 2000
 export KINST_CACHE := $(CACHE)
 export CGO_ENABLED := 0
 
-.PHONY: all deps build demo test unit vm-up vm-down clean
+.PHONY: all deps build demo test unit fuzz vm-up vm-down clean
 
 all: build
 
@@ -36,6 +36,14 @@ test: deps build
 
 unit:
 	KINST_LIVE=0 $(GO) test ./...
+
+# Short fuzzing runs of the dump readers and the printk reader (their seed
+# corpora already run in `make unit`); FUZZTIME each.
+FUZZTIME ?= 10s
+fuzz:
+	for t in FuzzELF FuzzKdump FuzzFlattened FuzzMinidump; do \
+		$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./core/dump || exit 1; done
+	$(GO) test -run '^$$' -fuzz '^FuzzLog$$' -fuzztime $(FUZZTIME) ./core
 
 vm-up: deps build
 	bin/kinst vm up

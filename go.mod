@@ -10,6 +10,8 @@ require (
 )
 
 require (
+	github.com/anchore/go-lzo v0.1.1
 	github.com/cilium/ebpf v0.22.0
 	github.com/google/pprof v0.0.0-20261016150608-1facf8f91b50
+	github.com/klauspost/compress v1.18.0
 )

@@ -35,6 +35,8 @@ Usage:
   kinst unwind stack PID [--tid TID] [--ptrace] [--json]
                          user stacks of a live process, without frame
                          pointers where CFI is available
+  kinst core DUMP info|ps|bt PID|TASK|-a|log|rd ADDR [N]|sym ADDR|NAME|dis FUNC [--json]
+                         postmortem analysis of a kernel crash dump
   kinst vm up|exec|down|status
                          the test VM: a stock Debian kernel under QEMU with
                          kerninst.ko and kerninstd running in it
@@ -72,6 +74,8 @@ func run(args []string) int {
 		err = benchCmd(ctx, args[1:])
 	case "unwind":
 		err = unwindCmd(args[1:])
+	case "core":
+		err = coreCmd(args[1:])
 	case "vm":
 		status, err = vmCmd(ctx, args[1:])
 	case "offcpu":

@@ -19,6 +19,8 @@ import (
 const vmUsage = `vm up     [--cache DIR] [--smp N] [--memory MB] [--accel auto|tcg|kvm] [--kerninstd PATH]
   vm exec   -- CMD [ARGS…]     run CMD in the guest; exit with its status
   vm status [--json]
+  vm dump   FILE [--format elf|kdump-zlib|kdump-lzo|kdump-snappy]
+                               write a crash dump of the guest (for kinst core)
   vm down
 
 KINST_VM_STATE=DIR keeps a VM's state in DIR instead of CACHE/vm, so
@@ -97,6 +99,24 @@ func vmCmd(ctx context.Context, args []string) (int, error) {
 		for _, k := range []string{"kernel_release", "accel", "kerninstd", "agent", "serial_log", "qmp"} {
 			fmt.Printf("%-15s %v\n", k, st[k])
 		}
+		return 0, nil
+	case "dump":
+		format := fs.String("format", "elf", "dump `format`: elf, kdump-zlib, kdump-lzo or kdump-snappy")
+		if err := fs.Parse(args[1:]); err != nil {
+			return 2, err
+		}
+		if fs.NArg() != 1 {
+			return 2, fmt.Errorf("vm dump: want FILE")
+		}
+		in, err := vm.Attach(stateDir(*cache))
+		if err != nil {
+			return 1, err
+		}
+		start := time.Now()
+		if err := in.Dump(fs.Arg(0), *format); err != nil {
+			return 1, err
+		}
+		fmt.Fprintf(os.Stderr, "vm dump: %s (%s) in %.1fs; read it with kinst core %s info\n", fs.Arg(0), *format, time.Since(start).Seconds(), fs.Arg(0))
 		return 0, nil
 	case "down":
 		if err := fs.Parse(args[1:]); err != nil {

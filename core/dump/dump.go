@@ -47,12 +47,19 @@ func (e *CorruptError) Is(target error) bool { return target == ErrCorrupt }
 type NotPresentError struct {
 	Addr     uint64
 	Physical bool
+	// Excluded: the page was in memory but the dumper left it out (a
+	// kdump filtered with makedumpfile -d), as opposed to memory the
+	// dump never covered. Only formats that record it set it.
+	Excluded bool
 }
 
 func (e *NotPresentError) Error() string {
 	kind := "virtual"
 	if e.Physical {
 		kind = "physical"
+	}
+	if e.Excluded {
+		return fmt.Sprintf("%s address %#x: page excluded from the dump by the dumper's filter", kind, e.Addr)
 	}
 	return fmt.Sprintf("%s address %#x: page not present in the dump", kind, e.Addr)
 }
@@ -101,6 +108,13 @@ type Dump interface {
 // addresses itself (FreeBSD minidumps carry the kernel pmap).
 type VirtReader interface {
 	ReadVirt(p []byte, addr uint64) (int, error)
+}
+
+// MessageBufferReader is implemented by dumps that carry the kernel's
+// message buffer beside memory (FreeBSD minidumps' msgbuf). Linux dumps
+// do not: their log is in memory, read through the kernel's printk ring.
+type MessageBufferReader interface {
+	MessageBuffer() []byte
 }
 
 // Range is a half-open physical address range [Start, End).

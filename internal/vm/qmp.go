@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -61,6 +63,26 @@ func (in *Instance) QMP(cmd string, args any) (json.RawMessage, error) {
 		return nil, err
 	}
 	return call(cmd, args)
+}
+
+// DumpFormats are the dump-guest-memory formats Dump accepts.
+var DumpFormats = []string{"elf", "kdump-zlib", "kdump-lzo", "kdump-snappy"}
+
+// Dump writes the guest's memory and CPU state to path with QMP
+// dump-guest-memory (no paging: physical memory, with the CPU notes and
+// the guest's VMCOREINFO). QEMU writes the file itself, so the path is
+// made absolute. format is one of DumpFormats; QEMU 7.2 writes the kdump
+// ones in makedumpfile's flattened form.
+func (in *Instance) Dump(path, format string) error {
+	if !slices.Contains(DumpFormats, format) {
+		return fmt.Errorf("dump format %q: want one of %s", format, strings.Join(DumpFormats, ", "))
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return err
+	}
+	_, err = in.QMP("dump-guest-memory", map[string]any{"paging": false, "protocol": "file:" + abs, "format": format})
+	return err
 }
 
 // HMP runs a human monitor command through QMP.

@@ -1,0 +1,118 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+
+	"github.com/kinst/kinst/core"
+	"github.com/kinst/kinst/internal/cli"
+	"github.com/spf13/pflag"
+)
+
+const coreSynopsis = `core DUMP COMMAND [ARGS] [--json] [--btf FILE | --vmlinux FILE]
+
+Postmortem analysis of a kernel crash dump (ELF vmcore from QEMU
+dump-guest-memory or kdump, kdump-compressed, FreeBSD minidump), with
+symbols, types and unwind tables taken from the dump itself.
+
+Commands:
+  info            format, kernel release, KASLR offset, memory, CPUs, panic message
+  ps              every task: pid, tgid, cpu, state, comm ('>' marks running)
+  bt PID|TASK|-a  kernel stack of a task (by pid or task_struct address),
+                  or of every task (ORC unwinding)
+  log             the printk ring buffer (dmesg)
+  rd ADDR|SYM[+0xOFF] [N]
+                  hex dump of N bytes (default 64) of kernel virtual memory
+  sym ADDR|NAME   the symbol at an address, or a symbol's address
+  dis FUNC        disassemble a function from the dump's memory
+
+Flags:
+`
+
+func coreCmd(args []string) error {
+	fs := pflag.NewFlagSet("core", pflag.ContinueOnError)
+	fs.SortFlags = false
+	asJSON := fs.Bool("json", false, "print JSON")
+	all := fs.BoolP("all", "a", false, "bt: every task")
+	btfFile := fs.String("btf", "", "take types from `FILE` (raw BTF, or an ELF with .BTF) instead of the dump")
+	vmlinux := fs.String("vmlinux", "", "take types (.BTF) and unwind tables (.orc_unwind*) from the kernel image `FILE` instead of the dump")
+	fs.Usage = func() { fmt.Fprintf(os.Stderr, "Usage: kinst %s%s", coreSynopsis, fs.FlagUsages()) }
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	pos := fs.Args()
+	if len(pos) < 2 {
+		fs.Usage()
+		return fmt.Errorf("core: want DUMP COMMAND")
+	}
+	path, cmd, rest := pos[0], pos[1], pos[2:]
+	nargs := func(lo, hi int) error {
+		if len(rest) < lo || len(rest) > hi {
+			fs.Usage()
+			return fmt.Errorf("core %s: wrong number of arguments", cmd)
+		}
+		return nil
+	}
+	var run func(k *core.Kernel) error
+	switch cmd {
+	case "info", "ps", "log":
+		if err := nargs(0, 0); err != nil {
+			return err
+		}
+		run = map[string]func(k *core.Kernel) error{
+			"info": func(k *core.Kernel) error { return cli.CoreInfoReport(k, *asJSON, os.Stdout) },
+			"ps":   func(k *core.Kernel) error { return cli.CorePS(k, *asJSON, os.Stdout) },
+			"log":  func(k *core.Kernel) error { return cli.CoreLog(k, *asJSON, os.Stdout) },
+		}[cmd]
+	case "bt":
+		if *all {
+			if err := nargs(0, 0); err != nil {
+				return err
+			}
+		} else if err := nargs(1, 1); err != nil {
+			return err
+		}
+		var which uint64
+		if !*all {
+			v, err := strconv.ParseUint(rest[0], 0, 64)
+			if err != nil || (v > 1<<31 && v < 0xffff800000000000) {
+				return fmt.Errorf("core bt: %q is neither a PID nor a task_struct address", rest[0])
+			}
+			which = v
+		}
+		run = func(k *core.Kernel) error { return cli.CoreBacktrace(k, which, *all, *asJSON, os.Stdout) }
+	case "rd":
+		if err := nargs(1, 2); err != nil {
+			return err
+		}
+		n := 64
+		if len(rest) == 2 {
+			v, err := strconv.ParseUint(rest[1], 0, 32)
+			if err != nil {
+				return fmt.Errorf("core rd: bad length %q", rest[1])
+			}
+			n = int(v)
+		}
+		run = func(k *core.Kernel) error { return cli.CoreRead(k, rest[0], n, *asJSON, os.Stdout) }
+	case "sym":
+		if err := nargs(1, 1); err != nil {
+			return err
+		}
+		run = func(k *core.Kernel) error { return cli.CoreSym(k, rest[0], *asJSON, os.Stdout) }
+	case "dis":
+		if err := nargs(1, 1); err != nil {
+			return err
+		}
+		run = func(k *core.Kernel) error { return cli.CoreDis(k, rest[0], *asJSON, os.Stdout) }
+	default:
+		fs.Usage()
+		return fmt.Errorf("core: unknown command %q", cmd)
+	}
+	k, err := core.Open(path, core.Options{BTF: *btfFile, Vmlinux: *vmlinux})
+	if err != nil {
+		return err
+	}
+	defer k.Close()
+	return run(k)
+}

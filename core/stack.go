@@ -1,0 +1,162 @@
+package core
+
+import (
+	"debug/elf"
+	"errors"
+	"fmt"
+
+	"github.com/kinst/kinst/unwind/orc"
+)
+
+// orcTables is the kernel image's ORC table. Module tables (each
+// module's struct mod_arch_specific) are not read yet: a module frame
+// ends the unwind with orc.ErrNoEntry.
+type orcTables struct {
+	kernel *orc.Table
+	source string
+}
+
+// Frame is one frame of a kernel stack.
+type Frame struct {
+	Address  uint64 `json:"-"`
+	AddrHex  string `json:"address"`
+	Function string `json:"function"`
+	Offset   uint64 `json:"offset"`
+	Module   string `json:"module,omitempty"`
+	// Exception: the frame was interrupted (its address is the
+	// interrupted instruction, not a return address).
+	Exception bool `json:"exception,omitempty"`
+}
+
+// Stack is a task's unwound kernel stack.
+type Stack struct {
+	Task   Task    `json:"task"`
+	Frames []Frame `json:"frames"`
+	// Stop says why the unwind ended before the outermost frame, if it
+	// did.
+	Stop string `json:"stop,omitempty"`
+	// UserMode: the task was running user code on its CPU; it has no
+	// kernel frames.
+	UserMode bool `json:"user_mode,omitempty"`
+}
+
+func (k *Kernel) orcTable() (*orcTables, error) {
+	return k.orc.get("ORC", k.loadORC)
+}
+
+// maxORC bounds the ORC tables read (the 6.1 kernel's are about 2 MiB).
+const maxORC = 64 << 20
+
+func (k *Kernel) loadORC() (*orcTables, error) {
+	if k.opts.Vmlinux != "" {
+		return k.loadORCFromELF(k.opts.Vmlinux)
+	}
+	s, err := k.Symbols()
+	if err != nil {
+		return nil, err
+	}
+	ipStart, err1 := s.Addr("__start_orc_unwind_ip")
+	ipStop, err2 := s.Addr("__stop_orc_unwind_ip")
+	uStart, err3 := s.Addr("__start_orc_unwind")
+	if err := errors.Join(err1, err2, err3); err != nil {
+		return nil, fmt.Errorf("%w (kernel built without CONFIG_UNWINDER_ORC?)", err)
+	}
+	if ipStop <= ipStart || ipStop-ipStart > maxORC {
+		return nil, fmt.Errorf("orc_unwind_ip %#x-%#x is not a plausible range", ipStart, ipStop)
+	}
+	n := (ipStop - ipStart) / 4
+	ips, err := k.ReadBytes(ipStart, int(n*4))
+	if err != nil {
+		return nil, err
+	}
+	ents, err := k.ReadBytes(uStart, int(n*orc.EntrySize))
+	if err != nil {
+		return nil, err
+	}
+	t, err := orc.Parse(ips, ipStart, ents)
+	if err != nil {
+		return nil, err
+	}
+	return &orcTables{kernel: t, source: "dump memory"}, nil
+}
+
+// loadORCFromELF reads .orc_unwind_ip and .orc_unwind from a vmlinux
+// and relocates them by the dump's KASLR offset.
+func (k *Kernel) loadORCFromELF(path string) (*orcTables, error) {
+	f, err := elf.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	ipSec, uSec := f.Section(".orc_unwind_ip"), f.Section(".orc_unwind")
+	if ipSec == nil || uSec == nil {
+		return nil, fmt.Errorf("%s has no .orc_unwind_ip/.orc_unwind sections", path)
+	}
+	ips, err := ipSec.Data()
+	if err != nil {
+		return nil, err
+	}
+	ents, err := uSec.Data()
+	if err != nil {
+		return nil, err
+	}
+	t, err := orc.Parse(ips, ipSec.Addr+k.Info.KernelOffset, ents)
+	if err != nil {
+		return nil, err
+	}
+	return &orcTables{kernel: t, source: path}, nil
+}
+
+// inactiveTaskFrame is the size of struct inactive_task_frame on x86-64
+// (r15 r14 r13 r12 bx bp ret_addr), which __switch_to_asm leaves at
+// thread.sp; bp and ret_addr are its last two words.
+const inactiveTaskFrame = 7 * 8
+
+// Backtrace unwinds a task's kernel stack with ORC: from the CPU's
+// registers in the dump's notes if the task was running, else from the
+// frame that __switch_to_asm left at thread.sp.
+func (k *Kernel) Backtrace(t Task) (*Stack, error) {
+	tab, err := k.orcTable()
+	if err != nil {
+		return nil, err
+	}
+	syms, err := k.Symbols()
+	if err != nil {
+		return nil, err
+	}
+	var st orc.State
+	if t.Active && t.CPU < len(k.Dump.CPUs()) {
+		r := k.Dump.CPUs()[t.CPU].Regs
+		st = orc.State{IP: r.RIP, SP: r.RSP, BP: r.RBP, Signal: true,
+			Regs: &orc.Regs{IP: r.RIP, SP: r.RSP, BP: r.RBP, DX: r.RDX, DI: r.RDI, R10: r.R10, R13: r.R13, CS: r.CS}}
+	} else {
+		if t.threadSP == 0 {
+			return nil, fmt.Errorf("task %d (%s) has no saved stack pointer", t.PID, t.Comm)
+		}
+		bp, err1 := k.ReadU64(t.threadSP + 5*8)
+		ip, err2 := k.ReadU64(t.threadSP + 6*8)
+		if err := errors.Join(err1, err2); err != nil {
+			return nil, fmt.Errorf("task %d (%s): switch frame at %#x: %w", t.PID, t.Comm, t.threadSP, err)
+		}
+		st = orc.State{IP: ip, SP: t.threadSP + inactiveTaskFrame, BP: bp}
+		if fork, err := syms.Addr("ret_from_fork"); err == nil && ip == fork {
+			st.Signal = true // a new task that never ran: ret_from_fork is its first instruction
+		}
+	}
+	frames, uerr := orc.Unwind(orcFinder{k, tab.kernel}, k, st)
+	out := &Stack{Task: t}
+	for _, f := range frames {
+		fr := Frame{Address: f.IP, AddrHex: fmt.Sprintf("%#x", f.IP), Exception: f.Signal && len(out.Frames) > 0}
+		if sym, off, ok := k.SymbolAt(f.IP); ok {
+			fr.Function, fr.Offset, fr.Module = sym.Name, off, sym.Module
+		}
+		out.Frames = append(out.Frames, fr)
+	}
+	switch {
+	case errors.Is(uerr, orc.ErrUserMode):
+		out.UserMode = true
+	case uerr != nil:
+		out.Stop = uerr.Error()
+	}
+	return out, nil
+}

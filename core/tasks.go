@@ -1,0 +1,290 @@
+package core
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+)
+
+// Task is one kernel task (a thread) as the dump holds it.
+type Task struct {
+	Addr    uint64 `json:"-"`       // the task_struct
+	Address string `json:"address"` // Addr in hex
+	PID     int    `json:"pid"`
+	TGID    int    `json:"tgid"`
+	Comm    string `json:"comm"`
+	State   string `json:"state"` // ps letter: R S D T t X Z P I
+	CPU     int    `json:"cpu"`
+	// Active: the task was running on CPU when the dump was taken (it is
+	// that CPU's current task), so its stack starts from the CPU's
+	// registers, not from the context-switch frame.
+	Active   bool   `json:"active"`
+	threadSP uint64 // thread.sp: the inactive_task_frame of a switched-out task
+}
+
+// taskLayout holds the task_struct offsets used here, from BTF.
+type taskLayout struct {
+	tasks, pid, tgid, comm, state, exitState, cpu, threadSP, signal, threadNode uint64
+	threadHead                                                                  uint64 // in signal_struct
+	commLen                                                                     uint64
+}
+
+func (k *Kernel) taskLayout() (*taskLayout, error) {
+	t, err := k.Types()
+	if err != nil {
+		return nil, err
+	}
+	var l taskLayout
+	var errs []error
+	off := func(dst *uint64, st string, paths ...string) {
+		for _, p := range paths {
+			if o, err := t.Offset(st, p); err == nil {
+				*dst = o
+				return
+			}
+		}
+		errs = append(errs, fmt.Errorf("struct %s has none of %v", st, paths))
+	}
+	off(&l.tasks, "task_struct", "tasks")
+	off(&l.pid, "task_struct", "pid")
+	off(&l.tgid, "task_struct", "tgid")
+	off(&l.comm, "task_struct", "comm")
+	off(&l.state, "task_struct", "__state", "state") // __state since 5.14
+	off(&l.exitState, "task_struct", "exit_state")
+	off(&l.cpu, "task_struct", "thread_info.cpu", "cpu") // in thread_info since 5.16
+	off(&l.threadSP, "task_struct", "thread.sp")
+	off(&l.signal, "task_struct", "signal")
+	off(&l.threadNode, "task_struct", "thread_node")
+	off(&l.threadHead, "signal_struct", "thread_head")
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("BTF: %v", errs)
+	}
+	l.commLen, _ = t.MemberSize("task_struct", "comm")
+	if l.commLen == 0 || l.commLen > 64 {
+		l.commLen = 16
+	}
+	return &l, nil
+}
+
+// maxTasks bounds list walks through a corrupt dump.
+const maxTasks = 1 << 20
+
+// Tasks lists every task: init_task's tasks list gives the thread-group
+// leaders, each leader's signal->thread_head its threads. The idle tasks
+// of CPUs other than 0 are not on these lists; each CPU's current task
+// is marked Active.
+func (k *Kernel) Tasks() ([]Task, error) {
+	l, err := k.taskLayout()
+	if err != nil {
+		return nil, err
+	}
+	s, err := k.Symbols()
+	if err != nil {
+		return nil, err
+	}
+	initTask, err := s.Addr("init_task")
+	if err != nil {
+		return nil, err
+	}
+	current := k.currentTasks()
+	var out []Task
+	seen := map[uint64]bool{}
+	add := func(addr uint64) error {
+		if seen[addr] {
+			return nil
+		}
+		seen[addr] = true
+		t, err := k.readTask(l, addr)
+		if err != nil {
+			return err
+		}
+		if cpu, ok := current[addr]; ok {
+			t.Active, t.CPU = true, cpu
+		}
+		out = append(out, t)
+		return nil
+	}
+	err = k.walkList(initTask+l.tasks, l.tasks, func(leader uint64) error {
+		if err := add(leader); err != nil {
+			return err
+		}
+		sig, err := k.ReadU64(leader + l.signal)
+		if err != nil || sig == 0 {
+			return nil // a task being torn down
+		}
+		return k.walkList(sig+l.threadHead, l.threadNode, add)
+	})
+	if err != nil {
+		return out, err
+	}
+	if !seen[initTask] {
+		if err := add(initTask); err != nil {
+			return out, err
+		}
+	}
+	// The idle tasks of CPUs other than 0 are on no task list; nor is a
+	// running task the dump caught between lists.
+	for _, ct := range k.cpuTasks() {
+		for _, addr := range []uint64{ct.current, ct.idle} {
+			if addr == 0 {
+				continue
+			}
+			if err := add(addr); err != nil {
+				return out, err
+			}
+		}
+	}
+	return out, nil
+}
+
+// walkList calls f for each entry of a circular list_head at head, where
+// entries embed their list_head at entryOff. A list that comes back to
+// an entry other than head (a corrupt dump) is an error, not a hang.
+func (k *Kernel) walkList(head, entryOff uint64, f func(entry uint64) error) error {
+	p, err := k.ReadU64(head)
+	if err != nil {
+		return fmt.Errorf("list at %#x: %w", head, err)
+	}
+	seen := map[uint64]bool{}
+	for p != head {
+		if seen[p] || len(seen) > maxTasks {
+			return fmt.Errorf("list at %#x loops back to %#x without returning to its head (corrupt memory?)", head, p)
+		}
+		seen[p] = true
+		if err := f(p - entryOff); err != nil {
+			return err
+		}
+		next, err := k.ReadU64(p)
+		if err != nil {
+			return fmt.Errorf("list entry %#x: %w", p, err)
+		}
+		p = next
+	}
+	return nil
+}
+
+func (k *Kernel) readTask(l *taskLayout, addr uint64) (Task, error) {
+	end := max(l.pid+4, l.tgid+4, l.comm+l.commLen, l.state+4, l.exitState+4, l.cpu+4, l.threadSP+8)
+	b := make([]byte, end)
+	if err := k.ReadVirt(b, addr); err != nil {
+		return Task{}, fmt.Errorf("task_struct at %#x: %w", addr, err)
+	}
+	u32 := func(o uint64) uint32 { return binary.LittleEndian.Uint32(b[o:]) }
+	comm := b[l.comm : l.comm+l.commLen]
+	if i := bytes.IndexByte(comm, 0); i >= 0 {
+		comm = comm[:i]
+	}
+	return Task{
+		Addr:     addr,
+		Address:  fmt.Sprintf("%#x", addr),
+		PID:      int(int32(u32(l.pid))),
+		TGID:     int(int32(u32(l.tgid))),
+		Comm:     string(comm),
+		State:    stateLetter(u32(l.state), u32(l.exitState)),
+		CPU:      int(u32(l.cpu)),
+		threadSP: binary.LittleEndian.Uint64(b[l.threadSP:]),
+	}, nil
+}
+
+// stateLetter is the kernel's task_state_index / task_index_to_char
+// (include/linux/sched.h): the highest reported state bit picks a letter
+// of "RSDTtXZPI"; TASK_IDLE (UNINTERRUPTIBLE|NOLOAD) is I.
+func stateLetter(state, exitState uint32) string {
+	const taskReportMax = 0x80
+	const taskIdle = 0x402
+	if state == taskIdle {
+		return "I"
+	}
+	s := (state | exitState) & (taskReportMax - 1)
+	idx := 0
+	for s != 0 {
+		idx++
+		s >>= 1
+	}
+	return string("RSDTtXZPI"[idx])
+}
+
+// currentTasks maps each CPU's current task to the CPU.
+func (k *Kernel) currentTasks() map[uint64]int {
+	out := map[uint64]int{}
+	for cpu, ct := range k.cpuTasks() {
+		if ct.current != 0 {
+			out[ct.current] = cpu
+		}
+	}
+	return out
+}
+
+// cpuTask is what one CPU's runqueue knows of its tasks.
+type cpuTask struct{ current, idle uint64 }
+
+// cpuTasks reads each CPU's current task (per-CPU current_task, or
+// pcpu_hot.current_task since 6.2) and idle task (runqueues.idle); a
+// zero address where the dump does not say.
+func (k *Kernel) cpuTasks() []cpuTask {
+	out := make([]cpuTask, len(k.Dump.CPUs()))
+	s, err := k.Symbols()
+	if err != nil {
+		return out
+	}
+	offs, err := s.Addr("__per_cpu_offset")
+	if err != nil {
+		return out
+	}
+	cur, errCur := s.Addr("current_task")
+	if errCur != nil {
+		cur, errCur = s.Addr("pcpu_hot")
+	}
+	rq, errRQ := s.Addr("runqueues")
+	var idleOff uint64
+	if t, err := k.Types(); err == nil && errRQ == nil {
+		idleOff, errRQ = t.Offset("rq", "idle")
+	}
+	for i := range out {
+		base, err := k.ReadU64(offs + uint64(8*i))
+		if err != nil {
+			continue
+		}
+		if errCur == nil {
+			out[i].current, _ = k.ReadU64(base + cur)
+		}
+		if errRQ == nil {
+			out[i].idle, _ = k.ReadU64(base + rq + idleOff)
+		}
+	}
+	return out
+}
+
+// Task finds a task by PID (the thread id).
+func (k *Kernel) Task(pid int) (Task, error) {
+	ts, err := k.Tasks()
+	if err != nil {
+		return Task{}, err
+	}
+	for _, t := range ts {
+		if t.PID == pid {
+			return t, nil
+		}
+	}
+	return Task{}, fmt.Errorf("no task with pid %d in the dump", pid)
+}
+
+// TaskAt reads the task_struct at addr, whether or not it is on the
+// task lists (a task being created or torn down, or one found in a
+// register).
+func (k *Kernel) TaskAt(addr uint64) (Task, error) {
+	ts, err := k.Tasks()
+	if err != nil {
+		return Task{}, err
+	}
+	for _, t := range ts {
+		if t.Addr == addr {
+			return t, nil
+		}
+	}
+	l, err := k.taskLayout()
+	if err != nil {
+		return Task{}, err
+	}
+	return k.readTask(l, addr)
+}

@@ -1,0 +1,141 @@
+package core
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/kinst/kinst/core/dump"
+)
+
+const (
+	// startKernelMap is __START_KERNEL_map: the kernel image is mapped
+	// linearly from here, at phys_base.
+	startKernelMap = 0xffffffff80000000
+	pageSize       = 4096
+	pageMask       = pageSize - 1
+	// pteAddrMask keeps a page-table entry's physical address bits
+	// (12–51); the NX bit and the memory-encryption bit fall outside.
+	pteAddrMask = 0x000ffffffffff000
+	ptePresent  = 1
+	ptePSE      = 1 << 7 // a 1 GiB (PUD) or 2 MiB (PMD) page
+	notMapped   = ^uint64(0)
+)
+
+// TranslationError says why a virtual address has no physical page.
+type TranslationError struct {
+	Addr  uint64
+	Level int // page-table level whose entry was not present (5..1)
+}
+
+func (e *TranslationError) Error() string {
+	return fmt.Sprintf("virtual address %#x is not mapped (level-%d page-table entry not present)", e.Addr, e.Level)
+}
+
+// Is lets a missing mapping match dump.ErrNotPresent too.
+func (e *TranslationError) Is(t error) bool { return t == dump.ErrNotPresent }
+
+// Translate maps a kernel virtual address to a physical one: the kernel
+// image by its linear mapping at phys_base, everything else (direct
+// map, vmalloc and module space, stacks) by walking the kernel's page
+// tables. Walks are cached per 4 KiB page.
+func (k *Kernel) Translate(va uint64) (uint64, error) {
+	if va >= startKernelMap && va < k.imageEnd {
+		return va - startKernelMap + k.physBase, nil
+	}
+	page := va &^ pageMask
+	k.mu.Lock()
+	pa, ok := k.tlb[page]
+	k.mu.Unlock()
+	if !ok {
+		var err error
+		pa, err = k.walk(page)
+		if err != nil {
+			var te *TranslationError
+			if !errors.As(err, &te) {
+				return 0, err
+			}
+			pa = notMapped
+		}
+		k.mu.Lock()
+		k.tlb[page] = pa
+		k.mu.Unlock()
+	}
+	if pa == notMapped {
+		_, err := k.walk(page)
+		return 0, err
+	}
+	return pa | va&pageMask, nil
+}
+
+// walk translates one page through the page tables.
+func (k *Kernel) walk(va uint64) (uint64, error) {
+	table := k.pgd
+	shift := uint(39)
+	if k.levels == 5 {
+		shift = 48
+	}
+	var b [8]byte
+	for level := k.levels; level >= 1; level-- {
+		idx := (va >> shift) & 511
+		if _, err := k.Dump.ReadPhys(b[:], table+idx*8); err != nil {
+			return 0, fmt.Errorf("page walk of %#x: level-%d table at physical %#x: %w", va, level, table, err)
+		}
+		e := binary.LittleEndian.Uint64(b[:])
+		if e&ptePresent == 0 {
+			return 0, &TranslationError{Addr: va, Level: level}
+		}
+		if (level == 3 || level == 2) && e&ptePSE != 0 {
+			size := uint64(1) << shift
+			return (e & pteAddrMask &^ (size - 1)) | (va & (size - 1)), nil
+		}
+		table = e & pteAddrMask
+		shift -= 9
+	}
+	return table, nil
+}
+
+// ReadVirt reads kernel virtual memory, page by page.
+func (k *Kernel) ReadVirt(p []byte, va uint64) error {
+	for done := 0; done < len(p); {
+		a := va + uint64(done)
+		pa, err := k.Translate(a)
+		if err != nil {
+			return err
+		}
+		n := min(len(p)-done, int(pageSize-a&pageMask))
+		if a >= startKernelMap && a < k.imageEnd {
+			// The image is physically contiguous: read it in one go.
+			n = len(p) - done
+		}
+		if _, err := k.Dump.ReadPhys(p[done:done+n], pa); err != nil {
+			return fmt.Errorf("reading %#x: %w", a, err)
+		}
+		done += n
+	}
+	return nil
+}
+
+// ReadU64 reads one little-endian 64-bit word of kernel memory.
+func (k *Kernel) ReadU64(va uint64) (uint64, error) {
+	var b [8]byte
+	if err := k.ReadVirt(b[:], va); err != nil {
+		return 0, err
+	}
+	return binary.LittleEndian.Uint64(b[:]), nil
+}
+
+// ReadU32 reads one little-endian 32-bit word of kernel memory.
+func (k *Kernel) ReadU32(va uint64) (uint32, error) {
+	var b [4]byte
+	if err := k.ReadVirt(b[:], va); err != nil {
+		return 0, err
+	}
+	return binary.LittleEndian.Uint32(b[:]), nil
+}
+
+// ReadBytes reads n bytes of kernel memory.
+func (k *Kernel) ReadBytes(va uint64, n int) ([]byte, error) {
+	b := make([]byte, n)
+	return b, k.ReadVirt(b, va)
+}

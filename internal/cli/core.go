@@ -1,0 +1,402 @@
+package cli
+
+import (
+	"encoding/hex"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+
+	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/core"
+	"golang.org/x/arch/x86/x86asm"
+)
+
+// CoreInfo is `kinst core DUMP info --json`.
+type CoreInfo struct {
+	Format          string        `json:"format"`
+	Release         string        `json:"release"`
+	KernelOffset    string        `json:"kernel_offset"`
+	PhysBase        string        `json:"phys_base"`
+	PageTableLevels int           `json:"page_table_levels"`
+	MemoryBytes     uint64        `json:"memory_bytes"`
+	Panic           string        `json:"panic,omitempty"`
+	CPUs            []CoreCPUInfo `json:"cpus"`
+}
+
+// CoreCPUInfo is one CPU of CoreInfo.
+type CoreCPUInfo struct {
+	CPU      int    `json:"cpu"`
+	PID      int    `json:"pid"`
+	Comm     string `json:"comm"`
+	RIP      string `json:"rip"`
+	Function string `json:"function,omitempty"`
+}
+
+// CoreInfoReport prints what the dump is: format, kernel, CPUs, memory,
+// and the panic message if the kernel panicked.
+func CoreInfoReport(k *core.Kernel, asJSON bool, w io.Writer) error {
+	inf := CoreInfo{Format: k.Dump.Format(), Release: k.Release(),
+		KernelOffset: fmt.Sprintf("%#x", k.Info.KernelOffset), PhysBase: fmt.Sprintf("%#x", k.Info.Numbers["phys_base"]),
+		PageTableLevels: 4}
+	if k.Info.Numbers["pgtable_l5_enabled"] == 1 {
+		inf.PageTableLevels = 5
+	}
+	for _, r := range k.Dump.PhysRanges() {
+		inf.MemoryBytes += r.End - r.Start
+	}
+	if recs, err := k.Log(); err == nil {
+		inf.Panic = core.PanicMessage(recs)
+	}
+	tasks, _ := k.Tasks()
+	for _, c := range k.Dump.CPUs() {
+		ci := CoreCPUInfo{CPU: c.Index, RIP: fmt.Sprintf("%#x", c.Regs.RIP), PID: -1}
+		for _, t := range tasks {
+			if t.Active && t.CPU == c.Index {
+				ci.PID, ci.Comm = t.PID, t.Comm
+			}
+		}
+		ci.Function = symbolize(k, c.Regs.RIP)
+		inf.CPUs = append(inf.CPUs, ci)
+	}
+	if asJSON {
+		return writeJSON(w, inf)
+	}
+	fmt.Fprintf(w, "format:         %s\n", inf.Format)
+	fmt.Fprintf(w, "kernel:         %s\n", inf.Release)
+	fmt.Fprintf(w, "KASLR offset:   %s\n", inf.KernelOffset)
+	fmt.Fprintf(w, "phys_base:      %s\n", inf.PhysBase)
+	fmt.Fprintf(w, "page tables:    %d levels\n", inf.PageTableLevels)
+	fmt.Fprintf(w, "memory:         %d MiB in %d ranges\n", inf.MemoryBytes>>20, len(k.Dump.PhysRanges()))
+	if inf.Panic != "" {
+		fmt.Fprintf(w, "panic:          %s\n", inf.Panic)
+	}
+	fmt.Fprintf(w, "CPUs:           %d\n", len(inf.CPUs))
+	for _, c := range inf.CPUs {
+		who := "?"
+		if c.PID >= 0 {
+			who = fmt.Sprintf("%d (%s)", c.PID, c.Comm)
+		}
+		fmt.Fprintf(w, "  cpu %d: task %s at %s %s\n", c.CPU, who, c.RIP, c.Function)
+	}
+	return nil
+}
+
+// CorePS prints every task: `{"tasks":[{"pid":…,"comm":…,"state":…}]}`.
+func CorePS(k *core.Kernel, asJSON bool, w io.Writer) error {
+	tasks, err := k.Tasks()
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return writeJSON(w, struct {
+			Tasks []core.Task `json:"tasks"`
+		}{tasks})
+	}
+	fmt.Fprintf(w, "   %7s %7s %3s %2s %-18s %s\n", "PID", "TGID", "CPU", "ST", "TASK", "COMM")
+	for _, t := range tasks {
+		mark := "  "
+		if t.Active {
+			mark = "> "
+		}
+		fmt.Fprintf(w, "%s %7d %7d %3d %2s %#-18x %s\n", mark, t.PID, t.TGID, t.CPU, t.State, t.Addr, t.Comm)
+	}
+	return nil
+}
+
+// CoreBacktrace prints the kernel stack of one task (by PID, or by
+// task_struct address), or of every task with all:
+// `{"frames":[{"address":"0x…","function":…,"offset":…}]}` for one,
+// `{"stacks":[{"task":…,"frames":[…]}]}` for all.
+func CoreBacktrace(k *core.Kernel, which uint64, all, asJSON bool, w io.Writer) error {
+	if !all {
+		var t core.Task
+		var err error
+		if which >= kernelHalf {
+			t, err = k.TaskAt(which)
+		} else {
+			t, err = k.Task(int(which))
+		}
+		if err != nil {
+			return err
+		}
+		st, err := k.Backtrace(t)
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			return writeJSON(w, st)
+		}
+		printStack(w, st)
+		return nil
+	}
+	tasks, err := k.Tasks()
+	if err != nil {
+		return err
+	}
+	var out []*core.Stack
+	for _, t := range tasks {
+		st, err := k.Backtrace(t)
+		if err != nil {
+			st = &core.Stack{Task: t, Stop: err.Error()}
+		}
+		out = append(out, st)
+	}
+	if asJSON {
+		return writeJSON(w, struct {
+			Stacks []*core.Stack `json:"stacks"`
+		}{out})
+	}
+	for i, st := range out {
+		if i > 0 {
+			fmt.Fprintln(w)
+		}
+		printStack(w, st)
+	}
+	return nil
+}
+
+func printStack(w io.Writer, st *core.Stack) {
+	t := st.Task
+	where := "switched out"
+	if t.Active {
+		where = fmt.Sprintf("running on cpu %d", t.CPU)
+	}
+	fmt.Fprintf(w, "PID: %d  TASK: %#x  CPU: %d  COMMAND: %q  STATE: %s (%s)\n", t.PID, t.Addr, t.CPU, t.Comm, t.State, where)
+	for i, f := range st.Frames {
+		name := "?"
+		if f.Function != "" {
+			name = symName(core.Symbol{Name: f.Function, Module: f.Module}, f.Offset)
+		}
+		exc := ""
+		if f.Exception {
+			exc = "  (interrupted)"
+		}
+		fmt.Fprintf(w, " #%-2d %s %s%s\n", i, f.AddrHex, name, exc)
+	}
+	if st.UserMode {
+		fmt.Fprintf(w, "     (running in user mode: no kernel frames)\n")
+	}
+	if st.Stop != "" {
+		fmt.Fprintf(w, "     (%s)\n", st.Stop)
+	}
+}
+
+// CoreLog prints the printk ring buffer as dmesg does.
+func CoreLog(k *core.Kernel, asJSON bool, w io.Writer) error {
+	recs, err := k.Log()
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return writeJSON(w, struct {
+			Records []core.LogRecord `json:"records"`
+		}{recs})
+	}
+	for _, r := range recs {
+		for _, line := range strings.Split(r.Text, "\n") {
+			fmt.Fprintf(w, "[%5d.%06d] %s\n", r.TimeNS/1e9, r.TimeNS%1e9/1e3, line)
+		}
+	}
+	return nil
+}
+
+// CoreMemory is `kinst core DUMP rd --json`, the shape of `kinst rd`.
+type CoreMemory struct {
+	Address string `json:"address"`
+	Symbol  string `json:"symbol,omitempty"`
+	Bytes   string `json:"bytes"` // hex
+}
+
+// resolveAddr parses ADDR (hex or decimal) or SYM[+0xOFF].
+func resolveAddr(k *core.Kernel, at string) (uint64, error) {
+	if v, err := strconv.ParseUint(at, 0, 64); err == nil {
+		return v, nil
+	}
+	name, offs, _ := strings.Cut(at, "+")
+	s, err := k.LookupSymbol(name)
+	if err != nil {
+		return 0, err
+	}
+	a := s.Addr
+	if offs != "" {
+		o, err := strconv.ParseUint(offs, 0, 64)
+		if err != nil {
+			return 0, fmt.Errorf("bad offset in %q", at)
+		}
+		a += o
+	}
+	return a, nil
+}
+
+// kernelHalf is where x86-64 kernel addresses begin.
+const kernelHalf = 0xffff800000000000
+
+func symbolize(k *core.Kernel, a uint64) string {
+	if a < kernelHalf {
+		return ""
+	}
+	if s, off, ok := k.SymbolAt(a); ok {
+		return symName(s, off)
+	}
+	return ""
+}
+
+// symName is SYM+0xOFF, with [module] after a module's symbol.
+func symName(s core.Symbol, off uint64) string {
+	if s.Module != "" {
+		return fmt.Sprintf("%s+%#x [%s]", s.Name, off, s.Module)
+	}
+	return fmt.Sprintf("%s+%#x", s.Name, off)
+}
+
+// maxCoreRead bounds `rd`.
+const maxCoreRead = 1 << 20
+
+// CoreRead hex-dumps kernel virtual memory from the dump.
+func CoreRead(k *core.Kernel, at string, n int, asJSON bool, w io.Writer) error {
+	if n <= 0 || n > maxCoreRead {
+		return fmt.Errorf("rd: length %d (want 1..%d)", n, maxCoreRead)
+	}
+	a, err := resolveAddr(k, at)
+	if err != nil {
+		return err
+	}
+	b, err := k.ReadBytes(a, n)
+	if err != nil {
+		return err
+	}
+	m := CoreMemory{Address: fmt.Sprintf("%#x", a), Symbol: symbolize(k, a), Bytes: hex.EncodeToString(b)}
+	if asJSON {
+		return writeJSON(w, m)
+	}
+	if m.Symbol != "" {
+		fmt.Fprintf(w, "%#x <%s>:\n", a, m.Symbol)
+	}
+	HexDump(w, a, b)
+	return nil
+}
+
+// CoreSymbol is `kinst core DUMP sym --json`.
+type CoreSymbol struct {
+	Name    string `json:"name"`
+	Module  string `json:"module,omitempty"`
+	Address string `json:"address"`
+	Type    string `json:"type"`
+	Offset  uint64 `json:"offset"`
+	Size    uint64 `json:"size,omitempty"`
+}
+
+// CoreSym resolves an address to SYM+OFF, or a name to its address.
+func CoreSym(k *core.Kernel, arg string, asJSON bool, w io.Writer) error {
+	if _, err := k.Symbols(); err != nil {
+		return err
+	}
+	var out CoreSymbol
+	if a, perr := strconv.ParseUint(arg, 0, 64); perr == nil {
+		s, off, ok := k.SymbolAt(a)
+		if !ok {
+			return fmt.Errorf("%#x: %w", a, core.ErrNoSymbol)
+		}
+		out = CoreSymbol{Name: s.Name, Module: s.Module, Address: fmt.Sprintf("%#x", s.Addr), Type: string(s.Type), Offset: off, Size: k.SymbolSize(s)}
+	} else {
+		s, err := k.LookupSymbol(arg)
+		if err != nil {
+			return err
+		}
+		out = CoreSymbol{Name: s.Name, Module: s.Module, Address: fmt.Sprintf("%#x", s.Addr), Type: string(s.Type), Size: k.SymbolSize(s)}
+	}
+	if asJSON {
+		return writeJSON(w, out)
+	}
+	mod := ""
+	if out.Module != "" {
+		mod = " [" + out.Module + "]"
+	}
+	if out.Offset != 0 {
+		fmt.Fprintf(w, "%s (%s) %s+%#x%s\n", arg, out.Type, out.Name, out.Offset, mod)
+	} else {
+		fmt.Fprintf(w, "%s %s %s%s\n", out.Address, out.Type, out.Name, mod)
+	}
+	return nil
+}
+
+// CoreInstruction is one line of `kinst core DUMP dis --json`.
+type CoreInstruction struct {
+	Address string `json:"address"`
+	Offset  uint64 `json:"offset"`
+	Bytes   string `json:"bytes"`
+	Text    string `json:"text"`
+}
+
+// maxDisBytes bounds a function's disassembly.
+const maxDisBytes = 64 << 10
+
+// CoreDis disassembles a function from the dump's memory (AT&T syntax,
+// branch targets named).
+func CoreDis(k *core.Kernel, fn string, asJSON bool, w io.Writer) error {
+	a, err := resolveAddr(k, fn)
+	if err != nil {
+		return err
+	}
+	s, off, ok := k.SymbolAt(a)
+	if !ok || !s.IsText() {
+		return fmt.Errorf("%s is not in a text symbol", fn)
+	}
+	size := k.SymbolSize(s)
+	if size == 0 || size > maxDisBytes {
+		size = min(maxDisBytes, 4096)
+	}
+	code, err := k.ReadBytes(s.Addr, int(size))
+	if err != nil {
+		return err
+	}
+	f, err := cfg.Decode(s.Name, "", s.Addr, code)
+	if err != nil {
+		return err
+	}
+	symname := func(t uint64) (string, uint64) {
+		// Name kernel addresses only: immediates would otherwise match
+		// per-CPU offsets, which kallsyms lists as small absolute values.
+		if ts, toff, ok := k.SymbolAt(t); ok && t >= kernelHalf {
+			return ts.Name, t - toff
+		}
+		return "", 0
+	}
+	var out []CoreInstruction
+	for _, in := range f.Insns {
+		out = append(out, CoreInstruction{Address: fmt.Sprintf("%#x", in.Addr), Offset: in.Addr - s.Addr,
+			Bytes: hex.EncodeToString(in.Bytes), Text: x86asm.GNUSyntax(in.Inst, in.Addr, symname)})
+	}
+	if asJSON {
+		return writeJSON(w, struct {
+			Function     string            `json:"function"`
+			Address      string            `json:"address"`
+			Instructions []CoreInstruction `json:"instructions"`
+			Truncated    bool              `json:"truncated,omitempty"`
+		}{s.Name, fmt.Sprintf("%#x", s.Addr), out, f.Truncated})
+	}
+	fmt.Fprintf(w, "%s at %#x (%d bytes):\n", s.Name, s.Addr, size)
+	for _, in := range out {
+		mark := "  "
+		if off != 0 && in.Offset == off {
+			mark = "=>"
+		}
+		fmt.Fprintf(w, "%s %s <+%d>:\t%-24s %s\n", mark, in.Address, in.Offset, spaced(in.Bytes), in.Text)
+	}
+	if f.Truncated {
+		fmt.Fprintln(w, "   (undecodable bytes follow)")
+	}
+	return nil
+}
+
+func spaced(h string) string {
+	var b strings.Builder
+	for i := 0; i+2 <= len(h); i += 2 {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(h[i : i+2])
+	}
+	return b.String()
+}

@@ -1,0 +1,252 @@
+package orc
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Memory reads 64-bit words of kernel memory (stacks, pt_regs).
+type Memory interface {
+	ReadU64(addr uint64) (uint64, error)
+}
+
+// Finder finds the ORC entry for an instruction address; a *Table is
+// one, and a caller may combine the kernel's table with modules'.
+type Finder interface {
+	Lookup(ip uint64) (Entry, bool)
+}
+
+// Offsets of registers in struct pt_regs (x86-64).
+const (
+	ptR13  = 16
+	ptBP   = 32
+	ptR10  = 56
+	ptDX   = 96
+	ptDI   = 112
+	ptIP   = 128
+	ptCS   = 136
+	ptSP   = 152
+	ptSize = 168
+	ptIRET = ptIP // IRET_FRAME_OFFSET: where the hardware frame starts
+)
+
+// Regs are the registers an unwind can start from and that pt_regs
+// frames may supply.
+type Regs struct {
+	IP, SP, BP, DX, DI, R10, R13 uint64
+	CS                           uint64
+}
+
+// State is where an unwind starts.
+type State struct {
+	IP, SP, BP uint64
+	// Signal: IP is the interrupted instruction itself, not a return
+	// address (true when starting from CPU registers).
+	Signal bool
+	// Regs, when set, are the full registers at the start (a CPU's
+	// registers from a dump note), for entries based on DX, DI, R10, R13.
+	Regs *Regs
+}
+
+// Frame is one step of an unwound stack.
+type Frame struct {
+	IP, SP uint64
+	// Signal marks a frame entered by an interrupt or exception: IP is
+	// the interrupted instruction (the frame above a pt_regs).
+	Signal bool
+}
+
+// Why an unwind stopped early.
+var (
+	ErrNoEntry  = errors.New("no ORC entry for the address")
+	ErrBadEntry = errors.New("ORC entry this unwinder does not understand")
+	ErrRead     = errors.New("stack memory unreadable")
+	ErrLoop     = errors.New("stack going the wrong way")
+	ErrTooDeep  = errors.New("stack deeper than the frame limit")
+	// ErrUserMode: the start state is in user space, so there is no
+	// kernel stack to unwind (a CPU caught running user code).
+	ErrUserMode = errors.New("the CPU was in user mode")
+)
+
+// StopError says where an unwind stopped and why; it matches the Err*
+// values above.
+type StopError struct {
+	IP     uint64
+	Reason error
+	Detail string
+}
+
+func (e *StopError) Error() string {
+	if e.Detail != "" {
+		return fmt.Sprintf("unwind stopped at %#x: %v: %s", e.IP, e.Reason, e.Detail)
+	}
+	return fmt.Sprintf("unwind stopped at %#x: %v", e.IP, e.Reason)
+}
+func (e *StopError) Unwrap() error { return e.Reason }
+
+// MaxFrames bounds an unwind.
+const MaxFrames = 128
+
+// isKernel reports whether addr is in the kernel half of the address
+// space.
+func isKernel(addr uint64) bool { return addr >= 0xffff800000000000 }
+
+// Unwind walks a stack from st, innermost frame first, as the kernel's
+// unwind_next_frame does: the entry for each IP (IP−1 for a return
+// address, so a call to a noreturn function at the end of a function
+// finds the caller's row) gives the caller's stack pointer; a call frame
+// has the return address just below it, a pt_regs frame holds the
+// interrupted IP and SP. It stops at the outermost kernel frame (an
+// "end" entry, or pt_regs from user mode). The frames found are returned
+// with an error when the walk could not finish cleanly.
+func Unwind(f Finder, mem Memory, st State) ([]Frame, error) {
+	ip, sp, bp, signal := st.IP, st.SP, st.BP, st.Signal
+	var regs *Regs = st.Regs // registers known for the current frame
+	var regsAddr uint64      // address of the current pt_regs in memory
+	var fullRegs bool
+	getReg := func(off uint64) (uint64, bool) {
+		if regs != nil {
+			switch off {
+			case ptDX:
+				return regs.DX, true
+			case ptDI:
+				return regs.DI, true
+			case ptR10:
+				return regs.R10, true
+			case ptR13:
+				return regs.R13, true
+			case ptBP:
+				return regs.BP, true
+			}
+		}
+		if regsAddr != 0 && (fullRegs || off >= ptIRET) {
+			v, err := mem.ReadU64(regsAddr + off)
+			return v, err == nil
+		}
+		return 0, false
+	}
+	var frames []Frame
+	stop := func(reason error, format string, a ...any) ([]Frame, error) {
+		return frames, &StopError{IP: ip, Reason: reason, Detail: fmt.Sprintf(format, a...)}
+	}
+	for {
+		if !isKernel(ip) {
+			if len(frames) == 0 {
+				return stop(ErrUserMode, "")
+			}
+			return frames, nil
+		}
+		frames = append(frames, Frame{IP: ip, SP: sp, Signal: signal})
+		if len(frames) >= MaxFrames {
+			return stop(ErrTooDeep, "%d frames", MaxFrames)
+		}
+		look := ip
+		if !signal {
+			look--
+		}
+		e, ok := f.Lookup(look)
+		if !ok {
+			return stop(ErrNoEntry, "")
+		}
+		if e.SPReg == RegUndefined {
+			if e.End {
+				return frames, nil
+			}
+			return stop(ErrBadEntry, "undefined stack pointer")
+		}
+		var cfa uint64
+		indirect := false
+		switch e.SPReg {
+		case RegSP:
+			cfa = sp + uint64(int64(e.SPOffset))
+		case RegBP:
+			cfa = bp + uint64(int64(e.SPOffset))
+		case RegSPIndirect:
+			cfa, indirect = sp, true
+		case RegBPIndirect:
+			cfa, indirect = bp+uint64(int64(e.SPOffset)), true
+		case RegR10, RegR13, RegDI, RegDX:
+			off := map[uint8]uint64{RegR10: ptR10, RegR13: ptR13, RegDI: ptDI, RegDX: ptDX}[e.SPReg]
+			v, ok := getReg(off)
+			if !ok {
+				return stop(ErrBadEntry, "stack pointer based on register %d, which is not known here", e.SPReg)
+			}
+			cfa = v
+		default:
+			return stop(ErrBadEntry, "stack pointer register %d", e.SPReg)
+		}
+		if indirect {
+			v, err := mem.ReadU64(cfa)
+			if err != nil {
+				return stop(ErrRead, "%v", err)
+			}
+			cfa = v
+			if e.SPReg == RegSPIndirect {
+				cfa += uint64(int64(e.SPOffset))
+			}
+		}
+		prevSP := sp
+		switch e.Type {
+		case TypeCall:
+			ret, err := mem.ReadU64(cfa - 8)
+			if err != nil {
+				return stop(ErrRead, "return address at %#x: %v", cfa-8, err)
+			}
+			ip, sp, signal = ret, cfa, false
+			regs, regsAddr, fullRegs = nil, 0, false
+		case TypeRegs:
+			nip, err1 := mem.ReadU64(cfa + ptIP)
+			nsp, err2 := mem.ReadU64(cfa + ptSP)
+			cs, err3 := mem.ReadU64(cfa + ptCS)
+			if err := errors.Join(err1, err2, err3); err != nil {
+				return stop(ErrRead, "pt_regs at %#x: %v", cfa, err)
+			}
+			if cs&3 != 0 { // interrupted user mode: the kernel stack ends here
+				return frames, nil
+			}
+			ip, sp, signal = nip, nsp, true
+			regs, regsAddr, fullRegs = nil, cfa, true
+		case TypeRegsPartial:
+			nip, err1 := mem.ReadU64(cfa)
+			nsp, err2 := mem.ReadU64(cfa + ptSP - ptIRET)
+			cs, err3 := mem.ReadU64(cfa + ptCS - ptIRET)
+			if err := errors.Join(err1, err2, err3); err != nil {
+				return stop(ErrRead, "iret frame at %#x: %v", cfa, err)
+			}
+			if cs&3 != 0 {
+				return frames, nil
+			}
+			ip, sp, signal = nip, nsp, true
+			regs, regsAddr, fullRegs = nil, cfa-ptIRET, false
+		default:
+			return stop(ErrBadEntry, "type %d", e.Type)
+		}
+		switch e.BPReg {
+		case RegUndefined:
+			if e.Type == TypeRegs {
+				if v, err := mem.ReadU64(regsAddr + ptBP); err == nil {
+					bp = v
+				}
+			}
+		case RegPrevSP:
+			v, err := mem.ReadU64(cfa + uint64(int64(e.BPOffset)))
+			if err != nil {
+				return stop(ErrRead, "saved frame pointer: %v", err)
+			}
+			bp = v
+		case RegBP:
+			v, err := mem.ReadU64(bp + uint64(int64(e.BPOffset)))
+			if err != nil {
+				return stop(ErrRead, "saved frame pointer: %v", err)
+			}
+			bp = v
+		default:
+			return stop(ErrBadEntry, "frame pointer register %d", e.BPReg)
+		}
+		// Within one stack the caller's frame is above the callee's; a
+		// pt_regs frame may switch stacks (IRQ stack to task stack).
+		if !signal && sp <= prevSP {
+			return stop(ErrLoop, "sp %#x after %#x", sp, prevSP)
+		}
+	}
+}
