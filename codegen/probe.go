@@ -204,12 +204,12 @@ func (p *Probe) Append(b []byte, base uint64) ([]byte, error) {
 			err = ripOp(lockIncq, a.Word, 0)
 		case ActEnter:
 			b = append(b, tscShift16...)
-			b = append(b, 0x48, 0xf7, 0xd8) // neg %rax
-			b = append(b, 0x48, 0xff, 0xc0) // inc %rax
+			b = append(b, 0x48, 0xf7, 0xd8)                        // neg %rax
+			b = append(b, 0x48, 0xff, 0xc0)                        // inc %rax
 			err = ripOp([]byte{0xf0, 0x48, 0x01, 0x05}, a.Word, 0) // lock add %rax,W(%rip)
 		case ActExit:
 			b = append(b, tscShift16...)
-			b = append(b, 0x48, 0x8d, 0x48, 0xff) // lea -1(%rax),%rcx
+			b = append(b, 0x48, 0x8d, 0x48, 0xff)                             // lea -1(%rax),%rcx
 			if err = ripOp([]byte{0x48, 0x8b, 0x05}, a.Word, 0); err != nil { // mov W(%rip),%rax
 				break
 			}
