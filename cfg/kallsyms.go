@@ -32,7 +32,9 @@ type Symbols struct {
 // name instructions the kernel rewrites or fixes up (see OwnedSites).
 var markerNames = map[string]bool{"__init_begin": true, "__init_end": true, "_stext": true, "_etext": true,
 	"__start___ex_table": true, "__stop___ex_table": true, "__start___jump_table": true, "__stop___jump_table": true,
-	"__start_static_call_sites": true, "__stop_static_call_sites": true}
+	"__start_static_call_sites": true, "__stop_static_call_sites": true,
+	// The per-CPU pointer to the running task (6.1; pcpu_hot from 6.2).
+	"current_task": true, "pcpu_hot": true}
 
 // ErrHiddenAddresses is returned when kallsyms shows zero addresses: the
 // reader lacks CAP_SYSLOG or kernel.kptr_restrict hides them.
