@@ -189,7 +189,8 @@ func PatchLen(near uint64, spec PatchSpec) (int, error) {
 //   - the instrumentation decodes instruction by instruction to exactly
 //     p.Instr bytes; it holds no call, return, indirect branch, interrupt
 //     or system instruction; its branches go forward to an instruction
-//     boundary inside it (or to its end); the stack pointer is only moved
+//     boundary inside it (or to its end), or are conditional branches back
+//     to an instruction already decoded (a retry loop); the stack pointer is only moved
 //     by push/pop/pushfq/popfq, with the same depth on every path and
 //     zero at the end;
 //   - each snippet that implements Checker accepts its span;
@@ -244,6 +245,7 @@ var forbiddenInInstrumentation = map[x86asm.Op]bool{
 func verifyInstrumentation(code []byte, base uint64) error {
 	r := &reader{code: code, base: base}
 	depth := map[int]int{} // offset → stack depth a branch arrives with
+	seen := map[int]int{}  // offset of each instruction decoded → stack depth there
 	cur, reachable := 0, true
 	fail := func(format string, args ...any) error { return r.fail(format, args...) }
 	for r.off < len(code) {
@@ -257,6 +259,7 @@ func verifyInstrumentation(code []byte, base uint64) error {
 		if err != nil {
 			return err
 		}
+		seen[r.off] = cur
 		if r.off+inst.Len > len(code) {
 			return fail("instruction runs past the instrumentation")
 		}
@@ -287,7 +290,17 @@ func verifyInstrumentation(code []byte, base uint64) error {
 				return fail("unexpected relative operand: %q", text)
 			}
 			to := r.off + inst.Len + int(rel)
-			if to <= r.off || to > len(code) {
+			if to <= r.off {
+				// A loop (a cmpxchg retry): back to an instruction
+				// already seen, at the same stack depth. The snippet's
+				// own Check says what the loop does.
+				if d, ok := seen[to]; !ok || d != cur || inst.Op == x86asm.JMP {
+					return fail("%q does not branch forward, and is not a conditional retry loop to an instruction already decoded at the same stack depth", text)
+				}
+				r.off += inst.Len
+				continue
+			}
+			if to > len(code) {
 				return fail("%q does not branch forward inside the instrumentation", text)
 			}
 			if d, ok := depth[to]; ok && d != cur {
