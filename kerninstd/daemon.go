@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/metrics"
 )
 
 // Config configures a Daemon.
@@ -29,6 +30,9 @@ type Config struct {
 	// Notes and Modules identify the kernel build and module set for the
 	// cache (default /sys/kernel/notes and /proc/modules).
 	Notes, Modules string
+	// TaskLayout locates current's pid, tgid and comm for filters
+	// (default cfg.LoadTaskLayout, from the kernel's BTF).
+	TaskLayout func(*cfg.Symbols) (cfg.TaskLayout, error)
 }
 
 // Daemon owns the device and every session.
@@ -58,17 +62,30 @@ type Daemon struct {
 	calls    *cfg.CallGraph  // its call graph (not cached on disk)
 	callSyms *cfg.Symbols    // the symbols the graph's addresses belong to
 
+	clock *metrics.Clock // converts the timers' TSC ticks
+
+	taskOnce sync.Once
+	loadTask func(*cfg.Symbols) (cfg.TaskLayout, error)
+	task     cfg.TaskLayout // where current's pid, tgid and comm are
+	taskErr  error
+
 	mu       sync.Mutex          // serialises every change to the kernel; protects the fields below
 	sessions map[string]*session // by ID
 	spliced  map[uint64]string   // instruction address → owning session ID
 	slots    slotAllocator
 }
 
+// session is what one request installed. Its fields do not change after
+// creation except probes and timers, under Daemon.mu.
 type session struct {
 	id      string
+	name    string
 	created time.Time
+	expires time.Time   // zero: no TTL
+	expiry  *time.Timer // removes the session at expires
 	tied    bool
 	probes  []*probe
+	timers  []*timedFunc
 	done    chan struct{} // closed when the session is removed
 }
 
@@ -87,6 +104,11 @@ func New(c Config) (*Daemon, error) {
 		sessions:    make(map[string]*session),
 		spliced:     make(map[uint64]string),
 		slots:       slotAllocator{n: c.Device.NumCounters(), used: make(map[int]bool)},
+		clock:       metrics.NewClock(),
+		loadTask:    c.TaskLayout,
+	}
+	if d.loadTask == nil {
+		d.loadTask = cfg.LoadTaskLayout
 	}
 	if d.log == nil {
 		d.log = slog.Default()
@@ -193,10 +215,14 @@ type PointError struct {
 func (e *PointError) Error() string { return fmt.Sprintf("%s: %v", e.Point, e.Err) }
 func (e *PointError) Unwrap() error { return e.Err }
 
-// CreateSession installs a counter at every point, or none.
+// CreateSession installs a counter at every point and a timer on every
+// function, or none.
 func (d *Daemon) CreateSession(req SessionRequest) (Session, error) {
-	if len(req.Points) == 0 {
-		return Session{}, errors.New("no points given")
+	if len(req.Points) == 0 && len(req.Timers) == 0 {
+		return Session{}, badRequest(errors.New("no points or functions given"))
+	}
+	if req.TTLNS < 0 {
+		return Session{}, badRequest(errors.New("negative time-to-live"))
 	}
 	sites := make([]*site, len(req.Points))
 	for i, p := range req.Points {
@@ -206,9 +232,29 @@ func (d *Daemon) CreateSession(req SessionRequest) (Session, error) {
 		}
 		sites[i] = s
 	}
+	timers, pred, err := d.resolveTimers(req)
+	if err != nil {
+		return Session{}, err
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	ss := &session{id: newID(), created: time.Now(), tied: req.Tied, done: make(chan struct{})}
+	ss := &session{id: newID(), name: req.Name, created: time.Now(), tied: req.Tied, done: make(chan struct{})}
+	if ss.name == "" {
+		ss.name = ss.id
+	}
+	if err := d.checkName(ss.name); err != nil {
+		return Session{}, err
+	}
+	for _, t := range timers {
+		if err := d.attachTimed(ss.id, t, pred); err != nil {
+			if rerr := d.removeLocked(ss); rerr != nil {
+				d.log.Error("roll back session", "err", rerr)
+			}
+			return Session{}, &PointError{Point: t.function, Err: err}
+		}
+		ss.timers = append(ss.timers, t)
+		d.log.Info("timing", "session", ss.id, "function", t.function, "exits", len(t.exits), "filter", t.filter)
+	}
 	for _, s := range sites {
 		p, err := d.attachCounter(s)
 		if err != nil {
@@ -223,13 +269,22 @@ func (d *Daemon) CreateSession(req SessionRequest) (Session, error) {
 			"addr", fmt.Sprintf("%#x", s.insn().Addr), "patch", fmt.Sprintf("%#x", p.patch), "slot", p.slot)
 	}
 	d.sessions[ss.id] = ss
+	d.startTTL(ss, time.Duration(req.TTLNS))
 	return d.describe(ss), nil
 }
 
 func (d *Daemon) describe(ss *session) Session {
-	out := Session{ID: ss.id, Created: ss.created}
+	out := Session{ID: ss.id, Name: ss.name, Created: ss.created, Tied: ss.tied}
+	if !ss.expires.IsZero() {
+		e := ss.expires
+		out.Expires = &e
+	}
 	for _, p := range ss.probes {
 		out.Probes = append(out.Probes, Probe{Resolved: p.site.resolved(), Count: d.dev.Counter(p.slot), Patch: Addr(p.patch)})
+	}
+	now := time.Now()
+	for _, t := range ss.timers {
+		out.Timers = append(out.Timers, d.timerInfo(t, now))
 	}
 	return out
 }
@@ -242,13 +297,13 @@ var ErrNoSession = errors.New("no such session")
 func (d *Daemon) RemoveSession(id string) (Session, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	ss, ok := d.sessions[id]
-	if !ok {
+	ss := d.findLocked(id)
+	if ss == nil {
 		return Session{}, fmt.Errorf("%w %q", ErrNoSession, id)
 	}
 	final := d.describe(ss)
 	err := d.removeLocked(ss)
-	delete(d.sessions, id)
+	delete(d.sessions, ss.id)
 	return final, err
 }
 
@@ -256,6 +311,19 @@ func (d *Daemon) RemoveSession(id string) (Session, error) {
 // stays listed so a later attempt (or the driver, on close) restores it.
 func (d *Daemon) removeLocked(ss *session) error {
 	var errs []error
+	if ss.expiry != nil {
+		ss.expiry.Stop()
+	}
+	keptTimers := ss.timers[:0]
+	for _, t := range ss.timers {
+		if err := d.detachTimed(t); err != nil {
+			errs = append(errs, err)
+			keptTimers = append(keptTimers, t)
+			continue
+		}
+		d.log.Info("timer removed", "session", ss.id, "function", t.function)
+	}
+	ss.timers = keptTimers
 	kept := ss.probes[:0]
 	for _, p := range ss.probes {
 		if err := d.detach(p); err != nil {
@@ -267,7 +335,7 @@ func (d *Daemon) removeLocked(ss *session) error {
 		d.log.Info("unspliced", "session", ss.id, "at", p.site.where())
 	}
 	ss.probes = kept
-	if len(kept) == 0 {
+	if len(kept) == 0 && len(keptTimers) == 0 {
 		select {
 		case <-ss.done:
 		default:

@@ -28,3 +28,25 @@ func TimerIntegral(w, tsc uint64) uint64 {
 
 // TimerDelta is the thread-time between two integrals, in ticks.
 func TimerDelta(from, to uint64) uint64 { return (to - from) & timerSumMask }
+
+// TimerAcc turns successive readings of a timer word into a running
+// 64-bit total of thread-time. Read the word first and the TSC after it:
+// every event in the word then happened before the TSC reading. A reading
+// that goes back a little (an entry's TSC on another CPU just ahead of
+// ours) is ignored until time catches up. Not safe for concurrent use.
+type TimerAcc struct {
+	prev  uint64 // integral at the last reading, mod 2^48
+	Ticks uint64 // thread-time since the accumulator started
+}
+
+// Add takes a reading of word w at TSC tsc and returns the total.
+func (a *TimerAcc) Add(w, tsc uint64) uint64 {
+	cur := TimerIntegral(w, tsc)
+	d := TimerDelta(a.prev, cur)
+	if d >= 1<<(timerSumBits-1) { // negative: a reading slightly behind
+		return a.Ticks
+	}
+	a.Ticks += d
+	a.prev = cur
+	return a.Ticks
+}
