@@ -147,7 +147,7 @@ func checkSteps(code []byte, at, word uint64, steps []step, branches map[int]int
 		if s.word {
 			m, ok := memArg(inst)
 			if !ok || m.Base != x86asm.RIP || m.Segment != 0 || inst.MemBytes != 8 ||
-				r.pc()+uint64(inst.Len)+uint64(m.Disp) != word {
+				r.pc()+uint64(inst.Len)+uint64(int64(int32(m.Disp))) != word {
 				return r.fail("%q does not address the 8-byte word %#x", text, word)
 			}
 			if reg, ok := regArg(inst); !ok || len(s.args) != 1 || reg != s.args[0] {

@@ -205,7 +205,8 @@ func TestTimerUnmatchedExit(t *testing.T) {
 // TestTimerCheckRefuses corrupts timer snippets and expects their Check
 // (run by VerifyPatch) to refuse them.
 func TestTimerCheckRefuses(t *testing.T) {
-	for _, sn := range []Snippet{TimerEnter{Word: tTimer}, TimerExit{Word: tTimer}} {
+	below := uint64(tPatch - 0x10000) // a negative displacement
+	for _, sn := range []Snippet{TimerEnter{Word: tTimer}, TimerExit{Word: tTimer}, TimerEnter{Word: below}, TimerExit{Word: below}} {
 		a := NewAsm(tPatch)
 		sn.Emit(a, nil)
 		good := a.Bytes()

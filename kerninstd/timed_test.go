@@ -1,0 +1,169 @@
+package kerninstd
+
+import (
+	"bytes"
+	"errors"
+	"math"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kinst/kinst/cfg"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+func TestTimedSessionLifecycle(t *testing.T) {
+	d, k := newTestDaemon(t)
+	d.loadTask = func(*cfg.Symbols) (cfg.TaskLayout, error) {
+		return cfg.TaskLayout{CurrentTask: 0x1fb80, PID: 0x5c8, TGID: 0x5cc, Comm: 0x7c0}, nil
+	}
+	s, err := d.CreateSession(SessionRequest{Name: "incident", Timers: []string{"filename_lookup"}, Filter: &Filter{PID: 4242}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Name != "incident" || len(s.Timers) != 1 {
+		t.Fatalf("session %+v", s)
+	}
+	ti := s.Timers[0]
+	if ti.Entry.Offset != 0x0b || len(ti.Exits) != 1 || ti.Exits[0].Offset != 0x1f || ti.Filter != "pid 4242" {
+		t.Fatalf("timer entry %+v exits %+v filter %q; want +0xb, one exit at +0x1f, pid 4242", ti.Entry, ti.Exits, ti.Filter)
+	}
+	now := textNow(t, k)
+	if now[0x0b] != 0xe9 || now[0x1f] != 0xe9 || !bytes.Equal(now[0x10:0x1f], text[0x10:0x1f]) {
+		t.Fatalf("text %x: want jmps at +0xb and +0x1f and nothing else changed", now)
+	}
+	// The entry patch compares current->tgid (at 0x5cc) with 4242 and
+	// reads the TSC; the exit patch has the cmpxchg loop.
+	entry := patchBytes(t, k, textAddr+0x0b)
+	if !bytes.Contains(entry, []byte{0xcc, 0x05, 0, 0, 0x92, 0x10, 0, 0}) || !bytes.Contains(entry, []byte{0x0f, 0x31}) {
+		t.Errorf("entry patch %x lacks the tgid compare or rdtsc", entry)
+	}
+	if exit := patchBytes(t, k, textAddr+0x1f); !bytes.Contains(exit, []byte{0xf0, 0x48, 0x0f, 0xb1}) {
+		t.Errorf("exit patch %x lacks lock cmpxchg", exit)
+	}
+	// Two calls that took 3,000,000 ticks in all, nobody inside now.
+	var calls, word int = -1, -1
+	for slot := range d.slots.used {
+		if calls < 0 || slot < calls {
+			calls, word = slot, calls
+		}
+		if slot > calls {
+			word = slot
+		}
+	}
+	k.counters[calls] = 2
+	k.counters[word] = 3_000_000 << 16
+	if _, err := d.CreateSession(SessionRequest{Name: "incident", Points: []string{"lookuppn"}}); err == nil || !strings.Contains(err.Error(), "in use") {
+		t.Errorf("second session with the same name: %v", err)
+	}
+	list := d.Sessions()
+	if len(list) != 1 || len(list[0].Timers) != 1 {
+		t.Fatalf("sessions %+v", list)
+	}
+	pt := list[0].Timers[0].Point
+	want := d.clock.Nanos(3_000_000)
+	if pt.Calls != 2 || pt.Inside != 0 || math.Abs(pt.WallNS-want) > want*1e-6 {
+		t.Fatalf("point %+v, want 2 calls, 0 inside, %.0f ns", pt, want)
+	}
+
+	// Prometheus exposition, parsed by Prometheus's own parser.
+	rec := httptest.NewRecorder()
+	d.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	parser := expfmt.NewTextParser(model.LegacyValidation)
+	fams, err := parser.TextToMetricFamilies(rec.Body)
+	if err != nil {
+		t.Fatalf("/metrics does not parse: %v", err)
+	}
+	got := fams["kinst_function_calls_total"]
+	if got == nil || len(got.Metric) != 1 || got.Metric[0].GetCounter().GetValue() != 2 {
+		t.Fatalf("kinst_function_calls_total = %v", got)
+	}
+	labels := map[string]string{}
+	for _, l := range got.Metric[0].Label {
+		labels[l.GetName()] = l.GetValue()
+	}
+	if labels["session"] != "incident" || labels["function"] != "filename_lookup" || labels["filter"] != "pid 4242" {
+		t.Errorf("labels %v", labels)
+	}
+	if w := fams["kinst_function_wall_seconds_total"]; w == nil || math.Abs(w.Metric[0].GetCounter().GetValue()-want/1e9) > want*1e-9*1e-3 {
+		t.Errorf("wall seconds %v, want %g", w, want/1e9)
+	}
+	if fams["kinst_function_threads_inside"] == nil {
+		t.Error("no threads-inside gauge")
+	}
+
+	final, err := d.RemoveSession("incident") // by name
+	if err != nil {
+		t.Fatal(err)
+	}
+	if final.Timers[0].Calls != 2 {
+		t.Errorf("final %+v", final.Timers[0])
+	}
+	if !bytes.Equal(textNow(t, k), text) || len(k.allocs) != 0 || len(k.splices) != 0 || len(d.slots.used) != 0 {
+		t.Errorf("not restored: allocs %v splices %v slots %v", k.allocs, k.splices, d.slots.used)
+	}
+}
+
+// patchBytes reads the patch the jmp at addr leads to.
+func patchBytes(t *testing.T, k *fakeKernel, addr uint64) []byte {
+	t.Helper()
+	var j [5]byte
+	if err := k.Read(addr, j[:]); err != nil || j[0] != 0xe9 {
+		t.Fatalf("no jmp at %#x", addr)
+	}
+	to := addr + 5 + uint64(int64(int32(uint32(j[1])|uint32(j[2])<<8|uint32(j[3])<<16|uint32(j[4])<<24)))
+	b := make([]byte, k.allocs[to])
+	if err := k.Read(to, b); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestSessionTTL(t *testing.T) {
+	d, k := newTestDaemon(t)
+	s, err := d.CreateSession(SessionRequest{Name: "forgotten", Timers: []string{"filename_lookup"}, TTLNS: int64(50 * time.Millisecond)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Expires == nil || s.Expires.Sub(s.Created) != 50*time.Millisecond {
+		t.Fatalf("expires %v", s.Expires)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for len(d.Sessions()) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("session outlived its TTL")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !bytes.Equal(textNow(t, k), text) || len(k.splices) != 0 {
+		t.Error("text not restored after the TTL")
+	}
+	if _, err := d.RemoveSession("forgotten"); !errors.Is(err, ErrNoSession) {
+		t.Errorf("remove after expiry: %v", err)
+	}
+}
+
+func TestTimedRefusals(t *testing.T) {
+	d, k := newTestDaemon(t)
+	d.loadTask = func(*cfg.Symbols) (cfg.TaskLayout, error) { return cfg.TaskLayout{}, errors.New("no BTF") }
+	for _, req := range []SessionRequest{
+		{Timers: []string{"filename_lookup+0xb"}},
+		{Timers: []string{"no_such_function"}},
+		{Timers: []string{"filename_lookup", "lookuppn"}},
+		{Timers: []string{"filename_lookup"}, Filter: &Filter{PID: 1, Comm: "x"}},
+		{Timers: []string{"filename_lookup"}, Filter: &Filter{Comm: "a-name-longer-than-15"}},
+		{Timers: []string{"filename_lookup"}, Filter: &Filter{PID: 1}}, // no task layout
+		{Points: []string{"lookuppn"}, Filter: &Filter{PID: 1}},
+		{Timers: []string{"filename_lookup"}, TTLNS: -1},
+		{},
+	} {
+		if _, err := d.CreateSession(req); err == nil {
+			t.Errorf("%+v accepted", req)
+		}
+		if !bytes.Equal(textNow(t, k), text) || len(k.allocs) != 0 || len(d.slots.used) != 0 {
+			t.Fatalf("%+v changed something", req)
+		}
+	}
+}
