@@ -2,7 +2,7 @@
 # Installs the Debian packages kinst's build, demo and tests need. Quick
 # when everything is there already.
 set -euo pipefail
-pkgs=(qemu-system-x86 busybox-static cpio make gcc binutils kmod xz-utils)
+pkgs=(qemu-system-x86 busybox-static cpio make gcc binutils kmod xz-utils librsvg2-bin)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
