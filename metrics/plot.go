@@ -50,7 +50,7 @@ func PlotSVG(w io.Writer, title string, series []Series) error {
 
 	bw := bufio.NewWriter(w)
 	p := func(format string, args ...any) { fmt.Fprintf(bw, format, args...) }
-	p(`<?xml version="1.0" encoding="UTF-8"?>`+"\n")
+	p(`<?xml version="1.0" encoding="UTF-8"?>` + "\n")
 	p(`<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="%s" font-size="12">`+"\n",
 		width, height, width, height, fontFamily)
 	p(`<rect width="%d" height="%d" fill="white"/>`+"\n", width, height)

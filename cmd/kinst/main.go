@@ -19,6 +19,14 @@ const usage = `kinst — dynamic instrumentation of the running kernel (KernInst
 Usage:
   kinst count POINT… [--duration D] [--interval I] [--json] [-- CMD…]
                          live call counts at kernel functions or instructions
+  kinst time FUNC… [--pid P|--tid T|--comm C] [--duration D] [--interval I]
+             [--plot FILE.svg] [--name N] [--ttl D] [--json] [-- CMD…]
+                         calls/s, average and total wall time and
+                         concurrency of kernel functions (entry and exits)
+  kinst watch [--interval I]
+                         live view of every active metric, like top
+  kinst ls [--json]      the live sessions (count and time requests)
+  kinst detach NAME|ID   remove a session's instrumentation
   kinst rd ADDR|SYM[+0xOFF] [LEN] [--json]
                          hex dump of live kernel memory
   kinst cfg FUNC [--json | --dot]
@@ -55,6 +63,14 @@ func run(args []string) int {
 	switch args[0] {
 	case "count":
 		status, err = countCmd(ctx, args[1:])
+	case "time":
+		status, err = timeCmd(ctx, args[1:])
+	case "ls":
+		err = lsCmd(ctx, args[1:])
+	case "detach":
+		err = detachCmd(ctx, args[1:])
+	case "watch":
+		err = watchCmd(ctx, args[1:])
 	case "rd":
 		err = rdCmd(ctx, args[1:])
 	case "cfg":

@@ -1,0 +1,34 @@
+package main
+
+import (
+	"context"
+	"os"
+
+	"github.com/kinst/kinst/internal/cli"
+	"github.com/kinst/kinst/kerninstd"
+)
+
+func timeCmd(ctx context.Context, args []string) (int, error) {
+	fs, addr := newFlags("time", "time FUNC… [--pid P|--tid T|--comm C] [--duration D] [--interval I] [--plot FILE.svg] [--name N] [--ttl D] [--json] [-- CMD…]")
+	var o cli.TimeOptions
+	fs.IntVar(&o.Filter.PID, "pid", 0, "count only calls made by this process (its tgid)")
+	fs.IntVar(&o.Filter.TID, "tid", 0, "count only calls made by this thread")
+	fs.StringVar(&o.Filter.Comm, "comm", "", "count only calls made by tasks with this command name (up to 15 bytes)")
+	fs.BoolVar(&o.Virtual, "virtual", false, "also measure on-CPU (virtual) time")
+	fs.DurationVarP(&o.Duration, "duration", "d", 0, "stop after this long (default: until Ctrl-C, or until CMD exits)")
+	fs.DurationVarP(&o.Interval, "interval", "i", 1e9, "print rates this often")
+	fs.StringVar(&o.Plot, "plot", "", "write a chart of calls/s and concurrency over time to this SVG `file`")
+	fs.StringVar(&o.Name, "name", "", "session name (see kinst ls, kinst detach)")
+	fs.DurationVar(&o.TTL, "ttl", 0, "remove the instrumentation after this long even if kinst is gone")
+	fs.BoolVar(&o.JSON, "json", false, "print one JSON report at the end instead of live rows")
+	if err := fs.Parse(args); err != nil {
+		return 2, err
+	}
+	pos := fs.Args()
+	if n := fs.ArgsLenAtDash(); n >= 0 {
+		o.Command = pos[n:]
+		pos = pos[:n]
+	}
+	o.Functions = pos
+	return cli.Time(ctx, kerninstd.NewClient(*addr), o, os.Stdout, os.Stderr)
+}
