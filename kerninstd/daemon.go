@@ -60,7 +60,7 @@ type Daemon struct {
 
 	mu       sync.Mutex          // serialises every change to the kernel; protects the fields below
 	sessions map[string]*session // by ID
-	spliced  map[uint64]string   // instruction address → owning session ID
+	points   map[uint64]*point   // instrumented instructions by address
 	slots    slotAllocator
 }
 
@@ -68,7 +68,7 @@ type session struct {
 	id      string
 	created time.Time
 	tied    bool
-	probes  []*probe
+	reqs    []*request    // in the order of the session's points
 	done    chan struct{} // closed when the session is removed
 }
 
@@ -85,7 +85,7 @@ func New(c Config) (*Daemon, error) {
 		notesPath:   c.Notes,
 		modulesPath: c.Modules,
 		sessions:    make(map[string]*session),
-		spliced:     make(map[uint64]string),
+		points:      make(map[uint64]*point),
 		slots:       slotAllocator{n: c.Device.NumCounters(), used: make(map[int]bool)},
 	}
 	if d.log == nil {
@@ -170,7 +170,7 @@ func (d *Daemon) Info() Info {
 	in.Symbols = d.symbols().Len()
 	d.mu.Lock()
 	in.Sessions = len(d.sessions)
-	in.Splices = len(d.spliced)
+	in.Splices = len(d.points)
 	d.mu.Unlock()
 	return in
 }
@@ -210,17 +210,17 @@ func (d *Daemon) CreateSession(req SessionRequest) (Session, error) {
 	defer d.mu.Unlock()
 	ss := &session{id: newID(), created: time.Now(), tied: req.Tied, done: make(chan struct{})}
 	for _, s := range sites {
-		p, err := d.attachCounter(s)
+		r, err := d.instrument(s, ss.id, 1, CounterSnippet)
 		if err != nil {
 			if rerr := d.removeLocked(ss); rerr != nil {
 				d.log.Error("roll back session", "err", rerr)
 			}
 			return Session{}, &PointError{Point: s.point.Spec, Err: err}
 		}
-		ss.probes = append(ss.probes, p)
-		d.spliced[s.insn().Addr] = ss.id
-		d.log.Info("spliced", "session", ss.id, "point", s.point.Spec, "at", s.where(),
-			"addr", fmt.Sprintf("%#x", s.insn().Addr), "patch", fmt.Sprintf("%#x", p.patch), "slot", p.slot)
+		ss.reqs = append(ss.reqs, r)
+		d.log.Info("spliced", "session", ss.id, "point", s.point.Spec, "at", s.where(), "class", r.pt.class,
+			"addr", fmt.Sprintf("%#x", s.insn().Addr), "patch", fmt.Sprintf("%#x", r.pt.patch),
+			"requests", len(r.pt.reqs), "slot", r.counter())
 	}
 	d.sessions[ss.id] = ss
 	return d.describe(ss), nil
@@ -228,8 +228,8 @@ func (d *Daemon) CreateSession(req SessionRequest) (Session, error) {
 
 func (d *Daemon) describe(ss *session) Session {
 	out := Session{ID: ss.id, Created: ss.created}
-	for _, p := range ss.probes {
-		out.Probes = append(out.Probes, Probe{Resolved: p.site.resolved(), Count: d.dev.Counter(p.slot), Patch: Addr(p.patch)})
+	for _, r := range ss.reqs {
+		out.Probes = append(out.Probes, Probe{Resolved: r.pt.site.resolved(), Count: d.dev.Counter(r.counter()), Patch: Addr(r.pt.patch)})
 	}
 	return out
 }
@@ -252,21 +252,22 @@ func (d *Daemon) RemoveSession(id string) (Session, error) {
 	return final, err
 }
 
-// removeLocked detaches every probe of ss. A probe that cannot be detached
-// stays listed so a later attempt (or the driver, on close) restores it.
+// removeLocked removes every request of ss, last first. A request that
+// cannot be removed stays listed so a later attempt (or the driver, on
+// close) restores it.
 func (d *Daemon) removeLocked(ss *session) error {
 	var errs []error
-	kept := ss.probes[:0]
-	for _, p := range ss.probes {
-		if err := d.detach(p); err != nil {
+	var kept []*request
+	for i := len(ss.reqs) - 1; i >= 0; i-- {
+		r := ss.reqs[i]
+		if err := d.uninstrument(r); err != nil {
 			errs = append(errs, err)
-			kept = append(kept, p)
+			kept = append([]*request{r}, kept...)
 			continue
 		}
-		delete(d.spliced, p.site.insn().Addr)
-		d.log.Info("unspliced", "session", ss.id, "at", p.site.where())
+		d.log.Info("unspliced", "session", ss.id, "at", r.pt.site.where(), "requests left", len(r.pt.reqs))
 	}
-	ss.probes = kept
+	ss.reqs = kept
 	if len(kept) == 0 {
 		select {
 		case <-ss.done:

@@ -88,8 +88,10 @@ func TestSessionSplicesAndRestores(t *testing.T) {
 	if !bytes.Equal(now[:0x0b], text[:0x0b]) || !bytes.Equal(now[0x12:], text[0x12:]) {
 		t.Fatal("bytes outside the spliced instruction changed")
 	}
-	code := make([]byte, 64)
-	k.Read(uint64(p.Patch), code)
+	code := make([]byte, k.allocs[uint64(p.Patch)])
+	if err := k.Read(uint64(p.Patch), code); err != nil {
+		t.Fatal(err)
+	}
 	var slot int
 	for s := range d.slots.used {
 		slot = s
@@ -126,9 +128,8 @@ func TestRefusalsChangeNothing(t *testing.T) {
 	for _, tc := range []struct{ point, code string }{
 		{"nosuch", "unknown_function"},
 		{"filename_lookup+0xc", "not_boundary"},
-		{"filename_lookup+0x9", "too_short"},
 		{"filename_lookup+0x0", "no_splice"},
-		{"exc_int3", "too_short"},
+		{"exc_int3", "no_splice"},
 		{"exc_int3+0x1", "no_splice"},
 		{"filename_lookup+", "bad_request"},
 	} {
@@ -148,14 +149,14 @@ func TestRefusalsChangeNothing(t *testing.T) {
 
 func TestSessionIsAllOrNothing(t *testing.T) {
 	d, k := newTestDaemon(t)
-	_, err := d.CreateSession(SessionRequest{Points: []string{"filename_lookup", "lookuppn"}})
-	if err == nil || !strings.Contains(err.Error(), "already instrumented") {
-		t.Fatalf("same point twice: %v", err)
+	k.failSplice = true
+	_, err := d.CreateSession(SessionRequest{Points: []string{"filename_lookup+0x1c", "lookuppn"}})
+	if err == nil {
+		t.Fatal("injected splice failure not reported")
 	}
 	if !bytes.Equal(textNow(t, k), text) || len(k.allocs) != 0 || len(k.splices) != 0 {
 		t.Error("failed session left something behind")
 	}
-	k.failSplice = true
 	if _, err := d.CreateSession(SessionRequest{Points: []string{"lookuppn"}}); err == nil {
 		t.Fatal("injected splice failure not reported")
 	}
@@ -372,5 +373,125 @@ func BenchmarkLoadAnalysis(b *testing.B) {
 	b.StopTimer()
 	if n := len(d.noret); n != len(noret) || len(d.reads) != len(reads) {
 		b.Fatalf("loaded %d never-returning functions and %d summaries, saved %d and %d", n, len(d.reads), len(noret), len(reads))
+	}
+}
+
+// patchAt reads the installed patch of a probe.
+func patchAt(t *testing.T, k *fakeKernel, p Probe) []byte {
+	t.Helper()
+	code := make([]byte, k.allocs[uint64(p.Patch)])
+	if err := k.Read(uint64(p.Patch), code); err != nil {
+		t.Fatal(err)
+	}
+	return code
+}
+
+// countIncs counts "lock incq" instructions of the patch's instrumentation
+// and checks every one addresses a slot in use.
+func countIncs(t *testing.T, d *Daemon, k *fakeKernel, code []byte, at uint64) int {
+	t.Helper()
+	n := 0
+	for off := 0; off+8 <= len(code); {
+		if bytes.HasPrefix(code[off:], []byte{0xf0, 0x48, 0xff, 0x05}) {
+			tgt := at + uint64(off) + 8 + uint64(int64(int32(uint32(code[off+4])|uint32(code[off+5])<<8|uint32(code[off+6])<<16|uint32(code[off+7])<<24)))
+			found := false
+			for s := range d.slots.used {
+				found = found || k.CounterAddr(s) == tgt
+			}
+			if !found {
+				t.Errorf("lock incq at +%d addresses %#x, no slot in use", off, tgt)
+			}
+			n++
+			off += 8
+			continue
+		}
+		off++
+	}
+	return n
+}
+
+// TestSharedPatch: two sessions at one point share one splice; each
+// change builds a new patch and re-points the splice; the last removal
+// restores the text.
+func TestSharedPatch(t *testing.T) {
+	d, k := newTestDaemon(t)
+	a, err := d.CreateSession(SessionRequest{Points: []string{"lookuppn"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := d.CreateSession(SessionRequest{Points: []string{"filename_lookup+0xb", "filename_lookup+0xb"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k.spliceCalls != 1 || k.resplices != 2 || len(k.splices) != 1 {
+		t.Fatalf("splices %d, resplices %d, installed %d; want 1, 2, 1", k.spliceCalls, k.resplices, len(k.splices))
+	}
+	if len(k.allocs) != 1 {
+		t.Errorf("%d patches allocated; replaced patches must be freed", len(k.allocs))
+	}
+	pb := b.Probes[0]
+	code := patchAt(t, k, pb)
+	if n := countIncs(t, d, k, code, uint64(pb.Patch)); n != 3 {
+		t.Errorf("shared patch has %d counters, want 3", n)
+	}
+	now := textNow(t, k)
+	want, _ := codegen.JmpRel32(textAddr+0x0b, uint64(pb.Patch))
+	if !bytes.Equal(now[0x0b:0x10], want) {
+		t.Errorf("splice jumps %x, want %x (the newest patch)", now[0x0b:0x10], want)
+	}
+	if _, err := d.RemoveSession(a.ID); err != nil {
+		t.Fatal(err)
+	}
+	if len(k.splices) != 1 || k.resplices != 3 {
+		t.Fatalf("after removing one session: installed %d, resplices %d", len(k.splices), k.resplices)
+	}
+	var patch uint64
+	for p := range k.allocs {
+		patch = p
+	}
+	code = make([]byte, k.allocs[patch])
+	k.Read(patch, code)
+	if n := countIncs(t, d, k, code, patch); n != 2 {
+		t.Errorf("patch after removal has %d counters, want 2", n)
+	}
+	if _, err := d.RemoveSession(b.ID); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(textNow(t, k), text) || len(k.allocs) != 0 || len(k.splices) != 0 || len(d.slots.used) != 0 || len(d.points) != 0 {
+		t.Errorf("not restored: allocs %v splices %v slots %v points %d", k.allocs, k.splices, d.slots.used, len(d.points))
+	}
+}
+
+// TestTrapSplice: a 2-byte instruction with no springboard takes a trap
+// splice: one int3, a patch with the counter and the relocated push.
+func TestTrapSplice(t *testing.T) {
+	d, k := newTestDaemon(t)
+	s, err := d.CreateSession(SessionRequest{Points: []string{"filename_lookup+0x9"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := s.Probes[0]
+	if p.SpliceClass != "trap" {
+		t.Errorf("class %s, want trap", p.SpliceClass)
+	}
+	now := textNow(t, k)
+	if now[0x9] != 0xcc || now[0xa] != text[0xa] {
+		t.Errorf("text at +0x9 = % x, want cc then the original byte", now[0x9:0xb])
+	}
+	code := patchAt(t, k, p)
+	site := codegen.Site{Addr: textAddr + 9, Bytes: text[9:11]}
+	var slot int
+	for s := range d.slots.used {
+		slot = s
+	}
+	live := p.FlagsLive
+	if err := codegen.Verify(code, uint64(p.Patch), site, k.CounterAddr(slot), live); err != nil {
+		t.Errorf("trap patch: %v", err)
+	}
+	if _, err := d.RemoveSession(s.ID); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(textNow(t, k), text) {
+		t.Error("text not restored")
 	}
 }

@@ -109,8 +109,8 @@ func (d *Daemon) serveSamples(w http.ResponseWriter, r *http.Request) {
 	ss, ok := d.sessions[id]
 	var slots []int
 	if ok {
-		for _, p := range ss.probes {
-			slots = append(slots, p.slot)
+		for _, r := range ss.reqs {
+			slots = append(slots, r.counter())
 		}
 	}
 	d.mu.Unlock()
