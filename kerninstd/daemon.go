@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/springboard"
 )
 
 // Config configures a Daemon.
@@ -58,6 +59,8 @@ type Daemon struct {
 	calls    *cfg.CallGraph  // its call graph (not cached on disk)
 	callSyms *cfg.Symbols    // the symbols the graph's addresses belong to
 
+	spring *springboard.Heap // springboard space; has its own lock
+
 	mu       sync.Mutex          // serialises every change to the kernel; protects the fields below
 	sessions map[string]*session // by ID
 	points   map[uint64]*point   // instrumented instructions by address
@@ -86,6 +89,7 @@ func New(c Config) (*Daemon, error) {
 		modulesPath: c.Modules,
 		sessions:    make(map[string]*session),
 		points:      make(map[uint64]*point),
+		spring:      springboard.NewHeap(),
 		slots:       slotAllocator{n: c.Device.NumCounters(), used: make(map[int]bool)},
 	}
 	if d.log == nil {
@@ -229,7 +233,10 @@ func (d *Daemon) CreateSession(req SessionRequest) (Session, error) {
 func (d *Daemon) describe(ss *session) Session {
 	out := Session{ID: ss.id, Created: ss.created}
 	for _, r := range ss.reqs {
-		out.Probes = append(out.Probes, Probe{Resolved: r.pt.site.resolved(), Count: d.dev.Counter(r.counter()), Patch: Addr(r.pt.patch)})
+		res := r.pt.site.resolved()
+		res.SpliceClass = r.pt.class.String() // as installed
+		out.Probes = append(out.Probes, Probe{Resolved: res, Count: d.dev.Counter(r.counter()),
+			Patch: Addr(r.pt.patch), Springboard: Addr(r.pt.slot)})
 	}
 	return out
 }

@@ -462,30 +462,29 @@ func TestSharedPatch(t *testing.T) {
 	}
 }
 
-// TestTrapSplice: a 2-byte instruction with no springboard takes a trap
-// splice: one int3, a patch with the counter and the relocated push.
+// TestTrapSplice: a 1-byte instruction takes a trap splice: one int3, a
+// patch with the counter and the relocated instruction.
 func TestTrapSplice(t *testing.T) {
 	d, k := newTestDaemon(t)
-	s, err := d.CreateSession(SessionRequest{Points: []string{"filename_lookup+0x9"}})
+	s, err := d.CreateSession(SessionRequest{Points: []string{"filename_lookup+0x1e"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	p := s.Probes[0]
-	if p.SpliceClass != "trap" {
-		t.Errorf("class %s, want trap", p.SpliceClass)
+	if p.SpliceClass != "trap" || p.Springboard != 0 {
+		t.Errorf("class %s (springboard %#x), want trap", p.SpliceClass, p.Springboard)
 	}
 	now := textNow(t, k)
-	if now[0x9] != 0xcc || now[0xa] != text[0xa] {
-		t.Errorf("text at +0x9 = % x, want cc then the original byte", now[0x9:0xb])
+	if now[0x1e] != 0xcc || !bytes.Equal(now[:0x1e], text[:0x1e]) || !bytes.Equal(now[0x1f:], text[0x1f:]) {
+		t.Errorf("text = % x, want one int3 at +0x1e", now)
 	}
 	code := patchAt(t, k, p)
-	site := codegen.Site{Addr: textAddr + 9, Bytes: text[9:11]}
+	site := codegen.Site{Addr: textAddr + 0x1e, Bytes: text[0x1e:0x1f]}
 	var slot int
 	for s := range d.slots.used {
 		slot = s
 	}
-	live := p.FlagsLive
-	if err := codegen.Verify(code, uint64(p.Patch), site, k.CounterAddr(slot), live); err != nil {
+	if err := codegen.Verify(code, uint64(p.Patch), site, k.CounterAddr(slot), p.FlagsLive); err != nil {
 		t.Errorf("trap patch: %v", err)
 	}
 	if _, err := d.RemoveSession(s.ID); err != nil {
@@ -493,5 +492,68 @@ func TestTrapSplice(t *testing.T) {
 	}
 	if !bytes.Equal(textNow(t, k), text) {
 		t.Error("text not restored")
+	}
+}
+
+// TestSpringboardSplices: short instructions get slots in the padding
+// after the function's last jmp (12 int3 bytes: two slots) while slots
+// last, then trap splices; a second request at a springboard point
+// re-points its slot; removal restores text and slots.
+func TestSpringboardSplices(t *testing.T) {
+	d, k := newTestDaemon(t)
+	s, err := d.CreateSession(SessionRequest{Points: []string{"filename_lookup+0x9", "filename_lookup+0x12", "filename_lookup+0x1c"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"springboard", "springboard", "trap"}
+	now := textNow(t, k)
+	for i, p := range s.Probes {
+		if p.SpliceClass != want[i] {
+			t.Errorf("%s: class %s, want %s", p.Point, p.SpliceClass, want[i])
+		}
+		off := p.Offset
+		if p.SpliceClass != "springboard" {
+			continue
+		}
+		slot := uint64(p.Springboard)
+		if slot < textAddr+0x24 || slot+5 > textAddr+0x30 {
+			t.Errorf("%s: slot %#x outside the padding", p.Point, slot)
+			continue
+		}
+		if now[off] != 0xeb || textAddr+off+2+uint64(int64(int8(now[off+1]))) != slot {
+			t.Errorf("%s: text % x, want jmp rel8 to %#x", p.Point, now[off:off+2], slot)
+		}
+		so := slot - textAddr
+		if jmp, _ := codegen.JmpRel32(slot, uint64(p.Patch)); !bytes.Equal(now[so:so+5], jmp) {
+			t.Errorf("%s: slot holds % x, want jmp to the patch %#x", p.Point, now[so:so+5], uint64(p.Patch))
+		}
+	}
+	if d.spring.InUse() != 2 {
+		t.Errorf("%d slots in use, want 2", d.spring.InUse())
+	}
+	// A second request at a springboard point: the slot is re-pointed.
+	before := k.resplices
+	s2, err := d.CreateSession(SessionRequest{Points: []string{"filename_lookup+0x9"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p2 := s2.Probes[0]
+	if k.resplices != before+1 || p2.Springboard != s.Probes[0].Springboard {
+		t.Errorf("resplices %d→%d, slot %#x (was %#x)", before, k.resplices, p2.Springboard, s.Probes[0].Springboard)
+	}
+	so := uint64(p2.Springboard) - textAddr
+	if jmp, _ := codegen.JmpRel32(uint64(p2.Springboard), uint64(p2.Patch)); !bytes.Equal(textNow(t, k)[so:so+5], jmp) {
+		t.Error("slot not re-pointed at the new patch")
+	}
+	if n := countIncs(t, d, k, patchAt(t, k, p2), uint64(p2.Patch)); n != 2 {
+		t.Errorf("shared springboard patch has %d counters, want 2", n)
+	}
+	for _, id := range []string{s.ID, s2.ID} {
+		if _, err := d.RemoveSession(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !bytes.Equal(textNow(t, k), text) || len(k.splices) != 0 || len(k.allocs) != 0 || d.spring.InUse() != 0 {
+		t.Errorf("not restored: splices %v allocs %v slots %d", k.splices, k.allocs, d.spring.InUse())
 	}
 }

@@ -106,11 +106,14 @@ func (d *Daemon) resolve(spec string) (*site, error) {
 	if why := d.noSpliceReason(syms, fn, in.Addr); why != "" {
 		return nil, &cfg.NoSpliceError{Where: s.where(), Reason: why}
 	}
-	// Until springboards are allocated, every short instruction takes a
-	// trap splice.
-	s.class = springboard.Direct
-	if springboard.Classify(in.Len()) != springboard.Direct {
-		s.class = springboard.Trap
+	// A short instruction takes a springboard splice when a slot is free
+	// within rel8 reach, a trap splice otherwise.
+	s.class = springboard.Classify(in.Len())
+	if s.class == springboard.Springboard {
+		d.addSpringboardSpace(syms, in.Addr)
+		if _, ok := d.spring.Find(in.Addr); !ok {
+			s.class = springboard.Trap
+		}
 	}
 	s.live = d.dataflowLive(syms, fn, s.index)
 	if fn.FlagsLive(s.index) {
@@ -188,6 +191,10 @@ type point struct {
 	patch  uint64 // the installed patch; 0 when not spliced
 	splice uint32 // the driver's splice id at the instruction
 	class  springboard.Class
+	// A springboard splice's slot (a jmp rel32 to the patch, in padding)
+	// and the driver's splice id of the slot.
+	slot       uint64
+	slotSplice uint32
 }
 
 // request is one piece of instrumentation at a point, owned by a session:
@@ -284,12 +291,25 @@ func (d *Daemon) install(pt *point, reqs []*request) error {
 			if err := d.dev.Unsplice(pt.splice); err != nil {
 				return fmt.Errorf("unsplice %s: %w", s.where(), err)
 			}
+			pt.splice = 0
 		}
-		pt.reqs, pt.patch, pt.splice = nil, 0, 0
+		if pt.slotSplice != 0 {
+			if err := d.dev.Unsplice(pt.slotSplice); err != nil {
+				return fmt.Errorf("unsplice springboard %#x of %s: %w", pt.slot, s.where(), err)
+			}
+			pt.slotSplice = 0
+		}
+		pt.reqs, pt.patch = nil, 0
 		if old != 0 {
 			if err := d.dev.PatchFree(old); err != nil {
 				return fmt.Errorf("free patch %#x: %w", old, err)
 			}
+		}
+		// The patch free waited for RCU-tasks after the slot was
+		// restored: no task can still be on the slot's jmp.
+		if pt.slot != 0 {
+			d.spring.Release(pt.slot)
+			pt.slot = 0
 		}
 		return nil
 	}
@@ -320,11 +340,26 @@ func (d *Daemon) install(pt *point, reqs []*request) error {
 	if err := d.dev.Read(patch, back); err != nil || !bytes.Equal(back, code) {
 		return fail(fmt.Errorf("patch at %#x does not read back as written (%v)", patch, err))
 	}
-	if pt.splice != 0 {
+	switch {
+	case pt.slotSplice != 0: // a springboard splice: re-point its slot
+		if err := d.dev.Resplice(pt.slotSplice, patch); err != nil {
+			return fail(fmt.Errorf("re-point the springboard of %s: %w", s.where(), err))
+		}
+	case pt.splice != 0:
 		if err := d.dev.Resplice(pt.splice, patch); err != nil {
 			return fail(fmt.Errorf("re-point %s: %w", s.where(), err))
 		}
-	} else {
+	case pt.class == springboard.Springboard:
+		if err := d.springboardSplice(pt, patch); err != nil {
+			if !errors.Is(err, springboard.ErrNoSlot) {
+				return fail(fmt.Errorf("springboard splice %s: %w", s.where(), err))
+			}
+			// The slot went to another point meanwhile: trap instead.
+			d.log.Info("no springboard slot left; trap splice", "at", s.where())
+			pt.class = springboard.Trap
+		}
+	}
+	if pt.splice == 0 {
 		id, err := d.splice(s, pt.class, patch)
 		if err != nil {
 			return fail(fmt.Errorf("splice %s: %w", s.where(), err))
@@ -357,6 +392,77 @@ func (d *Daemon) splice(s *site, class springboard.Class, patch uint64) (uint32,
 		return 0, fmt.Errorf("%v splices are not made yet", class)
 	}
 	return d.dev.Splice(in.Addr, patch, in.Bytes[:len(repl)], repl)
+}
+
+// springboardSplice takes a slot within rel8 reach of the point, writes
+// the slot (jmp rel32 to patch) into the padding, then the jmp rel8 to the
+// slot over the instruction. On error nothing is left installed; the slot
+// goes back to the heap only after the caller's patch free (which waits
+// for RCU-tasks), as a CPU may have passed through it.
+func (d *Daemon) springboardSplice(pt *point, patch uint64) error {
+	in := pt.site.insn()
+	slot, err := d.spring.Alloc(in.Addr)
+	if err != nil {
+		return err
+	}
+	orig := make([]byte, springboard.SlotLen)
+	jmp, err := codegen.JmpRel32(slot, patch)
+	if err == nil {
+		err = d.dev.Read(slot, orig)
+	}
+	if err != nil {
+		d.spring.Release(slot)
+		return err
+	}
+	slotID, err := d.dev.SpliceSlot(slot, patch, orig, jmp)
+	if err != nil {
+		d.spring.Release(slot) // never written: nothing reached it
+		return fmt.Errorf("write slot %#x: %w", slot, err)
+	}
+	rel8, err := springboard.JmpRel8(in.Addr, slot)
+	var id uint32
+	if err == nil {
+		id, err = d.dev.Splice(in.Addr, slot, in.Bytes[:len(rel8)], rel8)
+	}
+	if err != nil {
+		if uerr := d.dev.Unsplice(slotID); uerr != nil {
+			d.log.Error("remove slot after failed springboard splice", "slot", fmt.Sprintf("%#x", slot), "err", uerr)
+		}
+		// The caller's failure path frees the patch, which waits for
+		// RCU-tasks, before d.mu lets any other point take this slot.
+		d.spring.Release(slot)
+		return err
+	}
+	pt.slot, pt.slotSplice, pt.splice = slot, slotID, id
+	return nil
+}
+
+// addSpringboardSpace makes sure the springboard space of every function
+// within rel8 reach of addr is in the heap: each function's padding is
+// found (cfg.SpringboardSpace) the first time an instruction near it asks.
+func (d *Daemon) addSpringboardSpace(syms *cfg.Symbols, addr uint64) {
+	lo, hi := springboard.Reach(addr)
+	hi += springboard.SlotLen
+	names := syms.Names()
+	owned := d.ownedSites()
+	for _, sym := range syms.Overlapping(lo, hi) {
+		if d.spring.Seen(sym.Addr) {
+			continue
+		}
+		if fn, err := cfg.ReadFunction(d.dev, syms, sym); err == nil && syms.FunctionNoSplice(fn, DriverModule) == "" {
+			blocks := fn.BlocksOpt(cfg.BlockOptions{Names: names, NoReturn: d.noReturn(), Tables: d.dev})
+			runs := cfg.SpringboardSpace(fn, blocks, func(a uint64) bool { return owned.Reason(a) != "" })
+			d.spring.Add(toRanges(runs)...)
+		}
+	}
+}
+
+func toRanges(rs []cfg.Range) []springboard.Range {
+	out := make([]springboard.Range, len(rs))
+	for i, r := range rs {
+		out[i] = springboard.Range{Start: r.Start, End: r.End}
+	}
+	return out
 }
 
 // patchHeapBase is an address in the patch heap, for sizing patches.
