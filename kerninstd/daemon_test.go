@@ -557,3 +557,32 @@ func TestSpringboardSplices(t *testing.T) {
 		t.Errorf("not restored: splices %v allocs %v slots %d", k.splices, k.allocs, d.spring.InUse())
 	}
 }
+
+func TestBlockPoints(t *testing.T) {
+	d, k := newTestDaemon(t)
+	for _, tc := range []struct {
+		point string
+		off   uint64
+		code  string
+	}{
+		{point: "filename_lookup:0", off: 0x0b},         // entry block: the first direct-capable instruction
+		{point: "filename_lookup:1", off: 0x17},         // the call
+		{point: "filename_lookup:2", off: 0x1f},         // pop, pop, jmp: the jmp is the direct one
+		{point: "filename_lookup:3", code: "no_splice"}, // padding
+		{point: "filename_lookup:99", code: "bad_request"},
+	} {
+		r, err := d.Resolve(tc.point)
+		if tc.code != "" {
+			if _, code := errorCode(err); code != tc.code {
+				t.Errorf("%s: %v (%s), want %s", tc.point, err, code, tc.code)
+			}
+			continue
+		}
+		if err != nil || r.Offset != tc.off {
+			t.Errorf("%s: %+v %v, want +%#x", tc.point, r, err, tc.off)
+		}
+	}
+	if !bytes.Equal(textNow(t, k), text) {
+		t.Error("resolving changed the text")
+	}
+}

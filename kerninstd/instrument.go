@@ -99,6 +99,10 @@ func (d *Daemon) resolve(spec string) (*site, error) {
 		if s.index, err = fn.Index(fn.Addr + p.Offset); err != nil {
 			return nil, err
 		}
+	} else if p.HasBlock {
+		if s.index, err = d.blockInstruction(syms, fn, p.Block); err != nil {
+			return nil, err
+		}
 	} else if s.index, err = entryInstruction(fn); err != nil {
 		return nil, err
 	}
@@ -154,21 +158,8 @@ func (d *Daemon) dataflowLive(syms *cfg.Symbols, fn *cfg.Function, i int) cfg.Li
 // there counts calls.
 func entryInstruction(fn *cfg.Function) (int, error) {
 	n := fn.EntryBlock()
-	short := -1
-	for i := 0; i < n; i++ {
-		in := &fn.Insns[i]
-		if fn.IsFtraceSite(i) || codegen.CheckRelocatable(in.Addr, in.Inst, in.Bytes) != nil {
-			continue
-		}
-		if springboard.Classify(in.Len()) == springboard.Direct {
-			return i, nil
-		}
-		if short < 0 {
-			short = i
-		}
-	}
-	if short >= 0 {
-		return short, nil
+	if i, ok := pickInstruction(fn, 0, n); ok {
+		return i, nil
 	}
 	var listing bytes.Buffer
 	for i := 0; i < n && i < 8; i++ {
@@ -177,6 +168,51 @@ func entryInstruction(fn *cfg.Function) (int, error) {
 	}
 	return 0, fmt.Errorf("%w of %s: every instruction before its first branch is the ftrace site or cannot be relocated; pick one with %s+0xOFF:%s",
 		ErrNoEntryInstruction, fn.Name, fn.Name, listing.String())
+}
+
+// ErrNoBlock is matched by errors for a FUNC:BLOCK that names no block
+// that can be instrumented.
+var ErrNoBlock = errors.New("no such block")
+
+// blockInstruction picks where FUNC:BLOCK is spliced: an instruction of
+// the block chosen as for the entry (every instruction of a basic block
+// runs once each time the block does, calls returning). Block indices are
+// those kinst cfg prints.
+func (d *Daemon) blockInstruction(syms *cfg.Symbols, fn *cfg.Function, b int) (int, error) {
+	blocks := fn.BlocksOpt(cfg.BlockOptions{Names: syms.Names(), NoReturn: d.noReturn(), Tables: d.dev})
+	if b < 0 || b >= len(blocks) {
+		return 0, badRequest(fmt.Errorf("%w: %s has blocks 0..%d, not %d (see kinst cfg %s)", ErrNoBlock, fn.Name, len(blocks)-1, b, fn.Name))
+	}
+	blk := &blocks[b]
+	if blk.Padding {
+		return 0, &cfg.NoSpliceError{Where: fmt.Sprintf("%s:%d", fn.Name, b), Reason: "padding: never executed"}
+	}
+	if i, ok := pickInstruction(fn, blk.First, blk.N); ok {
+		return i, nil
+	}
+	return 0, &cfg.NoSpliceError{Where: fmt.Sprintf("%s:%d", fn.Name, b),
+		Reason: "no instruction of the block can be relocated (or it is the ftrace site); pick one with FUNC+0xOFF to see why"}
+}
+
+// pickInstruction returns the first instruction of fn.Insns[first,
+// first+n) that is not the ftrace site and is long enough for a direct
+// splice (the cheapest kind), else the first one that can be relocated at
+// all (a springboard or trap splice).
+func pickInstruction(fn *cfg.Function, first, n int) (int, bool) {
+	short := -1
+	for i := first; i < first+n; i++ {
+		in := &fn.Insns[i]
+		if fn.IsFtraceSite(i) || codegen.CheckRelocatable(in.Addr, in.Inst, in.Bytes) != nil {
+			continue
+		}
+		if springboard.Classify(in.Len()) == springboard.Direct {
+			return i, true
+		}
+		if short < 0 {
+			short = i
+		}
+	}
+	return short, short >= 0
 }
 
 // point is one instrumented instruction. Every request at it shares one
