@@ -198,9 +198,9 @@ func (d *Device) PatchAlloc(size int) (uint64, error) {
 
 // PatchWrite writes code at addr, which with len(code) must lie inside
 // one allocation. It is refused (unix.EBUSY) while an installed splice
-// sends CPUs into that allocation; if a splice was removed since the last
-// wait, the driver first waits until no task can still be running in a
-// removed patch.
+// sends CPUs into that allocation. A fresh allocation is written at once;
+// one that a splice ever sent CPUs into is written only after the driver
+// waited until no task can still be running in it.
 func (d *Device) PatchWrite(addr uint64, code []byte) error {
 	if len(code) == 0 {
 		return nil

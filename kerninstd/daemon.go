@@ -64,7 +64,10 @@ type Daemon struct {
 	mu       sync.Mutex          // serialises every change to the kernel; protects the fields below
 	sessions map[string]*session // by ID
 	points   map[uint64]*point   // instrumented instructions by address
-	slots    slotAllocator
+	retired  []retired           // patches and slots waiting for reclaim
+	// reclaimArmed: a reclaim of retired is scheduled.
+	reclaimArmed bool
+	slots        slotAllocator
 }
 
 type session struct {
@@ -294,6 +297,7 @@ func (d *Daemon) Close() error {
 		errs = append(errs, d.removeLocked(ss))
 		delete(d.sessions, id)
 	}
+	d.reclaimLocked()
 	return errors.Join(errs...)
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -110,7 +111,12 @@ func TestSessionSplicesAndRestores(t *testing.T) {
 	if !bytes.Equal(textNow(t, k), text) {
 		t.Error("text not restored")
 	}
-	if len(k.allocs) != 0 || len(k.splices) != 0 || len(d.slots.used) != 0 {
+	// Removed patches are freed in a batch shortly after (one RCU-tasks
+	// wait in the driver for all of them).
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline) && len(allocs(k)) != 0; {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if len(allocs(k)) != 0 || len(k.splices) != 0 || len(d.slots.used) != 0 {
 		t.Errorf("leaks: allocs %v splices %v slots %v", k.allocs, k.splices, d.slots.used)
 	}
 }
@@ -426,6 +432,7 @@ func TestSharedPatch(t *testing.T) {
 	if k.spliceCalls != 1 || k.resplices != 2 || len(k.splices) != 1 {
 		t.Fatalf("splices %d, resplices %d, installed %d; want 1, 2, 1", k.spliceCalls, k.resplices, len(k.splices))
 	}
+	reclaim(d)
 	if len(k.allocs) != 1 {
 		t.Errorf("%d patches allocated; replaced patches must be freed", len(k.allocs))
 	}
@@ -442,6 +449,7 @@ func TestSharedPatch(t *testing.T) {
 	if _, err := d.RemoveSession(a.ID); err != nil {
 		t.Fatal(err)
 	}
+	reclaim(d)
 	if len(k.splices) != 1 || k.resplices != 3 {
 		t.Fatalf("after removing one session: installed %d, resplices %d", len(k.splices), k.resplices)
 	}
@@ -457,6 +465,7 @@ func TestSharedPatch(t *testing.T) {
 	if _, err := d.RemoveSession(b.ID); err != nil {
 		t.Fatal(err)
 	}
+	reclaim(d)
 	if !bytes.Equal(textNow(t, k), text) || len(k.allocs) != 0 || len(k.splices) != 0 || len(d.slots.used) != 0 || len(d.points) != 0 {
 		t.Errorf("not restored: allocs %v splices %v slots %v points %d", k.allocs, k.splices, d.slots.used, len(d.points))
 	}
@@ -553,6 +562,10 @@ func TestSpringboardSplices(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	if d.spring.InUse() != 2 {
+		t.Errorf("slots returned before the patches were freed (%d in use)", d.spring.InUse())
+	}
+	reclaim(d)
 	if !bytes.Equal(textNow(t, k), text) || len(k.splices) != 0 || len(k.allocs) != 0 || d.spring.InUse() != 0 {
 		t.Errorf("not restored: splices %v allocs %v slots %d", k.splices, k.allocs, d.spring.InUse())
 	}
@@ -585,4 +598,17 @@ func TestBlockPoints(t *testing.T) {
 	if !bytes.Equal(textNow(t, k), text) {
 		t.Error("resolving changed the text")
 	}
+}
+
+// reclaim frees retired patches now, as the daemon's timer would.
+func reclaim(d *Daemon) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.reclaimLocked()
+}
+
+func allocs(k *fakeKernel) map[uint64]int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return maps.Clone(k.allocs)
 }

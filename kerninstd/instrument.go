@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/codegen"
@@ -336,17 +337,8 @@ func (d *Daemon) install(pt *point, reqs []*request) error {
 			pt.slotSplice = 0
 		}
 		pt.reqs, pt.patch = nil, 0
-		if old != 0 {
-			if err := d.dev.PatchFree(old); err != nil {
-				return fmt.Errorf("free patch %#x: %w", old, err)
-			}
-		}
-		// The patch free waited for RCU-tasks after the slot was
-		// restored: no task can still be on the slot's jmp.
-		if pt.slot != 0 {
-			d.spring.Release(pt.slot)
-			pt.slot = 0
-		}
+		d.retire(old, pt.slot)
+		pt.slot = 0
 		return nil
 	}
 	spec := s.patchSpec(reqs)
@@ -354,7 +346,7 @@ func (d *Daemon) install(pt *point, reqs []*request) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", s.where(), err)
 	}
-	patch, err := d.dev.PatchAlloc(n)
+	patch, err := d.allocPatch(n)
 	if err != nil {
 		return fmt.Errorf("allocate patch: %w", err)
 	}
@@ -403,12 +395,67 @@ func (d *Daemon) install(pt *point, reqs []*request) error {
 		pt.splice = id
 	}
 	pt.reqs, pt.patch = reqs, patch
-	if old != 0 {
-		if err := d.dev.PatchFree(old); err != nil {
-			d.log.Error("free replaced patch", "patch", fmt.Sprintf("%#x", old), "err", err)
+	d.retire(old, 0)
+	return nil
+}
+
+// reclaimDelay is how long retired patches wait to be freed in one batch:
+// each free waits for an RCU-tasks grace period (tens of milliseconds),
+// but one wait covers every patch and slot retired before it.
+const reclaimDelay = 50 * time.Millisecond
+
+// retired is a patch (and a springboard slot) no splice leads to any more
+// but that a preempted task may still be running in.
+type retired struct{ patch, slot uint64 }
+
+// retire queues a replaced or removed patch and slot for reclaim. The
+// caller holds d.mu.
+func (d *Daemon) retire(patch, slot uint64) {
+	if patch == 0 && slot == 0 {
+		return
+	}
+	d.retired = append(d.retired, retired{patch, slot})
+	if !d.reclaimArmed {
+		d.reclaimArmed = true
+		time.AfterFunc(reclaimDelay, func() {
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			d.reclaimLocked()
+		})
+	}
+}
+
+// reclaimLocked frees every retired patch and returns the slots. The
+// driver's first free waits for RCU-tasks (a splice was removed or
+// re-pointed since the last wait), which covers every retirement before
+// it: only then do the slots go back to the heap. The caller holds d.mu.
+func (d *Daemon) reclaimLocked() {
+	d.reclaimArmed = false
+	var kept []retired
+	for _, r := range d.retired {
+		if r.patch != 0 {
+			if err := d.dev.PatchFree(r.patch); err != nil {
+				d.log.Error("free retired patch", "patch", fmt.Sprintf("%#x", r.patch), "err", err)
+				kept = append(kept, r)
+				continue
+			}
+		}
+		if r.slot != 0 {
+			d.spring.Release(r.slot)
 		}
 	}
-	return nil
+	d.retired = kept
+}
+
+// allocPatch allocates n bytes of patch heap, reclaiming retired patches
+// first if the heap is full.
+func (d *Daemon) allocPatch(n int) (uint64, error) {
+	p, err := d.dev.PatchAlloc(n)
+	if err != nil && len(d.retired) > 0 {
+		d.reclaimLocked()
+		p, err = d.dev.PatchAlloc(n)
+	}
+	return p, err
 }
 
 // splice writes the instruction's splice to patch: a jmp rel32 for a

@@ -136,6 +136,9 @@ static bool ki_need_tasks_gp;
 static DECLARE_BITMAP(ki_heap_used, KI_NCHUNKS);	/* [ki_lock] one bit per allocated chunk */
 /* [ki_lock] at an allocation's first chunk: its length in chunks; else 0 */
 static u16 ki_alloc_len[KI_NCHUNKS];
+/* [ki_lock] at an allocation's first chunk: a splice has sent CPUs into it
+ * since it was allocated, so a task may still be running in it */
+static bool ki_alloc_entered[KI_NCHUNKS];
 
 static struct ki_index ki_idx[2];	/* [ki_lock] for writers */
 static struct ki_index *ki_live_idx = &ki_idx[0];	/* published with release; read with acquire */
@@ -457,6 +460,7 @@ static int ki_heap_reset(void)
 {
 	bitmap_zero(ki_heap_used, KI_NCHUNKS);
 	memset(ki_alloc_len, 0, sizeof(ki_alloc_len));
+	memset(ki_alloc_entered, 0, sizeof(ki_alloc_entered));
 	return ki_text_write((unsigned long)ki_patch_heap, NULL, KI_INT3, KI_HEAP_SIZE);
 }
 
@@ -479,6 +483,7 @@ static long ki_patch_alloc(struct ki_patch_alloc __user *uarg)
 		return -EFAULT;
 	bitmap_set(ki_heap_used, c, need);
 	ki_alloc_len[c] = need;
+	ki_alloc_entered[c] = false;
 	pr_debug("kerninst: alloc %px +%lu\n", (void *)a.addr, need * KI_CHUNK);
 	return 0;
 }
@@ -500,7 +505,11 @@ static long ki_patch_write(struct ki_patch_write __user *uarg)
 		return -EINVAL;
 	if (ki_alloc_busy(first))
 		return -EBUSY;
-	ki_quiesce();
+	/* A fresh allocation has never run: no wait. One a splice sent CPUs
+	 * into (and that was unspliced since, or ki_alloc_busy would have
+	 * refused) may still have a task inside. */
+	if (ki_alloc_entered[first])
+		ki_quiesce();
 	buf = kmalloc(PAGE_SIZE, GFP_KERNEL);
 	if (!buf)
 		return -ENOMEM;
@@ -541,6 +550,7 @@ static long ki_patch_free(struct ki_patch_free __user *uarg)
 		return err;
 	bitmap_clear(ki_heap_used, first, n);
 	ki_alloc_len[first] = 0;
+	ki_alloc_entered[first] = false;
 	pr_debug("kerninst: free %px\n", (void *)(unsigned long)f.addr);
 	return 0;
 }
@@ -673,6 +683,8 @@ static long ki_splice(struct ki_splice __user *uarg)
 	if (cur[0] == KI_INT3 && kind != KI_SLOT)
 		return -EBUSY;
 
+	if (kind != KI_SHORT)
+		ki_alloc_entered[ki_alloc_start(s.patch)] = true;
 	/* Publish before writing: the notifier must know where to send a
 	 * CPU that hits the int3 written first. */
 	WRITE_ONCE(rec->patch, s.patch);
@@ -747,6 +759,7 @@ static long ki_resplice(struct ki_resplice __user *uarg)
 		return -EINVAL;
 	if (rs.patch == r->patch)
 		return 0;
+	ki_alloc_entered[ki_alloc_start(rs.patch)] = true;
 	if (r->kind == KI_TRAP) {
 		WRITE_ONCE(r->patch, rs.patch);
 		ki_need_tasks_gp = true;

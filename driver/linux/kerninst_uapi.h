@@ -47,7 +47,9 @@ struct ki_patch_alloc {
 
 /* KI_IOC_PATCH_WRITE: write len bytes from user buf into an allocated patch
  * range [addr, addr+len), through a temporary writable alias. Refused
- * (-EBUSY) while an installed splice targets that allocation. */
+ * (-EBUSY) while an installed splice targets that allocation; waits for
+ * synchronize_rcu_tasks() first if a splice ever sent CPUs into it (a fresh
+ * allocation is written at once). */
 struct ki_patch_write {
 	__u64 addr;
 	__u64 buf;
