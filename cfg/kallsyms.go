@@ -161,6 +161,23 @@ func (s *Symbols) At(addr uint64) (Symbol, uint64, bool) {
 	return sym, addr - sym.Addr, true
 }
 
+// Overlapping returns the functions whose extent [Addr, End) overlaps
+// [lo, hi), one symbol per start address, in address order.
+func (s *Symbols) Overlapping(lo, hi uint64) []Symbol {
+	i := sort.Search(len(s.byAddr), func(i int) bool { return s.byAddr[i].Addr > lo })
+	if i > 0 && s.End(s.byAddr[i-1]) > lo {
+		i--
+	}
+	var out []Symbol
+	for ; i < len(s.byAddr) && s.byAddr[i].Addr < hi; i++ {
+		if len(out) > 0 && out[len(out)-1].Addr == s.byAddr[i].Addr {
+			continue
+		}
+		out = append(out, s.byAddr[i])
+	}
+	return out
+}
+
 // Names returns a NameAt that names the symbol starting exactly at an
 // address.
 func (s *Symbols) Names() NameAt {

@@ -235,3 +235,21 @@ func (p TaskComm) EmitSkip(a *Asm, scratch []Reg) []Label {
 	}
 	return skips
 }
+
+// Seq runs snippets one after the other: several primitives of one
+// request at one point (a counter and a timer entry, say).
+type Seq []Snippet
+
+func (q Seq) Needs() Needs {
+	var n Needs
+	for _, s := range q {
+		n = n.union(s.Needs())
+	}
+	return n
+}
+
+func (q Seq) Emit(a *Asm, scratch []Reg) {
+	for _, s := range q {
+		s.Emit(a, scratch[:s.Needs().Regs])
+	}
+}

@@ -102,8 +102,9 @@ type Filter struct {
 // Probe is one installed counter.
 type Probe struct {
 	Resolved
-	Count uint64 `json:"count"`
-	Patch Addr   `json:"patch"`
+	Count       uint64 `json:"count"`
+	Patch       Addr   `json:"patch"`
+	Springboard Addr   `json:"springboard,omitempty"` // the slot a springboard splice jumps to
 }
 
 // Session is a set of probes installed together.

@@ -13,7 +13,7 @@ import (
 // nothing.
 func (d *Daemon) FunctionCFG(name string) (CFG, error) {
 	p, err := cfg.ParsePoint(name)
-	if err != nil || p.HasOffset {
+	if err != nil || p.HasOffset || p.HasBlock {
 		return CFG{}, badRequest(fmt.Errorf("cfg: want a function name, got %q", name))
 	}
 	syms, sym, _, err := d.lookup(p.Function)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/metrics"
+	"github.com/kinst/kinst/springboard"
 )
 
 // Config configures a Daemon.
@@ -62,6 +63,8 @@ type Daemon struct {
 	calls    *cfg.CallGraph  // its call graph (not cached on disk)
 	callSyms *cfg.Symbols    // the symbols the graph's addresses belong to
 
+	spring *springboard.Heap // springboard space; has its own lock
+
 	clock *metrics.Clock // converts the timers' TSC ticks
 
 	taskOnce sync.Once
@@ -71,12 +74,15 @@ type Daemon struct {
 
 	mu       sync.Mutex          // serialises every change to the kernel; protects the fields below
 	sessions map[string]*session // by ID
-	spliced  map[uint64]string   // instruction address → owning session ID
-	slots    slotAllocator
+	points   map[uint64]*point   // instrumented instructions by address
+	retired  []retired           // patches and slots waiting for reclaim
+	// reclaimArmed: a reclaim of retired is scheduled.
+	reclaimArmed bool
+	slots        slotAllocator
 }
 
 // session is what one request installed. Its fields do not change after
-// creation except probes and timers, under Daemon.mu.
+// creation except reqs and timers, under Daemon.mu.
 type session struct {
 	id      string
 	name    string
@@ -84,7 +90,7 @@ type session struct {
 	expires time.Time   // zero: no TTL
 	expiry  *time.Timer // removes the session at expires
 	tied    bool
-	probes  []*probe
+	reqs    []*request    // in the order of the session's points
 	timers  []*timedFunc
 	done    chan struct{} // closed when the session is removed
 }
@@ -102,7 +108,8 @@ func New(c Config) (*Daemon, error) {
 		notesPath:   c.Notes,
 		modulesPath: c.Modules,
 		sessions:    make(map[string]*session),
-		spliced:     make(map[uint64]string),
+		points:      make(map[uint64]*point),
+		spring:      springboard.NewHeap(),
 		slots:       slotAllocator{n: c.Device.NumCounters(), used: make(map[int]bool)},
 		clock:       metrics.NewClock(),
 		loadTask:    c.TaskLayout,
@@ -192,7 +199,7 @@ func (d *Daemon) Info() Info {
 	in.Symbols = d.symbols().Len()
 	d.mu.Lock()
 	in.Sessions = len(d.sessions)
-	in.Splices = len(d.spliced)
+	in.Splices = len(d.points)
 	d.mu.Unlock()
 	return in
 }
@@ -215,8 +222,7 @@ type PointError struct {
 func (e *PointError) Error() string { return fmt.Sprintf("%s: %v", e.Point, e.Err) }
 func (e *PointError) Unwrap() error { return e.Err }
 
-// CreateSession installs a counter at every point and a timer on every
-// function, or none.
+// CreateSession installs a counter at every point, or none.
 func (d *Daemon) CreateSession(req SessionRequest) (Session, error) {
 	if len(req.Points) == 0 && len(req.Timers) == 0 {
 		return Session{}, badRequest(errors.New("no points or functions given"))
@@ -256,17 +262,17 @@ func (d *Daemon) CreateSession(req SessionRequest) (Session, error) {
 		d.log.Info("timing", "session", ss.id, "function", t.function, "exits", len(t.exits), "filter", t.filter)
 	}
 	for _, s := range sites {
-		p, err := d.attachCounter(s)
+		r, err := d.instrument(s, ss.id, 1, CounterSnippet)
 		if err != nil {
 			if rerr := d.removeLocked(ss); rerr != nil {
 				d.log.Error("roll back session", "err", rerr)
 			}
 			return Session{}, &PointError{Point: s.point.Spec, Err: err}
 		}
-		ss.probes = append(ss.probes, p)
-		d.spliced[s.insn().Addr] = ss.id
-		d.log.Info("spliced", "session", ss.id, "point", s.point.Spec, "at", s.where(),
-			"addr", fmt.Sprintf("%#x", s.insn().Addr), "patch", fmt.Sprintf("%#x", p.patch), "slot", p.slot)
+		ss.reqs = append(ss.reqs, r)
+		d.log.Info("spliced", "session", ss.id, "point", s.point.Spec, "at", s.where(), "class", r.pt.class,
+			"addr", fmt.Sprintf("%#x", s.insn().Addr), "patch", fmt.Sprintf("%#x", r.pt.patch),
+			"requests", len(r.pt.reqs), "slot", r.counter())
 	}
 	d.sessions[ss.id] = ss
 	d.startTTL(ss, time.Duration(req.TTLNS))
@@ -279,8 +285,11 @@ func (d *Daemon) describe(ss *session) Session {
 		e := ss.expires
 		out.Expires = &e
 	}
-	for _, p := range ss.probes {
-		out.Probes = append(out.Probes, Probe{Resolved: p.site.resolved(), Count: d.dev.Counter(p.slot), Patch: Addr(p.patch)})
+	for _, r := range ss.reqs {
+		res := r.pt.site.resolved()
+		res.SpliceClass = r.pt.class.String() // as installed
+		out.Probes = append(out.Probes, Probe{Resolved: res, Count: d.dev.Counter(r.counter()),
+			Patch: Addr(r.pt.patch), Springboard: Addr(r.pt.slot)})
 	}
 	now := time.Now()
 	for _, t := range ss.timers {
@@ -307,14 +316,15 @@ func (d *Daemon) RemoveSession(id string) (Session, error) {
 	return final, err
 }
 
-// removeLocked detaches every probe of ss. A probe that cannot be detached
-// stays listed so a later attempt (or the driver, on close) restores it.
+// removeLocked removes every request of ss, last first. A request that
+// cannot be removed stays listed so a later attempt (or the driver, on
+// close) restores it.
 func (d *Daemon) removeLocked(ss *session) error {
 	var errs []error
 	if ss.expiry != nil {
 		ss.expiry.Stop()
 	}
-	keptTimers := ss.timers[:0]
+	var keptTimers []*timedFunc
 	for _, t := range ss.timers {
 		if err := d.detachTimed(t); err != nil {
 			errs = append(errs, err)
@@ -324,17 +334,17 @@ func (d *Daemon) removeLocked(ss *session) error {
 		d.log.Info("timer removed", "session", ss.id, "function", t.function)
 	}
 	ss.timers = keptTimers
-	kept := ss.probes[:0]
-	for _, p := range ss.probes {
-		if err := d.detach(p); err != nil {
+	var kept []*request
+	for i := len(ss.reqs) - 1; i >= 0; i-- {
+		r := ss.reqs[i]
+		if err := d.uninstrument(r); err != nil {
 			errs = append(errs, err)
-			kept = append(kept, p)
+			kept = append([]*request{r}, kept...)
 			continue
 		}
-		delete(d.spliced, p.site.insn().Addr)
-		d.log.Info("unspliced", "session", ss.id, "at", p.site.where())
+		d.log.Info("unspliced", "session", ss.id, "at", r.pt.site.where(), "requests left", len(r.pt.reqs))
 	}
-	ss.probes = kept
+	ss.reqs = kept
 	if len(kept) == 0 && len(keptTimers) == 0 {
 		select {
 		case <-ss.done:
@@ -354,6 +364,7 @@ func (d *Daemon) Close() error {
 		errs = append(errs, d.removeLocked(ss))
 		delete(d.sessions, id)
 	}
+	d.reclaimLocked()
 	return errors.Join(errs...)
 }
 

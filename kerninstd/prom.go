@@ -46,9 +46,9 @@ func (c promCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(promSessions, prometheus.GaugeValue, float64(len(d.sessions)))
 	now := time.Now()
 	for _, ss := range d.sessions {
-		for _, p := range ss.probes {
-			ch <- prometheus.MustNewConstMetric(promProbeCount, prometheus.CounterValue, float64(d.dev.Counter(p.slot)),
-				ss.name, p.site.point.Spec, p.site.where())
+		for _, r := range ss.reqs {
+			ch <- prometheus.MustNewConstMetric(promProbeCount, prometheus.CounterValue, float64(d.dev.Counter(r.counter())),
+				ss.name, r.pt.site.point.Spec, r.pt.site.where())
 		}
 		for _, t := range ss.timers {
 			pt := d.timerPoint(t, now)

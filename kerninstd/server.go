@@ -116,8 +116,8 @@ func (d *Daemon) serveSamples(w http.ResponseWriter, r *http.Request) {
 	var timers []*timedFunc
 	if ok {
 		id = ss.id
-		for _, p := range ss.probes {
-			slots = append(slots, p.slot)
+		for _, r := range ss.reqs {
+			slots = append(slots, r.counter())
 		}
 		timers = append(timers, ss.timers...)
 	}

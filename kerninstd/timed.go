@@ -1,7 +1,6 @@
 package kerninstd
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"sync"
@@ -25,7 +24,7 @@ type timedFunc struct {
 	filter   string // what the predicate selects, "" for everyone
 	calls    int    // counter slot: calls
 	word     int    // counter slot: the timer word
-	probes   []*probe
+	reqs     []*request // exits, then the entry; reqs[0] owns the slots
 
 	mu  sync.Mutex // protects acc
 	acc metrics.TimerAcc
@@ -62,7 +61,7 @@ func (d *Daemon) resolveTimed(name string) (*timedFunc, error) {
 			t.exits = append(t.exits, entry)
 			continue
 		}
-		s, err := d.exitSite(entry, i, b.Exit)
+		s, err := d.exitSite(entry, i)
 		if err != nil {
 			return nil, err
 		}
@@ -75,19 +74,26 @@ func (d *Daemon) resolveTimed(name string) (*timedFunc, error) {
 }
 
 // exitSite checks instruction i of entry's function as a splice site.
-func (d *Daemon) exitSite(entry *site, i int, kind cfg.ExitKind) (*site, error) {
+func (d *Daemon) exitSite(entry *site, i int) (*site, error) {
 	fn := entry.fn
-	s := &site{point: cfg.Point{Spec: fmt.Sprintf("%s+%#x", fn.Name, fn.Insns[i].Addr-fn.Addr), Function: fn.Name,
-		Offset: fn.Insns[i].Addr - fn.Addr, HasOffset: true}, sym: entry.sym, fn: fn, index: i}
+	syms := d.symbols()
+	off := fn.Insns[i].Addr - fn.Addr
+	s := &site{point: cfg.Point{Spec: fmt.Sprintf("%s+%#x", fn.Name, off), Function: fn.Name, Offset: off, HasOffset: true},
+		sym: entry.sym, fn: fn, index: i, amb: entry.amb}
 	in := s.insn()
-	if why := d.noSpliceReason(d.symbols(), fn, in.Addr); why != "" {
+	if why := d.noSpliceReason(syms, fn, in.Addr); why != "" {
 		return nil, &cfg.NoSpliceError{Where: s.where(), Reason: why}
 	}
-	if springboard.Classify(in.Len()) != springboard.Direct {
-		return nil, fmt.Errorf("%w: %s exit at %s is the %d-byte %q; functions whose exits are shorter than 5 bytes can be timed once springboard and trap splices land",
-			ErrExitNotSpliceable, kind, s.where(), in.Len(), in.String())
+	// As resolve: a short exit (a 1-byte ret) takes a springboard when
+	// one is in reach, a trap splice otherwise.
+	s.class = springboard.Classify(in.Len())
+	if s.class == springboard.Springboard {
+		d.addSpringboardSpace(syms, in.Addr)
+		if _, ok := d.spring.Find(in.Addr); !ok {
+			s.class = springboard.Trap
+		}
 	}
-	s.live = d.dataflowLive(d.symbols(), fn, i)
+	s.live = d.dataflowLive(syms, fn, i)
 	if fn.FlagsLive(i) {
 		s.live |= cfg.FlagBits
 	}
@@ -96,81 +102,87 @@ func (d *Daemon) exitSite(entry *site, i int, kind cfg.ExitKind) (*site, error) 
 
 // attachTimed installs a timed function: the exits first, so that no
 // thread can enter and then leave unseen; then the entry. pred, if not
-// nil, guards both. On error nothing stays installed. The caller holds
-// d.mu.
+// nil, guards both. The first exit's request owns the two counter slots
+// (calls, timer word), so they are reclaimed with its patch after every
+// other request is gone. On error nothing stays installed. The caller
+// holds d.mu.
 func (d *Daemon) attachTimed(owner string, t *timedFunc, pred codegen.Predicate) error {
-	var err error
-	if t.calls, err = d.slots.alloc(); err != nil {
-		return err
-	}
-	if t.word, err = d.slots.alloc(); err != nil {
-		d.slots.free(t.calls)
-		return err
-	}
-	undo := func(err error) error {
-		d.detachTimed(t)
-		return err
-	}
-	for _, slot := range []int{t.calls, t.word} {
-		if err := d.dev.ClearCounters(slot, 1); err != nil {
-			return undo(err)
-		}
-	}
-	guard := func(sn ...codegen.Snippet) []codegen.Snippet {
+	guard := func(sn ...codegen.Snippet) codegen.Snippet {
 		if pred == nil {
-			return sn
+			if len(sn) == 1 {
+				return sn[0]
+			}
+			return codegen.Seq(sn)
 		}
-		return []codegen.Snippet{codegen.Guard{If: pred, Then: sn}}
+		return codegen.Guard{If: pred, Then: sn}
 	}
-	enter := guard(codegen.Counter{Addr: d.dev.CounterAddr(t.calls)}, codegen.TimerEnter{Word: d.dev.CounterAddr(t.word)})
-	exit := guard(codegen.TimerExit{Word: d.dev.CounterAddr(t.word)})
+	var calls, word uint64
+	mk := func(nslots int, build func() codegen.Snippet) func([]uint64) codegen.Snippet {
+		return func(c []uint64) codegen.Snippet {
+			if nslots == 2 {
+				calls, word = c[0], c[1]
+			}
+			return build()
+		}
+	}
+	exit := func() codegen.Snippet { return guard(codegen.TimerExit{Word: word}) }
+	enter := func() codegen.Snippet {
+		return guard(codegen.Counter{Addr: calls}, codegen.TimerEnter{Word: word})
+	}
 	entryIsExit := false
 	for _, s := range t.exits {
 		if s == t.entry {
 			entryIsExit = true
 			continue
 		}
-		p, err := d.attachSnippets(owner, s, exit)
-		if err != nil {
-			return undo(err)
+		nslots := 0
+		if len(t.reqs) == 0 {
+			nslots = 2
 		}
-		t.probes = append(t.probes, p)
+		r, err := d.instrument(s, owner, nslots, mk(nslots, exit))
+		if err != nil {
+			d.detachTimed(t)
+			return err
+		}
+		t.reqs = append(t.reqs, r)
 	}
+	nslots := 0
+	if len(t.reqs) == 0 {
+		nslots = 2 // the entry is the only exit too
+	}
+	build := enter
 	if entryIsExit {
-		enter = append(enter, exit...)
+		build = func() codegen.Snippet { return codegen.Seq{enter(), exit()} }
 	}
-	p, err := d.attachSnippets(owner, t.entry, enter)
+	r, err := d.instrument(t.entry, owner, nslots, mk(nslots, build))
 	if err != nil {
-		return undo(err)
+		d.detachTimed(t)
+		return err
 	}
-	t.probes = append(t.probes, p)
+	t.reqs = append(t.reqs, r)
+	owners := t.reqs[0]
+	t.calls, t.word = owners.slots[0], owners.slots[1]
 	return nil
 }
 
 // detachTimed removes the entry first (it was attached last), then the
-// exits, and frees the slots. Probes that cannot be removed stay listed.
-// The caller holds d.mu.
+// exits; the slots go with the last. Requests that cannot be removed
+// stay listed. The caller holds d.mu.
 func (d *Daemon) detachTimed(t *timedFunc) error {
 	var errs []error
-	var kept []*probe
-	for i := len(t.probes) - 1; i >= 0; i-- {
-		p := t.probes[i]
-		if err := d.detach(p); err != nil {
+	var kept []*request
+	for i := len(t.reqs) - 1; i >= 0; i-- {
+		r := t.reqs[i]
+		if err := d.uninstrument(r); err != nil {
 			errs = append(errs, err)
-			kept = append(kept, p)
-			continue
+			kept = append([]*request{r}, kept...)
 		}
-		delete(d.spliced, p.site.insn().Addr)
 	}
-	t.probes = kept
-	if len(kept) == 0 {
-		d.slots.free(t.calls)
-		d.slots.free(t.word)
-	}
+	t.reqs = kept
 	return errors.Join(errs...)
 }
 
-// point reads the timed function's totals now.
+// timerPoint reads the timed function's totals now.
 func (d *Daemon) timerPoint(t *timedFunc, now time.Time) metrics.Point {
 	calls := d.dev.Counter(t.calls)
 	w := d.dev.Counter(t.word)
@@ -179,63 +191,4 @@ func (d *Daemon) timerPoint(t *timedFunc, now time.Time) metrics.Point {
 	ticks := t.acc.Add(w, tsc)
 	t.mu.Unlock()
 	return metrics.Point{Time: now, Calls: calls, WallNS: d.clock.Nanos(ticks), Inside: metrics.TimerInside(w)}
-}
-
-// attachSnippets writes one patch with snippets at s and splices it. On
-// error nothing stays installed. The caller holds d.mu.
-//
-// Each point has its own patch here; a point already instrumented by
-// another request is refused.
-func (d *Daemon) attachSnippets(owner string, s *site, snippets []codegen.Snippet) (*probe, error) {
-	in := s.insn()
-	if other, ok := d.spliced[in.Addr]; ok {
-		return nil, fmt.Errorf("%s is already instrumented (session %s)", s.where(), other)
-	}
-	spec := codegen.PatchSpec{Site: codegen.Site{Addr: in.Addr, Bytes: in.Bytes},
-		Live: codegen.Live{Regs: uint16(s.live), Flags: s.flagsLive()}, Snippets: snippets}
-	size, err := codegen.PatchLen(d.dev.CounterAddr(0), spec)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", s.where(), err)
-	}
-	patch, err := d.dev.PatchAlloc(size)
-	if err != nil {
-		return nil, fmt.Errorf("allocate patch: %w", err)
-	}
-	fail := func(err error) (*probe, error) {
-		if ferr := d.dev.PatchFree(patch); ferr != nil {
-			d.log.Error("free patch after failed attach", "patch", fmt.Sprintf("%#x", patch), "err", ferr)
-		}
-		return nil, err
-	}
-	p, err := codegen.BuildPatch(patch, spec)
-	if err != nil {
-		return fail(fmt.Errorf("%s: %w", s.where(), err))
-	}
-	if err := codegen.VerifyPatch(p, spec); err != nil {
-		return fail(fmt.Errorf("%s: %w", s.where(), err))
-	}
-	if err := checkClobbers(p.Code[:p.Instr], patch, s.live); err != nil {
-		return fail(fmt.Errorf("%s: %w", s.where(), err))
-	}
-	if len(p.Code) > size {
-		return fail(fmt.Errorf("%s: patch of %d bytes exceeds %d", s.where(), len(p.Code), size))
-	}
-	if err := d.dev.PatchWrite(patch, p.Code); err != nil {
-		return fail(fmt.Errorf("write patch: %w", err))
-	}
-	back := make([]byte, len(p.Code))
-	if err := d.dev.Read(patch, back); err != nil || !bytes.Equal(back, p.Code) {
-		return fail(fmt.Errorf("patch at %#x does not read back as written (%v)", patch, err))
-	}
-	jmp, err := codegen.JmpRel32(in.Addr, patch)
-	if err != nil {
-		return fail(err)
-	}
-	orig := append([]byte(nil), in.Bytes[:len(jmp)]...)
-	id, err := d.dev.Splice(in.Addr, patch, orig, jmp)
-	if err != nil {
-		return fail(fmt.Errorf("splice %s: %w", s.where(), err))
-	}
-	d.spliced[in.Addr] = owner
-	return &probe{site: s, slot: -1, patch: patch, spliceID: id}, nil
 }

@@ -101,6 +101,7 @@ func TestTimedSessionLifecycle(t *testing.T) {
 	if final.Timers[0].Calls != 2 {
 		t.Errorf("final %+v", final.Timers[0])
 	}
+	reclaim(d)
 	if !bytes.Equal(textNow(t, k), text) || len(k.allocs) != 0 || len(k.splices) != 0 || len(d.slots.used) != 0 {
 		t.Errorf("not restored: allocs %v splices %v slots %v", k.allocs, k.splices, d.slots.used)
 	}
@@ -137,7 +138,8 @@ func TestSessionTTL(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if !bytes.Equal(textNow(t, k), text) || len(k.splices) != 0 {
+	reclaim(d)
+	if !bytes.Equal(textNow(t, k), text) || len(k.splices) != 0 || len(k.allocs) != 0 {
 		t.Error("text not restored after the TTL")
 	}
 	if _, err := d.RemoveSession("forgotten"); !errors.Is(err, ErrNoSession) {
@@ -165,5 +167,34 @@ func TestTimedRefusals(t *testing.T) {
 		if !bytes.Equal(textNow(t, k), text) || len(k.allocs) != 0 || len(d.slots.used) != 0 {
 			t.Fatalf("%+v changed something", req)
 		}
+	}
+}
+
+// A timer shares its entry point with a counter of another session.
+func TestTimerSharesPointWithCounter(t *testing.T) {
+	d, k := newTestDaemon(t)
+	c, err := d.CreateSession(SessionRequest{Points: []string{"lookuppn"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tm, err := d.CreateSession(SessionRequest{Timers: []string{"filename_lookup"}})
+	if err != nil {
+		t.Fatalf("timer at a counted point: %v", err)
+	}
+	if tm.Timers[0].Entry.Address != c.Probes[0].Address {
+		t.Fatalf("entry %v, counter at %v: want the same instruction", tm.Timers[0].Entry.Address, c.Probes[0].Address)
+	}
+	if _, err := d.RemoveSession(tm.ID); err != nil {
+		t.Fatal(err)
+	}
+	if textNow(t, k)[0x0b] != 0xe9 || textNow(t, k)[0x1f] != text[0x1f] {
+		t.Fatal("removing the timer removed the counter's splice, or left its exit")
+	}
+	if _, err := d.RemoveSession(c.ID); err != nil {
+		t.Fatal(err)
+	}
+	reclaim(d)
+	if !bytes.Equal(textNow(t, k), text) || len(k.allocs) != 0 {
+		t.Fatal("not restored")
 	}
 }
