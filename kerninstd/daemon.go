@@ -90,7 +90,7 @@ type session struct {
 	expires time.Time   // zero: no TTL
 	expiry  *time.Timer // removes the session at expires
 	tied    bool
-	reqs    []*request    // in the order of the session's points
+	reqs    []*request // in the order of the session's points
 	timers  []*timedFunc
 	done    chan struct{} // closed when the session is removed
 }

@@ -21,9 +21,9 @@ type timedFunc struct {
 	function string
 	entry    *site
 	exits    []*site
-	filter   string // what the predicate selects, "" for everyone
-	calls    int    // counter slot: calls
-	word     int    // counter slot: the timer word
+	filter   string     // what the predicate selects, "" for everyone
+	calls    int        // counter slot: calls
+	word     int        // counter slot: the timer word
 	reqs     []*request // exits, then the entry; reqs[0] owns the slots
 
 	mu  sync.Mutex // protects acc
