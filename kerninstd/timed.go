@@ -182,11 +182,14 @@ func (d *Daemon) detachTimed(t *timedFunc) error {
 	return errors.Join(errs...)
 }
 
-// timerPoint reads the timed function's totals now.
-func (d *Daemon) timerPoint(t *timedFunc, now time.Time) metrics.Point {
+// timerPoint reads the timed function's totals now. The point is stamped
+// with the time of the reading, not the caller's (a sampling tick may be
+// late by then), since rates divide by the time between points.
+func (d *Daemon) timerPoint(t *timedFunc, _ time.Time) metrics.Point {
 	calls := d.dev.Counter(t.calls)
 	w := d.dev.Counter(t.word)
 	tsc := metrics.TSC() // after the word: every event in it happened before
+	now := time.Now()
 	t.mu.Lock()
 	ticks := t.acc.Add(w, tsc)
 	t.mu.Unlock()

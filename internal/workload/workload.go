@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -76,4 +77,15 @@ func Syscalls(ctx context.Context, path string) (stats uint64) {
 	}
 	wg.Wait()
 	return stats
+}
+
+// Spin keeps one thread on the CPU for d, calling getppid(2) in a loop, and
+// returns the number of calls: a CPU-bound path through the kernel.
+func Spin(d time.Duration) uint64 {
+	runtime.LockOSThread()
+	var n uint64
+	for end := time.Now().Add(d); time.Now().Before(end); n++ {
+		syscall.Getppid()
+	}
+	return n
 }
