@@ -203,6 +203,16 @@ func (c *cpu) step() error {
 			c.r[0] = cur
 			c.flags &^= flagZF
 		}
+	case x86asm.XOR:
+		v := c.get(a[0], n, next) ^ c.get(a[1], n, next)
+		c.set(a[0], n, next, v)
+		c.setZS(v, n)
+	case x86asm.DEC:
+		v := c.get(a[0], n, next) - 1
+		c.set(a[0], n, next, v)
+		c.setZS(v, n)
+	case x86asm.JMP:
+		next += uint64(int64(a[0].(x86asm.Rel)))
 	case x86asm.JE, x86asm.JNE:
 		if (c.flags&flagZF != 0) == (inst.Op == x86asm.JE) {
 			next += uint64(int64(a[0].(x86asm.Rel)))
