@@ -58,7 +58,7 @@ func TestVirtualTimer(t *testing.T) {
 	}
 	switchTo(tTask, tTaskB) // A out: A is inside
 	out := c.tscs[len(c.tscs)-1]
-	runRange(t, c, exit) // B leaves without having entered: ignored
+	runRange(t, c, exit)    // B leaves without having entered: ignored
 	switchTo(tTaskB, tTask) // A back in
 	in := c.tscs[len(c.tscs)-1]
 	runRange(t, c, exit)

@@ -90,6 +90,9 @@ type SessionRequest struct {
 	Timers []string `json:"timers,omitempty"`
 	// Filter restricts the timers to some tasks.
 	Filter *Filter `json:"filter,omitempty"`
+	// Virtual also measures the timers' on-CPU time, with a hook in the
+	// context switch.
+	Virtual bool `json:"virtual,omitempty"`
 }
 
 // Filter selects the current task a timer counts; at most one field set.
@@ -122,7 +125,8 @@ type Session struct {
 // totals since it was attached.
 type TimerInfo struct {
 	Function string     `json:"function"`
-	Filter   string     `json:"filter,omitempty"` // e.g. "pid 42"
+	Filter   string     `json:"filter,omitempty"`  // e.g. "pid 42"
+	Virtual  bool       `json:"virtual,omitempty"` // VirtualNS is measured
 	Entry    Resolved   `json:"entry"`
 	Exits    []Resolved `json:"exits"`
 	metrics.Point

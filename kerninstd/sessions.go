@@ -72,7 +72,7 @@ func (d *Daemon) Sessions() []Session {
 
 // timerInfo describes a timed function with its totals at now.
 func (d *Daemon) timerInfo(t *timedFunc, now time.Time) TimerInfo {
-	ti := TimerInfo{Function: t.function, Filter: t.filter, Entry: t.entry.resolved(), Point: d.timerPoint(t, now)}
+	ti := TimerInfo{Function: t.function, Filter: t.filter, Virtual: t.virtual != nil, Entry: t.entry.resolved(), Point: d.timerPoint(t, now)}
 	for _, s := range t.exits {
 		ti.Exits = append(ti.Exits, s.resolved())
 	}
@@ -92,6 +92,15 @@ func (d *Daemon) resolveTimers(req SessionRequest) ([]*timedFunc, codegen.Predic
 	if err != nil {
 		return nil, nil, err
 	}
+	var sw *site
+	if req.Virtual {
+		if err := d.loadTaskLayout(); err != nil {
+			return nil, nil, fmt.Errorf("virtual timers need the task layout: %w", err)
+		}
+		if sw, err = d.resolveSwitch(); err != nil {
+			return nil, nil, err
+		}
+	}
 	seen := map[string]bool{}
 	var out []*timedFunc
 	for _, name := range req.Timers {
@@ -104,6 +113,9 @@ func (d *Daemon) resolveTimers(req SessionRequest) ([]*timedFunc, codegen.Predic
 		}
 		seen[t.function] = true
 		t.filter = desc
+		if sw != nil {
+			t.virtual = &virtualState{sw: sw, base: -1}
+		}
 		out = append(out, t)
 	}
 	return out, pred, nil
@@ -130,9 +142,8 @@ func (d *Daemon) predicate(f *Filter) (codegen.Predicate, string, error) {
 	if len(f.Comm) >= codegen.TaskCommLen {
 		return nil, "", badRequest(fmt.Errorf("comm %q is longer than the kernel keeps (%d bytes); give the first %d", f.Comm, codegen.TaskCommLen-1, codegen.TaskCommLen-1))
 	}
-	d.taskOnce.Do(func() { d.task, d.taskErr = d.loadTask(d.symbols()) })
-	if d.taskErr != nil {
-		return nil, "", fmt.Errorf("filters need the task layout: %w", d.taskErr)
+	if err := d.loadTaskLayout(); err != nil {
+		return nil, "", fmt.Errorf("filters need the task layout: %w", err)
 	}
 	l := d.task
 	switch {
@@ -144,4 +155,10 @@ func (d *Daemon) predicate(f *Filter) (codegen.Predicate, string, error) {
 	p := codegen.TaskComm{CurrentTask: int32(l.CurrentTask), Offset: int32(l.Comm)}
 	copy(p.Comm[:], f.Comm)
 	return p, fmt.Sprintf("comm %s", f.Comm), nil
+}
+
+// loadTaskLayout loads where current's pid, tgid and comm are, once.
+func (d *Daemon) loadTaskLayout() error {
+	d.taskOnce.Do(func() { d.task, d.taskErr = d.loadTask(d.symbols()) })
+	return d.taskErr
 }

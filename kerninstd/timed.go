@@ -21,13 +21,15 @@ type timedFunc struct {
 	function string
 	entry    *site
 	exits    []*site
-	filter   string     // what the predicate selects, "" for everyone
-	calls    int        // counter slot: calls
-	word     int        // counter slot: the timer word
-	reqs     []*request // exits, then the entry; reqs[0] owns the slots
+	filter   string        // what the predicate selects, "" for everyone
+	calls    int           // counter slot: calls
+	word     int           // counter slot: the timer word
+	reqs     []*request    // exits, then the entry; reqs[0] owns the slots
+	virtual  *virtualState // nil: wall time only
 
-	mu  sync.Mutex // protects acc
-	acc metrics.TimerAcc
+	mu     sync.Mutex // protects acc and offAcc
+	acc    metrics.TimerAcc
+	offAcc metrics.TimerAcc // off-CPU thread-time of a virtual timer
 }
 
 // ErrExitNotSpliceable is returned when a function exit cannot be spliced
@@ -107,6 +109,9 @@ func (d *Daemon) exitSite(entry *site, i int) (*site, error) {
 // other request is gone. On error nothing stays installed. The caller
 // holds d.mu.
 func (d *Daemon) attachTimed(owner string, t *timedFunc, pred codegen.Predicate) error {
+	if t.virtual != nil {
+		return d.attachVirtual(owner, t, pred)
+	}
 	guard := func(sn ...codegen.Snippet) codegen.Snippet {
 		if pred == nil {
 			if len(sn) == 1 {
@@ -179,6 +184,10 @@ func (d *Daemon) detachTimed(t *timedFunc) error {
 		}
 	}
 	t.reqs = kept
+	if len(kept) == 0 && t.virtual != nil && t.virtual.base >= 0 {
+		d.freeVirtualSlots(t)
+		t.virtual.base = -1
+	}
 	return errors.Join(errs...)
 }
 
@@ -188,10 +197,19 @@ func (d *Daemon) detachTimed(t *timedFunc) error {
 func (d *Daemon) timerPoint(t *timedFunc, _ time.Time) metrics.Point {
 	calls := d.dev.Counter(t.calls)
 	w := d.dev.Counter(t.word)
-	tsc := metrics.TSC() // after the word: every event in it happened before
+	var off uint64
+	if t.virtual != nil {
+		off = d.dev.Counter(t.virtual.off)
+	}
+	tsc := metrics.TSC() // after the words: every event in them happened before
 	now := time.Now()
 	t.mu.Lock()
 	ticks := t.acc.Add(w, tsc)
+	offTicks := t.offAcc.Add(off, tsc)
 	t.mu.Unlock()
-	return metrics.Point{Time: now, Calls: calls, WallNS: d.clock.Nanos(ticks), Inside: metrics.TimerInside(w)}
+	p := metrics.Point{Time: now, Calls: calls, WallNS: d.clock.Nanos(ticks), Inside: metrics.TimerInside(w)}
+	if t.virtual != nil {
+		p.VirtualNS = d.clock.Nanos(ticks - min(offTicks, ticks))
+	}
+	return p
 }

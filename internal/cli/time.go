@@ -69,10 +69,7 @@ func Time(ctx context.Context, c *kerninstd.Client, o TimeOptions, stdout, stder
 	if o.Interval <= 0 {
 		o.Interval = time.Second
 	}
-	if o.Virtual {
-		return 2, errors.New("time --virtual: virtual (on-CPU) timers are not available yet")
-	}
-	req := kerninstd.SessionRequest{Timers: o.Functions, Tied: true, Name: o.Name, TTLNS: int64(o.TTL)}
+	req := kerninstd.SessionRequest{Timers: o.Functions, Tied: true, Name: o.Name, TTLNS: int64(o.TTL), Virtual: o.Virtual}
 	if o.Filter != (kerninstd.Filter{}) {
 		f := o.Filter
 		req.Filter = &f
@@ -101,7 +98,7 @@ func Time(ctx context.Context, c *kerninstd.Client, o TimeOptions, stdout, stder
 		width = max(width, len(f))
 	}
 	if !o.JSON {
-		fmt.Fprintf(stdout, "%8s  %-*s  %10s  %12s  %11s  %6s\n", "time", width, "function", "calls/s", "avg wall", "concurrency", "inside")
+		fmt.Fprintf(stdout, "%8s  %-*s  %10s  %12s  %12s  %11s  %6s\n", "time", width, "function", "calls/s", "avg wall", "avg virtual", "concurrency", "inside")
 	}
 	res, err := runSession(ctx, c, sess, runOptions{Duration: o.Duration, Interval: o.Interval, Command: o.Command,
 		Waiting: "kinst: timing; Ctrl-C to stop"}, stderr,
@@ -119,8 +116,12 @@ func Time(ctx context.Context, c *kerninstd.Client, o TimeOptions, stdout, stder
 				r := metrics.Derive(prev, p)
 				iv.Functions = append(iv.Functions, r)
 				if !o.JSON {
-					fmt.Fprintf(stdout, "%8.3f  %-*s  %10.0f  %12s  %11.3f  %6d\n", el.Seconds(), width, series[i].Name,
-						r.CallsPerSec, fmtNS(r.AvgWallNS), r.Concurrency, p.Inside)
+					virt := "-"
+					if o.Virtual {
+						virt = fmtNS(r.AvgVirtualNS)
+					}
+					fmt.Fprintf(stdout, "%8.3f  %-*s  %10.0f  %12s  %12s  %11.3f  %6d\n", el.Seconds(), width, series[i].Name,
+						r.CallsPerSec, fmtNS(r.AvgWallNS), virt, r.Concurrency, p.Inside)
 				}
 			}
 			report.Intervals = append(report.Intervals, iv)
@@ -144,6 +145,10 @@ func Time(ctx context.Context, c *kerninstd.Client, o TimeOptions, stdout, stder
 		for _, e := range t.Exits {
 			tf.Exits = append(tf.Exits, at(e))
 		}
+		if t.Virtual {
+			v, avg := t.VirtualNS, r.AvgVirtualNS
+			tf.VirtualNS, tf.AvgVirtual = &v, &avg
+		}
 		report.Functions = append(report.Functions, tf)
 		if i < len(series) {
 			series[i].Add(t.Point)
@@ -160,9 +165,13 @@ func Time(ctx context.Context, c *kerninstd.Client, o TimeOptions, stdout, stder
 	}
 	fmt.Fprintf(stdout, "\ntotals over %.3f s (splices removed)%s:\n", res.Duration.Seconds(), filterNote(report.Filter))
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "calls\tcalls/s\ttotal wall\tavg wall\tconcurrency\tfunction\t")
+	fmt.Fprintln(tw, "calls\tcalls/s\ttotal wall\tavg wall\ttotal virtual\tavg virtual\tconcurrency\tfunction\t")
 	for _, f := range report.Functions {
-		fmt.Fprintf(tw, "%d\t%.0f\t%s\t%s\t%.3f\t%s\t\n", f.Calls, f.CallsPerSec, fmtNS(f.WallNS), fmtNS(f.AvgWallNS), f.Concurrency, f.Function)
+		tv, av := "-", "-"
+		if f.VirtualNS != nil {
+			tv, av = fmtNS(*f.VirtualNS), fmtNS(*f.AvgVirtual)
+		}
+		fmt.Fprintf(tw, "%d\t%.0f\t%s\t%s\t%s\t%s\t%.3f\t%s\t\n", f.Calls, f.CallsPerSec, fmtNS(f.WallNS), fmtNS(f.AvgWallNS), tv, av, f.Concurrency, f.Function)
 	}
 	return status, tw.Flush()
 }

@@ -275,3 +275,47 @@ func TestPlotRenders(t *testing.T) {
 		t.Fatalf("rsvg-convert: %v (%d bytes)", err, len(out))
 	}
 }
+
+// Virtual time of a sleep: the task is off the CPU for almost all of each
+// call, so on-CPU time is a small fraction of wall time (what remains is
+// arming the timer and scheduling, slow under emulation: allow 5 %).
+func TestVirtualTimeOfSleep(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	one := timedSleep(1)
+	r, d := sleeps(t, ctx, one+"; "+one, "--virtual")
+	f := r.Functions[0]
+	if f.Calls != 2 || len(d) != 2 || f.VirtualNS == nil {
+		t.Fatalf("%d calls (%d measured), virtual %v", f.Calls, len(d), f.VirtualNS)
+	}
+	within(t, "total wall time (s)", f.WallNS/1e9, 2*0.98, d[0]+d[1]+2*0.02)
+	within(t, "virtual / wall", *f.VirtualNS/f.WallNS, 0, 0.05)
+	t.Logf("wall %.3f s, virtual %.3f ms", f.WallNS/1e9, *f.VirtualNS/1e6)
+}
+
+// Virtual time of a CPU-bound path: getppid never sleeps, so wall ≈
+// virtual (a preemption inside a call is the only difference: allow 5 %);
+// and the calls counted equal the calls the workload made.
+func TestVirtualTimeOfCPUBound(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	argv := []string{"kinst", "time", "--json", "--virtual", "__x64_sys_getppid", "--comm", "kinst", "--", "kinst", "workload", "spin", "2s"}
+	out, errs, code := guest.Exec(t, ctx, argv...)
+	if code != 0 {
+		t.Fatalf("status %d\n%s\n%s", code, out, errs)
+	}
+	var r cli.TimeReport
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatal(err)
+	}
+	var made uint64
+	for _, line := range strings.Split(errs, "\n") {
+		fmt.Sscanf(line, "workload: %d getppid calls", &made)
+	}
+	f := r.Functions[0]
+	if made == 0 || f.Calls != made || f.VirtualNS == nil {
+		t.Fatalf("calls %d, the workload made %d; virtual %v", f.Calls, made, f.VirtualNS)
+	}
+	within(t, "virtual / wall", *f.VirtualNS/f.WallNS, 0.95, 1.0)
+	t.Logf("%d calls, wall %.3f ms, virtual %.3f ms", f.Calls, f.WallNS/1e6, *f.VirtualNS/1e6)
+}
