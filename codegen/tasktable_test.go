@@ -114,3 +114,33 @@ func TestTaskTableFull(t *testing.T) {
 		t.Fatalf("%d inside after a new entry, want 1", in)
 	}
 }
+
+// RegEquals guards a table entry on the first argument: only the lock
+// asked for is timed, and exits of waiters for other locks are ignored
+// because they never entered the table.
+func TestRegEqualsGuard(t *testing.T) {
+	const lock = 0xffff888012345678
+	m := newMachine()
+	table := TaskTable{Addr: tTable, Entries: 4}
+	enter := [2]uint64{tPatch, 0}
+	enter[1] = load(t, m, enter[0], AllLive, Guard{If: RegEquals{Reg: RDI, Value: lock}, Then: []Snippet{Seq{Counter{Addr: tCalls},
+		TaskEnter{Table: table, CurrentTask: tCurrent, Dropped: tDropped, Then: []Snippet{TimerEnter{Word: tTimer}}}}}})
+	exit := [2]uint64{tPatch + 0x1000, 0}
+	exit[1] = load(t, m, exit[0], AllLive, TaskExit{Table: table, CurrentTask: tCurrent, Then: []Snippet{TimerExit{Word: tTimer}}})
+	a := newCPU(m, 0xffffc90000010000, tTask)
+	b := newCPU(m, 0xffffc90000014000, tTaskB)
+	a.r[7], b.r[7] = lock, lock+0x40
+	runRange(t, a, enter)
+	runRange(t, b, enter)
+	if calls, in := m.read(tCalls, 8), metrics.TimerInside(m.read(tTimer, 8)); calls != 1 || in != 1 {
+		t.Fatalf("calls %d inside %d; want only the waiter for the lock", calls, in)
+	}
+	runRange(t, b, exit)
+	if in := metrics.TimerInside(m.read(tTimer, 8)); in != 1 {
+		t.Fatal("the other lock's waiter ended the timed interval")
+	}
+	runRange(t, a, exit)
+	if in := metrics.TimerInside(m.read(tTimer, 8)); in != 0 {
+		t.Fatal("the waiter's exit was not counted")
+	}
+}

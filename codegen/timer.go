@@ -1,6 +1,7 @@
 package codegen
 
 import (
+	"encoding/binary"
 	"fmt"
 
 	"golang.org/x/arch/x86/x86asm"
@@ -252,4 +253,23 @@ func (q Seq) Emit(a *Asm, scratch []Reg) {
 	for _, s := range q {
 		s.Emit(a, scratch[:s.Needs().Regs])
 	}
+}
+
+// RegEquals holds when a register equals Value at the point: at a
+// function's entry, a predicate on an argument (the lock a task waits
+// for, in %rdi). Reg is reserved (Fixed) so that it is never handed out
+// as a scratch register and overwritten before the compare.
+type RegEquals struct {
+	Reg   Reg
+	Value uint64
+}
+
+func (p RegEquals) Needs() Needs { return Needs{Regs: 1, Fixed: p.Reg.Bit(), Flags: true} }
+
+func (p RegEquals) EmitSkip(a *Asm, scratch []Reg) []Label {
+	v := scratch[0]
+	a.Raw(rexW(0, v), 0xb8+byte(v)&7) // movabs $Value,%v
+	a.code = binary.LittleEndian.AppendUint64(a.code, p.Value)
+	a.Raw(rexW(v, p.Reg), 0x39, 0xc0|byte(v)&7<<3|byte(p.Reg)&7) // cmp %v,%reg
+	return []Label{a.JccForward(CondNE)}
 }

@@ -93,6 +93,9 @@ type SessionRequest struct {
 	// Virtual also measures the timers' on-CPU time, with a hook in the
 	// context switch.
 	Virtual bool `json:"virtual,omitempty"`
+	// Lock times the waits for one kernel mutex (a data symbol or
+	// 0xADDR) in mutex_lock's slow path, instead of Timers.
+	Lock string `json:"lock,omitempty"`
 }
 
 // Filter selects the current task a timer counts; at most one field set.

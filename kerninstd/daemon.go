@@ -224,7 +224,7 @@ func (e *PointError) Unwrap() error { return e.Err }
 
 // CreateSession installs a counter at every point, or none.
 func (d *Daemon) CreateSession(req SessionRequest) (Session, error) {
-	if len(req.Points) == 0 && len(req.Timers) == 0 {
+	if len(req.Points) == 0 && len(req.Timers) == 0 && req.Lock == "" {
 		return Session{}, badRequest(errors.New("no points or functions given"))
 	}
 	if req.TTLNS < 0 {

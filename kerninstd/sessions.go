@@ -82,6 +82,9 @@ func (d *Daemon) timerInfo(t *timedFunc, now time.Time) TimerInfo {
 // resolveTimers resolves every function of a request and builds the
 // filter's predicate. It changes nothing.
 func (d *Daemon) resolveTimers(req SessionRequest) ([]*timedFunc, codegen.Predicate, error) {
+	if req.Lock != "" {
+		return d.resolveWaiters(req)
+	}
 	if len(req.Timers) == 0 {
 		if req.Filter != nil {
 			return nil, nil, badRequest(errors.New("a filter applies to timed functions; none given"))

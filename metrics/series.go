@@ -33,12 +33,14 @@ func Derive(a, b Point) Rates {
 		return r
 	}
 	calls := float64(b.Calls - a.Calls)
-	wall := b.WallNS - a.WallNS
+	// Totals are ticks converted at the clock's current rate, which
+	// sharpens over time: a difference may come out a hair below zero.
+	wall := max(b.WallNS-a.WallNS, 0)
 	r.CallsPerSec = calls / r.Seconds
 	r.Concurrency = wall / (r.Seconds * 1e9)
 	if calls > 0 {
 		r.AvgWallNS = wall / calls
-		r.AvgVirtualNS = (b.VirtualNS - a.VirtualNS) / calls
+		r.AvgVirtualNS = max(b.VirtualNS-a.VirtualNS, 0) / calls
 	}
 	return r
 }

@@ -19,10 +19,12 @@ const usage = `kinst — dynamic instrumentation of the running kernel (KernInst
 Usage:
   kinst count POINT… [--duration D] [--interval I] [--json] [-- CMD…]
                          live call counts at kernel functions or instructions
-  kinst time FUNC… [--pid P|--tid T|--comm C] [--duration D] [--interval I]
+  kinst time FUNC… [--pid P|--tid T|--comm C] [--virtual] [--duration D] [--interval I]
              [--plot FILE.svg] [--name N] [--ttl D] [--json] [-- CMD…]
                          calls/s, average and total wall time and
                          concurrency of kernel functions (entry and exits)
+  kinst waiters LOCKSYM|0xADDR [--duration D] [--json] [-- CMD…]
+                         average tasks waiting for one kernel mutex
   kinst watch [--interval I]
                          live view of every active metric, like top
   kinst ls [--json]      the live sessions (count and time requests)
@@ -65,6 +67,8 @@ func run(args []string) int {
 		status, err = countCmd(ctx, args[1:])
 	case "time":
 		status, err = timeCmd(ctx, args[1:])
+	case "waiters":
+		status, err = waitersCmd(ctx, args[1:])
 	case "ls":
 		err = lsCmd(ctx, args[1:])
 	case "detach":

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 
 	"github.com/kinst/kinst/internal/cli"
@@ -30,5 +31,31 @@ func timeCmd(ctx context.Context, args []string) (int, error) {
 		pos = pos[:n]
 	}
 	o.Functions = pos
+	return cli.Time(ctx, kerninstd.NewClient(*addr), o, os.Stdout, os.Stderr)
+}
+
+func waitersCmd(ctx context.Context, args []string) (int, error) {
+	fs, addr := newFlags("waiters", "waiters LOCKSYM|0xADDR [--duration D] [--interval I] [--plot FILE.svg] [--json] [-- CMD…]\n\n"+
+		"Average number of tasks waiting for one kernel mutex: mutex_lock's slow path is timed for that\n"+
+		"lock only; concurrency is the average number of waiters, avg virtual the spinning part of a wait.")
+	var o cli.TimeOptions
+	fs.DurationVarP(&o.Duration, "duration", "d", 0, "stop after this long (default: until Ctrl-C, or until CMD exits)")
+	fs.DurationVarP(&o.Interval, "interval", "i", 1e9, "print rates this often")
+	fs.StringVar(&o.Plot, "plot", "", "write a chart of contended acquisitions/s and waiters over time to this SVG `file`")
+	fs.StringVar(&o.Name, "name", "", "session name (see kinst ls, kinst detach)")
+	fs.DurationVar(&o.TTL, "ttl", 0, "remove the instrumentation after this long even if kinst is gone")
+	fs.BoolVar(&o.JSON, "json", false, "print one JSON report at the end instead of live rows")
+	if err := fs.Parse(args); err != nil {
+		return 2, err
+	}
+	pos := fs.Args()
+	if n := fs.ArgsLenAtDash(); n >= 0 {
+		o.Command = pos[n:]
+		pos = pos[:n]
+	}
+	if len(pos) != 1 {
+		return 2, fmt.Errorf("waiters: name one lock: a kernel data symbol or 0xADDR")
+	}
+	o.Lock = pos[0]
 	return cli.Time(ctx, kerninstd.NewClient(*addr), o, os.Stdout, os.Stderr)
 }

@@ -17,6 +17,7 @@ import (
 // TimeOptions are the flags of `kinst time`.
 type TimeOptions struct {
 	Functions []string
+	Lock      string // waiters on this mutex instead of Functions
 	Filter    kerninstd.Filter
 	Virtual   bool
 	Duration  time.Duration
@@ -63,13 +64,16 @@ type TimeInterval struct {
 
 // Time times kernel functions: calls, wall time, concurrency.
 func Time(ctx context.Context, c *kerninstd.Client, o TimeOptions, stdout, stderr io.Writer) (int, error) {
-	if len(o.Functions) == 0 {
+	if len(o.Functions) == 0 && o.Lock == "" {
 		return 2, errors.New("time: name at least one kernel function")
 	}
 	if o.Interval <= 0 {
 		o.Interval = time.Second
 	}
-	req := kerninstd.SessionRequest{Timers: o.Functions, Tied: true, Name: o.Name, TTLNS: int64(o.TTL), Virtual: o.Virtual}
+	req := kerninstd.SessionRequest{Timers: o.Functions, Tied: true, Name: o.Name, TTLNS: int64(o.TTL), Virtual: o.Virtual, Lock: o.Lock}
+	if o.Lock != "" {
+		o.Virtual = true // the daemon splits each wait into spinning and sleeping
+	}
 	if o.Filter != (kerninstd.Filter{}) {
 		f := o.Filter
 		req.Filter = &f
@@ -94,8 +98,8 @@ func Time(ctx context.Context, c *kerninstd.Client, o TimeOptions, stdout, stder
 		report.Filter = sess.Timers[0].Filter
 	}
 	width := 8
-	for _, f := range o.Functions {
-		width = max(width, len(f))
+	for _, t := range sess.Timers {
+		width = max(width, len(t.Function))
 	}
 	if !o.JSON {
 		fmt.Fprintf(stdout, "%8s  %-*s  %10s  %12s  %12s  %11s  %6s\n", "time", width, "function", "calls/s", "avg wall", "avg virtual", "concurrency", "inside")
