@@ -25,6 +25,9 @@ Usage:
                          concurrency of kernel functions (entry and exits)
   kinst waiters LOCKSYM|0xADDR [--duration D] [--json] [-- CMD…]
                          average tasks waiting for one kernel mutex
+  kinst drilldown FUNC [--depth N] -- CMD…
+                         time FUNC and its callees over CMD, follow the
+                         heaviest callee, repeat: where the time goes
   kinst watch [--interval I]
                          live view of every active metric, like top
   kinst ls [--json]      the live sessions (count and time requests)
@@ -69,6 +72,8 @@ func run(args []string) int {
 		status, err = timeCmd(ctx, args[1:])
 	case "waiters":
 		status, err = waitersCmd(ctx, args[1:])
+	case "drilldown":
+		err = drilldownCmd(ctx, args[1:])
 	case "ls":
 		err = lsCmd(ctx, args[1:])
 	case "detach":

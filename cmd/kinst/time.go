@@ -59,3 +59,27 @@ func waitersCmd(ctx context.Context, args []string) (int, error) {
 	o.Lock = pos[0]
 	return cli.Time(ctx, kerninstd.NewClient(*addr), o, os.Stdout, os.Stderr)
 }
+
+func drilldownCmd(ctx context.Context, args []string) error {
+	fs, addr := newFlags("drilldown", "drilldown FUNC [--depth N] [--callees N] [--min-share F] [--json] -- CMD…\n\n"+
+		"Times FUNC and the functions it calls directly over one run of CMD, follows the callee with the\n"+
+		"most wall time, and repeats: KernInst's way of finding where a path's time goes.")
+	o := cli.DrillOptions{}
+	fs.IntVar(&o.Depth, "depth", 4, "levels to descend at most")
+	fs.IntVar(&o.Callees, "callees", 24, "callees timed per level at most (first call sites first)")
+	fs.Float64Var(&o.MinShare, "min-share", 0.3, "stop when the heaviest callee has less than this share of its caller's wall time")
+	fs.BoolVar(&o.JSON, "json", false, "print the levels as JSON")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	pos := fs.Args()
+	if n := fs.ArgsLenAtDash(); n >= 0 {
+		o.Command = pos[n:]
+		pos = pos[:n]
+	}
+	if len(pos) != 1 {
+		return fmt.Errorf("drilldown: name one function to start from")
+	}
+	o.Root = pos[0]
+	return cli.DrillDown(ctx, kerninstd.NewClient(*addr), o, os.Stdout, os.Stderr)
+}

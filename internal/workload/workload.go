@@ -89,3 +89,24 @@ func Spin(d time.Duration) uint64 {
 	}
 	return n
 }
+
+// Creat opens n times one of 16 files under dir with
+// O_CREAT|O_TRUNC|O_WRONLY, writes 4 KiB and closes it: every open after
+// the first round truncates a file that holds data (the workload of
+// KernInst's §5 investigation of copen).
+func Creat(dir string, n int) error {
+	buf := make([]byte, 4096)
+	for i := 0; i < n; i++ {
+		p := filepath.Join(dir, fmt.Sprintf("kinst-creat-%d", i%16))
+		fd, err := unix.Open(p, unix.O_CREAT|unix.O_TRUNC|unix.O_WRONLY, 0o600)
+		if err != nil {
+			return fmt.Errorf("open %s: %w", p, err)
+		}
+		_, err = unix.Write(fd, buf)
+		unix.Close(fd)
+		if err != nil {
+			return fmt.Errorf("write %s: %w", p, err)
+		}
+	}
+	return nil
+}
