@@ -90,7 +90,7 @@ func (d *Daemon) analyze(ctx context.Context, workers int, progress func(done, t
 	if err != nil {
 		return cfg.Stats{}, err
 	}
-	k, err := cfg.AnalyzeKernel(ctx, d.dev, syms, cfg.AnalyzeOptions{
+	k, err := cfg.AnalyzeKernel(ctx, d.text(), syms, cfg.AnalyzeOptions{
 		DriverModule: DriverModule,
 		Relocatable:  codegen.CheckRelocatable,
 		Prototypes:   d.prototypes(),

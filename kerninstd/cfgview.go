@@ -20,13 +20,13 @@ func (d *Daemon) FunctionCFG(name string) (CFG, error) {
 	if err != nil {
 		return CFG{}, err
 	}
-	fn, err := cfg.ReadFunction(d.dev, syms, sym)
+	fn, err := cfg.ReadFunction(d.text(), syms, sym)
 	if err != nil {
 		return CFG{}, err
 	}
 	names := syms.Names()
 	out := CFG{Function: fn.Name, Module: fn.Module, Address: Addr(fn.Addr), Size: fn.End - fn.Addr, Truncated: fn.Truncated}
-	blocks := fn.BlocksOpt(cfg.BlockOptions{Names: names, NoReturn: d.noReturn(), Tables: d.dev})
+	blocks := fn.BlocksOpt(cfg.BlockOptions{Names: names, NoReturn: d.noReturn(), Tables: d.text()})
 	protos := d.prototypes()
 	lv := fn.LiveWith(blocks, names, protos, d.calleeReads())
 	for _, b := range blocks {

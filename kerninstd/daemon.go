@@ -64,6 +64,7 @@ type Daemon struct {
 	callSyms *cfg.Symbols    // the symbols the graph's addresses belong to
 
 	spring *springboard.Heap // springboard space; has its own lock
+	ov     overlay           // original bytes under our splices; has its own lock
 
 	clock *metrics.Clock // converts the timers' TSC ticks
 
@@ -139,6 +140,10 @@ func New(c Config) (*Daemon, error) {
 	return d, nil
 }
 
+// text reads kernel text for analysis: live bytes, with the original
+// bytes wherever kerninstd has spliced.
+func (d *Daemon) text() textView { return textView{dev: d.dev, ov: &d.ov} }
+
 func (d *Daemon) symbols() *cfg.Symbols {
 	d.symMu.Lock()
 	defer d.symMu.Unlock()
@@ -167,7 +172,7 @@ func (d *Daemon) prototypes() cfg.Prototypes {
 // and static-call tables name, read once from live memory.
 func (d *Daemon) ownedSites() *cfg.OwnedSites {
 	d.ownedOnce.Do(func() {
-		o, n, err := cfg.LoadOwnedSites(d.dev, d.symbols())
+		o, n, err := cfg.LoadOwnedSites(d.text(), d.symbols())
 		if err != nil {
 			d.log.Warn("kernel tables unreadable; their sites are not refused", "err", err)
 			return

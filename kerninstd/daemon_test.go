@@ -612,3 +612,42 @@ func allocs(k *fakeKernel) map[uint64]int {
 	defer k.mu.Unlock()
 	return maps.Clone(k.allocs)
 }
+
+// TestAnalysisSeesOriginalBytes: once points of a function are spliced,
+// later requests in the same function (and at the same trap point) are
+// resolved against the original code, not the jmp/int3 written over it.
+func TestAnalysisSeesOriginalBytes(t *testing.T) {
+	d, k := newTestDaemon(t)
+	a, err := d.CreateSession(SessionRequest{Points: []string{"filename_lookup+0xb", "filename_lookup+0x1e", "filename_lookup+0x9"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// +0x10 lies inside the 7-byte load the jmp rel32 replaced: still
+	// not a boundary; +0x12 still is.
+	if _, err := d.Resolve("filename_lookup+0x10"); !errors.Is(err, cfg.ErrNotBoundary) {
+		t.Errorf("+0x10 under a splice: %v, want not a boundary", err)
+	}
+	b, err := d.CreateSession(SessionRequest{Points: []string{"filename_lookup+0x12", "filename_lookup+0x1e", "filename_lookup+0x9"}})
+	if err != nil {
+		t.Fatalf("second session in a spliced function: %v", err)
+	}
+	if b.Probes[1].Instruction != "pop %rbp" || b.Probes[1].SpliceClass != "trap" || b.Probes[2].SpliceClass != "springboard" {
+		t.Errorf("second requests resolved to %+v", b.Probes)
+	}
+	c, err := d.FunctionCFG("filename_lookup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Blocks[0].Instructions[4].Text; !strings.HasPrefix(got, "mov 0x302010(%rip)") {
+		t.Errorf("cfg shows %q at +0xb, want the original load", got)
+	}
+	for _, id := range []string{a.ID, b.ID} {
+		if _, err := d.RemoveSession(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reclaim(d)
+	if !bytes.Equal(textNow(t, k), text) || len(d.ov.orig) != 0 {
+		t.Errorf("not restored (overlay %v)", d.ov.orig)
+	}
+}

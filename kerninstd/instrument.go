@@ -86,7 +86,7 @@ func (d *Daemon) resolve(spec string) (*site, error) {
 	if err != nil {
 		return nil, err
 	}
-	fn, err := cfg.ReadFunction(d.dev, syms, sym)
+	fn, err := cfg.ReadFunction(d.text(), syms, sym)
 	if err != nil {
 		return nil, err
 	}
@@ -141,7 +141,7 @@ func (d *Daemon) noSpliceReason(syms *cfg.Symbols, fn *cfg.Function, addr uint64
 func (d *Daemon) dataflowLive(syms *cfg.Symbols, fn *cfg.Function, i int) cfg.LiveSet {
 	protos := d.prototypes()
 	names := syms.Names()
-	blocks := fn.BlocksOpt(cfg.BlockOptions{Names: names, NoReturn: d.noReturn(), Tables: d.dev})
+	blocks := fn.BlocksOpt(cfg.BlockOptions{Names: names, NoReturn: d.noReturn(), Tables: d.text()})
 	lv := fn.LiveWith(blocks, names, protos, d.calleeReads())
 	for _, b := range blocks {
 		if i >= b.First && i < b.First+b.N {
@@ -180,7 +180,7 @@ var ErrNoBlock = errors.New("no such block")
 // runs once each time the block does, calls returning). Block indices are
 // those kinst cfg prints.
 func (d *Daemon) blockInstruction(syms *cfg.Symbols, fn *cfg.Function, b int) (int, error) {
-	blocks := fn.BlocksOpt(cfg.BlockOptions{Names: syms.Names(), NoReturn: d.noReturn(), Tables: d.dev})
+	blocks := fn.BlocksOpt(cfg.BlockOptions{Names: syms.Names(), NoReturn: d.noReturn(), Tables: d.text()})
 	if b < 0 || b >= len(blocks) {
 		return 0, badRequest(fmt.Errorf("%w: %s has blocks 0..%d, not %d (see kinst cfg %s)", ErrNoBlock, fn.Name, len(blocks)-1, b, fn.Name))
 	}
@@ -325,13 +325,13 @@ func (d *Daemon) install(pt *point, reqs []*request) error {
 	old := pt.patch
 	if len(reqs) == 0 {
 		if pt.splice != 0 {
-			if err := d.dev.Unsplice(pt.splice); err != nil {
+			if err := d.ov.restored(s.insn().Addr, func() error { return d.dev.Unsplice(pt.splice) }); err != nil {
 				return fmt.Errorf("unsplice %s: %w", s.where(), err)
 			}
 			pt.splice = 0
 		}
 		if pt.slotSplice != 0 {
-			if err := d.dev.Unsplice(pt.slotSplice); err != nil {
+			if err := d.ov.restored(pt.slot, func() error { return d.dev.Unsplice(pt.slotSplice) }); err != nil {
 				return fmt.Errorf("unsplice springboard %#x of %s: %w", pt.slot, s.where(), err)
 			}
 			pt.slotSplice = 0
@@ -474,7 +474,12 @@ func (d *Daemon) splice(s *site, class springboard.Class, patch uint64) (uint32,
 	default:
 		return 0, fmt.Errorf("%v splices are not made yet", class)
 	}
-	return d.dev.Splice(in.Addr, patch, in.Bytes[:len(repl)], repl)
+	var id uint32
+	err := d.ov.spliced(in.Addr, in.Bytes, func() (err error) {
+		id, err = d.dev.Splice(in.Addr, patch, in.Bytes[:len(repl)], repl)
+		return err
+	})
+	return id, err
 }
 
 // springboardSplice takes a slot within rel8 reach of the point, writes
@@ -491,13 +496,17 @@ func (d *Daemon) springboardSplice(pt *point, patch uint64) error {
 	orig := make([]byte, springboard.SlotLen)
 	jmp, err := codegen.JmpRel32(slot, patch)
 	if err == nil {
-		err = d.dev.Read(slot, orig)
+		err = d.text().Read(slot, orig)
 	}
 	if err != nil {
 		d.spring.Release(slot)
 		return err
 	}
-	slotID, err := d.dev.SpliceSlot(slot, patch, orig, jmp)
+	var slotID uint32
+	err = d.ov.spliced(slot, orig, func() (err error) {
+		slotID, err = d.dev.SpliceSlot(slot, patch, orig, jmp)
+		return err
+	})
 	if err != nil {
 		d.spring.Release(slot) // never written: nothing reached it
 		return fmt.Errorf("write slot %#x: %w", slot, err)
@@ -505,10 +514,13 @@ func (d *Daemon) springboardSplice(pt *point, patch uint64) error {
 	rel8, err := springboard.JmpRel8(in.Addr, slot)
 	var id uint32
 	if err == nil {
-		id, err = d.dev.Splice(in.Addr, slot, in.Bytes[:len(rel8)], rel8)
+		err = d.ov.spliced(in.Addr, in.Bytes, func() (err error) {
+			id, err = d.dev.Splice(in.Addr, slot, in.Bytes[:len(rel8)], rel8)
+			return err
+		})
 	}
 	if err != nil {
-		if uerr := d.dev.Unsplice(slotID); uerr != nil {
+		if uerr := d.ov.restored(slot, func() error { return d.dev.Unsplice(slotID) }); uerr != nil {
 			d.log.Error("remove slot after failed springboard splice", "slot", fmt.Sprintf("%#x", slot), "err", uerr)
 		}
 		// The caller's failure path frees the patch, which waits for
@@ -532,8 +544,8 @@ func (d *Daemon) addSpringboardSpace(syms *cfg.Symbols, addr uint64) {
 		if d.spring.Seen(sym.Addr) {
 			continue
 		}
-		if fn, err := cfg.ReadFunction(d.dev, syms, sym); err == nil && syms.FunctionNoSplice(fn, DriverModule) == "" {
-			blocks := fn.BlocksOpt(cfg.BlockOptions{Names: names, NoReturn: d.noReturn(), Tables: d.dev})
+		if fn, err := cfg.ReadFunction(d.text(), syms, sym); err == nil && syms.FunctionNoSplice(fn, DriverModule) == "" {
+			blocks := fn.BlocksOpt(cfg.BlockOptions{Names: names, NoReturn: d.noReturn(), Tables: d.text()})
 			runs := cfg.SpringboardSpace(fn, blocks, func(a uint64) bool { return owned.Reason(a) != "" })
 			d.spring.Add(toRanges(runs)...)
 		}
