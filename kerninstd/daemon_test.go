@@ -45,7 +45,7 @@ ffffffff81200030 T next_fn
 ffffffff81200031 T exc_int3
 `
 
-func newTestDaemon(t *testing.T) (*Daemon, *fakeKernel) {
+func newTestDaemon(t testing.TB) (*Daemon, *fakeKernel) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "kallsyms")
 	if err := os.WriteFile(path, []byte(kallsyms), 0o600); err != nil {

@@ -26,6 +26,7 @@ type runResult struct {
 	ExitStatus *int // of the command, if one ran
 	Duration   time.Duration
 	Final      kerninstd.Session // with final totals; the session is removed
+	Detach     time.Duration     // how long the removal took
 }
 
 // runSession streams the session's samples to onSample until the
@@ -113,7 +114,9 @@ loop:
 		waitCmd(<-cmdDone)
 	}
 	res.Duration = time.Since(start)
+	detach := time.Now()
 	final, err := c.RemoveSession(context.WithoutCancel(ctx), sess.ID)
+	res.Detach = time.Since(detach)
 	if err != nil {
 		return res, fmt.Errorf("remove instrumentation: %w", err)
 	}

@@ -37,9 +37,11 @@ type TimeReport struct {
 	DurationNS int64           `json:"duration_ns"`
 	IntervalNS int64           `json:"interval_ns"`
 	// FirstDataNS is from the request to the first sample received.
-	FirstDataNS int64          `json:"first_data_ns"`
-	Intervals   []TimeInterval `json:"intervals"`
-	ExitStatus  *int           `json:"exit_status,omitempty"`
+	FirstDataNS int64 `json:"first_data_ns"`
+	// DetachNS is how long removing the instrumentation took.
+	DetachNS   int64          `json:"detach_ns"`
+	Intervals  []TimeInterval `json:"intervals"`
+	ExitStatus *int           `json:"exit_status,omitempty"`
 }
 
 // TimedFunction is one function's totals over the run.
@@ -139,6 +141,7 @@ func Time(ctx context.Context, c *kerninstd.Client, o TimeOptions, stdout, stder
 		return max(status, 1), err
 	}
 	report.DurationNS = int64(res.Duration)
+	report.DetachNS = int64(res.Detach)
 	for i, t := range res.Final.Timers {
 		// Totals over the session's whole life, as the daemon saw it.
 		first := t.Point
