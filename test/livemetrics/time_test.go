@@ -196,6 +196,15 @@ func TestMetricsEndpointAndSessions(t *testing.T) {
 		t.Fatalf("do_sys_openat2 calls %v, wall %v s; want ≥ 400 and > 0", calls, wall)
 	}
 
+	// kinst watch sees the session's timer, with a rate while files are
+	// opened.
+	w := guest.Sh(t, ctx, "kinst workload files /tmp 300 & kinst watch --json --iterations 2 --interval 300ms; wait")
+	var rows []cli.WatchRow
+	if err := json.Unmarshal([]byte(w), &rows); err != nil || len(rows) != 1 || rows[0].Metric != "time do_sys_openat2" ||
+		rows[0].Session != "scrape" || rows[0].Total < uint64(calls) || len(rows[0].History) != 2 {
+		t.Errorf("kinst watch: %v %s", err, w)
+	}
+
 	ls := guest.Sh(t, ctx, "kinst ls --json")
 	var list []kerninstd.Session
 	if err := json.Unmarshal([]byte(ls), &list); err != nil || len(list) != 1 || list[0].Name != "scrape" || list[0].Expires == nil {
