@@ -164,7 +164,7 @@ func directCallees(ctx context.Context, c *kerninstd.Client, fn string) ([]strin
 // skipCallee: helpers that are not where a path's time goes.
 func skipCallee(name string) bool {
 	for _, p := range []string{"__fentry__", "__x86_", "__stack_chk_fail", "__warn_printk", "__might_", "__cond_resched",
-		"_raw_spin_", "kfree", "__kmalloc", "kmem_cache_", "__sanitizer"} {
+		"_raw_spin_", "kfree", "__kmalloc", "kmem_cache_", "__sanitizer", "__static_call"} {
 		if strings.HasPrefix(name, p) {
 			return true
 		}
