@@ -107,9 +107,18 @@ func (d *Daemon) resolve(spec string) (*site, error) {
 	} else if s.index, err = entryInstruction(fn); err != nil {
 		return nil, err
 	}
-	in := s.insn()
+	if err := d.checkSite(syms, s); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// checkSite refuses a no-splice instruction and sets the splice class and
+// the live registers and flags of s, whose instruction is chosen.
+func (d *Daemon) checkSite(syms *cfg.Symbols, s *site) error {
+	fn, in := s.fn, s.insn()
 	if why := d.noSpliceReason(syms, fn, in.Addr); why != "" {
-		return nil, &cfg.NoSpliceError{Where: s.where(), Reason: why}
+		return &cfg.NoSpliceError{Where: s.where(), Reason: why}
 	}
 	// A short instruction takes a springboard splice when a slot is free
 	// within rel8 reach, a trap splice otherwise.
@@ -124,7 +133,7 @@ func (d *Daemon) resolve(spec string) (*site, error) {
 	if fn.FlagsLive(s.index) {
 		s.live |= cfg.FlagBits
 	}
-	return s, nil
+	return nil
 }
 
 // noSpliceReason combines the symbol-based reasons with the kernel's own

@@ -9,7 +9,6 @@ import (
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/codegen"
 	"github.com/kinst/kinst/metrics"
-	"github.com/kinst/kinst/springboard"
 )
 
 // A timed function (kinst time): calls counted at the entry, and a timer
@@ -78,26 +77,11 @@ func (d *Daemon) resolveTimed(name string) (*timedFunc, error) {
 // exitSite checks instruction i of entry's function as a splice site.
 func (d *Daemon) exitSite(entry *site, i int) (*site, error) {
 	fn := entry.fn
-	syms := d.symbols()
 	off := fn.Insns[i].Addr - fn.Addr
 	s := &site{point: cfg.Point{Spec: fmt.Sprintf("%s+%#x", fn.Name, off), Function: fn.Name, Offset: off, HasOffset: true},
 		sym: entry.sym, fn: fn, index: i, amb: entry.amb}
-	in := s.insn()
-	if why := d.noSpliceReason(syms, fn, in.Addr); why != "" {
-		return nil, &cfg.NoSpliceError{Where: s.where(), Reason: why}
-	}
-	// As resolve: a short exit (a 1-byte ret) takes a springboard when
-	// one is in reach, a trap splice otherwise.
-	s.class = springboard.Classify(in.Len())
-	if s.class == springboard.Springboard {
-		d.addSpringboardSpace(syms, in.Addr)
-		if _, ok := d.spring.Find(in.Addr); !ok {
-			s.class = springboard.Trap
-		}
-	}
-	s.live = d.dataflowLive(syms, fn, i)
-	if fn.FlagsLive(i) {
-		s.live |= cfg.FlagBits
+	if err := d.checkSite(d.symbols(), s); err != nil {
+		return nil, err
 	}
 	return s, nil
 }

@@ -26,11 +26,8 @@ func countCmd(ctx context.Context, args []string) (int, error) {
 	if err := fs.Parse(args); err != nil {
 		return 2, err
 	}
-	pos := fs.Args()
-	if n := fs.ArgsLenAtDash(); n >= 0 {
-		o.Command = pos[n:]
-		pos = pos[:n]
-	}
+	var pos []string
+	pos, o.Command = splitCommand(fs)
 	o.Points = pos
 	return cli.Count(ctx, kerninstd.NewClient(*addr), o, os.Stdout, os.Stderr)
 }

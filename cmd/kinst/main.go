@@ -123,3 +123,13 @@ func envOr(k, def string) string {
 	}
 	return def
 }
+
+// splitCommand splits the positional arguments at "--": what comes before,
+// and the command after (nil without "--").
+func splitCommand(fs *pflag.FlagSet) (args, command []string) {
+	pos := fs.Args()
+	if n := fs.ArgsLenAtDash(); n >= 0 {
+		return pos[:n], pos[n:]
+	}
+	return pos, nil
+}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/kinst/kinst/internal/cli"
 	"github.com/kinst/kinst/kerninstd"
+	"github.com/spf13/pflag"
 )
 
 func timeCmd(ctx context.Context, args []string) (int, error) {
@@ -16,20 +17,12 @@ func timeCmd(ctx context.Context, args []string) (int, error) {
 	fs.IntVar(&o.Filter.TID, "tid", 0, "count only calls made by this thread")
 	fs.StringVar(&o.Filter.Comm, "comm", "", "count only calls made by tasks with this command name (up to 15 bytes)")
 	fs.BoolVar(&o.Virtual, "virtual", false, "also measure on-CPU (virtual) time")
-	fs.DurationVarP(&o.Duration, "duration", "d", 0, "stop after this long (default: until Ctrl-C, or until CMD exits)")
-	fs.DurationVarP(&o.Interval, "interval", "i", 1e9, "print rates this often")
-	fs.StringVar(&o.Plot, "plot", "", "write a chart of calls/s and concurrency over time to this SVG `file`")
-	fs.StringVar(&o.Name, "name", "", "session name (see kinst ls, kinst detach)")
-	fs.DurationVar(&o.TTL, "ttl", 0, "remove the instrumentation after this long even if kinst is gone")
-	fs.BoolVar(&o.JSON, "json", false, "print one JSON report at the end instead of live rows")
+	timeFlags(fs, &o)
 	if err := fs.Parse(args); err != nil {
 		return 2, err
 	}
-	pos := fs.Args()
-	if n := fs.ArgsLenAtDash(); n >= 0 {
-		o.Command = pos[n:]
-		pos = pos[:n]
-	}
+	var pos []string
+	pos, o.Command = splitCommand(fs)
 	o.Functions = pos
 	return cli.Time(ctx, kerninstd.NewClient(*addr), o, os.Stdout, os.Stderr)
 }
@@ -39,20 +32,12 @@ func waitersCmd(ctx context.Context, args []string) (int, error) {
 		"Average number of tasks waiting for one kernel mutex: mutex_lock's slow path is timed for that\n"+
 		"lock only; concurrency is the average number of waiters, avg virtual the spinning part of a wait.")
 	var o cli.TimeOptions
-	fs.DurationVarP(&o.Duration, "duration", "d", 0, "stop after this long (default: until Ctrl-C, or until CMD exits)")
-	fs.DurationVarP(&o.Interval, "interval", "i", 1e9, "print rates this often")
-	fs.StringVar(&o.Plot, "plot", "", "write a chart of contended acquisitions/s and waiters over time to this SVG `file`")
-	fs.StringVar(&o.Name, "name", "", "session name (see kinst ls, kinst detach)")
-	fs.DurationVar(&o.TTL, "ttl", 0, "remove the instrumentation after this long even if kinst is gone")
-	fs.BoolVar(&o.JSON, "json", false, "print one JSON report at the end instead of live rows")
+	timeFlags(fs, &o)
 	if err := fs.Parse(args); err != nil {
 		return 2, err
 	}
-	pos := fs.Args()
-	if n := fs.ArgsLenAtDash(); n >= 0 {
-		o.Command = pos[n:]
-		pos = pos[:n]
-	}
+	var pos []string
+	pos, o.Command = splitCommand(fs)
 	if len(pos) != 1 {
 		return 2, fmt.Errorf("waiters: name one lock: a kernel data symbol or 0xADDR")
 	}
@@ -72,14 +57,21 @@ func drilldownCmd(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	pos := fs.Args()
-	if n := fs.ArgsLenAtDash(); n >= 0 {
-		o.Command = pos[n:]
-		pos = pos[:n]
-	}
+	var pos []string
+	pos, o.Command = splitCommand(fs)
 	if len(pos) != 1 {
 		return fmt.Errorf("drilldown: name one function to start from")
 	}
 	o.Root = pos[0]
 	return cli.DrillDown(ctx, kerninstd.NewClient(*addr), o, os.Stdout, os.Stderr)
+}
+
+// timeFlags are the flags time and waiters share.
+func timeFlags(fs *pflag.FlagSet, o *cli.TimeOptions) {
+	fs.DurationVarP(&o.Duration, "duration", "d", 0, "stop after this long (default: until Ctrl-C, or until CMD exits)")
+	fs.DurationVarP(&o.Interval, "interval", "i", 1e9, "print rates this often")
+	fs.StringVar(&o.Plot, "plot", "", "write a chart of calls/s and concurrency (waiters) over time to this SVG `file`")
+	fs.StringVar(&o.Name, "name", "", "session name (see kinst ls, kinst detach)")
+	fs.DurationVar(&o.TTL, "ttl", 0, "remove the instrumentation after this long even if kinst is gone")
+	fs.BoolVar(&o.JSON, "json", false, "print one JSON report at the end instead of live rows")
 }
