@@ -15,7 +15,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -29,13 +31,15 @@ type VM struct {
 	Client *kerninstd.Client // kerninstd in the guest, through the port forward
 }
 
-// Main boots a VM, runs the package's tests with it, and stops it. It
-// returns the exit code for os.Exit.
-func Main(m *testing.M, name string, out **VM) int {
+// Main boots a VM, hands it to ready, runs the package's tests, and stops
+// the VM. It returns the exit code for os.Exit. VMs left by a test process
+// that died (a panic skips the teardown) are stopped first.
+func Main(m *testing.M, name string, ready func(*VM)) int {
 	if os.Getenv("KINST_LIVE") == "0" {
 		fmt.Printf("%s: KINST_LIVE=0, skipping the live-VM tests\n", name)
 		return 0
 	}
+	reapStaleVMs()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	tmp, err := os.MkdirTemp("", "kinst-live-")
@@ -44,14 +48,14 @@ func Main(m *testing.M, name string, out **VM) int {
 		return 1
 	}
 	defer os.RemoveAll(tmp)
-	// Whose VM this is: test/live reaps it if this process dies.
+	// Whose VM this is: a later run reaps it if this process dies.
 	os.WriteFile(filepath.Join(tmp, "owner.pid"), []byte(fmt.Sprint(os.Getpid())), 0o600)
 	bin := os.Getenv("KINST_BIN")
 	if bin == "" {
 		bin = filepath.Join(tmp, "bin")
 		for _, c := range []string{"kinst", "kerninstd"} {
 			cmd := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(bin, c), "./cmd/"+c)
-			cmd.Dir, cmd.Env = repoRoot(), append(os.Environ(), "CGO_ENABLED=0")
+			cmd.Dir, cmd.Env = RepoRoot(), append(os.Environ(), "CGO_ENABLED=0")
 			if b, err := cmd.CombinedOutput(); err != nil {
 				fmt.Fprintf(os.Stderr, "%s: build %s: %v\n%s", name, c, err, b)
 				return 1
@@ -60,7 +64,7 @@ func Main(m *testing.M, name string, out **VM) int {
 	}
 	cache := os.Getenv("KINST_CACHE")
 	if cache == "" {
-		cache = filepath.Join(repoRoot(), ".cache")
+		cache = filepath.Join(RepoRoot(), ".cache")
 	}
 	start := time.Now()
 	in, err := vm.Up(ctx, vm.Config{
@@ -78,7 +82,7 @@ func Main(m *testing.M, name string, out **VM) int {
 		return 1
 	}
 	fmt.Fprintf(os.Stderr, "%s: VM up in %.1fs (%s, %s)\n", name, time.Since(start).Seconds(), in.Accel(), in.KernelRelease())
-	*out = &VM{Instance: in, Client: kerninstd.NewClient(in.KerninstdAddr())}
+	ready(&VM{Instance: in, Client: kerninstd.NewClient(in.KerninstdAddr())})
 	code := m.Run()
 	if code != 0 {
 		if b, err := os.ReadFile(in.SerialLog()); err == nil {
@@ -114,7 +118,8 @@ func (g *VM) Sh(t testing.TB, ctx context.Context, script string) string {
 	return out
 }
 
-func repoRoot() string {
+// RepoRoot is the repository's top directory.
+func RepoRoot() string {
 	_, file, _, _ := runtime.Caller(0)
 	return filepath.Join(filepath.Dir(file), "..", "..")
 }
@@ -125,4 +130,39 @@ func tail(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// reapStaleVMs stops test VMs whose test process is gone.
+func reapStaleVMs() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "kinst-live-*"))
+	for _, d := range dirs {
+		b, err := os.ReadFile(filepath.Join(d, "owner.pid"))
+		if err != nil {
+			continue
+		}
+		if owner, _ := strconv.Atoi(strings.TrimSpace(string(b))); owner > 0 && processAlive(owner) {
+			continue // still running
+		}
+		if in, err := vm.Attach(filepath.Join(d, "vm")); err == nil {
+			fmt.Fprintf(os.Stderr, "live: stopping a VM left by a crashed run (%s)\n", d)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			in.Down(ctx)
+			cancel()
+		}
+		os.RemoveAll(d)
+	}
+}
+
+// processAlive: the process exists and is not a zombie waiting to be
+// reaped.
+func processAlive(pid int) bool {
+	if syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	_, rest, _ := strings.Cut(string(st), ") ")
+	return !strings.HasPrefix(rest, "Z")
 }

@@ -20,4 +20,6 @@ import (
 
 var guest *livetest.VM
 
-func TestMain(m *testing.M) { os.Exit(livetest.Main(m, "livemetrics", &guest)) }
+func TestMain(m *testing.M) {
+	os.Exit(livetest.Main(m, "livemetrics", func(g *livetest.VM) { guest = g }))
+}
