@@ -3,7 +3,11 @@ package kerninstd
 import (
 	"bytes"
 	"errors"
+	"io"
+	"log/slog"
 	"math"
+	"os"
+	"path/filepath"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -222,4 +226,63 @@ func BenchmarkSample1000(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)*10/1e9*100, "cpu_%_at_10Hz")
+}
+
+// A virtual timer: the function's entry and exit, and the switch hook at
+// __switch_to's first instruction after its pushes; virtual time is wall
+// minus off-CPU time; everything goes on removal.
+func TestVirtualTimerSession(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "kallsyms")
+	syms := kallsyms + "ffffffff81200040 T __switch_to\nffffffff81200060 T after_switch\n"
+	if err := os.WriteFile(path, []byte(syms), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	full := append(bytes.Clone(text), make([]byte, 0x40-len(text))...)
+	for i := len(text); i < 0x40; i++ {
+		full[i] = 0xcc
+	}
+	sw := []byte{0x41, 0x57, // push %r15
+		0x65, 0x48, 0x8b, 0x04, 0x25, 0x80, 0xfb, 0x01, 0x00, // mov %gs:0x1fb80,%rax
+		0x41, 0x5f, 0xc3} // pop %r15; ret
+	full = append(full, sw...)
+	for len(full) < 0x68 {
+		full = append(full, 0xcc)
+	}
+	k := newFakeKernel(textAddr, full)
+	k.counters = make([]uint64, 512)
+	d, err := New(Config{Device: k, Kallsyms: path, Release: "test", Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		TaskLayout: func(*cfg.Symbols) (cfg.TaskLayout, error) {
+			return cfg.TaskLayout{CurrentTask: 0x1fb80, PID: 0x5c8, TGID: 0x5cc, Comm: 0x7c0}, nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := d.CreateSession(SessionRequest{Timers: []string{"filename_lookup"}, Virtual: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := func(at uint64) byte { b := make([]byte, 1); k.Read(at, b); return b[0] }
+	if read(textAddr+0x0b) != 0xe9 || read(textAddr+0x1f) != 0xe9 || read(textAddr+0x42) != 0xe9 {
+		t.Fatal("want splices at the entry, the exit and __switch_to+0x2")
+	}
+	if !s.Timers[0].Virtual {
+		t.Error("timer not marked virtual")
+	}
+	v := d.sessions[s.ID].timers[0].virtual
+	k.counters[v.base+vCalls] = 5
+	k.counters[v.base+vWall] = 3_000_000 << 16
+	k.counters[v.off] = 1_000_000 << 16
+	pt := d.Sessions()[0].Timers[0].Point
+	if want := d.clock.Nanos(2_000_000); pt.Calls != 5 || math.Abs(pt.VirtualNS-want) > want*1e-6 {
+		t.Fatalf("point %+v, want 5 calls and %.0f ns virtual", pt, want)
+	}
+	if _, err := d.RemoveSession(s.ID); err != nil {
+		t.Fatal(err)
+	}
+	reclaim(d)
+	now := make([]byte, len(full))
+	k.Read(textAddr, now)
+	if !bytes.Equal(now, full) || len(k.allocs) != 0 || len(d.slots.used) != 0 {
+		t.Fatalf("not restored: allocs %v slots %d", k.allocs, len(d.slots.used))
+	}
 }
