@@ -208,3 +208,23 @@ func TestPlotSVG(t *testing.T) {
 func fmtSscan(s string, x, y *float64) (int, error) {
 	return fmt.Sscanf(s, "%f,%f", x, y)
 }
+
+// Counts alone get the calls panel only.
+func TestPlotSVGCountsOnly(t *testing.T) {
+	series := plotSeries()
+	for i := range series {
+		for j := range series[i].Points {
+			series[i].Points[j].WallNS = 0
+		}
+	}
+	var buf bytes.Buffer
+	if err := PlotSVG(&buf, "kinst count", series); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), `id="calls"`) || strings.Contains(buf.String(), `id="concurrency"`) {
+		t.Fatal("want the calls panel alone")
+	}
+	if err := xml.Unmarshal(buf.Bytes(), new(struct{ XMLName xml.Name })); err != nil {
+		t.Fatal(err)
+	}
+}

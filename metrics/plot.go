@@ -12,7 +12,8 @@ import (
 // PlotSVG draws series as a time-series chart in the style of KernInst's
 // Figure 11: one panel of "calls made to" each function (calls per
 // second) above one of its "concurrency" (average threads inside), over
-// the same time axis. Each series is one curve in each panel; values are
+// the same time axis; series without wall time (counts) get the first
+// panel only. Each series is one curve in each panel; values are
 // per sampling interval, drawn at the interval's end.
 func PlotSVG(w io.Writer, title string, series []Series) error {
 	const (
@@ -66,6 +67,16 @@ func PlotSVG(w io.Writer, title string, series []Series) error {
 	}{
 		{"calls", "calls made to " + strings.Join(names, ", ") + " (per second)", cmax, func(c curve) []float64 { return c.calls }},
 		{"concurrency", "concurrency (average threads inside)", qmax, func(c curve) []float64 { return c.conc }},
+	}
+	// Counts alone (kinst count) have no time: no concurrency panel.
+	timed := false
+	for _, s := range series {
+		for _, p := range s.Points {
+			timed = timed || p.WallNS > 0
+		}
+	}
+	if !timed {
+		panels = panels[:1]
 	}
 	for pi, pn := range panels {
 		y0 := float64(top + pi*(panelH+gap))

@@ -23,6 +23,7 @@ func countCmd(ctx context.Context, args []string) (int, error) {
 	fs.DurationVarP(&o.Duration, "duration", "d", 0, "stop after this long (default: until Ctrl-C, or until CMD exits)")
 	fs.DurationVarP(&o.Interval, "interval", "i", 1e9, "print counts this often")
 	fs.BoolVar(&o.JSON, "json", false, "print one JSON report at the end instead of live rows")
+	fs.StringVar(&o.Plot, "plot", "", "write a chart of counts per second over time to this SVG `file`")
 	if err := fs.Parse(args); err != nil {
 		return 2, err
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kinst/kinst/kerninstd"
+	"github.com/kinst/kinst/metrics"
 )
 
 // CountOptions are the flags of `kinst count`.
@@ -19,6 +20,7 @@ type CountOptions struct {
 	Duration time.Duration // 0: until Ctrl-C or the command exits
 	Interval time.Duration
 	JSON     bool
+	Plot     string // write an SVG chart of the counts per second here
 	Command  []string // run this and count for its lifetime
 }
 
@@ -73,10 +75,20 @@ func Count(ctx context.Context, c *kerninstd.Client, o CountOptions, stdout, std
 	if !o.JSON {
 		fmt.Fprintf(stdout, "%8s  %-*s  %12s  %12s\n", "time", locWidth, "location", "+interval", "total")
 	}
+	series := make([]metrics.Series, len(sess.Probes))
+	for i, p := range sess.Probes {
+		series[i].Name = location(p.Resolved)
+		series[i].Add(metrics.Point{Time: sess.Created})
+	}
 	res, err := runSession(ctx, c, sess, runOptions{Duration: o.Duration, Interval: o.Interval, Command: o.Command,
 		Waiting: "kinst: counting; Ctrl-C to stop"}, stderr,
 		func(el time.Duration, s kerninstd.Sample) {
 			report.Intervals = append(report.Intervals, CountSample{ElapsedNS: int64(el), Deltas: s.Deltas})
+			for i := range series {
+				if i < len(s.Totals) {
+					series[i].Add(metrics.Point{Time: s.Time, Calls: s.Totals[i]})
+				}
+			}
 			if !o.JSON {
 				for i, p := range sess.Probes {
 					fmt.Fprintf(stdout, "%8.3f  %-*s  %12d  %12d\n", el.Seconds(), locWidth, location(p.Resolved), s.Deltas[i], s.Totals[i])
@@ -93,6 +105,12 @@ func Count(ctx context.Context, c *kerninstd.Client, o CountOptions, stdout, std
 	}
 	report.DurationNS = int64(res.Duration)
 	final := res.Final
+	if o.Plot != "" {
+		if err := writePlot(o.Plot, "kinst count", series); err != nil {
+			return max(exitStatus, 1), err
+		}
+		fmt.Fprintf(stderr, "kinst: wrote %s\n", o.Plot)
+	}
 	for _, p := range final.Probes {
 		cp := CountProbe{Point: p.Point, Function: p.Function, Offset: p.Offset, Address: p.Address, Count: p.Count}
 		if p.Classic != nil {
