@@ -20,7 +20,7 @@ type CountOptions struct {
 	Duration time.Duration // 0: until Ctrl-C or the command exits
 	Interval time.Duration
 	JSON     bool
-	Plot     string // write an SVG chart of the counts per second here
+	Plot     string   // write an SVG chart of the counts per second here
 	Command  []string // run this and count for its lifetime
 }
 
