@@ -38,14 +38,19 @@ Usage:
                          basic blocks, edges, disassembly, live flags and
                          the splice class of every instruction
   kinst bench splice POINT [--cycles N] [--json]
-                         latency of each step of an instrumentation request
+                         latency of each step of an instrumentation request,
+                         and of the same request as a tracefs kprobe
+  kinst bench hit [FUNC] [--calls N] [--json]
+                         per-hit cost of direct, springboard and trap splices
+                         against int3 and optimized kprobes
   kinst vm up|exec|down|status
                          the test VM: a stock Debian kernel under QEMU with
                          kerninst.ko and kerninstd running in it
 
 POINT is FUNC (the function's entry: the first instruction after its
 ftrace site that a splice can take), FUNC+0xOFF (an instruction boundary),
-or a classic name from the KernInst paper: %s.
+FUNC:BLOCK (a basic block as kinst cfg numbers them), or a classic name
+from the KernInst paper: %s.
 
 Global flags:
   --addr ADDR   kerninstd's unix socket or host:port (env KINST_ADDR;
