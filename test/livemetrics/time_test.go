@@ -337,18 +337,29 @@ func TestVirtualTimeOfCPUBound(t *testing.T) {
 func TestWaitersAgreeWithKprobe(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	out := guest.Sh(t, ctx, `T=/sys/kernel/tracing
+	// Contention depends on scheduling: a round without any contended
+	// acquisition proves nothing, so try up to three.
+	var out string
+	for round := 0; round < 3; round++ {
+		out = guest.Sh(t, ctx, `T=/sys/kernel/tracing
 A=0x$(awk '$3=="module_mutex"{print $1}' /proc/kallsyms)
 echo 'p:kinst/waitor __mutex_lock_slowpath lock=%di:x64' >> $T/kprobe_events
 echo "lock == $A" > $T/events/kinst/waitor/filter
 echo > $T/trace
 echo 1 > $T/events/kinst/waitor/enable
-kinst waiters module_mutex --json -- sh -c 'for i in 1 2 3 4; do (for j in $(seq 60); do cat /proc/modules >/dev/null; done) & done; wait' > /tmp/waiters.json
+kinst waiters module_mutex --json -- sh -c 'for i in 1 2 3 4 5 6; do (for j in $(seq 80); do cat /proc/modules >/dev/null; done) & done; wait' > /tmp/waiters.json
 echo 0 > $T/events/kinst/waitor/enable
 n=$(grep -c waitor: $T/trace || true)
 echo '-:kinst/waitor' >> $T/kprobe_events
 echo "kprobe $n"
 cat /tmp/waiters.json`)
+		if !strings.HasPrefix(out, "kprobe 0\n") {
+			break
+		}
+	}
+	if strings.HasPrefix(out, "kprobe 0\n") {
+		t.Skip("no contended acquisition of module_mutex in three rounds: nothing to compare")
+	}
 	first, rest, _ := strings.Cut(out, "\n")
 	var oracle uint64
 	if _, err := fmt.Sscanf(first, "kprobe %d", &oracle); err != nil {
