@@ -379,3 +379,30 @@ cat /tmp/waiters.json`)
 	}
 	within(t, "average waiters", f.Concurrency, 0, 4)
 }
+
+// The drill-down from copen: under 1000 open(O_CREAT|O_TRUNC) calls,
+// do_sys_openat2 is called at least 1000 times and its heaviest callee is
+// do_filp_open (path lookup, the open and the truncation happen there),
+// which the drill-down follows to the next level.
+func TestDrillDown(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	out := guest.Sh(t, ctx, "kinst drilldown do_sys_openat2 --depth 2 --callees 8 --json -- kinst workload creat /tmp 1000")
+	var r cli.DrillReport
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if len(r.Levels) != 2 {
+		t.Fatalf("%d levels, want 2: %s", len(r.Levels), out)
+	}
+	top := r.Levels[0]
+	if top.Rows[0].Function != "do_sys_openat2" || top.Rows[0].Calls < 1000 {
+		t.Fatalf("level 0 starts with %+v, want do_sys_openat2 with ≥ 1000 calls", top.Rows[0])
+	}
+	if len(top.Rows) < 2 || top.Rows[1].Function != "do_filp_open" || top.Rows[1].Share < 0.5 {
+		t.Fatalf("heaviest callee %+v, want do_filp_open with most of the time", top.Rows[1:])
+	}
+	if r.Levels[1].Function != "do_filp_open" {
+		t.Fatalf("level 1 is %s, want do_filp_open", r.Levels[1].Function)
+	}
+}
