@@ -9,7 +9,7 @@ STRESS ?= 2000
 export KINST_CACHE := $(CACHE)
 export CGO_ENABLED := 0
 
-.PHONY: all deps build demo test unit fuzz vm-up vm-down clean
+.PHONY: all deps build demo drilldown test unit fuzz vm-up vm-down clean
 
 all: build
 
@@ -27,6 +27,11 @@ build:
 
 demo: deps build
 	@scripts/demo.sh
+
+# KernInst's drill-down from copen (do_sys_openat2) under an O_CREAT|O_TRUNC
+# workload: where the time goes, level by level.
+drilldown: deps build
+	@scripts/drilldown.sh
 
 # Unit tests, then the live-VM tests (one VM per test package).
 test: deps build

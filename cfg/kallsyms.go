@@ -32,7 +32,9 @@ type Symbols struct {
 // name instructions the kernel rewrites or fixes up (see OwnedSites).
 var markerNames = map[string]bool{"__init_begin": true, "__init_end": true, "_stext": true, "_etext": true,
 	"__start___ex_table": true, "__stop___ex_table": true, "__start___jump_table": true, "__stop___jump_table": true,
-	"__start_static_call_sites": true, "__stop_static_call_sites": true}
+	"__start_static_call_sites": true, "__stop_static_call_sites": true,
+	// The per-CPU pointer to the running task (6.1; pcpu_hot from 6.2).
+	"current_task": true, "pcpu_hot": true}
 
 // ErrHiddenAddresses is returned when kallsyms shows zero addresses: the
 // reader lacks CAP_SYSLOG or kernel.kptr_restrict hides them.
@@ -157,6 +159,23 @@ func (s *Symbols) At(addr uint64) (Symbol, uint64, bool) {
 		return Symbol{}, 0, false
 	}
 	return sym, addr - sym.Addr, true
+}
+
+// Overlapping returns the functions whose extent [Addr, End) overlaps
+// [lo, hi), one symbol per start address, in address order.
+func (s *Symbols) Overlapping(lo, hi uint64) []Symbol {
+	i := sort.Search(len(s.byAddr), func(i int) bool { return s.byAddr[i].Addr > lo })
+	if i > 0 && s.End(s.byAddr[i-1]) > lo {
+		i--
+	}
+	var out []Symbol
+	for ; i < len(s.byAddr) && s.byAddr[i].Addr < hi; i++ {
+		if len(out) > 0 && out[len(out)-1].Addr == s.byAddr[i].Addr {
+			continue
+		}
+		out = append(out, s.byAddr[i])
+	}
+	return out
 }
 
 // Names returns a NameAt that names the symbol starting exactly at an

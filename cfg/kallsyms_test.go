@@ -65,12 +65,14 @@ func TestParseKallsymsErrors(t *testing.T) {
 
 func TestParsePoint(t *testing.T) {
 	for _, tc := range []struct {
-		in      string
-		fn      string
-		off     uint64
-		hasOff  bool
-		classic bool
-		bad     bool
+		in       string
+		fn       string
+		off      uint64
+		hasOff   bool
+		classic  bool
+		bad      bool
+		block    int
+		hasBlock bool
 	}{
 		{in: "filename_lookup", fn: "filename_lookup"},
 		{in: "lookuppn", fn: "filename_lookup", classic: true},
@@ -80,6 +82,12 @@ func TestParsePoint(t *testing.T) {
 		{in: "vfs_read+", bad: true},
 		{in: "+0x10", bad: true},
 		{in: "a b", bad: true},
+		{in: "vfs_read:3", fn: "vfs_read", block: 3, hasBlock: true},
+		{in: "lookuppn:0", fn: "filename_lookup", hasBlock: true, classic: true},
+		{in: "vfs_read:", bad: true},
+		{in: "vfs_read:-1", bad: true},
+		{in: "vfs_read:0x3", bad: true},
+		{in: "vfs_read:1+2", bad: true},
 	} {
 		p, err := ParsePoint(tc.in)
 		if tc.bad {
@@ -88,7 +96,8 @@ func TestParsePoint(t *testing.T) {
 			}
 			continue
 		}
-		if err != nil || p.Function != tc.fn || p.Offset != tc.off || p.HasOffset != tc.hasOff || (p.Classic != nil) != tc.classic {
+		if err != nil || p.Function != tc.fn || p.Offset != tc.off || p.HasOffset != tc.hasOff || (p.Classic != nil) != tc.classic ||
+			p.Block != tc.block || p.HasBlock != tc.hasBlock {
 			t.Errorf("ParsePoint(%q) = %+v, %v", tc.in, p, err)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,7 +31,24 @@ type Stats struct {
 	NoReturn         int            `json:"noreturn_functions"` // found by analysis: no path reaches a return
 	Unreadable       int            `json:"unreadable_functions"`
 	SpliceClasses    map[string]int `json:"splice_classes"` // direct, springboard, trap, refused
-	Seconds          float64        `json:"seconds"`
+	// Springboard is the springboard space and its reach (filled by the
+	// caller from Kernel.SpringboardRuns and ShortSites).
+	Springboard *SpringboardStats `json:"springboard,omitempty"`
+	Seconds     float64           `json:"seconds"`
+
+	springRuns []Range  // SpringboardSpace of every function
+	shortSites []uint64 // 2-4-byte instructions classed springboard
+}
+
+// SpringboardStats is the census of springboard space.
+type SpringboardStats struct {
+	Runs     int    `json:"runs"`     // padding runs holding at least one slot
+	Bytes    uint64 `json:"bytes"`    // bytes in those runs
+	Slots    int    `json:"slots"`    // disjoint 5-byte slots they hold
+	Short    int    `json:"short"`    // spliceable 2-4-byte instructions
+	InReach  int    `json:"in_reach"` // of those, with a slot within rel8 reach
+	Assigned int    `json:"assigned"` // given a slot each at once (greedy, address order)
+	Trap     int    `json:"trap"`     // Short - InReach: left to trap splices
 }
 
 // AnalyzeOptions tune AnalyzeKernel.
@@ -41,6 +59,9 @@ type AnalyzeOptions struct {
 	Relocatable func(addr uint64, inst x86asm.Inst, b []byte) error
 	// Owned are instructions the kernel's own tables name; refused.
 	Owned *OwnedSites
+	// Springboards collects springboard space and the short instructions
+	// that would use it (Kernel.SpringboardRuns, ShortSites).
+	Springboards bool
 	// Prototypes make call liveness precise; nil is conservative.
 	Prototypes Prototypes
 	// Progress is called now and then with functions done and total.
@@ -87,6 +108,10 @@ type Kernel struct {
 	NoReturn NoReturnSet
 	Calls    CallGraph
 	Reads    CalleeReads // each function's entry live-in
+	// With AnalyzeOptions.Springboards: every function's springboard
+	// space (sorted) and the spliceable 2-4-byte instructions (sorted).
+	SpringboardRuns []Range
+	ShortSites      []uint64
 }
 
 // NoReturnSet holds the start addresses of functions that never return.
@@ -174,7 +199,12 @@ func AnalyzeKernel(ctx context.Context, r TextReader, syms *Symbols, o AnalyzeOp
 	for a, sum := range sums {
 		reads[a] = sum.entryLive
 	}
-	return &Kernel{Stats: st, NoReturn: noret, Calls: callGraph(sums), Reads: reads}, ctx.Err()
+	k := &Kernel{Stats: st, NoReturn: noret, Calls: callGraph(sums), Reads: reads,
+		SpringboardRuns: st.springRuns, ShortSites: st.shortSites}
+	k.Stats.springRuns, k.Stats.shortSites = nil, nil
+	sort.Slice(k.SpringboardRuns, func(i, j int) bool { return k.SpringboardRuns[i].Start < k.SpringboardRuns[j].Start })
+	sort.Slice(k.ShortSites, func(i, j int) bool { return k.ShortSites[i] < k.ShortSites[j] })
+	return k, ctx.Err()
 }
 
 // callGraph collects the direct call and tail-call edges of the summaries.
@@ -304,6 +334,9 @@ func analyzeOne(r TextReader, syms *Symbols, s Symbol, o AnalyzeOptions, st *Sta
 	// Liveness is part of the analysis (its block live-in sets are what
 	// splicing consults), so the census pays for it too.
 	lv := fn.Live(blocks, names, o.Prototypes)
+	if o.Springboards && fnWhy == "" {
+		st.springRuns = append(st.springRuns, SpringboardSpace(fn, blocks, func(a uint64) bool { return o.Owned.Reason(a) != "" })...)
+	}
 	sum := &summary{blocks: make([]summaryBlock, len(blocks)), entryLive: lv.LiveIn[0]}
 	for bi, b := range blocks {
 		sb := &sum.blocks[bi]
@@ -355,6 +388,9 @@ func analyzeOne(r TextReader, syms *Symbols, s Symbol, o AnalyzeOptions, st *Sta
 				class = "refused"
 			}
 			st.SpliceClasses[class]++
+			if class == "springboard" && o.Springboards {
+				st.shortSites = append(st.shortSites, in.Addr)
+			}
 		}
 	}
 	return sum
@@ -387,4 +423,6 @@ func (st *Stats) add(o *Stats) {
 	for k, v := range o.SpliceClasses {
 		st.SpliceClasses[k] += v
 	}
+	st.springRuns = append(st.springRuns, o.springRuns...)
+	st.shortSites = append(st.shortSites, o.shortSites...)
 }

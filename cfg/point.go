@@ -7,13 +7,17 @@ import (
 	"strings"
 )
 
-// Point is a parsed instrumentation point: FUNC or FUNC+OFF, where FUNC may
-// be a classic Solaris name from the KernInst paper.
+// Point is a parsed instrumentation point: FUNC, FUNC+OFF (an
+// instruction) or FUNC:BLOCK (a basic block by its index in the function's
+// CFG, as kinst cfg numbers them), where FUNC may be a classic Solaris
+// name from the KernInst paper.
 type Point struct {
 	Spec      string // as the user wrote it
 	Function  string // Linux function name, after classic-name mapping
 	Offset    uint64
 	HasOffset bool
+	Block     int
+	HasBlock  bool
 	Classic   *ClassicName // set when Spec named a classic function
 }
 
@@ -51,11 +55,19 @@ func ClassicNames() []string {
 	return n
 }
 
-// ParsePoint parses "FUNC" or "FUNC+OFF" (OFF in hex with 0x, or decimal).
+// ParsePoint parses "FUNC", "FUNC+OFF" (OFF in hex with 0x, or decimal)
+// or "FUNC:BLOCK" (a decimal block index).
 func ParsePoint(spec string) (Point, error) {
 	p := Point{Spec: spec}
 	name := spec
-	if i := strings.IndexByte(spec, '+'); i >= 0 {
+	if i := strings.IndexByte(spec, ':'); i >= 0 {
+		name = spec[:i]
+		b, err := strconv.ParseUint(spec[i+1:], 10, 31)
+		if err != nil {
+			return Point{}, fmt.Errorf("point %q: bad block %q (want FUNC:N, N a block index from kinst cfg FUNC)", spec, spec[i+1:])
+		}
+		p.Block, p.HasBlock = int(b), true
+	} else if i := strings.IndexByte(spec, '+'); i >= 0 {
 		name = spec[:i]
 		off, err := strconv.ParseUint(spec[i+1:], 0, 64)
 		if err != nil {
@@ -64,7 +76,7 @@ func ParsePoint(spec string) (Point, error) {
 		p.Offset, p.HasOffset = off, true
 	}
 	if name == "" || strings.ContainsAny(name, " \t/") {
-		return Point{}, fmt.Errorf("point %q: want FUNC or FUNC+0xOFF", spec)
+		return Point{}, fmt.Errorf("point %q: want FUNC, FUNC+0xOFF or FUNC:BLOCK", spec)
 	}
 	p.Function = name
 	if c, ok := Classic[name]; ok {

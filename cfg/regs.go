@@ -241,6 +241,8 @@ func useDef(in *Instruction, names NameAt, protos Prototypes, reads CalleeReads)
 		return regRAX, regRDX
 	case op == x86asm.CDQE:
 		return regRAX, regRAX
+	case op == x86asm.RDTSC:
+		return 0, regRAX | regRDX
 	case op == x86asm.CMPXCHG:
 		// RAX is written only when the compare fails: not a definite
 		// write, so it stays live through.

@@ -8,7 +8,7 @@ import "unsafe"
 // compiler and against sizes worked out by hand.
 
 // abiVersion is KI_ABI_VERSION: the driver must report the same.
-const abiVersion = 1
+const abiVersion = 2
 
 // maxInsn is KI_MAX_INSN: the longest x86 instruction.
 const maxInsn = 15
@@ -57,6 +57,18 @@ type kiSplice struct {
 	ID    uint32 // out
 	Orig  [16]byte
 	New   [16]byte
+	Flags uint32 // spliceSlot
+	Pad   uint32
+}
+
+// spliceSlot is KI_SPLICE_SLOT: the splice is a springboard slot written
+// into padding.
+const spliceSlot = 1
+
+// kiResplice is struct ki_resplice.
+type kiResplice struct {
+	ID, Pad uint32
+	Patch   uint64
 }
 
 // kiUnsplice is struct ki_unsplice.
@@ -89,4 +101,5 @@ var (
 	iocSplice        = ioc(iocRead|iocWrite, 5, unsafe.Sizeof(kiSplice{}))
 	iocUnsplice      = ioc(iocWrite, 6, unsafe.Sizeof(kiUnsplice{}))
 	iocCountersClear = ioc(iocWrite, 7, unsafe.Sizeof(kiCountersClear{}))
+	iocResplice      = ioc(iocWrite, 8, unsafe.Sizeof(kiResplice{}))
 )

@@ -22,7 +22,8 @@ func TestABISizes(t *testing.T) {
 		{"ki_patch_alloc", unsafe.Sizeof(kiPatchAlloc{}), 2 * 8},
 		{"ki_patch_write", unsafe.Sizeof(kiPatchWrite{}), 3 * 8},
 		{"ki_patch_free", unsafe.Sizeof(kiPatchFree{}), 8},
-		{"ki_splice", unsafe.Sizeof(kiSplice{}), 2*8 + 2*4 + 2*16},
+		{"ki_splice", unsafe.Sizeof(kiSplice{}), 2*8 + 2*4 + 2*16 + 2*4},
+		{"ki_resplice", unsafe.Sizeof(kiResplice{}), 2*4 + 8},
 		{"ki_unsplice", unsafe.Sizeof(kiUnsplice{}), 2 * 4},
 		{"ki_counters_clear", unsafe.Sizeof(kiCountersClear{}), 2 * 4},
 	}
@@ -41,9 +42,10 @@ func TestABISizes(t *testing.T) {
 		{"KI_IOC_PATCH_ALLOC", iocPatchAlloc, 0xc010b702},
 		{"KI_IOC_PATCH_WRITE", iocPatchWrite, 0x4018b703},
 		{"KI_IOC_PATCH_FREE", iocPatchFree, 0x4008b704},
-		{"KI_IOC_SPLICE", iocSplice, 0xc038b705},
+		{"KI_IOC_SPLICE", iocSplice, 0xc040b705},
 		{"KI_IOC_UNSPLICE", iocUnsplice, 0x4008b706},
 		{"KI_IOC_COUNTERS_CLEAR", iocCountersClear, 0x4008b707},
+		{"KI_IOC_RESPLICE", iocResplice, 0x4010b708},
 	}
 	for _, n := range nums {
 		if n.got != n.want {
@@ -81,6 +83,10 @@ func TestABILayout(t *testing.T) {
 		{"offsetof(struct ki_splice, id)", unsafe.Offsetof(sp.ID)},
 		{"offsetof(struct ki_splice, orig)", unsafe.Offsetof(sp.Orig)},
 		{"offsetof(struct ki_splice, new)", unsafe.Offsetof(sp.New)},
+		{"offsetof(struct ki_splice, flags)", unsafe.Offsetof(sp.Flags)},
+		{"sizeof(struct ki_resplice)", unsafe.Sizeof(kiResplice{})},
+		{"offsetof(struct ki_resplice, patch)", unsafe.Offsetof(kiResplice{}.Patch)},
+		{"KI_SPLICE_SLOT", spliceSlot},
 		{"sizeof(struct ki_unsplice)", unsafe.Sizeof(kiUnsplice{})},
 		{"sizeof(struct ki_counters_clear)", unsafe.Sizeof(kiCountersClear{})},
 		{"KI_ABI_VERSION", abiVersion},
@@ -93,6 +99,7 @@ func TestABILayout(t *testing.T) {
 		{"KI_IOC_SPLICE", iocSplice},
 		{"KI_IOC_UNSPLICE", iocUnsplice},
 		{"KI_IOC_COUNTERS_CLEAR", iocCountersClear},
+		{"KI_IOC_RESPLICE", iocResplice},
 	}
 	var src strings.Builder
 	src.WriteString("#include <stdio.h>\n#include <stddef.h>\n#include \"kerninst_uapi.h\"\nint main(void) {\n")

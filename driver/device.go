@@ -198,9 +198,9 @@ func (d *Device) PatchAlloc(size int) (uint64, error) {
 
 // PatchWrite writes code at addr, which with len(code) must lie inside
 // one allocation. It is refused (unix.EBUSY) while an installed splice
-// sends CPUs into that allocation; if a splice was removed since the last
-// wait, the driver first waits until no task can still be running in a
-// removed patch.
+// sends CPUs into that allocation. A fresh allocation is written at once;
+// one that a splice ever sent CPUs into is written only after the driver
+// waited until no task can still be running in it.
 func (d *Device) PatchWrite(addr uint64, code []byte) error {
 	if len(code) == 0 {
 		return nil
@@ -231,11 +231,16 @@ func (d *Device) PatchFree(addr uint64) error {
 }
 
 // Splice overwrites the first len(orig) bytes of the one instruction at
-// addr with replacement: "e9 rel32" jumping to patch (5 bytes; a longer
-// instruction's other bytes stay as they are, unexecuted), or a single
-// int3 (a trap splice: the driver's int3 notifier sends every CPU that
-// reaches addr to patch). patch must be the start of an allocation that
-// already holds its code.
+// addr with replacement, one of:
+//   - "e9 rel32" jumping to patch (5 bytes; a longer instruction's other
+//     bytes stay as they are, unexecuted): a direct splice;
+//   - "eb rel8" jumping to an installed springboard slot (2 bytes; patch
+//     must be the slot's address, see SpliceSlot);
+//   - a single int3: a trap splice, the driver's int3 notifier sends every
+//     CPU that reaches addr to patch.
+//
+// For "e9" and int3, patch must be the start of an allocation that already
+// holds its code.
 //
 // The driver first checks that the bytes at addr are orig -- if not,
 // nothing is written and the error is a *StaleError -- then writes with
@@ -243,14 +248,27 @@ func (d *Device) PatchFree(addr uint64) error {
 // tail, sync, first byte, sync), so no CPU ever runs a torn instruction.
 // Other refusals wrap unix.EPERM (not kernel text, or the driver's own),
 // unix.EEXIST (overlaps an installed splice), unix.EBUSY (an int3 is
-// already there) and unix.EINVAL (a malformed request).
+// already there) and unix.EINVAL (a malformed request, or a jmp rel8 that
+// does not land on an installed slot).
 func (d *Device) Splice(addr, patch uint64, orig, replacement []byte) (id uint32, err error) {
+	return d.splice(addr, patch, orig, replacement, 0)
+}
+
+// SpliceSlot writes a springboard slot: "e9 rel32" to patch, over 5 bytes
+// of padding at addr that the analysis proved are never executed (orig may
+// be int3 padding). Springboard splices (jmp rel8) may then jump to it;
+// Unsplice of a slot is refused (unix.EBUSY) while one does.
+func (d *Device) SpliceSlot(addr, patch uint64, orig, replacement []byte) (id uint32, err error) {
+	return d.splice(addr, patch, orig, replacement, spliceSlot)
+}
+
+func (d *Device) splice(addr, patch uint64, orig, replacement []byte, flags uint32) (id uint32, err error) {
 	if len(orig) != len(replacement) || len(orig) == 0 || len(orig) > maxInsn {
 		return 0, fmt.Errorf("kerninst splice at %#x: %d original and %d new bytes", addr, len(orig), len(replacement))
 	}
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	s := kiSplice{Addr: addr, Patch: patch, Len: uint32(len(orig))}
+	s := kiSplice{Addr: addr, Patch: patch, Len: uint32(len(orig)), Flags: flags}
 	copy(s.Orig[:], orig)
 	copy(s.New[:], replacement)
 	if err := d.ioctl("splice", iocSplice, unsafe.Pointer(&s)); err != nil {
@@ -260,6 +278,23 @@ func (d *Device) Splice(addr, patch uint64, orig, replacement []byte) (id uint32
 		return 0, fmt.Errorf("%w at %#x", err, addr)
 	}
 	return s.ID, nil
+}
+
+// Resplice points installed splice id at another allocated patch without
+// a moment where the point runs neither: a direct splice or slot has its
+// jmp rel32 rewritten with the same protocol (a CPU that hits the
+// transient int3 goes to the new patch), a trap splice just changes where
+// its int3 sends CPUs. The old patch may still be running on a preempted
+// task; PatchFree waits for that. A springboard splice is re-pointed
+// through its slot (unix.EINVAL here).
+func (d *Device) Resplice(id uint32, patch uint64) error {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	r := kiResplice{ID: id, Patch: patch}
+	if err := d.ioctl("resplice", iocResplice, unsafe.Pointer(&r)); err != nil {
+		return fmt.Errorf("%w (id %d → %#x)", err, id, patch)
+	}
+	return nil
 }
 
 // Unsplice puts back the original bytes of splice id with the same

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/codegen"
+	"github.com/kinst/kinst/springboard"
 )
 
 // kernelAnalysis is what the whole-kernel pass produces: the census and
@@ -89,11 +90,12 @@ func (d *Daemon) analyze(ctx context.Context, workers int, progress func(done, t
 	if err != nil {
 		return cfg.Stats{}, err
 	}
-	k, err := cfg.AnalyzeKernel(ctx, d.dev, syms, cfg.AnalyzeOptions{
+	k, err := cfg.AnalyzeKernel(ctx, d.text(), syms, cfg.AnalyzeOptions{
 		DriverModule: DriverModule,
 		Relocatable:  codegen.CheckRelocatable,
 		Prototypes:   d.prototypes(),
 		Owned:        d.ownedSites(),
+		Springboards: true,
 		Progress:     progress,
 		Workers:      workers,
 	})
@@ -101,6 +103,10 @@ func (d *Daemon) analyze(ctx context.Context, workers int, progress func(done, t
 		return cfg.Stats{}, err
 	}
 	d.setNoReturn(k.NoReturn)
+	c := springboard.TakeCensus(toRanges(k.SpringboardRuns), k.ShortSites)
+	k.Stats.Springboard = &cfg.SpringboardStats{Runs: c.Runs, Bytes: c.Bytes, Slots: c.Slots,
+		Short: c.Short, InReach: c.InReach, Assigned: c.Assigned, Trap: c.Short - c.InReach}
+	d.spring.Add(toRanges(k.SpringboardRuns)...)
 	d.anMu.Lock()
 	d.calls, d.callSyms, d.reads = &k.Calls, syms, k.Reads
 	d.anMu.Unlock()

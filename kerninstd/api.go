@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/metrics"
 )
 
 // The JSON API. Paths are under /v1. Errors are returned with a 4xx/5xx
@@ -12,9 +13,11 @@ import (
 //
 //	GET    /v1/info                          Info
 //	POST   /v1/resolve        ResolveRequest → Resolved
+//	GET    /v1/sessions                      → []Session with current totals
 //	POST   /v1/sessions       SessionRequest → Session
 //	GET    /v1/sessions/{id}/samples?interval=D  → stream of Sample (NDJSON)
-//	DELETE /v1/sessions/{id}                 → Session with final counts
+//	DELETE /v1/sessions/{id|name}            → Session with final counts
+//	GET    /metrics                          Prometheus exposition of every session
 //	GET    /v1/read?at=ADDR|SYM[+OFF]&len=N  → Memory
 //	POST   /v1/bench/splice   BenchRequest   → BenchResult
 //	GET    /v1/cfg?func=NAME                 → CFG
@@ -71,26 +74,65 @@ type Resolved struct {
 	Ambiguous   int              `json:"ambiguous,omitempty"` // >1: that many functions share the name
 }
 
-// SessionRequest asks for a counter at each point. All or none are
-// installed.
+// SessionRequest asks for a counter at each point and a timer on each
+// function. All or none are installed.
 type SessionRequest struct {
 	Points []string `json:"points"`
 	// Tied sessions are removed when their sample stream ends.
 	Tied bool `json:"tied"`
+	// Name identifies the session for kinst ls and kinst detach; unique
+	// among live sessions. Default: its ID.
+	Name string `json:"name,omitempty"`
+	// TTLNS removes the session by itself this many nanoseconds after it
+	// was created (0: never), so forgotten instrumentation goes away.
+	TTLNS int64 `json:"ttl_ns,omitempty"`
+	// Timers are functions to time (see TimerInfo).
+	Timers []string `json:"timers,omitempty"`
+	// Filter restricts the timers to some tasks.
+	Filter *Filter `json:"filter,omitempty"`
+	// Virtual also measures the timers' on-CPU time, with a hook in the
+	// context switch.
+	Virtual bool `json:"virtual,omitempty"`
+	// Lock times the waits for one kernel mutex (a data symbol or
+	// 0xADDR) in mutex_lock's slow path, instead of Timers.
+	Lock string `json:"lock,omitempty"`
+}
+
+// Filter selects the current task a timer counts; at most one field set.
+type Filter struct {
+	PID  int    `json:"pid,omitempty"`  // process (task->tgid)
+	TID  int    `json:"tid,omitempty"`  // thread (task->pid)
+	Comm string `json:"comm,omitempty"` // command name (task->comm, up to 15 bytes)
 }
 
 // Probe is one installed counter.
 type Probe struct {
 	Resolved
-	Count uint64 `json:"count"`
-	Patch Addr   `json:"patch"`
+	Count       uint64 `json:"count"`
+	Patch       Addr   `json:"patch"`
+	Springboard Addr   `json:"springboard,omitempty"` // the slot a springboard splice jumps to
 }
 
 // Session is a set of probes installed together.
 type Session struct {
-	ID      string    `json:"id"`
-	Created time.Time `json:"created"`
-	Probes  []Probe   `json:"probes"`
+	ID      string      `json:"id"`
+	Name    string      `json:"name"`
+	Created time.Time   `json:"created"`
+	Expires *time.Time  `json:"expires,omitempty"` // removed by itself then
+	Tied    bool        `json:"tied,omitempty"`
+	Probes  []Probe     `json:"probes"`
+	Timers  []TimerInfo `json:"timers,omitempty"`
+}
+
+// TimerInfo is one timed function: its entry and exit splices and its
+// totals since it was attached.
+type TimerInfo struct {
+	Function string     `json:"function"`
+	Filter   string     `json:"filter,omitempty"`  // e.g. "pid 42"
+	Virtual  bool       `json:"virtual,omitempty"` // VirtualNS is measured
+	Entry    Resolved   `json:"entry"`
+	Exits    []Resolved `json:"exits"`
+	metrics.Point
 }
 
 // Sample is one line of a sample stream: counts per probe, in the order of
@@ -99,6 +141,9 @@ type Sample struct {
 	Time   time.Time `json:"time"`
 	Totals []uint64  `json:"totals"`
 	Deltas []uint64  `json:"deltas"`
+	// Timers are the totals of each timed function, in the order of
+	// Session.Timers.
+	Timers []metrics.Point `json:"timers,omitempty"`
 }
 
 // Memory is a range of live kernel memory.

@@ -41,15 +41,19 @@ func (d *Daemon) BenchSplice(ctx context.Context, req BenchRequest) (BenchResult
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	in := s.insn()
-	if other, ok := d.spliced[in.Addr]; ok {
-		return res, fmt.Errorf("%s is instrumented by session %s; bench needs it free", s.where(), other)
+	if pt, ok := d.points[in.Addr]; ok {
+		return res, fmt.Errorf("%s is instrumented by session %s; bench needs it free", s.where(), pt.reqs[0].owner)
 	}
 	slot, err := d.slots.alloc()
 	if err != nil {
 		return res, err
 	}
 	defer d.slots.free(slot)
-	patch, err := d.dev.PatchAlloc(patchSize)
+	n, err := codegen.PatchLen(d.patchHeapBase(), s.patchSpec([]*request{{snippet: codegen.Counter{Addr: d.dev.CounterAddr(slot)}}}))
+	if err != nil {
+		return res, err
+	}
+	patch, err := d.dev.PatchAlloc(n)
 	if err != nil {
 		return res, err
 	}
@@ -75,17 +79,12 @@ func (d *Daemon) BenchSplice(ctx context.Context, req BenchRequest) (BenchResult
 		return res, err
 	}
 	res.Patch = summarize([]time.Duration{time.Since(t)})
-	jmp, err := codegen.JmpRel32(in.Addr, patch)
-	if err != nil {
-		return res, err
-	}
-	orig := in.Bytes[:len(jmp)]
 
 	spliceT := make([]time.Duration, 0, req.Cycles)
 	unspliceT := make([]time.Duration, 0, req.Cycles)
 	for i := 0; i < req.Cycles && ctx.Err() == nil; i++ {
 		t0 := time.Now()
-		id, err := d.dev.Splice(in.Addr, patch, orig, jmp)
+		id, err := d.splice(s, s.class, patch)
 		if err != nil {
 			return res, fmt.Errorf("cycle %d: splice: %w", i, err)
 		}

@@ -13,20 +13,20 @@ import (
 // nothing.
 func (d *Daemon) FunctionCFG(name string) (CFG, error) {
 	p, err := cfg.ParsePoint(name)
-	if err != nil || p.HasOffset {
+	if err != nil || p.HasOffset || p.HasBlock {
 		return CFG{}, badRequest(fmt.Errorf("cfg: want a function name, got %q", name))
 	}
 	syms, sym, _, err := d.lookup(p.Function)
 	if err != nil {
 		return CFG{}, err
 	}
-	fn, err := cfg.ReadFunction(d.dev, syms, sym)
+	fn, err := cfg.ReadFunction(d.text(), syms, sym)
 	if err != nil {
 		return CFG{}, err
 	}
 	names := syms.Names()
 	out := CFG{Function: fn.Name, Module: fn.Module, Address: Addr(fn.Addr), Size: fn.End - fn.Addr, Truncated: fn.Truncated}
-	blocks := fn.BlocksOpt(cfg.BlockOptions{Names: names, NoReturn: d.noReturn(), Tables: d.dev})
+	blocks := fn.BlocksOpt(cfg.BlockOptions{Names: names, NoReturn: d.noReturn(), Tables: d.text()})
 	protos := d.prototypes()
 	lv := fn.LiveWith(blocks, names, protos, d.calleeReads())
 	for _, b := range blocks {

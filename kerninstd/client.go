@@ -225,3 +225,9 @@ func (c *Client) WaitReady(ctx context.Context, timeout time.Duration) error {
 		}
 	}
 }
+
+// Sessions lists every live session with current totals.
+func (c *Client) Sessions(ctx context.Context) ([]Session, error) {
+	var v []Session
+	return v, c.do(ctx, "GET", "/v1/sessions", nil, &v)
+}

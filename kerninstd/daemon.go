@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/metrics"
+	"github.com/kinst/kinst/springboard"
 )
 
 // Config configures a Daemon.
@@ -29,6 +31,9 @@ type Config struct {
 	// Notes and Modules identify the kernel build and module set for the
 	// cache (default /sys/kernel/notes and /proc/modules).
 	Notes, Modules string
+	// TaskLayout locates current's pid, tgid and comm for filters
+	// (default cfg.LoadTaskLayout, from the kernel's BTF).
+	TaskLayout func(*cfg.Symbols) (cfg.TaskLayout, error)
 }
 
 // Daemon owns the device and every session.
@@ -58,17 +63,36 @@ type Daemon struct {
 	calls    *cfg.CallGraph  // its call graph (not cached on disk)
 	callSyms *cfg.Symbols    // the symbols the graph's addresses belong to
 
+	spring *springboard.Heap // springboard space; has its own lock
+	ov     overlay           // original bytes under our splices; has its own lock
+
+	clock *metrics.Clock // converts the timers' TSC ticks
+
+	taskOnce sync.Once
+	loadTask func(*cfg.Symbols) (cfg.TaskLayout, error)
+	task     cfg.TaskLayout // where current's pid, tgid and comm are
+	taskErr  error
+
 	mu       sync.Mutex          // serialises every change to the kernel; protects the fields below
 	sessions map[string]*session // by ID
-	spliced  map[uint64]string   // instruction address → owning session ID
-	slots    slotAllocator
+	points   map[uint64]*point   // instrumented instructions by address
+	retired  []retired           // patches and slots waiting for reclaim
+	// reclaimArmed: a reclaim of retired is scheduled.
+	reclaimArmed bool
+	slots        slotAllocator
 }
 
+// session is what one request installed. Its fields do not change after
+// creation except reqs and timers, under Daemon.mu.
 type session struct {
 	id      string
+	name    string
 	created time.Time
+	expires time.Time   // zero: no TTL
+	expiry  *time.Timer // removes the session at expires
 	tied    bool
-	probes  []*probe
+	reqs    []*request // in the order of the session's points
+	timers  []*timedFunc
 	done    chan struct{} // closed when the session is removed
 }
 
@@ -85,8 +109,14 @@ func New(c Config) (*Daemon, error) {
 		notesPath:   c.Notes,
 		modulesPath: c.Modules,
 		sessions:    make(map[string]*session),
-		spliced:     make(map[uint64]string),
+		points:      make(map[uint64]*point),
+		spring:      springboard.NewHeap(),
 		slots:       slotAllocator{n: c.Device.NumCounters(), used: make(map[int]bool)},
+		clock:       metrics.NewClock(),
+		loadTask:    c.TaskLayout,
+	}
+	if d.loadTask == nil {
+		d.loadTask = cfg.LoadTaskLayout
 	}
 	if d.log == nil {
 		d.log = slog.Default()
@@ -109,6 +139,10 @@ func New(c Config) (*Daemon, error) {
 	}
 	return d, nil
 }
+
+// text reads kernel text for analysis: live bytes, with the original
+// bytes wherever kerninstd has spliced.
+func (d *Daemon) text() textView { return textView{dev: d.dev, ov: &d.ov} }
 
 func (d *Daemon) symbols() *cfg.Symbols {
 	d.symMu.Lock()
@@ -138,7 +172,7 @@ func (d *Daemon) prototypes() cfg.Prototypes {
 // and static-call tables name, read once from live memory.
 func (d *Daemon) ownedSites() *cfg.OwnedSites {
 	d.ownedOnce.Do(func() {
-		o, n, err := cfg.LoadOwnedSites(d.dev, d.symbols())
+		o, n, err := cfg.LoadOwnedSites(d.text(), d.symbols())
 		if err != nil {
 			d.log.Warn("kernel tables unreadable; their sites are not refused", "err", err)
 			return
@@ -170,7 +204,7 @@ func (d *Daemon) Info() Info {
 	in.Symbols = d.symbols().Len()
 	d.mu.Lock()
 	in.Sessions = len(d.sessions)
-	in.Splices = len(d.spliced)
+	in.Splices = len(d.points)
 	d.mu.Unlock()
 	return in
 }
@@ -195,8 +229,11 @@ func (e *PointError) Unwrap() error { return e.Err }
 
 // CreateSession installs a counter at every point, or none.
 func (d *Daemon) CreateSession(req SessionRequest) (Session, error) {
-	if len(req.Points) == 0 {
-		return Session{}, errors.New("no points given")
+	if len(req.Points) == 0 && len(req.Timers) == 0 && req.Lock == "" {
+		return Session{}, badRequest(errors.New("no points or functions given"))
+	}
+	if req.TTLNS < 0 {
+		return Session{}, badRequest(errors.New("negative time-to-live"))
 	}
 	sites := make([]*site, len(req.Points))
 	for i, p := range req.Points {
@@ -206,30 +243,62 @@ func (d *Daemon) CreateSession(req SessionRequest) (Session, error) {
 		}
 		sites[i] = s
 	}
+	timers, pred, err := d.resolveTimers(req)
+	if err != nil {
+		return Session{}, err
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	ss := &session{id: newID(), created: time.Now(), tied: req.Tied, done: make(chan struct{})}
+	ss := &session{id: newID(), name: req.Name, created: time.Now(), tied: req.Tied, done: make(chan struct{})}
+	if ss.name == "" {
+		ss.name = ss.id
+	}
+	if err := d.checkName(ss.name); err != nil {
+		return Session{}, err
+	}
+	for _, t := range timers {
+		if err := d.attachTimed(ss.id, t, pred); err != nil {
+			if rerr := d.removeLocked(ss); rerr != nil {
+				d.log.Error("roll back session", "err", rerr)
+			}
+			return Session{}, &PointError{Point: t.function, Err: err}
+		}
+		ss.timers = append(ss.timers, t)
+		d.log.Info("timing", "session", ss.id, "function", t.function, "exits", len(t.exits), "filter", t.filter)
+	}
 	for _, s := range sites {
-		p, err := d.attachCounter(s)
+		r, err := d.instrument(s, ss.id, 1, CounterSnippet)
 		if err != nil {
 			if rerr := d.removeLocked(ss); rerr != nil {
 				d.log.Error("roll back session", "err", rerr)
 			}
 			return Session{}, &PointError{Point: s.point.Spec, Err: err}
 		}
-		ss.probes = append(ss.probes, p)
-		d.spliced[s.insn().Addr] = ss.id
-		d.log.Info("spliced", "session", ss.id, "point", s.point.Spec, "at", s.where(),
-			"addr", fmt.Sprintf("%#x", s.insn().Addr), "patch", fmt.Sprintf("%#x", p.patch), "slot", p.slot)
+		ss.reqs = append(ss.reqs, r)
+		d.log.Info("spliced", "session", ss.id, "point", s.point.Spec, "at", s.where(), "class", r.pt.class,
+			"addr", fmt.Sprintf("%#x", s.insn().Addr), "patch", fmt.Sprintf("%#x", r.pt.patch),
+			"requests", len(r.pt.reqs), "slot", r.counter())
 	}
 	d.sessions[ss.id] = ss
+	d.startTTL(ss, time.Duration(req.TTLNS))
 	return d.describe(ss), nil
 }
 
 func (d *Daemon) describe(ss *session) Session {
-	out := Session{ID: ss.id, Created: ss.created}
-	for _, p := range ss.probes {
-		out.Probes = append(out.Probes, Probe{Resolved: p.site.resolved(), Count: d.dev.Counter(p.slot), Patch: Addr(p.patch)})
+	out := Session{ID: ss.id, Name: ss.name, Created: ss.created, Tied: ss.tied}
+	if !ss.expires.IsZero() {
+		e := ss.expires
+		out.Expires = &e
+	}
+	for _, r := range ss.reqs {
+		res := r.pt.site.resolved()
+		res.SpliceClass = r.pt.class.String() // as installed
+		out.Probes = append(out.Probes, Probe{Resolved: res, Count: d.dev.Counter(r.counter()),
+			Patch: Addr(r.pt.patch), Springboard: Addr(r.pt.slot)})
+	}
+	now := time.Now()
+	for _, t := range ss.timers {
+		out.Timers = append(out.Timers, d.timerInfo(t, now))
 	}
 	return out
 }
@@ -242,32 +311,46 @@ var ErrNoSession = errors.New("no such session")
 func (d *Daemon) RemoveSession(id string) (Session, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	ss, ok := d.sessions[id]
-	if !ok {
+	ss := d.findLocked(id)
+	if ss == nil {
 		return Session{}, fmt.Errorf("%w %q", ErrNoSession, id)
 	}
 	final := d.describe(ss)
 	err := d.removeLocked(ss)
-	delete(d.sessions, id)
+	delete(d.sessions, ss.id)
 	return final, err
 }
 
-// removeLocked detaches every probe of ss. A probe that cannot be detached
-// stays listed so a later attempt (or the driver, on close) restores it.
+// removeLocked removes every request of ss, last first. A request that
+// cannot be removed stays listed so a later attempt (or the driver, on
+// close) restores it.
 func (d *Daemon) removeLocked(ss *session) error {
 	var errs []error
-	kept := ss.probes[:0]
-	for _, p := range ss.probes {
-		if err := d.detach(p); err != nil {
+	if ss.expiry != nil {
+		ss.expiry.Stop()
+	}
+	var keptTimers []*timedFunc
+	for _, t := range ss.timers {
+		if err := d.detachTimed(t); err != nil {
 			errs = append(errs, err)
-			kept = append(kept, p)
+			keptTimers = append(keptTimers, t)
 			continue
 		}
-		delete(d.spliced, p.site.insn().Addr)
-		d.log.Info("unspliced", "session", ss.id, "at", p.site.where())
+		d.log.Info("timer removed", "session", ss.id, "function", t.function)
 	}
-	ss.probes = kept
-	if len(kept) == 0 {
+	ss.timers = keptTimers
+	var kept []*request
+	for i := len(ss.reqs) - 1; i >= 0; i-- {
+		r := ss.reqs[i]
+		if err := d.uninstrument(r); err != nil {
+			errs = append(errs, err)
+			kept = append([]*request{r}, kept...)
+			continue
+		}
+		d.log.Info("unspliced", "session", ss.id, "at", r.pt.site.where(), "requests left", len(r.pt.reqs))
+	}
+	ss.reqs = kept
+	if len(kept) == 0 && len(keptTimers) == 0 {
 		select {
 		case <-ss.done:
 		default:
@@ -286,6 +369,7 @@ func (d *Daemon) Close() error {
 		errs = append(errs, d.removeLocked(ss))
 		delete(d.sessions, id)
 	}
+	d.reclaimLocked()
 	return errors.Join(errs...)
 }
 

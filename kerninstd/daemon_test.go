@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -44,7 +45,7 @@ ffffffff81200030 T next_fn
 ffffffff81200031 T exc_int3
 `
 
-func newTestDaemon(t *testing.T) (*Daemon, *fakeKernel) {
+func newTestDaemon(t testing.TB) (*Daemon, *fakeKernel) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "kallsyms")
 	if err := os.WriteFile(path, []byte(kallsyms), 0o600); err != nil {
@@ -88,8 +89,10 @@ func TestSessionSplicesAndRestores(t *testing.T) {
 	if !bytes.Equal(now[:0x0b], text[:0x0b]) || !bytes.Equal(now[0x12:], text[0x12:]) {
 		t.Fatal("bytes outside the spliced instruction changed")
 	}
-	code := make([]byte, 64)
-	k.Read(uint64(p.Patch), code)
+	code := make([]byte, k.allocs[uint64(p.Patch)])
+	if err := k.Read(uint64(p.Patch), code); err != nil {
+		t.Fatal(err)
+	}
 	var slot int
 	for s := range d.slots.used {
 		slot = s
@@ -108,7 +111,12 @@ func TestSessionSplicesAndRestores(t *testing.T) {
 	if !bytes.Equal(textNow(t, k), text) {
 		t.Error("text not restored")
 	}
-	if len(k.allocs) != 0 || len(k.splices) != 0 || len(d.slots.used) != 0 {
+	// Removed patches are freed in a batch shortly after (one RCU-tasks
+	// wait in the driver for all of them).
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline) && len(allocs(k)) != 0; {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if len(allocs(k)) != 0 || len(k.splices) != 0 || len(d.slots.used) != 0 {
 		t.Errorf("leaks: allocs %v splices %v slots %v", k.allocs, k.splices, d.slots.used)
 	}
 }
@@ -126,9 +134,8 @@ func TestRefusalsChangeNothing(t *testing.T) {
 	for _, tc := range []struct{ point, code string }{
 		{"nosuch", "unknown_function"},
 		{"filename_lookup+0xc", "not_boundary"},
-		{"filename_lookup+0x9", "too_short"},
 		{"filename_lookup+0x0", "no_splice"},
-		{"exc_int3", "too_short"},
+		{"exc_int3", "no_splice"},
 		{"exc_int3+0x1", "no_splice"},
 		{"filename_lookup+", "bad_request"},
 	} {
@@ -148,14 +155,14 @@ func TestRefusalsChangeNothing(t *testing.T) {
 
 func TestSessionIsAllOrNothing(t *testing.T) {
 	d, k := newTestDaemon(t)
-	_, err := d.CreateSession(SessionRequest{Points: []string{"filename_lookup", "lookuppn"}})
-	if err == nil || !strings.Contains(err.Error(), "already instrumented") {
-		t.Fatalf("same point twice: %v", err)
+	k.failSplice = true
+	_, err := d.CreateSession(SessionRequest{Points: []string{"filename_lookup+0x1c", "lookuppn"}})
+	if err == nil {
+		t.Fatal("injected splice failure not reported")
 	}
 	if !bytes.Equal(textNow(t, k), text) || len(k.allocs) != 0 || len(k.splices) != 0 {
 		t.Error("failed session left something behind")
 	}
-	k.failSplice = true
 	if _, err := d.CreateSession(SessionRequest{Points: []string{"lookuppn"}}); err == nil {
 		t.Fatal("injected splice failure not reported")
 	}
@@ -372,5 +379,275 @@ func BenchmarkLoadAnalysis(b *testing.B) {
 	b.StopTimer()
 	if n := len(d.noret); n != len(noret) || len(d.reads) != len(reads) {
 		b.Fatalf("loaded %d never-returning functions and %d summaries, saved %d and %d", n, len(d.reads), len(noret), len(reads))
+	}
+}
+
+// patchAt reads the installed patch of a probe.
+func patchAt(t *testing.T, k *fakeKernel, p Probe) []byte {
+	t.Helper()
+	code := make([]byte, k.allocs[uint64(p.Patch)])
+	if err := k.Read(uint64(p.Patch), code); err != nil {
+		t.Fatal(err)
+	}
+	return code
+}
+
+// countIncs counts "lock incq" instructions of the patch's instrumentation
+// and checks every one addresses a slot in use.
+func countIncs(t *testing.T, d *Daemon, k *fakeKernel, code []byte, at uint64) int {
+	t.Helper()
+	n := 0
+	for off := 0; off+8 <= len(code); {
+		if bytes.HasPrefix(code[off:], []byte{0xf0, 0x48, 0xff, 0x05}) {
+			tgt := at + uint64(off) + 8 + uint64(int64(int32(uint32(code[off+4])|uint32(code[off+5])<<8|uint32(code[off+6])<<16|uint32(code[off+7])<<24)))
+			found := false
+			for s := range d.slots.used {
+				found = found || k.CounterAddr(s) == tgt
+			}
+			if !found {
+				t.Errorf("lock incq at +%d addresses %#x, no slot in use", off, tgt)
+			}
+			n++
+			off += 8
+			continue
+		}
+		off++
+	}
+	return n
+}
+
+// TestSharedPatch: two sessions at one point share one splice; each
+// change builds a new patch and re-points the splice; the last removal
+// restores the text.
+func TestSharedPatch(t *testing.T) {
+	d, k := newTestDaemon(t)
+	a, err := d.CreateSession(SessionRequest{Points: []string{"lookuppn"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := d.CreateSession(SessionRequest{Points: []string{"filename_lookup+0xb", "filename_lookup+0xb"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k.spliceCalls != 1 || k.resplices != 2 || len(k.splices) != 1 {
+		t.Fatalf("splices %d, resplices %d, installed %d; want 1, 2, 1", k.spliceCalls, k.resplices, len(k.splices))
+	}
+	reclaim(d)
+	if len(k.allocs) != 1 {
+		t.Errorf("%d patches allocated; replaced patches must be freed", len(k.allocs))
+	}
+	pb := b.Probes[0]
+	code := patchAt(t, k, pb)
+	if n := countIncs(t, d, k, code, uint64(pb.Patch)); n != 3 {
+		t.Errorf("shared patch has %d counters, want 3", n)
+	}
+	now := textNow(t, k)
+	want, _ := codegen.JmpRel32(textAddr+0x0b, uint64(pb.Patch))
+	if !bytes.Equal(now[0x0b:0x10], want) {
+		t.Errorf("splice jumps %x, want %x (the newest patch)", now[0x0b:0x10], want)
+	}
+	if _, err := d.RemoveSession(a.ID); err != nil {
+		t.Fatal(err)
+	}
+	reclaim(d)
+	if len(k.splices) != 1 || k.resplices != 3 {
+		t.Fatalf("after removing one session: installed %d, resplices %d", len(k.splices), k.resplices)
+	}
+	var patch uint64
+	for p := range k.allocs {
+		patch = p
+	}
+	code = make([]byte, k.allocs[patch])
+	k.Read(patch, code)
+	if n := countIncs(t, d, k, code, patch); n != 2 {
+		t.Errorf("patch after removal has %d counters, want 2", n)
+	}
+	if _, err := d.RemoveSession(b.ID); err != nil {
+		t.Fatal(err)
+	}
+	reclaim(d)
+	if !bytes.Equal(textNow(t, k), text) || len(k.allocs) != 0 || len(k.splices) != 0 || len(d.slots.used) != 0 || len(d.points) != 0 {
+		t.Errorf("not restored: allocs %v splices %v slots %v points %d", k.allocs, k.splices, d.slots.used, len(d.points))
+	}
+}
+
+// TestTrapSplice: a 1-byte instruction takes a trap splice: one int3, a
+// patch with the counter and the relocated instruction.
+func TestTrapSplice(t *testing.T) {
+	d, k := newTestDaemon(t)
+	s, err := d.CreateSession(SessionRequest{Points: []string{"filename_lookup+0x1e"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := s.Probes[0]
+	if p.SpliceClass != "trap" || p.Springboard != 0 {
+		t.Errorf("class %s (springboard %#x), want trap", p.SpliceClass, p.Springboard)
+	}
+	now := textNow(t, k)
+	if now[0x1e] != 0xcc || !bytes.Equal(now[:0x1e], text[:0x1e]) || !bytes.Equal(now[0x1f:], text[0x1f:]) {
+		t.Errorf("text = % x, want one int3 at +0x1e", now)
+	}
+	code := patchAt(t, k, p)
+	site := codegen.Site{Addr: textAddr + 0x1e, Bytes: text[0x1e:0x1f]}
+	var slot int
+	for s := range d.slots.used {
+		slot = s
+	}
+	if err := codegen.Verify(code, uint64(p.Patch), site, k.CounterAddr(slot), p.FlagsLive); err != nil {
+		t.Errorf("trap patch: %v", err)
+	}
+	if _, err := d.RemoveSession(s.ID); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(textNow(t, k), text) {
+		t.Error("text not restored")
+	}
+}
+
+// TestSpringboardSplices: short instructions get slots in the padding
+// after the function's last jmp (12 int3 bytes: two slots) while slots
+// last, then trap splices; a second request at a springboard point
+// re-points its slot; removal restores text and slots.
+func TestSpringboardSplices(t *testing.T) {
+	d, k := newTestDaemon(t)
+	s, err := d.CreateSession(SessionRequest{Points: []string{"filename_lookup+0x9", "filename_lookup+0x12", "filename_lookup+0x1c"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"springboard", "springboard", "trap"}
+	now := textNow(t, k)
+	for i, p := range s.Probes {
+		if p.SpliceClass != want[i] {
+			t.Errorf("%s: class %s, want %s", p.Point, p.SpliceClass, want[i])
+		}
+		off := p.Offset
+		if p.SpliceClass != "springboard" {
+			continue
+		}
+		slot := uint64(p.Springboard)
+		if slot < textAddr+0x24 || slot+5 > textAddr+0x30 {
+			t.Errorf("%s: slot %#x outside the padding", p.Point, slot)
+			continue
+		}
+		if now[off] != 0xeb || textAddr+off+2+uint64(int64(int8(now[off+1]))) != slot {
+			t.Errorf("%s: text % x, want jmp rel8 to %#x", p.Point, now[off:off+2], slot)
+		}
+		so := slot - textAddr
+		if jmp, _ := codegen.JmpRel32(slot, uint64(p.Patch)); !bytes.Equal(now[so:so+5], jmp) {
+			t.Errorf("%s: slot holds % x, want jmp to the patch %#x", p.Point, now[so:so+5], uint64(p.Patch))
+		}
+	}
+	if d.spring.InUse() != 2 {
+		t.Errorf("%d slots in use, want 2", d.spring.InUse())
+	}
+	// A second request at a springboard point: the slot is re-pointed.
+	before := k.resplices
+	s2, err := d.CreateSession(SessionRequest{Points: []string{"filename_lookup+0x9"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p2 := s2.Probes[0]
+	if k.resplices != before+1 || p2.Springboard != s.Probes[0].Springboard {
+		t.Errorf("resplices %d→%d, slot %#x (was %#x)", before, k.resplices, p2.Springboard, s.Probes[0].Springboard)
+	}
+	so := uint64(p2.Springboard) - textAddr
+	if jmp, _ := codegen.JmpRel32(uint64(p2.Springboard), uint64(p2.Patch)); !bytes.Equal(textNow(t, k)[so:so+5], jmp) {
+		t.Error("slot not re-pointed at the new patch")
+	}
+	if n := countIncs(t, d, k, patchAt(t, k, p2), uint64(p2.Patch)); n != 2 {
+		t.Errorf("shared springboard patch has %d counters, want 2", n)
+	}
+	for _, id := range []string{s.ID, s2.ID} {
+		if _, err := d.RemoveSession(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d.spring.InUse() != 2 {
+		t.Errorf("slots returned before the patches were freed (%d in use)", d.spring.InUse())
+	}
+	reclaim(d)
+	if !bytes.Equal(textNow(t, k), text) || len(k.splices) != 0 || len(k.allocs) != 0 || d.spring.InUse() != 0 {
+		t.Errorf("not restored: splices %v allocs %v slots %d", k.splices, k.allocs, d.spring.InUse())
+	}
+}
+
+func TestBlockPoints(t *testing.T) {
+	d, k := newTestDaemon(t)
+	for _, tc := range []struct {
+		point string
+		off   uint64
+		code  string
+	}{
+		{point: "filename_lookup:0", off: 0x0b},         // entry block: the first direct-capable instruction
+		{point: "filename_lookup:1", off: 0x17},         // the call
+		{point: "filename_lookup:2", off: 0x1f},         // pop, pop, jmp: the jmp is the direct one
+		{point: "filename_lookup:3", code: "no_splice"}, // padding
+		{point: "filename_lookup:99", code: "bad_request"},
+	} {
+		r, err := d.Resolve(tc.point)
+		if tc.code != "" {
+			if _, code := errorCode(err); code != tc.code {
+				t.Errorf("%s: %v (%s), want %s", tc.point, err, code, tc.code)
+			}
+			continue
+		}
+		if err != nil || r.Offset != tc.off {
+			t.Errorf("%s: %+v %v, want +%#x", tc.point, r, err, tc.off)
+		}
+	}
+	if !bytes.Equal(textNow(t, k), text) {
+		t.Error("resolving changed the text")
+	}
+}
+
+// reclaim frees retired patches now, as the daemon's timer would.
+func reclaim(d *Daemon) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.reclaimLocked()
+}
+
+func allocs(k *fakeKernel) map[uint64]int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return maps.Clone(k.allocs)
+}
+
+// TestAnalysisSeesOriginalBytes: once points of a function are spliced,
+// later requests in the same function (and at the same trap point) are
+// resolved against the original code, not the jmp/int3 written over it.
+func TestAnalysisSeesOriginalBytes(t *testing.T) {
+	d, k := newTestDaemon(t)
+	a, err := d.CreateSession(SessionRequest{Points: []string{"filename_lookup+0xb", "filename_lookup+0x1e", "filename_lookup+0x9"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// +0x10 lies inside the 7-byte load the jmp rel32 replaced: still
+	// not a boundary; +0x12 still is.
+	if _, err := d.Resolve("filename_lookup+0x10"); !errors.Is(err, cfg.ErrNotBoundary) {
+		t.Errorf("+0x10 under a splice: %v, want not a boundary", err)
+	}
+	b, err := d.CreateSession(SessionRequest{Points: []string{"filename_lookup+0x12", "filename_lookup+0x1e", "filename_lookup+0x9"}})
+	if err != nil {
+		t.Fatalf("second session in a spliced function: %v", err)
+	}
+	if b.Probes[1].Instruction != "pop %rbp" || b.Probes[1].SpliceClass != "trap" || b.Probes[2].SpliceClass != "springboard" {
+		t.Errorf("second requests resolved to %+v", b.Probes)
+	}
+	c, err := d.FunctionCFG("filename_lookup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Blocks[0].Instructions[4].Text; !strings.HasPrefix(got, "mov 0x302010(%rip)") {
+		t.Errorf("cfg shows %q at +0xb, want the original load", got)
+	}
+	for _, id := range []string{a.ID, b.ID} {
+		if _, err := d.RemoveSession(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reclaim(d)
+	if !bytes.Equal(textNow(t, k), text) || len(d.ov.orig) != 0 {
+		t.Errorf("not restored (overlay %v)", d.ov.orig)
 	}
 }

@@ -8,6 +8,8 @@ type Device interface {
 	PatchWrite(addr uint64, code []byte) error
 	PatchFree(addr uint64) error
 	Splice(addr, patch uint64, orig, new []byte) (uint32, error)
+	SpliceSlot(addr, patch uint64, orig, new []byte) (uint32, error)
+	Resplice(id uint32, patch uint64) error
 	Unsplice(id uint32) error
 	Counter(slot int) uint64
 	CounterAddr(slot int) uint64

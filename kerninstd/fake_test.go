@@ -2,6 +2,7 @@ package kerninstd
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
@@ -20,11 +21,14 @@ type fakeKernel struct {
 	nextID     uint32
 	counters   []uint64
 	failSplice bool
+	// spliceCalls and resplices count successful driver calls.
+	spliceCalls, resplices int
 }
 
 type fakeSplice struct {
 	addr, patch uint64
 	orig        []byte
+	kind        string // direct, slot, short, trap
 }
 
 var errFakeFault = errors.New("fault")
@@ -101,16 +105,53 @@ func (k *fakeKernel) PatchFree(addr uint64) error {
 }
 
 func (k *fakeKernel) Splice(addr, patch uint64, orig, new []byte) (uint32, error) {
+	return k.splice(addr, patch, orig, new, false)
+}
+
+func (k *fakeKernel) SpliceSlot(addr, patch uint64, orig, new []byte) (uint32, error) {
+	return k.splice(addr, patch, orig, new, true)
+}
+
+// splice checks what the driver checks: the replacement's kind and
+// target, the original bytes, no overlap.
+func (k *fakeKernel) splice(addr, patch uint64, orig, new []byte, slot bool) (uint32, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.failSplice {
 		return 0, errors.New("injected splice failure")
 	}
-	if len(orig) != len(new) || !(len(new) == 5 && new[0] == 0xe9) {
+	if len(orig) != len(new) {
 		return 0, errors.New("bad splice arguments")
 	}
-	if _, ok := k.allocs[patch]; !ok {
+	kind := ""
+	switch {
+	case len(new) == 5 && new[0] == 0xe9 && addr+5+uint64(int64(int32(binary.LittleEndian.Uint32(new[1:])))) == patch:
+		kind = "direct"
+		if slot {
+			kind = "slot"
+		}
+	case !slot && len(new) == 1 && new[0] == 0xcc:
+		kind = "trap"
+	case !slot && len(new) == 2 && new[0] == 0xeb && addr+2+uint64(int64(int8(new[1]))) == patch:
+		kind = "short"
+	default:
+		return 0, fmt.Errorf("bad splice arguments % x", new)
+	}
+	if kind == "short" {
+		ok := false
+		for _, s := range k.splices {
+			ok = ok || s.kind == "slot" && s.addr == patch
+		}
+		if !ok {
+			return 0, errors.New("jmp rel8 not to a slot")
+		}
+	} else if _, ok := k.allocs[patch]; !ok {
 		return 0, errors.New("patch not allocated")
+	}
+	for _, s := range k.splices {
+		if addr < s.addr+uint64(len(s.orig)) && addr+uint64(len(orig)) > s.addr {
+			return 0, errors.New("overlaps a splice")
+		}
 	}
 	for i, b := range orig {
 		if k.text[addr+uint64(i)] != b {
@@ -121,8 +162,33 @@ func (k *fakeKernel) Splice(addr, patch uint64, orig, new []byte) (uint32, error
 		k.text[addr+uint64(i)] = b
 	}
 	k.nextID++
-	k.splices[k.nextID] = fakeSplice{addr: addr, patch: patch, orig: bytes.Clone(orig)}
+	k.splices[k.nextID] = fakeSplice{addr: addr, patch: patch, orig: bytes.Clone(orig), kind: kind}
+	k.spliceCalls++
 	return k.nextID, nil
+}
+
+func (k *fakeKernel) Resplice(id uint32, patch uint64) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	s, ok := k.splices[id]
+	if !ok {
+		return errors.New("no such splice")
+	}
+	if _, ok := k.allocs[patch]; !ok || s.kind == "short" {
+		return errors.New("bad resplice")
+	}
+	if s.kind != "trap" {
+		d := int32(patch - (s.addr + 5))
+		var b [4]byte
+		binary.LittleEndian.PutUint32(b[:], uint32(d))
+		for i := 0; i < 4; i++ {
+			k.text[s.addr+1+uint64(i)] = b[i]
+		}
+	}
+	s.patch = patch
+	k.splices[id] = s
+	k.resplices++
+	return nil
 }
 
 func (k *fakeKernel) Unsplice(id uint32) error {

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/codegen"
@@ -13,10 +14,6 @@ import (
 
 // DriverModule is the module name of kerninst.ko in kallsyms.
 const DriverModule = "kerninst"
-
-// patchSize is what one counter patch is given: the largest is
-// pushfq + lock inc + popfq + a relocated jcc (rel32 + jmp) + jmp back.
-const patchSize = 128
 
 // site is a resolved point: one instruction of a decoded function.
 type site struct {
@@ -30,6 +27,8 @@ type site struct {
 	// data-flow says so, so a mistake in one analysis alone cannot
 	// corrupt the kernel.
 	live cfg.LiveSet
+	// class is how the splice reaches the patch.
+	class springboard.Class
 }
 
 // flagsLive: a patch here must preserve RFLAGS.
@@ -52,7 +51,7 @@ func (s *site) resolved() Resolved {
 		Length:      in.Len(),
 		Bytes:       hex.EncodeToString(in.Bytes),
 		Instruction: in.String(),
-		SpliceClass: springboard.Classify(in.Len()).String(),
+		SpliceClass: s.class.String(),
 		FlagsLive:   s.flagsLive(),
 		Classic:     s.point.Classic,
 		Ambiguous:   s.amb,
@@ -87,7 +86,7 @@ func (d *Daemon) resolve(spec string) (*site, error) {
 	if err != nil {
 		return nil, err
 	}
-	fn, err := cfg.ReadFunction(d.dev, syms, sym)
+	fn, err := cfg.ReadFunction(d.text(), syms, sym)
 	if err != nil {
 		return nil, err
 	}
@@ -101,21 +100,40 @@ func (d *Daemon) resolve(spec string) (*site, error) {
 		if s.index, err = fn.Index(fn.Addr + p.Offset); err != nil {
 			return nil, err
 		}
+	} else if p.HasBlock {
+		if s.index, err = d.blockInstruction(syms, fn, p.Block); err != nil {
+			return nil, err
+		}
 	} else if s.index, err = entryInstruction(fn); err != nil {
 		return nil, err
 	}
-	in := s.insn()
-	if why := d.noSpliceReason(syms, fn, in.Addr); why != "" {
-		return nil, &cfg.NoSpliceError{Where: s.where(), Reason: why}
+	if err := d.checkSite(syms, s); err != nil {
+		return nil, err
 	}
-	if springboard.Classify(in.Len()) != springboard.Direct {
-		return nil, &springboard.TooShortError{Addr: in.Addr, Len: in.Len(), Where: s.where(), Text: in.String()}
+	return s, nil
+}
+
+// checkSite refuses a no-splice instruction and sets the splice class and
+// the live registers and flags of s, whose instruction is chosen.
+func (d *Daemon) checkSite(syms *cfg.Symbols, s *site) error {
+	fn, in := s.fn, s.insn()
+	if why := d.noSpliceReason(syms, fn, in.Addr); why != "" {
+		return &cfg.NoSpliceError{Where: s.where(), Reason: why}
+	}
+	// A short instruction takes a springboard splice when a slot is free
+	// within rel8 reach, a trap splice otherwise.
+	s.class = springboard.Classify(in.Len())
+	if s.class == springboard.Springboard {
+		d.addSpringboardSpace(syms, in.Addr)
+		if _, ok := d.spring.Find(in.Addr); !ok {
+			s.class = springboard.Trap
+		}
 	}
 	s.live = d.dataflowLive(syms, fn, s.index)
 	if fn.FlagsLive(s.index) {
 		s.live |= cfg.FlagBits
 	}
-	return s, nil
+	return nil
 }
 
 // noSpliceReason combines the symbol-based reasons with the kernel's own
@@ -132,7 +150,7 @@ func (d *Daemon) noSpliceReason(syms *cfg.Symbols, fn *cfg.Function, addr uint64
 func (d *Daemon) dataflowLive(syms *cfg.Symbols, fn *cfg.Function, i int) cfg.LiveSet {
 	protos := d.prototypes()
 	names := syms.Names()
-	blocks := fn.BlocksOpt(cfg.BlockOptions{Names: names, NoReturn: d.noReturn(), Tables: d.dev})
+	blocks := fn.BlocksOpt(cfg.BlockOptions{Names: names, NoReturn: d.noReturn(), Tables: d.text()})
 	lv := fn.LiveWith(blocks, names, protos, d.calleeReads())
 	for _, b := range blocks {
 		if i >= b.First && i < b.First+b.N {
@@ -144,69 +162,212 @@ func (d *Daemon) dataflowLive(syms *cfg.Symbols, fn *cfg.Function, i int) cfg.Li
 
 // entryInstruction picks where "function entry" is spliced: the first
 // instruction of the entry block that is not the ftrace site and is long
-// enough for a direct splice. Every instruction of the entry block runs
-// exactly once per call, so a counter there counts calls.
+// enough for a direct splice (the cheapest kind); failing that, the first
+// one that can be relocated at all (a springboard or trap splice). Every
+// instruction of the entry block runs exactly once per call, so a counter
+// there counts calls.
 func entryInstruction(fn *cfg.Function) (int, error) {
 	n := fn.EntryBlock()
-	for i := 0; i < n; i++ {
-		if fn.IsFtraceSite(i) {
-			continue
-		}
-		if springboard.Classify(fn.Insns[i].Len()) == springboard.Direct {
-			return i, nil
-		}
+	if i, ok := pickInstruction(fn, 0, n); ok {
+		return i, nil
 	}
 	var listing bytes.Buffer
 	for i := 0; i < n && i < 8; i++ {
 		in := &fn.Insns[i]
 		fmt.Fprintf(&listing, "\n  +%#x  %d bytes  %s", in.Addr-fn.Addr, in.Len(), in.String())
 	}
-	return 0, fmt.Errorf("%w of %s: every instruction before its first branch is the ftrace site or shorter than 5 bytes (springboard and trap splices come later); pick one with %s+0xOFF:%s",
+	return 0, fmt.Errorf("%w of %s: every instruction before its first branch is the ftrace site or cannot be relocated; pick one with %s+0xOFF:%s",
 		ErrNoEntryInstruction, fn.Name, fn.Name, listing.String())
 }
 
-// probe is an installed counter.
-type probe struct {
-	site     *site
-	slot     int
-	patch    uint64
-	spliceID uint32
+// ErrNoBlock is matched by errors for a FUNC:BLOCK that names no block
+// that can be instrumented.
+var ErrNoBlock = errors.New("no such block")
+
+// blockInstruction picks where FUNC:BLOCK is spliced: an instruction of
+// the block chosen as for the entry (every instruction of a basic block
+// runs once each time the block does, calls returning). Block indices are
+// those kinst cfg prints.
+func (d *Daemon) blockInstruction(syms *cfg.Symbols, fn *cfg.Function, b int) (int, error) {
+	blocks := fn.BlocksOpt(cfg.BlockOptions{Names: syms.Names(), NoReturn: d.noReturn(), Tables: d.text()})
+	if b < 0 || b >= len(blocks) {
+		return 0, badRequest(fmt.Errorf("%w: %s has blocks 0..%d, not %d (see kinst cfg %s)", ErrNoBlock, fn.Name, len(blocks)-1, b, fn.Name))
+	}
+	blk := &blocks[b]
+	if blk.Padding {
+		return 0, &cfg.NoSpliceError{Where: fmt.Sprintf("%s:%d", fn.Name, b), Reason: "padding: never executed"}
+	}
+	if i, ok := pickInstruction(fn, blk.First, blk.N); ok {
+		return i, nil
+	}
+	return 0, &cfg.NoSpliceError{Where: fmt.Sprintf("%s:%d", fn.Name, b),
+		Reason: "no instruction of the block can be relocated (or it is the ftrace site); pick one with FUNC+0xOFF to see why"}
 }
 
-// attachCounter installs a counter at s: allocate a slot and a patch,
-// generate and verify the patch, write it, then splice. On error nothing
-// stays installed. The caller holds d.mu.
-func (d *Daemon) attachCounter(s *site) (*probe, error) {
-	in := s.insn()
-	if other, ok := d.spliced[in.Addr]; ok {
-		return nil, fmt.Errorf("%s is already instrumented (session %s); several requests at one point are not shared yet", s.where(), other)
+// pickInstruction returns the first instruction of fn.Insns[first,
+// first+n) that is not the ftrace site and is long enough for a direct
+// splice (the cheapest kind), else the first one that can be relocated at
+// all (a springboard or trap splice).
+func pickInstruction(fn *cfg.Function, first, n int) (int, bool) {
+	short := -1
+	for i := first; i < first+n; i++ {
+		in := &fn.Insns[i]
+		if fn.IsFtraceSite(i) || codegen.CheckRelocatable(in.Addr, in.Inst, in.Bytes) != nil {
+			continue
+		}
+		if springboard.Classify(in.Len()) == springboard.Direct {
+			return i, true
+		}
+		if short < 0 {
+			short = i
+		}
 	}
-	slot, err := d.slots.alloc()
-	if err != nil {
+	return short, short >= 0
+}
+
+// point is one instrumented instruction. Every request at it shares one
+// patch: the requests' snippets in order, then the relocated instruction.
+// Adding or removing a request builds a new patch in new memory and
+// re-points the splice at it (the driver's RESPLICE: no moment where the
+// point runs neither patch); the old patch is freed after the driver's
+// RCU-tasks wait. Protected by Daemon.mu.
+type point struct {
+	site   *site
+	reqs   []*request
+	patch  uint64 // the installed patch; 0 when not spliced
+	splice uint32 // the driver's splice id at the instruction
+	class  springboard.Class
+	// A springboard splice's slot (a jmp rel32 to the patch, in padding)
+	// and the driver's splice id of the slot.
+	slot       uint64
+	slotSplice uint32
+}
+
+// request is one piece of instrumentation at a point, owned by a session:
+// a snippet and the counter slots it writes. Protected by Daemon.mu.
+type request struct {
+	pt      *point
+	owner   string // session ID
+	slots   []int  // counter slots, zeroed when the request was made
+	snippet codegen.Snippet
+}
+
+// counter is the first counter slot: a counting request's count.
+func (r *request) counter() int { return r.slots[0] }
+
+// SnippetFunc makes a request's snippet from the kernel addresses of its
+// counter slots.
+type SnippetFunc func(counters []uint64) codegen.Snippet
+
+// CounterSnippet counts executions in the request's only slot.
+func CounterSnippet(c []uint64) codegen.Snippet { return codegen.Counter{Addr: c[0]} }
+
+// instrument adds a request at s for owner: nslots fresh counter slots
+// and the snippet mk makes from their addresses, then rebuilds the
+// point's patch. On error nothing changed. The caller holds d.mu.
+func (d *Daemon) instrument(s *site, owner string, nslots int, mk SnippetFunc) (*request, error) {
+	addr := s.insn().Addr
+	pt := d.points[addr]
+	if pt == nil {
+		pt = &point{site: s, class: s.class}
+	}
+	r := &request{pt: pt, owner: owner}
+	for i := 0; i < nslots; i++ {
+		slot, err := d.slots.alloc()
+		if err == nil {
+			err = d.dev.ClearCounters(slot, 1)
+		}
+		if err != nil {
+			for _, sl := range r.slots {
+				d.slots.free(sl)
+			}
+			d.slots.free(slot)
+			return nil, err
+		}
+		r.slots = append(r.slots, slot)
+	}
+	addrs := make([]uint64, len(r.slots))
+	for i, sl := range r.slots {
+		addrs[i] = d.dev.CounterAddr(sl)
+	}
+	r.snippet = mk(addrs)
+	reqs := append(append([]*request(nil), pt.reqs...), r)
+	if err := d.install(pt, reqs); err != nil {
+		for _, sl := range r.slots {
+			d.slots.free(sl)
+		}
 		return nil, err
 	}
-	if err := d.dev.ClearCounters(slot, 1); err != nil {
-		d.slots.free(slot)
-		return nil, err
+	d.points[addr] = pt
+	return r, nil
+}
+
+// uninstrument removes request r: the point gets a patch without it, or
+// its original bytes back when r was the last. The caller holds d.mu.
+func (d *Daemon) uninstrument(r *request) error {
+	pt := r.pt
+	var reqs []*request
+	for _, o := range pt.reqs {
+		if o != r {
+			reqs = append(reqs, o)
+		}
 	}
-	patch, err := d.dev.PatchAlloc(patchSize)
+	if err := d.install(pt, reqs); err != nil {
+		return err
+	}
+	for _, sl := range r.slots {
+		d.slots.free(sl)
+	}
+	if len(pt.reqs) == 0 {
+		delete(d.points, pt.site.insn().Addr)
+	}
+	return nil
+}
+
+// install makes reqs the point's requests: with none, the original bytes
+// go back; otherwise a new patch is generated, verified, written and read
+// back, then spliced in (first request) or swapped for the old one. The
+// old patch is freed last; the driver waits until no task can still run
+// in it. On error the point is as it was.
+func (d *Daemon) install(pt *point, reqs []*request) error {
+	s := pt.site
+	old := pt.patch
+	if len(reqs) == 0 {
+		if pt.splice != 0 {
+			if err := d.ov.restored(s.insn().Addr, func() error { return d.dev.Unsplice(pt.splice) }); err != nil {
+				return fmt.Errorf("unsplice %s: %w", s.where(), err)
+			}
+			pt.splice = 0
+		}
+		if pt.slotSplice != 0 {
+			if err := d.ov.restored(pt.slot, func() error { return d.dev.Unsplice(pt.slotSplice) }); err != nil {
+				return fmt.Errorf("unsplice springboard %#x of %s: %w", pt.slot, s.where(), err)
+			}
+			pt.slotSplice = 0
+		}
+		pt.reqs, pt.patch = nil, 0
+		d.retire(old, pt.slot)
+		pt.slot = 0
+		return nil
+	}
+	spec := s.patchSpec(reqs)
+	n, err := codegen.PatchLen(d.patchHeapBase(), spec)
 	if err != nil {
-		d.slots.free(slot)
-		return nil, fmt.Errorf("allocate patch: %w", err)
+		return fmt.Errorf("%s: %w", s.where(), err)
 	}
-	fail := func(err error) (*probe, error) {
+	patch, err := d.allocPatch(n)
+	if err != nil {
+		return fmt.Errorf("allocate patch: %w", err)
+	}
+	fail := func(err error) error {
 		if ferr := d.dev.PatchFree(patch); ferr != nil {
 			d.log.Error("free patch after failed attach", "patch", fmt.Sprintf("%#x", patch), "err", ferr)
 		}
-		d.slots.free(slot)
-		return nil, err
+		return err
 	}
-	code, err := buildCounterPatch(patch, s, d.dev.CounterAddr(slot))
+	code, err := buildPatch(patch, s, spec)
 	if err != nil {
 		return fail(fmt.Errorf("%s: %w", s.where(), err))
-	}
-	if len(code) > patchSize {
-		return fail(fmt.Errorf("%s: patch of %d bytes exceeds %d", s.where(), len(code), patchSize))
 	}
 	if err := d.dev.PatchWrite(patch, code); err != nil {
 		return fail(fmt.Errorf("write patch: %w", err))
@@ -216,34 +377,244 @@ func (d *Daemon) attachCounter(s *site) (*probe, error) {
 	if err := d.dev.Read(patch, back); err != nil || !bytes.Equal(back, code) {
 		return fail(fmt.Errorf("patch at %#x does not read back as written (%v)", patch, err))
 	}
-	jmp, err := codegen.JmpRel32(in.Addr, patch)
-	if err != nil {
-		return fail(err)
+	switch {
+	case pt.slotSplice != 0: // a springboard splice: re-point its slot
+		if err := d.dev.Resplice(pt.slotSplice, patch); err != nil {
+			return fail(fmt.Errorf("re-point the springboard of %s: %w", s.where(), err))
+		}
+	case pt.splice != 0:
+		if err := d.dev.Resplice(pt.splice, patch); err != nil {
+			return fail(fmt.Errorf("re-point %s: %w", s.where(), err))
+		}
+	case pt.class == springboard.Springboard:
+		if err := d.springboardSplice(pt, patch); err != nil {
+			if !errors.Is(err, springboard.ErrNoSlot) {
+				return fail(fmt.Errorf("springboard splice %s: %w", s.where(), err))
+			}
+			// The slot went to another point meanwhile: trap instead.
+			d.log.Info("no springboard slot left; trap splice", "at", s.where())
+			pt.class = springboard.Trap
+		}
 	}
-	orig := append([]byte(nil), in.Bytes[:len(jmp)]...)
-	id, err := d.dev.Splice(in.Addr, patch, orig, jmp)
-	if err != nil {
-		return fail(fmt.Errorf("splice %s: %w", s.where(), err))
+	if pt.splice == 0 {
+		id, err := d.splice(s, pt.class, patch)
+		if err != nil {
+			return fail(fmt.Errorf("splice %s: %w", s.where(), err))
+		}
+		pt.splice = id
 	}
-	return &probe{site: s, slot: slot, patch: patch, spliceID: id}, nil
+	pt.reqs, pt.patch = reqs, patch
+	d.retire(old, 0)
+	return nil
 }
 
-// buildCounterPatch generates and verifies the counter patch for s.
-func buildCounterPatch(patch uint64, s *site, counter uint64) ([]byte, error) {
+// reclaimDelay is how long retired patches wait to be freed in one batch:
+// each free waits for an RCU-tasks grace period (tens of milliseconds),
+// but one wait covers every patch and slot retired before it.
+const reclaimDelay = 50 * time.Millisecond
+
+// retired is a patch (and a springboard slot) no splice leads to any more
+// but that a preempted task may still be running in.
+type retired struct{ patch, slot uint64 }
+
+// retire queues a replaced or removed patch and slot for reclaim. The
+// caller holds d.mu.
+func (d *Daemon) retire(patch, slot uint64) {
+	if patch == 0 && slot == 0 {
+		return
+	}
+	d.retired = append(d.retired, retired{patch, slot})
+	if !d.reclaimArmed {
+		d.reclaimArmed = true
+		time.AfterFunc(reclaimDelay, func() {
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			d.reclaimLocked()
+		})
+	}
+}
+
+// reclaimLocked frees every retired patch and returns the slots. The
+// driver's first free waits for RCU-tasks (a splice was removed or
+// re-pointed since the last wait), which covers every retirement before
+// it: only then do the slots go back to the heap. The caller holds d.mu.
+func (d *Daemon) reclaimLocked() {
+	d.reclaimArmed = false
+	var kept []retired
+	for _, r := range d.retired {
+		if r.patch != 0 {
+			if err := d.dev.PatchFree(r.patch); err != nil {
+				d.log.Error("free retired patch", "patch", fmt.Sprintf("%#x", r.patch), "err", err)
+				kept = append(kept, r)
+				continue
+			}
+		}
+		if r.slot != 0 {
+			d.spring.Release(r.slot)
+		}
+	}
+	d.retired = kept
+}
+
+// allocPatch allocates n bytes of patch heap, reclaiming retired patches
+// first if the heap is full.
+func (d *Daemon) allocPatch(n int) (uint64, error) {
+	p, err := d.dev.PatchAlloc(n)
+	if err != nil && len(d.retired) > 0 {
+		d.reclaimLocked()
+		p, err = d.dev.PatchAlloc(n)
+	}
+	return p, err
+}
+
+// splice writes the instruction's splice to patch: a jmp rel32 for a
+// direct splice, an int3 for a trap splice.
+func (d *Daemon) splice(s *site, class springboard.Class, patch uint64) (uint32, error) {
 	in := s.insn()
-	cs := codegen.Site{Addr: in.Addr, Bytes: in.Bytes}
-	saveFlags := s.flagsLive()
-	code, err := codegen.CounterPatch(patch, cs, counter, saveFlags)
+	var repl []byte
+	switch class {
+	case springboard.Direct:
+		var err error
+		if repl, err = codegen.JmpRel32(in.Addr, patch); err != nil {
+			return 0, err
+		}
+	case springboard.Trap:
+		repl = []byte{0xcc}
+	default:
+		return 0, fmt.Errorf("%v splices are not made yet", class)
+	}
+	var id uint32
+	err := d.ov.spliced(in.Addr, in.Bytes, func() (err error) {
+		id, err = d.dev.Splice(in.Addr, patch, in.Bytes[:len(repl)], repl)
+		return err
+	})
+	return id, err
+}
+
+// springboardSplice takes a slot within rel8 reach of the point, writes
+// the slot (jmp rel32 to patch) into the padding, then the jmp rel8 to the
+// slot over the instruction. On error nothing is left installed; the slot
+// goes back to the heap only after the caller's patch free (which waits
+// for RCU-tasks), as a CPU may have passed through it.
+func (d *Daemon) springboardSplice(pt *point, patch uint64) error {
+	in := pt.site.insn()
+	slot, err := d.spring.Alloc(in.Addr)
+	if err != nil {
+		return err
+	}
+	orig := make([]byte, springboard.SlotLen)
+	jmp, err := codegen.JmpRel32(slot, patch)
+	if err == nil {
+		err = d.text().Read(slot, orig)
+	}
+	if err != nil {
+		d.spring.Release(slot)
+		return err
+	}
+	var slotID uint32
+	err = d.ov.spliced(slot, orig, func() (err error) {
+		slotID, err = d.dev.SpliceSlot(slot, patch, orig, jmp)
+		return err
+	})
+	if err != nil {
+		d.spring.Release(slot) // never written: nothing reached it
+		return fmt.Errorf("write slot %#x: %w", slot, err)
+	}
+	rel8, err := springboard.JmpRel8(in.Addr, slot)
+	var id uint32
+	if err == nil {
+		err = d.ov.spliced(in.Addr, in.Bytes, func() (err error) {
+			id, err = d.dev.Splice(in.Addr, slot, in.Bytes[:len(rel8)], rel8)
+			return err
+		})
+	}
+	if err != nil {
+		if uerr := d.ov.restored(slot, func() error { return d.dev.Unsplice(slotID) }); uerr != nil {
+			d.log.Error("remove slot after failed springboard splice", "slot", fmt.Sprintf("%#x", slot), "err", uerr)
+		}
+		// The caller's failure path frees the patch, which waits for
+		// RCU-tasks, before d.mu lets any other point take this slot.
+		d.spring.Release(slot)
+		return err
+	}
+	pt.slot, pt.slotSplice, pt.splice = slot, slotID, id
+	return nil
+}
+
+// addSpringboardSpace makes sure the springboard space of every function
+// within rel8 reach of addr is in the heap: each function's padding is
+// found (cfg.SpringboardSpace) the first time an instruction near it asks.
+func (d *Daemon) addSpringboardSpace(syms *cfg.Symbols, addr uint64) {
+	lo, hi := springboard.Reach(addr)
+	hi += springboard.SlotLen
+	names := syms.Names()
+	owned := d.ownedSites()
+	for _, sym := range syms.Overlapping(lo, hi) {
+		if d.spring.Seen(sym.Addr) {
+			continue
+		}
+		if fn, err := cfg.ReadFunction(d.text(), syms, sym); err == nil && syms.FunctionNoSplice(fn, DriverModule) == "" {
+			blocks := fn.BlocksOpt(cfg.BlockOptions{Names: names, NoReturn: d.noReturn(), Tables: d.text()})
+			runs := cfg.SpringboardSpace(fn, blocks, func(a uint64) bool { return owned.Reason(a) != "" })
+			d.spring.Add(toRanges(runs)...)
+		}
+	}
+}
+
+func toRanges(rs []cfg.Range) []springboard.Range {
+	out := make([]springboard.Range, len(rs))
+	for i, r := range rs {
+		out[i] = springboard.Range{Start: r.Start, End: r.End}
+	}
+	return out
+}
+
+// patchHeapBase is an address in the patch heap, for sizing patches.
+func (d *Daemon) patchHeapBase() uint64 {
+	if d.info != nil {
+		if in := d.info(); in.PatchHeap != 0 {
+			return uint64(in.PatchHeap)
+		}
+	}
+	// Anything within rel32 reach of text and counters gives the same
+	// length: the counter heap is.
+	return d.dev.CounterAddr(0)
+}
+
+// patchSpec is the patch for reqs at s.
+func (s *site) patchSpec(reqs []*request) codegen.PatchSpec {
+	in := s.insn()
+	spec := codegen.PatchSpec{
+		Site: codegen.Site{Addr: in.Addr, Bytes: in.Bytes},
+		Live: codegen.Live{Regs: uint16(s.live), Flags: s.flagsLive()},
+	}
+	for _, r := range reqs {
+		spec.Snippets = append(spec.Snippets, r.snippet)
+	}
+	return spec
+}
+
+// buildPatch generates the patch at addr and checks it three ways: decoded
+// back (codegen.VerifyPatch), and the instrumentation decoded by the
+// liveness code, which must find nothing live overwritten.
+func buildPatch(addr uint64, s *site, spec codegen.PatchSpec) ([]byte, error) {
+	p, err := codegen.BuildPatch(addr, spec)
 	if err != nil {
 		return nil, err
 	}
-	if err := codegen.Verify(code, patch, cs, counter, saveFlags); err != nil {
+	if err := codegen.VerifyPatch(p, spec); err != nil {
 		return nil, err
 	}
-	if err := checkClobbers(code[:codegen.CounterPrefixLen(saveFlags)], patch, s.live); err != nil {
+	if err := checkClobbers(p.Code[:p.Instr], addr, s.live); err != nil {
 		return nil, err
 	}
-	return code, nil
+	return p.Code, nil
+}
+
+// buildCounterPatch generates and verifies a one-counter patch for s.
+func buildCounterPatch(patch uint64, s *site, counter uint64) ([]byte, error) {
+	spec := s.patchSpec([]*request{{snippet: codegen.Counter{Addr: counter}}})
+	return buildPatch(patch, s, spec)
 }
 
 // ErrClobber is matched by errors from checkClobbers.
@@ -261,21 +632,6 @@ func checkClobbers(prefix []byte, addr uint64, live cfg.LiveSet) error {
 		return fmt.Errorf("%w: %v (a code generator bug; nothing was spliced)", ErrClobber, bad)
 	}
 	return nil
-}
-
-// detach removes a probe: restore the text, then free the patch (the
-// driver waits for tasks that may still run in it) and the counter slot.
-// The caller holds d.mu.
-func (d *Daemon) detach(p *probe) error {
-	if err := d.dev.Unsplice(p.spliceID); err != nil {
-		return fmt.Errorf("unsplice %s: %w", p.site.where(), err)
-	}
-	var errs []error
-	if err := d.dev.PatchFree(p.patch); err != nil {
-		errs = append(errs, fmt.Errorf("free patch %#x: %w", p.patch, err))
-	}
-	d.slots.free(p.slot)
-	return errors.Join(errs...)
 }
 
 // slotAllocator hands out counter slots. Protected by Daemon.mu.

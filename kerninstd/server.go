@@ -58,6 +58,10 @@ func (d *Daemon) Handler() http.Handler {
 		writeJSON(w, http.StatusOK, s)
 	})
 	mux.HandleFunc("GET /v1/sessions/{id}/samples", d.serveSamples)
+	mux.HandleFunc("GET /v1/sessions", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, d.Sessions())
+	})
+	mux.Handle("GET /metrics", d.MetricsHandler())
 	mux.HandleFunc("GET /v1/read", d.serveRead)
 	mux.HandleFunc("GET /v1/cfg/stats", d.serveStats)
 	mux.HandleFunc("GET /v1/cfg/calls", func(w http.ResponseWriter, r *http.Request) {
@@ -106,12 +110,16 @@ func (d *Daemon) serveSamples(w http.ResponseWriter, r *http.Request) {
 		interval = iv
 	}
 	d.mu.Lock()
-	ss, ok := d.sessions[id]
+	ss := d.findLocked(id)
+	ok := ss != nil
 	var slots []int
+	var timers []*timedFunc
 	if ok {
-		for _, p := range ss.probes {
-			slots = append(slots, p.slot)
+		id = ss.id
+		for _, r := range ss.reqs {
+			slots = append(slots, r.counter())
 		}
+		timers = append(timers, ss.timers...)
 	}
 	d.mu.Unlock()
 	if !ok {
@@ -149,7 +157,11 @@ func (d *Daemon) serveSamples(w http.ResponseWriter, r *http.Request) {
 			return
 		case now := <-tick.C:
 			s := set.Sample(now)
-			if err := enc.Encode(Sample{Time: s.Time, Totals: s.Totals, Deltas: s.Deltas}); err != nil {
+			out := Sample{Time: s.Time, Totals: s.Totals, Deltas: s.Deltas}
+			for _, t := range timers {
+				out.Timers = append(out.Timers, d.timerPoint(t, now))
+			}
+			if err := enc.Encode(out); err != nil {
 				return
 			}
 			if fl != nil {

@@ -1,10 +1,8 @@
 // Package springboard decides how a splice reaches its patch from an
-// instruction of a given length, and (in time) owns the springboard heap:
-// never-executed bytes within rel8 reach of short instructions that hold a
-// jmp rel32 to a patch.
-//
-// Today only direct splices are made; springboard and trap splices are
-// classified so that requests for them are refused with the right reason.
+// instruction of a given length, and owns the springboard heap:
+// never-executed bytes within rel8 reach of short instructions, handed
+// out as 5-byte slots that hold a jmp rel32 to a patch (KernInst's
+// springboards).
 package springboard
 
 import (

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -24,6 +25,7 @@ func main() {
 	fs := pflag.NewFlagSet("kerninstd", pflag.ExitOnError)
 	socket := fs.String("socket", kerninstd.DefaultSocket, "unix socket `path` (mode 0600)")
 	listen := fs.String("listen", "", "also serve on this TCP `address` (e.g. 127.0.0.1:7070); off by default")
+	metricsAddr := fs.String("metrics-listen", "", "serve Prometheus /metrics on this TCP `address` (\":9464\" binds loopback; give a host such as 0.0.0.0:9464 to expose it); off by default")
 	dev := fs.String("device", "/dev/kerninst", "driver device")
 	kallsyms := fs.String("kallsyms", "/proc/kallsyms", "kernel symbol table")
 	analyze := fs.Bool("analyze", true, "analyse the whole kernel at start-up, in the background, unless the cache has it (about 1.5 s of CPU natively; a minute in an emulated guest)")
@@ -42,13 +44,13 @@ func main() {
 		h = slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: lv})
 	}
 	log := slog.New(h)
-	if err := run(log, *socket, *listen, *dev, *kallsyms, *cacheDir, *analyze); err != nil {
+	if err := run(log, *socket, *listen, *metricsAddr, *dev, *kallsyms, *cacheDir, *analyze); err != nil {
 		log.Error("exiting", "err", err)
 		os.Exit(1)
 	}
 }
 
-func run(log *slog.Logger, socket, listen, devPath, kallsyms, cacheDir string, analyze bool) error {
+func run(log *slog.Logger, socket, listen, metricsAddr, devPath, kallsyms, cacheDir string, analyze bool) error {
 	dev, err := driver.Open(devPath)
 	if err != nil {
 		return err
@@ -80,7 +82,7 @@ func run(log *slog.Logger, socket, listen, devPath, kallsyms, cacheDir string, a
 	if err != nil {
 		return err
 	}
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
 	go func() { errc <- srv.Serve(ul) }()
 	log.Info("serving", "socket", socket)
 	if listen != "" {
@@ -90,6 +92,19 @@ func run(log *slog.Logger, socket, listen, devPath, kallsyms, cacheDir string, a
 		}
 		go func() { errc <- srv.Serve(tl) }()
 		log.Info("serving", "tcp", tl.Addr().String())
+	}
+	if metricsAddr != "" {
+		if strings.HasPrefix(metricsAddr, ":") {
+			metricsAddr = "127.0.0.1" + metricsAddr // loopback unless a host is named
+		}
+		ml, err := net.Listen("tcp", metricsAddr)
+		if err != nil {
+			return fmt.Errorf("metrics listener: %w", err)
+		}
+		msrv := &http.Server{Handler: d.MetricsOnlyHandler(), ReadHeaderTimeout: 10 * time.Second}
+		defer msrv.Close()
+		go func() { errc <- msrv.Serve(ml) }()
+		log.Info("serving Prometheus metrics", "tcp", ml.Addr().String(), "path", "/metrics")
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

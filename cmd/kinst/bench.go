@@ -10,8 +10,26 @@ import (
 )
 
 func benchCmd(ctx context.Context, args []string) error {
+	if len(args) > 0 && args[0] == "hit" {
+		fs, addr := newFlags("bench hit", "bench hit [FUNC] [--calls N] [--runs R] [--json]\n\n"+
+			"Per-call cost of a getppid(2) loop with a counter at FUNC (default __x64_sys_getppid):\n"+
+			"bare, direct, springboard and trap splices, int3 and optimized tracefs kprobes. Runs\n"+
+			"where kerninstd runs (as root, for tracefs). Guest times under emulation: read the ratios.")
+		var o cli.HitOptions
+		fs.IntVar(&o.Calls, "calls", 100000, "system calls per timed run")
+		fs.IntVar(&o.Runs, "runs", 3, "timed runs per mechanism (the median is kept)")
+		fs.BoolVar(&o.JSON, "json", false, "print JSON")
+		if err := fs.Parse(args[1:]); err != nil {
+			return err
+		}
+		o.Function = "__x64_sys_getppid"
+		if fs.NArg() > 0 {
+			o.Function = fs.Arg(0)
+		}
+		return cli.BenchHit(ctx, kerninstd.NewClient(*addr), o, os.Stdout, os.Stderr)
+	}
 	if len(args) == 0 || args[0] != "splice" {
-		return fmt.Errorf("bench: want `kinst bench splice POINT`")
+		return fmt.Errorf("bench: want `kinst bench splice POINT` or `kinst bench hit [FUNC]`")
 	}
 	fs, addr := newFlags("bench splice", "bench splice POINT [--cycles N] [--json]")
 	cycles := fs.IntP("cycles", "n", 1000, "splice/unsplice cycles")

@@ -19,13 +19,30 @@ const usage = `kinst — dynamic instrumentation of the running kernel (KernInst
 Usage:
   kinst count POINT… [--duration D] [--interval I] [--json] [-- CMD…]
                          live call counts at kernel functions or instructions
+  kinst time FUNC… [--pid P|--tid T|--comm C] [--virtual] [--duration D] [--interval I]
+             [--plot FILE.svg] [--name N] [--ttl D] [--json] [-- CMD…]
+                         calls/s, average and total wall time and
+                         concurrency of kernel functions (entry and exits)
+  kinst waiters LOCKSYM|0xADDR [--duration D] [--json] [-- CMD…]
+                         average tasks waiting for one kernel mutex
+  kinst drilldown FUNC [--depth N] -- CMD…
+                         time FUNC and its callees over CMD, follow the
+                         heaviest callee, repeat: where the time goes
+  kinst watch [--interval I]
+                         live view of every active metric, like top
+  kinst ls [--json]      the live sessions (count and time requests)
+  kinst detach NAME|ID   remove a session's instrumentation
   kinst rd ADDR|SYM[+0xOFF] [LEN] [--json]
                          hex dump of live kernel memory
   kinst cfg FUNC [--json | --dot]
                          basic blocks, edges, disassembly, live flags and
                          the splice class of every instruction
   kinst bench splice POINT [--cycles N] [--json]
-                         latency of each step of an instrumentation request
+                         latency of each step of an instrumentation request,
+                         and of the same request as a tracefs kprobe
+  kinst bench hit [FUNC] [--calls N] [--json]
+                         per-hit cost of direct, springboard and trap splices
+                         against int3 and optimized kprobes
   kinst offcpu [-p PID] [--trace] [--duration D] [--folded | --json] [--svg F] [--pprof F]
                          off-CPU profile of this host: where threads wait, as
                          folded stacks, flame graphs and pprof (see --help)
@@ -43,7 +60,8 @@ Usage:
 
 POINT is FUNC (the function's entry: the first instruction after its
 ftrace site that a splice can take), FUNC+0xOFF (an instruction boundary),
-or a classic name from the KernInst paper: %s.
+FUNC:BLOCK (a basic block as kinst cfg numbers them), or a classic name
+from the KernInst paper: %s.
 
 Global flags:
   --addr ADDR   kerninstd's unix socket or host:port (env KINST_ADDR;
@@ -66,6 +84,18 @@ func run(args []string) int {
 	switch args[0] {
 	case "count":
 		status, err = countCmd(ctx, args[1:])
+	case "time":
+		status, err = timeCmd(ctx, args[1:])
+	case "waiters":
+		status, err = waitersCmd(ctx, args[1:])
+	case "drilldown":
+		err = drilldownCmd(ctx, args[1:])
+	case "ls":
+		err = lsCmd(ctx, args[1:])
+	case "detach":
+		err = detachCmd(ctx, args[1:])
+	case "watch":
+		err = watchCmd(ctx, args[1:])
 	case "rd":
 		err = rdCmd(ctx, args[1:])
 	case "cfg":
@@ -114,4 +144,14 @@ func envOr(k, def string) string {
 		return v
 	}
 	return def
+}
+
+// splitCommand splits the positional arguments at "--": what comes before,
+// and the command after (nil without "--").
+func splitCommand(fs *pflag.FlagSet) (args, command []string) {
+	pos := fs.Args()
+	if n := fs.ArgsLenAtDash(); n >= 0 {
+		return pos[:n], pos[n:]
+	}
+	return pos, nil
 }

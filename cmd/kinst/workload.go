@@ -16,7 +16,7 @@ import (
 // a known shape.
 func workloadCmd(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return fmt.Errorf("workload: want stat N PATH | files DIR ROUNDS | syscalls DURATION")
+		return fmt.Errorf("workload: want stat N PATH | files DIR ROUNDS | syscalls DURATION | creat DIR N | spin DURATION")
 	}
 	fs := pflag.NewFlagSet("workload", pflag.ContinueOnError)
 	if err := fs.Parse(args[1:]); err != nil {
@@ -49,6 +49,19 @@ func workloadCmd(ctx context.Context, args []string) error {
 		n := workload.Syscalls(ctx, "/")
 		fmt.Fprintf(os.Stderr, "workload: %d stat calls\n", n)
 		return nil
+	case args[0] == "creat" && len(a) == 2:
+		n, err := strconv.Atoi(a[1])
+		if err != nil {
+			return err
+		}
+		return workload.Creat(a[0], n)
+	case args[0] == "spin" && len(a) == 1:
+		d, err := time.ParseDuration(a[0])
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "workload: %d getppid calls\n", workload.Spin(d))
+		return nil
 	}
-	return fmt.Errorf("workload: want stat N PATH | files DIR ROUNDS | syscalls DURATION")
+	return fmt.Errorf("workload: want stat N PATH | files DIR ROUNDS | syscalls DURATION | creat DIR N | spin DURATION")
 }

@@ -24,8 +24,12 @@
  *     ki_splices[] hold it.
  *   The int3 notifier runs in NMI-like context (interrupts off, may
  *     interrupt anything, including a holder of ki_lock) and takes no lock:
- *     it scans ki_splices[0, ki_nr_slots) with READ_ONCE. See
- *     ki_die_notify for why that is safe.
+ *     it binary-searches the published sorted index (ki_live_idx, loaded
+ *     with acquire) and reads the record's patch with READ_ONCE. Writers
+ *     rebuild the other of two index buffers and publish it with release;
+ *     a buffer is rewritten only after every CPU has synced since it was
+ *     retired (ki_spare_dirty), and a CPU cannot take that IPI while it is
+ *     in the notifier. See ki_die_notify.
  *   ki_is_open (atomic) is the exclusive-open flag; release() clears it
  *     last, after everything is restored.
  */
@@ -58,6 +62,8 @@
 #define KI_INT3		0xcc
 #define KI_JMP32	0xe9
 #define KI_JMP32_LEN	5
+#define KI_JMP8		0xeb
+#define KI_JMP8_LEN	2
 #define KI_RETRIES	100			/* restore attempts at release */
 
 /*
@@ -89,13 +95,32 @@ extern u8 ki_patch_heap[];
  */
 static u64 ki_counters[KI_COUNTER_SIZE / sizeof(u64)] __aligned(PAGE_SIZE);
 
+/* What a splice writes. */
+enum ki_kind {
+	KI_DIRECT = 1,	/* jmp rel32 to a patch */
+	KI_SLOT,	/* jmp rel32 to a patch, written into padding: a springboard */
+	KI_SHORT,	/* jmp rel8 to a KI_SLOT splice */
+	KI_TRAP,	/* a permanent int3 sent to a patch by ki_die_notify */
+};
+
 /* One installed splice. */
 struct ki_splice_rec {
-	unsigned long addr;	/* 0: free slot. Written last on publish, first on unpublish; read lock-free */
-	unsigned long patch;	/* where an int3 hit at addr is sent; read lock-free */
+	unsigned long addr;	/* [ki_lock] 0: free record */
+	unsigned long patch;	/* where an int3 hit at addr is sent: WRITE_ONCE under ki_lock, READ_ONCE by the notifier */
 	u32 id;			/* [ki_lock] */
 	u32 len;		/* [ki_lock] bytes written at addr */
+	u8 kind;		/* [ki_lock] enum ki_kind */
 	u8 orig[KI_MAX_INSN];	/* [ki_lock] the bytes to put back */
+};
+
+/*
+ * The notifier's view of the installed splices: addresses sorted, each with
+ * its record. Two buffers: one published (ki_live_idx), one spare.
+ */
+struct ki_index {
+	int n;
+	unsigned long addr[KI_MAX_SPLICES];
+	struct ki_splice_rec *rec[KI_MAX_SPLICES];
 };
 
 static DEFINE_MUTEX(ki_lock);
@@ -111,6 +136,15 @@ static bool ki_need_tasks_gp;
 static DECLARE_BITMAP(ki_heap_used, KI_NCHUNKS);	/* [ki_lock] one bit per allocated chunk */
 /* [ki_lock] at an allocation's first chunk: its length in chunks; else 0 */
 static u16 ki_alloc_len[KI_NCHUNKS];
+/* [ki_lock] at an allocation's first chunk: a splice has sent CPUs into it
+ * since it was allocated, so a task may still be running in it */
+static bool ki_alloc_entered[KI_NCHUNKS];
+
+static struct ki_index ki_idx[2];	/* [ki_lock] for writers */
+static struct ki_index *ki_live_idx = &ki_idx[0];	/* published with release; read with acquire */
+/* [ki_lock] the spare index buffer was published since the last ki_sync_all:
+ * a notifier may still be reading it */
+static bool ki_spare_dirty;
 
 static atomic_t ki_is_open = ATOMIC_INIT(0);
 static atomic_t ki_int3_hits = ATOMIC_INIT(0);	/* redirects by ki_die_notify */
@@ -226,6 +260,7 @@ static void ki_do_sync_core(void *unused)
 static void ki_sync_all(void)
 {
 	on_each_cpu(ki_do_sync_core, NULL, 1);
+	ki_spare_dirty = false;
 }
 
 /*
@@ -263,14 +298,17 @@ static int ki_poke(unsigned long addr, const u8 *bytes, u32 len)
  * ki_die_notify sends a CPU that hit the int3 of an installed splice to the
  * splice's patch: during a splice or unsplice (the transient int3) and, for
  * a trap splice, always. It runs with interrupts off in NMI-like context, so
- * it takes no lock and scans ki_splices[] with READ_ONCE:
+ * it takes no lock: it binary-searches the published index.
  *
- *  - publish: patch is stored before addr (smp_wmb), and both before the
- *    int3 is written and synced, so a CPU that traps on our int3 finds addr
- *    together with its patch;
- *  - unpublish: addr is cleared only after the original bytes are back and
- *    every CPU has synced; that IPI cannot complete while a CPU is still in
- *    this handler, so no CPU is looking at the slot when it is reused.
+ *  - publish: the record is filled, then the index holding it is published
+ *    (release), both before the int3 is written and synced, so a CPU that
+ *    traps on our int3 finds the address with its patch;
+ *  - unpublish: the index without the record is published only after the
+ *    original bytes are back and every CPU has synced; that IPI cannot
+ *    complete while a CPU is still in this handler, so no CPU looks at a
+ *    record for an address that no longer traps;
+ *  - re-point: patch changes with WRITE_ONCE; the old and new patch are both
+ *    complete, and the old one is freed only after an RCU-tasks grace period.
  *
  * Anything else (a user-mode int3, a kprobe, a stray int3) is not ours.
  */
@@ -278,22 +316,63 @@ static int ki_die_notify(struct notifier_block *nb, unsigned long val, void *dat
 {
 	struct die_args *args = data;
 	struct pt_regs *regs = args->regs;
+	const struct ki_index *idx;
 	unsigned long ip;
-	int i, n;
+	int lo, hi;
 
 	if (val != DIE_INT3 || !regs || user_mode(regs))
 		return NOTIFY_DONE;
 	ip = regs->ip - 1;	/* int3 is one byte; ip is after it */
-	n = READ_ONCE(ki_nr_slots);
-	for (i = 0; i < n; i++) {
-		if (READ_ONCE(ki_splices[i].addr) == ip) {
-			smp_rmb();
-			regs->ip = READ_ONCE(ki_splices[i].patch);
+	idx = smp_load_acquire(&ki_live_idx);
+	lo = 0;
+	hi = READ_ONCE(idx->n);
+	while (lo < hi) {
+		int mid = lo + (hi - lo) / 2;
+		unsigned long a = READ_ONCE(idx->addr[mid]);
+
+		if (a == ip) {
+			regs->ip = READ_ONCE(idx->rec[mid]->patch);
 			atomic_inc(&ki_int3_hits);
 			return NOTIFY_STOP;
 		}
+		if (a < ip)
+			lo = mid + 1;
+		else
+			hi = mid;
 	}
 	return NOTIFY_DONE;
+}
+
+/*
+ * ki_index_publish rebuilds the spare index from ki_splices[] and
+ * publishes it. The spare may still be read by a notifier that loaded it
+ * before it was retired, unless every CPU has synced since: sync first if
+ * not.
+ */
+static void ki_index_publish(void)
+{
+	struct ki_index *next = ki_live_idx == &ki_idx[0] ? &ki_idx[1] : &ki_idx[0];
+	int i, j, n = 0;
+
+	if (ki_spare_dirty)
+		ki_sync_all();
+	for (i = 0; i < ki_nr_slots; i++) {
+		struct ki_splice_rec *r = &ki_splices[i];
+
+		if (!r->addr)
+			continue;
+		/* insertion sort: the index is built only on splice/unsplice */
+		for (j = n; j > 0 && next->addr[j - 1] > r->addr; j--) {
+			next->addr[j] = next->addr[j - 1];
+			next->rec[j] = next->rec[j - 1];
+		}
+		next->addr[j] = r->addr;
+		next->rec[j] = r;
+		n++;
+	}
+	next->n = n;
+	smp_store_release(&ki_live_idx, next);
+	ki_spare_dirty = true;
 }
 
 static struct notifier_block ki_die_nb = {
@@ -354,7 +433,8 @@ static bool ki_alloc_busy(long first)
 	int i;
 
 	for (i = 0; i < ki_nr_slots; i++)
-		if (ki_splices[i].addr && ki_splices[i].patch == start)
+		if (ki_splices[i].addr && ki_splices[i].kind != KI_SHORT &&
+		    ki_splices[i].patch == start)
 			return true;
 	return false;
 }
@@ -380,6 +460,7 @@ static int ki_heap_reset(void)
 {
 	bitmap_zero(ki_heap_used, KI_NCHUNKS);
 	memset(ki_alloc_len, 0, sizeof(ki_alloc_len));
+	memset(ki_alloc_entered, 0, sizeof(ki_alloc_entered));
 	return ki_text_write((unsigned long)ki_patch_heap, NULL, KI_INT3, KI_HEAP_SIZE);
 }
 
@@ -402,6 +483,7 @@ static long ki_patch_alloc(struct ki_patch_alloc __user *uarg)
 		return -EFAULT;
 	bitmap_set(ki_heap_used, c, need);
 	ki_alloc_len[c] = need;
+	ki_alloc_entered[c] = false;
 	pr_debug("kerninst: alloc %px +%lu\n", (void *)a.addr, need * KI_CHUNK);
 	return 0;
 }
@@ -423,7 +505,11 @@ static long ki_patch_write(struct ki_patch_write __user *uarg)
 		return -EINVAL;
 	if (ki_alloc_busy(first))
 		return -EBUSY;
-	ki_quiesce();
+	/* A fresh allocation has never run: no wait. One a splice sent CPUs
+	 * into (and that was unspliced since, or ki_alloc_busy would have
+	 * refused) may still have a task inside. */
+	if (ki_alloc_entered[first])
+		ki_quiesce();
 	buf = kmalloc(PAGE_SIZE, GFP_KERNEL);
 	if (!buf)
 		return -ENOMEM;
@@ -464,6 +550,7 @@ static long ki_patch_free(struct ki_patch_free __user *uarg)
 		return err;
 	bitmap_clear(ki_heap_used, first, n);
 	ki_alloc_len[first] = 0;
+	ki_alloc_entered[first] = false;
 	pr_debug("kerninst: free %px\n", (void *)(unsigned long)f.addr);
 	return 0;
 }
@@ -473,9 +560,33 @@ static long ki_patch_free(struct ki_patch_free __user *uarg)
 /* ki_unpublish clears a slot once its bytes are back (see ki_die_notify). */
 static void ki_unpublish(struct ki_splice_rec *r)
 {
-	WRITE_ONCE(r->addr, 0);
+	r->addr = 0;
+	ki_index_publish();
 	ki_nr_splices--;
 	ki_need_tasks_gp = true;
+}
+
+/* ki_slot_users: installed springboard splices that jump to slot r. */
+static int ki_slot_users(const struct ki_splice_rec *r)
+{
+	int i, n = 0;
+
+	for (i = 0; i < ki_nr_slots; i++)
+		if (ki_splices[i].addr && ki_splices[i].kind == KI_SHORT &&
+		    ki_splices[i].patch == r->addr)
+			n++;
+	return n;
+}
+
+/* ki_find_id: the installed splice with id, or NULL. */
+static struct ki_splice_rec *ki_find_id(u32 id)
+{
+	int i;
+
+	for (i = 0; id && i < ki_nr_slots; i++)
+		if (ki_splices[i].addr && ki_splices[i].id == id)
+			return &ki_splices[i];
+	return NULL;
 }
 
 /* ki_restore puts back the original bytes of an installed splice. */
@@ -491,11 +602,45 @@ static int ki_restore(struct ki_splice_rec *r)
 }
 
 /*
+ * ki_splice_kind checks the replacement bytes against the patch and says
+ * what kind of splice they make, or -EINVAL.
+ */
+static int ki_splice_kind(const struct ki_splice *s)
+{
+	if (s->flags & ~KI_SPLICE_SLOT)
+		return -EINVAL;
+	if (s->len == KI_JMP32_LEN && s->new[0] == KI_JMP32) {
+		s64 rel = (s32)get_unaligned_le32(&s->new[1]);
+
+		if (s->addr + KI_JMP32_LEN + rel != s->patch || ki_alloc_start(s->patch) < 0)
+			return -EINVAL;
+		return s->flags & KI_SPLICE_SLOT ? KI_SLOT : KI_DIRECT;
+	}
+	if (s->flags)
+		return -EINVAL;
+	if (s->len == 1 && s->new[0] == KI_INT3)
+		return ki_alloc_start(s->patch) < 0 ? -EINVAL : KI_TRAP;
+	if (s->len == KI_JMP8_LEN && s->new[0] == KI_JMP8) {
+		unsigned long to = s->addr + KI_JMP8_LEN + (s8)s->new[1];
+		int i;
+
+		if (to != s->patch)
+			return -EINVAL;
+		for (i = 0; i < ki_nr_slots; i++)
+			if (ki_splices[i].addr == to && ki_splices[i].kind == KI_SLOT)
+				return KI_SHORT;
+		return -EINVAL;	/* a jmp rel8 must land on an installed slot */
+	}
+	return -EINVAL;
+}
+
+/*
  * ki_splice checks everything, publishes the record, then writes.
- * Errors: -EINVAL malformed request or patch not an allocation start;
- * -EPERM addr is not spliceable text; -EEXIST overlaps an installed splice;
- * -EBUSY the first byte is already an int3 (someone else's breakpoint);
- * -ESTALE the bytes at addr are not orig; -ENOSPC too many splices.
+ * Errors: -EINVAL malformed request, patch not an allocation start, or a
+ * jmp rel8 not to a slot; -EPERM addr is not spliceable text; -EEXIST
+ * overlaps an installed splice; -EBUSY the first byte is already an int3
+ * (someone else's breakpoint; padding under a slot may be int3); -ESTALE
+ * the bytes at addr are not orig; -ENOSPC too many splices.
  */
 static long ki_splice(struct ki_splice __user *uarg)
 {
@@ -503,24 +648,16 @@ static long ki_splice(struct ki_splice __user *uarg)
 	struct ki_splice_rec *rec = NULL;
 	unsigned long addr;
 	u8 cur[KI_MAX_INSN];
-	int i, err;
+	int i, err, kind;
 
 	if (copy_from_user(&s, uarg, sizeof(s)))
 		return -EFAULT;
 	if (s.len < 1 || s.len > KI_MAX_INSN)
 		return -EINVAL;
 	addr = s.addr;
-	/* The replacement: jmp rel32 to the patch, or a trap. */
-	if (s.len == KI_JMP32_LEN && s.new[0] == KI_JMP32) {
-		s64 rel = (s32)get_unaligned_le32(&s.new[1]);
-
-		if (s.addr + KI_JMP32_LEN + rel != s.patch)
-			return -EINVAL;
-	} else if (!(s.len == 1 && s.new[0] == KI_INT3)) {
-		return -EINVAL;
-	}
-	if (ki_alloc_start(s.patch) < 0)
-		return -EINVAL;
+	kind = ki_splice_kind(&s);
+	if (kind < 0)
+		return kind;
 	if (!ki_is_text(addr, s.len) || ki_in_own_module(addr, s.len))
 		return -EPERM;
 	for (i = 0; i < ki_nr_slots; i++) {
@@ -543,22 +680,25 @@ static long ki_splice(struct ki_splice __user *uarg)
 		return -EFAULT;
 	if (memcmp(cur, s.orig, s.len))
 		return -ESTALE;
-	if (cur[0] == KI_INT3)
+	if (cur[0] == KI_INT3 && kind != KI_SLOT)
 		return -EBUSY;
 
+	if (kind != KI_SHORT)
+		ki_alloc_entered[ki_alloc_start(s.patch)] = true;
 	/* Publish before writing: the notifier must know where to send a
 	 * CPU that hits the int3 written first. */
-	rec->patch = s.patch;
+	WRITE_ONCE(rec->patch, s.patch);
 	rec->len = s.len;
+	rec->kind = kind;
 	rec->id = ki_next_id++;
 	if (!ki_next_id)
 		ki_next_id = 1;
 	memcpy(rec->orig, s.orig, s.len);
-	smp_wmb();
-	WRITE_ONCE(rec->addr, addr);
+	rec->addr = addr;
 	if (rec == &ki_splices[ki_nr_slots])
-		WRITE_ONCE(ki_nr_slots, ki_nr_slots + 1);
+		ki_nr_slots++;
 	ki_nr_splices++;
+	ki_index_publish();
 
 	err = ki_poke(addr, s.new, s.len);
 	if (err) {
@@ -569,8 +709,8 @@ static long ki_splice(struct ki_splice __user *uarg)
 		ki_restore(rec);
 		return err;
 	}
-	pr_debug("kerninst: splice %u at %pS -> %px (%u bytes)\n", rec->id, (void *)addr,
-		 (void *)rec->patch, rec->len);
+	pr_debug("kerninst: splice %u at %pS -> %px (%u bytes, kind %d)\n", rec->id, (void *)addr,
+		 (void *)rec->patch, rec->len, kind);
 	if (put_user(rec->id, &uarg->id)) {
 		/* The caller cannot learn the id: take the splice back out. */
 		ki_restore(rec);
@@ -579,23 +719,68 @@ static long ki_splice(struct ki_splice __user *uarg)
 	return 0;
 }
 
+/* -EBUSY for a slot that springboard splices still jump to. */
 static long ki_unsplice(struct ki_unsplice __user *uarg)
 {
 	struct ki_unsplice u;
-	int i;
+	struct ki_splice_rec *r;
 
 	if (copy_from_user(&u, uarg, sizeof(u)))
 		return -EFAULT;
 	if (!u.id)
 		return -EINVAL;
-	for (i = 0; i < ki_nr_slots; i++)
-		if (ki_splices[i].addr && ki_splices[i].id == u.id)
-			return ki_restore(&ki_splices[i]);
-	return -ENOENT;
+	r = ki_find_id(u.id);
+	if (!r)
+		return -ENOENT;
+	if (r->kind == KI_SLOT && ki_slot_users(r))
+		return -EBUSY;
+	return ki_restore(r);
 }
 
-/* ki_newest: the installed splice with the highest id (ids only grow
- * between wraps), or NULL. */
+/*
+ * ki_resplice points splice id at another patch (see KI_IOC_RESPLICE).
+ * Errors: -ENOENT unknown id; -EINVAL a springboard splice (re-point its
+ * slot), or patch not an allocation start; -ERANGE patch out of rel32 reach.
+ */
+static long ki_resplice(struct ki_resplice __user *uarg)
+{
+	struct ki_resplice rs;
+	struct ki_splice_rec *r;
+	u8 jmp[KI_JMP32_LEN];
+	s64 rel;
+	int err;
+
+	if (copy_from_user(&rs, uarg, sizeof(rs)))
+		return -EFAULT;
+	r = ki_find_id(rs.id);
+	if (!r)
+		return -ENOENT;
+	if (r->kind == KI_SHORT || ki_alloc_start(rs.patch) < 0)
+		return -EINVAL;
+	if (rs.patch == r->patch)
+		return 0;
+	ki_alloc_entered[ki_alloc_start(rs.patch)] = true;
+	if (r->kind == KI_TRAP) {
+		WRITE_ONCE(r->patch, rs.patch);
+		ki_need_tasks_gp = true;
+		return 0;
+	}
+	rel = (s64)(rs.patch - (r->addr + KI_JMP32_LEN));
+	if (rel != (s32)rel)
+		return -ERANGE;
+	jmp[0] = KI_JMP32;
+	put_unaligned_le32((u32)(s32)rel, &jmp[1]);
+	/* A CPU that hits the transient int3 goes to the new patch. */
+	WRITE_ONCE(r->patch, rs.patch);
+	ki_need_tasks_gp = true;
+	err = ki_poke(r->addr, jmp, KI_JMP32_LEN);
+	if (err)
+		pr_err("kerninst: re-pointing %pS failed (%d)\n", (void *)r->addr, err);
+	return err;
+}
+
+/* ki_newest: the installed springboard splice, else the installed splice,
+ * with the highest id (ids only grow between wraps), or NULL. */
 static struct ki_splice_rec *ki_newest(void)
 {
 	struct ki_splice_rec *best = NULL;
@@ -604,7 +789,11 @@ static struct ki_splice_rec *ki_newest(void)
 	for (i = 0; i < ki_nr_slots; i++) {
 		struct ki_splice_rec *r = &ki_splices[i];
 
-		if (r->addr && (!best || r->id > best->id))
+		if (!r->addr)
+			continue;
+		/* springboard splices before the slots they jump to */
+		if (!best || (r->kind == KI_SHORT) > (best->kind == KI_SHORT) ||
+		    ((r->kind == KI_SHORT) == (best->kind == KI_SHORT) && r->id > best->id))
 			best = r;
 	}
 	return best;
@@ -649,22 +838,27 @@ static int ki_module_notify(struct notifier_block *nb, unsigned long action, voi
 {
 	struct module *mod = data;
 	unsigned long base, end;
-	int i;
+	int i, pass;
 
 	if (action != MODULE_STATE_GOING || mod == THIS_MODULE)
 		return NOTIFY_DONE;
 	base = (unsigned long)mod->core_layout.base;
 	end = base + mod->core_layout.text_size;
 	mutex_lock(&ki_lock);
-	for (i = 0; i < ki_nr_slots; i++) {
-		struct ki_splice_rec *r = &ki_splices[i];
+	/* Two passes: springboard splices before the slots they jump to. */
+	for (pass = 0; pass < 2; pass++) {
+		for (i = 0; i < ki_nr_slots; i++) {
+			struct ki_splice_rec *r = &ki_splices[i];
 
-		if (r->addr >= base && r->addr < end) {
-			pr_info("kerninst: module %s is unloading; removing splice %u at %pS\n",
-				mod->name, r->id, (void *)r->addr);
-			if (ki_restore(r))
-				pr_err("kerninst: cannot restore %px in going module %s\n",
-				       (void *)r->addr, mod->name);
+			if (!r->addr || (r->kind == KI_SHORT) != (pass == 0))
+				continue;
+			if (r->addr >= base && r->addr < end) {
+				pr_info("kerninst: module %s is unloading; removing splice %u at %pS\n",
+					mod->name, r->id, (void *)r->addr);
+				if (ki_restore(r))
+					pr_err("kerninst: cannot restore %px in going module %s\n",
+					       (void *)r->addr, mod->name);
+			}
 		}
 	}
 	mutex_unlock(&ki_lock);
@@ -772,6 +966,9 @@ static long ki_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 	case KI_IOC_COUNTERS_CLEAR:
 		ret = ki_counters_clear(uarg);
 		break;
+	case KI_IOC_RESPLICE:
+		ret = ki_resplice(uarg);
+		break;
 	default:
 		ret = -ENOTTY;
 	}
@@ -849,7 +1046,8 @@ static int __init ki_init(void)
 	int err;
 
 	BUILD_BUG_ON(KI_NCHUNKS > U16_MAX);	/* ki_alloc_len is u16 */
-	BUILD_BUG_ON(sizeof(struct ki_info) != 64 || sizeof(struct ki_splice) != 56);
+	BUILD_BUG_ON(sizeof(struct ki_info) != 64 || sizeof(struct ki_splice) != 64 ||
+		     sizeof(struct ki_resplice) != 16);
 	err = register_die_notifier(&ki_die_nb);
 	if (err)
 		return err;

@@ -13,7 +13,7 @@
 #include <linux/ioctl.h>
 #include <linux/types.h>
 
-#define KI_ABI_VERSION 1
+#define KI_ABI_VERSION 2
 #define KI_MAX_INSN 15
 
 /* KI_IOC_INFO: layout of the driver's heaps. */
@@ -47,7 +47,9 @@ struct ki_patch_alloc {
 
 /* KI_IOC_PATCH_WRITE: write len bytes from user buf into an allocated patch
  * range [addr, addr+len), through a temporary writable alias. Refused
- * (-EBUSY) while an installed splice targets that allocation. */
+ * (-EBUSY) while an installed splice targets that allocation; waits for
+ * synchronize_rcu_tasks() first if a splice ever sent CPUs into it (a fresh
+ * allocation is written at once). */
 struct ki_patch_write {
 	__u64 addr;
 	__u64 buf;
@@ -64,13 +66,20 @@ struct ki_patch_free {
 
 /* KI_IOC_SPLICE: overwrite the one instruction at addr.
  *   orig[0..len)  the bytes the caller expects there now (checked);
- *   new[0..len)   the replacement: either "e9 rel32" (len == 5) jumping to
- *                 patch, or a single int3 (len == 1, trap splice);
- *   patch         start of an allocated patch: where a CPU that hits the
- *                 int3 (during the write, or forever for a trap splice) is
- *                 sent by the die notifier.
+ *   new[0..len)   the replacement, one of:
+ *     "e9 rel32" (len 5) jumping to patch: a direct splice, or with
+ *                 KI_SPLICE_SLOT a springboard slot written into padding
+ *                 (orig may then hold int3 padding bytes);
+ *     "eb rel8"  (len 2) jumping to an installed slot: a springboard
+ *                 splice; patch must be that slot's address;
+ *     int3       (len 1): a trap splice;
+ *   patch         an allocated patch (the slot, for "eb rel8"): where a CPU
+ *                 that hits the int3 (during the write, or forever for a
+ *                 trap splice) is sent by the die notifier.
  * Written with the text_poke_bp protocol: int3, sync all CPUs, tail, sync,
  * first byte, sync. id is returned; splices never overlap. */
+#define KI_SPLICE_SLOT 1u
+
 struct ki_splice {
 	__u64 addr;
 	__u64 patch;
@@ -78,6 +87,22 @@ struct ki_splice {
 	__u32 id; /* out */
 	__u8 orig[16];
 	__u8 new[16];
+	__u32 flags; /* KI_SPLICE_SLOT */
+	__u32 pad;
+};
+
+/* KI_IOC_RESPLICE: point installed splice id at another allocated patch,
+ * so a point's instrumentation can change without a moment where the point
+ * runs neither the old nor the new patch. A direct splice or slot gets its
+ * jmp rel32 rewritten (int3, sync, rel32, sync, e9, sync; a CPU that hits
+ * the int3 meanwhile goes to the new patch); a trap splice only changes
+ * where its int3 sends CPUs. A springboard splice ("eb rel8") is re-pointed
+ * through its slot. The old patch may still be running on some task: it is
+ * freed only after an RCU-tasks grace period (KI_IOC_PATCH_FREE waits). */
+struct ki_resplice {
+	__u32 id;
+	__u32 pad;
+	__u64 patch;
 };
 
 /* KI_IOC_UNSPLICE: restore the original bytes of splice id (same protocol). */
@@ -101,5 +126,6 @@ struct ki_counters_clear {
 #define KI_IOC_SPLICE         _IOWR(KI_IOC_MAGIC, 5, struct ki_splice)
 #define KI_IOC_UNSPLICE       _IOW(KI_IOC_MAGIC, 6, struct ki_unsplice)
 #define KI_IOC_COUNTERS_CLEAR _IOW(KI_IOC_MAGIC, 7, struct ki_counters_clear)
+#define KI_IOC_RESPLICE       _IOW(KI_IOC_MAGIC, 8, struct ki_resplice)
 
 #endif

@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
+	"sort"
 	"text/tabwriter"
 	"time"
 
@@ -17,8 +20,22 @@ func BenchSplice(ctx context.Context, c *kerninstd.Client, point string, cycles 
 	if err != nil {
 		return err
 	}
+	// The same request made with a kprobe through tracefs, in the same
+	// kernel: define and enable, then disable and delete.
+	kp := KprobeRequest{Point: fmt.Sprintf("%s+%#x", res.Point.Function, res.Point.Offset)}
+	if err := timeKprobeRequests(&kp, min(cycles, 100)); err != nil {
+		kp.Skipped = err.Error()
+	}
+	ours := res.Resolve.Median + res.Codegen.Median + res.Patch.Median + res.Splice.Median
+	if kp.Skipped == "" && ours > 0 {
+		kp.Ratio = float64(kp.Attach.Median) / float64(ours)
+	}
 	if asJSON {
-		return writeJSON(w, res)
+		return writeJSON(w, struct {
+			kerninstd.BenchResult
+			Request int64         `json:"request_ns"` // resolve + codegen + patch write + splice, medians
+			Kprobe  KprobeRequest `json:"kprobe"`
+		}{res, ours, kp})
 	}
 	r := res.Point
 	fmt.Fprintf(w, "%s at %s+%#x (%#x): %d-byte %q, %d cycles, text restored: %v\n",
@@ -39,5 +56,71 @@ func BenchSplice(ctx context.Context, c *kerninstd.Client, point string, cycles 
 		d := row.d
 		fmt.Fprintf(tw, "%s\t%d\t%v\t%v\t%v\t%v\t\n", row.name, d.N, time.Duration(d.Median), time.Duration(d.P90), time.Duration(d.Min), time.Duration(d.Max))
 	}
-	return tw.Flush()
+	if kp.Skipped == "" {
+		for _, row := range []struct {
+			name string
+			d    kerninstd.Durations
+		}{{"kprobe define+enable (tracefs)", kp.Attach}, {"kprobe disable+delete (tracefs)", kp.Detach}} {
+			d := row.d
+			fmt.Fprintf(tw, "%s\t%d\t%v\t%v\t%v\t%v\t\n", row.name, d.N, time.Duration(d.Median), time.Duration(d.P90), time.Duration(d.Min), time.Duration(d.Max))
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "a whole request (resolve + codegen + patch write + splice, medians): %v\n", time.Duration(ours))
+	if kp.Skipped != "" {
+		fmt.Fprintf(w, "kprobe comparison skipped: %s\n", kp.Skipped)
+	} else {
+		fmt.Fprintf(w, "the same point as a tracefs kprobe (define + enable): %v, %.1f× kinst's request\n", time.Duration(kp.Attach.Median), kp.Ratio)
+	}
+	return nil
+}
+
+// KprobeRequest is the cost of the same request made as a kprobe through
+// tracefs.
+type KprobeRequest struct {
+	Point   string              `json:"point"`
+	Attach  kerninstd.Durations `json:"attach"` // write the kprobe_events line, enable
+	Detach  kerninstd.Durations `json:"detach"` // disable, delete
+	Ratio   float64             `json:"ratio"`  // attach median / kinst's request median
+	Skipped string              `json:"skipped,omitempty"`
+}
+
+func timeKprobeRequests(kp *KprobeRequest, n int) error {
+	events := filepath.Join(tracefs, "kprobe_events")
+	if _, err := os.Stat(events); err != nil {
+		return fmt.Errorf("no tracefs at %s", tracefs)
+	}
+	const group, event = "kinst_bench", "req"
+	enable := filepath.Join(tracefs, "events", group, event, "enable")
+	var at, de []time.Duration
+	for i := 0; i < n; i++ {
+		t0 := time.Now()
+		if err := appendFile(events, fmt.Sprintf("p:%s/%s %s\n", group, event, kp.Point)); err != nil {
+			return fmt.Errorf("add kprobe at %s: %w", kp.Point, err)
+		}
+		if err := os.WriteFile(enable, []byte("1"), 0); err != nil {
+			appendFile(events, fmt.Sprintf("-:%s/%s\n", group, event))
+			return err
+		}
+		t1 := time.Now()
+		os.WriteFile(enable, []byte("0"), 0)
+		if err := appendFile(events, fmt.Sprintf("-:%s/%s\n", group, event)); err != nil {
+			return err
+		}
+		at = append(at, t1.Sub(t0))
+		de = append(de, time.Since(t1))
+	}
+	kp.Attach, kp.Detach = durations(at), durations(de)
+	return nil
+}
+
+func durations(ds []time.Duration) kerninstd.Durations {
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	if len(s) == 0 {
+		return kerninstd.Durations{}
+	}
+	return kerninstd.Durations{N: len(s), Median: int64(s[len(s)/2]), P90: int64(s[len(s)*9/10]), Min: int64(s[0]), Max: int64(s[len(s)-1])}
 }

@@ -148,6 +148,12 @@ func ShowStats(ctx context.Context, c *kerninstd.Client, asJSON bool, w, stderr 
 	for _, c := range []string{"direct", "springboard", "trap", "refused"} {
 		fmt.Fprintf(w, "  %-12s %9d  %s\n", c, st.SpliceClasses[c], pct(st.SpliceClasses[c]))
 	}
+	if sb := st.Springboard; sb != nil && sb.Short > 0 {
+		share := func(n int) string { return fmt.Sprintf("%.1f%%", 100*float64(n)/float64(sb.Short)) }
+		fmt.Fprintf(w, "springboard space:\n  runs %d, %d bytes, %d disjoint 5-byte slots (padding after jmp/ret)\n", sb.Runs, sb.Bytes, sb.Slots)
+		fmt.Fprintf(w, "  short instructions %d: %d (%s) have a slot within rel8 reach, %d (%s) get one all at once, %d (%s) need a trap splice\n",
+			sb.Short, sb.InReach, share(sb.InReach), sb.Assigned, share(sb.Assigned), sb.Trap, share(sb.Trap))
+	}
 	fmt.Fprintf(w, "analysed in %.2f s\n", st.Seconds)
 	return nil
 }

@@ -5,14 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"os/exec"
-	"os/signal"
 	"syscall"
 	"text/tabwriter"
 	"time"
 
 	"github.com/kinst/kinst/kerninstd"
+	"github.com/kinst/kinst/metrics"
 )
 
 // CountOptions are the flags of `kinst count`.
@@ -21,6 +20,7 @@ type CountOptions struct {
 	Duration time.Duration // 0: until Ctrl-C or the command exits
 	Interval time.Duration
 	JSON     bool
+	Plot     string   // write an SVG chart of the counts per second here
 	Command  []string // run this and count for its lifetime
 }
 
@@ -66,49 +66,6 @@ func Count(ctx context.Context, c *kerninstd.Client, o CountOptions, stdout, std
 	for _, p := range sess.Probes {
 		describeProbe(stderr, p.Resolved)
 	}
-	// The stream ties the splices to this process: if kinst dies, kerninstd
-	// removes them.
-	stream, err := c.Samples(context.WithoutCancel(ctx), sess.ID, o.Interval)
-	if err != nil {
-		c.RemoveSession(context.WithoutCancel(ctx), sess.ID)
-		return 1, err
-	}
-	defer stream.Close()
-	samples := make(chan kerninstd.Sample)
-	go func() {
-		defer close(samples)
-		for {
-			s, err := stream.Next()
-			if err != nil {
-				return
-			}
-			samples <- s
-		}
-	}()
-
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
-	defer signal.Stop(sig)
-
-	var cmd *exec.Cmd
-	cmdDone := make(chan error, 1)
-	if len(o.Command) > 0 {
-		cmd = exec.Command(o.Command[0], o.Command[1:]...)
-		cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-		if err := cmd.Start(); err != nil {
-			c.RemoveSession(context.WithoutCancel(ctx), sess.ID)
-			return 127, fmt.Errorf("start %s: %w", o.Command[0], err)
-		}
-		go func() { cmdDone <- cmd.Wait() }()
-	} else if o.Duration == 0 {
-		fmt.Fprintln(stderr, "kinst: counting; Ctrl-C to stop")
-	}
-	var deadline <-chan time.Time
-	if o.Duration > 0 {
-		deadline = time.After(o.Duration)
-	}
-
-	start := time.Now()
 	report := CountReport{IntervalNS: int64(o.Interval)}
 	// Live rows use fixed widths: each is printed as its sample arrives.
 	locWidth := 8
@@ -118,52 +75,41 @@ func Count(ctx context.Context, c *kerninstd.Client, o CountOptions, stdout, std
 	if !o.JSON {
 		fmt.Fprintf(stdout, "%8s  %-*s  %12s  %12s\n", "time", locWidth, "location", "+interval", "total")
 	}
-	exitStatus := 0
-	waitCmd := func(err error) {
-		exitStatus = exitCode(err)
-		report.ExitStatus = &exitStatus
+	series := make([]metrics.Series, len(sess.Probes))
+	for i, p := range sess.Probes {
+		series[i].Name = location(p.Resolved)
+		series[i].Add(metrics.Point{Time: sess.Created})
 	}
-loop:
-	for {
-		select {
-		case s, ok := <-samples:
-			if !ok {
-				break loop
-			}
-			el := s.Time.Sub(start)
+	res, err := runSession(ctx, c, sess, runOptions{Duration: o.Duration, Interval: o.Interval, Command: o.Command,
+		Waiting: "kinst: counting; Ctrl-C to stop"}, stderr,
+		func(el time.Duration, s kerninstd.Sample) {
 			report.Intervals = append(report.Intervals, CountSample{ElapsedNS: int64(el), Deltas: s.Deltas})
+			for i := range series {
+				if i < len(s.Totals) {
+					series[i].Add(metrics.Point{Time: s.Time, Calls: s.Totals[i]})
+				}
+			}
 			if !o.JSON {
 				for i, p := range sess.Probes {
 					fmt.Fprintf(stdout, "%8.3f  %-*s  %12d  %12d\n", el.Seconds(), locWidth, location(p.Resolved), s.Deltas[i], s.Totals[i])
 				}
 			}
-		case err := <-cmdDone:
-			waitCmd(err)
-			break loop
-		case <-deadline:
-			break loop
-		case sg := <-sig:
-			if cmd != nil {
-				// The terminal sent the command the same SIGINT; a
-				// SIGTERM is passed on. Count until it is gone.
-				if sg == syscall.SIGTERM {
-					cmd.Process.Signal(sg)
-				}
-				waitCmd(<-cmdDone)
-			}
-			break loop
-		}
+		})
+	report.ExitStatus = res.ExitStatus
+	exitStatus := 0
+	if res.ExitStatus != nil {
+		exitStatus = *res.ExitStatus
 	}
-	if cmd != nil && report.ExitStatus == nil {
-		// --duration ended first: stop the command, as perf stat does not,
-		// but a bounded run must end.
-		cmd.Process.Signal(syscall.SIGTERM)
-		waitCmd(<-cmdDone)
-	}
-	report.DurationNS = int64(time.Since(start))
-	final, err := c.RemoveSession(context.WithoutCancel(ctx), sess.ID)
 	if err != nil {
-		return 1, fmt.Errorf("remove counters: %w", err)
+		return max(exitStatus, 1), err
+	}
+	report.DurationNS = int64(res.Duration)
+	final := res.Final
+	if o.Plot != "" {
+		if err := writePlot(o.Plot, "kinst count", series); err != nil {
+			return max(exitStatus, 1), err
+		}
+		fmt.Fprintf(stderr, "kinst: wrote %s\n", o.Plot)
 	}
 	for _, p := range final.Probes {
 		cp := CountProbe{Point: p.Point, Function: p.Function, Offset: p.Offset, Address: p.Address, Count: p.Count}

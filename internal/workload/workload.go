@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -76,4 +77,36 @@ func Syscalls(ctx context.Context, path string) (stats uint64) {
 	}
 	wg.Wait()
 	return stats
+}
+
+// Spin keeps one thread on the CPU for d, calling getppid(2) in a loop, and
+// returns the number of calls: a CPU-bound path through the kernel.
+func Spin(d time.Duration) uint64 {
+	runtime.LockOSThread()
+	var n uint64
+	for end := time.Now().Add(d); time.Now().Before(end); n++ {
+		syscall.Getppid()
+	}
+	return n
+}
+
+// Creat opens n times one of 16 files under dir with
+// O_CREAT|O_TRUNC|O_WRONLY, writes 4 KiB and closes it: every open after
+// the first round truncates a file that holds data (the workload of
+// KernInst's §5 investigation of copen).
+func Creat(dir string, n int) error {
+	buf := make([]byte, 4096)
+	for i := 0; i < n; i++ {
+		p := filepath.Join(dir, fmt.Sprintf("kinst-creat-%d", i%16))
+		fd, err := unix.Open(p, unix.O_CREAT|unix.O_TRUNC|unix.O_WRONLY, 0o600)
+		if err != nil {
+			return fmt.Errorf("open %s: %w", p, err)
+		}
+		_, err = unix.Write(fd, buf)
+		unix.Close(fd)
+		if err != nil {
+			return fmt.Errorf("write %s: %w", p, err)
+		}
+	}
+	return nil
 }

@@ -1,0 +1,125 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/kinst/kinst/kerninstd"
+)
+
+// runOptions say how long a session's report runs.
+type runOptions struct {
+	Duration time.Duration // 0: until Ctrl-C or the command exits
+	Interval time.Duration
+	Command  []string // run this and report for its lifetime
+	Waiting  string   // printed when neither bounds the run
+}
+
+// runResult is how a run ended.
+type runResult struct {
+	ExitStatus *int // of the command, if one ran
+	Duration   time.Duration
+	Final      kerninstd.Session // with final totals; the session is removed
+	Detach     time.Duration     // how long the removal took
+}
+
+// runSession streams the session's samples to onSample until the
+// duration ends, the command exits or a signal arrives, then removes the
+// session. The sample stream ties the session to this process: if kinst
+// dies, kerninstd removes its splices.
+func runSession(ctx context.Context, c *kerninstd.Client, sess kerninstd.Session, o runOptions, stderr io.Writer,
+	onSample func(elapsed time.Duration, s kerninstd.Sample)) (runResult, error) {
+	var res runResult
+	remove := func() { c.RemoveSession(context.WithoutCancel(ctx), sess.ID) }
+	stream, err := c.Samples(context.WithoutCancel(ctx), sess.ID, o.Interval)
+	if err != nil {
+		remove()
+		return res, err
+	}
+	defer stream.Close()
+	samples := make(chan kerninstd.Sample)
+	go func() {
+		defer close(samples)
+		for {
+			s, err := stream.Next()
+			if err != nil {
+				return
+			}
+			samples <- s
+		}
+	}()
+
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sig)
+
+	var cmd *exec.Cmd
+	cmdDone := make(chan error, 1)
+	if len(o.Command) > 0 {
+		cmd = exec.Command(o.Command[0], o.Command[1:]...)
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+		if err := cmd.Start(); err != nil {
+			remove()
+			st := 127
+			res.ExitStatus = &st
+			return res, fmt.Errorf("start %s: %w", o.Command[0], err)
+		}
+		go func() { cmdDone <- cmd.Wait() }()
+	} else if o.Duration == 0 && o.Waiting != "" {
+		fmt.Fprintln(stderr, o.Waiting)
+	}
+	var deadline <-chan time.Time
+	if o.Duration > 0 {
+		deadline = time.After(o.Duration)
+	}
+	start := time.Now()
+	waitCmd := func(err error) {
+		st := exitCode(err)
+		res.ExitStatus = &st
+	}
+loop:
+	for {
+		select {
+		case s, ok := <-samples:
+			if !ok {
+				break loop
+			}
+			onSample(s.Time.Sub(start), s)
+		case err := <-cmdDone:
+			waitCmd(err)
+			break loop
+		case <-deadline:
+			break loop
+		case sg := <-sig:
+			if cmd != nil {
+				// The terminal sent the command the same SIGINT; a
+				// SIGTERM is passed on. Report until it is gone.
+				if sg == syscall.SIGTERM {
+					cmd.Process.Signal(sg)
+				}
+				waitCmd(<-cmdDone)
+			}
+			break loop
+		}
+	}
+	if cmd != nil && res.ExitStatus == nil {
+		// --duration ended first: a bounded run must end.
+		cmd.Process.Signal(syscall.SIGTERM)
+		waitCmd(<-cmdDone)
+	}
+	res.Duration = time.Since(start)
+	detach := time.Now()
+	final, err := c.RemoveSession(context.WithoutCancel(ctx), sess.ID)
+	res.Detach = time.Since(detach)
+	if err != nil {
+		return res, fmt.Errorf("remove instrumentation: %w", err)
+	}
+	res.Final = final
+	return res, nil
+}

@@ -1,0 +1,70 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kinst/kinst/kerninstd"
+)
+
+// Ls lists the live sessions (`kinst ls`). --json: the []Session of
+// GET /v1/sessions.
+func Ls(ctx context.Context, c *kerninstd.Client, asJSON bool, stdout io.Writer) error {
+	list, err := c.Sessions(ctx)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return writeJSON(stdout, list)
+	}
+	if len(list) == 0 {
+		fmt.Fprintln(stdout, "no sessions")
+		return nil
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tID\tAGE\tEXPIRES IN\tTIED\tINSTRUMENTS")
+	now := time.Now()
+	for _, s := range list {
+		exp := "-"
+		if s.Expires != nil {
+			exp = s.Expires.Sub(now).Round(time.Second).String()
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%v\t%s\n", s.Name, s.ID, now.Sub(s.Created).Round(time.Second), exp, s.Tied, instruments(s))
+	}
+	return tw.Flush()
+}
+
+// instruments summarises what a session has installed, with totals.
+func instruments(s kerninstd.Session) string {
+	var parts []string
+	for _, t := range s.Timers {
+		p := fmt.Sprintf("time %s (%d calls, %s wall", t.Function, t.Calls, fmtNS(t.WallNS))
+		if t.Filter != "" {
+			p += ", " + t.Filter
+		}
+		parts = append(parts, p+")")
+	}
+	for _, p := range s.Probes {
+		parts = append(parts, fmt.Sprintf("count %s (%d)", location(p.Resolved), p.Count))
+	}
+	return strings.Join(parts, "; ")
+}
+
+// Detach removes a session by name or ID (`kinst detach`) and prints its
+// final totals.
+func Detach(ctx context.Context, c *kerninstd.Client, name string, asJSON bool, stdout io.Writer) error {
+	start := time.Now()
+	s, err := c.RemoveSession(ctx, name)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return writeJSON(stdout, s)
+	}
+	fmt.Fprintf(stdout, "detached %s (%s) in %v: %s\n", s.Name, s.ID, time.Since(start).Round(time.Microsecond), instruments(s))
+	return nil
+}

@@ -1,0 +1,231 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kinst/kinst/kerninstd"
+	"github.com/kinst/kinst/metrics"
+)
+
+// TimeOptions are the flags of `kinst time`.
+type TimeOptions struct {
+	Functions []string
+	Lock      string // waiters on this mutex instead of Functions
+	Filter    kerninstd.Filter
+	Virtual   bool
+	Duration  time.Duration
+	Interval  time.Duration
+	JSON      bool
+	Plot      string // write an SVG chart here
+	Name      string
+	TTL       time.Duration
+	Command   []string
+}
+
+// TimeReport is `kinst time --json`.
+type TimeReport struct {
+	Session    string          `json:"session"`
+	Filter     string          `json:"filter,omitempty"`
+	Functions  []TimedFunction `json:"functions"`
+	DurationNS int64           `json:"duration_ns"`
+	IntervalNS int64           `json:"interval_ns"`
+	// FirstDataNS is from the request to the first sample received.
+	FirstDataNS int64 `json:"first_data_ns"`
+	// DetachNS is how long removing the instrumentation took.
+	DetachNS   int64          `json:"detach_ns"`
+	Intervals  []TimeInterval `json:"intervals"`
+	ExitStatus *int           `json:"exit_status,omitempty"`
+}
+
+// TimedFunction is one function's totals over the run.
+type TimedFunction struct {
+	Function    string   `json:"function"`
+	Entry       string   `json:"entry"` // FUNC+0xOFF spliced for the entry
+	Exits       []string `json:"exits"` // FUNC+0xOFF of every exit spliced
+	Calls       uint64   `json:"calls"`
+	CallsPerSec float64  `json:"calls_per_sec"`
+	WallNS      float64  `json:"wall_ns"`     // Σ wall time of the calls (thread-time inside)
+	AvgWallNS   float64  `json:"avg_wall_ns"` // per call
+	VirtualNS   *float64 `json:"virtual_ns"`  // Σ on-CPU time; null unless --virtual
+	AvgVirtual  *float64 `json:"avg_virtual_ns,omitempty"`
+	Concurrency float64  `json:"concurrency"` // average threads inside
+}
+
+// TimeInterval is one sampling interval, per function in order.
+type TimeInterval struct {
+	ElapsedNS int64           `json:"elapsed_ns"`
+	Functions []metrics.Rates `json:"functions"`
+}
+
+// Time times kernel functions: calls, wall time, concurrency.
+func Time(ctx context.Context, c *kerninstd.Client, o TimeOptions, stdout, stderr io.Writer) (int, error) {
+	if len(o.Functions) == 0 && o.Lock == "" {
+		return 2, errors.New("time: name at least one kernel function")
+	}
+	if o.Interval <= 0 {
+		o.Interval = time.Second
+	}
+	req := kerninstd.SessionRequest{Timers: o.Functions, Tied: true, Name: o.Name, TTLNS: int64(o.TTL), Virtual: o.Virtual, Lock: o.Lock}
+	if o.Lock != "" {
+		o.Virtual = true // the daemon splits each wait into spinning and sleeping
+	}
+	if o.Filter != (kerninstd.Filter{}) {
+		f := o.Filter
+		req.Filter = &f
+	}
+	asked := time.Now()
+	sess, err := c.CreateSession(ctx, req)
+	if err != nil {
+		return 1, err
+	}
+	for _, t := range sess.Timers {
+		describeTimer(stderr, t)
+	}
+	series := make([]metrics.Series, len(sess.Timers))
+	for i, t := range sess.Timers {
+		series[i].Name = t.Function
+		p := t.Point
+		p.Time = sess.Created
+		series[i].Add(p)
+	}
+	report := TimeReport{Session: sess.Name, IntervalNS: int64(o.Interval)}
+	if len(sess.Timers) > 0 {
+		report.Filter = sess.Timers[0].Filter
+	}
+	width := 8
+	for _, t := range sess.Timers {
+		width = max(width, len(t.Function))
+	}
+	if !o.JSON {
+		fmt.Fprintf(stdout, "%8s  %-*s  %10s  %12s  %12s  %11s  %6s\n", "time", width, "function", "calls/s", "avg wall", "avg virtual", "concurrency", "inside")
+	}
+	res, err := runSession(ctx, c, sess, runOptions{Duration: o.Duration, Interval: o.Interval, Command: o.Command,
+		Waiting: "kinst: timing; Ctrl-C to stop"}, stderr,
+		func(el time.Duration, s kerninstd.Sample) {
+			if report.FirstDataNS == 0 {
+				report.FirstDataNS = int64(time.Since(asked))
+			}
+			iv := TimeInterval{ElapsedNS: int64(el)}
+			for i, p := range s.Timers {
+				if i >= len(series) {
+					break
+				}
+				prev := series[i].Points[len(series[i].Points)-1]
+				series[i].Add(p)
+				r := metrics.Derive(prev, p)
+				iv.Functions = append(iv.Functions, r)
+				if !o.JSON {
+					virt := "-"
+					if o.Virtual {
+						virt = fmtNS(r.AvgVirtualNS)
+					}
+					fmt.Fprintf(stdout, "%8.3f  %-*s  %10.0f  %12s  %12s  %11.3f  %6d\n", el.Seconds(), width, series[i].Name,
+						r.CallsPerSec, fmtNS(r.AvgWallNS), virt, r.Concurrency, p.Inside)
+				}
+			}
+			report.Intervals = append(report.Intervals, iv)
+		})
+	report.ExitStatus = res.ExitStatus
+	status := 0
+	if res.ExitStatus != nil {
+		status = *res.ExitStatus
+	}
+	if err != nil {
+		return max(status, 1), err
+	}
+	report.DurationNS = int64(res.Duration)
+	report.DetachNS = int64(res.Detach)
+	for i, t := range res.Final.Timers {
+		// Totals over the session's whole life, as the daemon saw it.
+		first := t.Point
+		first.Calls, first.WallNS, first.VirtualNS, first.Time = 0, 0, 0, sess.Created
+		r := metrics.Derive(first, t.Point)
+		tf := TimedFunction{Function: t.Function, Entry: at(t.Entry), Calls: t.Calls, CallsPerSec: r.CallsPerSec,
+			WallNS: t.WallNS, AvgWallNS: r.AvgWallNS, Concurrency: r.Concurrency}
+		for _, e := range t.Exits {
+			tf.Exits = append(tf.Exits, at(e))
+		}
+		if t.Virtual {
+			v, avg := t.VirtualNS, r.AvgVirtualNS
+			tf.VirtualNS, tf.AvgVirtual = &v, &avg
+		}
+		report.Functions = append(report.Functions, tf)
+		if i < len(series) {
+			series[i].Add(t.Point)
+		}
+	}
+	if o.Plot != "" {
+		if err := writePlot(o.Plot, "kinst time", series); err != nil {
+			return max(status, 1), err
+		}
+		fmt.Fprintf(stderr, "kinst: wrote %s\n", o.Plot)
+	}
+	if o.JSON {
+		return status, writeJSON(stdout, report)
+	}
+	fmt.Fprintf(stdout, "\ntotals over %.3f s (splices removed)%s:\n", res.Duration.Seconds(), filterNote(report.Filter))
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "calls\tcalls/s\ttotal wall\tavg wall\ttotal virtual\tavg virtual\tconcurrency\tfunction\t")
+	for _, f := range report.Functions {
+		tv, av := "-", "-"
+		if f.VirtualNS != nil {
+			tv, av = fmtNS(*f.VirtualNS), fmtNS(*f.AvgVirtual)
+		}
+		fmt.Fprintf(tw, "%d\t%.0f\t%s\t%s\t%s\t%s\t%.3f\t%s\t\n", f.Calls, f.CallsPerSec, fmtNS(f.WallNS), fmtNS(f.AvgWallNS), tv, av, f.Concurrency, f.Function)
+	}
+	return status, tw.Flush()
+}
+
+func filterNote(f string) string {
+	if f == "" {
+		return ""
+	}
+	return ", only " + f
+}
+
+func at(r kerninstd.Resolved) string { return fmt.Sprintf("%s+%#x", r.Function, r.Offset) }
+
+// describeTimer prints where a timer's splices landed.
+func describeTimer(w io.Writer, t kerninstd.TimerInfo) {
+	var exits []string
+	for _, e := range t.Exits {
+		exits = append(exits, fmt.Sprintf("+%#x", e.Offset))
+	}
+	fmt.Fprintf(w, "kinst: timing %s: entry at +%#x, %d exit(s) at %s%s\n", t.Function, t.Entry.Offset, len(t.Exits),
+		strings.Join(exits, " "), filterNote(t.Filter))
+}
+
+// fmtNS prints a duration given in (fractional) nanoseconds.
+func fmtNS(ns float64) string {
+	switch {
+	case ns == 0:
+		return "0"
+	case ns < 1e3:
+		return fmt.Sprintf("%.0fns", ns)
+	case ns < 1e6:
+		return fmt.Sprintf("%.2fµs", ns/1e3)
+	case ns < 1e9:
+		return fmt.Sprintf("%.2fms", ns/1e6)
+	}
+	return fmt.Sprintf("%.3fs", ns/1e9)
+}
+
+// writePlot writes series as an SVG chart to path.
+func writePlot(path, title string, series []metrics.Series) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := metrics.PlotSVG(f, title, series); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}

@@ -1,0 +1,163 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kinst/kinst/kerninstd"
+	"github.com/kinst/kinst/metrics"
+)
+
+// WatchOptions are the flags of `kinst watch`.
+type WatchOptions struct {
+	Interval   time.Duration
+	Iterations int // refreshes before exiting; 0: until Ctrl-C
+	History    int // sparkline length
+	JSON       bool
+}
+
+// WatchRow is one metric of `kinst watch --json` (printed after the last
+// refresh).
+type WatchRow struct {
+	Session     string    `json:"session"`
+	Metric      string    `json:"metric"` // "time FUNC" or "count POINT"
+	Total       uint64    `json:"total"`  // calls or executions so far
+	PerSec      float64   `json:"per_sec"`
+	AvgWallNS   float64   `json:"avg_wall_ns,omitempty"`
+	Concurrency float64   `json:"concurrency,omitempty"`
+	Inside      int       `json:"inside,omitempty"`
+	History     []float64 `json:"history"` // per-second rates, oldest first
+}
+
+// watched is one metric across refreshes.
+type watched struct {
+	row  WatchRow
+	last metrics.Point
+	seen bool
+}
+
+// Watch shows every active metric of every session, refreshed like top:
+// sorted by rate, with a sparkline of the recent rates per row.
+func Watch(ctx context.Context, c *kerninstd.Client, o WatchOptions, stdout io.Writer) error {
+	if o.Interval <= 0 {
+		o.Interval = time.Second
+	}
+	if o.History <= 0 {
+		o.History = 30
+	}
+	rows := map[string]*watched{}
+	tick := time.NewTicker(o.Interval)
+	defer tick.Stop()
+	for i := 0; o.Iterations == 0 || i <= o.Iterations; i++ {
+		list, err := c.Sessions(ctx)
+		if err != nil {
+			return err
+		}
+		now := time.Now()
+		live := map[string]bool{}
+		update := func(key string, row WatchRow, p metrics.Point) {
+			live[key] = true
+			w := rows[key]
+			if w == nil {
+				w = &watched{row: row}
+				rows[key] = w
+			}
+			if w.seen {
+				r := metrics.Derive(w.last, p)
+				w.row.PerSec, w.row.AvgWallNS, w.row.Concurrency = r.CallsPerSec, r.AvgWallNS, r.Concurrency
+				w.row.History = append(w.row.History, r.CallsPerSec)
+				if len(w.row.History) > o.History {
+					w.row.History = w.row.History[len(w.row.History)-o.History:]
+				}
+			}
+			w.row.Total, w.row.Inside = p.Calls, p.Inside
+			w.last, w.seen = p, true
+		}
+		for _, s := range list {
+			for _, t := range s.Timers {
+				metric := "time " + t.Function
+				if t.Filter != "" {
+					metric += " (" + t.Filter + ")"
+				}
+				update(s.ID+"/t/"+t.Function, WatchRow{Session: s.Name, Metric: metric}, t.Point)
+			}
+			for _, p := range s.Probes {
+				update(s.ID+"/c/"+location(p.Resolved), WatchRow{Session: s.Name, Metric: "count " + location(p.Resolved)},
+					metrics.Point{Time: now, Calls: p.Count})
+			}
+		}
+		for k := range rows {
+			if !live[k] {
+				delete(rows, k)
+			}
+		}
+		sorted := make([]WatchRow, 0, len(rows))
+		for _, w := range rows {
+			sorted = append(sorted, w.row)
+		}
+		sort.Slice(sorted, func(i, j int) bool {
+			if sorted[i].PerSec != sorted[j].PerSec {
+				return sorted[i].PerSec > sorted[j].PerSec
+			}
+			return sorted[i].Session+sorted[i].Metric < sorted[j].Session+sorted[j].Metric
+		})
+		last := o.Iterations != 0 && i == o.Iterations
+		if o.JSON {
+			if last {
+				return writeJSON(stdout, sorted)
+			}
+		} else {
+			drawWatch(stdout, now, len(list), sorted)
+		}
+		if last {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+	return nil
+}
+
+// drawWatch redraws the screen.
+func drawWatch(w io.Writer, now time.Time, sessions int, rows []WatchRow) {
+	fmt.Fprint(w, "\x1b[H\x1b[2J") // home, clear
+	fmt.Fprintf(w, "kinst watch — %s — %d session(s), %d metric(s); Ctrl-C to quit\n\n", now.Format("15:04:05"), sessions, len(rows))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "SESSION\tMETRIC\tTOTAL\tPER SEC\tAVG WALL\tCONC\tINSIDE\tHISTORY")
+	for _, r := range rows {
+		wall, conc, inside := "", "", ""
+		if strings.HasPrefix(r.Metric, "time ") {
+			wall, conc, inside = fmtNS(r.AvgWallNS), fmt.Sprintf("%.2f", r.Concurrency), fmt.Sprint(r.Inside)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.0f\t%s\t%s\t%s\t%s\n", r.Session, r.Metric, r.Total, r.PerSec, wall, conc, inside, Sparkline(r.History))
+	}
+	tw.Flush()
+}
+
+// Sparkline draws values as a row of block characters scaled to their
+// maximum.
+func Sparkline(v []float64) string {
+	const bars = "▁▂▃▄▅▆▇█"
+	levels := []rune(bars)
+	hi := 0.0
+	for _, x := range v {
+		hi = max(hi, x)
+	}
+	var b strings.Builder
+	for _, x := range v {
+		i := 0
+		if hi > 0 {
+			i = int(x / hi * float64(len(levels)-1))
+		}
+		b.WriteRune(levels[min(max(i, 0), len(levels)-1)])
+	}
+	return b.String()
+}

@@ -1,0 +1,168 @@
+// Package livetest boots the test VM for a package of live tests: the
+// stock Debian kernel under QEMU with kerninst.ko loaded and kerninstd
+// running, one VM for the whole package, torn down at the end.
+//
+// Environment: KINST_LIVE=0 skips the package; KINST_BIN names prebuilt
+// static binaries (else they are built); KINST_CACHE is the
+// download/build cache.
+package livetest
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kinst/kinst/internal/vm"
+	"github.com/kinst/kinst/kerninstd"
+)
+
+// VM is a booted guest.
+type VM struct {
+	*vm.Instance
+	Client *kerninstd.Client // kerninstd in the guest, through the port forward
+}
+
+// Main boots a VM, hands it to ready, runs the package's tests, and stops
+// the VM. It returns the exit code for os.Exit. VMs left by a test process
+// that died (a panic skips the teardown) are stopped first.
+func Main(m *testing.M, name string, ready func(*VM)) int {
+	if os.Getenv("KINST_LIVE") == "0" {
+		fmt.Printf("%s: KINST_LIVE=0, skipping the live-VM tests\n", name)
+		return 0
+	}
+	reapStaleVMs()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	tmp, err := os.MkdirTemp("", "kinst-live-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(tmp)
+	// Whose VM this is: a later run reaps it if this process dies.
+	os.WriteFile(filepath.Join(tmp, "owner.pid"), []byte(fmt.Sprint(os.Getpid())), 0o600)
+	bin := os.Getenv("KINST_BIN")
+	if bin == "" {
+		bin = filepath.Join(tmp, "bin")
+		for _, c := range []string{"kinst", "kerninstd"} {
+			cmd := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(bin, c), "./cmd/"+c)
+			cmd.Dir, cmd.Env = RepoRoot(), append(os.Environ(), "CGO_ENABLED=0")
+			if b, err := cmd.CombinedOutput(); err != nil {
+				fmt.Fprintf(os.Stderr, "%s: build %s: %v\n%s", name, c, err, b)
+				return 1
+			}
+		}
+	}
+	cache := os.Getenv("KINST_CACHE")
+	if cache == "" {
+		cache = filepath.Join(RepoRoot(), ".cache")
+	}
+	start := time.Now()
+	in, err := vm.Up(ctx, vm.Config{
+		CacheDir:     cache,
+		StateDir:     filepath.Join(tmp, "vm"),
+		KinstBin:     filepath.Join(bin, "kinst"),
+		KerninstdBin: filepath.Join(bin, "kerninstd"),
+		Progress:     os.Stderr,
+		Ready: func(ctx context.Context, in *vm.Instance) error {
+			return kerninstd.NewClient(in.KerninstdAddr()).WaitReady(ctx, 2*time.Minute)
+		},
+	})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: vm up: %v\n", name, err)
+		return 1
+	}
+	fmt.Fprintf(os.Stderr, "%s: VM up in %.1fs (%s, %s)\n", name, time.Since(start).Seconds(), in.Accel(), in.KernelRelease())
+	ready(&VM{Instance: in, Client: kerninstd.NewClient(in.KerninstdAddr())})
+	code := m.Run()
+	if code != 0 {
+		if b, err := os.ReadFile(in.SerialLog()); err == nil {
+			fmt.Fprintf(os.Stderr, "%s: serial log tail:\n%s\n", name, tail(string(b), 40))
+		}
+	}
+	dctx, dcancel := context.WithTimeout(context.Background(), time.Minute)
+	defer dcancel()
+	if err := in.Down(dctx); err != nil {
+		fmt.Fprintf(os.Stderr, "%s: vm down: %v\n", name, err)
+	}
+	return code
+}
+
+// Exec runs argv in the guest and returns stdout, stderr and the status.
+func (g *VM) Exec(t testing.TB, ctx context.Context, argv ...string) (string, string, int) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code, err := g.Instance.Exec(ctx, argv, &out, &errb)
+	if err != nil {
+		t.Fatalf("guest exec %q: %v", argv, err)
+	}
+	return out.String(), errb.String(), code
+}
+
+// Sh runs a shell script in the guest and fails the test unless it exits 0.
+func (g *VM) Sh(t testing.TB, ctx context.Context, script string) string {
+	t.Helper()
+	out, errs, code := g.Exec(t, ctx, "sh", "-c", script)
+	if code != 0 {
+		t.Fatalf("guest sh -c %q: status %d\nstdout: %s\nstderr: %s", script, code, out, errs)
+	}
+	return out
+}
+
+// RepoRoot is the repository's top directory.
+func RepoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// reapStaleVMs stops test VMs whose test process is gone.
+func reapStaleVMs() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "kinst-live-*"))
+	for _, d := range dirs {
+		b, err := os.ReadFile(filepath.Join(d, "owner.pid"))
+		if err != nil {
+			continue
+		}
+		if owner, _ := strconv.Atoi(strings.TrimSpace(string(b))); owner > 0 && processAlive(owner) {
+			continue // still running
+		}
+		if in, err := vm.Attach(filepath.Join(d, "vm")); err == nil {
+			fmt.Fprintf(os.Stderr, "live: stopping a VM left by a crashed run (%s)\n", d)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			in.Down(ctx)
+			cancel()
+		}
+		os.RemoveAll(d)
+	}
+}
+
+// processAlive: the process exists and is not a zombie waiting to be
+// reaped.
+func processAlive(pid int) bool {
+	if syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	_, rest, _ := strings.Cut(string(st), ") ")
+	return !strings.HasPrefix(rest, "Z")
+}

@@ -1,0 +1,74 @@
+package kerninstd
+
+import (
+	"bytes"
+	"sync"
+)
+
+// overlay remembers the original bytes of everything kerninstd has written
+// into kernel text (spliced instructions and springboard slots), so that
+// analysis always sees the kernel's own code: a jmp rel32 written over a
+// 7-byte instruction would otherwise throw the linear sweep off for the
+// rest of the function, and a second request at a trap-spliced point would
+// find "someone else's" int3.
+type overlay struct {
+	// mu is held for writing around every change to kernel text (the
+	// entry is added before a splice is written and dropped after the
+	// bytes are back) and for reading around every analysis read, so a
+	// read never sees a spliced byte without its original.
+	mu   sync.RWMutex
+	orig map[uint64][]byte // by address; protected by mu
+}
+
+// spliced runs write (a splice of orig's bytes at addr) with addr's
+// original bytes in the overlay; they stay only if write succeeds.
+func (o *overlay) spliced(addr uint64, orig []byte, write func() error) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.orig == nil {
+		o.orig = make(map[uint64][]byte)
+	}
+	o.orig[addr] = bytes.Clone(orig)
+	err := write()
+	if err != nil {
+		delete(o.orig, addr)
+	}
+	return err
+}
+
+// restored runs restore (an unsplice at addr) and drops addr's entry if
+// it succeeds.
+func (o *overlay) restored(addr uint64, restore func() error) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	err := restore()
+	if err == nil {
+		delete(o.orig, addr)
+	}
+	return err
+}
+
+// textView reads kernel memory as the kernel's own code: live bytes with
+// kerninstd's splices replaced by the original bytes.
+type textView struct {
+	dev interface{ Read(uint64, []byte) error }
+	ov  *overlay
+}
+
+func (v textView) Read(addr uint64, b []byte) error {
+	v.ov.mu.RLock()
+	defer v.ov.mu.RUnlock()
+	if err := v.dev.Read(addr, b); err != nil {
+		return err
+	}
+	end := addr + uint64(len(b))
+	for a, orig := range v.ov.orig {
+		oe := a + uint64(len(orig))
+		if a >= end || oe <= addr {
+			continue
+		}
+		lo, hi := max(a, addr), min(oe, end)
+		copy(b[lo-addr:hi-addr], orig[lo-a:hi-a])
+	}
+	return nil
+}

@@ -1,0 +1,199 @@
+package kerninstd
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/codegen"
+	"github.com/kinst/kinst/metrics"
+)
+
+// A timed function (kinst time): calls counted at the entry, and a timer
+// word entered at the entry and left at every exit — ret, jmp to a return
+// thunk, tail call, indirect jump — so the word integrates the number of
+// threads inside over time (codegen.TimerEnter). From it come the total
+// and average wall time and the average concurrency.
+type timedFunc struct {
+	function string
+	entry    *site
+	exits    []*site
+	filter   string        // what the predicate selects, "" for everyone
+	calls    int           // counter slot: calls
+	word     int           // counter slot: the timer word
+	reqs     []*request    // exits, then the entry; reqs[0] owns the slots
+	virtual  *virtualState // nil: wall time only
+
+	mu     sync.Mutex // protects acc and offAcc
+	acc    metrics.TimerAcc
+	offAcc metrics.TimerAcc // off-CPU thread-time of a virtual timer
+}
+
+// ErrExitNotSpliceable is returned when a function exit cannot be spliced
+// yet, so the function cannot be timed.
+var ErrExitNotSpliceable = errors.New("function exit cannot be spliced")
+
+// resolveTimed finds a function's entry and every exit.
+func (d *Daemon) resolveTimed(name string) (*timedFunc, error) {
+	entry, err := d.resolve(name)
+	if err != nil {
+		return nil, err
+	}
+	if entry.point.HasOffset {
+		return nil, badRequest(fmt.Errorf("time %s: name a function, not an instruction", name))
+	}
+	fn := entry.fn
+	syms := d.symbols()
+	blocks := fn.BlocksOpt(cfg.BlockOptions{Names: syms.Names(), NoReturn: d.noReturn(), Tables: d.dev})
+	t := &timedFunc{function: fn.Name, entry: entry}
+	for _, b := range blocks {
+		if b.Padding {
+			continue
+		}
+		switch b.Exit {
+		case cfg.Return, cfg.TailCall, cfg.IndirectJump:
+		default:
+			continue
+		}
+		i := b.First + b.N - 1
+		if i == entry.index {
+			t.exits = append(t.exits, entry)
+			continue
+		}
+		s, err := d.exitSite(entry, i)
+		if err != nil {
+			return nil, err
+		}
+		t.exits = append(t.exits, s)
+	}
+	if len(t.exits) == 0 {
+		return nil, fmt.Errorf("%w: %s has no exit the analysis can see (it never returns?)", ErrExitNotSpliceable, fn.Name)
+	}
+	return t, nil
+}
+
+// exitSite checks instruction i of entry's function as a splice site.
+func (d *Daemon) exitSite(entry *site, i int) (*site, error) {
+	fn := entry.fn
+	off := fn.Insns[i].Addr - fn.Addr
+	s := &site{point: cfg.Point{Spec: fmt.Sprintf("%s+%#x", fn.Name, off), Function: fn.Name, Offset: off, HasOffset: true},
+		sym: entry.sym, fn: fn, index: i, amb: entry.amb}
+	if err := d.checkSite(d.symbols(), s); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// attachTimed installs a timed function: the exits first, so that no
+// thread can enter and then leave unseen; then the entry. pred, if not
+// nil, guards both. The first exit's request owns the two counter slots
+// (calls, timer word), so they are reclaimed with its patch after every
+// other request is gone. On error nothing stays installed. The caller
+// holds d.mu.
+func (d *Daemon) attachTimed(owner string, t *timedFunc, pred codegen.Predicate) error {
+	if t.virtual != nil {
+		return d.attachVirtual(owner, t, pred)
+	}
+	guard := func(sn ...codegen.Snippet) codegen.Snippet {
+		if pred == nil {
+			if len(sn) == 1 {
+				return sn[0]
+			}
+			return codegen.Seq(sn)
+		}
+		return codegen.Guard{If: pred, Then: sn}
+	}
+	var calls, word uint64
+	mk := func(nslots int, build func() codegen.Snippet) func([]uint64) codegen.Snippet {
+		return func(c []uint64) codegen.Snippet {
+			if nslots == 2 {
+				calls, word = c[0], c[1]
+			}
+			return build()
+		}
+	}
+	exit := func() codegen.Snippet { return guard(codegen.TimerExit{Word: word}) }
+	enter := func() codegen.Snippet {
+		return guard(codegen.Counter{Addr: calls}, codegen.TimerEnter{Word: word})
+	}
+	entryIsExit := false
+	for _, s := range t.exits {
+		if s == t.entry {
+			entryIsExit = true
+			continue
+		}
+		nslots := 0
+		if len(t.reqs) == 0 {
+			nslots = 2
+		}
+		r, err := d.instrument(s, owner, nslots, mk(nslots, exit))
+		if err != nil {
+			d.detachTimed(t)
+			return err
+		}
+		t.reqs = append(t.reqs, r)
+	}
+	nslots := 0
+	if len(t.reqs) == 0 {
+		nslots = 2 // the entry is the only exit too
+	}
+	build := enter
+	if entryIsExit {
+		build = func() codegen.Snippet { return codegen.Seq{enter(), exit()} }
+	}
+	r, err := d.instrument(t.entry, owner, nslots, mk(nslots, build))
+	if err != nil {
+		d.detachTimed(t)
+		return err
+	}
+	t.reqs = append(t.reqs, r)
+	owners := t.reqs[0]
+	t.calls, t.word = owners.slots[0], owners.slots[1]
+	return nil
+}
+
+// detachTimed removes the entry first (it was attached last), then the
+// exits; the slots go with the last. Requests that cannot be removed
+// stay listed. The caller holds d.mu.
+func (d *Daemon) detachTimed(t *timedFunc) error {
+	var errs []error
+	var kept []*request
+	for i := len(t.reqs) - 1; i >= 0; i-- {
+		r := t.reqs[i]
+		if err := d.uninstrument(r); err != nil {
+			errs = append(errs, err)
+			kept = append([]*request{r}, kept...)
+		}
+	}
+	t.reqs = kept
+	if len(kept) == 0 && t.virtual != nil && t.virtual.base >= 0 {
+		d.freeVirtualSlots(t)
+		t.virtual.base = -1
+	}
+	return errors.Join(errs...)
+}
+
+// timerPoint reads the timed function's totals now. The point is stamped
+// with the time of the reading, not the caller's (a sampling tick may be
+// late by then), since rates divide by the time between points.
+func (d *Daemon) timerPoint(t *timedFunc, _ time.Time) metrics.Point {
+	calls := d.dev.Counter(t.calls)
+	w := d.dev.Counter(t.word)
+	var off uint64
+	if t.virtual != nil {
+		off = d.dev.Counter(t.virtual.off)
+	}
+	tsc := metrics.TSC() // after the words: every event in them happened before
+	now := time.Now()
+	t.mu.Lock()
+	ticks := t.acc.Add(w, tsc)
+	offTicks := t.offAcc.Add(off, tsc)
+	t.mu.Unlock()
+	p := metrics.Point{Time: now, Calls: calls, WallNS: d.clock.Nanos(ticks), Inside: metrics.TimerInside(w)}
+	if t.virtual != nil {
+		p.VirtualNS = d.clock.Nanos(ticks - min(offTicks, ticks))
+	}
+	return p
+}

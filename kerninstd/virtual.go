@@ -1,0 +1,142 @@
+package kerninstd
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/kinst/kinst/codegen"
+	"golang.org/x/arch/x86/x86asm"
+)
+
+// Virtual (on-CPU) timers: a timed function with a task table and an
+// off-CPU word, and a request in the context switch (codegen.TaskEnter,
+// TaskExit, SwitchOffCPU). Virtual time is wall time minus the time the
+// tasks inside spent switched out.
+
+// SwitchFunction is where the switch hook goes: __switch_to(prev, next),
+// entered with the outgoing task in %rdi and the incoming one in %rsi on
+// the CPU that switches, interrupts off. Its entry instruction is spliced,
+// so the hook runs once per context switch.
+const SwitchFunction = "__switch_to"
+
+// virtualEntries is the size of a virtual timer's task table: tasks that
+// may be inside the function at once (more are counted as dropped).
+const virtualEntries = 64
+
+// virtualState is what a virtual timer adds to a timed function.
+type virtualState struct {
+	sw      *site
+	base    int // first of the block of slots below
+	table   codegen.TaskTable
+	off     int // counter slot: the off-CPU timer word
+	dropped int // counter slot: tasks the full table turned away
+}
+
+// Slots of a virtual timer's block, in order.
+const (
+	vCalls = iota
+	vWall
+	vOff
+	vDropped
+	vTable
+)
+
+// ErrSwitchHook: the context switch cannot be instrumented here.
+var ErrSwitchHook = errors.New("cannot instrument the context switch for virtual timers")
+
+// resolveSwitch finds the switch hook's instruction and checks that
+// %rdi and %rsi still hold the tasks there: only pushes come before it.
+func (d *Daemon) resolveSwitch() (*site, error) {
+	s, err := d.resolve(SwitchFunction)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrSwitchHook, err)
+	}
+	for i := 0; i < s.index; i++ {
+		if op := s.fn.Insns[i].Inst.Op; op != x86asm.PUSH && !s.fn.IsFtraceSite(i) {
+			return nil, fmt.Errorf("%w: %s before %s may change %%rdi or %%rsi", ErrSwitchHook, s.fn.Insns[i].String(), s.where())
+		}
+	}
+	return s, nil
+}
+
+// allocRange takes n consecutive free slots (a task table must be
+// contiguous).
+func (a *slotAllocator) allocRange(n int) (int, error) {
+	for start := 0; start+n <= a.n; start++ {
+		ok := true
+		for i := start; i < start+n; i++ {
+			if a.used[i] {
+				ok, start = false, i
+				break
+			}
+		}
+		if ok {
+			for i := start; i < start+n; i++ {
+				a.used[i] = true
+			}
+			return start, nil
+		}
+	}
+	return 0, fmt.Errorf("no %d consecutive counter slots free", n)
+}
+
+// attachVirtual installs a virtual timer: the switch hook first, then the
+// exits, then the entry, so no task is in the table while the hook is
+// missing. The caller holds d.mu.
+func (d *Daemon) attachVirtual(owner string, t *timedFunc, pred codegen.Predicate) error {
+	v := t.virtual
+	n := vTable + codegen.TaskTableSlots(virtualEntries)
+	base, err := d.slots.allocRange(n)
+	if err != nil {
+		return err
+	}
+	v.base = base
+	t.calls, t.word, v.off, v.dropped = base+vCalls, base+vWall, base+vOff, base+vDropped
+	if err := d.dev.ClearCounters(base, n); err != nil {
+		d.freeVirtualSlots(t)
+		return err
+	}
+	addr := d.dev.CounterAddr
+	v.table = codegen.TaskTable{Addr: addr(base + vTable), Entries: virtualEntries}
+	ct := int32(d.task.CurrentTask)
+	fixed := func(sn codegen.Snippet) SnippetFunc { return func([]uint64) codegen.Snippet { return sn } }
+	add := func(s *site, sn codegen.Snippet) error {
+		r, err := d.instrument(s, owner, 0, fixed(sn))
+		if err != nil {
+			d.detachTimed(t)
+			return err
+		}
+		t.reqs = append(t.reqs, r)
+		return nil
+	}
+	if err := add(v.sw, codegen.SwitchOffCPU{Regions: []codegen.OffCPU{{Table: v.table, Word: addr(v.off)}}}); err != nil {
+		return err
+	}
+	exit := codegen.TaskExit{Table: v.table, CurrentTask: ct, Then: []codegen.Snippet{codegen.TimerExit{Word: addr(t.word)}}}
+	var enter codegen.Snippet = codegen.Seq{codegen.Counter{Addr: addr(t.calls)},
+		codegen.TaskEnter{Table: v.table, CurrentTask: ct, Dropped: addr(v.dropped), Then: []codegen.Snippet{codegen.TimerEnter{Word: addr(t.word)}}}}
+	if pred != nil {
+		enter = codegen.Guard{If: pred, Then: []codegen.Snippet{enter}}
+	}
+	entryIsExit := false
+	for _, s := range t.exits {
+		if s == t.entry {
+			entryIsExit = true
+			continue
+		}
+		if err := add(s, exit); err != nil {
+			return err
+		}
+	}
+	if entryIsExit {
+		enter = codegen.Seq{enter, exit}
+	}
+	return add(t.entry, enter)
+}
+
+// freeVirtualSlots returns a virtual timer's block of slots.
+func (d *Daemon) freeVirtualSlots(t *timedFunc) {
+	for i := 0; i < vTable+codegen.TaskTableSlots(virtualEntries); i++ {
+		d.slots.free(t.virtual.base + i)
+	}
+}

@@ -1,0 +1,207 @@
+package springboard
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+)
+
+// SlotLen is the size of a springboard slot: one jmp rel32 to a patch.
+const SlotLen = JmpRel32Len
+
+// JmpRel8Len is the length of the jmp rel8 a springboard splice writes.
+const JmpRel8Len = 2
+
+// Range is [Start, End) of kernel text.
+type Range struct{ Start, End uint64 }
+
+func (r Range) Len() uint64 { return r.End - r.Start }
+
+// Reach is where a slot may start for a jmp rel8 at addr: the rel8 counts
+// from the end of the 2-byte jump, so [addr+2-128, addr+2+127].
+func Reach(addr uint64) (lo, hi uint64) {
+	return addr + JmpRel8Len - 128, addr + JmpRel8Len + 127
+}
+
+// JmpRel8 encodes "jmp rel8" at from, jumping to to.
+func JmpRel8(from, to uint64) ([]byte, error) {
+	d := int64(to - (from + JmpRel8Len))
+	if d < -128 || d > 127 {
+		return nil, fmt.Errorf("%#x is out of rel8 reach of %#x", to, from)
+	}
+	return []byte{0xeb, byte(int8(d))}, nil
+}
+
+// ErrNoSlot: no free springboard slot lies within rel8 reach.
+var ErrNoSlot = errors.New("no free springboard slot within rel8 reach")
+
+// Heap is the springboard space: runs of kernel text the analysis proves
+// are never executed (padding after unconditional transfers), from which
+// 5-byte slots are handed out to short instructions within rel8 reach.
+//
+// A slot given back with Release must no longer be reachable by any task:
+// the caller releases it only after the splice that jumped to it and the
+// slot's own bytes were restored and an RCU-tasks grace period passed (the
+// driver waits for one when the patch is freed), since a task preempted on
+// the slot's jmp would otherwise resume into a reused slot.
+type Heap struct {
+	mu   sync.Mutex      // protects the fields below
+	runs []Range         // sorted by Start, disjoint
+	used map[uint64]bool // slot start → allocated
+	seen map[uint64]bool // functions whose runs were added (by address)
+}
+
+// NewHeap returns an empty heap.
+func NewHeap() *Heap {
+	return &Heap{used: make(map[uint64]bool), seen: make(map[uint64]bool)}
+}
+
+// Seen reports whether the runs of the function at fn were added, and
+// marks it so: callers add each function's space once.
+func (h *Heap) Seen(fn uint64) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.seen[fn] {
+		return true
+	}
+	h.seen[fn] = true
+	return false
+}
+
+// Add puts runs into the heap; parts overlapping runs already there are
+// dropped, runs shorter than a slot are ignored.
+func (h *Heap) Add(runs ...Range) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, r := range runs {
+		if r.End < r.Start+SlotLen {
+			continue
+		}
+		i := sort.Search(len(h.runs), func(i int) bool { return h.runs[i].End > r.Start })
+		if i < len(h.runs) && h.runs[i].Start < r.End {
+			continue // overlaps: the same run added twice
+		}
+		h.runs = append(h.runs, Range{})
+		copy(h.runs[i+1:], h.runs[i:])
+		h.runs[i] = r
+	}
+}
+
+// Runs returns a copy of the heap's runs.
+func (h *Heap) Runs() []Range {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]Range(nil), h.runs...)
+}
+
+// Find returns a free slot within rel8 reach of a jmp at addr without
+// taking it.
+func (h *Heap) Find(addr uint64) (uint64, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.find(addr)
+}
+
+// Alloc takes a free slot within rel8 reach of a jmp at addr.
+func (h *Heap) Alloc(addr uint64) (uint64, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s, ok := h.find(addr)
+	if !ok {
+		return 0, fmt.Errorf("%w of %#x", ErrNoSlot, addr)
+	}
+	h.used[s] = true
+	return s, nil
+}
+
+// Release returns a slot (see Heap for when that is allowed).
+func (h *Heap) Release(slot uint64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.used, slot)
+}
+
+// InUse is the number of slots allocated.
+func (h *Heap) InUse() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.used)
+}
+
+// find picks the free slot nearest the start of reach: the lowest address
+// T in [lo, hi] with [T, T+5) inside a run and clear of used slots.
+func (h *Heap) find(addr uint64) (uint64, bool) {
+	lo, hi := Reach(addr)
+	i := sort.Search(len(h.runs), func(i int) bool { return h.runs[i].End > lo })
+	for ; i < len(h.runs) && h.runs[i].Start <= hi; i++ {
+		r := h.runs[i]
+		for t := max(r.Start, lo); t <= hi && t+SlotLen <= r.End; t++ {
+			if u, ok := h.overlapping(t); ok {
+				t = u + SlotLen - 1 // continue after the used slot
+				continue
+			}
+			return t, true
+		}
+	}
+	return 0, false
+}
+
+// overlapping returns a used slot overlapping [t, t+5).
+func (h *Heap) overlapping(t uint64) (uint64, bool) {
+	for u := t - SlotLen + 1; u != t+SlotLen; u++ {
+		if h.used[u] {
+			return u, true
+		}
+	}
+	return 0, false
+}
+
+// Census is the springboard space of a set of runs and how many short
+// instructions can reach it.
+type Census struct {
+	Runs     int    // padding runs of at least one slot
+	Bytes    uint64 // bytes in those runs
+	Slots    int    // disjoint 5-byte slots they hold
+	Short    int    // 2–4-byte instructions counted
+	InReach  int    // of those, with a slot within rel8 reach
+	Assigned int    // given a slot each at once, greedily in address order
+}
+
+// TakeCensus counts, over runs (sorted, disjoint) and the addresses of
+// short instructions, the space and reach of springboards.
+func TakeCensus(runs []Range, shorts []uint64) Census {
+	var c Census
+	for _, r := range runs {
+		if r.Len() >= SlotLen {
+			c.Runs++
+			c.Bytes += r.Len()
+			c.Slots += int(r.Len() / SlotLen)
+		}
+	}
+	h := NewHeap()
+	h.Add(runs...)
+	c.Short = len(shorts)
+	for _, a := range shorts {
+		if !inReach(runs, a) {
+			continue
+		}
+		c.InReach++
+		if _, err := h.Alloc(a); err == nil {
+			c.Assigned++
+		}
+	}
+	return c
+}
+
+// inReach: some run holds a whole slot within rel8 reach of a jmp at a.
+func inReach(runs []Range, a uint64) bool {
+	lo, hi := Reach(a)
+	i := sort.Search(len(runs), func(i int) bool { return runs[i].End > lo })
+	for ; i < len(runs) && runs[i].Start <= hi; i++ {
+		if t := max(runs[i].Start, lo); t <= hi && t+SlotLen <= runs[i].End {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,80 @@
+package springboard
+
+import (
+	"errors"
+	"testing"
+)
+
+const base = 0xffffffff81000000
+
+func TestJmpRel8Reach(t *testing.T) {
+	lo, hi := Reach(base)
+	for _, to := range []uint64{lo, hi, base + 2} {
+		b, err := JmpRel8(base, to)
+		if err != nil {
+			t.Fatalf("%#x: %v", to, err)
+		}
+		if got := base + 2 + uint64(int64(int8(b[1]))); b[0] != 0xeb || got != to {
+			t.Errorf("jmp rel8 % x lands on %#x, want %#x", b, got, to)
+		}
+	}
+	for _, to := range []uint64{lo - 1, hi + 1} {
+		if _, err := JmpRel8(base, to); err == nil {
+			t.Errorf("%#x: out of reach accepted", to)
+		}
+	}
+}
+
+func TestHeapAllocWithinReach(t *testing.T) {
+	h := NewHeap()
+	h.Add(Range{base + 0x100, base + 0x10c}, // 12 bytes: two slots
+		Range{base + 0x300, base + 0x303}) // too short
+	insn := uint64(base + 0x90) // reach [0x12, 0x111]
+	var got []uint64
+	for {
+		s, err := h.Alloc(insn)
+		if errors.Is(err, ErrNoSlot) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		lo, hi := Reach(insn)
+		if s < lo || s > hi || s < base+0x100 || s+SlotLen > base+0x10c {
+			t.Fatalf("slot %#x outside reach or run", s)
+		}
+		got = append(got, s)
+	}
+	if len(got) != 2 || got[0] != base+0x100 || got[1] != base+0x105 {
+		t.Fatalf("slots %#x, want 0x100 and 0x105 of the run", got)
+	}
+	// Out of reach entirely.
+	if _, err := h.Alloc(base + 0x400); !errors.Is(err, ErrNoSlot) {
+		t.Errorf("far instruction: %v", err)
+	}
+	// Released slots come back.
+	h.Release(got[0])
+	if s, err := h.Alloc(insn); err != nil || s != got[0] {
+		t.Errorf("after release: %#x %v", s, err)
+	}
+	// Slot must start within reach: an instruction just past reach of
+	// the last slot start gets nothing.
+	h2 := NewHeap()
+	h2.Add(Range{base, base + 5})
+	if _, ok := h2.Find(base + 128 - 2 + 1); ok {
+		t.Error("slot 129 bytes back accepted")
+	}
+	if _, ok := h2.Find(base + 128 - 2); !ok {
+		t.Error("slot exactly 128 back (rel8 -128) refused")
+	}
+}
+
+func TestCensus(t *testing.T) {
+	runs := []Range{{base + 0x100, base + 0x10a}, {base + 0x1000, base + 0x1003}}
+	shorts := []uint64{base + 0x80, base + 0x90, base + 0xa0, base + 0x800}
+	c := TakeCensus(runs, shorts)
+	want := Census{Runs: 1, Bytes: 10, Slots: 2, Short: 4, InReach: 3, Assigned: 2}
+	if c != want {
+		t.Errorf("census %+v, want %+v", c, want)
+	}
+}

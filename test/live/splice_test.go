@@ -1,0 +1,330 @@
+package live
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kinst/kinst/kerninstd"
+)
+
+// spliceable lists the instructions of fn that kerninstd says can be
+// spliced (not refused, not in padding), with their blocks.
+type insnRef struct {
+	point string
+	off   uint64
+	block int
+	class string
+}
+
+func spliceable(t *testing.T, ctx context.Context, fn string) (kerninstd.CFG, []insnRef) {
+	t.Helper()
+	g, err := client.CFG(ctx, fn)
+	if err != nil {
+		t.Fatalf("cfg %s: %v", fn, err)
+	}
+	var out []insnRef
+	for _, b := range g.Blocks {
+		if b.Padding {
+			continue
+		}
+		for _, in := range b.Instructions {
+			if in.SpliceClass == "refused" {
+				continue
+			}
+			out = append(out, insnRef{point: fmt.Sprintf("%s+%#x", fn, in.Offset), off: in.Offset, block: b.Index, class: in.SpliceClass})
+		}
+	}
+	return g, out
+}
+
+// busyVCPUs keeps both vCPUs busy with read/write system calls that never
+// enter the path-lookup code under test; the returned func stops them.
+func busyVCPUs(t *testing.T, ctx context.Context) func() {
+	pids := strings.Fields(gsh(t, ctx, "for i in 1 2; do cat /dev/zero >/dev/null 2>&1 </dev/null & echo $!; done"))
+	return func() { gsh(t, ctx, "kill "+strings.Join(pids, " ")+" 2>/dev/null; true") }
+}
+
+// TestCountsAtEveryInstruction splices a counter at every spliceable
+// instruction of the stat path's lookup functions at once (direct,
+// springboard and trap splices, cmp/jcc pairs, short first instructions)
+// while both vCPUs are busy, runs a known number of stat calls and a
+// directory walk, and checks the counts against the paths the CFG allows:
+// every instruction of a block counts the same; the entry block counts
+// the stat calls; returns balance entries; a block whose successors have
+// no other predecessor counts their sum. The walk's output must not change.
+func TestCountsAtEveryInstruction(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	const n = 3000
+	const tol = 3 // threads still inside a block when the counts are read
+	funcs := []string{"filename_lookup", "vfs_statx"}
+	type fnInfo struct {
+		g     kerninstd.CFG
+		refs  []insnRef
+		bytes []byte
+	}
+	infos := map[string]*fnInfo{}
+	var points []string
+	for _, fn := range funcs {
+		g, refs := spliceable(t, ctx, fn)
+		infos[fn] = &fnInfo{g: g, refs: refs, bytes: qemuBytes(t, g.Address-reachPad, int(g.Size)+2*reachPad)}
+		for _, r := range refs {
+			points = append(points, r.point)
+		}
+	}
+	walk := `find / -xdev -maxdepth 3 2>/dev/null | sort | md5sum`
+	ref := gsh(t, ctx, walk)
+	stop := busyVCPUs(t, ctx)
+	defer stop()
+
+	s, err := client.CreateSession(ctx, kerninstd.SessionRequest{Points: points})
+	if err != nil {
+		t.Fatalf("splice %d points: %v", len(points), err)
+	}
+	classes := map[string]int{}
+	for _, p := range s.Probes {
+		classes[p.SpliceClass]++
+	}
+	t.Logf("%d counters over %s: %v", len(points), strings.Join(funcs, ", "), classes)
+	out := gsh(t, ctx, fmt.Sprintf("kinst workload stat %d / && %s", n, walk))
+	final, err := client.RemoveSession(ctx, s.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	if strings.TrimSpace(out) != strings.TrimSpace(ref) {
+		t.Errorf("the directory walk changed under instrumentation: %q, before %q", out, ref)
+	}
+	count := map[string]uint64{}
+	for _, p := range final.Probes {
+		count[p.Point] = p.Count
+	}
+	for _, fn := range funcs {
+		fi := infos[fn]
+		blockCount := map[int]uint64{}
+		for _, r := range fi.refs {
+			c := count[r.point]
+			if bc, ok := blockCount[r.block]; ok {
+				if diff(bc, c) > tol {
+					t.Errorf("%s (block %d, %s): count %d, another instruction of the block %d", r.point, r.block, r.class, c, bc)
+				}
+				continue
+			}
+			blockCount[r.block] = c
+		}
+		entry, ok := blockCount[0]
+		if !ok {
+			t.Fatalf("%s: no counter in the entry block", fn)
+		}
+		// The walk adds its own lookups on top of the n stat calls.
+		if entry < n {
+			t.Errorf("%s entry counted %d, want at least the %d stat calls", fn, entry, n)
+		}
+		var exits uint64
+		checked := 0
+		for _, b := range fi.g.Blocks {
+			bc, ok := blockCount[b.Index]
+			if !ok || b.Padding {
+				continue
+			}
+			if b.Exit == "return" || b.Exit == "tail-call" {
+				exits += bc
+			}
+			// Successors that only this block leads to split its count.
+			var sum uint64
+			all := len(b.Succs) > 0
+			for _, e := range b.Succs {
+				sb := fi.g.Blocks[e.To]
+				sc, ok := blockCount[e.To]
+				if !ok || len(sb.Preds) != 1 || e.To == 0 {
+					all = false
+					break
+				}
+				sum += sc
+			}
+			if all {
+				checked++
+				if diff(sum, bc) > tol*uint64(len(b.Succs)) {
+					t.Errorf("%s block %d counted %d, its successors %v together %d", fn, b.Index, bc, b.Succs, sum)
+				}
+			}
+		}
+		if diff(exits, entry) > tol {
+			t.Errorf("%s: %d entries, %d exits through returns and tail calls", fn, entry, exits)
+		}
+		t.Logf("%s: entry %d (stat calls %d, plus the walk), %d blocks counted, %d branch splits checked, exits %d",
+			fn, entry, n, len(blockCount), checked, exits)
+		if now := qemuBytes(t, fi.g.Address-reachPad, len(fi.bytes)); !bytes.Equal(now, fi.bytes) {
+			t.Errorf("%s (with the padding around it) not restored byte for byte", fn)
+		}
+	}
+	if oops := gsh(t, ctx, "dmesg | grep -E 'Oops|BUG:|general protection|RIP:' || true"); oops != "" {
+		t.Errorf("kernel complained:\n%s", oops)
+	}
+}
+
+// reachPad covers the springboard slots a function's instructions can
+// reach (rel8: within 130 bytes) in the functions around it.
+const reachPad = 136
+
+func diff(a, b uint64) uint64 {
+	if a > b {
+		return a - b
+	}
+	return b - a
+}
+
+// TestResplicingStress runs cycles of splice, re-splice (a second session
+// at points already instrumented) and unsplice over many functions while
+// a syscall-heavy load runs on every vCPU. Counters that stay installed
+// all along at filename_lookup's entry block -- one direct, one
+// springboard, one trap splice, all re-pointed again and again by the
+// churn -- must count every stat call of the load: no call may run
+// neither the old nor the new patch. Afterwards every byte is back (QEMU's
+// view) and the kernel logged nothing. KINST_RESPLICE_CYCLES sets the
+// number of cycles (default 20: each cycle re-analyses its points and waits for RCU-tasks grace periods, about 2 s in the emulated guest under load).
+func TestResplicingStress(t *testing.T) {
+	cycles := 20
+	if v := os.Getenv("KINST_RESPLICE_CYCLES"); v != "" {
+		c, err := strconv.Atoi(v)
+		if err != nil || c <= 0 {
+			t.Fatalf("KINST_RESPLICE_CYCLES=%q", v)
+		}
+		cycles = c
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	funcs := []string{"filename_lookup", "vfs_statx", "getname_flags", "vfs_fstatat", "path_init",
+		"link_path_walk", "complete_walk", "terminate_walk", "putname", "__x64_sys_getppid",
+		"__task_pid_nr_ns", "cp_new_stat", "vfs_getattr", "generic_fillattr", "security_inode_getattr"}
+	var pool []insnRef
+	snap := map[string][]byte{}
+	addrs := map[string]kerninstd.CFG{}
+	var entryRefs []insnRef
+	for _, fn := range funcs {
+		if _, err := client.Resolve(ctx, fn); err != nil {
+			t.Logf("skipping %s: %v", fn, err)
+			continue
+		}
+		g, refs := spliceable(t, ctx, fn)
+		snap[fn] = qemuBytes(t, g.Address-reachPad, int(g.Size)+2*reachPad)
+		addrs[fn] = g
+		pool = append(pool, refs...)
+		if fn == "filename_lookup" {
+			for _, r := range refs {
+				if r.block == 0 {
+					entryRefs = append(entryRefs, r)
+				}
+			}
+		}
+	}
+	// Deterministic points: one of each class in filename_lookup's
+	// entry block.
+	var steady []string
+	seen := map[string]bool{}
+	for _, r := range entryRefs {
+		if !seen[r.class] {
+			seen[r.class] = true
+			steady = append(steady, r.point)
+		}
+	}
+	if len(steady) < 3 {
+		t.Logf("filename_lookup's entry block offers classes %v only", seen)
+	}
+	before, err := client.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := client.CreateSession(ctx, kerninstd.SessionRequest{Points: steady})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range st.Probes {
+		t.Logf("steady counter at %s: %s splice", p.Point, p.SpliceClass)
+	}
+	pid := strings.TrimSpace(gsh(t, ctx, "kinst workload syscalls 30m >/tmp/resplice-load.log 2>&1 & echo $!"))
+	time.Sleep(time.Second)
+
+	rng := rand.New(rand.NewSource(1))
+	pick := func(k int) []string {
+		var ps []string
+		for i := 0; i < k; i++ {
+			if rng.Intn(4) == 0 {
+				ps = append(ps, steady[rng.Intn(len(steady))]) // re-point a steady point
+			} else {
+				ps = append(ps, pool[rng.Intn(len(pool))].point)
+			}
+		}
+		return ps
+	}
+	start := time.Now()
+	var ops int
+	for c := 0; c < cycles; c++ {
+		a, err := client.CreateSession(ctx, kerninstd.SessionRequest{Points: pick(3)})
+		if err != nil {
+			t.Fatalf("cycle %d: splice: %v", c, err)
+		}
+		b, err := client.CreateSession(ctx, kerninstd.SessionRequest{Points: append(pick(1), a.Probes[0].Point, a.Probes[1].Point)})
+		if err != nil {
+			t.Fatalf("cycle %d: re-splice: %v", c, err)
+		}
+		if _, err := client.RemoveSession(ctx, a.ID); err != nil {
+			t.Fatalf("cycle %d: remove: %v", c, err)
+		}
+		if _, err := client.RemoveSession(ctx, b.ID); err != nil {
+			t.Fatalf("cycle %d: remove: %v", c, err)
+		}
+		ops += 4
+	}
+	elapsed := time.Since(start)
+	gsh(t, ctx, "kill -INT "+pid)
+	var load string
+	for i := 0; i < 100 && !strings.Contains(load, "stat calls"); i++ {
+		time.Sleep(200 * time.Millisecond)
+		load = gsh(t, ctx, "cat /tmp/resplice-load.log")
+	}
+	final, err := client.RemoveSession(ctx, st.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stats uint64
+	if i := strings.Index(load, "stat calls"); i < 0 {
+		t.Fatalf("load did not report its stat calls: %q", load)
+	} else {
+		f := strings.Fields(load[:i])
+		stats, _ = strconv.ParseUint(f[len(f)-1], 10, 64)
+	}
+	t.Logf("%d cycles (%d session changes) in %v under load; load made %d stat calls", cycles, ops, elapsed.Round(time.Millisecond), stats)
+	for _, p := range final.Probes {
+		t.Logf("  steady %s (%s): %d", p.Point, p.SpliceClass, p.Count)
+		if p.Count < stats || p.Count > stats+2*slack {
+			t.Errorf("steady counter %s (%s) counted %d, the load made %d stat calls (want %d..%d)",
+				p.Point, p.SpliceClass, p.Count, stats, stats, stats+2*slack)
+		}
+	}
+	after, err := client.Info(ctx)
+	if err == nil {
+		t.Logf("int3 notifier redirects during the run: %d", after.Int3Hits-before.Int3Hits)
+		if after.Splices != 0 {
+			t.Errorf("%d splices left in kerninstd", after.Splices)
+		}
+	}
+	for fn, b := range snap {
+		if now := qemuBytes(t, addrs[fn].Address-reachPad, len(b)); !bytes.Equal(now, b) {
+			t.Errorf("%s (with the padding around it) not restored byte for byte", fn)
+		}
+	}
+	if in, err := client.Info(ctx); err == nil && in.DriverSplices != 0 {
+		t.Errorf("driver still has %d splices", in.DriverSplices)
+	}
+	if oops := gsh(t, ctx, "dmesg | grep -E 'Oops|BUG:|general protection|RIP:' || true"); oops != "" {
+		t.Errorf("kernel complained:\n%s", oops)
+	}
+}
