@@ -28,7 +28,10 @@ import (
 // VM is a booted guest.
 type VM struct {
 	*vm.Instance
-	Client *kerninstd.Client // kerninstd in the guest, through the port forward
+	Client  *kerninstd.Client // kerninstd in the guest, through the port forward
+	Bin     string            // directory holding the kinst and kerninstd the guest runs
+	Cache   string            // KINST_CACHE: the kernel package, its vmlinux, the module
+	Scratch string            // this run's temporary directory, removed at the end
 }
 
 // Main boots a VM, hands it to ready, runs the package's tests, and stops
@@ -82,11 +85,11 @@ func Main(m *testing.M, name string, ready func(*VM)) int {
 		return 1
 	}
 	fmt.Fprintf(os.Stderr, "%s: VM up in %.1fs (%s, %s)\n", name, time.Since(start).Seconds(), in.Accel(), in.KernelRelease())
-	ready(&VM{Instance: in, Client: kerninstd.NewClient(in.KerninstdAddr())})
+	ready(&VM{Instance: in, Client: kerninstd.NewClient(in.KerninstdAddr()), Bin: bin, Cache: cache, Scratch: tmp})
 	code := m.Run()
 	if code != 0 {
 		if b, err := os.ReadFile(in.SerialLog()); err == nil {
-			fmt.Fprintf(os.Stderr, "%s: serial log tail:\n%s\n", name, tail(string(b), 40))
+			fmt.Fprintf(os.Stderr, "%s: serial log tail:\n%s\n", name, Tail(string(b), 40))
 		}
 	}
 	dctx, dcancel := context.WithTimeout(context.Background(), time.Minute)
@@ -124,7 +127,8 @@ func RepoRoot() string {
 	return filepath.Join(filepath.Dir(file), "..", "..")
 }
 
-func tail(s string, n int) string {
+// Tail is the last n lines of s (a serial log, a command's output).
+func Tail(s string, n int) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]

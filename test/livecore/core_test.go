@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/kinst/kinst/internal/livetest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -493,7 +494,7 @@ func testPanic(t *testing.T) {
 	defer cancel()
 	gsh(t, ctx, "echo 0 > /proc/sys/kernel/panic")
 	ectx, ecancel := context.WithTimeout(ctx, 5*time.Second)
-	guest.Exec(ectx, []string{"sh", "-c", "echo c > /proc/sysrq-trigger"}, nil, nil)
+	guest.Instance.Exec(ectx, []string{"sh", "-c", "echo c > /proc/sysrq-trigger"}, nil, nil)
 	ecancel()
 	deadline := time.Now().Add(time.Minute)
 	for {
@@ -502,7 +503,7 @@ func testPanic(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no panic on the serial console:\n%s", tail(string(b), 20))
+			t.Fatalf("no panic on the serial console:\n%s", livetest.Tail(string(b), 20))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
