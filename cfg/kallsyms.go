@@ -29,10 +29,12 @@ type Symbols struct {
 
 // markerNames are non-text symbols kept for their addresses: the bounds of
 // the init sections the kernel frees after boot, and of the tables that
-// name instructions the kernel rewrites or fixes up (see OwnedSites).
+// name instructions the kernel rewrites or fixes up, and the heads of the
+// module list and of ftrace's record pages (see OwnedSites).
 var markerNames = map[string]bool{"__init_begin": true, "__init_end": true, "_stext": true, "_etext": true,
 	"__start___ex_table": true, "__stop___ex_table": true, "__start___jump_table": true, "__stop___jump_table": true,
-	"__start_static_call_sites": true, "__stop_static_call_sites": true}
+	"__start_static_call_sites": true, "__stop_static_call_sites": true,
+	"modules": true, "ftrace_pages_start": true}
 
 // ErrHiddenAddresses is returned when kallsyms shows zero addresses: the
 // reader lacks CAP_SYSLOG or kernel.kptr_restrict hides them.

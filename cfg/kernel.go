@@ -350,7 +350,7 @@ func analyzeOne(r TextReader, syms *Symbols, s Symbol, o AnalyzeOptions, st *Sta
 		for i := b.First; i < b.First+b.N; i++ {
 			in := &fn.Insns[i]
 			class := classOf(in.Len())
-			if fnWhy != "" || fn.InstructionNoSplice(i) != "" || o.Owned.Reason(in.Addr) != "" ||
+			if fnWhy != "" || o.Owned.InstructionNoSplice(fn, i) != "" ||
 				(o.Relocatable != nil && o.Relocatable(in.Addr, in.Inst, in.Bytes) != nil) {
 				class = "refused"
 			}

@@ -101,7 +101,7 @@ func (d *Daemon) resolve(spec string) (*site, error) {
 		if s.index, err = fn.Index(fn.Addr + p.Offset); err != nil {
 			return nil, err
 		}
-	} else if s.index, err = entryInstruction(fn); err != nil {
+	} else if s.index, err = entryInstruction(fn, d.ownedSites()); err != nil {
 		return nil, err
 	}
 	in := s.insn()
@@ -121,10 +121,7 @@ func (d *Daemon) resolve(spec string) (*site, error) {
 // noSpliceReason combines the symbol-based reasons with the kernel's own
 // tables.
 func (d *Daemon) noSpliceReason(syms *cfg.Symbols, fn *cfg.Function, addr uint64) string {
-	if why := syms.NoSpliceReason(fn, addr, DriverModule); why != "" {
-		return why
-	}
-	return d.ownedSites().Reason(addr)
+	return syms.NoSpliceReason(fn, addr, DriverModule, d.ownedSites())
 }
 
 // dataflowLive is what the block data-flow says is live before
@@ -146,10 +143,10 @@ func (d *Daemon) dataflowLive(syms *cfg.Symbols, fn *cfg.Function, i int) cfg.Li
 // instruction of the entry block that is not the ftrace site and is long
 // enough for a direct splice. Every instruction of the entry block runs
 // exactly once per call, so a counter there counts calls.
-func entryInstruction(fn *cfg.Function) (int, error) {
+func entryInstruction(fn *cfg.Function, owned *cfg.OwnedSites) (int, error) {
 	n := fn.EntryBlock()
 	for i := 0; i < n; i++ {
-		if fn.IsFtraceSite(i) {
+		if owned.IsFtraceSite(fn, i) {
 			continue
 		}
 		if springboard.Classify(fn.Insns[i].Len()) == springboard.Direct {
