@@ -26,15 +26,15 @@ type KernelLayout struct {
 	ListNext Field // list_head.next
 
 	// struct module.
-	ModList, ModName, ModState                              Field
-	ModUnformed                                             uint64 // MODULE_STATE_UNFORMED: tables not set up yet
-	ModExTable, ModNumExTable                               Field
-	ModJumpEntries, ModNumJumpEntries                       Field
-	ModStaticCallSites, ModNumStaticCallSites               Field
-	ExTableEntry, JumpEntry, StaticCallSite                 Entry // exception_table_entry.insn, jump_entry.code, static_call_site.addr
-	FtracePageSize                                          uint32
-	FtraceNext, FtraceRecords, FtraceIndex                  Field // struct ftrace_page
-	DynFtrace                                               Entry // struct dyn_ftrace; Rel is its (absolute) ip
+	ModList, ModName, ModState                Field
+	ModUnformed                               uint64 // MODULE_STATE_UNFORMED: tables not set up yet
+	ModExTable, ModNumExTable                 Field
+	ModJumpEntries, ModNumJumpEntries         Field
+	ModStaticCallSites, ModNumStaticCallSites Field
+	ExTableEntry, JumpEntry, StaticCallSite   Entry // exception_table_entry.insn, jump_entry.code, static_call_site.addr
+	FtracePageSize                            uint32
+	FtraceNext, FtraceRecords, FtraceIndex    Field // struct ftrace_page
+	DynFtrace                                 Entry // struct dyn_ftrace; Rel is its (absolute) ip
 }
 
 // ErrLayout is matched by every LayoutError.
