@@ -19,9 +19,11 @@ import (
 const busyboxPath = "/bin/busybox"
 
 // guestModules are the modules the guest needs beyond the built-in
-// kernel: the virtio PCI transport and the network device. Their
-// dependencies are added from each module's .modinfo.
-var guestModules = []string{"virtio_pci", "virtio_net"}
+// kernel: the virtio PCI transport and the network device; and evdev, a
+// small module with an exception table of its own (its user-memory
+// accesses), so tests meet every kind of module table. Their dependencies
+// are added from each module's .modinfo.
+var guestModules = []string{"virtio_pci", "virtio_net", "evdev"}
 
 // initScript is the guest's /init. kerninstd runs under a restart loop, as
 // systemd's Restart=always would run it: a killed daemon comes back (the
