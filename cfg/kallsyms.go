@@ -105,11 +105,16 @@ func ParseKallsyms(r io.Reader) (*Symbols, error) {
 	if !nonzero {
 		return nil, ErrHiddenAddresses
 	}
+	s.index()
+	return s, nil
+}
+
+// index sorts the text symbols by address and indexes them by name.
+func (s *Symbols) index() {
 	sort.SliceStable(s.byAddr, func(i, j int) bool { return s.byAddr[i].Addr < s.byAddr[j].Addr })
 	for i, sym := range s.byAddr {
 		s.byName[sym.Name] = append(s.byName[sym.Name], i)
 	}
-	return s, nil
 }
 
 // Len is the number of text symbols.
