@@ -37,7 +37,10 @@ type Stats struct {
 type AnalyzeOptions struct {
 	DriverModule string
 	// Relocatable says whether a patch can reproduce an instruction;
-	// those it cannot are counted as refused. Nil: all can.
+	// those it cannot are counted as refused. Nil: all can. Its answer
+	// must depend on the instruction's bytes only (not on where it is),
+	// as codegen.CheckRelocatable's does: the census remembers it per
+	// encoding.
 	Relocatable func(addr uint64, inst x86asm.Inst, b []byte) error
 	// Owned are instructions the kernel's own tables name; refused.
 	Owned *OwnedSites
@@ -140,8 +143,9 @@ func AnalyzeKernel(ctx context.Context, r TextReader, syms *Symbols, o AnalyzeOp
 			defer wg.Done()
 			local := Stats{SpliceClasses: map[string]int{}}
 			localSums := map[uint64]*summary{}
+			w := worker{reloc: map[string]bool{}}
 			for s := range work {
-				if sum := analyzeOne(r, syms, s, o, &local); sum != nil {
+				if sum := analyzeOne(r, syms, s, o, &local, &w); sum != nil {
 					localSums[s.Addr] = sum
 				}
 				if n := done.Add(1); o.Progress != nil && n%2000 == 0 {
@@ -283,8 +287,35 @@ func reachesReturn(sum *summary, cut func(uint64) bool) bool {
 	return false
 }
 
-func analyzeOne(r TextReader, syms *Symbols, s Symbol, o AnalyzeOptions, st *Stats) *summary {
-	fn, err := ReadFunction(r, syms, s)
+// worker is one census goroutine's reusable state.
+type worker struct {
+	buf decodeBuf
+	// reloc remembers Relocatable's verdict per encoding: the kernel
+	// repeats most of its instructions byte for byte (push %rbp, mov
+	// %rdi,%rbx, ret...), and the check costs an allocation.
+	reloc map[string]bool
+}
+
+// maxRelocMemo bounds a worker's memo (each entry costs about 50 bytes).
+const maxRelocMemo = 1 << 18
+
+// relocatable is o.Relocatable(in) == nil, remembered per encoding.
+func (w *worker) relocatable(o *AnalyzeOptions, in *Instruction) bool {
+	if o.Relocatable == nil {
+		return true
+	}
+	if ok, seen := w.reloc[string(in.Bytes)]; seen {
+		return ok
+	}
+	ok := o.Relocatable(in.Addr, in.Inst, in.Bytes) == nil
+	if len(w.reloc) < maxRelocMemo {
+		w.reloc[string(in.Bytes)] = ok
+	}
+	return ok
+}
+
+func analyzeOne(r TextReader, syms *Symbols, s Symbol, o AnalyzeOptions, st *Stats, w *worker) *summary {
+	fn, err := readFunction(r, syms, s, &w.buf)
 	switch {
 	case err == nil:
 	case errors.Is(err, ErrFreedInit):
@@ -350,8 +381,7 @@ func analyzeOne(r TextReader, syms *Symbols, s Symbol, o AnalyzeOptions, st *Sta
 		for i := b.First; i < b.First+b.N; i++ {
 			in := &fn.Insns[i]
 			class := classOf(in.Len())
-			if fnWhy != "" || o.Owned.InstructionNoSplice(fn, i) != "" ||
-				(o.Relocatable != nil && o.Relocatable(in.Addr, in.Inst, in.Bytes) != nil) {
+			if fnWhy != "" || o.Owned.InstructionNoSplice(fn, i) != "" || !w.relocatable(&o, in) {
 				class = "refused"
 			}
 			st.SpliceClasses[class]++
