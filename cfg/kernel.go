@@ -143,9 +143,9 @@ func AnalyzeKernel(ctx context.Context, r TextReader, syms *Symbols, o AnalyzeOp
 			defer wg.Done()
 			local := Stats{SpliceClasses: map[string]int{}}
 			localSums := map[uint64]*summary{}
-			w := worker{reloc: map[string]bool{}}
+			w := new(worker)
 			for s := range work {
-				if sum := analyzeOne(r, syms, s, o, &local, &w); sum != nil {
+				if sum := analyzeOne(r, syms, s, o, &local, w); sum != nil {
 					localSums[s.Addr] = sum
 				}
 				if n := done.Add(1); o.Progress != nil && n%2000 == 0 {
@@ -289,28 +289,42 @@ func reachesReturn(sum *summary, cut func(uint64) bool) bool {
 
 // worker is one census goroutine's reusable state.
 type worker struct {
-	buf decodeBuf
-	// reloc remembers Relocatable's verdict per encoding: the kernel
-	// repeats most of its instructions byte for byte (push %rbp, mov
-	// %rdi,%rbx, ret...), and the check costs an allocation.
-	reloc map[string]bool
+	buf   decodeBuf
+	reloc relocCache
 }
 
-// maxRelocMemo bounds a worker's memo (each entry costs about 50 bytes).
-const maxRelocMemo = 1 << 18
+// relocCache remembers Relocatable's verdict for recently seen encodings:
+// the kernel repeats most of its instructions byte for byte (push %rbp,
+// mov %rdi,%rbx, ret...), and the check costs an allocation. Direct
+// mapped and small, so it stays in cache: a large map was slower than the
+// check itself.
+type relocCache [relocSlots]struct {
+	key [15]byte
+	n   uint8 // encoding length; 0: empty
+	ok  bool
+}
+
+const relocSlots = 1 << 12
 
 // relocatable is o.Relocatable(in) == nil, remembered per encoding.
 func (w *worker) relocatable(o *AnalyzeOptions, in *Instruction) bool {
 	if o.Relocatable == nil {
 		return true
 	}
-	if ok, seen := w.reloc[string(in.Bytes)]; seen {
-		return ok
+	b := in.Bytes
+	if len(b) > 15 {
+		return o.Relocatable(in.Addr, in.Inst, b) == nil
 	}
-	ok := o.Relocatable(in.Addr, in.Inst, in.Bytes) == nil
-	if len(w.reloc) < maxRelocMemo {
-		w.reloc[string(in.Bytes)] = ok
+	h := uint32(2166136261) // FNV-1a
+	for _, c := range b {
+		h = (h ^ uint32(c)) * 16777619
 	}
+	e := &w.reloc[h%relocSlots]
+	if int(e.n) == len(b) && string(e.key[:e.n]) == string(b) {
+		return e.ok
+	}
+	ok := o.Relocatable(in.Addr, in.Inst, b) == nil
+	e.n, e.ok = uint8(copy(e.key[:], b)), ok
 	return ok
 }
 
@@ -336,20 +350,28 @@ func analyzeOne(r TextReader, syms *Symbols, s Symbol, o AnalyzeOptions, st *Sta
 	// splicing consults), so the census pays for it too.
 	lv := fn.Live(blocks, names, o.Prototypes)
 	sum := &summary{blocks: make([]summaryBlock, len(blocks)), entryLive: lv.LiveIn[0]}
+	// The blocks' slices share backing arrays, one allocation each per
+	// function rather than per block.
+	var succs []int
+	var calls, sites []uint64
 	for bi, b := range blocks {
 		sb := &sum.blocks[bi]
 		sb.exit = b.Exit
+		n := len(succs)
 		for _, e := range b.Succs {
-			sb.succs = append(sb.succs, e.To)
+			succs = append(succs, e.To)
 		}
+		sb.succs = succs[n:len(succs):len(succs)]
+		n = len(calls)
 		for i := b.First; i < b.First+b.N; i++ {
 			if in := &fn.Insns[i]; in.Inst.Op == x86asm.CALL {
 				if t, ok := BranchTarget(in); ok {
-					sb.calls = append(sb.calls, t)
-					sb.callSites = append(sb.callSites, in.Addr)
+					calls = append(calls, t)
+					sites = append(sites, in.Addr)
 				}
 			}
 		}
+		sb.calls, sb.callSites = calls[n:len(calls):len(calls)], sites[n:len(sites):len(sites)]
 		if b.Exit == TailCall {
 			sb.tail, _ = BranchTarget(b.Last(fn))
 			sb.tailSite = b.Last(fn).Addr
