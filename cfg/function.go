@@ -122,8 +122,12 @@ const avgInsnLen = 4
 func decode(name, module string, addr uint64, code []byte, buf *decodeBuf) (*Function, error) {
 	f := &Function{Name: name, Module: module, Addr: addr, End: addr + uint64(len(code))}
 	if buf != nil {
+		// Room for the worst case, one instruction a byte, so the
+		// loop below never grows the slice.
+		if cap(buf.insns) < len(code) {
+			buf.insns = make([]Instruction, 0, max(len(code), 2*cap(buf.insns)))
+		}
 		f.Insns = buf.insns[:0]
-		defer func() { buf.insns = f.Insns[:0] }()
 	} else {
 		f.Insns = make([]Instruction, 0, len(code)/avgInsnLen+4)
 	}
