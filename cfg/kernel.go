@@ -304,7 +304,7 @@ type relocCache [relocSlots]struct {
 	ok  bool
 }
 
-const relocSlots = 1 << 12
+const relocSlots = 1 << 14
 
 // relocatable is o.Relocatable(in) == nil, remembered per encoding.
 func (w *worker) relocatable(o *AnalyzeOptions, in *Instruction) bool {
