@@ -30,6 +30,9 @@ type Stats struct {
 	NoReturn         int            `json:"noreturn_functions"` // found by analysis: no path reaches a return
 	Unreadable       int            `json:"unreadable_functions"`
 	SpliceClasses    map[string]int `json:"splice_classes"` // direct, springboard, trap, refused
+	// NoSpliceSites counts the sites the kernel's own tables name (see
+	// OwnedSites); absent when they were not read.
+	NoSpliceSites *OwnedCounts `json:"no_splice_sites,omitempty"`
 	Seconds          float64        `json:"seconds"`
 }
 
@@ -132,6 +135,10 @@ func AnalyzeKernel(ctx context.Context, r TextReader, syms *Symbols, o AnalyzeOp
 		}
 	}
 	st := Stats{Modules: len(modules), SpliceClasses: map[string]int{}}
+	if o.Owned != nil {
+		n := o.Owned.counts
+		st.NoSpliceSites = &n
+	}
 	sums := make(map[uint64]*summary, len(fns))
 	var mu sync.Mutex
 	var done atomic.Int64

@@ -28,6 +28,7 @@ import (
 //
 // The set is a snapshot: reload it when modules come or go.
 type OwnedSites struct {
+	counts OwnedCounts
 	kinds  map[uint64]ownedKind
 	ftrace bool // the ftrace records were read: they, not the shape, say what ftrace owns
 }
@@ -125,6 +126,7 @@ func LoadOwnedSites(r TextReader, syms *Symbols, layout *KernelLayout) (*OwnedSi
 		n.add(t.kind, k)
 	}
 	if layout == nil {
+		o.counts = n
 		return o, n, nil
 	}
 	if err := o.readModules(r, syms, layout, &n); err != nil {
@@ -135,6 +137,7 @@ func LoadOwnedSites(r TextReader, syms *Symbols, layout *KernelLayout) (*OwnedSi
 		return nil, n, err
 	}
 	n.Ftrace = k
+	o.counts = n
 	return o, n, nil
 }
 
