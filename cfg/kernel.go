@@ -33,7 +33,7 @@ type Stats struct {
 	// NoSpliceSites counts the sites the kernel's own tables name (see
 	// OwnedSites); absent when they were not read.
 	NoSpliceSites *OwnedCounts `json:"no_splice_sites,omitempty"`
-	Seconds          float64        `json:"seconds"`
+	Seconds       float64      `json:"seconds"`
 }
 
 // AnalyzeOptions tune AnalyzeKernel.
