@@ -120,6 +120,10 @@ func (s *Symbols) index() {
 // Len is the number of text symbols.
 func (s *Symbols) Len() int { return len(s.byAddr) }
 
+// All returns the text symbols sorted by address. The caller must not
+// modify the slice.
+func (s *Symbols) All() []Symbol { return s.byAddr }
+
 // Lookup returns the symbol called name. Where several share the name
 // (static functions), the core kernel's first one wins; ambiguous reports
 // how many there were, so callers can say so.

@@ -13,10 +13,12 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/kerninstd"
 )
 
@@ -252,4 +254,45 @@ func TestFtraceSitesFromRecords(t *testing.T) {
 	if after := qemuBytes(t, r.Address, 5); !bytes.Equal(before, after) {
 		t.Errorf("virtnet_poll+0x0 changed: %x → %x", before, after)
 	}
+}
+
+// TestModuleSymbolsFromELF places evdev.ko's ELF symbols at the section
+// addresses the guest loaded it at (/sys/module/evdev/sections) and
+// compares them with the guest's kallsyms for the module (the oracle).
+func TestModuleSymbolsFromELF(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	bases := map[string]uint64{}
+	for _, line := range strings.Split(gsh(t, ctx, "cd /sys/module/evdev/sections && for f in .* *; do [ -f \"$f\" ] && echo \"$f $(cat \"$f\")\"; done"), "\n") {
+		name, addr, ok := strings.Cut(line, " ")
+		if v, err := strconv.ParseUint(strings.TrimPrefix(addr, "0x"), 16, 64); ok && err == nil && !strings.HasPrefix(name, ".init") {
+			bases[name] = v // init sections are freed after loading, as kallsyms knows
+		}
+	}
+	if bases[".text"] == 0 {
+		t.Fatalf("no .text in /sys/module/evdev/sections: %v", bases)
+	}
+	syms, err := cfg.SymbolsFromELF(moduleFile(t, "evdev"), cfg.ELFOptions{Module: "evdev", SectionBase: func(s string) (uint64, bool) {
+		b, ok := bases[s]
+		return b, ok
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, line := range strings.Split(gsh(t, ctx, "grep -i ' t .*\\[evdev\\]' /proc/kallsyms"), "\n") {
+		if f := strings.Fields(line); len(f) == 4 {
+			want = append(want, f[0]+" "+f[2])
+		}
+	}
+	var got []string
+	for _, s := range syms.All() {
+		got = append(got, fmt.Sprintf("%016x %s", s.Addr, s.Name))
+	}
+	sort.Strings(got)
+	sort.Strings(want)
+	if len(want) < 10 || strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("evdev.ko's symbols placed at its sections:\n%s\nkallsyms:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	t.Logf("%d evdev functions: ELF symbols placed at the module's sections equal kallsyms", len(got))
 }
