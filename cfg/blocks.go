@@ -171,8 +171,43 @@ func (f *Function) BlocksOpt(o BlockOptions) []Block {
 		i := sort.Search(len(starts), func(i int) bool { return f.Insns[starts[i]].Addr >= a })
 		return i, i < len(starts) && f.Insns[starts[i]].Addr == a
 	}
+	// Edges of every block share one backing array (a block has at most
+	// two besides a jump table's): an allocation per block was a large
+	// part of the census's.
+	edges := make([]Edge, 0, 2*len(blocks))
 	for bi := range blocks {
 		b := &blocks[bi]
+		first := len(edges)
+		f.succs(b, bi, len(blocks), tables, byAddr, names, noReturn, &edges)
+		b.Succs = edges[first:len(edges):len(edges)]
+	}
+	npred := make([]int, len(blocks))
+	total := 0
+	for bi := range blocks {
+		for _, e := range blocks[bi].Succs {
+			npred[e.To]++
+			total++
+		}
+	}
+	preds := make([]int, total)
+	for bi := range blocks {
+		n := npred[bi]
+		blocks[bi].Preds, preds = preds[:0:n], preds[n:]
+	}
+	for bi := range blocks {
+		for _, e := range blocks[bi].Succs {
+			blocks[e.To].Preds = append(blocks[e.To].Preds, bi)
+		}
+	}
+	markPadding(f, blocks)
+	return blocks
+}
+
+// succs appends block bi's successor edges to edges and sets its exit
+// kind and jump table.
+func (f *Function) succs(b *Block, bi, nblocks int, tables map[int]JumpTable, byAddr func(uint64) (int, bool),
+	names NameAt, noReturn NoReturn, edges *[]Edge) {
+	{
 		last := b.Last(f)
 		target, direct := BranchTarget(last)
 		inside := direct && target >= f.Addr && target < f.End
@@ -185,11 +220,12 @@ func (f *Function) BlocksOpt(o BlockOptions) []Block {
 			for _, t := range jt.Targets {
 				if to, _ := byAddr(t); !seen[to] { // table targets were made leaders
 					seen[to] = true
-					b.Succs = append(b.Succs, Edge{Table, to})
+					*edges = append(*edges, Edge{Table, to})
 				}
 			}
+			jt := jt // only a resolved table is copied to the heap
 			b.JumpTable = &jt
-			continue
+			return
 		}
 		switch op := last.Inst.Op; {
 		case isNoReturnCall(last, noReturn):
@@ -198,7 +234,7 @@ func (f *Function) BlocksOpt(o BlockOptions) []Block {
 			b.Exit = Return
 		case op == x86asm.JMP && inside:
 			if to, ok := byAddr(target); ok {
-				b.Succs = append(b.Succs, Edge{Jump, to})
+				*edges = append(*edges, Edge{Jump, to})
 			} else {
 				b.Exit = IndirectJump // lands where we did not decode: assume anything
 			}
@@ -215,24 +251,17 @@ func (f *Function) BlocksOpt(o BlockOptions) []Block {
 		case IsControlTransfer(last) && op != x86asm.CALL:
 			// Conditional branch: taken, then not taken.
 			if to, ok := byAddr(target); inside && ok {
-				b.Succs = append(b.Succs, Edge{Taken, to})
+				*edges = append(*edges, Edge{Taken, to})
 			} else if inside {
 				b.Exit = IndirectJump // lands where we did not decode: assume anything
 			}
 			fallthrough
 		default:
-			if bi+1 < len(blocks) {
-				b.Succs = append(b.Succs, Edge{Fallthrough, bi + 1})
+			if bi+1 < nblocks {
+				*edges = append(*edges, Edge{Fallthrough, bi + 1})
 			}
 		}
 	}
-	for bi := range blocks {
-		for _, e := range blocks[bi].Succs {
-			blocks[e.To].Preds = append(blocks[e.To].Preds, bi)
-		}
-	}
-	markPadding(f, blocks)
-	return blocks
 }
 
 func isNoReturnCall(in *Instruction, noReturn NoReturn) bool {

@@ -29,10 +29,12 @@ type Symbols struct {
 
 // markerNames are non-text symbols kept for their addresses: the bounds of
 // the init sections the kernel frees after boot, and of the tables that
-// name instructions the kernel rewrites or fixes up (see OwnedSites).
+// name instructions the kernel rewrites or fixes up, and the heads of the
+// module list and of ftrace's record pages (see OwnedSites).
 var markerNames = map[string]bool{"__init_begin": true, "__init_end": true, "_stext": true, "_etext": true,
 	"__start___ex_table": true, "__stop___ex_table": true, "__start___jump_table": true, "__stop___jump_table": true,
 	"__start_static_call_sites": true, "__stop_static_call_sites": true,
+	"modules": true, "ftrace_pages_start": true,
 	// The per-CPU pointer to the running task (6.1; pcpu_hot from 6.2).
 	"current_task": true, "pcpu_hot": true}
 
@@ -105,15 +107,24 @@ func ParseKallsyms(r io.Reader) (*Symbols, error) {
 	if !nonzero {
 		return nil, ErrHiddenAddresses
 	}
+	s.index()
+	return s, nil
+}
+
+// index sorts the text symbols by address and indexes them by name.
+func (s *Symbols) index() {
 	sort.SliceStable(s.byAddr, func(i, j int) bool { return s.byAddr[i].Addr < s.byAddr[j].Addr })
 	for i, sym := range s.byAddr {
 		s.byName[sym.Name] = append(s.byName[sym.Name], i)
 	}
-	return s, nil
 }
 
 // Len is the number of text symbols.
 func (s *Symbols) Len() int { return len(s.byAddr) }
+
+// All returns the text symbols sorted by address. The caller must not
+// modify the slice.
+func (s *Symbols) All() []Symbol { return s.byAddr }
 
 // Lookup returns the symbol called name. Where several share the name
 // (static functions), the core kernel's first one wins; ambiguous reports

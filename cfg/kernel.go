@@ -34,7 +34,10 @@ type Stats struct {
 	// Springboard is the springboard space and its reach (filled by the
 	// caller from Kernel.SpringboardRuns and ShortSites).
 	Springboard *SpringboardStats `json:"springboard,omitempty"`
-	Seconds     float64           `json:"seconds"`
+	// NoSpliceSites counts the sites the kernel's own tables name (see
+	// OwnedSites); absent when they were not read.
+	NoSpliceSites *OwnedCounts `json:"no_splice_sites,omitempty"`
+	Seconds       float64      `json:"seconds"`
 
 	springRuns []Range  // SpringboardSpace of every function
 	shortSites []uint64 // 2-4-byte instructions classed springboard
@@ -55,7 +58,10 @@ type SpringboardStats struct {
 type AnalyzeOptions struct {
 	DriverModule string
 	// Relocatable says whether a patch can reproduce an instruction;
-	// those it cannot are counted as refused. Nil: all can.
+	// those it cannot are counted as refused. Nil: all can. Its answer
+	// must depend on the instruction's bytes only (not on where it is),
+	// as codegen.CheckRelocatable's does: the census remembers it per
+	// encoding.
 	Relocatable func(addr uint64, inst x86asm.Inst, b []byte) error
 	// Owned are instructions the kernel's own tables name; refused.
 	Owned *OwnedSites
@@ -154,6 +160,10 @@ func AnalyzeKernel(ctx context.Context, r TextReader, syms *Symbols, o AnalyzeOp
 		}
 	}
 	st := Stats{Modules: len(modules), SpliceClasses: map[string]int{}}
+	if o.Owned != nil {
+		n := o.Owned.counts
+		st.NoSpliceSites = &n
+	}
 	sums := make(map[uint64]*summary, len(fns))
 	var mu sync.Mutex
 	var done atomic.Int64
@@ -165,8 +175,9 @@ func AnalyzeKernel(ctx context.Context, r TextReader, syms *Symbols, o AnalyzeOp
 			defer wg.Done()
 			local := Stats{SpliceClasses: map[string]int{}}
 			localSums := map[uint64]*summary{}
+			w := new(worker)
 			for s := range work {
-				if sum := analyzeOne(r, syms, s, o, &local); sum != nil {
+				if sum := analyzeOne(r, syms, s, o, &local, w); sum != nil {
 					localSums[s.Addr] = sum
 				}
 				if n := done.Add(1); o.Progress != nil && n%2000 == 0 {
@@ -313,8 +324,49 @@ func reachesReturn(sum *summary, cut func(uint64) bool) bool {
 	return false
 }
 
-func analyzeOne(r TextReader, syms *Symbols, s Symbol, o AnalyzeOptions, st *Stats) *summary {
-	fn, err := ReadFunction(r, syms, s)
+// worker is one census goroutine's reusable state.
+type worker struct {
+	buf   decodeBuf
+	reloc relocCache
+}
+
+// relocCache remembers Relocatable's verdict for recently seen encodings:
+// the kernel repeats most of its instructions byte for byte (push %rbp,
+// mov %rdi,%rbx, ret...), and the check costs an allocation. Direct
+// mapped and small, so it stays in cache: a large map was slower than the
+// check itself.
+type relocCache [relocSlots]struct {
+	key [15]byte
+	n   uint8 // encoding length; 0: empty
+	ok  bool
+}
+
+const relocSlots = 1 << 14
+
+// relocatable is o.Relocatable(in) == nil, remembered per encoding.
+func (w *worker) relocatable(o *AnalyzeOptions, in *Instruction) bool {
+	if o.Relocatable == nil {
+		return true
+	}
+	b := in.Bytes
+	if len(b) > 15 {
+		return o.Relocatable(in.Addr, in.Inst, b) == nil
+	}
+	h := uint32(2166136261) // FNV-1a
+	for _, c := range b {
+		h = (h ^ uint32(c)) * 16777619
+	}
+	e := &w.reloc[h%relocSlots]
+	if int(e.n) == len(b) && string(e.key[:e.n]) == string(b) {
+		return e.ok
+	}
+	ok := o.Relocatable(in.Addr, in.Inst, b) == nil
+	e.n, e.ok = uint8(copy(e.key[:], b)), ok
+	return ok
+}
+
+func analyzeOne(r TextReader, syms *Symbols, s Symbol, o AnalyzeOptions, st *Stats, w *worker) *summary {
+	fn, err := readFunction(r, syms, s, &w.buf)
 	switch {
 	case err == nil:
 	case errors.Is(err, ErrFreedInit):
@@ -338,20 +390,28 @@ func analyzeOne(r TextReader, syms *Symbols, s Symbol, o AnalyzeOptions, st *Sta
 		st.springRuns = append(st.springRuns, SpringboardSpace(fn, blocks, func(a uint64) bool { return o.Owned.Reason(a) != "" })...)
 	}
 	sum := &summary{blocks: make([]summaryBlock, len(blocks)), entryLive: lv.LiveIn[0]}
+	// The blocks' slices share backing arrays, one allocation each per
+	// function rather than per block.
+	var succs []int
+	var calls, sites []uint64
 	for bi, b := range blocks {
 		sb := &sum.blocks[bi]
 		sb.exit = b.Exit
+		n := len(succs)
 		for _, e := range b.Succs {
-			sb.succs = append(sb.succs, e.To)
+			succs = append(succs, e.To)
 		}
+		sb.succs = succs[n:len(succs):len(succs)]
+		n = len(calls)
 		for i := b.First; i < b.First+b.N; i++ {
 			if in := &fn.Insns[i]; in.Inst.Op == x86asm.CALL {
 				if t, ok := BranchTarget(in); ok {
-					sb.calls = append(sb.calls, t)
-					sb.callSites = append(sb.callSites, in.Addr)
+					calls = append(calls, t)
+					sites = append(sites, in.Addr)
 				}
 			}
 		}
+		sb.calls, sb.callSites = calls[n:len(calls):len(calls)], sites[n:len(sites):len(sites)]
 		if b.Exit == TailCall {
 			sb.tail, _ = BranchTarget(b.Last(fn))
 			sb.tailSite = b.Last(fn).Addr
@@ -383,8 +443,7 @@ func analyzeOne(r TextReader, syms *Symbols, s Symbol, o AnalyzeOptions, st *Sta
 		for i := b.First; i < b.First+b.N; i++ {
 			in := &fn.Insns[i]
 			class := classOf(in.Len())
-			if fnWhy != "" || fn.InstructionNoSplice(i) != "" || o.Owned.Reason(in.Addr) != "" ||
-				(o.Relocatable != nil && o.Relocatable(in.Addr, in.Inst, in.Bytes) != nil) {
+			if fnWhy != "" || o.Owned.InstructionNoSplice(fn, i) != "" || !w.relocatable(&o, in) {
 				class = "refused"
 			}
 			st.SpliceClasses[class]++

@@ -55,13 +55,17 @@ func (s *Symbols) marker(name string) (uint64, bool) {
 
 // NoSpliceReason returns why the instruction at addr in function f must not
 // be spliced, or "" if nothing forbids it. driverModule is the module name
-// of our own driver, whose text is never touched.
-func (s *Symbols) NoSpliceReason(f *Function, addr uint64, driverModule string) string {
+// of our own driver, whose text is never touched; owned are the kernel's
+// own tables (nil if they could not be read).
+func (s *Symbols) NoSpliceReason(f *Function, addr uint64, driverModule string, owned *OwnedSites) string {
 	if why := s.FunctionNoSplice(f, driverModule); why != "" {
 		return why
 	}
+	if why := owned.Reason(addr); why != "" {
+		return why
+	}
 	if i, err := f.Index(addr); err == nil {
-		return f.InstructionNoSplice(i)
+		return owned.InstructionNoSplice(f, i)
 	}
 	return ""
 }
@@ -82,13 +86,17 @@ func (s *Symbols) FunctionNoSplice(f *Function, driverModule string) string {
 	return ""
 }
 
-// InstructionNoSplice returns why instruction i itself must not be
-// spliced, or "".
-func (f *Function) InstructionNoSplice(i int) string {
+// InstructionNoSplice returns why instruction i of f itself must not be
+// spliced, or "": a site the kernel's tables name, the function's ftrace
+// site, or an int3 already there. o may be nil.
+func (o *OwnedSites) InstructionNoSplice(f *Function, i int) string {
+	in := &f.Insns[i]
 	switch {
-	case f.IsFtraceSite(i):
-		return "the function's ftrace site (__mcount_loc): ftrace owns these 5 bytes"
-	case f.Insns[i].Bytes[0] == 0xcc:
+	case o.Reason(in.Addr) != "":
+		return o.Reason(in.Addr)
+	case !o.HasFtraceRecords() && f.IsFtraceSite(i):
+		return "the function's ftrace site (by the shape of its first instruction; ftrace's records were not read): ftrace owns these 5 bytes"
+	case in.Bytes[0] == 0xcc:
 		return "an int3 is already there (a kprobe or another tool owns this byte)"
 	}
 	return ""

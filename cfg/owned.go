@@ -1,7 +1,8 @@
 package cfg
 
 import (
-	"encoding/binary"
+	"bytes"
+	"errors"
 	"fmt"
 )
 
@@ -13,70 +14,280 @@ import (
 //     address up; a copy in a patch would fault with no entry: an oops.
 //   - __jump_table: static-key sites, rewritten whenever a key flips.
 //   - static_call_sites: static calls, rewritten when their target changes.
+//   - ftrace records: each traceable function's 5-byte call site, which
+//     ftrace rewrites whenever a tracer attaches or detaches.
 //
-// Only the core kernel's tables are read; modules keep theirs in struct
-// module (not yet read).
+// The core kernel's tables are found by their kallsyms section markers;
+// each loaded module keeps its own in struct module, found by walking the
+// kernel's `modules` list. ftrace's records of both hang off
+// ftrace_pages_start (__mcount_loc itself is freed after boot). Module and
+// ftrace structs are read with offsets from the kernel's BTF
+// (KernelLayout); without it only the core kernel's tables are read, with
+// the 6.1 x86-64 entry layouts, and ftrace sites fall back to the shape of
+// a function's first instruction.
+//
+// The set is a snapshot: reload it when modules come or go.
 type OwnedSites struct {
-	reasons map[uint64]string
+	counts OwnedCounts
+	kinds  map[uint64]ownedKind
+	ftrace bool // the ftrace records were read: they, not the shape, say what ftrace owns
 }
 
-// Counts of each kind, for reports.
-type OwnedCounts struct {
-	ExTable, JumpLabels, StaticCalls int
-}
+// ownedKind is a bit set: one address can be named by several tables.
+type ownedKind uint8
 
-// ownedTables: marker symbols, entry size, and the reason.
-var ownedTables = []struct {
-	start, stop string
-	entry       int
-	why         string
+const (
+	ownedExTable ownedKind = 1 << iota
+	ownedJumpLabel
+	ownedStaticCall
+	ownedFtrace
+)
+
+// ownedReasons in the order Reason reports them.
+var ownedReasons = []struct {
+	kind ownedKind
+	why  string
 }{
-	{"__start___ex_table", "__stop___ex_table", 12, "an exception-table entry (__ex_table): a fault here is fixed up by its address, a copy in a patch would oops"},
-	{"__start___jump_table", "__stop___jump_table", 16, "a static-key site (__jump_table): the kernel rewrites it when the key flips"},
-	{"__start_static_call_sites", "__stop_static_call_sites", 8, "a static call site: the kernel rewrites it when the call's target changes"},
+	{ownedExTable, "an exception-table entry (__ex_table): a fault here is fixed up by its address, a copy in a patch would oops"},
+	{ownedJumpLabel, "a static-key site (__jump_table): the kernel rewrites it when the key flips"},
+	{ownedStaticCall, "a static call site: the kernel rewrites it when the call's target changes"},
+	{ownedFtrace, "an ftrace site (in ftrace's records): ftrace rewrites these 5 bytes when a tracer attaches"},
 }
 
-// maxOwnedTable bounds one table read (the 6.1 tables are tens of KiB).
-const maxOwnedTable = 4 << 20
+// OwnedCounts says how many sites each table named, for reports.
+type OwnedCounts struct {
+	ExTable     int `json:"ex_table"`
+	JumpLabels  int `json:"jump_labels"`
+	StaticCalls int `json:"static_calls"`
+	Ftrace      int `json:"ftrace"`  // ftrace records, core kernel and modules
+	Modules     int `json:"modules"` // modules whose tables were read
+}
 
-// LoadOwnedSites reads the core kernel's tables. Each entry's first field
-// is a 32-bit offset from the entry itself to the instruction (6.1 x86-64:
-// exception_table_entry {int insn, fixup, data}, jump_entry {s32 code,
-// target; long key}, static_call_site {s32 addr, key}).
-func LoadOwnedSites(r TextReader, syms *Symbols) (*OwnedSites, OwnedCounts, error) {
-	o := &OwnedSites{reasons: map[uint64]string{}}
+// coreTables: marker symbols, the 6.1 x86-64 entry layout (used without
+// BTF), and the kind.
+var coreTables = []struct {
+	start, stop string
+	entry       Entry
+	kind        ownedKind
+}{
+	{"__start___ex_table", "__stop___ex_table", Entry{12, Field{0, 4}}, ownedExTable},
+	{"__start___jump_table", "__stop___jump_table", Entry{16, Field{0, 4}}, ownedJumpLabel},
+	{"__start_static_call_sites", "__stop_static_call_sites", Entry{8, Field{0, 4}}, ownedStaticCall},
+}
+
+// Bounds on what one walk reads, so a corrupt or racing list cannot make
+// it run away. The 6.1 tables are tens of KiB; ftrace has about 40,000
+// records in a few hundred pages.
+const (
+	maxOwnedTable = 4 << 20
+	maxModules    = 1 << 12
+	maxFtracePage = 1 << 16
+)
+
+// ErrOwnedTable is matched by every OwnedTableError.
+var ErrOwnedTable = errors.New("kernel table unreadable")
+
+// OwnedTableError says which kernel table could not be read, and why.
+type OwnedTableError struct {
+	Table string // "__ex_table", "module virtio_net: jump_entries", "ftrace_pages_start", …
+	Addr  uint64
+	Err   error
+}
+
+func (e *OwnedTableError) Error() string {
+	return fmt.Sprintf("%s at %#x: %v", e.Table, e.Addr, e.Err)
+}
+
+func (e *OwnedTableError) Is(t error) bool { return t == ErrOwnedTable }
+func (e *OwnedTableError) Unwrap() error   { return e.Err }
+
+// LoadOwnedSites reads the kernel's tables from live memory (r reads any
+// kernel address, such as the driver). layout may be nil: see OwnedSites.
+func LoadOwnedSites(r TextReader, syms *Symbols, layout *KernelLayout) (*OwnedSites, OwnedCounts, error) {
+	o := &OwnedSites{kinds: map[uint64]ownedKind{}}
 	var n OwnedCounts
-	for ti, t := range ownedTables {
+	for _, t := range coreTables {
 		lo, ok1 := syms.marker(t.start)
 		hi, ok2 := syms.marker(t.stop)
 		if !ok1 || !ok2 || hi < lo {
 			continue
 		}
-		size := hi - lo
-		if size%uint64(t.entry) != 0 || size > maxOwnedTable {
-			return nil, n, fmt.Errorf("%s…%s: %d bytes is not a table of %d-byte entries", t.start, t.stop, size, t.entry)
+		entry := t.entry
+		if layout != nil {
+			entry = layout.entry(t.kind)
 		}
-		buf := make([]byte, size)
-		if err := r.Read(lo, buf); err != nil {
-			return nil, n, fmt.Errorf("read %s: %w", t.start, err)
+		if (hi-lo)%uint64(entry.Size) != 0 {
+			return nil, n, &OwnedTableError{Table: t.start, Addr: lo, Err: fmt.Errorf("%d bytes is not a table of %d-byte entries", hi-lo, entry.Size)}
 		}
-		for off := 0; off < len(buf); off += t.entry {
-			rel := int32(binary.LittleEndian.Uint32(buf[off:]))
-			addr := lo + uint64(off) + uint64(int64(rel))
-			if _, dup := o.reasons[addr]; !dup {
-				o.reasons[addr] = t.why
-			}
+		k, err := o.readTable(r, t.start, lo, (hi-lo)/uint64(entry.Size), entry, t.kind)
+		if err != nil {
+			return nil, n, err
 		}
-		switch ti {
-		case 0:
-			n.ExTable = len(buf) / t.entry
-		case 1:
-			n.JumpLabels = len(buf) / t.entry
-		case 2:
-			n.StaticCalls = len(buf) / t.entry
-		}
+		n.add(t.kind, k)
 	}
+	if layout == nil {
+		o.counts = n
+		return o, n, nil
+	}
+	if err := o.readModules(r, syms, layout, &n); err != nil {
+		return nil, n, err
+	}
+	k, err := o.readFtrace(r, syms, layout)
+	if err != nil {
+		return nil, n, err
+	}
+	n.Ftrace = k
+	o.counts = n
 	return o, n, nil
+}
+
+func (n *OwnedCounts) add(k ownedKind, c int) {
+	switch k {
+	case ownedExTable:
+		n.ExTable += c
+	case ownedJumpLabel:
+		n.JumpLabels += c
+	case ownedStaticCall:
+		n.StaticCalls += c
+	}
+}
+
+func (l *KernelLayout) entry(k ownedKind) Entry {
+	switch k {
+	case ownedExTable:
+		return l.ExTableEntry
+	case ownedJumpLabel:
+		return l.JumpEntry
+	}
+	return l.StaticCallSite
+}
+
+// readTable reads count entries at addr. Each entry's Rel field is a
+// signed offset from the field itself to the instruction, as the x86-64
+// kernel stores all three tables (ex_to_insn, jump_entry_code,
+// static_call_addr).
+func (o *OwnedSites) readTable(r TextReader, name string, addr, count uint64, e Entry, kind ownedKind) (int, error) {
+	if count == 0 {
+		return 0, nil
+	}
+	size := count * uint64(e.Size)
+	if e.Size == 0 || size > maxOwnedTable || size/count != uint64(e.Size) {
+		return 0, &OwnedTableError{Table: name, Addr: addr, Err: fmt.Errorf("%d entries of %d bytes is implausible", count, e.Size)}
+	}
+	buf := make([]byte, size)
+	if err := r.Read(addr, buf); err != nil {
+		return 0, &OwnedTableError{Table: name, Addr: addr, Err: err}
+	}
+	for off := uint64(0); off < size; off += uint64(e.Size) {
+		at := addr + off + uint64(e.Rel.Off)
+		o.kinds[at+uint64(intAt(buf[off:], e.Rel))] |= kind
+	}
+	return int(count), nil
+}
+
+// readModules walks the `modules` list and reads each formed module's
+// exception, jump-label and static-call tables.
+func (o *OwnedSites) readModules(r TextReader, syms *Symbols, l *KernelLayout, n *OwnedCounts) error {
+	head, ok := syms.marker("modules")
+	if !ok {
+		return nil // a kernel without modules
+	}
+	var next [8]byte
+	read := func(table string, addr uint64, b []byte) error {
+		if err := r.Read(addr, b); err != nil {
+			return &OwnedTableError{Table: table, Addr: addr, Err: err}
+		}
+		return nil
+	}
+	if err := read("modules", head+uint64(l.ListNext.Off), next[:]); err != nil {
+		return err
+	}
+	// Read struct module up to the last field used.
+	var size uint32
+	for _, f := range []Field{l.ModList, l.ModName, l.ModState, l.ModExTable, l.ModNumExTable, l.ModJumpEntries,
+		l.ModNumJumpEntries, l.ModStaticCallSites, l.ModNumStaticCallSites} {
+		size = max(size, f.Off+f.Size)
+	}
+	mod := make([]byte, size)
+	node := uintAt(next[:], Field{0, 8})
+	for i := 0; node != head; i++ {
+		if i == maxModules || node == 0 {
+			return &OwnedTableError{Table: "modules", Addr: head, Err: errors.New("list does not come back to its head")}
+		}
+		base := node - uint64(l.ModList.Off)
+		if err := read("struct module", base, mod); err != nil {
+			return err
+		}
+		node = uintAt(mod[l.ModList.Off:], l.ListNext)
+		if uintAt(mod, l.ModState) == l.ModUnformed {
+			continue // being loaded: its tables are not set up yet
+		}
+		name, _, _ := bytes.Cut(mod[l.ModName.Off:l.ModName.Off+l.ModName.Size], []byte{0})
+		for _, t := range []struct {
+			what       string
+			ptr, count Field
+			kind       ownedKind
+		}{
+			{"extable", l.ModExTable, l.ModNumExTable, ownedExTable},
+			{"jump_entries", l.ModJumpEntries, l.ModNumJumpEntries, ownedJumpLabel},
+			{"static_call_sites", l.ModStaticCallSites, l.ModNumStaticCallSites, ownedStaticCall},
+		} {
+			count := intAt(mod, t.count)
+			if count < 0 {
+				return &OwnedTableError{Table: "module " + string(name) + ": " + t.what, Addr: base, Err: fmt.Errorf("count %d", count)}
+			}
+			k, err := o.readTable(r, "module "+string(name)+": "+t.what, uintAt(mod, t.ptr), uint64(count), l.entry(t.kind), t.kind)
+			if err != nil {
+				return err
+			}
+			n.add(t.kind, k)
+		}
+		n.Modules++
+	}
+	return nil
+}
+
+// readFtrace walks ftrace_pages_start → struct ftrace_page {next,
+// records, index} and marks each dyn_ftrace record's ip. The list holds
+// the core kernel's records and every module's.
+func (o *OwnedSites) readFtrace(r TextReader, syms *Symbols, l *KernelLayout) (int, error) {
+	start, ok := syms.marker("ftrace_pages_start")
+	if !ok {
+		return 0, nil // no dynamic ftrace: leave the shape check in charge
+	}
+	var p [8]byte
+	if err := r.Read(start, p[:]); err != nil {
+		return 0, &OwnedTableError{Table: "ftrace_pages_start", Addr: start, Err: err}
+	}
+	pg := uintAt(p[:], Field{0, 8})
+	page := make([]byte, l.FtracePageSize)
+	total := 0
+	for i := 0; pg != 0; i++ {
+		if i == maxFtracePage {
+			return 0, &OwnedTableError{Table: "ftrace_pages_start", Addr: start, Err: errors.New("list does not end")}
+		}
+		if err := r.Read(pg, page); err != nil {
+			return 0, &OwnedTableError{Table: "struct ftrace_page", Addr: pg, Err: err}
+		}
+		index := intAt(page, l.FtraceIndex)
+		recs := uintAt(page, l.FtraceRecords)
+		if index < 0 || uint64(index)*uint64(l.DynFtrace.Size) > maxOwnedTable {
+			return 0, &OwnedTableError{Table: "struct ftrace_page", Addr: pg, Err: fmt.Errorf("index %d", index)}
+		}
+		if index > 0 {
+			buf := make([]byte, uint64(index)*uint64(l.DynFtrace.Size))
+			if err := r.Read(recs, buf); err != nil {
+				return 0, &OwnedTableError{Table: "ftrace records", Addr: recs, Err: err}
+			}
+			for off := 0; off < len(buf); off += int(l.DynFtrace.Size) {
+				o.kinds[uintAt(buf[off:], l.DynFtrace.Rel)] |= ownedFtrace
+			}
+			total += int(index)
+		}
+		pg = uintAt(page, l.FtraceNext)
+	}
+	o.ftrace = true
+	return total, nil
 }
 
 // Reason says why the instruction at addr is owned by the kernel, or "".
@@ -85,5 +296,42 @@ func (o *OwnedSites) Reason(addr uint64) string {
 	if o == nil {
 		return ""
 	}
-	return o.reasons[addr]
+	k := o.kinds[addr]
+	if k == 0 {
+		return ""
+	}
+	for _, r := range ownedReasons {
+		if k&r.kind != 0 {
+			return r.why
+		}
+	}
+	return ""
+}
+
+// HasFtraceRecords reports whether ftrace's own records were read.
+func (o *OwnedSites) HasFtraceRecords() bool { return o != nil && o.ftrace }
+
+// IsFtraceSite reports whether instruction i of f is an ftrace site: from
+// ftrace's records when they were read, otherwise from the shape of the
+// function's first instruction (Function.IsFtraceSite).
+func (o *OwnedSites) IsFtraceSite(f *Function, i int) bool {
+	if o.HasFtraceRecords() {
+		return i >= 0 && i < len(f.Insns) && o.kinds[f.Insns[i].Addr]&ownedFtrace != 0
+	}
+	return f.IsFtraceSite(i)
+}
+
+// FtraceSites returns the recorded ftrace sites in [lo, hi), for reports
+// and tests; nil without records.
+func (o *OwnedSites) FtraceSites(lo, hi uint64) []uint64 {
+	if !o.HasFtraceRecords() {
+		return nil
+	}
+	var s []uint64
+	for a, k := range o.kinds {
+		if k&ownedFtrace != 0 && a >= lo && a < hi {
+			s = append(s, a)
+		}
+	}
+	return s
 }

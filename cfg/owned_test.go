@@ -36,7 +36,7 @@ func TestLoadOwnedSites(t *testing.T) {
 	binary.LittleEndian.PutUint32(jumps[0:], rel(jl, 0xffffffff81001070))
 	binary.LittleEndian.PutUint32(jumps[16:], rel(jl+16, 0xffffffff81001080))
 	binary.LittleEndian.PutUint32(jumps[32:], rel(sc, 0xffffffff81001090))
-	o, n, err := LoadOwnedSites(memReader{ex: exTab, jl: jumps}, syms)
+	o, n, err := LoadOwnedSites(memReader{ex: exTab, jl: jumps}, syms, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

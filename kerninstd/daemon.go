@@ -26,6 +26,10 @@ type Config struct {
 	// Prototypes loads function prototypes (cfg.LoadKernelPrototypes);
 	// nil: none.
 	Prototypes func() (cfg.Prototypes, error)
+	// Layout loads the struct layouts the module and ftrace table walkers
+	// need (cfg.LoadKernelLayout); nil: only the core kernel's tables are
+	// read.
+	Layout func() (*cfg.KernelLayout, error)
 	// CacheDir keeps the whole-kernel analysis across restarts; "" off.
 	CacheDir string
 	// Notes and Modules identify the kernel build and module set for the
@@ -44,6 +48,7 @@ type Daemon struct {
 	release    string
 	info       func() Info
 	loadProtos func() (cfg.Prototypes, error)
+	loadLayout func() (*cfg.KernelLayout, error)
 
 	symMu sync.Mutex   // protects syms
 	syms  *cfg.Symbols // immutable snapshot, replaced on reload
@@ -53,8 +58,12 @@ type Daemon struct {
 
 	cacheDir, notesPath, modulesPath string
 
-	ownedOnce sync.Once
-	owned     *cfg.OwnedSites // instructions the kernel's own tables name; nil if unreadable
+	layoutOnce sync.Once
+	layoutVal  *cfg.KernelLayout // from kernel BTF; nil if unavailable
+
+	ownMu    sync.Mutex      // protects owned and ownedFor
+	owned    *cfg.OwnedSites // instructions the kernel's own tables name; nil if unreadable
+	ownedFor *cfg.Symbols    // the symbol snapshot owned was read with
 
 	anMu     sync.Mutex      // protects noret, reads, stats, calls and callSyms
 	noret    cfg.NoReturnSet // from the whole-kernel analysis; nil until it ran
@@ -105,6 +114,7 @@ func New(c Config) (*Daemon, error) {
 		release:     c.Release,
 		info:        c.Info,
 		loadProtos:  c.Prototypes,
+		loadLayout:  c.Layout,
 		cacheDir:    c.CacheDir,
 		notesPath:   c.Notes,
 		modulesPath: c.Modules,
@@ -168,19 +178,50 @@ func (d *Daemon) prototypes() cfg.Prototypes {
 	return d.protoMap
 }
 
-// ownedSites returns the instructions the kernel's exception, jump-label
-// and static-call tables name, read once from live memory.
-func (d *Daemon) ownedSites() *cfg.OwnedSites {
-	d.ownedOnce.Do(func() {
-		o, n, err := cfg.LoadOwnedSites(d.text(), d.symbols())
-		if err != nil {
-			d.log.Warn("kernel tables unreadable; their sites are not refused", "err", err)
+// layout returns the kernel's struct layouts from BTF, loaded on first
+// use; nil without BTF.
+func (d *Daemon) layout() *cfg.KernelLayout {
+	d.layoutOnce.Do(func() {
+		if d.loadLayout == nil {
 			return
 		}
-		d.owned = o
-		d.log.Info("kernel tables read", "ex_table", n.ExTable, "jump_labels", n.JumpLabels, "static_calls", n.StaticCalls)
+		l, err := d.loadLayout()
+		if err != nil {
+			d.log.Warn("no struct layouts; modules' tables and ftrace's records are not read", "err", err)
+			return
+		}
+		d.layoutVal = l
 	})
-	return d.owned
+	return d.layoutVal
+}
+
+// ownedSites returns the instructions the kernel's exception, jump-label,
+// static-call and ftrace tables name (core kernel and modules), read from
+// live memory. They are read again whenever the symbols are reloaded,
+// which is what happens when a lookup meets a newly loaded module.
+func (d *Daemon) ownedSites() *cfg.OwnedSites {
+	syms := d.symbols()
+	d.ownMu.Lock()
+	defer d.ownMu.Unlock()
+	if d.ownedFor == syms {
+		return d.owned
+	}
+	layout := d.layout()
+	o, n, err := cfg.LoadOwnedSites(d.text(), syms, layout)
+	if err != nil && layout != nil {
+		d.log.Warn("modules' tables or ftrace's records unreadable; only the core kernel's tables are refused", "err", err)
+		o, n, err = cfg.LoadOwnedSites(d.text(), syms, nil)
+	}
+	d.ownedFor = syms
+	if err != nil {
+		d.log.Warn("kernel tables unreadable; their sites are not refused", "err", err)
+		d.owned = nil
+		return nil
+	}
+	d.owned = o
+	d.log.Info("kernel tables read", "ex_table", n.ExTable, "jump_labels", n.JumpLabels, "static_calls", n.StaticCalls,
+		"ftrace", n.Ftrace, "modules", n.Modules)
+	return o
 }
 
 func (d *Daemon) reloadSymbols() (*cfg.Symbols, error) {

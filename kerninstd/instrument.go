@@ -104,7 +104,7 @@ func (d *Daemon) resolve(spec string) (*site, error) {
 		if s.index, err = d.blockInstruction(syms, fn, p.Block); err != nil {
 			return nil, err
 		}
-	} else if s.index, err = entryInstruction(fn); err != nil {
+	} else if s.index, err = entryInstruction(fn, d.ownedSites()); err != nil {
 		return nil, err
 	}
 	if err := d.checkSite(syms, s); err != nil {
@@ -139,10 +139,7 @@ func (d *Daemon) checkSite(syms *cfg.Symbols, s *site) error {
 // noSpliceReason combines the symbol-based reasons with the kernel's own
 // tables.
 func (d *Daemon) noSpliceReason(syms *cfg.Symbols, fn *cfg.Function, addr uint64) string {
-	if why := syms.NoSpliceReason(fn, addr, DriverModule); why != "" {
-		return why
-	}
-	return d.ownedSites().Reason(addr)
+	return syms.NoSpliceReason(fn, addr, DriverModule, d.ownedSites())
 }
 
 // dataflowLive is what the block data-flow says is live before
@@ -166,9 +163,9 @@ func (d *Daemon) dataflowLive(syms *cfg.Symbols, fn *cfg.Function, i int) cfg.Li
 // one that can be relocated at all (a springboard or trap splice). Every
 // instruction of the entry block runs exactly once per call, so a counter
 // there counts calls.
-func entryInstruction(fn *cfg.Function) (int, error) {
+func entryInstruction(fn *cfg.Function, owned *cfg.OwnedSites) (int, error) {
 	n := fn.EntryBlock()
-	if i, ok := pickInstruction(fn, 0, n); ok {
+	if i, ok := pickInstruction(fn, owned, 0, n); ok {
 		return i, nil
 	}
 	var listing bytes.Buffer
@@ -197,7 +194,7 @@ func (d *Daemon) blockInstruction(syms *cfg.Symbols, fn *cfg.Function, b int) (i
 	if blk.Padding {
 		return 0, &cfg.NoSpliceError{Where: fmt.Sprintf("%s:%d", fn.Name, b), Reason: "padding: never executed"}
 	}
-	if i, ok := pickInstruction(fn, blk.First, blk.N); ok {
+	if i, ok := pickInstruction(fn, d.ownedSites(), blk.First, blk.N); ok {
 		return i, nil
 	}
 	return 0, &cfg.NoSpliceError{Where: fmt.Sprintf("%s:%d", fn.Name, b),
@@ -208,11 +205,11 @@ func (d *Daemon) blockInstruction(syms *cfg.Symbols, fn *cfg.Function, b int) (i
 // first+n) that is not the ftrace site and is long enough for a direct
 // splice (the cheapest kind), else the first one that can be relocated at
 // all (a springboard or trap splice).
-func pickInstruction(fn *cfg.Function, first, n int) (int, bool) {
+func pickInstruction(fn *cfg.Function, owned *cfg.OwnedSites, first, n int) (int, bool) {
 	short := -1
 	for i := first; i < first+n; i++ {
 		in := &fn.Insns[i]
-		if fn.IsFtraceSite(i) || codegen.CheckRelocatable(in.Addr, in.Inst, in.Bytes) != nil {
+		if owned.IsFtraceSite(fn, i) || codegen.CheckRelocatable(in.Addr, in.Inst, in.Bytes) != nil {
 			continue
 		}
 		if springboard.Classify(in.Len()) == springboard.Direct {

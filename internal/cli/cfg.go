@@ -144,6 +144,10 @@ func ShowStats(ctx context.Context, c *kerninstd.Client, asJSON bool, w, stderr 
 	fmt.Fprintf(w, "padding bytes       %d (never executed: springboard space)\nreturns             %d\ntail calls          %d\nunanalysable jumps  %d\njump tables         %d (resolved; a retpoline kernel is built with -fno-jump-tables)\n",
 		st.PaddingBytes, st.Returns, st.TailCalls, st.UnanalysableJump, st.JumpTables)
 	fmt.Fprintf(w, "truncated decodes   %d\nfreed init funcs    %d\nunreadable funcs    %d\n", st.Truncated, st.FreedInit, st.Unreadable)
+	if n := st.NoSpliceSites; n != nil {
+		fmt.Fprintf(w, "kernel-owned sites  %d exception-table, %d static-key, %d static-call, %d ftrace (core kernel and %d modules)\n",
+			n.ExTable, n.JumpLabels, n.StaticCalls, n.Ftrace, n.Modules)
+	}
 	fmt.Fprintln(w, "splice classes:")
 	for _, c := range []string{"direct", "springboard", "trap", "refused"} {
 		fmt.Fprintf(w, "  %-12s %9d  %s\n", c, st.SpliceClasses[c], pct(st.SpliceClasses[c]))

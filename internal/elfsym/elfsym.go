@@ -44,6 +44,9 @@ type Symbol struct {
 	Size uint64 // 0 when the symbol table gives none
 	Kind Kind
 	Bind elf.SymBind
+	// Section is the index of the section the symbol lies in. In a
+	// relocatable file (a kernel module .ko) Addr is an offset into it.
+	Section elf.SectionIndex
 }
 
 // ErrNoSymbols is returned for a file with neither .symtab nor .dynsym
@@ -135,7 +138,7 @@ func convert(raw []elf.Symbol) []Symbol {
 		if i := strings.IndexByte(name, '@'); i > 0 { // versioned names in old-style symtabs
 			name = name[:i]
 		}
-		syms = append(syms, Symbol{Name: name, Addr: s.Value, Size: s.Size, Kind: kind, Bind: elf.ST_BIND(s.Info)})
+		syms = append(syms, Symbol{Name: name, Addr: s.Value, Size: s.Size, Kind: kind, Bind: elf.ST_BIND(s.Info), Section: s.Section})
 	}
 	return syms
 }

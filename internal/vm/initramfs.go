@@ -19,11 +19,13 @@ import (
 const busyboxPath = "/bin/busybox"
 
 // guestModules are the modules the guest needs beyond the built-in
-// kernel: the virtio PCI transport, the network device, and qemu_fw_cfg,
+// kernel: the virtio PCI transport and the network device; qemu_fw_cfg,
 // through which the kernel hands its VMCOREINFO to QEMU's vmcoreinfo
-// device (so dump-guest-memory records it). Their dependencies are added
-// from each module's .modinfo.
-var guestModules = []string{"virtio_pci", "virtio_net", "qemu_fw_cfg"}
+// device (so dump-guest-memory records it); and evdev, a small module with
+// an exception table of its own (its user-memory accesses), so tests meet
+// every kind of module table. Their dependencies are added from each
+// module's .modinfo.
+var guestModules = []string{"virtio_pci", "virtio_net", "qemu_fw_cfg", "evdev"}
 
 // initScript is the guest's /init. kerninstd runs under a restart loop, as
 // systemd's Restart=always would run it: a killed daemon comes back (the

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -69,7 +70,9 @@ func BenchmarkAnalyzeKernel(b *testing.B) {
 
 	var st cfg.Stats
 	var ms runtime.MemStats
+	var ru0, ru1 syscall.Rusage
 	b.ReportAllocs()
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		k, err := cfg.AnalyzeKernel(ctx, r, syms, cfg.AnalyzeOptions{Relocatable: codegen.CheckRelocatable})
@@ -79,6 +82,11 @@ func BenchmarkAnalyzeKernel(b *testing.B) {
 		st = k.Stats
 	}
 	b.StopTimer()
+	// CPU time as well as wall time: other processes share the cores, so
+	// the wall time of a parallel analysis says less than its CPU time.
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
+	cpu := func(r *syscall.Rusage) float64 { return float64(r.Utime.Nano()+r.Stime.Nano()) / 1e9 }
+	b.ReportMetric((cpu(&ru1)-cpu(&ru0))/float64(b.N), "cpu-s/op")
 	runtime.ReadMemStats(&ms)
 	b.ReportMetric(float64(st.Instructions), "insns")
 	b.ReportMetric(float64(st.InstructionBytes)/1e6, "MB")
@@ -90,6 +98,7 @@ func BenchmarkAnalyzeKernel(b *testing.B) {
 		cmd.Stdout = nil
 		if err := cmd.Run(); err == nil {
 			b.ReportMetric(time.Since(t0).Seconds(), "objdump-s")
+			b.ReportMetric((cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds(), "objdump-cpu-s")
 		}
 	}
 	b.Logf("%d functions, %d blocks, %d instructions (%d bytes); %d unreadable (module or init text)",

@@ -109,9 +109,27 @@ func TestCFGStats(t *testing.T) {
 		InstructionBytes int            `json:"instruction_bytes"`
 		Instructions     int            `json:"instructions"`
 		SpliceClasses    map[string]int `json:"splice_classes"`
+		NoSpliceSites    *struct {
+			ExTable     int `json:"ex_table"`
+			JumpLabels  int `json:"jump_labels"`
+			StaticCalls int `json:"static_calls"`
+			Ftrace      int `json:"ftrace"`
+			Modules     int `json:"modules"`
+		} `json:"no_splice_sites"`
 	}
 	if err := json.Unmarshal([]byte(out), &st); err != nil {
 		t.Fatalf("--stats --json: %v\n%s", err, out)
+	}
+	// The ftrace records walked must be the ones tracefs lists, and every
+	// loaded module's tables must have been read (oracle: /proc/modules).
+	if n := st.NoSpliceSites; n == nil {
+		t.Error("no no_splice_sites in the census")
+	} else {
+		listed := strings.Count(gsh(t, ctx, "cat /sys/kernel/tracing/available_filter_functions"), "\n")
+		modules := strings.Count(gsh(t, ctx, "cat /proc/modules"), "\n")
+		if n.Ftrace != listed || n.Modules != modules || n.ExTable == 0 || n.JumpLabels == 0 || n.StaticCalls == 0 {
+			t.Errorf("no_splice_sites %+v: want %d ftrace records (available_filter_functions) and %d modules (/proc/modules)", *n, listed, modules)
+		}
 	}
 	t.Logf("%+v", st)
 	// A Debian 6.1 kernel has tens of thousands of functions and ~10 MB of

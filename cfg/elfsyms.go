@@ -1,0 +1,97 @@
+package cfg
+
+import (
+	"debug/elf"
+	"errors"
+	"fmt"
+
+	"github.com/kinst/kinst/internal/elfsym"
+)
+
+// ELFOptions place an ELF file's symbols at the addresses the running
+// kernel uses.
+type ELFOptions struct {
+	// Module is the module the file is ("" for a vmlinux).
+	Module string
+	// Slide is added to every address of an executable (a vmlinux with
+	// symbols): KASLR's offset, the running _text minus the file's.
+	Slide uint64
+	// SectionBase gives where a relocatable file's (a module .ko's)
+	// section was loaded, by name: /sys/module/NAME/sections/ lists them.
+	// Required for relocatable files; symbols of sections it does not
+	// place are left out (init sections, freed after loading).
+	SectionBase func(section string) (uint64, bool)
+}
+
+// ErrNoSectionBase is returned for a relocatable file without
+// ELFOptions.SectionBase: its symbols have no addresses until placed.
+var ErrNoSectionBase = errors.New("a relocatable file's symbols need section load addresses (ELFOptions.SectionBase)")
+
+// SymbolsFromELF makes a Symbols, what kallsyms gives, from an ELF file's
+// symbol table (internal/elfsym: .symtab, else .dynsym): its functions as
+// text symbols ('T' global, 't' local, as nm and kallsyms print them), and
+// those of its data symbols cfg keeps as markers (the module list, ftrace's
+// record pages). Linker-script markers such as _text or __init_begin are
+// untyped symbols that elfsym does not keep, so init text is not
+// recognised as freed and portable names are unavailable with ELF symbols
+// alone.
+func SymbolsFromELF(path string, o ELFOptions) (*Symbols, error) {
+	f, err := elf.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	t, err := elfsym.Read(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	rel := f.Type == elf.ET_REL
+	if rel && o.SectionBase == nil {
+		return nil, fmt.Errorf("%s: %w", path, ErrNoSectionBase)
+	}
+	s := &Symbols{byName: make(map[string][]int), markers: make(map[string]uint64)}
+	for _, sym := range t.Symbols() {
+		addr := sym.Addr + o.Slide
+		if rel {
+			if int(sym.Section) >= len(f.Sections) {
+				continue
+			}
+			base, ok := o.SectionBase(f.Sections[sym.Section].Name)
+			if !ok {
+				continue
+			}
+			addr = base + sym.Addr
+		}
+		switch {
+		case sym.Kind == elfsym.Func:
+			typ := byte('t')
+			if sym.Bind != elf.STB_LOCAL {
+				typ = 'T'
+			}
+			s.byAddr = append(s.byAddr, Symbol{Addr: addr, Type: typ, Name: sym.Name, Module: o.Module})
+		case markerNames[sym.Name] && o.Module == "":
+			s.markers[sym.Name] = addr
+		}
+	}
+	if len(s.byAddr) == 0 {
+		return nil, fmt.Errorf("%s: no function symbols placed", path)
+	}
+	s.index()
+	return s, nil
+}
+
+// MergeSymbols combines symbol sources into one Symbols: a vmlinux's ELF
+// symbols with its modules' .ko symbols, say. Markers of earlier parts win.
+func MergeSymbols(parts ...*Symbols) *Symbols {
+	s := &Symbols{byName: make(map[string][]int), markers: make(map[string]uint64)}
+	for _, p := range parts {
+		s.byAddr = append(s.byAddr, p.byAddr...)
+		for k, v := range p.markers {
+			if _, ok := s.markers[k]; !ok {
+				s.markers[k] = v
+			}
+		}
+	}
+	s.index()
+	return s
+}
