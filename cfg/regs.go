@@ -239,6 +239,10 @@ func useDef(in *Instruction, names NameAt, protos Prototypes, reads CalleeReads)
 		return regRBP, regRBP
 	case op == x86asm.CQO || op == x86asm.CDQ:
 		return regRAX, regRDX
+	case op == x86asm.RDTSC:
+		return 0, regRAX | regRDX
+	case op == x86asm.RDTSCP:
+		return 0, regRAX | regRDX | regRCX
 	case op == x86asm.CDQE:
 		return regRAX, regRAX
 	case op == x86asm.RDTSC:

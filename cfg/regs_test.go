@@ -77,6 +77,13 @@ func TestClobbers(t *testing.T) {
 		{"mov $1,%eax", []byte{0xb8, 1, 0, 0, 0}, regRAX},
 		{"mov $1,%al", []byte{0xb0, 1}, regRAX},
 		{"cpuid", []byte{0x0f, 0xa2}, allLive},
+		{"rdtsc", []byte{0x0f, 0x31}, regRAX | regRDX},
+		{"rdtscp", []byte{0x0f, 0x01, 0xf9}, regRAX | regRDX | regRCX},
+		// A timer step as codegen emits it with RAX and RDX live:
+		// pushfq; push rax; push rdx; rdtsc; shl; or; mov %rax,%rcx;
+		// lock add %rcx,sum(%rip); pop rdx; pop rax; popfq.
+		{"spilled rdtsc step", []byte{0x9c, 0x50, 0x52, 0x0f, 0x31, 0x48, 0xc1, 0xe2, 0x20, 0x48, 0x09, 0xd0,
+			0x48, 0x89, 0xc1, 0xf0, 0x48, 0x01, 0x0d, 0, 0, 0, 0, 0x5a, 0x58, 0x9d}, regRCX},
 	} {
 		got, err := Clobbers(tc.code, 0xffffffffc0000000)
 		if err != nil || got != tc.want {

@@ -102,3 +102,46 @@ func TestGoldenRefusals(t *testing.T) {
 	}
 	golden(t, "refusals.golden", b.Bytes())
 }
+
+// TestGoldenSharedPatches pins BuildPatch's output for several snippets
+// sharing one patch: scratch registers from liveness, spills, saved
+// flags, predicate groups, over a plain and a branch site.
+func TestGoldenSharedPatches(t *testing.T) {
+	addr := patchAddrs[0]
+	pid := TaskField32{CurrentTask: 0x1fb80, Offset: 0x5c8, Value: 42}
+	cases := []struct {
+		name string
+		live Live
+		sn   []Snippet
+	}{
+		{"two counters, flags dead", Live{Regs: 0xffff}, []Snippet{Counter{counter}, Counter{counter + 8}}},
+		{"two counters, flags live", AllLive, []Snippet{Counter{counter}, Counter{counter + 8}}},
+		{"counter and tsc sum, rcx dead", Live{Regs: 0xffff &^ RCX.Bit(), Flags: true}, []Snippet{Counter{counter}, tsc{counter + 8}}},
+		{"tsc sum, everything dead", Live{}, []Snippet{tsc{counter}}},
+		{"pid-guarded counters, all live", AllLive, []Snippet{Guard{If: pid, Then: []Snippet{Counter{counter}, Counter{counter + 8}}}}},
+	}
+	sites := []struct {
+		name string
+		code []byte
+	}{
+		{"mov 0x10(%rdi),%rax", []byte{0x48, 0x8b, 0x47, 0x10}},
+		{"je rel8", []byte{0x74, 0x10}},
+	}
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "Shared patches at %#x for sites at %#x, counters from %#x.\n", addr, uint64(siteAddr), uint64(counter))
+	for _, st := range sites {
+		for _, c := range cases {
+			spec := PatchSpec{Site: Site{Addr: siteAddr, Bytes: st.code}, Live: c.live, Snippets: c.sn}
+			p, err := BuildPatch(addr, spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := VerifyPatch(p, spec); err != nil {
+				t.Errorf("%s / %s: %v", st.name, c.name, err)
+			}
+			fmt.Fprintf(&b, "\n%s / %s: scratch %v spilled %v flags saved %v\n", st.name, c.name, p.Scratch, p.Spilled, p.SavedFlags)
+			disasm(&b, p.Code, addr)
+		}
+	}
+	golden(t, "shared.golden", b.Bytes())
+}

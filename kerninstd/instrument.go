@@ -478,7 +478,7 @@ func (d *Daemon) splice(s *site, class springboard.Class, patch uint64) (uint32,
 	case springboard.Trap:
 		repl = []byte{0xcc}
 	default:
-		return 0, fmt.Errorf("%v splices are not made yet", class)
+		return 0, fmt.Errorf("%v splices go through springboardSplice (a slot first); bench splice times direct and trap splices only", class)
 	}
 	var id uint32
 	err := d.ov.spliced(in.Addr, in.Bytes, func() (err error) {

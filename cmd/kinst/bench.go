@@ -34,6 +34,7 @@ func benchCmd(ctx context.Context, args []string) error {
 	fs, addr := newFlags("bench splice", "bench splice POINT [--cycles N] [--json]")
 	cycles := fs.IntP("cycles", "n", 1000, "splice/unsplice cycles")
 	asJSON := fs.Bool("json", false, "print JSON")
+	kprobe := fs.Bool("kprobe", false, "also time the same request as a tracefs kprobe (root, tracefs)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
@@ -41,5 +42,5 @@ func benchCmd(ctx context.Context, args []string) error {
 		fs.Usage()
 		return fmt.Errorf("bench splice: want one POINT")
 	}
-	return cli.BenchSplice(ctx, kerninstd.NewClient(*addr), fs.Arg(0), *cycles, *asJSON, os.Stdout, os.Stderr)
+	return cli.BenchSplice(ctx, kerninstd.NewClient(*addr), fs.Arg(0), *cycles, *kprobe, *asJSON, os.Stdout, os.Stderr)
 }

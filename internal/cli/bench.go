@@ -14,17 +14,30 @@ import (
 )
 
 // BenchSplice runs `kinst bench splice`.
-func BenchSplice(ctx context.Context, c *kerninstd.Client, point string, cycles int, asJSON bool, w, stderr io.Writer) error {
+func BenchSplice(ctx context.Context, c *kerninstd.Client, point string, cycles int, kprobe, asJSON bool, w, stderr io.Writer) error {
+	// The same request made with a kprobe through tracefs, in the same
+	// kernel, first: define and enable, then disable and delete. (Timed
+	// before kinst's own cycles: in the emulated guest, tracefs kprobe
+	// events toggled right after a long splice burst once left a CPU
+	// looping on the int3 of a static-call update in __schedule; see the
+	// README's known issues.)
+	r0, err := c.Resolve(ctx, point)
+	if err != nil {
+		return err
+	}
+	kp := KprobeRequest{Point: fmt.Sprintf("%s+%#x", r0.Function, r0.Offset)}
+	if kprobe {
+		fmt.Fprintf(stderr, "kinst: %d tracefs kprobe requests at %s…\n", min(cycles, 100), kp.Point)
+		if err := timeKprobeRequests(&kp, min(cycles, 100)); err != nil {
+			kp.Skipped = err.Error()
+		}
+	} else {
+		kp.Skipped = "not asked for (--kprobe)"
+	}
 	fmt.Fprintf(stderr, "kinst: %d splice/unsplice cycles at %s…\n", cycles, point)
 	res, err := c.BenchSplice(ctx, kerninstd.BenchRequest{Point: point, Cycles: cycles})
 	if err != nil {
 		return err
-	}
-	// The same request made with a kprobe through tracefs, in the same
-	// kernel: define and enable, then disable and delete.
-	kp := KprobeRequest{Point: fmt.Sprintf("%s+%#x", res.Point.Function, res.Point.Offset)}
-	if err := timeKprobeRequests(&kp, min(cycles, 100)); err != nil {
-		kp.Skipped = err.Error()
 	}
 	ours := res.Resolve.Median + res.Codegen.Median + res.Patch.Median + res.Splice.Median
 	if kp.Skipped == "" && ours > 0 {
