@@ -103,6 +103,9 @@ func Open(path string, o Options) (*Kernel, error) {
 
 // New builds the kernel view of an opened dump; the Kernel owns d.
 func New(d dump.Dump, o Options) (*Kernel, error) {
+	if _, ok := d.(*dump.Minidump); ok {
+		return nil, errors.New("a FreeBSD minidump has no Linux kernel view: open it with OpenFreeBSD")
+	}
 	text := d.VMCoreInfo()
 	if text == "" {
 		return nil, &MissingError{What: "VMCOREINFO", Where: "the dump's notes (boot QEMU with -device vmcoreinfo and load qemu_fw_cfg in the guest, or take the dump with kdump)"}
