@@ -10,6 +10,10 @@
 // VMCOREINFO, which exports them since Linux 6.0; the printk reader
 // handles the lockless ring buffer of 5.10 and later; task walking needs
 // BTF (CONFIG_DEBUG_INFO_BTF). Only x86-64 dumps are understood.
+//
+// A FreeBSD amd64 minidump gets a narrower view, FreeBSD: its header,
+// memory through the dump's own pmap, and the message buffer; tasks,
+// stacks and symbols would need the FreeBSD kernel's ELF and CTF.
 package core
 
 import (
