@@ -116,7 +116,7 @@ func TestCoreFreeBSDInfo(t *testing.T) {
 				PmapEntries: 16, PmapEntry: "pte", MsgbufBytes: bsdMsgTotal - dumpgen.MsgbufHdrSize, Panic: "page fault"}
 			if version >= 2 {
 				want.PmapEntries, want.PmapEntry = 512, "pde" // a page of PDEs
-				want.DumpedPages++                          // the page-table page of the 4 KiB mappings
+				want.DumpedPages++                            // the page-table page of the 4 KiB mappings
 			}
 			if version == 3 {
 				want.MemoryBytes = 0x2ff000 + 0x400000
@@ -235,8 +235,8 @@ func TestCoreFreeBSDErrors(t *testing.T) {
 		{CoreRequest{Command: "sym", Arg: "panic"}, core.ErrNeedsFreeBSDKernel, ""},
 		{CoreRequest{Command: "dis", Arg: "vpanic"}, core.ErrNeedsFreeBSDKernel, ""},
 		{CoreRequest{Command: "rd", Arg: "msgbufp", Length: 8}, core.ErrNeedsFreeBSDKernel, ""},
-		{CoreRequest{Command: "rd", Arg: "0xfffff80000300000", Length: 8}, dump.ErrNotPresent, ""}, // the dump_avail hole
-		{CoreRequest{Command: "rd", Arg: "0xffffffff80010000", Length: 8}, dump.ErrNotPresent, ""}, // unmapped
+		{CoreRequest{Command: "rd", Arg: "0xfffff80000300000", Length: 8}, dump.ErrNotPresent, ""},  // the dump_avail hole
+		{CoreRequest{Command: "rd", Arg: "0xffffffff80010000", Length: 8}, dump.ErrNotPresent, ""},  // unmapped
 		{CoreRequest{Command: "rd", Arg: "0x20000", Length: 8, Phys: true}, dump.ErrNotPresent, ""}, // not dumped
 		{CoreRequest{Command: "rd", Arg: "0x1000", Length: 0}, nil, "length 0"},
 		{CoreRequest{Command: "ps", Options: core.Options{Vmlinux: "vmlinux"}}, nil, "Linux kernel files"},
