@@ -2,6 +2,7 @@ package core
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -175,4 +176,30 @@ func TestNewRefusesMinidump(t *testing.T) {
 	if err := f.Refuse("listing tasks (ps)"); !errors.Is(err, ErrNeedsFreeBSDKernel) {
 		t.Errorf("Refuse = %v", err)
 	}
+}
+
+// FuzzFreeBSDMessageBuffer: any ring and any bytes where the struct
+// msgbuf should be give text made of the ring's bytes, never a panic.
+func FuzzFreeBSDMessageBuffer(f *testing.F) {
+	ring, hdr := dumpgen.MsgbufRing(8192, logStream(300), 0)
+	f.Add(ring[:100], hdr)
+	f.Add([]byte("a\x00b\nc"), hdr[:20])
+	f.Add([]byte{}, []byte{})
+	f.Fuzz(func(t *testing.T, ring, hdr []byte) {
+		if len(ring) == 0 || len(ring) > 1<<16 {
+			return
+		}
+		if room := (len(ring)+4095)/4096*4096 - len(ring); len(hdr) > room {
+			hdr = hdr[:room]
+		}
+		if len(hdr) >= 16 {
+			binary.LittleEndian.PutUint32(hdr[8:], 0x063062) // mostly a valid struct
+			binary.LittleEndian.PutUint32(hdr[12:], uint32(len(ring)))
+		}
+		mb := openMinidump(t, msgMinidump(3, ring, hdr)).MessageBuffer()
+		if len(mb.Text) != len(ring)-bytes.Count(ring, []byte{0}) {
+			t.Fatalf("text of %d bytes from a ring of %d with %d NULs", len(mb.Text), len(ring), bytes.Count(ring, []byte{0}))
+		}
+		mb.Lines()
+	})
 }
