@@ -48,7 +48,8 @@ FUZZTIME ?= 10s
 fuzz:
 	for t in FuzzELF FuzzKdump FuzzFlattened FuzzMinidump; do \
 		$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./core/dump || exit 1; done
-	$(GO) test -run '^$$' -fuzz '^FuzzLog$$' -fuzztime $(FUZZTIME) ./core
+	for t in FuzzLog FuzzFreeBSDMessageBuffer; do \
+		$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./core || exit 1; done
 
 vm-up: deps build
 	bin/kinst vm up

@@ -10,6 +10,10 @@
 // VMCOREINFO, which exports them since Linux 6.0; the printk reader
 // handles the lockless ring buffer of 5.10 and later; task walking needs
 // BTF (CONFIG_DEBUG_INFO_BTF). Only x86-64 dumps are understood.
+//
+// A FreeBSD amd64 minidump gets a narrower view, FreeBSD: its header,
+// memory through the dump's own pmap, and the message buffer; tasks,
+// stacks and symbols would need the FreeBSD kernel's ELF and CTF.
 package core
 
 import (
@@ -103,6 +107,9 @@ func Open(path string, o Options) (*Kernel, error) {
 
 // New builds the kernel view of an opened dump; the Kernel owns d.
 func New(d dump.Dump, o Options) (*Kernel, error) {
+	if _, ok := d.(*dump.Minidump); ok {
+		return nil, errors.New("a FreeBSD minidump has no Linux kernel view: open it with OpenFreeBSD")
+	}
 	text := d.VMCoreInfo()
 	if text == "" {
 		return nil, &MissingError{What: "VMCOREINFO", Where: "the dump's notes (boot QEMU with -device vmcoreinfo and load qemu_fw_cfg in the guest, or take the dump with kdump)"}

@@ -24,8 +24,14 @@ Commands:
   log             the printk ring buffer (dmesg)
   rd ADDR|SYM[+0xOFF] [N]
                   hex dump of N bytes (default 64) of kernel virtual memory
+                  (--phys: ADDR is a physical address)
   sym ADDR|NAME   the symbol at an address, or a symbol's address
   dis FUNC        disassemble a function from the dump's memory
+
+FreeBSD amd64 minidumps: info (header, memory, pages), log (the message
+buffer, oldest line first) and rd ADDR (through the dump's pmap and
+direct map, or --phys) work; ps, bt, sym and dis need the FreeBSD
+kernel's symbols and types, which are not read yet.
 
 Flags:
 `
@@ -37,6 +43,7 @@ func coreCmd(args []string) error {
 	all := fs.BoolP("all", "a", false, "bt: every task")
 	btfFile := fs.String("btf", "", "take types from `FILE` (raw BTF, or an ELF with .BTF) instead of the dump")
 	vmlinux := fs.String("vmlinux", "", "take types (.BTF) and unwind tables (.orc_unwind*) from the kernel image `FILE` instead of the dump")
+	phys := fs.Bool("phys", false, "rd: ADDR is a physical address")
 	fs.Usage = func() { fmt.Fprintf(os.Stderr, "Usage: kinst %s%s", coreSynopsis, fs.FlagUsages()) }
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -54,17 +61,13 @@ func coreCmd(args []string) error {
 		}
 		return nil
 	}
-	var run func(k *core.Kernel) error
+	req := cli.CoreRequest{Dump: path, Command: cmd, Length: 64, Phys: *phys, JSON: *asJSON,
+		Options: core.Options{BTF: *btfFile, Vmlinux: *vmlinux}}
 	switch cmd {
 	case "info", "ps", "log":
 		if err := nargs(0, 0); err != nil {
 			return err
 		}
-		run = map[string]func(k *core.Kernel) error{
-			"info": func(k *core.Kernel) error { return cli.CoreInfoReport(k, *asJSON, os.Stdout) },
-			"ps":   func(k *core.Kernel) error { return cli.CorePS(k, *asJSON, os.Stdout) },
-			"log":  func(k *core.Kernel) error { return cli.CoreLog(k, *asJSON, os.Stdout) },
-		}[cmd]
 	case "bt":
 		if *all {
 			if err := nargs(0, 0); err != nil {
@@ -73,46 +76,37 @@ func coreCmd(args []string) error {
 		} else if err := nargs(1, 1); err != nil {
 			return err
 		}
-		var which uint64
+		req.All = *all
 		if !*all {
 			v, err := strconv.ParseUint(rest[0], 0, 64)
 			if err != nil || (v > 1<<31 && v < 0xffff800000000000) {
 				return fmt.Errorf("core bt: %q is neither a PID nor a task_struct address", rest[0])
 			}
-			which = v
+			req.Which = v
 		}
-		run = func(k *core.Kernel) error { return cli.CoreBacktrace(k, which, *all, *asJSON, os.Stdout) }
 	case "rd":
 		if err := nargs(1, 2); err != nil {
 			return err
 		}
-		n := 64
+		req.Arg = rest[0]
 		if len(rest) == 2 {
 			v, err := strconv.ParseUint(rest[1], 0, 32)
 			if err != nil {
 				return fmt.Errorf("core rd: bad length %q", rest[1])
 			}
-			n = int(v)
+			req.Length = int(v)
 		}
-		run = func(k *core.Kernel) error { return cli.CoreRead(k, rest[0], n, *asJSON, os.Stdout) }
-	case "sym":
+	case "sym", "dis":
 		if err := nargs(1, 1); err != nil {
 			return err
 		}
-		run = func(k *core.Kernel) error { return cli.CoreSym(k, rest[0], *asJSON, os.Stdout) }
-	case "dis":
-		if err := nargs(1, 1); err != nil {
-			return err
-		}
-		run = func(k *core.Kernel) error { return cli.CoreDis(k, rest[0], *asJSON, os.Stdout) }
+		req.Arg = rest[0]
 	default:
 		fs.Usage()
 		return fmt.Errorf("core: unknown command %q", cmd)
 	}
-	k, err := core.Open(path, core.Options{BTF: *btfFile, Vmlinux: *vmlinux})
-	if err != nil {
-		return err
+	if *phys && cmd != "rd" {
+		return fmt.Errorf("core %s: --phys is an rd flag", cmd)
 	}
-	defer k.Close()
-	return run(k)
+	return cli.Core(req, os.Stdout)
 }

@@ -11,7 +11,7 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/kinst/kinst/core/dump/internal/dumpgen"
+	"github.com/kinst/kinst/internal/dumpgen"
 )
 
 const testVMCoreInfo = "OSRELEASE=6.1.0-test\nPAGESIZE=4096\nKERNELOFFSET=2a000000\n"

@@ -64,6 +64,7 @@ type Minidump struct {
 	DmapBase, DmapEnd uint64
 
 	msgbuf    []byte
+	msgTail   []byte  // the rest of msgbuf's last page (see MessageBufferTail)
 	dumpAvail []Range // v3; nil: the bitmap counts pages from address 0
 	bitmap    *sparse.Index
 	pmap      []uint64 // v1: PTEs; v2, v3: PDEs
@@ -73,6 +74,30 @@ type Minidump struct {
 // MessageBuffer is the kernel message buffer the dump carries, as the
 // kernel's ring holds it (the oldest text may follow the newest).
 func (m *Minidump) MessageBuffer() []byte { return m.msgbuf }
+
+// MessageBufferTail is the rest of the message buffer's last page in the
+// file. The kernel writes whole pages from msg_ptr, and msgbufinit puts
+// the kernel's struct msgbuf (with the ring's write sequence number)
+// right after the msg_size bytes of text, so with a page-aligned
+// kern.msgbufsize, the default, the struct is here. Empty when the
+// buffer ends on a page boundary.
+func (m *Minidump) MessageBufferTail() []byte { return m.msgTail }
+
+// DumpAvail is the version 3 header's dump_avail list: the physical
+// ranges whose pages the bitmap numbers, in order. Nil before version 3,
+// where the bitmap numbers every page from address 0.
+func (m *Minidump) DumpAvail() []Range { return m.dumpAvail }
+
+// BitmapPages is how many physical pages the bitmap describes (dumped
+// or not): the machine's memory as the dump saw it, in pages.
+func (m *Minidump) BitmapPages() uint64 { return m.bitmap.Len() }
+
+// DumpedPages is how many pages the file holds (the bitmap's set bits).
+func (m *Minidump) DumpedPages() uint64 { return m.bitmap.Count() }
+
+// PmapEntries is the number of entries in the dump's kernel pmap: PTEs
+// (one per 4 KiB from KernBase) in version 1, PDEs (one per 2 MiB) after.
+func (m *Minidump) PmapEntries() int { return len(m.pmap) }
 
 func newMinidump(r io.ReaderAt, size int64, closer io.Closer) (*Minidump, error) {
 	corrupt := func(off int64, f string, a ...any) error {
@@ -119,6 +144,13 @@ func newMinidump(r io.ReaderAt, size int64, closer io.Closer) (*Minidump, error)
 	m.msgbuf = make([]byte, msgbufSize)
 	if err := m.readFull(m.msgbuf, off, "msgbuf"); err != nil {
 		return nil, err
+	}
+	// The tail is a convenience (struct msgbuf); a short file leaves it
+	// empty here and fails below, where the parts that matter are read.
+	if tail := make([]byte, round(msgbufSize)-int64(msgbufSize)); len(tail) > 0 {
+		if m.readFull(tail, off+int64(msgbufSize), "msgbuf") == nil {
+			m.msgTail = tail
+		}
 	}
 	off += round(msgbufSize)
 

@@ -8,7 +8,7 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/kinst/kinst/core/dump/internal/dumpgen"
+	"github.com/kinst/kinst/internal/dumpgen"
 )
 
 const (

@@ -9,8 +9,63 @@ import (
 
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/core"
+	"github.com/kinst/kinst/core/dump"
 	"golang.org/x/arch/x86/x86asm"
 )
+
+// CoreRequest is one `kinst core DUMP COMMAND [ARGS]`, its arguments
+// already checked by the command line.
+type CoreRequest struct {
+	Dump    string // path of the dump
+	Command string // info, ps, bt, log, rd, sym or dis
+	Arg     string // rd: ADDR|SYM[+0xOFF]; sym: ADDR|NAME; dis: FUNC
+	Which   uint64 // bt: PID or task_struct address
+	All     bool   // bt -a
+	Length  int    // rd: bytes
+	Phys    bool   // rd: ADDR is physical
+	JSON    bool
+	Options core.Options // Linux: types and ORC from files
+}
+
+// Core opens the dump, decides from its format which kernel it came
+// from, and runs the request: a Linux dump through the kernel view
+// (core.Kernel), a FreeBSD minidump through core.FreeBSD.
+func Core(req CoreRequest, w io.Writer) error {
+	d, err := dump.Open(req.Dump)
+	if err != nil {
+		return err
+	}
+	if f, ok := core.OpenFreeBSD(d); ok {
+		defer d.Close()
+		return coreFreeBSD(f, req, w)
+	}
+	k, err := core.New(d, req.Options)
+	if err != nil {
+		d.Close()
+		return err
+	}
+	defer k.Close()
+	switch req.Command {
+	case "info":
+		return CoreInfoReport(k, req.JSON, w)
+	case "ps":
+		return CorePS(k, req.JSON, w)
+	case "log":
+		return CoreLog(k, req.JSON, w)
+	case "bt":
+		return CoreBacktrace(k, req.Which, req.All, req.JSON, w)
+	case "rd":
+		if req.Phys {
+			return corePhysRead(k.Dump, req.Arg, req.Length, req.JSON, w)
+		}
+		return CoreRead(k, req.Arg, req.Length, req.JSON, w)
+	case "sym":
+		return CoreSym(k, req.Arg, req.JSON, w)
+	case "dis":
+		return CoreDis(k, req.Arg, req.JSON, w)
+	}
+	return fmt.Errorf("core: unknown command %q", req.Command)
+}
 
 // CoreInfo is `kinst core DUMP info --json`.
 type CoreInfo struct {
@@ -203,9 +258,46 @@ func CoreLog(k *core.Kernel, asJSON bool, w io.Writer) error {
 
 // CoreMemory is `kinst core DUMP rd --json`, the shape of `kinst rd`.
 type CoreMemory struct {
-	Address string `json:"address"`
-	Symbol  string `json:"symbol,omitempty"`
-	Bytes   string `json:"bytes"` // hex
+	Address  string `json:"address"`
+	Physical bool   `json:"physical,omitempty"` // rd --phys
+	Symbol   string `json:"symbol,omitempty"`
+	Bytes    string `json:"bytes"` // hex
+}
+
+// printMemory prints what rd read.
+func printMemory(w io.Writer, m CoreMemory, a uint64, b []byte, asJSON bool) error {
+	if asJSON {
+		return writeJSON(w, m)
+	}
+	if m.Symbol != "" {
+		fmt.Fprintf(w, "%#x <%s>:\n", a, m.Symbol)
+	}
+	HexDump(w, a, b)
+	return nil
+}
+
+// rdLength checks rd's length.
+func rdLength(n int) error {
+	if n <= 0 || n > maxCoreRead {
+		return fmt.Errorf("rd: length %d (want 1..%d)", n, maxCoreRead)
+	}
+	return nil
+}
+
+// corePhysRead hex-dumps physical memory (rd --phys); ADDR is a number.
+func corePhysRead(d dump.Dump, at string, n int, asJSON bool, w io.Writer) error {
+	if err := rdLength(n); err != nil {
+		return err
+	}
+	a, err := strconv.ParseUint(at, 0, 64)
+	if err != nil {
+		return fmt.Errorf("rd --phys: %q is not a physical address", at)
+	}
+	b := make([]byte, n)
+	if _, err := d.ReadPhys(b, a); err != nil {
+		return err
+	}
+	return printMemory(w, CoreMemory{Address: fmt.Sprintf("%#x", a), Physical: true, Bytes: hex.EncodeToString(b)}, a, b, asJSON)
 }
 
 // resolveAddr parses ADDR (hex or decimal) or SYM[+0xOFF].
@@ -255,8 +347,8 @@ const maxCoreRead = 1 << 20
 
 // CoreRead hex-dumps kernel virtual memory from the dump.
 func CoreRead(k *core.Kernel, at string, n int, asJSON bool, w io.Writer) error {
-	if n <= 0 || n > maxCoreRead {
-		return fmt.Errorf("rd: length %d (want 1..%d)", n, maxCoreRead)
+	if err := rdLength(n); err != nil {
+		return err
 	}
 	a, err := resolveAddr(k, at)
 	if err != nil {
@@ -266,15 +358,7 @@ func CoreRead(k *core.Kernel, at string, n int, asJSON bool, w io.Writer) error 
 	if err != nil {
 		return err
 	}
-	m := CoreMemory{Address: fmt.Sprintf("%#x", a), Symbol: symbolize(k, a), Bytes: hex.EncodeToString(b)}
-	if asJSON {
-		return writeJSON(w, m)
-	}
-	if m.Symbol != "" {
-		fmt.Fprintf(w, "%#x <%s>:\n", a, m.Symbol)
-	}
-	HexDump(w, a, b)
-	return nil
+	return printMemory(w, CoreMemory{Address: fmt.Sprintf("%#x", a), Symbol: symbolize(k, a), Bytes: hex.EncodeToString(b)}, a, b, asJSON)
 }
 
 // CoreSymbol is `kinst core DUMP sym --json`.

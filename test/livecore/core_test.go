@@ -2,6 +2,8 @@ package livecore
 
 import (
 	"context"
+	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -353,6 +355,32 @@ func checkRead(t *testing.T, path string) {
 		if fmt.Sprintf("%x", ref) != m.Bytes {
 			t.Errorf("rd %s (%#x): dump %s, QEMU %x", a, va, m.Bytes, ref)
 		}
+	}
+	// rd --phys reads the dump's physical memory directly: the task_struct
+	// at its direct-map address less page_offset_base must be the same
+	// bytes the page walk found.
+	var pob, task struct{ Address, Bytes string }
+	if err := json.Unmarshal(kinst(t, "core", path, "rd", "page_offset_base", "8", "--json"), &pob); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(kinst(t, "core", path, "rd", tasks.Tasks[1].Address, "64", "--json"), &task); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := hex.DecodeString(pob.Bytes)
+	if err != nil || len(raw) != 8 {
+		t.Fatalf("page_offset_base: %q", pob.Bytes)
+	}
+	va, _ := strconv.ParseUint(task.Address, 0, 64)
+	pa := va - binary.LittleEndian.Uint64(raw)
+	var phys struct {
+		Bytes    string
+		Physical bool
+	}
+	if err := json.Unmarshal(kinst(t, "core", path, "rd", "--phys", fmt.Sprintf("%#x", pa), "64", "--json"), &phys); err != nil {
+		t.Fatal(err)
+	}
+	if !phys.Physical || phys.Bytes != task.Bytes {
+		t.Errorf("rd --phys %#x = %s, rd %s = %s", pa, phys.Bytes, task.Address, task.Bytes)
 	}
 }
 

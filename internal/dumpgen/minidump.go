@@ -28,11 +28,14 @@ type Minidump struct {
 	KernBase          uint64
 	DmapBase, DmapEnd uint64
 	Msgbuf            []byte
-	DumpAvail         [][2]uint64       // version 3: physical ranges the bitmap covers
-	Pages             map[uint64][]byte // physical page address → 4096 bytes, every page dumped
-	Maps              []Mapping
-	PageTableBase     uint64 // where version 2/3 page-table pages go (physical)
-	MaxPhys           uint64 // versions 1–2: bitmap covers [0, MaxPhys)
+	// MsgbufTrailer follows Msgbuf inside its page-padded part, as the
+	// kernel's struct msgbuf does (see MsgbufRing); it must fit there.
+	MsgbufTrailer []byte
+	DumpAvail     [][2]uint64       // version 3: physical ranges the bitmap covers
+	Pages         map[uint64][]byte // physical page address → 4096 bytes, every page dumped
+	Maps          []Mapping
+	PageTableBase uint64 // where version 2/3 page-table pages go (physical)
+	MaxPhys       uint64 // versions 1–2: bitmap covers [0, MaxPhys)
 }
 
 // Bytes lays the dump out as minidump_machdep.c writes it: a header page,
@@ -147,8 +150,12 @@ func (m *Minidump) Bytes() ([]byte, error) {
 	if m.Version >= 3 {
 		le.PutUint32(hdr[64:], uint32(len(avail)))
 	}
+	msgPart := append(append([]byte{}, m.Msgbuf...), m.MsgbufTrailer...)
+	if len(m.MsgbufTrailer) > 0 && len(msgPart) > (len(m.Msgbuf)+pageSize-1)/pageSize*pageSize {
+		return nil, fmt.Errorf("msgbuf trailer of %d bytes does not fit in the %d-byte buffer's last page", len(m.MsgbufTrailer), len(m.Msgbuf))
+	}
 	out := hdr
-	for _, part := range [][]byte{m.Msgbuf, avail, bitmap, pmap} {
+	for _, part := range [][]byte{msgPart, avail, bitmap, pmap} {
 		out = append(out, part...)
 		out = append(out, make([]byte, (pageSize-len(out)%pageSize)%pageSize)...)
 	}
@@ -156,4 +163,41 @@ func (m *Minidump) Bytes() ([]byte, error) {
 		out = append(out, pages[pa]...)
 	}
 	return out, nil
+}
+
+// FreeBSD's struct msgbuf (sys/sys/msgbuf.h) on amd64.
+const (
+	MsgMagic      = 0x063062
+	MsgbufHdrSize = 72 // msg_ptr … msg_flags (40 bytes), struct mtx msg_lock (32)
+)
+
+// MsgbufRing is the kernel message buffer of kern.msgbufsize total bytes
+// after text was written to it: msgbufinit takes sizeof(struct msgbuf)
+// from the end for the struct, leaving a ring of total-MsgbufHdrSize
+// bytes that msgbuf_addchar fills at msg_wseq % msg_size, the sequence
+// numbers counting modulo 16*msg_size. It returns the ring (the
+// minidump's msgbuf part) and the struct that follows it, whose msg_ptr
+// is ptr.
+func MsgbufRing(total int, text []byte, ptr uint64) (ring, hdr []byte) {
+	size := total - MsgbufHdrSize
+	ring = make([]byte, size)
+	seqmod := uint32(16 * size)
+	var wseq, rseq uint32
+	for _, c := range text {
+		ring[int(wseq)%size] = c
+		wseq = (wseq + 1) % seqmod
+		if (wseq+seqmod-rseq)%seqmod > uint32(size) { // full: the oldest byte is lost
+			rseq = (rseq + 1) % seqmod
+		}
+	}
+	le := binary.LittleEndian
+	hdr = make([]byte, MsgbufHdrSize)
+	le.PutUint64(hdr[0:], ptr)
+	le.PutUint32(hdr[8:], MsgMagic)
+	le.PutUint32(hdr[12:], uint32(size))
+	le.PutUint32(hdr[16:], wseq)
+	le.PutUint32(hdr[20:], rseq)
+	le.PutUint32(hdr[28:], seqmod)
+	le.PutUint32(hdr[32:], 0xffffffff) // msg_lastpri -1
+	return ring, hdr
 }
