@@ -182,7 +182,8 @@ type BenchResult struct {
 	// Fewer of these: resolve (lookup, read, decode, classify, liveness),
 	// liveness alone, patch allocation, codegen (build + verify, with
 	// relocation), relocation alone, patch write, slot find (once), and
-	// free (each waits for an RCU-tasks grace period).
+	// free (the first after an unsplice waits for an RCU-tasks grace
+	// period, the others do not: read its max).
 	Resolve    Durations `json:"resolve"`
 	Liveness   Durations `json:"liveness"`
 	PatchAlloc Durations `json:"patch_alloc"`

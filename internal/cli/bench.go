@@ -71,7 +71,7 @@ func BenchSplice(ctx context.Context, c *kerninstd.Client, point string, cycles 
 		{"springboard slot write", res.Springboard},
 		{"splice (driver)", res.Splice},
 		{"unsplice (driver)", res.Unsplice},
-		{"free (RCU-tasks wait)", res.Free},
+		{"free (the first waits for RCU-tasks: see max)", res.Free},
 	} {
 		d := row.d
 		if d.N == 0 {
