@@ -168,20 +168,31 @@ type Durations struct {
 	Max    int64 `json:"max_ns"`
 }
 
-// BenchResult is the latency of each step of an instrumentation request.
+// BenchResult is the latency of each step of an instrumentation request
+// (KernInst's Figure 4 steps, on x86-64).
 type BenchResult struct {
-	Point    Resolved  `json:"point"`
-	Cycles   int       `json:"cycles"`
-	Splice   Durations `json:"splice"`   // the driver's splice (int3, sync, tail, sync, head, sync)
-	Unsplice Durations `json:"unsplice"` // the driver's restore, same protocol
-	// Whole requests, fewer of them: resolve (read + decode + liveness),
-	// codegen (build + verify), patch alloc+write, and free (which waits
-	// for an RCU-tasks grace period).
-	Resolve  Durations `json:"resolve"`
-	Codegen  Durations `json:"codegen"`
-	Patch    Durations `json:"patch_write"`
-	Free     Durations `json:"free"`
-	Restored bool      `json:"restored"` // text equals the original bytes afterwards
+	Point  Resolved `json:"point"`
+	Cycles int      `json:"cycles"`
+	// Every cycle: the driver's splice (int3, sync, tail, sync, head,
+	// sync) and its restore; for a springboard-class point, writing the
+	// slot (same protocol) before the jmp rel8, and unsplice removes both.
+	Splice      Durations `json:"splice"`
+	Unsplice    Durations `json:"unsplice"`
+	Springboard Durations `json:"springboard"` // slot write (springboard points only)
+	// Fewer of these: resolve (lookup, read, decode, classify, liveness),
+	// liveness alone, patch allocation, codegen (build + verify, with
+	// relocation), relocation alone, patch write, slot find (once), and
+	// free (the first after an unsplice waits for an RCU-tasks grace
+	// period, the others do not: read its max).
+	Resolve    Durations `json:"resolve"`
+	Liveness   Durations `json:"liveness"`
+	PatchAlloc Durations `json:"patch_alloc"`
+	Codegen    Durations `json:"codegen"`
+	Relocation Durations `json:"relocation"`
+	Patch      Durations `json:"patch_write"`
+	SlotFind   Durations `json:"slot_find"`
+	Free       Durations `json:"free"`
+	Restored   bool      `json:"restored"` // text equals the original bytes afterwards
 }
 
 // ErrorResponse is the body of every error reply.

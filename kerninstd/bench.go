@@ -8,35 +8,71 @@ import (
 	"time"
 
 	"github.com/kinst/kinst/codegen"
+	"github.com/kinst/kinst/springboard"
 )
 
 // maxBenchCycles bounds one bench request.
 const maxBenchCycles = 1_000_000
 
+// benchPatches is how many patches bench splice allocates to time the
+// allocation: each free waits for an RCU-tasks grace period, so few.
+const benchPatches = 5
+
+// stepTimer collects the durations of the named steps of repeated
+// requests; it is used by one goroutine.
+type stepTimer map[string][]time.Duration
+
+// time runs f as one occurrence of step and records how long it took.
+func (st stepTimer) time(step string, f func() error) error {
+	t := time.Now()
+	err := f()
+	st[step] = append(st[step], time.Since(t))
+	return err
+}
+
+func (st stepTimer) summary(step string) Durations { return summarize(st[step]) }
+
+// The steps of a request (KernInst's Figure 4, on x86-64).
+const (
+	stepResolve    = "resolve"
+	stepLiveness   = "liveness"
+	stepAlloc      = "patch alloc"
+	stepCodegen    = "codegen"
+	stepRelocate   = "relocate"
+	stepPatchWrite = "patch write"
+	stepSlotFind   = "slot find"
+	stepSlotWrite  = "slot write"
+	stepSplice     = "splice"
+	stepUnsplice   = "unsplice"
+	stepFree       = "free"
+)
+
 // BenchSplice measures the steps of an instrumentation request at one
-// point: resolve and codegen a few times, then cycles of the driver's
-// splice and unsplice of one prepared patch (the part that touches the
-// running kernel), then the free. The point is left as it was.
+// point: resolve, liveness, codegen and relocation a few times, a few
+// patch allocations, then cycles of the driver's splice and unsplice of
+// one prepared patch (the part that touches the running kernel; for a
+// springboard-class point each cycle writes the slot, then the jmp rel8
+// to it), then the frees. The point is left as it was.
 func (d *Daemon) BenchSplice(ctx context.Context, req BenchRequest) (BenchResult, error) {
 	if req.Cycles <= 0 || req.Cycles > maxBenchCycles {
 		return BenchResult{}, badRequest(fmt.Errorf("cycles %d: want 1..%d", req.Cycles, maxBenchCycles))
 	}
 	var res BenchResult
-	res.Cycles = req.Cycles
+	st := stepTimer{}
 	light := min(req.Cycles, 100)
 
 	var s *site
-	var resolveT []time.Duration
 	for i := 0; i < light; i++ {
-		t := time.Now()
-		var err error
-		if s, err = d.resolve(req.Point); err != nil {
+		if err := st.time(stepResolve, func() (err error) { s, err = d.resolve(req.Point); return err }); err != nil {
 			return res, &PointError{Point: req.Point, Err: err}
 		}
-		resolveT = append(resolveT, time.Since(t))
+	}
+	// Liveness alone (resolve includes it): the same computation again.
+	syms := d.symbols()
+	for i := 0; i < light; i++ {
+		st.time(stepLiveness, func() error { s.live = d.siteLive(syms, s); return nil })
 	}
 	res.Point = s.resolved()
-	res.Resolve = summarize(resolveT)
 
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -49,69 +85,147 @@ func (d *Daemon) BenchSplice(ctx context.Context, req BenchRequest) (BenchResult
 		return res, err
 	}
 	defer d.slots.free(slot)
-	n, err := codegen.PatchLen(d.patchHeapBase(), s.patchSpec([]*request{{snippet: codegen.Counter{Addr: d.dev.CounterAddr(slot)}}}))
+	counter := d.dev.CounterAddr(slot)
+	n, err := codegen.PatchLen(d.patchHeapBase(), s.patchSpec([]*request{{snippet: codegen.Counter{Addr: counter}}}))
 	if err != nil {
 		return res, err
 	}
-	patch, err := d.dev.PatchAlloc(n)
-	if err != nil {
-		return res, err
-	}
-	freed := false
+	// patches[0] is the one spliced; all are freed at the end (after the
+	// springboard slot is unspliced, before it is released).
+	var patches []uint64
+	var spring uint64
 	defer func() {
-		if !freed {
-			d.dev.PatchFree(patch)
+		for _, p := range patches {
+			st.time(stepFree, func() error { return d.dev.PatchFree(p) })
+		}
+		if spring != 0 {
+			d.spring.Release(spring)
 		}
 	}()
-
-	var code []byte
-	var genT []time.Duration
-	for i := 0; i < light; i++ {
-		t := time.Now()
-		if code, err = buildCounterPatch(patch, s, d.dev.CounterAddr(slot)); err != nil {
+	for i := 0; i < benchPatches; i++ {
+		var p uint64
+		if err := st.time(stepAlloc, func() (err error) { p, err = d.dev.PatchAlloc(n); return err }); err != nil {
 			return res, err
 		}
-		genT = append(genT, time.Since(t))
+		patches = append(patches, p)
 	}
-	res.Codegen = summarize(genT)
-	t := time.Now()
-	if err := d.dev.PatchWrite(patch, code); err != nil {
+	patch := patches[0]
+
+	var code []byte
+	for i := 0; i < light; i++ {
+		if err := st.time(stepCodegen, func() (err error) { code, err = buildCounterPatch(patch, s, counter); return err }); err != nil {
+			return res, err
+		}
+		// Relocation alone (codegen includes it).
+		if err := st.time(stepRelocate, func() error {
+			_, err := codegen.Relocate(patch, codegen.Site{Addr: in.Addr, Bytes: in.Bytes})
+			return err
+		}); err != nil {
+			return res, err
+		}
+	}
+	if err := st.time(stepPatchWrite, func() error { return d.dev.PatchWrite(patch, code) }); err != nil {
 		return res, err
 	}
-	res.Patch = summarize([]time.Duration{time.Since(t)})
-
-	spliceT := make([]time.Duration, 0, req.Cycles)
-	unspliceT := make([]time.Duration, 0, req.Cycles)
+	// A cycle splices and returns the undo, which unsplices.
+	var cycle func() func() error
+	switch s.class {
+	case springboard.Springboard:
+		// One slot for every cycle: rewriting it with the same jmp is
+		// harmless, and it is released only after the patch frees (each
+		// waits for RCU-tasks) when no CPU can be in it.
+		if err := st.time(stepSlotFind, func() (err error) { spring, err = d.spring.Alloc(in.Addr); return err }); err != nil {
+			return res, err
+		}
+		cycle = d.benchSpringboardCycle(st, s, spring, patch)
+	default:
+		cycle = func() func() error {
+			var id uint32
+			if err := st.time(stepSplice, func() (err error) { id, err = d.splice(s, s.class, patch); return err }); err != nil {
+				return func() error { return err }
+			}
+			return func() error {
+				return st.time(stepUnsplice, func() error {
+					return d.ov.restored(in.Addr, func() error { return d.dev.Unsplice(id) })
+				})
+			}
+		}
+	}
 	for i := 0; i < req.Cycles && ctx.Err() == nil; i++ {
-		t0 := time.Now()
-		id, err := d.splice(s, s.class, patch)
-		if err != nil {
-			return res, fmt.Errorf("cycle %d: splice: %w", i, err)
+		undo := cycle()
+		if err := undo(); err != nil {
+			return res, fmt.Errorf("cycle %d: %w", i, err)
 		}
-		t1 := time.Now()
-		if err := d.dev.Unsplice(id); err != nil {
-			return res, fmt.Errorf("cycle %d: unsplice: %w", i, err)
-		}
-		spliceT = append(spliceT, t1.Sub(t0))
-		unspliceT = append(unspliceT, time.Since(t1))
+		res.Cycles++
 	}
-	res.Cycles = len(spliceT)
-	res.Splice = summarize(spliceT)
-	res.Unsplice = summarize(unspliceT)
-
-	t = time.Now()
-	if err := d.dev.PatchFree(patch); err != nil {
-		return res, err
-	}
-	freed = true
-	res.Free = summarize([]time.Duration{time.Since(t)})
 
 	now := make([]byte, len(in.Bytes))
 	if err := d.dev.Read(in.Addr, now); err != nil {
 		return res, err
 	}
 	res.Restored = bytes.Equal(now, in.Bytes)
+	// The frees, before the summary is taken (the deferred ones are
+	// for the error paths).
+	for _, p := range patches {
+		if err := st.time(stepFree, func() error { return d.dev.PatchFree(p) }); err != nil {
+			return res, err
+		}
+	}
+	patches = nil
+	if spring != 0 {
+		d.spring.Release(spring)
+		spring = 0
+	}
+	res.Resolve, res.Liveness = st.summary(stepResolve), st.summary(stepLiveness)
+	res.PatchAlloc, res.Codegen, res.Relocation = st.summary(stepAlloc), st.summary(stepCodegen), st.summary(stepRelocate)
+	res.Patch, res.SlotFind, res.Springboard = st.summary(stepPatchWrite), st.summary(stepSlotFind), st.summary(stepSlotWrite)
+	res.Splice, res.Unsplice, res.Free = st.summary(stepSplice), st.summary(stepUnsplice), st.summary(stepFree)
 	return res, ctx.Err()
+}
+
+// benchSpringboardCycle returns a cycle of a springboard splice with a
+// slot already taken: write the slot, then the jmp rel8 to it; the undo
+// removes both, the jmp first.
+func (d *Daemon) benchSpringboardCycle(st stepTimer, s *site, slot, patch uint64) func() func() error {
+	in := s.insn()
+	return func() func() error {
+		fail := func(err error) func() error { return func() error { return err } }
+		jmp, err := codegen.JmpRel32(slot, patch)
+		if err != nil {
+			return fail(err)
+		}
+		rel8, err := springboard.JmpRel8(in.Addr, slot)
+		if err != nil {
+			return fail(err)
+		}
+		orig := make([]byte, springboard.SlotLen)
+		if err := d.text().Read(slot, orig); err != nil {
+			return fail(err)
+		}
+		var slotID, id uint32
+		if err := st.time(stepSlotWrite, func() error {
+			return d.ov.spliced(slot, orig, func() (err error) { slotID, err = d.dev.SpliceSlot(slot, patch, orig, jmp); return err })
+		}); err != nil {
+			return fail(fmt.Errorf("write slot %#x: %w", slot, err))
+		}
+		if err := st.time(stepSplice, func() error {
+			return d.ov.spliced(in.Addr, in.Bytes, func() (err error) {
+				id, err = d.dev.Splice(in.Addr, slot, in.Bytes[:len(rel8)], rel8)
+				return err
+			})
+		}); err != nil {
+			d.ov.restored(slot, func() error { return d.dev.Unsplice(slotID) })
+			return fail(fmt.Errorf("splice: %w", err))
+		}
+		return func() error {
+			return st.time(stepUnsplice, func() error {
+				if err := d.ov.restored(in.Addr, func() error { return d.dev.Unsplice(id) }); err != nil {
+					return err
+				}
+				return d.ov.restored(slot, func() error { return d.dev.Unsplice(slotID) })
+			})
+		}
+	}
 }
 
 func summarize(ds []time.Duration) Durations {

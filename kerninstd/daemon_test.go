@@ -232,6 +232,54 @@ func TestBenchSpliceFake(t *testing.T) {
 	}
 }
 
+// TestBenchSpliceSteps: every Figure 4 step is timed; a springboard-class
+// point writes its slot every cycle and leaves text, slots and patches as
+// they were; a direct point takes no springboard step.
+func TestBenchSpliceSteps(t *testing.T) {
+	for _, tc := range []struct {
+		point, class string
+		spring       bool
+	}{
+		{"lookuppn", "direct", false},
+		{"filename_lookup+0x9", "springboard", true},
+		{"filename_lookup+0x5", "trap", false},
+	} {
+		t.Run(tc.class, func(t *testing.T) {
+			d, k := newTestDaemon(t)
+			before := textNow(t, k)
+			res, err := d.BenchSplice(context.Background(), BenchRequest{Point: tc.point, Cycles: 20})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Point.SpliceClass != tc.class {
+				t.Errorf("class %s, want %s", res.Point.SpliceClass, tc.class)
+			}
+			for name, got := range map[string]int{
+				"resolve": res.Resolve.N, "liveness": res.Liveness.N, "codegen": res.Codegen.N, "relocation": res.Relocation.N,
+				"patch alloc": res.PatchAlloc.N, "free": res.Free.N, "patch write": res.Patch.N,
+				"splice": res.Splice.N, "unsplice": res.Unsplice.N,
+			} {
+				want := map[string]int{"patch alloc": benchPatches, "free": benchPatches, "patch write": 1}[name]
+				if want == 0 {
+					want = 20
+				}
+				if got != want {
+					t.Errorf("%s: %d timings, want %d", name, got, want)
+				}
+			}
+			if wantSlot := map[bool]int{true: 20}[tc.spring]; res.Springboard.N != wantSlot || (res.SlotFind.N == 1) != tc.spring {
+				t.Errorf("springboard: %d slot writes, %d slot finds", res.Springboard.N, res.SlotFind.N)
+			}
+			if !res.Restored || !bytes.Equal(textNow(t, k), before) {
+				t.Error("text not restored")
+			}
+			if len(k.allocs) != 0 || d.spring.InUse() != 0 || len(d.ov.orig) != 0 {
+				t.Errorf("left behind: patches %v, %d slots, overlay %v", k.allocs, d.spring.InUse(), d.ov.orig)
+			}
+		})
+	}
+}
+
 func TestFunctionCFG(t *testing.T) {
 	d, _ := newTestDaemon(t)
 	g, err := d.FunctionCFG("filename_lookup")

@@ -129,11 +129,18 @@ func (d *Daemon) checkSite(syms *cfg.Symbols, s *site) error {
 			s.class = springboard.Trap
 		}
 	}
-	s.live = d.dataflowLive(syms, fn, s.index)
-	if fn.FlagsLive(s.index) {
-		s.live |= cfg.FlagBits
-	}
+	s.live = d.siteLive(syms, s)
 	return nil
+}
+
+// siteLive is the registers and flags live before s's instruction (step
+// 2 of a request: liveness).
+func (d *Daemon) siteLive(syms *cfg.Symbols, s *site) cfg.LiveSet {
+	live := d.dataflowLive(syms, s.fn, s.index)
+	if s.fn.FlagsLive(s.index) {
+		live |= cfg.FlagBits
+	}
+	return live
 }
 
 // noSpliceReason combines the symbol-based reasons with the kernel's own
@@ -478,7 +485,7 @@ func (d *Daemon) splice(s *site, class springboard.Class, patch uint64) (uint32,
 	case springboard.Trap:
 		repl = []byte{0xcc}
 	default:
-		return 0, fmt.Errorf("%v splices go through springboardSplice (a slot first); bench splice times direct and trap splices only", class)
+		return 0, fmt.Errorf("%v splices go through springboardSplice (a slot first)", class)
 	}
 	var id uint32
 	err := d.ov.spliced(in.Addr, in.Bytes, func() (err error) {

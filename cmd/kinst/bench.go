@@ -13,8 +13,9 @@ func benchCmd(ctx context.Context, args []string) error {
 	if len(args) > 0 && args[0] == "hit" {
 		fs, addr := newFlags("bench hit", "bench hit [FUNC] [--calls N] [--runs R] [--json]\n\n"+
 			"Per-call cost of a getppid(2) loop with a counter at FUNC (default __x64_sys_getppid):\n"+
-			"bare, direct, springboard and trap splices, int3 and optimized tracefs kprobes. Runs\n"+
-			"where kerninstd runs (as root, for tracefs). Guest times under emulation: read the ratios.")
+			"bare, direct, springboard and trap splices, int3 and optimized tracefs kprobes, and a\n"+
+			"BPF kprobe counting in an array map. Every row's hits should be calls × runs. Runs\n"+
+			"where kerninstd runs (as root, for tracefs and BPF). Guest times under emulation: read the ratios.")
 		var o cli.HitOptions
 		fs.IntVar(&o.Calls, "calls", 100000, "system calls per timed run")
 		fs.IntVar(&o.Runs, "runs", 3, "timed runs per mechanism (the median is kept)")

@@ -39,14 +39,16 @@ func BenchSplice(ctx context.Context, c *kerninstd.Client, point string, cycles 
 	if err != nil {
 		return err
 	}
-	ours := res.Resolve.Median + res.Codegen.Median + res.Patch.Median + res.Splice.Median
+	// Liveness is part of resolve, relocation part of codegen.
+	ours := res.Resolve.Median + res.PatchAlloc.Median + res.Codegen.Median + res.Patch.Median +
+		res.SlotFind.Median + res.Springboard.Median + res.Splice.Median
 	if kp.Skipped == "" && ours > 0 {
 		kp.Ratio = float64(kp.Attach.Median) / float64(ours)
 	}
 	if asJSON {
 		return writeJSON(w, struct {
 			kerninstd.BenchResult
-			Request int64         `json:"request_ns"` // resolve + codegen + patch write + splice, medians
+			Request int64         `json:"request_ns"` // resolve + patch alloc + codegen + patch write + slot find + slot write + splice, medians
 			Kprobe  KprobeRequest `json:"kprobe"`
 		}{res, ours, kp})
 	}
@@ -60,13 +62,21 @@ func BenchSplice(ctx context.Context, c *kerninstd.Client, point string, cycles 
 		d    kerninstd.Durations
 	}{
 		{"resolve (read, decode, liveness)", res.Resolve},
+		{"liveness (part of resolve)", res.Liveness},
+		{"patch allocation", res.PatchAlloc},
 		{"codegen (build, verify)", res.Codegen},
+		{"relocation (part of codegen)", res.Relocation},
 		{"patch write", res.Patch},
+		{"springboard slot find", res.SlotFind},
+		{"springboard slot write", res.Springboard},
 		{"splice (driver)", res.Splice},
 		{"unsplice (driver)", res.Unsplice},
-		{"free (RCU-tasks wait)", res.Free},
+		{"free (the first waits for RCU-tasks: see max)", res.Free},
 	} {
 		d := row.d
+		if d.N == 0 {
+			continue // a step this point's class does not take
+		}
 		fmt.Fprintf(tw, "%s\t%d\t%v\t%v\t%v\t%v\t\n", row.name, d.N, time.Duration(d.Median), time.Duration(d.P90), time.Duration(d.Min), time.Duration(d.Max))
 	}
 	if kp.Skipped == "" {
@@ -81,7 +91,7 @@ func BenchSplice(ctx context.Context, c *kerninstd.Client, point string, cycles 
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "a whole request (resolve + codegen + patch write + splice, medians): %v\n", time.Duration(ours))
+	fmt.Fprintf(w, "a whole request (resolve + patch allocation + codegen + patch write + springboard + splice, medians): %v\n", time.Duration(ours))
 	if kp.Skipped != "" {
 		fmt.Fprintf(w, "kprobe comparison skipped: %s\n", kp.Skipped)
 	} else {
