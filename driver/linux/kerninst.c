@@ -264,12 +264,57 @@ static void ki_sync_all(void)
 }
 
 /*
+ * ki_poke_last writes the first byte of a poke, the step that takes the
+ * int3 away, and then the whole instruction once more, unchanged.
+ *
+ * The second write is for emulators. Under QEMU's multi-threaded TCG a vCPU
+ * that translates addr while another vCPU writes it can keep a translation
+ * of the bytes it read (the int3) after memory has changed; sync_core does
+ * not drop it, a later write to those bytes does. A CPU that runs such a
+ * stale int3 never reaches ki_die_notify: kprobe_int3_handler runs first,
+ * sees no int3 in memory, and backs up to addr to "run the original
+ * instruction" -- the stale int3 again, for ever, in kernel mode, so with
+ * voluntary preemption nothing else (not our writer) may run on that CPU.
+ * After the sync every translation that read the old byte is installed, so
+ * rewriting the same bytes drops them all, and one made meanwhile reads the
+ * final bytes. Preemption stays off between the two writes, so a writer
+ * cannot be parked behind a CPU spinning like that. On hardware the
+ * second write stores identical bytes and changes nothing.
+ */
+static int ki_poke_last(unsigned long addr, const u8 *bytes, u32 len)
+{
+	unsigned long last = addr + len - 1;
+	struct page *pg[2];
+	unsigned int n = 1;
+	u8 *map;
+
+	if (!len || len > KI_MAX_INSN || last < addr)
+		return -EINVAL;
+	pg[0] = ki_text_page(addr);
+	if ((last & PAGE_MASK) != (addr & PAGE_MASK))
+		pg[n++] = ki_text_page(last);
+	if (!pg[0] || !pg[n - 1])
+		return -EFAULT;
+	map = vmap(pg, n, VM_MAP, PAGE_KERNEL);
+	if (!map)
+		return -ENOMEM;
+	preempt_disable();
+	WRITE_ONCE(map[offset_in_page(addr)], bytes[0]);
+	ki_sync_all();
+	memcpy(map + offset_in_page(addr), bytes, len);
+	ki_sync_all();
+	preempt_enable();
+	vunmap(map);
+	return 0;
+}
+
+/*
  * ki_poke overwrites the first len bytes of one instruction as
  * text_poke_bp does: int3 on the first byte, sync; the tail, sync; the
- * first byte, sync. A CPU that reaches addr while the bytes are mixed traps
- * on the int3 and ki_die_notify sends it to the splice's patch (which must
- * therefore be published before the call), so no CPU ever executes a torn
- * instruction.
+ * first byte, sync (ki_poke_last). A CPU that reaches addr while the bytes
+ * are mixed traps on the int3 and ki_die_notify sends it to the splice's
+ * patch (which must therefore be published before the call), so no CPU
+ * ever executes a torn instruction.
  */
 static int ki_poke(unsigned long addr, const u8 *bytes, u32 len)
 {
@@ -285,11 +330,9 @@ static int ki_poke(unsigned long addr, const u8 *bytes, u32 len)
 		if (err)
 			return err;
 	}
-	if (bytes[0] != KI_INT3) {
-		err = ki_text_write(addr, bytes, 0, 1);
-		ki_sync_all();
-	}
-	return err;
+	if (bytes[0] == KI_INT3)
+		return 0;
+	return ki_poke_last(addr, bytes, len);
 }
 
 /* ---- int3 redirection ------------------------------------------------ */

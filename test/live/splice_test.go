@@ -181,6 +181,32 @@ func diff(a, b uint64) uint64 {
 	return b - a
 }
 
+// cycleLimit bounds one TestResplicingStress cycle, well above the slowest
+// cycle seen in the emulated guest (20 s).
+const cycleLimit = 3 * time.Minute
+
+// lockupReport is the serial log's soft-lockup and RIP lines (the guest
+// cannot be asked once its vCPUs stopped scheduling), or "".
+func lockupReport(serial string) string {
+	b, err := os.ReadFile(serial)
+	if err != nil {
+		return ""
+	}
+	var lines []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, "soft lockup") || strings.Contains(l, "RIP: 0010:") {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) > 6 {
+		lines = lines[len(lines)-6:]
+	}
+	if len(lines) == 0 {
+		return ""
+	}
+	return "\nguest serial log:\n" + strings.Join(lines, "\n")
+}
+
 // TestResplicingStress runs cycles of splice, re-splice (a second session
 // at points already instrumented) and unsplice over many functions while
 // a syscall-heavy load runs on every vCPU. Counters that stay installed
@@ -270,20 +296,29 @@ func TestResplicingStress(t *testing.T) {
 	var slowest time.Duration
 	for c := 0; c < cycles; c++ {
 		t0 := time.Now()
-		a, err := client.CreateSession(ctx, kerninstd.SessionRequest{Points: pick(3)})
+		// A cycle takes seconds; one that takes minutes is a guest
+		// that stopped scheduling (a livelocked vCPU holds kerninstd
+		// off the CPU): fail now, with the kernel's lockup report.
+		cctx, ccancel := context.WithTimeout(ctx, cycleLimit)
+		stuck := func(what string, err error) {
+			ccancel()
+			t.Fatalf("cycle %d: %s: %v%s", c, what, err, lockupReport(guest.SerialLog()))
+		}
+		a, err := client.CreateSession(cctx, kerninstd.SessionRequest{Points: pick(3)})
 		if err != nil {
-			t.Fatalf("cycle %d: splice: %v", c, err)
+			stuck("splice", err)
 		}
-		b, err := client.CreateSession(ctx, kerninstd.SessionRequest{Points: append(pick(1), a.Probes[0].Point, a.Probes[1].Point)})
+		b, err := client.CreateSession(cctx, kerninstd.SessionRequest{Points: append(pick(1), a.Probes[0].Point, a.Probes[1].Point)})
 		if err != nil {
-			t.Fatalf("cycle %d: re-splice: %v", c, err)
+			stuck("re-splice", err)
 		}
-		if _, err := client.RemoveSession(ctx, a.ID); err != nil {
-			t.Fatalf("cycle %d: remove: %v", c, err)
+		if _, err := client.RemoveSession(cctx, a.ID); err != nil {
+			stuck("remove", err)
 		}
-		if _, err := client.RemoveSession(ctx, b.ID); err != nil {
-			t.Fatalf("cycle %d: remove: %v", c, err)
+		if _, err := client.RemoveSession(cctx, b.ID); err != nil {
+			stuck("remove", err)
 		}
+		ccancel()
 		ops += 4
 		if d := time.Since(t0); d > slowest {
 			slowest = d
