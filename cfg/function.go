@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 
+	"github.com/kinst/kinst/internal/att"
 	"golang.org/x/arch/x86/x86asm"
 )
 
@@ -24,7 +25,7 @@ func (in *Instruction) End() uint64 { return in.Addr + uint64(len(in.Bytes)) }
 
 // String is the instruction in AT&T syntax, as objdump prints it.
 func (in *Instruction) String() string {
-	return x86asm.GNUSyntax(in.Inst, in.Addr, nil)
+	return att.Syntax(in.Inst, in.Addr, nil)
 }
 
 // Function is a function's instructions, decoded by a linear sweep of its

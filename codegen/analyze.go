@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 
+	"github.com/kinst/kinst/internal/att"
 	"golang.org/x/arch/x86/x86asm"
 )
 
@@ -79,7 +80,7 @@ func (in *insn) refuse(format string, args ...any) error {
 	return &UnsupportedError{Addr: in.site.Addr, Inst: gnu(in.inst, in.site.Addr), Reason: fmt.Sprintf(format, args...)}
 }
 
-func gnu(inst x86asm.Inst, pc uint64) string { return x86asm.GNUSyntax(inst, pc, nil) }
+func gnu(inst x86asm.Inst, pc uint64) string { return att.Syntax(inst, pc, nil) }
 
 var (
 	endbr64 = []byte{0xf3, 0x0f, 0x1e, 0xfa}

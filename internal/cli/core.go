@@ -10,7 +10,7 @@ import (
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/core"
 	"github.com/kinst/kinst/core/dump"
-	"golang.org/x/arch/x86/x86asm"
+	"github.com/kinst/kinst/internal/att"
 )
 
 // CoreRequest is one `kinst core DUMP COMMAND [ARGS]`, its arguments
@@ -450,7 +450,7 @@ func CoreDis(k *core.Kernel, fn string, asJSON bool, w io.Writer) error {
 	var out []CoreInstruction
 	for _, in := range f.Insns {
 		out = append(out, CoreInstruction{Address: fmt.Sprintf("%#x", in.Addr), Offset: in.Addr - s.Addr,
-			Bytes: hex.EncodeToString(in.Bytes), Text: x86asm.GNUSyntax(in.Inst, in.Addr, symname)})
+			Bytes: hex.EncodeToString(in.Bytes), Text: att.Syntax(in.Inst, in.Addr, symname)})
 	}
 	if asJSON {
 		return writeJSON(w, struct {
