@@ -26,18 +26,7 @@ func TestPrototypesFromBTF(t *testing.T) {
 		fn("printk_like", i32, ptr, &btf.Void{}),
 		fn("no_args", ptr),
 	}
-	b, err := btf.NewBuilder(types, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := b.Marshal(nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	spec, err := btf.LoadSpecFromReader(bytes.NewReader(raw))
-	if err != nil {
-		t.Fatal(err)
-	}
+	spec := specFromTypes(t, types)
 	p, err := PrototypesFromBTF(spec)
 	if err != nil {
 		t.Fatal(err)
@@ -61,4 +50,23 @@ func TestPrototypesFromBTF(t *testing.T) {
 	if s := p.retSet("two_args_void"); s != 0 {
 		t.Errorf("void: retSet %v", s)
 	}
+}
+
+// specFromTypes marshals types to raw BTF and loads it back, so tests go
+// through the same decoding as the kernel's own BTF.
+func specFromTypes(t *testing.T, types []btf.Type) *btf.Spec {
+	t.Helper()
+	b, err := btf.NewBuilder(types, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := b.Marshal(nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec, err := btf.LoadSpecFromReader(bytes.NewReader(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return spec
 }

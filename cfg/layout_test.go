@@ -51,15 +51,7 @@ func testLayoutTypes(dropMember string) []btf.Type {
 
 func testLayout(t *testing.T, dropMember string) (*KernelLayout, error) {
 	t.Helper()
-	b, err := btf.NewBuilder(testLayoutTypes(dropMember), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	spec, err := b.Spec()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return LayoutFromBTF(spec)
+	return LayoutFromBTF(specFromTypes(t, testLayoutTypes(dropMember)))
 }
 
 func TestLayoutFromBTF(t *testing.T) {

@@ -1,7 +1,6 @@
 package cfg
 
 import (
-	"bytes"
 	"errors"
 	"strings"
 	"testing"
@@ -25,19 +24,7 @@ func taskSpec(t *testing.T, withHot bool) *btf.Spec {
 		types = append(types, &btf.Struct{Name: "pcpu_hot", Size: 64, Members: []btf.Member{
 			{Name: "cpu_number", Type: i32}, {Name: "current_task", Type: ptr, Offset: 64}}})
 	}
-	b, err := btf.NewBuilder(types, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := b.Marshal(nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	spec, err := btf.LoadSpecFromReader(bytes.NewReader(raw))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return spec
+	return specFromTypes(t, types)
 }
 
 func TestTaskLayoutFromBTF(t *testing.T) {
