@@ -51,8 +51,9 @@ func (d *Daemon) resolveSwitch() (*site, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrSwitchHook, err)
 	}
+	owned := d.ownedSites()
 	for i := 0; i < s.index; i++ {
-		if op := s.fn.Insns[i].Inst.Op; op != x86asm.PUSH && !s.fn.IsFtraceSite(i) {
+		if op := s.fn.Insns[i].Inst.Op; op != x86asm.PUSH && !owned.IsFtraceSite(s.fn, i) {
 			return nil, fmt.Errorf("%w: %s before %s may change %%rdi or %%rsi", ErrSwitchHook, s.fn.Insns[i].String(), s.where())
 		}
 	}
