@@ -2,6 +2,7 @@ package unwind
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -127,27 +128,62 @@ func SyscallRegs(pid, tid int) (regs Regs, nr int, err error) {
 	if err != nil {
 		return Regs{}, 0, &os.PathError{Op: "read", Path: path, Err: err}
 	}
-	return parseSyscall(strings.TrimSpace(string(buf[:n])))
+	return ParseSyscall(buf[:n])
 }
 
-func parseSyscall(s string) (Regs, int, error) {
-	f := strings.Fields(s)
-	if len(f) == 1 && f[0] == "running" {
+// ParseSyscall parses the text of /proc/PID/task/TID/syscall: "running"
+// (ErrNotBlocked), or the system call number (-1 when the thread is
+// blocked outside one, e.g. in a page fault), six arguments, then the user
+// stack pointer and program counter. It does not allocate on success, so
+// samplers can call it for every thread.
+func ParseSyscall(b []byte) (regs Regs, nr int, err error) {
+	b = bytes.TrimSpace(b)
+	if string(b) == "running" {
 		return Regs{}, 0, ErrNotBlocked
 	}
-	if len(f) != 3 && len(f) != 9 {
-		return Regs{}, 0, fmt.Errorf("unexpected syscall file %q", s)
+	text := b
+	var f [10][]byte
+	n := 0
+	for len(b) > 0 && n < len(f) {
+		sp := bytes.IndexByte(b, ' ')
+		if sp < 0 {
+			f[n], b = b, nil
+		} else {
+			f[n], b = b[:sp], b[sp+1:]
+		}
+		n++
 	}
-	nr, err := strconv.Atoi(f[0])
-	if err != nil {
-		return Regs{}, 0, fmt.Errorf("unexpected syscall file %q: %w", s, err)
+	bad := func() (Regs, int, error) { return Regs{}, 0, fmt.Errorf("unexpected syscall file %q", text) }
+	if n != 3 && n != 9 {
+		return bad()
 	}
-	sp, err1 := strconv.ParseUint(strings.TrimPrefix(f[len(f)-2], "0x"), 16, 64)
-	pc, err2 := strconv.ParseUint(strings.TrimPrefix(f[len(f)-1], "0x"), 16, 64)
-	if err1 != nil || err2 != nil {
-		return Regs{}, 0, fmt.Errorf("unexpected syscall file %q", s)
+	nr64, err := strconv.ParseInt(string(f[0]), 10, 64)
+	sp, ok1 := parseHex(f[n-2])
+	pc, ok2 := parseHex(f[n-1])
+	if err != nil || !ok1 || !ok2 {
+		return bad()
 	}
-	return Regs{PC: pc, SP: sp}, nr, nil
+	return Regs{PC: pc, SP: sp}, int(nr64), nil
+}
+
+// parseHex parses "0x…" (lower-case hex, as the kernel prints it).
+func parseHex(b []byte) (uint64, bool) {
+	b = bytes.TrimPrefix(b, []byte("0x"))
+	if len(b) == 0 || len(b) > 16 {
+		return 0, false
+	}
+	var v uint64
+	for _, c := range b {
+		switch {
+		case c >= '0' && c <= '9':
+			v = v<<4 | uint64(c-'0')
+		case c >= 'a' && c <= 'f':
+			v = v<<4 | uint64(c-'a'+10)
+		default:
+			return 0, false
+		}
+	}
+	return v, true
 }
 
 // Mapping is one line of /proc/PID/maps.

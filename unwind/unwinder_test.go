@@ -172,13 +172,18 @@ func TestParseSyscall(t *testing.T) {
 		{"0 0x0 0x7ffc8a1b5e40 0x40 0x0 0x0 0x0 0x7ffc8a1b5e28 0x7f3c1a2d4a5d", Regs{PC: 0x7f3c1a2d4a5d, SP: 0x7ffc8a1b5e28}, 0, nil},
 		{"-1 0x7ffc8a1b5e28 0x401000", Regs{PC: 0x401000, SP: 0x7ffc8a1b5e28}, -1, nil},
 		{"running", Regs{}, 0, ErrNotBlocked},
+		{"running\n", Regs{}, 0, ErrNotBlocked},
+		{"230 0x0 0x0 0x7ffe37a2e8b0 0x7ffe37a2e8f0 0x0 0x0 0x7ffe37a2e898 0x7fb52b6da503\n", Regs{PC: 0x7fb52b6da503, SP: 0x7ffe37a2e898}, 230, nil},
+		{"-1 0x7ffe00 0x401000\n", Regs{PC: 0x401000, SP: 0x7ffe00}, -1, nil},
 	} {
-		regs, nr, err := parseSyscall(tc.in)
+		regs, nr, err := ParseSyscall([]byte(tc.in))
 		if regs != tc.regs || nr != tc.nr || !errors.Is(err, tc.err) {
 			t.Errorf("%q: %+v %d %v, want %+v %d %v", tc.in, regs, nr, err, tc.regs, tc.nr, tc.err)
 		}
 	}
-	if _, _, err := parseSyscall("0 0x1"); err == nil {
-		t.Error("a short line parsed")
+	for _, in := range []string{"0 0x1", "x 0x1 0x2", "1 0x1 0xzz", "1"} {
+		if _, _, err := ParseSyscall([]byte(in)); err == nil {
+			t.Errorf("%q parsed", in)
+		}
 	}
 }

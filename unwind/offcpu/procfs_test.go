@@ -38,26 +38,6 @@ func TestParseStat(t *testing.T) {
 	}
 }
 
-func TestParseSyscall(t *testing.T) {
-	for _, tc := range []struct {
-		in   string
-		want syscallState
-		bad  bool
-	}{
-		{"running\n", syscallState{running: true}, false},
-		{"230 0x0 0x0 0x7ffe37a2e8b0 0x7ffe37a2e8f0 0x0 0x0 0x7ffe37a2e898 0x7fb52b6da503\n", syscallState{nr: 230, sp: 0x7ffe37a2e898, pc: 0x7fb52b6da503}, false},
-		{"-1 0x7ffe00 0x401000\n", syscallState{nr: -1, sp: 0x7ffe00, pc: 0x401000}, false},
-		{"x 0x1 0x2", syscallState{}, true},
-		{"1 0x1 0xzz", syscallState{}, true},
-		{"1", syscallState{}, true},
-	} {
-		got, err := parseSyscall([]byte(tc.in))
-		if (err != nil) != tc.bad || (!tc.bad && got != tc.want) {
-			t.Errorf("parseSyscall(%q) = %+v, %v", tc.in, got, err)
-		}
-	}
-}
-
 func TestParseSchedstat(t *testing.T) {
 	if n, err := parseSchedstat([]byte("7053287 343782200 4\n")); n != 4 || err != nil {
 		t.Errorf("got %d %v", n, err)

@@ -340,8 +340,11 @@ func (s *Sampler) sampleThread(t *thread) error {
 	if err != nil {
 		return err
 	}
-	sc, err := parseSyscall(b)
-	if err != nil || sc.running {
+	sc, _, err := unwind.ParseSyscall(b)
+	if errors.Is(err, unwind.ErrNotBlocked) {
+		return nil // on a CPU, or runnable
+	}
+	if err != nil {
 		return err
 	}
 	b, err = preadAll(t.stat, s.readBuf)
@@ -399,8 +402,8 @@ func (s *Sampler) sampleThread(t *thread) error {
 	var uproc *unwind.Process
 	// A thread blocked outside a system call (nr -1: a page fault, say)
 	// still has its user sp and pc in the syscall file.
-	if s.user != nil && !t.kthread && sc.pc != 0 {
-		frames, uproc, uerr = s.user.unwind(t.pid, sc.pc, sc.sp, frames)
+	if s.user != nil && !t.kthread && sc.PC != 0 {
+		frames, uproc, uerr = s.user.unwind(t.pid, sc.PC, sc.SP, frames)
 		s.frames = frames
 		key = strconv.AppendInt(key, int64(t.pid), 10)
 		for _, f := range frames {
