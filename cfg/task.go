@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/cilium/ebpf/btf"
+
+	"github.com/kinst/kinst/internal/kbtf"
 )
 
 // TaskLayout is how instrumentation finds the running task and reads its
@@ -81,7 +83,8 @@ func LoadTaskLayout(syms *Symbols) (TaskLayout, error) {
 // memberOffset finds a member by name, looking into anonymous structs and
 // unions, and returns its byte offset and size.
 func memberOffset(s btf.Type, name string) (uint32, uint32, error) {
-	off, t, ok := findMember(s, name, 0)
+	m, ok := kbtf.Member(s, name)
+	off, t := m.Offset, m.Type
 	if !ok {
 		return 0, 0, fmt.Errorf("%w: no member %s", ErrNoTaskLayout, name)
 	}
@@ -93,27 +96,4 @@ func memberOffset(s btf.Type, name string) (uint32, uint32, error) {
 		return 0, 0, fmt.Errorf("%w: member %s: %v", ErrNoTaskLayout, name, err)
 	}
 	return uint32(off / 8), uint32(size), nil
-}
-
-func findMember(s btf.Type, name string, base btf.Bits) (btf.Bits, btf.Type, bool) {
-	var members []btf.Member
-	switch s := s.(type) {
-	case *btf.Struct:
-		members = s.Members
-	case *btf.Union:
-		members = s.Members
-	}
-	for _, m := range members {
-		if m.Name == name {
-			return base + m.Offset, m.Type, true
-		}
-		if m.Name == "" {
-			if c := btf.UnderlyingType(m.Type); c != nil {
-				if off, t, ok := findMember(c, name, base+m.Offset); ok {
-					return off, t, true
-				}
-			}
-		}
-	}
-	return 0, nil, false
 }

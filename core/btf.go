@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"github.com/cilium/ebpf/btf"
+
+	"github.com/kinst/kinst/internal/kbtf"
 )
 
 // Types answers struct layout questions from the kernel's BTF.
@@ -138,28 +140,8 @@ func (t *Types) Offset(name, path string) (uint64, error) {
 // findMember looks for name among a composite's members, descending into
 // anonymous members; it returns the member and its byte offset.
 func findMember(typ btf.Type, name string) (btf.Member, uint64, bool) {
-	var members []btf.Member
-	switch c := btf.UnderlyingType(typ).(type) {
-	case *btf.Struct:
-		members = c.Members
-	case *btf.Union:
-		members = c.Members
-	default:
-		return btf.Member{}, 0, false
-	}
-	for _, m := range members {
-		if m.Name == name {
-			return m, uint64(m.Offset.Bytes()), true
-		}
-	}
-	for _, m := range members {
-		if m.Name == "" {
-			if inner, o, ok := findMember(m.Type, name); ok {
-				return inner, uint64(m.Offset.Bytes()) + o, true
-			}
-		}
-	}
-	return btf.Member{}, 0, false
+	m, ok := kbtf.Member(typ, name)
+	return m, uint64(m.Offset.Bytes()), ok
 }
 
 // MemberSize returns the size in bytes of a member path's type.
