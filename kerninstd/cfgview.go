@@ -6,7 +6,6 @@ import (
 
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/codegen"
-	"github.com/kinst/kinst/springboard"
 )
 
 // FunctionCFG analyses one function of the live kernel. It changes
@@ -57,7 +56,6 @@ func (d *Daemon) describeInstruction(syms *cfg.Symbols, fn *cfg.Function, i int)
 	ci := CFGInstruction{
 		Address: Addr(in.Addr), Offset: in.Addr - fn.Addr, Length: in.Len(),
 		Bytes: hex.EncodeToString(in.Bytes), Text: in.String(),
-		SpliceClass: springboard.Classify(in.Len()).String(),
 	}
 	if t, ok := cfg.BranchTarget(in); ok && (t < fn.Addr || t >= fn.End) {
 		if s, off, ok := syms.At(t); ok {
@@ -74,6 +72,10 @@ func (d *Daemon) describeInstruction(syms *cfg.Symbols, fn *cfg.Function, i int)
 	}
 	if why != "" {
 		ci.SpliceClass, ci.Refused = "refused", why
+	} else {
+		// What a request would get now: a short instruction with no free
+		// slot in reach is a trap splice.
+		ci.SpliceClass = d.spliceClass(syms, in).String()
 	}
 	return ci
 }

@@ -305,6 +305,22 @@ func TestFunctionCFG(t *testing.T) {
 			t.Errorf("+%#x: class %s, want %s", off, got, want)
 		}
 	}
+	// With every slot in reach taken, the same short instruction would
+	// get a trap splice, and the view says so.
+	for {
+		if _, err := d.spring.Alloc(textAddr + 0x9); err != nil {
+			break
+		}
+	}
+	if g2, err := d.FunctionCFG("filename_lookup"); err != nil {
+		t.Fatal(err)
+	} else {
+		for _, in := range g2.Blocks[0].Instructions {
+			if in.Offset == 0x9 && in.SpliceClass != "trap" {
+				t.Errorf("+0x9 with no slot free: class %s, want trap", in.SpliceClass)
+			}
+		}
+	}
 	if in := byOff[0x15]; len(in.LiveIn) == 0 {
 		t.Errorf("je: no live flags")
 	}

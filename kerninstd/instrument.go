@@ -120,17 +120,23 @@ func (d *Daemon) checkSite(syms *cfg.Symbols, s *site) error {
 	if why := d.noSpliceReason(syms, fn, in.Addr); why != "" {
 		return &cfg.NoSpliceError{Where: s.where(), Reason: why}
 	}
-	// A short instruction takes a springboard splice when a slot is free
-	// within rel8 reach, a trap splice otherwise.
-	s.class = springboard.Classify(in.Len())
-	if s.class == springboard.Springboard {
-		d.addSpringboardSpace(syms, in.Addr)
-		if _, ok := d.spring.Find(in.Addr); !ok {
-			s.class = springboard.Trap
-		}
-	}
+	s.class = d.spliceClass(syms, in)
 	s.live = d.siteLive(syms, s)
 	return nil
+}
+
+// spliceClass is the kind of splice in would get now: a short instruction
+// takes a springboard splice when a slot is free within rel8 reach, a trap
+// splice otherwise.
+func (d *Daemon) spliceClass(syms *cfg.Symbols, in *cfg.Instruction) springboard.Class {
+	c := springboard.Classify(in.Len())
+	if c == springboard.Springboard {
+		d.addSpringboardSpace(syms, in.Addr)
+		if _, ok := d.spring.Find(in.Addr); !ok {
+			c = springboard.Trap
+		}
+	}
+	return c
 }
 
 // siteLive is the registers and flags live before s's instruction (step

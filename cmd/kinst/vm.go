@@ -16,7 +16,7 @@ import (
 	"github.com/spf13/pflag"
 )
 
-const vmUsage = `vm up     [--cache DIR] [--smp N] [--memory MB] [--accel auto|tcg|kvm] [--kerninstd PATH]
+const vmUsage = `vm up     [--cache DIR] [--smp N] [--memory MB] [--accel auto|tcg|tcg-single|kvm] [--kerninstd PATH]
   vm exec   -- CMD [ARGS…]     run CMD in the guest; exit with its status
   vm status [--json]
   vm dump   FILE [--format elf|kdump-zlib|kdump-lzo|kdump-snappy]
@@ -39,7 +39,7 @@ func vmCmd(ctx context.Context, args []string) (int, error) {
 		c := vm.Config{Progress: os.Stderr}
 		fs.IntVar(&c.SMP, "smp", 2, "virtual CPUs")
 		fs.IntVar(&c.MemoryMB, "memory", 1024, "guest memory in MiB")
-		fs.StringVar(&c.Accel, "accel", "auto", "auto (KVM only if a probe boots), tcg or kvm")
+		fs.StringVar(&c.Accel, "accel", "auto", "auto (KVM only if a probe boots), tcg (multi-threaded), tcg-single (one host thread: slower, but safe for the kernel's own text pokes such as tracefs kprobes) or kvm")
 		kd := fs.String("kerninstd", "", "static kerninstd binary for the guest (default: next to kinst)")
 		if err := fs.Parse(args[1:]); err != nil {
 			return 2, err

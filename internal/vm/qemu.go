@@ -44,8 +44,15 @@ func qemuArgs(c Config, k *Kernel, initrd, accel, dir string, agentPort, kdPort 
 		"-append", "console=ttyS0 panic=-1 kaslr",
 		"-pidfile", filepath.Join(dir, "qemu.pid"), "-daemonize",
 	}
-	if accel == "kvm" {
+	switch accel {
+	case "kvm":
 		return append(a, "-accel", "kvm", "-cpu", "host")
+	case "tcg-single":
+		// One host thread runs every vCPU in turn: slower, but a vCPU
+		// never keeps a stale translation of code another vCPU rewrote,
+		// which under multi-threaded TCG can livelock the kernel's own
+		// text_poke_bp (tracefs kprobes, static calls).
+		return append(a, "-accel", "tcg,thread=single")
 	}
 	return append(a, "-accel", "tcg,thread=multi")
 }

@@ -37,7 +37,7 @@ type Config struct {
 	StateDir      string // the running instance's files; default CacheDir/vm
 	SMP           int    // default 2
 	MemoryMB      int    // default 1024
-	Accel         string // "auto" (default), "tcg" or "kvm"
+	Accel         string // "auto" (default), "tcg", "tcg-single" or "kvm"
 	KinstBin      string // static binaries put in the guest's /bin
 	KerninstdBin  string
 	KernelPackage string    // default: what linux-image-amd64 depends on
@@ -139,8 +139,12 @@ func Up(ctx context.Context, c Config) (*Instance, error) {
 	if c.MemoryMB == 0 {
 		c.MemoryMB = 1024
 	}
-	if c.Accel == "" {
+	switch c.Accel {
+	case "":
 		c.Accel = "auto"
+	case "auto", "tcg", "tcg-single", "kvm":
+	default:
+		return nil, fmt.Errorf("vm: unknown accelerator %q (want auto, tcg, tcg-single or kvm)", c.Accel)
 	}
 	if _, err := Attach(c.StateDir); err == nil {
 		return nil, ErrAlreadyRunning

@@ -147,3 +147,25 @@ func TestAgentCancelInterrupts(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+func TestQemuAccelArgs(t *testing.T) {
+	for accel, want := range map[string]string{
+		"kvm":        "kvm",
+		"tcg":        "tcg,thread=multi",
+		"tcg-single": "tcg,thread=single",
+	} {
+		a := qemuArgs(Config{SMP: 2, MemoryMB: 512}, &Kernel{}, "initrd", accel, "/state", 1, 2)
+		got := ""
+		for i := range a[:len(a)-1] {
+			if a[i] == "-accel" {
+				got = a[i+1]
+			}
+		}
+		if got != want {
+			t.Errorf("accel %s: -accel %q, want %q", accel, got, want)
+		}
+	}
+	if _, err := Up(context.Background(), Config{Accel: "hvf", CacheDir: t.TempDir()}); err == nil || !strings.Contains(err.Error(), "unknown accelerator") {
+		t.Errorf("Up with an unknown accelerator: %v", err)
+	}
+}

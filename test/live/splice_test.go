@@ -294,6 +294,7 @@ func TestResplicingStress(t *testing.T) {
 	start := time.Now()
 	var ops int
 	var slowest time.Duration
+	var opT [4]time.Duration
 	for c := 0; c < cycles; c++ {
 		t0 := time.Now()
 		// A cycle takes seconds; one that takes minutes is a guest
@@ -304,20 +305,28 @@ func TestResplicingStress(t *testing.T) {
 			ccancel()
 			t.Fatalf("cycle %d: %s: %v%s", c, what, err, lockupReport(guest.SerialLog()))
 		}
+		tt := time.Now()
 		a, err := client.CreateSession(cctx, kerninstd.SessionRequest{Points: pick(3)})
 		if err != nil {
 			stuck("splice", err)
 		}
+		opT[0] += time.Since(tt)
+		tt = time.Now()
 		b, err := client.CreateSession(cctx, kerninstd.SessionRequest{Points: append(pick(1), a.Probes[0].Point, a.Probes[1].Point)})
 		if err != nil {
 			stuck("re-splice", err)
 		}
+		opT[1] += time.Since(tt)
+		tt = time.Now()
 		if _, err := client.RemoveSession(cctx, a.ID); err != nil {
 			stuck("remove", err)
 		}
+		opT[2] += time.Since(tt)
+		tt = time.Now()
 		if _, err := client.RemoveSession(cctx, b.ID); err != nil {
 			stuck("remove", err)
 		}
+		opT[3] += time.Since(tt)
 		ccancel()
 		ops += 4
 		if d := time.Since(t0); d > slowest {
@@ -325,6 +334,7 @@ func TestResplicingStress(t *testing.T) {
 		}
 	}
 	elapsed := time.Since(start)
+	t.Logf("time per op: create %v, re-splice %v, remove %v, remove %v", opT[0]/time.Duration(cycles), opT[1]/time.Duration(cycles), opT[2]/time.Duration(cycles), opT[3]/time.Duration(cycles))
 	gsh(t, ctx, "kill -INT "+pid)
 	var load string
 	for i := 0; i < 100 && !strings.Contains(load, "stat calls"); i++ {
