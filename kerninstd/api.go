@@ -20,6 +20,7 @@ import (
 //	GET    /metrics                          Prometheus exposition of every session
 //	GET    /v1/read?at=ADDR|SYM[+OFF]&len=N  → Memory
 //	POST   /v1/bench/splice   BenchRequest   → BenchResult
+//	POST   /v1/bench/churn    ChurnRequest   → ChurnResult
 //	GET    /v1/cfg?func=NAME                 → CFG
 //	GET    /v1/cfg/stats                     → stream of StatsEvent (NDJSON)
 //	GET    /v1/cfg/calls?func=NAME           → Calls
@@ -193,6 +194,33 @@ type BenchResult struct {
 	SlotFind   Durations `json:"slot_find"`
 	Free       Durations `json:"free"`
 	Restored   bool      `json:"restored"` // text equals the original bytes afterwards
+}
+
+// ChurnRequest asks for cycles of splice, re-splice and unsplice over a
+// pool of points: the listed points and every instruction of the listed
+// functions that may be spliced.
+type ChurnRequest struct {
+	Points    []string `json:"points,omitempty"`
+	Functions []string `json:"functions,omitempty"`
+	Cycles    int      `json:"cycles"`
+	Seed      int64    `json:"seed"` // the pseudo-random choice of points
+}
+
+// ChurnResult is what a churn run did. Each cycle makes six request
+// changes that add and six that remove: a change at a point with no
+// other request is a splice (add) or an unsplice (remove); any other is
+// a re-splice to a rebuilt patch.
+type ChurnResult struct {
+	Pool     int       `json:"pool"` // points drawn from
+	Cycles   int       `json:"cycles"`
+	Seconds  float64   `json:"seconds"`
+	Splice   Durations `json:"splice"`
+	Resplice Durations `json:"resplice"`
+	Unsplice Durations `json:"unsplice"`
+	// Every pool point no session instruments reads back (through the
+	// driver) as the kernel's bytes; NotRestored lists the others.
+	Restored    bool     `json:"restored"`
+	NotRestored []string `json:"not_restored,omitempty"`
 }
 
 // ErrorResponse is the body of every error reply.

@@ -43,6 +43,7 @@ const (
 	stepSlotFind   = "slot find"
 	stepSlotWrite  = "slot write"
 	stepSplice     = "splice"
+	stepResplice   = "resplice"
 	stepUnsplice   = "unsplice"
 	stepFree       = "free"
 )

@@ -51,6 +51,16 @@ func (d *Daemon) FunctionCFG(name string) (CFG, error) {
 	return out, nil
 }
 
+// unrelocatable says why the patch cannot reproduce in, or "" if it can:
+// such an instruction is refused too. (The address given only has to be
+// in rel32 reach.)
+func unrelocatable(in *cfg.Instruction) string {
+	if _, err := codegen.Relocate(in.Addr, codegen.Site{Addr: in.Addr, Bytes: in.Bytes}); err != nil {
+		return err.Error()
+	}
+	return ""
+}
+
 func (d *Daemon) describeInstruction(syms *cfg.Symbols, fn *cfg.Function, i int) CFGInstruction {
 	in := &fn.Insns[i]
 	ci := CFGInstruction{
@@ -64,11 +74,7 @@ func (d *Daemon) describeInstruction(syms *cfg.Symbols, fn *cfg.Function, i int)
 	}
 	why := d.noSpliceReason(syms, fn, in.Addr)
 	if why == "" {
-		// An instruction the patch cannot reproduce is refused too; the
-		// address given only has to be in rel32 reach.
-		if _, err := codegen.Relocate(in.Addr, codegen.Site{Addr: in.Addr, Bytes: in.Bytes}); err != nil {
-			why = err.Error()
-		}
+		why = unrelocatable(in)
 	}
 	if why != "" {
 		ci.SpliceClass, ci.Refused = "refused", why

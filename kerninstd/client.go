@@ -166,6 +166,11 @@ func (c *Client) BenchSplice(ctx context.Context, req BenchRequest) (BenchResult
 	return v, c.do(ctx, "POST", "/v1/bench/splice", req, &v)
 }
 
+func (c *Client) BenchChurn(ctx context.Context, req ChurnRequest) (ChurnResult, error) {
+	var v ChurnResult
+	return v, c.do(ctx, "POST", "/v1/bench/churn", req, &v)
+}
+
 // SampleStream is an open sample stream of a session.
 type SampleStream struct {
 	body io.ReadCloser

@@ -92,6 +92,18 @@ func (d *Daemon) Handler() http.Handler {
 		}
 		writeJSON(w, http.StatusOK, res)
 	})
+	mux.HandleFunc("POST /v1/bench/churn", func(w http.ResponseWriter, r *http.Request) {
+		var req ChurnRequest
+		if !readJSON(w, r, &req) {
+			return
+		}
+		res, err := d.BenchChurn(r.Context(), req)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, res)
+	})
 	return mux
 }
 

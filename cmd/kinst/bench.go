@@ -29,8 +29,30 @@ func benchCmd(ctx context.Context, args []string) error {
 		}
 		return cli.BenchHit(ctx, kerninstd.NewClient(*addr), o, os.Stdout, os.Stderr)
 	}
+	if len(args) > 0 && args[0] == "churn" {
+		fs, addr := newFlags("bench churn", "bench churn [POINT…] [--function FUNC…] [--cycles N] [--seed S] [--json]\n\n"+
+			"Cycles of splice, re-splice and unsplice over a pool of points, through the path sessions take:\n"+
+			"each cycle adds a counter at three points of the pool, a second one at two of them and one more,\n"+
+			"then removes all six. A point that already has a request (a session's) is re-spliced, never\n"+
+			"unspliced. Run it with a workload going to stress the splice protocol; every point must read\n"+
+			"back as the kernel's own bytes at the end.")
+		var req kerninstd.ChurnRequest
+		fs.StringSliceVarP(&req.Functions, "function", "f", nil, "add every instruction of FUNC that may be spliced to the pool (repeatable)")
+		fs.IntVarP(&req.Cycles, "cycles", "n", 1000, "cycles")
+		fs.Int64Var(&req.Seed, "seed", 1, "seed of the choice of points")
+		asJSON := fs.Bool("json", false, "print JSON")
+		if err := fs.Parse(args[1:]); err != nil {
+			return err
+		}
+		req.Points = fs.Args()
+		if len(req.Points) == 0 && len(req.Functions) == 0 {
+			fs.Usage()
+			return fmt.Errorf("bench churn: want POINTs or --function FUNC")
+		}
+		return cli.BenchChurn(ctx, kerninstd.NewClient(*addr), req, *asJSON, os.Stdout, os.Stderr)
+	}
 	if len(args) == 0 || args[0] != "splice" {
-		return fmt.Errorf("bench: want `kinst bench splice POINT` or `kinst bench hit [FUNC]`")
+		return fmt.Errorf("bench: want `kinst bench splice POINT`, `kinst bench churn POINT…` or `kinst bench hit [FUNC]`")
 	}
 	fs, addr := newFlags("bench splice", "bench splice POINT [--cycles N] [--json]")
 	cycles := fs.IntP("cycles", "n", 1000, "splice/unsplice cycles")

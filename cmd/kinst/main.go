@@ -42,7 +42,10 @@ Usage:
                          and of the same request as a tracefs kprobe
   kinst bench hit [FUNC] [--calls N] [--json]
                          per-hit cost of direct, springboard and trap splices
-                         against int3 and optimized kprobes
+                         against int3, optimized and BPF kprobes
+  kinst bench churn [POINT…] [--function FUNC…] [--cycles N] [--json]
+                         cycles of splice, re-splice and unsplice over many
+                         points (run a workload alongside to stress them)
   kinst offcpu [-p PID] [--trace] [--duration D] [--folded | --json] [--svg F] [--pprof F]
                          off-CPU profile of this host: where threads wait, as
                          folded stacks, flame graphs and pprof (see --help)

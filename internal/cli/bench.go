@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -146,4 +147,39 @@ func durations(ds []time.Duration) kerninstd.Durations {
 		return kerninstd.Durations{}
 	}
 	return kerninstd.Durations{N: len(s), Median: int64(s[len(s)/2]), P90: int64(s[len(s)*9/10]), Min: int64(s[0]), Max: int64(s[len(s)-1])}
+}
+
+// BenchChurn runs kerninstd's churn: cycles of splice, re-splice and
+// unsplice over a pool of points, and prints what each kind of change
+// cost and whether the text came back.
+func BenchChurn(ctx context.Context, c *kerninstd.Client, req kerninstd.ChurnRequest, asJSON bool, w, stderr io.Writer) error {
+	fmt.Fprintf(stderr, "kinst: %d churn cycles (12 request changes each)…\n", req.Cycles)
+	res, err := c.BenchChurn(ctx, req)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return writeJSON(w, res)
+	}
+	fmt.Fprintf(w, "%d cycles over %d points in %.1fs, text restored: %v\n", res.Cycles, res.Pool, res.Seconds, res.Restored)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "change\tn\tmedian\tp90\tmin\tmax\t")
+	for _, row := range []struct {
+		name string
+		d    kerninstd.Durations
+	}{
+		{"splice (first request at a point)", res.Splice},
+		{"re-splice (patch rebuilt, splice re-pointed)", res.Resplice},
+		{"unsplice (last request removed)", res.Unsplice},
+	} {
+		d := row.d
+		fmt.Fprintf(tw, "%s\t%d\t%v\t%v\t%v\t%v\t\n", row.name, d.N, time.Duration(d.Median), time.Duration(d.P90), time.Duration(d.Min), time.Duration(d.Max))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if !res.Restored {
+		return fmt.Errorf("churn: not restored: %s", strings.Join(res.NotRestored, ", "))
+	}
+	return nil
 }

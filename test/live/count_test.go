@@ -7,8 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -256,14 +254,7 @@ func TestBadRequestsChangeNothing(t *testing.T) {
 }
 
 func TestSpliceStressUnderLoad(t *testing.T) {
-	cycles := 300
-	if v := os.Getenv("KINST_STRESS_CYCLES"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n <= 0 {
-			t.Fatalf("KINST_STRESS_CYCLES=%q", v)
-		}
-		cycles = n
-	}
+	cycles := envCycles(t, "KINST_STRESS_CYCLES", 300)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	r := resolveLookuppn(t, ctx)

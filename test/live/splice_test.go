@@ -207,31 +207,29 @@ func lockupReport(serial string) string {
 	return "\nguest serial log:\n" + strings.Join(lines, "\n")
 }
 
-// TestResplicingStress runs cycles of splice, re-splice (a second session
-// at points already instrumented) and unsplice over many functions while
-// a syscall-heavy load runs on every vCPU. Counters that stay installed
-// all along at filename_lookup's entry block -- one direct, one
-// springboard, one trap splice, all re-pointed again and again by the
-// churn -- must count every stat call of the load: no call may run
-// neither the old nor the new patch. Afterwards every byte is back (QEMU's
-// view) and the kernel logged nothing. KINST_RESPLICE_CYCLES sets the
-// number of cycles (default 5: in the emulated guest, under this load and
-// with a trap splice on the load's path, a cycle took 2 to 20 s).
+// TestResplicingStress runs thousands of splice, re-splice and unsplice
+// cycles over many functions while a syscall-heavy load runs on every
+// vCPU. Counters that stay installed all along at filename_lookup's entry
+// block -- one direct, one springboard, one trap splice, re-pointed again
+// and again by the churn -- must count every stat call of the load: no
+// call may run neither the old nor the new patch. The churn goes first
+// through sessions over the API (KINST_RESPLICE_CYCLES cycles, default 5:
+// in the emulated guest under this load one takes about half a second),
+// then through kerninstd's churn bench, which makes the same request
+// changes without a round trip each (KINST_CHURN_CYCLES cycles of twelve
+// changes, default 1000, over every spliceable instruction of the
+// functions, then a quarter as many over the entry block, so the steady
+// points are re-pointed often). Afterwards every byte is back (QEMU's
+// view) and the kernel logged nothing.
 func TestResplicingStress(t *testing.T) {
-	cycles := 5
-	if v := os.Getenv("KINST_RESPLICE_CYCLES"); v != "" {
-		c, err := strconv.Atoi(v)
-		if err != nil || c <= 0 {
-			t.Fatalf("KINST_RESPLICE_CYCLES=%q", v)
-		}
-		cycles = c
-	}
+	cycles, churn := envCycles(t, "KINST_RESPLICE_CYCLES", 5), envCycles(t, "KINST_CHURN_CYCLES", 1000)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	funcs := []string{"filename_lookup", "vfs_statx", "getname_flags", "vfs_fstatat", "path_init",
 		"link_path_walk", "complete_walk", "terminate_walk", "putname", "__x64_sys_getppid",
 		"__task_pid_nr_ns", "cp_new_stat", "vfs_getattr", "generic_fillattr", "security_inode_getattr"}
 	var pool []insnRef
+	var churnFuncs []string
 	snap := map[string][]byte{}
 	addrs := map[string]kerninstd.CFG{}
 	var entryRefs []insnRef
@@ -244,6 +242,7 @@ func TestResplicingStress(t *testing.T) {
 		snap[fn] = qemuBytes(t, g.Address-reachPad, int(g.Size)+2*reachPad)
 		addrs[fn] = g
 		pool = append(pool, refs...)
+		churnFuncs = append(churnFuncs, fn)
 		if fn == "filename_lookup" {
 			for _, r := range refs {
 				if r.block == 0 {
@@ -334,7 +333,33 @@ func TestResplicingStress(t *testing.T) {
 		}
 	}
 	elapsed := time.Since(start)
-	t.Logf("time per op: create %v, re-splice %v, remove %v, remove %v", opT[0]/time.Duration(cycles), opT[1]/time.Duration(cycles), opT[2]/time.Duration(cycles), opT[3]/time.Duration(cycles))
+	t.Logf("%d session cycles (%d session changes) in %v (slowest cycle %v); per change: create %v, re-splice %v, remove %v, remove %v",
+		cycles, ops, elapsed.Round(time.Millisecond), slowest.Round(time.Millisecond),
+		opT[0]/time.Duration(cycles), opT[1]/time.Duration(cycles), opT[2]/time.Duration(cycles), opT[3]/time.Duration(cycles))
+	var entryPoints []string
+	for _, r := range entryRefs {
+		entryPoints = append(entryPoints, r.point)
+	}
+	for _, run := range []kerninstd.ChurnRequest{
+		{Functions: churnFuncs, Cycles: churn, Seed: 1},
+		{Points: entryPoints, Cycles: max(churn/4, 1), Seed: 2},
+	} {
+		cctx, ccancel := context.WithTimeout(ctx, time.Duration(run.Cycles)*time.Second+cycleLimit)
+		res, err := client.BenchChurn(cctx, run)
+		ccancel()
+		if err != nil {
+			t.Fatalf("churn over %d functions and %d points: %v%s", len(run.Functions), len(run.Points), err, lockupReport(guest.SerialLog()))
+		}
+		t.Logf("churn: %d cycles over %d points in %.1fs: %d splices (median %v), %d re-splices (%v), %d unsplices (%v)",
+			res.Cycles, res.Pool, res.Seconds, res.Splice.N, time.Duration(res.Splice.Median),
+			res.Resplice.N, time.Duration(res.Resplice.Median), res.Unsplice.N, time.Duration(res.Unsplice.Median))
+		if res.Cycles != run.Cycles || !res.Restored {
+			t.Errorf("churn: %d cycles of %d, restored %v %v", res.Cycles, run.Cycles, res.Restored, res.NotRestored)
+		}
+		if res.Splice.N+res.Resplice.N+res.Unsplice.N != 12*run.Cycles {
+			t.Errorf("churn: %d+%d+%d changes, want %d", res.Splice.N, res.Resplice.N, res.Unsplice.N, 12*run.Cycles)
+		}
+	}
 	gsh(t, ctx, "kill -INT "+pid)
 	var load string
 	for i := 0; i < 100 && !strings.Contains(load, "stat calls"); i++ {
@@ -352,7 +377,7 @@ func TestResplicingStress(t *testing.T) {
 		f := strings.Fields(load[:i])
 		stats, _ = strconv.ParseUint(f[len(f)-1], 10, 64)
 	}
-	t.Logf("%d cycles (%d session changes) in %v under load (slowest cycle %v); load made %d stat calls", cycles, ops, elapsed.Round(time.Millisecond), slowest.Round(time.Millisecond), stats)
+	t.Logf("load made %d stat calls", stats)
 	for _, p := range final.Probes {
 		t.Logf("  steady %s (%s): %d", p.Point, p.SpliceClass, p.Count)
 		if p.Count < stats || p.Count > stats+2*slack {
@@ -378,4 +403,18 @@ func TestResplicingStress(t *testing.T) {
 	if oops := gsh(t, ctx, "dmesg | grep -E 'Oops|BUG:|general protection|RIP:' || true"); oops != "" {
 		t.Errorf("kernel complained:\n%s", oops)
 	}
+}
+
+// envCycles is the positive integer in the environment variable name, or
+// def.
+func envCycles(t *testing.T, name string, def int) int {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		t.Fatalf("%s=%q: want a positive number", name, v)
+	}
+	return n
 }
