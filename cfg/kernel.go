@@ -30,7 +30,11 @@ type Stats struct {
 	FreedInit        int            `json:"freed_init_functions"`
 	NoReturn         int            `json:"noreturn_functions"` // found by analysis: no path reaches a return
 	Unreadable       int            `json:"unreadable_functions"`
-	SpliceClasses    map[string]int `json:"splice_classes"` // direct, springboard, trap, refused
+	SpliceClasses    map[string]int `json:"splice_classes"` // by length: direct, springboard, trap; and refused
+	// Coverable counts the spliceable 1-4-byte instructions a covering
+	// splice can take: a jmp rel32 over them and the next whole
+	// instructions of their block (with AnalyzeOptions.FallsThrough).
+	Coverable int `json:"coverable"`
 	// Springboard is the springboard space and its reach (filled by the
 	// caller from Kernel.SpringboardRuns and ShortSites).
 	Springboard *SpringboardStats `json:"springboard,omitempty"`
@@ -41,6 +45,7 @@ type Stats struct {
 
 	springRuns []Range  // SpringboardSpace of every function
 	shortSites []uint64 // 2-4-byte instructions classed springboard
+	coverSites []uint64 // of those, the ones a covering splice can take
 }
 
 // SpringboardStats is the census of springboard space.
@@ -51,7 +56,9 @@ type SpringboardStats struct {
 	Short    int    `json:"short"`    // spliceable 2-4-byte instructions
 	InReach  int    `json:"in_reach"` // of those, with a slot within rel8 reach
 	Assigned int    `json:"assigned"` // given a slot each at once (greedy, address order)
-	Trap     int    `json:"trap"`     // Short - InReach: left to trap splices
+	Trap     int    `json:"trap"`     // Short - InReach: no slot in reach
+	Covering int    `json:"covering"` // of Short, those a covering splice can take
+	TrapOnly int    `json:"trap_only"` // of Short, neither a slot in reach nor coverable: trap splices
 }
 
 // AnalyzeOptions tune AnalyzeKernel.
@@ -68,6 +75,12 @@ type AnalyzeOptions struct {
 	// Springboards collects springboard space and the short instructions
 	// that would use it (Kernel.SpringboardRuns, ShortSites).
 	Springboards bool
+	// FallsThrough says whether a patch can run an instruction and go on
+	// to the next one's copy (no branch, no call), as
+	// codegen.CanFallThrough does; with it the census counts the short
+	// instructions a covering splice can take (Stats.Coverable). Its
+	// answer must depend on the bytes only.
+	FallsThrough func(addr uint64, b []byte) bool
 	// Prototypes make call liveness precise; nil is conservative.
 	Prototypes Prototypes
 	// Progress is called now and then with functions done and total.
@@ -118,6 +131,7 @@ type Kernel struct {
 	// space (sorted) and the spliceable 2-4-byte instructions (sorted).
 	SpringboardRuns []Range
 	ShortSites      []uint64
+	CoverSites      []uint64 // of ShortSites, those a covering splice can take (sorted)
 }
 
 // NoReturnSet holds the start addresses of functions that never return.
@@ -211,8 +225,9 @@ func AnalyzeKernel(ctx context.Context, r TextReader, syms *Symbols, o AnalyzeOp
 		reads[a] = sum.entryLive
 	}
 	k := &Kernel{Stats: st, NoReturn: noret, Calls: callGraph(sums), Reads: reads,
-		SpringboardRuns: st.springRuns, ShortSites: st.shortSites}
-	k.Stats.springRuns, k.Stats.shortSites = nil, nil
+		SpringboardRuns: st.springRuns, ShortSites: st.shortSites, CoverSites: st.coverSites}
+	k.Stats.springRuns, k.Stats.shortSites, k.Stats.coverSites = nil, nil, nil
+	sort.Slice(k.CoverSites, func(i, j int) bool { return k.CoverSites[i] < k.CoverSites[j] })
 	sort.Slice(k.SpringboardRuns, func(i, j int) bool { return k.SpringboardRuns[i].Start < k.SpringboardRuns[j].Start })
 	sort.Slice(k.ShortSites, func(i, j int) bool { return k.ShortSites[i] < k.ShortSites[j] })
 	return k, ctx.Err()
@@ -328,6 +343,7 @@ func reachesReturn(sum *summary, cut func(uint64) bool) bool {
 type worker struct {
 	buf   decodeBuf
 	reloc relocCache
+	plain relocCache // FallsThrough's verdicts
 }
 
 // relocCache remembers Relocatable's verdict for recently seen encodings:
@@ -348,19 +364,29 @@ func (w *worker) relocatable(o *AnalyzeOptions, in *Instruction) bool {
 	if o.Relocatable == nil {
 		return true
 	}
+	return w.reloc.verdict(in, func() bool { return o.Relocatable(in.Addr, in.Inst, in.Bytes) == nil })
+}
+
+// fallsThrough is o.FallsThrough(in), remembered per encoding.
+func (w *worker) fallsThrough(o *AnalyzeOptions, in *Instruction) bool {
+	return w.plain.verdict(in, func() bool { return o.FallsThrough(in.Addr, in.Bytes) })
+}
+
+// verdict is f's answer for in's encoding, from the cache or computed.
+func (c *relocCache) verdict(in *Instruction, f func() bool) bool {
 	b := in.Bytes
 	if len(b) > 15 {
-		return o.Relocatable(in.Addr, in.Inst, b) == nil
+		return f()
 	}
 	h := uint32(2166136261) // FNV-1a
-	for _, c := range b {
-		h = (h ^ uint32(c)) * 16777619
+	for _, x := range b {
+		h = (h ^ uint32(x)) * 16777619
 	}
-	e := &w.reloc[h%relocSlots]
+	e := &c[h%relocSlots]
 	if int(e.n) == len(b) && string(e.key[:e.n]) == string(b) {
 		return e.ok
 	}
-	ok := o.Relocatable(in.Addr, in.Inst, b) == nil
+	ok := f()
 	e.n, e.ok = uint8(copy(e.key[:], b)), ok
 	return ok
 }
@@ -417,7 +443,14 @@ func analyzeOne(r TextReader, syms *Symbols, s Symbol, o AnalyzeOptions, st *Sta
 			sb.tailSite = b.Last(fn).Addr
 		}
 	}
-	for _, b := range blocks {
+	// A covering splice needs every jump's target known.
+	coverOK := o.FallsThrough != nil && fnWhy == "" && !hasUnresolvedJump(blocks)
+	spliceable := func(j int) bool {
+		in := &fn.Insns[j]
+		return o.Owned.InstructionNoSplice(fn, j) == "" && w.relocatable(&o, in) && in.Bytes[0] != 0xcc
+	}
+	for bi := range blocks {
+		b := &blocks[bi]
 		n := 0
 		for i := b.First; i < b.First+b.N; i++ {
 			n += fn.Insns[i].Len()
@@ -449,6 +482,19 @@ func analyzeOne(r TextReader, syms *Symbols, s Symbol, o AnalyzeOptions, st *Sta
 			st.SpliceClasses[class]++
 			if class == "springboard" && o.Springboards {
 				st.shortSites = append(st.shortSites, in.Addr)
+			}
+			if (class == "springboard" || class == "trap") && coverOK {
+				if _, ok := coverInBlock(fn, b, i, 5, func(j int, last bool) bool {
+					if j > i && (!spliceable(j) || o.Owned.Landing(fn.Insns[j].Addr) || symbolAt(syms, fn.Insns[j].Addr)) {
+						return false
+					}
+					return last || w.fallsThrough(&o, &fn.Insns[j])
+				}); ok {
+					st.Coverable++
+					if class == "springboard" && o.Springboards {
+						st.coverSites = append(st.coverSites, in.Addr)
+					}
+				}
 			}
 		}
 	}
@@ -484,4 +530,12 @@ func (st *Stats) add(o *Stats) {
 	}
 	st.springRuns = append(st.springRuns, o.springRuns...)
 	st.shortSites = append(st.shortSites, o.shortSites...)
+	st.coverSites = append(st.coverSites, o.coverSites...)
+	st.Coverable += o.Coverable
+}
+
+// symbolAt: a symbol starts at addr (code may be entered there).
+func symbolAt(syms *Symbols, addr uint64) bool {
+	_, off, ok := syms.At(addr)
+	return ok && off == 0
 }

@@ -12,10 +12,14 @@ import (
 type Field struct{ Off, Size uint32 }
 
 // Entry is the layout of one table entry: its size, and the 32-bit field
-// holding the offset from that field to the instruction it names.
+// holding the offset from that field to the instruction it names. Target,
+// when its Size is not 0, is a second such field naming where the kernel
+// may send a CPU by the table (an exception fixup, a static key's jump
+// target): code that is entered without a branch the decoder sees.
 type Entry struct {
-	Size uint32
-	Rel  Field
+	Size   uint32
+	Rel    Field
+	Target Field
 }
 
 // KernelLayout is where the fields the no-splice walkers read lie in the
@@ -72,7 +76,9 @@ func LayoutFromBTF(spec *btf.Spec) (*KernelLayout, error) {
 	l.ModStaticCallSites = b.member("module", "static_call_sites", 8)
 	l.ModNumStaticCallSites = b.member("module", "num_static_call_sites", 0)
 	l.ExTableEntry = b.entry("exception_table_entry", "insn", 4)
+	l.ExTableEntry.Target = b.member("exception_table_entry", "fixup", 4)
 	l.JumpEntry = b.entry("jump_entry", "code", 4)
+	l.JumpEntry.Target = b.member("jump_entry", "target", 4)
 	l.StaticCallSite = b.entry("static_call_site", "addr", 4)
 	l.FtracePageSize = b.size("ftrace_page")
 	l.FtraceNext = b.member("ftrace_page", "next", 8)

@@ -41,6 +41,10 @@ const (
 	ownedJumpLabel
 	ownedStaticCall
 	ownedFtrace
+	// ownedLanding: the kernel may send a CPU here by a table (an
+	// exception fixup, an enabled static key's jump target). Not a reason
+	// to refuse a splice here, but a covering splice must not run over it.
+	ownedLanding
 )
 
 // ownedReasons in the order Reason reports them.
@@ -70,9 +74,9 @@ var coreTables = []struct {
 	entry       Entry
 	kind        ownedKind
 }{
-	{"__start___ex_table", "__stop___ex_table", Entry{12, Field{0, 4}}, ownedExTable},
-	{"__start___jump_table", "__stop___jump_table", Entry{16, Field{0, 4}}, ownedJumpLabel},
-	{"__start_static_call_sites", "__stop_static_call_sites", Entry{8, Field{0, 4}}, ownedStaticCall},
+	{"__start___ex_table", "__stop___ex_table", Entry{12, Field{0, 4}, Field{4, 4}}, ownedExTable},
+	{"__start___jump_table", "__stop___jump_table", Entry{16, Field{0, 4}, Field{4, 4}}, ownedJumpLabel},
+	{"__start_static_call_sites", "__stop_static_call_sites", Entry{8, Field{0, 4}, Field{}}, ownedStaticCall},
 }
 
 // Bounds on what one walk reads, so a corrupt or racing list cannot make
@@ -181,6 +185,10 @@ func (o *OwnedSites) readTable(r TextReader, name string, addr, count uint64, e 
 	for off := uint64(0); off < size; off += uint64(e.Size) {
 		at := addr + off + uint64(e.Rel.Off)
 		o.kinds[at+uint64(intAt(buf[off:], e.Rel))] |= kind
+		if e.Target.Size != 0 {
+			to := addr + off + uint64(e.Target.Off)
+			o.kinds[to+uint64(intAt(buf[off:], e.Target))] |= ownedLanding
+		}
 	}
 	return int(count), nil
 }
@@ -306,6 +314,13 @@ func (o *OwnedSites) Reason(addr uint64) string {
 		}
 	}
 	return ""
+}
+
+// Landing reports whether the kernel may send a CPU to addr through one of
+// its tables (exception fixups, static keys' jump targets) rather than a
+// branch an instruction decoder sees.
+func (o *OwnedSites) Landing(addr uint64) bool {
+	return o != nil && o.kinds[addr]&ownedLanding != 0
 }
 
 // HasFtraceRecords reports whether ftrace's own records were read.

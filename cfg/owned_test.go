@@ -31,9 +31,11 @@ func TestLoadOwnedSites(t *testing.T) {
 	rel := func(entry, target uint64) uint32 { return uint32(int32(int64(target - entry))) }
 	exTab := make([]byte, 24)
 	binary.LittleEndian.PutUint32(exTab[0:], rel(ex, 0xffffffff81001050))
+	binary.LittleEndian.PutUint32(exTab[4:], rel(ex+4, 0xffffffff81001058)) // its fixup
 	binary.LittleEndian.PutUint32(exTab[12:], rel(ex+12, 0xffffffff81001060))
 	jumps := make([]byte, 32+8)
 	binary.LittleEndian.PutUint32(jumps[0:], rel(jl, 0xffffffff81001070))
+	binary.LittleEndian.PutUint32(jumps[4:], rel(jl+4, 0xffffffff810010a0)) // its jump target
 	binary.LittleEndian.PutUint32(jumps[16:], rel(jl+16, 0xffffffff81001080))
 	binary.LittleEndian.PutUint32(jumps[32:], rel(sc, 0xffffffff81001090))
 	o, n, err := LoadOwnedSites(memReader{ex: exTab, jl: jumps}, syms, nil)
@@ -50,6 +52,13 @@ func TestLoadOwnedSites(t *testing.T) {
 	} {
 		if got := o.Reason(addr); (want == "") != (got == "") || !strings.Contains(got, want) {
 			t.Errorf("%#x: %q, want %q", addr, got, want)
+		}
+	}
+	// Where a fixup or an enabled static key sends a CPU: a landing, not
+	// a refused site.
+	for addr, want := range map[uint64]bool{0xffffffff81001058: true, 0xffffffff810010a0: true, 0xffffffff81001050: false, 0xffffffff81001070: false} {
+		if o.Landing(addr) != want || (want && o.Reason(addr) != "") {
+			t.Errorf("%#x: landing %v (reason %q), want %v", addr, o.Landing(addr), o.Reason(addr), want)
 		}
 	}
 	var none *OwnedSites

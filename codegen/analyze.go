@@ -358,3 +358,11 @@ func FallsThrough(site Site) (bool, error) {
 	}
 	return in.kind.fallsThrough(), nil
 }
+
+// CanFallThrough reports whether site can be relocated to fall through to
+// the code placed after it (PatchSpec.FallThrough): it neither branches
+// nor calls.
+func CanFallThrough(site Site) bool {
+	in, err := analyze(site)
+	return err == nil && in.kind == kindPlain
+}

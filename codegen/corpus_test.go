@@ -100,7 +100,7 @@ func TestCorpus(t *testing.T) {
 					continue
 				}
 				addr := patchAddrs[0] + uint64(off)%0x1000
-				code, err := in.relocate(nil, addr)
+				code, err := in.relocateBack(nil, addr, true)
 				if err == nil {
 					relocated++
 					if err := checkSemantics(site, addr, code); err != nil {

@@ -30,11 +30,12 @@ func Relocate(addr uint64, site Site) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return in.relocate(nil, addr)
+	return in.relocateBack(nil, addr, true)
 }
 
-// relocate appends the relocated instruction, placed at addr, to dst.
-func (in *insn) relocate(dst []byte, addr uint64) ([]byte, error) {
+// relocateBack appends the relocated instruction, placed at addr, to dst;
+// with back, the jmp back to the next instruction where the kind needs it.
+func (in *insn) relocateBack(dst []byte, addr uint64, back bool) ([]byte, error) {
 	start := len(dst)
 	code := dst
 	here := func() uint64 { return addr + uint64(len(code)-start) }
@@ -67,7 +68,7 @@ func (in *insn) relocate(dst []byte, addr uint64) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !in.kind.jumpsBack() {
+	if !back || !in.kind.jumpsBack() {
 		return code, nil
 	}
 	return appendJmp(code, here(), in.next())

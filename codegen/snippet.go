@@ -63,6 +63,12 @@ type PatchSpec struct {
 	Site     Site
 	Live     Live
 	Snippets []Snippet // run in this order
+	// FallThrough leaves out the jmp back after the relocated instruction:
+	// the code placed right after the patch runs next. A covering splice's
+	// patch is the patches of its instructions laid end to end, each but
+	// the last falling through. Only an instruction that neither branches
+	// nor calls may (a call would return into the covered bytes).
+	FallThrough bool
 }
 
 // Patch is generated code for one point:
@@ -72,7 +78,8 @@ type PatchSpec struct {
 //	snippet 1 … snippet n
 //	[pop %r …] [popfq]
 //	<the site's instruction, relocated>
-//	jmp site.Addr+len          omitted after an unconditional transfer
+//	jmp site.Addr+len          omitted after an unconditional transfer,
+//	                           and with FallThrough
 type Patch struct {
 	Addr       uint64
 	Code       []byte
@@ -101,6 +108,9 @@ func BuildPatch(addr uint64, spec PatchSpec) (*Patch, error) {
 	in, err := analyze(spec.Site)
 	if err != nil {
 		return nil, err
+	}
+	if spec.FallThrough && in.kind != kindPlain {
+		return nil, in.refuse("a branch or call cannot fall through to the next instruction's patch")
 	}
 	var need Needs
 	for _, s := range spec.Snippets {
@@ -157,7 +167,7 @@ func BuildPatch(addr uint64, spec PatchSpec) (*Patch, error) {
 		return nil, err
 	}
 	p.Instr = a.Len()
-	code, err := in.relocate(bytes.Clone(a.Bytes()), addr+uint64(p.Instr))
+	code, err := in.relocateBack(bytes.Clone(a.Bytes()), addr+uint64(p.Instr), !spec.FallThrough)
 	if err != nil {
 		return nil, err
 	}
@@ -223,7 +233,7 @@ func VerifyPatch(p *Patch, spec PatchSpec) error {
 			}
 		}
 	}
-	err := VerifyRelocation(p.Code[p.Instr:], p.Addr+uint64(p.Instr), spec.Site)
+	err := verifyRelocation(p.Code[p.Instr:], p.Addr+uint64(p.Instr), spec.Site, !spec.FallThrough)
 	var ve *VerifyError
 	if errors.As(err, &ve) {
 		ve.Offset += p.Instr

@@ -307,3 +307,62 @@ func TestCounterPatchIsBuildPatch(t *testing.T) {
 		}
 	}
 }
+
+// TestFallThroughPatches: a covering splice's patch is the patches of its
+// instructions end to end, all but the last without the jmp back. Decoded
+// back (objdump's view via x86asm), the sequence is each instruction's
+// counter and copy in order, then one jmp to the end of the run; a branch
+// or call may not fall through; and a fall-through patch does not verify
+// as an ordinary one (the jmp back is missing).
+func TestFallThroughPatches(t *testing.T) {
+	const at, patch uint64 = 0xffffffff81000000, 0xffffffffc0000000
+	run := []Site{
+		{Addr: at, Bytes: []byte{0x55}},                 // push %rbp
+		{Addr: at + 1, Bytes: []byte{0x48, 0x89, 0xe5}}, // mov %rsp,%rbp
+		{Addr: at + 4, Bytes: []byte{0x41, 0x54}},       // push %r12
+		{Addr: at + 6, Bytes: []byte{0x48, 0x85, 0xc0}}, // test %rax,%rax
+		{Addr: at + 9, Bytes: []byte{0x74, 0x05}},       // je +5
+	}
+	var code []byte
+	for i, s := range run {
+		spec := PatchSpec{Site: s, Live: AllLive, FallThrough: i < len(run)-1}
+		if i%2 == 0 {
+			spec.Snippets = []Snippet{Counter{Addr: 0xffffffffc1000000 + uint64(i)*8}}
+		}
+		p, err := BuildPatch(patch+uint64(len(code)), spec)
+		if err != nil {
+			t.Fatalf("%d: %v", i, err)
+		}
+		if err := VerifyPatch(p, spec); err != nil {
+			t.Fatalf("%d: %v", i, err)
+		}
+		if spec.FallThrough {
+			if err := VerifyPatch(p, PatchSpec{Site: s, Live: AllLive, Snippets: spec.Snippets}); err == nil {
+				t.Errorf("%d: a patch without its jmp back verified as an ordinary one", i)
+			}
+		}
+		code = append(code, p.Code...)
+	}
+	var ops []string
+	var last x86asm.Inst
+	for off := 0; off < len(code); {
+		inst, err := x86asm.Decode(code[off:], 64)
+		if err != nil {
+			t.Fatalf("+%d: %v", off, err)
+		}
+		ops = append(ops, inst.Op.String())
+		last, off = inst, off+inst.Len
+	}
+	want := "PUSHFQ INC POPFQ PUSH MOV PUSHFQ INC POPFQ PUSH TEST PUSHFQ INC POPFQ JE JMP"
+	if got := strings.Join(ops, " "); got != want {
+		t.Errorf("ops %s\nwant %s", got, want)
+	}
+	if rel, ok := last.Args[0].(x86asm.Rel); !ok || patch+uint64(len(code))+uint64(int64(rel)) != at+11 {
+		t.Errorf("last jmp %v, want to the end of the run %#x", last, at+11)
+	}
+	for _, b := range [][]byte{{0x74, 0x05}, {0xe8, 0, 0, 0, 0}, {0xc3}} {
+		if _, err := BuildPatch(patch, PatchSpec{Site: Site{Addr: at, Bytes: b}, FallThrough: true}); err == nil {
+			t.Errorf("% x falls through", b)
+		}
+	}
+}

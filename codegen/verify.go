@@ -43,11 +43,17 @@ func Verify(patch []byte, patchAddr uint64, site Site, counter uint64, saveFlags
 // VerifyRelocation checks code produced by Relocate(addr, site) the way
 // Verify checks the relocated part of a patch.
 func VerifyRelocation(code []byte, addr uint64, site Site) error {
+	return verifyRelocation(code, addr, site, true)
+}
+
+// verifyRelocation is VerifyRelocation; without back, no jmp back may
+// follow (a PatchSpec.FallThrough instruction).
+func verifyRelocation(code []byte, addr uint64, site Site, back bool) error {
 	in, err := analyze(site)
 	if err != nil {
 		return err
 	}
-	r := &reader{code: code, base: addr}
+	r := &reader{code: code, base: addr, noBack: !back}
 	if err := r.relocated(in); err != nil {
 		return err
 	}
@@ -60,6 +66,9 @@ type reader struct {
 	code []byte
 	base uint64
 	off  int
+	// noBack: the relocated instruction falls through to the code after
+	// the patch; no jmp back follows it.
+	noBack bool
 }
 
 func (r *reader) pc() uint64 { return r.base + uint64(r.off) }
@@ -199,7 +208,7 @@ func (r *reader) relocated(in *insn) error {
 			return err
 		}
 	}
-	if !in.kind.jumpsBack() {
+	if !in.kind.jumpsBack() || r.noBack {
 		return nil
 	}
 	return r.jmpTo(next, "back")

@@ -8,7 +8,7 @@ import "unsafe"
 // compiler and against sizes worked out by hand.
 
 // abiVersion is KI_ABI_VERSION: the driver must report the same.
-const abiVersion = 2
+const abiVersion = 3
 
 // maxInsn is KI_MAX_INSN: the longest x86 instruction.
 const maxInsn = 15
@@ -57,13 +57,22 @@ type kiSplice struct {
 	ID    uint32 // out
 	Orig  [16]byte
 	New   [16]byte
-	Flags uint32 // spliceSlot
+	Flags uint32 // spliceSlot, spliceCover
 	Pad   uint32
 }
 
 // spliceSlot is KI_SPLICE_SLOT: the splice is a springboard slot written
 // into padding.
 const spliceSlot = 1
+
+// spliceCover is KI_SPLICE_COVER: a direct splice whose jmp spans several
+// whole instructions; only its int3 is written until COVER_FINISH.
+const spliceCover = 2
+
+// kiCoverFinish is struct ki_cover_finish.
+type kiCoverFinish struct {
+	Done, Pad uint32
+}
 
 // kiResplice is struct ki_resplice.
 type kiResplice struct {
@@ -102,4 +111,5 @@ var (
 	iocUnsplice      = ioc(iocWrite, 6, unsafe.Sizeof(kiUnsplice{}))
 	iocCountersClear = ioc(iocWrite, 7, unsafe.Sizeof(kiCountersClear{}))
 	iocResplice      = ioc(iocWrite, 8, unsafe.Sizeof(kiResplice{}))
+	iocCoverFinish   = ioc(iocRead, 9, unsafe.Sizeof(kiCoverFinish{}))
 )

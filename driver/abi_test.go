@@ -46,6 +46,7 @@ func TestABISizes(t *testing.T) {
 		{"KI_IOC_UNSPLICE", iocUnsplice, 0x4008b706},
 		{"KI_IOC_COUNTERS_CLEAR", iocCountersClear, 0x4008b707},
 		{"KI_IOC_RESPLICE", iocResplice, 0x4010b708},
+		{"KI_IOC_COVER_FINISH", iocCoverFinish, 0x8008b709},
 	}
 	for _, n := range nums {
 		if n.got != n.want {
@@ -87,6 +88,7 @@ func TestABILayout(t *testing.T) {
 		{"sizeof(struct ki_resplice)", unsafe.Sizeof(kiResplice{})},
 		{"offsetof(struct ki_resplice, patch)", unsafe.Offsetof(kiResplice{}.Patch)},
 		{"KI_SPLICE_SLOT", spliceSlot},
+		{"KI_SPLICE_COVER", spliceCover},
 		{"sizeof(struct ki_unsplice)", unsafe.Sizeof(kiUnsplice{})},
 		{"sizeof(struct ki_counters_clear)", unsafe.Sizeof(kiCountersClear{})},
 		{"KI_ABI_VERSION", abiVersion},
@@ -100,6 +102,8 @@ func TestABILayout(t *testing.T) {
 		{"KI_IOC_UNSPLICE", iocUnsplice},
 		{"KI_IOC_COUNTERS_CLEAR", iocCountersClear},
 		{"KI_IOC_RESPLICE", iocResplice},
+		{"KI_IOC_COVER_FINISH", iocCoverFinish},
+		{"sizeof(struct ki_cover_finish)", unsafe.Sizeof(kiCoverFinish{})},
 	}
 	var src strings.Builder
 	src.WriteString("#include <stdio.h>\n#include <stddef.h>\n#include \"kerninst_uapi.h\"\nint main(void) {\n")

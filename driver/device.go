@@ -262,6 +262,31 @@ func (d *Device) SpliceSlot(addr, patch uint64, orig, replacement []byte) (id ui
 	return d.splice(addr, patch, orig, replacement, spliceSlot)
 }
 
+// SpliceCovering arms a direct splice ("e9 rel32" to patch) whose 5 bytes
+// span the instruction at addr and whole instructions after it, all of
+// which the patch runs. The caller must have proved that nothing jumps
+// between them. Only the int3 is written: the splice works as a trap
+// splice until FinishCovering writes the jmp.
+func (d *Device) SpliceCovering(addr, patch uint64, orig, replacement []byte) (id uint32, err error) {
+	return d.splice(addr, patch, orig, replacement, spliceCover)
+}
+
+// FinishCovering waits for an RCU-tasks grace period (tens of
+// milliseconds, more under load; the driver's lock is free meanwhile, so
+// other calls go on), then writes the jmp of every covering splice armed
+// before the call and still installed: by then no task stopped between
+// the covered instructions can still resume inside the jmp. It returns how
+// many it wrote.
+func (d *Device) FinishCovering() (int, error) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	var f kiCoverFinish
+	if err := d.ioctl("cover finish", iocCoverFinish, unsafe.Pointer(&f)); err != nil {
+		return 0, err
+	}
+	return int(f.Done), nil
+}
+
 func (d *Device) splice(addr, patch uint64, orig, replacement []byte, flags uint32) (id uint32, err error) {
 	if len(orig) != len(replacement) || len(orig) == 0 || len(orig) > maxInsn {
 		return 0, fmt.Errorf("kerninst splice at %#x: %d original and %d new bytes", addr, len(orig), len(replacement))

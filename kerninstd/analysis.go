@@ -96,6 +96,7 @@ func (d *Daemon) analyze(ctx context.Context, workers int, progress func(done, t
 		Prototypes:   d.prototypes(),
 		Owned:        d.ownedSites(),
 		Springboards: true,
+		FallsThrough: func(addr uint64, b []byte) bool { return codegen.CanFallThrough(codegen.Site{Addr: addr, Bytes: b}) },
 		Progress:     progress,
 		Workers:      workers,
 	})
@@ -103,9 +104,10 @@ func (d *Daemon) analyze(ctx context.Context, workers int, progress func(done, t
 		return cfg.Stats{}, err
 	}
 	d.setNoReturn(k.NoReturn)
-	c := springboard.TakeCensus(toRanges(k.SpringboardRuns), k.ShortSites)
+	c := springboard.TakeCensus(toRanges(k.SpringboardRuns), k.ShortSites, k.CoverSites)
 	k.Stats.Springboard = &cfg.SpringboardStats{Runs: c.Runs, Bytes: c.Bytes, Slots: c.Slots,
-		Short: c.Short, InReach: c.InReach, Assigned: c.Assigned, Trap: c.Short - c.InReach}
+		Short: c.Short, InReach: c.InReach, Assigned: c.Assigned, Trap: c.Short - c.InReach,
+		Covering: c.Covering, TrapOnly: c.TrapOnly}
 	d.spring.Add(toRanges(k.SpringboardRuns)...)
 	d.anMu.Lock()
 	d.calls, d.callSyms, d.reads = &k.Calls, syms, k.Reads

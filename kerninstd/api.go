@@ -35,6 +35,10 @@ type Info struct {
 	Counters      int    `json:"counters"`
 	Splices       int    `json:"splices"`        // installed by this daemon
 	DriverSplices int    `json:"driver_splices"` // installed, as the driver counts them
+	// CoveringArmed counts covering splices still working as trap splices
+	// (int3 only) until the driver's next grace period lets their jmp in.
+	CoveringArmed int    `json:"covering_armed"`
+	CoveringJumps uint64 `json:"covering_jumps"` // covering splices' jmps written so far
 	Int3Hits      uint32 `json:"int3_hits"`      // CPUs the driver's int3 notifier sent to a patch
 	Sessions      int    `json:"sessions"`
 	Symbols       int    `json:"symbols"`

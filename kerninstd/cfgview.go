@@ -40,7 +40,7 @@ func (d *Daemon) FunctionCFG(name string) (CFG, error) {
 			cb.Succs = append(cb.Succs, CFGEdge{Kind: e.Kind.String(), To: e.To})
 		}
 		for i := b.First; i < b.First+b.N; i++ {
-			ci := d.describeInstruction(syms, fn, i)
+			ci := d.describeInstruction(syms, fn, blocks, i)
 			if ci.LiveIn = lv.Before(b.Index, i).Names(); ci.LiveIn == nil {
 				ci.LiveIn = []string{}
 			}
@@ -61,7 +61,7 @@ func unrelocatable(in *cfg.Instruction) string {
 	return ""
 }
 
-func (d *Daemon) describeInstruction(syms *cfg.Symbols, fn *cfg.Function, i int) CFGInstruction {
+func (d *Daemon) describeInstruction(syms *cfg.Symbols, fn *cfg.Function, blocks []cfg.Block, i int) CFGInstruction {
 	in := &fn.Insns[i]
 	ci := CFGInstruction{
 		Address: Addr(in.Addr), Offset: in.Addr - fn.Addr, Length: in.Len(),
@@ -81,7 +81,7 @@ func (d *Daemon) describeInstruction(syms *cfg.Symbols, fn *cfg.Function, i int)
 	} else {
 		// What a request would get now: a short instruction with no free
 		// slot in reach is a trap splice.
-		ci.SpliceClass = d.spliceClass(syms, in).String()
+		ci.SpliceClass = d.spliceClass(syms, fn, blocks, i).String()
 	}
 	return ci
 }

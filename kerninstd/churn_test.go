@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"strings"
 	"testing"
+
+	"golang.org/x/arch/x86/x86asm"
 
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/codegen"
@@ -80,5 +83,87 @@ func TestBenchChurnBadRequests(t *testing.T) {
 	}
 	if !bytes.Equal(textNow(t, k), before) || k.spliceCalls != 0 || len(k.allocs) != 0 {
 		t.Errorf("refused requests changed something: %d splices, allocations %v", k.spliceCalls, k.allocs)
+	}
+}
+
+// TestCoveringSplice: a 1-byte push takes a covering splice over the next
+// two instructions (one jmp rel32 over push %rbp; mov %rsp,%rbp; push
+// %r12's first byte); a request at a covered instruction joins the same
+// patch, with its counter after the first instruction's copy; a point
+// whose run would take an instruction another point holds gets a trap
+// splice; removal restores every byte.
+func TestCoveringSplice(t *testing.T) {
+	d, k := newTestDaemon(t)
+	a, err := d.CreateSession(SessionRequest{Points: []string{"filename_lookup+0x5"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := a.Probes[0]; p.SpliceClass != "covering" || k.covering != 1 {
+		t.Fatalf("class %s, %d covering splices", p.SpliceClass, k.covering)
+	}
+	now := textNow(t, k)
+	jmp, _ := codegen.JmpRel32(textAddr+5, uint64(a.Probes[0].Patch))
+	if !bytes.Equal(now[5:10], jmp) || !bytes.Equal(now[:5], text[:5]) || !bytes.Equal(now[10:], text[10:]) {
+		t.Errorf("text % x, want jmp %x at +0x5 and nothing else changed", now, jmp)
+	}
+	b, err := d.CreateSession(SessionRequest{Points: []string{"filename_lookup+0x6"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pb := b.Probes[0]
+	if pb.SpliceClass != "covering" || pb.Instruction != "mov %rsp,%rbp" || k.spliceCalls != 1 || k.resplices != 1 {
+		t.Errorf("request at a covered instruction: %+v; %d splices, %d re-splices", pb, k.spliceCalls, k.resplices)
+	}
+	// The shared patch: counter, push %rbp, counter, mov, push %r12,
+	// jmp back to +0xb.
+	code := patchAt(t, k, pb)
+	var ops []string
+	for off := 0; off < len(code); {
+		inst, err := x86asm.Decode(code[off:], 64)
+		if err != nil {
+			t.Fatalf("patch +%d: %v", off, err)
+		}
+		if inst.Op != x86asm.PUSHFQ && inst.Op != x86asm.POPFQ {
+			ops = append(ops, inst.Op.String())
+		}
+		off += inst.Len
+		if inst.Op == x86asm.JMP {
+			if to := uint64(pb.Patch) + uint64(off) + uint64(int64(inst.Args[0].(x86asm.Rel))); to != textAddr+0xb {
+				t.Errorf("patch jumps back to %#x, want %#x", to, uint64(textAddr+0xb))
+			}
+			break
+		}
+	}
+	if got := strings.Join(ops, " "); got != "INC PUSH INC MOV PUSH JMP" {
+		t.Errorf("patch %s", got)
+	}
+	for _, id := range []string{a.ID, b.ID} {
+		if _, err := d.RemoveSession(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reclaim(d)
+	if !bytes.Equal(textNow(t, k), text) || len(d.points) != 0 || len(k.allocs) != 0 {
+		t.Fatalf("not restored: points %d, allocations %v", len(d.points), k.allocs)
+	}
+
+	// +0x6 first (a slot is in reach: a springboard splice); then +0x5's
+	// run would take +0x6, so +0x5 gets a trap splice.
+	c, err := d.CreateSession(SessionRequest{Points: []string{"filename_lookup+0x6", "filename_lookup+0x5"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Probes[0].SpliceClass != "springboard" || c.Probes[1].SpliceClass != "trap" {
+		t.Errorf("classes %s, %s; want springboard, trap", c.Probes[0].SpliceClass, c.Probes[1].SpliceClass)
+	}
+	if info := d.Info(); info.Splices != 2 {
+		t.Errorf("Info.Splices %d, want 2 (a covered instruction is not a splice)", info.Splices)
+	}
+	if _, err := d.RemoveSession(c.ID); err != nil {
+		t.Fatal(err)
+	}
+	reclaim(d)
+	if !bytes.Equal(textNow(t, k), text) {
+		t.Error("not restored")
 	}
 }

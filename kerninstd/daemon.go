@@ -75,6 +75,8 @@ type Daemon struct {
 	spring *springboard.Heap // springboard space; has its own lock
 	ov     overlay           // original bytes under our splices; has its own lock
 
+	cover coverFinisher // writes armed covering splices' jmps; has its own lock
+
 	clock *metrics.Clock // converts the timers' TSC ticks
 
 	taskOnce sync.Once
@@ -245,7 +247,12 @@ func (d *Daemon) Info() Info {
 	in.Symbols = d.symbols().Len()
 	d.mu.Lock()
 	in.Sessions = len(d.sessions)
-	in.Splices = len(d.points)
+	for addr, pt := range d.points {
+		if pt.site.insn().Addr == addr { // not the covered instructions' entries
+			in.Splices++
+		}
+	}
+	in.CoveringArmed, in.CoveringJumps = d.cover.state()
 	d.mu.Unlock()
 	return in
 }
@@ -332,7 +339,7 @@ func (d *Daemon) describe(ss *session) Session {
 		out.Expires = &e
 	}
 	for _, r := range ss.reqs {
-		res := r.pt.site.resolved()
+		res := r.site.resolved()
 		res.SpliceClass = r.pt.class.String() // as installed
 		out.Probes = append(out.Probes, Probe{Resolved: res, Count: d.dev.Counter(r.counter()),
 			Patch: Addr(r.pt.patch), Springboard: Addr(r.pt.slot)})

@@ -300,13 +300,14 @@ func TestFunctionCFG(t *testing.T) {
 			byOff[in.Offset] = in
 		}
 	}
-	for off, want := range map[uint64]string{0x0: "refused", 0x5: "trap", 0x9: "springboard", 0xb: "direct"} {
+	for off, want := range map[uint64]string{0x0: "refused", 0x5: "covering", 0x9: "springboard", 0xb: "direct", 0x1e: "covering"} {
 		if got := byOff[off].SpliceClass; got != want {
 			t.Errorf("+%#x: class %s, want %s", off, got, want)
 		}
 	}
-	// With every slot in reach taken, the same short instruction would
-	// get a trap splice, and the view says so.
+	// With every slot in reach taken, a short instruction would get a
+	// covering splice where its block allows, else a trap splice (the je
+	// ends its block), and the view says so.
 	for {
 		if _, err := d.spring.Alloc(textAddr + 0x9); err != nil {
 			break
@@ -316,8 +317,8 @@ func TestFunctionCFG(t *testing.T) {
 		t.Fatal(err)
 	} else {
 		for _, in := range g2.Blocks[0].Instructions {
-			if in.Offset == 0x9 && in.SpliceClass != "trap" {
-				t.Errorf("+0x9 with no slot free: class %s, want trap", in.SpliceClass)
+			if want := map[uint64]string{0x9: "covering", 0x15: "trap"}[in.Offset]; want != "" && in.SpliceClass != want {
+				t.Errorf("+%#x with no slot free: class %s, want %s", in.Offset, in.SpliceClass, want)
 			}
 		}
 	}
@@ -539,7 +540,8 @@ func TestSharedPatch(t *testing.T) {
 // patch with the counter and the relocated instruction.
 func TestTrapSplice(t *testing.T) {
 	d, k := newTestDaemon(t)
-	s, err := d.CreateSession(SessionRequest{Points: []string{"filename_lookup+0x1e"}})
+	// next_fn is one ret: no slot, no run to cover.
+	s, err := d.CreateSession(SessionRequest{Points: []string{"next_fn"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -548,11 +550,11 @@ func TestTrapSplice(t *testing.T) {
 		t.Errorf("class %s (springboard %#x), want trap", p.SpliceClass, p.Springboard)
 	}
 	now := textNow(t, k)
-	if now[0x1e] != 0xcc || !bytes.Equal(now[:0x1e], text[:0x1e]) || !bytes.Equal(now[0x1f:], text[0x1f:]) {
-		t.Errorf("text = % x, want one int3 at +0x1e", now)
+	if now[0x30] != 0xcc || !bytes.Equal(now[:0x30], text[:0x30]) {
+		t.Errorf("text = % x, want one int3 at +0x30", now)
 	}
 	code := patchAt(t, k, p)
-	site := codegen.Site{Addr: textAddr + 0x1e, Bytes: text[0x1e:0x1f]}
+	site := codegen.Site{Addr: textAddr + 0x30, Bytes: text[0x30:0x31]}
 	var slot int
 	for s := range d.slots.used {
 		slot = s
@@ -695,7 +697,7 @@ func TestAnalysisSeesOriginalBytes(t *testing.T) {
 	if err != nil {
 		t.Fatalf("second session in a spliced function: %v", err)
 	}
-	if b.Probes[1].Instruction != "pop %rbp" || b.Probes[1].SpliceClass != "trap" || b.Probes[2].SpliceClass != "springboard" {
+	if b.Probes[1].Instruction != "pop %rbp" || b.Probes[1].SpliceClass != "covering" || b.Probes[2].SpliceClass != "springboard" {
 		t.Errorf("second requests resolved to %+v", b.Probes)
 	}
 	c, err := d.FunctionCFG("filename_lookup")

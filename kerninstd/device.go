@@ -9,6 +9,8 @@ type Device interface {
 	PatchFree(addr uint64) error
 	Splice(addr, patch uint64, orig, new []byte) (uint32, error)
 	SpliceSlot(addr, patch uint64, orig, new []byte) (uint32, error)
+	SpliceCovering(addr, patch uint64, orig, new []byte) (uint32, error)
+	FinishCovering() (int, error)
 	Resplice(id uint32, patch uint64) error
 	Unsplice(id uint32) error
 	Counter(slot int) uint64

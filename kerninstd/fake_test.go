@@ -23,6 +23,7 @@ type fakeKernel struct {
 	failSplice bool
 	// spliceCalls and resplices count successful driver calls.
 	spliceCalls, resplices int
+	covering               int // of spliceCalls, covering splices
 }
 
 type fakeSplice struct {
@@ -110,6 +111,22 @@ func (k *fakeKernel) Splice(addr, patch uint64, orig, new []byte) (uint32, error
 
 func (k *fakeKernel) SpliceSlot(addr, patch uint64, orig, new []byte) (uint32, error) {
 	return k.splice(addr, patch, orig, new, true)
+}
+
+// FinishCovering has nothing left to write.
+func (k *fakeKernel) FinishCovering() (int, error) { return 0, nil }
+
+// SpliceCovering is a direct splice to the fake (it has no tasks to wait
+// for: the jmp is written at once); it counts the calls.
+func (k *fakeKernel) SpliceCovering(addr, patch uint64, orig, new []byte) (uint32, error) {
+	if len(new) != 5 || new[0] != 0xe9 {
+		return 0, errors.New("fake: a covering splice is a jmp rel32")
+	}
+	id, err := k.splice(addr, patch, orig, new, false)
+	if err == nil {
+		k.covering++
+	}
+	return id, err
 }
 
 // splice checks what the driver checks: the replacement's kind and

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/kinst/kinst/cfg"
@@ -120,23 +121,63 @@ func (d *Daemon) checkSite(syms *cfg.Symbols, s *site) error {
 	if why := d.noSpliceReason(syms, fn, in.Addr); why != "" {
 		return &cfg.NoSpliceError{Where: s.where(), Reason: why}
 	}
-	s.class = d.spliceClass(syms, in)
+	s.class = d.spliceClass(syms, fn, d.blocks(syms, fn), s.index)
 	s.live = d.siteLive(syms, s)
 	return nil
 }
 
-// spliceClass is the kind of splice in would get now: a short instruction
-// takes a springboard splice when a slot is free within rel8 reach, a trap
-// splice otherwise.
-func (d *Daemon) spliceClass(syms *cfg.Symbols, in *cfg.Instruction) springboard.Class {
+// spliceClass is the kind of splice instruction i of fn would get now: a
+// short instruction takes a springboard splice when a slot is free within
+// rel8 reach, else a covering splice when its basic block allows one
+// (ignoring other points), else a trap splice.
+func (d *Daemon) spliceClass(syms *cfg.Symbols, fn *cfg.Function, blocks []cfg.Block, i int) springboard.Class {
+	in := &fn.Insns[i]
 	c := springboard.Classify(in.Len())
 	if c == springboard.Springboard {
 		d.addSpringboardSpace(syms, in.Addr)
-		if _, ok := d.spring.Find(in.Addr); !ok {
-			c = springboard.Trap
+		if _, ok := d.spring.Find(in.Addr); ok {
+			return c
 		}
 	}
+	if c != springboard.Direct {
+		if _, ok := d.coverRun(syms, fn, blocks, i); ok {
+			return springboard.Cover
+		}
+		return springboard.Trap
+	}
 	return c
+}
+
+// coverRun is the number of instructions, i first, a covering splice at
+// instruction i would overwrite, if it may: every one may be spliced and
+// relocated, none after i is a landing the kernel's tables name or has a
+// symbol, and all but the last fall through without a branch or call.
+func (d *Daemon) coverRun(syms *cfg.Symbols, fn *cfg.Function, blocks []cfg.Block, i int) (int, bool) {
+	owned := d.ownedSites()
+	return cfg.CoverRun(fn, blocks, i, springboard.JmpRel32Len, func(j int, last bool) bool {
+		in := &fn.Insns[j]
+		if in.Bytes[0] == 0xcc || d.noSpliceReason(syms, fn, in.Addr) != "" {
+			return false
+		}
+		if j > i {
+			if owned.Landing(in.Addr) {
+				return false
+			}
+			if _, off, ok := syms.At(in.Addr); ok && off == 0 {
+				return false
+			}
+		}
+		site := codegen.Site{Addr: in.Addr, Bytes: in.Bytes}
+		if last {
+			return unrelocatable(in) == ""
+		}
+		return codegen.CanFallThrough(site)
+	})
+}
+
+// blocks is fn's basic blocks as the daemon analyses them.
+func (d *Daemon) blocks(syms *cfg.Symbols, fn *cfg.Function) []cfg.Block {
+	return fn.BlocksOpt(cfg.BlockOptions{Names: syms.Names(), NoReturn: d.noReturn(), Tables: d.text()})
 }
 
 // siteLive is the registers and flags live before s's instruction (step
@@ -242,7 +283,11 @@ func pickInstruction(fn *cfg.Function, owned *cfg.OwnedSites, first, n int) (int
 // point runs neither patch); the old patch is freed after the driver's
 // RCU-tasks wait. Protected by Daemon.mu.
 type point struct {
-	site   *site
+	site *site
+	// cover: for a covering splice, the instructions after site that its
+	// jmp overwrites; the patch runs each, with its own requests' snippets
+	// before it. d.points maps their addresses to this point too.
+	cover  []*site
 	reqs   []*request
 	patch  uint64 // the installed patch; 0 when not spliced
 	splice uint32 // the driver's splice id at the instruction
@@ -257,6 +302,7 @@ type point struct {
 // a snippet and the counter slots it writes. Protected by Daemon.mu.
 type request struct {
 	pt      *point
+	site    *site  // the instruction instrumented: pt.site, or one pt covers
 	owner   string // session ID
 	slots   []int  // counter slots, zeroed when the request was made
 	snippet codegen.Snippet
@@ -279,9 +325,9 @@ func (d *Daemon) instrument(s *site, owner string, nslots int, mk SnippetFunc) (
 	addr := s.insn().Addr
 	pt := d.points[addr]
 	if pt == nil {
-		pt = &point{site: s, class: s.class}
+		pt = d.newPoint(s)
 	}
-	r := &request{pt: pt, owner: owner}
+	r := &request{pt: pt, site: s, owner: owner}
 	for i := 0; i < nslots; i++ {
 		slot, err := d.slots.alloc()
 		if err == nil {
@@ -308,8 +354,50 @@ func (d *Daemon) instrument(s *site, owner string, nslots int, mk SnippetFunc) (
 		}
 		return nil, err
 	}
-	d.points[addr] = pt
+	for _, ps := range pt.sites() {
+		d.points[ps.insn().Addr] = pt
+	}
 	return r, nil
+}
+
+// newPoint is a point at s not yet spliced. A covering splice takes the
+// instructions after s only if no other point has one of them; otherwise
+// the point gets a trap splice. The caller holds d.mu.
+func (d *Daemon) newPoint(s *site) *point {
+	pt := &point{site: s, class: s.class}
+	if pt.class != springboard.Cover {
+		return pt
+	}
+	pt.class = springboard.Trap
+	syms := d.symbols()
+	n, ok := d.coverRun(syms, s.fn, d.blocks(syms, s.fn), s.index)
+	if !ok {
+		return pt
+	}
+	var cover []*site
+	for j := s.index + 1; j < s.index+n; j++ {
+		if _, taken := d.points[s.fn.Insns[j].Addr]; taken {
+			return pt
+		}
+		c := &site{point: s.point, sym: s.sym, fn: s.fn, index: j, amb: s.amb, class: springboard.Cover}
+		c.live = d.siteLive(syms, c)
+		cover = append(cover, c)
+	}
+	pt.cover, pt.class = cover, springboard.Cover
+	return pt
+}
+
+// sites is every instruction the point's splice overwrites, in order.
+func (pt *point) sites() []*site { return append([]*site{pt.site}, pt.cover...) }
+
+// coverBytes is the original bytes of the run a covering splice
+// overwrites, as far as the jmp reaches.
+func (pt *point) coverBytes() []byte {
+	var b []byte
+	for _, s := range pt.sites() {
+		b = append(b, s.insn().Bytes...)
+	}
+	return b[:springboard.JmpRel32Len]
 }
 
 // uninstrument removes request r: the point gets a patch without it, or
@@ -329,7 +417,9 @@ func (d *Daemon) uninstrument(r *request) error {
 		d.slots.free(sl)
 	}
 	if len(pt.reqs) == 0 {
-		delete(d.points, pt.site.insn().Addr)
+		for _, ps := range pt.sites() {
+			delete(d.points, ps.insn().Addr)
+		}
 	}
 	return nil
 }
@@ -360,10 +450,14 @@ func (d *Daemon) install(pt *point, reqs []*request) error {
 		pt.slot = 0
 		return nil
 	}
-	spec := s.patchSpec(reqs)
-	n, err := codegen.PatchLen(d.patchHeapBase(), spec)
-	if err != nil {
-		return fmt.Errorf("%s: %w", s.where(), err)
+	specs := pt.patchSpecs(reqs)
+	n := 0
+	for _, spec := range specs {
+		k, err := codegen.PatchLen(d.patchHeapBase(), spec)
+		if err != nil {
+			return fmt.Errorf("%s: %w", s.where(), err)
+		}
+		n += k
 	}
 	patch, err := d.allocPatch(n)
 	if err != nil {
@@ -375,7 +469,7 @@ func (d *Daemon) install(pt *point, reqs []*request) error {
 		}
 		return err
 	}
-	code, err := buildPatch(patch, s, spec)
+	code, err := pt.buildPatch(patch, specs)
 	if err != nil {
 		return fail(fmt.Errorf("%s: %w", s.where(), err))
 	}
@@ -407,7 +501,11 @@ func (d *Daemon) install(pt *point, reqs []*request) error {
 		}
 	}
 	if pt.splice == 0 {
-		id, err := d.splice(s, pt.class, patch)
+		splice := func() (uint32, error) { return d.splice(s, pt.class, patch) }
+		if pt.class == springboard.Cover {
+			splice = func() (uint32, error) { return d.spliceCovering(pt, patch) }
+		}
+		id, err := splice()
 		if err != nil {
 			return fail(fmt.Errorf("splice %s: %w", s.where(), err))
 		}
@@ -488,6 +586,8 @@ func (d *Daemon) splice(s *site, class springboard.Class, patch uint64) (uint32,
 		if repl, err = codegen.JmpRel32(in.Addr, patch); err != nil {
 			return 0, err
 		}
+	case springboard.Cover:
+		return 0, fmt.Errorf("covering splices go through spliceCovering")
 	case springboard.Trap:
 		repl = []byte{0xcc}
 	default:
@@ -499,6 +599,81 @@ func (d *Daemon) splice(s *site, class springboard.Class, patch uint64) (uint32,
 		return err
 	})
 	return id, err
+}
+
+// spliceCovering arms a covering splice: a jmp rel32 to patch over the
+// point's run of instructions. The driver writes the int3 now (the splice
+// works as a trap splice at once) and the jmp when d.cover's background
+// FinishCovering has seen a grace period.
+func (d *Daemon) spliceCovering(pt *point, patch uint64) (uint32, error) {
+	at := pt.site.insn().Addr
+	jmp, err := codegen.JmpRel32(at, patch)
+	if err != nil {
+		return 0, err
+	}
+	orig := pt.coverBytes()
+	var id uint32
+	err = d.ov.spliced(at, orig, func() (err error) {
+		id, err = d.dev.SpliceCovering(at, patch, orig, jmp)
+		return err
+	})
+	if err == nil {
+		d.cover.kick(d)
+	}
+	return id, err
+}
+
+// coverFinisher runs the driver's FinishCovering in the background after
+// covering splices are armed: one grace period serves every splice armed
+// before it, and neither d.mu nor the driver's lock is held across it, so
+// requests go on meanwhile. Until then an armed splice works as a trap
+// splice.
+type coverFinisher struct {
+	mu       sync.Mutex
+	running  bool   // a goroutine is finishing; protected by mu
+	arms     uint64 // covering splices armed; protected by mu
+	finished uint64 // arms covered by a completed FinishCovering; protected by mu
+	jmps     uint64 // jmps the driver wrote; protected by mu
+}
+
+// kick notes one more armed splice and starts a finisher if none runs.
+func (c *coverFinisher) kick(d *Daemon) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.arms++
+	if c.running {
+		return
+	}
+	c.running = true
+	go func() {
+		for {
+			c.mu.Lock()
+			upto := c.arms
+			c.mu.Unlock()
+			n, err := d.dev.FinishCovering()
+			c.mu.Lock()
+			if err != nil {
+				d.log.Error("finish covering splices", "err", err)
+			} else {
+				c.finished = upto
+				c.jmps += uint64(n)
+			}
+			if err != nil || c.arms == upto {
+				c.running = false
+				c.mu.Unlock()
+				return
+			}
+			c.mu.Unlock()
+		}
+	}()
+}
+
+// state is how many covering splices may still be int3 only, and how
+// many jmps the driver has written.
+func (c *coverFinisher) state() (armed int, jmps uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return int(c.arms - c.finished), c.jmps
 }
 
 // springboardSplice takes a slot within rel8 reach of the point, writes
@@ -591,6 +766,40 @@ func (d *Daemon) patchHeapBase() uint64 {
 	return d.dev.CounterAddr(0)
 }
 
+// patchSpecs is the point's patch for reqs: one part per instruction the
+// splice overwrites, each with the snippets of the requests at it, all but
+// the last falling through to the next part.
+func (pt *point) patchSpecs(reqs []*request) []codegen.PatchSpec {
+	sites := pt.sites()
+	specs := make([]codegen.PatchSpec, len(sites))
+	for k, ps := range sites {
+		var at []*request
+		for _, r := range reqs {
+			if r.site == nil || r.site.insn().Addr == ps.insn().Addr {
+				at = append(at, r)
+			}
+		}
+		specs[k] = ps.patchSpec(at)
+		specs[k].FallThrough = k < len(sites)-1
+	}
+	return specs
+}
+
+// buildPatch generates and verifies the point's patch at addr: the parts
+// of specs end to end, each checked against the registers live at its own
+// instruction.
+func (pt *point) buildPatch(addr uint64, specs []codegen.PatchSpec) ([]byte, error) {
+	var code []byte
+	for k, ps := range pt.sites() {
+		part, err := buildPatch(addr+uint64(len(code)), ps, specs[k])
+		if err != nil {
+			return nil, err
+		}
+		code = append(code, part...)
+	}
+	return code, nil
+}
+
 // patchSpec is the patch for reqs at s.
 func (s *site) patchSpec(reqs []*request) codegen.PatchSpec {
 	in := s.insn()
@@ -615,8 +824,10 @@ func buildPatch(addr uint64, s *site, spec codegen.PatchSpec) ([]byte, error) {
 	if err := codegen.VerifyPatch(p, spec); err != nil {
 		return nil, err
 	}
-	if err := checkClobbers(p.Code[:p.Instr], addr, s.live); err != nil {
-		return nil, err
+	if p.Instr > 0 { // a covering patch's part may have no snippets
+		if err := checkClobbers(p.Code[:p.Instr], addr, s.live); err != nil {
+			return nil, err
+		}
 	}
 	return p.Code, nil
 }

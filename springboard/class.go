@@ -18,8 +18,13 @@ const (
 	Direct Class = iota
 	// Springboard: 2–4 bytes, room for a jmp rel8 to a springboard slot.
 	Springboard
-	// Trap: 1 byte; only an int3 fits.
+	// Trap: 1 byte, or short with no slot in reach: a permanent int3.
 	Trap
+	// Cover: short, but the jmp rel32 of a direct splice fits over it and
+	// the next whole instructions of its basic block, which the patch runs
+	// too (nothing may jump between them). Chosen by the daemon, which
+	// knows the control flow; Classify never returns it.
+	Cover
 )
 
 // JmpRel32Len is the length of the jmp rel32 a direct splice writes.
@@ -33,6 +38,8 @@ func (c Class) String() string {
 		return "springboard"
 	case Trap:
 		return "trap"
+	case Cover:
+		return "covering"
 	}
 	return fmt.Sprintf("Class(%d)", int(c))
 }

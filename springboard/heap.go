@@ -166,11 +166,14 @@ type Census struct {
 	Short    int    // 2–4-byte instructions counted
 	InReach  int    // of those, with a slot within rel8 reach
 	Assigned int    // given a slot each at once, greedily in address order
+	Covering int    // of Short, those a covering splice can take
+	TrapOnly int    // of Short, neither in reach of a slot nor coverable
 }
 
 // TakeCensus counts, over runs (sorted, disjoint) and the addresses of
-// short instructions, the space and reach of springboards.
-func TakeCensus(runs []Range, shorts []uint64) Census {
+// short instructions, the space and reach of springboards; covering
+// (sorted) are the short instructions a covering splice can take.
+func TakeCensus(runs []Range, shorts, covering []uint64) Census {
 	var c Census
 	for _, r := range runs {
 		if r.Len() >= SlotLen {
@@ -183,7 +186,15 @@ func TakeCensus(runs []Range, shorts []uint64) Census {
 	h.Add(runs...)
 	c.Short = len(shorts)
 	for _, a := range shorts {
+		k := sort.Search(len(covering), func(k int) bool { return covering[k] >= a })
+		cover := k < len(covering) && covering[k] == a
+		if cover {
+			c.Covering++
+		}
 		if !inReach(runs, a) {
+			if !cover {
+				c.TrapOnly++
+			}
 			continue
 		}
 		c.InReach++

@@ -110,6 +110,9 @@ struct ki_splice_rec {
 	u32 id;			/* [ki_lock] */
 	u32 len;		/* [ki_lock] bytes written at addr */
 	u8 kind;		/* [ki_lock] enum ki_kind */
+	/* [ki_lock] a covering splice armed (int3 only) at this ki_cover_seq,
+	 * waiting for KI_IOC_COVER_FINISH; 0 once its jmp is written */
+	u64 pending;
 	u8 orig[KI_MAX_INSN];	/* [ki_lock] the bytes to put back */
 };
 
@@ -130,6 +133,8 @@ static struct ki_splice_rec ki_splices[KI_MAX_SPLICES];	/* [ki_lock] for writers
 static int ki_nr_slots;
 static u32 ki_nr_splices;	/* [ki_lock] installed splices */
 static u32 ki_next_id = 1;	/* [ki_lock] never 0 */
+/* [ki_lock] covering splices armed so far (their pending sequence) */
+static u64 ki_cover_seq;
 /* [ki_lock] a splice was removed since the last synchronize_rcu_tasks() */
 static bool ki_need_tasks_gp;
 
@@ -334,6 +339,7 @@ static int ki_poke(unsigned long addr, const u8 *bytes, u32 len)
 		return 0;
 	return ki_poke_last(addr, bytes, len);
 }
+
 
 /* ---- int3 redirection ------------------------------------------------ */
 
@@ -604,6 +610,7 @@ static long ki_patch_free(struct ki_patch_free __user *uarg)
 static void ki_unpublish(struct ki_splice_rec *r)
 {
 	r->addr = 0;
+	r->pending = 0;
 	ki_index_publish();
 	ki_nr_splices--;
 	ki_need_tasks_gp = true;
@@ -650,7 +657,8 @@ static int ki_restore(struct ki_splice_rec *r)
  */
 static int ki_splice_kind(const struct ki_splice *s)
 {
-	if (s->flags & ~KI_SPLICE_SLOT)
+	if (s->flags & ~(KI_SPLICE_SLOT | KI_SPLICE_COVER) ||
+	    (s->flags & KI_SPLICE_SLOT && s->flags & KI_SPLICE_COVER))
 		return -EINVAL;
 	if (s->len == KI_JMP32_LEN && s->new[0] == KI_JMP32) {
 		s64 rel = (s32)get_unaligned_le32(&s->new[1]);
@@ -737,13 +745,20 @@ static long ki_splice(struct ki_splice __user *uarg)
 	if (!ki_next_id)
 		ki_next_id = 1;
 	memcpy(rec->orig, s.orig, s.len);
+	rec->pending = s.flags & KI_SPLICE_COVER ? ++ki_cover_seq : 0;
 	rec->addr = addr;
 	if (rec == &ki_splices[ki_nr_slots])
 		ki_nr_slots++;
 	ki_nr_splices++;
 	ki_index_publish();
 
-	err = ki_poke(addr, s.new, s.len);
+	/* A covering splice is armed as a trap splice: int3 only (the
+	 * notifier sends CPUs to the patch); KI_IOC_COVER_FINISH writes the
+	 * jmp once no task can be stopped inside the covered bytes. */
+	if (rec->pending)
+		err = ki_poke(addr, (const u8[]){ KI_INT3 }, 1);
+	else
+		err = ki_poke(addr, s.new, s.len);
 	if (err) {
 		/* Put back what we can; if even that fails the record stays
 		 * installed (the notifier covers a left-over int3) and
@@ -802,15 +817,15 @@ static long ki_resplice(struct ki_resplice __user *uarg)
 		return -EINVAL;
 	if (rs.patch == r->patch)
 		return 0;
+	rel = (s64)(rs.patch - (r->addr + KI_JMP32_LEN));
+	if (r->kind != KI_TRAP && rel != (s32)rel)
+		return -ERANGE;
 	ki_alloc_entered[ki_alloc_start(rs.patch)] = true;
-	if (r->kind == KI_TRAP) {
+	if (r->kind == KI_TRAP || r->pending) {	/* only the int3 is there */
 		WRITE_ONCE(r->patch, rs.patch);
 		ki_need_tasks_gp = true;
 		return 0;
 	}
-	rel = (s64)(rs.patch - (r->addr + KI_JMP32_LEN));
-	if (rel != (s32)rel)
-		return -ERANGE;
 	jmp[0] = KI_JMP32;
 	put_unaligned_le32((u32)(s32)rel, &jmp[1]);
 	/* A CPU that hits the transient int3 goes to the new patch. */
@@ -819,6 +834,48 @@ static long ki_resplice(struct ki_resplice __user *uarg)
 	err = ki_poke(r->addr, jmp, KI_JMP32_LEN);
 	if (err)
 		pr_err("kerninst: re-pointing %pS failed (%d)\n", (void *)r->addr, err);
+	return err;
+}
+
+/*
+ * ki_cover_finish writes the jmp of every covering splice armed before it
+ * was called (see KI_IOC_COVER_FINISH). Called without ki_lock: the grace
+ * period is waited for with the lock free, so other requests go on.
+ * Records unspliced meanwhile are skipped (pending is 0 for a freed record,
+ * and a reused one has a later sequence).
+ */
+static long ki_cover_finish(struct ki_cover_finish __user *uarg)
+{
+	struct ki_cover_finish f = { 0 };
+	u64 upto;
+	int i, err = 0;
+
+	mutex_lock(&ki_lock);
+	upto = ki_cover_seq;
+	mutex_unlock(&ki_lock);
+	/* Every task between the covered instructions when their int3 was
+	 * written has since passed a voluntary context switch: it left. */
+	synchronize_rcu_tasks();
+	mutex_lock(&ki_lock);
+	for (i = 0; i < ki_nr_slots && !err; i++) {
+		struct ki_splice_rec *r = &ki_splices[i];
+		u8 jmp[KI_JMP32_LEN];
+
+		if (!r->addr || !r->pending || r->pending > upto)
+			continue;
+		jmp[0] = KI_JMP32;
+		put_unaligned_le32((u32)(s32)(r->patch - (r->addr + KI_JMP32_LEN)), &jmp[1]);
+		err = ki_poke(r->addr, jmp, KI_JMP32_LEN);
+		if (err) {
+			pr_err("kerninst: covering splice at %pS failed (%d)\n", (void *)r->addr, err);
+			break;
+		}
+		r->pending = 0;
+		f.done++;
+	}
+	mutex_unlock(&ki_lock);
+	if (!err && copy_to_user(uarg, &f, sizeof(f)))
+		err = -EFAULT;
 	return err;
 }
 
@@ -983,6 +1040,8 @@ static long ki_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 
 	if (!capable(CAP_SYS_ADMIN))
 		return -EPERM;
+	if (cmd == KI_IOC_COVER_FINISH)	/* takes ki_lock itself, not across its wait */
+		return ki_cover_finish(uarg);
 	mutex_lock(&ki_lock);
 	switch (cmd) {
 	case KI_IOC_INFO:
@@ -1090,7 +1149,7 @@ static int __init ki_init(void)
 
 	BUILD_BUG_ON(KI_NCHUNKS > U16_MAX);	/* ki_alloc_len is u16 */
 	BUILD_BUG_ON(sizeof(struct ki_info) != 64 || sizeof(struct ki_splice) != 64 ||
-		     sizeof(struct ki_resplice) != 16);
+		     sizeof(struct ki_resplice) != 16 || sizeof(struct ki_cover_finish) != 8);
 	err = register_die_notifier(&ki_die_nb);
 	if (err)
 		return err;

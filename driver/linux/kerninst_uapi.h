@@ -13,7 +13,7 @@
 #include <linux/ioctl.h>
 #include <linux/types.h>
 
-#define KI_ABI_VERSION 2
+#define KI_ABI_VERSION 3
 #define KI_MAX_INSN 15
 
 /* KI_IOC_INFO: layout of the driver's heaps. */
@@ -77,8 +77,15 @@ struct ki_patch_free {
  *                 that hits the int3 (during the write, or forever for a
  *                 trap splice) is sent by the die notifier.
  * Written with the text_poke_bp protocol: int3, sync all CPUs, tail, sync,
- * first byte, sync. id is returned; splices never overlap. */
+ * first byte, sync. id is returned; splices never overlap.
+ * With KI_SPLICE_COVER, a direct splice's 5 bytes span several whole
+ * instructions (the caller proved nothing jumps into them and the patch
+ * runs them all): only the int3 is written, and the splice works as a trap
+ * splice until KI_IOC_COVER_FINISH writes the jmp after an RCU-tasks grace
+ * period, so no task preempted or interrupted between those instructions
+ * resumes inside the jmp. */
 #define KI_SPLICE_SLOT 1u
+#define KI_SPLICE_COVER 2u
 
 struct ki_splice {
 	__u64 addr;
@@ -87,7 +94,7 @@ struct ki_splice {
 	__u32 id; /* out */
 	__u8 orig[16];
 	__u8 new[16];
-	__u32 flags; /* KI_SPLICE_SLOT */
+	__u32 flags; /* KI_SPLICE_SLOT, KI_SPLICE_COVER */
 	__u32 pad;
 };
 
@@ -103,6 +110,14 @@ struct ki_resplice {
 	__u32 id;
 	__u32 pad;
 	__u64 patch;
+};
+
+/* KI_IOC_COVER_FINISH: wait for an RCU-tasks grace period (without holding
+ * the driver's lock), then write the jmp of every covering splice armed
+ * before the wait and still installed. done: how many. */
+struct ki_cover_finish {
+	__u32 done; /* out */
+	__u32 pad;
 };
 
 /* KI_IOC_UNSPLICE: restore the original bytes of splice id (same protocol). */
@@ -127,5 +142,6 @@ struct ki_counters_clear {
 #define KI_IOC_UNSPLICE       _IOW(KI_IOC_MAGIC, 6, struct ki_unsplice)
 #define KI_IOC_COUNTERS_CLEAR _IOW(KI_IOC_MAGIC, 7, struct ki_counters_clear)
 #define KI_IOC_RESPLICE       _IOW(KI_IOC_MAGIC, 8, struct ki_resplice)
+#define KI_IOC_COVER_FINISH   _IOR(KI_IOC_MAGIC, 9, struct ki_cover_finish)
 
 #endif

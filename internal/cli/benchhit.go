@@ -119,7 +119,7 @@ func BenchHit(ctx context.Context, c *kerninstd.Client, o HitOptions, w, stderr 
 		ratio := median(ratios)
 		rep.Rows = append(rep.Rows, HitRow{Mechanism: name, Point: point, NsPerCall: median(nss), Ratio: ratio, Overhead: ratio - 1, Hits: hits})
 	}
-	for _, class := range []string{"direct", "springboard", "trap"} {
+	for _, class := range []string{"direct", "springboard", "covering", "trap"} {
 		in, ok := byClass[class]
 		if !ok {
 			rep.Rows = append(rep.Rows, HitRow{Mechanism: class + " splice", Skipped: "no instruction of this class in the entry block"})
@@ -134,6 +134,12 @@ func BenchHit(ctx context.Context, c *kerninstd.Client, o HitOptions, w, stderr 
 			if got := s.Probes[0].SpliceClass; got != class {
 				c.RemoveSession(ctx, s.ID)
 				return nil, fmt.Errorf("spliced as %s", got)
+			}
+			// A covering splice runs as a trap splice until the
+			// driver's grace period lets its jmp in: time the jmp.
+			if err := waitCoveringFinished(ctx, c); err != nil {
+				c.RemoveSession(ctx, s.ID)
+				return nil, err
 			}
 			return func() (uint64, error) {
 				final, err := c.RemoveSession(ctx, s.ID)
@@ -288,4 +294,23 @@ func appendFile(path, s string) error {
 		err = cerr
 	}
 	return err
+}
+
+// waitCoveringFinished waits until no covering splice is armed (int3
+// only), at most 30 s.
+func waitCoveringFinished(ctx context.Context, c *kerninstd.Client) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		in, err := c.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if in.CoveringArmed == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d covering splices still armed after 30 s", in.CoveringArmed)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

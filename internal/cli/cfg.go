@@ -148,15 +148,20 @@ func ShowStats(ctx context.Context, c *kerninstd.Client, asJSON bool, w, stderr 
 		fmt.Fprintf(w, "kernel-owned sites  %d exception-table, %d static-key, %d static-call, %d ftrace (core kernel and %d modules)\n",
 			n.ExTable, n.JumpLabels, n.StaticCalls, n.Ftrace, n.Modules)
 	}
-	fmt.Fprintln(w, "splice classes:")
+	fmt.Fprintln(w, "splice classes (by length):")
 	for _, c := range []string{"direct", "springboard", "trap", "refused"} {
 		fmt.Fprintf(w, "  %-12s %9d  %s\n", c, st.SpliceClasses[c], pct(st.SpliceClasses[c]))
+	}
+	if st.Coverable > 0 {
+		fmt.Fprintf(w, "covering splices    %d of the 1-4-byte instructions (%s of all) can take one\n", st.Coverable, pct(st.Coverable))
 	}
 	if sb := st.Springboard; sb != nil && sb.Short > 0 {
 		share := func(n int) string { return fmt.Sprintf("%.1f%%", 100*float64(n)/float64(sb.Short)) }
 		fmt.Fprintf(w, "springboard space:\n  runs %d, %d bytes, %d disjoint 5-byte slots (padding after jmp/ret)\n", sb.Runs, sb.Bytes, sb.Slots)
-		fmt.Fprintf(w, "  short instructions %d: %d (%s) have a slot within rel8 reach, %d (%s) get one all at once, %d (%s) need a trap splice\n",
+		fmt.Fprintf(w, "  short instructions %d: %d (%s) have a slot within rel8 reach, %d (%s) get one all at once, %d (%s) have none in reach\n",
 			sb.Short, sb.InReach, share(sb.InReach), sb.Assigned, share(sb.Assigned), sb.Trap, share(sb.Trap))
+		fmt.Fprintf(w, "  %d (%s) can take a covering splice (a jmp rel32 over them and the next instructions of their block); %d (%s) have neither: trap splices\n",
+			sb.Covering, share(sb.Covering), sb.TrapOnly, share(sb.TrapOnly))
 	}
 	fmt.Fprintf(w, "analysed in %.2f s\n", st.Seconds)
 	return nil

@@ -34,10 +34,25 @@ type VM struct {
 	Scratch string            // this run's temporary directory, removed at the end
 }
 
+// Options tune the package's VM.
+type Options struct {
+	// Accel is vm.Config.Accel: "" (auto), "tcg", "tcg-single" or "kvm".
+	// Packages whose tests make the kernel patch its own text (tracefs
+	// kprobes, static keys flipped by enabling trace events) use
+	// "tcg-single": under multi-threaded TCG a vCPU can keep running a
+	// stale translation of the kernel's transient int3 for ever.
+	Accel string
+}
+
 // Main boots a VM, hands it to ready, runs the package's tests, and stops
 // the VM. It returns the exit code for os.Exit. VMs left by a test process
 // that died (a panic skips the teardown) are stopped first.
 func Main(m *testing.M, name string, ready func(*VM)) int {
+	return MainWith(m, name, Options{}, ready)
+}
+
+// MainWith is Main with options for the VM.
+func MainWith(m *testing.M, name string, o Options, ready func(*VM)) int {
 	if os.Getenv("KINST_LIVE") == "0" {
 		fmt.Printf("%s: KINST_LIVE=0, skipping the live-VM tests\n", name)
 		return 0
@@ -75,6 +90,7 @@ func Main(m *testing.M, name string, ready func(*VM)) int {
 		StateDir:     filepath.Join(tmp, "vm"),
 		KinstBin:     filepath.Join(bin, "kinst"),
 		KerninstdBin: filepath.Join(bin, "kerninstd"),
+		Accel:        o.Accel,
 		Progress:     os.Stderr,
 		Ready: func(ctx context.Context, in *vm.Instance) error {
 			return kerninstd.NewClient(in.KerninstdAddr()).WaitReady(ctx, 2*time.Minute)

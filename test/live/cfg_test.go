@@ -109,7 +109,15 @@ func TestCFGStats(t *testing.T) {
 		InstructionBytes int            `json:"instruction_bytes"`
 		Instructions     int            `json:"instructions"`
 		SpliceClasses    map[string]int `json:"splice_classes"`
-		NoSpliceSites    *struct {
+		Coverable        int            `json:"coverable"`
+		Springboard      *struct {
+			Short    int `json:"short"`
+			InReach  int `json:"in_reach"`
+			Trap     int `json:"trap"`
+			Covering int `json:"covering"`
+			TrapOnly int `json:"trap_only"`
+		} `json:"springboard"`
+		NoSpliceSites *struct {
 			ExTable     int `json:"ex_table"`
 			JumpLabels  int `json:"jump_labels"`
 			StaticCalls int `json:"static_calls"`
@@ -143,6 +151,17 @@ func TestCFGStats(t *testing.T) {
 	}
 	if sum != st.Instructions || st.SpliceClasses["direct"] == 0 || st.SpliceClasses["refused"] == 0 {
 		t.Errorf("splice classes %v do not cover the %d instructions", st.SpliceClasses, st.Instructions)
+	}
+	// Covering splices: some short instructions can take one, never more
+	// than there are short ones, and the traps left are the short
+	// instructions with neither a slot nor a run to cover.
+	short := st.SpliceClasses["springboard"] + st.SpliceClasses["trap"]
+	if sb := st.Springboard; sb == nil || st.Coverable == 0 || st.Coverable > short ||
+		sb.Covering > sb.Short || sb.Covering > st.Coverable || sb.TrapOnly > sb.Trap || sb.TrapOnly < sb.Trap-sb.Covering {
+		t.Errorf("covering census implausible: coverable %d of %d short; springboard %+v", st.Coverable, short, st.Springboard)
+	} else {
+		t.Logf("covering: %d of %d short instructions (%.1f%%); of the 2-4-byte ones, %d have a slot in reach, %d can be covered, %d neither",
+			st.Coverable, short, 100*float64(st.Coverable)/float64(short), sb.InReach, sb.Covering, sb.TrapOnly)
 	}
 	if !strings.Contains(errs, "analysing") {
 		t.Errorf("no progress shown on stderr: %q", errs)
