@@ -50,14 +50,14 @@ type Stats struct {
 
 // SpringboardStats is the census of springboard space.
 type SpringboardStats struct {
-	Runs     int    `json:"runs"`     // padding runs holding at least one slot
-	Bytes    uint64 `json:"bytes"`    // bytes in those runs
-	Slots    int    `json:"slots"`    // disjoint 5-byte slots they hold
-	Short    int    `json:"short"`    // spliceable 2-4-byte instructions
-	InReach  int    `json:"in_reach"` // of those, with a slot within rel8 reach
-	Assigned int    `json:"assigned"` // given a slot each at once (greedy, address order)
-	Trap     int    `json:"trap"`     // Short - InReach: no slot in reach
-	Covering int    `json:"covering"` // of Short, those a covering splice can take
+	Runs     int    `json:"runs"`      // padding runs holding at least one slot
+	Bytes    uint64 `json:"bytes"`     // bytes in those runs
+	Slots    int    `json:"slots"`     // disjoint 5-byte slots they hold
+	Short    int    `json:"short"`     // spliceable 2-4-byte instructions
+	InReach  int    `json:"in_reach"`  // of those, with a slot within rel8 reach
+	Assigned int    `json:"assigned"`  // given a slot each at once (greedy, address order)
+	Trap     int    `json:"trap"`      // Short - InReach: no slot in reach
+	Covering int    `json:"covering"`  // of Short, those a covering splice can take
 	TrapOnly int    `json:"trap_only"` // of Short, neither a slot in reach nor coverable: trap splices
 }
 
