@@ -77,10 +77,10 @@ type AnalyzeOptions struct {
 	Springboards bool
 	// FallsThrough says whether a patch can run an instruction and go on
 	// to the next one's copy (no branch, no call), as
-	// codegen.CanFallThrough does; with it the census counts the short
+	// codegen.CanFallThroughInst does; with it the census counts the short
 	// instructions a covering splice can take (Stats.Coverable). Its
 	// answer must depend on the bytes only.
-	FallsThrough func(addr uint64, b []byte) bool
+	FallsThrough func(addr uint64, inst x86asm.Inst, b []byte) bool
 	// Prototypes make call liveness precise; nil is conservative.
 	Prototypes Prototypes
 	// Progress is called now and then with functions done and total.
@@ -351,7 +351,9 @@ type worker struct {
 // mov %rdi,%rbx, ret...), and the check costs an allocation. Direct
 // mapped and small, so it stays in cache: a large map was slower than the
 // check itself.
-type relocCache [relocSlots]struct {
+type relocCache [relocSlots]relocEntry
+
+type relocEntry struct {
 	key [15]byte
 	n   uint8 // encoding length; 0: empty
 	ok  bool
@@ -364,31 +366,47 @@ func (w *worker) relocatable(o *AnalyzeOptions, in *Instruction) bool {
 	if o.Relocatable == nil {
 		return true
 	}
-	return w.reloc.verdict(in, func() bool { return o.Relocatable(in.Addr, in.Inst, in.Bytes) == nil })
+	e, ok, hit := w.reloc.lookup(in.Bytes)
+	if !hit {
+		ok = o.Relocatable(in.Addr, in.Inst, in.Bytes) == nil
+		e.store(in.Bytes, ok)
+	}
+	return ok
 }
 
 // fallsThrough is o.FallsThrough(in), remembered per encoding.
 func (w *worker) fallsThrough(o *AnalyzeOptions, in *Instruction) bool {
-	return w.plain.verdict(in, func() bool { return o.FallsThrough(in.Addr, in.Bytes) })
+	e, ok, hit := w.plain.lookup(in.Bytes)
+	if !hit {
+		ok = o.FallsThrough(in.Addr, in.Inst, in.Bytes)
+		e.store(in.Bytes, ok)
+	}
+	return ok
 }
 
-// verdict is f's answer for in's encoding, from the cache or computed.
-func (c *relocCache) verdict(in *Instruction, f func() bool) bool {
-	b := in.Bytes
+// lookup finds b's slot and, if it holds b, the verdict remembered. (No
+// callback: a closure per instruction would cost the allocation the cache
+// saves.) Encodings over 15 bytes have no slot.
+func (c *relocCache) lookup(b []byte) (e *relocEntry, ok, hit bool) {
 	if len(b) > 15 {
-		return f()
+		return nil, false, false
 	}
 	h := uint32(2166136261) // FNV-1a
 	for _, x := range b {
 		h = (h ^ uint32(x)) * 16777619
 	}
-	e := &c[h%relocSlots]
+	e = &c[h%relocSlots]
 	if int(e.n) == len(b) && string(e.key[:e.n]) == string(b) {
-		return e.ok
+		return e, e.ok, true
 	}
-	ok := f()
-	e.n, e.ok = uint8(copy(e.key[:], b)), ok
-	return ok
+	return e, false, false
+}
+
+// store remembers ok for b in slot e (nil: nothing).
+func (e *relocEntry) store(b []byte, ok bool) {
+	if e != nil {
+		e.n, e.ok = uint8(copy(e.key[:], b)), ok
+	}
 }
 
 func analyzeOne(r TextReader, syms *Symbols, s Symbol, o AnalyzeOptions, st *Stats, w *worker) *summary {
@@ -445,9 +463,16 @@ func analyzeOne(r TextReader, syms *Symbols, s Symbol, o AnalyzeOptions, st *Sta
 	}
 	// A covering splice needs every jump's target known.
 	coverOK := o.FallsThrough != nil && fnWhy == "" && !hasUnresolvedJump(blocks)
-	spliceable := func(j int) bool {
+	// One closure per function (not per instruction): coverFrom is the
+	// run's first instruction.
+	var coverFrom int
+	coverUsable := func(j int, last bool) bool {
 		in := &fn.Insns[j]
-		return o.Owned.InstructionNoSplice(fn, j) == "" && w.relocatable(&o, in) && in.Bytes[0] != 0xcc
+		if j > coverFrom && (o.Owned.InstructionNoSplice(fn, j) != "" || !w.relocatable(&o, in) || in.Bytes[0] == 0xcc ||
+			o.Owned.Landing(in.Addr) || symbolAt(syms, in.Addr)) {
+			return false
+		}
+		return last || w.fallsThrough(&o, in)
 	}
 	for bi := range blocks {
 		b := &blocks[bi]
@@ -484,12 +509,8 @@ func analyzeOne(r TextReader, syms *Symbols, s Symbol, o AnalyzeOptions, st *Sta
 				st.shortSites = append(st.shortSites, in.Addr)
 			}
 			if (class == "springboard" || class == "trap") && coverOK {
-				if _, ok := coverInBlock(fn, b, i, 5, func(j int, last bool) bool {
-					if j > i && (!spliceable(j) || o.Owned.Landing(fn.Insns[j].Addr) || symbolAt(syms, fn.Insns[j].Addr)) {
-						return false
-					}
-					return last || w.fallsThrough(&o, &fn.Insns[j])
-				}); ok {
+				coverFrom = i
+				if _, ok := coverInBlock(fn, b, i, 5, coverUsable); ok {
 					st.Coverable++
 					if class == "springboard" && o.Springboards {
 						st.coverSites = append(st.coverSites, in.Addr)

@@ -336,14 +336,18 @@ func usesRSP(a x86asm.Arg) bool {
 // test that analysis runs over every instruction of the kernel. Reach is
 // not checked: it depends on where the patch goes.
 func CheckRelocatable(addr uint64, inst x86asm.Inst, b []byte) error {
-	s := Site{Addr: addr, Bytes: b}
-	var err error
-	if inst.Op == 0 || len(b) == 0 || len(b) > 15 || bytes.Equal(b, endbr64) || bytes.Equal(b, endbr32) {
-		_, err = analyze(s)
-	} else {
-		_, err = analyzeDecoded(s, inst, false)
-	}
+	_, err := analyzeInst(addr, inst, b)
 	return err
+}
+
+// analyzeInst analyses an instruction already decoded (inst), decoding it
+// again only where x86asm's first answer is not trusted.
+func analyzeInst(addr uint64, inst x86asm.Inst, b []byte) (*insn, error) {
+	s := Site{Addr: addr, Bytes: b}
+	if inst.Op == 0 || len(b) == 0 || len(b) > 15 || bytes.Equal(b, endbr64) || bytes.Equal(b, endbr32) {
+		return analyze(s)
+	}
+	return analyzeDecoded(s, inst, false)
 }
 
 // FallsThrough reports whether execution may continue at
@@ -364,5 +368,12 @@ func FallsThrough(site Site) (bool, error) {
 // nor calls.
 func CanFallThrough(site Site) bool {
 	in, err := analyze(site)
+	return err == nil && in.kind == kindPlain
+}
+
+// CanFallThroughInst is CanFallThrough for an instruction already decoded
+// (the whole-kernel census's cheap form, like CheckRelocatable).
+func CanFallThroughInst(addr uint64, inst x86asm.Inst, b []byte) bool {
+	in, err := analyzeInst(addr, inst, b)
 	return err == nil && in.kind == kindPlain
 }

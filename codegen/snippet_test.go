@@ -365,4 +365,18 @@ func TestFallThroughPatches(t *testing.T) {
 			t.Errorf("% x falls through", b)
 		}
 	}
+	// The census's form (on an instruction already decoded) agrees.
+	for _, b := range [][]byte{{0x74, 0x05}, {0xe8, 0, 0, 0, 0}, {0xc3}, {0x55}, {0x48, 0x8b, 0x05, 1, 2, 3, 4}, {0xff, 0xd0}, {0xe2, 0xfe}} {
+		inst, err := x86asm.Decode(b, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		site := Site{Addr: at, Bytes: b}
+		if CanFallThroughInst(at, inst, b) != CanFallThrough(site) {
+			t.Errorf("% x: CanFallThroughInst %v, CanFallThrough %v", b, CanFallThroughInst(at, inst, b), CanFallThrough(site))
+		}
+		if want := len(b) == 1 && b[0] == 0x55 || b[0] == 0x48; CanFallThrough(site) != want {
+			t.Errorf("% x: CanFallThrough %v, want %v", b, !want, want)
+		}
+	}
 }

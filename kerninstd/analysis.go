@@ -96,7 +96,7 @@ func (d *Daemon) analyze(ctx context.Context, workers int, progress func(done, t
 		Prototypes:   d.prototypes(),
 		Owned:        d.ownedSites(),
 		Springboards: true,
-		FallsThrough: func(addr uint64, b []byte) bool { return codegen.CanFallThrough(codegen.Site{Addr: addr, Bytes: b}) },
+		FallsThrough: codegen.CanFallThroughInst,
 		Progress:     progress,
 		Workers:      workers,
 	})

@@ -75,7 +75,9 @@ func BenchmarkAnalyzeKernel(b *testing.B) {
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		k, err := cfg.AnalyzeKernel(ctx, r, syms, cfg.AnalyzeOptions{Relocatable: codegen.CheckRelocatable})
+		// As kerninstd runs it: springboard space and the covering census too.
+		k, err := cfg.AnalyzeKernel(ctx, r, syms, cfg.AnalyzeOptions{Relocatable: codegen.CheckRelocatable, Springboards: true,
+			FallsThrough: codegen.CanFallThroughInst})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -101,6 +103,7 @@ func BenchmarkAnalyzeKernel(b *testing.B) {
 			b.ReportMetric((cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds(), "objdump-cpu-s")
 		}
 	}
+	b.ReportMetric(float64(st.Coverable), "coverable")
 	b.Logf("%d functions, %d blocks, %d instructions (%d bytes); %d unreadable (module or init text)",
 		st.Functions, st.BasicBlocks, st.Instructions, st.InstructionBytes, st.Unreadable)
 }
