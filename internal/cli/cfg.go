@@ -152,8 +152,9 @@ func ShowStats(ctx context.Context, c *kerninstd.Client, asJSON bool, w, stderr 
 	for _, c := range []string{"direct", "springboard", "trap", "refused"} {
 		fmt.Fprintf(w, "  %-12s %9d  %s\n", c, st.SpliceClasses[c], pct(st.SpliceClasses[c]))
 	}
-	if st.Coverable > 0 {
-		fmt.Fprintf(w, "covering splices    %d of the 1-4-byte instructions (%s of all) can take one\n", st.Coverable, pct(st.Coverable))
+	if short := st.SpliceClasses["springboard"] + st.SpliceClasses["trap"]; st.Coverable > 0 && short > 0 {
+		fmt.Fprintf(w, "covering splices    %d of the %d spliceable 1-4-byte instructions (%.1f%%) can take one\n",
+			st.Coverable, short, 100*float64(st.Coverable)/float64(short))
 	}
 	if sb := st.Springboard; sb != nil && sb.Short > 0 {
 		share := func(n int) string { return fmt.Sprintf("%.1f%%", 100*float64(n)/float64(sb.Short)) }
