@@ -73,6 +73,9 @@ func (d *Daemon) describeInstruction(syms *cfg.Symbols, fn *cfg.Function, blocks
 		}
 	}
 	why := d.noSpliceReason(syms, fn, in.Addr)
+	if why == "" && inPadding(blocks, i) {
+		why = paddingReason
+	}
 	if why == "" {
 		why = unrelocatable(in)
 	}

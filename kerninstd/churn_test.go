@@ -6,6 +6,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/arch/x86/x86asm"
 
@@ -165,5 +166,73 @@ func TestCoveringSplice(t *testing.T) {
 	reclaim(d)
 	if !bytes.Equal(textNow(t, k), text) {
 		t.Error("not restored")
+	}
+}
+
+// gatedFinish is a driver whose FinishCovering waits for a go-ahead, to
+// see how the daemon's finisher batches splices armed meanwhile.
+type gatedFinish struct {
+	*fakeKernel
+	calls chan struct{} // a FinishCovering started
+	gate  chan int      // its answer: jmps written
+}
+
+func (g *gatedFinish) FinishCovering() (int, error) {
+	g.calls <- struct{}{}
+	return <-g.gate, nil
+}
+
+// TestCoverFinisher: the first armed splice starts one background
+// FinishCovering; splices armed while it waits are served by exactly one
+// more round; afterwards nothing is armed and the jmps are counted.
+func TestCoverFinisher(t *testing.T) {
+	d, k := newTestDaemon(t)
+	g := &gatedFinish{fakeKernel: k, calls: make(chan struct{}), gate: make(chan int)}
+	d.dev = g
+	c := &d.cover
+	c.kick(d)
+	<-g.calls // round 1 waits for its grace period
+	c.kick(d) // armed meanwhile: round 1 does not cover them
+	c.kick(d)
+	if armed, _ := c.state(); armed != 3 {
+		t.Errorf("%d armed, want 3", armed)
+	}
+	g.gate <- 1
+	select { // exactly one more round for both
+	case <-g.calls:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no second round for the splices armed during the first")
+	}
+	g.gate <- 2
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		armed, jmps := c.state()
+		c.mu.Lock()
+		running := c.running
+		c.mu.Unlock()
+		if armed == 0 && !running {
+			if jmps != 3 {
+				t.Errorf("%d jmps counted, want 3", jmps)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("finisher did not settle: %d armed, running %v", armed, running)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	select {
+	case <-g.calls:
+		t.Error("a third round ran with nothing armed")
+	case <-time.After(50 * time.Millisecond):
+	}
+}
+
+func TestInPadding(t *testing.T) {
+	blocks := []cfg.Block{{First: 0, N: 2}, {First: 2, N: 3, Padding: true}, {First: 5, N: 1}}
+	for i, want := range []bool{false, false, true, true, true, false, false} {
+		if got := inPadding(blocks, i); got != want {
+			t.Errorf("instruction %d: in padding %v, want %v", i, got, want)
+		}
 	}
 }

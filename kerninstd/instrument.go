@@ -121,9 +121,28 @@ func (d *Daemon) checkSite(syms *cfg.Symbols, s *site) error {
 	if why := d.noSpliceReason(syms, fn, in.Addr); why != "" {
 		return &cfg.NoSpliceError{Where: s.where(), Reason: why}
 	}
-	s.class = d.spliceClass(syms, fn, d.blocks(syms, fn), s.index)
+	blocks := d.blocks(syms, fn)
+	if inPadding(blocks, s.index) {
+		return &cfg.NoSpliceError{Where: s.where(), Reason: paddingReason}
+	}
+	s.class = d.spliceClass(syms, fn, blocks, s.index)
 	s.live = d.siteLive(syms, s)
 	return nil
+}
+
+// paddingReason refuses an instruction of a padding block: it never runs,
+// so a counter there would never count, and its bytes are springboard
+// space (a slot there and a splice would overlap).
+const paddingReason = "padding between functions: never executed (springboard space)"
+
+// inPadding: instruction i lies in a padding block.
+func inPadding(blocks []cfg.Block, i int) bool {
+	for k := range blocks {
+		if b := &blocks[k]; i >= b.First && i < b.First+b.N {
+			return b.Padding
+		}
+	}
+	return false
 }
 
 // spliceClass is the kind of splice instruction i of fn would get now: a
