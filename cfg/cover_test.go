@@ -1,6 +1,9 @@
 package cfg
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestCoverRun(t *testing.T) {
 	code := []byte{
@@ -37,13 +40,25 @@ func TestCoverRun(t *testing.T) {
 		{"a branch only last", 0, func(j int, last bool) bool { return last || j != 1 }, 0, false},
 		{"out of range", 99, all, 0, false},
 	} {
-		n, ok := CoverRun(fn, blocks, tc.i, 5, tc.usable)
+		n, ok := CoverRun(fn, blocks, tc.i, 5, nil, nil, tc.usable)
 		if n != tc.n || ok != tc.ok {
 			t.Errorf("%s: %d, %v; want %d, %v", tc.name, n, ok, tc.n, tc.ok)
 		}
 	}
+	// A symbol after the first instruction is a way in: no run over it;
+	// one at the first instruction is not in the way.
+	syms, err := ParseKallsyms(strings.NewReader("0000000000001000 t f\n0000000000001001 t f_inner\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := CoverRun(fn, blocks, 0, 5, syms, nil, all); ok {
+		t.Error("a run over a symbol's start")
+	}
+	if n, ok := CoverRun(fn, blocks, 1, 5, syms, nil, all); n != 2 || !ok {
+		t.Errorf("from the symbol itself: %d, %v; want 2, true", n, ok)
+	}
 	long, _ := Decode("g", "", 0x2000, []byte{0xb8, 1, 0, 0, 0, 0xc3}) // mov $1,%eax; ret
-	if _, ok := CoverRun(long, long.Blocks(nil), 0, 5, all); ok {
+	if _, ok := CoverRun(long, long.Blocks(nil), 0, 5, nil, nil, all); ok {
 		t.Error("a 5-byte instruction needs no covering run")
 	}
 }

@@ -468,8 +468,7 @@ func analyzeOne(r TextReader, syms *Symbols, s Symbol, o AnalyzeOptions, st *Sta
 	var coverFrom int
 	coverUsable := func(j int, last bool) bool {
 		in := &fn.Insns[j]
-		if j > coverFrom && (o.Owned.InstructionNoSplice(fn, j) != "" || !w.relocatable(&o, in) || in.Bytes[0] == 0xcc ||
-			o.Owned.Landing(in.Addr) || symbolAt(syms, in.Addr)) {
+		if j > coverFrom && (o.Owned.InstructionNoSplice(fn, j) != "" || !w.relocatable(&o, in)) { // int3 included
 			return false
 		}
 		return last || w.fallsThrough(&o, in)
@@ -510,7 +509,7 @@ func analyzeOne(r TextReader, syms *Symbols, s Symbol, o AnalyzeOptions, st *Sta
 			}
 			if (class == "springboard" || class == "trap") && coverOK {
 				coverFrom = i
-				if _, ok := coverInBlock(fn, b, i, 5, coverUsable); ok {
+				if _, ok := coverInBlock(fn, b, i, 5, syms, o.Owned, coverUsable); ok {
 					st.Coverable++
 					if class == "springboard" && o.Springboards {
 						st.coverSites = append(st.coverSites, in.Addr)
@@ -553,10 +552,4 @@ func (st *Stats) add(o *Stats) {
 	st.shortSites = append(st.shortSites, o.shortSites...)
 	st.coverSites = append(st.coverSites, o.coverSites...)
 	st.Coverable += o.Coverable
-}
-
-// symbolAt: a symbol starts at addr (code may be entered there).
-func symbolAt(syms *Symbols, addr uint64) bool {
-	_, off, ok := syms.At(addr)
-	return ok && off == 0
 }

@@ -71,11 +71,12 @@ func (d *Daemon) BenchSplice(ctx context.Context, req BenchRequest) (BenchResult
 	// Liveness alone (resolve includes it): the same computation again.
 	syms := d.symbols()
 	for i := 0; i < light; i++ {
-		st.time(stepLiveness, func() error { s.live = d.siteLive(syms, s); return nil })
+		st.time(stepLiveness, func() error { s.live = d.siteLive(syms, s, d.blocks(syms, s.fn)); return nil })
 	}
 	// A point that would take a covering splice is timed as a trap
-	// splice: each covering splice waits for an RCU-tasks grace period
-	// (bench churn makes them).
+	// splice: a covering splice is armed as one, and its jmp is written
+	// later by the background finisher after a grace period, which is not
+	// a step of the request.
 	if s.class == springboard.Cover {
 		s.class = springboard.Trap
 	}

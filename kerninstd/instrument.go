@@ -126,7 +126,7 @@ func (d *Daemon) checkSite(syms *cfg.Symbols, s *site) error {
 		return &cfg.NoSpliceError{Where: s.where(), Reason: paddingReason}
 	}
 	s.class = d.spliceClass(syms, fn, blocks, s.index)
-	s.live = d.siteLive(syms, s)
+	s.live = d.siteLive(syms, s, blocks)
 	return nil
 }
 
@@ -168,29 +168,19 @@ func (d *Daemon) spliceClass(syms *cfg.Symbols, fn *cfg.Function, blocks []cfg.B
 }
 
 // coverRun is the number of instructions, i first, a covering splice at
-// instruction i would overwrite, if it may: every one may be spliced and
-// relocated, none after i is a landing the kernel's tables name or has a
-// symbol, and all but the last fall through without a branch or call.
+// instruction i would overwrite, if it may (cfg.CoverRun): every one may
+// be spliced, the last relocated, and all but the last fall through
+// without a branch or call.
 func (d *Daemon) coverRun(syms *cfg.Symbols, fn *cfg.Function, blocks []cfg.Block, i int) (int, bool) {
-	owned := d.ownedSites()
-	return cfg.CoverRun(fn, blocks, i, springboard.JmpRel32Len, func(j int, last bool) bool {
+	return cfg.CoverRun(fn, blocks, i, springboard.JmpRel32Len, syms, d.ownedSites(), func(j int, last bool) bool {
 		in := &fn.Insns[j]
-		if in.Bytes[0] == 0xcc || d.noSpliceReason(syms, fn, in.Addr) != "" {
+		if d.noSpliceReason(syms, fn, in.Addr) != "" { // an int3 already there included
 			return false
 		}
-		if j > i {
-			if owned.Landing(in.Addr) {
-				return false
-			}
-			if _, off, ok := syms.At(in.Addr); ok && off == 0 {
-				return false
-			}
-		}
-		site := codegen.Site{Addr: in.Addr, Bytes: in.Bytes}
 		if last {
 			return unrelocatable(in) == ""
 		}
-		return codegen.CanFallThrough(site)
+		return codegen.CanFallThrough(codegen.Site{Addr: in.Addr, Bytes: in.Bytes})
 	})
 }
 
@@ -200,9 +190,9 @@ func (d *Daemon) blocks(syms *cfg.Symbols, fn *cfg.Function) []cfg.Block {
 }
 
 // siteLive is the registers and flags live before s's instruction (step
-// 2 of a request: liveness).
-func (d *Daemon) siteLive(syms *cfg.Symbols, s *site) cfg.LiveSet {
-	live := d.dataflowLive(syms, s.fn, s.index)
+// 2 of a request: liveness); blocks are s.fn's (d.blocks).
+func (d *Daemon) siteLive(syms *cfg.Symbols, s *site, blocks []cfg.Block) cfg.LiveSet {
+	live := d.dataflowLive(syms, s.fn, blocks, s.index)
 	if s.fn.FlagsLive(s.index) {
 		live |= cfg.FlagBits
 	}
@@ -215,13 +205,10 @@ func (d *Daemon) noSpliceReason(syms *cfg.Symbols, fn *cfg.Function, addr uint64
 	return syms.NoSpliceReason(fn, addr, DriverModule, d.ownedSites())
 }
 
-// dataflowLive is what the block data-flow says is live before
-// instruction i of fn.
-func (d *Daemon) dataflowLive(syms *cfg.Symbols, fn *cfg.Function, i int) cfg.LiveSet {
-	protos := d.prototypes()
-	names := syms.Names()
-	blocks := fn.BlocksOpt(cfg.BlockOptions{Names: names, NoReturn: d.noReturn(), Tables: d.text()})
-	lv := fn.LiveWith(blocks, names, protos, d.calleeReads())
+// dataflowLive is what the block data-flow over blocks (fn's) says is
+// live before instruction i of fn.
+func (d *Daemon) dataflowLive(syms *cfg.Symbols, fn *cfg.Function, blocks []cfg.Block, i int) cfg.LiveSet {
+	lv := fn.LiveWith(blocks, syms.Names(), d.prototypes(), d.calleeReads())
 	for _, b := range blocks {
 		if i >= b.First && i < b.First+b.N {
 			return lv.Before(b.Index, i)
@@ -389,7 +376,8 @@ func (d *Daemon) newPoint(s *site) *point {
 	}
 	pt.class = springboard.Trap
 	syms := d.symbols()
-	n, ok := d.coverRun(syms, s.fn, d.blocks(syms, s.fn), s.index)
+	blocks := d.blocks(syms, s.fn)
+	n, ok := d.coverRun(syms, s.fn, blocks, s.index)
 	if !ok {
 		return pt
 	}
@@ -399,7 +387,7 @@ func (d *Daemon) newPoint(s *site) *point {
 			return pt
 		}
 		c := &site{point: s.point, sym: s.sym, fn: s.fn, index: j, amb: s.amb, class: springboard.Cover}
-		c.live = d.siteLive(syms, c)
+		c.live = d.siteLive(syms, c, blocks)
 		cover = append(cover, c)
 	}
 	pt.cover, pt.class = cover, springboard.Cover

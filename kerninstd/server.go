@@ -25,30 +25,16 @@ func (d *Daemon) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/info", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, d.Info())
 	})
-	mux.HandleFunc("POST /v1/resolve", func(w http.ResponseWriter, r *http.Request) {
-		var req ResolveRequest
-		if !readJSON(w, r, &req) {
-			return
-		}
+	mux.HandleFunc("POST /v1/resolve", postJSON(http.StatusOK, func(_ *http.Request, req ResolveRequest) (Resolved, error) {
 		res, err := d.Resolve(req.Point)
 		if err != nil {
-			writeError(w, &PointError{Point: req.Point, Err: err})
-			return
+			return res, &PointError{Point: req.Point, Err: err}
 		}
-		writeJSON(w, http.StatusOK, res)
-	})
-	mux.HandleFunc("POST /v1/sessions", func(w http.ResponseWriter, r *http.Request) {
-		var req SessionRequest
-		if !readJSON(w, r, &req) {
-			return
-		}
-		s, err := d.CreateSession(req)
-		if err != nil {
-			writeError(w, err)
-			return
-		}
-		writeJSON(w, http.StatusCreated, s)
-	})
+		return res, nil
+	}))
+	mux.HandleFunc("POST /v1/sessions", postJSON(http.StatusCreated, func(_ *http.Request, req SessionRequest) (Session, error) {
+		return d.CreateSession(req)
+	}))
 	mux.HandleFunc("DELETE /v1/sessions/{id}", func(w http.ResponseWriter, r *http.Request) {
 		s, err := d.RemoveSession(r.PathValue("id"))
 		if err != nil {
@@ -80,31 +66,30 @@ func (d *Daemon) Handler() http.Handler {
 		}
 		writeJSON(w, http.StatusOK, c)
 	})
-	mux.HandleFunc("POST /v1/bench/splice", func(w http.ResponseWriter, r *http.Request) {
-		var req BenchRequest
-		if !readJSON(w, r, &req) {
-			return
-		}
-		res, err := d.BenchSplice(r.Context(), req)
-		if err != nil {
-			writeError(w, err)
-			return
-		}
-		writeJSON(w, http.StatusOK, res)
-	})
-	mux.HandleFunc("POST /v1/bench/churn", func(w http.ResponseWriter, r *http.Request) {
-		var req ChurnRequest
-		if !readJSON(w, r, &req) {
-			return
-		}
-		res, err := d.BenchChurn(r.Context(), req)
-		if err != nil {
-			writeError(w, err)
-			return
-		}
-		writeJSON(w, http.StatusOK, res)
-	})
+	mux.HandleFunc("POST /v1/bench/splice", postJSON(http.StatusOK, func(r *http.Request, req BenchRequest) (BenchResult, error) {
+		return d.BenchSplice(r.Context(), req)
+	}))
+	mux.HandleFunc("POST /v1/bench/churn", postJSON(http.StatusOK, func(r *http.Request, req ChurnRequest) (ChurnResult, error) {
+		return d.BenchChurn(r.Context(), req)
+	}))
 	return mux
+}
+
+// postJSON is the handler of a POST whose body is a Req: f's answer is
+// written with status, or its error as an ErrorResponse.
+func postJSON[Req, Res any](status int, f func(r *http.Request, req Req) (Res, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req Req
+		if !readJSON(w, r, &req) {
+			return
+		}
+		res, err := f(r, req)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, status, res)
+	}
 }
 
 // serveSamples streams one Sample per interval until the client goes away

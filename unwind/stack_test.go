@@ -29,16 +29,7 @@ func TestUnwindSignalFrame(t *testing.T) {
 	}
 	waitSyscall(t, pid, unix.SYS_READ)
 
-	p, err := NewCache().Process(pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	regs, _, err := SyscallRegs(pid, pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pcs, methods := StackMethods(regs, p.Mem, p, 0)
-	frames := names(p, pcs)
+	_, pcs, methods, frames := procStack(t, pid)
 	t.Logf("%v via %v", frames, methods)
 	joined := " " + strings.Join(frames, " ") + " "
 	if !strings.Contains(joined, " in_handler handler ") || !strings.Contains(joined, " waiter main ") ||
@@ -76,16 +67,7 @@ func TestUnwindRealignedFrame(t *testing.T) {
 	}
 	pid := startReady(t, bin).Process.Pid
 	waitSyscall(t, pid, unix.SYS_READ)
-	p, err := NewCache().Process(pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	regs, _, err := SyscallRegs(pid, pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pcs, methods := StackMethods(regs, p.Mem, p, 0)
-	frames := names(p, pcs)
+	p, pcs, methods, frames := procStack(t, pid)
 	t.Logf("/proc registers: %v via %v", frames, methods)
 	if !strings.Contains(" "+strings.Join(frames, " ")+" ", " leaf drap main ") || frames[len(frames)-1] != "_start" {
 		t.Errorf("stack %q: want leaf drap main … _start", frames)
@@ -163,6 +145,22 @@ func startBlocker(t testing.TB, path string) int {
 }
 
 // names symbolises pcs in the process.
+// procStack unwinds pid's stack from the registers /proc gives for its
+// system call, and names the frames.
+func procStack(t *testing.T, pid int) (*Process, []uint64, []Method, []string) {
+	t.Helper()
+	p, err := NewCache().Process(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	regs, _, err := SyscallRegs(pid, pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcs, methods := StackMethods(regs, p.Mem, p, 0)
+	return p, pcs, methods, names(p, pcs)
+}
+
 func names(p *Process, pcs []uint64) []string {
 	out := make([]string, len(pcs))
 	for i, pc := range pcs {

@@ -800,12 +800,23 @@ static long ki_unsplice(struct ki_unsplice __user *uarg)
  * Errors: -ENOENT unknown id; -EINVAL a springboard splice (re-point its
  * slot), or patch not an allocation start; -ERANGE patch out of rel32 reach.
  */
+/* ki_jmp32 encodes "jmp rel32" at addr to target; -ERANGE out of reach. */
+static int ki_jmp32(u8 jmp[KI_JMP32_LEN], unsigned long addr, unsigned long target)
+{
+	s64 rel = (s64)(target - (addr + KI_JMP32_LEN));
+
+	if (rel != (s32)rel)
+		return -ERANGE;
+	jmp[0] = KI_JMP32;
+	put_unaligned_le32((u32)(s32)rel, &jmp[1]);
+	return 0;
+}
+
 static long ki_resplice(struct ki_resplice __user *uarg)
 {
 	struct ki_resplice rs;
 	struct ki_splice_rec *r;
 	u8 jmp[KI_JMP32_LEN];
-	s64 rel;
 	int err;
 
 	if (copy_from_user(&rs, uarg, sizeof(rs)))
@@ -817,17 +828,15 @@ static long ki_resplice(struct ki_resplice __user *uarg)
 		return -EINVAL;
 	if (rs.patch == r->patch)
 		return 0;
-	rel = (s64)(rs.patch - (r->addr + KI_JMP32_LEN));
-	if (r->kind != KI_TRAP && rel != (s32)rel)
-		return -ERANGE;
+	err = ki_jmp32(jmp, r->addr, rs.patch);
+	if (err && r->kind != KI_TRAP)
+		return err;
 	ki_alloc_entered[ki_alloc_start(rs.patch)] = true;
 	if (r->kind == KI_TRAP || r->pending) {	/* only the int3 is there */
 		WRITE_ONCE(r->patch, rs.patch);
 		ki_need_tasks_gp = true;
 		return 0;
 	}
-	jmp[0] = KI_JMP32;
-	put_unaligned_le32((u32)(s32)rel, &jmp[1]);
 	/* A CPU that hits the transient int3 goes to the new patch. */
 	WRITE_ONCE(r->patch, rs.patch);
 	ki_need_tasks_gp = true;
@@ -857,15 +866,16 @@ static long ki_cover_finish(struct ki_cover_finish __user *uarg)
 	 * written has since passed a voluntary context switch: it left. */
 	synchronize_rcu_tasks();
 	mutex_lock(&ki_lock);
-	for (i = 0; i < ki_nr_slots && !err; i++) {
+	for (i = 0; i < ki_nr_slots; i++) {
 		struct ki_splice_rec *r = &ki_splices[i];
 		u8 jmp[KI_JMP32_LEN];
 
 		if (!r->addr || !r->pending || r->pending > upto)
 			continue;
-		jmp[0] = KI_JMP32;
-		put_unaligned_le32((u32)(s32)(r->patch - (r->addr + KI_JMP32_LEN)), &jmp[1]);
-		err = ki_poke(r->addr, jmp, KI_JMP32_LEN);
+		/* in reach: checked when armed and when re-pointed */
+		err = ki_jmp32(jmp, r->addr, r->patch);
+		if (!err)
+			err = ki_poke(r->addr, jmp, KI_JMP32_LEN);
 		if (err) {
 			pr_err("kerninst: covering splice at %pS failed (%d)\n", (void *)r->addr, err);
 			break;

@@ -56,12 +56,7 @@ func BenchSplice(ctx context.Context, c *kerninstd.Client, point string, cycles 
 	r := res.Point
 	fmt.Fprintf(w, "%s at %s+%#x (%#x): %d-byte %q, %d cycles, text restored: %v\n",
 		r.Point, r.Function, r.Offset, uint64(r.Address), r.Length, r.Instruction, res.Cycles, res.Restored)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "step\tn\tmedian\tp90\tmin\tmax\t")
-	for _, row := range []struct {
-		name string
-		d    kerninstd.Durations
-	}{
+	rows := []durationRow{
 		{"resolve (read, decode, liveness)", res.Resolve},
 		{"liveness (part of resolve)", res.Liveness},
 		{"patch allocation", res.PatchAlloc},
@@ -73,23 +68,17 @@ func BenchSplice(ctx context.Context, c *kerninstd.Client, point string, cycles 
 		{"splice (driver)", res.Splice},
 		{"unsplice (driver)", res.Unsplice},
 		{"free (the first waits for RCU-tasks: see max)", res.Free},
-	} {
-		d := row.d
-		if d.N == 0 {
-			continue // a step this point's class does not take
+	}
+	var taken []durationRow
+	for _, r := range rows {
+		if r.d.N != 0 { // else a step this point's class does not take
+			taken = append(taken, r)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%v\t%v\t%v\t%v\t\n", row.name, d.N, time.Duration(d.Median), time.Duration(d.P90), time.Duration(d.Min), time.Duration(d.Max))
 	}
 	if kp.Skipped == "" {
-		for _, row := range []struct {
-			name string
-			d    kerninstd.Durations
-		}{{"kprobe define+enable (tracefs)", kp.Attach}, {"kprobe disable+delete (tracefs)", kp.Detach}} {
-			d := row.d
-			fmt.Fprintf(tw, "%s\t%d\t%v\t%v\t%v\t%v\t\n", row.name, d.N, time.Duration(d.Median), time.Duration(d.P90), time.Duration(d.Min), time.Duration(d.Max))
-		}
+		taken = append(taken, durationRow{"kprobe define+enable (tracefs)", kp.Attach}, durationRow{"kprobe disable+delete (tracefs)", kp.Detach})
 	}
-	if err := tw.Flush(); err != nil {
+	if err := writeDurations(w, "step", taken); err != nil {
 		return err
 	}
 	fmt.Fprintf(w, "a whole request (resolve + patch allocation + codegen + patch write + springboard + splice, medians): %v\n", time.Duration(ours))
@@ -162,24 +151,33 @@ func BenchChurn(ctx context.Context, c *kerninstd.Client, req kerninstd.ChurnReq
 		return writeJSON(w, res)
 	}
 	fmt.Fprintf(w, "%d cycles over %d points in %.1fs, text restored: %v\n", res.Cycles, res.Pool, res.Seconds, res.Restored)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "change\tn\tmedian\tp90\tmin\tmax\t")
-	for _, row := range []struct {
-		name string
-		d    kerninstd.Durations
-	}{
+	if err := writeDurations(w, "change", []durationRow{
 		{"splice (first request at a point)", res.Splice},
 		{"re-splice (patch rebuilt, splice re-pointed)", res.Resplice},
 		{"unsplice (last request removed)", res.Unsplice},
-	} {
-		d := row.d
-		fmt.Fprintf(tw, "%s\t%d\t%v\t%v\t%v\t%v\t\n", row.name, d.N, time.Duration(d.Median), time.Duration(d.P90), time.Duration(d.Min), time.Duration(d.Max))
-	}
-	if err := tw.Flush(); err != nil {
+	}); err != nil {
 		return err
 	}
 	if !res.Restored {
 		return fmt.Errorf("churn: not restored: %s", strings.Join(res.NotRestored, ", "))
 	}
 	return nil
+}
+
+// durationRow is one line of a table of measured durations.
+type durationRow struct {
+	name string
+	d    kerninstd.Durations
+}
+
+// writeDurations prints rows under a header whose first column is title:
+// n, median, p90, min and max of each.
+func writeDurations(w io.Writer, title string, rows []durationRow) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "%s\tn\tmedian\tp90\tmin\tmax\t\n", title)
+	for _, r := range rows {
+		d := r.d
+		fmt.Fprintf(tw, "%s\t%d\t%v\t%v\t%v\t%v\t\n", r.name, d.N, time.Duration(d.Median), time.Duration(d.P90), time.Duration(d.Min), time.Duration(d.Max))
+	}
+	return tw.Flush()
 }

@@ -137,6 +137,25 @@ func (g *VM) Sh(t testing.TB, ctx context.Context, script string) string {
 	return out
 }
 
+// QEMUBytes reads n bytes of guest kernel memory at addr as QEMU sees
+// them: an oracle independent of kinst's driver.
+func (g *VM) QEMUBytes(t testing.TB, addr uint64, n int) []byte {
+	t.Helper()
+	b, err := g.ReadVirt(addr, n)
+	if err != nil {
+		t.Fatalf("QEMU read %#x: %v", addr, err)
+	}
+	return b
+}
+
+// Within fails t unless lo <= got <= hi.
+func Within(t testing.TB, what string, got, lo, hi float64) {
+	t.Helper()
+	if got < lo || got > hi {
+		t.Errorf("%s = %.4g, want [%.4g, %.4g]", what, got, lo, hi)
+	}
+}
+
 // RepoRoot is the repository's top directory.
 func RepoRoot() string {
 	_, file, _, _ := runtime.Caller(0)

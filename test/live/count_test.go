@@ -41,11 +41,7 @@ func resolveLookuppn(t *testing.T, ctx context.Context) kerninstd.Resolved {
 // driver.
 func qemuBytes(t *testing.T, addr kerninstd.Addr, n int) []byte {
 	t.Helper()
-	b, err := guest.ReadVirt(uint64(addr), n)
-	if err != nil {
-		t.Fatalf("QEMU read %#x: %v", uint64(addr), err)
-	}
-	return b
+	return live.QEMUBytes(t, uint64(addr), n)
 }
 
 // waitBytes polls QEMU's view of addr until pred holds.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kinst/kinst/internal/cli"
+	"github.com/kinst/kinst/internal/livetest"
 	"github.com/kinst/kinst/kerninstd"
 )
 
@@ -130,12 +131,5 @@ cat /tmp/waiters.json`)
 	if f.Calls > oracle || (oracle > 0 && f.Calls == 0) {
 		t.Errorf("kinst counted %d slow-path entries for the lock, the kprobe %d: want 0 < kinst ≤ kprobe", f.Calls, oracle)
 	}
-	within(t, "average waiters", f.Concurrency, 0, 4)
-}
-
-func within(t *testing.T, what string, got, lo, hi float64) {
-	t.Helper()
-	if got < lo || got > hi {
-		t.Errorf("%s = %.4g, want [%.4g, %.4g]", what, got, lo, hi)
-	}
+	livetest.Within(t, "average waiters", f.Concurrency, 0, 4)
 }

@@ -24,7 +24,7 @@ func TestCountAgreesWithKprobe(t *testing.T) {
 	if err != nil || r.Function != "filename_lookup" {
 		t.Fatalf("resolve lookuppn: %+v, %v", r, err)
 	}
-	orig := qemuBytes(t, r.Address, r.Length)
+	orig := live.QEMUBytes(t, uint64(r.Address), r.Length)
 	if hex.EncodeToString(orig) != r.Bytes {
 		t.Fatalf("kerninstd reads %s at %#x, QEMU reads %x", r.Bytes, uint64(r.Address), orig)
 	}
@@ -58,7 +58,7 @@ cat /tmp/count.json`, statCalls))
 	if oracle < got || oracle > got+slack {
 		t.Errorf("kprobe counted %d calls, kinst %d: want kprobe in [kinst, kinst+%d] (its window is wider)", oracle, got, slack)
 	}
-	if now := qemuBytes(t, r.Address, r.Length); !bytes.Equal(now, orig) {
+	if now := live.QEMUBytes(t, uint64(r.Address), r.Length); !bytes.Equal(now, orig) {
 		t.Errorf("after count: bytes at %#x are %x, want the original %x", uint64(r.Address), now, orig)
 	}
 }

@@ -49,14 +49,3 @@ func gexec(t *testing.T, ctx context.Context, argv ...string) (string, string, i
 	t.Helper()
 	return live.Exec(t, ctx, argv...)
 }
-
-// qemuBytes reads guest kernel memory as QEMU sees it: independent of our
-// driver.
-func qemuBytes(t *testing.T, addr kerninstd.Addr, n int) []byte {
-	t.Helper()
-	b, err := live.ReadVirt(uint64(addr), n)
-	if err != nil {
-		t.Fatalf("QEMU read %#x: %v", uint64(addr), err)
-	}
-	return b
-}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kinst/kinst/internal/cli"
+	"github.com/kinst/kinst/internal/livetest"
 	"github.com/kinst/kinst/kerninstd"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -35,13 +36,6 @@ func timeJSON(t *testing.T, ctx context.Context, args ...string) cli.TimeReport 
 	}
 	t.Logf("%s", errs)
 	return r
-}
-
-func within(t *testing.T, what string, got, lo, hi float64) {
-	t.Helper()
-	if got < lo || got > hi {
-		t.Errorf("%s = %.4g, want [%.4g, %.4g]", what, got, lo, hi)
-	}
 }
 
 // sleeps runs a script in which sleep processes record their start and
@@ -93,11 +87,11 @@ func TestWallTimeOfSleep(t *testing.T) {
 		t.Fatalf("%d calls of do_nanosleep by sleep (%d measured), want 3", f.Calls, len(d))
 	}
 	guestSum := d[0] + d[1] + d[2]
-	within(t, "total wall time (s)", f.WallNS/1e9, 3*0.98, guestSum+3*0.02)
-	within(t, "average wall time (s)", f.AvgWallNS/1e9, 0.98, guestSum/3+0.02)
+	livetest.Within(t, "total wall time (s)", f.WallNS/1e9, 3*0.98, guestSum+3*0.02)
+	livetest.Within(t, "average wall time (s)", f.AvgWallNS/1e9, 0.98, guestSum/3+0.02)
 	// One sleep at a time: concurrency is at most 1, and the sleeps
 	// fill most of the run.
-	within(t, "concurrency", f.Concurrency, 0.5, 1.0)
+	livetest.Within(t, "concurrency", f.Concurrency, 0.5, 1.0)
 	t.Logf("kernel: %d calls, %.3f s in all; the guest measured %.2f s", f.Calls, f.WallNS/1e9, guestSum)
 }
 
@@ -116,14 +110,14 @@ func TestConcurrencyOfHeldThreads(t *testing.T) {
 	for _, x := range d {
 		guestSum += x
 	}
-	within(t, "total wall time (s)", f.WallNS/1e9, n*2*0.98, guestSum+n*0.02)
+	livetest.Within(t, "total wall time (s)", f.WallNS/1e9, n*2*0.98, guestSum+n*0.02)
 	peak := 0.0
 	for _, iv := range r.Intervals {
 		peak = max(peak, iv.Functions[0].Concurrency)
 	}
 	// Never more than n threads inside; the 250 ms intervals inside the
 	// window where all four sleep show n, up to the TSC calibration.
-	within(t, "peak interval concurrency", peak, n*0.95, n*1.02)
+	livetest.Within(t, "peak interval concurrency", peak, n*0.95, n*1.02)
 }
 
 // The pid predicate: process A makes 3000 stat calls, process B 5000, at
@@ -297,8 +291,8 @@ func TestVirtualTimeOfSleep(t *testing.T) {
 	if f.Calls != 2 || len(d) != 2 || f.VirtualNS == nil {
 		t.Fatalf("%d calls (%d measured), virtual %v", f.Calls, len(d), f.VirtualNS)
 	}
-	within(t, "total wall time (s)", f.WallNS/1e9, 2*0.98, d[0]+d[1]+2*0.02)
-	within(t, "virtual / wall", *f.VirtualNS/f.WallNS, 0, 0.05)
+	livetest.Within(t, "total wall time (s)", f.WallNS/1e9, 2*0.98, d[0]+d[1]+2*0.02)
+	livetest.Within(t, "virtual / wall", *f.VirtualNS/f.WallNS, 0, 0.05)
 	t.Logf("wall %.3f s, virtual %.3f ms", f.WallNS/1e9, *f.VirtualNS/1e6)
 }
 
@@ -325,7 +319,7 @@ func TestVirtualTimeOfCPUBound(t *testing.T) {
 	if made == 0 || f.Calls != made || f.VirtualNS == nil {
 		t.Fatalf("calls %d, the workload made %d; virtual %v", f.Calls, made, f.VirtualNS)
 	}
-	within(t, "virtual / wall", *f.VirtualNS/f.WallNS, 0.95, 1.0)
+	livetest.Within(t, "virtual / wall", *f.VirtualNS/f.WallNS, 0.95, 1.0)
 	t.Logf("%d calls, wall %.3f ms, virtual %.3f ms", f.Calls, f.WallNS/1e6, *f.VirtualNS/1e6)
 }
 
