@@ -1,5 +1,7 @@
 package cfg
 
+import "github.com/kinst/kinst/kernel"
+
 // CoverRun finds the run of whole instructions a covering splice at
 // instruction i of fn would overwrite: i and the instructions after it in
 // its basic block, until they hold at least need bytes (a jmp rel32's 5).
@@ -17,7 +19,7 @@ package cfg
 // Within one basic block no decoded branch lands after i; that is what
 // makes the run safe to overwrite at once, given the driver's wait for
 // tasks stopped inside it.
-func CoverRun(fn *Function, blocks []Block, i, need int, syms *Symbols, owned *OwnedSites, usable func(j int, last bool) bool) (int, bool) {
+func CoverRun(fn *Function, blocks []Block, i, need int, syms *kernel.Symbols, owned *kernel.OwnedSites, usable func(j int, last bool) bool) (int, bool) {
 	if i < 0 || i >= len(fn.Insns) {
 		return 0, false
 	}
@@ -44,7 +46,7 @@ func hasUnresolvedJump(blocks []Block) bool {
 }
 
 // coverInBlock is CoverRun with i's block known and the function checked.
-func coverInBlock(fn *Function, blk *Block, i, need int, syms *Symbols, owned *OwnedSites, usable func(j int, last bool) bool) (int, bool) {
+func coverInBlock(fn *Function, blk *Block, i, need int, syms *kernel.Symbols, owned *kernel.OwnedSites, usable func(j int, last bool) bool) (int, bool) {
 	if blk.Padding {
 		return 0, false
 	}
@@ -69,7 +71,7 @@ func coverInBlock(fn *Function, blk *Block, i, need int, syms *Symbols, owned *O
 }
 
 // symbolAt: a symbol starts at addr (code may be entered there).
-func symbolAt(syms *Symbols, addr uint64) bool {
+func symbolAt(syms *kernel.Symbols, addr uint64) bool {
 	if syms == nil {
 		return false
 	}

@@ -3,6 +3,8 @@ package cfg
 import (
 	"strings"
 	"testing"
+
+	"github.com/kinst/kinst/kernel"
 )
 
 func TestCoverRun(t *testing.T) {
@@ -47,7 +49,7 @@ func TestCoverRun(t *testing.T) {
 	}
 	// A symbol after the first instruction is a way in: no run over it;
 	// one at the first instruction is not in the way.
-	syms, err := ParseKallsyms(strings.NewReader("0000000000001000 t f\n0000000000001001 t f_inner\n"))
+	syms, err := kernel.ParseKallsyms(strings.NewReader("0000000000001000 t f\n0000000000001001 t f_inner\n"))
 	if err != nil {
 		t.Fatal(err)
 	}

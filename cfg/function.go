@@ -7,6 +7,7 @@ import (
 	"sort"
 
 	"github.com/kinst/kinst/internal/att"
+	"github.com/kinst/kinst/kernel"
 	"golang.org/x/arch/x86/x86asm"
 )
 
@@ -61,7 +62,7 @@ func (e *FreedInitError) Error() string {
 func (e *FreedInitError) Is(t error) bool { return t == ErrFreedInit }
 
 // ReadFunction reads and decodes the function sym from the live kernel.
-func ReadFunction(r TextReader, syms *Symbols, sym Symbol) (*Function, error) {
+func ReadFunction(r TextReader, syms *kernel.Symbols, sym kernel.Symbol) (*Function, error) {
 	return readFunction(r, syms, sym, nil)
 }
 
@@ -75,8 +76,8 @@ type decodeBuf struct {
 
 // readFunction is ReadFunction; with buf, the Function's bytes and
 // instructions live in buf and are valid until its next use.
-func readFunction(r TextReader, syms *Symbols, sym Symbol, buf *decodeBuf) (*Function, error) {
-	if sym.Module == "" && syms.inRange(sym.Addr, "__init_begin", "__init_end") {
+func readFunction(r TextReader, syms *kernel.Symbols, sym kernel.Symbol, buf *decodeBuf) (*Function, error) {
+	if sym.Module == "" && syms.InRange(sym.Addr, "__init_begin", "__init_end") {
 		return nil, &FreedInitError{Name: sym.Name}
 	}
 	end := syms.End(sym)

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"golang.org/x/arch/x86/x86asm"
+
+	"github.com/kinst/kinst/kernel"
 )
 
 // Stats is the structural census of a running kernel: the paper's
@@ -39,9 +41,9 @@ type Stats struct {
 	// caller from Kernel.SpringboardRuns and ShortSites).
 	Springboard *SpringboardStats `json:"springboard,omitempty"`
 	// NoSpliceSites counts the sites the kernel's own tables name (see
-	// OwnedSites); absent when they were not read.
-	NoSpliceSites *OwnedCounts `json:"no_splice_sites,omitempty"`
-	Seconds       float64      `json:"seconds"`
+	// kernel.OwnedSites); absent when they were not read.
+	NoSpliceSites *kernel.OwnedCounts `json:"no_splice_sites,omitempty"`
+	Seconds       float64             `json:"seconds"`
 
 	springRuns []Range  // SpringboardSpace of every function
 	shortSites []uint64 // 2-4-byte instructions classed springboard
@@ -71,7 +73,7 @@ type AnalyzeOptions struct {
 	// encoding.
 	Relocatable func(addr uint64, inst x86asm.Inst, b []byte) error
 	// Owned are instructions the kernel's own tables name; refused.
-	Owned *OwnedSites
+	Owned *kernel.OwnedSites
 	// Springboards collects springboard space and the short instructions
 	// that would use it (Kernel.SpringboardRuns, ShortSites).
 	Springboards bool
@@ -81,8 +83,8 @@ type AnalyzeOptions struct {
 	// instructions a covering splice can take (Stats.Coverable). Its
 	// answer must depend on the bytes only.
 	FallsThrough func(addr uint64, inst x86asm.Inst, b []byte) bool
-	// Prototypes make call liveness precise; nil is conservative.
-	Prototypes Prototypes
+	// kernel.Prototypes make call liveness precise; nil is conservative.
+	Prototypes kernel.Prototypes
 	// Progress is called now and then with functions done and total.
 	Progress func(done, total int)
 	Workers  int // default GOMAXPROCS
@@ -144,13 +146,13 @@ func (s NoReturnSet) Func() NoReturn { return func(a uint64) bool { return s[a] 
 // the live text, splits it into blocks, computes block liveness, finds the
 // functions that never return, and returns the census. Functions are
 // analysed in parallel; one function's failure is counted, not fatal.
-func AnalyzeKernel(ctx context.Context, r TextReader, syms *Symbols, o AnalyzeOptions) (*Kernel, error) {
+func AnalyzeKernel(ctx context.Context, r TextReader, syms *kernel.Symbols, o AnalyzeOptions) (*Kernel, error) {
 	start := time.Now()
 	if o.Workers <= 0 {
 		o.Workers = runtime.GOMAXPROCS(0)
 	}
-	if lo, ok1 := syms.marker("_stext"); ok1 {
-		if hi, ok2 := syms.marker("_etext"); ok2 && hi > lo {
+	if lo, ok1 := syms.Address("_stext"); ok1 {
+		if hi, ok2 := syms.Address("_etext"); ok2 && hi > lo {
 			buf := make([]byte, hi-lo)
 			ok := true
 			for off := 0; off < len(buf) && ok; off += prefetchChunk {
@@ -162,10 +164,10 @@ func AnalyzeKernel(ctx context.Context, r TextReader, syms *Symbols, o AnalyzeOp
 		}
 	}
 	// One function per start address (aliases share one).
-	var fns []Symbol
+	var fns []kernel.Symbol
 	modules := map[string]bool{}
-	for i, s := range syms.byAddr {
-		if i > 0 && syms.byAddr[i-1].Addr == s.Addr {
+	for i, s := range syms.All() {
+		if i > 0 && syms.All()[i-1].Addr == s.Addr {
 			continue
 		}
 		fns = append(fns, s)
@@ -175,13 +177,13 @@ func AnalyzeKernel(ctx context.Context, r TextReader, syms *Symbols, o AnalyzeOp
 	}
 	st := Stats{Modules: len(modules), SpliceClasses: map[string]int{}}
 	if o.Owned != nil {
-		n := o.Owned.counts
+		n := o.Owned.Counts()
 		st.NoSpliceSites = &n
 	}
 	sums := make(map[uint64]*summary, len(fns))
 	var mu sync.Mutex
 	var done atomic.Int64
-	work := make(chan Symbol, 256)
+	work := make(chan kernel.Symbol, 256)
 	var wg sync.WaitGroup
 	for w := 0; w < o.Workers; w++ {
 		wg.Add(1)
@@ -409,7 +411,7 @@ func (e *relocEntry) store(b []byte, ok bool) {
 	}
 }
 
-func analyzeOne(r TextReader, syms *Symbols, s Symbol, o AnalyzeOptions, st *Stats, w *worker) *summary {
+func analyzeOne(r TextReader, syms *kernel.Symbols, s kernel.Symbol, o AnalyzeOptions, st *Stats, w *worker) *summary {
 	fn, err := readFunction(r, syms, s, &w.buf)
 	switch {
 	case err == nil:
@@ -425,7 +427,7 @@ func analyzeOne(r TextReader, syms *Symbols, s Symbol, o AnalyzeOptions, st *Sta
 		st.Truncated++
 	}
 	names := syms.Names()
-	fnWhy := syms.FunctionNoSplice(fn, o.DriverModule)
+	fnWhy := FunctionNoSplice(syms, fn, o.DriverModule)
 	blocks := fn.BlocksOpt(BlockOptions{Names: names, Tables: r})
 	// Liveness is part of the analysis (its block live-in sets are what
 	// splicing consults), so the census pays for it too.
@@ -468,7 +470,7 @@ func analyzeOne(r TextReader, syms *Symbols, s Symbol, o AnalyzeOptions, st *Sta
 	var coverFrom int
 	coverUsable := func(j int, last bool) bool {
 		in := &fn.Insns[j]
-		if j > coverFrom && (o.Owned.InstructionNoSplice(fn, j) != "" || !w.relocatable(&o, in)) { // int3 included
+		if j > coverFrom && (InstructionNoSplice(o.Owned, fn, j) != "" || !w.relocatable(&o, in)) { // int3 included
 			return false
 		}
 		return last || w.fallsThrough(&o, in)
@@ -500,7 +502,7 @@ func analyzeOne(r TextReader, syms *Symbols, s Symbol, o AnalyzeOptions, st *Sta
 		for i := b.First; i < b.First+b.N; i++ {
 			in := &fn.Insns[i]
 			class := classOf(in.Len())
-			if fnWhy != "" || o.Owned.InstructionNoSplice(fn, i) != "" || !w.relocatable(&o, in) {
+			if fnWhy != "" || InstructionNoSplice(o.Owned, fn, i) != "" || !w.relocatable(&o, in) {
 				class = "refused"
 			}
 			st.SpliceClasses[class]++

@@ -3,6 +3,8 @@ package cfg
 import (
 	"strings"
 	"testing"
+
+	"github.com/kinst/kinst/kernel"
 )
 
 func TestNoReturnFunctions(t *testing.T) {
@@ -69,7 +71,7 @@ func TestBlocksEndAtNoReturnCalls(t *testing.T) {
 }
 
 func TestPortableNames(t *testing.T) {
-	s, err := ParseKallsyms(strings.NewReader(kallsymsFixture))
+	s, err := kernel.ParseKallsyms(strings.NewReader(kallsymsFixture))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,8 @@ package cfg
 import (
 	"errors"
 	"fmt"
+
+	"github.com/kinst/kinst/kernel"
 )
 
 // ErrNoSplice is matched by every NoSpliceError.
@@ -37,41 +39,35 @@ var noinstrSections = [][2]string{
 	{"__irqentry_text_start", "__irqentry_text_end"},
 }
 
-// inRange reports whether addr lies in [start, end) of two marker symbols
-// of the core kernel; false when either is missing.
-func (s *Symbols) inRange(addr uint64, start, end string) bool {
-	lo, ok1 := s.marker(start)
-	hi, ok2 := s.marker(end)
-	return ok1 && ok2 && addr >= lo && addr < hi
-}
-
-func (s *Symbols) marker(name string) (uint64, bool) {
-	if a, ok := s.markers[name]; ok {
-		return a, true
-	}
-	sym, _, err := s.Lookup(name)
-	return sym.Addr, err == nil && sym.Module == ""
-}
-
 // NoSpliceReason returns why the instruction at addr in function f must not
 // be spliced, or "" if nothing forbids it. driverModule is the module name
 // of our own driver, whose text is never touched; owned are the kernel's
 // own tables (nil if they could not be read).
-func (s *Symbols) NoSpliceReason(f *Function, addr uint64, driverModule string, owned *OwnedSites) string {
-	if why := s.FunctionNoSplice(f, driverModule); why != "" {
+func NoSpliceReason(s *kernel.Symbols, f *Function, addr uint64, driverModule string, owned *kernel.OwnedSites) string {
+	if why := FunctionNoSplice(s, f, driverModule); why != "" {
 		return why
 	}
 	if why := owned.Reason(addr); why != "" {
 		return why
 	}
 	if i, err := f.Index(addr); err == nil {
-		return owned.InstructionNoSplice(f, i)
+		return InstructionNoSplice(owned, f, i)
 	}
 	return ""
 }
 
+// IsFtraceSite reports whether instruction i of f is an ftrace site: from
+// ftrace's records when they were read, otherwise from the shape of the
+// function's first instruction (Function.IsFtraceSite). o may be nil.
+func IsFtraceSite(o *kernel.OwnedSites, f *Function, i int) bool {
+	if o.HasFtraceRecords() {
+		return i >= 0 && i < len(f.Insns) && o.Ftrace(f.Insns[i].Addr)
+	}
+	return f.IsFtraceSite(i)
+}
+
 // FunctionNoSplice returns why no instruction of f may be spliced, or "".
-func (s *Symbols) FunctionNoSplice(f *Function, driverModule string) string {
+func FunctionNoSplice(s *kernel.Symbols, f *Function, driverModule string) string {
 	switch {
 	case f.Module != "" && f.Module == driverModule:
 		return "kinst's own driver text"
@@ -79,7 +75,7 @@ func (s *Symbols) FunctionNoSplice(f *Function, driverModule string) string {
 		return "on the int3 / die-notifier path that splices rely on"
 	}
 	for _, sec := range noinstrSections {
-		if f.Module == "" && s.inRange(f.Addr, sec[0], sec[1]) {
+		if f.Module == "" && s.InRange(f.Addr, sec[0], sec[1]) {
 			return fmt.Sprintf("inside %s…%s (code that must not be instrumented)", sec[0], sec[1])
 		}
 	}
@@ -89,7 +85,7 @@ func (s *Symbols) FunctionNoSplice(f *Function, driverModule string) string {
 // InstructionNoSplice returns why instruction i of f itself must not be
 // spliced, or "": a site the kernel's tables name, the function's ftrace
 // site, or an int3 already there. o may be nil.
-func (o *OwnedSites) InstructionNoSplice(f *Function, i int) string {
+func InstructionNoSplice(o *kernel.OwnedSites, f *Function, i int) string {
 	in := &f.Insns[i]
 	switch {
 	case o.Reason(in.Addr) != "":

@@ -4,6 +4,8 @@ import (
 	"strings"
 
 	"golang.org/x/arch/x86/x86asm"
+
+	"github.com/kinst/kinst/kernel"
 )
 
 // LiveSet is a set of the 16 general-purpose registers (bits 0–15, in
@@ -175,7 +177,7 @@ func isJcc(op x86asm.Op) bool {
 // useDef returns what instruction in reads before it writes anything (use)
 // and what it overwrites entirely (def). Calls follow the kernel's SysV
 // ABI; anything not understood reads everything and defines nothing.
-func useDef(in *Instruction, names NameAt, protos Prototypes, reads CalleeReads) (use, def LiveSet) {
+func useDef(in *Instruction, names NameAt, protos kernel.Prototypes, reads CalleeReads) (use, def LiveSet) {
 	inst := &in.Inst
 	args := inst.Args[:]
 	n := 0
@@ -206,10 +208,10 @@ func useDef(in *Instruction, names NameAt, protos Prototypes, reads CalleeReads)
 				// even when the callee does not.
 				use = reads[t]&callerSaved | regRSP
 				if _, ok := protos[name]; named && ok {
-					use |= protos.argSet(name)
+					use |= argSet(protos, name)
 				}
 			case named:
-				use = protos.argSet(name) | regRSP
+				use = argSet(protos, name) | regRSP
 			}
 		} else {
 			for _, a := range args {
@@ -342,7 +344,7 @@ type Liveness struct {
 	fn      *Function
 	blocks  []Block
 	names   NameAt
-	protos  Prototypes
+	protos  kernel.Prototypes
 	reads   CalleeReads
 	LiveIn  []LiveSet // per block
 	LiveOut []LiveSet // per block
@@ -352,7 +354,7 @@ type Liveness struct {
 func (lv *Liveness) exitUses(b *Block) LiveSet {
 	switch b.Exit {
 	case Return:
-		return lv.protos.retSet(lv.fn.Name) | calleeSaved | regRSP
+		return retSet(lv.protos, lv.fn.Name) | calleeSaved | regRSP
 	case NoReturnCall:
 		// The call itself (the block's last instruction) reads its
 		// arguments; nothing after it runs.
@@ -361,12 +363,12 @@ func (lv *Liveness) exitUses(b *Block) LiveSet {
 		args := argRegs
 		if t, ok := BranchTarget(b.Last(lv.fn)); ok {
 			if name, ok := lv.names.name(t); ok {
-				args = lv.protos.argSet(name)
+				args = argSet(lv.protos, name)
 			}
 			if r := lv.reads[t]; r != 0 {
 				name, named := lv.names.name(t)
 				if _, ok := lv.protos[name]; named && ok {
-					args = r&callerSaved | lv.protos.argSet(name)
+					args = r&callerSaved | argSet(lv.protos, name)
 				} else {
 					args = r & callerSaved
 				}
@@ -382,7 +384,7 @@ func (lv *Liveness) exitUses(b *Block) LiveSet {
 // its BTF prototype in protos, else all six) and clobbers the
 // caller-saved ones; a return reads the return registers (none for a
 // void function) and the callee-saved ones. protos may be nil.
-func (f *Function) Live(blocks []Block, names NameAt, protos Prototypes) *Liveness {
+func (f *Function) Live(blocks []Block, names NameAt, protos kernel.Prototypes) *Liveness {
 	return f.LiveWith(blocks, names, protos, nil)
 }
 
@@ -392,7 +394,7 @@ func (f *Function) Live(blocks []Block, names NameAt, protos Prototypes) *Livene
 type CalleeReads map[uint64]LiveSet
 
 // LiveWith is Live with callee summaries; reads may be nil.
-func (f *Function) LiveWith(blocks []Block, names NameAt, protos Prototypes, reads CalleeReads) *Liveness {
+func (f *Function) LiveWith(blocks []Block, names NameAt, protos kernel.Prototypes, reads CalleeReads) *Liveness {
 	lv := &Liveness{fn: f, blocks: blocks, names: names, protos: protos, reads: reads,
 		LiveIn: make([]LiveSet, len(blocks)), LiveOut: make([]LiveSet, len(blocks))}
 	type ud struct{ use, def LiveSet }

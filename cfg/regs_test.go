@@ -2,6 +2,8 @@ package cfg
 
 import (
 	"testing"
+
+	"github.com/kinst/kinst/kernel"
 )
 
 func TestLiveness(t *testing.T) {
@@ -116,7 +118,7 @@ func TestCalleeReads(t *testing.T) {
 	}
 	// A prototype still counts: a tracer at g's entry may read its
 	// arguments.
-	l = at(fn.LiveWith(blocks, names, Prototypes{"g": {ArgRegs: 5, RetRegs: 1}}, CalleeReads{g: regRDI | regRSP}), 0x9)
+	l = at(fn.LiveWith(blocks, names, kernel.Prototypes{"g": {ArgRegs: 5, RetRegs: 1}}, CalleeReads{g: regRDI | regRSP}), 0x9)
 	if l&regR8 == 0 {
 		t.Errorf("g's prototype has 5 arguments, R8 must stay live: %v", l)
 	}

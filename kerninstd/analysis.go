@@ -18,6 +18,7 @@ import (
 
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/codegen"
+	"github.com/kinst/kinst/kernel"
 	"github.com/kinst/kinst/springboard"
 )
 
@@ -152,7 +153,7 @@ func (d *Daemon) cachePath() (string, error) {
 	return filepath.Join(d.cacheDir, "analysis-"+key+".json"), nil
 }
 
-func (d *Daemon) saveAnalysis(syms *cfg.Symbols, st cfg.Stats, noret cfg.NoReturnSet, reads cfg.CalleeReads) error {
+func (d *Daemon) saveAnalysis(syms *kernel.Symbols, st cfg.Stats, noret cfg.NoReturnSet, reads cfg.CalleeReads) error {
 	path, err := d.cachePath()
 	if err != nil {
 		return err

@@ -6,6 +6,7 @@ import (
 
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/codegen"
+	"github.com/kinst/kinst/kernel"
 )
 
 // FunctionCFG analyses one function of the live kernel. It changes
@@ -61,7 +62,7 @@ func unrelocatable(in *cfg.Instruction) string {
 	return ""
 }
 
-func (d *Daemon) describeInstruction(syms *cfg.Symbols, fn *cfg.Function, blocks []cfg.Block, i int) CFGInstruction {
+func (d *Daemon) describeInstruction(syms *kernel.Symbols, fn *cfg.Function, blocks []cfg.Block, i int) CFGInstruction {
 	in := &fn.Insns[i]
 	ci := CFGInstruction{
 		Address: Addr(in.Addr), Offset: in.Addr - fn.Addr, Length: in.Len(),

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/codegen"
+	"github.com/kinst/kinst/kernel"
 )
 
 // TestBenchChurn: every change of every cycle is counted by kind, a
@@ -73,8 +74,8 @@ func TestBenchChurnBadRequests(t *testing.T) {
 	}{
 		{ChurnRequest{Points: []string{"lookuppn"}}, nil},
 		{ChurnRequest{Cycles: 5}, nil},
-		{ChurnRequest{Points: []string{"lookuppn", "nosuch"}, Cycles: 5}, cfg.ErrUnknownFunction},
-		{ChurnRequest{Functions: []string{"nosuch"}, Cycles: 5}, cfg.ErrUnknownFunction},
+		{ChurnRequest{Points: []string{"lookuppn", "nosuch"}, Cycles: 5}, kernel.ErrUnknownFunction},
+		{ChurnRequest{Functions: []string{"nosuch"}, Cycles: 5}, kernel.ErrUnknownFunction},
 		{ChurnRequest{Points: []string{"filename_lookup+0x1"}, Cycles: 5}, nil}, // mid-instruction
 	} {
 		_, err := d.BenchChurn(context.Background(), tc.req)

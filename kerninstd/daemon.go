@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/kernel"
 	"github.com/kinst/kinst/metrics"
 	"github.com/kinst/kinst/springboard"
 )
@@ -23,21 +24,21 @@ type Config struct {
 	Release  string // kernel release; default from /proc/sys/kernel/osrelease
 	Info     func() Info
 	Log      *slog.Logger
-	// Prototypes loads function prototypes (cfg.LoadKernelPrototypes);
+	// Prototypes loads function prototypes (kernel.LoadKernelPrototypes);
 	// nil: none.
-	Prototypes func() (cfg.Prototypes, error)
+	Prototypes func() (kernel.Prototypes, error)
 	// Layout loads the struct layouts the module and ftrace table walkers
-	// need (cfg.LoadKernelLayout); nil: only the core kernel's tables are
+	// need (kernel.LoadKernelLayout); nil: only the core kernel's tables are
 	// read.
-	Layout func() (*cfg.KernelLayout, error)
+	Layout func() (*kernel.KernelLayout, error)
 	// CacheDir keeps the whole-kernel analysis across restarts; "" off.
 	CacheDir string
 	// Notes and Modules identify the kernel build and module set for the
 	// cache (default /sys/kernel/notes and /proc/modules).
 	Notes, Modules string
 	// TaskLayout locates current's pid, tgid and comm for filters
-	// (default cfg.LoadTaskLayout, from the kernel's BTF).
-	TaskLayout func(*cfg.Symbols) (cfg.TaskLayout, error)
+	// (default kernel.LoadTaskLayout, from the kernel's BTF).
+	TaskLayout func(*kernel.Symbols) (kernel.TaskLayout, error)
 }
 
 // Daemon owns the device and every session.
@@ -47,30 +48,30 @@ type Daemon struct {
 	kallsyms   string
 	release    string
 	info       func() Info
-	loadProtos func() (cfg.Prototypes, error)
-	loadLayout func() (*cfg.KernelLayout, error)
+	loadProtos func() (kernel.Prototypes, error)
+	loadLayout func() (*kernel.KernelLayout, error)
 
-	symMu sync.Mutex   // protects syms
-	syms  *cfg.Symbols // immutable snapshot, replaced on reload
+	symMu sync.Mutex      // protects syms
+	syms  *kernel.Symbols // immutable snapshot, replaced on reload
 
 	protoOnce sync.Once
-	protoMap  cfg.Prototypes // from kernel BTF; nil (conservative) if unavailable
+	protoMap  kernel.Prototypes // from kernel BTF; nil (conservative) if unavailable
 
 	cacheDir, notesPath, modulesPath string
 
 	layoutOnce sync.Once
-	layoutVal  *cfg.KernelLayout // from kernel BTF; nil if unavailable
+	layoutVal  *kernel.KernelLayout // from kernel BTF; nil if unavailable
 
-	ownMu    sync.Mutex      // protects owned and ownedFor
-	owned    *cfg.OwnedSites // instructions the kernel's own tables name; nil if unreadable
-	ownedFor *cfg.Symbols    // the symbol snapshot owned was read with
+	ownMu    sync.Mutex         // protects owned and ownedFor
+	owned    *kernel.OwnedSites // instructions the kernel's own tables name; nil if unreadable
+	ownedFor *kernel.Symbols    // the symbol snapshot owned was read with
 
 	anMu     sync.Mutex      // protects noret, reads, stats, calls and callSyms
 	noret    cfg.NoReturnSet // from the whole-kernel analysis; nil until it ran
 	reads    cfg.CalleeReads // its callee summaries; nil until it ran
 	stats    *cfg.Stats      // its census
 	calls    *cfg.CallGraph  // its call graph (not cached on disk)
-	callSyms *cfg.Symbols    // the symbols the graph's addresses belong to
+	callSyms *kernel.Symbols // the symbols the graph's addresses belong to
 
 	spring *springboard.Heap // springboard space; has its own lock
 	ov     overlay           // original bytes under our splices; has its own lock
@@ -80,8 +81,8 @@ type Daemon struct {
 	clock *metrics.Clock // converts the timers' TSC ticks
 
 	taskOnce sync.Once
-	loadTask func(*cfg.Symbols) (cfg.TaskLayout, error)
-	task     cfg.TaskLayout // where current's pid, tgid and comm are
+	loadTask func(*kernel.Symbols) (kernel.TaskLayout, error)
+	task     kernel.TaskLayout // where current's pid, tgid and comm are
 	taskErr  error
 
 	mu       sync.Mutex          // serialises every change to the kernel; protects the fields below
@@ -128,7 +129,7 @@ func New(c Config) (*Daemon, error) {
 		loadTask:    c.TaskLayout,
 	}
 	if d.loadTask == nil {
-		d.loadTask = cfg.LoadTaskLayout
+		d.loadTask = kernel.LoadTaskLayout
 	}
 	if d.log == nil {
 		d.log = slog.Default()
@@ -156,7 +157,7 @@ func New(c Config) (*Daemon, error) {
 // bytes wherever kerninstd has spliced.
 func (d *Daemon) text() textView { return textView{dev: d.dev, ov: &d.ov} }
 
-func (d *Daemon) symbols() *cfg.Symbols {
+func (d *Daemon) symbols() *kernel.Symbols {
 	d.symMu.Lock()
 	defer d.symMu.Unlock()
 	return d.syms
@@ -165,7 +166,7 @@ func (d *Daemon) symbols() *cfg.Symbols {
 // prototypes returns the kernel's function prototypes from BTF, loaded on
 // first use. Without BTF the analysis assumes every call reads all six
 // argument registers.
-func (d *Daemon) prototypes() cfg.Prototypes {
+func (d *Daemon) prototypes() kernel.Prototypes {
 	d.protoOnce.Do(func() {
 		if d.loadProtos == nil {
 			return
@@ -182,7 +183,7 @@ func (d *Daemon) prototypes() cfg.Prototypes {
 
 // layout returns the kernel's struct layouts from BTF, loaded on first
 // use; nil without BTF.
-func (d *Daemon) layout() *cfg.KernelLayout {
+func (d *Daemon) layout() *kernel.KernelLayout {
 	d.layoutOnce.Do(func() {
 		if d.loadLayout == nil {
 			return
@@ -201,7 +202,7 @@ func (d *Daemon) layout() *cfg.KernelLayout {
 // static-call and ftrace tables name (core kernel and modules), read from
 // live memory. They are read again whenever the symbols are reloaded,
 // which is what happens when a lookup meets a newly loaded module.
-func (d *Daemon) ownedSites() *cfg.OwnedSites {
+func (d *Daemon) ownedSites() *kernel.OwnedSites {
 	syms := d.symbols()
 	d.ownMu.Lock()
 	defer d.ownMu.Unlock()
@@ -209,10 +210,10 @@ func (d *Daemon) ownedSites() *cfg.OwnedSites {
 		return d.owned
 	}
 	layout := d.layout()
-	o, n, err := cfg.LoadOwnedSites(d.text(), syms, layout)
+	o, n, err := kernel.LoadOwnedSites(d.text(), syms, layout)
 	if err != nil && layout != nil {
 		d.log.Warn("modules' tables or ftrace's records unreadable; only the core kernel's tables are refused", "err", err)
-		o, n, err = cfg.LoadOwnedSites(d.text(), syms, nil)
+		o, n, err = kernel.LoadOwnedSites(d.text(), syms, nil)
 	}
 	d.ownedFor = syms
 	if err != nil {
@@ -226,8 +227,8 @@ func (d *Daemon) ownedSites() *cfg.OwnedSites {
 	return o
 }
 
-func (d *Daemon) reloadSymbols() (*cfg.Symbols, error) {
-	s, err := cfg.LoadKallsyms(d.kallsyms)
+func (d *Daemon) reloadSymbols() (*kernel.Symbols, error) {
+	s, err := kernel.LoadKallsyms(d.kallsyms)
 	if err != nil {
 		return nil, fmt.Errorf("load symbols: %w", err)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/codegen"
+	"github.com/kinst/kinst/kernel"
 )
 
 const textAddr = 0xffffffff81200000
@@ -328,7 +329,7 @@ func TestFunctionCFG(t *testing.T) {
 	if in := byOff[0x1f]; in.Target != "exc_int3+0x3" {
 		t.Errorf("jmp target not named: %+v", in)
 	}
-	if _, err := d.FunctionCFG("nosuch"); !errors.Is(err, cfg.ErrUnknownFunction) {
+	if _, err := d.FunctionCFG("nosuch"); !errors.Is(err, kernel.ErrUnknownFunction) {
 		t.Errorf("unknown function: %v", err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/codegen"
+	"github.com/kinst/kinst/kernel"
 	"github.com/kinst/kinst/springboard"
 )
 
@@ -19,7 +20,7 @@ const DriverModule = "kerninst"
 // site is a resolved point: one instruction of a decoded function.
 type site struct {
 	point cfg.Point
-	sym   cfg.Symbol
+	sym   kernel.Symbol
 	fn    *cfg.Function
 	index int
 	amb   int
@@ -65,10 +66,10 @@ var ErrNoEntryInstruction = errors.New("no spliceable instruction in the entry b
 
 // lookup finds a function by name, reloading kallsyms once if it is not
 // there: a module may have been loaded since the last snapshot.
-func (d *Daemon) lookup(name string) (*cfg.Symbols, cfg.Symbol, int, error) {
+func (d *Daemon) lookup(name string) (*kernel.Symbols, kernel.Symbol, int, error) {
 	syms := d.symbols()
 	sym, amb, err := syms.Lookup(name)
-	if errors.Is(err, cfg.ErrUnknownFunction) {
+	if errors.Is(err, kernel.ErrUnknownFunction) {
 		if syms, err = d.reloadSymbols(); err == nil {
 			sym, amb, err = syms.Lookup(name)
 		}
@@ -116,7 +117,7 @@ func (d *Daemon) resolve(spec string) (*site, error) {
 
 // checkSite refuses a no-splice instruction and sets the splice class and
 // the live registers and flags of s, whose instruction is chosen.
-func (d *Daemon) checkSite(syms *cfg.Symbols, s *site) error {
+func (d *Daemon) checkSite(syms *kernel.Symbols, s *site) error {
 	fn, in := s.fn, s.insn()
 	if why := d.noSpliceReason(syms, fn, in.Addr); why != "" {
 		return &cfg.NoSpliceError{Where: s.where(), Reason: why}
@@ -149,7 +150,7 @@ func inPadding(blocks []cfg.Block, i int) bool {
 // short instruction takes a springboard splice when a slot is free within
 // rel8 reach, else a covering splice when its basic block allows one
 // (ignoring other points), else a trap splice.
-func (d *Daemon) spliceClass(syms *cfg.Symbols, fn *cfg.Function, blocks []cfg.Block, i int) springboard.Class {
+func (d *Daemon) spliceClass(syms *kernel.Symbols, fn *cfg.Function, blocks []cfg.Block, i int) springboard.Class {
 	in := &fn.Insns[i]
 	c := springboard.Classify(in.Len())
 	if c == springboard.Springboard {
@@ -171,7 +172,7 @@ func (d *Daemon) spliceClass(syms *cfg.Symbols, fn *cfg.Function, blocks []cfg.B
 // instruction i would overwrite, if it may (cfg.CoverRun): every one may
 // be spliced, the last relocated, and all but the last fall through
 // without a branch or call.
-func (d *Daemon) coverRun(syms *cfg.Symbols, fn *cfg.Function, blocks []cfg.Block, i int) (int, bool) {
+func (d *Daemon) coverRun(syms *kernel.Symbols, fn *cfg.Function, blocks []cfg.Block, i int) (int, bool) {
 	return cfg.CoverRun(fn, blocks, i, springboard.JmpRel32Len, syms, d.ownedSites(), func(j int, last bool) bool {
 		in := &fn.Insns[j]
 		if d.noSpliceReason(syms, fn, in.Addr) != "" { // an int3 already there included
@@ -185,13 +186,13 @@ func (d *Daemon) coverRun(syms *cfg.Symbols, fn *cfg.Function, blocks []cfg.Bloc
 }
 
 // blocks is fn's basic blocks as the daemon analyses them.
-func (d *Daemon) blocks(syms *cfg.Symbols, fn *cfg.Function) []cfg.Block {
+func (d *Daemon) blocks(syms *kernel.Symbols, fn *cfg.Function) []cfg.Block {
 	return fn.BlocksOpt(cfg.BlockOptions{Names: syms.Names(), NoReturn: d.noReturn(), Tables: d.text()})
 }
 
 // siteLive is the registers and flags live before s's instruction (step
 // 2 of a request: liveness); blocks are s.fn's (d.blocks).
-func (d *Daemon) siteLive(syms *cfg.Symbols, s *site, blocks []cfg.Block) cfg.LiveSet {
+func (d *Daemon) siteLive(syms *kernel.Symbols, s *site, blocks []cfg.Block) cfg.LiveSet {
 	live := d.dataflowLive(syms, s.fn, blocks, s.index)
 	if s.fn.FlagsLive(s.index) {
 		live |= cfg.FlagBits
@@ -201,13 +202,13 @@ func (d *Daemon) siteLive(syms *cfg.Symbols, s *site, blocks []cfg.Block) cfg.Li
 
 // noSpliceReason combines the symbol-based reasons with the kernel's own
 // tables.
-func (d *Daemon) noSpliceReason(syms *cfg.Symbols, fn *cfg.Function, addr uint64) string {
-	return syms.NoSpliceReason(fn, addr, DriverModule, d.ownedSites())
+func (d *Daemon) noSpliceReason(syms *kernel.Symbols, fn *cfg.Function, addr uint64) string {
+	return cfg.NoSpliceReason(syms, fn, addr, DriverModule, d.ownedSites())
 }
 
 // dataflowLive is what the block data-flow over blocks (fn's) says is
 // live before instruction i of fn.
-func (d *Daemon) dataflowLive(syms *cfg.Symbols, fn *cfg.Function, blocks []cfg.Block, i int) cfg.LiveSet {
+func (d *Daemon) dataflowLive(syms *kernel.Symbols, fn *cfg.Function, blocks []cfg.Block, i int) cfg.LiveSet {
 	lv := fn.LiveWith(blocks, syms.Names(), d.prototypes(), d.calleeReads())
 	for _, b := range blocks {
 		if i >= b.First && i < b.First+b.N {
@@ -223,7 +224,7 @@ func (d *Daemon) dataflowLive(syms *cfg.Symbols, fn *cfg.Function, blocks []cfg.
 // one that can be relocated at all (a springboard or trap splice). Every
 // instruction of the entry block runs exactly once per call, so a counter
 // there counts calls.
-func entryInstruction(fn *cfg.Function, owned *cfg.OwnedSites) (int, error) {
+func entryInstruction(fn *cfg.Function, owned *kernel.OwnedSites) (int, error) {
 	n := fn.EntryBlock()
 	if i, ok := pickInstruction(fn, owned, 0, n); ok {
 		return i, nil
@@ -245,7 +246,7 @@ var ErrNoBlock = errors.New("no such block")
 // the block chosen as for the entry (every instruction of a basic block
 // runs once each time the block does, calls returning). Block indices are
 // those kinst cfg prints.
-func (d *Daemon) blockInstruction(syms *cfg.Symbols, fn *cfg.Function, b int) (int, error) {
+func (d *Daemon) blockInstruction(syms *kernel.Symbols, fn *cfg.Function, b int) (int, error) {
 	blocks := fn.BlocksOpt(cfg.BlockOptions{Names: syms.Names(), NoReturn: d.noReturn(), Tables: d.text()})
 	if b < 0 || b >= len(blocks) {
 		return 0, badRequest(fmt.Errorf("%w: %s has blocks 0..%d, not %d (see kinst cfg %s)", ErrNoBlock, fn.Name, len(blocks)-1, b, fn.Name))
@@ -265,11 +266,11 @@ func (d *Daemon) blockInstruction(syms *cfg.Symbols, fn *cfg.Function, b int) (i
 // first+n) that is not the ftrace site and is long enough for a direct
 // splice (the cheapest kind), else the first one that can be relocated at
 // all (a springboard or trap splice).
-func pickInstruction(fn *cfg.Function, owned *cfg.OwnedSites, first, n int) (int, bool) {
+func pickInstruction(fn *cfg.Function, owned *kernel.OwnedSites, first, n int) (int, bool) {
 	short := -1
 	for i := first; i < first+n; i++ {
 		in := &fn.Insns[i]
-		if owned.IsFtraceSite(fn, i) || codegen.CheckRelocatable(in.Addr, in.Inst, in.Bytes) != nil {
+		if cfg.IsFtraceSite(owned, fn, i) || codegen.CheckRelocatable(in.Addr, in.Inst, in.Bytes) != nil {
 			continue
 		}
 		if springboard.Classify(in.Len()) == springboard.Direct {
@@ -736,7 +737,7 @@ func (d *Daemon) springboardSplice(pt *point, patch uint64) error {
 // addSpringboardSpace makes sure the springboard space of every function
 // within rel8 reach of addr is in the heap: each function's padding is
 // found (cfg.SpringboardSpace) the first time an instruction near it asks.
-func (d *Daemon) addSpringboardSpace(syms *cfg.Symbols, addr uint64) {
+func (d *Daemon) addSpringboardSpace(syms *kernel.Symbols, addr uint64) {
 	lo, hi := springboard.Reach(addr)
 	hi += springboard.SlotLen
 	names := syms.Names()
@@ -745,7 +746,7 @@ func (d *Daemon) addSpringboardSpace(syms *cfg.Symbols, addr uint64) {
 		if d.spring.Seen(sym.Addr) {
 			continue
 		}
-		if fn, err := cfg.ReadFunction(d.text(), syms, sym); err == nil && syms.FunctionNoSplice(fn, DriverModule) == "" {
+		if fn, err := cfg.ReadFunction(d.text(), syms, sym); err == nil && cfg.FunctionNoSplice(syms, fn, DriverModule) == "" {
 			blocks := fn.BlocksOpt(cfg.BlockOptions{Names: names, NoReturn: d.noReturn(), Tables: d.text()})
 			runs := cfg.SpringboardSpace(fn, blocks, func(a uint64) bool { return owned.Reason(a) != "" })
 			d.spring.Add(toRanges(runs)...)

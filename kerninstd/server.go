@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/kernel"
 	"github.com/kinst/kinst/metrics"
 	"github.com/kinst/kinst/springboard"
 )
@@ -227,7 +228,7 @@ func badRequest(err error) error { return badRequestError{err} }
 func errorCode(err error) (int, string) {
 	var br badRequestError
 	switch {
-	case errors.Is(err, cfg.ErrUnknownFunction):
+	case errors.Is(err, kernel.ErrUnknownFunction):
 		return http.StatusNotFound, "unknown_function"
 	case errors.Is(err, cfg.ErrNotBoundary):
 		return http.StatusUnprocessableEntity, "not_boundary"

@@ -13,15 +13,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/kernel"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 )
 
 func TestTimedSessionLifecycle(t *testing.T) {
 	d, k := newTestDaemon(t)
-	d.loadTask = func(*cfg.Symbols) (cfg.TaskLayout, error) {
-		return cfg.TaskLayout{CurrentTask: 0x1fb80, PID: 0x5c8, TGID: 0x5cc, Comm: 0x7c0}, nil
+	d.loadTask = func(*kernel.Symbols) (kernel.TaskLayout, error) {
+		return kernel.TaskLayout{CurrentTask: 0x1fb80, PID: 0x5c8, TGID: 0x5cc, Comm: 0x7c0}, nil
 	}
 	s, err := d.CreateSession(SessionRequest{Name: "incident", Timers: []string{"filename_lookup"}, Filter: &Filter{PID: 4242}})
 	if err != nil {
@@ -153,7 +153,7 @@ func TestSessionTTL(t *testing.T) {
 
 func TestTimedRefusals(t *testing.T) {
 	d, k := newTestDaemon(t)
-	d.loadTask = func(*cfg.Symbols) (cfg.TaskLayout, error) { return cfg.TaskLayout{}, errors.New("no BTF") }
+	d.loadTask = func(*kernel.Symbols) (kernel.TaskLayout, error) { return kernel.TaskLayout{}, errors.New("no BTF") }
 	for _, req := range []SessionRequest{
 		{Timers: []string{"filename_lookup+0xb"}},
 		{Timers: []string{"no_such_function"}},
@@ -251,8 +251,8 @@ func TestVirtualTimerSession(t *testing.T) {
 	k := newFakeKernel(textAddr, full)
 	k.counters = make([]uint64, 512)
 	d, err := New(Config{Device: k, Kallsyms: path, Release: "test", Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		TaskLayout: func(*cfg.Symbols) (cfg.TaskLayout, error) {
-			return cfg.TaskLayout{CurrentTask: 0x1fb80, PID: 0x5c8, TGID: 0x5cc, Comm: 0x7c0}, nil
+		TaskLayout: func(*kernel.Symbols) (kernel.TaskLayout, error) {
+			return kernel.TaskLayout{CurrentTask: 0x1fb80, PID: 0x5c8, TGID: 0x5cc, Comm: 0x7c0}, nil
 		}})
 	if err != nil {
 		t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/codegen"
 	"golang.org/x/arch/x86/x86asm"
 )
@@ -53,7 +54,7 @@ func (d *Daemon) resolveSwitch() (*site, error) {
 	}
 	owned := d.ownedSites()
 	for i := 0; i < s.index; i++ {
-		if op := s.fn.Insns[i].Inst.Op; op != x86asm.PUSH && !owned.IsFtraceSite(s.fn, i) {
+		if op := s.fn.Insns[i].Inst.Op; op != x86asm.PUSH && !cfg.IsFtraceSite(owned, s.fn, i) {
 			return nil, fmt.Errorf("%w: %s before %s may change %%rdi or %%rsi", ErrSwitchHook, s.fn.Insns[i].String(), s.where())
 		}
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/codegen"
+	"github.com/kinst/kinst/kernel"
 )
 
 // Waiters on a kernel mutex (KernInst's "average number of waiting
@@ -57,7 +58,7 @@ func (d *Daemon) lockAddress(spec string) (uint64, string, error) {
 		}
 		a, err := strconv.ParseUint(fields[0], 16, 64)
 		if err != nil || a == 0 {
-			return 0, "", fmt.Errorf("%s: kallsyms address %q: %w", spec, fields[0], cfg.ErrHiddenAddresses)
+			return 0, "", fmt.Errorf("%s: kallsyms address %q: %w", spec, fields[0], kernel.ErrHiddenAddresses)
 		}
 		return a, fmt.Sprintf("%s (%#x)", spec, a), nil
 	}

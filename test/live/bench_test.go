@@ -15,6 +15,7 @@ import (
 
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/codegen"
+	"github.com/kinst/kinst/kernel"
 )
 
 // fileText serves kernel text from the vmlinux ELF, relocated to where
@@ -51,7 +52,7 @@ func BenchmarkAnalyzeKernel(b *testing.B) {
 	if code, err := guest.Exec(ctx, []string{"sh", "-c", "grep -v '\\[' /proc/kallsyms"}, &out, new(strings.Builder)); err != nil || code != 0 {
 		b.Fatalf("kallsyms: %v %d", err, code)
 	}
-	syms, err := cfg.ParseKallsyms(strings.NewReader(out.String()))
+	syms, err := kernel.ParseKallsyms(strings.NewReader(out.String()))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/kernel"
 	"github.com/kinst/kinst/kerninstd"
 )
 
@@ -285,7 +285,7 @@ func TestModuleSymbolsFromELF(t *testing.T) {
 	if bases[".text"] == 0 {
 		t.Fatalf("no .text in /sys/module/evdev/sections: %v", bases)
 	}
-	syms, err := cfg.SymbolsFromELF(moduleFile(t, "evdev"), cfg.ELFOptions{Module: "evdev", SectionBase: func(s string) (uint64, bool) {
+	syms, err := kernel.SymbolsFromELF(moduleFile(t, "evdev"), kernel.ELFOptions{Module: "evdev", SectionBase: func(s string) (uint64, bool) {
 		b, ok := bases[s]
 		return b, ok
 	}})

@@ -19,7 +19,7 @@ import (
 	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/rlimit"
-	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/kernel"
 	"golang.org/x/sys/unix"
 )
 
@@ -534,7 +534,7 @@ func trimTracing(frames []string) []string {
 
 // kallsyms is the running kernel's symbol table, read once per process:
 // reading and indexing /proc/kallsyms costs a few hundred milliseconds.
-var kallsyms = sync.OnceValues(func() (*cfg.Symbols, error) { return cfg.LoadKallsyms("/proc/kallsyms") })
+var kallsyms = sync.OnceValues(func() (*kernel.Symbols, error) { return kernel.LoadKallsyms("/proc/kallsyms") })
 
 func (t *Tracer) readStack(id int32, buf []uint64) []uint64 {
 	if err := t.maps.stacks.Lookup(uint32(id), buf); err != nil {
@@ -547,7 +547,7 @@ func (t *Tracer) readStack(id int32, buf []uint64) []uint64 {
 	return buf[:n]
 }
 
-func kernelName(s *cfg.Symbols, err error, a uint64) string {
+func kernelName(s *kernel.Symbols, err error, a uint64) string {
 	if err == nil {
 		if sym, _, ok := s.At(a); ok {
 			return sym.Name

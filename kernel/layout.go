@@ -1,4 +1,4 @@
-package cfg
+package kernel
 
 import (
 	"encoding/binary"

@@ -1,4 +1,4 @@
-package cfg
+package kernel
 
 import (
 	"bytes"
@@ -105,9 +105,15 @@ func (e *OwnedTableError) Error() string {
 func (e *OwnedTableError) Is(t error) bool { return t == ErrOwnedTable }
 func (e *OwnedTableError) Unwrap() error   { return e.Err }
 
+// Reader reads kernel memory at a virtual address: the driver, a core
+// dump, or a file.
+type Reader interface {
+	Read(addr uint64, b []byte) error
+}
+
 // LoadOwnedSites reads the kernel's tables from live memory (r reads any
 // kernel address, such as the driver). layout may be nil: see OwnedSites.
-func LoadOwnedSites(r TextReader, syms *Symbols, layout *KernelLayout) (*OwnedSites, OwnedCounts, error) {
+func LoadOwnedSites(r Reader, syms *Symbols, layout *KernelLayout) (*OwnedSites, OwnedCounts, error) {
 	o := &OwnedSites{kinds: map[uint64]ownedKind{}}
 	var n OwnedCounts
 	for _, t := range coreTables {
@@ -170,7 +176,7 @@ func (l *KernelLayout) entry(k ownedKind) Entry {
 // signed offset from the field itself to the instruction, as the x86-64
 // kernel stores all three tables (ex_to_insn, jump_entry_code,
 // static_call_addr).
-func (o *OwnedSites) readTable(r TextReader, name string, addr, count uint64, e Entry, kind ownedKind) (int, error) {
+func (o *OwnedSites) readTable(r Reader, name string, addr, count uint64, e Entry, kind ownedKind) (int, error) {
 	if count == 0 {
 		return 0, nil
 	}
@@ -195,7 +201,7 @@ func (o *OwnedSites) readTable(r TextReader, name string, addr, count uint64, e 
 
 // readModules walks the `modules` list and reads each formed module's
 // exception, jump-label and static-call tables.
-func (o *OwnedSites) readModules(r TextReader, syms *Symbols, l *KernelLayout, n *OwnedCounts) error {
+func (o *OwnedSites) readModules(r Reader, syms *Symbols, l *KernelLayout, n *OwnedCounts) error {
 	head, ok := syms.marker("modules")
 	if !ok {
 		return nil // a kernel without modules
@@ -258,7 +264,7 @@ func (o *OwnedSites) readModules(r TextReader, syms *Symbols, l *KernelLayout, n
 // readFtrace walks ftrace_pages_start → struct ftrace_page {next,
 // records, index} and marks each dyn_ftrace record's ip. The list holds
 // the core kernel's records and every module's.
-func (o *OwnedSites) readFtrace(r TextReader, syms *Symbols, l *KernelLayout) (int, error) {
+func (o *OwnedSites) readFtrace(r Reader, syms *Symbols, l *KernelLayout) (int, error) {
 	start, ok := syms.marker("ftrace_pages_start")
 	if !ok {
 		return 0, nil // no dynamic ftrace: leave the shape check in charge
@@ -323,17 +329,16 @@ func (o *OwnedSites) Landing(addr uint64) bool {
 	return o != nil && o.kinds[addr]&ownedLanding != 0
 }
 
+// Counts says how many sites each table named when the set was read.
+func (o *OwnedSites) Counts() OwnedCounts { return o.counts }
+
 // HasFtraceRecords reports whether ftrace's own records were read.
 func (o *OwnedSites) HasFtraceRecords() bool { return o != nil && o.ftrace }
 
-// IsFtraceSite reports whether instruction i of f is an ftrace site: from
-// ftrace's records when they were read, otherwise from the shape of the
-// function's first instruction (Function.IsFtraceSite).
-func (o *OwnedSites) IsFtraceSite(f *Function, i int) bool {
-	if o.HasFtraceRecords() {
-		return i >= 0 && i < len(f.Insns) && o.kinds[f.Insns[i].Addr]&ownedFtrace != 0
-	}
-	return f.IsFtraceSite(i)
+// Ftrace reports whether ftrace's records name addr (false without
+// records: see HasFtraceRecords).
+func (o *OwnedSites) Ftrace(addr uint64) bool {
+	return o.HasFtraceRecords() && o.kinds[addr]&ownedFtrace != 0
 }
 
 // FtraceSites returns the recorded ftrace sites in [lo, hi), for reports

@@ -1,4 +1,4 @@
-package cfg
+package kernel
 
 import (
 	"debug/elf"
@@ -30,7 +30,7 @@ var ErrNoSectionBase = errors.New("a relocatable file's symbols need section loa
 // SymbolsFromELF makes a Symbols, what kallsyms gives, from an ELF file's
 // symbol table (internal/elfsym: .symtab, else .dynsym): its functions as
 // text symbols ('T' global, 't' local, as nm and kallsyms print them), and
-// those of its data symbols cfg keeps as markers (the module list, ftrace's
+// those of its data symbols Symbols keeps as markers (the module list, ftrace's
 // record pages). Linker-script markers such as _text or __init_begin are
 // untyped symbols that elfsym does not keep, so init text is not
 // recognised as freed and portable names are unavailable with ELF symbols

@@ -1,4 +1,4 @@
-package cfg
+package kernel
 
 import (
 	"errors"
@@ -8,7 +8,8 @@ import (
 )
 
 // Prototype is what the kernel ABI lets a call read and return, from a
-// function's BTF prototype.
+// function's BTF prototype: how many integer argument registers it reads
+// and how many it returns a value in.
 type Prototype struct {
 	ArgRegs int // argument registers read (RDI, RSI, RDX, RCX, R8, R9 in order)
 	RetRegs int // 0 void, 1 RAX, 2 RAX:RDX
@@ -18,7 +19,9 @@ type Prototype struct {
 // (assembly, most of entry code) are absent and treated conservatively.
 type Prototypes map[string]Prototype
 
-const maxArgRegs = 6
+// MaxArgRegs is how many integer registers the x86-64 calling convention
+// passes arguments in; a count this high means "maybe all of them".
+const MaxArgRegs = 6
 
 // PrototypesFromBTF collects every function prototype of a BTF spec.
 // A name that appears with several prototypes (static functions) keeps
@@ -68,16 +71,16 @@ func argRegCount(fp *btf.FuncProto) int {
 	for i, p := range fp.Params {
 		if _, void := p.Type.(*btf.Void); void || p.Type == nil {
 			if i == len(fp.Params)-1 {
-				return maxArgRegs // "...": varargs
+				return MaxArgRegs // "...": varargs
 			}
 		}
 		r := regsFor(p.Type)
 		if r < 0 {
-			return maxArgRegs
+			return MaxArgRegs
 		}
 		n += r
 	}
-	return min(n, maxArgRegs)
+	return min(n, MaxArgRegs)
 }
 
 // regsFor is how many integer registers a value of type t occupies: 0 for
@@ -106,31 +109,4 @@ func regsFor(t btf.Type) int {
 		return 2
 	}
 	return -1
-}
-
-var argOrder = [maxArgRegs]LiveSet{regRDI, regRSI, regRDX, regRCX, regR8, regR9}
-
-// argSet is the argument registers a call to name reads.
-func (p Prototypes) argSet(name string) LiveSet {
-	pr, ok := p[name]
-	if !ok {
-		return argRegs
-	}
-	var s LiveSet
-	for i := 0; i < pr.ArgRegs; i++ {
-		s |= argOrder[i]
-	}
-	return s
-}
-
-// retSet is what a return from name hands back.
-func (p Prototypes) retSet(name string) LiveSet {
-	pr, ok := p[name]
-	switch {
-	case !ok || pr.RetRegs < 0 || pr.RetRegs >= 2:
-		return retRegs
-	case pr.RetRegs == 1:
-		return regRAX
-	}
-	return 0
 }

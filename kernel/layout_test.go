@@ -1,4 +1,4 @@
-package cfg
+package kernel
 
 import (
 	"encoding/binary"
@@ -198,17 +198,13 @@ func TestLoadOwnedSitesModulesAndFtrace(t *testing.T) {
 		t.Errorf("core ftrace sites %x", got)
 	}
 
-	// With records, the records decide: a first instruction shaped like
-	// an ftrace nop but not recorded is not ftrace's.
-	nop := append(append([]byte{}, nop5...), 0xc3)
-	rec, _ := Decode("filename_lookup", "", 0xffffffff81001040, nop)
-	unrec, _ := Decode("evdev_ioctl", "evdev", 0xffffffffc0002100, nop)
-	if !o.IsFtraceSite(rec, 0) || o.IsFtraceSite(unrec, 0) || o.InstructionNoSplice(unrec, 0) != "" {
-		t.Errorf("with records: recorded %v, unrecorded %v (%q)", o.IsFtraceSite(rec, 0), o.IsFtraceSite(unrec, 0), o.InstructionNoSplice(unrec, 0))
+	// With records, the records decide what ftrace owns.
+	if !o.HasFtraceRecords() || !o.Ftrace(0xffffffff81001040) || o.Ftrace(0xffffffffc0002100) {
+		t.Errorf("records %v: recorded %v, unrecorded %v", o.HasFtraceRecords(), o.Ftrace(0xffffffff81001040), o.Ftrace(0xffffffffc0002100))
 	}
 	var none *OwnedSites
-	if !none.IsFtraceSite(unrec, 0) || !strings.Contains(none.InstructionNoSplice(unrec, 0), "ftrace") {
-		t.Error("without records the shape of the first instruction should decide")
+	if none.Ftrace(0xffffffff81001040) || none.HasFtraceRecords() {
+		t.Error("nil set has ftrace records")
 	}
 
 	// A list that never comes back to its head is an error, not a hang.

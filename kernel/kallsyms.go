@@ -1,4 +1,4 @@
-package cfg
+package kernel
 
 import (
 	"bufio"
@@ -189,9 +189,9 @@ func (s *Symbols) Overlapping(lo, hi uint64) []Symbol {
 	return out
 }
 
-// Names returns a NameAt that names the symbol starting exactly at an
-// address.
-func (s *Symbols) Names() NameAt {
+// Names returns a function that names the symbol starting exactly at an
+// address (what cfg's block analysis takes as its NameAt).
+func (s *Symbols) Names() func(addr uint64) (string, bool) {
 	return func(a uint64) (string, bool) {
 		sym, off, ok := s.At(a)
 		return sym.Name, ok && off == 0
@@ -237,3 +237,19 @@ func (s *Symbols) FromPortable(name string) (uint64, bool) {
 
 // Address returns the address of a text symbol or a kept marker symbol.
 func (s *Symbols) Address(name string) (uint64, bool) { return s.marker(name) }
+
+// InRange reports whether addr lies in [start, end) of two marker symbols
+// of the core kernel; false when either is missing.
+func (s *Symbols) InRange(addr uint64, start, end string) bool {
+	lo, ok1 := s.marker(start)
+	hi, ok2 := s.marker(end)
+	return ok1 && ok2 && addr >= lo && addr < hi
+}
+
+func (s *Symbols) marker(name string) (uint64, bool) {
+	if a, ok := s.markers[name]; ok {
+		return a, true
+	}
+	sym, _, err := s.Lookup(name)
+	return sym.Addr, err == nil && sym.Module == ""
+}

@@ -1,0 +1,62 @@
+package cfg
+
+import (
+	"encoding/binary"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/kinst/kinst/kernel"
+)
+
+type memReader map[uint64][]byte // base → bytes
+
+func (m memReader) Read(addr uint64, b []byte) error {
+	for base, data := range m {
+		if addr >= base && addr+uint64(len(b)) <= base+uint64(len(data)) {
+			copy(b, data[addr-base:])
+			return nil
+		}
+	}
+	return errors.New("unmapped")
+}
+
+// TestFtraceSiteByRecords: with ftrace's records read, the records decide;
+// a first instruction shaped like an ftrace nop but not recorded is not
+// ftrace's. Without them the shape decides.
+func TestFtraceSiteByRecords(t *testing.T) {
+	const start, page, recs = 0xffffffff83000100, 0xffff888000100000, 0xffff888000200000
+	syms, err := kernel.ParseKallsyms(strings.NewReader(kallsymsFixture + "ffffffff83000100 b ftrace_pages_start\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Only ftrace's structs matter here: no module list, no core tables.
+	l := &kernel.KernelLayout{
+		FtracePageSize: 24, FtraceIndex: kernel.Field{Off: 4, Size: 4},
+		FtraceNext: kernel.Field{Off: 8, Size: 8}, FtraceRecords: kernel.Field{Off: 16, Size: 8},
+		DynFtrace: kernel.Entry{Size: 16, Rel: kernel.Field{Off: 8, Size: 8}},
+	}
+	head := binary.LittleEndian.AppendUint64(nil, page)
+	pg := make([]byte, 24)
+	binary.LittleEndian.PutUint32(pg[4:], 1)
+	binary.LittleEndian.PutUint64(pg[16:], recs)
+	rec := make([]byte, 16)
+	binary.LittleEndian.PutUint64(rec[8:], 0xffffffff81001040)
+	o, _, err := kernel.LoadOwnedSites(memReader{start: head, page: pg, recs: rec}, syms, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nop := append(append([]byte{}, nop5...), 0xc3)
+	recorded, _ := Decode("filename_lookup", "", 0xffffffff81001040, nop)
+	unrecorded, _ := Decode("modfn", "virtio_net", 0xffffffffc0001100, nop)
+	if !IsFtraceSite(o, recorded, 0) || IsFtraceSite(o, unrecorded, 0) || InstructionNoSplice(o, unrecorded, 0) != "" {
+		t.Errorf("with records: recorded %v, unrecorded %v (%q)", IsFtraceSite(o, recorded, 0), IsFtraceSite(o, unrecorded, 0), InstructionNoSplice(o, unrecorded, 0))
+	}
+	if !strings.Contains(InstructionNoSplice(o, recorded, 0), "ftrace") {
+		t.Errorf("recorded site: %q", InstructionNoSplice(o, recorded, 0))
+	}
+	var none *kernel.OwnedSites
+	if !IsFtraceSite(none, unrecorded, 0) || !strings.Contains(InstructionNoSplice(none, unrecorded, 0), "ftrace") {
+		t.Error("without records the shape of the first instruction should decide")
+	}
+}
