@@ -5,8 +5,8 @@ import (
 	"os"
 	"strconv"
 
+	"github.com/kinst/kinst/app/cli"
 	"github.com/kinst/kinst/core"
-	"github.com/kinst/kinst/internal/cli"
 	"github.com/spf13/pflag"
 )
 

@@ -7,8 +7,8 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/kinst/kinst/app/cli"
 	"github.com/kinst/kinst/cfg"
-	"github.com/kinst/kinst/internal/cli"
 	"github.com/kinst/kinst/kerninstd"
 )
 

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/kinst/kinst/internal/cli"
+	"github.com/kinst/kinst/app/cli"
 	"github.com/kinst/kinst/unwind/offcpu"
 	"github.com/spf13/pflag"
 )

@@ -6,7 +6,7 @@ import (
 	"os"
 	"strconv"
 
-	"github.com/kinst/kinst/internal/cli"
+	"github.com/kinst/kinst/app/cli"
 	"github.com/kinst/kinst/kerninstd"
 )
 

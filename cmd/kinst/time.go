@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/kinst/kinst/internal/cli"
+	"github.com/kinst/kinst/app/cli"
 	"github.com/kinst/kinst/kerninstd"
 	"github.com/spf13/pflag"
 )

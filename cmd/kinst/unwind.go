@@ -5,7 +5,7 @@ import (
 	"os"
 	"strconv"
 
-	"github.com/kinst/kinst/internal/cli"
+	"github.com/kinst/kinst/app/cli"
 	"github.com/spf13/pflag"
 )
 

@@ -11,7 +11,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/kinst/kinst/internal/vm"
+	"github.com/kinst/kinst/app/vm"
 	"github.com/kinst/kinst/kerninstd"
 	"github.com/spf13/pflag"
 )

@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/kinst/kinst/internal/workload"
+	"github.com/kinst/kinst/app/workload"
 	"github.com/spf13/pflag"
 )
 

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kinst/kinst/app/cli"
 	"github.com/kinst/kinst/cfg"
-	"github.com/kinst/kinst/internal/cli"
 	"github.com/kinst/kinst/kerninstd"
 )
 

@@ -12,8 +12,8 @@ import (
 	"os"
 	"testing"
 
-	"github.com/kinst/kinst/internal/livetest"
-	"github.com/kinst/kinst/internal/vm"
+	"github.com/kinst/kinst/app/livetest"
+	"github.com/kinst/kinst/app/vm"
 	"github.com/kinst/kinst/kerninstd"
 )
 

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kinst/kinst/internal/livetest"
+	"github.com/kinst/kinst/app/livetest"
 )
 
 type psJSON struct {

@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kinst/kinst/internal/livetest"
+	"github.com/kinst/kinst/app/livetest"
 )
 
 var (

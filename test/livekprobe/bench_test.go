@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kinst/kinst/internal/cli"
-	"github.com/kinst/kinst/internal/livetest"
+	"github.com/kinst/kinst/app/cli"
+	"github.com/kinst/kinst/app/livetest"
 	"github.com/kinst/kinst/kerninstd"
 )
 

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kinst/kinst/internal/cli"
+	"github.com/kinst/kinst/app/cli"
 )
 
 // TestCountAgreesWithKprobe: kinst's count of filename_lookup (through

@@ -19,7 +19,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/kinst/kinst/internal/livetest"
+	"github.com/kinst/kinst/app/livetest"
 	"github.com/kinst/kinst/kerninstd"
 )
 

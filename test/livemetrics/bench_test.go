@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kinst/kinst/internal/cli"
+	"github.com/kinst/kinst/app/cli"
 )
 
 // BenchmarkTimeToFirstData runs `kinst time FUNC` in the guest with a

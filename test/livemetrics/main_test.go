@@ -15,7 +15,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/kinst/kinst/internal/livetest"
+	"github.com/kinst/kinst/app/livetest"
 )
 
 var guest *livetest.VM

@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kinst/kinst/internal/cli"
-	"github.com/kinst/kinst/internal/livetest"
+	"github.com/kinst/kinst/app/cli"
+	"github.com/kinst/kinst/app/livetest"
 	"github.com/kinst/kinst/kerninstd"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"

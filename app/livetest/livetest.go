@@ -21,7 +21,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kinst/kinst/internal/vm"
+	"github.com/kinst/kinst/app/vm"
 	"github.com/kinst/kinst/kerninstd"
 )
 
