@@ -2,7 +2,8 @@
 // stock Debian kernel under QEMU with kerninst.ko loaded and kerninstd
 // running, one VM for the whole package, torn down at the end.
 //
-// Environment: KINST_LIVE=0 skips the package; KINST_BIN names prebuilt
+// Environment: the package runs only with KINST_LIVE=1 (make test sets
+// it; a plain go test skips it and says so); KINST_BIN names prebuilt
 // static binaries (else they are built); KINST_CACHE is the
 // download/build cache.
 package livetest
@@ -44,6 +45,9 @@ type Options struct {
 	Accel string
 }
 
+// Enabled reports whether live-VM tests run: only when KINST_LIVE=1.
+func Enabled() bool { return os.Getenv("KINST_LIVE") == "1" }
+
 // Main boots a VM, hands it to ready, runs the package's tests, and stops
 // the VM. It returns the exit code for os.Exit. VMs left by a test process
 // that died (a panic skips the teardown) are stopped first.
@@ -53,8 +57,8 @@ func Main(m *testing.M, name string, ready func(*VM)) int {
 
 // MainWith is Main with options for the VM.
 func MainWith(m *testing.M, name string, o Options, ready func(*VM)) int {
-	if os.Getenv("KINST_LIVE") == "0" {
-		fmt.Printf("%s: KINST_LIVE=0, skipping the live-VM tests\n", name)
+	if !Enabled() {
+		fmt.Printf("%s: skipping the live-VM tests (they boot a VM; set KINST_LIVE=1 to run them, as make test does)\n", name)
 		return 0
 	}
 	reapStaleVMs()

@@ -2,9 +2,9 @@
 // kernel booted under QEMU, with the real kerninst.ko loaded and kerninstd
 // running in the guest. One VM serves every test of the package.
 //
-// Set KINST_LIVE=0 to skip (unit runs); KINST_BIN to use prebuilt static
-// binaries; KINST_CACHE for the download/build cache; KINST_STRESS_CYCLES
-// for the length of the splice/unsplice burst.
+// They run only with KINST_LIVE=1 (make test sets it); KINST_BIN to use
+// prebuilt static binaries; KINST_CACHE for the download/build cache;
+// KINST_STRESS_CYCLES for the length of the splice/unsplice burst.
 package live
 
 import (

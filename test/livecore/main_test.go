@@ -4,8 +4,9 @@
 // dmesg, /proc/kallsyms) as the oracle. One VM serves the package; the
 // last test panics it.
 //
-// Set KINST_LIVE=0 to skip; KINST_BIN to use prebuilt static binaries;
-// KINST_CACHE for the download/build cache (see internal/livetest).
+// They run only with KINST_LIVE=1 (make test sets it); KINST_BIN to use
+// prebuilt static binaries; KINST_CACHE for the download/build cache (see
+// app/livetest).
 package livecore
 
 import (
