@@ -7,6 +7,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/codegen"
 	"github.com/kinst/kinst/springboard"
 )
@@ -30,7 +31,7 @@ func (st stepTimer) time(step string, f func() error) error {
 	return err
 }
 
-func (st stepTimer) summary(step string) Durations { return summarize(st[step]) }
+func (st stepTimer) summary(step string) api.Durations { return summarize(st[step]) }
 
 // The steps of a request (KernInst's Figure 4, on x86-64).
 const (
@@ -54,11 +55,11 @@ const (
 // one prepared patch (the part that touches the running kernel; for a
 // springboard-class point each cycle writes the slot, then the jmp rel8
 // to it), then the frees. The point is left as it was.
-func (d *Daemon) BenchSplice(ctx context.Context, req BenchRequest) (BenchResult, error) {
+func (d *Daemon) BenchSplice(ctx context.Context, req api.BenchRequest) (api.BenchResult, error) {
 	if req.Cycles <= 0 || req.Cycles > maxBenchCycles {
-		return BenchResult{}, badRequest(fmt.Errorf("cycles %d: want 1..%d", req.Cycles, maxBenchCycles))
+		return api.BenchResult{}, badRequest(fmt.Errorf("cycles %d: want 1..%d", req.Cycles, maxBenchCycles))
 	}
-	var res BenchResult
+	var res api.BenchResult
 	st := stepTimer{}
 	light := min(req.Cycles, 100)
 
@@ -236,13 +237,13 @@ func (d *Daemon) benchSpringboardCycle(st stepTimer, s *site, slot, patch uint64
 	}
 }
 
-func summarize(ds []time.Duration) Durations {
+func summarize(ds []time.Duration) api.Durations {
 	if len(ds) == 0 {
-		return Durations{}
+		return api.Durations{}
 	}
 	s := append([]time.Duration(nil), ds...)
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	return Durations{
+	return api.Durations{
 		N:      len(s),
 		Median: int64(s[len(s)/2]),
 		P90:    int64(s[len(s)*9/10]),

@@ -4,17 +4,19 @@ import (
 	"context"
 	"fmt"
 	"sort"
+
+	"github.com/kinst/kinst/api"
 )
 
 // FunctionCalls returns the callers and callees of a function from the
 // whole-kernel call graph, running the analysis first if it has not run.
-func (d *Daemon) FunctionCalls(ctx context.Context, name string) (Calls, error) {
+func (d *Daemon) FunctionCalls(ctx context.Context, name string) (api.Calls, error) {
 	d.anMu.Lock()
 	g, syms := d.calls, d.callSyms
 	d.anMu.Unlock()
 	if g == nil {
 		if _, err := d.analyze(ctx, 0, nil); err != nil {
-			return Calls{}, err
+			return api.Calls{}, err
 		}
 		d.anMu.Lock()
 		g, syms = d.calls, d.callSyms
@@ -22,10 +24,10 @@ func (d *Daemon) FunctionCalls(ctx context.Context, name string) (Calls, error) 
 	}
 	sym, _, err := syms.Lookup(name)
 	if err != nil {
-		return Calls{}, err
+		return api.Calls{}, err
 	}
-	ref := func(fn, site uint64, tail bool) CallRef {
-		r := CallRef{Function: "?", Site: Addr(site), Kind: "call"}
+	ref := func(fn, site uint64, tail bool) api.CallRef {
+		r := api.CallRef{Function: "?", Site: api.Addr(site), Kind: "call"}
 		if tail {
 			r.Kind = "tail-call"
 		}
@@ -37,14 +39,14 @@ func (d *Daemon) FunctionCalls(ctx context.Context, name string) (Calls, error) 
 		}
 		return r
 	}
-	out := Calls{Function: sym.Name, Address: Addr(sym.Addr), Callees: []CallRef{}, Callers: []CallRef{}}
+	out := api.Calls{Function: sym.Name, Address: api.Addr(sym.Addr), Callees: []api.CallRef{}, Callers: []api.CallRef{}}
 	for _, e := range g.Callees[sym.Addr] {
 		out.Callees = append(out.Callees, ref(e.Callee, e.Site, e.Tail))
 	}
 	for _, e := range g.Callers[sym.Addr] {
 		out.Callers = append(out.Callers, ref(e.Caller, e.Site, e.Tail))
 	}
-	for _, l := range [][]CallRef{out.Callees, out.Callers} {
+	for _, l := range [][]api.CallRef{out.Callees, out.Callers} {
 		sort.Slice(l, func(i, j int) bool { return l[i].Site < l[j].Site })
 	}
 	return out, nil

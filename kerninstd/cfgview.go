@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"fmt"
 
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/codegen"
 	"github.com/kinst/kinst/kernel"
@@ -11,26 +12,26 @@ import (
 
 // FunctionCFG analyses one function of the live kernel. It changes
 // nothing.
-func (d *Daemon) FunctionCFG(name string) (CFG, error) {
+func (d *Daemon) FunctionCFG(name string) (api.CFG, error) {
 	p, err := cfg.ParsePoint(name)
 	if err != nil || p.HasOffset || p.HasBlock {
-		return CFG{}, badRequest(fmt.Errorf("cfg: want a function name, got %q", name))
+		return api.CFG{}, badRequest(fmt.Errorf("cfg: want a function name, got %q", name))
 	}
 	syms, sym, _, err := d.lookup(p.Function)
 	if err != nil {
-		return CFG{}, err
+		return api.CFG{}, err
 	}
 	fn, err := cfg.ReadFunction(d.text(), syms, sym)
 	if err != nil {
-		return CFG{}, err
+		return api.CFG{}, err
 	}
 	names := syms.Names()
-	out := CFG{Function: fn.Name, Module: fn.Module, Address: Addr(fn.Addr), Size: fn.End - fn.Addr, Truncated: fn.Truncated}
+	out := api.CFG{Function: fn.Name, Module: fn.Module, Address: api.Addr(fn.Addr), Size: fn.End - fn.Addr, Truncated: fn.Truncated}
 	blocks := fn.BlocksOpt(cfg.BlockOptions{Names: names, NoReturn: d.noReturn(), Tables: d.text()})
 	protos := d.prototypes()
 	lv := fn.LiveWith(blocks, names, protos, d.calleeReads())
 	for _, b := range blocks {
-		cb := CFGBlock{Index: b.Index, Start: Addr(b.Start(fn)), Padding: b.Padding, Preds: b.Preds, Succs: []CFGEdge{}}
+		cb := api.CFGBlock{Index: b.Index, Start: api.Addr(b.Start(fn)), Padding: b.Padding, Preds: b.Preds, Succs: []api.CFGEdge{}}
 		if b.Exit != cfg.NoExit {
 			cb.Exit = b.Exit.String()
 		}
@@ -38,7 +39,7 @@ func (d *Daemon) FunctionCFG(name string) (CFG, error) {
 			cb.Preds = []int{}
 		}
 		for _, e := range b.Succs {
-			cb.Succs = append(cb.Succs, CFGEdge{Kind: e.Kind.String(), To: e.To})
+			cb.Succs = append(cb.Succs, api.CFGEdge{Kind: e.Kind.String(), To: e.To})
 		}
 		for i := b.First; i < b.First+b.N; i++ {
 			ci := d.describeInstruction(syms, fn, blocks, i)
@@ -62,10 +63,10 @@ func unrelocatable(in *cfg.Instruction) string {
 	return ""
 }
 
-func (d *Daemon) describeInstruction(syms *kernel.Symbols, fn *cfg.Function, blocks []cfg.Block, i int) CFGInstruction {
+func (d *Daemon) describeInstruction(syms *kernel.Symbols, fn *cfg.Function, blocks []cfg.Block, i int) api.CFGInstruction {
 	in := &fn.Insns[i]
-	ci := CFGInstruction{
-		Address: Addr(in.Addr), Offset: in.Addr - fn.Addr, Length: in.Len(),
+	ci := api.CFGInstruction{
+		Address: api.Addr(in.Addr), Offset: in.Addr - fn.Addr, Length: in.Len(),
 		Bytes: hex.EncodeToString(in.Bytes), Text: in.String(),
 	}
 	if t, ok := cfg.BranchTarget(in); ok && (t < fn.Addr || t >= fn.End) {

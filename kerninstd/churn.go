@@ -7,6 +7,7 @@ import (
 	"math/rand"
 	"time"
 
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/cfg"
 )
 
@@ -26,8 +27,8 @@ const maxChurnPool = 4096
 // removal restores the original bytes. d.mu is taken per change, so
 // sessions, sampling and reclaim go on between them. The requests are
 // removed on every exit, error or cancellation included.
-func (d *Daemon) BenchChurn(ctx context.Context, req ChurnRequest) (ChurnResult, error) {
-	var res ChurnResult
+func (d *Daemon) BenchChurn(ctx context.Context, req api.ChurnRequest) (api.ChurnResult, error) {
+	var res api.ChurnResult
 	if req.Cycles <= 0 || req.Cycles > maxBenchCycles {
 		return res, badRequest(fmt.Errorf("cycles %d: want 1..%d", req.Cycles, maxBenchCycles))
 	}
@@ -126,7 +127,7 @@ func (d *Daemon) BenchChurn(ctx context.Context, req ChurnRequest) (ChurnResult,
 // churnPool resolves the run's points: the listed ones, and every
 // instruction of the listed functions that may be spliced (the refused
 // ones are skipped). A bad point is an error; nothing is changed.
-func (d *Daemon) churnPool(req ChurnRequest) ([]*site, error) {
+func (d *Daemon) churnPool(req api.ChurnRequest) ([]*site, error) {
 	var pool []*site
 	seen := map[uint64]bool{}
 	keep := func(s *site) {

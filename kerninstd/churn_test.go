@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/arch/x86/x86asm"
 
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/codegen"
 	"github.com/kinst/kinst/kernel"
@@ -22,12 +23,12 @@ import (
 func TestBenchChurn(t *testing.T) {
 	d, k := newTestDaemon(t)
 	before := textNow(t, k)
-	steady, err := d.CreateSession(SessionRequest{Points: []string{"filename_lookup+0xb"}})
+	steady, err := d.CreateSession(api.SessionRequest{Points: []string{"filename_lookup+0xb"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	withSteady := textNow(t, k)
-	res, err := d.BenchChurn(context.Background(), ChurnRequest{Functions: []string{"filename_lookup"}, Points: []string{"lookuppn"}, Cycles: 40, Seed: 3})
+	res, err := d.BenchChurn(context.Background(), api.ChurnRequest{Functions: []string{"filename_lookup"}, Points: []string{"lookuppn"}, Cycles: 40, Seed: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,14 +70,14 @@ func TestBenchChurnBadRequests(t *testing.T) {
 	d, k := newTestDaemon(t)
 	before := textNow(t, k)
 	for _, tc := range []struct {
-		req  ChurnRequest
+		req  api.ChurnRequest
 		want error
 	}{
-		{ChurnRequest{Points: []string{"lookuppn"}}, nil},
-		{ChurnRequest{Cycles: 5}, nil},
-		{ChurnRequest{Points: []string{"lookuppn", "nosuch"}, Cycles: 5}, kernel.ErrUnknownFunction},
-		{ChurnRequest{Functions: []string{"nosuch"}, Cycles: 5}, kernel.ErrUnknownFunction},
-		{ChurnRequest{Points: []string{"filename_lookup+0x1"}, Cycles: 5}, nil}, // mid-instruction
+		{api.ChurnRequest{Points: []string{"lookuppn"}}, nil},
+		{api.ChurnRequest{Cycles: 5}, nil},
+		{api.ChurnRequest{Points: []string{"lookuppn", "nosuch"}, Cycles: 5}, kernel.ErrUnknownFunction},
+		{api.ChurnRequest{Functions: []string{"nosuch"}, Cycles: 5}, kernel.ErrUnknownFunction},
+		{api.ChurnRequest{Points: []string{"filename_lookup+0x1"}, Cycles: 5}, nil}, // mid-instruction
 	} {
 		_, err := d.BenchChurn(context.Background(), tc.req)
 		if err == nil || (tc.want != nil && !errors.Is(err, tc.want)) {
@@ -96,7 +97,7 @@ func TestBenchChurnBadRequests(t *testing.T) {
 // splice; removal restores every byte.
 func TestCoveringSplice(t *testing.T) {
 	d, k := newTestDaemon(t)
-	a, err := d.CreateSession(SessionRequest{Points: []string{"filename_lookup+0x5"}})
+	a, err := d.CreateSession(api.SessionRequest{Points: []string{"filename_lookup+0x5"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +109,7 @@ func TestCoveringSplice(t *testing.T) {
 	if !bytes.Equal(now[5:10], jmp) || !bytes.Equal(now[:5], text[:5]) || !bytes.Equal(now[10:], text[10:]) {
 		t.Errorf("text % x, want jmp %x at +0x5 and nothing else changed", now, jmp)
 	}
-	b, err := d.CreateSession(SessionRequest{Points: []string{"filename_lookup+0x6"}})
+	b, err := d.CreateSession(api.SessionRequest{Points: []string{"filename_lookup+0x6"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +152,7 @@ func TestCoveringSplice(t *testing.T) {
 
 	// +0x6 first (a slot is in reach: a springboard splice); then +0x5's
 	// run would take +0x6, so +0x5 gets a trap splice.
-	c, err := d.CreateSession(SessionRequest{Points: []string{"filename_lookup+0x6", "filename_lookup+0x5"}})
+	c, err := d.CreateSession(api.SessionRequest{Points: []string{"filename_lookup+0x6", "filename_lookup+0x5"}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/kernel"
 	"github.com/kinst/kinst/metrics"
@@ -22,7 +23,7 @@ type Config struct {
 	Device   Device
 	Kallsyms string // default /proc/kallsyms
 	Release  string // kernel release; default from /proc/sys/kernel/osrelease
-	Info     func() Info
+	Info     func() api.Info
 	Log      *slog.Logger
 	// Prototypes loads function prototypes (kernel.LoadKernelPrototypes);
 	// nil: none.
@@ -47,7 +48,7 @@ type Daemon struct {
 	log        *slog.Logger
 	kallsyms   string
 	release    string
-	info       func() Info
+	info       func() api.Info
 	loadProtos func() (kernel.Prototypes, error)
 	loadLayout func() (*kernel.KernelLayout, error)
 
@@ -239,8 +240,8 @@ func (d *Daemon) reloadSymbols() (*kernel.Symbols, error) {
 }
 
 // Info reports the daemon's state.
-func (d *Daemon) Info() Info {
-	var in Info
+func (d *Daemon) Info() api.Info {
+	var in api.Info
 	if d.info != nil {
 		in = d.info()
 	}
@@ -259,10 +260,10 @@ func (d *Daemon) Info() Info {
 }
 
 // Resolve maps a point to its instruction without changing anything.
-func (d *Daemon) Resolve(point string) (Resolved, error) {
+func (d *Daemon) Resolve(point string) (api.Resolved, error) {
 	s, err := d.resolve(point)
 	if err != nil {
-		return Resolved{}, err
+		return api.Resolved{}, err
 	}
 	return s.resolved(), nil
 }
@@ -277,24 +278,24 @@ func (e *PointError) Error() string { return fmt.Sprintf("%s: %v", e.Point, e.Er
 func (e *PointError) Unwrap() error { return e.Err }
 
 // CreateSession installs a counter at every point, or none.
-func (d *Daemon) CreateSession(req SessionRequest) (Session, error) {
+func (d *Daemon) CreateSession(req api.SessionRequest) (api.Session, error) {
 	if len(req.Points) == 0 && len(req.Timers) == 0 && req.Lock == "" {
-		return Session{}, badRequest(errors.New("no points or functions given"))
+		return api.Session{}, badRequest(errors.New("no points or functions given"))
 	}
 	if req.TTLNS < 0 {
-		return Session{}, badRequest(errors.New("negative time-to-live"))
+		return api.Session{}, badRequest(errors.New("negative time-to-live"))
 	}
 	sites := make([]*site, len(req.Points))
 	for i, p := range req.Points {
 		s, err := d.resolve(p)
 		if err != nil {
-			return Session{}, &PointError{Point: p, Err: err}
+			return api.Session{}, &PointError{Point: p, Err: err}
 		}
 		sites[i] = s
 	}
 	timers, pred, err := d.resolveTimers(req)
 	if err != nil {
-		return Session{}, err
+		return api.Session{}, err
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -303,14 +304,14 @@ func (d *Daemon) CreateSession(req SessionRequest) (Session, error) {
 		ss.name = ss.id
 	}
 	if err := d.checkName(ss.name); err != nil {
-		return Session{}, err
+		return api.Session{}, err
 	}
 	for _, t := range timers {
 		if err := d.attachTimed(ss.id, t, pred); err != nil {
 			if rerr := d.removeLocked(ss); rerr != nil {
 				d.log.Error("roll back session", "err", rerr)
 			}
-			return Session{}, &PointError{Point: t.function, Err: err}
+			return api.Session{}, &PointError{Point: t.function, Err: err}
 		}
 		ss.timers = append(ss.timers, t)
 		d.log.Info("timing", "session", ss.id, "function", t.function, "exits", len(t.exits), "filter", t.filter)
@@ -321,7 +322,7 @@ func (d *Daemon) CreateSession(req SessionRequest) (Session, error) {
 			if rerr := d.removeLocked(ss); rerr != nil {
 				d.log.Error("roll back session", "err", rerr)
 			}
-			return Session{}, &PointError{Point: s.point.Spec, Err: err}
+			return api.Session{}, &PointError{Point: s.point.Spec, Err: err}
 		}
 		ss.reqs = append(ss.reqs, r)
 		d.log.Info("spliced", "session", ss.id, "point", s.point.Spec, "at", s.where(), "class", r.pt.class,
@@ -333,8 +334,8 @@ func (d *Daemon) CreateSession(req SessionRequest) (Session, error) {
 	return d.describe(ss), nil
 }
 
-func (d *Daemon) describe(ss *session) Session {
-	out := Session{ID: ss.id, Name: ss.name, Created: ss.created, Tied: ss.tied}
+func (d *Daemon) describe(ss *session) api.Session {
+	out := api.Session{ID: ss.id, Name: ss.name, Created: ss.created, Tied: ss.tied}
 	if !ss.expires.IsZero() {
 		e := ss.expires
 		out.Expires = &e
@@ -342,8 +343,8 @@ func (d *Daemon) describe(ss *session) Session {
 	for _, r := range ss.reqs {
 		res := r.site.resolved()
 		res.SpliceClass = r.pt.class.String() // as installed
-		out.Probes = append(out.Probes, Probe{Resolved: res, Count: d.dev.Counter(r.counter()),
-			Patch: Addr(r.pt.patch), Springboard: Addr(r.pt.slot)})
+		out.Probes = append(out.Probes, api.Probe{Resolved: res, Count: d.dev.Counter(r.counter()),
+			Patch: api.Addr(r.pt.patch), Springboard: api.Addr(r.pt.slot)})
 	}
 	now := time.Now()
 	for _, t := range ss.timers {
@@ -357,12 +358,12 @@ var ErrNoSession = errors.New("no such session")
 
 // RemoveSession removes every splice of a session and returns its final
 // counts.
-func (d *Daemon) RemoveSession(id string) (Session, error) {
+func (d *Daemon) RemoveSession(id string) (api.Session, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	ss := d.findLocked(id)
 	if ss == nil {
-		return Session{}, fmt.Errorf("%w %q", ErrNoSession, id)
+		return api.Session{}, fmt.Errorf("%w %q", ErrNoSession, id)
 	}
 	final := d.describe(ss)
 	err := d.removeLocked(ss)

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/codegen"
 	"github.com/kinst/kinst/kernel"
@@ -71,7 +72,7 @@ func textNow(t *testing.T, k *fakeKernel) []byte {
 
 func TestSessionSplicesAndRestores(t *testing.T) {
 	d, k := newTestDaemon(t)
-	s, err := d.CreateSession(SessionRequest{Points: []string{"lookuppn"}})
+	s, err := d.CreateSession(api.SessionRequest{Points: []string{"lookuppn"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +141,7 @@ func TestRefusalsChangeNothing(t *testing.T) {
 		{"exc_int3+0x1", "no_splice"},
 		{"filename_lookup+", "bad_request"},
 	} {
-		_, err := d.CreateSession(SessionRequest{Points: []string{tc.point}})
+		_, err := d.CreateSession(api.SessionRequest{Points: []string{tc.point}})
 		if err == nil {
 			t.Errorf("%s: accepted", tc.point)
 			continue
@@ -157,14 +158,14 @@ func TestRefusalsChangeNothing(t *testing.T) {
 func TestSessionIsAllOrNothing(t *testing.T) {
 	d, k := newTestDaemon(t)
 	k.failSplice = true
-	_, err := d.CreateSession(SessionRequest{Points: []string{"filename_lookup+0x1c", "lookuppn"}})
+	_, err := d.CreateSession(api.SessionRequest{Points: []string{"filename_lookup+0x1c", "lookuppn"}})
 	if err == nil {
 		t.Fatal("injected splice failure not reported")
 	}
 	if !bytes.Equal(textNow(t, k), text) || len(k.allocs) != 0 || len(k.splices) != 0 {
 		t.Error("failed session left something behind")
 	}
-	if _, err := d.CreateSession(SessionRequest{Points: []string{"lookuppn"}}); err == nil {
+	if _, err := d.CreateSession(api.SessionRequest{Points: []string{"lookuppn"}}); err == nil {
 		t.Fatal("injected splice failure not reported")
 	}
 	if len(k.allocs) != 0 || len(d.slots.used) != 0 {
@@ -176,15 +177,15 @@ func TestAPIAndTiedSession(t *testing.T) {
 	d, k := newTestDaemon(t)
 	srv := httptest.NewServer(d.Handler())
 	defer srv.Close()
-	c := NewClient(strings.TrimPrefix(srv.URL, "http://"))
+	c := api.NewClient(strings.TrimPrefix(srv.URL, "http://"))
 	ctx := context.Background()
 
 	_, err := c.Resolve(ctx, "filename_lookup+0xc")
-	var ae *APIError
+	var ae *api.APIError
 	if !errors.As(err, &ae) || ae.Code != "not_boundary" || !strings.Contains(ae.Error(), "+0xb") {
 		t.Fatalf("resolve mid-instruction: %v", err)
 	}
-	s, err := c.CreateSession(ctx, SessionRequest{Points: []string{"lookuppn"}, Tied: true})
+	s, err := c.CreateSession(ctx, api.SessionRequest{Points: []string{"lookuppn"}, Tied: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,14 +222,14 @@ func TestAPIAndTiedSession(t *testing.T) {
 
 func TestBenchSpliceFake(t *testing.T) {
 	d, k := newTestDaemon(t)
-	res, err := d.BenchSplice(context.Background(), BenchRequest{Point: "lookuppn", Cycles: 50})
+	res, err := d.BenchSplice(context.Background(), api.BenchRequest{Point: "lookuppn", Cycles: 50})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if res.Cycles != 50 || res.Splice.N != 50 || !res.Restored || len(k.allocs) != 0 {
 		t.Errorf("bench = %+v, allocs %v", res, k.allocs)
 	}
-	if _, err := d.BenchSplice(context.Background(), BenchRequest{Point: "lookuppn", Cycles: 0}); err == nil {
+	if _, err := d.BenchSplice(context.Background(), api.BenchRequest{Point: "lookuppn", Cycles: 0}); err == nil {
 		t.Error("zero cycles accepted")
 	}
 }
@@ -248,7 +249,7 @@ func TestBenchSpliceSteps(t *testing.T) {
 		t.Run(tc.class, func(t *testing.T) {
 			d, k := newTestDaemon(t)
 			before := textNow(t, k)
-			res, err := d.BenchSplice(context.Background(), BenchRequest{Point: tc.point, Cycles: 20})
+			res, err := d.BenchSplice(context.Background(), api.BenchRequest{Point: tc.point, Cycles: 20})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -295,7 +296,7 @@ func TestFunctionCFG(t *testing.T) {
 	if last := b0.Instructions[len(b0.Instructions)-1]; last.Offset != 0x15 || len(b0.Succs) != 2 {
 		t.Errorf("entry block ends at +%#x with %d successors", last.Offset, len(b0.Succs))
 	}
-	byOff := map[uint64]CFGInstruction{}
+	byOff := map[uint64]api.CFGInstruction{}
 	for _, b := range g.Blocks {
 		for _, in := range b.Instructions {
 			byOff[in.Offset] = in
@@ -449,7 +450,7 @@ func BenchmarkLoadAnalysis(b *testing.B) {
 }
 
 // patchAt reads the installed patch of a probe.
-func patchAt(t *testing.T, k *fakeKernel, p Probe) []byte {
+func patchAt(t *testing.T, k *fakeKernel, p api.Probe) []byte {
 	t.Helper()
 	code := make([]byte, k.allocs[uint64(p.Patch)])
 	if err := k.Read(uint64(p.Patch), code); err != nil {
@@ -487,11 +488,11 @@ func countIncs(t *testing.T, d *Daemon, k *fakeKernel, code []byte, at uint64) i
 // restores the text.
 func TestSharedPatch(t *testing.T) {
 	d, k := newTestDaemon(t)
-	a, err := d.CreateSession(SessionRequest{Points: []string{"lookuppn"}})
+	a, err := d.CreateSession(api.SessionRequest{Points: []string{"lookuppn"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := d.CreateSession(SessionRequest{Points: []string{"filename_lookup+0xb", "filename_lookup+0xb"}})
+	b, err := d.CreateSession(api.SessionRequest{Points: []string{"filename_lookup+0xb", "filename_lookup+0xb"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -542,7 +543,7 @@ func TestSharedPatch(t *testing.T) {
 func TestTrapSplice(t *testing.T) {
 	d, k := newTestDaemon(t)
 	// next_fn is one ret: no slot, no run to cover.
-	s, err := d.CreateSession(SessionRequest{Points: []string{"next_fn"}})
+	s, err := d.CreateSession(api.SessionRequest{Points: []string{"next_fn"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -577,7 +578,7 @@ func TestTrapSplice(t *testing.T) {
 // re-points its slot; removal restores text and slots.
 func TestSpringboardSplices(t *testing.T) {
 	d, k := newTestDaemon(t)
-	s, err := d.CreateSession(SessionRequest{Points: []string{"filename_lookup+0x9", "filename_lookup+0x12", "filename_lookup+0x1c"}})
+	s, err := d.CreateSession(api.SessionRequest{Points: []string{"filename_lookup+0x9", "filename_lookup+0x12", "filename_lookup+0x1c"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -609,7 +610,7 @@ func TestSpringboardSplices(t *testing.T) {
 	}
 	// A second request at a springboard point: the slot is re-pointed.
 	before := k.resplices
-	s2, err := d.CreateSession(SessionRequest{Points: []string{"filename_lookup+0x9"}})
+	s2, err := d.CreateSession(api.SessionRequest{Points: []string{"filename_lookup+0x9"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -685,7 +686,7 @@ func allocs(k *fakeKernel) map[uint64]int {
 // resolved against the original code, not the jmp/int3 written over it.
 func TestAnalysisSeesOriginalBytes(t *testing.T) {
 	d, k := newTestDaemon(t)
-	a, err := d.CreateSession(SessionRequest{Points: []string{"filename_lookup+0xb", "filename_lookup+0x1e", "filename_lookup+0x9"}})
+	a, err := d.CreateSession(api.SessionRequest{Points: []string{"filename_lookup+0xb", "filename_lookup+0x1e", "filename_lookup+0x9"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -694,7 +695,7 @@ func TestAnalysisSeesOriginalBytes(t *testing.T) {
 	if _, err := d.Resolve("filename_lookup+0x10"); !errors.Is(err, cfg.ErrNotBoundary) {
 		t.Errorf("+0x10 under a splice: %v, want not a boundary", err)
 	}
-	b, err := d.CreateSession(SessionRequest{Points: []string{"filename_lookup+0x12", "filename_lookup+0x1e", "filename_lookup+0x9"}})
+	b, err := d.CreateSession(api.SessionRequest{Points: []string{"filename_lookup+0x12", "filename_lookup+0x1e", "filename_lookup+0x9"}})
 	if err != nil {
 		t.Fatalf("second session in a spliced function: %v", err)
 	}

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/codegen"
 	"github.com/kinst/kinst/kernel"
@@ -42,20 +43,20 @@ func (s *site) where() string {
 	return fmt.Sprintf("%s+%#x", s.fn.Name, s.insn().Addr-s.fn.Addr)
 }
 
-func (s *site) resolved() Resolved {
+func (s *site) resolved() api.Resolved {
 	in := s.insn()
-	return Resolved{
+	return api.Resolved{
 		Point:       s.point.Spec,
 		Function:    s.fn.Name,
 		Module:      s.fn.Module,
 		Offset:      in.Addr - s.fn.Addr,
-		Address:     Addr(in.Addr),
+		Address:     api.Addr(in.Addr),
 		Length:      in.Len(),
 		Bytes:       hex.EncodeToString(in.Bytes),
 		Instruction: in.String(),
 		SpliceClass: s.class.String(),
 		FlagsLive:   s.flagsLive(),
-		Classic:     s.point.Classic,
+		Classic:     (*api.ClassicName)(s.point.Classic),
 		Ambiguous:   s.amb,
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/kernel"
 	"github.com/kinst/kinst/metrics"
@@ -26,14 +27,14 @@ func (d *Daemon) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/info", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, d.Info())
 	})
-	mux.HandleFunc("POST /v1/resolve", postJSON(http.StatusOK, func(_ *http.Request, req ResolveRequest) (Resolved, error) {
+	mux.HandleFunc("POST /v1/resolve", postJSON(http.StatusOK, func(_ *http.Request, req api.ResolveRequest) (api.Resolved, error) {
 		res, err := d.Resolve(req.Point)
 		if err != nil {
 			return res, &PointError{Point: req.Point, Err: err}
 		}
 		return res, nil
 	}))
-	mux.HandleFunc("POST /v1/sessions", postJSON(http.StatusCreated, func(_ *http.Request, req SessionRequest) (Session, error) {
+	mux.HandleFunc("POST /v1/sessions", postJSON(http.StatusCreated, func(_ *http.Request, req api.SessionRequest) (api.Session, error) {
 		return d.CreateSession(req)
 	}))
 	mux.HandleFunc("DELETE /v1/sessions/{id}", func(w http.ResponseWriter, r *http.Request) {
@@ -67,10 +68,10 @@ func (d *Daemon) Handler() http.Handler {
 		}
 		writeJSON(w, http.StatusOK, c)
 	})
-	mux.HandleFunc("POST /v1/bench/splice", postJSON(http.StatusOK, func(r *http.Request, req BenchRequest) (BenchResult, error) {
+	mux.HandleFunc("POST /v1/bench/splice", postJSON(http.StatusOK, func(r *http.Request, req api.BenchRequest) (api.BenchResult, error) {
 		return d.BenchSplice(r.Context(), req)
 	}))
-	mux.HandleFunc("POST /v1/bench/churn", postJSON(http.StatusOK, func(r *http.Request, req ChurnRequest) (ChurnResult, error) {
+	mux.HandleFunc("POST /v1/bench/churn", postJSON(http.StatusOK, func(r *http.Request, req api.ChurnRequest) (api.ChurnResult, error) {
 		return d.BenchChurn(r.Context(), req)
 	}))
 	return mux
@@ -155,9 +156,9 @@ func (d *Daemon) serveSamples(w http.ResponseWriter, r *http.Request) {
 			return
 		case now := <-tick.C:
 			s := set.Sample(now)
-			out := Sample{Time: s.Time, Totals: s.Totals, Deltas: s.Deltas}
+			out := api.Sample{Time: s.Time, Totals: s.Totals, Deltas: s.Deltas}
 			for _, t := range timers {
-				out.Timers = append(out.Timers, d.timerPoint(t, now))
+				out.Timers = append(out.Timers, api.Totals(d.timerPoint(t, now)))
 			}
 			if err := enc.Encode(out); err != nil {
 				return
@@ -189,7 +190,7 @@ func (d *Daemon) serveRead(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	m := Memory{Address: Addr(addr), Bytes: hex.EncodeToString(b)}
+	m := api.Memory{Address: api.Addr(addr), Bytes: hex.EncodeToString(b)}
 	if sym, off, ok := d.symbols().At(addr); ok {
 		m.Symbol = fmt.Sprintf("%s+%#x", sym.Name, off)
 	}
@@ -229,26 +230,26 @@ func errorCode(err error) (int, string) {
 	var br badRequestError
 	switch {
 	case errors.Is(err, kernel.ErrUnknownFunction):
-		return http.StatusNotFound, "unknown_function"
+		return http.StatusNotFound, api.CodeUnknownFunction
 	case errors.Is(err, cfg.ErrNotBoundary):
-		return http.StatusUnprocessableEntity, "not_boundary"
+		return http.StatusUnprocessableEntity, api.CodeNotBoundary
 	case errors.Is(err, springboard.ErrTooShort), errors.Is(err, ErrNoEntryInstruction):
-		return http.StatusUnprocessableEntity, "too_short"
+		return http.StatusUnprocessableEntity, api.CodeTooShort
 	case errors.Is(err, cfg.ErrNoSplice), errors.Is(err, cfg.ErrFreedInit):
-		return http.StatusUnprocessableEntity, "no_splice"
+		return http.StatusUnprocessableEntity, api.CodeNoSplice
 	case errors.Is(err, ErrNoSession):
-		return http.StatusNotFound, "no_session"
+		return http.StatusNotFound, api.CodeNoSession
 	case errors.As(err, &br):
-		return http.StatusBadRequest, "bad_request"
+		return http.StatusBadRequest, api.CodeBadRequest
 	case errors.Is(err, syscall.EFAULT):
-		return http.StatusUnprocessableEntity, "fault"
+		return http.StatusUnprocessableEntity, api.CodeFault
 	}
-	return http.StatusInternalServerError, "internal"
+	return http.StatusInternalServerError, api.CodeInternal
 }
 
 func writeError(w http.ResponseWriter, err error) {
 	status, code := errorCode(err)
-	resp := ErrorResponse{Error: err.Error(), Code: code}
+	resp := api.ErrorResponse{Error: err.Error(), Code: code}
 	var pe *PointError
 	if errors.As(err, &pe) {
 		resp.Point = pe.Point

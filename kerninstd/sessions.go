@@ -6,6 +6,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/codegen"
 )
 
@@ -54,10 +55,10 @@ func (d *Daemon) startTTL(ss *session, ttl time.Duration) {
 
 // Sessions describes every live session, oldest first, with current
 // totals.
-func (d *Daemon) Sessions() []Session {
+func (d *Daemon) Sessions() []api.Session {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	out := make([]Session, 0, len(d.sessions))
+	out := make([]api.Session, 0, len(d.sessions))
 	for _, ss := range d.sessions {
 		out = append(out, d.describe(ss))
 	}
@@ -71,8 +72,8 @@ func (d *Daemon) Sessions() []Session {
 }
 
 // timerInfo describes a timed function with its totals at now.
-func (d *Daemon) timerInfo(t *timedFunc, now time.Time) TimerInfo {
-	ti := TimerInfo{Function: t.function, Filter: t.filter, Virtual: t.virtual != nil, Entry: t.entry.resolved(), Point: d.timerPoint(t, now)}
+func (d *Daemon) timerInfo(t *timedFunc, now time.Time) api.TimerInfo {
+	ti := api.TimerInfo{Function: t.function, Filter: t.filter, Virtual: t.virtual != nil, Entry: t.entry.resolved(), Totals: api.Totals(d.timerPoint(t, now))}
 	for _, s := range t.exits {
 		ti.Exits = append(ti.Exits, s.resolved())
 	}
@@ -81,7 +82,7 @@ func (d *Daemon) timerInfo(t *timedFunc, now time.Time) TimerInfo {
 
 // resolveTimers resolves every function of a request and builds the
 // filter's predicate. It changes nothing.
-func (d *Daemon) resolveTimers(req SessionRequest) ([]*timedFunc, codegen.Predicate, error) {
+func (d *Daemon) resolveTimers(req api.SessionRequest) ([]*timedFunc, codegen.Predicate, error) {
 	if req.Lock != "" {
 		return d.resolveWaiters(req)
 	}
@@ -126,7 +127,7 @@ func (d *Daemon) resolveTimers(req SessionRequest) ([]*timedFunc, codegen.Predic
 
 // predicate builds the guard of a filter, with task_struct offsets from
 // the kernel's BTF.
-func (d *Daemon) predicate(f *Filter) (codegen.Predicate, string, error) {
+func (d *Daemon) predicate(f *api.Filter) (codegen.Predicate, string, error) {
 	if f == nil || (f.PID == 0 && f.TID == 0 && f.Comm == "") {
 		return nil, "", nil
 	}

@@ -4,17 +4,9 @@ import (
 	"encoding/json"
 	"net/http"
 
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/cfg"
 )
-
-// StatsEvent is one line of GET /v1/cfg/stats: progress while the whole
-// kernel is analysed, then the census (or an error).
-type StatsEvent struct {
-	Done  int        `json:"done,omitempty"`
-	Total int        `json:"total,omitempty"`
-	Stats *cfg.Stats `json:"stats,omitempty"`
-	Error string     `json:"error,omitempty"`
-}
 
 // serveStats returns the whole-kernel census: the one computed at start-up
 // or loaded from the cache, or (with ?fresh=1, or if there is none yet) a
@@ -24,7 +16,7 @@ func (d *Daemon) serveStats(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 	fl, _ := w.(http.Flusher)
 	enc := json.NewEncoder(w)
-	send := func(ev StatsEvent) {
+	send := func(ev api.StatsEvent) {
 		enc.Encode(ev)
 		if fl != nil {
 			fl.Flush()
@@ -34,10 +26,10 @@ func (d *Daemon) serveStats(w http.ResponseWriter, r *http.Request) {
 	cached := d.stats
 	d.anMu.Unlock()
 	if cached != nil && r.URL.Query().Get("fresh") == "" {
-		send(StatsEvent{Stats: cached})
+		send(api.StatsEvent{Stats: censusReport(cached)})
 		return
 	}
-	progress := make(chan StatsEvent, 1)
+	progress := make(chan api.StatsEvent, 1)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -47,16 +39,41 @@ func (d *Daemon) serveStats(w http.ResponseWriter, r *http.Request) {
 	}()
 	st, err := d.analyze(r.Context(), 0, func(n, total int) {
 		select {
-		case progress <- StatsEvent{Done: n, Total: total}:
+		case progress <- api.StatsEvent{Done: n, Total: total}:
 		default: // the client is slow; skip a tick
 		}
 	})
 	close(progress)
 	<-done
 	if err != nil {
-		send(StatsEvent{Error: err.Error()})
+		send(api.StatsEvent{Error: err.Error()})
 		return
 	}
 	d.setStats(st)
-	send(StatsEvent{Stats: &st})
+	send(api.StatsEvent{Stats: censusReport(&st)})
+}
+
+// censusReport is the census as the API reports it.
+func censusReport(st *cfg.Stats) *api.CFGStats {
+	return &api.CFGStats{
+		Modules:          st.Modules,
+		Functions:        st.Functions,
+		BasicBlocks:      st.BasicBlocks,
+		Instructions:     st.Instructions,
+		InstructionBytes: st.InstructionBytes,
+		PaddingBytes:     st.PaddingBytes,
+		UnanalysableJump: st.UnanalysableJump,
+		JumpTables:       st.JumpTables,
+		TailCalls:        st.TailCalls,
+		Returns:          st.Returns,
+		Truncated:        st.Truncated,
+		FreedInit:        st.FreedInit,
+		NoReturn:         st.NoReturn,
+		Unreadable:       st.Unreadable,
+		SpliceClasses:    st.SpliceClasses,
+		Coverable:        st.Coverable,
+		Springboard:      (*api.SpringboardStats)(st.Springboard),
+		NoSpliceSites:    (*api.OwnedCounts)(st.NoSpliceSites),
+		Seconds:          st.Seconds,
+	}
 }

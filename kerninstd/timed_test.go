@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/kernel"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -23,7 +24,7 @@ func TestTimedSessionLifecycle(t *testing.T) {
 	d.loadTask = func(*kernel.Symbols) (kernel.TaskLayout, error) {
 		return kernel.TaskLayout{CurrentTask: 0x1fb80, PID: 0x5c8, TGID: 0x5cc, Comm: 0x7c0}, nil
 	}
-	s, err := d.CreateSession(SessionRequest{Name: "incident", Timers: []string{"filename_lookup"}, Filter: &Filter{PID: 4242}})
+	s, err := d.CreateSession(api.SessionRequest{Name: "incident", Timers: []string{"filename_lookup"}, Filter: &api.Filter{PID: 4242}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,14 +60,14 @@ func TestTimedSessionLifecycle(t *testing.T) {
 	}
 	k.counters[calls] = 2
 	k.counters[word] = 3_000_000 << 16
-	if _, err := d.CreateSession(SessionRequest{Name: "incident", Points: []string{"lookuppn"}}); err == nil || !strings.Contains(err.Error(), "in use") {
+	if _, err := d.CreateSession(api.SessionRequest{Name: "incident", Points: []string{"lookuppn"}}); err == nil || !strings.Contains(err.Error(), "in use") {
 		t.Errorf("second session with the same name: %v", err)
 	}
 	list := d.Sessions()
 	if len(list) != 1 || len(list[0].Timers) != 1 {
 		t.Fatalf("sessions %+v", list)
 	}
-	pt := list[0].Timers[0].Point
+	pt := list[0].Timers[0].Totals
 	want := d.clock.Nanos(3_000_000)
 	if pt.Calls != 2 || pt.Inside != 0 || math.Abs(pt.WallNS-want) > want*1e-6 {
 		t.Fatalf("point %+v, want 2 calls, 0 inside, %.0f ns", pt, want)
@@ -128,7 +129,7 @@ func patchBytes(t *testing.T, k *fakeKernel, addr uint64) []byte {
 
 func TestSessionTTL(t *testing.T) {
 	d, k := newTestDaemon(t)
-	s, err := d.CreateSession(SessionRequest{Name: "forgotten", Timers: []string{"filename_lookup"}, TTLNS: int64(50 * time.Millisecond)})
+	s, err := d.CreateSession(api.SessionRequest{Name: "forgotten", Timers: []string{"filename_lookup"}, TTLNS: int64(50 * time.Millisecond)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,14 +155,14 @@ func TestSessionTTL(t *testing.T) {
 func TestTimedRefusals(t *testing.T) {
 	d, k := newTestDaemon(t)
 	d.loadTask = func(*kernel.Symbols) (kernel.TaskLayout, error) { return kernel.TaskLayout{}, errors.New("no BTF") }
-	for _, req := range []SessionRequest{
+	for _, req := range []api.SessionRequest{
 		{Timers: []string{"filename_lookup+0xb"}},
 		{Timers: []string{"no_such_function"}},
 		{Timers: []string{"filename_lookup", "lookuppn"}},
-		{Timers: []string{"filename_lookup"}, Filter: &Filter{PID: 1, Comm: "x"}},
-		{Timers: []string{"filename_lookup"}, Filter: &Filter{Comm: "a-name-longer-than-15"}},
-		{Timers: []string{"filename_lookup"}, Filter: &Filter{PID: 1}}, // no task layout
-		{Points: []string{"lookuppn"}, Filter: &Filter{PID: 1}},
+		{Timers: []string{"filename_lookup"}, Filter: &api.Filter{PID: 1, Comm: "x"}},
+		{Timers: []string{"filename_lookup"}, Filter: &api.Filter{Comm: "a-name-longer-than-15"}},
+		{Timers: []string{"filename_lookup"}, Filter: &api.Filter{PID: 1}}, // no task layout
+		{Points: []string{"lookuppn"}, Filter: &api.Filter{PID: 1}},
 		{Timers: []string{"filename_lookup"}, TTLNS: -1},
 		{},
 	} {
@@ -177,11 +178,11 @@ func TestTimedRefusals(t *testing.T) {
 // A timer shares its entry point with a counter of another session.
 func TestTimerSharesPointWithCounter(t *testing.T) {
 	d, k := newTestDaemon(t)
-	c, err := d.CreateSession(SessionRequest{Points: []string{"lookuppn"}})
+	c, err := d.CreateSession(api.SessionRequest{Points: []string{"lookuppn"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	tm, err := d.CreateSession(SessionRequest{Timers: []string{"filename_lookup"}})
+	tm, err := d.CreateSession(api.SessionRequest{Timers: []string{"filename_lookup"}})
 	if err != nil {
 		t.Fatalf("timer at a counted point: %v", err)
 	}
@@ -257,7 +258,7 @@ func TestVirtualTimerSession(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := d.CreateSession(SessionRequest{Timers: []string{"filename_lookup"}, Virtual: true})
+	s, err := d.CreateSession(api.SessionRequest{Timers: []string{"filename_lookup"}, Virtual: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -272,7 +273,7 @@ func TestVirtualTimerSession(t *testing.T) {
 	k.counters[v.base+vCalls] = 5
 	k.counters[v.base+vWall] = 3_000_000 << 16
 	k.counters[v.off] = 1_000_000 << 16
-	pt := d.Sessions()[0].Timers[0].Point
+	pt := d.Sessions()[0].Timers[0].Totals
 	if want := d.clock.Nanos(2_000_000); pt.Calls != 5 || math.Abs(pt.VirtualNS-want) > want*1e-6 {
 		t.Fatalf("point %+v, want 5 calls and %.0f ns virtual", pt, want)
 	}

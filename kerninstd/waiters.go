@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/codegen"
 	"github.com/kinst/kinst/kernel"
@@ -90,7 +91,7 @@ func (d *Daemon) lockWaitFunction() (string, error) {
 }
 
 // resolveWaiters builds the timer of a waiters request.
-func (d *Daemon) resolveWaiters(req SessionRequest) ([]*timedFunc, codegen.Predicate, error) {
+func (d *Daemon) resolveWaiters(req api.SessionRequest) ([]*timedFunc, codegen.Predicate, error) {
 	if len(req.Timers) > 0 || req.Filter != nil {
 		return nil, nil, badRequest(errors.New("a lock request takes no functions or filter"))
 	}

@@ -11,11 +11,11 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/kinst/kinst/kerninstd"
+	"github.com/kinst/kinst/api"
 )
 
 // BenchSplice runs `kinst bench splice`.
-func BenchSplice(ctx context.Context, c *kerninstd.Client, point string, cycles int, kprobe, asJSON bool, w, stderr io.Writer) error {
+func BenchSplice(ctx context.Context, c *api.Client, point string, cycles int, kprobe, asJSON bool, w, stderr io.Writer) error {
 	// The same request made with a kprobe through tracefs, in the same
 	// kernel, first: define and enable, then disable and delete. (Timed
 	// before kinst's own cycles: in the emulated guest, tracefs kprobe
@@ -36,7 +36,7 @@ func BenchSplice(ctx context.Context, c *kerninstd.Client, point string, cycles 
 		kp.Skipped = "not asked for (--kprobe)"
 	}
 	fmt.Fprintf(stderr, "kinst: %d splice/unsplice cycles at %s…\n", cycles, point)
-	res, err := c.BenchSplice(ctx, kerninstd.BenchRequest{Point: point, Cycles: cycles})
+	res, err := c.BenchSplice(ctx, api.BenchRequest{Point: point, Cycles: cycles})
 	if err != nil {
 		return err
 	}
@@ -48,7 +48,7 @@ func BenchSplice(ctx context.Context, c *kerninstd.Client, point string, cycles 
 	}
 	if asJSON {
 		return writeJSON(w, struct {
-			kerninstd.BenchResult
+			api.BenchResult
 			Request int64         `json:"request_ns"` // resolve + patch alloc + codegen + patch write + slot find + slot write + splice, medians
 			Kprobe  KprobeRequest `json:"kprobe"`
 		}{res, ours, kp})
@@ -93,11 +93,11 @@ func BenchSplice(ctx context.Context, c *kerninstd.Client, point string, cycles 
 // KprobeRequest is the cost of the same request made as a kprobe through
 // tracefs.
 type KprobeRequest struct {
-	Point   string              `json:"point"`
-	Attach  kerninstd.Durations `json:"attach"` // write the kprobe_events line, enable
-	Detach  kerninstd.Durations `json:"detach"` // disable, delete
-	Ratio   float64             `json:"ratio"`  // attach median / kinst's request median
-	Skipped string              `json:"skipped,omitempty"`
+	Point   string        `json:"point"`
+	Attach  api.Durations `json:"attach"` // write the kprobe_events line, enable
+	Detach  api.Durations `json:"detach"` // disable, delete
+	Ratio   float64       `json:"ratio"`  // attach median / kinst's request median
+	Skipped string        `json:"skipped,omitempty"`
 }
 
 func timeKprobeRequests(kp *KprobeRequest, n int) error {
@@ -129,19 +129,19 @@ func timeKprobeRequests(kp *KprobeRequest, n int) error {
 	return nil
 }
 
-func durations(ds []time.Duration) kerninstd.Durations {
+func durations(ds []time.Duration) api.Durations {
 	s := append([]time.Duration(nil), ds...)
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
 	if len(s) == 0 {
-		return kerninstd.Durations{}
+		return api.Durations{}
 	}
-	return kerninstd.Durations{N: len(s), Median: int64(s[len(s)/2]), P90: int64(s[len(s)*9/10]), Min: int64(s[0]), Max: int64(s[len(s)-1])}
+	return api.Durations{N: len(s), Median: int64(s[len(s)/2]), P90: int64(s[len(s)*9/10]), Min: int64(s[0]), Max: int64(s[len(s)-1])}
 }
 
 // BenchChurn runs kerninstd's churn: cycles of splice, re-splice and
 // unsplice over a pool of points, and prints what each kind of change
 // cost and whether the text came back.
-func BenchChurn(ctx context.Context, c *kerninstd.Client, req kerninstd.ChurnRequest, asJSON bool, w, stderr io.Writer) error {
+func BenchChurn(ctx context.Context, c *api.Client, req api.ChurnRequest, asJSON bool, w, stderr io.Writer) error {
 	fmt.Fprintf(stderr, "kinst: %d churn cycles (12 request changes each)…\n", req.Cycles)
 	res, err := c.BenchChurn(ctx, req)
 	if err != nil {
@@ -167,7 +167,7 @@ func BenchChurn(ctx context.Context, c *kerninstd.Client, req kerninstd.ChurnReq
 // durationRow is one line of a table of measured durations.
 type durationRow struct {
 	name string
-	d    kerninstd.Durations
+	d    api.Durations
 }
 
 // writeDurations prints rows under a header whose first column is title:

@@ -16,8 +16,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/internal/bpfkprobe"
-	"github.com/kinst/kinst/kerninstd"
 )
 
 // HitOptions configure `kinst bench hit`.
@@ -57,7 +57,7 @@ const tracefs = "/sys/kernel/tracing"
 // BPF program attached as a kprobe, all at instructions of the function's
 // entry block. It runs where kerninstd
 // runs (the guest) and needs root for tracefs.
-func BenchHit(ctx context.Context, c *kerninstd.Client, o HitOptions, w, stderr io.Writer) error {
+func BenchHit(ctx context.Context, c *api.Client, o HitOptions, w, stderr io.Writer) error {
 	if o.Calls <= 0 || o.Runs <= 0 {
 		return errors.New("bench hit: --calls and --runs must be positive")
 	}
@@ -70,7 +70,7 @@ func BenchHit(ctx context.Context, c *kerninstd.Client, o HitOptions, w, stderr 
 	}
 	// The first instruction of each splice class in the entry block; the
 	// kprobes go where the direct splice does.
-	byClass := map[string]kerninstd.CFGInstruction{}
+	byClass := map[string]api.CFGInstruction{}
 	for _, in := range g.Blocks[0].Instructions {
 		// Not a call: an optimized kprobe would refuse or emulate it.
 		if _, ok := byClass[in.SpliceClass]; !ok && in.SpliceClass != "refused" && !strings.HasPrefix(in.Text, "call") {
@@ -127,7 +127,7 @@ func BenchHit(ctx context.Context, c *kerninstd.Client, o HitOptions, w, stderr 
 		}
 		point := fmt.Sprintf("%s+%#x", o.Function, in.Offset)
 		measure(class+" splice", point, func() (func() (uint64, error), error) {
-			s, err := c.CreateSession(ctx, kerninstd.SessionRequest{Points: []string{point}})
+			s, err := c.CreateSession(ctx, api.SessionRequest{Points: []string{point}})
 			if err != nil {
 				return nil, err
 			}
@@ -298,7 +298,7 @@ func appendFile(path, s string) error {
 
 // waitCoveringFinished waits until no covering splice is armed (int3
 // only), at most 30 s.
-func waitCoveringFinished(ctx context.Context, c *kerninstd.Client) error {
+func waitCoveringFinished(ctx context.Context, c *api.Client) error {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		in, err := c.Info(ctx)

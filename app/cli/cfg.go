@@ -7,7 +7,7 @@ import (
 	"io"
 	"strings"
 
-	"github.com/kinst/kinst/kerninstd"
+	"github.com/kinst/kinst/api"
 )
 
 // CFGFormat selects how `kinst cfg` prints.
@@ -20,7 +20,7 @@ const (
 )
 
 // ShowCFG prints a function's control-flow graph.
-func ShowCFG(ctx context.Context, c *kerninstd.Client, function string, format CFGFormat, w io.Writer) error {
+func ShowCFG(ctx context.Context, c *api.Client, function string, format CFGFormat, w io.Writer) error {
 	g, err := c.CFG(ctx, function)
 	if err != nil {
 		return err
@@ -93,7 +93,7 @@ func joinInts(v []int) string {
 
 // writeDot renders the graph for graphviz: one box per block with its
 // disassembly, edges labelled by kind.
-func writeDot(w io.Writer, g kerninstd.CFG) error {
+func writeDot(w io.Writer, g api.CFG) error {
 	fmt.Fprintf(w, "digraph %q {\n  node [shape=box fontname=monospace fontsize=10];\n", g.Function)
 	for _, b := range g.Blocks {
 		var lines []string
@@ -122,7 +122,7 @@ func writeDot(w io.Writer, g kerninstd.CFG) error {
 
 // ShowStats analyses the whole kernel and prints the census, with progress
 // on stderr while it runs.
-func ShowStats(ctx context.Context, c *kerninstd.Client, asJSON bool, w, stderr io.Writer) error {
+func ShowStats(ctx context.Context, c *api.Client, asJSON bool, w, stderr io.Writer) error {
 	st, err := c.CFGStats(ctx, func(done, total int) {
 		fmt.Fprintf(stderr, "\rkinst: analysing %d/%d functions…", done, total)
 	})
@@ -169,7 +169,7 @@ func ShowStats(ctx context.Context, c *kerninstd.Client, asJSON bool, w, stderr 
 }
 
 // ShowCalls prints a function's callers and callees.
-func ShowCalls(ctx context.Context, c *kerninstd.Client, function string, asJSON bool, w, stderr io.Writer) error {
+func ShowCalls(ctx context.Context, c *api.Client, function string, asJSON bool, w, stderr io.Writer) error {
 	fmt.Fprintln(stderr, "kinst: reading the call graph (the first request analyses the whole kernel)…")
 	g, err := c.Calls(ctx, function)
 	if err != nil {
@@ -181,7 +181,7 @@ func ShowCalls(ctx context.Context, c *kerninstd.Client, function string, asJSON
 	fmt.Fprintf(w, "%s %#x\n", g.Function, uint64(g.Address))
 	for _, part := range []struct {
 		title string
-		refs  []kerninstd.CallRef
+		refs  []api.CallRef
 	}{{"callees", g.Callees}, {"callers", g.Callers}} {
 		fmt.Fprintf(w, "%s (%d):\n", part.title, len(part.refs))
 		for _, r := range part.refs {

@@ -10,7 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/kinst/kinst/kerninstd"
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/metrics"
 )
 
@@ -35,12 +35,12 @@ type CountReport struct {
 
 // CountProbe is one point's total.
 type CountProbe struct {
-	Point    string         `json:"point"`
-	Function string         `json:"function"`
-	Offset   uint64         `json:"offset"`
-	Address  kerninstd.Addr `json:"address"`
-	Count    uint64         `json:"count"`
-	Classic  string         `json:"classic,omitempty"` // the Solaris name asked for
+	Point    string   `json:"point"`
+	Function string   `json:"function"`
+	Offset   uint64   `json:"offset"`
+	Address  api.Addr `json:"address"`
+	Count    uint64   `json:"count"`
+	Classic  string   `json:"classic,omitempty"` // the Solaris name asked for
 }
 
 // CountSample is one interval's deltas, in probe order.
@@ -52,14 +52,14 @@ type CountSample struct {
 // Count attaches a counter at every point, reports live, and removes the
 // counters when the duration ends, the command exits or a signal arrives.
 // It returns the exit status kinst should exit with.
-func Count(ctx context.Context, c *kerninstd.Client, o CountOptions, stdout, stderr io.Writer) (int, error) {
+func Count(ctx context.Context, c *api.Client, o CountOptions, stdout, stderr io.Writer) (int, error) {
 	if len(o.Points) == 0 {
 		return 2, errors.New("count: name at least one POINT (FUNC, FUNC+0xOFF or a classic name such as lookuppn)")
 	}
 	if o.Interval <= 0 {
 		o.Interval = time.Second
 	}
-	sess, err := c.CreateSession(ctx, kerninstd.SessionRequest{Points: o.Points, Tied: true})
+	sess, err := c.CreateSession(ctx, api.SessionRequest{Points: o.Points, Tied: true})
 	if err != nil {
 		return 1, err
 	}
@@ -82,7 +82,7 @@ func Count(ctx context.Context, c *kerninstd.Client, o CountOptions, stdout, std
 	}
 	res, err := runSession(ctx, c, sess, runOptions{Duration: o.Duration, Interval: o.Interval, Command: o.Command,
 		Waiting: "kinst: counting; Ctrl-C to stop"}, stderr,
-		func(el time.Duration, s kerninstd.Sample) {
+		func(el time.Duration, s api.Sample) {
 			report.Intervals = append(report.Intervals, CountSample{ElapsedNS: int64(el), Deltas: s.Deltas})
 			for i := range series {
 				if i < len(s.Totals) {
@@ -132,7 +132,7 @@ func Count(ctx context.Context, c *kerninstd.Client, o CountOptions, stdout, std
 
 // location is how a probe is named in live rows: the point as asked, and
 // where it landed when that differs.
-func location(r kerninstd.Resolved) string {
+func location(r api.Resolved) string {
 	at := fmt.Sprintf("%s+%#x", r.Function, r.Offset)
 	if r.Point == at {
 		return at
@@ -141,7 +141,7 @@ func location(r kerninstd.Resolved) string {
 }
 
 // describeProbe prints where a point landed, and the classic-name mapping.
-func describeProbe(w io.Writer, r kerninstd.Resolved) {
+func describeProbe(w io.Writer, r api.Resolved) {
 	if r.Classic != nil {
 		fmt.Fprintf(w, "kinst: %s → %s (classic name; Linux equivalent: %s)\n", r.Classic.Solaris, r.Classic.Linux, r.Classic.Why)
 	}

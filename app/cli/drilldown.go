@@ -10,7 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/kinst/kinst/kerninstd"
+	"github.com/kinst/kinst/api"
 )
 
 // DrillOptions are the flags of `kinst drilldown`.
@@ -50,7 +50,7 @@ type DrillRow struct {
 // copen's time go?): time a function and the functions it calls directly
 // over one run of a workload, follow the callee with the most wall time,
 // and repeat until no callee dominates.
-func DrillDown(ctx context.Context, c *kerninstd.Client, o DrillOptions, stdout, stderr io.Writer) error {
+func DrillDown(ctx context.Context, c *api.Client, o DrillOptions, stdout, stderr io.Writer) error {
 	if o.Root == "" || len(o.Command) == 0 {
 		return errors.New("drilldown: name a function and a workload: drilldown FUNC -- CMD…")
 	}
@@ -80,7 +80,7 @@ func DrillDown(ctx context.Context, c *kerninstd.Client, o DrillOptions, stdout,
 
 // drillLevel times fn and its direct callees over one run of the
 // workload. Callees that cannot be timed are dropped with the reason.
-func drillLevel(ctx context.Context, c *kerninstd.Client, fn string, o DrillOptions, stderr io.Writer) (DrillLevel, error) {
+func drillLevel(ctx context.Context, c *api.Client, fn string, o DrillOptions, stderr io.Writer) (DrillLevel, error) {
 	level := DrillLevel{Function: fn}
 	callees, err := directCallees(ctx, c, fn)
 	if err != nil {
@@ -90,21 +90,21 @@ func drillLevel(ctx context.Context, c *kerninstd.Client, fn string, o DrillOpti
 		callees = callees[:o.Callees]
 	}
 	funcs := append([]string{fn}, callees...)
-	var sess kerninstd.Session
+	var sess api.Session
 	for {
-		sess, err = c.CreateSession(ctx, kerninstd.SessionRequest{Timers: funcs, Tied: true})
-		var api *kerninstd.APIError
-		if err == nil || !errors.As(err, &api) || api.Point == "" || api.Point == fn {
+		sess, err = c.CreateSession(ctx, api.SessionRequest{Timers: funcs, Tied: true})
+		var apiErr *api.APIError
+		if err == nil || !errors.As(err, &apiErr) || apiErr.Point == "" || apiErr.Point == fn {
 			break
 		}
-		level.Skipped = append(level.Skipped, api.Point+": "+api.ErrorResponse.Error)
-		funcs = without(funcs, api.Point)
+		level.Skipped = append(level.Skipped, apiErr.Point+": "+apiErr.ErrorResponse.Error)
+		funcs = without(funcs, apiErr.Point)
 	}
 	if err != nil {
 		return level, fmt.Errorf("time %s: %w", fn, err)
 	}
 	fmt.Fprintf(stderr, "kinst: timing %s and %d callee(s) over one run of the workload\n", fn, len(funcs)-1)
-	res, err := runSession(ctx, c, sess, runOptions{Interval: 1e9, Command: o.Command}, stderr, func(time.Duration, kerninstd.Sample) {})
+	res, err := runSession(ctx, c, sess, runOptions{Interval: 1e9, Command: o.Command}, stderr, func(time.Duration, api.Sample) {})
 	if err != nil {
 		return level, err
 	}
@@ -138,7 +138,7 @@ func drillLevel(ctx context.Context, c *kerninstd.Client, fn string, o DrillOpti
 
 // directCallees lists the functions fn calls directly, in the order of
 // their first call site, without the tracing and mitigation helpers.
-func directCallees(ctx context.Context, c *kerninstd.Client, fn string) ([]string, error) {
+func directCallees(ctx context.Context, c *api.Client, fn string) ([]string, error) {
 	g, err := c.CFG(ctx, fn)
 	if err != nil {
 		return nil, err

@@ -7,12 +7,12 @@ import (
 	"io"
 	"strings"
 
-	"github.com/kinst/kinst/kerninstd"
+	"github.com/kinst/kinst/api"
 )
 
 // Read prints live kernel memory as crash's rd does: address, 16 bytes
 // in hex, and their printable characters.
-func Read(ctx context.Context, c *kerninstd.Client, at string, n int, asJSON bool, w io.Writer) error {
+func Read(ctx context.Context, c *api.Client, at string, n int, asJSON bool, w io.Writer) error {
 	m, err := c.Read(ctx, at, n)
 	if err != nil {
 		return err

@@ -10,7 +10,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/kinst/kinst/kerninstd"
+	"github.com/kinst/kinst/api"
 )
 
 // runOptions say how long a session's report runs.
@@ -25,16 +25,16 @@ type runOptions struct {
 type runResult struct {
 	ExitStatus *int // of the command, if one ran
 	Duration   time.Duration
-	Final      kerninstd.Session // with final totals; the session is removed
-	Detach     time.Duration     // how long the removal took
+	Final      api.Session   // with final totals; the session is removed
+	Detach     time.Duration // how long the removal took
 }
 
 // runSession streams the session's samples to onSample until the
 // duration ends, the command exits or a signal arrives, then removes the
 // session. The sample stream ties the session to this process: if kinst
 // dies, kerninstd removes its splices.
-func runSession(ctx context.Context, c *kerninstd.Client, sess kerninstd.Session, o runOptions, stderr io.Writer,
-	onSample func(elapsed time.Duration, s kerninstd.Sample)) (runResult, error) {
+func runSession(ctx context.Context, c *api.Client, sess api.Session, o runOptions, stderr io.Writer,
+	onSample func(elapsed time.Duration, s api.Sample)) (runResult, error) {
 	var res runResult
 	remove := func() { c.RemoveSession(context.WithoutCancel(ctx), sess.ID) }
 	stream, err := c.Samples(context.WithoutCancel(ctx), sess.ID, o.Interval)
@@ -43,7 +43,7 @@ func runSession(ctx context.Context, c *kerninstd.Client, sess kerninstd.Session
 		return res, err
 	}
 	defer stream.Close()
-	samples := make(chan kerninstd.Sample)
+	samples := make(chan api.Sample)
 	go func() {
 		defer close(samples)
 		for {

@@ -8,12 +8,12 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/kinst/kinst/kerninstd"
+	"github.com/kinst/kinst/api"
 )
 
 // Ls lists the live sessions (`kinst ls`). --json: the []Session of
 // GET /v1/sessions.
-func Ls(ctx context.Context, c *kerninstd.Client, asJSON bool, stdout io.Writer) error {
+func Ls(ctx context.Context, c *api.Client, asJSON bool, stdout io.Writer) error {
 	list, err := c.Sessions(ctx)
 	if err != nil {
 		return err
@@ -39,7 +39,7 @@ func Ls(ctx context.Context, c *kerninstd.Client, asJSON bool, stdout io.Writer)
 }
 
 // instruments summarises what a session has installed, with totals.
-func instruments(s kerninstd.Session) string {
+func instruments(s api.Session) string {
 	var parts []string
 	for _, t := range s.Timers {
 		p := fmt.Sprintf("time %s (%d calls, %s wall", t.Function, t.Calls, fmtNS(t.WallNS))
@@ -56,7 +56,7 @@ func instruments(s kerninstd.Session) string {
 
 // Detach removes a session by name or ID (`kinst detach`) and prints its
 // final totals.
-func Detach(ctx context.Context, c *kerninstd.Client, name string, asJSON bool, stdout io.Writer) error {
+func Detach(ctx context.Context, c *api.Client, name string, asJSON bool, stdout io.Writer) error {
 	start := time.Now()
 	s, err := c.RemoveSession(ctx, name)
 	if err != nil {

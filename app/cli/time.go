@@ -10,7 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/kinst/kinst/kerninstd"
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/metrics"
 )
 
@@ -18,7 +18,7 @@ import (
 type TimeOptions struct {
 	Functions []string
 	Lock      string // waiters on this mutex instead of Functions
-	Filter    kerninstd.Filter
+	Filter    api.Filter
 	Virtual   bool
 	Duration  time.Duration
 	Interval  time.Duration
@@ -65,18 +65,18 @@ type TimeInterval struct {
 }
 
 // Time times kernel functions: calls, wall time, concurrency.
-func Time(ctx context.Context, c *kerninstd.Client, o TimeOptions, stdout, stderr io.Writer) (int, error) {
+func Time(ctx context.Context, c *api.Client, o TimeOptions, stdout, stderr io.Writer) (int, error) {
 	if len(o.Functions) == 0 && o.Lock == "" {
 		return 2, errors.New("time: name at least one kernel function")
 	}
 	if o.Interval <= 0 {
 		o.Interval = time.Second
 	}
-	req := kerninstd.SessionRequest{Timers: o.Functions, Tied: true, Name: o.Name, TTLNS: int64(o.TTL), Virtual: o.Virtual, Lock: o.Lock}
+	req := api.SessionRequest{Timers: o.Functions, Tied: true, Name: o.Name, TTLNS: int64(o.TTL), Virtual: o.Virtual, Lock: o.Lock}
 	if o.Lock != "" {
 		o.Virtual = true // the daemon splits each wait into spinning and sleeping
 	}
-	if o.Filter != (kerninstd.Filter{}) {
+	if o.Filter != (api.Filter{}) {
 		f := o.Filter
 		req.Filter = &f
 	}
@@ -91,7 +91,7 @@ func Time(ctx context.Context, c *kerninstd.Client, o TimeOptions, stdout, stder
 	series := make([]metrics.Series, len(sess.Timers))
 	for i, t := range sess.Timers {
 		series[i].Name = t.Function
-		p := t.Point
+		p := metrics.Point(t.Totals)
 		p.Time = sess.Created
 		series[i].Add(p)
 	}
@@ -108,7 +108,7 @@ func Time(ctx context.Context, c *kerninstd.Client, o TimeOptions, stdout, stder
 	}
 	res, err := runSession(ctx, c, sess, runOptions{Duration: o.Duration, Interval: o.Interval, Command: o.Command,
 		Waiting: "kinst: timing; Ctrl-C to stop"}, stderr,
-		func(el time.Duration, s kerninstd.Sample) {
+		func(el time.Duration, s api.Sample) {
 			if report.FirstDataNS == 0 {
 				report.FirstDataNS = int64(time.Since(asked))
 			}
@@ -118,8 +118,8 @@ func Time(ctx context.Context, c *kerninstd.Client, o TimeOptions, stdout, stder
 					break
 				}
 				prev := series[i].Points[len(series[i].Points)-1]
-				series[i].Add(p)
-				r := metrics.Derive(prev, p)
+				series[i].Add(metrics.Point(p))
+				r := metrics.Derive(prev, metrics.Point(p))
 				iv.Functions = append(iv.Functions, r)
 				if !o.JSON {
 					virt := "-"
@@ -144,9 +144,10 @@ func Time(ctx context.Context, c *kerninstd.Client, o TimeOptions, stdout, stder
 	report.DetachNS = int64(res.Detach)
 	for i, t := range res.Final.Timers {
 		// Totals over the session's whole life, as the daemon saw it.
-		first := t.Point
+		last := metrics.Point(t.Totals)
+		first := last
 		first.Calls, first.WallNS, first.VirtualNS, first.Time = 0, 0, 0, sess.Created
-		r := metrics.Derive(first, t.Point)
+		r := metrics.Derive(first, last)
 		tf := TimedFunction{Function: t.Function, Entry: at(t.Entry), Calls: t.Calls, CallsPerSec: r.CallsPerSec,
 			WallNS: t.WallNS, AvgWallNS: r.AvgWallNS, Concurrency: r.Concurrency}
 		for _, e := range t.Exits {
@@ -158,7 +159,7 @@ func Time(ctx context.Context, c *kerninstd.Client, o TimeOptions, stdout, stder
 		}
 		report.Functions = append(report.Functions, tf)
 		if i < len(series) {
-			series[i].Add(t.Point)
+			series[i].Add(last)
 		}
 	}
 	if o.Plot != "" {
@@ -190,10 +191,10 @@ func filterNote(f string) string {
 	return ", only " + f
 }
 
-func at(r kerninstd.Resolved) string { return fmt.Sprintf("%s+%#x", r.Function, r.Offset) }
+func at(r api.Resolved) string { return fmt.Sprintf("%s+%#x", r.Function, r.Offset) }
 
 // describeTimer prints where a timer's splices landed.
-func describeTimer(w io.Writer, t kerninstd.TimerInfo) {
+func describeTimer(w io.Writer, t api.TimerInfo) {
 	var exits []string
 	for _, e := range t.Exits {
 		exits = append(exits, fmt.Sprintf("+%#x", e.Offset))

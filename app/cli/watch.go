@@ -9,7 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/kinst/kinst/kerninstd"
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/metrics"
 )
 
@@ -43,7 +43,7 @@ type watched struct {
 
 // Watch shows every active metric of every session, refreshed like top:
 // sorted by rate, with a sparkline of the recent rates per row.
-func Watch(ctx context.Context, c *kerninstd.Client, o WatchOptions, stdout io.Writer) error {
+func Watch(ctx context.Context, c *api.Client, o WatchOptions, stdout io.Writer) error {
 	if o.Interval <= 0 {
 		o.Interval = time.Second
 	}
@@ -84,7 +84,7 @@ func Watch(ctx context.Context, c *kerninstd.Client, o WatchOptions, stdout io.W
 				if t.Filter != "" {
 					metric += " (" + t.Filter + ")"
 				}
-				update(s.ID+"/t/"+t.Function, WatchRow{Session: s.Name, Metric: metric}, t.Point)
+				update(s.ID+"/t/"+t.Function, WatchRow{Session: s.Name, Metric: metric}, metrics.Point(t.Totals))
 			}
 			for _, p := range s.Probes {
 				update(s.ID+"/c/"+location(p.Resolved), WatchRow{Session: s.Name, Metric: "count " + location(p.Resolved)},

@@ -22,17 +22,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/app/vm"
-	"github.com/kinst/kinst/kerninstd"
 )
 
 // VM is a booted guest.
 type VM struct {
 	*vm.Instance
-	Client  *kerninstd.Client // kerninstd in the guest, through the port forward
-	Bin     string            // directory holding the kinst and kerninstd the guest runs
-	Cache   string            // KINST_CACHE: the kernel package, its vmlinux, the module
-	Scratch string            // this run's temporary directory, removed at the end
+	Client  *api.Client // kerninstd in the guest, through the port forward
+	Bin     string      // directory holding the kinst and kerninstd the guest runs
+	Cache   string      // KINST_CACHE: the kernel package, its vmlinux, the module
+	Scratch string      // this run's temporary directory, removed at the end
 }
 
 // Options tune the package's VM.
@@ -97,7 +97,7 @@ func MainWith(m *testing.M, name string, o Options, ready func(*VM)) int {
 		Accel:        o.Accel,
 		Progress:     os.Stderr,
 		Ready: func(ctx context.Context, in *vm.Instance) error {
-			return kerninstd.NewClient(in.KerninstdAddr()).WaitReady(ctx, 2*time.Minute)
+			return api.NewClient(in.KerninstdAddr()).WaitReady(ctx, 2*time.Minute)
 		},
 	})
 	if err != nil {
@@ -105,7 +105,7 @@ func MainWith(m *testing.M, name string, o Options, ready func(*VM)) int {
 		return 1
 	}
 	fmt.Fprintf(os.Stderr, "%s: VM up in %.1fs (%s, %s)\n", name, time.Since(start).Seconds(), in.Accel(), in.KernelRelease())
-	ready(&VM{Instance: in, Client: kerninstd.NewClient(in.KerninstdAddr()), Bin: bin, Cache: cache, Scratch: tmp})
+	ready(&VM{Instance: in, Client: api.NewClient(in.KerninstdAddr()), Bin: bin, Cache: cache, Scratch: tmp})
 	code := m.Run()
 	if code != 0 {
 		if b, err := os.ReadFile(in.SerialLog()); err == nil {

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/driver"
 	"github.com/kinst/kinst/kernel"
 	"github.com/kinst/kinst/kerninstd"
@@ -23,7 +24,7 @@ import (
 
 func main() {
 	fs := pflag.NewFlagSet("kerninstd", pflag.ExitOnError)
-	socket := fs.String("socket", kerninstd.DefaultSocket, "unix socket `path` (mode 0600)")
+	socket := fs.String("socket", api.DefaultSocket, "unix socket `path` (mode 0600)")
 	listen := fs.String("listen", "", "also serve on this TCP `address` (e.g. 127.0.0.1:7070); off by default")
 	metricsAddr := fs.String("metrics-listen", "", "serve Prometheus /metrics on this TCP `address` (\":9464\" binds loopback; give a host such as 0.0.0.0:9464 to expose it); off by default")
 	dev := fs.String("device", "/dev/kerninst", "driver device")
@@ -62,9 +63,9 @@ func run(log *slog.Logger, socket, listen, metricsAddr, devPath, kallsyms, cache
 	}
 	log.Info("driver open", "abi", info.ABIVersion, "patch_heap", fmt.Sprintf("%#x", info.PatchHeap),
 		"counter_heap", fmt.Sprintf("%#x", info.CounterHeap), "counters", dev.NumCounters())
-	d, err := kerninstd.New(kerninstd.Config{Device: dev, Kallsyms: kallsyms, Log: log, Prototypes: kernel.LoadKernelPrototypes, Layout: kernel.LoadKernelLayout, CacheDir: cacheDir, Info: func() kerninstd.Info {
-		in := kerninstd.Info{ABIVersion: info.ABIVersion, PatchHeap: kerninstd.Addr(info.PatchHeap),
-			PatchHeapSize: info.PatchHeapSize, CounterHeap: kerninstd.Addr(info.CounterHeap), Counters: dev.NumCounters()}
+	d, err := kerninstd.New(kerninstd.Config{Device: dev, Kallsyms: kallsyms, Log: log, Prototypes: kernel.LoadKernelPrototypes, Layout: kernel.LoadKernelLayout, CacheDir: cacheDir, Info: func() api.Info {
+		in := api.Info{ABIVersion: info.ABIVersion, PatchHeap: api.Addr(info.PatchHeap),
+			PatchHeapSize: info.PatchHeapSize, CounterHeap: api.Addr(info.CounterHeap), Counters: dev.NumCounters()}
 		if now, err := dev.Info(); err == nil {
 			in.DriverSplices = int(now.Splices)
 			in.Int3Hits = now.Int3Hits

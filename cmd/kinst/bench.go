@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/app/cli"
-	"github.com/kinst/kinst/kerninstd"
 )
 
 func benchCmd(ctx context.Context, args []string) error {
@@ -27,7 +27,7 @@ func benchCmd(ctx context.Context, args []string) error {
 		if fs.NArg() > 0 {
 			o.Function = fs.Arg(0)
 		}
-		return cli.BenchHit(ctx, kerninstd.NewClient(*addr), o, os.Stdout, os.Stderr)
+		return cli.BenchHit(ctx, api.NewClient(*addr), o, os.Stdout, os.Stderr)
 	}
 	if len(args) > 0 && args[0] == "churn" {
 		fs, addr := newFlags("bench churn", "bench churn [POINT…] [--function FUNC…] [--cycles N] [--seed S] [--json]\n\n"+
@@ -36,7 +36,7 @@ func benchCmd(ctx context.Context, args []string) error {
 			"then removes all six. A point that already has a request (a session's) is re-spliced, never\n"+
 			"unspliced. Run it with a workload going to stress the splice protocol; every point must read\n"+
 			"back as the kernel's own bytes at the end.")
-		var req kerninstd.ChurnRequest
+		var req api.ChurnRequest
 		fs.StringSliceVarP(&req.Functions, "function", "f", nil, "add every instruction of FUNC that may be spliced to the pool (repeatable)")
 		fs.IntVarP(&req.Cycles, "cycles", "n", 1000, "cycles")
 		fs.Int64Var(&req.Seed, "seed", 1, "seed of the choice of points")
@@ -49,7 +49,7 @@ func benchCmd(ctx context.Context, args []string) error {
 			fs.Usage()
 			return fmt.Errorf("bench churn: want POINTs or --function FUNC")
 		}
-		return cli.BenchChurn(ctx, kerninstd.NewClient(*addr), req, *asJSON, os.Stdout, os.Stderr)
+		return cli.BenchChurn(ctx, api.NewClient(*addr), req, *asJSON, os.Stdout, os.Stderr)
 	}
 	if len(args) == 0 || args[0] != "splice" {
 		return fmt.Errorf("bench: want `kinst bench splice POINT`, `kinst bench churn POINT…` or `kinst bench hit [FUNC]`")
@@ -65,5 +65,5 @@ func benchCmd(ctx context.Context, args []string) error {
 		fs.Usage()
 		return fmt.Errorf("bench splice: want one POINT")
 	}
-	return cli.BenchSplice(ctx, kerninstd.NewClient(*addr), fs.Arg(0), *cycles, *kprobe, *asJSON, os.Stdout, os.Stderr)
+	return cli.BenchSplice(ctx, api.NewClient(*addr), fs.Arg(0), *cycles, *kprobe, *asJSON, os.Stdout, os.Stderr)
 }

@@ -7,9 +7,9 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/app/cli"
 	"github.com/kinst/kinst/cfg"
-	"github.com/kinst/kinst/kerninstd"
 )
 
 func countCmd(ctx context.Context, args []string) (int, error) {
@@ -30,7 +30,7 @@ func countCmd(ctx context.Context, args []string) (int, error) {
 	var pos []string
 	pos, o.Command = splitCommand(fs)
 	o.Points = pos
-	return cli.Count(ctx, kerninstd.NewClient(*addr), o, os.Stdout, os.Stderr)
+	return cli.Count(ctx, api.NewClient(*addr), o, os.Stdout, os.Stderr)
 }
 
 func classicList() string {

@@ -10,7 +10,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/kinst/kinst/kerninstd"
+	"github.com/kinst/kinst/api"
 	"github.com/spf13/pflag"
 )
 
@@ -135,7 +135,7 @@ func run(args []string) int {
 func newFlags(name, synopsis string) (*pflag.FlagSet, *string) {
 	fs := pflag.NewFlagSet(name, pflag.ContinueOnError)
 	fs.SortFlags = false
-	addr := fs.String("addr", envOr("KINST_ADDR", kerninstd.DefaultSocket), "kerninstd `address`: unix socket path or host:port")
+	addr := fs.String("addr", envOr("KINST_ADDR", api.DefaultSocket), "kerninstd `address`: unix socket path or host:port")
 	fs.Usage = func() {
 		fmt.Fprintf(os.Stderr, "Usage: kinst %s\n\n%s", synopsis, fs.FlagUsages())
 	}

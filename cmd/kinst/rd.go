@@ -6,8 +6,8 @@ import (
 	"os"
 	"strconv"
 
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/app/cli"
-	"github.com/kinst/kinst/kerninstd"
 )
 
 func rdCmd(ctx context.Context, args []string) error {
@@ -29,5 +29,5 @@ func rdCmd(ctx context.Context, args []string) error {
 		}
 		n = int(v)
 	}
-	return cli.Read(ctx, kerninstd.NewClient(*addr), pos[0], n, *asJSON, os.Stdout)
+	return cli.Read(ctx, api.NewClient(*addr), pos[0], n, *asJSON, os.Stdout)
 }

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/app/cli"
-	"github.com/kinst/kinst/kerninstd"
 	"github.com/spf13/pflag"
 )
 
@@ -24,7 +24,7 @@ func timeCmd(ctx context.Context, args []string) (int, error) {
 	var pos []string
 	pos, o.Command = splitCommand(fs)
 	o.Functions = pos
-	return cli.Time(ctx, kerninstd.NewClient(*addr), o, os.Stdout, os.Stderr)
+	return cli.Time(ctx, api.NewClient(*addr), o, os.Stdout, os.Stderr)
 }
 
 func waitersCmd(ctx context.Context, args []string) (int, error) {
@@ -42,7 +42,7 @@ func waitersCmd(ctx context.Context, args []string) (int, error) {
 		return 2, fmt.Errorf("waiters: name one lock: a kernel data symbol or 0xADDR")
 	}
 	o.Lock = pos[0]
-	return cli.Time(ctx, kerninstd.NewClient(*addr), o, os.Stdout, os.Stderr)
+	return cli.Time(ctx, api.NewClient(*addr), o, os.Stdout, os.Stderr)
 }
 
 func drilldownCmd(ctx context.Context, args []string) error {
@@ -63,7 +63,7 @@ func drilldownCmd(ctx context.Context, args []string) error {
 		return fmt.Errorf("drilldown: name one function to start from")
 	}
 	o.Root = pos[0]
-	return cli.DrillDown(ctx, kerninstd.NewClient(*addr), o, os.Stdout, os.Stderr)
+	return cli.DrillDown(ctx, api.NewClient(*addr), o, os.Stdout, os.Stderr)
 }
 
 // timeFlags are the flags time and waiters share.

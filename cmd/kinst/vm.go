@@ -11,8 +11,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/app/vm"
-	"github.com/kinst/kinst/kerninstd"
 	"github.com/spf13/pflag"
 )
 
@@ -143,7 +143,7 @@ func vmCmd(ctx context.Context, args []string) (int, error) {
 
 // waitKerninstd is vm.Up's readiness check: the guest's kerninstd answers.
 func waitKerninstd(ctx context.Context, in *vm.Instance) error {
-	return kerninstd.NewClient(in.KerninstdAddr()).WaitReady(ctx, 2*time.Minute)
+	return api.NewClient(in.KerninstdAddr()).WaitReady(ctx, 2*time.Minute)
 }
 
 // stateDir is where the running instance's files live: KINST_VM_STATE, so

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kinst/kinst/kerninstd"
+	"github.com/kinst/kinst/api"
 )
 
 // TestBenchSpliceSpringboard runs `kinst bench splice` at a
@@ -28,7 +28,7 @@ func TestBenchSpliceSpringboard(t *testing.T) {
 		t.Fatal(err)
 	}
 	var point string
-	var addr kerninstd.Addr
+	var addr api.Addr
 	var length int
 	for _, b := range g.Blocks {
 		for _, in := range b.Instructions {
@@ -48,7 +48,7 @@ func TestBenchSpliceSpringboard(t *testing.T) {
 		t.Fatalf("bench splice %s: status %d\n%s", point, code, errOut)
 	}
 	var res struct {
-		kerninstd.BenchResult
+		api.BenchResult
 		Request int64 `json:"request_ns"`
 	}
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
@@ -57,7 +57,7 @@ func TestBenchSpliceSpringboard(t *testing.T) {
 	if res.Point.SpliceClass != "springboard" || res.Cycles != cycles || !res.Restored {
 		t.Errorf("class %s, %d cycles of %d, restored %v", res.Point.SpliceClass, res.Cycles, cycles, res.Restored)
 	}
-	for name, d := range map[string]kerninstd.Durations{
+	for name, d := range map[string]api.Durations{
 		"resolve": res.Resolve, "liveness": res.Liveness, "patch_alloc": res.PatchAlloc, "codegen": res.Codegen,
 		"relocation": res.Relocation, "patch_write": res.Patch, "slot_find": res.SlotFind,
 		"springboard": res.Springboard, "splice": res.Splice, "unsplice": res.Unsplice, "free": res.Free,

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kinst/kinst/kerninstd"
+	"github.com/kinst/kinst/api"
 )
 
 var objdumpInsn = regexp.MustCompile(`^\s*([0-9a-f]+):\t`)
@@ -221,7 +221,7 @@ func TestCFGCallGraph(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	has := func(refs []kerninstd.CallRef, fn string) bool {
+	has := func(refs []api.CallRef, fn string) bool {
 		for _, r := range refs {
 			if r.Function == fn {
 				return true

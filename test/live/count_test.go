@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/app/cli"
 	"github.com/kinst/kinst/cfg"
-	"github.com/kinst/kinst/kerninstd"
 )
 
 // statCalls is the number of stat(2) calls the workload makes; each enters
@@ -25,7 +25,7 @@ const statCalls = 5000
 // the counter sees every call system-wide, not only the workload's.
 const slack = 150
 
-func resolveLookuppn(t *testing.T, ctx context.Context) kerninstd.Resolved {
+func resolveLookuppn(t *testing.T, ctx context.Context) api.Resolved {
 	t.Helper()
 	r, err := client.Resolve(ctx, "lookuppn")
 	if err != nil {
@@ -39,13 +39,13 @@ func resolveLookuppn(t *testing.T, ctx context.Context) kerninstd.Resolved {
 
 // qemuBytes reads guest kernel memory as QEMU sees it: independent of our
 // driver.
-func qemuBytes(t *testing.T, addr kerninstd.Addr, n int) []byte {
+func qemuBytes(t *testing.T, addr api.Addr, n int) []byte {
 	t.Helper()
 	return live.QEMUBytes(t, uint64(addr), n)
 }
 
 // waitBytes polls QEMU's view of addr until pred holds.
-func waitBytes(t *testing.T, addr kerninstd.Addr, n int, what string, pred func([]byte) bool) []byte {
+func waitBytes(t *testing.T, addr api.Addr, n int, what string, pred func([]byte) bool) []byte {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
@@ -159,7 +159,7 @@ func TestBadRequestsChangeNothing(t *testing.T) {
 	if long == nil {
 		t.Fatalf("filename_lookup has no multi-byte instruction in its first 256 bytes?")
 	}
-	before := qemuBytes(t, kerninstd.Addr(fn.Addr), 256)
+	before := qemuBytes(t, api.Addr(fn.Addr), 256)
 	for _, tc := range []struct {
 		point, code, mention string
 	}{
@@ -171,17 +171,17 @@ func TestBadRequestsChangeNothing(t *testing.T) {
 		for _, attach := range []bool{false, true} {
 			var err error
 			if attach {
-				_, err = client.CreateSession(ctx, kerninstd.SessionRequest{Points: []string{"lookuppn", tc.point}})
+				_, err = client.CreateSession(ctx, api.SessionRequest{Points: []string{"lookuppn", tc.point}})
 			} else {
 				_, err = client.Resolve(ctx, tc.point)
 			}
-			var ae *kerninstd.APIError
+			var ae *api.APIError
 			if !errors.As(err, &ae) || ae.Code != tc.code || !strings.Contains(ae.Error(), tc.mention) {
 				t.Errorf("%s (attach=%v): got %v (%+v), want code %s mentioning %q", tc.point, attach, err, ae, tc.code, tc.mention)
 			}
 		}
 	}
-	var ae *kerninstd.APIError
+	var ae *api.APIError
 	// The CLI says it plainly and exits non-zero.
 	_, errs, status := gexec(t, ctx, "kinst", "count", "no_such_function_kinst", "--duration", "1s")
 	if status == 0 || !strings.Contains(errs, "unknown function") {
@@ -198,7 +198,7 @@ func TestBadRequestsChangeNothing(t *testing.T) {
 	if _, err := client.Info(ctx); err != nil {
 		t.Errorf("kerninstd after the bad requests: %v", err)
 	}
-	if after := qemuBytes(t, kerninstd.Addr(fn.Addr), 256); !bytes.Equal(before, after) {
+	if after := qemuBytes(t, api.Addr(fn.Addr), 256); !bytes.Equal(before, after) {
 		t.Errorf("refused requests changed filename_lookup's text:\nbefore %x\nafter  %x", before, after)
 	}
 	if info, err := client.Info(ctx); err != nil || info.Splices != 0 {
@@ -220,7 +220,7 @@ func TestSpliceStressUnderLoad(t *testing.T) {
 	}
 	pid := strings.TrimSpace(gsh(t, ctx, "kinst workload syscalls 30m >/tmp/stress-load.log 2>&1 & echo $!"))
 	time.Sleep(2 * time.Second)
-	res, err := client.BenchSplice(ctx, kerninstd.BenchRequest{Point: "lookuppn", Cycles: cycles})
+	res, err := client.BenchSplice(ctx, api.BenchRequest{Point: "lookuppn", Cycles: cycles})
 	gsh(t, ctx, "kill -INT "+pid)
 	var load string
 	for i := 0; i < 100 && !strings.Contains(load, "stat calls"); i++ {
@@ -277,13 +277,13 @@ func TestExceptionTableSitesRefused(t *testing.T) {
 			continue
 		}
 		tried++
-		before := qemuBytes(t, kerninstd.Addr(insn), 8)
-		_, err = client.CreateSession(ctx, kerninstd.SessionRequest{Points: []string{at.Symbol}})
-		var ae *kerninstd.APIError
+		before := qemuBytes(t, api.Addr(insn), 8)
+		_, err = client.CreateSession(ctx, api.SessionRequest{Points: []string{at.Symbol}})
+		var ae *api.APIError
 		if !errors.As(err, &ae) || ae.Code != "no_splice" || !strings.Contains(ae.Error(), "exception-table") {
 			t.Errorf("splice at %s (an __ex_table site): %v, want a no_splice refusal naming the exception table", at.Symbol, err)
 		}
-		if after := qemuBytes(t, kerninstd.Addr(insn), 8); !bytes.Equal(before, after) {
+		if after := qemuBytes(t, api.Addr(insn), 8); !bytes.Equal(before, after) {
 			t.Errorf("%s changed: %x → %x", at.Symbol, before, after)
 		}
 	}

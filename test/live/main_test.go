@@ -12,15 +12,15 @@ import (
 	"os"
 	"testing"
 
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/app/livetest"
 	"github.com/kinst/kinst/app/vm"
-	"github.com/kinst/kinst/kerninstd"
 )
 
 var (
 	live   *livetest.VM
 	guest  *vm.Instance
-	client *kerninstd.Client
+	client *api.Client
 )
 
 func TestMain(m *testing.M) {

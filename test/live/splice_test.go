@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kinst/kinst/kerninstd"
+	"github.com/kinst/kinst/api"
 )
 
 // spliceable lists the instructions of fn that kerninstd says can be
@@ -24,7 +24,7 @@ type insnRef struct {
 	class string
 }
 
-func spliceable(t *testing.T, ctx context.Context, fn string) (kerninstd.CFG, []insnRef) {
+func spliceable(t *testing.T, ctx context.Context, fn string) (api.CFG, []insnRef) {
 	t.Helper()
 	g, err := client.CFG(ctx, fn)
 	if err != nil {
@@ -67,7 +67,7 @@ func TestCountsAtEveryInstruction(t *testing.T) {
 	const tol = 3 // threads still inside a block when the counts are read
 	funcs := []string{"filename_lookup", "vfs_statx"}
 	type fnInfo struct {
-		g     kerninstd.CFG
+		g     api.CFG
 		refs  []insnRef
 		bytes []byte
 	}
@@ -85,7 +85,7 @@ func TestCountsAtEveryInstruction(t *testing.T) {
 	stop := busyVCPUs(t, ctx)
 	defer stop()
 
-	s, err := client.CreateSession(ctx, kerninstd.SessionRequest{Points: points})
+	s, err := client.CreateSession(ctx, api.SessionRequest{Points: points})
 	if err != nil {
 		t.Fatalf("splice %d points: %v", len(points), err)
 	}
@@ -247,7 +247,7 @@ func TestResplicingStress(t *testing.T) {
 	var pool []insnRef
 	var churnFuncs []string
 	snap := map[string][]byte{}
-	addrs := map[string]kerninstd.CFG{}
+	addrs := map[string]api.CFG{}
 	var entryRefs []insnRef
 	for _, fn := range funcs {
 		if _, err := client.Resolve(ctx, fn); err != nil {
@@ -283,7 +283,7 @@ func TestResplicingStress(t *testing.T) {
 		if len(installed) == len(rank) {
 			break
 		}
-		ss, err := client.CreateSession(ctx, kerninstd.SessionRequest{Points: []string{r.point}})
+		ss, err := client.CreateSession(ctx, api.SessionRequest{Points: []string{r.point}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -331,13 +331,13 @@ func TestResplicingStress(t *testing.T) {
 			t.Fatalf("cycle %d: %s: %v%s", c, what, err, lockupReport(guest.SerialLog()))
 		}
 		tt := time.Now()
-		a, err := client.CreateSession(cctx, kerninstd.SessionRequest{Points: pick(3)})
+		a, err := client.CreateSession(cctx, api.SessionRequest{Points: pick(3)})
 		if err != nil {
 			stuck("splice", err)
 		}
 		opT[0] += time.Since(tt)
 		tt = time.Now()
-		b, err := client.CreateSession(cctx, kerninstd.SessionRequest{Points: append(pick(1), a.Probes[0].Point, a.Probes[1].Point)})
+		b, err := client.CreateSession(cctx, api.SessionRequest{Points: append(pick(1), a.Probes[0].Point, a.Probes[1].Point)})
 		if err != nil {
 			stuck("re-splice", err)
 		}
@@ -366,7 +366,7 @@ func TestResplicingStress(t *testing.T) {
 	for _, r := range entryRefs {
 		entryPoints = append(entryPoints, r.point)
 	}
-	for _, run := range []kerninstd.ChurnRequest{
+	for _, run := range []api.ChurnRequest{
 		{Functions: churnFuncs, Cycles: churn, Seed: 1},
 		{Points: entryPoints, Cycles: max(churn/4, 1), Seed: 2},
 	} {
@@ -392,7 +392,7 @@ func TestResplicingStress(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 		load = gsh(t, ctx, "cat /tmp/resplice-load.log")
 	}
-	var final []kerninstd.Probe
+	var final []api.Probe
 	for _, id := range steadyIDs {
 		ss, err := client.RemoveSession(ctx, id)
 		if err != nil {

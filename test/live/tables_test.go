@@ -18,8 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/kernel"
-	"github.com/kinst/kinst/kerninstd"
 )
 
 // koSite is an instruction a module's table names, as FUNC+0xOFF.
@@ -133,8 +133,8 @@ func TestModuleTableSitesRefused(t *testing.T) {
 			}
 			tried++
 			before := qemuBytes(t, m.Address, 8)
-			_, err = client.CreateSession(ctx, kerninstd.SessionRequest{Points: []string{point}})
-			var ae *kerninstd.APIError
+			_, err = client.CreateSession(ctx, api.SessionRequest{Points: []string{point}})
+			var ae *api.APIError
 			if !errors.As(err, &ae) || ae.Code != "no_splice" || !strings.Contains(ae.Error(), tc.mention) {
 				t.Errorf("%s %s site %s: %v, want a no_splice refusal mentioning %q", tc.module, tc.section, point, err, tc.mention)
 			}
@@ -259,8 +259,8 @@ func TestFtraceSitesFromRecords(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := qemuBytes(t, r.Address, 5)
-	_, err = client.CreateSession(ctx, kerninstd.SessionRequest{Points: []string{"virtnet_poll+0x0"}})
-	var ae *kerninstd.APIError
+	_, err = client.CreateSession(ctx, api.SessionRequest{Points: []string{"virtnet_poll+0x0"}})
+	var ae *api.APIError
 	if !errors.As(err, &ae) || ae.Code != "no_splice" || !strings.Contains(ae.Error(), "ftrace's records") {
 		t.Errorf("splice at virtnet_poll+0x0: %v, want a no_splice refusal from ftrace's records", err)
 	}

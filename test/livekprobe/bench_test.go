@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/app/cli"
 	"github.com/kinst/kinst/app/livetest"
-	"github.com/kinst/kinst/kerninstd"
 )
 
 // TestBenchHit runs `kinst bench hit` in the guest: every mechanism's
@@ -66,7 +66,7 @@ func TestBenchSpliceAgainstKprobe(t *testing.T) {
 		t.Fatalf("bench splice: status %d\n%s", code, errOut)
 	}
 	var res struct {
-		kerninstd.BenchResult
+		api.BenchResult
 		Request int64             `json:"request_ns"`
 		Kprobe  cli.KprobeRequest `json:"kprobe"`
 	}

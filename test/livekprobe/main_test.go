@@ -19,13 +19,13 @@ import (
 	"os"
 	"testing"
 
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/app/livetest"
-	"github.com/kinst/kinst/kerninstd"
 )
 
 var (
 	live   *livetest.VM
-	client *kerninstd.Client
+	client *api.Client
 )
 
 func TestMain(m *testing.M) {

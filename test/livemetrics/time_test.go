@@ -15,9 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/app/cli"
 	"github.com/kinst/kinst/app/livetest"
-	"github.com/kinst/kinst/kerninstd"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 )
@@ -157,7 +157,7 @@ func TestMetricsEndpointAndSessions(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	c := guest.Client
-	s, err := c.CreateSession(ctx, kerninstd.SessionRequest{Name: "scrape", Timers: []string{"do_sys_openat2"}, TTLNS: int64(20 * time.Second)})
+	s, err := c.CreateSession(ctx, api.SessionRequest{Name: "scrape", Timers: []string{"do_sys_openat2"}, TTLNS: int64(20 * time.Second)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,11 +200,11 @@ func TestMetricsEndpointAndSessions(t *testing.T) {
 	}
 
 	ls := guest.Sh(t, ctx, "kinst ls --json")
-	var list []kerninstd.Session
+	var list []api.Session
 	if err := json.Unmarshal([]byte(ls), &list); err != nil || len(list) != 1 || list[0].Name != "scrape" || list[0].Expires == nil {
 		t.Fatalf("kinst ls: %v %s", err, ls)
 	}
-	if _, err := c.CreateSession(ctx, kerninstd.SessionRequest{Name: "manual", Timers: []string{"vfs_read"}}); err != nil {
+	if _, err := c.CreateSession(ctx, api.SessionRequest{Name: "manual", Timers: []string{"vfs_read"}}); err != nil {
 		t.Fatal(err)
 	}
 	if out := guest.Sh(t, ctx, "kinst detach manual"); !strings.Contains(out, "detached manual") {

@@ -1,15 +1,12 @@
-package kerninstd
+package api
 
 import (
 	"fmt"
 	"time"
-
-	"github.com/kinst/kinst/cfg"
-	"github.com/kinst/kinst/metrics"
 )
 
-// The JSON API. Paths are under /v1. Errors are returned with a 4xx/5xx
-// status and an ErrorResponse body.
+// The daemon's JSON API. Paths are under /v1. Errors are returned with a
+// 4xx/5xx status and an ErrorResponse body.
 //
 //	GET    /v1/info                          Info
 //	POST   /v1/resolve        ResolveRequest → Resolved
@@ -65,18 +62,26 @@ type ResolveRequest struct {
 
 // Resolved is a point mapped to one instruction of the live kernel.
 type Resolved struct {
-	Point       string           `json:"point"`
-	Function    string           `json:"function"`
-	Module      string           `json:"module,omitempty"`
-	Offset      uint64           `json:"offset"`
-	Address     Addr             `json:"address"`
-	Length      int              `json:"length"`
-	Bytes       string           `json:"bytes"` // hex
-	Instruction string           `json:"instruction"`
-	SpliceClass string           `json:"splice_class"`
-	FlagsLive   bool             `json:"flags_live"`
-	Classic     *cfg.ClassicName `json:"classic,omitempty"`
-	Ambiguous   int              `json:"ambiguous,omitempty"` // >1: that many functions share the name
+	Point       string       `json:"point"`
+	Function    string       `json:"function"`
+	Module      string       `json:"module,omitempty"`
+	Offset      uint64       `json:"offset"`
+	Address     Addr         `json:"address"`
+	Length      int          `json:"length"`
+	Bytes       string       `json:"bytes"` // hex
+	Instruction string       `json:"instruction"`
+	SpliceClass string       `json:"splice_class"`
+	FlagsLive   bool         `json:"flags_live"`
+	Classic     *ClassicName `json:"classic,omitempty"`
+	Ambiguous   int          `json:"ambiguous,omitempty"` // >1: that many functions share the name
+}
+
+// ClassicName maps a function name of the KernInst paper (Solaris) to its
+// Linux counterpart.
+type ClassicName struct {
+	Solaris string `json:"solaris"`
+	Linux   string `json:"linux"`
+	Why     string `json:"why"`
 }
 
 // SessionRequest asks for a counter at each point and a timer on each
@@ -137,7 +142,17 @@ type TimerInfo struct {
 	Virtual  bool       `json:"virtual,omitempty"` // VirtualNS is measured
 	Entry    Resolved   `json:"entry"`
 	Exits    []Resolved `json:"exits"`
-	metrics.Point
+	Totals
+}
+
+// Totals are a timed function's totals at one time, since its timer was
+// attached.
+type Totals struct {
+	Time      time.Time `json:"time"`
+	Calls     uint64    `json:"calls"`
+	WallNS    float64   `json:"wall_ns"`    // thread-time inside (Σ wall time of every call)
+	VirtualNS float64   `json:"virtual_ns"` // the part of it on a CPU; 0 when not measured
+	Inside    int       `json:"inside"`     // threads inside at Time
 }
 
 // Sample is one line of a sample stream: counts per probe, in the order of
@@ -148,7 +163,7 @@ type Sample struct {
 	Deltas []uint64  `json:"deltas"`
 	// Timers are the totals of each timed function, in the order of
 	// Session.Timers.
-	Timers []metrics.Point `json:"timers,omitempty"`
+	Timers []Totals `json:"timers,omitempty"`
 }
 
 // Memory is a range of live kernel memory.
@@ -230,9 +245,21 @@ type ChurnResult struct {
 // ErrorResponse is the body of every error reply.
 type ErrorResponse struct {
 	Error string `json:"error"`
-	Code  string `json:"code"` // unknown_function, not_boundary, too_short, no_splice, busy, bad_request, internal
+	Code  string `json:"code"` // one of the Code… constants
 	Point string `json:"point,omitempty"`
 }
+
+// The codes of ErrorResponse.
+const (
+	CodeUnknownFunction = "unknown_function"
+	CodeNotBoundary     = "not_boundary"
+	CodeTooShort        = "too_short"
+	CodeNoSplice        = "no_splice"
+	CodeNoSession       = "no_session"
+	CodeBadRequest      = "bad_request"
+	CodeFault           = "fault"
+	CodeInternal        = "internal"
+)
 
 // CFG is GET /v1/cfg?func=NAME: a function's basic blocks, with every
 // instruction's live-in set and splice class. A stable interface.
