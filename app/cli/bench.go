@@ -26,7 +26,7 @@ func BenchSplice(ctx context.Context, c *api.Client, point string, cycles int, k
 	if err != nil {
 		return err
 	}
-	kp := KprobeRequest{Point: fmt.Sprintf("%s+%#x", r0.Function, r0.Offset)}
+	kp := api.KprobeRequest{Point: fmt.Sprintf("%s+%#x", r0.Function, r0.Offset)}
 	if kprobe {
 		fmt.Fprintf(stderr, "kinst: %d tracefs kprobe requests at %s…\n", min(cycles, 100), kp.Point)
 		if err := timeKprobeRequests(&kp, min(cycles, 100)); err != nil {
@@ -47,11 +47,7 @@ func BenchSplice(ctx context.Context, c *api.Client, point string, cycles int, k
 		kp.Ratio = float64(kp.Attach.Median) / float64(ours)
 	}
 	if asJSON {
-		return writeJSON(w, struct {
-			api.BenchResult
-			Request int64         `json:"request_ns"` // resolve + patch alloc + codegen + patch write + slot find + slot write + splice, medians
-			Kprobe  KprobeRequest `json:"kprobe"`
-		}{res, ours, kp})
+		return writeJSON(w, api.BenchSpliceReport{BenchResult: res, Request: ours, Kprobe: kp})
 	}
 	r := res.Point
 	fmt.Fprintf(w, "%s at %s+%#x (%#x): %d-byte %q, %d cycles, text restored: %v\n",
@@ -90,17 +86,7 @@ func BenchSplice(ctx context.Context, c *api.Client, point string, cycles int, k
 	return nil
 }
 
-// KprobeRequest is the cost of the same request made as a kprobe through
-// tracefs.
-type KprobeRequest struct {
-	Point   string        `json:"point"`
-	Attach  api.Durations `json:"attach"` // write the kprobe_events line, enable
-	Detach  api.Durations `json:"detach"` // disable, delete
-	Ratio   float64       `json:"ratio"`  // attach median / kinst's request median
-	Skipped string        `json:"skipped,omitempty"`
-}
-
-func timeKprobeRequests(kp *KprobeRequest, n int) error {
+func timeKprobeRequests(kp *api.KprobeRequest, n int) error {
 	events := filepath.Join(tracefs, "kprobe_events")
 	if _, err := os.Stat(events); err != nil {
 		return fmt.Errorf("no tracefs at %s", tracefs)

@@ -28,26 +28,6 @@ type HitOptions struct {
 	JSON     bool
 }
 
-// HitRow is one mechanism's cost per call of the loop.
-type HitRow struct {
-	Mechanism string  `json:"mechanism"`
-	Point     string  `json:"point,omitempty"`
-	NsPerCall float64 `json:"ns_per_call"` // guest (emulated) time: compare as ratios
-	Ratio     float64 `json:"ratio"`       // to the uninstrumented loop
-	Overhead  float64 `json:"overhead"`    // (ns_per_call - base) / base
-	Hits      uint64  `json:"hits"`        // counted by the mechanism during its runs
-	Skipped   string  `json:"skipped,omitempty"`
-}
-
-// HitReport is `kinst bench hit --json`.
-type HitReport struct {
-	Function string   `json:"function"`
-	Calls    int      `json:"calls"`
-	Runs     int      `json:"runs"`
-	Expected uint64   `json:"expected_hits"` // calls × runs: what every row's hits should be
-	Rows     []HitRow `json:"rows"`
-}
-
 const tracefs = "/sys/kernel/tracing"
 
 // BenchHit measures the per-hit cost of a counter at a hot function: a
@@ -86,7 +66,7 @@ func BenchHit(ctx context.Context, c *api.Client, o HitOptions, w, stderr io.Wri
 		}
 		return float64(time.Since(start).Nanoseconds()) / float64(o.Calls)
 	}
-	rep := HitReport{Function: o.Function, Calls: o.Calls, Runs: o.Runs, Expected: uint64(o.Calls) * uint64(o.Runs)}
+	rep := api.HitReport{Function: o.Function, Calls: o.Calls, Runs: o.Runs, Expected: uint64(o.Calls) * uint64(o.Runs)}
 	fmt.Fprintf(stderr, "kinst: timing %d×%d getppid calls per mechanism…\n", o.Runs, o.Calls)
 	// Untimed first: the emulator translates the path once, and the
 	// first timed loop would pay for it.
@@ -103,13 +83,13 @@ func BenchHit(ctx context.Context, c *api.Client, o HitOptions, w, stderr io.Wri
 			bases = append(bases, base)
 			detach, err := attach()
 			if err != nil {
-				rep.Rows = append(rep.Rows, HitRow{Mechanism: name, Point: point, Skipped: err.Error()})
+				rep.Rows = append(rep.Rows, api.HitRow{Mechanism: name, Point: point, Skipped: err.Error()})
 				return
 			}
 			ns := loop()
 			h, err := detach()
 			if err != nil {
-				rep.Rows = append(rep.Rows, HitRow{Mechanism: name, Point: point, Skipped: err.Error()})
+				rep.Rows = append(rep.Rows, api.HitRow{Mechanism: name, Point: point, Skipped: err.Error()})
 				return
 			}
 			hits += h
@@ -117,12 +97,12 @@ func BenchHit(ctx context.Context, c *api.Client, o HitOptions, w, stderr io.Wri
 			ratios = append(ratios, ns/base)
 		}
 		ratio := median(ratios)
-		rep.Rows = append(rep.Rows, HitRow{Mechanism: name, Point: point, NsPerCall: median(nss), Ratio: ratio, Overhead: ratio - 1, Hits: hits})
+		rep.Rows = append(rep.Rows, api.HitRow{Mechanism: name, Point: point, NsPerCall: median(nss), Ratio: ratio, Overhead: ratio - 1, Hits: hits})
 	}
 	for _, class := range []string{"direct", "springboard", "covering", "trap"} {
 		in, ok := byClass[class]
 		if !ok {
-			rep.Rows = append(rep.Rows, HitRow{Mechanism: class + " splice", Skipped: "no instruction of this class in the entry block"})
+			rep.Rows = append(rep.Rows, api.HitRow{Mechanism: class + " splice", Skipped: "no instruction of this class in the entry block"})
 			continue
 		}
 		point := fmt.Sprintf("%s+%#x", o.Function, in.Offset)
@@ -164,7 +144,7 @@ func BenchHit(ctx context.Context, c *api.Client, o HitOptions, w, stderr io.Wri
 		// kernel's default has it.
 		measure("bpf kprobe", point, func() (func() (uint64, error), error) { return attachBPFKprobe(o.Function, in.Offset) })
 	}
-	rep.Rows = append([]HitRow{{Mechanism: "none", NsPerCall: median(bases), Ratio: 1}}, rep.Rows...)
+	rep.Rows = append([]api.HitRow{{Mechanism: "none", NsPerCall: median(bases), Ratio: 1}}, rep.Rows...)
 	if o.JSON {
 		return writeJSON(w, rep)
 	}

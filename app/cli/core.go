@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/core"
 	"github.com/kinst/kinst/core/dump"
@@ -67,31 +68,10 @@ func Core(req CoreRequest, w io.Writer) error {
 	return fmt.Errorf("core: unknown command %q", req.Command)
 }
 
-// CoreInfo is `kinst core DUMP info --json`.
-type CoreInfo struct {
-	Format          string        `json:"format"`
-	Release         string        `json:"release"`
-	KernelOffset    string        `json:"kernel_offset"`
-	PhysBase        string        `json:"phys_base"`
-	PageTableLevels int           `json:"page_table_levels"`
-	MemoryBytes     uint64        `json:"memory_bytes"`
-	Panic           string        `json:"panic,omitempty"`
-	CPUs            []CoreCPUInfo `json:"cpus"`
-}
-
-// CoreCPUInfo is one CPU of CoreInfo.
-type CoreCPUInfo struct {
-	CPU      int    `json:"cpu"`
-	PID      int    `json:"pid"`
-	Comm     string `json:"comm"`
-	RIP      string `json:"rip"`
-	Function string `json:"function,omitempty"`
-}
-
 // CoreInfoReport prints what the dump is: format, kernel, CPUs, memory,
 // and the panic message if the kernel panicked.
 func CoreInfoReport(k *core.Kernel, asJSON bool, w io.Writer) error {
-	inf := CoreInfo{Format: k.Dump.Format(), Release: k.Release(),
+	inf := api.CoreInfo{Format: k.Dump.Format(), Release: k.Release(),
 		KernelOffset: fmt.Sprintf("%#x", k.Info.KernelOffset), PhysBase: fmt.Sprintf("%#x", k.Info.Numbers["phys_base"]),
 		PageTableLevels: 4}
 	if k.Info.Numbers["pgtable_l5_enabled"] == 1 {
@@ -105,7 +85,7 @@ func CoreInfoReport(k *core.Kernel, asJSON bool, w io.Writer) error {
 	}
 	tasks, _ := k.Tasks()
 	for _, c := range k.Dump.CPUs() {
-		ci := CoreCPUInfo{CPU: c.Index, RIP: fmt.Sprintf("%#x", c.Regs.RIP), PID: -1}
+		ci := api.CoreCPUInfo{CPU: c.Index, RIP: fmt.Sprintf("%#x", c.Regs.RIP), PID: -1}
 		for _, t := range tasks {
 			if t.Active && t.CPU == c.Index {
 				ci.PID, ci.Comm = t.PID, t.Comm
@@ -144,9 +124,7 @@ func CorePS(k *core.Kernel, asJSON bool, w io.Writer) error {
 		return err
 	}
 	if asJSON {
-		return writeJSON(w, struct {
-			Tasks []core.Task `json:"tasks"`
-		}{tasks})
+		return writeJSON(w, api.CoreTasks{Tasks: mapSlice(tasks, coreTask)})
 	}
 	fmt.Fprintf(w, "   %7s %7s %3s %2s %-18s %s\n", "PID", "TGID", "CPU", "ST", "TASK", "COMM")
 	for _, t := range tasks {
@@ -180,7 +158,7 @@ func CoreBacktrace(k *core.Kernel, which uint64, all, asJSON bool, w io.Writer) 
 			return err
 		}
 		if asJSON {
-			return writeJSON(w, st)
+			return writeJSON(w, coreStack(st))
 		}
 		printStack(w, st)
 		return nil
@@ -198,9 +176,7 @@ func CoreBacktrace(k *core.Kernel, which uint64, all, asJSON bool, w io.Writer) 
 		out = append(out, st)
 	}
 	if asJSON {
-		return writeJSON(w, struct {
-			Stacks []*core.Stack `json:"stacks"`
-		}{out})
+		return writeJSON(w, api.CoreStacks{Stacks: mapSlice(out, coreStack)})
 	}
 	for i, st := range out {
 		if i > 0 {
@@ -244,9 +220,7 @@ func CoreLog(k *core.Kernel, asJSON bool, w io.Writer) error {
 		return err
 	}
 	if asJSON {
-		return writeJSON(w, struct {
-			Records []core.LogRecord `json:"records"`
-		}{recs})
+		return writeJSON(w, api.CoreLog{Records: mapSlice(recs, func(r core.LogRecord) api.CoreLogRecord { return api.CoreLogRecord(r) })})
 	}
 	for _, r := range recs {
 		for _, line := range strings.Split(r.Text, "\n") {
@@ -256,16 +230,8 @@ func CoreLog(k *core.Kernel, asJSON bool, w io.Writer) error {
 	return nil
 }
 
-// CoreMemory is `kinst core DUMP rd --json`, the shape of `kinst rd`.
-type CoreMemory struct {
-	Address  string `json:"address"`
-	Physical bool   `json:"physical,omitempty"` // rd --phys
-	Symbol   string `json:"symbol,omitempty"`
-	Bytes    string `json:"bytes"` // hex
-}
-
 // printMemory prints what rd read.
-func printMemory(w io.Writer, m CoreMemory, a uint64, b []byte, asJSON bool) error {
+func printMemory(w io.Writer, m api.CoreMemory, a uint64, b []byte, asJSON bool) error {
 	if asJSON {
 		return writeJSON(w, m)
 	}
@@ -297,7 +263,7 @@ func corePhysRead(d dump.Dump, at string, n int, asJSON bool, w io.Writer) error
 	if _, err := d.ReadPhys(b, a); err != nil {
 		return err
 	}
-	return printMemory(w, CoreMemory{Address: fmt.Sprintf("%#x", a), Physical: true, Bytes: hex.EncodeToString(b)}, a, b, asJSON)
+	return printMemory(w, api.CoreMemory{Address: fmt.Sprintf("%#x", a), Physical: true, Bytes: hex.EncodeToString(b)}, a, b, asJSON)
 }
 
 // resolveAddr parses ADDR (hex or decimal) or SYM[+0xOFF].
@@ -358,17 +324,7 @@ func CoreRead(k *core.Kernel, at string, n int, asJSON bool, w io.Writer) error 
 	if err != nil {
 		return err
 	}
-	return printMemory(w, CoreMemory{Address: fmt.Sprintf("%#x", a), Symbol: symbolize(k, a), Bytes: hex.EncodeToString(b)}, a, b, asJSON)
-}
-
-// CoreSymbol is `kinst core DUMP sym --json`.
-type CoreSymbol struct {
-	Name    string `json:"name"`
-	Module  string `json:"module,omitempty"`
-	Address string `json:"address"`
-	Type    string `json:"type"`
-	Offset  uint64 `json:"offset"`
-	Size    uint64 `json:"size,omitempty"`
+	return printMemory(w, api.CoreMemory{Address: fmt.Sprintf("%#x", a), Symbol: symbolize(k, a), Bytes: hex.EncodeToString(b)}, a, b, asJSON)
 }
 
 // CoreSym resolves an address to SYM+OFF, or a name to its address.
@@ -376,19 +332,19 @@ func CoreSym(k *core.Kernel, arg string, asJSON bool, w io.Writer) error {
 	if _, err := k.Symbols(); err != nil {
 		return err
 	}
-	var out CoreSymbol
+	var out api.CoreSymbol
 	if a, perr := strconv.ParseUint(arg, 0, 64); perr == nil {
 		s, off, ok := k.SymbolAt(a)
 		if !ok {
 			return fmt.Errorf("%#x: %w", a, core.ErrNoSymbol)
 		}
-		out = CoreSymbol{Name: s.Name, Module: s.Module, Address: fmt.Sprintf("%#x", s.Addr), Type: string(s.Type), Offset: off, Size: k.SymbolSize(s)}
+		out = api.CoreSymbol{Name: s.Name, Module: s.Module, Address: fmt.Sprintf("%#x", s.Addr), Type: string(s.Type), Offset: off, Size: k.SymbolSize(s)}
 	} else {
 		s, err := k.LookupSymbol(arg)
 		if err != nil {
 			return err
 		}
-		out = CoreSymbol{Name: s.Name, Module: s.Module, Address: fmt.Sprintf("%#x", s.Addr), Type: string(s.Type), Size: k.SymbolSize(s)}
+		out = api.CoreSymbol{Name: s.Name, Module: s.Module, Address: fmt.Sprintf("%#x", s.Addr), Type: string(s.Type), Size: k.SymbolSize(s)}
 	}
 	if asJSON {
 		return writeJSON(w, out)
@@ -403,14 +359,6 @@ func CoreSym(k *core.Kernel, arg string, asJSON bool, w io.Writer) error {
 		fmt.Fprintf(w, "%s %s %s%s\n", out.Address, out.Type, out.Name, mod)
 	}
 	return nil
-}
-
-// CoreInstruction is one line of `kinst core DUMP dis --json`.
-type CoreInstruction struct {
-	Address string `json:"address"`
-	Offset  uint64 `json:"offset"`
-	Bytes   string `json:"bytes"`
-	Text    string `json:"text"`
 }
 
 // maxDisBytes bounds a function's disassembly.
@@ -447,18 +395,13 @@ func CoreDis(k *core.Kernel, fn string, asJSON bool, w io.Writer) error {
 		}
 		return "", 0
 	}
-	var out []CoreInstruction
+	var out []api.CoreInstruction
 	for _, in := range f.Insns {
-		out = append(out, CoreInstruction{Address: fmt.Sprintf("%#x", in.Addr), Offset: in.Addr - s.Addr,
+		out = append(out, api.CoreInstruction{Address: fmt.Sprintf("%#x", in.Addr), Offset: in.Addr - s.Addr,
 			Bytes: hex.EncodeToString(in.Bytes), Text: att.Syntax(in.Inst, in.Addr, symname)})
 	}
 	if asJSON {
-		return writeJSON(w, struct {
-			Function     string            `json:"function"`
-			Address      string            `json:"address"`
-			Instructions []CoreInstruction `json:"instructions"`
-			Truncated    bool              `json:"truncated,omitempty"`
-		}{s.Name, fmt.Sprintf("%#x", s.Addr), out, f.Truncated})
+		return writeJSON(w, api.CoreDisassembly{Function: s.Name, Address: fmt.Sprintf("%#x", s.Addr), Instructions: out, Truncated: f.Truncated})
 	}
 	fmt.Fprintf(w, "%s at %#x (%d bytes):\n", s.Name, s.Addr, size)
 	for _, in := range out {
@@ -483,4 +426,17 @@ func spaced(h string) string {
 		b.WriteString(h[i : i+2])
 	}
 	return b.String()
+}
+
+// coreTask is a task as the reports show it.
+func coreTask(t core.Task) api.CoreTask {
+	return api.CoreTask{Address: t.Address, PID: t.PID, TGID: t.TGID, Comm: t.Comm, State: t.State, CPU: t.CPU, Active: t.Active}
+}
+
+// coreStack is a stack as the reports show it.
+func coreStack(st *core.Stack) api.CoreStack {
+	return api.CoreStack{Task: coreTask(st.Task), Stop: st.Stop, UserMode: st.UserMode,
+		Frames: mapSlice(st.Frames, func(f core.Frame) api.CoreFrame {
+			return api.CoreFrame{Address: f.AddrHex, Function: f.Function, Offset: f.Offset, Module: f.Module, Exception: f.Exception}
+		})}
 }

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/core"
 )
 
@@ -32,34 +33,11 @@ func coreFreeBSD(f *core.FreeBSD, req CoreRequest, w io.Writer) error {
 	return f.Refuse(what)
 }
 
-// CoreFreeBSDInfo is `kinst core MINIDUMP info --json`.
-type CoreFreeBSDInfo struct {
-	Format      string      `json:"format"`  // "freebsd-minidump"
-	Version     int         `json:"version"` // minidump header version, 1–3
-	KernBase    string      `json:"kernbase"`
-	DmapBase    string      `json:"dmap_base"`
-	DmapEnd     string      `json:"dmap_end"`
-	MemoryBytes uint64      `json:"memory_bytes"`
-	DumpAvail   []CoreRange `json:"dump_avail,omitempty"` // version 3
-	BitmapPages uint64      `json:"bitmap_pages"`
-	DumpedPages uint64      `json:"dumped_pages"`
-	PmapEntries int         `json:"pmap_entries"`
-	PmapEntry   string      `json:"pmap_entry"` // "pte" (4 KiB, v1) or "pde" (2 MiB, v2+)
-	MsgbufBytes int         `json:"msgbuf_bytes"`
-	Panic       string      `json:"panic,omitempty"` // the last "panic: " line of the message buffer
-}
-
-// CoreRange is a physical range [start, end).
-type CoreRange struct {
-	Start string `json:"start"`
-	End   string `json:"end"`
-}
-
 // CoreFreeBSDInfoReport prints what a FreeBSD minidump is: header
 // version and kernel address layout, memory, pages, message buffer.
 func CoreFreeBSDInfoReport(f *core.FreeBSD, asJSON bool, w io.Writer) error {
 	m := f.Dump
-	inf := CoreFreeBSDInfo{Format: m.Format(), Version: m.Version,
+	inf := api.CoreFreeBSDInfo{Format: m.Format(), Version: m.Version,
 		KernBase: fmt.Sprintf("%#x", m.KernBase), DmapBase: fmt.Sprintf("%#x", m.DmapBase), DmapEnd: fmt.Sprintf("%#x", m.DmapEnd),
 		MemoryBytes: f.MemoryBytes(), BitmapPages: m.BitmapPages(), DumpedPages: m.DumpedPages(),
 		PmapEntries: m.PmapEntries(), PmapEntry: "pde", MsgbufBytes: len(m.MessageBuffer())}
@@ -67,7 +45,7 @@ func CoreFreeBSDInfoReport(f *core.FreeBSD, asJSON bool, w io.Writer) error {
 		inf.PmapEntry = "pte"
 	}
 	for _, r := range m.DumpAvail() {
-		inf.DumpAvail = append(inf.DumpAvail, CoreRange{fmt.Sprintf("%#x", r.Start), fmt.Sprintf("%#x", r.End)})
+		inf.DumpAvail = append(inf.DumpAvail, api.CoreRange{Start: fmt.Sprintf("%#x", r.Start), End: fmt.Sprintf("%#x", r.End)})
 	}
 	for _, l := range f.MessageBuffer().Lines() {
 		if p, ok := strings.CutPrefix(l.Text, "panic: "); ok {
@@ -101,23 +79,13 @@ func CoreFreeBSDInfoReport(f *core.FreeBSD, asJSON bool, w io.Writer) error {
 	return nil
 }
 
-// CoreFreeBSDMessages is `kinst core MINIDUMP log --json`.
-type CoreFreeBSDMessages struct {
-	// Ordered: the ring's write position was known (the kernel's struct
-	// msgbuf followed the text in the dump), so lines are oldest first.
-	Ordered  bool               `json:"ordered"`
-	Size     int                `json:"size"`
-	WriteSeq uint32             `json:"write_seq,omitempty"`
-	Lines    []core.MessageLine `json:"lines"`
-}
-
 // CoreFreeBSDLog prints the kernel message buffer, oldest line first, as
 // dmesg does ("<N>" priorities taken off).
 func CoreFreeBSDLog(f *core.FreeBSD, asJSON bool, w io.Writer) error {
 	mb := f.MessageBuffer()
 	lines := mb.Lines()
 	if asJSON {
-		return writeJSON(w, CoreFreeBSDMessages{Ordered: mb.Ordered, Size: mb.Size, WriteSeq: mb.WriteSeq, Lines: lines})
+		return writeJSON(w, api.CoreFreeBSDMessages{Ordered: mb.Ordered, Size: mb.Size, WriteSeq: mb.WriteSeq, Lines: mapSlice(lines, func(l core.MessageLine) api.CoreMessageLine { return api.CoreMessageLine(l) })})
 	}
 	if !mb.Ordered {
 		fmt.Fprintln(w, "(write position unknown: no struct msgbuf after the buffer; shown from after its last NUL, oldest first only if the ring never wrapped)")
@@ -146,5 +114,5 @@ func CoreFreeBSDRead(f *core.FreeBSD, at string, n int, phys, asJSON bool, w io.
 	if err != nil {
 		return err
 	}
-	return printMemory(w, CoreMemory{Address: fmt.Sprintf("%#x", a), Bytes: hex.EncodeToString(b)}, a, b, asJSON)
+	return printMemory(w, api.CoreMemory{Address: fmt.Sprintf("%#x", a), Bytes: hex.EncodeToString(b)}, a, b, asJSON)
 }

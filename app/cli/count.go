@@ -24,31 +24,6 @@ type CountOptions struct {
 	Command  []string // run this and count for its lifetime
 }
 
-// CountReport is `kinst count --json`.
-type CountReport struct {
-	Probes     []CountProbe  `json:"probes"`
-	DurationNS int64         `json:"duration_ns"`
-	IntervalNS int64         `json:"interval_ns"`
-	Intervals  []CountSample `json:"intervals"`
-	ExitStatus *int          `json:"exit_status,omitempty"` // of -- CMD
-}
-
-// CountProbe is one point's total.
-type CountProbe struct {
-	Point    string   `json:"point"`
-	Function string   `json:"function"`
-	Offset   uint64   `json:"offset"`
-	Address  api.Addr `json:"address"`
-	Count    uint64   `json:"count"`
-	Classic  string   `json:"classic,omitempty"` // the Solaris name asked for
-}
-
-// CountSample is one interval's deltas, in probe order.
-type CountSample struct {
-	ElapsedNS int64    `json:"elapsed_ns"`
-	Deltas    []uint64 `json:"deltas"`
-}
-
 // Count attaches a counter at every point, reports live, and removes the
 // counters when the duration ends, the command exits or a signal arrives.
 // It returns the exit status kinst should exit with.
@@ -66,7 +41,7 @@ func Count(ctx context.Context, c *api.Client, o CountOptions, stdout, stderr io
 	for _, p := range sess.Probes {
 		describeProbe(stderr, p.Resolved)
 	}
-	report := CountReport{IntervalNS: int64(o.Interval)}
+	report := api.CountReport{IntervalNS: int64(o.Interval)}
 	// Live rows use fixed widths: each is printed as its sample arrives.
 	locWidth := 8
 	for _, p := range sess.Probes {
@@ -83,7 +58,7 @@ func Count(ctx context.Context, c *api.Client, o CountOptions, stdout, stderr io
 	res, err := runSession(ctx, c, sess, runOptions{Duration: o.Duration, Interval: o.Interval, Command: o.Command,
 		Waiting: "kinst: counting; Ctrl-C to stop"}, stderr,
 		func(el time.Duration, s api.Sample) {
-			report.Intervals = append(report.Intervals, CountSample{ElapsedNS: int64(el), Deltas: s.Deltas})
+			report.Intervals = append(report.Intervals, api.CountSample{ElapsedNS: int64(el), Deltas: s.Deltas})
 			for i := range series {
 				if i < len(s.Totals) {
 					series[i].Add(metrics.Point{Time: s.Time, Calls: s.Totals[i]})
@@ -112,7 +87,7 @@ func Count(ctx context.Context, c *api.Client, o CountOptions, stdout, stderr io
 		fmt.Fprintf(stderr, "kinst: wrote %s\n", o.Plot)
 	}
 	for _, p := range final.Probes {
-		cp := CountProbe{Point: p.Point, Function: p.Function, Offset: p.Offset, Address: p.Address, Count: p.Count}
+		cp := api.CountProbe{Point: p.Point, Function: p.Function, Offset: p.Offset, Address: p.Address, Count: p.Count}
 		if p.Classic != nil {
 			cp.Classic = p.Classic.Solaris
 		}

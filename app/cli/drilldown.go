@@ -23,29 +23,6 @@ type DrillOptions struct {
 	Command  []string // the workload, run once per level
 }
 
-// DrillReport is `kinst drilldown --json`.
-type DrillReport struct {
-	Levels   []DrillLevel `json:"levels"`
-	Dominant string       `json:"dominant"` // where the time goes, as deep as it was followed
-}
-
-// DrillLevel is one function and its callees, timed over one run of the
-// workload.
-type DrillLevel struct {
-	Function string     `json:"function"`
-	Rows     []DrillRow `json:"rows"` // the function first, then callees by total wall time
-	Skipped  []string   `json:"skipped,omitempty"`
-}
-
-// DrillRow is one timed function of a level.
-type DrillRow struct {
-	Function  string  `json:"function"`
-	Calls     uint64  `json:"calls"`
-	WallNS    float64 `json:"wall_ns"`
-	AvgWallNS float64 `json:"avg_wall_ns"`
-	Share     float64 `json:"share"` // of the level's function's wall time
-}
-
 // DrillDown reproduces KernInst's investigation style (§5: where does
 // copen's time go?): time a function and the functions it calls directly
 // over one run of a workload, follow the callee with the most wall time,
@@ -54,7 +31,7 @@ func DrillDown(ctx context.Context, c *api.Client, o DrillOptions, stdout, stder
 	if o.Root == "" || len(o.Command) == 0 {
 		return errors.New("drilldown: name a function and a workload: drilldown FUNC -- CMD…")
 	}
-	var report DrillReport
+	var report api.DrillReport
 	fn := o.Root
 	for d := 0; d < o.Depth; d++ {
 		level, err := drillLevel(ctx, c, fn, o, stderr)
@@ -80,8 +57,8 @@ func DrillDown(ctx context.Context, c *api.Client, o DrillOptions, stdout, stder
 
 // drillLevel times fn and its direct callees over one run of the
 // workload. Callees that cannot be timed are dropped with the reason.
-func drillLevel(ctx context.Context, c *api.Client, fn string, o DrillOptions, stderr io.Writer) (DrillLevel, error) {
-	level := DrillLevel{Function: fn}
+func drillLevel(ctx context.Context, c *api.Client, fn string, o DrillOptions, stderr io.Writer) (api.DrillLevel, error) {
+	level := api.DrillLevel{Function: fn}
 	callees, err := directCallees(ctx, c, fn)
 	if err != nil {
 		return level, err
@@ -118,7 +95,7 @@ func drillLevel(ctx context.Context, c *api.Client, fn string, o DrillOptions, s
 		}
 	}
 	for _, t := range res.Final.Timers {
-		row := DrillRow{Function: t.Function, Calls: t.Calls, WallNS: t.WallNS}
+		row := api.DrillRow{Function: t.Function, Calls: t.Calls, WallNS: t.WallNS}
 		if t.Calls > 0 {
 			row.AvgWallNS = t.WallNS / float64(t.Calls)
 		}
@@ -182,7 +159,7 @@ func without(s []string, x string) []string {
 	return out
 }
 
-func printLevel(w io.Writer, depth int, l DrillLevel) {
+func printLevel(w io.Writer, depth int, l api.DrillLevel) {
 	fmt.Fprintf(w, "\nlevel %d: %s\n", depth, l.Function)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "calls\ttotal wall\tavg wall\tshare\tfunction\t")

@@ -11,3 +11,16 @@ func writeJSON(w io.Writer, v any) error {
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
 }
+
+// mapSlice converts every element of s with f. A nil s stays nil, so a
+// report's JSON keeps null where it had null and [] where it had [].
+func mapSlice[T, U any](s []T, f func(T) U) []U {
+	if s == nil {
+		return nil
+	}
+	out := make([]U, len(s))
+	for i, v := range s {
+		out[i] = f(v)
+	}
+	return out
+}

@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/unwind/flamegraph"
 	"github.com/kinst/kinst/unwind/folded"
 	"github.com/kinst/kinst/unwind/offcpu"
@@ -34,21 +35,6 @@ type OffCPUOptions struct {
 	SVG          string // write a flame graph here
 	Pprof        string // write a pprof profile here
 	Title        string
-}
-
-// OffCPUReport is `kinst offcpu --json`.
-type OffCPUReport struct {
-	Mode       string         `json:"mode"`             // "sample" or "trace"
-	Attach     string         `json:"attach,omitempty"` // tracing: tp_btf or raw_tracepoint
-	DurationNS int64          `json:"duration_ns"`
-	PeriodNS   int64          `json:"period_ns,omitempty"`
-	Passes     int            `json:"passes,omitempty"`
-	Visits     int            `json:"thread_visits,omitempty"`
-	Unreadable int            `json:"unreadable,omitempty"`
-	Lost       int64          `json:"lost,omitempty"`
-	Stacks     int            `json:"distinct_stacks"`
-	TotalNS    int64          `json:"total_off_cpu_ns"`
-	Top        []offcpu.Stack `json:"top"`
 }
 
 // OffCPU profiles where threads wait, by sampling /proc or by tracing
@@ -141,13 +127,13 @@ func OffCPU(ctx context.Context, o OffCPUOptions, stdout, stderr io.Writer) erro
 	case o.Folded:
 		return folded.Write(stdout, f.Stacks())
 	case o.JSON:
-		r := OffCPUReport{Mode: p.Mode, Attach: attach, DurationNS: int64(p.Duration), PeriodNS: int64(p.Period),
-			Passes: p.Passes, Visits: p.Threads, Unreadable: p.Unreadable, Lost: p.Lost, Stacks: len(p.Stacks), Top: p.Top(o.Top)}
+		r := api.OffCPUReport{Mode: p.Mode, Attach: attach, DurationNS: int64(p.Duration), PeriodNS: int64(p.Period),
+			Passes: p.Passes, Visits: p.Threads, Unreadable: p.Unreadable, Lost: p.Lost, Stacks: len(p.Stacks), Top: mapSlice(p.Top(o.Top), offCPUStack)}
 		for _, s := range p.Stacks {
 			r.TotalNS += int64(s.OffCPU)
 		}
 		if r.Top == nil {
-			r.Top = []offcpu.Stack{}
+			r.Top = []api.OffCPUStack{}
 		}
 		return writeJSON(stdout, r)
 	case o.SVG != "" || o.Pprof != "":
@@ -276,4 +262,10 @@ func isTerminal(w io.Writer) bool {
 	}
 	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
 	return err == nil
+}
+
+// offCPUStack is a stack as the JSON report shows it.
+func offCPUStack(s offcpu.Stack) api.OffCPUStack {
+	return api.OffCPUStack{Group: s.Group, PID: s.PID, TID: s.TID, State: s.State, Wchan: s.Wchan, Kernel: s.Kernel, User: s.User,
+		UserError: s.UserError, Samples: s.Samples, OffCPUNS: int64(s.OffCPU)}
 }

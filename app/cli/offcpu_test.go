@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/unwind/folded"
 	"github.com/kinst/kinst/unwind/offcpu"
 )
@@ -38,7 +39,7 @@ func TestOffCPUReports(t *testing.T) {
 	if err := OffCPU(context.Background(), o, &out, &errOut); err != nil {
 		t.Fatalf("%v\n%s", err, errOut.String())
 	}
-	var r OffCPUReport
+	var r api.OffCPUReport
 	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
 		t.Fatalf("JSON: %v\n%s", err, out.String())
 	}

@@ -29,41 +29,6 @@ type TimeOptions struct {
 	Command   []string
 }
 
-// TimeReport is `kinst time --json`.
-type TimeReport struct {
-	Session    string          `json:"session"`
-	Filter     string          `json:"filter,omitempty"`
-	Functions  []TimedFunction `json:"functions"`
-	DurationNS int64           `json:"duration_ns"`
-	IntervalNS int64           `json:"interval_ns"`
-	// FirstDataNS is from the request to the first sample received.
-	FirstDataNS int64 `json:"first_data_ns"`
-	// DetachNS is how long removing the instrumentation took.
-	DetachNS   int64          `json:"detach_ns"`
-	Intervals  []TimeInterval `json:"intervals"`
-	ExitStatus *int           `json:"exit_status,omitempty"`
-}
-
-// TimedFunction is one function's totals over the run.
-type TimedFunction struct {
-	Function    string   `json:"function"`
-	Entry       string   `json:"entry"` // FUNC+0xOFF spliced for the entry
-	Exits       []string `json:"exits"` // FUNC+0xOFF of every exit spliced
-	Calls       uint64   `json:"calls"`
-	CallsPerSec float64  `json:"calls_per_sec"`
-	WallNS      float64  `json:"wall_ns"`     // Σ wall time of the calls (thread-time inside)
-	AvgWallNS   float64  `json:"avg_wall_ns"` // per call
-	VirtualNS   *float64 `json:"virtual_ns"`  // Σ on-CPU time; null unless --virtual
-	AvgVirtual  *float64 `json:"avg_virtual_ns,omitempty"`
-	Concurrency float64  `json:"concurrency"` // average threads inside
-}
-
-// TimeInterval is one sampling interval, per function in order.
-type TimeInterval struct {
-	ElapsedNS int64           `json:"elapsed_ns"`
-	Functions []metrics.Rates `json:"functions"`
-}
-
 // Time times kernel functions: calls, wall time, concurrency.
 func Time(ctx context.Context, c *api.Client, o TimeOptions, stdout, stderr io.Writer) (int, error) {
 	if len(o.Functions) == 0 && o.Lock == "" {
@@ -95,7 +60,7 @@ func Time(ctx context.Context, c *api.Client, o TimeOptions, stdout, stderr io.W
 		p.Time = sess.Created
 		series[i].Add(p)
 	}
-	report := TimeReport{Session: sess.Name, IntervalNS: int64(o.Interval)}
+	report := api.TimeReport{Session: sess.Name, IntervalNS: int64(o.Interval)}
 	if len(sess.Timers) > 0 {
 		report.Filter = sess.Timers[0].Filter
 	}
@@ -112,7 +77,7 @@ func Time(ctx context.Context, c *api.Client, o TimeOptions, stdout, stderr io.W
 			if report.FirstDataNS == 0 {
 				report.FirstDataNS = int64(time.Since(asked))
 			}
-			iv := TimeInterval{ElapsedNS: int64(el)}
+			iv := api.TimeInterval{ElapsedNS: int64(el)}
 			for i, p := range s.Timers {
 				if i >= len(series) {
 					break
@@ -120,7 +85,7 @@ func Time(ctx context.Context, c *api.Client, o TimeOptions, stdout, stderr io.W
 				prev := series[i].Points[len(series[i].Points)-1]
 				series[i].Add(metrics.Point(p))
 				r := metrics.Derive(prev, metrics.Point(p))
-				iv.Functions = append(iv.Functions, r)
+				iv.Functions = append(iv.Functions, api.Rates(r))
 				if !o.JSON {
 					virt := "-"
 					if o.Virtual {
@@ -148,7 +113,7 @@ func Time(ctx context.Context, c *api.Client, o TimeOptions, stdout, stderr io.W
 		first := last
 		first.Calls, first.WallNS, first.VirtualNS, first.Time = 0, 0, 0, sess.Created
 		r := metrics.Derive(first, last)
-		tf := TimedFunction{Function: t.Function, Entry: at(t.Entry), Calls: t.Calls, CallsPerSec: r.CallsPerSec,
+		tf := api.TimedFunction{Function: t.Function, Entry: at(t.Entry), Calls: t.Calls, CallsPerSec: r.CallsPerSec,
 			WallNS: t.WallNS, AvgWallNS: r.AvgWallNS, Concurrency: r.Concurrency}
 		for _, e := range t.Exits {
 			tf.Exits = append(tf.Exits, at(e))

@@ -10,37 +10,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/internal/elfsym"
 	"github.com/kinst/kinst/unwind"
 )
-
-// UnwindRowJSON is one row of `kinst unwind table --json`, in readelf's
-// frames-interp notation. CFA "u" starts a range no FDE covers.
-type UnwindRowJSON struct {
-	PC  string `json:"pc"`
-	CFA string `json:"cfa"`
-	RBP string `json:"rbp"`
-	RA  string `json:"ra"`
-	// CFAExpr says what an "exp" CFA is: "plt" (the standard .plt
-	// expression) or "deref" ([reg+offset], a signal frame's saved rsp),
-	// which the unwinder evaluates, or "unsupported".
-	CFAExpr string `json:"cfa_expr,omitempty"`
-	// Symbol names the function at pc, when the file has symbols.
-	Symbol string `json:"symbol,omitempty"`
-}
-
-// UnwindTableJSON is the report of `kinst unwind table --json`.
-type UnwindTableJSON struct {
-	File        string          `json:"file"`
-	BuildID     string          `json:"build_id,omitempty"`
-	Sections    []string        `json:"sections"`
-	FDEs        int             `json:"fdes"`
-	SkippedFDEs int             `json:"skipped_fdes"`
-	BytesPerRow int             `json:"bytes_per_row"`
-	TableBytes  int             `json:"table_bytes"` // rows and FDE starts (4 bytes each)
-	CompileNs   int64           `json:"compile_ns"`
-	Rows        []UnwindRowJSON `json:"rows"`
-}
 
 // ShowUnwindTable compiles the CFI of the ELF file at path and prints its
 // rows; with pc != nil, only the row in effect at *pc.
@@ -52,13 +25,13 @@ func ShowUnwindTable(path string, pc *uint64, asJSON bool, w io.Writer) error {
 	}
 	took := time.Since(t0)
 	syms, _ := elfsym.Open(path) // symbols are optional
-	rep := UnwindTableJSON{File: path, Sections: tab.Sections, FDEs: tab.FDEs, SkippedFDEs: tab.Skipped,
-		BytesPerRow: unwind.RowBytes, TableBytes: tab.Bytes(), CompileNs: took.Nanoseconds(), Rows: []UnwindRowJSON{}}
+	rep := api.UnwindTable{File: path, Sections: tab.Sections, FDEs: tab.FDEs, SkippedFDEs: tab.Skipped,
+		BytesPerRow: unwind.RowBytes, TableBytes: tab.Bytes(), CompileNs: took.Nanoseconds(), Rows: []api.UnwindRow{}}
 	if syms != nil {
 		rep.BuildID = syms.BuildID()
 	}
 	addRow := func(r unwind.Row) {
-		j := UnwindRowJSON{PC: fmt.Sprintf("%#x", r.PC), CFA: r.CFA.String(), RBP: r.RBP.String(), RA: r.RA.String()}
+		j := api.UnwindRow{PC: fmt.Sprintf("%#x", r.PC), CFA: r.CFA.String(), RBP: r.RBP.String(), RA: r.RA.String()}
 		switch r.CFA.Kind {
 		case unwind.CFAPLT:
 			j.CFAExpr = "plt"
@@ -109,27 +82,6 @@ func ShowUnwindTable(path string, pc *uint64, asJSON bool, w io.Writer) error {
 	return nil
 }
 
-// UnwindFrameJSON is one frame of `kinst unwind stack --json`.
-type UnwindFrameJSON struct {
-	PC     string `json:"pc"`
-	File   string `json:"file,omitempty"`
-	Symbol string `json:"symbol,omitempty"`
-	Offset string `json:"offset,omitempty"`
-	// Method is how this frame was found from the one below: "cfi",
-	// "fp" (frame pointer) or "scan" (CFI after a stack scan for rbp);
-	// "" for the innermost frame.
-	Method string `json:"method,omitempty"`
-}
-
-// UnwindThreadJSON is one thread of `kinst unwind stack --json`.
-type UnwindThreadJSON struct {
-	TID     int               `json:"tid"`
-	Comm    string            `json:"comm"`
-	Syscall *int              `json:"syscall,omitempty"` // number of the system call it is blocked in
-	Error   string            `json:"error,omitempty"`   // why it has no stack (e.g. "thread is running")
-	Frames  []UnwindFrameJSON `json:"frames"`
-}
-
 // ShowUnwindStack unwinds the user stacks of pid's threads (or one
 // thread) without frame pointers where CFI is available. Without
 // usePtrace only blocked threads unwind, from the registers in
@@ -146,9 +98,9 @@ func ShowUnwindStack(pid, tid int, usePtrace, asJSON bool, w io.Writer) error {
 			return err
 		}
 	}
-	var out []UnwindThreadJSON
+	var out []api.UnwindThread
 	for _, t := range tids {
-		th := UnwindThreadJSON{TID: t, Comm: comm(pid, t), Frames: []UnwindFrameJSON{}}
+		th := api.UnwindThread{TID: t, Comm: comm(pid, t), Frames: []api.UnwindFrame{}}
 		regs, nr, err := unwind.SyscallRegs(pid, t)
 		if err == nil && nr >= 0 {
 			th.Syscall = &nr
@@ -164,7 +116,7 @@ func ShowUnwindStack(pid, tid int, usePtrace, asJSON bool, w io.Writer) error {
 		p.Mem.Reset()
 		pcs, methods := unwind.StackMethods(regs, p.Mem, p, 0)
 		for i, pc := range pcs {
-			f := UnwindFrameJSON{PC: fmt.Sprintf("%#x", pc)}
+			f := api.UnwindFrame{PC: fmt.Sprintf("%#x", pc)}
 			// A return address may be the first byte after a call to a
 			// function that never returns: name the call's last byte.
 			at := pc
@@ -182,7 +134,7 @@ func ShowUnwindStack(pid, tid int, usePtrace, asJSON bool, w io.Writer) error {
 		out = append(out, th)
 	}
 	if asJSON {
-		return writeJSON(w, map[string]any{"pid": pid, "threads": out})
+		return writeJSON(w, api.UnwindStacks{PID: pid, Threads: out})
 	}
 	for name, err := range p.Missing {
 		fmt.Fprintf(w, "warning: %s: %v\n", name, err)

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/unwind"
 )
 
@@ -29,7 +30,7 @@ func TestUnwindTableJSON(t *testing.T) {
 	if err := ShowUnwindTable(libc, nil, true, &out); err != nil {
 		t.Fatal(err)
 	}
-	var rep UnwindTableJSON
+	var rep api.UnwindTable
 	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +91,7 @@ func TestUnwindStack(t *testing.T) {
 	pid := cmd.Process.Pid
 	var rep struct {
 		PID     int                `json:"pid"`
-		Threads []UnwindThreadJSON `json:"threads"`
+		Threads []api.UnwindThread `json:"threads"`
 	}
 	// Wait for the sleep first: mappings read while the dynamic loader
 	// is still at work would lack libc.

@@ -21,22 +21,9 @@ type WatchOptions struct {
 	JSON       bool
 }
 
-// WatchRow is one metric of `kinst watch --json` (printed after the last
-// refresh).
-type WatchRow struct {
-	Session     string    `json:"session"`
-	Metric      string    `json:"metric"` // "time FUNC" or "count POINT"
-	Total       uint64    `json:"total"`  // calls or executions so far
-	PerSec      float64   `json:"per_sec"`
-	AvgWallNS   float64   `json:"avg_wall_ns,omitempty"`
-	Concurrency float64   `json:"concurrency,omitempty"`
-	Inside      int       `json:"inside,omitempty"`
-	History     []float64 `json:"history"` // per-second rates, oldest first
-}
-
 // watched is one metric across refreshes.
 type watched struct {
-	row  WatchRow
+	row  api.WatchRow
 	last metrics.Point
 	seen bool
 }
@@ -60,7 +47,7 @@ func Watch(ctx context.Context, c *api.Client, o WatchOptions, stdout io.Writer)
 		}
 		now := time.Now()
 		live := map[string]bool{}
-		update := func(key string, row WatchRow, p metrics.Point) {
+		update := func(key string, row api.WatchRow, p metrics.Point) {
 			live[key] = true
 			w := rows[key]
 			if w == nil {
@@ -84,10 +71,10 @@ func Watch(ctx context.Context, c *api.Client, o WatchOptions, stdout io.Writer)
 				if t.Filter != "" {
 					metric += " (" + t.Filter + ")"
 				}
-				update(s.ID+"/t/"+t.Function, WatchRow{Session: s.Name, Metric: metric}, metrics.Point(t.Totals))
+				update(s.ID+"/t/"+t.Function, api.WatchRow{Session: s.Name, Metric: metric}, metrics.Point(t.Totals))
 			}
 			for _, p := range s.Probes {
-				update(s.ID+"/c/"+location(p.Resolved), WatchRow{Session: s.Name, Metric: "count " + location(p.Resolved)},
+				update(s.ID+"/c/"+location(p.Resolved), api.WatchRow{Session: s.Name, Metric: "count " + location(p.Resolved)},
 					metrics.Point{Time: now, Calls: p.Count})
 			}
 		}
@@ -96,7 +83,7 @@ func Watch(ctx context.Context, c *api.Client, o WatchOptions, stdout io.Writer)
 				delete(rows, k)
 			}
 		}
-		sorted := make([]WatchRow, 0, len(rows))
+		sorted := make([]api.WatchRow, 0, len(rows))
 		for _, w := range rows {
 			sorted = append(sorted, w.row)
 		}
@@ -127,7 +114,7 @@ func Watch(ctx context.Context, c *api.Client, o WatchOptions, stdout io.Writer)
 }
 
 // drawWatch redraws the screen.
-func drawWatch(w io.Writer, now time.Time, sessions int, rows []WatchRow) {
+func drawWatch(w io.Writer, now time.Time, sessions int, rows []api.WatchRow) {
 	fmt.Fprint(w, "\x1b[H\x1b[2J") // home, clear
 	fmt.Fprintf(w, "kinst watch — %s — %d session(s), %d metric(s); Ctrl-C to quit\n\n", now.Format("15:04:05"), sessions, len(rows))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)

@@ -91,13 +91,14 @@ func vmCmd(ctx context.Context, args []string) (int, error) {
 		if err != nil {
 			return 1, err
 		}
-		st := map[string]any{"kernel_release": in.KernelRelease(), "accel": in.Accel(), "kerninstd": in.KerninstdAddr(),
-			"agent": in.AgentAddr(), "serial_log": in.SerialLog(), "qmp": in.QMPSocket()}
+		st := api.VMStatus{KernelRelease: in.KernelRelease(), Accel: in.Accel(), Kerninstd: in.KerninstdAddr(),
+			Agent: in.AgentAddr(), SerialLog: in.SerialLog(), QMP: in.QMPSocket()}
 		if *asJSON {
 			return 0, json.NewEncoder(os.Stdout).Encode(st)
 		}
-		for _, k := range []string{"kernel_release", "accel", "kerninstd", "agent", "serial_log", "qmp"} {
-			fmt.Printf("%-15s %v\n", k, st[k])
+		for _, kv := range [][2]string{{"kernel_release", st.KernelRelease}, {"accel", st.Accel}, {"kerninstd", st.Kerninstd},
+			{"agent", st.Agent}, {"serial_log", st.SerialLog}, {"qmp", st.QMP}} {
+			fmt.Printf("%-15s %v\n", kv[0], kv[1])
 		}
 		return 0, nil
 	case "dump":

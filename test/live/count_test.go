@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/kinst/kinst/api"
-	"github.com/kinst/kinst/app/cli"
 	"github.com/kinst/kinst/cfg"
 )
 
@@ -251,7 +250,7 @@ func TestSpliceStressUnderLoad(t *testing.T) {
 	}
 	// The kernel still works, and a count still counts exactly.
 	out := gsh(t, ctx, "kinst count lookuppn --json -- kinst workload stat 1000 /")
-	var rep cli.CountReport
+	var rep api.CountReport
 	if err := json.Unmarshal([]byte(out), &rep); err != nil || len(rep.Probes) != 1 || rep.Probes[0].Count < 1000 || rep.Probes[0].Count > 1000+slack {
 		t.Errorf("count after the burst: %v %+v", err, rep)
 	}

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/kinst/kinst/api"
-	"github.com/kinst/kinst/app/cli"
 	"github.com/kinst/kinst/app/livetest"
 )
 
@@ -24,14 +23,14 @@ func TestBenchHit(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("bench hit: status %d\n%s", code, errOut)
 	}
-	var rep cli.HitReport
+	var rep api.HitReport
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatalf("bench hit --json: %v\n%s", err, out)
 	}
 	if rep.Expected != 20000*3 {
 		t.Errorf("expected_hits %d, want %d", rep.Expected, 20000*3)
 	}
-	rows := map[string]cli.HitRow{}
+	rows := map[string]api.HitRow{}
 	for _, r := range rep.Rows {
 		rows[r.Mechanism] = r
 		t.Logf("%-20s %-28s ratio %.3f hits %d %s", r.Mechanism, r.Point, r.Ratio, r.Hits, r.Skipped)
@@ -65,11 +64,7 @@ func TestBenchSpliceAgainstKprobe(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("bench splice: status %d\n%s", code, errOut)
 	}
-	var res struct {
-		api.BenchResult
-		Request int64             `json:"request_ns"`
-		Kprobe  cli.KprobeRequest `json:"kprobe"`
-	}
+	var res api.BenchSpliceReport
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
 		t.Fatalf("bench splice --json: %v\n%s", err, out)
 	}
@@ -119,7 +114,7 @@ cat /tmp/waiters.json`)
 	if _, err := fmt.Sscanf(first, "kprobe %d", &oracle); err != nil {
 		t.Fatalf("%q: %v", first, err)
 	}
-	var r cli.TimeReport
+	var r api.TimeReport
 	if err := json.Unmarshal([]byte(rest), &r); err != nil {
 		t.Fatalf("%v\n%s", err, rest)
 	}
