@@ -40,6 +40,8 @@ type Config struct {
 	// TaskLayout locates current's pid, tgid and comm for filters
 	// (default kernel.LoadTaskLayout, from the kernel's BTF).
 	TaskLayout func(*kernel.Symbols) (kernel.TaskLayout, error)
+	// Clock is the daemon's time (default: the system's).
+	Clock Clock
 }
 
 // Daemon owns the device and every session.
@@ -79,7 +81,7 @@ type Daemon struct {
 
 	cover coverFinisher // writes armed covering splices' jmps; has its own lock
 
-	clock *metrics.Clock // converts the timers' TSC ticks
+	clock Clock // session times, sampling ticks; converts the timers' TSC ticks
 
 	taskOnce sync.Once
 	loadTask func(*kernel.Symbols) (kernel.TaskLayout, error)
@@ -126,11 +128,14 @@ func New(c Config) (*Daemon, error) {
 		points:      make(map[uint64]*point),
 		spring:      springboard.NewHeap(),
 		slots:       slotAllocator{n: c.Device.NumCounters(), used: make(map[int]bool)},
-		clock:       metrics.NewClock(),
+		clock:       c.Clock,
 		loadTask:    c.TaskLayout,
 	}
 	if d.loadTask == nil {
 		d.loadTask = kernel.LoadTaskLayout
+	}
+	if d.clock == nil {
+		d.clock = systemClock{metrics.NewClock()}
 	}
 	if d.log == nil {
 		d.log = slog.Default()
@@ -299,7 +304,7 @@ func (d *Daemon) CreateSession(req api.SessionRequest) (api.Session, error) {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	ss := &session{id: newID(), name: req.Name, created: time.Now(), tied: req.Tied, done: make(chan struct{})}
+	ss := &session{id: newID(), name: req.Name, created: d.clock.Now(), tied: req.Tied, done: make(chan struct{})}
 	if ss.name == "" {
 		ss.name = ss.id
 	}
@@ -346,7 +351,7 @@ func (d *Daemon) describe(ss *session) api.Session {
 		out.Probes = append(out.Probes, api.Probe{Resolved: res, Count: d.dev.Counter(r.counter()),
 			Patch: api.Addr(r.pt.patch), Springboard: api.Addr(r.pt.slot)})
 	}
-	now := time.Now()
+	now := d.clock.Now()
 	for _, t := range ss.timers {
 		out.Timers = append(out.Timers, d.timerInfo(t, now))
 	}

@@ -3,7 +3,6 @@ package kerninstd
 import (
 	"fmt"
 	"net/http"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -44,7 +43,7 @@ func (c promCollector) Collect(ch chan<- prometheus.Metric) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	ch <- prometheus.MustNewConstMetric(promSessions, prometheus.GaugeValue, float64(len(d.sessions)))
-	now := time.Now()
+	now := d.clock.Now()
 	for _, ss := range d.sessions {
 		for _, r := range ss.reqs {
 			ch <- prometheus.MustNewConstMetric(promProbeCount, prometheus.CounterValue, float64(d.dev.Counter(r.counter())),

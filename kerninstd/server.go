@@ -145,8 +145,8 @@ func (d *Daemon) serveSamples(w http.ResponseWriter, r *http.Request) {
 		fl.Flush()
 	}
 	set := metrics.NewCounterSet(d.dev, slots)
-	tick := time.NewTicker(interval)
-	defer tick.Stop()
+	tick, stop := d.clock.NewTicker(interval)
+	defer stop()
 	enc := json.NewEncoder(w)
 	for {
 		select {
@@ -154,7 +154,7 @@ func (d *Daemon) serveSamples(w http.ResponseWriter, r *http.Request) {
 			return
 		case <-ss.done:
 			return
-		case now := <-tick.C:
+		case now := <-tick:
 			s := set.Sample(now)
 			out := api.Sample{Time: s.Time, Totals: s.Totals, Deltas: s.Deltas}
 			for _, t := range timers {

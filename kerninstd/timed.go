@@ -186,7 +186,7 @@ func (d *Daemon) timerPoint(t *timedFunc, _ time.Time) metrics.Point {
 		off = d.dev.Counter(t.virtual.off)
 	}
 	tsc := metrics.TSC() // after the words: every event in them happened before
-	now := time.Now()
+	now := d.clock.Now()
 	t.mu.Lock()
 	ticks := t.acc.Add(w, tsc)
 	offTicks := t.offAcc.Add(off, tsc)
