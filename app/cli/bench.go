@@ -15,7 +15,8 @@ import (
 )
 
 // BenchSplice runs `kinst bench splice`.
-func BenchSplice(ctx context.Context, c *api.Client, point string, cycles int, kprobe, asJSON bool, w, stderr io.Writer) error {
+func BenchSplice(ctx context.Context, c *api.Client, point string, cycles int, kprobe, asJSON bool, env Env) error {
+	w, stderr := env.Out, env.Err
 	// The same request made with a kprobe through tracefs, in the same
 	// kernel, first: define and enable, then disable and delete. (Timed
 	// before kinst's own cycles: in the emulated guest, tracefs kprobe
@@ -127,7 +128,8 @@ func durations(ds []time.Duration) api.Durations {
 // BenchChurn runs kerninstd's churn: cycles of splice, re-splice and
 // unsplice over a pool of points, and prints what each kind of change
 // cost and whether the text came back.
-func BenchChurn(ctx context.Context, c *api.Client, req api.ChurnRequest, asJSON bool, w, stderr io.Writer) error {
+func BenchChurn(ctx context.Context, c *api.Client, req api.ChurnRequest, asJSON bool, env Env) error {
+	w, stderr := env.Out, env.Err
 	fmt.Fprintf(stderr, "kinst: %d churn cycles (12 request changes each)…\n", req.Cycles)
 	res, err := c.BenchChurn(ctx, req)
 	if err != nil {

@@ -37,7 +37,8 @@ const tracefs = "/sys/kernel/tracing"
 // BPF program attached as a kprobe, all at instructions of the function's
 // entry block. It runs where kerninstd
 // runs (the guest) and needs root for tracefs.
-func BenchHit(ctx context.Context, c *api.Client, o HitOptions, w, stderr io.Writer) error {
+func BenchHit(ctx context.Context, c *api.Client, o HitOptions, env Env) error {
+	w, stderr := env.Out, env.Err
 	if o.Calls <= 0 || o.Runs <= 0 {
 		return errors.New("bench hit: --calls and --runs must be positive")
 	}
@@ -145,10 +146,15 @@ func BenchHit(ctx context.Context, c *api.Client, o HitOptions, w, stderr io.Wri
 		measure("bpf kprobe", point, func() (func() (uint64, error), error) { return attachBPFKprobe(o.Function, in.Offset) })
 	}
 	rep.Rows = append([]api.HitRow{{Mechanism: "none", NsPerCall: median(bases), Ratio: 1}}, rep.Rows...)
-	if o.JSON {
+	return writeHitReport(w, rep, o.JSON)
+}
+
+// writeHitReport prints bench hit's table, or its JSON.
+func writeHitReport(w io.Writer, rep api.HitReport, asJSON bool) error {
+	if asJSON {
 		return writeJSON(w, rep)
 	}
-	fmt.Fprintf(w, "per-call cost of getppid(2) with a counter at %s (guest time under emulation: compare ratios;\neach ratio is the median over runs of mechanism / the bare loop timed just before it)\n", o.Function)
+	fmt.Fprintf(w, "per-call cost of getppid(2) with a counter at %s (guest time under emulation: compare ratios;\neach ratio is the median over runs of mechanism / the bare loop timed just before it)\n", rep.Function)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "mechanism\tpoint\tns/call\tratio\toverhead\thits\t")
 	for _, r := range rep.Rows {

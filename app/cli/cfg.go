@@ -20,7 +20,8 @@ const (
 )
 
 // ShowCFG prints a function's control-flow graph.
-func ShowCFG(ctx context.Context, c *api.Client, function string, format CFGFormat, w io.Writer) error {
+func ShowCFG(ctx context.Context, c *api.Client, function string, format CFGFormat, env Env) error {
+	w := env.Out
 	g, err := c.CFG(ctx, function)
 	if err != nil {
 		return err
@@ -122,7 +123,8 @@ func writeDot(w io.Writer, g api.CFG) error {
 
 // ShowStats analyses the whole kernel and prints the census, with progress
 // on stderr while it runs.
-func ShowStats(ctx context.Context, c *api.Client, asJSON bool, w, stderr io.Writer) error {
+func ShowStats(ctx context.Context, c *api.Client, asJSON bool, env Env) error {
+	w, stderr := env.Out, env.Err
 	st, err := c.CFGStats(ctx, func(done, total int) {
 		fmt.Fprintf(stderr, "\rkinst: analysing %d/%d functions…", done, total)
 	})
@@ -169,7 +171,8 @@ func ShowStats(ctx context.Context, c *api.Client, asJSON bool, w, stderr io.Wri
 }
 
 // ShowCalls prints a function's callers and callees.
-func ShowCalls(ctx context.Context, c *api.Client, function string, asJSON bool, w, stderr io.Writer) error {
+func ShowCalls(ctx context.Context, c *api.Client, function string, asJSON bool, env Env) error {
+	w, stderr := env.Out, env.Err
 	fmt.Fprintln(stderr, "kinst: reading the call graph (the first request analyses the whole kernel)…")
 	g, err := c.Calls(ctx, function)
 	if err != nil {

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os/exec"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -20,21 +18,25 @@ type CountOptions struct {
 	Duration time.Duration // 0: until Ctrl-C or the command exits
 	Interval time.Duration
 	JSON     bool
-	Plot     string   // write an SVG chart of the counts per second here
-	Command  []string // run this and count for its lifetime
+	SVG      string // write an SVG chart of the counts per second here
+	Name     string // session name (kinst ls, kinst detach)
+	// TTL removes the counters after this long even if kinst is gone.
+	TTL     time.Duration
+	Command []string // run this and count for its lifetime
 }
 
 // Count attaches a counter at every point, reports live, and removes the
 // counters when the duration ends, the command exits or a signal arrives.
 // It returns the exit status kinst should exit with.
-func Count(ctx context.Context, c *api.Client, o CountOptions, stdout, stderr io.Writer) (int, error) {
+func Count(ctx context.Context, c *api.Client, o CountOptions, env Env) (int, error) {
+	stdout, stderr := env.Out, env.Err
 	if len(o.Points) == 0 {
 		return 2, errors.New("count: name at least one POINT (FUNC, FUNC+0xOFF or a classic name such as lookuppn)")
 	}
 	if o.Interval <= 0 {
 		o.Interval = time.Second
 	}
-	sess, err := c.CreateSession(ctx, api.SessionRequest{Points: o.Points, Tied: true})
+	sess, err := c.CreateSession(ctx, api.SessionRequest{Points: o.Points, Tied: true, Name: o.Name, TTLNS: int64(o.TTL)})
 	if err != nil {
 		return 1, err
 	}
@@ -56,7 +58,7 @@ func Count(ctx context.Context, c *api.Client, o CountOptions, stdout, stderr io
 		series[i].Add(metrics.Point{Time: sess.Created})
 	}
 	res, err := runSession(ctx, c, sess, runOptions{Duration: o.Duration, Interval: o.Interval, Command: o.Command,
-		Waiting: "kinst: counting; Ctrl-C to stop"}, stderr,
+		Waiting: "kinst: counting; Ctrl-C to stop"}, env,
 		func(el time.Duration, s api.Sample) {
 			report.Intervals = append(report.Intervals, api.CountSample{ElapsedNS: int64(el), Deltas: s.Deltas})
 			for i := range series {
@@ -80,11 +82,11 @@ func Count(ctx context.Context, c *api.Client, o CountOptions, stdout, stderr io
 	}
 	report.DurationNS = int64(res.Duration)
 	final := res.Final
-	if o.Plot != "" {
-		if err := writePlot(o.Plot, "kinst count", series); err != nil {
+	if o.SVG != "" {
+		if err := writePlot(o.SVG, "kinst count", series); err != nil {
 			return max(exitStatus, 1), err
 		}
-		fmt.Fprintf(stderr, "kinst: wrote %s\n", o.Plot)
+		fmt.Fprintf(stderr, "kinst: wrote %s\n", o.SVG)
 	}
 	for _, p := range final.Probes {
 		cp := api.CountProbe{Point: p.Point, Function: p.Function, Offset: p.Offset, Address: p.Address, Count: p.Count}
@@ -126,18 +128,4 @@ func describeProbe(w io.Writer, r api.Resolved) {
 	}
 	fmt.Fprintf(w, "kinst: spliced %s at %s+%#x (%#x): %d-byte %q, %s splice, %s\n",
 		r.Point, r.Function, r.Offset, uint64(r.Address), r.Length, r.Instruction, r.SpliceClass, flags)
-}
-
-func exitCode(err error) int {
-	if err == nil {
-		return 0
-	}
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			return 128 + int(ws.Signal())
-		}
-		return ee.ExitCode()
-	}
-	return 1
 }

@@ -27,14 +27,15 @@ type DrillOptions struct {
 // copen's time go?): time a function and the functions it calls directly
 // over one run of a workload, follow the callee with the most wall time,
 // and repeat until no callee dominates.
-func DrillDown(ctx context.Context, c *api.Client, o DrillOptions, stdout, stderr io.Writer) error {
+func DrillDown(ctx context.Context, c *api.Client, o DrillOptions, env Env) error {
+	stdout := env.Out
 	if o.Root == "" || len(o.Command) == 0 {
 		return errors.New("drilldown: name a function and a workload: drilldown FUNC -- CMD…")
 	}
 	var report api.DrillReport
 	fn := o.Root
 	for d := 0; d < o.Depth; d++ {
-		level, err := drillLevel(ctx, c, fn, o, stderr)
+		level, err := drillLevel(ctx, c, fn, o, env)
 		if err != nil {
 			return err
 		}
@@ -57,7 +58,7 @@ func DrillDown(ctx context.Context, c *api.Client, o DrillOptions, stdout, stder
 
 // drillLevel times fn and its direct callees over one run of the
 // workload. Callees that cannot be timed are dropped with the reason.
-func drillLevel(ctx context.Context, c *api.Client, fn string, o DrillOptions, stderr io.Writer) (api.DrillLevel, error) {
+func drillLevel(ctx context.Context, c *api.Client, fn string, o DrillOptions, env Env) (api.DrillLevel, error) {
 	level := api.DrillLevel{Function: fn}
 	callees, err := directCallees(ctx, c, fn)
 	if err != nil {
@@ -80,8 +81,8 @@ func drillLevel(ctx context.Context, c *api.Client, fn string, o DrillOptions, s
 	if err != nil {
 		return level, fmt.Errorf("time %s: %w", fn, err)
 	}
-	fmt.Fprintf(stderr, "kinst: timing %s and %d callee(s) over one run of the workload\n", fn, len(funcs)-1)
-	res, err := runSession(ctx, c, sess, runOptions{Interval: 1e9, Command: o.Command}, stderr, func(time.Duration, api.Sample) {})
+	fmt.Fprintf(env.Err, "kinst: timing %s and %d callee(s) over one run of the workload\n", fn, len(funcs)-1)
+	res, err := runSession(ctx, c, sess, runOptions{Interval: 1e9, Command: o.Command}, env, func(time.Duration, api.Sample) {})
 	if err != nil {
 		return level, err
 	}

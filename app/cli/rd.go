@@ -12,7 +12,8 @@ import (
 
 // Read prints live kernel memory as crash's rd does: address, 16 bytes
 // in hex, and their printable characters.
-func Read(ctx context.Context, c *api.Client, at string, n int, asJSON bool, w io.Writer) error {
+func Read(ctx context.Context, c *api.Client, at string, n int, asJSON bool, env Env) error {
+	w := env.Out
 	m, err := c.Read(ctx, at, n)
 	if err != nil {
 		return err

@@ -3,9 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"os/signal"
 	"syscall"
 	"time"
@@ -33,7 +31,7 @@ type runResult struct {
 // duration ends, the command exits or a signal arrives, then removes the
 // session. The sample stream ties the session to this process: if kinst
 // dies, kerninstd removes its splices.
-func runSession(ctx context.Context, c *api.Client, sess api.Session, o runOptions, stderr io.Writer,
+func runSession(ctx context.Context, c *api.Client, sess api.Session, o runOptions, env Env,
 	onSample func(elapsed time.Duration, s api.Sample)) (runResult, error) {
 	var res runResult
 	remove := func() { c.RemoveSession(context.WithoutCancel(ctx), sess.ID) }
@@ -59,12 +57,11 @@ func runSession(ctx context.Context, c *api.Client, sess api.Session, o runOptio
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 	defer signal.Stop(sig)
 
-	var cmd *exec.Cmd
-	cmdDone := make(chan error, 1)
+	var cmd Process
+	cmdDone := make(chan int, 1)
 	if len(o.Command) > 0 {
-		cmd = exec.Command(o.Command[0], o.Command[1:]...)
-		cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-		if err := cmd.Start(); err != nil {
+		cmd, err = env.start(o.Command)
+		if err != nil {
 			remove()
 			st := 127
 			res.ExitStatus = &st
@@ -72,17 +69,14 @@ func runSession(ctx context.Context, c *api.Client, sess api.Session, o runOptio
 		}
 		go func() { cmdDone <- cmd.Wait() }()
 	} else if o.Duration == 0 && o.Waiting != "" {
-		fmt.Fprintln(stderr, o.Waiting)
+		fmt.Fprintln(env.Err, o.Waiting)
 	}
 	var deadline <-chan time.Time
 	if o.Duration > 0 {
-		deadline = time.After(o.Duration)
+		deadline = env.after(o.Duration)
 	}
-	start := time.Now()
-	waitCmd := func(err error) {
-		st := exitCode(err)
-		res.ExitStatus = &st
-	}
+	start := env.now()
+	exited := func(st int) { res.ExitStatus = &st }
 loop:
 	for {
 		select {
@@ -91,8 +85,11 @@ loop:
 				break loop
 			}
 			onSample(s.Time.Sub(start), s)
-		case err := <-cmdDone:
-			waitCmd(err)
+			if env.sampled != nil {
+				env.sampled()
+			}
+		case st := <-cmdDone:
+			exited(st)
 			break loop
 		case <-deadline:
 			break loop
@@ -101,22 +98,22 @@ loop:
 				// The terminal sent the command the same SIGINT; a
 				// SIGTERM is passed on. Report until it is gone.
 				if sg == syscall.SIGTERM {
-					cmd.Process.Signal(sg)
+					cmd.Signal(sg)
 				}
-				waitCmd(<-cmdDone)
+				exited(<-cmdDone)
 			}
 			break loop
 		}
 	}
 	if cmd != nil && res.ExitStatus == nil {
 		// --duration ended first: a bounded run must end.
-		cmd.Process.Signal(syscall.SIGTERM)
-		waitCmd(<-cmdDone)
+		cmd.Signal(syscall.SIGTERM)
+		exited(<-cmdDone)
 	}
-	res.Duration = time.Since(start)
-	detach := time.Now()
+	res.Duration = env.since(start)
+	detach := env.now()
 	final, err := c.RemoveSession(context.WithoutCancel(ctx), sess.ID)
-	res.Detach = time.Since(detach)
+	res.Detach = env.since(detach)
 	if err != nil {
 		return res, fmt.Errorf("remove instrumentation: %w", err)
 	}

@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"fmt"
-	"io"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -13,7 +12,8 @@ import (
 
 // Ls lists the live sessions (`kinst ls`). --json: the []Session of
 // GET /v1/sessions.
-func Ls(ctx context.Context, c *api.Client, asJSON bool, stdout io.Writer) error {
+func Ls(ctx context.Context, c *api.Client, asJSON bool, env Env) error {
+	stdout := env.Out
 	list, err := c.Sessions(ctx)
 	if err != nil {
 		return err
@@ -27,7 +27,7 @@ func Ls(ctx context.Context, c *api.Client, asJSON bool, stdout io.Writer) error
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tID\tAGE\tEXPIRES IN\tTIED\tINSTRUMENTS")
-	now := time.Now()
+	now := env.now()
 	for _, s := range list {
 		exp := "-"
 		if s.Expires != nil {
@@ -56,8 +56,9 @@ func instruments(s api.Session) string {
 
 // Detach removes a session by name or ID (`kinst detach`) and prints its
 // final totals.
-func Detach(ctx context.Context, c *api.Client, name string, asJSON bool, stdout io.Writer) error {
-	start := time.Now()
+func Detach(ctx context.Context, c *api.Client, name string, asJSON bool, env Env) error {
+	stdout := env.Out
+	start := env.now()
 	s, err := c.RemoveSession(ctx, name)
 	if err != nil {
 		return err
@@ -65,6 +66,6 @@ func Detach(ctx context.Context, c *api.Client, name string, asJSON bool, stdout
 	if asJSON {
 		return writeJSON(stdout, s)
 	}
-	fmt.Fprintf(stdout, "detached %s (%s) in %v: %s\n", s.Name, s.ID, time.Since(start).Round(time.Microsecond), instruments(s))
+	fmt.Fprintf(stdout, "detached %s (%s) in %v: %s\n", s.Name, s.ID, env.since(start).Round(time.Microsecond), instruments(s))
 	return nil
 }

@@ -23,14 +23,15 @@ type TimeOptions struct {
 	Duration  time.Duration
 	Interval  time.Duration
 	JSON      bool
-	Plot      string // write an SVG chart here
+	SVG       string // write an SVG chart here
 	Name      string
 	TTL       time.Duration
 	Command   []string
 }
 
 // Time times kernel functions: calls, wall time, concurrency.
-func Time(ctx context.Context, c *api.Client, o TimeOptions, stdout, stderr io.Writer) (int, error) {
+func Time(ctx context.Context, c *api.Client, o TimeOptions, env Env) (int, error) {
+	stdout, stderr := env.Out, env.Err
 	if len(o.Functions) == 0 && o.Lock == "" {
 		return 2, errors.New("time: name at least one kernel function")
 	}
@@ -45,7 +46,7 @@ func Time(ctx context.Context, c *api.Client, o TimeOptions, stdout, stderr io.W
 		f := o.Filter
 		req.Filter = &f
 	}
-	asked := time.Now()
+	asked := env.now()
 	sess, err := c.CreateSession(ctx, req)
 	if err != nil {
 		return 1, err
@@ -72,10 +73,10 @@ func Time(ctx context.Context, c *api.Client, o TimeOptions, stdout, stderr io.W
 		fmt.Fprintf(stdout, "%8s  %-*s  %10s  %12s  %12s  %11s  %6s\n", "time", width, "function", "calls/s", "avg wall", "avg virtual", "concurrency", "inside")
 	}
 	res, err := runSession(ctx, c, sess, runOptions{Duration: o.Duration, Interval: o.Interval, Command: o.Command,
-		Waiting: "kinst: timing; Ctrl-C to stop"}, stderr,
+		Waiting: "kinst: timing; Ctrl-C to stop"}, env,
 		func(el time.Duration, s api.Sample) {
 			if report.FirstDataNS == 0 {
-				report.FirstDataNS = int64(time.Since(asked))
+				report.FirstDataNS = int64(env.since(asked))
 			}
 			iv := api.TimeInterval{ElapsedNS: int64(el)}
 			for i, p := range s.Timers {
@@ -127,11 +128,11 @@ func Time(ctx context.Context, c *api.Client, o TimeOptions, stdout, stderr io.W
 			series[i].Add(last)
 		}
 	}
-	if o.Plot != "" {
-		if err := writePlot(o.Plot, "kinst time", series); err != nil {
+	if o.SVG != "" {
+		if err := writePlot(o.SVG, "kinst time", series); err != nil {
 			return max(status, 1), err
 		}
-		fmt.Fprintf(stderr, "kinst: wrote %s\n", o.Plot)
+		fmt.Fprintf(stderr, "kinst: wrote %s\n", o.SVG)
 	}
 	if o.JSON {
 		return status, writeJSON(stdout, report)

@@ -30,7 +30,8 @@ type watched struct {
 
 // Watch shows every active metric of every session, refreshed like top:
 // sorted by rate, with a sparkline of the recent rates per row.
-func Watch(ctx context.Context, c *api.Client, o WatchOptions, stdout io.Writer) error {
+func Watch(ctx context.Context, c *api.Client, o WatchOptions, env Env) error {
+	stdout := env.Out
 	if o.Interval <= 0 {
 		o.Interval = time.Second
 	}
@@ -38,14 +39,13 @@ func Watch(ctx context.Context, c *api.Client, o WatchOptions, stdout io.Writer)
 		o.History = 30
 	}
 	rows := map[string]*watched{}
-	tick := time.NewTicker(o.Interval)
-	defer tick.Stop()
+	next := env.now()
 	for i := 0; o.Iterations == 0 || i <= o.Iterations; i++ {
 		list, err := c.Sessions(ctx)
 		if err != nil {
 			return err
 		}
-		now := time.Now()
+		now := env.now()
 		live := map[string]bool{}
 		update := func(key string, row api.WatchRow, p metrics.Point) {
 			live[key] = true
@@ -104,10 +104,16 @@ func Watch(ctx context.Context, c *api.Client, o WatchOptions, stdout io.Writer)
 		if last {
 			return nil
 		}
+		// Refresh on a fixed grid, as a ticker would, skipping what a
+		// slow refresh missed.
+		t := env.now()
+		for !next.After(t) {
+			next = next.Add(o.Interval)
+		}
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-tick.C:
+		case <-env.after(next.Sub(t)):
 		}
 	}
 	return nil

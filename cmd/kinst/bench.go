@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/app/cli"
@@ -27,7 +26,7 @@ func benchCmd(ctx context.Context, args []string) error {
 		if fs.NArg() > 0 {
 			o.Function = fs.Arg(0)
 		}
-		return cli.BenchHit(ctx, api.NewClient(*addr), o, os.Stdout, os.Stderr)
+		return cli.BenchHit(ctx, api.NewClient(*addr), o, stdEnv())
 	}
 	if len(args) > 0 && args[0] == "churn" {
 		fs, addr := newFlags("bench churn", "bench churn [POINT…] [--function FUNC…] [--cycles N] [--seed S] [--json]\n\n"+
@@ -49,7 +48,7 @@ func benchCmd(ctx context.Context, args []string) error {
 			fs.Usage()
 			return fmt.Errorf("bench churn: want POINTs or --function FUNC")
 		}
-		return cli.BenchChurn(ctx, api.NewClient(*addr), req, *asJSON, os.Stdout, os.Stderr)
+		return cli.BenchChurn(ctx, api.NewClient(*addr), req, *asJSON, stdEnv())
 	}
 	if len(args) == 0 || args[0] != "splice" {
 		return fmt.Errorf("bench: want `kinst bench splice POINT`, `kinst bench churn POINT…` or `kinst bench hit [FUNC]`")
@@ -65,5 +64,5 @@ func benchCmd(ctx context.Context, args []string) error {
 		fs.Usage()
 		return fmt.Errorf("bench splice: want one POINT")
 	}
-	return cli.BenchSplice(ctx, api.NewClient(*addr), fs.Arg(0), *cycles, *kprobe, *asJSON, os.Stdout, os.Stderr)
+	return cli.BenchSplice(ctx, api.NewClient(*addr), fs.Arg(0), *cycles, *kprobe, *asJSON, stdEnv())
 }

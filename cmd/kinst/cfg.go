@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/app/cli"
@@ -22,14 +21,14 @@ func cfgCmd(ctx context.Context, args []string) error {
 		if fs.NArg() != 0 || *dot {
 			return fmt.Errorf("cfg --stats takes no FUNC and no --dot")
 		}
-		return cli.ShowStats(ctx, api.NewClient(*addr), *asJSON, os.Stdout, os.Stderr)
+		return cli.ShowStats(ctx, api.NewClient(*addr), *asJSON, stdEnv())
 	}
 	if fs.NArg() != 1 {
 		fs.Usage()
 		return fmt.Errorf("cfg: want one FUNC (or --stats)")
 	}
 	if *calls {
-		return cli.ShowCalls(ctx, api.NewClient(*addr), fs.Arg(0), *asJSON, os.Stdout, os.Stderr)
+		return cli.ShowCalls(ctx, api.NewClient(*addr), fs.Arg(0), *asJSON, stdEnv())
 	}
 	format := cli.CFGText
 	switch {
@@ -40,5 +39,5 @@ func cfgCmd(ctx context.Context, args []string) error {
 	case *dot:
 		format = cli.CFGDot
 	}
-	return cli.ShowCFG(ctx, api.NewClient(*addr), fs.Arg(0), format, os.Stdout)
+	return cli.ShowCFG(ctx, api.NewClient(*addr), fs.Arg(0), format, stdEnv())
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 	"sort"
 	"strings"
 
@@ -23,14 +22,14 @@ func countCmd(ctx context.Context, args []string) (int, error) {
 	fs.DurationVarP(&o.Duration, "duration", "d", 0, "stop after this long (default: until Ctrl-C, or until CMD exits)")
 	fs.DurationVarP(&o.Interval, "interval", "i", 1e9, "print counts this often")
 	fs.BoolVar(&o.JSON, "json", false, "print one JSON report at the end instead of live rows")
-	fs.StringVar(&o.Plot, "plot", "", "write a chart of counts per second over time to this SVG `file`")
+	fs.StringVar(&o.SVG, "plot", "", "write a chart of counts per second over time to this SVG `file`")
 	if err := fs.Parse(args); err != nil {
 		return 2, err
 	}
 	var pos []string
 	pos, o.Command = splitCommand(fs)
 	o.Points = pos
-	return cli.Count(ctx, api.NewClient(*addr), o, os.Stdout, os.Stderr)
+	return cli.Count(ctx, api.NewClient(*addr), o, stdEnv())
 }
 
 func classicList() string {

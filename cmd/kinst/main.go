@@ -11,6 +11,7 @@ import (
 	"syscall"
 
 	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/app/cli"
 	"github.com/spf13/pflag"
 )
 
@@ -157,4 +158,9 @@ func splitCommand(fs *pflag.FlagSet) (args, command []string) {
 		return pos[:n], pos[n:]
 	}
 	return pos, nil
+}
+
+// stdEnv runs a report on the process's standard streams.
+func stdEnv() cli.Env {
+	return cli.Env{Out: os.Stdout, Err: os.Stderr, CmdIn: os.Stdin, CmdOut: os.Stdout, CmdErr: os.Stderr}
 }

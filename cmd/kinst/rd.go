@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 	"strconv"
 
 	"github.com/kinst/kinst/api"
@@ -29,5 +28,5 @@ func rdCmd(ctx context.Context, args []string) error {
 		}
 		n = int(v)
 	}
-	return cli.Read(ctx, api.NewClient(*addr), pos[0], n, *asJSON, os.Stdout)
+	return cli.Read(ctx, api.NewClient(*addr), pos[0], n, *asJSON, stdEnv())
 }

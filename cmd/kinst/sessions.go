@@ -19,7 +19,7 @@ func lsCmd(ctx context.Context, args []string) error {
 	if fs.NArg() != 0 {
 		return fmt.Errorf("ls takes no arguments")
 	}
-	return cli.Ls(ctx, api.NewClient(*addr), *asJSON, os.Stdout)
+	return cli.Ls(ctx, api.NewClient(*addr), *asJSON, stdEnv())
 }
 
 func detachCmd(ctx context.Context, args []string) error {
@@ -31,7 +31,7 @@ func detachCmd(ctx context.Context, args []string) error {
 	if fs.NArg() != 1 {
 		return fmt.Errorf("detach: name one session (see kinst ls)")
 	}
-	return cli.Detach(ctx, api.NewClient(*addr), fs.Arg(0), *asJSON, os.Stdout)
+	return cli.Detach(ctx, api.NewClient(*addr), fs.Arg(0), *asJSON, stdEnv())
 }
 
 func watchCmd(ctx context.Context, args []string) error {
@@ -49,5 +49,5 @@ func watchCmd(ctx context.Context, args []string) error {
 	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt)
 	defer stop()
-	return cli.Watch(ctx, api.NewClient(*addr), o, os.Stdout)
+	return cli.Watch(ctx, api.NewClient(*addr), o, stdEnv())
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/app/cli"
@@ -24,7 +23,7 @@ func timeCmd(ctx context.Context, args []string) (int, error) {
 	var pos []string
 	pos, o.Command = splitCommand(fs)
 	o.Functions = pos
-	return cli.Time(ctx, api.NewClient(*addr), o, os.Stdout, os.Stderr)
+	return cli.Time(ctx, api.NewClient(*addr), o, stdEnv())
 }
 
 func waitersCmd(ctx context.Context, args []string) (int, error) {
@@ -42,7 +41,7 @@ func waitersCmd(ctx context.Context, args []string) (int, error) {
 		return 2, fmt.Errorf("waiters: name one lock: a kernel data symbol or 0xADDR")
 	}
 	o.Lock = pos[0]
-	return cli.Time(ctx, api.NewClient(*addr), o, os.Stdout, os.Stderr)
+	return cli.Time(ctx, api.NewClient(*addr), o, stdEnv())
 }
 
 func drilldownCmd(ctx context.Context, args []string) error {
@@ -63,14 +62,14 @@ func drilldownCmd(ctx context.Context, args []string) error {
 		return fmt.Errorf("drilldown: name one function to start from")
 	}
 	o.Root = pos[0]
-	return cli.DrillDown(ctx, api.NewClient(*addr), o, os.Stdout, os.Stderr)
+	return cli.DrillDown(ctx, api.NewClient(*addr), o, stdEnv())
 }
 
 // timeFlags are the flags time and waiters share.
 func timeFlags(fs *pflag.FlagSet, o *cli.TimeOptions) {
 	fs.DurationVarP(&o.Duration, "duration", "d", 0, "stop after this long (default: until Ctrl-C, or until CMD exits)")
 	fs.DurationVarP(&o.Interval, "interval", "i", 1e9, "print rates this often")
-	fs.StringVar(&o.Plot, "plot", "", "write a chart of calls/s and concurrency (waiters) over time to this SVG `file`")
+	fs.StringVar(&o.SVG, "plot", "", "write a chart of calls/s and concurrency (waiters) over time to this SVG `file`")
 	fs.StringVar(&o.Name, "name", "", "session name (see kinst ls, kinst detach)")
 	fs.DurationVar(&o.TTL, "ttl", 0, "remove the instrumentation after this long even if kinst is gone")
 	fs.BoolVar(&o.JSON, "json", false, "print one JSON report at the end instead of live rows")
