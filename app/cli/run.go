@@ -59,6 +59,9 @@ func runSession(ctx context.Context, c *api.Client, sess api.Session, o runOptio
 
 	var cmd Process
 	cmdDone := make(chan int, 1)
+	// The run starts before the command does, so the whole of its life
+	// is inside the run, and before the deadline is set.
+	start := env.now()
 	if len(o.Command) > 0 {
 		cmd, err = env.start(o.Command)
 		if err != nil {
@@ -75,7 +78,6 @@ func runSession(ctx context.Context, c *api.Client, sess api.Session, o runOptio
 	if o.Duration > 0 {
 		deadline = env.after(o.Duration)
 	}
-	start := env.now()
 	exited := func(st int) { res.ExitStatus = &st }
 loop:
 	for {

@@ -20,7 +20,7 @@ type function struct {
 
 // funcSize is the room every function of the test kernel gets; the rest
 // is int3 padding.
-const funcSize = 0x40
+const funcSize = 0x30
 
 var (
 	ftraceNop = []byte{0x0f, 0x1f, 0x44, 0x00, 0x00} // nopl 0x0(%rax,%rax,1): the ftrace site
@@ -101,8 +101,6 @@ func Text() ([]byte, string) {
 		}
 		fmt.Fprintf(&syms, "%x T %s\n", addr[f.name], f.name)
 	}
-	// _etext ends the last function, as in a real kallsyms.
-	fmt.Fprintf(&syms, "%x T _etext\n", TextAddr+uint64(len(text)))
 	return text, syms.String()
 }
 
