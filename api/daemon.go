@@ -24,8 +24,9 @@ import (
 
 // Info describes the daemon and the kernel it instruments.
 type Info struct {
+	Version       string `json:"version,omitempty"` // kerninstd's build
 	KernelRelease string `json:"kernel_release"`
-	ABIVersion    uint32 `json:"abi_version"`
+	ABIVersion    uint32 `json:"abi_version"` // the loaded driver's
 	PatchHeap     Addr   `json:"patch_heap"`
 	PatchHeapSize uint64 `json:"patch_heap_size"`
 	CounterHeap   Addr   `json:"counter_heap"`

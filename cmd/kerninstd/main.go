@@ -17,6 +17,7 @@ import (
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/driver"
+	"github.com/kinst/kinst/internal/buildinfo"
 	"github.com/kinst/kinst/kernel"
 	"github.com/kinst/kinst/kerninstd"
 	"github.com/spf13/pflag"
@@ -33,7 +34,12 @@ func main() {
 	cacheDir := fs.String("cache-dir", "/var/cache/kinst", "keep the whole-kernel analysis here, per kernel build and module set (\"\" to disable)")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	format := fs.String("log-format", "text", "text or json")
+	version := fs.Bool("version", false, "print the build and the driver ABI it speaks, and exit")
 	fs.Parse(os.Args[1:])
+	if *version {
+		fmt.Printf("kerninstd %s, driver ABI %d\n", buildinfo.Read(), driver.ABIVersion)
+		return
+	}
 
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(*level)); err != nil {
@@ -61,10 +67,11 @@ func run(log *slog.Logger, socket, listen, metricsAddr, devPath, kallsyms, cache
 	if err != nil {
 		return err
 	}
-	log.Info("driver open", "abi", info.ABIVersion, "patch_heap", fmt.Sprintf("%#x", info.PatchHeap),
+	build := buildinfo.Read().String()
+	log.Info("driver open", "kerninstd", build, "abi", info.ABIVersion, "patch_heap", fmt.Sprintf("%#x", info.PatchHeap),
 		"counter_heap", fmt.Sprintf("%#x", info.CounterHeap), "counters", dev.NumCounters())
 	d, err := kerninstd.New(kerninstd.Config{Device: dev, Kallsyms: kallsyms, Log: log, Prototypes: kernel.LoadKernelPrototypes, Layout: kernel.LoadKernelLayout, CacheDir: cacheDir, Info: func() api.Info {
-		in := api.Info{ABIVersion: info.ABIVersion, PatchHeap: api.Addr(info.PatchHeap),
+		in := api.Info{Version: build, ABIVersion: info.ABIVersion, PatchHeap: api.Addr(info.PatchHeap),
 			PatchHeapSize: info.PatchHeapSize, CounterHeap: api.Addr(info.CounterHeap), Counters: dev.NumCounters()}
 		if now, err := dev.Info(); err == nil {
 			in.DriverSplices = int(now.Splices)
