@@ -47,6 +47,9 @@ func NewClient(addr string) *Client {
 	return c
 }
 
+// Addr is the address the client talks to.
+func (c *Client) Addr() string { return c.addr }
+
 // APIError is an error reply from kerninstd.
 type APIError struct {
 	Status int

@@ -155,7 +155,7 @@ type HitRow struct {
 // --stats --json` a CFGStats, `kinst rd --json` a Memory, `kinst ls
 // --json` a []Session and `kinst detach --json` a Session.
 
-// Version is `kinst version --json`.
+// Version is `kinst version --json` (and what kinst --version prints).
 type Version struct {
 	// Module is kinst's module version ("(devel)" for a build from a
 	// work tree); Revision and Time the VCS revision it was built from
@@ -167,10 +167,11 @@ type Version struct {
 	GoVersion string `json:"go_version"`
 	// DriverABI is the driver ABI version this kinst speaks.
 	DriverABI uint32 `json:"driver_abi"`
-	// Daemon is kerninstd's answer, absent when it did not answer.
-	Daemon *DaemonVersion `json:"daemon,omitempty"`
-	// DaemonError says why kerninstd did not answer.
-	DaemonError string `json:"daemon_error,omitempty"`
+	// DaemonAddr is where kerninstd was asked; Daemon its answer, absent
+	// when it did not answer, and DaemonError why.
+	DaemonAddr  string         `json:"daemon_addr"`
+	Daemon      *DaemonVersion `json:"daemon,omitempty"`
+	DaemonError string         `json:"daemon_error,omitempty"`
 }
 
 // DaemonVersion is what kerninstd reports of itself and its kernel.

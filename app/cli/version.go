@@ -1,0 +1,57 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/driver"
+	"github.com/kinst/kinst/internal/buildinfo"
+)
+
+// Version prints this build, the driver ABI it speaks, and, when
+// kerninstd answers (within two seconds), kerninstd's build, the loaded
+// driver's ABI and the kernel release. A kerninstd that does not answer
+// is reported, not an error.
+func Version(ctx context.Context, c *api.Client, asJSON bool, env Env) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	info, err := c.Info(ctx)
+	return writeVersion(env.Out, versionReport(buildinfo.Read(), driver.ABIVersion, c.Addr(), info, err), asJSON)
+}
+
+func versionReport(b buildinfo.Build, abi uint32, addr string, info api.Info, err error) api.Version {
+	v := api.Version{Module: b.Module, Revision: b.Revision, Time: b.Time, Modified: b.Modified, GoVersion: b.GoVersion,
+		DriverABI: abi, DaemonAddr: addr}
+	if err != nil {
+		v.DaemonError = err.Error()
+	} else {
+		v.Daemon = &api.DaemonVersion{Version: info.Version, DriverABI: info.ABIVersion, KernelRelease: info.KernelRelease}
+	}
+	return v
+}
+
+func writeVersion(w io.Writer, v api.Version, asJSON bool) error {
+	if asJSON {
+		return writeJSON(w, v)
+	}
+	b := buildinfo.Build{Module: v.Module, Revision: v.Revision, Time: v.Time, Modified: v.Modified, GoVersion: v.GoVersion}
+	fmt.Fprintf(w, "kinst %s\ndriver ABI %d\n", b, v.DriverABI)
+	if v.Daemon == nil {
+		_, err := fmt.Fprintf(w, "kerninstd: not answering: %s\n", v.DaemonError)
+		return err
+	}
+	d := v.Daemon
+	version := d.Version
+	if version == "" {
+		version = "(build not reported)"
+	}
+	abi := ""
+	if d.DriverABI != v.DriverABI {
+		abi = fmt.Sprintf(" (this kinst speaks %d: update one of them)", v.DriverABI)
+	}
+	_, err := fmt.Fprintf(w, "kerninstd at %s: %s\n  driver ABI %d%s, kernel %s\n", v.DaemonAddr, version, d.DriverABI, abi, d.KernelRelease)
+	return err
+}
