@@ -16,4 +16,4 @@ echo "\$ kinst drilldown copen -- $work"
 $kinst vm exec -- kinst drilldown do_sys_openat2 -- $work
 echo
 echo "\$ kinst time do_sys_openat2 do_filp_open path_openat --interval 500ms -- $work"
-$kinst vm exec -- kinst time do_sys_openat2 do_filp_open path_openat --interval 500ms --plot /tmp/copen.svg -- $work
+$kinst vm exec -- kinst time do_sys_openat2 do_filp_open path_openat --interval 500ms --svg /tmp/copen.svg -- $work

@@ -2,67 +2,97 @@ package main
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/app/cli"
+	"github.com/spf13/pflag"
 )
 
-func benchCmd(ctx context.Context, args []string) error {
-	if len(args) > 0 && args[0] == "hit" {
-		fs, addr := newFlags("bench hit", "bench hit [FUNC] [--calls N] [--runs R] [--json]\n\n"+
-			"Per-call cost of a getppid(2) loop with a counter at FUNC (default __x64_sys_getppid):\n"+
-			"bare, direct, springboard and trap splices, int3 and optimized tracefs kprobes, and a\n"+
-			"BPF kprobe counting in an array map. Every row's hits should be calls × runs. Runs\n"+
-			"where kerninstd runs (as root, for tracefs and BPF). Guest times under emulation: read the ratios.")
+var benchCommand = &command{
+	name:    "bench",
+	summary: "what instrumentation costs: a request's steps, a hit, splice churn",
+	sub:     []*command{benchSpliceCommand, benchHitCommand, benchChurnCommand},
+}
+
+var benchSpliceCommand = &command{
+	name:    "splice",
+	args:    "POINT",
+	summary: "latency of each step of an instrumentation request, and of the same request as a tracefs kprobe",
+	help: `Steps as KernInst's Figure 4: resolve (lookup, read, decode, classify,
+liveness), patch allocation, codegen (build and verify, with relocation),
+patch write, springboard slot, splice and unsplice, free. --kprobe times
+the same request as a tracefs kprobe first (run it in a VM booted with
+kinst vm up --accel tcg-single: see README.md's known issue).`,
+	daemon: true, report: true,
+	setup: func(fs *pflag.FlagSet) runFunc {
+		cycles := fs.IntP("cycles", "n", 1000, "splice/unsplice cycles")
+		kprobe := fs.Bool("kprobe", false, "also time the same request as a tracefs kprobe (root, tracefs)")
+		var asJSON bool
+		jsonFlag(fs, &asJSON, "the step timings")
+		return func(ctx context.Context, inv invocation) (int, error) {
+			if len(inv.args) != 1 {
+				return 2, usagef("want one POINT")
+			}
+			return inv.reportErr(asJSON, func(env cli.Env) error {
+				return cli.BenchSplice(ctx, inv.client(), inv.args[0], *cycles, *kprobe, asJSON, env)
+			})
+		}
+	},
+}
+
+var benchHitCommand = &command{
+	name:    "hit",
+	args:    "[FUNC]",
+	summary: "per-hit cost of direct, springboard, covering and trap splices against int3, optimized and BPF kprobes",
+	help: `Per-call cost of a getppid(2) loop with a counter at FUNC (default
+__x64_sys_getppid): bare, each splice class, int3 and optimized tracefs
+kprobes, and a BPF kprobe counting in an array map. Every row's hits should
+be calls × runs. Runs where kerninstd runs (as root, for tracefs and BPF).
+Guest times under emulation: read the ratios.`,
+	daemon: true, report: true,
+	setup: func(fs *pflag.FlagSet) runFunc {
 		var o cli.HitOptions
 		fs.IntVar(&o.Calls, "calls", 100000, "system calls per timed run")
 		fs.IntVar(&o.Runs, "runs", 3, "timed runs per mechanism (the median is kept)")
-		fs.BoolVar(&o.JSON, "json", false, "print JSON")
-		if err := fs.Parse(args[1:]); err != nil {
-			return err
+		jsonFlag(fs, &o.JSON, "the rows")
+		return func(ctx context.Context, inv invocation) (int, error) {
+			o.Function = "__x64_sys_getppid"
+			switch len(inv.args) {
+			case 0:
+			case 1:
+				o.Function = inv.args[0]
+			default:
+				return 2, usagef("want at most one FUNC")
+			}
+			return inv.reportErr(o.JSON, func(env cli.Env) error { return cli.BenchHit(ctx, inv.client(), o, env) })
 		}
-		o.Function = "__x64_sys_getppid"
-		if fs.NArg() > 0 {
-			o.Function = fs.Arg(0)
-		}
-		return cli.BenchHit(ctx, api.NewClient(*addr), o, stdEnv())
-	}
-	if len(args) > 0 && args[0] == "churn" {
-		fs, addr := newFlags("bench churn", "bench churn [POINT…] [--function FUNC…] [--cycles N] [--seed S] [--json]\n\n"+
-			"Cycles of splice, re-splice and unsplice over a pool of points, through the path sessions take:\n"+
-			"each cycle adds a counter at three points of the pool, a second one at two of them and one more,\n"+
-			"then removes all six. A point that already has a request (a session's) is re-spliced, never\n"+
-			"unspliced. Run it with a workload going to stress the splice protocol; every point must read\n"+
-			"back as the kernel's own bytes at the end.")
+	},
+}
+
+var benchChurnCommand = &command{
+	name:    "churn",
+	args:    "[POINT…] [-f FUNC…]",
+	summary: "cycles of splice, re-splice and unsplice over many points",
+	help: `Cycles of splice, re-splice and unsplice over a pool of points, through the
+path sessions take: each cycle adds a counter at three points of the pool, a
+second one at two of them and one more, then removes all six. A point that
+already has a request (a session's) is re-spliced, never unspliced. Run it
+with a workload going to stress the splice protocol; every point must read
+back as the kernel's own bytes at the end.`,
+	daemon: true, report: true,
+	setup: func(fs *pflag.FlagSet) runFunc {
 		var req api.ChurnRequest
-		fs.StringSliceVarP(&req.Functions, "function", "f", nil, "add every instruction of FUNC that may be spliced to the pool (repeatable)")
+		fs.StringSliceVarP(&req.Functions, "function", "f", nil, "add every instruction of `FUNC` that may be spliced to the pool (repeatable)")
 		fs.IntVarP(&req.Cycles, "cycles", "n", 1000, "cycles")
 		fs.Int64Var(&req.Seed, "seed", 1, "seed of the choice of points")
-		asJSON := fs.Bool("json", false, "print JSON")
-		if err := fs.Parse(args[1:]); err != nil {
-			return err
+		var asJSON bool
+		jsonFlag(fs, &asJSON, "the change timings")
+		return func(ctx context.Context, inv invocation) (int, error) {
+			req.Points = inv.args
+			if len(req.Points) == 0 && len(req.Functions) == 0 {
+				return 2, usagef("want POINTs or --function FUNC")
+			}
+			return inv.reportErr(asJSON, func(env cli.Env) error { return cli.BenchChurn(ctx, inv.client(), req, asJSON, env) })
 		}
-		req.Points = fs.Args()
-		if len(req.Points) == 0 && len(req.Functions) == 0 {
-			fs.Usage()
-			return fmt.Errorf("bench churn: want POINTs or --function FUNC")
-		}
-		return cli.BenchChurn(ctx, api.NewClient(*addr), req, *asJSON, stdEnv())
-	}
-	if len(args) == 0 || args[0] != "splice" {
-		return fmt.Errorf("bench: want `kinst bench splice POINT`, `kinst bench churn POINT…` or `kinst bench hit [FUNC]`")
-	}
-	fs, addr := newFlags("bench splice", "bench splice POINT [--cycles N] [--json]")
-	cycles := fs.IntP("cycles", "n", 1000, "splice/unsplice cycles")
-	asJSON := fs.Bool("json", false, "print JSON")
-	kprobe := fs.Bool("kprobe", false, "also time the same request as a tracefs kprobe (root, tracefs)")
-	if err := fs.Parse(args[1:]); err != nil {
-		return err
-	}
-	if fs.NArg() != 1 {
-		fs.Usage()
-		return fmt.Errorf("bench splice: want one POINT")
-	}
-	return cli.BenchSplice(ctx, api.NewClient(*addr), fs.Arg(0), *cycles, *kprobe, *asJSON, stdEnv())
+	},
 }

@@ -2,42 +2,47 @@ package main
 
 import (
 	"context"
-	"fmt"
 
-	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/app/cli"
+	"github.com/spf13/pflag"
 )
 
-func cfgCmd(ctx context.Context, args []string) error {
-	fs, addr := newFlags("cfg", "cfg FUNC [--json | --dot]\n       kinst cfg --stats [--json]\n       kinst cfg --calls FUNC [--json]")
-	calls := fs.Bool("calls", false, "FUNC's callers and callees in the whole-kernel call graph (direct and tail calls)")
-	stats := fs.Bool("stats", false, "analyse the whole kernel and its modules: functions, blocks, bytes, splice classes")
-	asJSON := fs.Bool("json", false, "print JSON (blocks → instructions with address, length, text, live_in, splice_class)")
-	dot := fs.Bool("dot", false, "print a graphviz digraph")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if *stats {
-		if fs.NArg() != 0 || *dot {
-			return fmt.Errorf("cfg --stats takes no FUNC and no --dot")
+var cfgCommand = &command{
+	name:    "cfg",
+	args:    "FUNC | --stats | --calls FUNC",
+	summary: "basic blocks, edges, live registers and flags, and the splice class of every instruction",
+	help: `kinst cfg FUNC          a function's control-flow graph (--dot: for graphviz)
+kinst cfg --stats       the whole kernel and its modules: functions, blocks,
+                        bytes, splice classes, springboard space
+kinst cfg --calls FUNC  FUNC's callers and callees (direct and tail calls)`,
+	daemon: true, report: true,
+	setup: func(fs *pflag.FlagSet) runFunc {
+		calls := fs.Bool("calls", false, "FUNC's callers and callees in the whole-kernel call graph (direct and tail calls)")
+		stats := fs.Bool("stats", false, "analyse the whole kernel and its modules: functions, blocks, bytes, splice classes")
+		var asJSON bool
+		jsonFlag(fs, &asJSON, "the graph (blocks → instructions with address, length, text, live_in, splice_class), the census or the call graph")
+		dot := fs.Bool("dot", false, "print a graphviz digraph")
+		return func(ctx context.Context, inv invocation) (int, error) {
+			switch {
+			case *stats && (len(inv.args) != 0 || *dot || *calls):
+				return 2, usagef("--stats takes no FUNC, --dot or --calls")
+			case *stats:
+				return inv.reportErr(asJSON, func(env cli.Env) error { return cli.ShowStats(ctx, inv.client(), asJSON, env) })
+			case len(inv.args) != 1:
+				return 2, usagef("want one FUNC (or --stats)")
+			case asJSON && *dot:
+				return 2, usagef("--json and --dot are exclusive")
+			case *calls:
+				return inv.reportErr(asJSON, func(env cli.Env) error { return cli.ShowCalls(ctx, inv.client(), inv.args[0], asJSON, env) })
+			}
+			format := cli.CFGText
+			switch {
+			case asJSON:
+				format = cli.CFGJSON
+			case *dot:
+				format = cli.CFGDot
+			}
+			return inv.reportErr(asJSON, func(env cli.Env) error { return cli.ShowCFG(ctx, inv.client(), inv.args[0], format, env) })
 		}
-		return cli.ShowStats(ctx, api.NewClient(*addr), *asJSON, stdEnv())
-	}
-	if fs.NArg() != 1 {
-		fs.Usage()
-		return fmt.Errorf("cfg: want one FUNC (or --stats)")
-	}
-	if *calls {
-		return cli.ShowCalls(ctx, api.NewClient(*addr), fs.Arg(0), *asJSON, stdEnv())
-	}
-	format := cli.CFGText
-	switch {
-	case *asJSON && *dot:
-		return fmt.Errorf("cfg: --json and --dot are exclusive")
-	case *asJSON:
-		format = cli.CFGJSON
-	case *dot:
-		format = cli.CFGDot
-	}
-	return cli.ShowCFG(ctx, api.NewClient(*addr), fs.Arg(0), format, stdEnv())
+	},
 }

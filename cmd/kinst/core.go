@@ -1,8 +1,7 @@
 package main
 
 import (
-	"fmt"
-	"os"
+	"context"
 	"strconv"
 
 	"github.com/kinst/kinst/app/cli"
@@ -10,9 +9,7 @@ import (
 	"github.com/spf13/pflag"
 )
 
-const coreSynopsis = `core DUMP COMMAND [ARGS] [--json] [--btf FILE | --vmlinux FILE]
-
-Postmortem analysis of a kernel crash dump (ELF vmcore from QEMU
+const coreHelp = `Postmortem analysis of a kernel crash dump (ELF vmcore from QEMU
 dump-guest-memory or kdump, kdump-compressed, FreeBSD minidump), with
 symbols, types and unwind tables taken from the dump itself.
 
@@ -31,82 +28,79 @@ Commands:
 FreeBSD amd64 minidumps: info (header, memory, pages), log (the message
 buffer, oldest line first) and rd ADDR (through the dump's pmap and
 direct map, or --phys) work; ps, bt, sym and dis need the FreeBSD
-kernel's symbols and types, which are not read yet.
+kernel's symbols and types, which are not read yet.`
 
-Flags:
-`
-
-func coreCmd(args []string) error {
-	fs := pflag.NewFlagSet("core", pflag.ContinueOnError)
-	fs.SortFlags = false
-	asJSON := fs.Bool("json", false, "print JSON")
-	all := fs.BoolP("all", "a", false, "bt: every task")
-	btfFile := fs.String("btf", "", "take types from `FILE` (raw BTF, or an ELF with .BTF) instead of the dump")
-	vmlinux := fs.String("vmlinux", "", "take types (.BTF) and unwind tables (.orc_unwind*) from the kernel image `FILE` instead of the dump")
-	phys := fs.Bool("phys", false, "rd: ADDR is a physical address")
-	fs.Usage = func() { fmt.Fprintf(os.Stderr, "Usage: kinst %s%s", coreSynopsis, fs.FlagUsages()) }
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	pos := fs.Args()
-	if len(pos) < 2 {
-		fs.Usage()
-		return fmt.Errorf("core: want DUMP COMMAND")
-	}
-	path, cmd, rest := pos[0], pos[1], pos[2:]
-	nargs := func(lo, hi int) error {
-		if len(rest) < lo || len(rest) > hi {
-			fs.Usage()
-			return fmt.Errorf("core %s: wrong number of arguments", cmd)
-		}
-		return nil
-	}
-	req := cli.CoreRequest{Dump: path, Command: cmd, Length: 64, Phys: *phys, JSON: *asJSON,
-		Options: core.Options{BTF: *btfFile, Vmlinux: *vmlinux}}
-	switch cmd {
-	case "info", "ps", "log":
-		if err := nargs(0, 0); err != nil {
-			return err
-		}
-	case "bt":
-		if *all {
-			if err := nargs(0, 0); err != nil {
-				return err
+var coreCommand = &command{
+	name:    "core",
+	args:    "DUMP info|ps|bt PID|TASK|-a|log|rd ADDR [N]|sym ADDR|NAME|dis FUNC",
+	summary: "postmortem analysis of a kernel crash dump",
+	help:    coreHelp,
+	report:  true, files: true, words: []string{"info", "ps", "bt", "log", "rd", "sym", "dis"},
+	setup: func(fs *pflag.FlagSet) runFunc {
+		var asJSON bool
+		jsonFlag(fs, &asJSON, "the result")
+		all := fs.BoolP("all", "a", false, "bt: every task")
+		btfFile := fs.String("btf", "", "take types from `FILE` (raw BTF, or an ELF with .BTF) instead of the dump")
+		vmlinux := fs.String("vmlinux", "", "take types (.BTF) and unwind tables (.orc_unwind*) from the kernel image `FILE` instead of the dump")
+		phys := fs.Bool("phys", false, "rd: ADDR is a physical address")
+		return func(ctx context.Context, inv invocation) (int, error) {
+			if len(inv.args) < 2 {
+				return 2, usagef("want DUMP COMMAND")
 			}
-		} else if err := nargs(1, 1); err != nil {
-			return err
-		}
-		req.All = *all
-		if !*all {
-			v, err := strconv.ParseUint(rest[0], 0, 64)
-			if err != nil || (v > 1<<31 && v < 0xffff800000000000) {
-				return fmt.Errorf("core bt: %q is neither a PID nor a task_struct address", rest[0])
+			path, cmd, rest := inv.args[0], inv.args[1], inv.args[2:]
+			nargs := func(lo, hi int) error {
+				if len(rest) < lo || len(rest) > hi {
+					return usagef("core %s: wrong number of arguments", cmd)
+				}
+				return nil
 			}
-			req.Which = v
-		}
-	case "rd":
-		if err := nargs(1, 2); err != nil {
-			return err
-		}
-		req.Arg = rest[0]
-		if len(rest) == 2 {
-			v, err := strconv.ParseUint(rest[1], 0, 32)
-			if err != nil {
-				return fmt.Errorf("core rd: bad length %q", rest[1])
+			req := cli.CoreRequest{Dump: path, Command: cmd, Length: 64, Phys: *phys, JSON: asJSON,
+				Options: core.Options{BTF: *btfFile, Vmlinux: *vmlinux}}
+			switch cmd {
+			case "info", "ps", "log":
+				if err := nargs(0, 0); err != nil {
+					return 2, err
+				}
+			case "bt":
+				lo := 1
+				if *all {
+					lo = 0
+				}
+				if err := nargs(lo, lo); err != nil {
+					return 2, err
+				}
+				req.All = *all
+				if !*all {
+					v, err := strconv.ParseUint(rest[0], 0, 64)
+					if err != nil || (v > 1<<31 && v < 0xffff800000000000) {
+						return 2, usagef("core bt: %q is neither a PID nor a task_struct address", rest[0])
+					}
+					req.Which = v
+				}
+			case "rd":
+				if err := nargs(1, 2); err != nil {
+					return 2, err
+				}
+				req.Arg = rest[0]
+				if len(rest) == 2 {
+					v, err := strconv.ParseUint(rest[1], 0, 32)
+					if err != nil {
+						return 2, usagef("core rd: bad length %q", rest[1])
+					}
+					req.Length = int(v)
+				}
+			case "sym", "dis":
+				if err := nargs(1, 1); err != nil {
+					return 2, err
+				}
+				req.Arg = rest[0]
+			default:
+				return 2, usagef("unknown command %q", cmd)
 			}
-			req.Length = int(v)
+			if *phys && cmd != "rd" {
+				return 2, usagef("core %s: --phys is an rd flag", cmd)
+			}
+			return inv.reportErr(asJSON, func(env cli.Env) error { return cli.Core(req, env.Out) })
 		}
-	case "sym", "dis":
-		if err := nargs(1, 1); err != nil {
-			return err
-		}
-		req.Arg = rest[0]
-	default:
-		fs.Usage()
-		return fmt.Errorf("core: unknown command %q", cmd)
-	}
-	if *phys && cmd != "rd" {
-		return fmt.Errorf("core %s: --phys is an rd flag", cmd)
-	}
-	return cli.Core(req, os.Stdout)
+	},
 }

@@ -2,41 +2,38 @@ package main
 
 import (
 	"context"
-	"fmt"
-	"sort"
-	"strings"
 
-	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/app/cli"
-	"github.com/kinst/kinst/cfg"
+	"github.com/spf13/pflag"
 )
 
-func countCmd(ctx context.Context, args []string) (int, error) {
-	fs, addr := newFlags("count", "count POINT… [--duration D] [--interval I] [--json] [-- CMD…]\n\n"+
-		"POINT is FUNC (its entry), FUNC+0xOFF (any instruction boundary), FUNC:BLOCK (a basic\n"+
-		"block, numbered as kinst cfg FUNC prints them) or a classic name ("+classicList()+").\n"+
-		"Instructions of 5 bytes or more take a direct splice (jmp rel32), shorter ones a\n"+
-		"springboard (jmp rel8 to a slot in nearby padding) or, with no slot in reach or for one\n"+
-		"byte, a trap splice (int3). Several requests at one point share one patch.")
-	var o cli.CountOptions
-	fs.DurationVarP(&o.Duration, "duration", "d", 0, "stop after this long (default: until Ctrl-C, or until CMD exits)")
-	fs.DurationVarP(&o.Interval, "interval", "i", 1e9, "print counts this often")
-	fs.BoolVar(&o.JSON, "json", false, "print one JSON report at the end instead of live rows")
-	fs.StringVar(&o.SVG, "plot", "", "write a chart of counts per second over time to this SVG `file`")
-	if err := fs.Parse(args); err != nil {
-		return 2, err
-	}
-	var pos []string
-	pos, o.Command = splitCommand(fs)
-	o.Points = pos
-	return cli.Count(ctx, api.NewClient(*addr), o, stdEnv())
-}
+var countCommand = &command{
+	name:    "count",
+	args:    "POINT… [-- CMD…]",
+	summary: "live call counts at kernel functions or instructions",
+	help: pointHelp + "see kinst --help.\n\n" +
+		`Instructions of 5 bytes or more take a direct splice (jmp rel32), shorter ones a
+springboard (jmp rel8 to a slot in nearby padding), a covering splice (one jmp
+over them and the next instructions of their block) or, with neither, a trap
+splice (int3). Several requests at one point share one patch.
 
-func classicList() string {
-	var s []string
-	for _, n := range cfg.ClassicNames() {
-		s = append(s, fmt.Sprintf("%s→%s", n, cfg.Classic[n].Linux))
-	}
-	sort.Strings(s)
-	return strings.Join(s, ", ")
+Counts print every --interval until --duration ends, CMD exits (kinst then
+exits with its status) or Ctrl-C; then the totals, and the splices are removed.
+Live rows and CMD's output share stdout: -o FILE keeps the report apart.`,
+	daemon: true, report: true,
+	setup: func(fs *pflag.FlagSet) runFunc {
+		var o cli.CountOptions
+		durationFlag(fs, &o.Duration, "stop after this long (default: until Ctrl-C, or until CMD exits)")
+		intervalFlag(fs, &o.Interval, "print counts this often")
+		sessionFlags(fs, &o.Name, &o.TTL)
+		svgFlag(fs, &o.SVG, "a chart of the counts per second over time")
+		jsonCmdFlag(fs, &o.JSON, "one report")
+		return func(ctx context.Context, inv invocation) (int, error) {
+			o.Points, o.Command = inv.args, inv.command
+			if len(o.Points) == 0 {
+				return 2, usagef("name at least one POINT (FUNC, FUNC+0xOFF, FUNC:BLOCK or a classic name such as lookuppn)")
+			}
+			return inv.report(o.JSON, func(env cli.Env) (int, error) { return cli.Count(ctx, inv.client(), o, env) })
+		}
+	},
 }

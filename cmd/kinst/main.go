@@ -1,130 +1,89 @@
-// Command kinst instruments the running kernel through kerninstd, and
-// manages the test VM that embeds a stock Debian kernel.
+// Command kinst instruments the running kernel through kerninstd, reads
+// crash dumps, profiles where threads wait, and manages the test VM that
+// embeds a stock Debian kernel.
+//
+// This package only parses the command line and wires packages together:
+// every command is a row of the table in commands.go (its flags, help
+// and what it runs), from which help, dispatch and shell completions are
+// made; the commands' work is in app/cli.
 package main
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
-	"github.com/kinst/kinst/api"
-	"github.com/kinst/kinst/app/cli"
 	"github.com/spf13/pflag"
 )
 
-const usage = `kinst — dynamic instrumentation of the running kernel (KernInst for x86-64 Linux)
-
-Usage:
-  kinst count POINT… [--duration D] [--interval I] [--json] [-- CMD…]
-                         live call counts at kernel functions or instructions
-  kinst time FUNC… [--pid P|--tid T|--comm C] [--virtual] [--duration D] [--interval I]
-             [--plot FILE.svg] [--name N] [--ttl D] [--json] [-- CMD…]
-                         calls/s, average and total wall time and
-                         concurrency of kernel functions (entry and exits)
-  kinst waiters LOCKSYM|0xADDR [--duration D] [--json] [-- CMD…]
-                         average tasks waiting for one kernel mutex
-  kinst drilldown FUNC [--depth N] -- CMD…
-                         time FUNC and its callees over CMD, follow the
-                         heaviest callee, repeat: where the time goes
-  kinst watch [--interval I]
-                         live view of every active metric, like top
-  kinst ls [--json]      the live sessions (count and time requests)
-  kinst detach NAME|ID   remove a session's instrumentation
-  kinst rd ADDR|SYM[+0xOFF] [LEN] [--json]
-                         hex dump of live kernel memory
-  kinst cfg FUNC [--json | --dot]
-                         basic blocks, edges, disassembly, live flags and
-                         the splice class of every instruction
-  kinst bench splice POINT [--cycles N] [--json]
-                         latency of each step of an instrumentation request,
-                         and of the same request as a tracefs kprobe
-  kinst bench hit [FUNC] [--calls N] [--json]
-                         per-hit cost of direct, springboard and trap splices
-                         against int3, optimized and BPF kprobes
-  kinst bench churn [POINT…] [--function FUNC…] [--cycles N] [--json]
-                         cycles of splice, re-splice and unsplice over many
-                         points (run a workload alongside to stress them)
-  kinst offcpu [-p PID] [--trace] [--duration D] [--folded | --json] [--svg F] [--pprof F]
-                         off-CPU profile of this host: where threads wait, as
-                         folded stacks, flame graphs and pprof (see --help)
-  kinst unwind table BINARY [--pc ADDR] [--json]
-                         DWARF CFI compiled into unwind rows (readelf's
-                         frames-interp notation)
-  kinst unwind stack PID [--tid TID] [--ptrace] [--json]
-                         user stacks of a live process, without frame
-                         pointers where CFI is available
-  kinst core DUMP info|ps|bt PID|TASK|-a|log|rd ADDR [N]|sym ADDR|NAME|dis FUNC [--json]
-                         postmortem analysis of a kernel crash dump
-  kinst vm up|exec|down|status
-                         the test VM: a stock Debian kernel under QEMU with
-                         kerninst.ko and kerninstd running in it
-
-POINT is FUNC (the function's entry: the first instruction after its
-ftrace site that a splice can take), FUNC+0xOFF (an instruction boundary),
-FUNC:BLOCK (a basic block as kinst cfg numbers them), or a classic name
-from the KernInst paper: %s.
-
-Global flags:
-  --addr ADDR   kerninstd's unix socket or host:port (env KINST_ADDR;
-                default /run/kerninstd.sock)
-`
-
 func main() {
-	os.Exit(run(os.Args[1:]))
+	os.Exit(run(os.Args[1:], stdio{os.Stdin, os.Stdout, os.Stderr}))
 }
 
-func run(args []string) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		fmt.Fprintf(os.Stderr, usage, classicList())
+// stdio are the streams kinst runs with.
+type stdio struct {
+	in       io.Reader
+	out, err io.Writer
+}
+
+// run runs the command line args and returns the exit status: the
+// command's, 1 when it fails, 2 for a usage error.
+func run(args []string, s stdio) int {
+	if len(args) == 0 {
+		writeUsage(s.err)
+		return 2
+	}
+	switch args[0] {
+	case "-h", "--help":
+		writeUsage(s.out)
+		return 0
+	case "--version":
+		args = append([]string{"version"}, args[1:]...)
+	}
+	cmd, path, rest := find(args)
+	if cmd == nil {
+		fmt.Fprintf(s.err, "kinst: unknown command %q (see kinst --help)\n", strings.Join(args[:min(len(args), 2)], " "))
+		return 2
+	}
+	if cmd.setup == nil { // a group: bench, unwind, vm
+		if len(rest) > 0 && (rest[0] == "-h" || rest[0] == "--help") {
+			writeGroupUsage(s.out, path, cmd)
+			return 0
+		}
+		writeGroupUsage(s.err, path, cmd)
+		if len(rest) == 0 {
+			return 2
+		}
+		fmt.Fprintf(s.err, "kinst %s: unknown command %q\n", path, rest[0])
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
-	var err error
-	status := 0
-	switch args[0] {
-	case "count":
-		status, err = countCmd(ctx, args[1:])
-	case "time":
-		status, err = timeCmd(ctx, args[1:])
-	case "waiters":
-		status, err = waitersCmd(ctx, args[1:])
-	case "drilldown":
-		err = drilldownCmd(ctx, args[1:])
-	case "ls":
-		err = lsCmd(ctx, args[1:])
-	case "detach":
-		err = detachCmd(ctx, args[1:])
-	case "watch":
-		err = watchCmd(ctx, args[1:])
-	case "rd":
-		err = rdCmd(ctx, args[1:])
-	case "cfg":
-		err = cfgCmd(ctx, args[1:])
-	case "bench":
-		err = benchCmd(ctx, args[1:])
-	case "unwind":
-		err = unwindCmd(args[1:])
-	case "core":
-		err = coreCmd(args[1:])
-	case "vm":
-		status, err = vmCmd(ctx, args[1:])
-	case "offcpu":
-		err = offcpuCmd(ctx, args[1:])
-	case "workload":
-		err = workloadCmd(ctx, args[1:])
-	default:
-		err = fmt.Errorf("unknown command %q (see kinst --help)", args[0])
-		status = 2
-	}
-	if err != nil {
+	g := &globals{}
+	fs, runCmd := cmd.flagSet(path, g, s.err)
+	if err := fs.Parse(rest); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
+			writeHelp(s.out, path, cmd, fs)
+			return 0
+		}
+		fmt.Fprintf(s.err, "kinst %s: %v (see kinst %s --help)\n", path, err, path)
+		return 2
+	}
+	inv := invocation{stdio: s, g: g, cmd: cmd, path: path, fs: fs}
+	inv.args, inv.command = splitCommand(fs)
+	status, err := runCmd(ctx, inv)
+	if err != nil {
+		var ue usageError
+		if errors.As(err, &ue) {
+			fmt.Fprintf(s.err, "kinst %s: %v (see kinst %s --help)\n", path, ue.error, path)
 			return 2
 		}
-		fmt.Fprintf(os.Stderr, "kinst: %v\n", err)
+		fmt.Fprintf(s.err, "kinst: %v\n", err)
 		if status == 0 {
 			status = 1
 		}
@@ -132,26 +91,33 @@ func run(args []string) int {
 	return status
 }
 
-// newFlags returns a flag set with the global flags.
-func newFlags(name, synopsis string) (*pflag.FlagSet, *string) {
-	fs := pflag.NewFlagSet(name, pflag.ContinueOnError)
-	fs.SortFlags = false
-	addr := fs.String("addr", envOr("KINST_ADDR", api.DefaultSocket), "kerninstd `address`: unix socket path or host:port")
-	fs.Usage = func() {
-		fmt.Fprintf(os.Stderr, "Usage: kinst %s\n\n%s", synopsis, fs.FlagUsages())
+// find descends the command table along args: the command, its path
+// ("bench splice") and the arguments left for it.
+func find(args []string) (*command, string, []string) {
+	list := commands
+	var found *command
+	var path []string
+	for len(args) > 0 {
+		var next *command
+		for _, c := range list {
+			if c.name == args[0] {
+				next = c
+			}
+		}
+		if next == nil {
+			break
+		}
+		found, path, args = next, append(path, next.name), args[1:]
+		if next.sub == nil {
+			break
+		}
+		list = next.sub
 	}
-	return fs, addr
+	return found, strings.Join(path, " "), args
 }
 
-func envOr(k, def string) string {
-	if v := os.Getenv(k); v != "" {
-		return v
-	}
-	return def
-}
-
-// splitCommand splits the positional arguments at "--": what comes before,
-// and the command after (nil without "--").
+// splitCommand splits the positional arguments at "--": what comes
+// before, and the command after (nil without "--").
 func splitCommand(fs *pflag.FlagSet) (args, command []string) {
 	pos := fs.Args()
 	if n := fs.ArgsLenAtDash(); n >= 0 {
@@ -160,7 +126,14 @@ func splitCommand(fs *pflag.FlagSet) (args, command []string) {
 	return pos, nil
 }
 
-// stdEnv runs a report on the process's standard streams.
-func stdEnv() cli.Env {
-	return cli.Env{Out: os.Stdout, Err: os.Stderr, CmdIn: os.Stdin, CmdOut: os.Stdout, CmdErr: os.Stderr}
+// usageError is a command line the command cannot run: exit status 2.
+type usageError struct{ error }
+
+func usagef(format string, a ...any) error { return usageError{fmt.Errorf(format, a...)} }
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
 }

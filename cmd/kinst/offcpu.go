@@ -2,17 +2,13 @@ package main
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"os"
 
 	"github.com/kinst/kinst/app/cli"
 	"github.com/kinst/kinst/unwind/offcpu"
 	"github.com/spf13/pflag"
 )
 
-const offcpuHelp = `Off-CPU profiling: where threads wait, and for how long. Runs on this host
-(no kerninstd needed), as root.
+const offcpuHelp = `Runs on this host (no kerninstd needed), as root.
 
 Sampling (default): every 1/F s, every thread that is not running: its
 state, its kernel stack (/proc/PID/task/TID/stack) and, for a thread
@@ -33,59 +29,57 @@ profile for go tool pprof (--pprof), JSON (--json).
 
 Examples:
   kinst offcpu -p 1234 --duration 10s --svg offcpu.svg
-  kinst offcpu --state D --kernel-only --folded --duration 5s > d.folded
-  kinst offcpu --trace --min-block 1ms -p 1234 --duration 10s --pprof off.pb.gz
+  kinst offcpu --state D --kernel-only --folded --duration 5s -o d.folded
+  kinst offcpu --trace --min-block 1ms -p 1234 --duration 10s --pprof off.pb.gz`
 
-`
-
-func offcpuCmd(ctx context.Context, args []string) error {
-	fs := pflag.NewFlagSet("offcpu", pflag.ContinueOnError)
-	fs.SortFlags = false
-	fs.Usage = func() {
-		fmt.Fprintf(os.Stderr, "Usage: kinst offcpu [flags]\n\n%s%s", offcpuHelp, fs.FlagUsages())
-	}
-	var o cli.OffCPUOptions
-	var states, group string
-	fs.BoolVar(&o.Trace, "trace", false, "trace every block with BPF on sched_switch instead of sampling")
-	fs.IntVarP(&o.Frequency, "frequency", "F", 49, "sampling passes per second")
-	fs.DurationVarP(&o.Duration, "duration", "d", 0, "stop after this long (default: until Ctrl-C)")
-	fs.IntVarP(&o.PID, "pid", "p", 0, "only this process")
-	fs.IntVarP(&o.TID, "tid", "t", 0, "only this thread")
-	fs.BoolVarP(&o.UserThreadsOnly, "user-threads-only", "u", false, "leave out kernel threads")
-	fs.BoolVarP(&o.KernelThreadsOnly, "kernel-threads-only", "k", false, "only kernel threads")
-	fs.StringVar(&states, "state", "", "only threads in these states: letters of S (sleeping), D (uninterruptible), T, t, I, and R (preempted; --trace only)")
-	fs.BoolVar(&o.KernelOnly, "kernel-only", false, "kernel stacks only")
-	fs.BoolVar(&o.UserOnly, "user-only", false, "user stacks only")
-	fs.DurationVar(&o.MinBlock, "min-block", 0, "--trace: ignore blocks shorter than this")
-	fs.DurationVar(&o.MaxBlock, "max-block", 0, "--trace: ignore blocks longer than this")
-	fs.Uint32Var(&o.StackStorage, "stack-storage-size", 16384, "--trace: distinct stacks the BPF stack map holds (a full map loses stacks, counted as lost)")
-	fs.StringVar(&group, "group", "thread", "first frame of each stack: thread (name), process (name), pid (name-PID) or tid (name-TID)")
-	fs.BoolVar(&o.Folded, "folded", false, "print folded stacks (flamegraph.pl input): comm;frame;…;frame count")
-	fs.BoolVar(&o.Fold.Delimiter, "delimiter", false, "put a \"-\" frame between user and kernel stacks")
-	fs.BoolVar(&o.Fold.State, "state-frame", false, "put the thread state ([S], [D], …) after the first frame")
-	fs.StringVar(&o.SVG, "svg", "", "write an interactive SVG flame graph to `FILE`")
-	fs.StringVar(&o.Title, "title", "", "title of the flame graph")
-	fs.StringVar(&o.Pprof, "pprof", "", "write a pprof profile (gzipped protobuf) to `FILE`")
-	fs.BoolVar(&o.JSON, "json", false, "print a JSON report of the top stacks")
-	fs.IntVar(&o.Top, "top", 20, "stacks in the text and JSON reports (0: all)")
-	fs.BoolVar(&o.IncludeSelf, "include-self", false, "also profile kinst's own threads")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		fs.Usage()
-		return fmt.Errorf("offcpu: unexpected argument %q", fs.Arg(0))
-	}
-	var err error
-	if o.States, err = offcpu.ParseStates(states); err != nil {
-		return err
-	}
-	if o.Group, err = offcpu.ParseGroup(group); err != nil {
-		return err
-	}
-	if o.KernelOnly && o.UserOnly {
-		return errors.New("offcpu: --kernel-only and --user-only exclude each other")
-	}
-	o.Fold.KernelOnly, o.Fold.UserOnly = o.KernelOnly, o.UserOnly
-	return cli.OffCPU(ctx, o, os.Stdout, os.Stderr)
+var offcpuCommand = &command{
+	name:    "offcpu",
+	summary: "off-CPU profile of this host: where threads wait, and for how long",
+	help:    offcpuHelp,
+	report:  true,
+	setup: func(fs *pflag.FlagSet) runFunc {
+		var o cli.OffCPUOptions
+		var states, group string
+		fs.BoolVar(&o.Trace, "trace", false, "trace every block with BPF on sched_switch instead of sampling")
+		fs.IntVarP(&o.Frequency, "frequency", "F", 49, "sampling passes per second")
+		durationFlag(fs, &o.Duration, "stop after this long (default: until Ctrl-C)")
+		pidFlag(fs, &o.PID, "only this process")
+		tidFlag(fs, &o.TID, "only this thread")
+		fs.BoolVarP(&o.UserThreadsOnly, "user-threads-only", "u", false, "leave out kernel threads")
+		fs.BoolVarP(&o.KernelThreadsOnly, "kernel-threads-only", "k", false, "only kernel threads")
+		fs.StringVar(&states, "state", "", "only threads in these `states`: letters of S (sleeping), D (uninterruptible), T, t, I, and R (preempted; --trace only)")
+		fs.BoolVar(&o.KernelOnly, "kernel-only", false, "kernel stacks only")
+		fs.BoolVar(&o.UserOnly, "user-only", false, "user stacks only")
+		fs.DurationVar(&o.MinBlock, "min-block", 0, "--trace: ignore blocks shorter than this")
+		fs.DurationVar(&o.MaxBlock, "max-block", 0, "--trace: ignore blocks longer than this")
+		fs.Uint32Var(&o.StackStorage, "stack-storage-size", 16384, "--trace: distinct stacks the BPF stack map holds (a full map loses stacks, counted as lost)")
+		fs.StringVar(&group, "group", "thread", "first frame of each stack: thread (name), process (name), pid (name-PID) or tid (name-TID)")
+		valuesOf(fs, "group", "thread", "process", "pid", "tid")
+		fs.BoolVar(&o.Folded, "folded", false, "print folded stacks (flamegraph.pl input): comm;frame;…;frame count")
+		fs.BoolVar(&o.Fold.Delimiter, "delimiter", false, "put a \"-\" frame between user and kernel stacks")
+		fs.BoolVar(&o.Fold.State, "state-frame", false, "put the thread state ([S], [D], …) after the first frame")
+		fs.StringVar(&o.SVG, "svg", "", "write an interactive SVG flame graph to `FILE`")
+		fs.StringVar(&o.Title, "title", "", "title of the flame graph")
+		fs.StringVar(&o.Pprof, "pprof", "", "write a pprof profile (gzipped protobuf) to `FILE`")
+		jsonFlag(fs, &o.JSON, "the top stacks")
+		fs.IntVar(&o.Top, "top", 20, "stacks in the text and JSON reports (0: all)")
+		fs.BoolVar(&o.IncludeSelf, "include-self", false, "also profile kinst's own threads")
+		return func(ctx context.Context, inv invocation) (int, error) {
+			if len(inv.args) > 0 {
+				return 2, usagef("unexpected argument %q", inv.args[0])
+			}
+			var err error
+			if o.States, err = offcpu.ParseStates(states); err != nil {
+				return 2, usageError{err}
+			}
+			if o.Group, err = offcpu.ParseGroup(group); err != nil {
+				return 2, usageError{err}
+			}
+			if o.KernelOnly && o.UserOnly {
+				return 2, usagef("--kernel-only and --user-only exclude each other")
+			}
+			o.Fold.KernelOnly, o.Fold.UserOnly = o.KernelOnly, o.UserOnly
+			return inv.reportErr(o.JSON, func(env cli.Env) error { return cli.OffCPU(ctx, o, env.Out, env.Err) })
+		}
+	},
 }

@@ -2,31 +2,35 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"strconv"
 
-	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/app/cli"
+	"github.com/spf13/pflag"
 )
 
-func rdCmd(ctx context.Context, args []string) error {
-	fs, addr := newFlags("rd", "rd ADDR|SYM[+0xOFF] [LEN] [--json]")
-	asJSON := fs.Bool("json", false, "print JSON")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	pos := fs.Args()
-	if len(pos) < 1 || len(pos) > 2 {
-		fs.Usage()
-		return fmt.Errorf("rd: want ADDR|SYM[+0xOFF] [LEN]")
-	}
-	n := 64
-	if len(pos) == 2 {
-		v, err := strconv.ParseUint(pos[1], 0, 32)
-		if err != nil {
-			return fmt.Errorf("rd: bad length %q", pos[1])
+var rdCommand = &command{
+	name:    "rd",
+	args:    "ADDR|SYM[+0xOFF] [LEN]",
+	summary: "hex dump of live kernel memory (LEN bytes, default 64), like crash's rd",
+	help: `kinst's own splices show as they are in memory: analysis reads the original
+bytes under them, rd the live ones.`,
+	daemon: true, report: true,
+	setup: func(fs *pflag.FlagSet) runFunc {
+		var asJSON bool
+		jsonFlag(fs, &asJSON, "the bytes")
+		return func(ctx context.Context, inv invocation) (int, error) {
+			if len(inv.args) < 1 || len(inv.args) > 2 {
+				return 2, usagef("want ADDR|SYM[+0xOFF] [LEN]")
+			}
+			n := 64
+			if len(inv.args) == 2 {
+				v, err := strconv.ParseUint(inv.args[1], 0, 32)
+				if err != nil {
+					return 2, usagef("bad length %q", inv.args[1])
+				}
+				n = int(v)
+			}
+			return inv.reportErr(asJSON, func(env cli.Env) error { return cli.Read(ctx, inv.client(), inv.args[0], n, asJSON, env) })
 		}
-		n = int(v)
-	}
-	return cli.Read(ctx, api.NewClient(*addr), pos[0], n, *asJSON, stdEnv())
+	},
 }

@@ -2,52 +2,64 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"os/signal"
 
-	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/app/cli"
+	"github.com/spf13/pflag"
 )
 
-func lsCmd(ctx context.Context, args []string) error {
-	fs, addr := newFlags("ls", "ls [--json]")
-	asJSON := fs.Bool("json", false, "print the sessions as JSON")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() != 0 {
-		return fmt.Errorf("ls takes no arguments")
-	}
-	return cli.Ls(ctx, api.NewClient(*addr), *asJSON, stdEnv())
+var lsCommand = &command{
+	name:    "ls",
+	summary: "the live sessions: their instrumentation and totals",
+	daemon:  true, report: true,
+	setup: func(fs *pflag.FlagSet) runFunc {
+		var asJSON bool
+		jsonFlag(fs, &asJSON, "the sessions")
+		return func(ctx context.Context, inv invocation) (int, error) {
+			if len(inv.args) != 0 {
+				return 2, usagef("ls takes no arguments")
+			}
+			return inv.reportErr(asJSON, func(env cli.Env) error { return cli.Ls(ctx, inv.client(), asJSON, env) })
+		}
+	},
 }
 
-func detachCmd(ctx context.Context, args []string) error {
-	fs, addr := newFlags("detach", "detach NAME|ID [--json]")
-	asJSON := fs.Bool("json", false, "print the final totals as JSON")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() != 1 {
-		return fmt.Errorf("detach: name one session (see kinst ls)")
-	}
-	return cli.Detach(ctx, api.NewClient(*addr), fs.Arg(0), *asJSON, stdEnv())
+var detachCommand = &command{
+	name:    "detach",
+	args:    "NAME|ID",
+	summary: "remove a session's instrumentation and print its final totals",
+	daemon:  true, report: true,
+	setup: func(fs *pflag.FlagSet) runFunc {
+		var asJSON bool
+		jsonFlag(fs, &asJSON, "the final totals")
+		return func(ctx context.Context, inv invocation) (int, error) {
+			if len(inv.args) != 1 {
+				return 2, usagef("name one session (see kinst ls)")
+			}
+			return inv.reportErr(asJSON, func(env cli.Env) error { return cli.Detach(ctx, inv.client(), inv.args[0], asJSON, env) })
+		}
+	},
 }
 
-func watchCmd(ctx context.Context, args []string) error {
-	fs, addr := newFlags("watch", "watch [--interval I] [--iterations N] [--json]")
-	var o cli.WatchOptions
-	fs.DurationVarP(&o.Interval, "interval", "i", 1e9, "refresh this often")
-	fs.IntVarP(&o.Iterations, "iterations", "n", 0, "exit after this many refreshes (default: until Ctrl-C)")
-	fs.IntVar(&o.History, "history", 30, "sparkline length, in refreshes")
-	fs.BoolVar(&o.JSON, "json", false, "print the rows once as JSON after the last refresh (needs --iterations)")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if o.JSON && o.Iterations == 0 {
-		return fmt.Errorf("watch --json needs --iterations N")
-	}
-	ctx, stop := signal.NotifyContext(ctx, os.Interrupt)
-	defer stop()
-	return cli.Watch(ctx, api.NewClient(*addr), o, stdEnv())
+var watchCommand = &command{
+	name:    "watch",
+	summary: "every active metric of every session, refreshed like top",
+	help:    `Rows are sorted by rate, each with a sparkline of its recent rates.`,
+	daemon:  true, report: true,
+	setup: func(fs *pflag.FlagSet) runFunc {
+		var o cli.WatchOptions
+		intervalFlag(fs, &o.Interval, "refresh this often")
+		fs.IntVarP(&o.Iterations, "iterations", "n", 0, "exit after this many refreshes (default: until Ctrl-C)")
+		fs.IntVar(&o.History, "history", 30, "sparkline length, in refreshes")
+		jsonFlag(fs, &o.JSON, "the rows once, after the last refresh (needs --iterations),")
+		return func(ctx context.Context, inv invocation) (int, error) {
+			if o.JSON && o.Iterations == 0 {
+				return 2, usagef("--json needs --iterations N")
+			}
+			ctx, stop := signal.NotifyContext(ctx, os.Interrupt)
+			defer stop()
+			return inv.reportErr(o.JSON, func(env cli.Env) error { return cli.Watch(ctx, inv.client(), o, env) })
+		}
+	},
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -12,134 +11,173 @@ import (
 	"time"
 
 	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/app/cli"
 	"github.com/kinst/kinst/app/vm"
 	"github.com/spf13/pflag"
 )
 
-const vmUsage = `vm up     [--cache DIR] [--smp N] [--memory MB] [--accel auto|tcg|tcg-single|kvm] [--kerninstd PATH]
-  vm exec   -- CMD [ARGS…]     run CMD in the guest; exit with its status
-  vm status [--json]
-  vm dump   FILE [--format elf|kdump-zlib|kdump-lzo|kdump-snappy]
-                               write a crash dump of the guest (for kinst core)
-  vm down
+var vmCommand = &command{
+	name:    "vm",
+	summary: "the test VM: a stock Debian kernel under QEMU with kerninst.ko and kerninstd",
+	help: `KINST_VM_STATE=DIR keeps a VM's state in DIR instead of CACHE/vm, so
+several VMs can run beside each other on one cache.`,
+	sub: []*command{vmUpCommand, vmExecCommand, vmStatusCommand, vmDumpCommand, vmDownCommand, vmAgentCommand},
+}
 
-KINST_VM_STATE=DIR keeps a VM's state in DIR instead of CACHE/vm, so
-several VMs can run beside each other on one cache.`
+// cacheFlag is --cache, which every vm command takes.
+func cacheFlag(fs *pflag.FlagSet) *string {
+	return fs.String("cache", defaultCache(), "cache `dir` for the kernel, module and initramfs (env KINST_CACHE)")
+}
 
-func vmCmd(ctx context.Context, args []string) (int, error) {
-	if len(args) == 0 {
-		return 2, fmt.Errorf("usage: kinst %s", vmUsage)
-	}
-	fs := pflag.NewFlagSet("vm "+args[0], pflag.ContinueOnError)
-	fs.SortFlags = false
-	fs.Usage = func() { fmt.Fprintf(os.Stderr, "Usage: kinst %s\n\n%s", vmUsage, fs.FlagUsages()) }
-	cache := fs.String("cache", defaultCache(), "cache `dir` for the kernel, module and initramfs (env KINST_CACHE)")
-	switch args[0] {
-	case "up":
-		c := vm.Config{Progress: os.Stderr}
+var vmUpCommand = &command{
+	name:    "up",
+	summary: "boot the test VM and print how to reach it",
+	setup: func(fs *pflag.FlagSet) runFunc {
+		cache := cacheFlag(fs)
+		var c vm.Config
 		fs.IntVar(&c.SMP, "smp", 2, "virtual CPUs")
 		fs.IntVar(&c.MemoryMB, "memory", 1024, "guest memory in MiB")
 		fs.StringVar(&c.Accel, "accel", "auto", "auto (KVM only if a probe boots), tcg (multi-threaded), tcg-single (one host thread: slower, but safe for the kernel's own text pokes such as tracefs kprobes) or kvm")
-		kd := fs.String("kerninstd", "", "static kerninstd binary for the guest (default: next to kinst)")
-		if err := fs.Parse(args[1:]); err != nil {
-			return 2, err
+		valuesOf(fs, "accel", "auto", "tcg", "tcg-single", "kvm")
+		kd := fs.String("kerninstd", "", "static kerninstd binary for the guest (default: next to kinst) at `path`")
+		return func(ctx context.Context, inv invocation) (int, error) {
+			self, err := os.Executable()
+			if err != nil {
+				return 1, err
+			}
+			c.Progress = inv.err
+			c.CacheDir, c.StateDir, c.KinstBin, c.KerninstdBin = *cache, stateDir(*cache), self, *kd
+			if c.KerninstdBin == "" {
+				c.KerninstdBin = filepath.Join(filepath.Dir(self), "kerninstd")
+			}
+			c.Ready = waitKerninstd
+			start := time.Now()
+			in, err := vm.Up(ctx, c)
+			if err != nil {
+				return 1, err
+			}
+			w := inv.out
+			fmt.Fprintf(w, "VM up in %.1fs (%s, kernel %s)\n", time.Since(start).Seconds(), in.Accel(), in.KernelRelease())
+			fmt.Fprintf(w, "  run in the guest:   kinst vm exec -- kinst count lookuppn\n")
+			fmt.Fprintf(w, "  kerninstd from here: KINST_ADDR=%s kinst count lookuppn\n", in.KerninstdAddr())
+			fmt.Fprintf(w, "  serial log:         %s\n  QMP:                %s\n  stop it:            kinst vm down\n", in.SerialLog(), in.QMPSocket())
+			return 0, nil
 		}
-		self, err := os.Executable()
-		if err != nil {
-			return 1, err
+	},
+}
+
+var vmExecCommand = &command{
+	name:    "exec",
+	args:    "-- CMD [ARGS…]",
+	summary: "run CMD in the guest; exit with its status",
+	setup: func(fs *pflag.FlagSet) runFunc {
+		cache := cacheFlag(fs)
+		return func(ctx context.Context, inv invocation) (int, error) {
+			argv := append(inv.args, inv.command...)
+			if len(argv) == 0 {
+				return 2, usagef("want -- CMD [ARGS…]")
+			}
+			in, err := vm.Attach(stateDir(*cache))
+			if err != nil {
+				return 1, err
+			}
+			ctx, stop := signal.NotifyContext(ctx, os.Interrupt)
+			defer stop()
+			status, err := in.Exec(ctx, argv, inv.out, inv.err)
+			if ctx.Err() != nil {
+				return 130, nil // interrupted; the guest command got SIGINT
+			}
+			return status, err
 		}
-		c.CacheDir, c.StateDir, c.KinstBin, c.KerninstdBin = *cache, stateDir(*cache), self, *kd
-		if c.KerninstdBin == "" {
-			c.KerninstdBin = filepath.Join(filepath.Dir(self), "kerninstd")
+	},
+}
+
+var vmStatusCommand = &command{
+	name:    "status",
+	summary: "the running VM: kernel, accelerator, kerninstd and agent addresses, logs",
+	report:  true,
+	setup: func(fs *pflag.FlagSet) runFunc {
+		cache := cacheFlag(fs)
+		var asJSON bool
+		jsonFlag(fs, &asJSON, "the status")
+		return func(ctx context.Context, inv invocation) (int, error) {
+			in, err := vm.Attach(stateDir(*cache))
+			if err != nil {
+				return 1, err
+			}
+			st := api.VMStatus{KernelRelease: in.KernelRelease(), Accel: in.Accel(), Kerninstd: in.KerninstdAddr(),
+				Agent: in.AgentAddr(), SerialLog: in.SerialLog(), QMP: in.QMPSocket()}
+			return inv.report(asJSON, func(env cli.Env) (int, error) {
+				if asJSON {
+					return 0, json.NewEncoder(env.Out).Encode(st)
+				}
+				for _, kv := range [][2]string{{"kernel_release", st.KernelRelease}, {"accel", st.Accel}, {"kerninstd", st.Kerninstd},
+					{"agent", st.Agent}, {"serial_log", st.SerialLog}, {"qmp", st.QMP}} {
+					fmt.Fprintf(env.Out, "%-15s %v\n", kv[0], kv[1])
+				}
+				return 0, nil
+			})
 		}
-		c.Ready = waitKerninstd
-		start := time.Now()
-		in, err := vm.Up(ctx, c)
-		if err != nil {
-			return 1, err
-		}
-		fmt.Printf("VM up in %.1fs (%s, kernel %s)\n", time.Since(start).Seconds(), in.Accel(), in.KernelRelease())
-		fmt.Printf("  run in the guest:   kinst vm exec -- kinst count lookuppn\n")
-		fmt.Printf("  kerninstd from here: KINST_ADDR=%s kinst count lookuppn\n", in.KerninstdAddr())
-		fmt.Printf("  serial log:         %s\n  QMP:                %s\n  stop it:            kinst vm down\n", in.SerialLog(), in.QMPSocket())
-		return 0, nil
-	case "exec":
-		if err := fs.Parse(args[1:]); err != nil {
-			return 2, err
-		}
-		argv := fs.Args()
-		if len(argv) == 0 {
-			return 2, errors.New("vm exec: want -- CMD [ARGS…]")
-		}
-		in, err := vm.Attach(stateDir(*cache))
-		if err != nil {
-			return 1, err
-		}
-		ctx, stop := signal.NotifyContext(ctx, os.Interrupt)
-		defer stop()
-		status, err := in.Exec(ctx, argv, os.Stdout, os.Stderr)
-		if ctx.Err() != nil {
-			return 130, nil // interrupted; the guest command got SIGINT
-		}
-		return status, err
-	case "status":
-		asJSON := fs.Bool("json", false, "print JSON")
-		if err := fs.Parse(args[1:]); err != nil {
-			return 2, err
-		}
-		in, err := vm.Attach(stateDir(*cache))
-		if err != nil {
-			return 1, err
-		}
-		st := api.VMStatus{KernelRelease: in.KernelRelease(), Accel: in.Accel(), Kerninstd: in.KerninstdAddr(),
-			Agent: in.AgentAddr(), SerialLog: in.SerialLog(), QMP: in.QMPSocket()}
-		if *asJSON {
-			return 0, json.NewEncoder(os.Stdout).Encode(st)
-		}
-		for _, kv := range [][2]string{{"kernel_release", st.KernelRelease}, {"accel", st.Accel}, {"kerninstd", st.Kerninstd},
-			{"agent", st.Agent}, {"serial_log", st.SerialLog}, {"qmp", st.QMP}} {
-			fmt.Printf("%-15s %v\n", kv[0], kv[1])
-		}
-		return 0, nil
-	case "dump":
+	},
+}
+
+var vmDumpCommand = &command{
+	name:    "dump",
+	args:    "FILE",
+	summary: "write a crash dump of the guest (for kinst core)",
+	files:   true,
+	setup: func(fs *pflag.FlagSet) runFunc {
+		cache := cacheFlag(fs)
 		format := fs.String("format", "elf", "dump `format`: elf, kdump-zlib, kdump-lzo or kdump-snappy")
-		if err := fs.Parse(args[1:]); err != nil {
-			return 2, err
+		valuesOf(fs, "format", "elf", "kdump-zlib", "kdump-lzo", "kdump-snappy")
+		return func(ctx context.Context, inv invocation) (int, error) {
+			if len(inv.args) != 1 {
+				return 2, usagef("want FILE")
+			}
+			in, err := vm.Attach(stateDir(*cache))
+			if err != nil {
+				return 1, err
+			}
+			start := time.Now()
+			if err := in.Dump(inv.args[0], *format); err != nil {
+				return 1, err
+			}
+			fmt.Fprintf(inv.err, "vm dump: %s (%s) in %.1fs; read it with kinst core %s info\n", inv.args[0], *format, time.Since(start).Seconds(), inv.args[0])
+			return 0, nil
 		}
-		if fs.NArg() != 1 {
-			return 2, fmt.Errorf("vm dump: want FILE")
+	},
+}
+
+var vmDownCommand = &command{
+	name:    "down",
+	summary: "stop the test VM",
+	setup: func(fs *pflag.FlagSet) runFunc {
+		cache := cacheFlag(fs)
+		return func(ctx context.Context, inv invocation) (int, error) {
+			in, err := vm.Attach(stateDir(*cache))
+			if err != nil {
+				return 1, err
+			}
+			return 0, in.Down(ctx)
 		}
-		in, err := vm.Attach(stateDir(*cache))
-		if err != nil {
-			return 1, err
-		}
-		start := time.Now()
-		if err := in.Dump(fs.Arg(0), *format); err != nil {
-			return 1, err
-		}
-		fmt.Fprintf(os.Stderr, "vm dump: %s (%s) in %.1fs; read it with kinst core %s info\n", fs.Arg(0), *format, time.Since(start).Seconds(), fs.Arg(0))
-		return 0, nil
-	case "down":
-		if err := fs.Parse(args[1:]); err != nil {
-			return 2, err
-		}
-		in, err := vm.Attach(stateDir(*cache))
-		if err != nil {
-			return 1, err
-		}
-		return 0, in.Down(ctx)
-	case "agent":
+	},
+}
+
+// vmAgentCommand runs in the guest: the other end of kinst vm exec.
+var vmAgentCommand = &command{
+	name:    "agent",
+	summary: "the guest side of kinst vm exec",
+	hidden:  true,
+	setup: func(fs *pflag.FlagSet) runFunc {
 		listen := fs.String("listen", ":7071", "listen `address` (guest side of vm exec)")
-		if err := fs.Parse(args[1:]); err != nil {
-			return 2, err
+		return func(ctx context.Context, inv invocation) (int, error) {
+			ln, err := net.Listen("tcp", *listen)
+			if err != nil {
+				return 1, err
+			}
+			return 0, vm.ServeAgent(ctx, ln)
 		}
-		ln, err := net.Listen("tcp", *listen)
-		if err != nil {
-			return 1, err
-		}
-		return 0, vm.ServeAgent(ctx, ln)
-	}
-	return 2, fmt.Errorf("usage: kinst %s", vmUsage)
+	},
 }
 
 // waitKerninstd is vm.Up's readiness check: the guest's kerninstd answers.

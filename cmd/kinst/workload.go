@@ -12,31 +12,41 @@ import (
 	"github.com/spf13/pflag"
 )
 
-// workloadCmd is a hidden helper for tests and the demo: kernel activity of
-// a known shape.
-func workloadCmd(ctx context.Context, args []string) error {
-	if len(args) == 0 {
-		return fmt.Errorf("workload: want stat N PATH | files DIR ROUNDS | syscalls DURATION | creat DIR N | spin DURATION")
+// workloadCommand is a hidden helper for tests and the demo: kernel
+// activity of a known shape.
+var workloadCommand = &command{
+	name:    "workload",
+	args:    "stat N PATH | files DIR ROUNDS | syscalls DURATION | creat DIR N | spin DURATION",
+	summary: "kernel activity of a known shape, for tests and the demo",
+	hidden:  true,
+	words:   []string{"stat", "files", "syscalls", "creat", "spin"},
+	setup: func(fs *pflag.FlagSet) runFunc {
+		return func(ctx context.Context, inv invocation) (int, error) {
+			return 0, runWorkload(ctx, inv)
+		}
+	},
+}
+
+func runWorkload(ctx context.Context, inv invocation) error {
+	a := inv.args
+	if len(a) == 0 {
+		return usagef("want %s", inv.cmd.args)
 	}
-	fs := pflag.NewFlagSet("workload", pflag.ContinueOnError)
-	if err := fs.Parse(args[1:]); err != nil {
-		return err
-	}
-	a := fs.Args()
+	kind, a := a[0], a[1:]
 	switch {
-	case args[0] == "stat" && len(a) == 2:
+	case kind == "stat" && len(a) == 2:
 		n, err := strconv.Atoi(a[0])
 		if err != nil {
 			return err
 		}
 		return workload.Stat(a[1], n)
-	case args[0] == "files" && len(a) == 2:
+	case kind == "files" && len(a) == 2:
 		n, err := strconv.Atoi(a[1])
 		if err != nil {
 			return err
 		}
 		return workload.Files(a[0], n)
-	case args[0] == "syscalls" && len(a) == 1:
+	case kind == "syscalls" && len(a) == 1:
 		d, err := time.ParseDuration(a[0])
 		if err != nil {
 			return err
@@ -47,21 +57,21 @@ func workloadCmd(ctx context.Context, args []string) error {
 		ctx, stop := signal.NotifyContext(ctx, os.Interrupt)
 		defer stop()
 		n := workload.Syscalls(ctx, "/")
-		fmt.Fprintf(os.Stderr, "workload: %d stat calls\n", n)
+		fmt.Fprintf(inv.err, "workload: %d stat calls\n", n)
 		return nil
-	case args[0] == "creat" && len(a) == 2:
+	case kind == "creat" && len(a) == 2:
 		n, err := strconv.Atoi(a[1])
 		if err != nil {
 			return err
 		}
 		return workload.Creat(a[0], n)
-	case args[0] == "spin" && len(a) == 1:
+	case kind == "spin" && len(a) == 1:
 		d, err := time.ParseDuration(a[0])
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(os.Stderr, "workload: %d getppid calls\n", workload.Spin(d))
+		fmt.Fprintf(inv.err, "workload: %d getppid calls\n", workload.Spin(d))
 		return nil
 	}
-	return fmt.Errorf("workload: want stat N PATH | files DIR ROUNDS | syscalls DURATION | creat DIR N | spin DURATION")
+	return usagef("want %s", inv.cmd.args)
 }

@@ -234,12 +234,12 @@ func TestMetricsEndpointAndSessions(t *testing.T) {
 	_ = hex.EncodeToString
 }
 
-// kinst time --plot writes an SVG with both panels; it parses as XML and
+// kinst time --svg writes an SVG with both panels; it parses as XML and
 // rasterises with rsvg-convert on the host (skipped if not installed).
 func TestPlotRenders(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	guest.Sh(t, ctx, "kinst time do_sys_openat2 vfs_read --interval 200ms --plot /tmp/plot.svg -- kinst workload files /tmp 300 >/dev/null")
+	guest.Sh(t, ctx, "kinst time do_sys_openat2 vfs_read --interval 200ms --svg /tmp/plot.svg -- kinst workload files /tmp 300 >/dev/null")
 	svg := guest.Sh(t, ctx, "cat /tmp/plot.svg")
 	var doc struct {
 		XMLName xml.Name `xml:"svg"`

@@ -1,0 +1,227 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/app/cli"
+	"github.com/kinst/kinst/cfg"
+	"github.com/spf13/pflag"
+)
+
+// command is one row of kinst's command table.
+type command struct {
+	name    string
+	args    string // the positional arguments, for the synopsis
+	summary string // one line, for kinst --help and completions
+	help    string // what kinst NAME --help explains beyond the flags
+	hidden  bool
+	// daemon commands talk to kerninstd (--addr); report commands print
+	// a report (-o/--output).
+	daemon, report bool
+	sub            []*command // a group's commands (bench, unwind, vm)
+	// For completion: positional arguments are files, or these words.
+	files bool
+	words []string
+	// setup defines the command's own flags and returns what runs once
+	// they are parsed.
+	setup func(fs *pflag.FlagSet) runFunc
+}
+
+type runFunc func(ctx context.Context, inv invocation) (int, error)
+
+// globals are the flags the table adds to commands: --addr, -o.
+type globals struct {
+	addr, output string
+}
+
+// invocation is a parsed command line.
+type invocation struct {
+	stdio
+	g       *globals
+	cmd     *command
+	path    string
+	fs      *pflag.FlagSet
+	args    []string // positional, before --
+	command []string // after --: the command to run, if any
+}
+
+// client is kerninstd's client at --addr.
+func (inv invocation) client() *api.Client { return api.NewClient(inv.g.addr) }
+
+// env routes the report: to -o's file, else stdout; with a JSON report
+// on stdout, -- CMD's stdout goes to stderr. Call done when the report is
+// written.
+func (inv invocation) env(asJSON bool) (env cli.Env, done func() error, err error) {
+	return cli.NewEnv(cli.Streams{Stdin: inv.in, Stdout: inv.out, Stderr: inv.err, Output: inv.g.output, JSON: asJSON})
+}
+
+// report runs f with the report's environment and closes -o's file.
+func (inv invocation) report(asJSON bool, f func(env cli.Env) (int, error)) (int, error) {
+	env, done, err := inv.env(asJSON)
+	if err != nil {
+		return 1, err
+	}
+	status, err := f(env)
+	if cerr := done(); err == nil && cerr != nil {
+		return max(status, 1), cerr
+	}
+	return status, err
+}
+
+// reportErr is report for commands without an exit status of their own.
+func (inv invocation) reportErr(asJSON bool, f func(env cli.Env) error) (int, error) {
+	return inv.report(asJSON, func(env cli.Env) (int, error) { return 0, f(env) })
+}
+
+// flagSet builds the command's flags, with the ones the table adds.
+func (c *command) flagSet(path string, g *globals, stderr io.Writer) (*pflag.FlagSet, runFunc) {
+	fs := pflag.NewFlagSet("kinst "+path, pflag.ContinueOnError)
+	fs.SortFlags = false
+	fs.SetOutput(stderr)
+	fs.Usage = func() {} // run prints the help, or a hint after an error
+	var run runFunc
+	if c.setup != nil {
+		run = c.setup(fs)
+	}
+	if c.report {
+		fs.StringVarP(&g.output, "output", "o", "", "write the report to `FILE` instead of stdout (-- CMD's output stays on the terminal)")
+	}
+	if c.daemon {
+		fs.StringVar(&g.addr, "addr", envOr("KINST_ADDR", api.DefaultSocket), "kerninstd's `address`: a unix socket path or host:port (env KINST_ADDR)")
+	}
+	return fs, run
+}
+
+// The flags several commands take, spelled and explained the same way
+// everywhere.
+
+func jsonFlag(fs *pflag.FlagSet, p *bool, what string) {
+	fs.BoolVar(p, "json", false, "print "+what+" as JSON (shapes in README.md; types in package api)")
+}
+
+// jsonCmdFlag is --json for commands that run -- CMD.
+func jsonCmdFlag(fs *pflag.FlagSet, p *bool, what string) {
+	fs.BoolVar(p, "json", false, "print "+what+" as JSON at the end; on stdout, -- CMD's stdout goes to stderr so that it cannot corrupt the JSON")
+}
+
+func durationFlag(fs *pflag.FlagSet, p *time.Duration, what string) {
+	fs.DurationVarP(p, "duration", "d", 0, what)
+}
+
+func intervalFlag(fs *pflag.FlagSet, p *time.Duration, what string) {
+	fs.DurationVarP(p, "interval", "i", time.Second, what)
+}
+
+func pidFlag(fs *pflag.FlagSet, p *int, what string) { fs.IntVarP(p, "pid", "p", 0, what) }
+func tidFlag(fs *pflag.FlagSet, p *int, what string) { fs.IntVarP(p, "tid", "t", 0, what) }
+
+// sessionFlags are --name and --ttl of the commands that install
+// instrumentation in a session.
+func sessionFlags(fs *pflag.FlagSet, name *string, ttl *time.Duration) {
+	fs.StringVar(name, "name", "", "session `name` (see kinst ls, kinst detach; default: its ID)")
+	fs.DurationVar(ttl, "ttl", 0, "remove the instrumentation after this long even if kinst is gone")
+}
+
+// svgFlag is --svg FILE; --plot, its old spelling, still works.
+func svgFlag(fs *pflag.FlagSet, p *string, what string) {
+	fs.StringVar(p, "svg", "", "write "+what+" to this SVG `FILE`")
+	fs.StringVar(p, "plot", "", "old spelling of --svg")
+	fs.MarkDeprecated("plot", "use --svg")
+}
+
+// valuesOf annotates a flag with the values it takes, for completion.
+func valuesOf(fs *pflag.FlagSet, name string, values ...string) {
+	fs.SetAnnotation(name, cli.CompleteValues, values)
+}
+
+// commands is kinst's command table, in the order kinst --help lists it.
+var commands []*command
+
+func init() {
+	commands = []*command{
+		countCommand, timeCommand, waitersCommand, drilldownCommand, watchCommand, lsCommand, detachCommand,
+		rdCommand, cfgCommand, benchCommand, offcpuCommand, unwindCommand, coreCommand, vmCommand,
+		versionCommand, completionCommand, workloadCommand, helpCommand,
+	}
+}
+
+const pointHelp = `POINT is FUNC (the function's entry: the first instruction after its
+ftrace site that a splice can take), FUNC+0xOFF (an instruction boundary),
+FUNC:BLOCK (a basic block as kinst cfg numbers them), or a classic name
+from the KernInst paper: `
+
+func classicList() string {
+	var s []string
+	for _, n := range cfg.ClassicNames() {
+		s = append(s, fmt.Sprintf("%s→%s", n, cfg.Classic[n].Linux))
+	}
+	sort.Strings(s)
+	return strings.Join(s, ", ")
+}
+
+// writeUsage is kinst --help: every command with its synopsis.
+func writeUsage(w io.Writer) {
+	fmt.Fprint(w, "kinst — dynamic instrumentation of the running kernel (KernInst for x86-64 Linux)\n\nUsage:\n")
+	var list func(prefix string, cs []*command)
+	list = func(prefix string, cs []*command) {
+		for _, c := range cs {
+			if c.hidden {
+				continue
+			}
+			if c.sub != nil && c.setup == nil {
+				list(prefix+c.name+" ", c.sub)
+				continue
+			}
+			fmt.Fprintf(w, "  %s\n      %s\n", strings.TrimSpace("kinst "+prefix+c.name+" "+c.args), c.summary)
+		}
+	}
+	list("", commands)
+	fmt.Fprintf(w, "\n%s%s.\n", pointHelp, classicList())
+	fmt.Fprint(w, `
+Reports go to stdout, or to a file with -o FILE; progress and diagnostics
+go to stderr. A report that runs -- CMD reports for CMD's lifetime and
+exits with its status; with --json on stdout, CMD's stdout goes to stderr.
+
+  kinst COMMAND --help   a command's flags and what it does
+  kinst --version        this build, the driver ABI, and kerninstd's
+  kinst completion bash|zsh|fish
+                         shell completions (source <(kinst completion bash))
+  --addr ADDR            kerninstd's unix socket or host:port, for the
+                         commands that talk to it (env KINST_ADDR;
+                         default /run/kerninstd.sock)
+`)
+}
+
+// writeGroupUsage lists a group's commands (kinst bench, kinst vm).
+func writeGroupUsage(w io.Writer, path string, c *command) {
+	fmt.Fprintf(w, "Usage:\n")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	for _, s := range c.sub {
+		if !s.hidden {
+			fmt.Fprintf(tw, "  %s\t%s\n", strings.TrimSpace("kinst "+path+" "+s.name+" "+s.args), s.summary)
+		}
+	}
+	tw.Flush()
+	if c.help != "" {
+		fmt.Fprintf(w, "\n%s\n", strings.TrimSpace(c.help))
+	}
+	fmt.Fprintf(w, "\nkinst %s COMMAND --help shows a command's flags.\n", path)
+}
+
+// writeHelp is kinst NAME --help.
+func writeHelp(w io.Writer, path string, c *command, fs *pflag.FlagSet) {
+	fmt.Fprintf(w, "Usage: %s\n\n%s\n", strings.TrimSpace("kinst "+path+" "+c.args), c.summary)
+	if c.help != "" {
+		fmt.Fprintf(w, "\n%s\n", strings.TrimSpace(c.help))
+	}
+	if fs.HasAvailableFlags() {
+		fmt.Fprintf(w, "\nFlags:\n%s", fs.FlagUsages())
+	}
+}
