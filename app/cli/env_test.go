@@ -93,3 +93,21 @@ func TestVersionText(t *testing.T) {
 		}
 	}
 }
+
+func TestVMStatusReport(t *testing.T) {
+	st := api.VMStatus{KernelRelease: "6.1.0-26-amd64", Accel: "tcg", Kerninstd: "127.0.0.1:7070", Agent: "127.0.0.1:7071",
+		SerialLog: "/c/vm/serial.log", QMP: "/c/vm/qmp.sock"}
+	var text, js bytes.Buffer
+	if err := writeVMStatus(&text, st, false); err != nil {
+		t.Fatal(err)
+	}
+	want := "kernel_release  6.1.0-26-amd64\naccel           tcg\nkerninstd       127.0.0.1:7070\nagent           127.0.0.1:7071\nserial_log      /c/vm/serial.log\nqmp             /c/vm/qmp.sock\n"
+	if text.String() != want {
+		t.Errorf("text:\n%s\nwant\n%s", text.String(), want)
+	}
+	writeVMStatus(&js, st, true)
+	// The keys in the order the map it replaced printed them.
+	if want := `{"accel":"tcg","agent":"127.0.0.1:7071","kernel_release":"6.1.0-26-amd64","kerninstd":"127.0.0.1:7070","qmp":"/c/vm/qmp.sock","serial_log":"/c/vm/serial.log"}` + "\n"; js.String() != want {
+		t.Errorf("json: %s", js.String())
+	}
+}

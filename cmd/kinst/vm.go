@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 	"net"
 	"os"
 	"os/signal"
@@ -39,7 +37,7 @@ var vmUpCommand = &command{
 		fs.IntVar(&c.MemoryMB, "memory", 1024, "guest memory in MiB")
 		fs.StringVar(&c.Accel, "accel", "auto", "auto (KVM only if a probe boots), tcg (multi-threaded), tcg-single (one host thread: slower, but safe for the kernel's own text pokes such as tracefs kprobes) or kvm")
 		valuesOf(fs, "accel", "auto", "tcg", "tcg-single", "kvm")
-		kd := fs.String("kerninstd", "", "static kerninstd binary for the guest (default: next to kinst) at `path`")
+		kd := fs.String("kerninstd", "", "the static kerninstd binary at `path` for the guest (default: next to kinst)")
 		return func(ctx context.Context, inv invocation) (int, error) {
 			self, err := os.Executable()
 			if err != nil {
@@ -51,17 +49,7 @@ var vmUpCommand = &command{
 				c.KerninstdBin = filepath.Join(filepath.Dir(self), "kerninstd")
 			}
 			c.Ready = waitKerninstd
-			start := time.Now()
-			in, err := vm.Up(ctx, c)
-			if err != nil {
-				return 1, err
-			}
-			w := inv.out
-			fmt.Fprintf(w, "VM up in %.1fs (%s, kernel %s)\n", time.Since(start).Seconds(), in.Accel(), in.KernelRelease())
-			fmt.Fprintf(w, "  run in the guest:   kinst vm exec -- kinst count lookuppn\n")
-			fmt.Fprintf(w, "  kerninstd from here: KINST_ADDR=%s kinst count lookuppn\n", in.KerninstdAddr())
-			fmt.Fprintf(w, "  serial log:         %s\n  QMP:                %s\n  stop it:            kinst vm down\n", in.SerialLog(), in.QMPSocket())
-			return 0, nil
+			return 0, cli.VMUp(ctx, c, inv.out)
 		}
 	},
 }
@@ -105,18 +93,7 @@ var vmStatusCommand = &command{
 			if err != nil {
 				return 1, err
 			}
-			st := api.VMStatus{KernelRelease: in.KernelRelease(), Accel: in.Accel(), Kerninstd: in.KerninstdAddr(),
-				Agent: in.AgentAddr(), SerialLog: in.SerialLog(), QMP: in.QMPSocket()}
-			return inv.report(asJSON, func(env cli.Env) (int, error) {
-				if asJSON {
-					return 0, json.NewEncoder(env.Out).Encode(st)
-				}
-				for _, kv := range [][2]string{{"kernel_release", st.KernelRelease}, {"accel", st.Accel}, {"kerninstd", st.Kerninstd},
-					{"agent", st.Agent}, {"serial_log", st.SerialLog}, {"qmp", st.QMP}} {
-					fmt.Fprintf(env.Out, "%-15s %v\n", kv[0], kv[1])
-				}
-				return 0, nil
-			})
+			return inv.reportErr(asJSON, func(env cli.Env) error { return cli.VMStatus(in, asJSON, env.Out) })
 		}
 	},
 }
@@ -138,12 +115,7 @@ var vmDumpCommand = &command{
 			if err != nil {
 				return 1, err
 			}
-			start := time.Now()
-			if err := in.Dump(inv.args[0], *format); err != nil {
-				return 1, err
-			}
-			fmt.Fprintf(inv.err, "vm dump: %s (%s) in %.1fs; read it with kinst core %s info\n", inv.args[0], *format, time.Since(start).Seconds(), inv.args[0])
-			return 0, nil
+			return 0, cli.VMDump(in, inv.args[0], *format, inv.err)
 		}
 	},
 }
