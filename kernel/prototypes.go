@@ -2,7 +2,6 @@ package kernel
 
 import (
 	"errors"
-	"fmt"
 
 	"github.com/cilium/ebpf/btf"
 )
@@ -53,16 +52,6 @@ func PrototypesFromBTF(spec *btf.Spec) (Prototypes, error) {
 	return p, nil
 }
 
-// LoadKernelPrototypes reads the running kernel's BTF
-// (/sys/kernel/btf/vmlinux, present with CONFIG_DEBUG_INFO_BTF).
-func LoadKernelPrototypes() (Prototypes, error) {
-	spec, err := btf.LoadKernelSpec()
-	if err != nil {
-		return nil, fmt.Errorf("kernel BTF: %w", err)
-	}
-	return PrototypesFromBTF(spec)
-}
-
 // argRegCount counts the integer registers a call passes. Anything it
 // cannot place for certain (floats, large aggregates, varargs) counts as
 // all six.
@@ -109,4 +98,14 @@ func regsFor(t btf.Type) int {
 		return 2
 	}
 	return -1
+}
+
+// LoadKernelPrototypes reads the running kernel's BTF
+// (/sys/kernel/btf/vmlinux, present with CONFIG_DEBUG_INFO_BTF).
+func LoadKernelPrototypes() (Prototypes, error) {
+	t, err := LoadKernelTypes()
+	if err != nil {
+		return nil, err
+	}
+	return PrototypesFromBTF(t.Spec)
 }
