@@ -93,13 +93,3 @@ func KernelLayoutFrom(t *Types) (*KernelLayout, error) {
 	}
 	return l, nil
 }
-
-// LoadKernelLayout reads the running kernel's layout from
-// /sys/kernel/btf/vmlinux.
-func LoadKernelLayout() (*KernelLayout, error) {
-	t, err := LoadKernelTypes()
-	if err != nil {
-		return nil, err
-	}
-	return KernelLayoutFrom(t)
-}

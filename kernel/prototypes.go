@@ -99,13 +99,3 @@ func regsFor(t btf.Type) int {
 	}
 	return -1
 }
-
-// LoadKernelPrototypes reads the running kernel's BTF
-// (/sys/kernel/btf/vmlinux, present with CONFIG_DEBUG_INFO_BTF).
-func LoadKernelPrototypes() (Prototypes, error) {
-	t, err := LoadKernelTypes()
-	if err != nil {
-		return nil, err
-	}
-	return PrototypesFromBTF(t.Spec)
-}

@@ -63,12 +63,3 @@ func TaskLayoutFrom(t *Types, syms *Symbols) (TaskLayout, error) {
 	l.CurrentTask = uint32(a) + uint32(off)
 	return l, nil
 }
-
-// LoadTaskLayout reads the running kernel's BTF.
-func LoadTaskLayout(syms *Symbols) (TaskLayout, error) {
-	t, err := LoadKernelTypes()
-	if err != nil {
-		return TaskLayout{}, err
-	}
-	return TaskLayoutFrom(t, syms)
-}

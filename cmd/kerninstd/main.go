@@ -62,7 +62,7 @@ func run(log *slog.Logger, socket, listen, metricsAddr, devPath, kallsyms, cache
 	}
 	log.Info("driver open", "abi", info.ABIVersion, "patch_heap", fmt.Sprintf("%#x", info.PatchHeap),
 		"counter_heap", fmt.Sprintf("%#x", info.CounterHeap), "counters", dev.NumCounters())
-	d, err := kerninstd.New(kerninstd.Config{Device: dev, Kallsyms: kallsyms, Log: log, Prototypes: kernel.LoadKernelPrototypes, Layout: kernel.LoadKernelLayout, CacheDir: cacheDir, Info: func() kerninstd.Info {
+	d, err := kerninstd.New(kerninstd.Config{Device: dev, Kallsyms: kallsyms, Log: log, BTF: kernel.BTFPath, CacheDir: cacheDir, Info: func() kerninstd.Info {
 		in := kerninstd.Info{ABIVersion: info.ABIVersion, PatchHeap: kerninstd.Addr(info.PatchHeap),
 			PatchHeapSize: info.PatchHeapSize, CounterHeap: kerninstd.Addr(info.CounterHeap), Counters: dev.NumCounters()}
 		if now, err := dev.Info(); err == nil {
