@@ -4,11 +4,24 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/cilium/ebpf/btf"
+
 	"github.com/kinst/kinst/core/dump"
+	"github.com/kinst/kinst/internal/dumpgen"
 	"github.com/kinst/kinst/unwind/orc"
+)
+
+// The x86-64 kernel's fixed mapping and page size, as the tests lay out
+// memory.
+const (
+	startKernelMap = 0xffffffff80000000
+	pageSize       = 4096
+	pageMask       = pageSize - 1
 )
 
 // memDump is a dump.Dump over sparse physical pages, for unit tests of
@@ -50,203 +63,6 @@ func (m *memDump) VMCoreInfo() string       { return m.info }
 func (m *memDump) CPUs() []dump.CPU         { return nil }
 func (m *memDump) PhysRanges() []dump.Range { return nil }
 func (m *memDump) Close() error             { return nil }
-
-func TestParseVMCoreInfo(t *testing.T) {
-	v, err := ParseVMCoreInfo("OSRELEASE=6.1.0-56-amd64\nPAGESIZE=4096\nSYMBOL(swapper_pg_dir)=ffffffff98e10000\n" +
-		"OFFSET(list_head.next)=0\nSIZE(page)=64\nLENGTH(zone.free_area)=11\nNUMBER(phys_base)=-85983232\nKERNELOFFSET=16400000\n")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if v.OSRelease != "6.1.0-56-amd64" || v.Symbols["swapper_pg_dir"] != 0xffffffff98e10000 || v.Offsets["list_head.next"] != 0 ||
-		v.Sizes["page"] != 64 || v.Lengths["zone.free_area"] != 11 || v.Numbers["phys_base"] != -85983232 || v.KernelOffset != 0x16400000 ||
-		v.Raw["PAGESIZE"] != "4096" {
-		t.Errorf("%+v", v)
-	}
-	for _, bad := range []string{"SYMBOL(x)=zz\n", "no equals sign\n", "NUMBER(n)=1.5\n", "KERNELOFFSET=q\n"} {
-		if _, err := ParseVMCoreInfo(bad); err == nil {
-			t.Errorf("%q parsed", bad)
-		}
-	}
-	if _, err := New(newMemDump(), Options{}); !errors.Is(err, ErrMissing) {
-		t.Errorf("a dump without VMCOREINFO: %v", err)
-	}
-}
-
-// pageTables builds a 4- or 5-level hierarchy in d mapping va to pa with
-// a page of the given level (1: 4 KiB, 2: 2 MiB, 3: 1 GiB); tables are
-// allocated from *next.
-func mapPage(d *memDump, root uint64, levels int, va, pa uint64, leaf int, next *uint64) {
-	table := root
-	shift := uint(12 + 9*(levels-1))
-	for level := levels; level > leaf; level-- {
-		slot := table + (va>>shift&511)*8
-		var b [8]byte
-		d.ReadPhys(b[:], slot)
-		e := binary.LittleEndian.Uint64(b[:])
-		if e&ptePresent == 0 {
-			*next += pageSize
-			e = *next | ptePresent | 2
-			d.put64(slot, e)
-			d.write(*next, make([]byte, pageSize))
-		}
-		table = e & pteAddrMask
-		shift -= 9
-	}
-	e := pa | ptePresent | 2 | 1<<63 // NX set: must not leak into the address
-	if leaf > 1 {
-		e |= ptePSE
-	}
-	d.put64(table+(va>>shift&511)*8, e)
-}
-
-func TestTranslate(t *testing.T) {
-	for _, levels := range []int{4, 5} {
-		t.Run(fmt.Sprint(levels, "-level"), func(t *testing.T) {
-			d := newMemDump()
-			const root = 0x100000
-			d.write(root, make([]byte, pageSize))
-			next := uint64(root)
-			const vmalloc, direct, huge = 0xffffc90000123000, 0xffff888000400000, 0xffff888040000000
-			mapPage(d, root, levels, vmalloc, 0x7000, 1, &next)
-			mapPage(d, root, levels, direct, 0x400000, 2, &next)
-			mapPage(d, root, levels, huge, 0x40000000, 3, &next)
-			d.info = fmt.Sprintf("OSRELEASE=test\nSYMBOL(init_top_pgt)=%x\nNUMBER(phys_base)=%d\nNUMBER(pgtable_l5_enabled)=%d\n",
-				uint64(startKernelMap+0x200000), root-0x200000, map[int]int{4: 0, 5: 1}[levels])
-			k, err := New(d, Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, tc := range []struct {
-				va, pa uint64
-				err    bool
-			}{
-				{vmalloc + 0x10, 0x7010, false},
-				{direct + 0x1234, 0x401234, false},
-				{huge + 0x3456789, 0x43456789, false},
-				{startKernelMap + 0x200008, root + 8, false}, // the image: linear at phys_base
-				{vmalloc + pageSize, 0, true},
-				{0xffffea0000000000, 0, true},
-			} {
-				for range 2 { // the second time from the cache
-					pa, err := k.Translate(tc.va)
-					if (err != nil) != tc.err || pa != tc.pa {
-						t.Errorf("Translate(%#x) = %#x, %v; want %#x, error %v", tc.va, pa, err, tc.pa, tc.err)
-					}
-					if err != nil && !errors.Is(err, dump.ErrNotPresent) {
-						t.Errorf("Translate(%#x): %v does not match ErrNotPresent", tc.va, err)
-					}
-				}
-			}
-			d.write(0x7ff8, []byte("12345678"))
-			d.write(0x8000, make([]byte, pageSize))
-			mapPage(d, root, levels, vmalloc+pageSize, 0x8000, 1, &next)
-			d.write(0x8000, []byte("abcdefgh"))
-			k.tlb = map[uint64]uint64{}
-			b, err := k.ReadBytes(vmalloc+pageSize-8, 16) // across two non-adjacent pages
-			if err != nil || string(b) != "12345678abcdefgh" {
-				t.Errorf("ReadBytes across pages: %q, %v", b, err)
-			}
-		})
-	}
-}
-
-// TestKallsyms encodes a small symbol table the way scripts/kallsyms.c
-// does (token-compressed names with the type letter first, one long name
-// with a two-byte length, relative offsets with an absolute per-CPU one)
-// and decodes it from the dump.
-func TestKallsyms(t *testing.T) {
-	type sym struct {
-		addr uint64
-		typ  byte
-		name string
-	}
-	base := uint64(startKernelMap + 0x1000000)
-	syms := []sym{
-		{0x2000, 'A', "fixed_percpu_data"},
-		{base, 'T', "_text"},
-		{base + 0x40, 't', "do_nanosleep"},
-		{base + 0x80, 'T', "schedule"},
-		{base + 0x100, 'D', "init_task"},
-		{base + 0x200, 'T', strings.Repeat("long_name_", 14)},
-	}
-	// Tokens: every byte stands for itself, except 0xf0 = "sch" and
-	// 0xf1 = "ed" (a multi-byte token).
-	var tokTable []byte
-	var tokIndex []byte
-	for i := 0; i < 256; i++ {
-		tokIndex = binary.LittleEndian.AppendUint16(tokIndex, uint16(len(tokTable)))
-		switch i {
-		case 0xf0:
-			tokTable = append(tokTable, "sch"...)
-		case 0xf1:
-			tokTable = append(tokTable, "ed"...)
-		default:
-			tokTable = append(tokTable, byte(i))
-		}
-		tokTable = append(tokTable, 0)
-	}
-	var names, offsets []byte
-	for _, s := range syms {
-		full := string(s.typ) + s.name
-		enc := []byte(strings.Replace(strings.Replace(full, "sch", "\xf0", 1), "ed", "\xf1", 1))
-		if len(enc) > 127 {
-			names = append(names, byte(len(enc)&0x7f|0x80), byte(len(enc)>>7))
-		} else {
-			names = append(names, byte(len(enc)))
-		}
-		names = append(names, enc...)
-		// KALLSYMS_ABSOLUTE_PERCPU: a non-negative offset is the value
-		// itself (per-CPU symbols); others are -1 - (addr - base).
-		rel := int32(-1 - int64(s.addr-base))
-		if s.typ == 'A' {
-			rel = int32(s.addr)
-		}
-		offsets = binary.LittleEndian.AppendUint32(offsets, uint32(rel))
-	}
-	d := newMemDump()
-	const physBase = 0x1000000
-	at := func(off uint64) uint64 { return startKernelMap + off }
-	put := func(off uint64, b []byte) { d.write(off+physBase, b) }
-	put(0x10000, offsets)
-	put(0x11000, binary.LittleEndian.AppendUint64(nil, base))
-	put(0x11008, binary.LittleEndian.AppendUint32(nil, uint32(len(syms))))
-	put(0x12000, make([]byte, 0x2000))
-	put(0x12000, names)
-	put(0x14000, tokTable)
-	put(0x15000, tokIndex)
-	d.info = fmt.Sprintf("OSRELEASE=test\nSYMBOL(init_top_pgt)=%x\nNUMBER(phys_base)=%d\n"+
-		"SYMBOL(kallsyms_offsets)=%x\nSYMBOL(kallsyms_relative_base)=%x\nSYMBOL(kallsyms_num_syms)=%x\n"+
-		"SYMBOL(kallsyms_names)=%x\nSYMBOL(kallsyms_token_table)=%x\nSYMBOL(kallsyms_token_index)=%x\n",
-		at(0x20000), physBase, at(0x10000), at(0x11000), at(0x11008), at(0x12000), at(0x14000), at(0x15000))
-	k, err := New(d, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := k.Symbols()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s.Len() != len(syms) {
-		t.Fatalf("%d symbols, want %d", s.Len(), len(syms))
-	}
-	for _, want := range syms {
-		got, err := s.Lookup(want.name)
-		if err != nil || got.Addr != want.addr || got.Type != want.typ {
-			t.Errorf("Lookup(%s) = %+v, %v; want %#x %c", want.name, got, err, want.addr, want.typ)
-		}
-	}
-	if got, off, ok := s.At(base + 0x44); !ok || got.Name != "do_nanosleep" || off != 4 {
-		t.Errorf("At(do_nanosleep+4) = %+v %#x %v", got, off, ok)
-	}
-	if _, err := s.Lookup("nonexistent"); !errors.Is(err, ErrNoSymbol) {
-		t.Errorf("Lookup(nonexistent): %v", err)
-	}
-	// A names table cut short is an error, not a panic.
-	d.write(0x11008+physBase, binary.LittleEndian.AppendUint32(nil, 1000))
-	if _, err := k.loadKallsyms(); err == nil {
-		t.Errorf("1000 symbols from a 6-symbol table decoded")
-	}
-}
 
 func TestStateLetter(t *testing.T) {
 	for _, tc := range []struct {
@@ -345,60 +161,114 @@ func FuzzLog(f *testing.F) {
 	})
 }
 
+// testModuleBTF describes struct module as 6.1 lays it out in spirit
+// (core_layout, arch's ORC table, kallsyms) with offsets of its own, and
+// writes it where Options.BTF can read it.
+func testModuleBTF(t *testing.T) string {
+	u32 := &btf.Int{Name: "unsigned int", Size: 4}
+	char := &btf.Int{Name: "char", Size: 1, Encoding: btf.Char}
+	ptr := &btf.Pointer{Target: &btf.Void{}}
+	m := func(name string, typ btf.Type, off uint32) btf.Member {
+		return btf.Member{Name: name, Type: typ, Offset: btf.Bits(off * 8)}
+	}
+	list := &btf.Struct{Name: "list_head", Size: 16, Members: []btf.Member{m("next", ptr, 0), m("prev", ptr, 8)}}
+	state := &btf.Enum{Name: "module_state", Size: 4, Values: []btf.EnumValue{{Name: "MODULE_STATE_LIVE", Value: 0}, {Name: "MODULE_STATE_UNFORMED", Value: 3}}}
+	layout := &btf.Struct{Name: "module_layout", Size: 16, Members: []btf.Member{m("base", ptr, 0), m("size", u32, 8), m("text_size", u32, 12)}}
+	arch := &btf.Struct{Name: "mod_arch_specific", Size: 24, Members: []btf.Member{m("num_orcs", u32, 0), m("orc_unwind_ip", ptr, 8), m("orc_unwind", ptr, 16)}}
+	mod := &btf.Struct{Name: "module", Size: 200, Members: []btf.Member{
+		m("state", state, 0), m("list", list, 8), m("name", &btf.Array{Index: u32, Type: char, Nelems: 56}, 24),
+		m("core_layout", layout, 96), m("arch", arch, 120), m("kallsyms", ptr, 160)}}
+	ks := &btf.Struct{Name: "mod_kallsyms", Size: 32, Members: []btf.Member{m("symtab", ptr, 0), m("num_symtab", u32, 8), m("strtab", ptr, 16), m("typetab", ptr, 24)}}
+	b, err := btf.NewBuilder([]btf.Type{list, state, mod, ks}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := b.Marshal(nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "vmlinux.btf")
+	if err := os.WriteFile(path, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
 // TestBacktraceThroughModule: a switched-out task whose stack runs from a
-// kernel function through a module's function (found by the module's own
-// ORC table and symbols) to a kernel thread's outermost frame.
+// kernel function through a module's function (found by the kernel
+// view's module walk: the module's own ORC table and symbols) to a
+// kernel thread's outermost frame.
 func TestBacktraceThroughModule(t *testing.T) {
 	d := newMemDump()
 	const root = 0x100000
 	d.write(root, make([]byte, 4*pageSize))
-	d.info = fmt.Sprintf("OSRELEASE=t\nSYMBOL(init_top_pgt)=%x\nNUMBER(phys_base)=%d\n", uint64(startKernelMap+0x200000), root-0x200000)
-	k, err := New(d, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The image mapping: physical = va - startKernelMap - 0x200000 + root.
+	va := func(off uint64) uint64 { return startKernelMap + 0x200000 + off }
+	put := func(a uint64, b []byte) { d.write(a-startKernelMap-0x200000+root, b) }
+	put64 := func(a, v uint64) { put(a, binary.LittleEndian.AppendUint64(nil, v)) }
+	put32 := func(a uint64, v uint32) { put(a, binary.LittleEndian.AppendUint32(nil, v)) }
 	const (
 		kSched  = startKernelMap + 0x1000000
 		kThread = startKernelMap + 0x1000100
 		modBase = 0xffffffffc0100000
 		modWait = modBase + 0x40
 	)
-	table := func(rows ...[2]any) *orc.Table {
-		var ips, ents []byte
-		for i, r := range rows {
-			ips = binary.LittleEndian.AppendUint32(ips, uint32(int32(int64(r[0].(uint64))-int64(0x1000+4*i))))
-			e := r[1].(orc.Entry)
-			bits := uint16(e.SPReg) | uint16(e.BPReg)<<4 | uint16(e.Type)<<8
-			if e.End {
-				bits |= 1 << 10
-			}
-			ents = binary.LittleEndian.AppendUint16(binary.LittleEndian.AppendUint16(binary.LittleEndian.AppendUint16(ents, uint16(e.SPOffset)), uint16(e.BPOffset)), bits)
-		}
-		// The table claims to sit at 0x1000; entries are relative to it.
-		tab, err := orc.Parse(ips, 0x1000, ents)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return tab
+	modules, modStruct, kallsymsAt := va(0x100), va(0x1000), va(0x2000)
+	tables := dumpgen.Kallsyms([]dumpgen.KallsymsSymbol{
+		{Addr: va(0), Type: 'T', Name: "_text"}, {Addr: modules, Type: 'd', Name: "modules"},
+		{Addr: kSched, Type: 't', Name: "kfn_sched"}, {Addr: kThread, Type: 'T', Name: "kthread"},
+	}, va(0), kallsymsAt, put)
+	d.info = fmt.Sprintf("OSRELEASE=t\nSYMBOL(init_top_pgt)=%x\nNUMBER(phys_base)=%d\n", va(0), root-0x200000) + tables
+	k, err := New(d, Options{BTF: testModuleBTF(t)})
+	if err != nil {
+		t.Fatal(err)
 	}
-	kernelORC := table([2]any{uint64(kSched), orc.Entry{SPOffset: 16, SPReg: orc.RegSP}}, [2]any{uint64(kThread), orc.Entry{End: true}})
-	modORC := table([2]any{uint64(modWait), orc.Entry{SPOffset: 8, SPReg: orc.RegSP}})
+	// modules → the module's list → modules.
+	put64(modules, modStruct+8)
+	put64(modStruct+8, modules)
+	put(modStruct+24, []byte("mod\x00"))
+	put64(modStruct+96, modBase)
+	put32(modStruct+104, 0x1000)
+	put32(modStruct+108, 0x800)
+	// ORC ips are 32-bit offsets from where each is stored.
+	rel := func(ip, at uint64) uint32 { return uint32(int32(int64(ip - at))) }
+	// Its ORC table: one entry at mod_wait.
+	orcIP, orcEnt := va(0x3000), va(0x3100)
+	put32(modStruct+120, 1)
+	put64(modStruct+128, orcIP)
+	put64(modStruct+136, orcEnt)
+	put32(orcIP, rel(modWait, orcIP))
+	put(orcEnt, orcEntry(orc.Entry{SPOffset: 8, SPReg: orc.RegSP}))
+	// Its kallsyms: symbol 0 is the ELF null symbol, 1 is mod_wait.
+	ks, symtab, strtab, typetab := va(0x4000), va(0x4100), va(0x4200), va(0x4300)
+	put64(modStruct+160, ks)
+	put64(ks, symtab)
+	put32(ks+8, 2)
+	put64(ks+16, strtab)
+	put64(ks+24, typetab)
+	sym := make([]byte, 48)
+	binary.LittleEndian.PutUint32(sym[24:], 1)         // st_name
+	binary.LittleEndian.PutUint16(sym[24+6:], 1)       // st_shndx
+	binary.LittleEndian.PutUint64(sym[24+8:], modWait) // st_value
+	put(symtab, sym)
+	put(strtab, []byte("\x00mod_wait\x00"))
+	put(typetab, []byte("?t"))
+
+	// The kernel's table claims to sit at 0x1000; entries are relative to it.
+	kernelORC, err := orc.Parse(
+		binary.LittleEndian.AppendUint32(binary.LittleEndian.AppendUint32(nil, rel(kSched, 0x1000)), rel(kThread, 0x1004)),
+		0x1000, append(orcEntry(orc.Entry{SPOffset: 16, SPReg: orc.RegSP}), orcEntry(orc.Entry{End: true})...))
+	if err != nil {
+		t.Fatal(err)
+	}
 	k.orc.get("ORC", func() (*orcTables, error) { return &orcTables{kernel: kernelORC}, nil })
-	k.syms.get("kallsyms", func() (*Symbols, error) {
-		return &Symbols{byAddr: []Symbol{{kSched, 't', "kfn_sched", ""}, {kThread, 'T', "kthread", ""}}}, nil
-	})
-	k.mods.get("modules", func() ([]*Module, error) {
-		return []*Module{{Name: "mod", Base: modBase, Size: 0x1000, TextSize: 0x800, orc: modORC,
-			syms: []Symbol{{modWait, 't', "mod_wait", "mod"}}}}, nil
-	})
 	// The stack, in the image mapping: the switch frame, then kfn_sched's
 	// pushed word and return into mod_wait, then the return into kthread.
-	stack := uint64(startKernelMap + 0x200800)
-	put := func(va, v uint64) { d.put64(va-startKernelMap-0x200000+root, v) }
-	put(stack+5*8, 0)           // bp
-	put(stack+6*8, kSched+5)    // ret_addr: where the task will resume
-	put(stack+56+8, modWait+3)  // return into the module
-	put(stack+56+16, kThread+7) // return into kthread
+	stack := va(0x800)
+	put64(stack+5*8, 0)           // bp
+	put64(stack+6*8, kSched+5)    // ret_addr: where the task will resume
+	put64(stack+56+8, modWait+3)  // return into the module
+	put64(stack+56+16, kThread+7) // return into kthread
 	st, err := k.Backtrace(Task{PID: 7, Comm: "worker", threadSP: stack})
 	if err != nil {
 		t.Fatal(err)
@@ -416,4 +286,14 @@ func TestBacktraceThroughModule(t *testing.T) {
 	if s, off, ok := k.SymbolAt(modWait + 9); !ok || s.Name != "mod_wait" || off != 9 || k.SymbolSize(s) != 0x800-0x40 {
 		t.Errorf("SymbolAt(mod_wait+9) = %+v %#x %v", s, off, ok)
 	}
+}
+
+// orcEntry encodes one 6-byte ORC entry.
+func orcEntry(e orc.Entry) []byte {
+	bits := uint16(e.SPReg) | uint16(e.BPReg)<<4 | uint16(e.Type)<<8
+	if e.End {
+		bits |= 1 << 10
+	}
+	le := binary.LittleEndian
+	return le.AppendUint16(le.AppendUint16(le.AppendUint16(nil, uint16(e.SPOffset)), uint16(e.BPOffset)), bits)
 }

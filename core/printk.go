@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"strings"
+
+	"github.com/kinst/kinst/kernel/dumpview"
 )
 
 // LogRecord is one printk record.
@@ -32,11 +34,11 @@ func (k *Kernel) Log() ([]LogRecord, error) {
 	v := k.Info
 	prbSym, ok := v.Symbols["prb"]
 	if !ok {
-		return nil, &MissingError{What: "SYMBOL(prb) (the lockless printk ring buffer of Linux 5.10+)", Where: "VMCOREINFO"}
+		return nil, &dumpview.MissingError{What: "SYMBOL(prb) (the lockless printk ring buffer of Linux 5.10+)", Where: "VMCOREINFO"}
 	}
 	var errs []error
 	off := func(name string) uint64 {
-		o, err := v.offset(name)
+		o, err := v.Offset(name)
 		if err != nil {
 			errs = append(errs, err)
 		}

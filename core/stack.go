@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/kinst/kinst/kernel"
 	"github.com/kinst/kinst/unwind/orc"
 )
 
-// orcTables is the kernel image's ORC table. Module tables (each
-// module's struct mod_arch_specific) are not read yet: a module frame
-// ends the unwind with orc.ErrNoEntry.
+// orcTables is the kernel image's ORC table; each module's is read with
+// the module (moduleORC).
 type orcTables struct {
 	kernel *orc.Table
 	source string
@@ -51,15 +51,15 @@ func (k *Kernel) loadORC() (*orcTables, error) {
 	if k.opts.Vmlinux != "" {
 		return k.loadORCFromELF(k.opts.Vmlinux)
 	}
-	s, err := k.Symbols()
+	s, err := k.KernelSymbols()
 	if err != nil {
 		return nil, err
 	}
-	ipStart, err1 := s.Addr("__start_orc_unwind_ip")
-	ipStop, err2 := s.Addr("__stop_orc_unwind_ip")
-	uStart, err3 := s.Addr("__start_orc_unwind")
-	if err := errors.Join(err1, err2, err3); err != nil {
-		return nil, fmt.Errorf("%w (kernel built without CONFIG_UNWINDER_ORC?)", err)
+	ipStart, ok1 := s.Address("__start_orc_unwind_ip")
+	ipStop, ok2 := s.Address("__stop_orc_unwind_ip")
+	uStart, ok3 := s.Address("__start_orc_unwind")
+	if !ok1 || !ok2 || !ok3 {
+		return nil, fmt.Errorf("%w: __start_orc_unwind_ip, __stop_orc_unwind_ip or __start_orc_unwind (kernel built without CONFIG_UNWINDER_ORC?)", kernel.ErrNoSymbol)
 	}
 	if ipStop <= ipStart || ipStop-ipStart > maxORC {
 		return nil, fmt.Errorf("orc_unwind_ip %#x-%#x is not a plausible range", ipStart, ipStop)
@@ -120,7 +120,7 @@ func (k *Kernel) Backtrace(t Task) (*Stack, error) {
 	if err != nil {
 		return nil, err
 	}
-	syms, err := k.Symbols()
+	syms, err := k.KernelSymbols()
 	if err != nil {
 		return nil, err
 	}
@@ -139,7 +139,7 @@ func (k *Kernel) Backtrace(t Task) (*Stack, error) {
 			return nil, fmt.Errorf("task %d (%s): switch frame at %#x: %w", t.PID, t.Comm, t.threadSP, err)
 		}
 		st = orc.State{IP: ip, SP: t.threadSP + inactiveTaskFrame, BP: bp}
-		if fork, err := syms.Addr("ret_from_fork"); err == nil && ip == fork {
+		if fork, ok := syms.Address("ret_from_fork"); ok && ip == fork {
 			st.Signal = true // a new task that never ran: ret_from_fork is its first instruction
 		}
 	}

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+
+	"github.com/kinst/kinst/kernel"
 )
 
 // Task is one kernel task (a thread) as the dump holds it.
@@ -78,13 +80,13 @@ func (k *Kernel) Tasks() ([]Task, error) {
 	if err != nil {
 		return nil, err
 	}
-	s, err := k.Symbols()
+	s, err := k.KernelSymbols()
 	if err != nil {
 		return nil, err
 	}
-	initTask, err := s.Addr("init_task")
-	if err != nil {
-		return nil, err
+	initTask, ok := s.Address("init_task")
+	if !ok {
+		return nil, &kernel.NoSymbolError{Name: "init_task"}
 	}
 	current := k.currentTasks()
 	var out []Task
@@ -137,30 +139,9 @@ func (k *Kernel) Tasks() ([]Task, error) {
 	return out, nil
 }
 
-// walkList calls f for each entry of a circular list_head at head, where
-// entries embed their list_head at entryOff. A list that comes back to
-// an entry other than head (a corrupt dump) is an error, not a hang.
+// walkList walks a list_head list of at most maxTasks entries.
 func (k *Kernel) walkList(head, entryOff uint64, f func(entry uint64) error) error {
-	p, err := k.ReadU64(head)
-	if err != nil {
-		return fmt.Errorf("list at %#x: %w", head, err)
-	}
-	seen := map[uint64]bool{}
-	for p != head {
-		if seen[p] || len(seen) > maxTasks {
-			return fmt.Errorf("list at %#x loops back to %#x without returning to its head (corrupt memory?)", head, p)
-		}
-		seen[p] = true
-		if err := f(p - entryOff); err != nil {
-			return err
-		}
-		next, err := k.ReadU64(p)
-		if err != nil {
-			return fmt.Errorf("list entry %#x: %w", p, err)
-		}
-		p = next
-	}
-	return nil
+	return k.WalkList(head, entryOff, maxTasks, f)
 }
 
 func (k *Kernel) readTask(l *taskLayout, addr uint64) (Task, error) {
@@ -218,38 +199,33 @@ func (k *Kernel) currentTasks() map[uint64]int {
 // cpuTask is what one CPU's runqueue knows of its tasks.
 type cpuTask struct{ current, idle uint64 }
 
-// cpuTasks reads each CPU's current task (per-CPU current_task, or
-// pcpu_hot.current_task since 6.2) and idle task (runqueues.idle); a
-// zero address where the dump does not say.
+// cpuTasks reads each CPU's current task (the per-CPU pointer that
+// kernel.TaskLayout locates: current_task, or pcpu_hot.current_task
+// since 6.2) and idle task (runqueues.idle); a zero address where the
+// dump does not say.
 func (k *Kernel) cpuTasks() []cpuTask {
 	out := make([]cpuTask, len(k.Dump.CPUs()))
-	s, err := k.Symbols()
-	if err != nil {
-		return out
-	}
-	offs, err := s.Addr("__per_cpu_offset")
-	if err != nil {
-		return out
-	}
-	cur, errCur := s.Addr("current_task")
-	if errCur != nil {
-		cur, errCur = s.Addr("pcpu_hot")
-	}
-	rq, errRQ := s.Addr("runqueues")
-	var idleOff uint64
-	if t, err := k.Types(); err == nil && errRQ == nil {
-		idleOff, errRQ = t.Offset("rq", "idle")
+	tl, errCur := k.TaskLayout()
+	var idle uint64 // runqueues.idle, as an offset from the per-CPU base
+	haveIdle := false
+	if s, err := k.KernelSymbols(); err == nil {
+		if rq, ok := s.Address("runqueues"); ok {
+			if t, err := k.Types(); err == nil {
+				off, err := t.Offset("rq", "idle")
+				idle, haveIdle = rq+off, err == nil
+			}
+		}
 	}
 	for i := range out {
-		base, err := k.ReadU64(offs + uint64(8*i))
+		base, err := k.PerCPUOffset(i)
 		if err != nil {
 			continue
 		}
 		if errCur == nil {
-			out[i].current, _ = k.ReadU64(base + cur)
+			out[i].current, _ = k.ReadU64(base + uint64(tl.CurrentTask))
 		}
-		if errRQ == nil {
-			out[i].idle, _ = k.ReadU64(base + rq + idleOff)
+		if haveIdle {
+			out[i].idle, _ = k.ReadU64(base + idle)
 		}
 	}
 	return out

@@ -29,12 +29,11 @@ var ErrNoSectionBase = errors.New("a relocatable file's symbols need section loa
 
 // SymbolsFromELF makes a Symbols, what kallsyms gives, from an ELF file's
 // symbol table (internal/elfsym: .symtab, else .dynsym): its functions as
-// text symbols ('T' global, 't' local, as nm and kallsyms print them), and
-// those of its data symbols Symbols keeps as markers (the module list, ftrace's
-// record pages). Linker-script markers such as _text or __init_begin are
-// untyped symbols that elfsym does not keep, so init text is not
-// recognised as freed and portable names are unavailable with ELF symbols
-// alone.
+// text symbols and its data objects as data symbols ('T'/'D' global,
+// 't'/'d' local, as nm and kallsyms print them). Linker-script markers
+// such as _text or __init_begin are untyped symbols that elfsym does not
+// keep, so init text is not recognised as freed and portable names are
+// unavailable with ELF symbols alone.
 func SymbolsFromELF(path string, o ELFOptions) (*Symbols, error) {
 	f, err := elf.Open(path)
 	if err != nil {
@@ -49,7 +48,8 @@ func SymbolsFromELF(path string, o ELFOptions) (*Symbols, error) {
 	if rel && o.SectionBase == nil {
 		return nil, fmt.Errorf("%s: %w", path, ErrNoSectionBase)
 	}
-	s := &Symbols{byName: make(map[string][]int), markers: make(map[string]uint64)}
+	var syms []Symbol
+	funcs := 0
 	for _, sym := range t.Symbols() {
 		addr := sym.Addr + o.Slide
 		if rel {
@@ -62,36 +62,23 @@ func SymbolsFromELF(path string, o ELFOptions) (*Symbols, error) {
 			}
 			addr = base + sym.Addr
 		}
-		switch {
-		case sym.Kind == elfsym.Func:
-			typ := byte('t')
-			if sym.Bind != elf.STB_LOCAL {
-				typ = 'T'
-			}
-			s.byAddr = append(s.byAddr, Symbol{Addr: addr, Type: typ, Name: sym.Name, Module: o.Module})
-		case markerNames[sym.Name] && o.Module == "":
-			s.markers[sym.Name] = addr
+		var typ byte
+		switch sym.Kind {
+		case elfsym.Func:
+			typ = 't'
+			funcs++
+		case elfsym.Object:
+			typ = 'd'
+		default:
+			continue
 		}
+		if sym.Bind != elf.STB_LOCAL {
+			typ -= 'a' - 'A'
+		}
+		syms = append(syms, Symbol{Addr: addr, Type: typ, Name: sym.Name, Module: o.Module})
 	}
-	if len(s.byAddr) == 0 {
+	if funcs == 0 {
 		return nil, fmt.Errorf("%s: no function symbols placed", path)
 	}
-	s.index()
-	return s, nil
-}
-
-// MergeSymbols combines symbol sources into one Symbols: a vmlinux's ELF
-// symbols with its modules' .ko symbols, say. Markers of earlier parts win.
-func MergeSymbols(parts ...*Symbols) *Symbols {
-	s := &Symbols{byName: make(map[string][]int), markers: make(map[string]uint64)}
-	for _, p := range parts {
-		s.byAddr = append(s.byAddr, p.byAddr...)
-		for k, v := range p.markers {
-			if _, ok := s.markers[k]; !ok {
-				s.markers[k] = v
-			}
-		}
-	}
-	s.index()
-	return s
+	return NewSymbols(syms), nil
 }

@@ -9,38 +9,57 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 )
 
-// Symbol is one text symbol of the running kernel or a module.
+// Symbol is one kallsyms entry of the kernel image or a module.
 type Symbol struct {
 	Addr   uint64
-	Type   byte // kallsyms type letter: 't' or 'T'
+	Type   byte // kallsyms type letter: t/T text, d/D data, b/B bss, r/R rodata, a/A absolute, w/W weak…
 	Name   string
 	Module string // "" for the core kernel
 }
 
-// Symbols is a kallsyms snapshot: text symbols sorted by address, indexed
-// by name. It is immutable once built, so it is safe for concurrent use.
-type Symbols struct {
-	byAddr  []Symbol
-	byName  map[string][]int
-	markers map[string]uint64 // section markers of other types
+// IsText reports whether the symbol is in a text section (weak
+// definitions included).
+func (s Symbol) IsText() bool {
+	return s.Type == 't' || s.Type == 'T' || s.Type == 'w' || s.Type == 'W'
 }
 
-// markerNames are non-text symbols kept for their addresses: the bounds of
-// the init sections the kernel frees after boot, and of the tables that
-// name instructions the kernel rewrites or fixes up, and the heads of the
-// module list and of ftrace's record pages (see OwnedSites).
-var markerNames = map[string]bool{"__init_begin": true, "__init_end": true, "_stext": true, "_etext": true,
-	"__start___ex_table": true, "__stop___ex_table": true, "__start___jump_table": true, "__stop___jump_table": true,
-	"__start_static_call_sites": true, "__stop_static_call_sites": true,
-	"modules": true, "ftrace_pages_start": true,
-	// The per-CPU pointer to the running task (6.1; pcpu_hot from 6.2).
-	"current_task": true, "pcpu_hot": true}
+// isFunction: the symbols the function view (Lookup, At, End, All)
+// holds. Weak definitions stay out, as they always have: their extent
+// belongs to the symbol before them.
+func (s Symbol) isFunction() bool { return s.Type == 't' || s.Type == 'T' }
+
+// Symbols is one symbol table of a kernel, live (/proc/kallsyms, ELF
+// symbol tables) or from a dump (the kallsyms tables in its memory, and
+// its modules' symbols). It keeps every symbol it was given, sorted by
+// address, and a function view of the text symbols (types t and T) that
+// the analysis works on. It is immutable once built, so it is safe for
+// concurrent use.
+type Symbols struct {
+	all    []Symbol // sorted by address
+	byAddr []Symbol // the functions, sorted by address
+
+	// Commands that read a dump look up a handful of names: the index is
+	// built on first use, not with the table.
+	once   sync.Once
+	byName map[string][]int32 // name → indexes into all, in address order
+}
 
 // ErrHiddenAddresses is returned when kallsyms shows zero addresses: the
 // reader lacks CAP_SYSLOG or kernel.kptr_restrict hides them.
 var ErrHiddenAddresses = errors.New("kallsyms addresses are hidden (run as root, or lower kernel.kptr_restrict)")
+
+// ErrNoSymbol is matched by every lookup of a name or address that the
+// table does not hold, UnknownFunctionError included.
+var ErrNoSymbol = errors.New("no such kernel symbol")
+
+// NoSymbolError names what was not found.
+type NoSymbolError struct{ Name string }
+
+func (e *NoSymbolError) Error() string   { return fmt.Sprintf("%q: %v", e.Name, ErrNoSymbol) }
+func (e *NoSymbolError) Is(t error) bool { return t == ErrNoSymbol }
 
 // ErrUnknownFunction is matched by every UnknownFunctionError.
 var ErrUnknownFunction = errors.New("unknown function")
@@ -52,7 +71,12 @@ func (e *UnknownFunctionError) Error() string {
 	return fmt.Sprintf("unknown function %q: not in /proc/kallsyms (static functions may have been inlined; check the name)", e.Name)
 }
 
-func (e *UnknownFunctionError) Is(target error) bool { return target == ErrUnknownFunction }
+func (e *UnknownFunctionError) Is(target error) bool {
+	return target == ErrUnknownFunction || target == ErrNoSymbol
+}
+
+// KallsymsPath is the running kernel's symbol table.
+const KallsymsPath = "/proc/kallsyms"
 
 // LoadKallsyms reads a kallsyms file such as /proc/kallsyms.
 func LoadKallsyms(path string) (*Symbols, error) {
@@ -64,10 +88,9 @@ func LoadKallsyms(path string) (*Symbols, error) {
 	return ParseKallsyms(f)
 }
 
-// ParseKallsyms parses the "ADDR TYPE NAME [MODULE]" lines of kallsyms,
-// keeping text symbols only.
+// ParseKallsyms parses the "ADDR TYPE NAME [MODULE]" lines of kallsyms.
 func ParseKallsyms(r io.Reader) (*Symbols, error) {
-	s := &Symbols{byName: make(map[string][]int), markers: make(map[string]uint64)}
+	var syms []Symbol
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64*1024), 1024*1024)
 	nonzero := false
@@ -82,70 +105,112 @@ func ParseKallsyms(r io.Reader) (*Symbols, error) {
 		if err != nil {
 			return nil, fmt.Errorf("kallsyms line %d: bad address: %w", line, err)
 		}
-		t := fields[1][0]
-		if t != 't' && t != 'T' {
-			if markerNames[fields[2]] && len(fields) == 3 {
-				s.markers[fields[2]] = addr
-			}
-			continue
-		}
-		if addr != 0 {
-			nonzero = true
-		}
-		sym := Symbol{Addr: addr, Type: t, Name: fields[2]}
+		sym := Symbol{Addr: addr, Type: fields[1][0], Name: fields[2]}
 		if len(fields) > 3 {
 			sym.Module = strings.Trim(fields[3], "[]")
 		}
-		s.byAddr = append(s.byAddr, sym)
+		if sym.isFunction() && addr != 0 {
+			nonzero = true
+		}
+		syms = append(syms, sym)
 	}
 	if err := sc.Err(); err != nil {
 		return nil, err
 	}
+	s := NewSymbols(syms)
 	if len(s.byAddr) == 0 {
 		return nil, errors.New("kallsyms: no text symbols")
 	}
 	if !nonzero {
 		return nil, ErrHiddenAddresses
 	}
-	s.index()
 	return s, nil
 }
 
-// index sorts the text symbols by address and indexes them by name.
-func (s *Symbols) index() {
-	sort.SliceStable(s.byAddr, func(i, j int) bool { return s.byAddr[i].Addr < s.byAddr[j].Addr })
-	for i, sym := range s.byAddr {
-		s.byName[sym.Name] = append(s.byName[sym.Name], i)
+// NewSymbols makes a table of syms, which it takes over and sorts by
+// address (stably: equal addresses keep their order).
+func NewSymbols(syms []Symbol) *Symbols {
+	if !sort.SliceIsSorted(syms, func(i, j int) bool { return syms[i].Addr < syms[j].Addr }) {
+		sort.SliceStable(syms, func(i, j int) bool { return syms[i].Addr < syms[j].Addr })
 	}
+	s := &Symbols{all: syms}
+	for _, sym := range syms {
+		if sym.isFunction() {
+			s.byAddr = append(s.byAddr, sym)
+		}
+	}
+	return s
 }
 
-// Len is the number of text symbols.
+// MergeSymbols combines symbol sources into one Symbols: a vmlinux's ELF
+// symbols with its modules' .ko symbols, or a dump's kallsyms with its
+// modules' symbols. Where several name a core-kernel symbol, the earlier
+// part's comes first.
+func MergeSymbols(parts ...*Symbols) *Symbols {
+	var all []Symbol
+	for _, p := range parts {
+		all = append(all, p.all...)
+	}
+	sort.SliceStable(all, func(i, j int) bool { return all[i].Addr < all[j].Addr })
+	return NewSymbols(all)
+}
+
+// named returns the indexes into all of the symbols called name.
+func (s *Symbols) named(name string) []int32 {
+	s.once.Do(func() {
+		s.byName = make(map[string][]int32, len(s.all))
+		for i, sym := range s.all {
+			s.byName[sym.Name] = append(s.byName[sym.Name], int32(i))
+		}
+	})
+	return s.byName[name]
+}
+
+// Len is the number of functions (text symbols of types t and T).
 func (s *Symbols) Len() int { return len(s.byAddr) }
 
-// All returns the text symbols sorted by address. The caller must not
+// All returns the functions sorted by address. The caller must not
 // modify the slice.
 func (s *Symbols) All() []Symbol { return s.byAddr }
 
-// Lookup returns the symbol called name. Where several share the name
+// Every returns every symbol, of every type, sorted by address. The
+// caller must not modify the slice.
+func (s *Symbols) Every() []Symbol { return s.all }
+
+// Named returns every symbol called name, of any type and module, in
+// address order.
+func (s *Symbols) Named(name string) []Symbol {
+	idx := s.named(name)
+	out := make([]Symbol, len(idx))
+	for i, j := range idx {
+		out[i] = s.all[j]
+	}
+	return out
+}
+
+// Lookup returns the function called name. Where several share the name
 // (static functions), the core kernel's first one wins; ambiguous reports
 // how many there were, so callers can say so.
 func (s *Symbols) Lookup(name string) (sym Symbol, ambiguous int, err error) {
-	idx := s.byName[name]
-	if len(idx) == 0 {
-		return Symbol{}, 0, &UnknownFunctionError{Name: name}
-	}
-	best := s.byAddr[idx[0]]
-	for _, i := range idx {
-		if s.byAddr[i].Module == "" {
-			best = s.byAddr[i]
-			break
+	found := false
+	for _, i := range s.named(name) {
+		c := s.all[i]
+		if !c.isFunction() {
+			continue
+		}
+		ambiguous++
+		if !found || (sym.Module != "" && c.Module == "") {
+			sym, found = c, true
 		}
 	}
-	return best, len(idx), nil
+	if !found {
+		return Symbol{}, 0, &UnknownFunctionError{Name: name}
+	}
+	return sym, ambiguous, nil
 }
 
 // End returns the address where the function starting at sym.Addr ends:
-// the next text symbol at a higher address, capped at maxFunctionSize.
+// the next function at a higher address, capped at maxFunctionSize.
 func (s *Symbols) End(sym Symbol) uint64 {
 	i := sort.Search(len(s.byAddr), func(i int) bool { return s.byAddr[i].Addr > sym.Addr })
 	end := sym.Addr + maxFunctionSize
@@ -159,7 +224,7 @@ func (s *Symbols) End(sym Symbol) uint64 {
 // (the last symbol of a module, say).
 const maxFunctionSize = 64 << 10
 
-// At returns the symbol containing addr and the offset into it.
+// At returns the function containing addr and the offset into it.
 func (s *Symbols) At(addr uint64) (Symbol, uint64, bool) {
 	i := sort.Search(len(s.byAddr), func(i int) bool { return s.byAddr[i].Addr > addr })
 	if i == 0 {
@@ -189,8 +254,31 @@ func (s *Symbols) Overlapping(lo, hi uint64) []Symbol {
 	return out
 }
 
-// Names returns a function that names the symbol starting exactly at an
-// address (what cfg's block analysis takes as its NameAt).
+// Before returns the last symbol of module ("" for the core kernel), of
+// any type, at or below addr and at most limit bytes below it.
+func (s *Symbols) Before(addr uint64, module string, limit uint64) (Symbol, bool) {
+	i := sort.Search(len(s.all), func(i int) bool { return s.all[i].Addr > addr })
+	for i--; i >= 0 && addr-s.all[i].Addr <= limit; i-- {
+		if s.all[i].Module == module {
+			return s.all[i], true
+		}
+	}
+	return Symbol{}, false
+}
+
+// After returns the first symbol of sym's module, of any type, at a
+// higher address than sym.
+func (s *Symbols) After(sym Symbol) (Symbol, bool) {
+	for i := sort.Search(len(s.all), func(i int) bool { return s.all[i].Addr > sym.Addr }); i < len(s.all); i++ {
+		if s.all[i].Module == sym.Module {
+			return s.all[i], true
+		}
+	}
+	return Symbol{}, false
+}
+
+// Names returns a function that names the function starting exactly at
+// an address (what cfg's block analysis takes as its NameAt).
 func (s *Symbols) Names() func(addr uint64) (string, bool) {
 	return func(a uint64) (string, bool) {
 		sym, off, ok := s.At(a)
@@ -209,7 +297,7 @@ func (s *Symbols) Portable(addr uint64) (string, bool) {
 	if sym.Module != "" {
 		return sym.Module + ":" + sym.Name, true
 	}
-	text, ok := s.marker("_text")
+	text, ok := s.Address("_text")
 	if !ok || addr < text {
 		return "", false
 	}
@@ -219,7 +307,7 @@ func (s *Symbols) Portable(addr uint64) (string, bool) {
 // FromPortable is the inverse of Portable for this boot.
 func (s *Symbols) FromPortable(name string) (uint64, bool) {
 	if off, ok := strings.CutPrefix(name, "_text+"); ok {
-		text, ok := s.marker("_text")
+		text, ok := s.Address("_text")
 		v, err := strconv.ParseUint(off, 0, 64)
 		return text + v, ok && err == nil
 	}
@@ -227,29 +315,31 @@ func (s *Symbols) FromPortable(name string) (uint64, bool) {
 	if !ok {
 		return 0, false
 	}
-	for _, i := range s.byName[fn] {
-		if s.byAddr[i].Module == mod {
-			return s.byAddr[i].Addr, true
+	for _, i := range s.named(fn) {
+		if sym := s.all[i]; sym.Module == mod && sym.isFunction() {
+			return sym.Addr, true
 		}
 	}
 	return 0, false
 }
 
-// Address returns the address of a text symbol or a kept marker symbol.
-func (s *Symbols) Address(name string) (uint64, bool) { return s.marker(name) }
+// Address returns the address of the core kernel's symbol called name,
+// of any type: a function, a section marker, a variable (per-CPU ones
+// are offsets from the per-CPU base). Where several share the name, the
+// lowest address wins.
+func (s *Symbols) Address(name string) (uint64, bool) {
+	for _, i := range s.named(name) {
+		if s.all[i].Module == "" {
+			return s.all[i].Addr, true
+		}
+	}
+	return 0, false
+}
 
 // InRange reports whether addr lies in [start, end) of two marker symbols
 // of the core kernel; false when either is missing.
 func (s *Symbols) InRange(addr uint64, start, end string) bool {
-	lo, ok1 := s.marker(start)
-	hi, ok2 := s.marker(end)
+	lo, ok1 := s.Address(start)
+	hi, ok2 := s.Address(end)
 	return ok1 && ok2 && addr >= lo && addr < hi
-}
-
-func (s *Symbols) marker(name string) (uint64, bool) {
-	if a, ok := s.markers[name]; ok {
-		return a, true
-	}
-	sym, _, err := s.Lookup(name)
-	return sym.Addr, err == nil && sym.Module == ""
 }

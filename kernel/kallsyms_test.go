@@ -62,3 +62,52 @@ func TestParseKallsymsErrors(t *testing.T) {
 		t.Errorf("zero addresses: %v, want ErrHiddenAddresses", err)
 	}
 }
+
+// TestSymbolsEveryType: the table keeps symbols of every type; the
+// function view (Lookup, At, Len) holds types t and T only.
+func TestSymbolsEveryType(t *testing.T) {
+	s, err := ParseKallsyms(strings.NewReader(kallsymsFixture +
+		"000000000001fb80 A current_task\nffffffff82000000 D modules\nffffffff81001080 W weak_fn\n" +
+		"ffffffffc0002000 d modules\t[virtio_net]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Len() != 7 || len(s.Every()) != 12 {
+		t.Errorf("%d functions of %d symbols, want 7 of 12", s.Len(), len(s.Every()))
+	}
+	for _, tc := range []struct {
+		name string
+		addr uint64
+		ok   bool
+	}{
+		{"current_task", 0x1fb80, true},        // per-CPU: an offset
+		{"modules", 0xffffffff82000000, true},  // the core kernel's, not the module's
+		{"not_text", 0xffffffff81001040, true}, // data at a function's address
+		{"filename_lookup", 0xffffffff81001040, true},
+		{"modfn", 0, false}, // a module's only
+	} {
+		if a, ok := s.Address(tc.name); a != tc.addr || ok != tc.ok {
+			t.Errorf("Address(%s) = %#x %v, want %#x %v", tc.name, a, ok, tc.addr, tc.ok)
+		}
+	}
+	if _, _, err := s.Lookup("modules"); !errors.Is(err, ErrUnknownFunction) || !errors.Is(err, ErrNoSymbol) {
+		t.Errorf("Lookup of a data symbol: %v", err)
+	}
+	if _, _, err := s.Lookup("weak_fn"); err == nil {
+		t.Error("a weak symbol in the function view")
+	}
+	// The weak symbol is text, but its bytes count in the extent of the
+	// function before it, as kinst has always counted them.
+	if got, _, _ := s.At(0xffffffff81001084); got.Name != "filename_lookup" {
+		t.Errorf("At(weak_fn+4) = %s", got.Name)
+	}
+	if n := s.Named("modules"); len(n) != 2 || n[0].Module != "" || n[1].Module != "virtio_net" {
+		t.Errorf("Named(modules) = %+v", n)
+	}
+	if b, ok := s.Before(0xffffffffc0001110, "virtio_net", 0x1000); !ok || b.Name != "modfn" {
+		t.Errorf("Before = %+v %v", b, ok)
+	}
+	if a, ok := s.After(Symbol{Addr: 0xffffffffc0001000, Module: "virtio_net"}); !ok || a.Name != "modfn" {
+		t.Errorf("After = %+v %v", a, ok)
+	}
+}

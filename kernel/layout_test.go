@@ -32,6 +32,8 @@ func testLayoutTypes(dropMember string) []btf.Type {
 		m("num_exentries", u32, 100), m("extable", ptr, 104),
 		m("jump_entries", ptr, 120), m("num_jump_entries", u32, 128),
 		m("num_static_call_sites", s32, 132), m("static_call_sites", ptr, 136),
+		m("core_layout", &btf.Struct{Name: "module_layout", Size: 16, Members: []btf.Member{
+			m("base", ptr, 0), m("size", u32, 8), m("text_size", u32, 12)}}, 144),
 	}}
 	var kept []btf.Member
 	for _, x := range mod.Members {
@@ -60,10 +62,10 @@ func TestLayoutFromBTF(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, c := range map[string]struct{ got, want Field }{
-		"module.list":            {l.ModList, Field{24, 16}},
-		"module.name":            {l.ModName, Field{40, 56}},
-		"module.extable":         {l.ModExTable, Field{104, 8}},
-		"module.num_static_call": {l.ModNumStaticCallSites, Field{132, 4}},
+		"module.list":            {l.Module.List, Field{24, 16}},
+		"module.name":            {l.Module.Name, Field{40, 56}},
+		"module.extable":         {l.Module.ExTable, Field{104, 8}},
+		"module.num_static_call": {l.Module.NumStaticCallSites, Field{132, 4}},
 		"ftrace_page.next":       {l.FtraceNext, Field{8, 8}},
 		"dyn_ftrace.ip":          {l.DynFtrace.Rel, Field{8, 8}},
 	} {
@@ -71,8 +73,8 @@ func TestLayoutFromBTF(t *testing.T) {
 			t.Errorf("%s = %+v, want %+v", name, c.got, c.want)
 		}
 	}
-	if l.ModUnformed != 3 || l.JumpEntry.Size != 16 || l.FtracePageSize != 24 {
-		t.Errorf("unformed %d, jump_entry %d bytes, ftrace_page %d bytes", l.ModUnformed, l.JumpEntry.Size, l.FtracePageSize)
+	if l.Module.Unformed != 3 || l.JumpEntry.Size != 16 || l.FtracePageSize != 24 {
+		t.Errorf("unformed %d, jump_entry %d bytes, ftrace_page %d bytes", l.Module.Unformed, l.JumpEntry.Size, l.FtracePageSize)
 	}
 	_, err = testLayout(t, "jump_entries")
 	var le *LayoutError
@@ -112,26 +114,26 @@ func newFakeKernel(t *testing.T, l *KernelLayout) *fakeKernel {
 	mem := memReader{}
 	// The list: head → evdev → unformed → head.
 	head := make([]byte, 16)
-	put64(head, l.ListNext, fkMod1+uint64(l.ModList.Off))
+	binary.LittleEndian.PutUint64(head, fkMod1+uint64(l.Module.List.Off))
 	mem[fkModules] = head
 	mod := func(name string, state uint32, next uint64) []byte {
 		b := make([]byte, 160)
-		put32(b, l.ModState, state)
-		copy(b[l.ModName.Off:], name)
-		binary.LittleEndian.PutUint64(b[l.ModList.Off+l.ListNext.Off:], next)
+		put32(b, l.Module.State, state)
+		copy(b[l.Module.Name.Off:], name)
+		binary.LittleEndian.PutUint64(b[l.Module.List.Off:], next)
 		return b
 	}
-	m1 := mod("evdev", 0, fkMod2+uint64(l.ModList.Off))
-	put64(m1, l.ModExTable, fkTables)
-	put32(m1, l.ModNumExTable, 2)
-	put64(m1, l.ModJumpEntries, fkTables+0x100)
-	put32(m1, l.ModNumJumpEntries, 1)
-	put64(m1, l.ModStaticCallSites, fkTables+0x200)
-	put32(m1, l.ModNumStaticCallSites, 1)
+	m1 := mod("evdev", 0, fkMod2+uint64(l.Module.List.Off))
+	put64(m1, l.Module.ExTable, fkTables)
+	put32(m1, l.Module.NumExTable, 2)
+	put64(m1, l.Module.JumpEntries, fkTables+0x100)
+	put32(m1, l.Module.NumJumpEntries, 1)
+	put64(m1, l.Module.StaticCallSites, fkTables+0x200)
+	put32(m1, l.Module.NumStaticCallSites, 1)
 	mem[fkMod1] = m1
-	m2 := mod("coming", uint32(l.ModUnformed), fkModules)
-	put64(m2, l.ModExTable, 0xdead0000) // unreadable: must not be read
-	put32(m2, l.ModNumExTable, 5)
+	m2 := mod("coming", uint32(l.Module.Unformed), fkModules)
+	put64(m2, l.Module.ExTable, 0xdead0000) // unreadable: must not be read
+	put32(m2, l.Module.NumExTable, 5)
 	mem[fkMod2] = m2
 	tables := make([]byte, 0x300)
 	rel := func(e Entry, at uint64, target uint64) {
@@ -208,7 +210,7 @@ func TestLoadOwnedSitesModulesAndFtrace(t *testing.T) {
 	}
 
 	// A list that never comes back to its head is an error, not a hang.
-	binary.LittleEndian.PutUint64(k.mem[fkMod2][l.ModList.Off+l.ListNext.Off:], fkMod1+uint64(l.ModList.Off))
+	binary.LittleEndian.PutUint64(k.mem[fkMod2][l.Module.List.Off:], fkMod1+uint64(l.Module.List.Off))
 	if _, _, err := LoadOwnedSites(k.mem, k.syms, l); !errors.Is(err, ErrOwnedTable) {
 		t.Errorf("cyclic module list: %v, want ErrOwnedTable", err)
 	}

@@ -1,7 +1,6 @@
 package kernel
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 )
@@ -84,7 +83,6 @@ var coreTables = []struct {
 // records in a few hundred pages.
 const (
 	maxOwnedTable = 4 << 20
-	maxModules    = 1 << 12
 	maxFtracePage = 1 << 16
 )
 
@@ -105,20 +103,14 @@ func (e *OwnedTableError) Error() string {
 func (e *OwnedTableError) Is(t error) bool { return t == ErrOwnedTable }
 func (e *OwnedTableError) Unwrap() error   { return e.Err }
 
-// Reader reads kernel memory at a virtual address: the driver, a core
-// dump, or a file.
-type Reader interface {
-	Read(addr uint64, b []byte) error
-}
-
 // LoadOwnedSites reads the kernel's tables from live memory (r reads any
 // kernel address, such as the driver). layout may be nil: see OwnedSites.
 func LoadOwnedSites(r Reader, syms *Symbols, layout *KernelLayout) (*OwnedSites, OwnedCounts, error) {
 	o := &OwnedSites{kinds: map[uint64]ownedKind{}}
 	var n OwnedCounts
 	for _, t := range coreTables {
-		lo, ok1 := syms.marker(t.start)
-		hi, ok2 := syms.marker(t.stop)
+		lo, ok1 := syms.Address(t.start)
+		hi, ok2 := syms.Address(t.stop)
 		if !ok1 || !ok2 || hi < lo {
 			continue
 		}
@@ -202,55 +194,32 @@ func (o *OwnedSites) readTable(r Reader, name string, addr, count uint64, e Entr
 // readModules walks the `modules` list and reads each formed module's
 // exception, jump-label and static-call tables.
 func (o *OwnedSites) readModules(r Reader, syms *Symbols, l *KernelLayout, n *OwnedCounts) error {
-	head, ok := syms.marker("modules")
+	head, ok := syms.Address("modules")
 	if !ok {
 		return nil // a kernel without modules
 	}
-	var next [8]byte
-	read := func(table string, addr uint64, b []byte) error {
-		if err := r.Read(addr, b); err != nil {
-			return &OwnedTableError{Table: table, Addr: addr, Err: err}
-		}
-		return nil
+	mods, err := ReadModules(r, head, &l.Module)
+	if err != nil {
+		return &OwnedTableError{Table: "modules", Addr: head, Err: err}
 	}
-	if err := read("modules", head+uint64(l.ListNext.Off), next[:]); err != nil {
-		return err
-	}
-	// Read struct module up to the last field used.
-	var size uint32
-	for _, f := range []Field{l.ModList, l.ModName, l.ModState, l.ModExTable, l.ModNumExTable, l.ModJumpEntries,
-		l.ModNumJumpEntries, l.ModStaticCallSites, l.ModNumStaticCallSites} {
-		size = max(size, f.Off+f.Size)
-	}
-	mod := make([]byte, size)
-	node := uintAt(next[:], Field{0, 8})
-	for i := 0; node != head; i++ {
-		if i == maxModules || node == 0 {
-			return &OwnedTableError{Table: "modules", Addr: head, Err: errors.New("list does not come back to its head")}
-		}
-		base := node - uint64(l.ModList.Off)
-		if err := read("struct module", base, mod); err != nil {
-			return err
-		}
-		node = uintAt(mod[l.ModList.Off:], l.ListNext)
-		if uintAt(mod, l.ModState) == l.ModUnformed {
+	for _, m := range mods {
+		if !m.Formed {
 			continue // being loaded: its tables are not set up yet
 		}
-		name, _, _ := bytes.Cut(mod[l.ModName.Off:l.ModName.Off+l.ModName.Size], []byte{0})
 		for _, t := range []struct {
-			what       string
-			ptr, count Field
-			kind       ownedKind
+			what  string
+			table Table
+			kind  ownedKind
 		}{
-			{"extable", l.ModExTable, l.ModNumExTable, ownedExTable},
-			{"jump_entries", l.ModJumpEntries, l.ModNumJumpEntries, ownedJumpLabel},
-			{"static_call_sites", l.ModStaticCallSites, l.ModNumStaticCallSites, ownedStaticCall},
+			{"extable", m.ExTable, ownedExTable},
+			{"jump_entries", m.JumpEntries, ownedJumpLabel},
+			{"static_call_sites", m.StaticCallSites, ownedStaticCall},
 		} {
-			count := intAt(mod, t.count)
-			if count < 0 {
-				return &OwnedTableError{Table: "module " + string(name) + ": " + t.what, Addr: base, Err: fmt.Errorf("count %d", count)}
+			name := "module " + m.Name + ": " + t.what
+			if t.table.Count < 0 {
+				return &OwnedTableError{Table: name, Addr: m.Addr, Err: fmt.Errorf("count %d", t.table.Count)}
 			}
-			k, err := o.readTable(r, "module "+string(name)+": "+t.what, uintAt(mod, t.ptr), uint64(count), l.entry(t.kind), t.kind)
+			k, err := o.readTable(r, name, t.table.Addr, uint64(t.table.Count), l.entry(t.kind), t.kind)
 			if err != nil {
 				return err
 			}
@@ -265,7 +234,7 @@ func (o *OwnedSites) readModules(r Reader, syms *Symbols, l *KernelLayout, n *Ow
 // records, index} and marks each dyn_ftrace record's ip. The list holds
 // the core kernel's records and every module's.
 func (o *OwnedSites) readFtrace(r Reader, syms *Symbols, l *KernelLayout) (int, error) {
-	start, ok := syms.marker("ftrace_pages_start")
+	start, ok := syms.Address("ftrace_pages_start")
 	if !ok {
 		return 0, nil // no dynamic ftrace: leave the shape check in charge
 	}

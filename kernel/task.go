@@ -5,8 +5,6 @@ import (
 	"fmt"
 
 	"github.com/cilium/ebpf/btf"
-
-	"github.com/kinst/kinst/internal/kbtf"
 )
 
 // TaskLayout is how instrumentation finds the running task and reads its
@@ -29,24 +27,23 @@ var ErrNoTaskLayout = errors.New("cannot locate the current task")
 // pcpu_hot.current_task from 6.2 on. Per-CPU symbols are offsets from the
 // per-CPU base, which %gs holds in the kernel; KASLR does not move them.
 func TaskLayoutFromBTF(spec *btf.Spec, syms *Symbols) (TaskLayout, error) {
+	return TaskLayoutFrom(&Types{Spec: spec}, syms)
+}
+
+// TaskLayoutFrom is TaskLayoutFromBTF over Types. Its errors match both
+// ErrNoTaskLayout and, where BTF lacks a member, ErrLayout.
+func TaskLayoutFrom(t *Types, syms *Symbols) (TaskLayout, error) {
 	var l TaskLayout
-	var task *btf.Struct
-	if err := spec.TypeByName("task_struct", &task); err != nil {
-		return l, fmt.Errorf("%w: task_struct in BTF: %v", ErrNoTaskLayout, err)
-	}
 	for _, f := range []struct {
 		name string
 		dst  *uint32
 		size uint32
 	}{{"pid", &l.PID, 4}, {"tgid", &l.TGID, 4}, {"comm", &l.Comm, 16}} {
-		off, size, err := memberOffset(task, f.name)
+		fl, err := t.Field("task_struct", f.name, f.size)
 		if err != nil {
-			return l, err
+			return l, fmt.Errorf("%w: %w", ErrNoTaskLayout, err)
 		}
-		if size != f.size {
-			return l, fmt.Errorf("%w: task_struct.%s is %d bytes, want %d", ErrNoTaskLayout, f.name, size, f.size)
-		}
-		*f.dst = off
+		*f.dst = fl.Off
 	}
 	if a, ok := syms.Address("current_task"); ok {
 		if a >= 1<<31 {
@@ -59,41 +56,10 @@ func TaskLayoutFromBTF(spec *btf.Spec, syms *Symbols) (TaskLayout, error) {
 	if !ok || a >= 1<<31 {
 		return l, fmt.Errorf("%w: neither current_task nor pcpu_hot is a per-CPU symbol in kallsyms", ErrNoTaskLayout)
 	}
-	var hot *btf.Struct
-	if err := spec.TypeByName("pcpu_hot", &hot); err != nil {
-		return l, fmt.Errorf("%w: pcpu_hot in BTF: %v", ErrNoTaskLayout, err)
-	}
-	off, _, err := memberOffset(hot, "current_task")
+	off, err := t.Offset("pcpu_hot", "current_task")
 	if err != nil {
-		return l, err
+		return l, fmt.Errorf("%w: %w", ErrNoTaskLayout, err)
 	}
-	l.CurrentTask = uint32(a) + off
+	l.CurrentTask = uint32(a) + uint32(off)
 	return l, nil
-}
-
-// LoadTaskLayout reads the running kernel's BTF.
-func LoadTaskLayout(syms *Symbols) (TaskLayout, error) {
-	spec, err := btf.LoadKernelSpec()
-	if err != nil {
-		return TaskLayout{}, fmt.Errorf("kernel BTF: %w", err)
-	}
-	return TaskLayoutFromBTF(spec, syms)
-}
-
-// memberOffset finds a member by name, looking into anonymous structs and
-// unions, and returns its byte offset and size.
-func memberOffset(s btf.Type, name string) (uint32, uint32, error) {
-	m, ok := kbtf.Member(s, name)
-	off, t := m.Offset, m.Type
-	if !ok {
-		return 0, 0, fmt.Errorf("%w: no member %s", ErrNoTaskLayout, name)
-	}
-	if off%8 != 0 {
-		return 0, 0, fmt.Errorf("%w: member %s is a bitfield", ErrNoTaskLayout, name)
-	}
-	size, err := btf.Sizeof(t)
-	if err != nil {
-		return 0, 0, fmt.Errorf("%w: member %s: %v", ErrNoTaskLayout, name, err)
-	}
-	return uint32(off / 8), uint32(size), nil
 }

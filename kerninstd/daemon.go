@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"strings"
 	"sync"
 	"time"
 
@@ -25,20 +23,18 @@ type Config struct {
 	Release  string // kernel release; default from /proc/sys/kernel/osrelease
 	Info     func() api.Info
 	Log      *slog.Logger
-	// Prototypes loads function prototypes (kernel.LoadKernelPrototypes);
-	// nil: none.
-	Prototypes func() (kernel.Prototypes, error)
-	// Layout loads the struct layouts the module and ftrace table walkers
-	// need (kernel.LoadKernelLayout); nil: only the core kernel's tables are
-	// read.
-	Layout func() (*kernel.KernelLayout, error)
+	// BTF is the kernel's BTF (kernel.BTFPath), for function prototypes
+	// and the struct layouts the module and ftrace table walkers need;
+	// "": none: liveness stays conservative at calls and only the core
+	// kernel's tables are read.
+	BTF string
 	// CacheDir keeps the whole-kernel analysis across restarts; "" off.
 	CacheDir string
 	// Notes and Modules identify the kernel build and module set for the
 	// cache (default /sys/kernel/notes and /proc/modules).
 	Notes, Modules string
 	// TaskLayout locates current's pid, tgid and comm for filters
-	// (default kernel.LoadTaskLayout, from the kernel's BTF).
+	// (default: the kernel view's, from BTF).
 	TaskLayout func(*kernel.Symbols) (kernel.TaskLayout, error)
 	// Clock is the daemon's time (default: the system's).
 	Clock Clock
@@ -46,24 +42,18 @@ type Config struct {
 
 // Daemon owns the device and every session.
 type Daemon struct {
-	dev        Device
-	log        *slog.Logger
-	kallsyms   string
-	release    string
-	info       func() api.Info
-	loadProtos func() (kernel.Prototypes, error)
-	loadLayout func() (*kernel.KernelLayout, error)
+	dev  Device
+	log  *slog.Logger
+	info func() api.Info
 
-	symMu sync.Mutex      // protects syms
-	syms  *kernel.Symbols // immutable snapshot, replaced on reload
-
-	protoOnce sync.Once
-	protoMap  kernel.Prototypes // from kernel BTF; nil (conservative) if unavailable
+	// view is the running kernel as kinst reads it (through text():
+	// spliced bytes read as the originals): symbols, BTF, layouts, the
+	// module list and the kernel's own tables. Its symbols are an
+	// immutable snapshot, replaced by reloadSymbols.
+	view      *kernel.Program
+	protoWarn sync.Once // logs once that prototypes are unavailable
 
 	cacheDir, notesPath, modulesPath string
-
-	layoutOnce sync.Once
-	layoutVal  *kernel.KernelLayout // from kernel BTF; nil if unavailable
 
 	ownMu    sync.Mutex         // protects owned and ownedFor
 	owned    *kernel.OwnedSites // instructions the kernel's own tables name; nil if unreadable
@@ -116,11 +106,7 @@ func New(c Config) (*Daemon, error) {
 	d := &Daemon{
 		dev:         c.Device,
 		log:         c.Log,
-		kallsyms:    c.Kallsyms,
-		release:     c.Release,
 		info:        c.Info,
-		loadProtos:  c.Prototypes,
-		loadLayout:  c.Layout,
 		cacheDir:    c.CacheDir,
 		notesPath:   c.Notes,
 		modulesPath: c.Modules,
@@ -132,7 +118,7 @@ func New(c Config) (*Daemon, error) {
 		loadTask:    c.TaskLayout,
 	}
 	if d.loadTask == nil {
-		d.loadTask = kernel.LoadTaskLayout
+		d.loadTask = func(*kernel.Symbols) (kernel.TaskLayout, error) { return d.view.TaskLayout() }
 	}
 	if d.clock == nil {
 		d.clock = systemClock{metrics.NewClock()}
@@ -140,22 +126,17 @@ func New(c Config) (*Daemon, error) {
 	if d.log == nil {
 		d.log = slog.Default()
 	}
-	if d.kallsyms == "" {
-		d.kallsyms = "/proc/kallsyms"
-	}
 	if d.notesPath == "" {
 		d.notesPath = "/sys/kernel/notes"
 	}
 	if d.modulesPath == "" {
 		d.modulesPath = "/proc/modules"
 	}
-	if d.release == "" {
-		b, _ := os.ReadFile("/proc/sys/kernel/osrelease")
-		d.release = strings.TrimSpace(string(b))
+	view, err := kernel.Live(d.text(), kernel.LiveOptions{Kallsyms: c.Kallsyms, BTF: c.BTF, Release: c.Release})
+	if err != nil {
+		return nil, fmt.Errorf("load symbols: %w", err)
 	}
-	if _, err := d.reloadSymbols(); err != nil {
-		return nil, err
-	}
+	d.view = view
 	return d, nil
 }
 
@@ -164,44 +145,19 @@ func New(c Config) (*Daemon, error) {
 func (d *Daemon) text() textView { return textView{dev: d.dev, ov: &d.ov} }
 
 func (d *Daemon) symbols() *kernel.Symbols {
-	d.symMu.Lock()
-	defer d.symMu.Unlock()
-	return d.syms
+	s, _ := d.view.KernelSymbols() // loaded by New; a failed reload keeps the last
+	return s
 }
 
 // prototypes returns the kernel's function prototypes from BTF, loaded on
 // first use. Without BTF the analysis assumes every call reads all six
 // argument registers.
 func (d *Daemon) prototypes() kernel.Prototypes {
-	d.protoOnce.Do(func() {
-		if d.loadProtos == nil {
-			return
-		}
-		p, err := d.loadProtos()
-		if err != nil {
-			d.log.Warn("no function prototypes; liveness stays conservative at calls", "err", err)
-			return
-		}
-		d.protoMap = p
-	})
-	return d.protoMap
-}
-
-// layout returns the kernel's struct layouts from BTF, loaded on first
-// use; nil without BTF.
-func (d *Daemon) layout() *kernel.KernelLayout {
-	d.layoutOnce.Do(func() {
-		if d.loadLayout == nil {
-			return
-		}
-		l, err := d.loadLayout()
-		if err != nil {
-			d.log.Warn("no struct layouts; modules' tables and ftrace's records are not read", "err", err)
-			return
-		}
-		d.layoutVal = l
-	})
-	return d.layoutVal
+	p, err := d.view.Prototypes()
+	if err != nil && !errors.Is(err, kernel.ErrNoBTF) {
+		d.protoWarn.Do(func() { d.log.Warn("no function prototypes; liveness stays conservative at calls", "err", err) })
+	}
+	return p
 }
 
 // ownedSites returns the instructions the kernel's exception, jump-label,
@@ -215,17 +171,15 @@ func (d *Daemon) ownedSites() *kernel.OwnedSites {
 	if d.ownedFor == syms {
 		return d.owned
 	}
-	layout := d.layout()
-	o, n, err := kernel.LoadOwnedSites(d.text(), syms, layout)
-	if err != nil && layout != nil {
-		d.log.Warn("modules' tables or ftrace's records unreadable; only the core kernel's tables are refused", "err", err)
-		o, n, err = kernel.LoadOwnedSites(d.text(), syms, nil)
-	}
+	o, n, err := d.view.OwnedSites()
 	d.ownedFor = syms
-	if err != nil {
+	switch {
+	case o == nil:
 		d.log.Warn("kernel tables unreadable; their sites are not refused", "err", err)
 		d.owned = nil
 		return nil
+	case err != nil && !errors.Is(err, kernel.ErrNoBTF):
+		d.log.Warn("modules' tables or ftrace's records unreadable; only the core kernel's tables are refused", "err", err)
 	}
 	d.owned = o
 	d.log.Info("kernel tables read", "ex_table", n.ExTable, "jump_labels", n.JumpLabels, "static_calls", n.StaticCalls,
@@ -234,13 +188,10 @@ func (d *Daemon) ownedSites() *kernel.OwnedSites {
 }
 
 func (d *Daemon) reloadSymbols() (*kernel.Symbols, error) {
-	s, err := kernel.LoadKallsyms(d.kallsyms)
+	s, err := d.view.Reload()
 	if err != nil {
 		return nil, fmt.Errorf("load symbols: %w", err)
 	}
-	d.symMu.Lock()
-	d.syms = s
-	d.symMu.Unlock()
 	return s, nil
 }
 
@@ -250,7 +201,7 @@ func (d *Daemon) Info() api.Info {
 	if d.info != nil {
 		in = d.info()
 	}
-	in.KernelRelease = d.release
+	in.KernelRelease = d.view.Release()
 	in.Symbols = d.symbols().Len()
 	d.mu.Lock()
 	in.Sessions = len(d.sessions)

@@ -1,10 +1,8 @@
 package kerninstd
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 
@@ -40,33 +38,37 @@ func (d *Daemon) lockAddress(spec string) (uint64, string, error) {
 		}
 		return a, spec, nil
 	}
-	f, err := os.Open(d.kallsyms)
-	if err != nil {
-		return 0, "", err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 0, 64*1024), 1024*1024)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 3 || fields[2] != spec {
-			continue
+	sym, ok := dataSymbol(d.symbols(), spec)
+	if !ok {
+		// Maybe a module loaded since the snapshot.
+		if syms, err := d.reloadSymbols(); err == nil {
+			sym, ok = dataSymbol(syms, spec)
 		}
-		switch fields[1] {
-		case "d", "D", "b", "B":
-		default:
-			return 0, "", badRequest(fmt.Errorf("%w: %s is not data (kallsyms type %s)", ErrNoLock, spec, fields[1]))
-		}
-		a, err := strconv.ParseUint(fields[0], 16, 64)
-		if err != nil || a == 0 {
-			return 0, "", fmt.Errorf("%s: kallsyms address %q: %w", spec, fields[0], kernel.ErrHiddenAddresses)
-		}
-		return a, fmt.Sprintf("%s (%#x)", spec, a), nil
 	}
-	if err := sc.Err(); err != nil {
-		return 0, "", err
+	switch {
+	case !ok:
+		return 0, "", fmt.Errorf("%w: %q is not a kernel data symbol (give 0xADDR for a lock inside a structure)", ErrNoLock, spec)
+	case !strings.ContainsRune("dDbB", rune(sym.Type)):
+		return 0, "", badRequest(fmt.Errorf("%w: %s is not data (kallsyms type %c)", ErrNoLock, spec, sym.Type))
+	case sym.Addr == 0:
+		return 0, "", fmt.Errorf("%s: kallsyms address 0: %w", spec, kernel.ErrHiddenAddresses)
 	}
-	return 0, "", fmt.Errorf("%w: %q is not a kernel data symbol (give 0xADDR for a lock inside a structure)", ErrNoLock, spec)
+	return sym.Addr, fmt.Sprintf("%s (%#x)", spec, sym.Addr), nil
+}
+
+// dataSymbol finds the symbol called name, of any type, the core kernel's
+// first.
+func dataSymbol(syms *kernel.Symbols, name string) (kernel.Symbol, bool) {
+	named := syms.Named(name)
+	for _, s := range named {
+		if s.Module == "" {
+			return s, true
+		}
+	}
+	if len(named) > 0 {
+		return named[0], true
+	}
+	return kernel.Symbol{}, false
 }
 
 // lockWaitFunction is the function a task waits for a mutex in: the

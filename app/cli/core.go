@@ -12,6 +12,7 @@ import (
 	"github.com/kinst/kinst/core"
 	"github.com/kinst/kinst/core/dump"
 	"github.com/kinst/kinst/internal/att"
+	"github.com/kinst/kinst/kernel"
 )
 
 // CoreRequest is one `kinst core DUMP COMMAND [ARGS]`, its arguments
@@ -197,7 +198,7 @@ func printStack(w io.Writer, st *core.Stack) {
 	for i, f := range st.Frames {
 		name := "?"
 		if f.Function != "" {
-			name = symName(core.Symbol{Name: f.Function, Module: f.Module}, f.Offset)
+			name = symName(kernel.Symbol{Name: f.Function, Module: f.Module}, f.Offset)
 		}
 		exc := ""
 		if f.Exception {
@@ -301,7 +302,7 @@ func symbolize(k *core.Kernel, a uint64) string {
 }
 
 // symName is SYM+0xOFF, with [module] after a module's symbol.
-func symName(s core.Symbol, off uint64) string {
+func symName(s kernel.Symbol, off uint64) string {
 	if s.Module != "" {
 		return fmt.Sprintf("%s+%#x [%s]", s.Name, off, s.Module)
 	}
@@ -336,7 +337,7 @@ func CoreSym(k *core.Kernel, arg string, asJSON bool, w io.Writer) error {
 	if a, perr := strconv.ParseUint(arg, 0, 64); perr == nil {
 		s, off, ok := k.SymbolAt(a)
 		if !ok {
-			return fmt.Errorf("%#x: %w", a, core.ErrNoSymbol)
+			return fmt.Errorf("%#x: %w", a, kernel.ErrNoSymbol)
 		}
 		out = api.CoreSymbol{Name: s.Name, Module: s.Module, Address: fmt.Sprintf("%#x", s.Addr), Type: string(s.Type), Offset: off, Size: k.SymbolSize(s)}
 	} else {

@@ -70,7 +70,7 @@ func run(log *slog.Logger, socket, listen, metricsAddr, devPath, kallsyms, cache
 	build := buildinfo.Read().String()
 	log.Info("driver open", "kerninstd", build, "abi", info.ABIVersion, "patch_heap", fmt.Sprintf("%#x", info.PatchHeap),
 		"counter_heap", fmt.Sprintf("%#x", info.CounterHeap), "counters", dev.NumCounters())
-	d, err := kerninstd.New(kerninstd.Config{Device: dev, Kallsyms: kallsyms, Log: log, Prototypes: kernel.LoadKernelPrototypes, Layout: kernel.LoadKernelLayout, CacheDir: cacheDir, Info: func() api.Info {
+	d, err := kerninstd.New(kerninstd.Config{Device: dev, Kallsyms: kallsyms, Log: log, BTF: kernel.BTFPath, CacheDir: cacheDir, Info: func() api.Info {
 		in := api.Info{Version: build, ABIVersion: info.ABIVersion, PatchHeap: api.Addr(info.PatchHeap),
 			PatchHeapSize: info.PatchHeapSize, CounterHeap: api.Addr(info.CounterHeap), Counters: dev.NumCounters()}
 		if now, err := dev.Info(); err == nil {

@@ -3,7 +3,8 @@
 // kdump-compressed format (makedumpfile's diskdump_mod.h layout, every
 // header version and page codec), makedumpfile's flattened stream, and
 // FreeBSD amd64 minidumps (sys/amd64/include/minidump.h, versions 1–3),
-// for which no kernel runs here. It is a writer only; nothing in it is
+// for which no kernel runs here, and the compressed symbol tables a
+// kernel image carries (kallsyms). It is a writer only; nothing in it is
 // shared with the readers.
 package dumpgen
 

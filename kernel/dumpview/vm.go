@@ -1,4 +1,4 @@
-package core
+package dumpview
 
 import (
 	"encoding/binary"
@@ -39,17 +39,17 @@ func (e *TranslationError) Is(t error) bool { return t == dump.ErrNotPresent }
 // image by its linear mapping at phys_base, everything else (direct
 // map, vmalloc and module space, stacks) by walking the kernel's page
 // tables. Walks are cached per 4 KiB page.
-func (k *Kernel) Translate(va uint64) (uint64, error) {
-	if va >= startKernelMap && va < k.imageEnd {
-		return va - startKernelMap + k.physBase, nil
+func (v *View) Translate(va uint64) (uint64, error) {
+	if va >= startKernelMap && va < v.imageEnd {
+		return va - startKernelMap + v.physBase, nil
 	}
 	page := va &^ pageMask
-	k.mu.Lock()
-	pa, ok := k.tlb[page]
-	k.mu.Unlock()
+	v.mu.Lock()
+	pa, ok := v.tlb[page]
+	v.mu.Unlock()
 	if !ok {
 		var err error
-		pa, err = k.walk(page)
+		pa, err = v.walk(page)
 		if err != nil {
 			var te *TranslationError
 			if !errors.As(err, &te) {
@@ -57,28 +57,28 @@ func (k *Kernel) Translate(va uint64) (uint64, error) {
 			}
 			pa = notMapped
 		}
-		k.mu.Lock()
-		k.tlb[page] = pa
-		k.mu.Unlock()
+		v.mu.Lock()
+		v.tlb[page] = pa
+		v.mu.Unlock()
 	}
 	if pa == notMapped {
-		_, err := k.walk(page)
+		_, err := v.walk(page)
 		return 0, err
 	}
 	return pa | va&pageMask, nil
 }
 
 // walk translates one page through the page tables.
-func (k *Kernel) walk(va uint64) (uint64, error) {
-	table := k.pgd
+func (v *View) walk(va uint64) (uint64, error) {
+	table := v.pgd
 	shift := uint(39)
-	if k.levels == 5 {
+	if v.levels == 5 {
 		shift = 48
 	}
 	var b [8]byte
-	for level := k.levels; level >= 1; level-- {
+	for level := v.levels; level >= 1; level-- {
 		idx := (va >> shift) & 511
-		if _, err := k.Dump.ReadPhys(b[:], table+idx*8); err != nil {
+		if _, err := v.Dump.ReadPhys(b[:], table+idx*8); err != nil {
 			return 0, fmt.Errorf("page walk of %#x: level-%d table at physical %#x: %w", va, level, table, err)
 		}
 		e := binary.LittleEndian.Uint64(b[:])
@@ -96,46 +96,22 @@ func (k *Kernel) walk(va uint64) (uint64, error) {
 }
 
 // ReadVirt reads kernel virtual memory, page by page.
-func (k *Kernel) ReadVirt(p []byte, va uint64) error {
+func (v *View) ReadVirt(p []byte, va uint64) error {
 	for done := 0; done < len(p); {
 		a := va + uint64(done)
-		pa, err := k.Translate(a)
+		pa, err := v.Translate(a)
 		if err != nil {
 			return err
 		}
 		n := min(len(p)-done, int(pageSize-a&pageMask))
-		if a >= startKernelMap && a < k.imageEnd {
+		if a >= startKernelMap && a < v.imageEnd {
 			// The image is physically contiguous: read it in one go.
 			n = len(p) - done
 		}
-		if _, err := k.Dump.ReadPhys(p[done:done+n], pa); err != nil {
+		if _, err := v.Dump.ReadPhys(p[done:done+n], pa); err != nil {
 			return fmt.Errorf("reading %#x: %w", a, err)
 		}
 		done += n
 	}
 	return nil
-}
-
-// ReadU64 reads one little-endian 64-bit word of kernel memory.
-func (k *Kernel) ReadU64(va uint64) (uint64, error) {
-	var b [8]byte
-	if err := k.ReadVirt(b[:], va); err != nil {
-		return 0, err
-	}
-	return binary.LittleEndian.Uint64(b[:]), nil
-}
-
-// ReadU32 reads one little-endian 32-bit word of kernel memory.
-func (k *Kernel) ReadU32(va uint64) (uint32, error) {
-	var b [4]byte
-	if err := k.ReadVirt(b[:], va); err != nil {
-		return 0, err
-	}
-	return binary.LittleEndian.Uint32(b[:]), nil
-}
-
-// ReadBytes reads n bytes of kernel memory.
-func (k *Kernel) ReadBytes(va uint64, n int) ([]byte, error) {
-	b := make([]byte, n)
-	return b, k.ReadVirt(b, va)
 }

@@ -2,7 +2,6 @@ package kernel
 
 import (
 	"errors"
-	"fmt"
 
 	"github.com/cilium/ebpf/btf"
 )
@@ -51,16 +50,6 @@ func PrototypesFromBTF(spec *btf.Spec) (Prototypes, error) {
 		return nil, errors.New("BTF has no function prototypes")
 	}
 	return p, nil
-}
-
-// LoadKernelPrototypes reads the running kernel's BTF
-// (/sys/kernel/btf/vmlinux, present with CONFIG_DEBUG_INFO_BTF).
-func LoadKernelPrototypes() (Prototypes, error) {
-	spec, err := btf.LoadKernelSpec()
-	if err != nil {
-		return nil, fmt.Errorf("kernel BTF: %w", err)
-	}
-	return PrototypesFromBTF(spec)
 }
 
 // argRegCount counts the integer registers a call passes. Anything it

@@ -1,4 +1,4 @@
-package core
+package dumpview
 
 import (
 	"fmt"
@@ -71,8 +71,8 @@ func ParseVMCoreInfo(text string) (*VMCoreInfo, error) {
 	return v, nil
 }
 
-// need returns the listed symbols, or an error naming the first missing.
-func (v *VMCoreInfo) need(names ...string) ([]uint64, error) {
+// Need returns the listed symbols, or an error naming the first missing.
+func (v *VMCoreInfo) Need(names ...string) ([]uint64, error) {
 	out := make([]uint64, len(names))
 	for i, n := range names {
 		a, ok := v.Symbols[n]
@@ -84,8 +84,8 @@ func (v *VMCoreInfo) need(names ...string) ([]uint64, error) {
 	return out, nil
 }
 
-// offset returns OFFSET(name) or an error.
-func (v *VMCoreInfo) offset(name string) (int64, error) {
+// Offset returns OFFSET(name) or an error.
+func (v *VMCoreInfo) Offset(name string) (int64, error) {
 	o, ok := v.Offsets[name]
 	if !ok {
 		return 0, &MissingError{What: "OFFSET(" + name + ")", Where: "VMCOREINFO"}
