@@ -2,6 +2,7 @@ package offcpu
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -145,6 +146,9 @@ func TestSampleOneThread(t *testing.T) {
 	requireRoot(t)
 	w := startWorkload(t)
 	tid := workloadTIDs(t, w.pid)["piper"]
+	// "ready" comes before the thread reaches its read: on a busy machine
+	// it can still be runnable for the whole sampling run below.
+	waitBlocked(t, w.pid, tid, 0) // read(2)
 	s, err := NewSampler(Options{TID: tid, States: "S", Group: ByTID}, time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
@@ -314,4 +318,25 @@ func TestSampleEveryThread(t *testing.T) {
 	if len(s.threads) == 0 || len(s.threads) > visited {
 		t.Errorf("%d threads cached after visiting %d", len(s.threads), visited)
 	}
+}
+
+// waitBlocked waits (up to 10 s) until thread tid of pid sleeps in system
+// call nr (/proc's wchan reads 0 where kallsyms is restricted, so the
+// syscall file says where it waits).
+func waitBlocked(t testing.TB, pid, tid, nr int) {
+	t.Helper()
+	if tid == 0 {
+		t.Fatalf("no such thread in pid %d", pid)
+	}
+	dir := fmt.Sprintf("/proc/%d/task/%d/", pid, tid)
+	want := strconv.Itoa(nr) + " "
+	var stat, sc []byte
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		stat, _ = os.ReadFile(dir + "stat")
+		sc, _ = os.ReadFile(dir + "syscall")
+		if i := bytes.LastIndexByte(stat, ')'); i > 0 && i+2 < len(stat) && stat[i+2] == 'S' && bytes.HasPrefix(sc, []byte(want)) {
+			return
+		}
+	}
+	t.Fatalf("thread %d never blocked in system call %d (stat %q, syscall %q)", tid, nr, stat, sc)
 }
