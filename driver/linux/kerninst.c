@@ -8,14 +8,17 @@
  * It does only what needs kernel context -- read kernel memory, write the
  * patch heap through a temporary alias, splice and unsplice one instruction
  * with the text_poke_bp protocol, send CPUs that hit a splice's int3 to its
- * patch -- and checks every argument it is given. What to splice, and the
- * code in the patches, is decided in user space (kerninstd).
+ * patch -- and checks every argument it is given. What to splice, where in
+ * the patch heap each patch goes and the code in it are decided in user
+ * space (kerninstd). The driver refuses to rewrite patch memory a splice
+ * leads to, and rewrites memory a splice led to only once no task can
+ * still be running there.
  *
- * /dev/kerninst opens exclusively. The opener owns every splice and every
- * patch allocation: release() restores all of them, so a crashed owner
- * leaves the kernel as it found it. fops.owner pins the module while the
- * device is open (or mapped), so there is nothing to restore at rmmod.
- * When another module whose text holds a splice is unloaded, the splice is
+ * /dev/kerninst opens exclusively. The opener owns every splice and the
+ * patch heap: release() restores all of them, so a crashed owner leaves
+ * the kernel as it found it. fops.owner pins the module while the device
+ * is open (or mapped), so there is nothing to restore at rmmod. When
+ * another module whose text holds a splice is unloaded, the splice is
  * taken out first (ki_module_notify).
  *
  * Locking:
@@ -107,6 +110,7 @@ enum ki_kind {
 struct ki_splice_rec {
 	unsigned long addr;	/* [ki_lock] 0: free record */
 	unsigned long patch;	/* where an int3 hit at addr is sent: WRITE_ONCE under ki_lock, READ_ONCE by the notifier */
+	u32 c0, c1;		/* [ki_lock] patch's heap chunks [c0, c1); none for KI_SHORT */
 	u32 id;			/* [ki_lock] */
 	u32 len;		/* [ki_lock] bytes written at addr */
 	u8 kind;		/* [ki_lock] enum ki_kind */
@@ -135,15 +139,9 @@ static u32 ki_nr_splices;	/* [ki_lock] installed splices */
 static u32 ki_next_id = 1;	/* [ki_lock] never 0 */
 /* [ki_lock] covering splices armed so far (their pending sequence) */
 static u64 ki_cover_seq;
-/* [ki_lock] a splice was removed since the last synchronize_rcu_tasks() */
-static bool ki_need_tasks_gp;
-
-static DECLARE_BITMAP(ki_heap_used, KI_NCHUNKS);	/* [ki_lock] one bit per allocated chunk */
-/* [ki_lock] at an allocation's first chunk: its length in chunks; else 0 */
-static u16 ki_alloc_len[KI_NCHUNKS];
-/* [ki_lock] at an allocation's first chunk: a splice has sent CPUs into it
- * since it was allocated, so a task may still be running in it */
-static bool ki_alloc_entered[KI_NCHUNKS];
+/* [ki_lock] patch heap chunks a splice sends CPUs into, or sent them into
+ * since the last synchronize_rcu_tasks(): a task may be running there */
+static DECLARE_BITMAP(ki_entered, KI_NCHUNKS);
 
 static struct ki_index ki_idx[2];	/* [ki_lock] for writers */
 static struct ki_index *ki_live_idx = &ki_idx[0];	/* published with release; read with acquire */
@@ -153,6 +151,11 @@ static bool ki_spare_dirty;
 
 static atomic_t ki_is_open = ATOMIC_INIT(0);
 static atomic_t ki_int3_hits = ATOMIC_INIT(0);	/* redirects by ki_die_notify */
+
+/* for each installed splice r (writers, under ki_lock) */
+#define ki_for_each(r) \
+	for (r = ki_splices; r < ki_splices + ki_nr_slots; r++) \
+		if (!r->addr) {} else
 
 /* ---- text access ---------------------------------------------------- */
 
@@ -357,7 +360,8 @@ static int ki_poke(unsigned long addr, const u8 *bytes, u32 len)
  *    complete while a CPU is still in this handler, so no CPU looks at a
  *    record for an address that no longer traps;
  *  - re-point: patch changes with WRITE_ONCE; the old and new patch are both
- *    complete, and the old one is freed only after an RCU-tasks grace period.
+ *    complete, and the old one stays entered (ki_entered), so it is not
+ *    rewritten before an RCU-tasks grace period.
  *
  * Anything else (a user-mode int3, a kprobe, a stray int3) is not ours.
  */
@@ -431,133 +435,78 @@ static struct notifier_block ki_die_nb = {
 
 /* ---- patch heap ------------------------------------------------------ */
 
-static unsigned long ki_chunk_addr(unsigned long c)
+/* ki_heap_chunks: the chunks [*c0, *c1) that [addr, addr+len) touches;
+ * false unless that range is non-empty and lies in the patch heap. */
+static bool ki_heap_chunks(u64 addr, u64 len, u32 *c0, u32 *c1)
 {
-	return (unsigned long)ki_patch_heap + c * KI_CHUNK;
+	u64 off = addr - (unsigned long)ki_patch_heap;
+
+	if (addr < (unsigned long)ki_patch_heap || !len || off >= KI_HEAP_SIZE ||
+	    len > KI_HEAP_SIZE - off)
+		return false;
+	*c0 = off / KI_CHUNK;
+	*c1 = DIV_ROUND_UP(off + len, KI_CHUNK);
+	return true;
 }
 
-/* ki_heap_chunk: the chunk holding addr, or -1 outside the heap. */
-static long ki_heap_chunk(unsigned long addr)
+/* ki_patch_chunks: the chunks [*c0, *c1) of the patch of a splice of kind:
+ * none for KI_SHORT (its patch is a slot; len must be 0), else the patch
+ * must start on a chunk and lie in the heap. */
+static bool ki_patch_chunks(u64 patch, u64 len, int kind, u32 *c0, u32 *c1)
 {
-	unsigned long h = (unsigned long)ki_patch_heap;
-
-	if (addr < h || addr - h >= KI_HEAP_SIZE)
-		return -1;
-	return (addr - h) / KI_CHUNK;
+	*c0 = *c1 = 0;
+	if (kind == KI_SHORT)
+		return !len;
+	return IS_ALIGNED(patch, KI_CHUNK) && ki_heap_chunks(patch, len, c0, c1);
 }
 
-/* ki_alloc_start: the first chunk of the live allocation starting at addr, or -1. */
-static long ki_alloc_start(unsigned long addr)
+/* ki_set_patch points r at patch, chunks [c0, c1), which become entered. */
+static void ki_set_patch(struct ki_splice_rec *r, u64 patch, u32 c0, u32 c1)
 {
-	long c = ki_heap_chunk(addr);
-
-	if (c < 0 || ki_chunk_addr(c) != addr || !ki_alloc_len[c])
-		return -1;
-	return c;
-}
-
-/* ki_alloc_holding: the first chunk of the live allocation holding all of
- * [addr, addr+len), or -1. */
-static long ki_alloc_holding(unsigned long addr, size_t len)
-{
-	long c = ki_heap_chunk(addr), s;
-
-	if (c < 0 || !len || addr + len < addr || !test_bit(c, ki_heap_used))
-		return -1;
-	/* Allocations are contiguous runs: the nearest start at or before
-	 * chunk c is the one holding c. */
-	for (s = c; s >= 0 && !ki_alloc_len[s]; s--)
-		;
-	if (s < 0 || c >= s + ki_alloc_len[s])
-		return -1;
-	if (addr + len > ki_chunk_addr(s + ki_alloc_len[s]))
-		return -1;
-	return s;
-}
-
-/* ki_alloc_busy: an installed splice sends CPUs into the allocation at first. */
-static bool ki_alloc_busy(long first)
-{
-	unsigned long start = ki_chunk_addr(first);
-	int i;
-
-	for (i = 0; i < ki_nr_slots; i++)
-		if (ki_splices[i].addr && ki_splices[i].kind != KI_SHORT &&
-		    ki_splices[i].patch == start)
-			return true;
-	return false;
+	WRITE_ONCE(r->patch, patch);
+	r->c0 = c0;
+	r->c1 = c1;
+	bitmap_set(ki_entered, c0, c1 - c0);
 }
 
 /*
- * ki_quiesce waits, if a splice was removed since the last wait, until no
- * task can still be running in any removed patch: a task preempted inside
- * a patch (the kernel is preemptible) resumes there even after the splice
- * is gone. synchronize_rcu_tasks() returns once every task has passed
- * through a voluntary context switch or user mode since the call.
+ * ki_quiesce waits, if any chunk is entered, until no task can still be in
+ * a patch no splice leads to any more: a task preempted in a patch resumes
+ * there even after the splice is gone or re-pointed. synchronize_rcu_tasks()
+ * returns once every task has passed through a voluntary context switch or
+ * user mode. Then only the installed splices' patches are entered.
  */
 static void ki_quiesce(void)
 {
-	if (ki_need_tasks_gp) {
-		synchronize_rcu_tasks();
-		ki_need_tasks_gp = false;
-	}
-}
+	struct ki_splice_rec *r;
 
-/* ki_heap_reset frees every allocation and refills the heap with int3.
- * Only when no splice is installed and the heap is quiescent. */
-static int ki_heap_reset(void)
-{
-	bitmap_zero(ki_heap_used, KI_NCHUNKS);
-	memset(ki_alloc_len, 0, sizeof(ki_alloc_len));
-	memset(ki_alloc_entered, 0, sizeof(ki_alloc_entered));
-	return ki_text_write((unsigned long)ki_patch_heap, NULL, KI_INT3, KI_HEAP_SIZE);
-}
-
-static long ki_patch_alloc(struct ki_patch_alloc __user *uarg)
-{
-	struct ki_patch_alloc a;
-	unsigned long c, need;
-
-	if (copy_from_user(&a, uarg, sizeof(a)))
-		return -EFAULT;
-	if (!a.size || a.size > KI_HEAP_SIZE)
-		return -EINVAL;
-	need = DIV_ROUND_UP(a.size, KI_CHUNK);
-	c = bitmap_find_next_zero_area(ki_heap_used, KI_NCHUNKS, 0, need, 0);
-	if (c >= KI_NCHUNKS)
-		return -ENOSPC;
-	/* Fresh memory is int3 already: the heap starts so, free refills it. */
-	a.addr = ki_chunk_addr(c);
-	if (copy_to_user(uarg, &a, sizeof(a)))
-		return -EFAULT;
-	bitmap_set(ki_heap_used, c, need);
-	ki_alloc_len[c] = need;
-	ki_alloc_entered[c] = false;
-	pr_debug("kerninst: alloc %px +%lu\n", (void *)a.addr, need * KI_CHUNK);
-	return 0;
+	if (bitmap_empty(ki_entered, KI_NCHUNKS))
+		return;
+	synchronize_rcu_tasks();
+	bitmap_zero(ki_entered, KI_NCHUNKS);
+	ki_for_each(r)
+		bitmap_set(ki_entered, r->c0, r->c1 - r->c0);
 }
 
 static long ki_patch_write(struct ki_patch_write __user *uarg)
 {
 	struct ki_patch_write w;
-	long first;
+	struct ki_splice_rec *r;
 	u64 done = 0;
+	u32 c0, c1;
 	u8 *buf;
 	int err = 0;
 
 	if (copy_from_user(&w, uarg, sizeof(w)))
 		return -EFAULT;
-	if (!w.len || w.len > KI_HEAP_SIZE)
+	if (!ki_heap_chunks(w.addr, w.len, &c0, &c1))
 		return -EINVAL;
-	first = ki_alloc_holding(w.addr, w.len);
-	if (first < 0)
-		return -EINVAL;
-	if (ki_alloc_busy(first))
-		return -EBUSY;
-	/* A fresh allocation has never run: no wait. One a splice sent CPUs
-	 * into (and that was unspliced since, or ki_alloc_busy would have
-	 * refused) may still have a task inside. */
-	if (ki_alloc_entered[first])
+	ki_for_each(r)
+		if (r->c0 < c1 && c0 < r->c1)
+			return -EBUSY;	/* an installed splice leads there */
+	/* Memory no splice sent CPUs into since the last wait has never run
+	 * (or no task is left in it): no wait. */
+	if (find_next_bit(ki_entered, c1, c0) < c1)
 		ki_quiesce();
 	buf = kmalloc(PAGE_SIZE, GFP_KERNEL);
 	if (!buf)
@@ -578,32 +527,6 @@ static long ki_patch_write(struct ki_patch_write __user *uarg)
 	return err;
 }
 
-static long ki_patch_free(struct ki_patch_free __user *uarg)
-{
-	struct ki_patch_free f;
-	long first;
-	unsigned int n;
-	int err;
-
-	if (copy_from_user(&f, uarg, sizeof(f)))
-		return -EFAULT;
-	first = ki_alloc_start(f.addr);
-	if (first < 0)
-		return -EINVAL;
-	if (ki_alloc_busy(first))
-		return -EBUSY;
-	ki_quiesce();
-	n = ki_alloc_len[first];
-	err = ki_text_write(f.addr, NULL, KI_INT3, (size_t)n * KI_CHUNK);
-	if (err)
-		return err;
-	bitmap_clear(ki_heap_used, first, n);
-	ki_alloc_len[first] = 0;
-	ki_alloc_entered[first] = false;
-	pr_debug("kerninst: free %px\n", (void *)(unsigned long)f.addr);
-	return 0;
-}
-
 /* ---- splicing -------------------------------------------------------- */
 
 /* ki_unpublish clears a slot once its bytes are back (see ki_die_notify). */
@@ -613,7 +536,6 @@ static void ki_unpublish(struct ki_splice_rec *r)
 	r->pending = 0;
 	ki_index_publish();
 	ki_nr_splices--;
-	ki_need_tasks_gp = true;
 }
 
 /* ki_slot_users: installed springboard splices that jump to slot r. */
@@ -653,7 +575,8 @@ static int ki_restore(struct ki_splice_rec *r)
 
 /*
  * ki_splice_kind checks the replacement bytes against the patch and says
- * what kind of splice they make, or -EINVAL.
+ * what kind of splice they make, or -EINVAL. The patch is checked by
+ * ki_patch_chunks.
  */
 static int ki_splice_kind(const struct ki_splice *s)
 {
@@ -663,14 +586,14 @@ static int ki_splice_kind(const struct ki_splice *s)
 	if (s->len == KI_JMP32_LEN && s->new[0] == KI_JMP32) {
 		s64 rel = (s32)get_unaligned_le32(&s->new[1]);
 
-		if (s->addr + KI_JMP32_LEN + rel != s->patch || ki_alloc_start(s->patch) < 0)
+		if (s->addr + KI_JMP32_LEN + rel != s->patch)
 			return -EINVAL;
 		return s->flags & KI_SPLICE_SLOT ? KI_SLOT : KI_DIRECT;
 	}
 	if (s->flags)
 		return -EINVAL;
 	if (s->len == 1 && s->new[0] == KI_INT3)
-		return ki_alloc_start(s->patch) < 0 ? -EINVAL : KI_TRAP;
+		return KI_TRAP;
 	if (s->len == KI_JMP8_LEN && s->new[0] == KI_JMP8) {
 		unsigned long to = s->addr + KI_JMP8_LEN + (s8)s->new[1];
 		int i;
@@ -687,8 +610,8 @@ static int ki_splice_kind(const struct ki_splice *s)
 
 /*
  * ki_splice checks everything, publishes the record, then writes.
- * Errors: -EINVAL malformed request, patch not an allocation start, or a
- * jmp rel8 not to a slot; -EPERM addr is not spliceable text; -EEXIST
+ * Errors: -EINVAL malformed request, patch not in the heap, or a jmp rel8
+ * not to a slot; -EPERM addr is not spliceable text; -EEXIST
  * overlaps an installed splice; -EBUSY the first byte is already an int3
  * (someone else's breakpoint; padding under a slot may be int3); -ESTALE
  * the bytes at addr are not orig; -ENOSPC too many splices.
@@ -700,6 +623,7 @@ static long ki_splice(struct ki_splice __user *uarg)
 	unsigned long addr;
 	u8 cur[KI_MAX_INSN];
 	int i, err, kind;
+	u32 c0, c1;
 
 	if (copy_from_user(&s, uarg, sizeof(s)))
 		return -EFAULT;
@@ -707,8 +631,8 @@ static long ki_splice(struct ki_splice __user *uarg)
 		return -EINVAL;
 	addr = s.addr;
 	kind = ki_splice_kind(&s);
-	if (kind < 0)
-		return kind;
+	if (kind < 0 || !ki_patch_chunks(s.patch, s.patch_len, kind, &c0, &c1))
+		return -EINVAL;
 	if (!ki_is_text(addr, s.len) || ki_in_own_module(addr, s.len))
 		return -EPERM;
 	for (i = 0; i < ki_nr_slots; i++) {
@@ -734,11 +658,9 @@ static long ki_splice(struct ki_splice __user *uarg)
 	if (cur[0] == KI_INT3 && kind != KI_SLOT)
 		return -EBUSY;
 
-	if (kind != KI_SHORT)
-		ki_alloc_entered[ki_alloc_start(s.patch)] = true;
 	/* Publish before writing: the notifier must know where to send a
 	 * CPU that hits the int3 written first. */
-	WRITE_ONCE(rec->patch, s.patch);
+	ki_set_patch(rec, s.patch, c0, c1);
 	rec->len = s.len;
 	rec->kind = kind;
 	rec->id = ki_next_id++;
@@ -798,7 +720,7 @@ static long ki_unsplice(struct ki_unsplice __user *uarg)
 /*
  * ki_resplice points splice id at another patch (see KI_IOC_RESPLICE).
  * Errors: -ENOENT unknown id; -EINVAL a springboard splice (re-point its
- * slot), or patch not an allocation start; -ERANGE patch out of rel32 reach.
+ * slot), or patch not in the heap; -ERANGE patch out of rel32 reach.
  */
 /* ki_jmp32 encodes "jmp rel32" at addr to target; -ERANGE out of reach. */
 static int ki_jmp32(u8 jmp[KI_JMP32_LEN], unsigned long addr, unsigned long target)
@@ -817,6 +739,8 @@ static long ki_resplice(struct ki_resplice __user *uarg)
 	struct ki_resplice rs;
 	struct ki_splice_rec *r;
 	u8 jmp[KI_JMP32_LEN];
+	bool same;
+	u32 c0, c1;
 	int err;
 
 	if (copy_from_user(&rs, uarg, sizeof(rs)))
@@ -824,22 +748,16 @@ static long ki_resplice(struct ki_resplice __user *uarg)
 	r = ki_find_id(rs.id);
 	if (!r)
 		return -ENOENT;
-	if (r->kind == KI_SHORT || ki_alloc_start(rs.patch) < 0)
+	if (r->kind == KI_SHORT || !ki_patch_chunks(rs.patch, rs.patch_len, r->kind, &c0, &c1))
 		return -EINVAL;
-	if (rs.patch == r->patch)
-		return 0;
 	err = ki_jmp32(jmp, r->addr, rs.patch);
 	if (err && r->kind != KI_TRAP)
 		return err;
-	ki_alloc_entered[ki_alloc_start(rs.patch)] = true;
-	if (r->kind == KI_TRAP || r->pending) {	/* only the int3 is there */
-		WRITE_ONCE(r->patch, rs.patch);
-		ki_need_tasks_gp = true;
-		return 0;
-	}
 	/* A CPU that hits the transient int3 goes to the new patch. */
-	WRITE_ONCE(r->patch, rs.patch);
-	ki_need_tasks_gp = true;
+	same = rs.patch == r->patch;
+	ki_set_patch(r, rs.patch, c0, c1);
+	if (same || r->kind == KI_TRAP || r->pending)	/* only the int3 is there */
+		return 0;
 	err = ki_poke(r->addr, jmp, KI_JMP32_LEN);
 	if (err)
 		pr_err("kerninst: re-pointing %pS failed (%d)\n", (void *)r->addr, err);
@@ -911,10 +829,9 @@ static struct ki_splice_rec *ki_newest(void)
 
 /*
  * ki_restore_all restores every installed splice, newest first, waits until
- * no task can be in a patch (if one was ever entered since the last wait),
- * and resets the heap. Returns false (and leaves
- * the heap alone, so installed splices keep working) if some splice could
- * not be restored.
+ * no task can be in a patch, and refills the patch heap with int3. Returns
+ * false (and leaves the heap alone, so installed splices keep working) if
+ * some splice could not be restored.
  */
 static bool ki_restore_all(void)
 {
@@ -932,7 +849,7 @@ static bool ki_restore_all(void)
 		msleep(10);
 	}
 	ki_quiesce();
-	if (ki_heap_reset())
+	if (ki_text_write((unsigned long)ki_patch_heap, NULL, KI_INT3, KI_HEAP_SIZE))
 		pr_err("kerninst: cannot refill the patch heap with int3\n");
 	return true;
 }
@@ -1060,14 +977,8 @@ static long ki_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 	case KI_IOC_READ:
 		ret = ki_read(uarg);
 		break;
-	case KI_IOC_PATCH_ALLOC:
-		ret = ki_patch_alloc(uarg);
-		break;
 	case KI_IOC_PATCH_WRITE:
 		ret = ki_patch_write(uarg);
-		break;
-	case KI_IOC_PATCH_FREE:
-		ret = ki_patch_free(uarg);
 		break;
 	case KI_IOC_SPLICE:
 		ret = ki_splice(uarg);
@@ -1157,7 +1068,6 @@ static int __init ki_init(void)
 {
 	int err;
 
-	BUILD_BUG_ON(KI_NCHUNKS > U16_MAX);	/* ki_alloc_len is u16 */
 	BUILD_BUG_ON(sizeof(struct ki_info) != 64 || sizeof(struct ki_splice) != 64 ||
 		     sizeof(struct ki_resplice) != 16 || sizeof(struct ki_cover_finish) != 8);
 	err = register_die_notifier(&ki_die_nb);
