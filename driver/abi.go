@@ -8,7 +8,7 @@ import "unsafe"
 // compiler and against sizes worked out by hand.
 
 // abiVersion is KI_ABI_VERSION: the driver must report the same.
-const abiVersion = 3
+const abiVersion = 4
 
 // maxInsn is KI_MAX_INSN: the longest x86 instruction.
 const maxInsn = 15
@@ -17,7 +17,7 @@ const maxInsn = 15
 // INFO ioctl.
 type Info struct {
 	ABIVersion      uint32
-	ChunkSize       uint32 // patch heap allocation granule, bytes
+	ChunkSize       uint32 // patch heap granule, bytes: patches start on one
 	PatchHeap       uint64 // kernel address of the executable patch heap
 	PatchHeapSize   uint64 // bytes
 	CounterHeap     uint64 // kernel address of counter slot 0
@@ -33,32 +33,21 @@ type kiRead struct {
 	Addr, Buf, Len uint64
 }
 
-// kiPatchAlloc is struct ki_patch_alloc.
-type kiPatchAlloc struct {
-	Size uint64
-	Addr uint64 // out
-}
-
 // kiPatchWrite is struct ki_patch_write.
 type kiPatchWrite struct {
 	Addr, Buf, Len uint64
 }
 
-// kiPatchFree is struct ki_patch_free.
-type kiPatchFree struct {
-	Addr uint64
-}
-
 // kiSplice is struct ki_splice.
 type kiSplice struct {
-	Addr  uint64
-	Patch uint64
-	Len   uint32
-	ID    uint32 // out
-	Orig  [16]byte
-	New   [16]byte
-	Flags uint32 // spliceSlot, spliceCover
-	Pad   uint32
+	Addr     uint64
+	Patch    uint64
+	Len      uint32
+	ID       uint32 // out
+	Orig     [16]byte
+	New      [16]byte
+	Flags    uint32 // spliceSlot, spliceCover
+	PatchLen uint32 // bytes of patch the splice sends CPUs into; 0 for a jmp rel8
 }
 
 // spliceSlot is KI_SPLICE_SLOT: the splice is a springboard slot written
@@ -76,8 +65,8 @@ type kiCoverFinish struct {
 
 // kiResplice is struct ki_resplice.
 type kiResplice struct {
-	ID, Pad uint32
-	Patch   uint64
+	ID, PatchLen uint32
+	Patch        uint64
 }
 
 // kiUnsplice is struct ki_unsplice.
@@ -104,9 +93,7 @@ func ioc(dir, nr, size uintptr) uintptr {
 var (
 	iocInfo          = ioc(iocRead, 0, unsafe.Sizeof(Info{}))
 	iocReadMem       = ioc(iocWrite, 1, unsafe.Sizeof(kiRead{}))
-	iocPatchAlloc    = ioc(iocRead|iocWrite, 2, unsafe.Sizeof(kiPatchAlloc{}))
 	iocPatchWrite    = ioc(iocWrite, 3, unsafe.Sizeof(kiPatchWrite{}))
-	iocPatchFree     = ioc(iocWrite, 4, unsafe.Sizeof(kiPatchFree{}))
 	iocSplice        = ioc(iocRead|iocWrite, 5, unsafe.Sizeof(kiSplice{}))
 	iocUnsplice      = ioc(iocWrite, 6, unsafe.Sizeof(kiUnsplice{}))
 	iocCountersClear = ioc(iocWrite, 7, unsafe.Sizeof(kiCountersClear{}))

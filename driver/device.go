@@ -1,6 +1,7 @@
 package driver
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"runtime"
@@ -10,6 +11,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kinst/kinst/patchheap"
 )
 
 // DefaultPath is the device node kerninst.ko creates.
@@ -46,8 +49,9 @@ func (e *StaleError) Error() string {
 func (e *StaleError) Is(target error) bool { return target == ErrStale }
 
 // Device is an open /dev/kerninst: the process holding it owns every
-// splice and patch allocation it makes, and closing it -- explicitly, by
-// exit or by a crash -- makes the driver restore all of them.
+// splice it makes and the patch heap, which it allocates itself (a
+// patchheap.Heap); closing it -- explicitly, by exit or by a crash -- makes
+// the driver restore all of them.
 //
 // A Device is safe for concurrent use. The driver serialises its calls;
 // Close waits for calls in progress.
@@ -59,6 +63,12 @@ type Device struct {
 	fd       int    // -1 once closed
 	counters []byte // read-only mapping of the counter heap
 	info     Info   // from Open; immutable
+	// heapMu guards heap, after mu. PatchFree holds it across the
+	// driver's write, so a patch is allocated again only once it is int3.
+	heapMu sync.Mutex
+	heap   *patchheap.Heap
+	// sys issues one ioctl (sysIoctl; unit tests stand in for the driver).
+	sys func(fd int, req uintptr, arg unsafe.Pointer) unix.Errno
 }
 
 // Open opens the device at path (DefaultPath if empty), checks that the
@@ -93,7 +103,7 @@ func Open(path string) (*Device, error) {
 		}
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
-	d := &Device{fd: fd}
+	d := &Device{fd: fd, sys: sysIoctl}
 	in, err := d.Info()
 	if err != nil {
 		unix.Close(fd)
@@ -107,6 +117,11 @@ func Open(path string) (*Device, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("kerninst.ko reports a counter heap of %d bytes", in.CounterHeapSize)
 	}
+	heap, err := patchheap.New(in.PatchHeap, in.PatchHeapSize, uint64(in.ChunkSize))
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("kerninst.ko reports a bad patch heap: %w", err)
+	}
 	m, err := unix.Mmap(fd, 0, int(in.CounterHeapSize), unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {
 		unix.Close(fd)
@@ -114,13 +129,14 @@ func Open(path string) (*Device, error) {
 	}
 	d.info = in
 	d.counters = m
+	d.heap = heap
 	return d, nil
 }
 
 // Close unmaps the counters and closes the device. The driver then puts
 // back the original bytes of every splice still installed, waits until no
-// task can be running in a patch, and reclaims the patch heap; a following
-// Open (by anyone) waits for that. Close after Close is a no-op.
+// task can be running in a patch, and refills the patch heap with int3; a
+// following Open (by anyone) waits for that. Close after Close is a no-op.
 func (d *Device) Close() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -144,10 +160,15 @@ func (d *Device) ioctl(op string, req uintptr, arg unsafe.Pointer) error {
 	if d.fd < 0 {
 		return fmt.Errorf("kerninst %s: %w", op, ErrClosed)
 	}
-	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(d.fd), req, uintptr(arg)); errno != 0 {
+	if errno := d.sys(d.fd, req, arg); errno != 0 {
 		return fmt.Errorf("kerninst %s: %w", op, errno)
 	}
 	return nil
+}
+
+func sysIoctl(fd int, req uintptr, arg unsafe.Pointer) unix.Errno {
+	_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), req, uintptr(arg))
+	return errno
 }
 
 // Info returns the driver's heap layout and how many splices are
@@ -180,35 +201,51 @@ func (d *Device) Read(addr uint64, b []byte) error {
 }
 
 // PatchAlloc allocates size bytes of the executable patch heap (rounded
-// up to Info.ChunkSize) and returns its kernel address. The memory holds
-// int3 until written, and lies within rel32 reach of kernel and module
-// text. Errors wrap unix.ENOSPC when the heap is full.
+// up to Info.ChunkSize, first fit) and returns its kernel address. The
+// memory holds int3 until written, and lies within rel32 reach of kernel
+// and module text. The allocator is this process's (no system call).
+// Errors wrap patchheap.ErrFull and unix.ENOSPC when no free run is long
+// enough.
 func (d *Device) PatchAlloc(size int) (uint64, error) {
 	if size <= 0 {
 		return 0, fmt.Errorf("kerninst patch alloc: size %d", size)
 	}
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	a := kiPatchAlloc{Size: uint64(size)}
-	if err := d.ioctl("patch alloc", iocPatchAlloc, unsafe.Pointer(&a)); err != nil {
-		return 0, err
+	if d.fd < 0 {
+		return 0, fmt.Errorf("kerninst patch alloc: %w", ErrClosed)
 	}
-	return a.Addr, nil
+	d.heapMu.Lock()
+	defer d.heapMu.Unlock()
+	addr, err := d.heap.Alloc(size)
+	if errors.Is(err, patchheap.ErrFull) {
+		return 0, fmt.Errorf("kerninst patch alloc: %w (%w)", err, unix.ENOSPC)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("kerninst patch alloc: %w", err)
+	}
+	return addr, nil
 }
 
-// PatchWrite writes code at addr, which with len(code) must lie inside
-// one allocation. It is refused (unix.EBUSY) while an installed splice
-// sends CPUs into that allocation. A fresh allocation is written at once;
-// one that a splice ever sent CPUs into is written only after the driver
-// waited until no task can still be running in it.
+// PatchWrite writes code at addr, which with len(code) must lie in the
+// patch heap (normally inside one allocation). The driver refuses it
+// (unix.EBUSY) while an installed splice sends CPUs into any of those
+// bytes' chunks. Memory no splice has sent CPUs into since the driver last
+// waited is written at once; other memory only after the driver waited
+// until no task can still be running in it.
 func (d *Device) PatchWrite(addr uint64, code []byte) error {
 	if len(code) == 0 {
 		return nil
 	}
 	d.mu.RLock()
 	defer d.mu.RUnlock()
+	return d.patchWrite("patch write", addr, code)
+}
+
+// patchWrite is PatchWrite; the caller holds d.mu for reading.
+func (d *Device) patchWrite(op string, addr uint64, code []byte) error {
 	w := kiPatchWrite{Addr: addr, Buf: uint64(uintptr(unsafe.Pointer(&code[0]))), Len: uint64(len(code))}
-	err := d.ioctl("patch write", iocPatchWrite, unsafe.Pointer(&w))
+	err := d.ioctl(op, iocPatchWrite, unsafe.Pointer(&w))
 	runtime.KeepAlive(code)
 	if err != nil {
 		return fmt.Errorf("%w at %#x+%d", err, addr, len(code))
@@ -216,18 +253,37 @@ func (d *Device) PatchWrite(addr uint64, code []byte) error {
 	return nil
 }
 
-// PatchFree frees the allocation starting at addr and refills it with
-// int3. Like PatchWrite it is refused (unix.EBUSY) while a splice targets
-// the allocation, and waits until no task can still run in a removed
-// patch.
+// PatchFree refills the allocation starting at addr with int3, through
+// the driver, and only then frees it. Like PatchWrite the refill is
+// refused (unix.EBUSY; the allocation stays allocated) while a splice
+// sends CPUs into it, and waits until no task can still be running in a
+// patch a removed or re-pointed splice led to. An addr that starts no
+// allocation wraps patchheap.ErrNotAllocated and unix.EINVAL.
 func (d *Device) PatchFree(addr uint64) error {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	f := kiPatchFree{Addr: addr}
-	if err := d.ioctl("patch free", iocPatchFree, unsafe.Pointer(&f)); err != nil {
-		return fmt.Errorf("%w at %#x", err, addr)
+	d.heapMu.Lock()
+	defer d.heapMu.Unlock()
+	n, ok := d.heap.Len(addr)
+	if !ok {
+		return fmt.Errorf("kerninst patch free: %w: %#x (%w)", patchheap.ErrNotAllocated, addr, unix.EINVAL)
 	}
-	return nil
+	if err := d.patchWrite("patch free", addr, bytes.Repeat([]byte{0xcc}, int(n))); err != nil {
+		return err
+	}
+	_, err := d.heap.Free(addr)
+	return err
+}
+
+// patchLen is the length of the allocation that starts at patch, or 0:
+// the bytes the driver keeps from being rewritten while a splice leads
+// there. The driver refuses 0 for a splice to the patch heap, and any
+// other length for a jmp rel8, whose target is a slot, not the heap.
+func (d *Device) patchLen(patch uint64) uint32 {
+	d.heapMu.Lock()
+	defer d.heapMu.Unlock()
+	n, _ := d.heap.Len(patch)
+	return uint32(n)
 }
 
 // Splice overwrites the first len(orig) bytes of the one instruction at
@@ -240,7 +296,7 @@ func (d *Device) PatchFree(addr uint64) error {
 //     CPU that reaches addr to patch.
 //
 // For "e9" and int3, patch must be the start of an allocation that already
-// holds its code.
+// holds its code (PatchAlloc; the driver is told its length).
 //
 // The driver first checks that the bytes at addr are orig -- if not,
 // nothing is written and the error is a *StaleError -- then writes with
@@ -248,8 +304,8 @@ func (d *Device) PatchFree(addr uint64) error {
 // tail, sync, first byte, sync), so no CPU ever runs a torn instruction.
 // Other refusals wrap unix.EPERM (not kernel text, or the driver's own),
 // unix.EEXIST (overlaps an installed splice), unix.EBUSY (an int3 is
-// already there) and unix.EINVAL (a malformed request, or a jmp rel8 that
-// does not land on an installed slot).
+// already there) and unix.EINVAL (a malformed request, a patch that starts
+// no allocation, or a jmp rel8 that does not land on an installed slot).
 func (d *Device) Splice(addr, patch uint64, orig, replacement []byte) (id uint32, err error) {
 	return d.splice(addr, patch, orig, replacement, 0)
 }
@@ -293,7 +349,7 @@ func (d *Device) splice(addr, patch uint64, orig, replacement []byte, flags uint
 	}
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	s := kiSplice{Addr: addr, Patch: patch, Len: uint32(len(orig)), Flags: flags}
+	s := kiSplice{Addr: addr, Patch: patch, Len: uint32(len(orig)), Flags: flags, PatchLen: d.patchLen(patch)}
 	copy(s.Orig[:], orig)
 	copy(s.New[:], replacement)
 	if err := d.ioctl("splice", iocSplice, unsafe.Pointer(&s)); err != nil {
@@ -309,13 +365,14 @@ func (d *Device) splice(addr, patch uint64, orig, replacement []byte, flags uint
 // a moment where the point runs neither: a direct splice or slot has its
 // jmp rel32 rewritten with the same protocol (a CPU that hits the
 // transient int3 goes to the new patch), a trap splice just changes where
-// its int3 sends CPUs. The old patch may still be running on a preempted
-// task; PatchFree waits for that. A springboard splice is re-pointed
-// through its slot (unix.EINVAL here).
+// its int3 sends CPUs. patch must start an allocation, as for Splice. The
+// old patch may still be running on a preempted task; PatchFree waits for
+// that. A springboard splice is re-pointed through its slot (unix.EINVAL
+// here).
 func (d *Device) Resplice(id uint32, patch uint64) error {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	r := kiResplice{ID: id, Patch: patch}
+	r := kiResplice{ID: id, Patch: patch, PatchLen: d.patchLen(patch)}
 	if err := d.ioctl("resplice", iocResplice, unsafe.Pointer(&r)); err != nil {
 		return fmt.Errorf("%w (id %d → %#x)", err, id, patch)
 	}

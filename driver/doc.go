@@ -1,7 +1,9 @@
 // Package driver is the Go client of /dev/kerninst, the device of
 // kerninst.ko (sources in driver/linux). It mirrors the module's ioctl ABI
-// (kerninst_uapi.h) and maps the counter heap read-only, so reading a
-// counter is one atomic load, not a system call.
+// (kerninst_uapi.h), maps the counter heap read-only, so reading a counter
+// is one atomic load, not a system call, and allocates the patch heap
+// (patchheap): the driver only writes it, refusing writes a splice could
+// run into.
 //
 // The device needs CAP_SYS_ADMIN and has one owner at a time: the process
 // that holds it owns every splice and patch it makes, and when it closes

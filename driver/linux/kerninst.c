@@ -8,14 +8,17 @@
  * It does only what needs kernel context -- read kernel memory, write the
  * patch heap through a temporary alias, splice and unsplice one instruction
  * with the text_poke_bp protocol, send CPUs that hit a splice's int3 to its
- * patch -- and checks every argument it is given. What to splice, and the
- * code in the patches, is decided in user space (kerninstd).
+ * patch -- and checks every argument it is given. What to splice, where in
+ * the patch heap each patch goes and the code in it are decided in user
+ * space (kerninstd). The driver refuses to rewrite patch memory a splice
+ * leads to, and rewrites memory a splice led to only once no task can
+ * still be running there.
  *
- * /dev/kerninst opens exclusively. The opener owns every splice and every
- * patch allocation: release() restores all of them, so a crashed owner
- * leaves the kernel as it found it. fops.owner pins the module while the
- * device is open (or mapped), so there is nothing to restore at rmmod.
- * When another module whose text holds a splice is unloaded, the splice is
+ * /dev/kerninst opens exclusively. The opener owns every splice and the
+ * patch heap: release() restores all of them, so a crashed owner leaves
+ * the kernel as it found it. fops.owner pins the module while the device
+ * is open (or mapped), so there is nothing to restore at rmmod. When
+ * another module whose text holds a splice is unloaded, the splice is
  * taken out first (ki_module_notify).
  *
  * Locking:
@@ -71,14 +74,11 @@
  * loader places it in the module area, within rel32 reach of kernel text
  * and of every module. The loader maps it read-only and executable like the
  * rest of our text; we write it only through a temporary writable alias
- * (ki_text_write), never by lifting write protection. Unused bytes are
- * int3, so a stray jump traps.
- *
- * The section is "ax" (alloc, exec) so it is laid out with the module's
- * text. The label is a plain (untyped) symbol, not a function: objtool then
- * treats the bytes as data-in-text and does not try to validate 1 MiB of
- * int3 as code (the build is quiet), and no ORC entries are generated for
- * it.
+ * (ki_map), never by lifting write protection. Unused bytes are int3, so a
+ * stray jump traps. The section is "ax" so it is laid out with our text;
+ * the label is a plain (untyped) symbol, not a function, so objtool treats
+ * the bytes as data-in-text (it does not validate 1 MiB of int3 as code)
+ * and no ORC entries are generated for it.
  */
 asm(".pushsection .text.kinst_heap,\"ax\",@progbits\n"
     ".balign 4096\n"
@@ -88,11 +88,9 @@ asm(".pushsection .text.kinst_heap,\"ax\",@progbits\n"
     ".popsection\n");
 extern u8 ki_patch_heap[];
 
-/*
- * The counter heap: patches bump slots with "lock incq [rip+disp32]". It is
+/* The counter heap: patches bump slots with "lock incq [rip+disp32]". It is
  * module data (vmalloc'ed by the loader), mmap'ed read-only into the owner.
- * Zeroed at every open.
- */
+ * Zeroed at every open. */
 static u64 ki_counters[KI_COUNTER_SIZE / sizeof(u64)] __aligned(PAGE_SIZE);
 
 /* What a splice writes. */
@@ -107,6 +105,7 @@ enum ki_kind {
 struct ki_splice_rec {
 	unsigned long addr;	/* [ki_lock] 0: free record */
 	unsigned long patch;	/* where an int3 hit at addr is sent: WRITE_ONCE under ki_lock, READ_ONCE by the notifier */
+	u32 c0, c1;		/* [ki_lock] patch's heap chunks [c0, c1); none for KI_SHORT */
 	u32 id;			/* [ki_lock] */
 	u32 len;		/* [ki_lock] bytes written at addr */
 	u8 kind;		/* [ki_lock] enum ki_kind */
@@ -116,10 +115,8 @@ struct ki_splice_rec {
 	u8 orig[KI_MAX_INSN];	/* [ki_lock] the bytes to put back */
 };
 
-/*
- * The notifier's view of the installed splices: addresses sorted, each with
- * its record. Two buffers: one published (ki_live_idx), one spare.
- */
+/* The notifier's view of the installed splices: addresses sorted, each with
+ * its record. Two buffers: one published (ki_live_idx), one spare. */
 struct ki_index {
 	int n;
 	unsigned long addr[KI_MAX_SPLICES];
@@ -135,15 +132,9 @@ static u32 ki_nr_splices;	/* [ki_lock] installed splices */
 static u32 ki_next_id = 1;	/* [ki_lock] never 0 */
 /* [ki_lock] covering splices armed so far (their pending sequence) */
 static u64 ki_cover_seq;
-/* [ki_lock] a splice was removed since the last synchronize_rcu_tasks() */
-static bool ki_need_tasks_gp;
-
-static DECLARE_BITMAP(ki_heap_used, KI_NCHUNKS);	/* [ki_lock] one bit per allocated chunk */
-/* [ki_lock] at an allocation's first chunk: its length in chunks; else 0 */
-static u16 ki_alloc_len[KI_NCHUNKS];
-/* [ki_lock] at an allocation's first chunk: a splice has sent CPUs into it
- * since it was allocated, so a task may still be running in it */
-static bool ki_alloc_entered[KI_NCHUNKS];
+/* [ki_lock] patch heap chunks a splice sends CPUs into, or sent them into
+ * since the last synchronize_rcu_tasks(): a task may be running there */
+static DECLARE_BITMAP(ki_entered, KI_NCHUNKS);
 
 static struct ki_index ki_idx[2];	/* [ki_lock] for writers */
 static struct ki_index *ki_live_idx = &ki_idx[0];	/* published with release; read with acquire */
@@ -154,20 +145,24 @@ static bool ki_spare_dirty;
 static atomic_t ki_is_open = ATOMIC_INIT(0);
 static atomic_t ki_int3_hits = ATOMIC_INIT(0);	/* redirects by ki_die_notify */
 
+/* for each installed splice r (writers, under ki_lock) */
+#define ki_for_each(r) \
+	for (r = ki_splices; r < ki_splices + ki_nr_slots; r++) \
+		if (!r->addr) {} else
+
 /* ---- text access ---------------------------------------------------- */
 
-static bool ki_in_kernel_image(unsigned long addr)
+/* ki_area: 1 in the kernel image mapping, 2 in the module area, else 0. */
+static int ki_area(unsigned long addr)
 {
-	return addr >= __START_KERNEL_map && addr < MODULES_VADDR;
-}
-
-static bool ki_in_module_area(unsigned long addr)
-{
-	return addr >= MODULES_VADDR && addr < MODULES_END;
+	if (addr >= __START_KERNEL_map && addr < MODULES_VADDR)
+		return 1;
+	return addr >= MODULES_VADDR && addr < MODULES_END ? 2 : 0;
 }
 
 /*
- * ki_is_text: every byte of [addr, addr+len) is kernel or module text.
+ * ki_spliceable: every byte of [addr, addr+len) is kernel or module text,
+ * and none is this module's (text, heap, data).
  *
  * core_kernel_text() and is_module_text_address() would say this directly
  * but are not exported to modules. The equivalent: the range lies in the
@@ -177,16 +172,15 @@ static bool ki_in_module_area(unsigned long addr)
  * module text, plus other generated code (BPF programs, ftrace and kprobe
  * trampolines) that user space may legitimately want to instrument.
  */
-static bool ki_is_text(unsigned long addr, size_t len)
+static bool ki_spliceable(unsigned long addr, size_t len)
 {
 	unsigned long a, last = addr + len - 1;
+	unsigned long base = (unsigned long)THIS_MODULE->core_layout.base;
 	unsigned int level;
 	pte_t *pte;
 
-	if (!len || last < addr)
-		return false;
-	if (!(ki_in_kernel_image(addr) && ki_in_kernel_image(last)) &&
-	    !(ki_in_module_area(addr) && ki_in_module_area(last)))
+	if (!len || last < addr || !ki_area(addr) || ki_area(addr) != ki_area(last) ||
+	    (addr < base + THIS_MODULE->core_layout.size && last >= base))
 		return false;
 	for (a = addr & PAGE_MASK; a <= last; a += PAGE_SIZE) {
 		pte = lookup_address(a, &level);
@@ -196,58 +190,53 @@ static bool ki_is_text(unsigned long addr, size_t len)
 	return true;
 }
 
-/* ki_in_own_module: [addr, addr+len) touches this module (text, heap, data). */
-static bool ki_in_own_module(unsigned long addr, size_t len)
+/* ki_map: a temporary writable alias (vmap, PAGE_KERNEL; ki_unmap it) of
+ * text [addr, addr+len), at most a page; the text mapping stays read-only.
+ * Kernel image text is mapped with large pages at __START_KERNEL_map, which
+ * virt_to_page translates; module text is vmalloc memory. */
+static u8 *ki_map(unsigned long addr, size_t len)
 {
-	unsigned long base = (unsigned long)THIS_MODULE->core_layout.base;
-	unsigned long end = base + THIS_MODULE->core_layout.size;
+	unsigned long last = addr + len - 1;
+	struct page *pg[2];
+	int i;
+	u8 *map;
 
-	return addr < end && addr + len > base;
+	if (!len || len > PAGE_SIZE)
+		return NULL;
+	for (i = 0; i < 2; i++) {
+		unsigned long a = i ? last : addr;
+
+		pg[i] = ki_area(a) == 1 ? virt_to_page((void *)a) :
+			ki_area(a) == 2 ? vmalloc_to_page((void *)a) : NULL;
+		if (!pg[i])
+			return NULL;
+	}
+	map = vmap(pg, (addr ^ last) & PAGE_MASK ? 2 : 1, VM_MAP, PAGE_KERNEL);
+	return map ? map + offset_in_page(addr) : NULL;
 }
 
-/*
- * ki_text_page: the struct page behind a text address. Kernel image text
- * is mapped with large pages at __START_KERNEL_map; __pa (via virt_to_page)
- * translates that mapping. Module text is vmalloc memory.
- */
-static struct page *ki_text_page(unsigned long addr)
+static void ki_unmap(u8 *p)
 {
-	if (ki_in_kernel_image(addr))
-		return virt_to_page((void *)addr);
-	if (ki_in_module_area(addr))
-		return vmalloc_to_page((void *)addr);
-	return NULL;
+	vunmap((void *)((unsigned long)p & PAGE_MASK));
 }
 
-/*
- * ki_text_write writes len bytes at text address addr -- from src, or the
- * byte fill when src is NULL -- through a temporary writable alias of each
- * physical page (vmap with PAGE_KERNEL); the text mapping itself stays
- * read-only. A write may cross page boundaries. Callers check that the
- * range is text first.
- */
+/* ki_text_write writes len bytes at text address addr: from src, or the
+ * byte fill when src is NULL. */
 static int ki_text_write(unsigned long addr, const u8 *src, u8 fill, size_t len)
 {
-	while (len) {
-		size_t off = offset_in_page(addr);
-		size_t n = min_t(size_t, len, PAGE_SIZE - off);
-		struct page *pg = ki_text_page(addr);
-		u8 *map;
+	size_t done, n;
+	u8 *p;
 
-		if (!pg)
+	for (done = 0; done < len; done += n) {
+		n = min_t(size_t, len - done, PAGE_SIZE - offset_in_page(addr + done));
+		p = ki_map(addr + done, n);
+		if (!p)
 			return -EFAULT;
-		map = vmap(&pg, 1, VM_MAP, PAGE_KERNEL);
-		if (!map)
-			return -ENOMEM;
 		if (src)
-			memcpy(map + off, src, n);
+			memcpy(p, src + done, n);
 		else
-			memset(map + off, fill, n);
-		vunmap(map);
-		addr += n;
-		if (src)
-			src += n;
-		len -= n;
+			memset(p, fill, n);
+		ki_unmap(p);
 	}
 	return 0;
 }
@@ -257,11 +246,9 @@ static void ki_do_sync_core(void *unused)
 	sync_core();
 }
 
-/*
- * ki_sync_all makes every CPU execute a serialising instruction, so none
+/* ki_sync_all makes every CPU execute a serialising instruction, so none
  * runs stale prefetched bytes. It returns only when every CPU has taken the
- * IPI -- which a CPU cannot do while it is inside the int3 handler.
- */
+ * IPI -- which a CPU cannot do while it is inside the int3 handler. */
 static void ki_sync_all(void)
 {
 	on_each_cpu(ki_do_sync_core, NULL, 1);
@@ -269,77 +256,59 @@ static void ki_sync_all(void)
 }
 
 /*
- * ki_poke_last writes the first byte of a poke, the step that takes the
- * int3 away, and then the whole instruction once more, unchanged.
- *
- * The second write is for emulators. Under QEMU's multi-threaded TCG a vCPU
- * that translates addr while another vCPU writes it can keep a translation
- * of the bytes it read (the int3) after memory has changed; sync_core does
- * not drop it, a later write to those bytes does. A CPU that runs such a
- * stale int3 never reaches ki_die_notify: kprobe_int3_handler runs first,
- * sees no int3 in memory, and backs up to addr to "run the original
- * instruction" -- the stale int3 again, for ever, in kernel mode, so with
- * voluntary preemption nothing else (not our writer) may run on that CPU.
- * After the sync every translation that read the old byte is installed, so
- * rewriting the same bytes drops them all, and one made meanwhile reads the
- * final bytes. Preemption stays off between the two writes, so a writer
- * cannot be parked behind a CPU spinning like that. On hardware the
- * second write stores identical bytes and changes nothing.
- */
-static int ki_poke_last(unsigned long addr, const u8 *bytes, u32 len)
-{
-	unsigned long last = addr + len - 1;
-	struct page *pg[2];
-	unsigned int n = 1;
-	u8 *map;
-
-	if (!len || len > KI_MAX_INSN || last < addr)
-		return -EINVAL;
-	pg[0] = ki_text_page(addr);
-	if ((last & PAGE_MASK) != (addr & PAGE_MASK))
-		pg[n++] = ki_text_page(last);
-	if (!pg[0] || !pg[n - 1])
-		return -EFAULT;
-	map = vmap(pg, n, VM_MAP, PAGE_KERNEL);
-	if (!map)
-		return -ENOMEM;
-	preempt_disable();
-	WRITE_ONCE(map[offset_in_page(addr)], bytes[0]);
-	ki_sync_all();
-	memcpy(map + offset_in_page(addr), bytes, len);
-	ki_sync_all();
-	preempt_enable();
-	vunmap(map);
-	return 0;
-}
-
-/*
  * ki_poke overwrites the first len bytes of one instruction as
  * text_poke_bp does: int3 on the first byte, sync; the tail, sync; the
- * first byte, sync (ki_poke_last). A CPU that reaches addr while the bytes
- * are mixed traps on the int3 and ki_die_notify sends it to the splice's
- * patch (which must therefore be published before the call), so no CPU
- * ever executes a torn instruction.
+ * first byte, sync. A CPU that reaches addr while the bytes are mixed traps
+ * on the int3 and ki_die_notify sends it to the splice's patch (which must
+ * therefore be published before the call), so no CPU ever executes a torn
+ * instruction.
+ *
+ * Unless it leaves an int3, the whole instruction is then written once
+ * more, unchanged, for emulators: under QEMU's multi-threaded TCG a vCPU
+ * that translates addr while another writes it can keep a translation of
+ * the int3 it read, which sync_core does not drop and a later write to those
+ * bytes does. kprobe_int3_handler, which runs before ki_die_notify, sees no
+ * int3 in memory and backs up to addr to "run the original instruction" --
+ * the stale int3 again, for ever, in kernel mode. After the sync every such
+ * translation is installed, so the rewrite drops them all. Preemption stays
+ * off meanwhile, so a writer cannot be parked behind a CPU spinning like
+ * that. On hardware the rewrite changes nothing.
  */
 static int ki_poke(unsigned long addr, const u8 *bytes, u32 len)
 {
-	int err;
+	u8 *p = len <= KI_MAX_INSN ? ki_map(addr, len) : NULL;
 
-	err = ki_text_write(addr, NULL, KI_INT3, 1);
-	if (err)
-		return err;
+	if (!p)
+		return -EFAULT;
+	WRITE_ONCE(*p, KI_INT3);
 	ki_sync_all();
 	if (len > 1) {
-		err = ki_text_write(addr + 1, bytes + 1, 0, len - 1);
+		memcpy(p + 1, bytes + 1, len - 1);
 		ki_sync_all();
-		if (err)
-			return err;
 	}
-	if (bytes[0] == KI_INT3)
-		return 0;
-	return ki_poke_last(addr, bytes, len);
+	if (bytes[0] != KI_INT3) {
+		preempt_disable();
+		WRITE_ONCE(*p, bytes[0]);
+		ki_sync_all();
+		memcpy(p, bytes, len);
+		ki_sync_all();
+		preempt_enable();
+	}
+	ki_unmap(p);
+	return 0;
 }
 
+/* ki_jmp32 encodes "jmp rel32" at addr to target; -ERANGE out of reach. */
+static int ki_jmp32(u8 jmp[KI_JMP32_LEN], unsigned long addr, unsigned long target)
+{
+	s64 rel = (s64)(target - (addr + KI_JMP32_LEN));
+
+	if (rel != (s32)rel)
+		return -ERANGE;
+	jmp[0] = KI_JMP32;
+	put_unaligned_le32((u32)(s32)rel, &jmp[1]);
+	return 0;
+}
 
 /* ---- int3 redirection ------------------------------------------------ */
 
@@ -357,7 +326,8 @@ static int ki_poke(unsigned long addr, const u8 *bytes, u32 len)
  *    complete while a CPU is still in this handler, so no CPU looks at a
  *    record for an address that no longer traps;
  *  - re-point: patch changes with WRITE_ONCE; the old and new patch are both
- *    complete, and the old one is freed only after an RCU-tasks grace period.
+ *    complete, and the old one stays entered (ki_entered), so it is not
+ *    rewritten before an RCU-tasks grace period.
  *
  * Anything else (a user-mode int3, a kprobe, a stray int3) is not ours.
  */
@@ -392,25 +362,24 @@ static int ki_die_notify(struct notifier_block *nb, unsigned long val, void *dat
 	return NOTIFY_DONE;
 }
 
-/*
- * ki_index_publish rebuilds the spare index from ki_splices[] and
- * publishes it. The spare may still be read by a notifier that loaded it
- * before it was retired, unless every CPU has synced since: sync first if
- * not.
- */
+static struct notifier_block ki_die_nb = {
+	.notifier_call = ki_die_notify,
+	.priority = INT_MAX,
+};
+
+/* ki_index_publish rebuilds the spare index from ki_splices[] and publishes
+ * it. A notifier that loaded the spare before it was retired may still read
+ * it unless every CPU has synced since: sync first if not. */
 static void ki_index_publish(void)
 {
 	struct ki_index *next = ki_live_idx == &ki_idx[0] ? &ki_idx[1] : &ki_idx[0];
-	int i, j, n = 0;
+	struct ki_splice_rec *r;
+	int j, n = 0;
 
 	if (ki_spare_dirty)
 		ki_sync_all();
-	for (i = 0; i < ki_nr_slots; i++) {
-		struct ki_splice_rec *r = &ki_splices[i];
-
-		if (!r->addr)
-			continue;
-		/* insertion sort: the index is built only on splice/unsplice */
+	/* insertion sort: the index is built only on splice/unsplice */
+	ki_for_each(r) {
 		for (j = n; j > 0 && next->addr[j - 1] > r->addr; j--) {
 			next->addr[j] = next->addr[j - 1];
 			next->rec[j] = next->rec[j - 1];
@@ -424,222 +393,131 @@ static void ki_index_publish(void)
 	ki_spare_dirty = true;
 }
 
-static struct notifier_block ki_die_nb = {
-	.notifier_call = ki_die_notify,
-	.priority = INT_MAX,
-};
-
 /* ---- patch heap ------------------------------------------------------ */
 
-static unsigned long ki_chunk_addr(unsigned long c)
+/* ki_heap_chunks: the chunks [*c0, *c1) that [addr, addr+len) touches;
+ * false unless that range is non-empty and lies in the patch heap. */
+static bool ki_heap_chunks(u64 addr, u64 len, u32 *c0, u32 *c1)
 {
-	return (unsigned long)ki_patch_heap + c * KI_CHUNK;
+	u64 off = addr - (unsigned long)ki_patch_heap;
+
+	if (addr < (unsigned long)ki_patch_heap || !len || off >= KI_HEAP_SIZE ||
+	    len > KI_HEAP_SIZE - off)
+		return false;
+	*c0 = off / KI_CHUNK;
+	*c1 = DIV_ROUND_UP(off + len, KI_CHUNK);
+	return true;
 }
 
-/* ki_heap_chunk: the chunk holding addr, or -1 outside the heap. */
-static long ki_heap_chunk(unsigned long addr)
+/* ki_patch_chunks: the chunks [*c0, *c1) of the patch of a splice of kind:
+ * none for KI_SHORT (its patch is a slot; len must be 0), else the patch
+ * must start on a chunk and lie in the heap. */
+static bool ki_patch_chunks(u64 patch, u64 len, int kind, u32 *c0, u32 *c1)
 {
-	unsigned long h = (unsigned long)ki_patch_heap;
-
-	if (addr < h || addr - h >= KI_HEAP_SIZE)
-		return -1;
-	return (addr - h) / KI_CHUNK;
+	*c0 = *c1 = 0;
+	if (kind == KI_SHORT)
+		return !len;
+	return IS_ALIGNED(patch, KI_CHUNK) && ki_heap_chunks(patch, len, c0, c1);
 }
 
-/* ki_alloc_start: the first chunk of the live allocation starting at addr, or -1. */
-static long ki_alloc_start(unsigned long addr)
+/* ki_set_patch points r at patch, chunks [c0, c1), which become entered. */
+static void ki_set_patch(struct ki_splice_rec *r, u64 patch, u32 c0, u32 c1)
 {
-	long c = ki_heap_chunk(addr);
-
-	if (c < 0 || ki_chunk_addr(c) != addr || !ki_alloc_len[c])
-		return -1;
-	return c;
-}
-
-/* ki_alloc_holding: the first chunk of the live allocation holding all of
- * [addr, addr+len), or -1. */
-static long ki_alloc_holding(unsigned long addr, size_t len)
-{
-	long c = ki_heap_chunk(addr), s;
-
-	if (c < 0 || !len || addr + len < addr || !test_bit(c, ki_heap_used))
-		return -1;
-	/* Allocations are contiguous runs: the nearest start at or before
-	 * chunk c is the one holding c. */
-	for (s = c; s >= 0 && !ki_alloc_len[s]; s--)
-		;
-	if (s < 0 || c >= s + ki_alloc_len[s])
-		return -1;
-	if (addr + len > ki_chunk_addr(s + ki_alloc_len[s]))
-		return -1;
-	return s;
-}
-
-/* ki_alloc_busy: an installed splice sends CPUs into the allocation at first. */
-static bool ki_alloc_busy(long first)
-{
-	unsigned long start = ki_chunk_addr(first);
-	int i;
-
-	for (i = 0; i < ki_nr_slots; i++)
-		if (ki_splices[i].addr && ki_splices[i].kind != KI_SHORT &&
-		    ki_splices[i].patch == start)
-			return true;
-	return false;
+	WRITE_ONCE(r->patch, patch);
+	r->c0 = c0;
+	r->c1 = c1;
+	bitmap_set(ki_entered, c0, c1 - c0);
 }
 
 /*
- * ki_quiesce waits, if a splice was removed since the last wait, until no
- * task can still be running in any removed patch: a task preempted inside
- * a patch (the kernel is preemptible) resumes there even after the splice
- * is gone. synchronize_rcu_tasks() returns once every task has passed
- * through a voluntary context switch or user mode since the call.
+ * ki_quiesce waits, if any chunk is entered, until no task can still be in
+ * a patch no splice leads to any more: a task preempted in a patch resumes
+ * there even after the splice is gone or re-pointed. synchronize_rcu_tasks()
+ * returns once every task has passed through a voluntary context switch or
+ * user mode. Then only the installed splices' patches are entered.
  */
 static void ki_quiesce(void)
 {
-	if (ki_need_tasks_gp) {
-		synchronize_rcu_tasks();
-		ki_need_tasks_gp = false;
-	}
+	struct ki_splice_rec *r;
+
+	if (bitmap_empty(ki_entered, KI_NCHUNKS))
+		return;
+	synchronize_rcu_tasks();
+	bitmap_zero(ki_entered, KI_NCHUNKS);
+	ki_for_each(r)
+		bitmap_set(ki_entered, r->c0, r->c1 - r->c0);
 }
 
-/* ki_heap_reset frees every allocation and refills the heap with int3.
- * Only when no splice is installed and the heap is quiescent. */
-static int ki_heap_reset(void)
+/* ki_copy moves len bytes, a page at a time through a bounce buffer, from
+ * kernel memory at kaddr to user buffer ubuf (to_user; a fault is -EFAULT,
+ * never an oops), or from ubuf into the patch heap at kaddr. */
+static long ki_copy(u64 kaddr, u64 ubuf, u64 len, bool to_user)
 {
-	bitmap_zero(ki_heap_used, KI_NCHUNKS);
-	memset(ki_alloc_len, 0, sizeof(ki_alloc_len));
-	memset(ki_alloc_entered, 0, sizeof(ki_alloc_entered));
-	return ki_text_write((unsigned long)ki_patch_heap, NULL, KI_INT3, KI_HEAP_SIZE);
-}
+	u8 *buf = kmalloc(PAGE_SIZE, GFP_KERNEL);
+	long err = 0;
+	u64 done;
 
-static long ki_patch_alloc(struct ki_patch_alloc __user *uarg)
-{
-	struct ki_patch_alloc a;
-	unsigned long c, need;
-
-	if (copy_from_user(&a, uarg, sizeof(a)))
-		return -EFAULT;
-	if (!a.size || a.size > KI_HEAP_SIZE)
-		return -EINVAL;
-	need = DIV_ROUND_UP(a.size, KI_CHUNK);
-	c = bitmap_find_next_zero_area(ki_heap_used, KI_NCHUNKS, 0, need, 0);
-	if (c >= KI_NCHUNKS)
-		return -ENOSPC;
-	/* Fresh memory is int3 already: the heap starts so, free refills it. */
-	a.addr = ki_chunk_addr(c);
-	if (copy_to_user(uarg, &a, sizeof(a)))
-		return -EFAULT;
-	bitmap_set(ki_heap_used, c, need);
-	ki_alloc_len[c] = need;
-	ki_alloc_entered[c] = false;
-	pr_debug("kerninst: alloc %px +%lu\n", (void *)a.addr, need * KI_CHUNK);
-	return 0;
-}
-
-static long ki_patch_write(struct ki_patch_write __user *uarg)
-{
-	struct ki_patch_write w;
-	long first;
-	u64 done = 0;
-	u8 *buf;
-	int err = 0;
-
-	if (copy_from_user(&w, uarg, sizeof(w)))
-		return -EFAULT;
-	if (!w.len || w.len > KI_HEAP_SIZE)
-		return -EINVAL;
-	first = ki_alloc_holding(w.addr, w.len);
-	if (first < 0)
-		return -EINVAL;
-	if (ki_alloc_busy(first))
-		return -EBUSY;
-	/* A fresh allocation has never run: no wait. One a splice sent CPUs
-	 * into (and that was unspliced since, or ki_alloc_busy would have
-	 * refused) may still have a task inside. */
-	if (ki_alloc_entered[first])
-		ki_quiesce();
-	buf = kmalloc(PAGE_SIZE, GFP_KERNEL);
 	if (!buf)
 		return -ENOMEM;
-	while (done < w.len) {
-		size_t n = min_t(u64, w.len - done, PAGE_SIZE);
+	for (done = 0; !err && done < len; done += PAGE_SIZE) {
+		size_t n = min_t(u64, len - done, PAGE_SIZE);
+		void __user *u = u64_to_user_ptr(ubuf + done);
 
-		if (copy_from_user(buf, u64_to_user_ptr(w.buf + done), n)) {
-			err = -EFAULT;
-			break;
-		}
-		err = ki_text_write(w.addr + done, buf, 0, n);
-		if (err)
-			break;
-		done += n;
+		if (to_user)
+			err = copy_from_kernel_nofault(buf, (void *)(unsigned long)(kaddr + done), n) ||
+			      copy_to_user(u, buf, n) ? -EFAULT : 0;
+		else
+			err = copy_from_user(buf, u, n) ? -EFAULT : ki_text_write(kaddr + done, buf, 0, n);
 	}
 	kfree(buf);
 	return err;
 }
 
-static long ki_patch_free(struct ki_patch_free __user *uarg)
+/* ki_patch_write: see KI_IOC_PATCH_WRITE. */
+static long ki_patch_write(void *arg)
 {
-	struct ki_patch_free f;
-	long first;
-	unsigned int n;
-	int err;
+	struct ki_patch_write *w = arg;
+	struct ki_splice_rec *r;
+	u32 c0, c1;
 
-	if (copy_from_user(&f, uarg, sizeof(f)))
-		return -EFAULT;
-	first = ki_alloc_start(f.addr);
-	if (first < 0)
+	if (!ki_heap_chunks(w->addr, w->len, &c0, &c1))
 		return -EINVAL;
-	if (ki_alloc_busy(first))
-		return -EBUSY;
-	ki_quiesce();
-	n = ki_alloc_len[first];
-	err = ki_text_write(f.addr, NULL, KI_INT3, (size_t)n * KI_CHUNK);
-	if (err)
-		return err;
-	bitmap_clear(ki_heap_used, first, n);
-	ki_alloc_len[first] = 0;
-	ki_alloc_entered[first] = false;
-	pr_debug("kerninst: free %px\n", (void *)(unsigned long)f.addr);
-	return 0;
+	ki_for_each(r)
+		if (r->c0 < c1 && c0 < r->c1)
+			return -EBUSY;	/* an installed splice leads there */
+	/* Memory no splice sent CPUs into since the last wait has never run
+	 * (or no task is left in it): no wait. */
+	if (find_next_bit(ki_entered, c1, c0) < c1)
+		ki_quiesce();
+	return ki_copy(w->addr, w->buf, w->len, false);
 }
 
 /* ---- splicing -------------------------------------------------------- */
 
-/* ki_unpublish clears a slot once its bytes are back (see ki_die_notify). */
-static void ki_unpublish(struct ki_splice_rec *r)
-{
-	r->addr = 0;
-	r->pending = 0;
-	ki_index_publish();
-	ki_nr_splices--;
-	ki_need_tasks_gp = true;
-}
-
-/* ki_slot_users: installed springboard splices that jump to slot r. */
-static int ki_slot_users(const struct ki_splice_rec *r)
-{
-	int i, n = 0;
-
-	for (i = 0; i < ki_nr_slots; i++)
-		if (ki_splices[i].addr && ki_splices[i].kind == KI_SHORT &&
-		    ki_splices[i].patch == r->addr)
-			n++;
-	return n;
-}
-
 /* ki_find_id: the installed splice with id, or NULL. */
 static struct ki_splice_rec *ki_find_id(u32 id)
 {
-	int i;
+	struct ki_splice_rec *r;
 
-	for (i = 0; id && i < ki_nr_slots; i++)
-		if (ki_splices[i].addr && ki_splices[i].id == id)
-			return &ki_splices[i];
+	ki_for_each(r)
+		if (id && r->id == id)
+			return r;
 	return NULL;
 }
 
-/* ki_restore puts back the original bytes of an installed splice. */
+/* ki_slot_used: an installed springboard splice jumps to slot s. */
+static bool ki_slot_used(const struct ki_splice_rec *s)
+{
+	struct ki_splice_rec *r;
+
+	ki_for_each(r)
+		if (r->kind == KI_SHORT && r->patch == s->addr)
+			return true;
+	return false;
+}
+
+/* ki_restore puts back the original bytes of an installed splice, then
+ * unpublishes it (see ki_die_notify). Its patch stays entered. */
 static int ki_restore(struct ki_splice_rec *r)
 {
 	int err = ki_poke(r->addr, r->orig, r->len);
@@ -647,79 +525,68 @@ static int ki_restore(struct ki_splice_rec *r)
 	if (err)
 		return err;
 	pr_debug("kerninst: unsplice %u at %pS\n", r->id, (void *)r->addr);
-	ki_unpublish(r);
+	r->addr = 0;
+	r->pending = 0;
+	ki_index_publish();
+	ki_nr_splices--;
 	return 0;
 }
 
-/*
- * ki_splice_kind checks the replacement bytes against the patch and says
- * what kind of splice they make, or -EINVAL.
- */
+/* ki_splice_kind checks the replacement bytes against the patch and says
+ * what kind of splice they make, or -EINVAL. */
 static int ki_splice_kind(const struct ki_splice *s)
 {
+	struct ki_splice_rec *r;
+
 	if (s->flags & ~(KI_SPLICE_SLOT | KI_SPLICE_COVER) ||
 	    (s->flags & KI_SPLICE_SLOT && s->flags & KI_SPLICE_COVER))
 		return -EINVAL;
 	if (s->len == KI_JMP32_LEN && s->new[0] == KI_JMP32) {
 		s64 rel = (s32)get_unaligned_le32(&s->new[1]);
 
-		if (s->addr + KI_JMP32_LEN + rel != s->patch || ki_alloc_start(s->patch) < 0)
+		if (s->addr + KI_JMP32_LEN + rel != s->patch)
 			return -EINVAL;
 		return s->flags & KI_SPLICE_SLOT ? KI_SLOT : KI_DIRECT;
 	}
 	if (s->flags)
 		return -EINVAL;
 	if (s->len == 1 && s->new[0] == KI_INT3)
-		return ki_alloc_start(s->patch) < 0 ? -EINVAL : KI_TRAP;
-	if (s->len == KI_JMP8_LEN && s->new[0] == KI_JMP8) {
-		unsigned long to = s->addr + KI_JMP8_LEN + (s8)s->new[1];
-		int i;
-
-		if (to != s->patch)
-			return -EINVAL;
-		for (i = 0; i < ki_nr_slots; i++)
-			if (ki_splices[i].addr == to && ki_splices[i].kind == KI_SLOT)
+		return KI_TRAP;
+	/* a jmp rel8 must land on an installed slot */
+	if (s->len == KI_JMP8_LEN && s->new[0] == KI_JMP8 &&
+	    s->addr + KI_JMP8_LEN + (s8)s->new[1] == s->patch) {
+		ki_for_each(r)
+			if (r->addr == s->patch && r->kind == KI_SLOT)
 				return KI_SHORT;
-		return -EINVAL;	/* a jmp rel8 must land on an installed slot */
 	}
 	return -EINVAL;
 }
 
-/*
- * ki_splice checks everything, publishes the record, then writes.
- * Errors: -EINVAL malformed request, patch not an allocation start, or a
- * jmp rel8 not to a slot; -EPERM addr is not spliceable text; -EEXIST
- * overlaps an installed splice; -EBUSY the first byte is already an int3
- * (someone else's breakpoint; padding under a slot may be int3); -ESTALE
- * the bytes at addr are not orig; -ENOSPC too many splices.
- */
-static long ki_splice(struct ki_splice __user *uarg)
+/* ki_splice checks everything, publishes the record, then writes. Errors:
+ * -EINVAL malformed request, patch not in the heap, or a jmp rel8 not to a
+ * slot; -EPERM addr is not spliceable text; -EEXIST overlaps an installed
+ * splice; -EBUSY the first byte is already an int3 (someone else's
+ * breakpoint; padding under a slot may be int3); -ESTALE the bytes at addr
+ * are not orig; -ENOSPC too many splices. */
+static long ki_splice(void *arg)
 {
-	struct ki_splice s;
-	struct ki_splice_rec *rec = NULL;
-	unsigned long addr;
+	struct ki_splice *s = arg;
+	struct ki_splice_rec *r, *rec = NULL;
 	u8 cur[KI_MAX_INSN];
-	int i, err, kind;
+	int err, kind;
+	u32 c0, c1;
 
-	if (copy_from_user(&s, uarg, sizeof(s)))
-		return -EFAULT;
-	if (s.len < 1 || s.len > KI_MAX_INSN)
+	if (s->len < 1 || s->len > KI_MAX_INSN)
 		return -EINVAL;
-	addr = s.addr;
-	kind = ki_splice_kind(&s);
-	if (kind < 0)
-		return kind;
-	if (!ki_is_text(addr, s.len) || ki_in_own_module(addr, s.len))
+	kind = ki_splice_kind(s);
+	if (kind < 0 || !ki_patch_chunks(s->patch, s->patch_len, kind, &c0, &c1))
+		return -EINVAL;
+	if (!ki_spliceable(s->addr, s->len))
 		return -EPERM;
-	for (i = 0; i < ki_nr_slots; i++) {
-		struct ki_splice_rec *r = &ki_splices[i];
-
-		if (!r->addr) {
-			if (!rec)
-				rec = r;
-			continue;
-		}
-		if (addr < r->addr + r->len && addr + s.len > r->addr)
+	for (r = ki_splices; r < ki_splices + ki_nr_slots; r++) {
+		if (!r->addr && !rec)
+			rec = r;
+		else if (r->addr && s->addr < r->addr + r->len && s->addr + s->len > r->addr)
 			return -EEXIST;
 	}
 	if (!rec) {
@@ -727,26 +594,24 @@ static long ki_splice(struct ki_splice __user *uarg)
 			return -ENOSPC;
 		rec = &ki_splices[ki_nr_slots];
 	}
-	if (copy_from_kernel_nofault(cur, (void *)addr, s.len))
+	if (copy_from_kernel_nofault(cur, (void *)(unsigned long)s->addr, s->len))
 		return -EFAULT;
-	if (memcmp(cur, s.orig, s.len))
+	if (memcmp(cur, s->orig, s->len))
 		return -ESTALE;
 	if (cur[0] == KI_INT3 && kind != KI_SLOT)
 		return -EBUSY;
 
-	if (kind != KI_SHORT)
-		ki_alloc_entered[ki_alloc_start(s.patch)] = true;
 	/* Publish before writing: the notifier must know where to send a
 	 * CPU that hits the int3 written first. */
-	WRITE_ONCE(rec->patch, s.patch);
-	rec->len = s.len;
+	ki_set_patch(rec, s->patch, c0, c1);
+	rec->len = s->len;
 	rec->kind = kind;
 	rec->id = ki_next_id++;
 	if (!ki_next_id)
 		ki_next_id = 1;
-	memcpy(rec->orig, s.orig, s.len);
-	rec->pending = s.flags & KI_SPLICE_COVER ? ++ki_cover_seq : 0;
-	rec->addr = addr;
+	memcpy(rec->orig, s->orig, s->len);
+	rec->pending = s->flags & KI_SPLICE_COVER ? ++ki_cover_seq : 0;
+	rec->addr = s->addr;
 	if (rec == &ki_splices[ki_nr_slots])
 		ki_nr_slots++;
 	ki_nr_splices++;
@@ -756,108 +621,85 @@ static long ki_splice(struct ki_splice __user *uarg)
 	 * notifier sends CPUs to the patch); KI_IOC_COVER_FINISH writes the
 	 * jmp once no task can be stopped inside the covered bytes. */
 	if (rec->pending)
-		err = ki_poke(addr, (const u8[]){ KI_INT3 }, 1);
+		err = ki_poke(rec->addr, (const u8[]){ KI_INT3 }, 1);
 	else
-		err = ki_poke(addr, s.new, s.len);
+		err = ki_poke(rec->addr, s->new, s->len);
 	if (err) {
 		/* Put back what we can; if even that fails the record stays
 		 * installed (the notifier covers a left-over int3) and
 		 * release() retries. */
-		pr_warn("kerninst: splice at %pS failed (%d); restoring\n", (void *)addr, err);
+		pr_warn("kerninst: splice at %pS failed (%d); restoring\n", (void *)rec->addr, err);
 		ki_restore(rec);
 		return err;
 	}
-	pr_debug("kerninst: splice %u at %pS -> %px (%u bytes, kind %d)\n", rec->id, (void *)addr,
-		 (void *)rec->patch, rec->len, kind);
-	if (put_user(rec->id, &uarg->id)) {
-		/* The caller cannot learn the id: take the splice back out. */
-		ki_restore(rec);
-		return -EFAULT;
-	}
+	pr_debug("kerninst: splice %u at %pS -> %px (%u bytes, kind %d)\n", rec->id,
+		 (void *)rec->addr, (void *)rec->patch, rec->len, kind);
+	s->id = rec->id;
 	return 0;
 }
 
-/* -EBUSY for a slot that springboard splices still jump to. */
-static long ki_unsplice(struct ki_unsplice __user *uarg)
+/* ki_splice_undo: the caller cannot learn the id: take the splice back out. */
+static void ki_splice_undo(void *arg)
 {
-	struct ki_unsplice u;
-	struct ki_splice_rec *r;
+	struct ki_splice_rec *r = ki_find_id(((struct ki_splice *)arg)->id);
 
-	if (copy_from_user(&u, uarg, sizeof(u)))
-		return -EFAULT;
-	if (!u.id)
-		return -EINVAL;
-	r = ki_find_id(u.id);
+	if (r)
+		ki_restore(r);
+}
+
+/* -EBUSY for a slot that springboard splices still jump to. */
+static long ki_unsplice(void *arg)
+{
+	struct ki_splice_rec *r = ki_find_id(((struct ki_unsplice *)arg)->id);
+
 	if (!r)
 		return -ENOENT;
-	if (r->kind == KI_SLOT && ki_slot_users(r))
+	if (r->kind == KI_SLOT && ki_slot_used(r))
 		return -EBUSY;
 	return ki_restore(r);
 }
 
-/*
- * ki_resplice points splice id at another patch (see KI_IOC_RESPLICE).
+/* ki_resplice points splice id at another patch (see KI_IOC_RESPLICE).
  * Errors: -ENOENT unknown id; -EINVAL a springboard splice (re-point its
- * slot), or patch not an allocation start; -ERANGE patch out of rel32 reach.
- */
-/* ki_jmp32 encodes "jmp rel32" at addr to target; -ERANGE out of reach. */
-static int ki_jmp32(u8 jmp[KI_JMP32_LEN], unsigned long addr, unsigned long target)
+ * slot), or patch not in the heap; -ERANGE patch out of rel32 reach. */
+static long ki_resplice(void *arg)
 {
-	s64 rel = (s64)(target - (addr + KI_JMP32_LEN));
-
-	if (rel != (s32)rel)
-		return -ERANGE;
-	jmp[0] = KI_JMP32;
-	put_unaligned_le32((u32)(s32)rel, &jmp[1]);
-	return 0;
-}
-
-static long ki_resplice(struct ki_resplice __user *uarg)
-{
-	struct ki_resplice rs;
-	struct ki_splice_rec *r;
+	struct ki_resplice *rs = arg;
+	struct ki_splice_rec *r = ki_find_id(rs->id);
 	u8 jmp[KI_JMP32_LEN];
+	bool same;
+	u32 c0, c1;
 	int err;
 
-	if (copy_from_user(&rs, uarg, sizeof(rs)))
-		return -EFAULT;
-	r = ki_find_id(rs.id);
 	if (!r)
 		return -ENOENT;
-	if (r->kind == KI_SHORT || ki_alloc_start(rs.patch) < 0)
+	if (r->kind == KI_SHORT || !ki_patch_chunks(rs->patch, rs->patch_len, r->kind, &c0, &c1))
 		return -EINVAL;
-	if (rs.patch == r->patch)
-		return 0;
-	err = ki_jmp32(jmp, r->addr, rs.patch);
+	err = ki_jmp32(jmp, r->addr, rs->patch);
 	if (err && r->kind != KI_TRAP)
 		return err;
-	ki_alloc_entered[ki_alloc_start(rs.patch)] = true;
-	if (r->kind == KI_TRAP || r->pending) {	/* only the int3 is there */
-		WRITE_ONCE(r->patch, rs.patch);
-		ki_need_tasks_gp = true;
-		return 0;
-	}
 	/* A CPU that hits the transient int3 goes to the new patch. */
-	WRITE_ONCE(r->patch, rs.patch);
-	ki_need_tasks_gp = true;
+	same = rs->patch == r->patch;
+	ki_set_patch(r, rs->patch, c0, c1);
+	if (same || r->kind == KI_TRAP || r->pending)	/* only the int3 is there */
+		return 0;
 	err = ki_poke(r->addr, jmp, KI_JMP32_LEN);
 	if (err)
 		pr_err("kerninst: re-pointing %pS failed (%d)\n", (void *)r->addr, err);
 	return err;
 }
 
-/*
- * ki_cover_finish writes the jmp of every covering splice armed before it
- * was called (see KI_IOC_COVER_FINISH). Called without ki_lock: the grace
- * period is waited for with the lock free, so other requests go on.
- * Records unspliced meanwhile are skipped (pending is 0 for a freed record,
- * and a reused one has a later sequence).
- */
-static long ki_cover_finish(struct ki_cover_finish __user *uarg)
+/* ki_cover_finish writes the jmp of every covering splice armed before it
+ * was called (KI_IOC_COVER_FINISH), waiting without ki_lock, so other
+ * requests go on. Records unspliced meanwhile are skipped (pending is 0 for
+ * a freed record, and a reused one has a later sequence). */
+static long ki_cover_finish(void *arg)
 {
-	struct ki_cover_finish f = { 0 };
+	struct ki_cover_finish *f = arg;
+	struct ki_splice_rec *r;
+	u8 jmp[KI_JMP32_LEN];
+	int err = 0;
 	u64 upto;
-	int i, err = 0;
 
 	mutex_lock(&ki_lock);
 	upto = ki_cover_seq;
@@ -866,11 +708,8 @@ static long ki_cover_finish(struct ki_cover_finish __user *uarg)
 	 * written has since passed a voluntary context switch: it left. */
 	synchronize_rcu_tasks();
 	mutex_lock(&ki_lock);
-	for (i = 0; i < ki_nr_slots; i++) {
-		struct ki_splice_rec *r = &ki_splices[i];
-		u8 jmp[KI_JMP32_LEN];
-
-		if (!r->addr || !r->pending || r->pending > upto)
+	ki_for_each(r) {
+		if (!r->pending || r->pending > upto)
 			continue;
 		/* in reach: checked when armed and when re-pointed */
 		err = ki_jmp32(jmp, r->addr, r->patch);
@@ -881,96 +720,70 @@ static long ki_cover_finish(struct ki_cover_finish __user *uarg)
 			break;
 		}
 		r->pending = 0;
-		f.done++;
+		f->done++;
 	}
 	mutex_unlock(&ki_lock);
-	if (!err && copy_to_user(uarg, &f, sizeof(f)))
-		err = -EFAULT;
 	return err;
 }
 
-/* ki_newest: the installed springboard splice, else the installed splice,
- * with the highest id (ids only grow between wraps), or NULL. */
-static struct ki_splice_rec *ki_newest(void)
+/* ki_restore_in restores every installed splice in the text of mod (every
+ * splice if mod is NULL), springboard splices before the slots they jump
+ * to, and returns how many are left (failed, or a slot still jumped to). */
+static int ki_restore_in(const struct module *mod)
 {
-	struct ki_splice_rec *best = NULL;
-	int i;
+	unsigned long base = mod ? (unsigned long)mod->core_layout.base : 0;
+	unsigned long end = mod ? base + mod->core_layout.text_size : ULONG_MAX;
+	struct ki_splice_rec *r;
+	int pass, left = 0;
 
-	for (i = 0; i < ki_nr_slots; i++) {
-		struct ki_splice_rec *r = &ki_splices[i];
-
-		if (!r->addr)
-			continue;
-		/* springboard splices before the slots they jump to */
-		if (!best || (r->kind == KI_SHORT) > (best->kind == KI_SHORT) ||
-		    ((r->kind == KI_SHORT) == (best->kind == KI_SHORT) && r->id > best->id))
-			best = r;
+	for (pass = 0; pass < 2; pass++) {
+		ki_for_each(r) {
+			if ((r->kind == KI_SHORT) != !pass || r->addr < base || r->addr >= end)
+				continue;
+			if (mod)
+				pr_info("kerninst: module %s is unloading; removing splice %u at %pS\n",
+					mod->name, r->id, (void *)r->addr);
+			if ((r->kind == KI_SLOT && ki_slot_used(r)) || ki_restore(r))
+				left++;
+		}
 	}
-	return best;
+	return left;
 }
 
-/*
- * ki_restore_all restores every installed splice, newest first, waits until
- * no task can be in a patch (if one was ever entered since the last wait),
- * and resets the heap. Returns false (and leaves
- * the heap alone, so installed splices keep working) if some splice could
- * not be restored.
- */
+/* ki_restore_all restores every splice, waits until no task can be in a
+ * patch and refills the heap with int3; false (the heap left alone, so the
+ * splices left keep working) if some splice could not be restored. */
 static bool ki_restore_all(void)
 {
-	struct ki_splice_rec *r;
-	int tries = 0;
+	int tries;
 
-	while ((r = ki_newest())) {
-		if (!ki_restore(r))
-			continue;
-		if (++tries == KI_RETRIES) {
-			pr_err("kerninst: cannot restore %pS; %u splice(s) left installed\n",
-			       (void *)r->addr, ki_nr_splices);
+	for (tries = 0; ki_restore_in(NULL); tries++) {
+		if (tries == KI_RETRIES) {
+			pr_err("kerninst: cannot restore every splice; %u left installed\n",
+			       ki_nr_splices);
 			return false;
 		}
 		msleep(10);
 	}
 	ki_quiesce();
-	if (ki_heap_reset())
+	if (ki_text_write((unsigned long)ki_patch_heap, NULL, KI_INT3, KI_HEAP_SIZE))
 		pr_err("kerninst: cannot refill the patch heap with int3\n");
 	return true;
 }
 
-/*
- * ki_module_notify: a module whose text holds splices is going away (rmmod,
- * or a failed load). Its exit function has run; its memory is freed next.
- * Put its bytes back now, so that no later unsplice or release writes into
- * freed (maybe reused) pages. The owner's ids for these splices become
- * unknown (-ENOENT).
- */
+/* ki_module_notify: a module is going away (rmmod, or a failed load); its
+ * memory is freed next. Put its bytes back now, so that no later unsplice or
+ * release writes into freed (maybe reused) pages. The owner's ids for these
+ * splices become unknown (-ENOENT). */
 static int ki_module_notify(struct notifier_block *nb, unsigned long action, void *data)
 {
 	struct module *mod = data;
-	unsigned long base, end;
-	int i, pass;
 
 	if (action != MODULE_STATE_GOING || mod == THIS_MODULE)
 		return NOTIFY_DONE;
-	base = (unsigned long)mod->core_layout.base;
-	end = base + mod->core_layout.text_size;
 	mutex_lock(&ki_lock);
-	/* Two passes: springboard splices before the slots they jump to. */
-	for (pass = 0; pass < 2; pass++) {
-		for (i = 0; i < ki_nr_slots; i++) {
-			struct ki_splice_rec *r = &ki_splices[i];
-
-			if (!r->addr || (r->kind == KI_SHORT) != (pass == 0))
-				continue;
-			if (r->addr >= base && r->addr < end) {
-				pr_info("kerninst: module %s is unloading; removing splice %u at %pS\n",
-					mod->name, r->id, (void *)r->addr);
-				if (ki_restore(r))
-					pr_err("kerninst: cannot restore %px in going module %s\n",
-					       (void *)r->addr, mod->name);
-			}
-		}
-	}
+	if (ki_restore_in(mod))
+		pr_err("kerninst: cannot restore every splice in going module %s\n", mod->name);
 	mutex_unlock(&ki_lock);
 	return NOTIFY_DONE;
 }
@@ -981,39 +794,20 @@ static struct notifier_block ki_module_nb = {
 
 /* ---- the device ------------------------------------------------------ */
 
-static long ki_read(struct ki_read __user *uarg)
+static long ki_read(void *arg)
 {
-	struct ki_read r;
-	u64 done = 0;
-	long err = 0;
-	u8 *buf;
+	struct ki_read *r = arg;
 
-	if (copy_from_user(&r, uarg, sizeof(r)))
-		return -EFAULT;
-	if (!r.len || r.len > KI_MAX_READ)
+	if (!r->len || r->len > KI_MAX_READ)
 		return -EINVAL;
-	if (r.addr + r.len < r.addr)
+	if (r->addr + r->len < r->addr)
 		return -EFAULT;
-	buf = kmalloc(PAGE_SIZE, GFP_KERNEL);
-	if (!buf)
-		return -ENOMEM;
-	while (done < r.len) {
-		size_t n = min_t(u64, r.len - done, PAGE_SIZE);
-
-		if (copy_from_kernel_nofault(buf, (void *)(unsigned long)(r.addr + done), n) ||
-		    copy_to_user(u64_to_user_ptr(r.buf + done), buf, n)) {
-			err = -EFAULT;
-			break;
-		}
-		done += n;
-	}
-	kfree(buf);
-	return err;
+	return ki_copy(r->addr, r->buf, r->len, true);
 }
 
-static long ki_info(struct ki_info __user *uarg)
+static long ki_info(void *arg)
 {
-	struct ki_info in = {
+	*(struct ki_info *)arg = (struct ki_info){
 		.abi_version = KI_ABI_VERSION,
 		.chunk_size = KI_CHUNK,
 		.patch_heap = (unsigned long)ki_patch_heap,
@@ -1025,66 +819,68 @@ static long ki_info(struct ki_info __user *uarg)
 		.nr_splices = ki_nr_splices,
 		.int3_hits = atomic_read(&ki_int3_hits),
 	};
-
-	return copy_to_user(uarg, &in, sizeof(in)) ? -EFAULT : 0;
-}
-
-static long ki_counters_clear(struct ki_counters_clear __user *uarg)
-{
-	struct ki_counters_clear c;
-	u32 i;
-
-	if (copy_from_user(&c, uarg, sizeof(c)))
-		return -EFAULT;
-	if (c.first >= ARRAY_SIZE(ki_counters) || c.count > ARRAY_SIZE(ki_counters) - c.first)
-		return -EINVAL;
-	for (i = 0; i < c.count; i++)
-		WRITE_ONCE(ki_counters[c.first + i], 0);
 	return 0;
 }
+
+static long ki_counters_clear(void *arg)
+{
+	struct ki_counters_clear *c = arg;
+	u32 i;
+
+	if (c->first >= ARRAY_SIZE(ki_counters) || c->count > ARRAY_SIZE(ki_counters) - c->first)
+		return -EINVAL;
+	for (i = 0; i < c->count; i++)
+		WRITE_ONCE(ki_counters[c->first + i], 0);
+	return 0;
+}
+
+/* The ioctls. A command carries its argument's size and direction: ki_ioctl
+ * copies the argument in before the handler and out once it succeeded; undo
+ * takes back a result the caller cannot be told. Handlers run under ki_lock
+ * unless they take it themselves. */
+static const struct ki_ioctl_op {
+	unsigned int cmd;
+	long (*fn)(void *arg);
+	void (*undo)(void *arg);
+	bool takes_lock;
+} ki_ioctl_ops[] = {
+	{ KI_IOC_INFO, ki_info },
+	{ KI_IOC_READ, ki_read },
+	{ KI_IOC_PATCH_WRITE, ki_patch_write },
+	{ KI_IOC_SPLICE, ki_splice, ki_splice_undo },
+	{ KI_IOC_UNSPLICE, ki_unsplice },
+	{ KI_IOC_COUNTERS_CLEAR, ki_counters_clear },
+	{ KI_IOC_RESPLICE, ki_resplice },
+	{ KI_IOC_COVER_FINISH, ki_cover_finish, NULL, true },	/* not across its wait */
+};
 
 static long ki_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 {
 	void __user *uarg = (void __user *)arg;
+	const struct ki_ioctl_op *op = ki_ioctl_ops, *end = op + ARRAY_SIZE(ki_ioctl_ops);
+	size_t size = _IOC_SIZE(cmd);
+	u64 a[8];	/* the largest argument: struct ki_info, struct ki_splice */
 	long ret;
 
 	if (!capable(CAP_SYS_ADMIN))
 		return -EPERM;
-	if (cmd == KI_IOC_COVER_FINISH)	/* takes ki_lock itself, not across its wait */
-		return ki_cover_finish(uarg);
-	mutex_lock(&ki_lock);
-	switch (cmd) {
-	case KI_IOC_INFO:
-		ret = ki_info(uarg);
-		break;
-	case KI_IOC_READ:
-		ret = ki_read(uarg);
-		break;
-	case KI_IOC_PATCH_ALLOC:
-		ret = ki_patch_alloc(uarg);
-		break;
-	case KI_IOC_PATCH_WRITE:
-		ret = ki_patch_write(uarg);
-		break;
-	case KI_IOC_PATCH_FREE:
-		ret = ki_patch_free(uarg);
-		break;
-	case KI_IOC_SPLICE:
-		ret = ki_splice(uarg);
-		break;
-	case KI_IOC_UNSPLICE:
-		ret = ki_unsplice(uarg);
-		break;
-	case KI_IOC_COUNTERS_CLEAR:
-		ret = ki_counters_clear(uarg);
-		break;
-	case KI_IOC_RESPLICE:
-		ret = ki_resplice(uarg);
-		break;
-	default:
-		ret = -ENOTTY;
+	while (op < end && op->cmd != cmd)
+		op++;
+	if (op == end || size > sizeof(a))
+		return -ENOTTY;
+	memset(a, 0, sizeof(a));
+	if (_IOC_DIR(cmd) & _IOC_WRITE && copy_from_user(a, uarg, size))
+		return -EFAULT;
+	if (!op->takes_lock)
+		mutex_lock(&ki_lock);
+	ret = op->fn(a);
+	if (!ret && _IOC_DIR(cmd) & _IOC_READ && copy_to_user(uarg, a, size)) {
+		if (op->undo)
+			op->undo(a);
+		ret = -EFAULT;
 	}
-	mutex_unlock(&ki_lock);
+	if (!op->takes_lock)
+		mutex_unlock(&ki_lock);
 	return ret;
 }
 
@@ -1157,7 +953,6 @@ static int __init ki_init(void)
 {
 	int err;
 
-	BUILD_BUG_ON(KI_NCHUNKS > U16_MAX);	/* ki_alloc_len is u16 */
 	BUILD_BUG_ON(sizeof(struct ki_info) != 64 || sizeof(struct ki_splice) != 64 ||
 		     sizeof(struct ki_resplice) != 16 || sizeof(struct ki_cover_finish) != 8);
 	err = register_die_notifier(&ki_die_nb);
@@ -1180,13 +975,10 @@ out_die:
 	return err;
 }
 
-/*
- * ki_exit: no new opens, restore anything left (unreachable: an open or
- * mapped device pins the module), and only then drop the notifiers: the
- * int3 one must outlive every transient int3 of a restore.
- * unregister_die_notifier waits for an RCU grace period, so no CPU is still
- * running ki_die_notify when our text goes away.
- */
+/* ki_exit: no new opens, restore anything left (unreachable: an open or
+ * mapped device pins the module), and only then drop the notifiers: the int3
+ * one must outlive every transient int3 of a restore, and unregistering it
+ * waits until no CPU is running ki_die_notify. */
 static void __exit ki_exit(void)
 {
 	misc_deregister(&ki_dev);

@@ -3,9 +3,10 @@
  * kerninst.ko user ABI: ioctls on /dev/kerninst.
  *
  * The driver only does what needs kernel context and checks every argument;
- * all policy (what to splice, where patches go, which counter a patch bumps)
- * lives in kerninstd. This header is mirrored by driver/abi.go; keep both in
- * step and bump KI_ABI_VERSION on any change.
+ * all policy (what to splice, where in the patch heap a patch goes, which
+ * counter a patch bumps) lives in kerninstd, which also allocates the patch
+ * heap. This header is mirrored by driver/abi.go; keep both in step and bump
+ * KI_ABI_VERSION on any change.
  */
 #ifndef KERNINST_UAPI_H
 #define KERNINST_UAPI_H
@@ -13,13 +14,13 @@
 #include <linux/ioctl.h>
 #include <linux/types.h>
 
-#define KI_ABI_VERSION 3
+#define KI_ABI_VERSION 4
 #define KI_MAX_INSN 15
 
 /* KI_IOC_INFO: layout of the driver's heaps. */
 struct ki_info {
 	__u32 abi_version;
-	__u32 chunk_size;      /* patch heap allocation granule, bytes */
+	__u32 chunk_size;      /* patch heap granule: patches start on it, see below */
 	__u64 patch_heap;      /* kernel address of the executable patch heap */
 	__u64 patch_heap_size; /* bytes */
 	__u64 counter_heap;    /* kernel address of the counter heap (u64 slots) */
@@ -38,30 +39,25 @@ struct ki_read {
 	__u64 len;
 };
 
-/* KI_IOC_PATCH_ALLOC: allocate size bytes (rounded up to chunk_size) of the
- * patch heap; the driver fills it with int3. addr is returned. */
-struct ki_patch_alloc {
-	__u64 size;
-	__u64 addr; /* out */
-};
+/*
+ * The patch heap is allocated in user space, in chunks of chunk_size bytes;
+ * the driver keeps two facts per chunk, which make rewriting it safe:
+ *  - busy: an installed splice sends CPUs into it (its patch range,
+ *    [patch, patch+patch_len) of KI_IOC_SPLICE or KI_IOC_RESPLICE, touches
+ *    the chunk);
+ *  - entered: a splice has sent CPUs into it since the last RCU-tasks grace
+ *    period, so a preempted task may still be running there.
+ */
 
-/* KI_IOC_PATCH_WRITE: write len bytes from user buf into an allocated patch
- * range [addr, addr+len), through a temporary writable alias. Refused
- * (-EBUSY) while an installed splice targets that allocation; waits for
- * synchronize_rcu_tasks() first if a splice ever sent CPUs into it (a fresh
- * allocation is written at once). */
+/* KI_IOC_PATCH_WRITE: write len bytes from user buf at [addr, addr+len) in
+ * the patch heap, through a temporary writable alias. Refused (-EBUSY) if
+ * the range touches a busy chunk; waits for synchronize_rcu_tasks() first if
+ * it touches an entered one (memory never entered is written at once). Free
+ * memory is kept int3: user space writes int3 over a patch it frees. */
 struct ki_patch_write {
 	__u64 addr;
 	__u64 buf;
 	__u64 len;
-};
-
-/* KI_IOC_PATCH_FREE: free the allocation that starts at addr. Refused
- * (-EBUSY) while a splice targets it. Waits for synchronize_rcu_tasks() first
- * if any splice was removed since the last such wait, so no task can still be
- * running in the memory being freed. */
-struct ki_patch_free {
-	__u64 addr;
 };
 
 /* KI_IOC_SPLICE: overwrite the one instruction at addr.
@@ -73,9 +69,13 @@ struct ki_patch_free {
  *     "eb rel8"  (len 2) jumping to an installed slot: a springboard
  *                 splice; patch must be that slot's address;
  *     int3       (len 1): a trap splice;
- *   patch         an allocated patch (the slot, for "eb rel8"): where a CPU
- *                 that hits the int3 (during the write, or forever for a
- *                 trap splice) is sent by the die notifier.
+ *   patch         a patch in the patch heap, on a chunk boundary (the slot,
+ *                 for "eb rel8"): where a CPU that hits the int3 (during
+ *                 the write, or forever for a trap splice) is sent by the
+ *                 die notifier;
+ *   patch_len     the patch's length: [patch, patch+patch_len) must lie in
+ *                 the heap, and stays busy while the splice is installed
+ *                 (0 for "eb rel8", whose slot is itself a splice).
  * Written with the text_poke_bp protocol: int3, sync all CPUs, tail, sync,
  * first byte, sync. id is returned; splices never overlap.
  * With KI_SPLICE_COVER, a direct splice's 5 bytes span several whole
@@ -95,20 +95,20 @@ struct ki_splice {
 	__u8 orig[16];
 	__u8 new[16];
 	__u32 flags; /* KI_SPLICE_SLOT, KI_SPLICE_COVER */
-	__u32 pad;
+	__u32 patch_len;
 };
 
-/* KI_IOC_RESPLICE: point installed splice id at another allocated patch,
- * so a point's instrumentation can change without a moment where the point
- * runs neither the old nor the new patch. A direct splice or slot gets its
+/* KI_IOC_RESPLICE: point installed splice id at another patch (checked as
+ * for KI_IOC_SPLICE), so a point's instrumentation can change without a
+ * moment where the point runs neither the old nor the new patch. A direct splice or slot gets its
  * jmp rel32 rewritten (int3, sync, rel32, sync, e9, sync; a CPU that hits
  * the int3 meanwhile goes to the new patch); a trap splice only changes
  * where its int3 sends CPUs. A springboard splice ("eb rel8") is re-pointed
- * through its slot. The old patch may still be running on some task: it is
- * freed only after an RCU-tasks grace period (KI_IOC_PATCH_FREE waits). */
+ * through its slot. The old patch may still be running on some task: it
+ * stays entered, so it is rewritten only after an RCU-tasks grace period. */
 struct ki_resplice {
 	__u32 id;
-	__u32 pad;
+	__u32 patch_len;
 	__u64 patch;
 };
 
@@ -135,9 +135,8 @@ struct ki_counters_clear {
 #define KI_IOC_MAGIC 0xB7
 #define KI_IOC_INFO           _IOR(KI_IOC_MAGIC, 0, struct ki_info)
 #define KI_IOC_READ           _IOW(KI_IOC_MAGIC, 1, struct ki_read)
-#define KI_IOC_PATCH_ALLOC    _IOWR(KI_IOC_MAGIC, 2, struct ki_patch_alloc)
+/* 2 and 4 were PATCH_ALLOC and PATCH_FREE (ABI 3) */
 #define KI_IOC_PATCH_WRITE    _IOW(KI_IOC_MAGIC, 3, struct ki_patch_write)
-#define KI_IOC_PATCH_FREE     _IOW(KI_IOC_MAGIC, 4, struct ki_patch_free)
 #define KI_IOC_SPLICE         _IOWR(KI_IOC_MAGIC, 5, struct ki_splice)
 #define KI_IOC_UNSPLICE       _IOW(KI_IOC_MAGIC, 6, struct ki_unsplice)
 #define KI_IOC_COUNTERS_CLEAR _IOW(KI_IOC_MAGIC, 7, struct ki_counters_clear)
