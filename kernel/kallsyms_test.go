@@ -62,3 +62,23 @@ func TestParseKallsymsErrors(t *testing.T) {
 		t.Errorf("zero addresses: %v, want ErrHiddenAddresses", err)
 	}
 }
+
+func TestPortableNames(t *testing.T) {
+	s, err := ParseKallsyms(strings.NewReader(kallsymsFixture))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"filename_lookup", "modfn"} {
+		sym, _, _ := s.Lookup(name)
+		p, ok := s.Portable(sym.Addr)
+		if !ok {
+			t.Fatalf("%s: no portable name", name)
+		}
+		if a, ok := s.FromPortable(p); !ok || a != sym.Addr {
+			t.Errorf("%s → %q → %#x, %v", name, p, a, ok)
+		}
+	}
+	if _, ok := s.Portable(0xffffffff81001041); ok {
+		t.Error("mid-function address got a portable name")
+	}
+}

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/census"
 )
 
 // DefaultSocket is where kerninstd listens unless told otherwise.
@@ -131,28 +131,28 @@ func (c *Client) Calls(ctx context.Context, function string) (Calls, error) {
 }
 
 // CFGStats analyses the whole kernel, calling progress as it goes.
-func (c *Client) CFGStats(ctx context.Context, progress func(done, total int)) (cfg.Stats, error) {
+func (c *Client) CFGStats(ctx context.Context, progress func(done, total int)) (census.Stats, error) {
 	req, err := http.NewRequestWithContext(ctx, "GET", c.base+"/v1/cfg/stats", nil)
 	if err != nil {
-		return cfg.Stats{}, err
+		return census.Stats{}, err
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
-		return cfg.Stats{}, err
+		return census.Stats{}, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return cfg.Stats{}, decodeReply(resp, nil)
+		return census.Stats{}, decodeReply(resp, nil)
 	}
 	dec := json.NewDecoder(resp.Body)
 	for {
 		var ev StatsEvent
 		if err := dec.Decode(&ev); err != nil {
-			return cfg.Stats{}, fmt.Errorf("cfg stats stream: %w", err)
+			return census.Stats{}, fmt.Errorf("cfg stats stream: %w", err)
 		}
 		switch {
 		case ev.Error != "":
-			return cfg.Stats{}, fmt.Errorf("cfg stats: %s", ev.Error)
+			return census.Stats{}, fmt.Errorf("cfg stats: %s", ev.Error)
 		case ev.Stats != nil:
 			return *ev.Stats, nil
 		case progress != nil:

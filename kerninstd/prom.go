@@ -47,8 +47,9 @@ func (c promCollector) Collect(ch chan<- prometheus.Metric) {
 	now := time.Now()
 	for _, ss := range d.sessions {
 		for _, r := range ss.reqs {
-			ch <- prometheus.MustNewConstMetric(promProbeCount, prometheus.CounterValue, float64(d.dev.Counter(r.counter())),
-				ss.name, r.pt.site.point.Spec, r.pt.site.where())
+			at := d.eng.Installed(r).Site
+			ch <- prometheus.MustNewConstMetric(promProbeCount, prometheus.CounterValue, float64(d.eng.Counter(r.Counter())),
+				ss.name, at.Point.Spec, at.Where())
 		}
 		for _, t := range ss.timers {
 			pt := d.timerPoint(t, now)

@@ -14,6 +14,7 @@ import (
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/kernel"
 	"github.com/kinst/kinst/metrics"
+	"github.com/kinst/kinst/splice"
 	"github.com/kinst/kinst/springboard"
 )
 
@@ -115,7 +116,7 @@ func (d *Daemon) serveSamples(w http.ResponseWriter, r *http.Request) {
 	if ok {
 		id = ss.id
 		for _, r := range ss.reqs {
-			slots = append(slots, r.counter())
+			slots = append(slots, r.Counter())
 		}
 		timers = append(timers, ss.timers...)
 	}
@@ -204,7 +205,7 @@ func (d *Daemon) parseLocation(at string) (uint64, error) {
 	if v, err := strconv.ParseUint(strings.TrimPrefix(at, "0x"), 16, 64); err == nil && (strings.HasPrefix(at, "0x") || len(at) == 16) {
 		return v, nil
 	}
-	p, err := cfg.ParsePoint(at)
+	p, err := splice.ParsePoint(at)
 	if err != nil {
 		return 0, badRequest(err)
 	}
@@ -232,13 +233,13 @@ func errorCode(err error) (int, string) {
 		return http.StatusNotFound, "unknown_function"
 	case errors.Is(err, cfg.ErrNotBoundary):
 		return http.StatusUnprocessableEntity, "not_boundary"
-	case errors.Is(err, springboard.ErrTooShort), errors.Is(err, ErrNoEntryInstruction):
+	case errors.Is(err, springboard.ErrTooShort), errors.Is(err, splice.ErrNoEntryInstruction):
 		return http.StatusUnprocessableEntity, "too_short"
-	case errors.Is(err, cfg.ErrNoSplice), errors.Is(err, cfg.ErrFreedInit):
+	case errors.Is(err, splice.ErrNoSplice), errors.Is(err, cfg.ErrFreedInit):
 		return http.StatusUnprocessableEntity, "no_splice"
 	case errors.Is(err, ErrNoSession):
 		return http.StatusNotFound, "no_session"
-	case errors.As(err, &br):
+	case errors.As(err, &br), errors.Is(err, splice.ErrBadPoint):
 		return http.StatusBadRequest, "bad_request"
 	case errors.Is(err, syscall.EFAULT):
 		return http.StatusUnprocessableEntity, "fault"

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kinst/kinst/codegen"
+	"github.com/kinst/kinst/splice"
 )
 
 // ErrNameTaken is returned when a live session already has the name.
@@ -72,9 +73,9 @@ func (d *Daemon) Sessions() []Session {
 
 // timerInfo describes a timed function with its totals at now.
 func (d *Daemon) timerInfo(t *timedFunc, now time.Time) TimerInfo {
-	ti := TimerInfo{Function: t.function, Filter: t.filter, Virtual: t.virtual != nil, Entry: t.entry.resolved(), Point: d.timerPoint(t, now)}
+	ti := TimerInfo{Function: t.function, Filter: t.filter, Virtual: t.virtual != nil, Entry: resolved(t.entry), Point: d.timerPoint(t, now)}
 	for _, s := range t.exits {
-		ti.Exits = append(ti.Exits, s.resolved())
+		ti.Exits = append(ti.Exits, resolved(s))
 	}
 	return ti
 }
@@ -95,7 +96,7 @@ func (d *Daemon) resolveTimers(req SessionRequest) ([]*timedFunc, codegen.Predic
 	if err != nil {
 		return nil, nil, err
 	}
-	var sw *site
+	var sw *splice.Site
 	if req.Virtual {
 		if err := d.loadTaskLayout(); err != nil {
 			return nil, nil, fmt.Errorf("virtual timers need the task layout: %w", err)

@@ -4,16 +4,16 @@ import (
 	"encoding/json"
 	"net/http"
 
-	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/census"
 )
 
 // StatsEvent is one line of GET /v1/cfg/stats: progress while the whole
 // kernel is analysed, then the census (or an error).
 type StatsEvent struct {
-	Done  int        `json:"done,omitempty"`
-	Total int        `json:"total,omitempty"`
-	Stats *cfg.Stats `json:"stats,omitempty"`
-	Error string     `json:"error,omitempty"`
+	Done  int           `json:"done,omitempty"`
+	Total int           `json:"total,omitempty"`
+	Stats *census.Stats `json:"stats,omitempty"`
+	Error string        `json:"error,omitempty"`
 }
 
 // serveStats returns the whole-kernel census: the one computed at start-up

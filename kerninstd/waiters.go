@@ -71,16 +71,19 @@ func (d *Daemon) lockAddress(spec string) (uint64, string, error) {
 // lockWaitFunction is the function a task waits for a mutex in: the
 // slow path, or the function it tail-calls.
 func (d *Daemon) lockWaitFunction() (string, error) {
-	s, err := d.resolve(MutexSlowPath)
+	f, p, err := d.plan.Func(MutexSlowPath)
+	if err == nil {
+		_, err = f.Resolve(p)
+	}
 	if err != nil {
 		return "", err
 	}
-	syms := d.symbols()
-	for _, b := range s.fn.BlocksOpt(cfg.BlockOptions{Names: syms.Names(), NoReturn: d.noReturn()}) {
+	syms := f.Facts().Symbols
+	for _, b := range f.Blocks {
 		if b.Exit != cfg.TailCall {
 			continue
 		}
-		if to, ok := cfg.BranchTarget(b.Last(s.fn)); ok {
+		if to, ok := cfg.BranchTarget(b.Last(f.Fn)); ok {
 			if sym, off, ok := syms.At(to); ok && off == 0 {
 				return sym.Name, nil
 			}

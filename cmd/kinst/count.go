@@ -7,9 +7,9 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/internal/cli"
 	"github.com/kinst/kinst/kerninstd"
+	"github.com/kinst/kinst/splice"
 )
 
 func countCmd(ctx context.Context, args []string) (int, error) {
@@ -35,8 +35,8 @@ func countCmd(ctx context.Context, args []string) (int, error) {
 
 func classicList() string {
 	var s []string
-	for _, n := range cfg.ClassicNames() {
-		s = append(s, fmt.Sprintf("%s→%s", n, cfg.Classic[n].Linux))
+	for _, n := range splice.ClassicNames() {
+		s = append(s, fmt.Sprintf("%s→%s", n, splice.Classic[n].Linux))
 	}
 	sort.Strings(s)
 	return strings.Join(s, ", ")

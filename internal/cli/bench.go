@@ -67,7 +67,7 @@ func BenchSplice(ctx context.Context, c *kerninstd.Client, point string, cycles 
 		{"springboard slot write", res.Springboard},
 		{"splice (driver)", res.Splice},
 		{"unsplice (driver)", res.Unsplice},
-		{"free (the first waits for RCU-tasks: see max)", res.Free},
+		{"free (batched: one RCU-tasks wait a batch, see max)", res.Free},
 	}
 	var taken []durationRow
 	for _, r := range rows {

@@ -1,0 +1,33 @@
+package kerninstd
+
+import (
+	"encoding/hex"
+
+	"github.com/kinst/kinst/splice"
+)
+
+// DriverModule is the module name of kerninst.ko in kallsyms.
+const DriverModule = splice.DriverModule
+
+// resolve maps a point to one instruction of the live kernel and plans
+// its splice (splice.Planner.Resolve). It changes nothing.
+func (d *Daemon) resolve(spec string) (*splice.Site, error) { return d.plan.Resolve(spec) }
+
+// resolved describes a planned site for the API.
+func resolved(s *splice.Site) Resolved {
+	in := s.Insn()
+	return Resolved{
+		Point:       s.Point.Spec,
+		Function:    s.Fn.Name,
+		Module:      s.Fn.Module,
+		Offset:      in.Addr - s.Fn.Addr,
+		Address:     Addr(in.Addr),
+		Length:      in.Len(),
+		Bytes:       hex.EncodeToString(in.Bytes),
+		Instruction: in.String(),
+		SpliceClass: s.Class.String(),
+		FlagsLive:   s.FlagsLive(),
+		Classic:     s.Point.Classic,
+		Ambiguous:   s.Ambiguous,
+	}
+}
