@@ -99,6 +99,14 @@ func (d *Daemon) BenchSplice(ctx context.Context, req BenchRequest) (BenchResult
 			return res, fmt.Errorf("%s is instrumented by session %s; bench needs it free", c.Where(), owner)
 		}
 	}
+	var left *engine.Request // a request whose removal failed
+	defer func() {
+		if left != nil {
+			if err := d.eng.Remove(left); err != nil {
+				d.log.Error("remove bench request", "at", s.Where(), "err", err)
+			}
+		}
+	}()
 	for i := 0; i < req.Cycles && ctx.Err() == nil; i++ {
 		r, err := d.eng.Add(s, engine.Spec{Owner: benchOwner, Slots: 1, Snippet: engine.CounterSnippet, Hooks: st})
 		if err != nil {
@@ -108,6 +116,7 @@ func (d *Daemon) BenchSplice(ctx context.Context, req BenchRequest) (BenchResult
 			res.Point.SpliceClass = d.eng.Installed(r).Class.String() // as installed
 		}
 		if err := d.eng.Remove(r); err != nil {
+			left = r
 			return res, fmt.Errorf("cycle %d: %w", i, err)
 		}
 		res.Cycles++

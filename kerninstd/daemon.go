@@ -44,7 +44,7 @@ type Config struct {
 
 // Daemon owns the engine and every session.
 type Daemon struct {
-	dev      engine.Device // raw reads (kinst rd) only: changes go through eng
+	dev      engine.Device // reads of memory and counters; every change goes through eng
 	log      *slog.Logger
 	kallsyms string
 	release  string

@@ -6,9 +6,6 @@ import (
 	"github.com/kinst/kinst/splice"
 )
 
-// DriverModule is the module name of kerninst.ko in kallsyms.
-const DriverModule = splice.DriverModule
-
 // resolve maps a point to one instruction of the live kernel and plans
 // its splice (splice.Planner.Resolve). It changes nothing.
 func (d *Daemon) resolve(spec string) (*splice.Site, error) { return d.plan.Resolve(spec) }
