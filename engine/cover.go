@@ -11,11 +11,16 @@ import (
 // it, so requests go on meanwhile. Until then an armed splice works as a
 // trap splice.
 type coverFinisher struct {
-	mu       sync.Mutex
-	running  bool   // a goroutine is finishing; protected by mu
-	arms     uint64 // covering splices armed; protected by mu
-	finished uint64 // arms covered by a completed FinishCovering; protected by mu
-	jmps     uint64 // jmps the driver wrote; protected by mu
+	mu sync.Mutex // protects the fields below
+
+	// +checklocks:mu
+	running bool // a goroutine is finishing
+	// +checklocks:mu
+	arms uint64 // covering splices armed
+	// +checklocks:mu
+	finished uint64 // arms covered by a completed FinishCovering
+	// +checklocks:mu
+	jmps uint64 // jmps the driver wrote
 }
 
 // kick notes one more armed splice and starts a finisher if none runs.

@@ -48,16 +48,22 @@ type Engine struct {
 	cover  coverFinisher     // writes armed covering splices' jmps; has its own lock
 
 	// mu serialises every change to kernel text, the patch heap and the
-	// counter slots. It protects the fields below, and every point's and
-	// request's fields that change (point.reqs, patch, splice, class,
-	// slot, slotSplice).
-	mu     sync.Mutex
-	points map[uint64]*point // instrumented instructions (covered ones too) by address
-	// retired are patches and slots waiting for reclaim; reclaimArmed: a
-	// reclaim of them is scheduled.
-	retired      []retired
+	// counter slots. It protects the fields below, and the fields of every
+	// point that change (reqs, patch, splice, class, slot, slotSplice).
+	mu sync.Mutex
+
+	// points are the instrumented instructions (covered ones too) by
+	// address.
+	// +checklocks:mu
+	points map[uint64]*point
+	// retired are patches and slots waiting for reclaim.
+	// +checklocks:mu
+	retired []retired
+	// reclaimArmed: a reclaim of retired is scheduled.
+	// +checklocks:mu
 	reclaimArmed bool
-	slots        slotAllocator
+	// +checklocks:mu
+	slots slotAllocator
 }
 
 // New returns an engine over c.Device with nothing installed.

@@ -15,7 +15,8 @@ import (
 // Adding or removing a request builds a new patch in new memory and
 // re-points the splice at it (the driver's RESPLICE: no moment where the
 // point runs neither patch); the old patch is freed after the driver's
-// RCU-tasks wait. Protected by Engine.mu.
+// RCU-tasks wait. site and cover do not change; the other fields are
+// protected by Engine.mu.
 type point struct {
 	site *splice.Site
 	// cover: for a covering splice, the instructions after site that its
