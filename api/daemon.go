@@ -194,17 +194,19 @@ type Durations struct {
 type BenchResult struct {
 	Point  Resolved `json:"point"`
 	Cycles int      `json:"cycles"`
-	// Every cycle: the driver's splice (int3, sync, tail, sync, head,
-	// sync) and its restore; for a springboard-class point, writing the
-	// slot (same protocol) before the jmp rel8, and unsplice removes both.
+	// Every cycle, a counting request made and removed through the
+	// engine: patch allocation, codegen (build + verify, with
+	// relocation), patch write, the driver's splice (int3, sync, tail,
+	// sync, head, sync) and its restore; for a springboard-class point,
+	// slot find and writing the slot (same protocol) before the jmp rel8,
+	// and unsplice removes both; and the batched free of the patch (the
+	// first free of a batch waits for an RCU-tasks grace period, the
+	// others do not: read its max).
 	Splice      Durations `json:"splice"`
 	Unsplice    Durations `json:"unsplice"`
 	Springboard Durations `json:"springboard"` // slot write (springboard points only)
-	// Fewer of these: resolve (lookup, read, decode, classify, liveness),
-	// liveness alone, patch allocation, codegen (build + verify, with
-	// relocation), relocation alone, patch write, slot find (once), and
-	// free (the first after an unsplice waits for an RCU-tasks grace
-	// period, the others do not: read its max).
+	// Up to 100 of these: resolve (lookup, read, decode, classify,
+	// liveness), liveness alone, relocation alone.
 	Resolve    Durations `json:"resolve"`
 	Liveness   Durations `json:"liveness"`
 	PatchAlloc Durations `json:"patch_alloc"`

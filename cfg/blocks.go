@@ -99,6 +99,17 @@ func IsIndirectThunk(name string) bool {
 // NoReturn reports whether the function at a call's target never returns.
 type NoReturn func(target uint64) bool
 
+// NoReturnSet holds the start addresses of functions that never return.
+type NoReturnSet map[uint64]bool
+
+// Func adapts the set for BlockOptions; nil for a nil set.
+func (s NoReturnSet) Func() NoReturn {
+	if s == nil {
+		return nil
+	}
+	return func(a uint64) bool { return s[a] }
+}
+
 // BlockOptions tune how a function is split into blocks. All are optional.
 type BlockOptions struct {
 	Names    NameAt     // names call and jump targets (return thunks, retpolines)

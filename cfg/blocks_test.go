@@ -99,3 +99,33 @@ func TestBlocks(t *testing.T) {
 		}
 	}
 }
+
+func TestBlocksEndAtNoReturnCalls(t *testing.T) {
+	fn, names := assembleFunction(t, "live")
+	// Pretend g never returns: the block with "call g" ends there.
+	g := uint64(0)
+	for _, in := range fn.Insns {
+		if t, ok := BranchTarget(&in); ok && in.Inst.Op.String() == "CALL" {
+			g = t
+		}
+	}
+	blocks := fn.BlocksWith(names, func(a uint64) bool { return a == g })
+	found := false
+	for _, b := range blocks {
+		if b.Exit == NoReturnCall {
+			found = true
+			if len(b.Succs) != 0 || b.Last(fn).Inst.Op.String() != "CALL" {
+				t.Errorf("noreturn block: %+v", b)
+			}
+		}
+	}
+	if !found {
+		t.Fatal("no block ends at the noreturn call")
+	}
+	lv := fn.Live(blocks, names, nil)
+	for bi, b := range blocks {
+		if b.Exit == NoReturnCall && lv.LiveOut[bi] != 0 {
+			t.Errorf("live after a noreturn call: %v", lv.LiveOut[bi])
+		}
+	}
+}

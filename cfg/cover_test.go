@@ -1,11 +1,6 @@
 package cfg
 
-import (
-	"strings"
-	"testing"
-
-	"github.com/kinst/kinst/kernel"
-)
+import "testing"
 
 func TestCoverRun(t *testing.T) {
 	code := []byte{
@@ -42,25 +37,40 @@ func TestCoverRun(t *testing.T) {
 		{"a branch only last", 0, func(j int, last bool) bool { return last || j != 1 }, 0, false},
 		{"out of range", 99, all, 0, false},
 	} {
-		n, ok := CoverRun(fn, blocks, tc.i, 5, nil, nil, tc.usable)
+		n, ok := 0, false
+		if b := BlockOf(blocks, tc.i); b != nil {
+			n, ok = CoverRun(fn, b, tc.i, 5, tc.usable)
+		}
 		if n != tc.n || ok != tc.ok {
 			t.Errorf("%s: %d, %v; want %d, %v", tc.name, n, ok, tc.n, tc.ok)
 		}
 	}
-	// A symbol after the first instruction is a way in: no run over it;
-	// one at the first instruction is not in the way.
-	syms, err := kernel.ParseKallsyms(strings.NewReader("0000000000001000 t f\n0000000000001001 t f_inner\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, ok := CoverRun(fn, blocks, 0, 5, syms, nil, all); ok {
-		t.Error("a run over a symbol's start")
-	}
-	if n, ok := CoverRun(fn, blocks, 1, 5, syms, nil, all); n != 2 || !ok {
-		t.Errorf("from the symbol itself: %d, %v; want 2, true", n, ok)
-	}
 	long, _ := Decode("g", "", 0x2000, []byte{0xb8, 1, 0, 0, 0, 0xc3}) // mov $1,%eax; ret
-	if _, ok := CoverRun(long, long.Blocks(nil), 0, 5, nil, nil, all); ok {
+	if _, ok := CoverRun(long, &long.Blocks(nil)[0], 0, 5, all); ok {
 		t.Error("a 5-byte instruction needs no covering run")
+	}
+	if HasUnresolvedJump(blocks) {
+		t.Error("an unresolved jump in a function without indirect jumps")
+	}
+	jmp, _ := Decode("h", "", 0x3000, []byte{0xff, 0xe0, 0xc3}) // jmp *%rax; ret
+	if !HasUnresolvedJump(jmp.Blocks(nil)) {
+		t.Error("jmp *%rax not reported")
+	}
+}
+
+func TestBlockOf(t *testing.T) {
+	blocks := []Block{{First: 0, N: 2}, {First: 2, N: 3, Padding: true}, {First: 5, N: 1}}
+	for i, want := range []int{0, 0, 1, 1, 1, 2, -1, -1} {
+		got := -1
+		if b := BlockOf(blocks, i); b != nil {
+			for k := range blocks {
+				if &blocks[k] == b {
+					got = k
+				}
+			}
+		}
+		if got != want {
+			t.Errorf("instruction %d: block %d, want %d", i, got, want)
+		}
 	}
 }

@@ -63,20 +63,21 @@ func (e *FreedInitError) Is(t error) bool { return t == ErrFreedInit }
 
 // ReadFunction reads and decodes the function sym from the live kernel.
 func ReadFunction(r TextReader, syms *kernel.Symbols, sym kernel.Symbol) (*Function, error) {
-	return readFunction(r, syms, sym, nil)
+	return ReadFunctionInto(r, syms, sym, nil)
 }
 
-// decodeBuf is one census worker's reusable memory for a function's bytes
-// and instructions: the census drops each function once analysed, and
-// allocating (and growing) these afresh was a third of its time.
-type decodeBuf struct {
+// DecodeBuf is reusable memory for a function's bytes and instructions,
+// for a pass that drops each function once analysed (the whole-kernel
+// census: allocating, and growing, these afresh was a third of its time).
+// One goroutine uses it at a time.
+type DecodeBuf struct {
 	code  []byte
 	insns []Instruction
 }
 
-// readFunction is ReadFunction; with buf, the Function's bytes and
+// ReadFunctionInto is ReadFunction; with buf, the Function's bytes and
 // instructions live in buf and are valid until its next use.
-func readFunction(r TextReader, syms *kernel.Symbols, sym kernel.Symbol, buf *decodeBuf) (*Function, error) {
+func ReadFunctionInto(r TextReader, syms *kernel.Symbols, sym kernel.Symbol, buf *DecodeBuf) (*Function, error) {
 	if sym.Module == "" && syms.InRange(sym.Addr, "__init_begin", "__init_end") {
 		return nil, &FreedInitError{Name: sym.Name}
 	}
@@ -121,7 +122,7 @@ func Decode(name, module string, addr uint64, code []byte) (*Function, error) {
 // averages about 4 bytes an instruction.
 const avgInsnLen = 4
 
-func decode(name, module string, addr uint64, code []byte, buf *decodeBuf) (*Function, error) {
+func decode(name, module string, addr uint64, code []byte, buf *DecodeBuf) (*Function, error) {
 	f := &Function{Name: name, Module: module, Addr: addr, End: addr + uint64(len(code))}
 	if buf != nil {
 		// Room for the worst case, one instruction a byte, so the

@@ -16,10 +16,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kinst/kinst/census"
 	"github.com/kinst/kinst/cfg"
-	"github.com/kinst/kinst/codegen"
 	"github.com/kinst/kinst/kernel"
-	"github.com/kinst/kinst/springboard"
 )
 
 // kernelAnalysis is what the whole-kernel pass produces: the census and
@@ -28,10 +27,10 @@ import (
 // blocks and liveness are not stored: they are recomputed on demand in
 // well under a millisecond from the live bytes.
 type kernelAnalysis struct {
-	Key      string    `json:"key"`
-	Created  time.Time `json:"created"`
-	Stats    cfg.Stats `json:"stats"`
-	NoReturn []string  `json:"noreturn"` // "sym+0xoff" of the function starts, core kernel relative to _text, or "module:name"
+	Key      string       `json:"key"`
+	Created  time.Time    `json:"created"`
+	Stats    census.Stats `json:"stats"`
+	NoReturn []string     `json:"noreturn"` // "sym+0xoff" of the function starts, core kernel relative to _text, or "module:name"
 	// Reads are the callee summaries: what each function reads before
 	// writing, as a cfg.LiveSet, by portable name.
 	Reads map[string]uint32 `json:"reads"`
@@ -84,34 +83,27 @@ func buildID(notes []byte) (string, error) {
 	return "", errors.New("no GNU build id note")
 }
 
-// analyze runs (or loads) the whole-kernel analysis. workers bounds the
-// CPU it takes; progress may be nil.
-func (d *Daemon) analyze(ctx context.Context, workers int, progress func(done, total int)) (cfg.Stats, error) {
-	syms, err := d.reloadSymbols()
+// analyze runs the whole-kernel analysis (package census) and gives its
+// results to the planner. workers bounds the CPU it takes; progress may
+// be nil.
+func (d *Daemon) analyze(ctx context.Context, workers int, progress func(done, total int)) (census.Stats, error) {
+	syms, err := d.plan.ReloadSymbols()
 	if err != nil {
-		return cfg.Stats{}, err
+		return census.Stats{}, err
 	}
-	k, err := cfg.AnalyzeKernel(ctx, d.text(), syms, cfg.AnalyzeOptions{
-		DriverModule: DriverModule,
-		Relocatable:  codegen.CheckRelocatable,
-		Prototypes:   d.prototypes(),
-		Owned:        d.ownedSites(),
-		Springboards: true,
-		FallsThrough: codegen.CanFallThroughInst,
-		Progress:     progress,
-		Workers:      workers,
+	k, err := census.Analyze(ctx, d.eng.Text(), syms, census.Options{
+		Prototypes: d.plan.Prototypes(),
+		Owned:      d.plan.Owned(),
+		Progress:   progress,
+		Workers:    workers,
 	})
 	if err != nil {
-		return cfg.Stats{}, err
+		return census.Stats{}, err
 	}
-	d.setNoReturn(k.NoReturn)
-	c := springboard.TakeCensus(toRanges(k.SpringboardRuns), k.ShortSites, k.CoverSites)
-	k.Stats.Springboard = &cfg.SpringboardStats{Runs: c.Runs, Bytes: c.Bytes, Slots: c.Slots,
-		Short: c.Short, InReach: c.InReach, Assigned: c.Assigned, Trap: c.Short - c.InReach,
-		Covering: c.Covering, TrapOnly: c.TrapOnly}
-	d.spring.Add(toRanges(k.SpringboardRuns)...)
+	d.plan.SetAnalysis(k.NoReturn, k.Reads)
+	d.eng.Springboards().Add(k.SpringboardRuns...)
 	d.anMu.Lock()
-	d.calls, d.callSyms, d.reads = &k.Calls, syms, k.Reads
+	d.calls, d.callSyms = &k.Calls, syms
 	d.anMu.Unlock()
 	if d.cacheDir != "" {
 		if err := d.saveAnalysis(syms, k.Stats, k.NoReturn, k.Reads); err != nil {
@@ -119,30 +111,6 @@ func (d *Daemon) analyze(ctx context.Context, workers int, progress func(done, t
 		}
 	}
 	return k.Stats, nil
-}
-
-func (d *Daemon) setNoReturn(s cfg.NoReturnSet) {
-	d.anMu.Lock()
-	d.noret = s
-	d.anMu.Unlock()
-}
-
-// calleeReads are the current callee summaries, or nil.
-func (d *Daemon) calleeReads() cfg.CalleeReads {
-	d.anMu.Lock()
-	defer d.anMu.Unlock()
-	return d.reads
-}
-
-// noReturn is the current no-return set, or nil before the first
-// analysis (calls then count as returning, which keeps liveness safe).
-func (d *Daemon) noReturn() cfg.NoReturn {
-	d.anMu.Lock()
-	defer d.anMu.Unlock()
-	if d.noret == nil {
-		return nil
-	}
-	return d.noret.Func()
 }
 
 func (d *Daemon) cachePath() (string, error) {
@@ -153,7 +121,7 @@ func (d *Daemon) cachePath() (string, error) {
 	return filepath.Join(d.cacheDir, "analysis-"+key+".json"), nil
 }
 
-func (d *Daemon) saveAnalysis(syms *kernel.Symbols, st cfg.Stats, noret cfg.NoReturnSet, reads cfg.CalleeReads) error {
+func (d *Daemon) saveAnalysis(syms *kernel.Symbols, st census.Stats, noret cfg.NoReturnSet, reads cfg.CalleeReads) error {
 	path, err := d.cachePath()
 	if err != nil {
 		return err
@@ -187,24 +155,24 @@ func (d *Daemon) saveAnalysis(syms *kernel.Symbols, st cfg.Stats, noret cfg.NoRe
 
 // loadAnalysis restores a saved analysis for this kernel build and module
 // set; false if there is none.
-func (d *Daemon) loadAnalysis() (cfg.Stats, bool, error) {
+func (d *Daemon) loadAnalysis() (census.Stats, bool, error) {
 	if d.cacheDir == "" {
-		return cfg.Stats{}, false, nil
+		return census.Stats{}, false, nil
 	}
 	path, err := d.cachePath()
 	if err != nil {
-		return cfg.Stats{}, false, err
+		return census.Stats{}, false, err
 	}
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
-		return cfg.Stats{}, false, nil
+		return census.Stats{}, false, nil
 	}
 	if err != nil {
-		return cfg.Stats{}, false, err
+		return census.Stats{}, false, err
 	}
 	var a kernelAnalysis
 	if err := json.Unmarshal(b, &a); err != nil {
-		return cfg.Stats{}, false, fmt.Errorf("%s: %w", path, err)
+		return census.Stats{}, false, fmt.Errorf("%s: %w", path, err)
 	}
 	syms := d.symbols()
 	s := cfg.NoReturnSet{}
@@ -219,10 +187,7 @@ func (d *Daemon) loadAnalysis() (cfg.Stats, bool, error) {
 			reads[addr] = cfg.LiveSet(r)
 		}
 	}
-	d.setNoReturn(s)
-	d.anMu.Lock()
-	d.reads = reads
-	d.anMu.Unlock()
+	d.plan.SetAnalysis(s, reads)
 	return a.Stats, true, nil
 }
 
@@ -250,7 +215,7 @@ func (d *Daemon) Prepare(ctx context.Context, compute bool) {
 	d.log.Info("analysed the kernel", "functions", st.Functions, "noreturn", st.NoReturn, "took", time.Since(start))
 }
 
-func (d *Daemon) setStats(st cfg.Stats) {
+func (d *Daemon) setStats(st census.Stats) {
 	d.anMu.Lock()
 	d.stats = &st
 	d.anMu.Unlock()

@@ -3,34 +3,26 @@ package kerninstd
 import (
 	"encoding/hex"
 	"fmt"
-
 	"github.com/kinst/kinst/api"
+
 	"github.com/kinst/kinst/cfg"
-	"github.com/kinst/kinst/codegen"
-	"github.com/kinst/kinst/kernel"
+	"github.com/kinst/kinst/splice"
 )
 
 // FunctionCFG analyses one function of the live kernel. It changes
 // nothing.
 func (d *Daemon) FunctionCFG(name string) (api.CFG, error) {
-	p, err := cfg.ParsePoint(name)
-	if err != nil || p.HasOffset || p.HasBlock {
+	if p, err := splice.ParsePoint(name); err != nil || p.HasOffset || p.HasBlock {
 		return api.CFG{}, badRequest(fmt.Errorf("cfg: want a function name, got %q", name))
 	}
-	syms, sym, _, err := d.lookup(p.Function)
+	f, _, err := d.plan.Func(name)
 	if err != nil {
 		return api.CFG{}, err
 	}
-	fn, err := cfg.ReadFunction(d.text(), syms, sym)
-	if err != nil {
-		return api.CFG{}, err
-	}
-	names := syms.Names()
+	fn := f.Fn
 	out := api.CFG{Function: fn.Name, Module: fn.Module, Address: api.Addr(fn.Addr), Size: fn.End - fn.Addr, Truncated: fn.Truncated}
-	blocks := fn.BlocksOpt(cfg.BlockOptions{Names: names, NoReturn: d.noReturn(), Tables: d.text()})
-	protos := d.prototypes()
-	lv := fn.LiveWith(blocks, names, protos, d.calleeReads())
-	for _, b := range blocks {
+	lv := f.Liveness()
+	for _, b := range f.Blocks {
 		cb := api.CFGBlock{Index: b.Index, Start: api.Addr(b.Start(fn)), Padding: b.Padding, Preds: b.Preds, Succs: []api.CFGEdge{}}
 		if b.Exit != cfg.NoExit {
 			cb.Exit = b.Exit.String()
@@ -42,7 +34,7 @@ func (d *Daemon) FunctionCFG(name string) (api.CFG, error) {
 			cb.Succs = append(cb.Succs, api.CFGEdge{Kind: e.Kind.String(), To: e.To})
 		}
 		for i := b.First; i < b.First+b.N; i++ {
-			ci := d.describeInstruction(syms, fn, blocks, i)
+			ci := describeInstruction(f, i)
 			if ci.LiveIn = lv.Before(b.Index, i).Names(); ci.LiveIn == nil {
 				ci.LiveIn = []string{}
 			}
@@ -53,40 +45,25 @@ func (d *Daemon) FunctionCFG(name string) (api.CFG, error) {
 	return out, nil
 }
 
-// unrelocatable says why the patch cannot reproduce in, or "" if it can:
-// such an instruction is refused too. (The address given only has to be
-// in rel32 reach.)
-func unrelocatable(in *cfg.Instruction) string {
-	if _, err := codegen.Relocate(in.Addr, codegen.Site{Addr: in.Addr, Bytes: in.Bytes}); err != nil {
-		return err.Error()
-	}
-	return ""
-}
-
-func (d *Daemon) describeInstruction(syms *kernel.Symbols, fn *cfg.Function, blocks []cfg.Block, i int) api.CFGInstruction {
+// describeInstruction is instruction i of f with what a request there
+// would get now: refused with the reason, or the splice class (a short
+// instruction with no free slot in reach is a covering or trap splice).
+func describeInstruction(f *splice.Func, i int) api.CFGInstruction {
+	fn := f.Fn
 	in := &fn.Insns[i]
 	ci := api.CFGInstruction{
 		Address: api.Addr(in.Addr), Offset: in.Addr - fn.Addr, Length: in.Len(),
 		Bytes: hex.EncodeToString(in.Bytes), Text: in.String(),
 	}
 	if t, ok := cfg.BranchTarget(in); ok && (t < fn.Addr || t >= fn.End) {
-		if s, off, ok := syms.At(t); ok {
+		if s, off, ok := f.Facts().Symbols.At(t); ok {
 			ci.Target = fmt.Sprintf("%s+%#x", s.Name, off)
 		}
 	}
-	why := d.noSpliceReason(syms, fn, in.Addr)
-	if why == "" && inPadding(blocks, i) {
-		why = paddingReason
-	}
-	if why == "" {
-		why = unrelocatable(in)
-	}
-	if why != "" {
+	if why := f.Refusal(i); why != "" {
 		ci.SpliceClass, ci.Refused = "refused", why
 	} else {
-		// What a request would get now: a short instruction with no free
-		// slot in reach is a trap splice.
-		ci.SpliceClass = d.spliceClass(syms, fn, blocks, i).String()
+		ci.SpliceClass = f.Class(i).String()
 	}
 	return ci
 }

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kinst/kinst/api"
 	"math/rand"
+	"sync"
 	"time"
 
-	"github.com/kinst/kinst/api"
-	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/engine"
+	"github.com/kinst/kinst/splice"
 )
 
 // churnOwner owns the requests a churn run makes; no session has this ID.
@@ -19,12 +21,14 @@ const maxChurnPool = 4096
 
 // BenchChurn runs cycles of splice, re-splice and unsplice over a pool of
 // points, through the same path sessions take (a request added to or
-// removed from a point's shared patch). Each cycle adds a counter at three
-// points drawn from the pool, a second counter at two of them and at one
-// more, then removes the first three and the last three in a shuffled
-// order. A request at a point that already has one (this run's, or a
-// session's) re-points its splice at a rebuilt patch; the last request's
-// removal restores the original bytes. d.mu is taken per change, so
+// removed from a point's shared patch, through the engine). Each cycle
+// adds a counter at three points drawn from the pool, a second counter at
+// two of them and at one more, then removes the first three and the last
+// three in a shuffled order. A request at a point that already has one
+// (this run's, or a session's) re-points its splice at a rebuilt patch;
+// the last request's removal restores the original bytes. Each change is
+// timed whole and counted as what the engine's hooks saw it do (a splice,
+// a re-splice or an unsplice). The engine's lock is taken per change, so
 // sessions, sampling and reclaim go on between them. The requests are
 // removed on every exit, error or cancellation included.
 func (d *Daemon) BenchChurn(ctx context.Context, req api.ChurnRequest) (api.ChurnResult, error) {
@@ -38,53 +42,72 @@ func (d *Daemon) BenchChurn(ctx context.Context, req api.ChurnRequest) (api.Chur
 	}
 	res.Pool = len(pool)
 	rng := rand.New(rand.NewSource(req.Seed))
-	st := stepTimer{}
-	var live []*request // this run's requests still installed
+	st := newStepTimer()
+	// kind is what the change being made did to the point, as the
+	// engine's hooks report it (frees come later, from the reclaim).
+	var (
+		kindMu sync.Mutex
+		kind   engine.Step
+		seen   bool
+	)
+	hooks := engine.HookFunc(func(s engine.Step, _ time.Duration) {
+		if s == engine.StepSplice || s == engine.StepResplice || s == engine.StepUnsplice {
+			kindMu.Lock()
+			kind, seen = s, true
+			kindMu.Unlock()
+		}
+	})
+	change := func(what string, s *splice.Site, f func() error) error {
+		kindMu.Lock()
+		seen = false
+		kindMu.Unlock()
+		t := time.Now()
+		err := f()
+		took := time.Since(t)
+		if err != nil {
+			return fmt.Errorf("%s at %s: %w", what, s.Where(), err)
+		}
+		kindMu.Lock()
+		k, ok := kind, seen
+		kindMu.Unlock()
+		if !ok {
+			return fmt.Errorf("%s at %s: the engine reported no splice, re-splice or unsplice", what, s.Where())
+		}
+		st.Step(k, took)
+		return nil
+	}
+	var live []*engine.Request // this run's requests still installed
 	defer func() {
-		d.mu.Lock()
-		defer d.mu.Unlock()
 		for _, r := range live {
-			if err := d.uninstrument(r); err != nil {
-				d.log.Error("remove churn request", "at", r.pt.site.where(), "err", err)
+			if err := d.eng.Remove(r); err != nil {
+				d.log.Error("remove churn request", "at", r.Site().Where(), "err", err)
 			}
 		}
 	}()
-	add := func(s *site) error {
-		d.mu.Lock()
-		defer d.mu.Unlock()
-		step := stepSplice
-		if _, ok := d.points[s.insn().Addr]; ok {
-			step = stepResplice
-		}
-		var r *request
-		err := st.time(step, func() (err error) { r, err = d.instrument(s, churnOwner, 1, CounterSnippet); return err })
-		if err != nil {
-			return fmt.Errorf("%s at %s: %w", step, s.where(), err)
-		}
-		live = append(live, r)
-		return nil
+	add := func(s *splice.Site) error {
+		return change("add", s, func() error {
+			r, err := d.eng.Add(s, engine.Spec{Owner: churnOwner, Slots: 1, Snippet: engine.CounterSnippet, Hooks: hooks})
+			if err == nil {
+				live = append(live, r)
+			}
+			return err
+		})
 	}
 	remove := func(i int) error {
-		d.mu.Lock()
-		defer d.mu.Unlock()
 		r := live[i]
-		step := stepResplice
-		if len(r.pt.reqs) == 1 {
-			step = stepUnsplice
-		}
-		if err := st.time(step, func() error { return d.uninstrument(r) }); err != nil {
-			return fmt.Errorf("%s at %s: %w", step, r.pt.site.where(), err)
+		if err := change("remove", r.Site(), func() error { return d.eng.Remove(r) }); err != nil {
+			return err
 		}
 		live = append(live[:i], live[i+1:]...)
 		return nil
 	}
 	start := time.Now()
 	for c := 0; c < req.Cycles && ctx.Err() == nil; c++ {
-		var first []*site
+		var first []*splice.Site
 		for i := 0; i < 3; i++ {
 			first = append(first, pool[rng.Intn(len(pool))])
 		}
-		second := []*site{first[rng.Intn(3)], first[rng.Intn(3)], pool[rng.Intn(len(pool))]}
+		second := []*splice.Site{first[rng.Intn(3)], first[rng.Intn(3)], pool[rng.Intn(len(pool))]}
 		for _, s := range append(first, second...) {
 			if err := add(s); err != nil {
 				return res, fmt.Errorf("cycle %d: %w", c, err)
@@ -101,15 +124,13 @@ func (d *Daemon) BenchChurn(ctx context.Context, req api.ChurnRequest) (api.Chur
 		res.Cycles++
 	}
 	res.Seconds = time.Since(start).Seconds()
-	res.Splice, res.Resplice, res.Unsplice = st.summary(stepSplice), st.summary(stepResplice), st.summary(stepUnsplice)
+	res.Splice, res.Resplice, res.Unsplice = st.summary(engine.StepSplice), st.summary(engine.StepResplice), st.summary(engine.StepUnsplice)
 	// Every pool point nobody else instruments must read back as the
 	// kernel's own bytes (the driver's read, not the overlay).
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	res.Restored = true
 	for _, s := range pool {
-		in := s.insn()
-		if _, ok := d.points[in.Addr]; ok {
+		in := s.Insn()
+		if _, ok := d.eng.Owner(in.Addr); ok {
 			continue
 		}
 		now := make([]byte, len(in.Bytes))
@@ -118,7 +139,7 @@ func (d *Daemon) BenchChurn(ctx context.Context, req api.ChurnRequest) (api.Chur
 		}
 		if string(now) != string(in.Bytes) {
 			res.Restored = false
-			res.NotRestored = append(res.NotRestored, s.where())
+			res.NotRestored = append(res.NotRestored, s.Where())
 		}
 	}
 	return res, ctx.Err()
@@ -127,11 +148,11 @@ func (d *Daemon) BenchChurn(ctx context.Context, req api.ChurnRequest) (api.Chur
 // churnPool resolves the run's points: the listed ones, and every
 // instruction of the listed functions that may be spliced (the refused
 // ones are skipped). A bad point is an error; nothing is changed.
-func (d *Daemon) churnPool(req api.ChurnRequest) ([]*site, error) {
-	var pool []*site
+func (d *Daemon) churnPool(req api.ChurnRequest) ([]*splice.Site, error) {
+	var pool []*splice.Site
 	seen := map[uint64]bool{}
-	keep := func(s *site) {
-		if a := s.insn().Addr; !seen[a] {
+	keep := func(s *splice.Site) {
+		if a := s.Addr(); !seen[a] {
 			seen[a] = true
 			pool = append(pool, s)
 		}
@@ -144,26 +165,18 @@ func (d *Daemon) churnPool(req api.ChurnRequest) ([]*site, error) {
 		keep(s)
 	}
 	for _, name := range req.Functions {
-		syms, sym, _, err := d.lookup(name)
-		if err != nil {
-			return nil, &PointError{Point: name, Err: err}
-		}
-		fn, err := cfg.ReadFunction(d.text(), syms, sym)
+		f, _, err := d.plan.Func(name)
 		if err != nil {
 			return nil, &PointError{Point: name, Err: err}
 		}
 		n := 0
-		for _, in := range fn.Insns {
-			s, err := d.resolve(fmt.Sprintf("%s+%#x", name, in.Addr-fn.Addr))
-			var refused *cfg.NoSpliceError
-			if errors.As(err, &refused) {
+		for i := range f.Fn.Insns {
+			if f.Refusal(i) != "" {
 				continue
 			}
+			s, err := f.At(i)
 			if err != nil {
 				return nil, &PointError{Point: name, Err: err}
-			}
-			if unrelocatable(s.insn()) != "" {
-				continue
 			}
 			keep(s)
 			n++

@@ -10,15 +10,16 @@ import (
 	"time"
 
 	"github.com/kinst/kinst/api"
-	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/census"
+	"github.com/kinst/kinst/engine"
 	"github.com/kinst/kinst/kernel"
 	"github.com/kinst/kinst/metrics"
-	"github.com/kinst/kinst/springboard"
+	"github.com/kinst/kinst/splice"
 )
 
 // Config configures a Daemon.
 type Config struct {
-	Device   Device
+	Device   engine.Device
 	Kallsyms string // default /proc/kallsyms
 	Release  string // kernel release; default from /proc/sys/kernel/osrelease
 	Info     func() api.Info
@@ -40,36 +41,26 @@ type Config struct {
 	Clock Clock
 }
 
-// Daemon owns the device and every session.
+// Daemon owns the engine and every session.
 type Daemon struct {
-	dev  Device
+	dev  engine.Device // reads of memory and counters; every change goes through eng
 	log  *slog.Logger
 	info func() api.Info
 
-	// view is the running kernel as kinst reads it (through text():
-	// spliced bytes read as the originals): symbols, BTF, layouts, the
-	// module list and the kernel's own tables. Its symbols are an
-	// immutable snapshot, replaced by reloadSymbols.
-	view      *kernel.Program
-	protoWarn sync.Once // logs once that prototypes are unavailable
+	eng  *engine.Engine  // installs and removes splices; has its own lock
+	plan *splice.Planner // resolves points; has its own locks
+	// view is the running kernel as kinst reads it (through the engine's
+	// text view: spliced bytes read as the originals): symbols, BTF,
+	// layouts, the module list and the kernel's own tables. The planner
+	// reads the same view.
+	view *kernel.Program
 
 	cacheDir, notesPath, modulesPath string
 
-	ownMu    sync.Mutex         // protects owned and ownedFor
-	owned    *kernel.OwnedSites // instructions the kernel's own tables name; nil if unreadable
-	ownedFor *kernel.Symbols    // the symbol snapshot owned was read with
-
-	anMu     sync.Mutex      // protects noret, reads, stats, calls and callSyms
-	noret    cfg.NoReturnSet // from the whole-kernel analysis; nil until it ran
-	reads    cfg.CalleeReads // its callee summaries; nil until it ran
-	stats    *cfg.Stats      // its census
-	calls    *cfg.CallGraph  // its call graph (not cached on disk)
-	callSyms *kernel.Symbols // the symbols the graph's addresses belong to
-
-	spring *springboard.Heap // springboard space; has its own lock
-	ov     overlay           // original bytes under our splices; has its own lock
-
-	cover coverFinisher // writes armed covering splices' jmps; has its own lock
+	anMu     sync.Mutex        // protects stats, calls and callSyms
+	stats    *census.Stats     // the whole-kernel census
+	calls    *census.CallGraph // its call graph (not cached on disk)
+	callSyms *kernel.Symbols   // the symbols the graph's addresses belong to
 
 	clock Clock // session times, sampling ticks; converts the timers' TSC ticks
 
@@ -78,13 +69,11 @@ type Daemon struct {
 	task     kernel.TaskLayout // where current's pid, tgid and comm are
 	taskErr  error
 
-	mu       sync.Mutex          // serialises every change to the kernel; protects the fields below
+	// mu serialises sessions' changes (a session's requests are made
+	// and removed together); it protects sessions and every session's
+	// reqs and timers. Lock order: mu before the engine's lock.
+	mu       sync.Mutex
 	sessions map[string]*session // by ID
-	points   map[uint64]*point   // instrumented instructions by address
-	retired  []retired           // patches and slots waiting for reclaim
-	// reclaimArmed: a reclaim of retired is scheduled.
-	reclaimArmed bool
-	slots        slotAllocator
 }
 
 // session is what one request installed. Its fields do not change after
@@ -96,7 +85,7 @@ type session struct {
 	expires time.Time   // zero: no TTL
 	expiry  *time.Timer // removes the session at expires
 	tied    bool
-	reqs    []*request // in the order of the session's points
+	reqs    []*engine.Request // in the order of the session's points
 	timers  []*timedFunc
 	done    chan struct{} // closed when the session is removed
 }
@@ -111,9 +100,6 @@ func New(c Config) (*Daemon, error) {
 		notesPath:   c.Notes,
 		modulesPath: c.Modules,
 		sessions:    make(map[string]*session),
-		points:      make(map[uint64]*point),
-		spring:      springboard.NewHeap(),
-		slots:       slotAllocator{n: c.Device.NumCounters(), used: make(map[int]bool)},
 		clock:       c.Clock,
 		loadTask:    c.TaskLayout,
 	}
@@ -132,68 +118,26 @@ func New(c Config) (*Daemon, error) {
 	if d.modulesPath == "" {
 		d.modulesPath = "/proc/modules"
 	}
-	view, err := kernel.Live(d.text(), kernel.LiveOptions{Kallsyms: c.Kallsyms, BTF: c.BTF, Release: c.Release})
+	d.eng = engine.New(engine.Config{Device: c.Device, Log: d.log, PatchHeap: func() uint64 {
+		if d.info != nil {
+			return uint64(d.info().PatchHeap)
+		}
+		return 0
+	}})
+	view, err := kernel.Live(d.eng.Text(), kernel.LiveOptions{Kallsyms: c.Kallsyms, BTF: c.BTF, Release: c.Release})
 	if err != nil {
 		return nil, fmt.Errorf("load symbols: %w", err)
 	}
 	d.view = view
+	p, err := splice.New(splice.Config{Kernel: view, Springboards: d.eng.Springboards(), Log: d.log})
+	if err != nil {
+		return nil, err
+	}
+	d.plan = p
 	return d, nil
 }
 
-// text reads kernel text for analysis: live bytes, with the original
-// bytes wherever kerninstd has spliced.
-func (d *Daemon) text() textView { return textView{dev: d.dev, ov: &d.ov} }
-
-func (d *Daemon) symbols() *kernel.Symbols {
-	s, _ := d.view.KernelSymbols() // loaded by New; a failed reload keeps the last
-	return s
-}
-
-// prototypes returns the kernel's function prototypes from BTF, loaded on
-// first use. Without BTF the analysis assumes every call reads all six
-// argument registers.
-func (d *Daemon) prototypes() kernel.Prototypes {
-	p, err := d.view.Prototypes()
-	if err != nil && !errors.Is(err, kernel.ErrNoBTF) {
-		d.protoWarn.Do(func() { d.log.Warn("no function prototypes; liveness stays conservative at calls", "err", err) })
-	}
-	return p
-}
-
-// ownedSites returns the instructions the kernel's exception, jump-label,
-// static-call and ftrace tables name (core kernel and modules), read from
-// live memory. They are read again whenever the symbols are reloaded,
-// which is what happens when a lookup meets a newly loaded module.
-func (d *Daemon) ownedSites() *kernel.OwnedSites {
-	syms := d.symbols()
-	d.ownMu.Lock()
-	defer d.ownMu.Unlock()
-	if d.ownedFor == syms {
-		return d.owned
-	}
-	o, n, err := d.view.OwnedSites()
-	d.ownedFor = syms
-	switch {
-	case o == nil:
-		d.log.Warn("kernel tables unreadable; their sites are not refused", "err", err)
-		d.owned = nil
-		return nil
-	case err != nil && !errors.Is(err, kernel.ErrNoBTF):
-		d.log.Warn("modules' tables or ftrace's records unreadable; only the core kernel's tables are refused", "err", err)
-	}
-	d.owned = o
-	d.log.Info("kernel tables read", "ex_table", n.ExTable, "jump_labels", n.JumpLabels, "static_calls", n.StaticCalls,
-		"ftrace", n.Ftrace, "modules", n.Modules)
-	return o
-}
-
-func (d *Daemon) reloadSymbols() (*kernel.Symbols, error) {
-	s, err := d.view.Reload()
-	if err != nil {
-		return nil, fmt.Errorf("load symbols: %w", err)
-	}
-	return s, nil
-}
+func (d *Daemon) symbols() *kernel.Symbols { return d.plan.Symbols() }
 
 // Info reports the daemon's state.
 func (d *Daemon) Info() api.Info {
@@ -205,13 +149,9 @@ func (d *Daemon) Info() api.Info {
 	in.Symbols = d.symbols().Len()
 	d.mu.Lock()
 	in.Sessions = len(d.sessions)
-	for addr, pt := range d.points {
-		if pt.site.insn().Addr == addr { // not the covered instructions' entries
-			in.Splices++
-		}
-	}
-	in.CoveringArmed, in.CoveringJumps = d.cover.state()
 	d.mu.Unlock()
+	st := d.eng.State()
+	in.Splices, in.CoveringArmed, in.CoveringJumps = st.Splices, st.CoveringArmed, st.CoveringJumps
 	return in
 }
 
@@ -221,7 +161,7 @@ func (d *Daemon) Resolve(point string) (api.Resolved, error) {
 	if err != nil {
 		return api.Resolved{}, err
 	}
-	return s.resolved(), nil
+	return resolved(s), nil
 }
 
 // PointError ties an error to the point that caused it.
@@ -241,7 +181,7 @@ func (d *Daemon) CreateSession(req api.SessionRequest) (api.Session, error) {
 	if req.TTLNS < 0 {
 		return api.Session{}, badRequest(errors.New("negative time-to-live"))
 	}
-	sites := make([]*site, len(req.Points))
+	sites := make([]*splice.Site, len(req.Points))
 	for i, p := range req.Points {
 		s, err := d.resolve(p)
 		if err != nil {
@@ -273,17 +213,18 @@ func (d *Daemon) CreateSession(req api.SessionRequest) (api.Session, error) {
 		d.log.Info("timing", "session", ss.id, "function", t.function, "exits", len(t.exits), "filter", t.filter)
 	}
 	for _, s := range sites {
-		r, err := d.instrument(s, ss.id, 1, CounterSnippet)
+		r, err := d.eng.Add(s, engine.Spec{Owner: ss.id, Slots: 1, Snippet: engine.CounterSnippet})
 		if err != nil {
 			if rerr := d.removeLocked(ss); rerr != nil {
 				d.log.Error("roll back session", "err", rerr)
 			}
-			return api.Session{}, &PointError{Point: s.point.Spec, Err: err}
+			return api.Session{}, &PointError{Point: s.Point.Spec, Err: err}
 		}
 		ss.reqs = append(ss.reqs, r)
-		d.log.Info("spliced", "session", ss.id, "point", s.point.Spec, "at", s.where(), "class", r.pt.class,
-			"addr", fmt.Sprintf("%#x", s.insn().Addr), "patch", fmt.Sprintf("%#x", r.pt.patch),
-			"requests", len(r.pt.reqs), "slot", r.counter())
+		in := d.eng.Installed(r)
+		d.log.Info("spliced", "session", ss.id, "point", s.Point.Spec, "at", s.Where(), "class", in.Class,
+			"addr", fmt.Sprintf("%#x", s.Addr()), "patch", fmt.Sprintf("%#x", in.Patch),
+			"requests", in.Requests, "slot", r.Counter())
 	}
 	d.sessions[ss.id] = ss
 	d.startTTL(ss, time.Duration(req.TTLNS))
@@ -297,10 +238,11 @@ func (d *Daemon) describe(ss *session) api.Session {
 		out.Expires = &e
 	}
 	for _, r := range ss.reqs {
-		res := r.site.resolved()
-		res.SpliceClass = r.pt.class.String() // as installed
-		out.Probes = append(out.Probes, api.Probe{Resolved: res, Count: d.dev.Counter(r.counter()),
-			Patch: api.Addr(r.pt.patch), Springboard: api.Addr(r.pt.slot)})
+		res := resolved(r.Site())
+		in := d.eng.Installed(r)
+		res.SpliceClass = in.Class.String() // as installed
+		out.Probes = append(out.Probes, api.Probe{Resolved: res, Count: d.eng.Counter(r.Counter()),
+			Patch: api.Addr(in.Patch), Springboard: api.Addr(in.Springboard)})
 	}
 	now := d.clock.Now()
 	for _, t := range ss.timers {
@@ -345,15 +287,15 @@ func (d *Daemon) removeLocked(ss *session) error {
 		d.log.Info("timer removed", "session", ss.id, "function", t.function)
 	}
 	ss.timers = keptTimers
-	var kept []*request
+	var kept []*engine.Request
 	for i := len(ss.reqs) - 1; i >= 0; i-- {
 		r := ss.reqs[i]
-		if err := d.uninstrument(r); err != nil {
+		if err := d.eng.Remove(r); err != nil {
 			errs = append(errs, err)
-			kept = append([]*request{r}, kept...)
+			kept = append([]*engine.Request{r}, kept...)
 			continue
 		}
-		d.log.Info("unspliced", "session", ss.id, "at", r.pt.site.where(), "requests left", len(r.pt.reqs))
+		d.log.Info("unspliced", "session", ss.id, "at", r.Site().Where(), "requests left", d.eng.Installed(r).Requests)
 	}
 	ss.reqs = kept
 	if len(kept) == 0 && len(keptTimers) == 0 {
@@ -375,7 +317,7 @@ func (d *Daemon) Close() error {
 		errs = append(errs, d.removeLocked(ss))
 		delete(d.sessions, id)
 	}
-	d.reclaimLocked()
+	d.eng.Reclaim()
 	return errors.Join(errs...)
 }
 

@@ -5,9 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kinst/kinst/api"
 	"io"
 	"log/slog"
-	"maps"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -15,46 +15,26 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/census"
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/codegen"
+	"github.com/kinst/kinst/engine/enginetest"
 	"github.com/kinst/kinst/kernel"
 )
 
-const textAddr = 0xffffffff81200000
+const textAddr = enginetest.TextAddr
 
-// A filename_lookup shaped like the real one: ftrace nop, short prologue
-// instructions, then a 7-byte RIP-relative load (the entry point), a test
-// and branch, a call, and a return-thunk jump.
-var text = []byte{
-	0x0f, 0x1f, 0x44, 0x00, 0x00, // +0x00 nopl (ftrace site)
-	0x55,             // +0x05 push %rbp
-	0x48, 0x89, 0xe5, // +0x06 mov %rsp,%rbp
-	0x41, 0x54, // +0x09 push %r12
-	0x48, 0x8b, 0x05, 0x10, 0x20, 0x30, 0x00, // +0x0b mov 0x302010(%rip),%rax
-	0x48, 0x85, 0xc0, // +0x12 test %rax,%rax
-	0x74, 0x05, // +0x15 je +0x1c
-	0xe8, 0x00, 0x01, 0x00, 0x00, // +0x17 call
-	0x41, 0x5c, // +0x1c pop %r12
-	0x5d,                         // +0x1e pop %rbp
-	0xe9, 0x10, 0x00, 0x00, 0x00, // +0x1f jmp (return thunk)
-	0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, // padding to +0x30
-	0xc3, // +0x30 next_fn: ret
-}
+// text is a filename_lookup shaped like the real one (enginetest.Text).
+var text = enginetest.Text
 
-const kallsyms = `ffffffff81200000 T filename_lookup
-ffffffff81200030 T next_fn
-ffffffff81200031 T exc_int3
-`
+const kallsyms = enginetest.Kallsyms
 
-func newTestDaemon(t testing.TB) (*Daemon, *fakeKernel) {
+func newTestDaemon(t testing.TB) (*Daemon, *enginetest.Kernel) {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "kallsyms")
-	if err := os.WriteFile(path, []byte(kallsyms), 0o600); err != nil {
+	k, path, err := enginetest.Fixture(t.TempDir())
+	if err != nil {
 		t.Fatal(err)
 	}
-	full := append(bytes.Clone(text), 0x90, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90)
-	k := newFakeKernel(textAddr, full)
 	d, err := New(Config{Device: k, Kallsyms: path, Release: "test", Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -62,7 +42,7 @@ func newTestDaemon(t testing.TB) (*Daemon, *fakeKernel) {
 	return d, k
 }
 
-func textNow(t *testing.T, k *fakeKernel) []byte {
+func textNow(t *testing.T, k *enginetest.Kernel) []byte {
 	b := make([]byte, len(text))
 	if err := k.Read(textAddr, b); err != nil {
 		t.Fatal(err)
@@ -91,18 +71,15 @@ func TestSessionSplicesAndRestores(t *testing.T) {
 	if !bytes.Equal(now[:0x0b], text[:0x0b]) || !bytes.Equal(now[0x12:], text[0x12:]) {
 		t.Fatal("bytes outside the spliced instruction changed")
 	}
-	code := make([]byte, k.allocs[uint64(p.Patch)])
+	code := make([]byte, k.Allocs[uint64(p.Patch)])
 	if err := k.Read(uint64(p.Patch), code); err != nil {
 		t.Fatal(err)
 	}
-	var slot int
-	for s := range d.slots.used {
-		slot = s
-	}
+	slot := d.sessions[s.ID].reqs[0].Counter()
 	if err := codegen.Verify(trimPatch(code), uint64(p.Patch), codegen.Site{Addr: textAddr + 0x0b, Bytes: text[0x0b:0x12]}, k.CounterAddr(slot), false); err != nil {
 		t.Errorf("installed patch does not verify: %v", err)
 	}
-	k.counters[slot] = 42
+	k.Counters[slot] = 42
 	final, err := d.RemoveSession(s.ID)
 	if err != nil {
 		t.Fatal(err)
@@ -115,11 +92,11 @@ func TestSessionSplicesAndRestores(t *testing.T) {
 	}
 	// Removed patches are freed in a batch shortly after (one RCU-tasks
 	// wait in the driver for all of them).
-	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline) && len(allocs(k)) != 0; {
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline) && len(k.AllocsNow()) != 0; {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if len(allocs(k)) != 0 || len(k.splices) != 0 || len(d.slots.used) != 0 {
-		t.Errorf("leaks: allocs %v splices %v slots %v", k.allocs, k.splices, d.slots.used)
+	if len(k.AllocsNow()) != 0 || len(k.Splices) != 0 || d.eng.State().Counters != 0 {
+		t.Errorf("leaks: allocs %v splices %v state %+v", k.AllocsNow(), k.Splices, d.eng.State())
 	}
 }
 
@@ -150,25 +127,25 @@ func TestRefusalsChangeNothing(t *testing.T) {
 			t.Errorf("%s: code %s (%v), want %s", tc.point, code, err, tc.code)
 		}
 	}
-	if !bytes.Equal(textNow(t, k), text) || len(k.allocs) != 0 {
+	if !bytes.Equal(textNow(t, k), text) || len(k.Allocs) != 0 {
 		t.Error("a refused request changed the kernel")
 	}
 }
 
 func TestSessionIsAllOrNothing(t *testing.T) {
 	d, k := newTestDaemon(t)
-	k.failSplice = true
+	k.FailSplice = true
 	_, err := d.CreateSession(api.SessionRequest{Points: []string{"filename_lookup+0x1c", "lookuppn"}})
 	if err == nil {
 		t.Fatal("injected splice failure not reported")
 	}
-	if !bytes.Equal(textNow(t, k), text) || len(k.allocs) != 0 || len(k.splices) != 0 {
+	if !bytes.Equal(textNow(t, k), text) || len(k.Allocs) != 0 || len(k.Splices) != 0 {
 		t.Error("failed session left something behind")
 	}
 	if _, err := d.CreateSession(api.SessionRequest{Points: []string{"lookuppn"}}); err == nil {
 		t.Fatal("injected splice failure not reported")
 	}
-	if len(k.allocs) != 0 || len(d.slots.used) != 0 {
+	if len(k.Allocs) != 0 || d.eng.State().Counters != 0 {
 		t.Error("failed splice leaked a patch or slot")
 	}
 }
@@ -193,11 +170,11 @@ func TestAPIAndTiedSession(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k.mu.Lock()
-	for i := range k.counters {
-		k.counters[i] += 7
+	k.Mu.Lock()
+	for i := range k.Counters {
+		k.Counters[i] += 7
 	}
-	k.mu.Unlock()
+	k.Mu.Unlock()
 	smp, err := st.Next()
 	if err != nil || len(smp.Totals) != 1 {
 		t.Fatalf("sample: %+v %v", smp, err)
@@ -226,59 +203,74 @@ func TestBenchSpliceFake(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Cycles != 50 || res.Splice.N != 50 || !res.Restored || len(k.allocs) != 0 {
-		t.Errorf("bench = %+v, allocs %v", res, k.allocs)
+	if res.Cycles != 50 || res.Splice.N != 50 || !res.Restored || len(k.Allocs) != 0 {
+		t.Errorf("bench = %+v, allocs %v", res, k.Allocs)
 	}
 	if _, err := d.BenchSplice(context.Background(), api.BenchRequest{Point: "lookuppn", Cycles: 0}); err == nil {
 		t.Error("zero cycles accepted")
 	}
 }
 
-// TestBenchSpliceSteps: every Figure 4 step is timed; a springboard-class
-// point writes its slot every cycle and leaves text, slots and patches as
-// they were; a direct point takes no springboard step.
+// TestBenchSpliceSteps: every Figure 4 step is timed, by the engine's
+// hooks for the steps of each cycle's request; a springboard-class point
+// takes and writes its slot every cycle; a covering point stays covering;
+// text, slots, patches and the overlay are left as they were; a point
+// already instrumented is refused.
 func TestBenchSpliceSteps(t *testing.T) {
+	const cycles = 20
 	for _, tc := range []struct {
 		point, class string
 		spring       bool
 	}{
 		{"lookuppn", "direct", false},
 		{"filename_lookup+0x9", "springboard", true},
-		{"filename_lookup+0x5", "trap", false},
+		{"filename_lookup+0x5", "covering", false},
+		{"next_fn", "trap", false},
 	} {
 		t.Run(tc.class, func(t *testing.T) {
 			d, k := newTestDaemon(t)
 			before := textNow(t, k)
-			res, err := d.BenchSplice(context.Background(), api.BenchRequest{Point: tc.point, Cycles: 20})
+			res, err := d.BenchSplice(context.Background(), api.BenchRequest{Point: tc.point, Cycles: cycles})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if res.Point.SpliceClass != tc.class {
-				t.Errorf("class %s, want %s", res.Point.SpliceClass, tc.class)
+			if res.Point.SpliceClass != tc.class || res.Cycles != cycles {
+				t.Errorf("class %s, %d cycles; want %s, %d", res.Point.SpliceClass, res.Cycles, tc.class, cycles)
+			}
+			if tc.class == "covering" && k.Covering != cycles {
+				t.Errorf("%d covering splices, want one a cycle", k.Covering)
 			}
 			for name, got := range map[string]int{
 				"resolve": res.Resolve.N, "liveness": res.Liveness.N, "codegen": res.Codegen.N, "relocation": res.Relocation.N,
 				"patch alloc": res.PatchAlloc.N, "free": res.Free.N, "patch write": res.Patch.N,
 				"splice": res.Splice.N, "unsplice": res.Unsplice.N,
 			} {
-				want := map[string]int{"patch alloc": benchPatches, "free": benchPatches, "patch write": 1}[name]
-				if want == 0 {
-					want = 20
-				}
-				if got != want {
-					t.Errorf("%s: %d timings, want %d", name, got, want)
+				if got != cycles {
+					t.Errorf("%s: %d timings, want %d", name, got, cycles)
 				}
 			}
-			if wantSlot := map[bool]int{true: 20}[tc.spring]; res.Springboard.N != wantSlot || (res.SlotFind.N == 1) != tc.spring {
-				t.Errorf("springboard: %d slot writes, %d slot finds", res.Springboard.N, res.SlotFind.N)
+			if want := map[bool]int{true: cycles}[tc.spring]; res.Springboard.N != want || res.SlotFind.N != want {
+				t.Errorf("springboard: %d slot writes, %d slot finds; want %d", res.Springboard.N, res.SlotFind.N, want)
 			}
 			if !res.Restored || !bytes.Equal(textNow(t, k), before) {
 				t.Error("text not restored")
 			}
-			if len(k.allocs) != 0 || d.spring.InUse() != 0 || len(d.ov.orig) != 0 {
-				t.Errorf("left behind: patches %v, %d slots, overlay %v", k.allocs, d.spring.InUse(), d.ov.orig)
+			if st := d.eng.State(); len(k.AllocsNow()) != 0 || st.Springboards != 0 || st.Overlay != 0 || st.Counters != 0 || st.Retired != 0 {
+				t.Errorf("left behind: patches %v, state %+v", k.AllocsNow(), st)
 			}
 		})
+	}
+	d, k := newTestDaemon(t)
+	s, err := d.CreateSession(api.SessionRequest{Points: []string{"filename_lookup+0x6"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	withSession := textNow(t, k)
+	if _, err := d.BenchSplice(context.Background(), api.BenchRequest{Point: "filename_lookup+0x6", Cycles: 2}); err == nil || !strings.Contains(err.Error(), s.ID) {
+		t.Errorf("bench at a session's point: %v", err)
+	}
+	if !bytes.Equal(textNow(t, k), withSession) {
+		t.Error("a refused bench changed the text")
 	}
 }
 
@@ -311,7 +303,7 @@ func TestFunctionCFG(t *testing.T) {
 	// covering splice where its block allows, else a trap splice (the je
 	// ends its block), and the view says so.
 	for {
-		if _, err := d.spring.Alloc(textAddr + 0x9); err != nil {
+		if _, err := d.eng.Springboards().Alloc(textAddr + 0x9); err != nil {
 			break
 		}
 	}
@@ -332,24 +324,6 @@ func TestFunctionCFG(t *testing.T) {
 	}
 	if _, err := d.FunctionCFG("nosuch"); !errors.Is(err, kernel.ErrUnknownFunction) {
 		t.Errorf("unknown function: %v", err)
-	}
-}
-
-func TestCheckClobbers(t *testing.T) {
-	site := codegen.Site{Addr: textAddr + 0x0b, Bytes: text[0x0b:0x12]}
-	flagsLive := cfg.FlagBits
-	for _, save := range []bool{false, true} {
-		code, err := codegen.CounterPatch(0xffffffffc0000000, site, 0xffffffffc0100000, save)
-		if err != nil {
-			t.Fatal(err)
-		}
-		err = checkClobbers(code[:codegen.CounterPrefixLen(save)], 0xffffffffc0000000, flagsLive)
-		if save && err != nil {
-			t.Errorf("flags saved: %v", err)
-		}
-		if !save && !errors.Is(err, ErrClobber) {
-			t.Errorf("flags not saved where live: %v, want ErrClobber", err)
-		}
 	}
 }
 
@@ -429,12 +403,12 @@ func BenchmarkLoadAnalysis(b *testing.B) {
 		}
 	}
 	os.WriteFile(path, []byte(ks.String()), 0o600)
-	d, err := New(Config{Device: newFakeKernel(textAddr, text), Kallsyms: path, Release: "test",
+	d, err := New(Config{Device: enginetest.New(textAddr, text), Kallsyms: path, Release: "test",
 		CacheDir: filepath.Join(dir, "cache"), Notes: notes, Modules: mods, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := d.saveAnalysis(d.symbols(), cfg.Stats{Functions: 47166}, noret, reads); err != nil {
+	if err := d.saveAnalysis(d.symbols(), census.Stats{Functions: 47166}, noret, reads); err != nil {
 		b.Fatal(err)
 	}
 	b.ResetTimer()
@@ -444,198 +418,8 @@ func BenchmarkLoadAnalysis(b *testing.B) {
 		}
 	}
 	b.StopTimer()
-	if n := len(d.noret); n != len(noret) || len(d.reads) != len(reads) {
-		b.Fatalf("loaded %d never-returning functions and %d summaries, saved %d and %d", n, len(d.reads), len(noret), len(reads))
-	}
-}
-
-// patchAt reads the installed patch of a probe.
-func patchAt(t *testing.T, k *fakeKernel, p api.Probe) []byte {
-	t.Helper()
-	code := make([]byte, k.allocs[uint64(p.Patch)])
-	if err := k.Read(uint64(p.Patch), code); err != nil {
-		t.Fatal(err)
-	}
-	return code
-}
-
-// countIncs counts "lock incq" instructions of the patch's instrumentation
-// and checks every one addresses a slot in use.
-func countIncs(t *testing.T, d *Daemon, k *fakeKernel, code []byte, at uint64) int {
-	t.Helper()
-	n := 0
-	for off := 0; off+8 <= len(code); {
-		if bytes.HasPrefix(code[off:], []byte{0xf0, 0x48, 0xff, 0x05}) {
-			tgt := at + uint64(off) + 8 + uint64(int64(int32(uint32(code[off+4])|uint32(code[off+5])<<8|uint32(code[off+6])<<16|uint32(code[off+7])<<24)))
-			found := false
-			for s := range d.slots.used {
-				found = found || k.CounterAddr(s) == tgt
-			}
-			if !found {
-				t.Errorf("lock incq at +%d addresses %#x, no slot in use", off, tgt)
-			}
-			n++
-			off += 8
-			continue
-		}
-		off++
-	}
-	return n
-}
-
-// TestSharedPatch: two sessions at one point share one splice; each
-// change builds a new patch and re-points the splice; the last removal
-// restores the text.
-func TestSharedPatch(t *testing.T) {
-	d, k := newTestDaemon(t)
-	a, err := d.CreateSession(api.SessionRequest{Points: []string{"lookuppn"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := d.CreateSession(api.SessionRequest{Points: []string{"filename_lookup+0xb", "filename_lookup+0xb"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if k.spliceCalls != 1 || k.resplices != 2 || len(k.splices) != 1 {
-		t.Fatalf("splices %d, resplices %d, installed %d; want 1, 2, 1", k.spliceCalls, k.resplices, len(k.splices))
-	}
-	reclaim(d)
-	if len(k.allocs) != 1 {
-		t.Errorf("%d patches allocated; replaced patches must be freed", len(k.allocs))
-	}
-	pb := b.Probes[0]
-	code := patchAt(t, k, pb)
-	if n := countIncs(t, d, k, code, uint64(pb.Patch)); n != 3 {
-		t.Errorf("shared patch has %d counters, want 3", n)
-	}
-	now := textNow(t, k)
-	want, _ := codegen.JmpRel32(textAddr+0x0b, uint64(pb.Patch))
-	if !bytes.Equal(now[0x0b:0x10], want) {
-		t.Errorf("splice jumps %x, want %x (the newest patch)", now[0x0b:0x10], want)
-	}
-	if _, err := d.RemoveSession(a.ID); err != nil {
-		t.Fatal(err)
-	}
-	reclaim(d)
-	if len(k.splices) != 1 || k.resplices != 3 {
-		t.Fatalf("after removing one session: installed %d, resplices %d", len(k.splices), k.resplices)
-	}
-	var patch uint64
-	for p := range k.allocs {
-		patch = p
-	}
-	code = make([]byte, k.allocs[patch])
-	k.Read(patch, code)
-	if n := countIncs(t, d, k, code, patch); n != 2 {
-		t.Errorf("patch after removal has %d counters, want 2", n)
-	}
-	if _, err := d.RemoveSession(b.ID); err != nil {
-		t.Fatal(err)
-	}
-	reclaim(d)
-	if !bytes.Equal(textNow(t, k), text) || len(k.allocs) != 0 || len(k.splices) != 0 || len(d.slots.used) != 0 || len(d.points) != 0 {
-		t.Errorf("not restored: allocs %v splices %v slots %v points %d", k.allocs, k.splices, d.slots.used, len(d.points))
-	}
-}
-
-// TestTrapSplice: a 1-byte instruction takes a trap splice: one int3, a
-// patch with the counter and the relocated instruction.
-func TestTrapSplice(t *testing.T) {
-	d, k := newTestDaemon(t)
-	// next_fn is one ret: no slot, no run to cover.
-	s, err := d.CreateSession(api.SessionRequest{Points: []string{"next_fn"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := s.Probes[0]
-	if p.SpliceClass != "trap" || p.Springboard != 0 {
-		t.Errorf("class %s (springboard %#x), want trap", p.SpliceClass, p.Springboard)
-	}
-	now := textNow(t, k)
-	if now[0x30] != 0xcc || !bytes.Equal(now[:0x30], text[:0x30]) {
-		t.Errorf("text = % x, want one int3 at +0x30", now)
-	}
-	code := patchAt(t, k, p)
-	site := codegen.Site{Addr: textAddr + 0x30, Bytes: text[0x30:0x31]}
-	var slot int
-	for s := range d.slots.used {
-		slot = s
-	}
-	if err := codegen.Verify(code, uint64(p.Patch), site, k.CounterAddr(slot), p.FlagsLive); err != nil {
-		t.Errorf("trap patch: %v", err)
-	}
-	if _, err := d.RemoveSession(s.ID); err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(textNow(t, k), text) {
-		t.Error("text not restored")
-	}
-}
-
-// TestSpringboardSplices: short instructions get slots in the padding
-// after the function's last jmp (12 int3 bytes: two slots) while slots
-// last, then trap splices; a second request at a springboard point
-// re-points its slot; removal restores text and slots.
-func TestSpringboardSplices(t *testing.T) {
-	d, k := newTestDaemon(t)
-	s, err := d.CreateSession(api.SessionRequest{Points: []string{"filename_lookup+0x9", "filename_lookup+0x12", "filename_lookup+0x1c"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := []string{"springboard", "springboard", "trap"}
-	now := textNow(t, k)
-	for i, p := range s.Probes {
-		if p.SpliceClass != want[i] {
-			t.Errorf("%s: class %s, want %s", p.Point, p.SpliceClass, want[i])
-		}
-		off := p.Offset
-		if p.SpliceClass != "springboard" {
-			continue
-		}
-		slot := uint64(p.Springboard)
-		if slot < textAddr+0x24 || slot+5 > textAddr+0x30 {
-			t.Errorf("%s: slot %#x outside the padding", p.Point, slot)
-			continue
-		}
-		if now[off] != 0xeb || textAddr+off+2+uint64(int64(int8(now[off+1]))) != slot {
-			t.Errorf("%s: text % x, want jmp rel8 to %#x", p.Point, now[off:off+2], slot)
-		}
-		so := slot - textAddr
-		if jmp, _ := codegen.JmpRel32(slot, uint64(p.Patch)); !bytes.Equal(now[so:so+5], jmp) {
-			t.Errorf("%s: slot holds % x, want jmp to the patch %#x", p.Point, now[so:so+5], uint64(p.Patch))
-		}
-	}
-	if d.spring.InUse() != 2 {
-		t.Errorf("%d slots in use, want 2", d.spring.InUse())
-	}
-	// A second request at a springboard point: the slot is re-pointed.
-	before := k.resplices
-	s2, err := d.CreateSession(api.SessionRequest{Points: []string{"filename_lookup+0x9"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p2 := s2.Probes[0]
-	if k.resplices != before+1 || p2.Springboard != s.Probes[0].Springboard {
-		t.Errorf("resplices %d→%d, slot %#x (was %#x)", before, k.resplices, p2.Springboard, s.Probes[0].Springboard)
-	}
-	so := uint64(p2.Springboard) - textAddr
-	if jmp, _ := codegen.JmpRel32(uint64(p2.Springboard), uint64(p2.Patch)); !bytes.Equal(textNow(t, k)[so:so+5], jmp) {
-		t.Error("slot not re-pointed at the new patch")
-	}
-	if n := countIncs(t, d, k, patchAt(t, k, p2), uint64(p2.Patch)); n != 2 {
-		t.Errorf("shared springboard patch has %d counters, want 2", n)
-	}
-	for _, id := range []string{s.ID, s2.ID} {
-		if _, err := d.RemoveSession(id); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if d.spring.InUse() != 2 {
-		t.Errorf("slots returned before the patches were freed (%d in use)", d.spring.InUse())
-	}
-	reclaim(d)
-	if !bytes.Equal(textNow(t, k), text) || len(k.splices) != 0 || len(k.allocs) != 0 || d.spring.InUse() != 0 {
-		t.Errorf("not restored: splices %v allocs %v slots %d", k.splices, k.allocs, d.spring.InUse())
+	if gotNoret, gotReads := d.plan.Analysis(); len(gotNoret) != len(noret) || len(gotReads) != len(reads) {
+		b.Fatalf("loaded %d never-returning functions and %d summaries, saved %d and %d", len(gotNoret), len(gotReads), len(noret), len(reads))
 	}
 }
 
@@ -668,18 +452,8 @@ func TestBlockPoints(t *testing.T) {
 	}
 }
 
-// reclaim frees retired patches now, as the daemon's timer would.
-func reclaim(d *Daemon) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.reclaimLocked()
-}
-
-func allocs(k *fakeKernel) map[uint64]int {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return maps.Clone(k.allocs)
-}
+// reclaim frees retired patches now, as the engine's timer would.
+func reclaim(d *Daemon) { d.eng.Reclaim() }
 
 // TestAnalysisSeesOriginalBytes: once points of a function are spliced,
 // later requests in the same function (and at the same trap point) are
@@ -715,7 +489,7 @@ func TestAnalysisSeesOriginalBytes(t *testing.T) {
 		}
 	}
 	reclaim(d)
-	if !bytes.Equal(textNow(t, k), text) || len(d.ov.orig) != 0 {
-		t.Errorf("not restored (overlay %v)", d.ov.orig)
+	if !bytes.Equal(textNow(t, k), text) || d.eng.State().Overlay != 0 {
+		t.Errorf("not restored (state %+v)", d.eng.State())
 	}
 }

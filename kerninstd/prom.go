@@ -18,7 +18,7 @@ var (
 		"Executions of an instrumented instruction since its session began.",
 		[]string{"session", "point", "location"}, nil)
 	promCalls = prometheus.NewDesc("kinst_function_calls_total",
-		"Calls of a timed kernel function since its session began.",
+		"api.Calls of a timed kernel function since its session began.",
 		[]string{"session", "function", "filter"}, nil)
 	promWall = prometheus.NewDesc("kinst_function_wall_seconds_total",
 		"Thread-time spent inside a timed function (the sum of every call's wall time, unfinished calls included); its rate is the average number of threads inside.",
@@ -46,8 +46,9 @@ func (c promCollector) Collect(ch chan<- prometheus.Metric) {
 	now := d.clock.Now()
 	for _, ss := range d.sessions {
 		for _, r := range ss.reqs {
-			ch <- prometheus.MustNewConstMetric(promProbeCount, prometheus.CounterValue, float64(d.dev.Counter(r.counter())),
-				ss.name, r.pt.site.point.Spec, r.pt.site.where())
+			at := d.eng.Installed(r).Site
+			ch <- prometheus.MustNewConstMetric(promProbeCount, prometheus.CounterValue, float64(d.eng.Counter(r.Counter())),
+				ss.name, at.Point.Spec, at.Where())
 		}
 		for _, t := range ss.timers {
 			pt := d.timerPoint(t, now)

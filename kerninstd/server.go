@@ -5,16 +5,17 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/kinst/kinst/api"
 	"net/http"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/kernel"
 	"github.com/kinst/kinst/metrics"
+	"github.com/kinst/kinst/splice"
 	"github.com/kinst/kinst/springboard"
 )
 
@@ -116,7 +117,7 @@ func (d *Daemon) serveSamples(w http.ResponseWriter, r *http.Request) {
 	if ok {
 		id = ss.id
 		for _, r := range ss.reqs {
-			slots = append(slots, r.counter())
+			slots = append(slots, r.Counter())
 		}
 		timers = append(timers, ss.timers...)
 	}
@@ -205,7 +206,7 @@ func (d *Daemon) parseLocation(at string) (uint64, error) {
 	if v, err := strconv.ParseUint(strings.TrimPrefix(at, "0x"), 16, 64); err == nil && (strings.HasPrefix(at, "0x") || len(at) == 16) {
 		return v, nil
 	}
-	p, err := cfg.ParsePoint(at)
+	p, err := splice.ParsePoint(at)
 	if err != nil {
 		return 0, badRequest(err)
 	}
@@ -233,13 +234,13 @@ func errorCode(err error) (int, string) {
 		return http.StatusNotFound, api.CodeUnknownFunction
 	case errors.Is(err, cfg.ErrNotBoundary):
 		return http.StatusUnprocessableEntity, api.CodeNotBoundary
-	case errors.Is(err, springboard.ErrTooShort), errors.Is(err, ErrNoEntryInstruction):
+	case errors.Is(err, springboard.ErrTooShort), errors.Is(err, splice.ErrNoEntryInstruction):
 		return http.StatusUnprocessableEntity, api.CodeTooShort
-	case errors.Is(err, cfg.ErrNoSplice), errors.Is(err, cfg.ErrFreedInit):
+	case errors.Is(err, splice.ErrNoSplice), errors.Is(err, cfg.ErrFreedInit):
 		return http.StatusUnprocessableEntity, api.CodeNoSplice
 	case errors.Is(err, ErrNoSession):
 		return http.StatusNotFound, api.CodeNoSession
-	case errors.As(err, &br):
+	case errors.As(err, &br), errors.Is(err, splice.ErrBadPoint):
 		return http.StatusBadRequest, api.CodeBadRequest
 	case errors.Is(err, syscall.EFAULT):
 		return http.StatusUnprocessableEntity, api.CodeFault

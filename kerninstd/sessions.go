@@ -3,11 +3,12 @@ package kerninstd
 import (
 	"errors"
 	"fmt"
+	"github.com/kinst/kinst/api"
 	"sort"
 	"time"
 
-	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/codegen"
+	"github.com/kinst/kinst/splice"
 )
 
 // ErrNameTaken is returned when a live session already has the name.
@@ -73,9 +74,9 @@ func (d *Daemon) Sessions() []api.Session {
 
 // timerInfo describes a timed function with its totals at now.
 func (d *Daemon) timerInfo(t *timedFunc, now time.Time) api.TimerInfo {
-	ti := api.TimerInfo{Function: t.function, Filter: t.filter, Virtual: t.virtual != nil, Entry: t.entry.resolved(), Totals: api.Totals(d.timerPoint(t, now))}
+	ti := api.TimerInfo{Function: t.function, Filter: t.filter, Virtual: t.virtual != nil, Entry: resolved(t.entry), Totals: api.Totals(d.timerPoint(t, now))}
 	for _, s := range t.exits {
-		ti.Exits = append(ti.Exits, s.resolved())
+		ti.Exits = append(ti.Exits, resolved(s))
 	}
 	return ti
 }
@@ -96,7 +97,7 @@ func (d *Daemon) resolveTimers(req api.SessionRequest) ([]*timedFunc, codegen.Pr
 	if err != nil {
 		return nil, nil, err
 	}
-	var sw *site
+	var sw *splice.Site
 	if req.Virtual {
 		if err := d.loadTaskLayout(); err != nil {
 			return nil, nil, fmt.Errorf("virtual timers need the task layout: %w", err)

@@ -5,7 +5,7 @@ import (
 	"net/http"
 
 	"github.com/kinst/kinst/api"
-	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/census"
 )
 
 // serveStats returns the whole-kernel census: the one computed at start-up
@@ -54,7 +54,7 @@ func (d *Daemon) serveStats(w http.ResponseWriter, r *http.Request) {
 }
 
 // censusReport is the census as the API reports it.
-func censusReport(st *cfg.Stats) *api.CFGStats {
+func censusReport(st *census.Stats) *api.CFGStats {
 	return &api.CFGStats{
 		Modules:          st.Modules,
 		Functions:        st.Functions,

@@ -8,7 +8,9 @@ import (
 
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/codegen"
+	"github.com/kinst/kinst/engine"
 	"github.com/kinst/kinst/metrics"
+	"github.com/kinst/kinst/splice"
 )
 
 // A timed function (kinst time): calls counted at the entry, and a timer
@@ -18,13 +20,13 @@ import (
 // and average wall time and the average concurrency.
 type timedFunc struct {
 	function string
-	entry    *site
-	exits    []*site
-	filter   string        // what the predicate selects, "" for everyone
-	calls    int           // counter slot: calls
-	word     int           // counter slot: the timer word
-	reqs     []*request    // exits, then the entry; reqs[0] owns the slots
-	virtual  *virtualState // nil: wall time only
+	entry    *splice.Site
+	exits    []*splice.Site
+	filter   string            // what the predicate selects, "" for everyone
+	calls    int               // counter slot: calls
+	word     int               // counter slot: the timer word
+	reqs     []*engine.Request // exits, then the entry; reqs[0] owns the slots
+	virtual  *virtualState     // nil: wall time only
 
 	mu     sync.Mutex // protects acc and offAcc
 	acc    metrics.TimerAcc
@@ -37,18 +39,19 @@ var ErrExitNotSpliceable = errors.New("function exit cannot be spliced")
 
 // resolveTimed finds a function's entry and every exit.
 func (d *Daemon) resolveTimed(name string) (*timedFunc, error) {
-	entry, err := d.resolve(name)
+	f, p, err := d.plan.Func(name)
 	if err != nil {
 		return nil, err
 	}
-	if entry.point.HasOffset {
+	entry, err := f.Resolve(p)
+	if err != nil {
+		return nil, err
+	}
+	if p.HasOffset {
 		return nil, badRequest(fmt.Errorf("time %s: name a function, not an instruction", name))
 	}
-	fn := entry.fn
-	syms := d.symbols()
-	blocks := fn.BlocksOpt(cfg.BlockOptions{Names: syms.Names(), NoReturn: d.noReturn(), Tables: d.dev})
-	t := &timedFunc{function: fn.Name, entry: entry}
-	for _, b := range blocks {
+	t := &timedFunc{function: f.Fn.Name, entry: entry}
+	for _, b := range f.Blocks {
 		if b.Padding {
 			continue
 		}
@@ -58,32 +61,20 @@ func (d *Daemon) resolveTimed(name string) (*timedFunc, error) {
 			continue
 		}
 		i := b.First + b.N - 1
-		if i == entry.index {
+		if i == entry.Index {
 			t.exits = append(t.exits, entry)
 			continue
 		}
-		s, err := d.exitSite(entry, i)
+		s, err := f.At(i)
 		if err != nil {
 			return nil, err
 		}
 		t.exits = append(t.exits, s)
 	}
 	if len(t.exits) == 0 {
-		return nil, fmt.Errorf("%w: %s has no exit the analysis can see (it never returns?)", ErrExitNotSpliceable, fn.Name)
+		return nil, fmt.Errorf("%w: %s has no exit the analysis can see (it never returns?)", ErrExitNotSpliceable, f.Fn.Name)
 	}
 	return t, nil
-}
-
-// exitSite checks instruction i of entry's function as a splice site.
-func (d *Daemon) exitSite(entry *site, i int) (*site, error) {
-	fn := entry.fn
-	off := fn.Insns[i].Addr - fn.Addr
-	s := &site{point: cfg.Point{Spec: fmt.Sprintf("%s+%#x", fn.Name, off), Function: fn.Name, Offset: off, HasOffset: true},
-		sym: entry.sym, fn: fn, index: i, amb: entry.amb}
-	if err := d.checkSite(d.symbols(), s); err != nil {
-		return nil, err
-	}
-	return s, nil
 }
 
 // attachTimed installs a timed function: the exits first, so that no
@@ -106,7 +97,7 @@ func (d *Daemon) attachTimed(owner string, t *timedFunc, pred codegen.Predicate)
 		return codegen.Guard{If: pred, Then: sn}
 	}
 	var calls, word uint64
-	mk := func(nslots int, build func() codegen.Snippet) func([]uint64) codegen.Snippet {
+	mk := func(nslots int, build func() codegen.Snippet) engine.SnippetFunc {
 		return func(c []uint64) codegen.Snippet {
 			if nslots == 2 {
 				calls, word = c[0], c[1]
@@ -128,7 +119,7 @@ func (d *Daemon) attachTimed(owner string, t *timedFunc, pred codegen.Predicate)
 		if len(t.reqs) == 0 {
 			nslots = 2
 		}
-		r, err := d.instrument(s, owner, nslots, mk(nslots, exit))
+		r, err := d.eng.Add(s, engine.Spec{Owner: owner, Slots: nslots, Snippet: mk(nslots, exit)})
 		if err != nil {
 			d.detachTimed(t)
 			return err
@@ -143,14 +134,14 @@ func (d *Daemon) attachTimed(owner string, t *timedFunc, pred codegen.Predicate)
 	if entryIsExit {
 		build = func() codegen.Snippet { return codegen.Seq{enter(), exit()} }
 	}
-	r, err := d.instrument(t.entry, owner, nslots, mk(nslots, build))
+	r, err := d.eng.Add(t.entry, engine.Spec{Owner: owner, Slots: nslots, Snippet: mk(nslots, build)})
 	if err != nil {
 		d.detachTimed(t)
 		return err
 	}
 	t.reqs = append(t.reqs, r)
 	owners := t.reqs[0]
-	t.calls, t.word = owners.slots[0], owners.slots[1]
+	t.calls, t.word = owners.Slots()[0], owners.Slots()[1]
 	return nil
 }
 
@@ -159,12 +150,12 @@ func (d *Daemon) attachTimed(owner string, t *timedFunc, pred codegen.Predicate)
 // stay listed. The caller holds d.mu.
 func (d *Daemon) detachTimed(t *timedFunc) error {
 	var errs []error
-	var kept []*request
+	var kept []*engine.Request
 	for i := len(t.reqs) - 1; i >= 0; i-- {
 		r := t.reqs[i]
-		if err := d.uninstrument(r); err != nil {
+		if err := d.eng.Remove(r); err != nil {
 			errs = append(errs, err)
-			kept = append([]*request{r}, kept...)
+			kept = append([]*engine.Request{r}, kept...)
 		}
 	}
 	t.reqs = kept
@@ -179,11 +170,11 @@ func (d *Daemon) detachTimed(t *timedFunc) error {
 // with the time of the reading, not the caller's (a sampling tick may be
 // late by then), since rates divide by the time between points.
 func (d *Daemon) timerPoint(t *timedFunc, _ time.Time) metrics.Point {
-	calls := d.dev.Counter(t.calls)
-	w := d.dev.Counter(t.word)
+	calls := d.eng.Counter(t.calls)
+	w := d.eng.Counter(t.word)
 	var off uint64
 	if t.virtual != nil {
-		off = d.dev.Counter(t.virtual.off)
+		off = d.eng.Counter(t.virtual.off)
 	}
 	tsc := metrics.TSC() // after the words: every event in them happened before
 	now := d.clock.Now()

@@ -3,6 +3,7 @@ package kerninstd
 import (
 	"bytes"
 	"errors"
+	"github.com/kinst/kinst/api"
 	"io"
 	"log/slog"
 	"math"
@@ -13,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/engine/enginetest"
 	"github.com/kinst/kinst/kernel"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -49,17 +50,10 @@ func TestTimedSessionLifecycle(t *testing.T) {
 		t.Errorf("exit patch %x lacks lock cmpxchg", exit)
 	}
 	// Two calls that took 3,000,000 ticks in all, nobody inside now.
-	var calls, word int = -1, -1
-	for slot := range d.slots.used {
-		if calls < 0 || slot < calls {
-			calls, word = slot, calls
-		}
-		if slot > calls {
-			word = slot
-		}
-	}
-	k.counters[calls] = 2
-	k.counters[word] = 3_000_000 << 16
+	slots := d.sessions[s.ID].timers[0].reqs[0].Slots()
+	calls, word := slots[0], slots[1]
+	k.Counters[calls] = 2
+	k.Counters[word] = 3_000_000 << 16
 	if _, err := d.CreateSession(api.SessionRequest{Name: "incident", Points: []string{"lookuppn"}}); err == nil || !strings.Contains(err.Error(), "in use") {
 		t.Errorf("second session with the same name: %v", err)
 	}
@@ -107,20 +101,20 @@ func TestTimedSessionLifecycle(t *testing.T) {
 		t.Errorf("final %+v", final.Timers[0])
 	}
 	reclaim(d)
-	if !bytes.Equal(textNow(t, k), text) || len(k.allocs) != 0 || len(k.splices) != 0 || len(d.slots.used) != 0 {
-		t.Errorf("not restored: allocs %v splices %v slots %v", k.allocs, k.splices, d.slots.used)
+	if !bytes.Equal(textNow(t, k), text) || len(k.Allocs) != 0 || len(k.Splices) != 0 || d.eng.State().Counters != 0 {
+		t.Errorf("not restored: allocs %v splices %v state %+v", k.AllocsNow(), k.Splices, d.eng.State())
 	}
 }
 
 // patchBytes reads the patch the jmp at addr leads to.
-func patchBytes(t *testing.T, k *fakeKernel, addr uint64) []byte {
+func patchBytes(t *testing.T, k *enginetest.Kernel, addr uint64) []byte {
 	t.Helper()
 	var j [5]byte
 	if err := k.Read(addr, j[:]); err != nil || j[0] != 0xe9 {
 		t.Fatalf("no jmp at %#x", addr)
 	}
 	to := addr + 5 + uint64(int64(int32(uint32(j[1])|uint32(j[2])<<8|uint32(j[3])<<16|uint32(j[4])<<24)))
-	b := make([]byte, k.allocs[to])
+	b := make([]byte, k.Allocs[to])
 	if err := k.Read(to, b); err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +138,7 @@ func TestSessionTTL(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	reclaim(d)
-	if !bytes.Equal(textNow(t, k), text) || len(k.splices) != 0 || len(k.allocs) != 0 {
+	if !bytes.Equal(textNow(t, k), text) || len(k.Splices) != 0 || len(k.Allocs) != 0 {
 		t.Error("text not restored after the TTL")
 	}
 	if _, err := d.RemoveSession("forgotten"); !errors.Is(err, ErrNoSession) {
@@ -169,7 +163,7 @@ func TestTimedRefusals(t *testing.T) {
 		if _, err := d.CreateSession(req); err == nil {
 			t.Errorf("%+v accepted", req)
 		}
-		if !bytes.Equal(textNow(t, k), text) || len(k.allocs) != 0 || len(d.slots.used) != 0 {
+		if !bytes.Equal(textNow(t, k), text) || len(k.Allocs) != 0 || d.eng.State().Counters != 0 {
 			t.Fatalf("%+v changed something", req)
 		}
 	}
@@ -199,7 +193,7 @@ func TestTimerSharesPointWithCounter(t *testing.T) {
 		t.Fatal(err)
 	}
 	reclaim(d)
-	if !bytes.Equal(textNow(t, k), text) || len(k.allocs) != 0 {
+	if !bytes.Equal(textNow(t, k), text) || len(k.Allocs) != 0 {
 		t.Fatal("not restored")
 	}
 }
@@ -212,11 +206,11 @@ func TestTimerSharesPointWithCounter(t *testing.T) {
 func BenchmarkSample1000(b *testing.B) {
 	d, k := newTestDaemon(b)
 	const n = 1000
-	k.counters = make([]uint64, 3*n)
+	k.Counters = make([]uint64, 3*n)
 	timers := make([]*timedFunc, n)
 	for i := range timers {
 		timers[i] = &timedFunc{calls: 3 * i, word: 3*i + 1, virtual: &virtualState{off: 3*i + 2}}
-		k.counters[3*i], k.counters[3*i+1] = uint64(i), uint64(i)<<16
+		k.Counters[3*i], k.Counters[3*i+1] = uint64(i), uint64(i)<<16
 	}
 	d.clock.Nanos(1) // calibrated before timing
 	b.ResetTimer()
@@ -249,8 +243,8 @@ func TestVirtualTimerSession(t *testing.T) {
 	for len(full) < 0x68 {
 		full = append(full, 0xcc)
 	}
-	k := newFakeKernel(textAddr, full)
-	k.counters = make([]uint64, 512)
+	k := enginetest.New(textAddr, full)
+	k.Counters = make([]uint64, 512)
 	d, err := New(Config{Device: k, Kallsyms: path, Release: "test", Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		TaskLayout: func(*kernel.Symbols) (kernel.TaskLayout, error) {
 			return kernel.TaskLayout{CurrentTask: 0x1fb80, PID: 0x5c8, TGID: 0x5cc, Comm: 0x7c0}, nil
@@ -270,9 +264,9 @@ func TestVirtualTimerSession(t *testing.T) {
 		t.Error("timer not marked virtual")
 	}
 	v := d.sessions[s.ID].timers[0].virtual
-	k.counters[v.base+vCalls] = 5
-	k.counters[v.base+vWall] = 3_000_000 << 16
-	k.counters[v.off] = 1_000_000 << 16
+	k.Counters[v.base+vCalls] = 5
+	k.Counters[v.base+vWall] = 3_000_000 << 16
+	k.Counters[v.off] = 1_000_000 << 16
 	pt := d.Sessions()[0].Timers[0].Totals
 	if want := d.clock.Nanos(2_000_000); pt.Calls != 5 || math.Abs(pt.VirtualNS-want) > want*1e-6 {
 		t.Fatalf("point %+v, want 5 calls and %.0f ns virtual", pt, want)
@@ -283,7 +277,7 @@ func TestVirtualTimerSession(t *testing.T) {
 	reclaim(d)
 	now := make([]byte, len(full))
 	k.Read(textAddr, now)
-	if !bytes.Equal(now, full) || len(k.allocs) != 0 || len(d.slots.used) != 0 {
-		t.Fatalf("not restored: allocs %v slots %d", k.allocs, len(d.slots.used))
+	if !bytes.Equal(now, full) || len(k.Allocs) != 0 || d.eng.State().Counters != 0 {
+		t.Fatalf("not restored: allocs %v slots %d", k.Allocs, d.eng.State().Counters)
 	}
 }

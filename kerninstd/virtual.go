@@ -4,8 +4,9 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/codegen"
+	"github.com/kinst/kinst/engine"
+	"github.com/kinst/kinst/splice"
 	"golang.org/x/arch/x86/x86asm"
 )
 
@@ -26,7 +27,7 @@ const virtualEntries = 64
 
 // virtualState is what a virtual timer adds to a timed function.
 type virtualState struct {
-	sw      *site
+	sw      *splice.Site
 	base    int // first of the block of slots below
 	table   codegen.TaskTable
 	off     int // counter slot: the off-CPU timer word
@@ -47,39 +48,22 @@ var ErrSwitchHook = errors.New("cannot instrument the context switch for virtual
 
 // resolveSwitch finds the switch hook's instruction and checks that
 // %rdi and %rsi still hold the tasks there: only pushes come before it.
-func (d *Daemon) resolveSwitch() (*site, error) {
-	s, err := d.resolve(SwitchFunction)
+func (d *Daemon) resolveSwitch() (*splice.Site, error) {
+	f, p, err := d.plan.Func(SwitchFunction)
+	var s *splice.Site
+	if err == nil {
+		s, err = f.Resolve(p)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrSwitchHook, err)
 	}
-	owned := d.ownedSites()
-	for i := 0; i < s.index; i++ {
-		if op := s.fn.Insns[i].Inst.Op; op != x86asm.PUSH && !cfg.IsFtraceSite(owned, s.fn, i) {
-			return nil, fmt.Errorf("%w: %s before %s may change %%rdi or %%rsi", ErrSwitchHook, s.fn.Insns[i].String(), s.where())
+	owned := f.Facts().Owned
+	for i := 0; i < s.Index; i++ {
+		if op := s.Fn.Insns[i].Inst.Op; op != x86asm.PUSH && !splice.IsFtraceSite(owned, s.Fn, i) {
+			return nil, fmt.Errorf("%w: %s before %s may change %%rdi or %%rsi", ErrSwitchHook, s.Fn.Insns[i].String(), s.Where())
 		}
 	}
 	return s, nil
-}
-
-// allocRange takes n consecutive free slots (a task table must be
-// contiguous).
-func (a *slotAllocator) allocRange(n int) (int, error) {
-	for start := 0; start+n <= a.n; start++ {
-		ok := true
-		for i := start; i < start+n; i++ {
-			if a.used[i] {
-				ok, start = false, i
-				break
-			}
-		}
-		if ok {
-			for i := start; i < start+n; i++ {
-				a.used[i] = true
-			}
-			return start, nil
-		}
-	}
-	return 0, fmt.Errorf("no %d consecutive counter slots free", n)
 }
 
 // attachVirtual installs a virtual timer: the switch hook first, then the
@@ -87,23 +71,18 @@ func (a *slotAllocator) allocRange(n int) (int, error) {
 // missing. The caller holds d.mu.
 func (d *Daemon) attachVirtual(owner string, t *timedFunc, pred codegen.Predicate) error {
 	v := t.virtual
-	n := vTable + codegen.TaskTableSlots(virtualEntries)
-	base, err := d.slots.allocRange(n)
+	base, err := d.eng.ReserveCounters(virtualSlots)
 	if err != nil {
 		return err
 	}
 	v.base = base
 	t.calls, t.word, v.off, v.dropped = base+vCalls, base+vWall, base+vOff, base+vDropped
-	if err := d.dev.ClearCounters(base, n); err != nil {
-		d.freeVirtualSlots(t)
-		return err
-	}
-	addr := d.dev.CounterAddr
+	addr := d.eng.CounterAddr
 	v.table = codegen.TaskTable{Addr: addr(base + vTable), Entries: virtualEntries}
 	ct := int32(d.task.CurrentTask)
-	fixed := func(sn codegen.Snippet) SnippetFunc { return func([]uint64) codegen.Snippet { return sn } }
-	add := func(s *site, sn codegen.Snippet) error {
-		r, err := d.instrument(s, owner, 0, fixed(sn))
+	fixed := func(sn codegen.Snippet) engine.SnippetFunc { return func([]uint64) codegen.Snippet { return sn } }
+	add := func(s *splice.Site, sn codegen.Snippet) error {
+		r, err := d.eng.Add(s, engine.Spec{Owner: owner, Snippet: fixed(sn)})
 		if err != nil {
 			d.detachTimed(t)
 			return err
@@ -136,9 +115,8 @@ func (d *Daemon) attachVirtual(owner string, t *timedFunc, pred codegen.Predicat
 	return add(t.entry, enter)
 }
 
+// virtualSlots is the size of a virtual timer's block of slots.
+var virtualSlots = vTable + codegen.TaskTableSlots(virtualEntries)
+
 // freeVirtualSlots returns a virtual timer's block of slots.
-func (d *Daemon) freeVirtualSlots(t *timedFunc) {
-	for i := 0; i < vTable+codegen.TaskTableSlots(virtualEntries); i++ {
-		d.slots.free(t.virtual.base + i)
-	}
-}
+func (d *Daemon) freeVirtualSlots(t *timedFunc) { d.eng.ReleaseCounters(t.virtual.base, virtualSlots) }

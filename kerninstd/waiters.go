@@ -41,7 +41,7 @@ func (d *Daemon) lockAddress(spec string) (uint64, string, error) {
 	sym, ok := dataSymbol(d.symbols(), spec)
 	if !ok {
 		// Maybe a module loaded since the snapshot.
-		if syms, err := d.reloadSymbols(); err == nil {
+		if syms, err := d.plan.ReloadSymbols(); err == nil {
 			sym, ok = dataSymbol(syms, spec)
 		}
 	}
@@ -74,16 +74,19 @@ func dataSymbol(syms *kernel.Symbols, name string) (kernel.Symbol, bool) {
 // lockWaitFunction is the function a task waits for a mutex in: the
 // slow path, or the function it tail-calls.
 func (d *Daemon) lockWaitFunction() (string, error) {
-	s, err := d.resolve(MutexSlowPath)
+	f, p, err := d.plan.Func(MutexSlowPath)
+	if err == nil {
+		_, err = f.Resolve(p)
+	}
 	if err != nil {
 		return "", err
 	}
-	syms := d.symbols()
-	for _, b := range s.fn.BlocksOpt(cfg.BlockOptions{Names: syms.Names(), NoReturn: d.noReturn()}) {
+	syms := f.Facts().Symbols
+	for _, b := range f.Blocks {
 		if b.Exit != cfg.TailCall {
 			continue
 		}
-		if to, ok := cfg.BranchTarget(b.Last(s.fn)); ok {
+		if to, ok := cfg.BranchTarget(b.Last(f.Fn)); ok {
 			if sym, off, ok := syms.At(to); ok && off == 0 {
 				return sym.Name, nil
 			}

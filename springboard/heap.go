@@ -158,16 +158,17 @@ func (h *Heap) overlapping(t uint64) (uint64, bool) {
 }
 
 // Census is the springboard space of a set of runs and how many short
-// instructions can reach it.
+// instructions can reach it (in `kinst cfg --stats --json`).
 type Census struct {
-	Runs     int    // padding runs of at least one slot
-	Bytes    uint64 // bytes in those runs
-	Slots    int    // disjoint 5-byte slots they hold
-	Short    int    // 2–4-byte instructions counted
-	InReach  int    // of those, with a slot within rel8 reach
-	Assigned int    // given a slot each at once, greedily in address order
-	Covering int    // of Short, those a covering splice can take
-	TrapOnly int    // of Short, neither in reach of a slot nor coverable
+	Runs     int    `json:"runs"`      // padding runs of at least one slot
+	Bytes    uint64 `json:"bytes"`     // bytes in those runs
+	Slots    int    `json:"slots"`     // disjoint 5-byte slots they hold
+	Short    int    `json:"short"`     // 2–4-byte instructions counted
+	InReach  int    `json:"in_reach"`  // of those, with a slot within rel8 reach
+	Assigned int    `json:"assigned"`  // given a slot each at once, greedily in address order
+	Trap     int    `json:"trap"`      // Short - InReach: no slot in reach
+	Covering int    `json:"covering"`  // of Short, those a covering splice can take
+	TrapOnly int    `json:"trap_only"` // of Short, neither in reach of a slot nor coverable
 }
 
 // TakeCensus counts, over runs (sorted, disjoint) and the addresses of
@@ -192,13 +193,15 @@ func TakeCensus(runs []Range, shorts, covering []uint64) Census {
 			c.Covering++
 		}
 		if !inReach(runs, a) {
+			c.Trap++
 			if !cover {
 				c.TrapOnly++
 			}
 			continue
 		}
 		c.InReach++
-		if _, err := h.Alloc(a); err == nil {
+		if s, ok := h.find(a); ok { // Alloc without its error for the many that find none
+			h.used[s] = true
 			c.Assigned++
 		}
 	}

@@ -74,12 +74,12 @@ func TestCensus(t *testing.T) {
 	shorts := []uint64{base + 0x80, base + 0x90, base + 0xa0, base + 0x800}
 	// +0x90 and +0x800 can be covered; +0x800 has no slot in reach.
 	c := TakeCensus(runs, shorts, []uint64{base + 0x90, base + 0x800})
-	want := Census{Runs: 1, Bytes: 10, Slots: 2, Short: 4, InReach: 3, Assigned: 2, Covering: 2, TrapOnly: 0}
+	want := Census{Runs: 1, Bytes: 10, Slots: 2, Short: 4, InReach: 3, Assigned: 2, Trap: 1, Covering: 2, TrapOnly: 0}
 	if c != want {
 		t.Errorf("census %+v, want %+v", c, want)
 	}
 	c = TakeCensus(runs, shorts, nil)
-	want = Census{Runs: 1, Bytes: 10, Slots: 2, Short: 4, InReach: 3, Assigned: 2, Covering: 0, TrapOnly: 1}
+	want = Census{Runs: 1, Bytes: 10, Slots: 2, Short: 4, InReach: 3, Assigned: 2, Trap: 1, Covering: 0, TrapOnly: 1}
 	if c != want {
 		t.Errorf("census %+v, want %+v", c, want)
 	}

@@ -64,7 +64,7 @@ func BenchSplice(ctx context.Context, c *api.Client, point string, cycles int, k
 		{"springboard slot write", res.Springboard},
 		{"splice (driver)", res.Splice},
 		{"unsplice (driver)", res.Unsplice},
-		{"free (the first waits for RCU-tasks: see max)", res.Free},
+		{"free (batched: one RCU-tasks wait a batch, see max)", res.Free},
 	}
 	var taken []durationRow
 	for _, r := range rows {

@@ -11,7 +11,7 @@ import (
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/app/cli"
-	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/splice"
 	"github.com/spf13/pflag"
 )
 
@@ -159,8 +159,8 @@ from the KernInst paper: `
 
 func classicList() string {
 	var s []string
-	for _, n := range cfg.ClassicNames() {
-		s = append(s, fmt.Sprintf("%s→%s", n, cfg.Classic[n].Linux))
+	for _, n := range splice.ClassicNames() {
+		s = append(s, fmt.Sprintf("%s→%s", n, splice.Classic[n].Linux))
 	}
 	sort.Strings(s)
 	return strings.Join(s, ", ")

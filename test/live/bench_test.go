@@ -13,8 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kinst/kinst/cfg"
-	"github.com/kinst/kinst/codegen"
+	"github.com/kinst/kinst/census"
 	"github.com/kinst/kinst/kernel"
 )
 
@@ -69,16 +68,17 @@ func BenchmarkAnalyzeKernel(b *testing.B) {
 	linkText := f.Section(".text").Addr // vmlinux is linked at _text == .text
 	r := &fileText{base: runtimeText.Addr + (text.Addr - linkText), bytes: data}
 
-	var st cfg.Stats
+	var st census.Stats
 	var ms runtime.MemStats
 	var ru0, ru1 syscall.Rusage
 	b.ReportAllocs()
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		// As kerninstd runs it: springboard space and the covering census too.
-		k, err := cfg.AnalyzeKernel(ctx, r, syms, cfg.AnalyzeOptions{Relocatable: codegen.CheckRelocatable, Springboards: true,
-			FallsThrough: codegen.CanFallThroughInst})
+		// As kerninstd runs it (without the kernel's own tables, which
+		// live in guest memory): springboard space and the covering
+		// census too.
+		k, err := census.Analyze(ctx, r, syms, census.Options{})
 		if err != nil {
 			b.Fatal(err)
 		}

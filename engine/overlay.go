@@ -1,11 +1,11 @@
-package kerninstd
+package engine
 
 import (
 	"bytes"
 	"sync"
 )
 
-// overlay remembers the original bytes of everything kerninstd has written
+// overlay remembers the original bytes of everything the engine has written
 // into kernel text (spliced instructions and springboard slots), so that
 // analysis always sees the kernel's own code: a jmp rel32 written over a
 // 7-byte instruction would otherwise throw the linear sweep off for the
@@ -49,7 +49,7 @@ func (o *overlay) restored(addr uint64, restore func() error) error {
 }
 
 // textView reads kernel memory as the kernel's own code: live bytes with
-// kerninstd's splices replaced by the original bytes.
+// the engine's splices replaced by the original bytes.
 type textView struct {
 	dev interface{ Read(uint64, []byte) error }
 	ov  *overlay
@@ -71,4 +71,11 @@ func (v textView) Read(addr uint64, b []byte) error {
 		copy(b[lo-addr:hi-addr], orig[lo-a:hi-a])
 	}
 	return nil
+}
+
+// len is the number of spliced ranges with original bytes kept.
+func (o *overlay) len() int {
+	o.mu.RLock()
+	defer o.mu.RUnlock()
+	return len(o.orig)
 }

@@ -1,4 +1,4 @@
-package cfg
+package splice
 
 import (
 	"encoding/binary"
@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/kernel"
 )
 
@@ -46,9 +47,9 @@ func TestFtraceSiteByRecords(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nop := append(append([]byte{}, nop5...), 0xc3)
-	recorded, _ := Decode("filename_lookup", "", 0xffffffff81001040, nop)
-	unrecorded, _ := Decode("modfn", "virtio_net", 0xffffffffc0001100, nop)
+	nop := []byte{0x0f, 0x1f, 0x44, 0x00, 0x00, 0xc3} // the ftrace nop, ret
+	recorded, _ := cfg.Decode("filename_lookup", "", 0xffffffff81001040, nop)
+	unrecorded, _ := cfg.Decode("modfn", "virtio_net", 0xffffffffc0001100, nop)
 	if !IsFtraceSite(o, recorded, 0) || IsFtraceSite(o, unrecorded, 0) || InstructionNoSplice(o, unrecorded, 0) != "" {
 		t.Errorf("with records: recorded %v, unrecorded %v (%q)", IsFtraceSite(o, recorded, 0), IsFtraceSite(o, unrecorded, 0), InstructionNoSplice(o, unrecorded, 0))
 	}

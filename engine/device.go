@@ -1,7 +1,7 @@
-package kerninstd
+package engine
 
-// Device is what kerninstd needs of the driver (driver.Device implements
-// it); unit tests substitute an in-memory kernel.
+// Device is what the engine needs of the driver (driver.Device implements
+// it); unit tests substitute an in-memory kernel (enginetest.Kernel).
 type Device interface {
 	Read(addr uint64, b []byte) error
 	PatchAlloc(size int) (uint64, error)

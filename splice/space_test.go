@@ -1,8 +1,11 @@
-package cfg
+package splice
 
 import (
 	"fmt"
 	"testing"
+
+	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/springboard"
 )
 
 func TestSpringboardSpace(t *testing.T) {
@@ -11,7 +14,7 @@ func TestSpringboardSpace(t *testing.T) {
 		name  string
 		code  []byte
 		owned uint64
-		want  []Range
+		want  []springboard.Range
 	}{
 		{
 			name: "nops after ret thunk jmp and int3",
@@ -24,7 +27,7 @@ func TestSpringboardSpace(t *testing.T) {
 				0x66, 0x0f, 0x1f, 0x84, 0x00, 0, 0, 0, 0, // +c nopw 0x0(%rax,%rax,1)
 				0x0f, 0x1f, 0x40, 0x00, // +15 nopl 0x0(%rax)
 			},
-			want: []Range{{at + 0xb, at + 0x19}},
+			want: []springboard.Range{{Start: at + 0xb, End: at + 0x19}},
 		},
 		{
 			name: "not after a call",
@@ -42,7 +45,7 @@ func TestSpringboardSpace(t *testing.T) {
 		{
 			name: "after ret",
 			code: []byte{0xc3, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc},
-			want: []Range{{at + 1, at + 7}},
+			want: []springboard.Range{{Start: at + 1, End: at + 7}},
 		},
 		{
 			name: "nothing in a function with an unresolved indirect jump",
@@ -50,7 +53,7 @@ func TestSpringboardSpace(t *testing.T) {
 		},
 	}
 	for _, c := range cases {
-		fn, err := Decode("f", "", at, c.code)
+		fn, err := cfg.Decode("f", "", at, c.code)
 		if err != nil {
 			t.Fatal(err)
 		}

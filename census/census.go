@@ -1,4 +1,11 @@
-package cfg
+// Package census is kinst's whole-kernel analysis: every function of the
+// kernel and its modules decoded, split into blocks and its liveness
+// computed, the functions that never return found, the call graph, and a
+// census of what the splice planner (package splice) would make of every
+// instruction, with the springboard space and its reach. kerninstd runs
+// it at start-up (and keeps the result per kernel build); `kinst cfg
+// --stats` prints it.
+package census
 
 import (
 	"context"
@@ -11,7 +18,10 @@ import (
 
 	"golang.org/x/arch/x86/x86asm"
 
+	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/kernel"
+	"github.com/kinst/kinst/splice"
+	"github.com/kinst/kinst/springboard"
 )
 
 // Stats is the structural census of a running kernel: the paper's
@@ -35,55 +45,25 @@ type Stats struct {
 	SpliceClasses    map[string]int `json:"splice_classes"` // by length: direct, springboard, trap; and refused
 	// Coverable counts the spliceable 1-4-byte instructions a covering
 	// splice can take: a jmp rel32 over them and the next whole
-	// instructions of their block (with AnalyzeOptions.FallsThrough).
+	// instructions of their block (splice.Func.CoverRun).
 	Coverable int `json:"coverable"`
-	// Springboard is the springboard space and its reach (filled by the
-	// caller from Kernel.SpringboardRuns and ShortSites).
-	Springboard *SpringboardStats `json:"springboard,omitempty"`
+	// Springboard is the springboard space and its reach.
+	Springboard *springboard.Census `json:"springboard,omitempty"`
 	// NoSpliceSites counts the sites the kernel's own tables name (see
 	// kernel.OwnedSites); absent when they were not read.
 	NoSpliceSites *kernel.OwnedCounts `json:"no_splice_sites,omitempty"`
 	Seconds       float64             `json:"seconds"`
 
-	springRuns []Range  // SpringboardSpace of every function
-	shortSites []uint64 // 2-4-byte instructions classed springboard
-	coverSites []uint64 // of those, the ones a covering splice can take
+	springRuns []springboard.Range // SpringboardSpace of every function
+	shortSites []uint64            // 2-4-byte instructions classed springboard
+	coverSites []uint64            // of those, the ones a covering splice can take
 }
 
-// SpringboardStats is the census of springboard space.
-type SpringboardStats struct {
-	Runs     int    `json:"runs"`      // padding runs holding at least one slot
-	Bytes    uint64 `json:"bytes"`     // bytes in those runs
-	Slots    int    `json:"slots"`     // disjoint 5-byte slots they hold
-	Short    int    `json:"short"`     // spliceable 2-4-byte instructions
-	InReach  int    `json:"in_reach"`  // of those, with a slot within rel8 reach
-	Assigned int    `json:"assigned"`  // given a slot each at once (greedy, address order)
-	Trap     int    `json:"trap"`      // Short - InReach: no slot in reach
-	Covering int    `json:"covering"`  // of Short, those a covering splice can take
-	TrapOnly int    `json:"trap_only"` // of Short, neither a slot in reach nor coverable: trap splices
-}
-
-// AnalyzeOptions tune AnalyzeKernel.
-type AnalyzeOptions struct {
-	DriverModule string
-	// Relocatable says whether a patch can reproduce an instruction;
-	// those it cannot are counted as refused. Nil: all can. Its answer
-	// must depend on the instruction's bytes only (not on where it is),
-	// as codegen.CheckRelocatable's does: the census remembers it per
-	// encoding.
-	Relocatable func(addr uint64, inst x86asm.Inst, b []byte) error
+// Options tune Analyze.
+type Options struct {
 	// Owned are instructions the kernel's own tables name; refused.
 	Owned *kernel.OwnedSites
-	// Springboards collects springboard space and the short instructions
-	// that would use it (Kernel.SpringboardRuns, ShortSites).
-	Springboards bool
-	// FallsThrough says whether a patch can run an instruction and go on
-	// to the next one's copy (no branch, no call), as
-	// codegen.CanFallThroughInst does; with it the census counts the short
-	// instructions a covering splice can take (Stats.Coverable). Its
-	// answer must depend on the bytes only.
-	FallsThrough func(addr uint64, inst x86asm.Inst, b []byte) bool
-	// kernel.Prototypes make call liveness precise; nil is conservative.
+	// Prototypes make call liveness precise; nil is conservative.
 	Prototypes kernel.Prototypes
 	// Progress is called now and then with functions done and total.
 	Progress func(done, total int)
@@ -93,7 +73,7 @@ type AnalyzeOptions struct {
 // prefetchReader serves reads inside one large buffer (the core kernel's
 // text, read in a few big chunks) and passes others through.
 type prefetchReader struct {
-	TextReader
+	cfg.TextReader
 	base uint64
 	buf  []byte
 }
@@ -123,30 +103,22 @@ type CallGraph struct {
 	Callers map[uint64][]CallEdge // by callee
 }
 
-// Kernel is the result of AnalyzeKernel.
+// Kernel is the result of Analyze.
 type Kernel struct {
 	Stats    Stats
-	NoReturn NoReturnSet
+	NoReturn cfg.NoReturnSet
 	Calls    CallGraph
-	Reads    CalleeReads // each function's entry live-in
-	// With AnalyzeOptions.Springboards: every function's springboard
-	// space (sorted) and the spliceable 2-4-byte instructions (sorted).
-	SpringboardRuns []Range
-	ShortSites      []uint64
-	CoverSites      []uint64 // of ShortSites, those a covering splice can take (sorted)
+	Reads    cfg.CalleeReads // each function's entry live-in
+	// SpringboardRuns is every function's springboard space, sorted.
+	SpringboardRuns []springboard.Range
 }
 
-// NoReturnSet holds the start addresses of functions that never return.
-type NoReturnSet map[uint64]bool
-
-// Func adapts the set for BlocksWith.
-func (s NoReturnSet) Func() NoReturn { return func(a uint64) bool { return s[a] } }
-
-// AnalyzeKernel decodes every function of the kernel and its modules from
-// the live text, splits it into blocks, computes block liveness, finds the
-// functions that never return, and returns the census. Functions are
-// analysed in parallel; one function's failure is counted, not fatal.
-func AnalyzeKernel(ctx context.Context, r TextReader, syms *kernel.Symbols, o AnalyzeOptions) (*Kernel, error) {
+// Analyze decodes every function of the kernel and its modules from the
+// text r reads, splits it into blocks, computes block liveness, finds the
+// functions that never return, asks the splice planner about every
+// instruction, and returns the census. Functions are analysed in
+// parallel; one function's failure is counted, not fatal.
+func Analyze(ctx context.Context, r cfg.TextReader, syms *kernel.Symbols, o Options) (*Kernel, error) {
 	start := time.Now()
 	if o.Workers <= 0 {
 		o.Workers = runtime.GOMAXPROCS(0)
@@ -180,6 +152,9 @@ func AnalyzeKernel(ctx context.Context, r TextReader, syms *kernel.Symbols, o An
 		n := o.Owned.Counts()
 		st.NoSpliceSites = &n
 	}
+	// The facts of the census: no no-return set nor callee summaries yet
+	// (they are what it computes), the text through the prefetch.
+	facts := &splice.Facts{Symbols: syms, Text: r, Owned: o.Owned, Prototypes: o.Prototypes}
 	sums := make(map[uint64]*summary, len(fns))
 	var mu sync.Mutex
 	var done atomic.Int64
@@ -191,9 +166,9 @@ func AnalyzeKernel(ctx context.Context, r TextReader, syms *kernel.Symbols, o An
 			defer wg.Done()
 			local := Stats{SpliceClasses: map[string]int{}}
 			localSums := map[uint64]*summary{}
-			w := new(worker)
+			w := &worker{verdicts: splice.NewVerdicts()}
 			for s := range work {
-				if sum := analyzeOne(r, syms, s, o, &local, w); sum != nil {
+				if sum := analyzeOne(facts, s, &local, w); sum != nil {
 					localSums[s.Addr] = sum
 				}
 				if n := done.Add(1); o.Progress != nil && n%2000 == 0 {
@@ -222,16 +197,18 @@ func AnalyzeKernel(ctx context.Context, r TextReader, syms *kernel.Symbols, o An
 	noret := noReturnFunctions(sums)
 	st.NoReturn = len(noret)
 	st.Seconds = time.Since(start).Seconds()
-	reads := make(CalleeReads, len(sums))
+	reads := make(cfg.CalleeReads, len(sums))
 	for a, sum := range sums {
 		reads[a] = sum.entryLive
 	}
-	k := &Kernel{Stats: st, NoReturn: noret, Calls: callGraph(sums), Reads: reads,
-		SpringboardRuns: st.springRuns, ShortSites: st.shortSites, CoverSites: st.coverSites}
-	k.Stats.springRuns, k.Stats.shortSites, k.Stats.coverSites = nil, nil, nil
-	sort.Slice(k.CoverSites, func(i, j int) bool { return k.CoverSites[i] < k.CoverSites[j] })
-	sort.Slice(k.SpringboardRuns, func(i, j int) bool { return k.SpringboardRuns[i].Start < k.SpringboardRuns[j].Start })
-	sort.Slice(k.ShortSites, func(i, j int) bool { return k.ShortSites[i] < k.ShortSites[j] })
+	runs, shorts, covers := st.springRuns, st.shortSites, st.coverSites
+	st.springRuns, st.shortSites, st.coverSites = nil, nil, nil
+	sort.Slice(runs, func(i, j int) bool { return runs[i].Start < runs[j].Start })
+	sort.Slice(shorts, func(i, j int) bool { return shorts[i] < shorts[j] })
+	sort.Slice(covers, func(i, j int) bool { return covers[i] < covers[j] })
+	c := springboard.TakeCensus(runs, shorts, covers)
+	st.Springboard = &c
+	k := &Kernel{Stats: st, NoReturn: noret, Calls: callGraph(sums), Reads: reads, SpringboardRuns: runs}
 	return k, ctx.Err()
 }
 
@@ -245,7 +222,7 @@ func callGraph(sums map[uint64]*summary) CallGraph {
 				g.Callees[caller] = append(g.Callees[caller], e)
 				g.Callers[c] = append(g.Callers[c], e)
 			}
-			if b.exit == TailCall {
+			if b.exit == cfg.TailCall {
 				e := CallEdge{Caller: caller, Callee: b.tail, Site: b.tailSite, Tail: true}
 				g.Callees[caller] = append(g.Callees[caller], e)
 				g.Callers[b.tail] = append(g.Callers[b.tail], e)
@@ -258,14 +235,14 @@ func callGraph(sums map[uint64]*summary) CallGraph {
 // summary is what the no-return analysis needs of a function.
 type summary struct {
 	blocks    []summaryBlock
-	entryLive LiveSet
+	entryLive cfg.LiveSet
 }
 
 type summaryBlock struct {
 	calls     []uint64 // direct call targets, in order
 	callSites []uint64 // the call instructions
 	succs     []int
-	exit      ExitKind
+	exit      cfg.ExitKind
 	tail      uint64 // tail-call target
 	tailSite  uint64
 }
@@ -275,7 +252,7 @@ type summaryBlock struct {
 // is cut by a call to a function not (yet) known to return; a tail call
 // returns if its target does; an indirect jump, a call or tail call out of
 // the analysed set, or falling off the end counts as returning.
-func noReturnFunctions(sums map[uint64]*summary) NoReturnSet {
+func noReturnFunctions(sums map[uint64]*summary) cfg.NoReturnSet {
 	returns := make(map[uint64]bool, len(sums))
 	known := func(a uint64) bool { _, ok := sums[a]; return ok }
 	cut := func(a uint64) bool { return known(a) && !returns[a] }
@@ -291,7 +268,7 @@ func noReturnFunctions(sums map[uint64]*summary) NoReturnSet {
 			}
 		}
 	}
-	nr := NoReturnSet{}
+	nr := cfg.NoReturnSet{}
 	for a := range sums {
 		if !returns[a] {
 			nr[a] = true
@@ -318,14 +295,14 @@ func reachesReturn(sum *summary, cut func(uint64) bool) bool {
 			continue
 		}
 		switch b.exit {
-		case Return, IndirectJump:
+		case cfg.Return, cfg.IndirectJump:
 			return true
-		case TailCall:
+		case cfg.TailCall:
 			if !cut(b.tail) {
 				return true
 			}
 			continue
-		case Trap:
+		case cfg.Trap:
 			continue
 		}
 		if len(b.succs) == 0 {
@@ -343,79 +320,15 @@ func reachesReturn(sum *summary, cut func(uint64) bool) bool {
 
 // worker is one census goroutine's reusable state.
 type worker struct {
-	buf   decodeBuf
-	reloc relocCache
-	plain relocCache // FallsThrough's verdicts
+	buf      cfg.DecodeBuf
+	verdicts *splice.Verdicts
 }
 
-// relocCache remembers Relocatable's verdict for recently seen encodings:
-// the kernel repeats most of its instructions byte for byte (push %rbp,
-// mov %rdi,%rbx, ret...), and the check costs an allocation. Direct
-// mapped and small, so it stays in cache: a large map was slower than the
-// check itself.
-type relocCache [relocSlots]relocEntry
-
-type relocEntry struct {
-	key [15]byte
-	n   uint8 // encoding length; 0: empty
-	ok  bool
-}
-
-const relocSlots = 1 << 14
-
-// relocatable is o.Relocatable(in) == nil, remembered per encoding.
-func (w *worker) relocatable(o *AnalyzeOptions, in *Instruction) bool {
-	if o.Relocatable == nil {
-		return true
-	}
-	e, ok, hit := w.reloc.lookup(in.Bytes)
-	if !hit {
-		ok = o.Relocatable(in.Addr, in.Inst, in.Bytes) == nil
-		e.store(in.Bytes, ok)
-	}
-	return ok
-}
-
-// fallsThrough is o.FallsThrough(in), remembered per encoding.
-func (w *worker) fallsThrough(o *AnalyzeOptions, in *Instruction) bool {
-	e, ok, hit := w.plain.lookup(in.Bytes)
-	if !hit {
-		ok = o.FallsThrough(in.Addr, in.Inst, in.Bytes)
-		e.store(in.Bytes, ok)
-	}
-	return ok
-}
-
-// lookup finds b's slot and, if it holds b, the verdict remembered. (No
-// callback: a closure per instruction would cost the allocation the cache
-// saves.) Encodings over 15 bytes have no slot.
-func (c *relocCache) lookup(b []byte) (e *relocEntry, ok, hit bool) {
-	if len(b) > 15 {
-		return nil, false, false
-	}
-	h := uint32(2166136261) // FNV-1a
-	for _, x := range b {
-		h = (h ^ uint32(x)) * 16777619
-	}
-	e = &c[h%relocSlots]
-	if int(e.n) == len(b) && string(e.key[:e.n]) == string(b) {
-		return e, e.ok, true
-	}
-	return e, false, false
-}
-
-// store remembers ok for b in slot e (nil: nothing).
-func (e *relocEntry) store(b []byte, ok bool) {
-	if e != nil {
-		e.n, e.ok = uint8(copy(e.key[:], b)), ok
-	}
-}
-
-func analyzeOne(r TextReader, syms *kernel.Symbols, s kernel.Symbol, o AnalyzeOptions, st *Stats, w *worker) *summary {
-	fn, err := readFunction(r, syms, s, &w.buf)
+func analyzeOne(k *splice.Facts, s kernel.Symbol, st *Stats, w *worker) *summary {
+	fn, err := cfg.ReadFunctionInto(k.Text, k.Symbols, s, &w.buf)
 	switch {
 	case err == nil:
-	case errors.Is(err, ErrFreedInit):
+	case errors.Is(err, cfg.ErrFreedInit):
 		st.FreedInit++
 		return nil
 	default:
@@ -426,14 +339,15 @@ func analyzeOne(r TextReader, syms *kernel.Symbols, s kernel.Symbol, o AnalyzeOp
 	if fn.Truncated {
 		st.Truncated++
 	}
-	names := syms.Names()
-	fnWhy := FunctionNoSplice(syms, fn, o.DriverModule)
-	blocks := fn.BlocksOpt(BlockOptions{Names: names, Tables: r})
+	f := k.Func(fn, w.verdicts)
+	blocks := f.Blocks
+	fnWhy := f.FunctionNoSplice()
 	// Liveness is part of the analysis (its block live-in sets are what
 	// splicing consults), so the census pays for it too.
-	lv := fn.Live(blocks, names, o.Prototypes)
-	if o.Springboards && fnWhy == "" {
-		st.springRuns = append(st.springRuns, SpringboardSpace(fn, blocks, func(a uint64) bool { return o.Owned.Reason(a) != "" })...)
+	lv := f.Liveness()
+	if fnWhy == "" {
+		owned := func(a uint64) bool { return k.Owned.Reason(a) != "" }
+		st.springRuns = append(st.springRuns, splice.SpringboardSpace(fn, blocks, owned)...)
 	}
 	sum := &summary{blocks: make([]summaryBlock, len(blocks)), entryLive: lv.LiveIn[0]}
 	// The blocks' slices share backing arrays, one allocation each per
@@ -451,29 +365,17 @@ func analyzeOne(r TextReader, syms *kernel.Symbols, s kernel.Symbol, o AnalyzeOp
 		n = len(calls)
 		for i := b.First; i < b.First+b.N; i++ {
 			if in := &fn.Insns[i]; in.Inst.Op == x86asm.CALL {
-				if t, ok := BranchTarget(in); ok {
+				if t, ok := cfg.BranchTarget(in); ok {
 					calls = append(calls, t)
 					sites = append(sites, in.Addr)
 				}
 			}
 		}
 		sb.calls, sb.callSites = calls[n:len(calls):len(calls)], sites[n:len(sites):len(sites)]
-		if b.Exit == TailCall {
-			sb.tail, _ = BranchTarget(b.Last(fn))
+		if b.Exit == cfg.TailCall {
+			sb.tail, _ = cfg.BranchTarget(b.Last(fn))
 			sb.tailSite = b.Last(fn).Addr
 		}
-	}
-	// A covering splice needs every jump's target known.
-	coverOK := o.FallsThrough != nil && fnWhy == "" && !hasUnresolvedJump(blocks)
-	// One closure per function (not per instruction): coverFrom is the
-	// run's first instruction.
-	var coverFrom int
-	coverUsable := func(j int, last bool) bool {
-		in := &fn.Insns[j]
-		if j > coverFrom && (InstructionNoSplice(o.Owned, fn, j) != "" || !w.relocatable(&o, in)) { // int3 included
-			return false
-		}
-		return last || w.fallsThrough(&o, in)
 	}
 	for bi := range blocks {
 		b := &blocks[bi]
@@ -492,46 +394,35 @@ func analyzeOne(r TextReader, syms *kernel.Symbols, s kernel.Symbol, o AnalyzeOp
 			st.JumpTables++
 		}
 		switch b.Exit {
-		case IndirectJump:
+		case cfg.IndirectJump:
 			st.UnanalysableJump++
-		case TailCall:
+		case cfg.TailCall:
 			st.TailCalls++
-		case Return:
+		case cfg.Return:
 			st.Returns++
 		}
 		for i := b.First; i < b.First+b.N; i++ {
-			in := &fn.Insns[i]
-			class := classOf(in.Len())
-			if fnWhy != "" || InstructionNoSplice(o.Owned, fn, i) != "" || !w.relocatable(&o, in) {
-				class = "refused"
+			class := springboard.Classify(fn.Insns[i].Len())
+			if !f.Spliceable(i) {
+				st.SpliceClasses["refused"]++
+				continue
 			}
-			st.SpliceClasses[class]++
-			if class == "springboard" && o.Springboards {
-				st.shortSites = append(st.shortSites, in.Addr)
+			st.SpliceClasses[class.String()]++
+			if class == springboard.Direct {
+				continue
 			}
-			if (class == "springboard" || class == "trap") && coverOK {
-				coverFrom = i
-				if _, ok := coverInBlock(fn, b, i, 5, syms, o.Owned, coverUsable); ok {
-					st.Coverable++
-					if class == "springboard" && o.Springboards {
-						st.coverSites = append(st.coverSites, in.Addr)
-					}
+			if class == springboard.Springboard {
+				st.shortSites = append(st.shortSites, fn.Insns[i].Addr)
+			}
+			if _, ok := f.CoverRun(i); ok {
+				st.Coverable++
+				if class == springboard.Springboard {
+					st.coverSites = append(st.coverSites, fn.Insns[i].Addr)
 				}
 			}
 		}
 	}
 	return sum
-}
-
-// classOf mirrors springboard.Classify, which cfg cannot import.
-func classOf(n int) string {
-	switch {
-	case n >= 5:
-		return "direct"
-	case n >= 2:
-		return "springboard"
-	}
-	return "trap"
 }
 
 func (st *Stats) add(o *Stats) {

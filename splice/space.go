@@ -1,9 +1,10 @@
-package cfg
+package splice
 
-import "golang.org/x/arch/x86/x86asm"
-
-// Range is [Start, End) of kernel text.
-type Range struct{ Start, End uint64 }
+import (
+	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/springboard"
+	"golang.org/x/arch/x86/x86asm"
+)
 
 // SpringboardSpace returns the bytes of fn that are safe to overwrite
 // with springboard slots: padding blocks (unreachable from the entry,
@@ -17,13 +18,11 @@ type Range struct{ Start, End uint64 }
 // it would fall into the padding. A function with an indirect jump that was
 // not resolved to a table yields nothing: such a jump could land anywhere
 // in it. Adjacent padding blocks are merged.
-func SpringboardSpace(fn *Function, blocks []Block, owned func(addr uint64) bool) []Range {
-	for _, b := range blocks {
-		if b.Exit == IndirectJump && b.JumpTable == nil && !b.Padding {
-			return nil
-		}
+func SpringboardSpace(fn *cfg.Function, blocks []cfg.Block, owned func(addr uint64) bool) []springboard.Range {
+	if cfg.HasUnresolvedJump(blocks) {
+		return nil
 	}
-	var out []Range
+	var out []springboard.Range
 	for _, b := range blocks {
 		if !b.Padding || b.First == 0 {
 			continue
@@ -38,12 +37,12 @@ func SpringboardSpace(fn *Function, blocks []Block, owned func(addr uint64) bool
 		if !unconditional(prev) || owned != nil && owned(prev.Addr) {
 			continue
 		}
-		out = append(out, Range{start, end})
+		out = append(out, springboard.Range{Start: start, End: end})
 	}
 	return out
 }
 
 // unconditional: execution never continues at the next instruction.
-func unconditional(in *Instruction) bool {
+func unconditional(in *cfg.Instruction) bool {
 	return in.Inst.Op == x86asm.JMP || in.Inst.Op == x86asm.RET
 }

@@ -1,9 +1,10 @@
-package cfg
+package splice
 
 import (
 	"errors"
 	"fmt"
 
+	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/kernel"
 )
 
@@ -39,27 +40,10 @@ var noinstrSections = [][2]string{
 	{"__irqentry_text_start", "__irqentry_text_end"},
 }
 
-// NoSpliceReason returns why the instruction at addr in function f must not
-// be spliced, or "" if nothing forbids it. driverModule is the module name
-// of our own driver, whose text is never touched; owned are the kernel's
-// own tables (nil if they could not be read).
-func NoSpliceReason(s *kernel.Symbols, f *Function, addr uint64, driverModule string, owned *kernel.OwnedSites) string {
-	if why := FunctionNoSplice(s, f, driverModule); why != "" {
-		return why
-	}
-	if why := owned.Reason(addr); why != "" {
-		return why
-	}
-	if i, err := f.Index(addr); err == nil {
-		return InstructionNoSplice(owned, f, i)
-	}
-	return ""
-}
-
 // IsFtraceSite reports whether instruction i of f is an ftrace site: from
 // ftrace's records when they were read, otherwise from the shape of the
-// function's first instruction (Function.IsFtraceSite). o may be nil.
-func IsFtraceSite(o *kernel.OwnedSites, f *Function, i int) bool {
+// function's first instruction (cfg.Function.IsFtraceSite). o may be nil.
+func IsFtraceSite(o *kernel.OwnedSites, f *cfg.Function, i int) bool {
 	if o.HasFtraceRecords() {
 		return i >= 0 && i < len(f.Insns) && o.Ftrace(f.Insns[i].Addr)
 	}
@@ -67,7 +51,7 @@ func IsFtraceSite(o *kernel.OwnedSites, f *Function, i int) bool {
 }
 
 // FunctionNoSplice returns why no instruction of f may be spliced, or "".
-func FunctionNoSplice(s *kernel.Symbols, f *Function, driverModule string) string {
+func FunctionNoSplice(s *kernel.Symbols, f *cfg.Function, driverModule string) string {
 	switch {
 	case f.Module != "" && f.Module == driverModule:
 		return "kinst's own driver text"
@@ -85,7 +69,7 @@ func FunctionNoSplice(s *kernel.Symbols, f *Function, driverModule string) strin
 // InstructionNoSplice returns why instruction i of f itself must not be
 // spliced, or "": a site the kernel's tables name, the function's ftrace
 // site, or an int3 already there. o may be nil.
-func InstructionNoSplice(o *kernel.OwnedSites, f *Function, i int) string {
+func InstructionNoSplice(o *kernel.OwnedSites, f *cfg.Function, i int) string {
 	in := &f.Insns[i]
 	switch {
 	case o.Reason(in.Addr) != "":

@@ -1,0 +1,311 @@
+// Package enginetest is an in-memory kernel for tests of the engine and
+// of what is built on it: a flat kernel text, a patch heap and a counter
+// heap behind engine.Device, with the driver's argument checks.
+package enginetest
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"sync"
+)
+
+// Kernel stands in for the driver in unit tests. It never executes
+// anything; the live tests do that against the real driver. Lock Mu to
+// read or change its fields while an engine uses it.
+type Kernel struct {
+	Mu       sync.Mutex
+	text     map[uint64]byte
+	heapBase uint64
+	heapNext uint64
+	// Allocs are the patch heap's allocations (address: size), Splices
+	// the splices installed by id, Counters the counter heap.
+	Allocs   map[uint64]int
+	Splices  map[uint32]Splice
+	nextID   uint32
+	Counters []uint64
+	// FailSplice makes every splice fail.
+	FailSplice bool
+	// SpliceCalls and Resplices count successful driver calls; Covering
+	// counts the covering splices among SpliceCalls.
+	SpliceCalls, Resplices int
+	Covering               int
+}
+
+// Splice is one installed splice.
+type Splice struct {
+	Addr, Patch uint64
+	Orig        []byte
+	Kind        string // direct, slot, short, trap
+}
+
+var errFault = errors.New("fault")
+
+// New returns a kernel whose text at textAddr is text, with 64 counters
+// and a patch heap 1 GiB above the text.
+func New(textAddr uint64, text []byte) *Kernel {
+	k := &Kernel{text: make(map[uint64]byte), heapBase: textAddr + 0x40000000, Allocs: map[uint64]int{},
+		Splices: map[uint32]Splice{}, Counters: make([]uint64, 64)}
+	k.heapNext = k.heapBase
+	for i, b := range text {
+		k.text[textAddr+uint64(i)] = b
+	}
+	return k
+}
+
+func (k *Kernel) Read(addr uint64, b []byte) error {
+	k.Mu.Lock()
+	defer k.Mu.Unlock()
+	for i := range b {
+		v, ok := k.text[addr+uint64(i)]
+		if !ok {
+			return fmt.Errorf("read %#x: %w", addr+uint64(i), errFault)
+		}
+		b[i] = v
+	}
+	return nil
+}
+
+func (k *Kernel) PatchAlloc(size int) (uint64, error) {
+	k.Mu.Lock()
+	defer k.Mu.Unlock()
+	a := k.heapNext
+	k.heapNext += uint64(size+63) &^ 63
+	k.Allocs[a] = size
+	for i := 0; i < size; i++ {
+		k.text[a+uint64(i)] = 0xcc
+	}
+	return a, nil
+}
+
+func (k *Kernel) PatchWrite(addr uint64, code []byte) error {
+	k.Mu.Lock()
+	defer k.Mu.Unlock()
+	if !k.inAlloc(addr, len(code)) {
+		return errors.New("write outside an allocation")
+	}
+	for i, b := range code {
+		k.text[addr+uint64(i)] = b
+	}
+	return nil
+}
+
+func (k *Kernel) inAlloc(addr uint64, n int) bool {
+	for a, sz := range k.Allocs {
+		if addr >= a && addr+uint64(n) <= a+uint64(sz) {
+			return true
+		}
+	}
+	return false
+}
+
+func (k *Kernel) PatchFree(addr uint64) error {
+	k.Mu.Lock()
+	defer k.Mu.Unlock()
+	if _, ok := k.Allocs[addr]; !ok {
+		return errors.New("free of unallocated patch")
+	}
+	for _, s := range k.Splices {
+		if s.Patch == addr {
+			return errors.New("busy")
+		}
+	}
+	delete(k.Allocs, addr)
+	return nil
+}
+
+func (k *Kernel) Splice(addr, patch uint64, orig, new []byte) (uint32, error) {
+	return k.splice(addr, patch, orig, new, false)
+}
+
+func (k *Kernel) SpliceSlot(addr, patch uint64, orig, new []byte) (uint32, error) {
+	return k.splice(addr, patch, orig, new, true)
+}
+
+// FinishCovering has nothing left to write.
+func (k *Kernel) FinishCovering() (int, error) { return 0, nil }
+
+// SpliceCovering is a direct splice to the fake (it has no tasks to wait
+// for: the jmp is written at once); it counts the calls.
+func (k *Kernel) SpliceCovering(addr, patch uint64, orig, new []byte) (uint32, error) {
+	if len(new) != 5 || new[0] != 0xe9 {
+		return 0, errors.New("fake: a covering splice is a jmp rel32")
+	}
+	id, err := k.splice(addr, patch, orig, new, false)
+	if err == nil {
+		k.Covering++
+	}
+	return id, err
+}
+
+// splice checks what the driver checks: the replacement's kind and
+// target, the original bytes, no overlap.
+func (k *Kernel) splice(addr, patch uint64, orig, new []byte, slot bool) (uint32, error) {
+	k.Mu.Lock()
+	defer k.Mu.Unlock()
+	if k.FailSplice {
+		return 0, errors.New("injected splice failure")
+	}
+	if len(orig) != len(new) {
+		return 0, errors.New("bad splice arguments")
+	}
+	kind := ""
+	switch {
+	case len(new) == 5 && new[0] == 0xe9 && addr+5+uint64(int64(int32(binary.LittleEndian.Uint32(new[1:])))) == patch:
+		kind = "direct"
+		if slot {
+			kind = "slot"
+		}
+	case !slot && len(new) == 1 && new[0] == 0xcc:
+		kind = "trap"
+	case !slot && len(new) == 2 && new[0] == 0xeb && addr+2+uint64(int64(int8(new[1]))) == patch:
+		kind = "short"
+	default:
+		return 0, fmt.Errorf("bad splice arguments % x", new)
+	}
+	if kind == "short" {
+		ok := false
+		for _, s := range k.Splices {
+			ok = ok || s.Kind == "slot" && s.Addr == patch
+		}
+		if !ok {
+			return 0, errors.New("jmp rel8 not to a slot")
+		}
+	} else if _, ok := k.Allocs[patch]; !ok {
+		return 0, errors.New("patch not allocated")
+	}
+	for _, s := range k.Splices {
+		if addr < s.Addr+uint64(len(s.Orig)) && addr+uint64(len(orig)) > s.Addr {
+			return 0, errors.New("overlaps a splice")
+		}
+	}
+	for i, b := range orig {
+		if k.text[addr+uint64(i)] != b {
+			return 0, errors.New("stale")
+		}
+	}
+	for i, b := range new {
+		k.text[addr+uint64(i)] = b
+	}
+	k.nextID++
+	k.Splices[k.nextID] = Splice{Addr: addr, Patch: patch, Orig: bytes.Clone(orig), Kind: kind}
+	k.SpliceCalls++
+	return k.nextID, nil
+}
+
+func (k *Kernel) Resplice(id uint32, patch uint64) error {
+	k.Mu.Lock()
+	defer k.Mu.Unlock()
+	s, ok := k.Splices[id]
+	if !ok {
+		return errors.New("no such splice")
+	}
+	if _, ok := k.Allocs[patch]; !ok || s.Kind == "short" {
+		return errors.New("bad resplice")
+	}
+	if s.Kind != "trap" {
+		d := int32(patch - (s.Addr + 5))
+		var b [4]byte
+		binary.LittleEndian.PutUint32(b[:], uint32(d))
+		for i := 0; i < 4; i++ {
+			k.text[s.Addr+1+uint64(i)] = b[i]
+		}
+	}
+	s.Patch = patch
+	k.Splices[id] = s
+	k.Resplices++
+	return nil
+}
+
+func (k *Kernel) Unsplice(id uint32) error {
+	k.Mu.Lock()
+	defer k.Mu.Unlock()
+	s, ok := k.Splices[id]
+	if !ok {
+		return errors.New("no such splice")
+	}
+	for i, b := range s.Orig {
+		k.text[s.Addr+uint64(i)] = b
+	}
+	delete(k.Splices, id)
+	return nil
+}
+
+func (k *Kernel) Counter(slot int) uint64 {
+	k.Mu.Lock()
+	defer k.Mu.Unlock()
+	return k.Counters[slot]
+}
+
+func (k *Kernel) CounterAddr(slot int) uint64 { return k.heapBase - 0x10000 + uint64(slot)*8 }
+func (k *Kernel) NumCounters() int            { return len(k.Counters) }
+
+func (k *Kernel) ClearCounters(first, count int) error {
+	k.Mu.Lock()
+	defer k.Mu.Unlock()
+	for i := first; i < first+count; i++ {
+		k.Counters[i] = 0
+	}
+	return nil
+}
+
+// AllocsNow returns a copy of the patch heap's allocations.
+func (k *Kernel) AllocsNow() map[uint64]int {
+	k.Mu.Lock()
+	defer k.Mu.Unlock()
+	return maps.Clone(k.Allocs)
+}
+
+// TextAddr is where Text lies in the kernel New makes with Fixture.
+const TextAddr = 0xffffffff81200000
+
+// Text is a filename_lookup shaped like the real one: ftrace nop, short
+// prologue instructions, then a 7-byte RIP-relative load (the entry
+// point), a test and branch, a call, and a return-thunk jump; padding,
+// and next_fn, one ret.
+var Text = []byte{
+	0x0f, 0x1f, 0x44, 0x00, 0x00, // +0x00 nopl (ftrace site)
+	0x55,             // +0x05 push %rbp
+	0x48, 0x89, 0xe5, // +0x06 mov %rsp,%rbp
+	0x41, 0x54, // +0x09 push %r12
+	0x48, 0x8b, 0x05, 0x10, 0x20, 0x30, 0x00, // +0x0b mov 0x302010(%rip),%rax
+	0x48, 0x85, 0xc0, // +0x12 test %rax,%rax
+	0x74, 0x05, // +0x15 je +0x1c
+	0xe8, 0x00, 0x01, 0x00, 0x00, // +0x17 call
+	0x41, 0x5c, // +0x1c pop %r12
+	0x5d,                         // +0x1e pop %rbp
+	0xe9, 0x10, 0x00, 0x00, 0x00, // +0x1f jmp (return thunk)
+	0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, // padding to +0x30
+	0xc3, // +0x30 next_fn: ret
+}
+
+// Kallsyms names Text's functions (and exc_int3, on the int3 path, in the
+// nops after it).
+const Kallsyms = `ffffffff81200000 T filename_lookup
+ffffffff81200030 T next_fn
+ffffffff81200031 T exc_int3
+`
+
+// Fixture returns a kernel holding Text, followed by eight nops, at
+// TextAddr, and the path of a kallsyms file naming its functions (in dir).
+func Fixture(dir string) (*Kernel, string, error) {
+	path := filepath.Join(dir, "kallsyms")
+	if err := os.WriteFile(path, []byte(Kallsyms), 0o600); err != nil {
+		return nil, "", err
+	}
+	full := append(bytes.Clone(Text), 0x90, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90)
+	return New(TextAddr, full), path, nil
+}
+
+// TextNow reads Text's bytes as the kernel holds them now.
+func (k *Kernel) TextNow() []byte {
+	b := make([]byte, len(Text))
+	if err := k.Read(TextAddr, b); err != nil {
+		panic(err)
+	}
+	return b
+}

@@ -1,0 +1,79 @@
+package engine
+
+import "time"
+
+// reclaimDelay is how long retired patches wait to be freed in one batch:
+// each free waits for an RCU-tasks grace period (tens of milliseconds),
+// but one wait covers every patch and slot retired before it.
+const reclaimDelay = 50 * time.Millisecond
+
+// retired is a patch (and a springboard slot) no splice leads to any more
+// but that a preempted task may still be running in; hooks are those of
+// the request whose change retired it.
+type retired struct {
+	patch, slot uint64
+	slotFor     uint64 // the instruction whose jmp rel8 led to slot
+	hooks       Hooks
+}
+
+// retire queues a replaced or removed patch and slot (which the jmp rel8
+// at slotFor led to) for reclaim. The caller holds e.mu.
+func (e *Engine) retire(patch, slot, slotFor uint64, h Hooks) {
+	if patch == 0 && slot == 0 {
+		return
+	}
+	e.retired = append(e.retired, retired{patch, slot, slotFor, h})
+	if !e.reclaimArmed {
+		e.reclaimArmed = true
+		time.AfterFunc(reclaimDelay, e.Reclaim)
+	}
+}
+
+// takeSlot takes a springboard slot within rel8 reach of the instruction
+// at addr: the one a removed springboard splice of that same instruction
+// left waiting for reclaim, if there is one, else a free one from the
+// heap. Taking back its own slot before the grace period is safe: a task
+// stopped on the slot's jmp came from this instruction, and the slot
+// rewritten sends it to the instruction's new patch, which runs the
+// instruction as the old one did (another instruction's patch would not).
+// reused says which it was. The caller holds e.mu.
+func (e *Engine) takeSlot(addr uint64) (slot uint64, reused bool, err error) {
+	for i := range e.retired {
+		if r := &e.retired[i]; r.slot != 0 && r.slotFor == addr {
+			slot, r.slot = r.slot, 0
+			return slot, true, nil
+		}
+	}
+	slot, err = e.spring.Alloc(addr)
+	return slot, false, err
+}
+
+// Reclaim frees every retired patch and returns the slots now, rather
+// than after the batching delay.
+func (e *Engine) Reclaim() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.reclaimLocked()
+}
+
+// reclaimLocked frees every retired patch and returns the slots. The
+// driver's first free waits for RCU-tasks (a splice was removed or
+// re-pointed since the last wait), which covers every retirement before
+// it: only then do the slots go back to the heap. The caller holds e.mu.
+func (e *Engine) reclaimLocked() {
+	e.reclaimArmed = false
+	var kept []retired
+	for _, r := range e.retired {
+		if r.patch != 0 {
+			if err := timed(r.hooks, StepFree, func() error { return e.freePatch(r.patch) }); err != nil {
+				e.log.Error("free retired patch", "patch", hex(r.patch), "err", err)
+				kept = append(kept, r)
+				continue
+			}
+		}
+		if r.slot != 0 {
+			e.spring.Release(r.slot)
+		}
+	}
+	e.retired = kept
+}

@@ -1,0 +1,402 @@
+package engine
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+
+	"github.com/kinst/kinst/codegen"
+	"github.com/kinst/kinst/splice"
+	"github.com/kinst/kinst/springboard"
+)
+
+// point is one instrumented instruction. Every request at it shares one
+// patch: the requests' snippets in order, then the relocated instruction.
+// Adding or removing a request builds a new patch in new memory and
+// re-points the splice at it (the driver's RESPLICE: no moment where the
+// point runs neither patch); the old patch is freed after the driver's
+// RCU-tasks wait. site and cover do not change; the other fields are
+// protected by Engine.mu.
+type point struct {
+	site *splice.Site
+	// cover: for a covering splice, the instructions after site that its
+	// jmp overwrites; the patch runs each, with its own requests' snippets
+	// before it. Engine.points maps their addresses to this point too.
+	cover  []*splice.Site
+	reqs   []*Request
+	patch  uint64 // the installed patch; 0 when not spliced
+	splice uint32 // the driver's splice id at the instruction
+	class  springboard.Class
+	// A springboard splice's slot (a jmp rel32 to the patch, in padding)
+	// and the driver's splice id of the slot.
+	slot       uint64
+	slotSplice uint32
+}
+
+// sites is every instruction the point's splice overwrites, in order.
+func (pt *point) sites() []*splice.Site { return append([]*splice.Site{pt.site}, pt.cover...) }
+
+// coverBytes is the original bytes of the run a covering splice
+// overwrites, as far as the jmp reaches.
+func (pt *point) coverBytes() []byte {
+	var b []byte
+	for _, s := range pt.sites() {
+		b = append(b, s.Insn().Bytes...)
+	}
+	return b[:springboard.JmpRel32Len]
+}
+
+// Request is one piece of instrumentation at a point, owned by a session:
+// a snippet and the counter slots it writes. Its fields do not change
+// once it is made.
+type Request struct {
+	pt      *point
+	site    *splice.Site // the instruction instrumented: the point's, or one it covers
+	owner   string
+	slots   []int // counter slots, zeroed when the request was made
+	snippet codegen.Snippet
+	hooks   Hooks
+}
+
+// Site is the instruction the request instruments.
+func (r *Request) Site() *splice.Site { return r.site }
+
+// Owner is who made the request (a session's ID).
+func (r *Request) Owner() string { return r.owner }
+
+// Slots are the request's counter slots, in the order its snippet got
+// their addresses.
+func (r *Request) Slots() []int { return r.slots }
+
+// Counter is the first counter slot: a counting request's count.
+func (r *Request) Counter() int { return r.slots[0] }
+
+// SnippetFunc makes a request's snippet from the kernel addresses of its
+// counter slots.
+type SnippetFunc func(counters []uint64) codegen.Snippet
+
+// CounterSnippet counts executions in the request's only slot.
+func CounterSnippet(c []uint64) codegen.Snippet { return codegen.Counter{Addr: c[0]} }
+
+// Spec is what a request is made of.
+type Spec struct {
+	Owner   string
+	Slots   int         // fresh counter slots, zeroed
+	Snippet SnippetFunc // the snippet, from the slots' addresses
+	Hooks   Hooks       // observe the steps of this request's changes; nil: none
+}
+
+// Add installs a request at s: sp.Slots fresh counter slots and the
+// snippet made from their addresses, then the point's patch rebuilt with
+// it (the first request at the instruction splices it). On error nothing
+// changed.
+func (e *Engine) Add(s *splice.Site, sp Spec) (*Request, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	pt := e.points[s.Addr()]
+	if pt == nil {
+		pt = e.newPoint(s)
+	}
+	r := &Request{pt: pt, site: s, owner: sp.Owner, hooks: sp.Hooks}
+	for i := 0; i < sp.Slots; i++ {
+		slot, err := e.slots.alloc()
+		if err == nil {
+			err = e.dev.ClearCounters(slot, 1)
+		}
+		if err != nil {
+			for _, sl := range r.slots {
+				e.slots.free(sl)
+			}
+			e.slots.free(slot)
+			return nil, err
+		}
+		r.slots = append(r.slots, slot)
+	}
+	addrs := make([]uint64, len(r.slots))
+	for i, sl := range r.slots {
+		addrs[i] = e.dev.CounterAddr(sl)
+	}
+	r.snippet = sp.Snippet(addrs)
+	reqs := append(append([]*Request(nil), pt.reqs...), r)
+	if err := e.install(pt, reqs, r.hooks); err != nil {
+		for _, sl := range r.slots {
+			e.slots.free(sl)
+		}
+		return nil, err
+	}
+	for _, ps := range pt.sites() {
+		e.points[ps.Addr()] = pt
+	}
+	return r, nil
+}
+
+// newPoint is a point at s not yet spliced. A covering splice takes the
+// instructions after s only if no other point has one of them; otherwise
+// the point gets a trap splice. The caller holds e.mu.
+func (e *Engine) newPoint(s *splice.Site) *point {
+	pt := &point{site: s, class: s.Class}
+	if pt.class != springboard.Cover {
+		return pt
+	}
+	pt.class = springboard.Trap
+	if len(s.Cover) == 0 {
+		return pt
+	}
+	for _, c := range s.Cover {
+		if _, taken := e.points[c.Addr()]; taken {
+			return pt
+		}
+	}
+	pt.cover, pt.class = s.Cover, springboard.Cover
+	return pt
+}
+
+// Remove removes request r: its point gets a patch without it, or its
+// original bytes back when r was the last. A request that cannot be
+// removed stays installed (a later attempt, or the driver on close,
+// restores it).
+func (e *Engine) Remove(r *Request) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	pt := r.pt
+	var reqs []*Request
+	for _, o := range pt.reqs {
+		if o != r {
+			reqs = append(reqs, o)
+		}
+	}
+	if len(reqs) == len(pt.reqs) {
+		return fmt.Errorf("%s: request of %s not installed", r.site.Where(), r.owner)
+	}
+	if err := e.install(pt, reqs, r.hooks); err != nil {
+		return err
+	}
+	for _, sl := range r.slots {
+		e.slots.free(sl)
+	}
+	if len(pt.reqs) == 0 {
+		for _, ps := range pt.sites() {
+			delete(e.points, ps.Addr())
+		}
+	}
+	return nil
+}
+
+// install makes reqs the point's requests: with none, the original bytes
+// go back; otherwise a new patch is generated, verified, written and read
+// back, then spliced in (first request) or swapped for the old one. The
+// old patch is freed last; the driver waits until no task can still run
+// in it. The steps are reported to h. On error the point is as it was.
+// The caller holds e.mu.
+func (e *Engine) install(pt *point, reqs []*Request, h Hooks) error {
+	s := pt.site
+	old := pt.patch
+	if len(reqs) == 0 {
+		if err := timed(h, StepUnsplice, func() error { return e.unsplice(pt) }); err != nil {
+			return err
+		}
+		pt.reqs, pt.patch = nil, 0
+		e.retire(old, pt.slot, s.Addr(), h)
+		pt.slot = 0
+		return nil
+	}
+	specs := pt.patchSpecs(reqs)
+	n := 0
+	for _, spec := range specs {
+		k, err := codegen.PatchLen(e.patchHeapBase(), spec)
+		if err != nil {
+			return fmt.Errorf("%s: %w", s.Where(), err)
+		}
+		n += k
+	}
+	var patch uint64
+	if err := timed(h, StepPatchAlloc, func() (err error) { patch, err = e.allocPatch(n); return err }); err != nil {
+		return fmt.Errorf("allocate patch: %w", err)
+	}
+	fail := func(err error) error {
+		if ferr := e.freePatch(patch); ferr != nil {
+			e.log.Error("free patch after failed attach", "patch", hex(patch), "err", ferr)
+		}
+		return err
+	}
+	var code []byte
+	if err := timed(h, StepCodegen, func() (err error) { code, err = pt.buildPatch(patch, specs); return err }); err != nil {
+		return fail(fmt.Errorf("%s: %w", s.Where(), err))
+	}
+	if err := timed(h, StepPatchWrite, func() error { return e.dev.PatchWrite(patch, code) }); err != nil {
+		return fail(fmt.Errorf("write patch: %w", err))
+	}
+	// Read the patch back: what runs must be what was verified.
+	back := make([]byte, len(code))
+	if err := e.dev.Read(patch, back); err != nil || !bytes.Equal(back, code) {
+		return fail(fmt.Errorf("patch at %#x does not read back as written (%v)", patch, err))
+	}
+	switch {
+	case pt.slotSplice != 0: // a springboard splice: re-point its slot
+		if err := timed(h, StepResplice, func() error { return e.dev.Resplice(pt.slotSplice, patch) }); err != nil {
+			return fail(fmt.Errorf("re-point the springboard of %s: %w", s.Where(), err))
+		}
+	case pt.splice != 0:
+		if err := timed(h, StepResplice, func() error { return e.dev.Resplice(pt.splice, patch) }); err != nil {
+			return fail(fmt.Errorf("re-point %s: %w", s.Where(), err))
+		}
+	case pt.class == springboard.Springboard:
+		if err := e.springboardSplice(pt, patch, h); err != nil {
+			if !errors.Is(err, springboard.ErrNoSlot) {
+				return fail(fmt.Errorf("springboard splice %s: %w", s.Where(), err))
+			}
+			// The slot went to another point meanwhile: trap instead.
+			e.log.Info("no springboard slot left; trap splice", "at", s.Where())
+			pt.class = springboard.Trap
+		}
+	}
+	if pt.splice == 0 {
+		var id uint32
+		err := timed(h, StepSplice, func() (err error) {
+			if pt.class == springboard.Cover {
+				id, err = e.spliceCovering(pt, patch)
+			} else {
+				id, err = e.splice(s, pt.class, patch)
+			}
+			return err
+		})
+		if err != nil {
+			return fail(fmt.Errorf("splice %s: %w", s.Where(), err))
+		}
+		pt.splice = id
+	}
+	pt.reqs, pt.patch = reqs, patch
+	e.retire(old, 0, 0, h)
+	return nil
+}
+
+// unsplice puts the point's original bytes back: the instruction's, then
+// a springboard splice's slot's. The caller holds e.mu.
+func (e *Engine) unsplice(pt *point) error {
+	s := pt.site
+	if pt.splice != 0 {
+		if err := e.ov.restored(s.Addr(), func() error { return e.dev.Unsplice(pt.splice) }); err != nil {
+			return fmt.Errorf("unsplice %s: %w", s.Where(), err)
+		}
+		pt.splice = 0
+	}
+	if pt.slotSplice != 0 {
+		if err := e.ov.restored(pt.slot, func() error { return e.dev.Unsplice(pt.slotSplice) }); err != nil {
+			return fmt.Errorf("unsplice springboard %#x of %s: %w", pt.slot, s.Where(), err)
+		}
+		pt.slotSplice = 0
+	}
+	return nil
+}
+
+// splice writes the instruction's splice to patch: a jmp rel32 for a
+// direct splice, an int3 for a trap splice.
+func (e *Engine) splice(s *splice.Site, class springboard.Class, patch uint64) (uint32, error) {
+	in := s.Insn()
+	var repl []byte
+	switch class {
+	case springboard.Direct:
+		var err error
+		if repl, err = codegen.JmpRel32(in.Addr, patch); err != nil {
+			return 0, err
+		}
+	case springboard.Cover:
+		return 0, fmt.Errorf("covering splices go through spliceCovering")
+	case springboard.Trap:
+		repl = []byte{0xcc}
+	default:
+		return 0, fmt.Errorf("%v splices go through springboardSplice (a slot first)", class)
+	}
+	var id uint32
+	err := e.ov.spliced(in.Addr, in.Bytes, func() (err error) {
+		id, err = e.dev.Splice(in.Addr, patch, in.Bytes[:len(repl)], repl)
+		return err
+	})
+	return id, err
+}
+
+// spliceCovering arms a covering splice: a jmp rel32 to patch over the
+// point's run of instructions. The driver writes the int3 now (the splice
+// works as a trap splice at once) and the jmp when the background
+// FinishCovering has seen a grace period.
+func (e *Engine) spliceCovering(pt *point, patch uint64) (uint32, error) {
+	at := pt.site.Addr()
+	jmp, err := codegen.JmpRel32(at, patch)
+	if err != nil {
+		return 0, err
+	}
+	orig := pt.coverBytes()
+	var id uint32
+	err = e.ov.spliced(at, orig, func() (err error) {
+		id, err = e.dev.SpliceCovering(at, patch, orig, jmp)
+		return err
+	})
+	if err == nil {
+		e.cover.kick(e.dev, e.log)
+	}
+	return id, err
+}
+
+// springboardSplice takes a slot within rel8 reach of the point
+// (takeSlot), writes the slot (jmp rel32 to patch) into the padding, then
+// the jmp rel8 to the slot over the instruction. On error nothing is left
+// installed; the slot goes back to the heap only after the caller's patch
+// free (which waits for RCU-tasks), as a CPU may have passed through it,
+// or, if it was taken back from reclaim, back to reclaim.
+func (e *Engine) springboardSplice(pt *point, patch uint64, h Hooks) error {
+	in := pt.site.Insn()
+	var slot uint64
+	var reused bool
+	if err := timed(h, StepSlotFind, func() (err error) { slot, reused, err = e.takeSlot(in.Addr); return err }); err != nil {
+		return err
+	}
+	// release gives back a slot nothing was written to this time.
+	release := func() {
+		if reused {
+			e.retire(0, slot, in.Addr, nil) // a task may still stop on its old jmp
+		} else {
+			e.spring.Release(slot)
+		}
+	}
+	orig := make([]byte, springboard.SlotLen)
+	jmp, err := codegen.JmpRel32(slot, patch)
+	if err == nil {
+		err = e.Text().Read(slot, orig)
+	}
+	if err != nil {
+		release()
+		return err
+	}
+	var slotID uint32
+	err = timed(h, StepSpringboard, func() error {
+		return e.ov.spliced(slot, orig, func() (err error) {
+			slotID, err = e.dev.SpliceSlot(slot, patch, orig, jmp)
+			return err
+		})
+	})
+	if err != nil {
+		release() // not written: nothing reached it this time
+		return fmt.Errorf("write slot %#x: %w", slot, err)
+	}
+	rel8, err := springboard.JmpRel8(in.Addr, slot)
+	var id uint32
+	if err == nil {
+		err = timed(h, StepSplice, func() error {
+			return e.ov.spliced(in.Addr, in.Bytes, func() (err error) {
+				id, err = e.dev.Splice(in.Addr, slot, in.Bytes[:len(rel8)], rel8)
+				return err
+			})
+		})
+	}
+	if err != nil {
+		if uerr := e.ov.restored(slot, func() error { return e.dev.Unsplice(slotID) }); uerr != nil {
+			e.log.Error("remove slot after failed springboard splice", "slot", hex(slot), "err", uerr)
+		}
+		// The caller's failure path frees the patch, which waits for
+		// RCU-tasks, before e.mu lets any other point take this slot.
+		e.spring.Release(slot)
+		return err
+	}
+	pt.slot, pt.slotSplice, pt.splice = slot, slotID, id
+	return nil
+}

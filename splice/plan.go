@@ -1,0 +1,389 @@
+package splice
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+
+	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/codegen"
+	"github.com/kinst/kinst/kernel"
+	"github.com/kinst/kinst/springboard"
+)
+
+// DriverModule is the module name of kerninst.ko in kallsyms: its text is
+// never spliced.
+const DriverModule = "kerninst"
+
+// Facts are what a plan rests on: one snapshot of the kernel's symbols
+// and tables, of the whole-kernel analysis, and the text to read.
+// Symbols and Text are required; the others may be nil.
+type Facts struct {
+	Symbols *kernel.Symbols
+	// Text reads kernel text as the kernel's own code: under kinst's own
+	// splices, the original bytes (engine.Engine.Text).
+	Text cfg.TextReader
+	// Owned are the instructions the kernel's own tables name; nil if
+	// they could not be read (then only an ftrace site's shape is known).
+	Owned *kernel.OwnedSites
+	// NoReturn and Reads come from the whole-kernel analysis (the
+	// functions that never return, and what each reads before writing);
+	// nil before it ran, which keeps block splitting and liveness safe.
+	NoReturn cfg.NoReturnSet
+	Reads    cfg.CalleeReads
+	// Prototypes from BTF make calls read only their arguments; nil:
+	// every call reads all six argument registers.
+	Prototypes kernel.Prototypes
+}
+
+// BlockOptions is how every analysis of kinst splits a function into
+// basic blocks: call and jump targets named by the symbols (return
+// thunks, retpolines), calls to functions that never return ending their
+// block, jump tables read from the text.
+func (k *Facts) BlockOptions() cfg.BlockOptions {
+	return cfg.BlockOptions{Names: k.Symbols.Names(), NoReturn: k.NoReturn.Func(), Tables: k.Text}
+}
+
+// Func plans fn against k: it splits fn into blocks once. v caches
+// codegen's verdicts across functions (a whole-kernel pass); nil asks
+// codegen every time.
+func (k *Facts) Func(fn *cfg.Function, v *Verdicts) *Func {
+	o := k.BlockOptions()
+	f := &Func{Fn: fn, Blocks: fn.BlocksOpt(o), facts: k, names: o.Names, v: v,
+		why: FunctionNoSplice(k.Symbols, fn, DriverModule)}
+	f.jumpy = cfg.HasUnresolvedJump(f.Blocks)
+	f.usable = f.coverUsable
+	return f
+}
+
+// Func is one function planned against one Facts: decoded, split into
+// blocks once, its liveness computed on first use. One goroutine uses a
+// Func at a time.
+type Func struct {
+	Fn     *cfg.Function
+	Blocks []cfg.Block
+	// Sym is the symbol the function was looked up by, and Ambiguous the
+	// number of other symbols of that name (Planner.Func).
+	Sym       kernel.Symbol
+	Ambiguous int
+
+	facts *Facts
+	names cfg.NameAt
+	v     *Verdicts
+	why   string // FunctionNoSplice: no instruction may be spliced
+	jumpy bool   // an indirect jump not resolved to a table: no covering splices
+	live  *cfg.Liveness
+	last  *cfg.Block // the block block found last
+
+	// slotFree reports whether a springboard slot is free within rel8
+	// reach of an address (Planner.slotFree); nil: never.
+	slotFree func(addr uint64) bool
+
+	// usable is coverUsable, one closure per function; from is the
+	// instruction the run it checks starts at.
+	usable func(j int, last bool) bool
+	from   int
+}
+
+// FunctionNoSplice says why no instruction of the function may be
+// spliced (FunctionNoSplice), or "".
+func (f *Func) FunctionNoSplice() string { return f.why }
+
+// Facts returns what the function was planned with.
+func (f *Func) Facts() *Facts { return f.facts }
+
+// block returns the block of instruction i, or nil: passes that walk the
+// instructions in order find it at once.
+func (f *Func) block(i int) *cfg.Block {
+	if b := f.last; b != nil && i >= b.First && i < b.First+b.N {
+		return b
+	}
+	f.last = cfg.BlockOf(f.Blocks, i)
+	return f.last
+}
+
+// Liveness is the function's block liveness: calls read their arguments
+// as the prototypes and callee summaries say.
+func (f *Func) Liveness() *cfg.Liveness {
+	if f.live == nil {
+		f.live = f.Fn.LiveWith(f.Blocks, f.names, f.facts.Prototypes, f.facts.Reads)
+	}
+	return f.live
+}
+
+// Live is what may be live before instruction i: the block data-flow's
+// answer, and all the flags when the forward scan finds one read first,
+// so that a mistake in one analysis alone cannot corrupt the kernel.
+func (f *Func) Live(i int) cfg.LiveSet {
+	live := ^cfg.LiveSet(0)
+	if b := f.block(i); b != nil {
+		live = f.Liveness().Before(b.Index, i)
+	}
+	if f.Fn.FlagsLive(i) {
+		live |= cfg.FlagBits
+	}
+	return live
+}
+
+// PaddingReason refuses an instruction of a padding block: it never runs,
+// so a counter there would never count, and its bytes are springboard
+// space (a slot there and a splice would overlap).
+const PaddingReason = "padding between functions: never executed (springboard space)"
+
+// NoSplice says why instruction i must never be spliced, or "": its
+// function (kinst's driver, the int3 path, entry and noinstr text), a site
+// the kernel's own tables name, the function's ftrace site, an int3
+// already there, or a padding block.
+func (f *Func) NoSplice(i int) string {
+	if f.why != "" {
+		return f.why
+	}
+	if why := InstructionNoSplice(f.facts.Owned, f.Fn, i); why != "" {
+		return why
+	}
+	if b := f.block(i); b != nil && b.Padding {
+		return PaddingReason
+	}
+	return ""
+}
+
+// Spliceable reports whether instruction i may be spliced and a patch can
+// reproduce it (Refusal is "").
+func (f *Func) Spliceable(i int) bool { return f.NoSplice(i) == "" && f.relocatable(i) }
+
+// Refusal says why instruction i cannot be spliced: NoSplice's reasons,
+// or codegen's when a patch could not reproduce it; "" if it can.
+func (f *Func) Refusal(i int) string {
+	if why := f.NoSplice(i); why != "" {
+		return why
+	}
+	if !f.relocatable(i) {
+		in := &f.Fn.Insns[i]
+		if err := codegen.CheckRelocatable(in.Addr, in.Inst, in.Bytes); err != nil {
+			return err.Error()
+		}
+	}
+	return ""
+}
+
+func (f *Func) relocatable(i int) bool {
+	in := &f.Fn.Insns[i]
+	if f.v != nil {
+		return f.v.relocatable(in)
+	}
+	return codegen.CheckRelocatable(in.Addr, in.Inst, in.Bytes) == nil
+}
+
+func (f *Func) fallsThrough(i int) bool {
+	in := &f.Fn.Insns[i]
+	if f.v != nil {
+		return f.v.fallsThrough(in)
+	}
+	return codegen.CanFallThroughInst(in.Addr, in.Inst, in.Bytes)
+}
+
+// CoverRun is the number of instructions, i first, a covering splice at
+// instruction i (Spliceable) would overwrite, if one may: they lie in i's
+// basic block (cfg.CoverRun) of a function whose indirect jumps all
+// resolved to tables; no symbol starts and no table of the kernel's
+// (exception fixups, static keys' targets) lands after i; every one may
+// be spliced and relocated; and all but the last fall through without a
+// branch or call.
+func (f *Func) CoverRun(i int) (int, bool) {
+	if f.why != "" || f.jumpy {
+		return 0, false
+	}
+	b := f.block(i)
+	if b == nil {
+		return 0, false
+	}
+	f.from = i
+	return cfg.CoverRun(f.Fn, b, i, springboard.JmpRel32Len, f.usable)
+}
+
+// coverUsable is CoverRun's rule for instruction j of the run from f.from.
+func (f *Func) coverUsable(j int, last bool) bool {
+	if j > f.from {
+		in := &f.Fn.Insns[j]
+		if f.facts.Owned.Landing(in.Addr) || symbolAt(f.facts.Symbols, in.Addr) {
+			return false // a way in that is not a decoded branch
+		}
+		if InstructionNoSplice(f.facts.Owned, f.Fn, j) != "" || !f.relocatable(j) { // an int3 included
+			return false
+		}
+	}
+	return last || f.fallsThrough(j)
+}
+
+// symbolAt: a symbol starts at addr (code may be entered there).
+func symbolAt(syms *kernel.Symbols, addr uint64) bool {
+	_, off, ok := syms.At(addr)
+	return ok && off == 0
+}
+
+// Class is how a splice at instruction i (Spliceable) would reach its
+// patch now: direct for 5 bytes or more; a short instruction takes a
+// springboard when a slot is free within rel8 reach, else a covering
+// splice when its block allows one (other points aside: the engine falls
+// back to a trap splice when one holds an instruction of the run), else a
+// trap splice.
+func (f *Func) Class(i int) springboard.Class {
+	in := &f.Fn.Insns[i]
+	c := springboard.Classify(in.Len())
+	switch {
+	case c == springboard.Direct:
+		return c
+	case c == springboard.Springboard && f.slotFree != nil && f.slotFree(in.Addr):
+		return c
+	}
+	if _, ok := f.CoverRun(i); ok {
+		return springboard.Cover
+	}
+	return springboard.Trap
+}
+
+// cost orders the classes by what a hit costs: a direct splice's jmp
+// rel32, a springboard's two jumps, a covering splice's jmp and the
+// instructions it runs in the patch (an int3 until the driver writes the
+// jmp), a trap splice's int3 on every hit.
+func cost(c springboard.Class) int {
+	switch c {
+	case springboard.Direct:
+		return 0
+	case springboard.Springboard:
+		return 1
+	case springboard.Cover:
+		return 2
+	}
+	return 3
+}
+
+// Pick chooses the instruction of fn.Insns[first, first+n) to splice for
+// all of them (a basic block, or the entry block: each of its
+// instructions runs once each time the first does): of those that are
+// Spliceable, the cheapest class, the first one on ties. False when none
+// is.
+func (f *Func) Pick(first, n int) (int, bool) {
+	for i := first; i < first+n; i++ {
+		if springboard.Classify(f.Fn.Insns[i].Len()) == springboard.Direct && f.Spliceable(i) {
+			return i, true // the cheapest class: nothing after it is cheaper
+		}
+	}
+	best, bestCost := -1, 0
+	for i := first; i < first+n; i++ {
+		if !f.Spliceable(i) {
+			continue
+		}
+		if c := cost(f.Class(i)); best < 0 || c < bestCost {
+			best, bestCost = i, c
+		}
+	}
+	return best, best >= 0
+}
+
+// ErrNoEntryInstruction is returned when a function's entry block has no
+// instruction that may be spliced.
+var ErrNoEntryInstruction = errors.New("no spliceable instruction in the entry block")
+
+// Entry picks where the function's entry is spliced: Pick over the entry
+// block (up to the first branch; cfg.Function.EntryBlock). Every
+// instruction there runs exactly once per call, so a counter there counts
+// calls.
+func (f *Func) Entry() (int, error) {
+	fn := f.Fn
+	if f.why != "" {
+		return 0, &NoSpliceError{Where: fn.Name, Reason: f.why}
+	}
+	n := fn.EntryBlock()
+	if i, ok := f.Pick(0, n); ok {
+		return i, nil
+	}
+	var listing bytes.Buffer
+	for i := 0; i < n && i < 8; i++ {
+		in := &fn.Insns[i]
+		fmt.Fprintf(&listing, "\n  +%#x  %d bytes  %s", in.Addr-fn.Addr, in.Len(), in.String())
+	}
+	return 0, fmt.Errorf("%w of %s: every instruction before its first branch is the ftrace site or cannot be spliced; pick one with %s+0xOFF:%s",
+		ErrNoEntryInstruction, fn.Name, fn.Name, listing.String())
+}
+
+// ErrNoBlock is matched by errors for a FUNC:BLOCK that names no block.
+var ErrNoBlock = errors.New("no such block")
+
+// Block picks where FUNC:BLOCK is spliced: Pick over block b (numbered as
+// kinst cfg prints them; every instruction of a basic block runs once
+// each time the block does, calls returning).
+func (f *Func) Block(b int) (int, error) {
+	fn := f.Fn
+	if b < 0 || b >= len(f.Blocks) {
+		return 0, &BadPointError{fmt.Errorf("%w: %s has blocks 0..%d, not %d (see kinst cfg %s)", ErrNoBlock, fn.Name, len(f.Blocks)-1, b, fn.Name)}
+	}
+	blk := &f.Blocks[b]
+	where := fmt.Sprintf("%s:%d", fn.Name, b)
+	if f.why != "" {
+		return 0, &NoSpliceError{Where: where, Reason: f.why}
+	}
+	if blk.Padding {
+		return 0, &NoSpliceError{Where: where, Reason: "padding: never executed"}
+	}
+	if i, ok := f.Pick(blk.First, blk.N); ok {
+		return i, nil
+	}
+	return 0, &NoSpliceError{Where: where,
+		Reason: "no instruction of the block may be spliced (or it is the ftrace site); pick one with FUNC+0xOFF to see why"}
+}
+
+// Resolve plans the splice of point p, whose function f is: FUNC+0xOFF
+// that instruction, FUNC:BLOCK the block's pick (Block), FUNC the entry's
+// (Entry).
+func (f *Func) Resolve(p Point) (*Site, error) {
+	fn := f.Fn
+	var i int
+	var err error
+	switch {
+	case p.HasOffset:
+		// The kernel's own tables first: they hold even where decoding
+		// does not reach (an instruction x86asm does not know).
+		if why := f.facts.Owned.Reason(fn.Addr + p.Offset); why != "" {
+			return nil, &NoSpliceError{Where: p.Spec, Reason: why}
+		}
+		i, err = fn.Index(fn.Addr + p.Offset)
+	case p.HasBlock:
+		i, err = f.Block(p.Block)
+	default:
+		i, err = f.Entry()
+	}
+	if err != nil {
+		return nil, err
+	}
+	return f.Site(p, i)
+}
+
+// At plans a splice at instruction i as the point FUNC+0xOFF.
+func (f *Func) At(i int) (*Site, error) {
+	fn := f.Fn
+	off := fn.Insns[i].Addr - fn.Addr
+	return f.Site(Point{Spec: fmt.Sprintf("%s+%#x", fn.Name, off), Function: fn.Name, Offset: off, HasOffset: true}, i)
+}
+
+// Site plans the splice of instruction i for point p: refused (a
+// *NoSpliceError) when NoSplice says so; otherwise its class, what is
+// live, and for a covering splice the instructions its jmp runs over.
+// Whether a patch can reproduce the instruction is codegen's to say when
+// the patch is built.
+func (f *Func) Site(p Point, i int) (*Site, error) {
+	s := &Site{Point: p, Sym: f.Sym, Fn: f.Fn, Index: i, Ambiguous: f.Ambiguous}
+	if why := f.NoSplice(i); why != "" {
+		return nil, &NoSpliceError{Where: s.Where(), Reason: why}
+	}
+	s.Class = f.Class(i)
+	s.Live = f.Live(i)
+	if s.Class == springboard.Cover {
+		n, _ := f.CoverRun(i)
+		for j := i + 1; j < i+n; j++ {
+			s.Cover = append(s.Cover, &Site{Point: p, Sym: f.Sym, Fn: f.Fn, Index: j, Ambiguous: f.Ambiguous,
+				Class: springboard.Cover, Live: f.Live(j)})
+		}
+	}
+	return s, nil
+}
