@@ -1,0 +1,235 @@
+// Package typeid identifies the types of kernel objects in a dump: what
+// an address is (whattype) and, for heap objects, which struct it holds.
+//
+// Today a heap object's type comes from its cache where the cache holds
+// one struct (CacheTypes: source "cache"); objects of the general and
+// merged caches stay untyped until the type graph propagates types into
+// them from the pointers of typed objects.
+package typeid
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/cilium/ebpf/btf"
+
+	"github.com/kinst/kinst/core/slab"
+	"github.com/kinst/kinst/internal/kbtf"
+)
+
+// Symbol is a kernel or module symbol.
+type Symbol struct {
+	Name, Module string
+	Addr, Size   uint64 // Size 0: unknown
+	Type         byte   // kallsyms letter
+}
+
+// Task is one task of the kernel.
+type Task struct {
+	Addr uint64 // task_struct
+	PID  int
+	Comm string
+}
+
+// Kernel is what type identification needs of a kernel view: what the
+// slab walk needs, and symbols by address and the tasks.
+type Kernel interface {
+	slab.Kernel
+	SymbolAt(addr uint64) (Symbol, bool)
+	Tasks() ([]Task, error)
+}
+
+// What kinds of memory an address can be in.
+const (
+	KindSlab     = "slab object"
+	KindStack    = "task stack"
+	KindSymbol   = "kernel symbol"
+	KindVmalloc  = "vmalloc"
+	KindFreePage = "free page"
+	KindPage     = "page"
+	KindNone     = "not a heap object"
+)
+
+// Result is what whattype says of one address; its JSON is
+// `kinst core DUMP whattype ADDR --json`.
+type Result struct {
+	Address string  `json:"address"`
+	Kind    string  `json:"kind"`
+	Cache   *string `json:"cache"`
+	Object  *string `json:"object"`
+	State   *string `json:"state"` // allocated or free
+	Type    *string `json:"type"`
+	Offset  *int64  `json:"offset"` // from the object's start
+	Member  *string `json:"member"`
+	Source  *string `json:"source"` // how the type was found: "cache"
+	// How explains Source, or why there is no type.
+	How    string `json:"how,omitempty"`
+	Region string `json:"region,omitempty"` // within a slab slot: object, left red zone, metadata, slab tail
+	Slab   string `json:"slab,omitempty"`   // the struct slab
+	List   string `json:"list,omitempty"`   // where the kernel keeps the slab, if a CPU holds it
+	// Symbol is SYM+0xOFF for an address in the kernel's or a module's
+	// image.
+	Symbol string   `json:"symbol,omitempty"`
+	Task   *TaskRef `json:"task,omitempty"` // KindStack: whose stack
+	PFN    *uint64  `json:"pfn,omitempty"`  // KindFreePage, KindPage
+	Detail string   `json:"detail,omitempty"`
+}
+
+// TaskRef names a task.
+type TaskRef struct {
+	Address string `json:"address"`
+	PID     int    `json:"pid"`
+	Comm    string `json:"comm"`
+}
+
+// Identifier answers whattype for one kernel.
+type Identifier struct {
+	k     Kernel
+	spec  *btf.Spec
+	Heap  *slab.Heap
+	types map[*slab.Cache]CacheType
+}
+
+// New prepares type identification over a heap.
+func New(k Kernel, h *slab.Heap) (*Identifier, error) {
+	spec, err := k.BTF()
+	if err != nil {
+		return nil, err
+	}
+	return &Identifier{k: k, spec: spec, Heap: h, types: CacheTypes(spec, h)}, nil
+}
+
+// CacheType is the type the cache says its objects have.
+func (id *Identifier) CacheType(c *slab.Cache) CacheType { return id.types[c] }
+
+func ptr[T any](v T) *T { return &v }
+
+// WhatType says what addr is: a slab object (its cache, the object's
+// start and state, and its type and member where known), a task's
+// stack, a kernel symbol, vmalloc space, a free or allocated page, or
+// none of these.
+func (id *Identifier) WhatType(addr uint64) (*Result, error) {
+	r := &Result{Address: fmt.Sprintf("%#x", addr)}
+	h := id.Heap
+	o, err := h.Lookup(addr)
+	switch {
+	case err == nil:
+		id.slabObject(r, o)
+		return r, nil
+	case !errors.Is(err, slab.ErrNotSlab):
+		return nil, err
+	}
+	if t, ok := id.stackOf(addr); ok {
+		r.Kind, r.Task = KindStack, t
+		return r, nil
+	}
+	if s, ok := id.k.SymbolAt(addr); ok && (s.Size == 0 || addr-s.Addr < s.Size) {
+		r.Kind = KindSymbol
+		r.Symbol = fmt.Sprintf("%s+%#x", s.Name, addr-s.Addr)
+		if s.Module != "" {
+			r.Symbol += " [" + s.Module + "]"
+		}
+		r.Detail = fmt.Sprintf("type %c", s.Type)
+		return r, nil
+	}
+	if vb, err := id.symbolValue("vmalloc_base"); err == nil && addr >= vb && addr < h.Vmemmap {
+		r.Kind, r.Detail = KindVmalloc, "in vmalloc or ioremap space, not a task's stack"
+		return r, nil
+	}
+	if h.InDirectMap(addr) {
+		pg, err := h.PageAt(addr)
+		if err != nil {
+			return nil, err
+		}
+		r.PFN = &pg.PFN
+		if pg.Free {
+			r.Kind, r.Detail = KindFreePage, "the page's reference count is 0: free in the page allocator"
+		} else {
+			r.Kind, r.Detail = KindPage, fmt.Sprintf("an allocated page, not a slab (flags %#x): page cache, user memory, a large kmalloc or the kernel's own", pg.Flags)
+		}
+		return r, nil
+	}
+	r.Kind = KindNone
+	return r, nil
+}
+
+func (id *Identifier) symbolValue(name string) (uint64, error) {
+	a, err := id.k.SymbolAddr(name)
+	if err != nil {
+		return 0, err
+	}
+	var b [8]byte
+	if err := id.k.ReadVirt(b[:], a); err != nil {
+		return 0, err
+	}
+	return binary.LittleEndian.Uint64(b[:]), nil
+}
+
+func (id *Identifier) slabObject(r *Result, o *slab.Object) {
+	c := o.Slab.Cache
+	r.Kind = KindSlab
+	r.Cache = ptr(c.Name)
+	r.Slab = fmt.Sprintf("%#x", o.Slab.Addr)
+	r.Region = o.Region.String()
+	if o.Slab.List == slab.CPUSlab {
+		r.List = fmt.Sprintf("cpu %d slab", o.Slab.Where)
+	}
+	if o.Index < 0 {
+		r.How = "past the slab's last object"
+		return
+	}
+	r.Object = ptr(fmt.Sprintf("%#x", o.Addr))
+	r.Offset = ptr(o.Offset)
+	if o.Free {
+		r.State = ptr("free")
+	} else {
+		r.State = ptr("allocated")
+	}
+	ct := id.types[c]
+	r.How = ct.How
+	if ct.Type == nil {
+		return
+	}
+	r.Type, r.Source = ptr(ct.Name), ptr("cache")
+	if o.Region == slab.InObject {
+		r.Member = ptr(MemberPath(ct.Type, uint64(o.Offset)))
+	}
+}
+
+// threadSize is the kernel stack's size: __end_init_task less
+// __start_init_task (init's stack is THREAD_SIZE long), else 16 KiB,
+// x86-64's THREAD_SIZE without KASAN.
+func (id *Identifier) threadSize() uint64 {
+	s, err1 := id.k.SymbolAddr("__start_init_task")
+	e, err2 := id.k.SymbolAddr("__end_init_task")
+	if err1 == nil && err2 == nil && e > s && e-s <= 1<<20 {
+		return e - s
+	}
+	return 16 << 10
+}
+
+// stackOf finds the task whose kernel stack holds addr.
+func (id *Identifier) stackOf(addr uint64) (*TaskRef, bool) {
+	st, err := id.spec.AnyTypeByName("task_struct")
+	if err != nil {
+		return nil, false
+	}
+	m, ok := kbtf.Member(st, "stack")
+	if !ok {
+		return nil, false
+	}
+	tasks, _ := id.k.Tasks()
+	size := id.threadSize()
+	for _, t := range tasks {
+		var b [8]byte
+		if id.k.ReadVirt(b[:], t.Addr+uint64(m.Offset.Bytes())) != nil {
+			continue
+		}
+		base := binary.LittleEndian.Uint64(b[:])
+		if base != 0 && addr >= base && addr < base+size {
+			return &TaskRef{Address: fmt.Sprintf("%#x", t.Addr), PID: t.PID, Comm: t.Comm}, true
+		}
+	}
+	return nil, false
+}
