@@ -27,6 +27,11 @@ Commands:
                   (--phys: ADDR is a physical address)
   sym ADDR|NAME   the symbol at an address, or a symbol's address
   dis FUNC        disassemble a function from the dump's memory
+  slabs           every slab cache (SLUB): sizes, aliases, slabs, objects
+                  allocated and free, found by walking the memory map
+  whattype ADDR|SYM[+0xOFF]
+                  what an address is: a slab object (cache, object, state,
+                  type and member), a task's stack, a symbol, a page
 
 FreeBSD amd64 minidumps: info (header, memory, pages), log (the message
 buffer, oldest line first) and rd ADDR (through the dump's pmap and
@@ -64,7 +69,7 @@ func coreCmd(args []string) error {
 	req := cli.CoreRequest{Dump: path, Command: cmd, Length: 64, Phys: *phys, JSON: *asJSON,
 		Options: core.Options{BTF: *btfFile, Vmlinux: *vmlinux}}
 	switch cmd {
-	case "info", "ps", "log":
+	case "info", "ps", "log", "slabs":
 		if err := nargs(0, 0); err != nil {
 			return err
 		}
@@ -96,7 +101,7 @@ func coreCmd(args []string) error {
 			}
 			req.Length = int(v)
 		}
-	case "sym", "dis":
+	case "sym", "dis", "whattype":
 		if err := nargs(1, 1); err != nil {
 			return err
 		}
