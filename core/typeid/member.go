@@ -90,16 +90,31 @@ func descend(b *strings.Builder, t btf.Type, off uint64, depth int) (uint64, str
 	return off, ""
 }
 
-// typeName is how a type is written: a struct's or union's tag, else the
-// type's name.
+// typeName is how a type is written: a struct's or union's tag, a
+// typedef's or base type's name, "T *" for a pointer, "T[N]" for an
+// array; qualifiers dropped.
 func typeName(t btf.Type) string {
-	switch c := t.(type) {
-	case *btf.Struct:
-		return c.Name
-	case *btf.Union:
-		return c.Name
-	case *btf.Typedef:
-		return c.Name
+	for depth := 0; depth < maxDepth; depth++ {
+		switch c := t.(type) {
+		case *btf.Pointer:
+			return typeName(c.Target) + " *"
+		case *btf.Array:
+			return fmt.Sprintf("%s[%d]", typeName(c.Type), c.Nelems)
+		case *btf.Const:
+			t = c.Type
+			continue
+		case *btf.Volatile:
+			t = c.Type
+			continue
+		case *btf.Restrict:
+			t = c.Type
+			continue
+		case *btf.Void:
+			return "void"
+		case *btf.FuncProto:
+			return "func"
+		}
+		return t.TypeName()
 	}
-	return t.TypeName()
+	return "?"
 }

@@ -48,7 +48,12 @@ func objectTypes() []btf.Type {
 	inode := &btf.Struct{Name: "inode", Size: 96, Members: []btf.Member{mem("i_mode", u32, 0)}}
 	thing := &btf.Struct{Name: "thing", Size: 40, Members: []btf.Member{mem("a", u64, 0)}}
 	wrong := &btf.Struct{Name: "wrongsize", Size: 48, Members: []btf.Member{mem("a", u64, 0)}}
-	return []btf.Type{dentry, task, pid, inode, thing, wrong}
+	rq := &btf.Struct{Name: "rq", Size: 64, Members: []btf.Member{mem("lock", u64, 0), mem("nr_running", u32, 8)}}
+	percpu := &btf.Datasec{Name: ".data..percpu", Size: 0x9000, Vars: []btf.VarSecinfo{
+		{Type: &btf.Var{Name: "runqueues", Type: rq, Linkage: btf.GlobalVar}, Offset: 0x8000, Size: 64},
+		{Type: &btf.Var{Name: "current_task", Type: &btf.Pointer{Target: task}, Linkage: btf.GlobalVar}, Offset: 0x8040, Size: 8},
+	}}
+	return []btf.Type{dentry, task, pid, inode, thing, wrong, percpu}
 }
 
 func TestMemberPath(t *testing.T) {
@@ -74,6 +79,8 @@ func TestMemberPath(t *testing.T) {
 		{task, 520, "task_struct.thread.regs.__padding[8]"},
 		{pid, 40, "pid.numbers[3]"},
 		{pid, 44, "pid.numbers[3]+0x4"},
+		{&btf.Pointer{Target: task}, 0, "task_struct *"},
+		{&btf.Array{Index: u32, Type: &btf.Pointer{Target: &btf.Void{}}, Nelems: 4}, 17, "void *[4][2]+0x1"},
 	} {
 		if got := MemberPath(c.t, c.off); got != c.want {
 			t.Errorf("%s+%#x: %q, want %q", typeName(c.t), c.off, got, c.want)
@@ -145,6 +152,7 @@ func TestWhatType(t *testing.T) {
 	im.Syms["vmalloc_base"] = im.Alloc(8)
 	im.U64(im.Syms["vmalloc_base"], 0xffffc90000000000)
 	im.Syms["__start_init_task"], im.Syms["__end_init_task"] = 0xffffffff82800000, 0xffffffff82804000
+	im.Syms["__per_cpu_start"] = 0
 	// A page that is not a slab, allocated; and a free one.
 	im.Put(im.StructPage(300), "page", "_refcount.counter", 1)
 	k := &fakeKernel{Image: im,
@@ -178,6 +186,8 @@ func TestWhatType(t *testing.T) {
 		{stack + 0x3ff8, "task stack|-|-|-|-|-|-"},
 		{0xffffffff82001004, "kernel symbol|-|-|-|-|-|-"},
 		{0xffffc90000b00000, "vmalloc|-|-|-|-|-|-"},
+		{slabtest.PerCPUBase + 1<<20 + 0x8008, "per-CPU variable|-|-|-|rq|rq.nr_running|percpu"},
+		{slabtest.PerCPUBase + 0x8040, "per-CPU variable|-|-|-|task_struct *|task_struct *|percpu"},
 		{slabtest.PageOffset + 300*slabtest.PageSize + 5, "page|-|-|-|-|-|-"},
 		{slabtest.PageOffset + 301*slabtest.PageSize, "free page|-|-|-|-|-|-"},
 		{0xffff800000000000, "not a heap object|-|-|-|-|-|-"},
@@ -195,6 +205,10 @@ func TestWhatType(t *testing.T) {
 		case KindStack:
 			if r.Task == nil || r.Task.PID != 42 {
 				t.Errorf("stack of %+v", r.Task)
+			}
+		case KindPerCPU:
+			if r.CPU == nil || (*r.CPU != 1 && r.Symbol == "runqueues+0x8") || !strings.HasPrefix(r.Symbol, "runqueues+0x8") && r.Symbol != "current_task+0x0" {
+				t.Errorf("per-CPU %+v", r)
 			}
 		case KindSymbol:
 			if r.Symbol != "jiffies+0x4" {

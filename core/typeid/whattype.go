@@ -11,6 +11,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sort"
 
 	"github.com/cilium/ebpf/btf"
 
@@ -45,6 +46,7 @@ const (
 	KindSlab     = "slab object"
 	KindStack    = "task stack"
 	KindSymbol   = "kernel symbol"
+	KindPerCPU   = "per-CPU variable"
 	KindVmalloc  = "vmalloc"
 	KindFreePage = "free page"
 	KindPage     = "page"
@@ -62,7 +64,7 @@ type Result struct {
 	Type    *string `json:"type"`
 	Offset  *int64  `json:"offset"` // from the object's start
 	Member  *string `json:"member"`
-	Source  *string `json:"source"` // how the type was found: "cache"
+	Source  *string `json:"source"` // how the type was found: "cache", "percpu" or "symbol" (the variable's BTF type)
 	// How explains Source, or why there is no type.
 	How    string `json:"how,omitempty"`
 	Region string `json:"region,omitempty"` // within a slab slot: object, left red zone, metadata, slab tail
@@ -72,6 +74,7 @@ type Result struct {
 	// image.
 	Symbol string   `json:"symbol,omitempty"`
 	Task   *TaskRef `json:"task,omitempty"` // KindStack: whose stack
+	CPU    *int     `json:"cpu,omitempty"`  // KindPerCPU: whose copy
 	PFN    *uint64  `json:"pfn,omitempty"`  // KindFreePage, KindPage
 	Detail string   `json:"detail,omitempty"`
 }
@@ -89,6 +92,7 @@ type Identifier struct {
 	spec  *btf.Spec
 	Heap  *slab.Heap
 	types map[*slab.Cache]CacheType
+	pcpu  *perCPU
 }
 
 // New prepares type identification over a heap.
@@ -124,6 +128,12 @@ func (id *Identifier) WhatType(addr uint64) (*Result, error) {
 		r.Kind, r.Task = KindStack, t
 		return r, nil
 	}
+	if cpu, v, off, ok := id.perCPUVar(addr); ok {
+		r.Kind, r.CPU = KindPerCPU, &cpu
+		r.Symbol = fmt.Sprintf("%s+%#x", v.Name, off)
+		id.varType(r, v, off, "percpu")
+		return r, nil
+	}
 	if s, ok := id.k.SymbolAt(addr); ok && (s.Size == 0 || addr-s.Addr < s.Size) {
 		r.Kind = KindSymbol
 		r.Symbol = fmt.Sprintf("%s+%#x", s.Name, addr-s.Addr)
@@ -131,6 +141,10 @@ func (id *Identifier) WhatType(addr uint64) (*Result, error) {
 			r.Symbol += " [" + s.Module + "]"
 		}
 		r.Detail = fmt.Sprintf("type %c", s.Type)
+		var v *btf.Var
+		if s.Module == "" && id.spec.TypeByName(s.Name, &v) == nil {
+			id.varType(r, v, addr-s.Addr, "symbol")
+		}
 		return r, nil
 	}
 	if vb, err := id.symbolValue("vmalloc_base"); err == nil && addr >= vb && addr < h.Vmemmap {
@@ -195,6 +209,72 @@ func (id *Identifier) slabObject(r *Result, o *slab.Object) {
 	if o.Region == slab.InObject {
 		r.Member = ptr(MemberPath(ct.Type, uint64(o.Offset)))
 	}
+}
+
+// varType sets the type and member of an address off bytes into a
+// variable whose type BTF gives.
+func (id *Identifier) varType(r *Result, v *btf.Var, off uint64, source string) {
+	name := typeName(v.Type)
+	if name == "" {
+		return
+	}
+	r.Type, r.Source, r.Offset = ptr(name), ptr(source), ptr(int64(off))
+	r.Member = ptr(MemberPath(v.Type, off))
+	r.How = fmt.Sprintf("BTF variable %s", v.Name)
+}
+
+// perCPU is the static per-CPU variables: the BTF section .data..percpu
+// (its offsets from __per_cpu_start), sorted by offset.
+type perCPU struct {
+	start uint64
+	size  uint64
+	vars  []btf.VarSecinfo
+	offs  []uint64
+}
+
+func (id *Identifier) perCPUSection() *perCPU {
+	if id.pcpu != nil {
+		return id.pcpu
+	}
+	id.pcpu = &perCPU{}
+	offs, err := id.k.PerCPUOffsets()
+	if err != nil {
+		return id.pcpu
+	}
+	if a, err := id.k.SymbolAddr("__per_cpu_start"); err == nil {
+		id.pcpu.start = a
+	}
+	var ds *btf.Datasec
+	if id.spec.TypeByName(".data..percpu", &ds) != nil {
+		return id.pcpu
+	}
+	id.pcpu.size, id.pcpu.offs = uint64(ds.Size), offs
+	id.pcpu.vars = append([]btf.VarSecinfo(nil), ds.Vars...)
+	sort.Slice(id.pcpu.vars, func(i, j int) bool { return id.pcpu.vars[i].Offset < id.pcpu.vars[j].Offset })
+	return id.pcpu
+}
+
+// perCPUVar finds the static per-CPU variable whose copy on some CPU
+// holds addr (its area is __per_cpu_offset[cpu] + __per_cpu_start).
+func (id *Identifier) perCPUVar(addr uint64) (int, *btf.Var, uint64, bool) {
+	p := id.perCPUSection()
+	for cpu, off := range p.offs {
+		rel := addr - off - p.start
+		if addr < off+p.start || rel >= p.size {
+			continue
+		}
+		i := sort.Search(len(p.vars), func(i int) bool { return uint64(p.vars[i].Offset) > rel }) - 1
+		if i < 0 {
+			continue
+		}
+		vs := p.vars[i]
+		v, ok := vs.Type.(*btf.Var)
+		if !ok || rel >= uint64(vs.Offset)+uint64(vs.Size) {
+			continue
+		}
+		return cpu, v, rel - uint64(vs.Offset), true
+	}
+	return 0, nil, 0, false
 }
 
 // threadSize is the kernel stack's size: __end_init_task less

@@ -274,7 +274,7 @@ func printWhatType(w io.Writer, r *typeid.Result) {
 			fmt.Fprintf(w, "  in the slot's %s\n", r.Region)
 		}
 		if r.Type != nil {
-			fmt.Fprintf(w, "  type:   struct %s (from the %s)\n", *r.Type, str(r.Source))
+			fmt.Fprintf(w, "  type:   %s (from the %s)\n", *r.Type, str(r.Source))
 			if r.Member != nil {
 				fmt.Fprintf(w, "  member: %s\n", *r.Member)
 			}
@@ -288,6 +288,11 @@ func printWhatType(w io.Writer, r *typeid.Result) {
 		fmt.Fprintf(w, "%s: kernel stack of task %s (pid %d, %s)\n", r.Address, r.Task.Address, r.Task.PID, r.Task.Comm)
 	case typeid.KindSymbol:
 		fmt.Fprintf(w, "%s: %s (kernel symbol, %s)\n", r.Address, r.Symbol, r.Detail)
+		if r.Type != nil {
+			fmt.Fprintf(w, "  type:   %s (%s)\n  member: %s\n", *r.Type, r.How, str(r.Member))
+		}
+	case typeid.KindPerCPU:
+		fmt.Fprintf(w, "%s: per-CPU variable %s of cpu %d\n  type:   %s (%s)\n  member: %s\n", r.Address, r.Symbol, *r.CPU, str(r.Type), r.How, str(r.Member))
 	case typeid.KindFreePage, typeid.KindPage:
 		fmt.Fprintf(w, "%s: %s, pfn %#x: %s\n", r.Address, r.Kind, *r.PFN, r.Detail)
 	case typeid.KindVmalloc:
