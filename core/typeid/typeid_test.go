@@ -233,3 +233,37 @@ func mustHex(s string) uint64 {
 	v, _ := strconv.ParseUint(s, 0, 64)
 	return v
 }
+
+// With slub_debug=U, whattype names who allocated and freed the object.
+func TestWhatTypeTracks(t *testing.T) {
+	im := slabtest.NewImageTypes(t, false, append(slabtest.Types(false), objectTypes()...))
+	c := im.AddCache("dentry", 64, 128, slab.FlagRedZone|slab.FlagStoreUser, 0)
+	s := im.AddSlab(c, c.PerSlab, []int{2})
+	im.Finish()
+	for i, caller := range []uint64{0xffffffff82001004, 0xffffffff82001002} {
+		tr := c.Obj(s, 2) + 64 + uint64(i)*im.Sizeof("track") // inuse 64, the free pointer inside the object
+		im.U64(tr+im.Off("track", "addr"), caller)
+		im.Put(tr, "track", "pid", uint64(100+i))
+		im.Put(tr, "track", "when", 5000)
+	}
+	k := &fakeKernel{Image: im, syms: []Symbol{{Name: "jiffies", Addr: 0xffffffff82001000, Size: 8, Type: 'D'}}}
+	h, err := slab.Open(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := New(k, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := id.WhatType(c.Obj(s, 2) + 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Allocated == nil || r.Allocated.Function != "jiffies+0x4" || r.Allocated.PID != 100 || r.Freed == nil ||
+		r.Freed.Function != "jiffies+0x2" || r.Freed.PID != 101 || r.Freed.Jiffies != 5000 || *r.State != "free" || *r.Member != "dentry.d_parent" {
+		t.Errorf("%+v alloc %+v free %+v", r, r.Allocated, r.Freed)
+	}
+	if r, _ := id.WhatType(c.Obj(s, 3) - 2); r.Region != "left red zone" || *r.Offset != -2 || r.Member != nil || r.Allocated != nil {
+		t.Errorf("left red zone: %+v", r)
+	}
+}

@@ -77,6 +77,19 @@ type Result struct {
 	CPU    *int     `json:"cpu,omitempty"`  // KindPerCPU: whose copy
 	PFN    *uint64  `json:"pfn,omitempty"`  // KindFreePage, KindPage
 	Detail string   `json:"detail,omitempty"`
+	// With slub_debug=U (SLAB_STORE_USER), who last allocated and freed
+	// the object.
+	Allocated *TrackRef `json:"allocated_by,omitempty"`
+	Freed     *TrackRef `json:"freed_by,omitempty"`
+}
+
+// TrackRef is one of slub_debug's tracks: the caller, the task, the CPU
+// and the time in jiffies.
+type TrackRef struct {
+	Function string `json:"function"`
+	PID      int    `json:"pid"`
+	CPU      int    `json:"cpu"`
+	Jiffies  uint64 `json:"jiffies"`
 }
 
 // TaskRef names a task.
@@ -200,6 +213,9 @@ func (id *Identifier) slabObject(r *Result, o *slab.Object) {
 	} else {
 		r.State = ptr("allocated")
 	}
+	if alloc, free, err := id.Heap.Tracks(o); err == nil {
+		r.Allocated, r.Freed = id.track(alloc), id.track(free)
+	}
 	ct := id.types[c]
 	r.How = ct.How
 	if ct.Type == nil {
@@ -209,6 +225,17 @@ func (id *Identifier) slabObject(r *Result, o *slab.Object) {
 	if o.Region == slab.InObject {
 		r.Member = ptr(MemberPath(ct.Type, uint64(o.Offset)))
 	}
+}
+
+func (id *Identifier) track(t slab.Track) *TrackRef {
+	if t.Addr == 0 {
+		return nil
+	}
+	fn := fmt.Sprintf("%#x", t.Addr)
+	if s, ok := id.k.SymbolAt(t.Addr); ok {
+		fn = fmt.Sprintf("%s+%#x", s.Name, t.Addr-s.Addr)
+	}
+	return &TrackRef{Function: fn, PID: t.PID, CPU: t.CPU, Jiffies: t.When}
 }
 
 // varType sets the type and member of an address off bytes into a

@@ -265,7 +265,11 @@ func printWhatType(w io.Writer, r *typeid.Result) {
 			fmt.Fprintf(w, "%s: in slab %s of cache %s, %s\n", r.Address, r.Slab, str(r.Cache), r.How)
 			return
 		}
-		fmt.Fprintf(w, "%s: %s object %s+%#x in cache %s (slab %s", r.Address, str(r.State), str(r.Object), *r.Offset, str(r.Cache), r.Slab)
+		off := fmt.Sprintf("+%#x", *r.Offset)
+		if *r.Offset < 0 {
+			off = fmt.Sprintf("-%#x", -*r.Offset)
+		}
+		fmt.Fprintf(w, "%s: %s object %s%s in cache %s (slab %s", r.Address, str(r.State), str(r.Object), off, str(r.Cache), r.Slab)
 		if r.List != "" {
 			fmt.Fprintf(w, ", %s", r.List)
 		}
@@ -283,6 +287,14 @@ func printWhatType(w io.Writer, r *typeid.Result) {
 		}
 		if r.How != "" {
 			fmt.Fprintf(w, "  how:    %s\n", r.How)
+		}
+		for _, t := range []struct {
+			what string
+			t    *typeid.TrackRef
+		}{{"allocated by", r.Allocated}, {"freed by", r.Freed}} {
+			if t.t != nil {
+				fmt.Fprintf(w, "  %s %s, pid %d, cpu %d, jiffies %d\n", t.what, t.t.Function, t.t.PID, t.t.CPU, t.t.Jiffies)
+			}
 		}
 	case typeid.KindStack:
 		fmt.Fprintf(w, "%s: kernel stack of task %s (pid %d, %s)\n", r.Address, r.Task.Address, r.Task.PID, r.Task.Comm)
