@@ -43,14 +43,15 @@ test: deps build
 unit:
 	$(GO) test ./...
 
-# Short fuzzing runs of the dump readers and the printk reader (their seed
-# corpora already run in `make unit`); FUZZTIME each.
+# Short fuzzing runs of the dump readers, the printk reader and the slab
+# walk (their seed corpora already run in `make unit`); FUZZTIME each.
 FUZZTIME ?= 10s
 fuzz:
 	for t in FuzzELF FuzzKdump FuzzFlattened FuzzMinidump; do \
 		$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./core/dump || exit 1; done
 	for t in FuzzLog FuzzFreeBSDMessageBuffer; do \
 		$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./core || exit 1; done
+	$(GO) test -run '^$$' -fuzz '^FuzzWalk$$' -fuzztime $(FUZZTIME) ./core/slab
 
 vm-up: deps build
 	bin/kinst vm up

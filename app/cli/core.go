@@ -19,8 +19,8 @@ import (
 // already checked by the command line.
 type CoreRequest struct {
 	Dump    string // path of the dump
-	Command string // info, ps, bt, log, rd, sym or dis
-	Arg     string // rd: ADDR|SYM[+0xOFF]; sym: ADDR|NAME; dis: FUNC
+	Command string // info, ps, bt, log, rd, sym, dis, slabs or whattype
+	Arg     string // rd, whattype: ADDR|SYM[+0xOFF]; sym: ADDR|NAME; dis: FUNC
 	Which   uint64 // bt: PID or task_struct address
 	All     bool   // bt -a
 	Length  int    // rd: bytes
@@ -65,6 +65,10 @@ func Core(req CoreRequest, w io.Writer) error {
 		return CoreSym(k, req.Arg, req.JSON, w)
 	case "dis":
 		return CoreDis(k, req.Arg, req.JSON, w)
+	case "slabs":
+		return CoreSlabsReport(k, req.JSON, w)
+	case "whattype":
+		return CoreWhatType(k, req.Arg, req.JSON, w)
 	}
 	return fmt.Errorf("core: unknown command %q", req.Command)
 }

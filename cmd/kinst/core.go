@@ -24,6 +24,11 @@ Commands:
                   (--phys: ADDR is a physical address)
   sym ADDR|NAME   the symbol at an address, or a symbol's address
   dis FUNC        disassemble a function from the dump's memory
+  slabs           every slab cache (SLUB): sizes, aliases, slabs, objects
+                  allocated and free, found by walking the memory map
+  whattype ADDR|SYM[+0xOFF]
+                  what an address is: a slab object (cache, object, state,
+                  type and member), a task's stack, a symbol, a page
 
 FreeBSD amd64 minidumps: info (header, memory, pages), log (the message
 buffer, oldest line first) and rd ADDR (through the dump's pmap and
@@ -32,10 +37,10 @@ kernel's symbols and types, which are not read yet.`
 
 var coreCommand = &command{
 	name:    "core",
-	args:    "DUMP info|ps|bt PID|TASK|-a|log|rd ADDR [N]|sym ADDR|NAME|dis FUNC",
+	args:    "DUMP info|ps|bt PID|TASK|-a|log|rd ADDR [N]|sym ADDR|NAME|dis FUNC|slabs|whattype ADDR",
 	summary: "postmortem analysis of a kernel crash dump",
 	help:    coreHelp,
-	report:  true, files: true, words: []string{"info", "ps", "bt", "log", "rd", "sym", "dis"},
+	report:  true, files: true, words: []string{"info", "ps", "bt", "log", "rd", "sym", "dis", "slabs", "whattype"},
 	setup: func(fs *pflag.FlagSet) runFunc {
 		var asJSON bool
 		jsonFlag(fs, &asJSON, "the result")
@@ -57,7 +62,7 @@ var coreCommand = &command{
 			req := cli.CoreRequest{Dump: path, Command: cmd, Length: 64, Phys: *phys, JSON: asJSON,
 				Options: core.Options{BTF: *btfFile, Vmlinux: *vmlinux}}
 			switch cmd {
-			case "info", "ps", "log":
+			case "info", "ps", "log", "slabs":
 				if err := nargs(0, 0); err != nil {
 					return 2, err
 				}
@@ -89,7 +94,7 @@ var coreCommand = &command{
 					}
 					req.Length = int(v)
 				}
-			case "sym", "dis":
+			case "sym", "dis", "whattype":
 				if err := nargs(1, 1); err != nil {
 					return 2, err
 				}
