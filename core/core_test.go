@@ -12,6 +12,7 @@ import (
 	"github.com/cilium/ebpf/btf"
 
 	"github.com/kinst/kinst/core/dump"
+	"github.com/kinst/kinst/core/dump/dumptest"
 	"github.com/kinst/kinst/internal/dumpgen"
 	"github.com/kinst/kinst/unwind/orc"
 )
@@ -23,46 +24,6 @@ const (
 	pageSize       = 4096
 	pageMask       = pageSize - 1
 )
-
-// memDump is a dump.Dump over sparse physical pages, for unit tests of
-// translation and table decoding (the live tests use real dumps).
-type memDump struct {
-	pages map[uint64][]byte
-	info  string
-}
-
-func newMemDump() *memDump { return &memDump{pages: map[uint64][]byte{}} }
-
-func (m *memDump) write(pa uint64, b []byte) {
-	for len(b) > 0 {
-		p := m.pages[pa&^pageMask]
-		if p == nil {
-			p = make([]byte, pageSize)
-			m.pages[pa&^pageMask] = p
-		}
-		n := copy(p[pa&pageMask:], b)
-		b, pa = b[n:], pa+uint64(n)
-	}
-}
-
-func (m *memDump) put64(pa, v uint64) { m.write(pa, binary.LittleEndian.AppendUint64(nil, v)) }
-
-func (m *memDump) Format() string { return "test" }
-func (m *memDump) ReadPhys(p []byte, pa uint64) (int, error) {
-	for done := 0; done < len(p); {
-		a := pa + uint64(done)
-		pg := m.pages[a&^pageMask]
-		if pg == nil {
-			return done, &dump.NotPresentError{Addr: a, Physical: true}
-		}
-		done += copy(p[done:], pg[a&pageMask:])
-	}
-	return len(p), nil
-}
-func (m *memDump) VMCoreInfo() string       { return m.info }
-func (m *memDump) CPUs() []dump.CPU         { return nil }
-func (m *memDump) PhysRanges() []dump.Range { return nil }
-func (m *memDump) Close() error             { return nil }
 
 func TestStateLetter(t *testing.T) {
 	for _, tc := range []struct {
@@ -105,10 +66,10 @@ func TestBlockData(t *testing.T) {
 }
 
 func TestWalkList(t *testing.T) {
-	d := newMemDump()
+	d := dumptest.New()
 	const root = 0x100000
-	d.write(root, make([]byte, pageSize))
-	d.info = fmt.Sprintf("OSRELEASE=test\nSYMBOL(init_top_pgt)=%x\nNUMBER(phys_base)=%d\n", uint64(startKernelMap+0x200000), root-0x200000)
+	d.Write(root, make([]byte, pageSize))
+	d.Info = fmt.Sprintf("OSRELEASE=test\nSYMBOL(init_top_pgt)=%x\nNUMBER(phys_base)=%d\n", uint64(startKernelMap+0x200000), root-0x200000)
 	k, err := New(d, Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -116,18 +77,18 @@ func TestWalkList(t *testing.T) {
 	// head → a → b → head, in the image mapping (physical = va - map + phys_base).
 	va := func(off uint64) uint64 { return startKernelMap + 0x200000 + off }
 	pa := func(off uint64) uint64 { return root + off }
-	d.put64(pa(0x100), va(0x200))
-	d.put64(pa(0x200), va(0x300))
-	d.put64(pa(0x300), va(0x100))
+	d.Put64(pa(0x100), va(0x200))
+	d.Put64(pa(0x200), va(0x300))
+	d.Put64(pa(0x300), va(0x100))
 	var got []uint64
 	if err := k.walkList(va(0x100), 8, func(e uint64) error { got = append(got, e); return nil }); err != nil || len(got) != 2 || got[0] != va(0x1f8) || got[1] != va(0x2f8) {
 		t.Errorf("walk: %#x, %v", got, err)
 	}
-	d.put64(pa(0x300), va(0x200)) // b → a: a loop that skips head
+	d.Put64(pa(0x300), va(0x200)) // b → a: a loop that skips head
 	if err := k.walkList(va(0x100), 8, func(uint64) error { return nil }); err == nil || !strings.Contains(err.Error(), "loops") {
 		t.Errorf("looping list: %v", err)
 	}
-	d.put64(pa(0x300), 0xffffc90000000000) // into unmapped memory
+	d.Put64(pa(0x300), 0xffffc90000000000) // into unmapped memory
 	if err := k.walkList(va(0x100), 8, func(uint64) error { return nil }); !errors.Is(err, dump.ErrNotPresent) {
 		t.Errorf("list into unmapped memory: %v", err)
 	}
@@ -145,13 +106,13 @@ func FuzzLog(f *testing.F) {
 	f.Add(layout, []byte{})
 	f.Add(layout+"SIZE(prb_desc)=8\n", []byte{4, 0, 0, 0})
 	f.Fuzz(func(t *testing.T, info string, mem []byte) {
-		d := newMemDump()
+		d := dumptest.New()
 		const root = 0x100000
-		d.write(root, make([]byte, 4*pageSize))
-		d.write(root, mem[:min(len(mem), 4*pageSize)])
+		d.Write(root, make([]byte, 4*pageSize))
+		d.Write(root, mem[:min(len(mem), 4*pageSize)])
 		// prb (at image offset 0x200000) points to the ring at +0x100.
-		d.put64(root, startKernelMap+0x200100)
-		d.info = fmt.Sprintf("OSRELEASE=t\nSYMBOL(init_top_pgt)=%x\nNUMBER(phys_base)=%d\nSYMBOL(prb)=%x\n",
+		d.Put64(root, startKernelMap+0x200100)
+		d.Info = fmt.Sprintf("OSRELEASE=t\nSYMBOL(init_top_pgt)=%x\nNUMBER(phys_base)=%d\nSYMBOL(prb)=%x\n",
 			uint64(startKernelMap+0x200000), root-0x200000, uint64(startKernelMap+0x200000)) + info
 		k, err := New(d, Options{})
 		if err != nil {
@@ -199,12 +160,12 @@ func testModuleBTF(t *testing.T) string {
 // view's module walk: the module's own ORC table and symbols) to a
 // kernel thread's outermost frame.
 func TestBacktraceThroughModule(t *testing.T) {
-	d := newMemDump()
+	d := dumptest.New()
 	const root = 0x100000
-	d.write(root, make([]byte, 4*pageSize))
+	d.Write(root, make([]byte, 4*pageSize))
 	// The image mapping: physical = va - startKernelMap - 0x200000 + root.
 	va := func(off uint64) uint64 { return startKernelMap + 0x200000 + off }
-	put := func(a uint64, b []byte) { d.write(a-startKernelMap-0x200000+root, b) }
+	put := func(a uint64, b []byte) { d.Write(a-startKernelMap-0x200000+root, b) }
 	put64 := func(a, v uint64) { put(a, binary.LittleEndian.AppendUint64(nil, v)) }
 	put32 := func(a uint64, v uint32) { put(a, binary.LittleEndian.AppendUint32(nil, v)) }
 	const (
@@ -218,7 +179,7 @@ func TestBacktraceThroughModule(t *testing.T) {
 		{Addr: va(0), Type: 'T', Name: "_text"}, {Addr: modules, Type: 'd', Name: "modules"},
 		{Addr: kSched, Type: 't', Name: "kfn_sched"}, {Addr: kThread, Type: 'T', Name: "kthread"},
 	}, va(0), kallsymsAt, put)
-	d.info = fmt.Sprintf("OSRELEASE=t\nSYMBOL(init_top_pgt)=%x\nNUMBER(phys_base)=%d\n", va(0), root-0x200000) + tables
+	d.Info = fmt.Sprintf("OSRELEASE=t\nSYMBOL(init_top_pgt)=%x\nNUMBER(phys_base)=%d\n", va(0), root-0x200000) + tables
 	k, err := New(d, Options{BTF: testModuleBTF(t)})
 	if err != nil {
 		t.Fatal(err)

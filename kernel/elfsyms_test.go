@@ -70,8 +70,8 @@ func TestSymbolsFromELF(t *testing.T) {
 	dir := t.TempDir()
 	exe, obj := filepath.Join(dir, "sample"), filepath.Join(dir, "sample.o")
 	for _, args := range [][]string{
-		{"-O2", "-fno-pie", "-no-pie", "-o", exe, "testdata/sample.c"},
-		{"-O2", "-c", "-ffunction-sections", "-o", obj, "testdata/sample.c"},
+		{"-O2", "-fno-pie", "-no-pie", "-o", exe, "../cfg/testdata/sample.c"},
+		{"-O2", "-c", "-ffunction-sections", "-o", obj, "../cfg/testdata/sample.c"},
 	} {
 		if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
 			t.Fatalf("gcc %v: %v\n%s", args, err, out)

@@ -12,6 +12,8 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+
+	"golang.org/x/arch/x86/x86asm"
 )
 
 // Kernel stands in for the driver in unit tests. It never executes
@@ -60,6 +62,10 @@ func New(textAddr uint64, text []byte) *Kernel {
 func (k *Kernel) Read(addr uint64, b []byte) error {
 	k.Mu.Lock()
 	defer k.Mu.Unlock()
+	return k.readLocked(addr, b)
+}
+
+func (k *Kernel) readLocked(addr uint64, b []byte) error {
 	for i := range b {
 		v, ok := k.text[addr+uint64(i)]
 		if !ok {
@@ -241,8 +247,12 @@ func (k *Kernel) Counter(slot int) uint64 {
 	return k.Counters[slot]
 }
 
-func (k *Kernel) CounterAddr(slot int) uint64 { return k.heapBase - 0x10000 + uint64(slot)*8 }
-func (k *Kernel) NumCounters() int            { return len(k.Counters) }
+func (k *Kernel) CounterAddr(slot int) uint64 { return k.counterBase() + uint64(slot)*8 }
+func (k *Kernel) counterBase() uint64         { return k.heapBase - 0x10000 }
+
+// PatchHeap is the patch heap's base address.
+func (k *Kernel) PatchHeap() uint64 { return k.heapBase }
+func (k *Kernel) NumCounters() int  { return len(k.Counters) }
 
 func (k *Kernel) ClearCounters(first, count int) error {
 	k.Mu.Lock()
@@ -308,4 +318,87 @@ func (k *Kernel) TextNow() []byte {
 		panic(err)
 	}
 	return b
+}
+
+// Count stands in for n executions of the instruction at addr: every
+// counter its patch increments (lock incq) goes up by n.
+func (k *Kernel) Count(addr uint64, n uint64) error {
+	return k.Time(addr, n, 0)
+}
+
+// Time stands in for n calls of a timed function whose entry is spliced
+// at addr, that took ticks TSC ticks in all and left nobody inside: the
+// calls counter its entry patch increments goes up by n and the timer
+// word it adds to by ticks·2^16 (see metrics' timer words). Counters of
+// the probes sharing the patch go up by n too.
+func (k *Kernel) Time(addr uint64, n, ticks uint64) error {
+	k.Mu.Lock()
+	defer k.Mu.Unlock()
+	uses, err := k.counterUses(addr)
+	if err != nil {
+		return err
+	}
+	for _, u := range uses {
+		switch u.op {
+		case x86asm.INC:
+			k.Counters[u.slot] += n
+		case x86asm.ADD:
+			k.Counters[u.slot] += ticks << 16
+		}
+	}
+	return nil
+}
+
+type counterUse struct {
+	op   x86asm.Op
+	slot int
+}
+
+// counterUses decodes the patch spliced at addr and lists the
+// RIP-relative counter accesses it makes. The caller holds Mu.
+func (k *Kernel) counterUses(addr uint64) ([]counterUse, error) {
+	var sp *Splice
+	for _, s := range k.Splices {
+		if s.Addr == addr {
+			sp = &s
+		}
+	}
+	if sp == nil {
+		return nil, fmt.Errorf("no splice at %#x", addr)
+	}
+	patch := sp.Patch
+	if sp.Kind == "short" { // jmp rel8 to a slot holding jmp rel32 to the patch
+		var j [5]byte
+		if err := k.readLocked(patch, j[:]); err != nil || j[0] != 0xe9 {
+			return nil, fmt.Errorf("slot at %#x holds no jmp", patch)
+		}
+		patch = patch + 5 + uint64(int64(int32(binary.LittleEndian.Uint32(j[1:]))))
+	}
+	size, ok := k.Allocs[patch]
+	if !ok {
+		return nil, fmt.Errorf("no patch at %#x", patch)
+	}
+	code := make([]byte, size)
+	if err := k.readLocked(patch, code); err != nil {
+		return nil, err
+	}
+	lo, hi := k.counterBase(), k.counterBase()+uint64(len(k.Counters))*8
+	var uses []counterUse
+	for off := 0; off < len(code); {
+		in, err := x86asm.Decode(code[off:], 64)
+		if err != nil {
+			break
+		}
+		next := patch + uint64(off+in.Len)
+		for _, a := range in.Args {
+			// x86asm gives a disp32 as its 32 bits, not sign-extended.
+			if m, ok := a.(x86asm.Mem); ok && m.Base == x86asm.RIP {
+				if t := next + uint64(int64(int32(m.Disp))); t >= lo && t < hi {
+					uses = append(uses, counterUse{op: in.Op, slot: int((t - lo) / 8)})
+				}
+			}
+		}
+		off += in.Len
+	}
+	return uses, nil
 }

@@ -8,49 +8,10 @@ import (
 	"testing"
 
 	"github.com/kinst/kinst/core/dump"
+	"github.com/kinst/kinst/core/dump/dumptest"
 	"github.com/kinst/kinst/internal/dumpgen"
 	"github.com/kinst/kinst/kernel"
 )
-
-// memDump is a dump.Dump over sparse physical pages, for unit tests of
-// translation and table decoding (the live tests use real dumps).
-type memDump struct {
-	pages map[uint64][]byte
-	info  string
-}
-
-func newMemDump() *memDump { return &memDump{pages: map[uint64][]byte{}} }
-
-func (m *memDump) write(pa uint64, b []byte) {
-	for len(b) > 0 {
-		p := m.pages[pa&^pageMask]
-		if p == nil {
-			p = make([]byte, pageSize)
-			m.pages[pa&^pageMask] = p
-		}
-		n := copy(p[pa&pageMask:], b)
-		b, pa = b[n:], pa+uint64(n)
-	}
-}
-
-func (m *memDump) put64(pa, v uint64) { m.write(pa, binary.LittleEndian.AppendUint64(nil, v)) }
-
-func (m *memDump) Format() string { return "test" }
-func (m *memDump) ReadPhys(p []byte, pa uint64) (int, error) {
-	for done := 0; done < len(p); {
-		a := pa + uint64(done)
-		pg := m.pages[a&^pageMask]
-		if pg == nil {
-			return done, &dump.NotPresentError{Addr: a, Physical: true}
-		}
-		done += copy(p[done:], pg[a&pageMask:])
-	}
-	return len(p), nil
-}
-func (m *memDump) VMCoreInfo() string       { return m.info }
-func (m *memDump) CPUs() []dump.CPU         { return nil }
-func (m *memDump) PhysRanges() []dump.Range { return nil }
-func (m *memDump) Close() error             { return nil }
 
 func TestParseVMCoreInfo(t *testing.T) {
 	v, err := ParseVMCoreInfo("OSRELEASE=6.1.0-56-amd64\nPAGESIZE=4096\nSYMBOL(swapper_pg_dir)=ffffffff98e10000\n" +
@@ -68,7 +29,7 @@ func TestParseVMCoreInfo(t *testing.T) {
 			t.Errorf("%q parsed", bad)
 		}
 	}
-	if _, err := New(newMemDump(), Options{}); !errors.Is(err, ErrMissing) {
+	if _, err := New(dumptest.New(), Options{}); !errors.Is(err, ErrMissing) {
 		t.Errorf("a dump without VMCOREINFO: %v", err)
 	}
 }
@@ -76,7 +37,7 @@ func TestParseVMCoreInfo(t *testing.T) {
 // pageTables builds a 4- or 5-level hierarchy in d mapping va to pa with
 // a page of the given level (1: 4 KiB, 2: 2 MiB, 3: 1 GiB); tables are
 // allocated from *next.
-func mapPage(d *memDump, root uint64, levels int, va, pa uint64, leaf int, next *uint64) {
+func mapPage(d *dumptest.Mem, root uint64, levels int, va, pa uint64, leaf int, next *uint64) {
 	table := root
 	shift := uint(12 + 9*(levels-1))
 	for level := levels; level > leaf; level-- {
@@ -87,8 +48,8 @@ func mapPage(d *memDump, root uint64, levels int, va, pa uint64, leaf int, next 
 		if e&ptePresent == 0 {
 			*next += pageSize
 			e = *next | ptePresent | 2
-			d.put64(slot, e)
-			d.write(*next, make([]byte, pageSize))
+			d.Put64(slot, e)
+			d.Write(*next, make([]byte, pageSize))
 		}
 		table = e & pteAddrMask
 		shift -= 9
@@ -97,21 +58,21 @@ func mapPage(d *memDump, root uint64, levels int, va, pa uint64, leaf int, next 
 	if leaf > 1 {
 		e |= ptePSE
 	}
-	d.put64(table+(va>>shift&511)*8, e)
+	d.Put64(table+(va>>shift&511)*8, e)
 }
 
 func TestTranslate(t *testing.T) {
 	for _, levels := range []int{4, 5} {
 		t.Run(fmt.Sprint(levels, "-level"), func(t *testing.T) {
-			d := newMemDump()
+			d := dumptest.New()
 			const root = 0x100000
-			d.write(root, make([]byte, pageSize))
+			d.Write(root, make([]byte, pageSize))
 			next := uint64(root)
 			const vmalloc, direct, huge = 0xffffc90000123000, 0xffff888000400000, 0xffff888040000000
 			mapPage(d, root, levels, vmalloc, 0x7000, 1, &next)
 			mapPage(d, root, levels, direct, 0x400000, 2, &next)
 			mapPage(d, root, levels, huge, 0x40000000, 3, &next)
-			d.info = fmt.Sprintf("OSRELEASE=test\nSYMBOL(init_top_pgt)=%x\nNUMBER(phys_base)=%d\nNUMBER(pgtable_l5_enabled)=%d\n",
+			d.Info = fmt.Sprintf("OSRELEASE=test\nSYMBOL(init_top_pgt)=%x\nNUMBER(phys_base)=%d\nNUMBER(pgtable_l5_enabled)=%d\n",
 				uint64(startKernelMap+0x200000), root-0x200000, map[int]int{4: 0, 5: 1}[levels])
 			v, err := New(d, Options{})
 			if err != nil {
@@ -138,10 +99,10 @@ func TestTranslate(t *testing.T) {
 					}
 				}
 			}
-			d.write(0x7ff8, []byte("12345678"))
-			d.write(0x8000, make([]byte, pageSize))
+			d.Write(0x7ff8, []byte("12345678"))
+			d.Write(0x8000, make([]byte, pageSize))
 			mapPage(d, root, levels, vmalloc+pageSize, 0x8000, 1, &next)
-			d.write(0x8000, []byte("abcdefgh"))
+			d.Write(0x8000, []byte("abcdefgh"))
 			v.tlb = map[uint64]uint64{}
 			b, err := v.ReadBytes(vmalloc+pageSize-8, 16) // across two non-adjacent pages
 			if err != nil || string(b) != "12345678abcdefgh" {
@@ -165,11 +126,11 @@ func TestKallsyms(t *testing.T) {
 		{Addr: base + 0x100, Type: 'D', Name: "init_task"},
 		{Addr: base + 0x200, Type: 'T', Name: strings.Repeat("long_name_", 14)},
 	}
-	d := newMemDump()
+	d := dumptest.New()
 	const physBase = 0x1000000
-	put := func(va uint64, b []byte) { d.write(va-startKernelMap+physBase, b) }
+	put := func(va uint64, b []byte) { d.Write(va-startKernelMap+physBase, b) }
 	tables := dumpgen.Kallsyms(syms, base, startKernelMap+0x10000, put)
-	d.info = fmt.Sprintf("OSRELEASE=test\nSYMBOL(init_top_pgt)=%x\nNUMBER(phys_base)=%d\n", uint64(startKernelMap+0x20000), physBase) + tables
+	d.Info = fmt.Sprintf("OSRELEASE=test\nSYMBOL(init_top_pgt)=%x\nNUMBER(phys_base)=%d\n", uint64(startKernelMap+0x20000), physBase) + tables
 	v, err := New(d, Options{})
 	if err != nil {
 		t.Fatal(err)

@@ -50,8 +50,8 @@ func New(t testing.TB) *Server {
 		Clock:    s.Clock,
 		Log:      slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Info: func() api.Info {
-			return api.Info{ABIVersion: 3, PatchHeap: api.Addr(s.Kernel.heapBase), PatchHeapSize: 1 << 20,
-				CounterHeap: api.Addr(s.Kernel.counterBase()), Counters: s.Kernel.NumCounters()}
+			return api.Info{ABIVersion: 3, PatchHeap: api.Addr(s.Kernel.PatchHeap()), PatchHeapSize: 1 << 20,
+				CounterHeap: api.Addr(s.Kernel.CounterAddr(0)), Counters: s.Kernel.NumCounters()}
 		},
 		// Offsets in task_struct for filters (6.1's).
 		TaskLayout: func(*kernel.Symbols) (kernel.TaskLayout, error) {
