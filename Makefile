@@ -8,6 +8,9 @@ STRESS ?= 2000
 
 export KINST_CACHE := $(CACHE)
 export CGO_ENABLED := 0
+# kinst --version reports the commit it was built from: keep VCS stamping on
+# even where the environment turns it off.
+export GOFLAGS := $(filter-out -buildvcs=false,$(GOFLAGS))
 
 .PHONY: all deps build demo drilldown test unit fuzz vm-up vm-down clean
 
