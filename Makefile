@@ -8,9 +8,9 @@ STRESS ?= 2000
 
 export KINST_CACHE := $(CACHE)
 export CGO_ENABLED := 0
-# kinst --version reports the commit it was built from: keep VCS stamping on
-# even where the environment turns it off.
-export GOFLAGS := $(filter-out -buildvcs=false,$(GOFLAGS))
+# kinst --version reports the commit it was built from: stamp it from git
+# even where the Go configuration turns stamping off (not from a tarball).
+BUILDVCS := $(if $(wildcard .git),-buildvcs=true)
 
 .PHONY: all deps build demo drilldown test unit fuzz vm-up vm-down clean
 
@@ -25,8 +25,8 @@ deps:
 # Static binaries: the same files run on the host and inside the guest.
 build:
 	@mkdir -p bin
-	$(GO) build -trimpath -o bin/kinst ./cmd/kinst
-	$(GO) build -trimpath -o bin/kerninstd ./cmd/kerninstd
+	$(GO) build -trimpath $(BUILDVCS) -o bin/kinst ./cmd/kinst
+	$(GO) build -trimpath $(BUILDVCS) -o bin/kerninstd ./cmd/kerninstd
 
 demo: deps build
 	@scripts/demo.sh
