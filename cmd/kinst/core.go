@@ -31,7 +31,14 @@ Commands:
                   allocated and free, found by walking the memory map
   whattype ADDR|SYM[+0xOFF]
                   what an address is: a slab object (cache, object, state,
-                  type and member), a task's stack, a symbol, a page
+                  type and member), a task's stack, a symbol, a page;
+                  --graph: objects of kmalloc and merged caches typed by
+                  the type graph, with the chain of pointers that did it
+  typegraph       every heap object's type, propagated from the caches
+                  that hold one struct and the per-CPU variables through
+                  pointer members (passes: conservative, arrays,
+                  coalescence, inference); --hold-out CACHE,… measures
+                  the inference on caches whose type is known
 
 FreeBSD amd64 minidumps: info (header, memory, pages), log (the message
 buffer, oldest line first) and rd ADDR (through the dump's pmap and
@@ -49,6 +56,8 @@ func coreCmd(args []string) error {
 	btfFile := fs.String("btf", "", "take types from `FILE` (raw BTF, or an ELF with .BTF) instead of the dump")
 	vmlinux := fs.String("vmlinux", "", "take types (.BTF) and unwind tables (.orc_unwind*) from the kernel image `FILE` instead of the dump")
 	phys := fs.Bool("phys", false, "rd: ADDR is a physical address")
+	holdOut := fs.StringSlice("hold-out", nil, "typegraph: treat the caches `CACHE,…` as untyped and measure how the inference types their objects")
+	graph := fs.Bool("graph", false, "whattype: type the heap by the type graph first (objects of kmalloc and merged caches)")
 	fs.Usage = func() { fmt.Fprintf(os.Stderr, "Usage: kinst %s%s", coreSynopsis, fs.FlagUsages()) }
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -67,9 +76,9 @@ func coreCmd(args []string) error {
 		return nil
 	}
 	req := cli.CoreRequest{Dump: path, Command: cmd, Length: 64, Phys: *phys, JSON: *asJSON,
-		Options: core.Options{BTF: *btfFile, Vmlinux: *vmlinux}}
+		Options: core.Options{BTF: *btfFile, Vmlinux: *vmlinux}, HoldOut: *holdOut, Graph: *graph}
 	switch cmd {
-	case "info", "ps", "log", "slabs":
+	case "info", "ps", "log", "slabs", "typegraph":
 		if err := nargs(0, 0); err != nil {
 			return err
 		}
@@ -109,6 +118,12 @@ func coreCmd(args []string) error {
 	default:
 		fs.Usage()
 		return fmt.Errorf("core: unknown command %q", cmd)
+	}
+	if len(*holdOut) > 0 && cmd != "typegraph" {
+		return fmt.Errorf("core %s: --hold-out is a typegraph flag", cmd)
+	}
+	if *graph && cmd != "whattype" {
+		return fmt.Errorf("core %s: --graph is a whattype flag", cmd)
 	}
 	if *phys && cmd != "rd" {
 		return fmt.Errorf("core %s: --phys is an rd flag", cmd)

@@ -17,7 +17,7 @@ import (
 // already checked by the command line.
 type CoreRequest struct {
 	Dump    string // path of the dump
-	Command string // info, ps, bt, log, rd, sym, dis, slabs or whattype
+	Command string // info, ps, bt, log, rd, sym, dis, slabs, whattype or typegraph
 	Arg     string // rd, whattype: ADDR|SYM[+0xOFF]; sym: ADDR|NAME; dis: FUNC
 	Which   uint64 // bt: PID or task_struct address
 	All     bool   // bt -a
@@ -25,6 +25,8 @@ type CoreRequest struct {
 	Phys    bool   // rd: ADDR is physical
 	JSON    bool
 	Options core.Options // Linux: types and ORC from files
+	HoldOut []string     // typegraph: caches treated as untyped
+	Graph   bool         // whattype: type the heap by the type graph first
 }
 
 // Core opens the dump, decides from its format which kernel it came
@@ -66,7 +68,9 @@ func Core(req CoreRequest, w io.Writer) error {
 	case "slabs":
 		return CoreSlabsReport(k, req.JSON, w)
 	case "whattype":
-		return CoreWhatType(k, req.Arg, req.JSON, w)
+		return CoreWhatType(k, req.Arg, req.Graph, req.JSON, w)
+	case "typegraph":
+		return CoreTypeGraph(k, req.HoldOut, req.JSON, w)
 	}
 	return fmt.Errorf("core: unknown command %q", req.Command)
 }

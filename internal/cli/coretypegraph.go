@@ -1,0 +1,115 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kinst/kinst/core"
+	"github.com/kinst/kinst/core/typegraph"
+	"github.com/kinst/kinst/core/typeid"
+)
+
+// CoreTypeGraph types the dump's heap by the type graph and prints the
+// account: each pass, each cache's types, the held-out caches'
+// precision and recall, and a few conflicts with their chains.
+func CoreTypeGraph(k *core.Kernel, holdOut []string, asJSON bool, w io.Writer) error {
+	h, err := openHeap(k)
+	if err != nil {
+		return err
+	}
+	spec, err := kernelView{k}.BTF()
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	g, err := typegraph.Build(kernelView{k}, h, typeid.CacheTypes(spec, h), typegraph.Options{HoldOut: holdOut})
+	if err != nil {
+		return err
+	}
+	r := g.Report()
+	if asJSON {
+		return writeJSON(w, r)
+	}
+	pct := func(a, b int) float64 {
+		if b == 0 {
+			return 0
+		}
+		return 100 * float64(a) / float64(b)
+	}
+	fmt.Fprintf(w, "%d objects: %d typed (%.1f%%), %d by their cache, %d by the graph; %d untyped; %d with conflicts\n",
+		r.Objects, r.Typed, pct(r.Typed, r.Objects), r.ByCache, r.Propagated, r.Untyped, r.Conflicts)
+	fmt.Fprintf(w, "%d variables read, %d pointers into objects of unknown type, %d arrays; %.2fs\n\n", r.Roots, r.Claims, r.Arrays, time.Since(start).Seconds())
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "PASS\tOBJECTS\tKNOWN\tCONJECTURED\tCONFLICTS\tUNMARKED\tMS\t\n")
+	for _, p := range r.Passes {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%.1f\t\n", p.Pass, r.Objects, p.Known, p.Conjectured, p.Conflicts, p.Unmarked, float64(p.NS)/1e6)
+	}
+	tw.Flush()
+	if r.GreatestReach != nil {
+		fmt.Fprintf(w, "\ngreatest reach: %s (%s), %d untyped objects reachable from it\n", r.GreatestReach.Object, r.GreatestReach.Cache, r.GreatestReach.Reach)
+	}
+	fmt.Fprintf(w, "\ncaches whose objects the graph typed:\n")
+	for _, c := range r.Caches {
+		if c.Typed == 0 {
+			continue
+		}
+		var byN []string
+		for t, n := range c.Types {
+			byN = append(byN, fmt.Sprintf("%d\x00%s", n, t))
+		}
+		sort.Slice(byN, func(i, j int) bool {
+			var a, b int
+			fmt.Sscan(strings.Split(byN[i], "\x00")[0], &a)
+			fmt.Sscan(strings.Split(byN[j], "\x00")[0], &b)
+			return a > b || a == b && byN[i] < byN[j]
+		})
+		if c.ByCache == c.Objects {
+			continue // typed by the cache: nothing the graph found
+		}
+		parts := []string{}
+		for i, s := range byN {
+			if i == 5 {
+				parts = append(parts, fmt.Sprintf("… %d more", len(byN)-5))
+				break
+			}
+			f := strings.Split(s, "\x00")
+			parts = append(parts, f[1]+" "+f[0])
+		}
+		fmt.Fprintf(w, "  %-24s %6d of %6d: %s\n", c.Name, c.Typed, c.Objects, strings.Join(parts, ", "))
+	}
+	if len(r.HeldOut) > 0 {
+		fmt.Fprintf(w, "\nheld out (typed by inference only, checked against the cache's type):\n")
+		for _, ho := range r.HeldOut {
+			if ho.Type == "" {
+				fmt.Fprintf(w, "  %-20s %6d objects, %6d typed: the cache holds no one known type to check against (merged, or no struct fits)\n", ho.Cache, ho.Objects, ho.Typed)
+				continue
+			}
+			fmt.Fprintf(w, "  %-20s %-16s %6d objects, %6d typed, %6d right: precision %.1f%%, recall %.1f%%", ho.Cache, ho.Type, ho.Objects, ho.Typed, ho.Correct, pct(ho.Correct, ho.Typed), pct(ho.Correct, ho.Objects))
+			if len(ho.Wrong) > 0 {
+				var ws []string
+				for t, n := range ho.Wrong {
+					ws = append(ws, fmt.Sprintf("%s %d", t, n))
+				}
+				sort.Strings(ws)
+				fmt.Fprintf(w, "; wrong: %s", strings.Join(ws, ", "))
+			}
+			fmt.Fprintln(w)
+		}
+	}
+	if cs := g.Conflicts(3); len(cs) > 0 {
+		fmt.Fprintf(w, "\nconflicts (first %d of %d):\n", len(cs), r.Conflicts)
+		for _, c := range cs {
+			fmt.Fprintf(w, "  %#x (%s) is %s:\n", c.Object, c.Cache, c.Type)
+			printChain(w, "    ", c.Chain)
+			for _, o := range c.Conflicts {
+				fmt.Fprintf(w, "    but:\n")
+				printChain(w, "      ", o)
+			}
+		}
+	}
+	return nil
+}
