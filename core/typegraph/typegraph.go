@@ -530,14 +530,14 @@ func (g *Graph) set(n int32, t int32, arr int32, m Mark, from int32) {
 	g.queue = append(g.queue, n)
 }
 
-// propagate reads every queued node, conservatively typing what its
-// pointers reach, until nothing is left.
+// propagate reads every queued node in the order queued (breadth
+// first: the shortest chains), conservatively typing what its pointers
+// reach, until nothing is left.
 func (g *Graph) propagate() {
-	for len(g.queue) > 0 {
-		n := g.queue[len(g.queue)-1]
-		g.queue = g.queue[:len(g.queue)-1]
-		g.scan(n)
+	for i := 0; i < len(g.queue); i++ {
+		g.scan(g.queue[i])
 	}
+	g.queue = g.queue[:0]
 }
 
 // run runs one pass and the propagation from what it typed.
