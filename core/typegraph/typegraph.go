@@ -45,9 +45,12 @@
 //     links the children's sibling members, a list of dentries links
 //     d_child to d_child); otherwise the containers are the structs with
 //     such a node at that offset whose size fits the target's cache, and
-//     a single one is taken. An object takes the candidate most claims
-//     agree on alone; a tie leaves it unmarked. The pass repeats until
-//     it marks nothing.
+//     a single one is taken. A candidate must hold, at every offset a
+//     typed pointer outside a union claims, the struct that pointer
+//     names (a list sibling rule never overrides a struct device *
+//     pointing into the middle of the object). An object takes the
+//     candidate most claims agree on alone; a tie leaves it unmarked.
+//     The pass repeats until it marks nothing.
 //
 // A claim that contradicts an object's type (a pointer to S at an
 // offset where the object's type holds no S) is a conflict: counted
@@ -59,6 +62,7 @@ package typegraph
 import (
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -369,6 +373,7 @@ func (g *Graph) seed(t0 time.Time) {
 		}
 	}
 	g.findRoots()
+	g.curPass = 1 // what the variables point at is typed as the conservative pass would
 	for r := range g.roots {
 		g.scanRoot(int32(r))
 	}
@@ -710,17 +715,49 @@ func (g *Graph) coalesce() {
 
 // infer is pass 4, repeated until it types nothing.
 func (g *Graph) infer() {
-	for round := 0; round < 64; round++ {
-		marked := 0
+	// Typed pointers first, to a fixpoint; then one round with the list
+	// and tree nodes too, and again.
+	var pending []int32
+	for round, links := 0, false; round < 256; round++ {
+		// The unmarked objects with claims (new claims arrive as each
+		// round's types propagate).
+		pending = pending[:0]
 		for n := range g.mark {
-			if g.mark[n] != Unmarked || g.head[n] < 0 {
-				continue
+			if g.mark[n] == Unmarked && g.head[n] >= 0 {
+				pending = append(pending, int32(n))
 			}
-			ci := g.cacheOf(int32(n))
+		}
+		marked := g.inferRound(pending, links)
+		if marked > 0 {
+			g.propagate()
+			links = false
+			continue
+		}
+		if links {
+			return
+		}
+		links = true
+	}
+}
+
+// inferRound types the unmarked objects whose claims agree on one
+// struct; with links false, the claims of list and tree nodes are left
+// out.
+func (g *Graph) inferRound(pending []int32, links bool) int {
+	marked := 0
+	{
+		for _, n := range pending {
+			ci := g.cacheOf(n)
 			votes := map[int32]int{}
 			by := map[int32]int32{}
 			for c := g.head[n]; c >= 0; c = g.claims[c].next {
+				if !links && g.claims[c].flags&flagLink != 0 {
+					continue
+				}
 				cands := g.candidates(ci, &g.claims[c])
+				// A candidate must hold what every typed pointer outside
+				// a union says is at its offset.
+				cands = slices.DeleteFunc(cands, func(t int32) bool { return !g.agrees(n, t) })
 				if len(cands) != 1 {
 					continue
 				}
@@ -739,15 +776,33 @@ func (g *Graph) infer() {
 				}
 			}
 			if best >= 0 && !tie {
-				g.set(int32(n), best, 0, Conjectured, by[best])
+				g.set(n, best, 0, Conjectured, by[best])
 				marked++
 			}
 		}
-		if marked == 0 {
-			return
-		}
-		g.propagate()
 	}
+	return marked
+}
+
+// agrees says whether struct t holds, at each offset of node n that a
+// pointer outside a union claims, the struct that pointer names.
+func (g *Graph) agrees(n, t int32) bool {
+	for c := g.head[n]; c >= 0; c = g.claims[c].next {
+		cl := &g.claims[c]
+		if cl.flags != 0 {
+			continue
+		}
+		if cl.toff >= g.ts.info(t).size {
+			if g.ts.info(t).tail == 0 {
+				return false
+			}
+			continue
+		}
+		if !g.ts.holdsAt(t, cl.typ, cl.toff) {
+			return false
+		}
+	}
+	return true
 }
 
 // snapshot records the counts after a pass.
