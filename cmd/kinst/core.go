@@ -32,8 +32,9 @@ Commands:
   whattype ADDR|SYM[+0xOFF]
                   what an address is: a slab object (cache, object, state,
                   type and member), a task's stack, a symbol, a page;
-                  --graph: objects of kmalloc and merged caches typed by
-                  the type graph, with the chain of pointers that did it
+                  an object of a kmalloc or merged cache is typed by the
+                  type graph, with the chain of pointers that did it
+                  (--graph=false: only by its cache)
   typegraph       every heap object's type, propagated from the caches
                   that hold one struct and the per-CPU variables through
                   pointer members (passes: conservative, arrays,
@@ -57,7 +58,7 @@ func coreCmd(args []string) error {
 	vmlinux := fs.String("vmlinux", "", "take types (.BTF) and unwind tables (.orc_unwind*) from the kernel image `FILE` instead of the dump")
 	phys := fs.Bool("phys", false, "rd: ADDR is a physical address")
 	holdOut := fs.StringSlice("hold-out", nil, "typegraph: treat the caches `CACHE,…` as untyped and measure how the inference types their objects")
-	graph := fs.Bool("graph", false, "whattype: type the heap by the type graph first (objects of kmalloc and merged caches)")
+	graph := fs.Bool("graph", true, "whattype: type an object its cache does not by the type graph (kmalloc and merged caches); --graph=false: the cache's type only")
 	fs.Usage = func() { fmt.Fprintf(os.Stderr, "Usage: kinst %s%s", coreSynopsis, fs.FlagUsages()) }
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -122,7 +123,7 @@ func coreCmd(args []string) error {
 	if len(*holdOut) > 0 && cmd != "typegraph" {
 		return fmt.Errorf("core %s: --hold-out is a typegraph flag", cmd)
 	}
-	if *graph && cmd != "whattype" {
+	if fs.Changed("graph") && cmd != "whattype" {
 		return fmt.Errorf("core %s: --graph is a whattype flag", cmd)
 	}
 	if *phys && cmd != "rd" {

@@ -26,7 +26,7 @@ type CoreRequest struct {
 	JSON    bool
 	Options core.Options // Linux: types and ORC from files
 	HoldOut []string     // typegraph: caches treated as untyped
-	Graph   bool         // whattype: type the heap by the type graph first
+	Graph   bool         // whattype: type an object its cache does not by the type graph
 }
 
 // Core opens the dump, decides from its format which kernel it came

@@ -226,8 +226,9 @@ func CoreSlabsReport(k *core.Kernel, asJSON bool, w io.Writer) error {
 
 // CoreWhatType says what an address of the dump is: a slab object with
 // its cache, state, type and member, or what else.
-// With graph, the heap is typed by the type graph first and an object
-// the graph typed says so ("source": the pass).
+// With graph, an object its cache gives no type is typed by the type
+// graph over the whole heap ("source": the pass that typed it, and the
+// chain of pointers).
 func CoreWhatType(k *core.Kernel, at string, graph, asJSON bool, w io.Writer) error {
 	a, err := resolveAddr(k, at)
 	if err != nil {
