@@ -50,7 +50,10 @@
 //     names (a list sibling rule never overrides a struct device *
 //     pointing into the middle of the object). An object takes the
 //     candidate most claims agree on alone; a tie leaves it unmarked.
-//     The pass repeats until it marks nothing.
+//     Typed pointers decide first, to a fixpoint, then one round with
+//     the list nodes too, and so on until a round marks nothing; from
+//     the first such round, propagation follows a list of the pointing
+//     object's own struct to its end at once.
 //
 // A claim that contradicts an object's type (a pointer to S at an
 // offset where the object's type holds no S) is a conflict: counted
@@ -154,6 +157,7 @@ type Graph struct {
 	queue   []int32
 	curPass uint8
 	mt      maple
+	chase   bool // claims of list nodes of the pointing struct decide at once
 
 	objects  int
 	rep      Report
@@ -511,6 +515,16 @@ func (g *Graph) claim(c claim, srcType int32, m Mark) {
 	g.head[n] = ci
 	if decisive && c.toff == 0 && g.fits(g.cacheOf(n), c.typ) {
 		g.set(n, c.typ, 0, m, ci)
+		return
+	}
+	// Once the inference follows lists, a list of the pointing object's
+	// own struct is followed to its end at once (a directory's 100,000
+	// dentries are not 100,000 rounds).
+	if g.chase && c.flags == flagLink && srcType >= 0 && c.src >= 0 && g.arr[c.src] == 0 {
+		ti := g.ts.info(srcType)
+		if ti.size > c.toff && g.ts.holdsAt(srcType, c.typ, c.toff) && g.fits(g.cacheOf(n), srcType) && g.agrees(n, srcType) {
+			g.set(n, srcType, 0, Conjectured, ci)
+		}
 	}
 }
 
@@ -736,7 +750,7 @@ func (g *Graph) infer() {
 		if links {
 			return
 		}
-		links = true
+		links, g.chase = true, true
 	}
 }
 
