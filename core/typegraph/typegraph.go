@@ -158,6 +158,7 @@ type Graph struct {
 	curPass uint8
 	mt      maple
 	chase   bool // claims of list nodes of the pointing struct decide at once
+	cpus    []uint64
 
 	objects  int
 	rep      Report
