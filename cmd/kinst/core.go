@@ -40,6 +40,10 @@ Commands:
                   pointer members (passes: conservative, arrays,
                   coalescence, inference); --hold-out CACHE,… measures
                   the inference on caches whose type is known
+  findlocks       held mutexes, rwsems and spinlocks in typed memory,
+                  with the owner task and the waiters
+  findfalse       arrays of structs smaller than a cache line holding a
+                  lock, seqlock or wait queue head (false sharing)
 
 FreeBSD amd64 minidumps: info (header, memory, pages), log (the message
 buffer, oldest line first) and rd ADDR (through the dump's pmap and
@@ -79,7 +83,7 @@ func coreCmd(args []string) error {
 	req := cli.CoreRequest{Dump: path, Command: cmd, Length: 64, Phys: *phys, JSON: *asJSON,
 		Options: core.Options{BTF: *btfFile, Vmlinux: *vmlinux}, HoldOut: *holdOut, Graph: *graph}
 	switch cmd {
-	case "info", "ps", "log", "slabs", "typegraph":
+	case "info", "ps", "log", "slabs", "typegraph", "findlocks", "findfalse":
 		if err := nargs(0, 0); err != nil {
 			return err
 		}

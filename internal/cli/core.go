@@ -17,7 +17,7 @@ import (
 // already checked by the command line.
 type CoreRequest struct {
 	Dump    string // path of the dump
-	Command string // info, ps, bt, log, rd, sym, dis, slabs, whattype or typegraph
+	Command string // info, ps, bt, log, rd, sym, dis, slabs, whattype, typegraph, findlocks or findfalse
 	Arg     string // rd, whattype: ADDR|SYM[+0xOFF]; sym: ADDR|NAME; dis: FUNC
 	Which   uint64 // bt: PID or task_struct address
 	All     bool   // bt -a
@@ -71,6 +71,10 @@ func Core(req CoreRequest, w io.Writer) error {
 		return CoreWhatType(k, req.Arg, req.Graph, req.JSON, w)
 	case "typegraph":
 		return CoreTypeGraph(k, req.HoldOut, req.JSON, w)
+	case "findlocks":
+		return CoreFindLocks(k, req.JSON, w)
+	case "findfalse":
+		return CoreFindFalse(k, req.JSON, w)
 	}
 	return fmt.Errorf("core: unknown command %q", req.Command)
 }

@@ -113,3 +113,108 @@ func CoreTypeGraph(k *core.Kernel, holdOut []string, asJSON bool, w io.Writer) e
 	}
 	return nil
 }
+
+// buildGraph types the dump's heap.
+func buildGraph(k *core.Kernel) (*typegraph.Graph, error) {
+	h, err := openHeap(k)
+	if err != nil {
+		return nil, err
+	}
+	spec, err := kernelView{k}.BTF()
+	if err != nil {
+		return nil, err
+	}
+	return typegraph.Build(kernelView{k}, h, typeid.CacheTypes(spec, h), typegraph.Options{})
+}
+
+// CoreFindLocks prints the held locks in typed memory, with owners and
+// waiters.
+func CoreFindLocks(k *core.Kernel, asJSON bool, w io.Writer) error {
+	g, err := buildGraph(k)
+	if err != nil {
+		return err
+	}
+	locks, implausible, err := g.FindLocks()
+	if err != nil {
+		return fmt.Errorf("findlocks: %w", err)
+	}
+	if locks == nil {
+		locks = []typegraph.Lock{}
+	}
+	if asJSON {
+		return writeJSON(w, struct {
+			Locks       []typegraph.Lock `json:"locks"`
+			Implausible int              `json:"implausible"`
+		}{locks, implausible})
+	}
+	task := func(t *typegraph.TaskRef) string {
+		if t.PID < 0 {
+			return t.Address + " (not a task)"
+		}
+		return fmt.Sprintf("%d %s", t.PID, t.Comm)
+	}
+	for _, l := range locks {
+		fmt.Fprintf(w, "%s %-8s %s", l.Address, l.Kind, l.In)
+		if l.Cache != "" {
+			fmt.Fprintf(w, " (%s)", l.Cache)
+		}
+		switch {
+		case l.HeldBy != nil:
+			fmt.Fprintf(w, "\n  held by %s", task(l.HeldBy))
+		case l.Readers > 0:
+			fmt.Fprintf(w, "\n  held by %d reader(s)", l.Readers)
+		case l.Owner != "":
+			fmt.Fprintf(w, "\n  owner word %s names no task", l.Owner)
+		}
+		fmt.Fprintln(w)
+		for _, t := range l.Waiters {
+			fmt.Fprintf(w, "  waiting: %s\n", task(t))
+		}
+	}
+	fmt.Fprintf(w, "%d held locks; %d more locks' words could not be a held lock's (their objects' types are wrong)\n", len(locks), implausible)
+	return nil
+}
+
+// CoreFindFalse prints the arrays whose small elements hold a lock and
+// share cache lines.
+func CoreFindFalse(k *core.Kernel, asJSON bool, w io.Writer) error {
+	g, err := buildGraph(k)
+	if err != nil {
+		return err
+	}
+	fs := g.FindFalse()
+	if fs == nil {
+		fs = []typegraph.FalseShare{}
+	}
+	if asJSON {
+		return writeJSON(w, struct {
+			Arrays []typegraph.FalseShare `json:"arrays"`
+		}{fs})
+	}
+	// One line per member, with how many objects have it.
+	type key struct{ in, typ, prim string }
+	count := map[key]int{}
+	first := map[key]typegraph.FalseShare{}
+	var keys []key
+	for _, f := range fs {
+		in := f.In
+		if f.Cache != "" {
+			in = f.Cache + ": " + f.In
+		}
+		k := key{in, f.Type, f.Primitive}
+		if count[k] == 0 {
+			keys = append(keys, k)
+			first[k] = f
+		}
+		count[k]++
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
+	fmt.Fprintf(tw, "ADDRESS\tCOUNT\tELEMENT\tTOTAL\tTYPE\tPRIMITIVE\tIN\n")
+	for _, k := range keys {
+		f := first[k]
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%s\n", f.Address, count[k], f.ElementSize, f.TotalSize, f.Type, f.Primitive, k.in)
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "%d arrays (%d kinds); ADDRESS is the first of COUNT\n", len(fs), len(keys))
+	return nil
+}
