@@ -27,7 +27,9 @@
 //     multiple of sizeof(S), whose every would-be element holds only
 //     null or kernel pointers in S's pointer members (and at least one
 //     beyond the first element holds one) is S[n], n = object size /
-//     sizeof(S). Flexible array members are read in every pass: a typed
+//     sizeof(S), unless a struct that fits the object holds S at the
+//     claimed offset (task_struct.vfork_done points at the completion
+//     at 0x40 of a struct kthread, not into an array of completions). Flexible array members are read in every pass: a typed
 //     object longer than its struct has its tail read as elements.
 //  3. coalescence: an object with claims of several types or offsets is
 //     the one struct that fits it and holds every claimed struct at its
@@ -598,12 +600,26 @@ func (g *Graph) arrays() {
 			if ti.size == 0 || ti.size*2 > ci.c.ObjectSize || cl.toff%ti.size != 0 || ti.flexSize > 0 {
 				continue
 			}
+			if g.embedded(ci, cl.typ, cl.toff) {
+				continue // a struct that holds S there explains the pointer as well
+			}
 			if g.looksArray(int32(n), ti) {
 				g.set(int32(n), cl.typ, int32(ci.c.ObjectSize/ti.size), Conjectured, c)
 				break
 			}
 		}
 	}
+}
+
+// embedded says whether a struct that fits the cache holds struct t at
+// off.
+func (g *Graph) embedded(ci *cacheInfo, t int32, off uint32) bool {
+	for _, e := range g.ts.embedders(g.spec, t, off) {
+		if g.fits(ci, e) {
+			return true
+		}
+	}
+	return false
 }
 
 // looksArray checks the array hypothesis: every element's pointer
