@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 
 	"github.com/kinst/kinst/core"
 	"github.com/kinst/kinst/internal/cli"
@@ -40,6 +41,9 @@ Commands:
                   pointer members (passes: conservative, arrays,
                   coalescence, inference); --hold-out CACHE,… measures
                   the inference on caches whose type is known
+  istype ADDR TYPE
+                  typegraph with the object at ADDR set to struct TYPE by
+                  hand: how many more objects the graph then types
   findlocks       held mutexes, rwsems and spinlocks in typed memory,
                   with the owner task and the waiters
   findfalse       arrays of structs smaller than a cache line holding a
@@ -115,6 +119,11 @@ func coreCmd(args []string) error {
 			}
 			req.Length = int(v)
 		}
+	case "istype":
+		if err := nargs(2, 2); err != nil {
+			return err
+		}
+		req.Arg, req.TypeName = rest[0], strings.TrimPrefix(rest[1], "struct ")
 	case "sym", "dis", "whattype":
 		if err := nargs(1, 1); err != nil {
 			return err
@@ -124,7 +133,7 @@ func coreCmd(args []string) error {
 		fs.Usage()
 		return fmt.Errorf("core: unknown command %q", cmd)
 	}
-	if len(*holdOut) > 0 && cmd != "typegraph" {
+	if len(*holdOut) > 0 && cmd != "typegraph" && cmd != "istype" {
 		return fmt.Errorf("core %s: --hold-out is a typegraph flag", cmd)
 	}
 	if fs.Changed("graph") && cmd != "whattype" {

@@ -55,7 +55,7 @@ Usage:
   kinst unwind stack PID [--tid TID] [--ptrace] [--json]
                          user stacks of a live process, without frame
                          pointers where CFI is available
-  kinst core DUMP info|ps|bt PID|TASK|-a|log|rd ADDR [N]|sym ADDR|NAME|dis FUNC|slabs|whattype ADDR [--graph=false]|typegraph [--hold-out CACHE,…]|findlocks|findfalse [--json]
+  kinst core DUMP info|ps|bt PID|TASK|-a|log|rd ADDR [N]|sym ADDR|NAME|dis FUNC|slabs|whattype ADDR [--graph=false]|typegraph [--hold-out CACHE,…]|istype ADDR TYPE|findlocks|findfalse [--json]
                          postmortem analysis of a kernel crash dump
   kinst vm up|exec|down|status
                          the test VM: a stock Debian kernel under QEMU with

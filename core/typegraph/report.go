@@ -52,6 +52,7 @@ type Report struct {
 	Objects       int           `json:"objects"`
 	Typed         int           `json:"typed"`
 	ByCache       int           `json:"by_cache"`
+	ByHand        int           `json:"by_hand,omitempty"` // istype: set by hand (typed = by_cache + by_hand + propagated)
 	Propagated    int           `json:"propagated"`
 	Conflicts     int           `json:"conflicts"`
 	Untyped       int           `json:"untyped"`
@@ -97,10 +98,13 @@ func (g *Graph) report() {
 			cr.Typed++
 			cr.Types[g.typeName(nn)]++
 			r.Typed++
-			if m == ByCache {
+			switch m {
+			case ByCache:
 				r.ByCache++
 				cr.ByCache++
-			} else {
+			case Hand:
+				r.ByHand++
+			default:
 				r.Propagated++
 			}
 			if g.arr[n] > 0 {
@@ -230,8 +234,11 @@ func (g *Graph) TypeAt(addr uint64) (*Typing, bool) {
 		return nil, false
 	}
 	t := &Typing{Object: g.addr(n), Type: g.typeName(n), Mark: g.mark[n], Pass: passNames[g.pass[n]]}
-	if g.mark[n] == ByCache {
+	switch g.mark[n] {
+	case ByCache:
 		t.Pass = PassCache
+	case Hand:
+		t.Pass = "istype"
 	}
 	ti := g.ts.info(g.typ[n])
 	mo := uint64(off)
@@ -274,7 +281,7 @@ func (g *Graph) chain(c int32) []Step {
 			st.Member = typeid.MemberPath(ti.t, off)
 		}
 		out = append(out, st)
-		if g.mark[cl.src] == ByCache {
+		if g.mark[cl.src] == ByCache || g.mark[cl.src] == Hand {
 			break
 		}
 		c = g.from[cl.src]

@@ -84,6 +84,16 @@ type Options struct {
 	// objects are typed by inference only and checked against the cache's
 	// own type (Report.HeldOut).
 	HoldOut []string
+	// ByHand sets the types of objects (istype): each address must be an
+	// allocated object's start, each type a BTF struct. They are known
+	// types as the caches' are, and the passes run from them.
+	ByHand []ByHand
+}
+
+// ByHand is one type set by hand.
+type ByHand struct {
+	Addr uint64
+	Type string
 }
 
 // Mark says how an object got its type.
@@ -94,6 +104,7 @@ const (
 	ByCache          // its cache holds one struct
 	Known            // conservative propagation from known types
 	Conjectured      // a later pass, or propagation from a conjecture
+	Hand             // set by hand (Options.ByHand)
 )
 
 // Pass names, in the order they run.
@@ -210,7 +221,9 @@ func Build(k slab.Kernel, h *slab.Heap, ctypes map[*slab.Cache]typeid.CacheType,
 	}
 	g.index(ctypes)
 	g.initMaple()
-	g.seed(t0)
+	if err := g.seed(t0, opt.ByHand); err != nil {
+		return nil, err
+	}
 	g.run(PassConservative, func() {})
 	g.run(PassArrays, g.arrays)
 	g.run(PassCoalescence, g.coalesce)
@@ -366,7 +379,7 @@ func (g *Graph) fits(ci *cacheInfo, t int32) bool {
 
 // seed types the objects of the caches that hold one struct and reads
 // the roots.
-func (g *Graph) seed(t0 time.Time) {
+func (g *Graph) seed(t0 time.Time, hand []ByHand) error {
 	for n := range g.typ {
 		ci := g.cacheOf(int32(n))
 		s := g.slabs[g.nodeSlab[n]]
@@ -379,12 +392,28 @@ func (g *Graph) seed(t0 time.Time) {
 			g.queue = append(g.queue, int32(n))
 		}
 	}
+	for _, bh := range hand {
+		n, off, ok := g.node(bh.Addr)
+		if !ok || off != 0 {
+			return fmt.Errorf("istype: %#x is not the start of an allocated slab object", bh.Addr)
+		}
+		var st *btf.Struct
+		if err := g.spec.TypeByName(bh.Type, &st); err != nil {
+			return fmt.Errorf("istype: struct %s: %w", bh.Type, err)
+		}
+		if g.mark[n] == ByCache {
+			return fmt.Errorf("istype: %#x is a %s by its cache already", bh.Addr, g.typeName(n))
+		}
+		g.typ[n], g.mark[n], g.arr[n] = g.ts.id(st), Hand, 0
+		g.queue = append(g.queue, n)
+	}
 	g.findRoots()
 	g.curPass = 1 // what the variables point at is typed as the conservative pass would
 	for r := range g.roots {
 		g.scanRoot(int32(r))
 	}
 	g.snapshot(PassCache, time.Since(t0))
+	return nil
 }
 
 // findRoots lists the per-CPU variables (each CPU's copy) and the other
@@ -453,7 +482,7 @@ func (g *Graph) scan(n int32) {
 	}
 	ti := g.ts.info(t)
 	m := g.mark[n]
-	if m == ByCache {
+	if m == ByCache || m == Hand {
 		m = Known
 	}
 	elems := max(int(g.arr[n]), 1)
@@ -841,7 +870,7 @@ func (g *Graph) snapshot(name string, d time.Duration) {
 	p := PassReport{Pass: name, NS: d.Nanoseconds()}
 	for n, m := range g.mark {
 		switch m {
-		case ByCache, Known:
+		case ByCache, Known, Hand:
 			p.Known++
 		case Conjectured:
 			p.Conjectured++

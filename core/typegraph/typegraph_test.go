@@ -128,7 +128,11 @@ func heap(t *testing.T) (*slabtest.Image, *slab.Heap, map[uint64]want, map[strin
 	if err != nil {
 		t.Fatal(err)
 	}
-	return im, h, w, map[string]uint64{"item": item, "o1": o1}
+	// An untyped outer whose union points at an untyped leaf: istype's.
+	hand, handLeaf := k128.Obj(s128, 2), k32.Obj(s32, 6)
+	im.U64(hand+16+8, 5) // not a pointer
+	im.U64(hand, handLeaf)
+	return im, h, w, map[string]uint64{"item": item, "o1": o1, "hand": hand, "handLeaf": handLeaf, "o0": o0}
 }
 
 func TestGraph(t *testing.T) {
@@ -263,6 +267,38 @@ func TestFits(t *testing.T) {
 	} {
 		if got := g.fits(ci(c.cache), id(c.typ)); got != c.want {
 			t.Errorf("fits(%s, %s) = %v, want %v", c.cache, c.typ, got, c.want)
+		}
+	}
+}
+
+func TestIsType(t *testing.T) {
+	im, h, _, addrs := heap(t)
+	ct := typeid.CacheTypes(im.Spec, h)
+	g0, err := Build(im, h, ct, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := g0.TypeAt(addrs["hand"]); ok {
+		t.Fatal("the object istype is to type is typed already")
+	}
+	g, err := Build(im, h, ct, Options{ByHand: []ByHand{{addrs["hand"], "outer"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ty, ok := g.TypeAt(addrs["hand"]); !ok || ty.Type != "outer" || ty.Mark != Hand || ty.Pass != "istype" {
+		t.Errorf("typed by hand: %+v", ty)
+	}
+	// Its union's pointer types the leaf in the inference.
+	if ty, ok := g.TypeAt(addrs["handLeaf"]); !ok || ty.Type != "leaf" || len(ty.Chain) != 1 || ty.Chain[0].Member != "outer.l" {
+		t.Errorf("the leaf an istype object points at: %+v", ty)
+	}
+	r, r0 := g.Report(), g0.Report()
+	if r.ByHand != 1 || r.Typed != r0.Typed+2 || r.ByCache+r.ByHand+r.Propagated != r.Typed {
+		t.Errorf("istype report: %+v; without: %+v", r, r0)
+	}
+	for _, bad := range []ByHand{{addrs["hand"] + 8, "outer"}, {addrs["hand"], "nosuch"}, {addrs["o0"], "outer"}} {
+		if _, err := Build(im, h, ct, Options{ByHand: []ByHand{bad}}); err == nil {
+			t.Errorf("istype %#x %s: no error", bad.Addr, bad.Type)
 		}
 	}
 }

@@ -16,17 +16,18 @@ import (
 // CoreRequest is one `kinst core DUMP COMMAND [ARGS]`, its arguments
 // already checked by the command line.
 type CoreRequest struct {
-	Dump    string // path of the dump
-	Command string // info, ps, bt, log, rd, sym, dis, slabs, whattype, typegraph, findlocks or findfalse
-	Arg     string // rd, whattype: ADDR|SYM[+0xOFF]; sym: ADDR|NAME; dis: FUNC
-	Which   uint64 // bt: PID or task_struct address
-	All     bool   // bt -a
-	Length  int    // rd: bytes
-	Phys    bool   // rd: ADDR is physical
-	JSON    bool
-	Options core.Options // Linux: types and ORC from files
-	HoldOut []string     // typegraph: caches treated as untyped
-	Graph   bool         // whattype: type an object its cache does not by the type graph
+	Dump     string // path of the dump
+	Command  string // info, ps, bt, log, rd, sym, dis, slabs, whattype, typegraph, istype, findlocks or findfalse
+	Arg      string // rd, whattype, istype: ADDR|SYM[+0xOFF]; sym: ADDR|NAME; dis: FUNC
+	Which    uint64 // bt: PID or task_struct address
+	All      bool   // bt -a
+	Length   int    // rd: bytes
+	Phys     bool   // rd: ADDR is physical
+	JSON     bool
+	Options  core.Options // Linux: types and ORC from files
+	HoldOut  []string     // typegraph, istype: caches treated as untyped
+	TypeName string       // istype: the struct the object at Arg is
+	Graph    bool         // whattype: type an object its cache does not by the type graph
 }
 
 // Core opens the dump, decides from its format which kernel it came
@@ -70,7 +71,9 @@ func Core(req CoreRequest, w io.Writer) error {
 	case "whattype":
 		return CoreWhatType(k, req.Arg, req.Graph, req.JSON, w)
 	case "typegraph":
-		return CoreTypeGraph(k, req.HoldOut, req.JSON, w)
+		return CoreTypeGraph(k, req.HoldOut, nil, req.JSON, w)
+	case "istype":
+		return CoreTypeGraph(k, req.HoldOut, []string{req.Arg, req.TypeName}, req.JSON, w)
 	case "findlocks":
 		return CoreFindLocks(k, req.JSON, w)
 	case "findfalse":

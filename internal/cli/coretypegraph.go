@@ -16,7 +16,11 @@ import (
 // CoreTypeGraph types the dump's heap by the type graph and prints the
 // account: each pass, each cache's types, the held-out caches'
 // precision and recall, and a few conflicts with their chains.
-func CoreTypeGraph(k *core.Kernel, holdOut []string, asJSON bool, w io.Writer) error {
+//
+// istype, if set, is "ADDR TYPE": the object at ADDR is a struct TYPE,
+// set by hand, and the report says how many more objects the graph
+// types with it than without.
+func CoreTypeGraph(k *core.Kernel, holdOut []string, istype []string, asJSON bool, w io.Writer) error {
 	h, err := openHeap(k)
 	if err != nil {
 		return err
@@ -25,14 +29,31 @@ func CoreTypeGraph(k *core.Kernel, holdOut []string, asJSON bool, w io.Writer) e
 	if err != nil {
 		return err
 	}
+	opt := typegraph.Options{HoldOut: holdOut}
+	var before int
+	if len(istype) == 2 {
+		a, err := resolveAddr(k, istype[0])
+		if err != nil {
+			return err
+		}
+		g0, err := typegraph.Build(kernelView{k}, h, typeid.CacheTypes(spec, h), opt)
+		if err != nil {
+			return err
+		}
+		before = g0.Report().Typed
+		opt.ByHand = []typegraph.ByHand{{Addr: a, Type: istype[1]}}
+	}
 	start := time.Now()
-	g, err := typegraph.Build(kernelView{k}, h, typeid.CacheTypes(spec, h), typegraph.Options{HoldOut: holdOut})
+	g, err := typegraph.Build(kernelView{k}, h, typeid.CacheTypes(spec, h), opt)
 	if err != nil {
 		return err
 	}
 	r := g.Report()
 	if asJSON {
 		return writeJSON(w, r)
+	}
+	if len(opt.ByHand) > 0 {
+		fmt.Fprintf(w, "%#x is a struct %s: %d objects typed, %d more than without it\n", opt.ByHand[0].Addr, opt.ByHand[0].Type, r.Typed, r.Typed-before)
 	}
 	pct := func(a, b int) float64 {
 		if b == 0 {
