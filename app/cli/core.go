@@ -18,15 +18,18 @@ import (
 // CoreRequest is one `kinst core DUMP COMMAND [ARGS]`, its arguments
 // already checked by the command line.
 type CoreRequest struct {
-	Dump    string // path of the dump
-	Command string // info, ps, bt, log, rd, sym, dis, slabs or whattype
-	Arg     string // rd, whattype: ADDR|SYM[+0xOFF]; sym: ADDR|NAME; dis: FUNC
-	Which   uint64 // bt: PID or task_struct address
-	All     bool   // bt -a
-	Length  int    // rd: bytes
-	Phys    bool   // rd: ADDR is physical
-	JSON    bool
-	Options core.Options // Linux: types and ORC from files
+	Dump     string // path of the dump
+	Command  string // info, ps, bt, log, rd, sym, dis, slabs, whattype, typegraph, istype, findlocks or findfalse
+	Arg      string // rd, whattype, istype: ADDR|SYM[+0xOFF]; sym: ADDR|NAME; dis: FUNC
+	Which    uint64 // bt: PID or task_struct address
+	All      bool   // bt -a
+	Length   int    // rd: bytes
+	Phys     bool   // rd: ADDR is physical
+	JSON     bool
+	Options  core.Options // Linux: types and ORC from files
+	HoldOut  []string     // typegraph, istype: caches treated as untyped
+	TypeName string       // istype: the struct the object at Arg is
+	Graph    bool         // whattype: type an object its cache does not by the type graph
 }
 
 // Core opens the dump, decides from its format which kernel it came
@@ -68,7 +71,15 @@ func Core(req CoreRequest, w io.Writer) error {
 	case "slabs":
 		return CoreSlabsReport(k, req.JSON, w)
 	case "whattype":
-		return CoreWhatType(k, req.Arg, req.JSON, w)
+		return CoreWhatType(k, req.Arg, req.Graph, req.JSON, w)
+	case "typegraph":
+		return CoreTypeGraph(k, req.HoldOut, nil, req.JSON, w)
+	case "istype":
+		return CoreTypeGraph(k, req.HoldOut, []string{req.Arg, req.TypeName}, req.JSON, w)
+	case "findlocks":
+		return CoreFindLocks(k, req.JSON, w)
+	case "findfalse":
+		return CoreFindFalse(k, req.JSON, w)
 	}
 	return fmt.Errorf("core: unknown command %q", req.Command)
 }

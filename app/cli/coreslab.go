@@ -11,6 +11,7 @@ import (
 
 	"github.com/kinst/kinst/core"
 	"github.com/kinst/kinst/core/slab"
+	"github.com/kinst/kinst/core/typegraph"
 	"github.com/kinst/kinst/core/typeid"
 )
 
@@ -212,7 +213,10 @@ func CoreSlabsReport(k *core.Kernel, asJSON bool, w io.Writer) error {
 
 // CoreWhatType says what an address of the dump is: a slab object with
 // its cache, state, type and member, or what else.
-func CoreWhatType(k *core.Kernel, at string, asJSON bool, w io.Writer) error {
+// With graph, an object its cache gives no type is typed by the type
+// graph over the whole heap ("source": the pass that typed it, and the
+// chain of pointers).
+func CoreWhatType(k *core.Kernel, at string, graph, asJSON bool, w io.Writer) error {
 	a, err := resolveAddr(k, at)
 	if err != nil {
 		return err
@@ -231,6 +235,20 @@ func CoreWhatType(k *core.Kernel, at string, asJSON bool, w io.Writer) error {
 	r, err := id.WhatType(a)
 	if err != nil {
 		return err
+	}
+	if graph && r.Kind == typeid.KindSlab && r.Object != nil && r.Type == nil {
+		g, err := typegraph.Build(kernelView{k}, h, typeid.CacheTypes(id.Spec(), h), typegraph.Options{})
+		if err != nil {
+			return err
+		}
+		if t, ok := g.TypeAt(a); ok {
+			r.Type, r.Member, r.Source = &t.Type, &t.Member, &t.Pass
+			r.How = fmt.Sprintf("type graph, %s pass (%s)", t.Pass, markWord(t.Mark))
+			r.Chain = t.Chain
+			r.Conflicts = t.Conflicts
+		} else {
+			r.How += "; the type graph did not type it either"
+		}
 	}
 	if asJSON {
 		return writeJSON(w, r)
@@ -275,6 +293,11 @@ func printWhatType(w io.Writer, r *typeid.Result) {
 		if r.How != "" {
 			fmt.Fprintf(w, "  how:    %s\n", r.How)
 		}
+		printChain(w, "  ", r.Chain)
+		for i, c := range r.Conflicts {
+			fmt.Fprintf(w, "  conflict %d: a pointer says otherwise:\n", i+1)
+			printChain(w, "    ", c)
+		}
 		for _, t := range []struct {
 			what string
 			t    *typeid.TrackRef
@@ -298,5 +321,21 @@ func printWhatType(w io.Writer, r *typeid.Result) {
 		fmt.Fprintf(w, "%s: %s\n", r.Address, r.Detail)
 	default:
 		fmt.Fprintf(w, "%s: %s\n", r.Address, r.Kind)
+	}
+}
+
+func markWord(m typegraph.Mark) string {
+	switch m {
+	case typegraph.Known:
+		return "known: every step from a known type by the conservative rule"
+	case typegraph.Conjectured:
+		return "conjectured"
+	}
+	return "from its cache"
+}
+
+func printChain(w io.Writer, indent string, c []typeid.Step) {
+	for _, s := range c {
+		fmt.Fprintf(w, "%s%s: %s -> %s (struct %s *)\n", indent, s.From, s.Member, s.To, s.Type)
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"strconv"
+	"strings"
 
 	"github.com/kinst/kinst/app/cli"
 	"github.com/kinst/kinst/core"
@@ -28,7 +29,22 @@ Commands:
                   allocated and free, found by walking the memory map
   whattype ADDR|SYM[+0xOFF]
                   what an address is: a slab object (cache, object, state,
-                  type and member), a task's stack, a symbol, a page
+                  type and member), a task's stack, a symbol, a page;
+                  an object of a kmalloc or merged cache is typed by the
+                  type graph, with the chain of pointers that did it
+                  (--graph=false: only by its cache)
+  typegraph       every heap object's type, propagated from the caches
+                  that hold one struct and the per-CPU variables through
+                  pointer members (passes: conservative, arrays,
+                  coalescence, inference); --hold-out CACHE,… measures
+                  the inference on caches whose type is known
+  istype ADDR TYPE
+                  typegraph with the object at ADDR set to struct TYPE by
+                  hand: how many more objects the graph then types
+  findlocks       held mutexes, rwsems and spinlocks in typed memory,
+                  with the owner task and the waiters
+  findfalse       arrays of structs smaller than a cache line holding a
+                  lock, seqlock or wait queue head (false sharing)
 
 FreeBSD amd64 minidumps: info (header, memory, pages), log (the message
 buffer, oldest line first) and rd ADDR (through the dump's pmap and
@@ -37,10 +53,10 @@ kernel's symbols and types, which are not read yet.`
 
 var coreCommand = &command{
 	name:    "core",
-	args:    "DUMP info|ps|bt PID|TASK|-a|log|rd ADDR [N]|sym ADDR|NAME|dis FUNC|slabs|whattype ADDR",
+	args:    "DUMP info|ps|bt PID|TASK|-a|log|rd ADDR [N]|sym ADDR|NAME|dis FUNC|slabs|whattype ADDR|typegraph|istype ADDR TYPE|findlocks|findfalse",
 	summary: "postmortem analysis of a kernel crash dump",
 	help:    coreHelp,
-	report:  true, files: true, words: []string{"info", "ps", "bt", "log", "rd", "sym", "dis", "slabs", "whattype"},
+	report:  true, files: true, words: []string{"info", "ps", "bt", "log", "rd", "sym", "dis", "slabs", "whattype", "typegraph", "istype", "findlocks", "findfalse"},
 	setup: func(fs *pflag.FlagSet) runFunc {
 		var asJSON bool
 		jsonFlag(fs, &asJSON, "the result")
@@ -48,6 +64,8 @@ var coreCommand = &command{
 		btfFile := fs.String("btf", "", "take types from `FILE` (raw BTF, or an ELF with .BTF) instead of the dump")
 		vmlinux := fs.String("vmlinux", "", "take types (.BTF) and unwind tables (.orc_unwind*) from the kernel image `FILE` instead of the dump")
 		phys := fs.Bool("phys", false, "rd: ADDR is a physical address")
+		holdOut := fs.StringSlice("hold-out", nil, "typegraph: treat the caches `CACHE,…` as untyped and measure how the inference types their objects")
+		graph := fs.Bool("graph", true, "whattype: type an object its cache does not by the type graph (kmalloc and merged caches); --graph=false: the cache's type only")
 		return func(ctx context.Context, inv invocation) (int, error) {
 			if len(inv.args) < 2 {
 				return 2, usagef("want DUMP COMMAND")
@@ -60,9 +78,9 @@ var coreCommand = &command{
 				return nil
 			}
 			req := cli.CoreRequest{Dump: path, Command: cmd, Length: 64, Phys: *phys, JSON: asJSON,
-				Options: core.Options{BTF: *btfFile, Vmlinux: *vmlinux}}
+				Options: core.Options{BTF: *btfFile, Vmlinux: *vmlinux}, HoldOut: *holdOut, Graph: *graph}
 			switch cmd {
-			case "info", "ps", "log", "slabs":
+			case "info", "ps", "log", "slabs", "typegraph", "findlocks", "findfalse":
 				if err := nargs(0, 0); err != nil {
 					return 2, err
 				}
@@ -94,6 +112,11 @@ var coreCommand = &command{
 					}
 					req.Length = int(v)
 				}
+			case "istype":
+				if err := nargs(2, 2); err != nil {
+					return 2, err
+				}
+				req.Arg, req.TypeName = rest[0], strings.TrimPrefix(rest[1], "struct ")
 			case "sym", "dis", "whattype":
 				if err := nargs(1, 1); err != nil {
 					return 2, err
@@ -101,6 +124,12 @@ var coreCommand = &command{
 				req.Arg = rest[0]
 			default:
 				return 2, usagef("unknown command %q", cmd)
+			}
+			if len(*holdOut) > 0 && cmd != "typegraph" && cmd != "istype" {
+				return 2, usagef("core %s: --hold-out is a typegraph flag", cmd)
+			}
+			if fs.Changed("graph") && cmd != "whattype" {
+				return 2, usagef("core %s: --graph is a whattype flag", cmd)
 			}
 			if *phys && cmd != "rd" {
 				return 2, usagef("core %s: --phys is an rd flag", cmd)

@@ -64,7 +64,7 @@ type Result struct {
 	Type    *string `json:"type"`
 	Offset  *int64  `json:"offset"` // from the object's start
 	Member  *string `json:"member"`
-	Source  *string `json:"source"` // how the type was found: "cache", "percpu" or "symbol" (the variable's BTF type)
+	Source  *string `json:"source"` // how the type was found: "cache", "percpu", "symbol" (the variable's BTF type), or the type graph's pass (core/typegraph)
 	// How explains Source, or why there is no type.
 	How    string `json:"how,omitempty"`
 	Region string `json:"region,omitempty"` // within a slab slot: object, left red zone, metadata, slab tail
@@ -81,6 +81,19 @@ type Result struct {
 	// the object.
 	Allocated *TrackRef `json:"allocated_by,omitempty"`
 	Freed     *TrackRef `json:"freed_by,omitempty"`
+	// For a type the type graph found: the pointers it followed, from a
+	// cache-typed object or a variable to this object, and the chains of
+	// the pointers that contradict the type.
+	Chain     []Step   `json:"chain,omitempty"`
+	Conflicts [][]Step `json:"conflicts,omitempty"`
+}
+
+// Step is one pointer of a chain of type inference.
+type Step struct {
+	From   string `json:"from"`   // the object ("0x… (cache)") or variable holding the pointer
+	Member string `json:"member"` // the pointer's member path in it
+	To     string `json:"to"`     // the object pointed into, and the offset
+	Type   string `json:"type"`   // the struct the pointer's type names
 }
 
 // TrackRef is one of slub_debug's tracks: the caller, the task, the CPU
@@ -116,6 +129,9 @@ func New(k Kernel, h *slab.Heap) (*Identifier, error) {
 	}
 	return &Identifier{k: k, spec: spec, Heap: h, types: CacheTypes(spec, h)}, nil
 }
+
+// Spec is the kernel's BTF.
+func (id *Identifier) Spec() *btf.Spec { return id.spec }
 
 // CacheType is the type the cache says its objects have.
 func (id *Identifier) CacheType(c *slab.Cache) CacheType { return id.types[c] }

@@ -1,0 +1,241 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kinst/kinst/core"
+	"github.com/kinst/kinst/core/typegraph"
+	"github.com/kinst/kinst/core/typeid"
+)
+
+// CoreTypeGraph types the dump's heap by the type graph and prints the
+// account: each pass, each cache's types, the held-out caches'
+// precision and recall, and a few conflicts with their chains.
+//
+// istype, if set, is "ADDR TYPE": the object at ADDR is a struct TYPE,
+// set by hand, and the report says how many more objects the graph
+// types with it than without.
+func CoreTypeGraph(k *core.Kernel, holdOut []string, istype []string, asJSON bool, w io.Writer) error {
+	h, err := openHeap(k)
+	if err != nil {
+		return err
+	}
+	spec, err := kernelView{k}.BTF()
+	if err != nil {
+		return err
+	}
+	opt := typegraph.Options{HoldOut: holdOut}
+	var before int
+	if len(istype) == 2 {
+		a, err := resolveAddr(k, istype[0])
+		if err != nil {
+			return err
+		}
+		g0, err := typegraph.Build(kernelView{k}, h, typeid.CacheTypes(spec, h), opt)
+		if err != nil {
+			return err
+		}
+		before = g0.Report().Typed
+		opt.ByHand = []typegraph.ByHand{{Addr: a, Type: istype[1]}}
+	}
+	start := time.Now()
+	g, err := typegraph.Build(kernelView{k}, h, typeid.CacheTypes(spec, h), opt)
+	if err != nil {
+		return err
+	}
+	r := g.Report()
+	if asJSON {
+		return writeJSON(w, r)
+	}
+	if len(opt.ByHand) > 0 {
+		fmt.Fprintf(w, "%#x is a struct %s: %d objects typed, %d more than without it\n", opt.ByHand[0].Addr, opt.ByHand[0].Type, r.Typed, r.Typed-before)
+	}
+	pct := func(a, b int) float64 {
+		if b == 0 {
+			return 0
+		}
+		return 100 * float64(a) / float64(b)
+	}
+	fmt.Fprintf(w, "%d objects: %d typed (%.1f%%), %d by their cache, %d by the graph; %d untyped; %d with conflicts\n",
+		r.Objects, r.Typed, pct(r.Typed, r.Objects), r.ByCache, r.Propagated, r.Untyped, r.Conflicts)
+	fmt.Fprintf(w, "%d variables read, %d pointers into objects of unknown type, %d arrays; %.2fs\n\n", r.Roots, r.Claims, r.Arrays, time.Since(start).Seconds())
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "PASS\tOBJECTS\tKNOWN\tCONJECTURED\tCONFLICTS\tUNMARKED\tMS\t\n")
+	for _, p := range r.Passes {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%.1f\t\n", p.Pass, r.Objects, p.Known, p.Conjectured, p.Conflicts, p.Unmarked, float64(p.NS)/1e6)
+	}
+	tw.Flush()
+	if r.GreatestReach != nil {
+		fmt.Fprintf(w, "\ngreatest reach: %s (%s), %d untyped objects reachable from it\n", r.GreatestReach.Object, r.GreatestReach.Cache, r.GreatestReach.Reach)
+	}
+	fmt.Fprintf(w, "\ncaches whose objects the graph typed:\n")
+	for _, c := range r.Caches {
+		if c.Typed == 0 {
+			continue
+		}
+		var byN []string
+		for t, n := range c.Types {
+			byN = append(byN, fmt.Sprintf("%d\x00%s", n, t))
+		}
+		sort.Slice(byN, func(i, j int) bool {
+			var a, b int
+			fmt.Sscan(strings.Split(byN[i], "\x00")[0], &a)
+			fmt.Sscan(strings.Split(byN[j], "\x00")[0], &b)
+			return a > b || a == b && byN[i] < byN[j]
+		})
+		if c.ByCache == c.Objects {
+			continue // typed by the cache: nothing the graph found
+		}
+		parts := []string{}
+		for i, s := range byN {
+			if i == 5 {
+				parts = append(parts, fmt.Sprintf("… %d more", len(byN)-5))
+				break
+			}
+			f := strings.Split(s, "\x00")
+			parts = append(parts, f[1]+" "+f[0])
+		}
+		fmt.Fprintf(w, "  %-24s %6d of %6d: %s\n", c.Name, c.Typed, c.Objects, strings.Join(parts, ", "))
+	}
+	if len(r.HeldOut) > 0 {
+		fmt.Fprintf(w, "\nheld out (typed by inference only, checked against the cache's type):\n")
+		for _, ho := range r.HeldOut {
+			if ho.Type == "" {
+				fmt.Fprintf(w, "  %-20s %6d objects, %6d typed: the cache holds no one known type to check against (merged, or no struct fits)\n", ho.Cache, ho.Objects, ho.Typed)
+				continue
+			}
+			fmt.Fprintf(w, "  %-20s %-16s %6d objects, %6d typed, %6d right: precision %.1f%%, recall %.1f%%", ho.Cache, ho.Type, ho.Objects, ho.Typed, ho.Correct, pct(ho.Correct, ho.Typed), pct(ho.Correct, ho.Objects))
+			if len(ho.Wrong) > 0 {
+				var ws []string
+				for t, n := range ho.Wrong {
+					ws = append(ws, fmt.Sprintf("%s %d", t, n))
+				}
+				sort.Strings(ws)
+				fmt.Fprintf(w, "; wrong: %s", strings.Join(ws, ", "))
+			}
+			fmt.Fprintln(w)
+		}
+	}
+	if cs := g.Conflicts(3); len(cs) > 0 {
+		fmt.Fprintf(w, "\nconflicts (first %d of %d):\n", len(cs), r.Conflicts)
+		for _, c := range cs {
+			fmt.Fprintf(w, "  %#x (%s) is %s:\n", c.Object, c.Cache, c.Type)
+			printChain(w, "    ", c.Chain)
+			for _, o := range c.Conflicts {
+				fmt.Fprintf(w, "    but:\n")
+				printChain(w, "      ", o)
+			}
+		}
+	}
+	return nil
+}
+
+// buildGraph types the dump's heap.
+func buildGraph(k *core.Kernel) (*typegraph.Graph, error) {
+	h, err := openHeap(k)
+	if err != nil {
+		return nil, err
+	}
+	spec, err := kernelView{k}.BTF()
+	if err != nil {
+		return nil, err
+	}
+	return typegraph.Build(kernelView{k}, h, typeid.CacheTypes(spec, h), typegraph.Options{})
+}
+
+// CoreFindLocks prints the held locks in typed memory, with owners and
+// waiters.
+func CoreFindLocks(k *core.Kernel, asJSON bool, w io.Writer) error {
+	g, err := buildGraph(k)
+	if err != nil {
+		return err
+	}
+	locks, implausible, err := g.FindLocks()
+	if err != nil {
+		return fmt.Errorf("findlocks: %w", err)
+	}
+	if locks == nil {
+		locks = []typegraph.Lock{}
+	}
+	if asJSON {
+		return writeJSON(w, struct {
+			Locks       []typegraph.Lock `json:"locks"`
+			Implausible int              `json:"implausible"`
+		}{locks, implausible})
+	}
+	task := func(t *typegraph.TaskRef) string {
+		if t.PID < 0 {
+			return t.Address + " (not a task)"
+		}
+		return fmt.Sprintf("%d %s", t.PID, t.Comm)
+	}
+	for _, l := range locks {
+		fmt.Fprintf(w, "%s %-8s %s", l.Address, l.Kind, l.In)
+		if l.Cache != "" {
+			fmt.Fprintf(w, " (%s)", l.Cache)
+		}
+		switch {
+		case l.HeldBy != nil:
+			fmt.Fprintf(w, "\n  held by %s", task(l.HeldBy))
+		case l.Readers > 0:
+			fmt.Fprintf(w, "\n  held by %d reader(s)", l.Readers)
+		case l.Owner != "":
+			fmt.Fprintf(w, "\n  owner word %s names no task", l.Owner)
+		}
+		fmt.Fprintln(w)
+		for _, t := range l.Waiters {
+			fmt.Fprintf(w, "  waiting: %s\n", task(t))
+		}
+	}
+	fmt.Fprintf(w, "%d held locks; %d more locks' words could not be a held lock's (their objects' types are wrong)\n", len(locks), implausible)
+	return nil
+}
+
+// CoreFindFalse prints the arrays whose small elements hold a lock and
+// share cache lines.
+func CoreFindFalse(k *core.Kernel, asJSON bool, w io.Writer) error {
+	g, err := buildGraph(k)
+	if err != nil {
+		return err
+	}
+	fs := g.FindFalse()
+	if fs == nil {
+		fs = []typegraph.FalseShare{}
+	}
+	if asJSON {
+		return writeJSON(w, struct {
+			Arrays []typegraph.FalseShare `json:"arrays"`
+		}{fs})
+	}
+	// One line per member, with how many objects have it.
+	type key struct{ in, typ, prim string }
+	count := map[key]int{}
+	first := map[key]typegraph.FalseShare{}
+	var keys []key
+	for _, f := range fs {
+		in := f.In
+		if f.Cache != "" {
+			in = f.Cache + ": " + f.In
+		}
+		k := key{in, f.Type, f.Primitive}
+		if count[k] == 0 {
+			keys = append(keys, k)
+			first[k] = f
+		}
+		count[k]++
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
+	fmt.Fprintf(tw, "ADDRESS\tCOUNT\tELEMENT\tTOTAL\tTYPE\tPRIMITIVE\tIN\n")
+	for _, k := range keys {
+		f := first[k]
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%s\n", f.Address, count[k], f.ElementSize, f.TotalSize, f.Type, f.Primitive, k.in)
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "%d arrays (%d kinds); ADDRESS is the first of COUNT\n", len(fs), len(keys))
+	return nil
+}

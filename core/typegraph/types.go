@@ -1,0 +1,337 @@
+package typegraph
+
+import (
+	"github.com/cilium/ebpf/btf"
+)
+
+// slot is a pointer member of a type, flattened through embedded
+// structs, arrays and unions: where it is and what it points to.
+type slot struct {
+	off    uint32
+	target int32 // the pointed-at struct's type id
+	link   bool  // the target is a list or tree node (list_head, …): it points into a container
+	union  bool  // the pointer lies in a union: one of several readings of those bytes
+}
+
+// tinfo is what the graph knows of one struct type.
+type tinfo struct {
+	t    *btf.Struct
+	name string
+	size uint32
+	// tail is the offset of a last member of run-time size (a flexible
+	// array, or task_struct's FPU state), 0 if none.
+	tail      uint32
+	slots     []slot
+	flexSlots []slot // the pointers of one element of a flexible array member
+	flexSize  uint32 // that element's size
+	link      bool
+	done      bool
+}
+
+// linkTypes are the kernel's intrusive list and tree nodes: a pointer to
+// one points into whatever struct embeds it, not at a list_head object.
+var linkTypes = map[string]bool{
+	"list_head": true, "hlist_node": true, "hlist_head": true, "rb_node": true,
+	"llist_node": true, "hlist_bl_node": true, "hlist_nulls_node": true, "rb_root": true,
+}
+
+// ignoredTargets are pointer targets that say nothing of what they point
+// into: an RCU callback chains the callback_heads of unrelated objects.
+var ignoredTargets = map[string]bool{"callback_head": true}
+
+// maxFlatten bounds the pointer slots of one type and the elements of
+// an array expanded when flattening.
+const (
+	maxSlots     = 1 << 14
+	maxArrayElem = 1024
+	maxDepth     = 24
+)
+
+// types assigns ids to BTF structs and flattens them lazily.
+type types struct {
+	ids   map[*btf.Struct]int32
+	infos []*tinfo
+	// emb indexes every struct embedded (not pointed to) in another:
+	// (inner type, offset) → the outer structs; built on first use.
+	emb map[embKey][]int32
+	// heads memoizes whether a type holds another at an offset.
+	holds map[holdKey]bool
+}
+
+type embKey struct {
+	inner int32
+	off   uint32
+}
+
+type holdKey struct {
+	outer, inner int32
+	off          uint32
+}
+
+func newTypes() *types {
+	return &types{ids: map[*btf.Struct]int32{}, holds: map[holdKey]bool{}}
+}
+
+// structOf strips typedefs and qualifiers down to a struct.
+func structOf(t btf.Type) *btf.Struct {
+	for i := 0; i < maxDepth; i++ {
+		switch c := t.(type) {
+		case *btf.Struct:
+			return c
+		case *btf.Typedef:
+			t = c.Type
+		case *btf.Const:
+			t = c.Type
+		case *btf.Volatile:
+			t = c.Type
+		case *btf.Restrict:
+			t = c.Type
+		case *btf.TypeTag:
+			t = c.Type
+		default:
+			return nil
+		}
+	}
+	return nil
+}
+
+func (ts *types) id(s *btf.Struct) int32 {
+	if id, ok := ts.ids[s]; ok {
+		return id
+	}
+	id := int32(len(ts.infos))
+	ts.ids[s] = id
+	ts.infos = append(ts.infos, &tinfo{t: s, name: s.Name, size: s.Size, link: linkTypes[s.Name]})
+	return id
+}
+
+// info returns a type's flattened description.
+func (ts *types) info(id int32) *tinfo {
+	ti := ts.infos[id]
+	if ti.done {
+		return ti
+	}
+	ti.done = true
+	ts.flatten(ti.t, 0, false, 0, &ti.slots)
+	if off, elem, ok := flexTail(ti.t); ok {
+		ti.tail = off
+		if es, err := btf.Sizeof(elem); err == nil && es > 0 {
+			ti.flexSize = uint32(es)
+			ts.flatten(elem, 0, false, 0, &ti.flexSlots)
+		}
+	} else if off, ok := variableTail(ti.t); ok {
+		ti.tail = off
+	}
+	return ti
+}
+
+// flatten appends the pointer slots of t at offset base.
+func (ts *types) flatten(t btf.Type, base uint32, union bool, depth int, out *[]slot) {
+	if depth > maxDepth || len(*out) >= maxSlots {
+		return
+	}
+	switch c := btf.UnderlyingType(t).(type) {
+	case *btf.Struct:
+		for _, m := range c.Members {
+			if m.BitfieldSize != 0 || m.Offset%8 != 0 {
+				continue
+			}
+			ts.flatten(m.Type, base+uint32(m.Offset.Bytes()), union, depth+1, out)
+		}
+	case *btf.Union:
+		for _, m := range c.Members {
+			if m.BitfieldSize != 0 || m.Offset%8 != 0 {
+				continue
+			}
+			ts.flatten(m.Type, base+uint32(m.Offset.Bytes()), true, depth+1, out)
+		}
+	case *btf.Array:
+		es, err := btf.Sizeof(c.Type)
+		if err != nil || es == 0 {
+			return
+		}
+		n := min(c.Nelems, maxArrayElem)
+		before := len(*out)
+		ts.flatten(c.Type, base, union, depth+1, out)
+		per := (*out)[before:]
+		if len(per) == 0 {
+			return
+		}
+		per = append([]slot(nil), per...)
+		for i := uint32(1); i < n && len(*out) < maxSlots; i++ {
+			for _, s := range per {
+				s.off += i * uint32(es)
+				*out = append(*out, s)
+			}
+		}
+	case *btf.Pointer:
+		st := structOf(c.Target)
+		if st == nil || st.Name == "" || st.Size == 0 || ignoredTargets[st.Name] {
+			return
+		}
+		*out = append(*out, slot{off: base, target: ts.id(st), link: linkTypes[st.Name], union: union})
+	}
+}
+
+// flexTail finds a struct's last member when it is a flexible array
+// (size 0): its offset and element type.
+func flexTail(s *btf.Struct) (uint32, btf.Type, bool) {
+	if len(s.Members) == 0 {
+		return 0, nil, false
+	}
+	m := s.Members[len(s.Members)-1]
+	a, ok := btf.UnderlyingType(m.Type).(*btf.Array)
+	if !ok || a.Nelems != 0 || m.BitfieldSize != 0 {
+		return 0, nil, false
+	}
+	return uint32(m.Offset.Bytes()), a.Type, true
+}
+
+// variableTail is where a struct's innermost last member begins when it
+// is an array or a nested union (task_struct.thread.fpu.__fpstate.regs,
+// sized at boot): the object may be longer or shorter than sizeof.
+func variableTail(t btf.Type) (uint32, bool) {
+	var off uint32
+	for depth := 0; depth < maxDepth; depth++ {
+		var members []btf.Member
+		switch c := btf.UnderlyingType(t).(type) {
+		case *btf.Struct:
+			members = c.Members
+		case *btf.Union:
+			if depth > 0 {
+				return off, true
+			}
+			members = c.Members
+		case *btf.Array:
+			return off, depth > 0 && c.Nelems == 0
+		default:
+			return 0, false
+		}
+		if len(members) == 0 {
+			return 0, false
+		}
+		m := members[len(members)-1]
+		if m.BitfieldSize != 0 {
+			return 0, false
+		}
+		off += uint32(m.Offset.Bytes())
+		t = m.Type
+	}
+	return 0, false
+}
+
+// holds says whether outer has inner embedded at off (at any depth;
+// inner == outer at 0 included), or, for a link type, any link there.
+func (ts *types) holdsAt(outer, inner int32, off uint32) bool {
+	if outer == inner && off == 0 {
+		return true
+	}
+	k := holdKey{outer, inner, off}
+	if v, ok := ts.holds[k]; ok {
+		return v
+	}
+	v := ts.holdsIn(ts.infos[outer].t, ts.infos[inner].t, off, 0)
+	ts.holds[k] = v
+	return v
+}
+
+func (ts *types) holdsIn(t btf.Type, inner *btf.Struct, off uint32, depth int) bool {
+	if depth > maxDepth {
+		return false
+	}
+	t = btf.UnderlyingType(t)
+	if s, ok := t.(*btf.Struct); ok && s == inner && off == 0 {
+		return true
+	}
+	switch c := t.(type) {
+	case *btf.Struct, *btf.Union:
+		var ms []btf.Member
+		if s, ok := c.(*btf.Struct); ok {
+			ms = s.Members
+		} else {
+			ms = c.(*btf.Union).Members
+		}
+		for _, m := range ms {
+			if m.BitfieldSize != 0 {
+				continue
+			}
+			start := uint32(m.Offset.Bytes())
+			n, err := btf.Sizeof(m.Type)
+			if err != nil || off < start || off >= start+uint32(n) {
+				continue
+			}
+			if ts.holdsIn(m.Type, inner, off-start, depth+1) {
+				return true
+			}
+		}
+	case *btf.Array:
+		es, err := btf.Sizeof(c.Type)
+		if err != nil || es == 0 {
+			return false
+		}
+		return ts.holdsIn(c.Type, inner, off%uint32(es), depth+1)
+	}
+	return false
+}
+
+// embedders are the structs that embed inner at off.
+func (ts *types) embedders(spec *btf.Spec, inner int32, off uint32) []int32 {
+	if ts.emb == nil {
+		ts.buildEmb(spec)
+	}
+	return ts.emb[embKey{inner, off}]
+}
+
+// buildEmb indexes every named struct of the BTF by the structs it
+// embeds and where.
+func (ts *types) buildEmb(spec *btf.Spec) {
+	ts.emb = map[embKey][]int32{}
+	for typ, err := range spec.All() {
+		if err != nil {
+			break
+		}
+		s, ok := typ.(*btf.Struct)
+		if !ok || s.Name == "" || s.Size == 0 {
+			continue
+		}
+		outer := ts.id(s)
+		seen := map[embKey]bool{}
+		ts.walkEmb(s, 0, 0, func(k embKey) {
+			if !seen[k] {
+				seen[k] = true
+				ts.emb[k] = append(ts.emb[k], outer)
+			}
+		})
+	}
+}
+
+func (ts *types) walkEmb(t btf.Type, base uint32, depth int, add func(embKey)) {
+	if depth > 8 {
+		return
+	}
+	switch c := btf.UnderlyingType(t).(type) {
+	case *btf.Struct:
+		if depth > 0 && c.Name != "" {
+			add(embKey{ts.id(c), base})
+		}
+		for _, m := range c.Members {
+			if m.BitfieldSize == 0 && m.Offset%8 == 0 {
+				ts.walkEmb(m.Type, base+uint32(m.Offset.Bytes()), depth+1, add)
+			}
+		}
+	case *btf.Union:
+		for _, m := range c.Members {
+			if m.BitfieldSize == 0 && m.Offset%8 == 0 {
+				ts.walkEmb(m.Type, base+uint32(m.Offset.Bytes()), depth+1, add)
+			}
+		}
+	case *btf.Array:
+		es, err := btf.Sizeof(c.Type)
+		if err != nil || es == 0 || structOf(c.Type) == nil {
+			return
+		}
+		for i := uint32(0); i < min(c.Nelems, 16); i++ {
+			ts.walkEmb(c.Type, base+i*uint32(es), depth+1, add)
+		}
+	}
+}
