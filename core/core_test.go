@@ -32,6 +32,14 @@ func TestStateLetter(t *testing.T) {
 	}{
 		{0, 0, "R"}, {1, 0, "S"}, {2, 0, "D"}, {4, 0, "T"}, {8, 0, "t"}, {0, 0x10, "X"}, {0, 0x20, "Z"},
 		{0x40, 0, "P"}, {0x402, 0, "I"}, {0x81, 0, "S"}, // TASK_WAKEKILL|INTERRUPTIBLE reports S
+		{0x8000, 0, "D"},          // TASK_FROZEN: the freezer's tasks report D
+		{0x8000 | 0x2001, 0, "D"}, // frozen with TASK_FREEZABLE|INTERRUPTIBLE left over
+		{0x1000, 0, "D"},          // TASK_RTLOCK_WAIT reports as an rt_mutex sleep
+		{0x502, 0, "I"},           // TASK_IDLE with TASK_WAKEKILL: masked, still I
+		{0x402, 0x20, "I"},        // TASK_IDLE wins over exit_state
+		{0x100, 0, "R"},           // TASK_WAKEKILL alone is outside TASK_REPORT
+		{0x80, 0x10, "X"},         // TASK_DEAD with EXIT_DEAD
+		{0x80, 0x20, "Z"},         // TASK_DEAD with EXIT_ZOMBIE
 	} {
 		if got := stateLetter(tc.state, tc.exit); got != tc.want {
 			t.Errorf("stateLetter(%#x, %#x) = %s, want %s", tc.state, tc.exit, got, tc.want)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"math/bits"
 
 	"github.com/kinst/kinst/kernel"
 )
@@ -167,22 +168,42 @@ func (k *Kernel) readTask(l *taskLayout, addr uint64) (Task, error) {
 	}, nil
 }
 
-// stateLetter is the kernel's task_state_index / task_index_to_char
-// (include/linux/sched.h): the highest reported state bit picks a letter
-// of "RSDTtXZPI"; TASK_IDLE (UNINTERRUPTIBLE|NOLOAD) is I.
+// The task state bits of include/linux/sched.h. They are #defines, not
+// enums, so BTF does not carry them; these are 6.1's values
+// (TASK_FROZEN is 6.1's freezer bit; older kernels do not set it).
+const (
+	taskInterruptible   = 0x0001
+	taskUninterruptible = 0x0002
+	taskStopped         = 0x0004 // __TASK_STOPPED
+	taskTraced          = 0x0008 // __TASK_TRACED
+	exitDead            = 0x0010 // in exit_state
+	exitZombie          = 0x0020 // in exit_state
+	taskParked          = 0x0040
+	taskNoload          = 0x0400
+	taskRTLockWait      = 0x1000
+	taskFrozen          = 0x8000
+	taskIdle            = taskUninterruptible | taskNoload
+	// taskReport is TASK_REPORT, the bits get_task_state reports;
+	// taskReportIdle (TASK_REPORT_IDLE) is the index past them, "I".
+	taskReport     = taskInterruptible | taskUninterruptible | taskStopped | taskTraced | exitDead | exitZombie | taskParked
+	taskReportIdle = taskReport + 1
+)
+
+// stateLetter is the kernel's __task_state_index and task_index_to_char
+// (include/linux/sched.h, as fs/proc/array.c reports it): the state and
+// exit_state bits within TASK_REPORT, TASK_REPORT_IDLE when all of
+// TASK_IDLE's bits are set, TASK_UNINTERRUPTIBLE for a task waiting on
+// an RT lock or frozen by the freezer; the highest bit set picks a
+// letter of "RSDTtXZPI".
 func stateLetter(state, exitState uint32) string {
-	const taskReportMax = 0x80
-	const taskIdle = 0x402
-	if state == taskIdle {
-		return "I"
+	s := (state | exitState) & taskReport
+	if state&taskIdle == taskIdle {
+		s = taskReportIdle
 	}
-	s := (state | exitState) & (taskReportMax - 1)
-	idx := 0
-	for s != 0 {
-		idx++
-		s >>= 1
+	if state&(taskRTLockWait|taskFrozen) != 0 {
+		s = taskUninterruptible
 	}
-	return string("RSDTtXZPI"[idx])
+	return string("RSDTtXZPI"[bits.Len32(s)])
 }
 
 // currentTasks maps each CPU's current task to the CPU.
