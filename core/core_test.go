@@ -266,3 +266,74 @@ func orcEntry(e orc.Entry) []byte {
 	le := binary.LittleEndian
 	return le.AppendUint16(le.AppendUint16(le.AppendUint16(nil, uint16(e.SPOffset)), uint16(e.BPOffset)), bits)
 }
+
+// TestBacktraceStops: a switched-out task's walk ends cleanly at the
+// outermost frame or says why it stopped; a corrupt saved stack is never
+// taken for user mode, and a task with no frames has an empty list.
+func TestBacktraceStops(t *testing.T) {
+	d := dumptest.New()
+	const root = 0x100000
+	d.Write(root, make([]byte, 4*pageSize))
+	va := func(off uint64) uint64 { return startKernelMap + 0x200000 + off }
+	put64 := func(a, v uint64) { d.Put64(a-startKernelMap-0x200000+root, v) }
+	const (
+		kSched  = startKernelMap + 0x1000000
+		kThread = startKernelMap + 0x1000100
+		etext   = startKernelMap + 0x1000200
+	)
+	modules := va(0x100)
+	tables := dumpgen.Kallsyms([]dumpgen.KallsymsSymbol{
+		{Addr: va(0), Type: 'T', Name: "_text"}, {Addr: modules, Type: 'd', Name: "modules"},
+		{Addr: kSched, Type: 't', Name: "kfn_sched"}, {Addr: kThread, Type: 'T', Name: "kthread"},
+		{Addr: etext, Type: 'T', Name: "_etext"},
+	}, va(0), va(0x2000), func(a uint64, b []byte) { d.Write(a-startKernelMap-0x200000+root, b) })
+	d.Info = fmt.Sprintf("OSRELEASE=t\nSYMBOL(init_top_pgt)=%x\nNUMBER(phys_base)=%d\n", va(0), root-0x200000) + tables
+	k, err := New(d, Options{BTF: testModuleBTF(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	put64(modules, modules) // no modules
+	rel := func(ip, at uint64) uint32 { return uint32(int32(int64(ip - at))) }
+	kernelORC, err := orc.Parse(
+		binary.LittleEndian.AppendUint32(binary.LittleEndian.AppendUint32(nil, rel(kSched, 0x1000)), rel(kThread, 0x1004)),
+		0x1000, append(orcEntry(orc.Entry{SPOffset: 16, SPReg: orc.RegSP}), orcEntry(orc.Entry{End: true})...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.orc.get("ORC", func() (*orcTables, error) { return &orcTables{kernel: kernelORC}, nil })
+	stack := va(0x800)
+	for _, tc := range []struct {
+		name        string
+		ret, caller uint64 // the switch frame's ret_addr; kfn_sched's return address
+		sp          uint64
+		frames      int
+		stop        string // a substring of Stop; "" for none
+		err         string // a substring of Backtrace's error
+	}{
+		{name: "clean", ret: kSched + 5, caller: kThread + 7, sp: stack, frames: 2},
+		{name: "corrupt switch frame", ret: 0x4141414141, sp: stack, stop: "switch frame at 0xffffffff80200800 is corrupt"},
+		{name: "return to nowhere", ret: kSched + 5, caller: 0, sp: stack, frames: 1, stop: "outside the kernel"},
+		{name: "return past the text", ret: kSched + 5, caller: etext + 0x40, sp: stack, frames: 2, stop: "no ORC entry"},
+		{name: "unreadable switch frame", sp: 0xffffc90000000000, err: "switch frame at 0xffffc90000000000"},
+	} {
+		put64(stack+5*8, 0)
+		put64(stack+6*8, tc.ret)
+		put64(stack+56+8, tc.caller)
+		st, err := k.Backtrace(Task{PID: 7, Comm: "worker", threadSP: tc.sp})
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) || strings.Count(err.Error(), "not mapped") > 1 || strings.Contains(err.Error(), "\n") {
+				t.Errorf("%s: error %v, want one line with %q", tc.name, err, tc.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: %v", tc.name, err)
+			continue
+		}
+		if st.Frames == nil || len(st.Frames) != tc.frames || st.UserMode ||
+			(tc.stop == "") != (st.Stop == "") || !strings.Contains(st.Stop, tc.stop) {
+			t.Errorf("%s: %d frames (nil %v), user mode %v, stop %q; want %d frames, stop %q",
+				tc.name, len(st.Frames), st.Frames == nil, st.UserMode, st.Stop, tc.frames, tc.stop)
+		}
+	}
+}

@@ -31,6 +31,10 @@ func (k *Kernel) moduleORC(m *kernel.Module) *orc.Table {
 type orcFinder struct {
 	k      *Kernel
 	kernel *orc.Table
+	// textEnd is _etext: the kernel's table has no entries past it (its
+	// last row would otherwise cover all the kernel half above); 0 where
+	// unknown.
+	textEnd uint64
 }
 
 func (f orcFinder) Lookup(ip uint64) (orc.Entry, bool) {
@@ -40,6 +44,9 @@ func (f orcFinder) Lookup(ip uint64) (orc.Entry, bool) {
 			return orc.Entry{}, false
 		}
 		return t.Lookup(ip)
+	}
+	if f.textEnd != 0 && ip >= f.textEnd {
+		return orc.Entry{}, false
 	}
 	return f.kernel.Lookup(ip)
 }

@@ -2,6 +2,7 @@ package core
 
 import (
 	"debug/elf"
+	"encoding/binary"
 	"errors"
 	"fmt"
 
@@ -133,18 +134,20 @@ func (k *Kernel) Backtrace(t Task) (*Stack, error) {
 		if t.threadSP == 0 {
 			return nil, fmt.Errorf("task %d (%s) has no saved stack pointer", t.PID, t.Comm)
 		}
-		bp, err1 := k.ReadU64(t.threadSP + 5*8)
-		ip, err2 := k.ReadU64(t.threadSP + 6*8)
-		if err := errors.Join(err1, err2); err != nil {
+		// bp and ret_addr in one read: one error, not one per word.
+		var w [16]byte
+		if err := k.ReadVirt(w[:], t.threadSP+5*8); err != nil {
 			return nil, fmt.Errorf("task %d (%s): switch frame at %#x: %w", t.PID, t.Comm, t.threadSP, err)
 		}
+		bp, ip := binary.LittleEndian.Uint64(w[:]), binary.LittleEndian.Uint64(w[8:])
 		st = orc.State{IP: ip, SP: t.threadSP + inactiveTaskFrame, BP: bp}
 		if fork, ok := syms.Address("ret_from_fork"); ok && ip == fork {
 			st.Signal = true // a new task that never ran: ret_from_fork is its first instruction
 		}
 	}
-	frames, uerr := orc.Unwind(orcFinder{k, tab.kernel}, k, st)
-	out := &Stack{Task: t}
+	etext, _ := syms.Address("_etext")
+	frames, uerr := orc.Unwind(orcFinder{k, tab.kernel, etext}, k, st)
+	out := &Stack{Task: t, Frames: []Frame{}}
 	for _, f := range frames {
 		fr := Frame{Address: f.IP, AddrHex: fmt.Sprintf("%#x", f.IP), Exception: f.Signal && len(out.Frames) > 0}
 		if sym, off, ok := k.SymbolAt(f.IP); ok {
@@ -153,8 +156,12 @@ func (k *Kernel) Backtrace(t Task) (*Stack, error) {
 		out.Frames = append(out.Frames, fr)
 	}
 	switch {
-	case errors.Is(uerr, orc.ErrUserMode):
+	case errors.Is(uerr, orc.ErrUserMode) && t.Active:
 		out.UserMode = true
+	case errors.Is(uerr, orc.ErrUserMode):
+		// A switched-out task always resumes in the kernel: a saved
+		// return address outside it is a corrupt switch frame.
+		out.Stop = fmt.Sprintf("the switch frame at %#x is corrupt: its return address %#x is not in the kernel", t.threadSP, st.IP)
 	case uerr != nil:
 		out.Stop = uerr.Error()
 	}

@@ -176,7 +176,7 @@ func CoreBacktrace(k *core.Kernel, which uint64, all, asJSON bool, w io.Writer) 
 	for _, t := range tasks {
 		st, err := k.Backtrace(t)
 		if err != nil {
-			st = &core.Stack{Task: t, Stop: err.Error()}
+			st = &core.Stack{Task: t, Frames: []core.Frame{}, Stop: err.Error()}
 		}
 		out = append(out, st)
 	}
@@ -440,8 +440,9 @@ func coreTask(t core.Task) api.CoreTask {
 
 // coreStack is a stack as the reports show it.
 func coreStack(st *core.Stack) api.CoreStack {
-	return api.CoreStack{Task: coreTask(st.Task), Stop: st.Stop, UserMode: st.UserMode,
-		Frames: mapSlice(st.Frames, func(f core.Frame) api.CoreFrame {
-			return api.CoreFrame{Address: f.AddrHex, Function: f.Function, Offset: f.Offset, Module: f.Module, Exception: f.Exception}
-		})}
+	out := api.CoreStack{Task: coreTask(st.Task), Stop: st.Stop, UserMode: st.UserMode, Frames: []api.CoreFrame{}}
+	for _, f := range st.Frames {
+		out.Frames = append(out.Frames, api.CoreFrame{Address: f.AddrHex, Function: f.Function, Offset: f.Offset, Module: f.Module, Exception: f.Exception})
+	}
+	return out
 }
