@@ -336,4 +336,128 @@ func TestBacktraceStops(t *testing.T) {
 				tc.name, len(st.Frames), st.Frames == nil, st.UserMode, st.Stop, tc.frames, tc.stop)
 		}
 	}
+	// Tasks whose task_struct.stack says there is nothing to walk.
+	for _, tc := range []struct {
+		name string
+		task Task
+		stop string
+	}{
+		{"zombie", Task{PID: 8, Comm: "defunct", State: "Z", hasStack: true, threadSP: stack}, "exited"},
+		{"sp outside the stack", Task{PID: 8, Comm: "odd", hasStack: true, stack: va(0x4000), threadSP: stack}, "outside the task's stack"},
+	} {
+		st, err := k.Backtrace(tc.task)
+		if err != nil || st.Frames == nil || len(st.Frames) != 0 || !strings.Contains(st.Stop, tc.stop) || strings.Contains(st.Stop, "not mapped") {
+			t.Errorf("%s: %+v, %v; want no frames, stop %q", tc.name, st, err, tc.stop)
+		}
+	}
+}
+
+// testTaskBTF describes task_struct and signal_struct with the members
+// the task walk reads, at offsets of its own.
+func testTaskBTF(t *testing.T) string {
+	u32 := &btf.Int{Name: "unsigned int", Size: 4}
+	s32 := &btf.Int{Name: "int", Size: 4, Encoding: btf.Signed}
+	char := &btf.Int{Name: "char", Size: 1, Encoding: btf.Char}
+	ptr := &btf.Pointer{Target: &btf.Void{}}
+	m := func(name string, typ btf.Type, off uint32) btf.Member {
+		return btf.Member{Name: name, Type: typ, Offset: btf.Bits(off * 8)}
+	}
+	list := &btf.Struct{Name: "list_head", Size: 16, Members: []btf.Member{m("next", ptr, 0), m("prev", ptr, 8)}}
+	thread := &btf.Struct{Name: "thread_struct", Size: 16, Members: []btf.Member{m("sp", ptr, 0)}}
+	task := &btf.Struct{Name: "task_struct", Size: 0x100, Members: []btf.Member{
+		m("cpu", u32, 0x08), m("__state", u32, 0x0c), m("stack", ptr, 0x10), m("tasks", list, 0x20),
+		m("pid", s32, 0x30), m("tgid", s32, 0x34), m("exit_state", s32, 0x38), m("signal", ptr, 0x40),
+		m("thread_node", list, 0x48), m("comm", &btf.Array{Index: u32, Type: char, Nelems: 16}, 0x60),
+		m("thread", thread, 0x80)}}
+	sig := &btf.Struct{Name: "signal_struct", Size: 0x40, Members: []btf.Member{m("thread_head", list, 0x10)}}
+	b, err := btf.NewBuilder([]btf.Type{task, sig}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := b.Marshal(nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "tasks.btf")
+	if err := os.WriteFile(path, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestTaskAt: bt ADDR takes a task on the lists, or an address on none
+// whose task_struct is self-consistent, and refuses anything else.
+func TestTaskAt(t *testing.T) {
+	d := dumptest.New()
+	const root = 0x100000
+	d.Write(root, make([]byte, 20*pageSize))
+	va := func(off uint64) uint64 { return startKernelMap + 0x200000 + off }
+	pa := func(a uint64) uint64 { return a - startKernelMap - 0x200000 + root }
+	put64 := func(a, v uint64) { d.Put64(pa(a), v) }
+	put32 := func(a uint64, v uint32) { d.Write(pa(a), binary.LittleEndian.AppendUint32(nil, v)) }
+	initTask, leader, created, garbage := va(0x4000), va(0x5000), va(0x6000), va(0x7000)
+	tables := dumpgen.Kallsyms([]dumpgen.KallsymsSymbol{
+		{Addr: va(0), Type: 'T', Name: "_text"}, {Addr: initTask, Type: 'D', Name: "init_task"},
+	}, va(0), va(0x2000), func(a uint64, b []byte) { d.Write(pa(a), b) })
+	d.Info = fmt.Sprintf("OSRELEASE=t\nSYMBOL(init_top_pgt)=%x\nNUMBER(phys_base)=%d\n", va(0), root-0x200000) + tables
+	k, err := New(d, Options{BTF: testTaskBTF(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	task := func(a uint64, pid int, comm string, stack, sp uint64) {
+		put32(a+0x30, uint32(pid))
+		put32(a+0x34, uint32(pid))
+		d.Write(pa(a+0x60), []byte(comm+"\x00"))
+		put64(a+0x10, stack)
+		put64(a+0x80, sp)
+		sig := a + 0x400 // its signal_struct: a thread list of itself
+		put64(a+0x40, sig)
+		put64(sig+0x10, a+0x48)
+		put64(sig+0x18, a+0x48)
+		put64(a+0x48, sig+0x10)
+		put64(a+0x50, sig+0x10)
+	}
+	task(initTask, 0, "swapper/0", va(0x8000), va(0x8000+0x3f00))
+	task(leader, 1, "init", va(0xc000), va(0xc000+0x3e00))
+	task(created, 50, "newborn", va(0x10000), va(0x10000+0x3fc0)) // on no list yet
+	// init_task.tasks ↔ leader.tasks
+	put64(initTask+0x20, leader+0x20)
+	put64(initTask+0x28, leader+0x20)
+	put64(leader+0x20, initTask+0x20)
+	put64(leader+0x28, initTask+0x20)
+	// garbage: "pid" -1627389952 and a comm of "leep" from the middle of a string
+	put32(garbage+0x30, 0x9f000000)
+	put32(garbage+0x34, 7)
+	d.Write(pa(garbage+0x60), []byte("leep\x00"))
+	notPrintable := va(0x7800)
+	task(notPrintable, 60, "\xff\xfe", va(0x10000), va(0x10000+0x3fc0))
+	stray := va(0x7c00) // a plausible pid and comm, but its stack pointer is elsewhere
+	task(stray, 61, "sleep", va(0x10000), va(0x30000))
+	for _, tc := range []struct {
+		name string
+		addr uint64
+		pid  int
+		err  string
+	}{
+		{"init_task", initTask, 0, ""},
+		{"leader", leader, 1, ""},
+		{"being created", created, 50, ""},
+		{"inside a task", leader + 0x10, 0, "is not a task"},
+		{"garbage pid", garbage, 0, "pid -1627389952"},
+		{"unprintable comm", notPrintable, 0, "not printable"},
+		{"inconsistent", stray, 0, "neither its saved stack pointer"},
+		{"unaligned", leader + 3, 0, "not aligned"},
+		{"zeroes", va(0x9000), 0, "is not a task"},
+	} {
+		got, err := k.TaskAt(tc.addr)
+		if tc.err == "" {
+			if err != nil || got.PID != tc.pid {
+				t.Errorf("%s: %+v, %v; want pid %d", tc.name, got, err, tc.pid)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.err) {
+			t.Errorf("%s: %+v, %v; want an error with %q", tc.name, got, err, tc.err)
+		}
+	}
 }

@@ -131,6 +131,14 @@ func (k *Kernel) Backtrace(t Task) (*Stack, error) {
 		st = orc.State{IP: r.RIP, SP: r.RSP, BP: r.RBP, Signal: true,
 			Regs: &orc.Regs{IP: r.RIP, SP: r.RSP, BP: r.RBP, DX: r.RDX, DI: r.RDI, R10: r.R10, R13: r.R13, CS: r.CS}}
 	} else {
+		if t.hasStack && t.stack == 0 {
+			// The kernel frees an exited task's stack when it last
+			// switches out; a zombie keeps its task_struct only.
+			return &Stack{Task: t, Frames: []Frame{}, Stop: "the task has exited: its kernel stack is freed"}, nil
+		}
+		if t.hasStack && (t.threadSP < t.stack || t.threadSP >= t.stack+threadSize) {
+			return &Stack{Task: t, Frames: []Frame{}, Stop: fmt.Sprintf("the saved stack pointer %#x is outside the task's stack at %#x", t.threadSP, t.stack)}, nil
+		}
 		if t.threadSP == 0 {
 			return nil, fmt.Errorf("task %d (%s) has no saved stack pointer", t.PID, t.Comm)
 		}
