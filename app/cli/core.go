@@ -83,12 +83,21 @@ func CoreInfoReport(k *core.Kernel, asJSON bool, w io.Writer) error {
 		inf.PageTableLevels = 5
 	}
 	for _, r := range k.Dump.PhysRanges() {
-		inf.MemoryBytes += r.End - r.Start
+		inf.DumpedBytes += r.End - r.Start
+	}
+	inf.MemoryBytes = inf.DumpedBytes
+	if r, ok := k.Dump.(dump.RAMSizer); ok {
+		inf.MemoryBytes = r.RAMBytes()
 	}
 	if recs, err := k.Log(); err == nil {
 		inf.Panic = core.PanicMessage(recs)
+	} else {
+		inf.Errors = append(inf.Errors, "log: "+err.Error())
 	}
-	tasks, _ := k.Tasks()
+	tasks, err := k.Tasks()
+	if err != nil {
+		inf.Errors = append(inf.Errors, "tasks: "+err.Error())
+	}
 	for _, c := range k.Dump.CPUs() {
 		ci := api.CoreCPUInfo{CPU: c.Index, RIP: fmt.Sprintf("%#x", c.Regs.RIP), PID: -1}
 		for _, t := range tasks {
@@ -99,15 +108,26 @@ func CoreInfoReport(k *core.Kernel, asJSON bool, w io.Writer) error {
 		ci.Function = symbolize(k, c.Regs.RIP)
 		inf.CPUs = append(inf.CPUs, ci)
 	}
+	var failed error
+	if len(inf.Errors) > 0 {
+		failed = fmt.Errorf("info: the report is incomplete: %d part(s) could not be read (listed in it)", len(inf.Errors))
+	}
 	if asJSON {
-		return writeJSON(w, inf)
+		if err := writeJSON(w, inf); err != nil {
+			return err
+		}
+		return failed
 	}
 	fmt.Fprintf(w, "format:         %s\n", inf.Format)
 	fmt.Fprintf(w, "kernel:         %s\n", inf.Release)
 	fmt.Fprintf(w, "KASLR offset:   %s\n", inf.KernelOffset)
 	fmt.Fprintf(w, "phys_base:      %s\n", inf.PhysBase)
 	fmt.Fprintf(w, "page tables:    %d levels\n", inf.PageTableLevels)
-	fmt.Fprintf(w, "memory:         %d MiB in %d ranges\n", inf.MemoryBytes>>20, len(k.Dump.PhysRanges()))
+	if inf.MemoryBytes != inf.DumpedBytes {
+		fmt.Fprintf(w, "memory:         %d MiB of RAM, %d MiB dumped in %d ranges\n", inf.MemoryBytes>>20, inf.DumpedBytes>>20, len(k.Dump.PhysRanges()))
+	} else {
+		fmt.Fprintf(w, "memory:         %d MiB in %d ranges\n", inf.MemoryBytes>>20, len(k.Dump.PhysRanges()))
+	}
 	if inf.Panic != "" {
 		fmt.Fprintf(w, "panic:          %s\n", inf.Panic)
 	}
@@ -119,7 +139,10 @@ func CoreInfoReport(k *core.Kernel, asJSON bool, w io.Writer) error {
 		}
 		fmt.Fprintf(w, "  cpu %d: task %s at %s %s\n", c.CPU, who, c.RIP, c.Function)
 	}
-	return nil
+	for _, e := range inf.Errors {
+		fmt.Fprintf(w, "unreadable:     %s\n", e)
+	}
+	return failed
 }
 
 // CorePS prints every task: `{"tasks":[{"pid":…,"comm":…,"state":…}]}`.
