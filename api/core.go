@@ -5,11 +5,14 @@ package api
 
 // CoreInfo is `kinst core DUMP info --json`.
 type CoreInfo struct {
-	Format          string `json:"format"`
-	Release         string `json:"release"`
-	KernelOffset    string `json:"kernel_offset"`
-	PhysBase        string `json:"phys_base"`
-	PageTableLevels int    `json:"page_table_levels"`
+	Format       string `json:"format"`
+	Release      string `json:"release"`
+	KernelOffset string `json:"kernel_offset"`
+	// KernelOffsetProblem says how VMCOREINFO's KERNELOFFSET disagrees
+	// with the symbols, if it does.
+	KernelOffsetProblem string `json:"kernel_offset_problem,omitempty"`
+	PhysBase            string `json:"phys_base"`
+	PageTableLevels     int    `json:"page_table_levels"`
 	// MemoryBytes is the machine's RAM where the dump records it (a
 	// kdump's first bitmap), else the memory the dump holds.
 	MemoryBytes uint64 `json:"memory_bytes"`

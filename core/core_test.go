@@ -461,3 +461,37 @@ func TestTaskAt(t *testing.T) {
 		}
 	}
 }
+
+// TestKernelOffsetProblem: a KERNELOFFSET that does not take the
+// kernel's link address to kallsyms' _text, or a VMCOREINFO _stext that
+// is not kallsyms', is flagged.
+func TestKernelOffsetProblem(t *testing.T) {
+	const text = 0xffffffff83000000 // linked at 0xffffffff81000000, slid by 0x2000000
+	for _, tc := range []struct {
+		name, info string
+		want       string // a substring; "" for no problem
+	}{
+		{"agrees", "KERNELOFFSET=2000000\nSYMBOL(_stext)=ffffffff83000100\n", ""},
+		{"no _stext in VMCOREINFO", "KERNELOFFSET=2000000\n", ""},
+		{"offset off by a slot", "KERNELOFFSET=2200000\n", "KERNELOFFSET 0x2200000 disagrees with the symbols: kallsyms has _text at 0xffffffff83000000"},
+		{"no offset", "", "KERNELOFFSET 0x0 disagrees"},
+		{"_stext of another boot", "KERNELOFFSET=2000000\nSYMBOL(_stext)=ffffffff9e000100\n", "another boot"},
+	} {
+		d := dumptest.New()
+		const root = 0x100000
+		d.Write(root, make([]byte, 4*pageSize))
+		va := func(off uint64) uint64 { return startKernelMap + 0x200000 + off }
+		tables := dumpgen.Kallsyms([]dumpgen.KallsymsSymbol{
+			{Addr: text, Type: 'T', Name: "_text"}, {Addr: text + 0x100, Type: 'T', Name: "_stext"},
+		}, text, va(0x2000), func(a uint64, b []byte) { d.Write(a-startKernelMap-0x200000+root, b) })
+		d.Info = fmt.Sprintf("OSRELEASE=t\nSYMBOL(init_top_pgt)=%x\nNUMBER(phys_base)=%d\n", va(0), root-0x200000) + tc.info + tables
+		k, err := New(d, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := k.KernelOffsetProblem()
+		if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}

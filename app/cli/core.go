@@ -78,7 +78,7 @@ func Core(req CoreRequest, w io.Writer) error {
 func CoreInfoReport(k *core.Kernel, asJSON bool, w io.Writer) error {
 	inf := api.CoreInfo{Format: k.Dump.Format(), Release: k.Release(),
 		KernelOffset: fmt.Sprintf("%#x", k.Info.KernelOffset), PhysBase: fmt.Sprintf("%#x", k.Info.Numbers["phys_base"]),
-		PageTableLevels: 4}
+		PageTableLevels: 4, KernelOffsetProblem: k.KernelOffsetProblem()}
 	if k.Info.Numbers["pgtable_l5_enabled"] == 1 {
 		inf.PageTableLevels = 5
 	}
@@ -121,6 +121,9 @@ func CoreInfoReport(k *core.Kernel, asJSON bool, w io.Writer) error {
 	fmt.Fprintf(w, "format:         %s\n", inf.Format)
 	fmt.Fprintf(w, "kernel:         %s\n", inf.Release)
 	fmt.Fprintf(w, "KASLR offset:   %s\n", inf.KernelOffset)
+	if inf.KernelOffsetProblem != "" {
+		fmt.Fprintf(w, "  warning:      %s\n", inf.KernelOffsetProblem)
+	}
 	fmt.Fprintf(w, "phys_base:      %s\n", inf.PhysBase)
 	fmt.Fprintf(w, "page tables:    %d levels\n", inf.PageTableLevels)
 	if inf.MemoryBytes != inf.DumpedBytes {
