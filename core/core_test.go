@@ -280,12 +280,15 @@ func TestBacktraceStops(t *testing.T) {
 		kSched  = startKernelMap + 0x1000000
 		kThread = startKernelMap + 0x1000100
 		etext   = startKernelMap + 0x1000200
+		kInit   = startKernelMap + 0x2000000 // start_kernel, in the init text
+		einit   = startKernelMap + 0x2000100
 	)
 	modules := va(0x100)
 	tables := dumpgen.Kallsyms([]dumpgen.KallsymsSymbol{
 		{Addr: va(0), Type: 'T', Name: "_text"}, {Addr: modules, Type: 'd', Name: "modules"},
 		{Addr: kSched, Type: 't', Name: "kfn_sched"}, {Addr: kThread, Type: 'T', Name: "kthread"},
 		{Addr: etext, Type: 'T', Name: "_etext"},
+		{Addr: kInit, Type: 'T', Name: "_sinittext"}, {Addr: kInit, Type: 'T', Name: "start_kernel"}, {Addr: einit, Type: 'T', Name: "_einittext"},
 	}, va(0), va(0x2000), func(a uint64, b []byte) { d.Write(a-startKernelMap-0x200000+root, b) })
 	d.Info = fmt.Sprintf("OSRELEASE=t\nSYMBOL(init_top_pgt)=%x\nNUMBER(phys_base)=%d\n", va(0), root-0x200000) + tables
 	k, err := New(d, Options{BTF: testModuleBTF(t)})
@@ -295,8 +298,9 @@ func TestBacktraceStops(t *testing.T) {
 	put64(modules, modules) // no modules
 	rel := func(ip, at uint64) uint32 { return uint32(int32(int64(ip - at))) }
 	kernelORC, err := orc.Parse(
-		binary.LittleEndian.AppendUint32(binary.LittleEndian.AppendUint32(nil, rel(kSched, 0x1000)), rel(kThread, 0x1004)),
-		0x1000, append(orcEntry(orc.Entry{SPOffset: 16, SPReg: orc.RegSP}), orcEntry(orc.Entry{End: true})...))
+		binary.LittleEndian.AppendUint32(binary.LittleEndian.AppendUint32(binary.LittleEndian.AppendUint32(nil,
+			rel(kSched, 0x1000)), rel(kThread, 0x1004)), rel(kInit, 0x1008)),
+		0x1000, append(append(orcEntry(orc.Entry{SPOffset: 16, SPReg: orc.RegSP}), orcEntry(orc.Entry{End: true})...), orcEntry(orc.Entry{End: true})...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -313,6 +317,8 @@ func TestBacktraceStops(t *testing.T) {
 		{name: "corrupt switch frame", ret: 0x4141414141, sp: stack, stop: "switch frame at 0xffffffff80200800 is corrupt"},
 		{name: "return to nowhere", ret: kSched + 5, caller: 0, sp: stack, frames: 1, stop: "outside the kernel"},
 		{name: "return past the text", ret: kSched + 5, caller: etext + 0x40, sp: stack, frames: 2, stop: "no ORC entry"},
+		{name: "return into the init text", ret: kSched + 5, caller: kInit + 9, sp: stack, frames: 2},
+		{name: "return past the init text", ret: kSched + 5, caller: einit + 9, sp: stack, frames: 2, stop: "no ORC entry"},
 		{name: "unreadable switch frame", sp: 0xffffc90000000000, stop: "switch frame at 0xffffc90000000000: virtual address 0xffffc90000000000 is not mapped"},
 		{name: "no saved stack pointer", sp: 0, stop: "no saved stack pointer"},
 	} {

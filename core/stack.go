@@ -155,8 +155,7 @@ func (k *Kernel) Backtrace(t Task) (*Stack, error) {
 			st.Signal = true // a new task that never ran: ret_from_fork is its first instruction
 		}
 	}
-	etext, _ := syms.Address("_etext")
-	frames, uerr := orc.Unwind(orcFinder{k, tab.kernel, etext}, k, st)
+	frames, uerr := orc.Unwind(orcFinder{k, tab.kernel, kernelText(syms)}, k, st)
 	out := &Stack{Task: t, Frames: []Frame{}}
 	for _, f := range frames {
 		fr := Frame{Address: f.IP, AddrHex: fmt.Sprintf("%#x", f.IP), Exception: f.Signal && len(out.Frames) > 0}
