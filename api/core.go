@@ -5,14 +5,25 @@ package api
 
 // CoreInfo is `kinst core DUMP info --json`.
 type CoreInfo struct {
-	Format          string        `json:"format"`
-	Release         string        `json:"release"`
-	KernelOffset    string        `json:"kernel_offset"`
-	PhysBase        string        `json:"phys_base"`
-	PageTableLevels int           `json:"page_table_levels"`
-	MemoryBytes     uint64        `json:"memory_bytes"`
-	Panic           string        `json:"panic,omitempty"`
-	CPUs            []CoreCPUInfo `json:"cpus"`
+	Format       string `json:"format"`
+	Release      string `json:"release"`
+	KernelOffset string `json:"kernel_offset"`
+	// KernelOffsetProblem says how VMCOREINFO's KERNELOFFSET disagrees
+	// with the symbols, if it does.
+	KernelOffsetProblem string `json:"kernel_offset_problem,omitempty"`
+	PhysBase            string `json:"phys_base"`
+	PageTableLevels     int    `json:"page_table_levels"`
+	// MemoryBytes is the machine's RAM where the dump records it (a
+	// kdump's first bitmap), else the memory the dump holds.
+	MemoryBytes uint64 `json:"memory_bytes"`
+	// DumpedBytes is the memory the dump holds: all of RAM in an
+	// unfiltered dump, less in a filtered kdump.
+	DumpedBytes uint64        `json:"dumped_bytes"`
+	Panic       string        `json:"panic,omitempty"`
+	CPUs        []CoreCPUInfo `json:"cpus"`
+	// Errors lists the parts of the report that could not be read
+	// (tasks, the log), as "part: error"; the command then exits 1.
+	Errors []string `json:"errors,omitempty"`
 }
 
 // CoreCPUInfo is one CPU's state at the time of the dump.

@@ -32,6 +32,14 @@ func TestStateLetter(t *testing.T) {
 	}{
 		{0, 0, "R"}, {1, 0, "S"}, {2, 0, "D"}, {4, 0, "T"}, {8, 0, "t"}, {0, 0x10, "X"}, {0, 0x20, "Z"},
 		{0x40, 0, "P"}, {0x402, 0, "I"}, {0x81, 0, "S"}, // TASK_WAKEKILL|INTERRUPTIBLE reports S
+		{0x8000, 0, "D"},          // TASK_FROZEN: the freezer's tasks report D
+		{0x8000 | 0x2001, 0, "D"}, // frozen with TASK_FREEZABLE|INTERRUPTIBLE left over
+		{0x1000, 0, "D"},          // TASK_RTLOCK_WAIT reports as an rt_mutex sleep
+		{0x502, 0, "I"},           // TASK_IDLE with TASK_WAKEKILL: masked, still I
+		{0x402, 0x20, "I"},        // TASK_IDLE wins over exit_state
+		{0x100, 0, "R"},           // TASK_WAKEKILL alone is outside TASK_REPORT
+		{0x80, 0x10, "X"},         // TASK_DEAD with EXIT_DEAD
+		{0x80, 0x20, "Z"},         // TASK_DEAD with EXIT_ZOMBIE
 	} {
 		if got := stateLetter(tc.state, tc.exit); got != tc.want {
 			t.Errorf("stateLetter(%#x, %#x) = %s, want %s", tc.state, tc.exit, got, tc.want)
@@ -257,4 +265,234 @@ func orcEntry(e orc.Entry) []byte {
 	}
 	le := binary.LittleEndian
 	return le.AppendUint16(le.AppendUint16(le.AppendUint16(nil, uint16(e.SPOffset)), uint16(e.BPOffset)), bits)
+}
+
+// TestBacktraceStops: a switched-out task's walk ends cleanly at the
+// outermost frame or says why it stopped; a corrupt saved stack is never
+// taken for user mode, and a task with no frames has an empty list.
+func TestBacktraceStops(t *testing.T) {
+	d := dumptest.New()
+	const root = 0x100000
+	d.Write(root, make([]byte, 4*pageSize))
+	va := func(off uint64) uint64 { return startKernelMap + 0x200000 + off }
+	put64 := func(a, v uint64) { d.Put64(a-startKernelMap-0x200000+root, v) }
+	const (
+		kSched  = startKernelMap + 0x1000000
+		kThread = startKernelMap + 0x1000100
+		etext   = startKernelMap + 0x1000200
+		kInit   = startKernelMap + 0x2000000 // start_kernel, in the init text
+		einit   = startKernelMap + 0x2000100
+	)
+	modules := va(0x100)
+	tables := dumpgen.Kallsyms([]dumpgen.KallsymsSymbol{
+		{Addr: va(0), Type: 'T', Name: "_text"}, {Addr: modules, Type: 'd', Name: "modules"},
+		{Addr: kSched, Type: 't', Name: "kfn_sched"}, {Addr: kThread, Type: 'T', Name: "kthread"},
+		{Addr: etext, Type: 'T', Name: "_etext"},
+		{Addr: kInit, Type: 'T', Name: "_sinittext"}, {Addr: kInit, Type: 'T', Name: "start_kernel"}, {Addr: einit, Type: 'T', Name: "_einittext"},
+	}, va(0), va(0x2000), func(a uint64, b []byte) { d.Write(a-startKernelMap-0x200000+root, b) })
+	d.Info = fmt.Sprintf("OSRELEASE=t\nSYMBOL(init_top_pgt)=%x\nNUMBER(phys_base)=%d\n", va(0), root-0x200000) + tables
+	k, err := New(d, Options{BTF: testModuleBTF(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	put64(modules, modules) // no modules
+	rel := func(ip, at uint64) uint32 { return uint32(int32(int64(ip - at))) }
+	kernelORC, err := orc.Parse(
+		binary.LittleEndian.AppendUint32(binary.LittleEndian.AppendUint32(binary.LittleEndian.AppendUint32(nil,
+			rel(kSched, 0x1000)), rel(kThread, 0x1004)), rel(kInit, 0x1008)),
+		0x1000, append(append(orcEntry(orc.Entry{SPOffset: 16, SPReg: orc.RegSP}), orcEntry(orc.Entry{End: true})...), orcEntry(orc.Entry{End: true})...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.orc.get("ORC", func() (*orcTables, error) { return &orcTables{kernel: kernelORC}, nil })
+	stack := va(0x800)
+	for _, tc := range []struct {
+		name        string
+		ret, caller uint64 // the switch frame's ret_addr; kfn_sched's return address
+		sp          uint64
+		frames      int
+		stop        string // a substring of Stop; "" for none
+	}{
+		{name: "clean", ret: kSched + 5, caller: kThread + 7, sp: stack, frames: 2},
+		{name: "corrupt switch frame", ret: 0x4141414141, sp: stack, stop: "switch frame at 0xffffffff80200800 is corrupt"},
+		{name: "return to nowhere", ret: kSched + 5, caller: 0, sp: stack, frames: 1, stop: "outside the kernel"},
+		{name: "return past the text", ret: kSched + 5, caller: etext + 0x40, sp: stack, frames: 2, stop: "no ORC entry"},
+		{name: "return into the init text", ret: kSched + 5, caller: kInit + 9, sp: stack, frames: 2},
+		{name: "return past the init text", ret: kSched + 5, caller: einit + 9, sp: stack, frames: 2, stop: "no ORC entry"},
+		{name: "unreadable switch frame", sp: 0xffffc90000000000, stop: "switch frame at 0xffffc90000000000: virtual address 0xffffc90000000000 is not mapped"},
+		{name: "no saved stack pointer", sp: 0, stop: "no saved stack pointer"},
+	} {
+		put64(stack+5*8, 0)
+		put64(stack+6*8, tc.ret)
+		put64(stack+56+8, tc.caller)
+		st, err := k.Backtrace(Task{PID: 7, Comm: "worker", threadSP: tc.sp})
+		if err != nil {
+			t.Errorf("%s: %v", tc.name, err)
+			continue
+		}
+		if st.Frames == nil || len(st.Frames) != tc.frames || st.UserMode ||
+			(tc.stop == "") != (st.Stop == "") || !strings.Contains(st.Stop, tc.stop) ||
+			strings.Count(st.Stop, "not mapped") > 1 || strings.Contains(st.Stop, "\n") {
+			t.Errorf("%s: %d frames (nil %v), user mode %v, stop %q; want %d frames, stop %q",
+				tc.name, len(st.Frames), st.Frames == nil, st.UserMode, st.Stop, tc.frames, tc.stop)
+		}
+	}
+	// Tasks whose task_struct.stack says there is nothing to walk.
+	for _, tc := range []struct {
+		name string
+		task Task
+		stop string
+	}{
+		{"zombie", Task{PID: 8, Comm: "defunct", State: "Z", hasStack: true, threadSP: stack}, "exited"},
+		{"sp outside the stack", Task{PID: 8, Comm: "odd", hasStack: true, stack: va(0x4000), threadSP: stack}, "outside the task's stack"},
+	} {
+		st, err := k.Backtrace(tc.task)
+		if err != nil || st.Frames == nil || len(st.Frames) != 0 || !strings.Contains(st.Stop, tc.stop) || strings.Contains(st.Stop, "not mapped") {
+			t.Errorf("%s: %+v, %v; want no frames, stop %q", tc.name, st, err, tc.stop)
+		}
+	}
+}
+
+// testTaskBTF describes task_struct and signal_struct with the members
+// the task walk reads, at offsets of its own.
+func testTaskBTF(t *testing.T) string {
+	u32 := &btf.Int{Name: "unsigned int", Size: 4}
+	s32 := &btf.Int{Name: "int", Size: 4, Encoding: btf.Signed}
+	char := &btf.Int{Name: "char", Size: 1, Encoding: btf.Char}
+	ptr := &btf.Pointer{Target: &btf.Void{}}
+	m := func(name string, typ btf.Type, off uint32) btf.Member {
+		return btf.Member{Name: name, Type: typ, Offset: btf.Bits(off * 8)}
+	}
+	list := &btf.Struct{Name: "list_head", Size: 16, Members: []btf.Member{m("next", ptr, 0), m("prev", ptr, 8)}}
+	thread := &btf.Struct{Name: "thread_struct", Size: 16, Members: []btf.Member{m("sp", ptr, 0)}}
+	task := &btf.Struct{Name: "task_struct", Size: 0x100, Members: []btf.Member{
+		m("cpu", u32, 0x08), m("__state", u32, 0x0c), m("stack", ptr, 0x10), m("tasks", list, 0x20),
+		m("pid", s32, 0x30), m("tgid", s32, 0x34), m("exit_state", s32, 0x38), m("signal", ptr, 0x40),
+		m("thread_node", list, 0x48), m("comm", &btf.Array{Index: u32, Type: char, Nelems: 16}, 0x60),
+		m("thread", thread, 0x80)}}
+	sig := &btf.Struct{Name: "signal_struct", Size: 0x40, Members: []btf.Member{m("thread_head", list, 0x10)}}
+	b, err := btf.NewBuilder([]btf.Type{task, sig}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := b.Marshal(nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "tasks.btf")
+	if err := os.WriteFile(path, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestTaskAt: bt ADDR takes a task on the lists, or an address on none
+// whose task_struct is self-consistent, and refuses anything else.
+func TestTaskAt(t *testing.T) {
+	d := dumptest.New()
+	const root = 0x100000
+	d.Write(root, make([]byte, 20*pageSize))
+	va := func(off uint64) uint64 { return startKernelMap + 0x200000 + off }
+	pa := func(a uint64) uint64 { return a - startKernelMap - 0x200000 + root }
+	put64 := func(a, v uint64) { d.Put64(pa(a), v) }
+	put32 := func(a uint64, v uint32) { d.Write(pa(a), binary.LittleEndian.AppendUint32(nil, v)) }
+	initTask, leader, created, garbage := va(0x4000), va(0x5000), va(0x6000), va(0x7000)
+	tables := dumpgen.Kallsyms([]dumpgen.KallsymsSymbol{
+		{Addr: va(0), Type: 'T', Name: "_text"}, {Addr: initTask, Type: 'D', Name: "init_task"},
+	}, va(0), va(0x2000), func(a uint64, b []byte) { d.Write(pa(a), b) })
+	d.Info = fmt.Sprintf("OSRELEASE=t\nSYMBOL(init_top_pgt)=%x\nNUMBER(phys_base)=%d\n", va(0), root-0x200000) + tables
+	k, err := New(d, Options{BTF: testTaskBTF(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	task := func(a uint64, pid int, comm string, stack, sp uint64) {
+		put32(a+0x30, uint32(pid))
+		put32(a+0x34, uint32(pid))
+		d.Write(pa(a+0x60), []byte(comm+"\x00"))
+		put64(a+0x10, stack)
+		put64(a+0x80, sp)
+		sig := a + 0x400 // its signal_struct: a thread list of itself
+		put64(a+0x40, sig)
+		put64(sig+0x10, a+0x48)
+		put64(sig+0x18, a+0x48)
+		put64(a+0x48, sig+0x10)
+		put64(a+0x50, sig+0x10)
+	}
+	task(initTask, 0, "swapper/0", va(0x8000), va(0x8000+0x3f00))
+	task(leader, 1, "init", va(0xc000), va(0xc000+0x3e00))
+	task(created, 50, "newborn", va(0x10000), va(0x10000+0x3fc0)) // on no list yet
+	// init_task.tasks ↔ leader.tasks
+	put64(initTask+0x20, leader+0x20)
+	put64(initTask+0x28, leader+0x20)
+	put64(leader+0x20, initTask+0x20)
+	put64(leader+0x28, initTask+0x20)
+	// garbage: "pid" -1627389952 and a comm of "leep" from the middle of a string
+	put32(garbage+0x30, 0x9f000000)
+	put32(garbage+0x34, 7)
+	d.Write(pa(garbage+0x60), []byte("leep\x00"))
+	notPrintable := va(0x7800)
+	task(notPrintable, 60, "\xff\xfe", va(0x10000), va(0x10000+0x3fc0))
+	stray := va(0x7c00) // a plausible pid and comm, but its stack pointer is elsewhere
+	task(stray, 61, "sleep", va(0x10000), va(0x30000))
+	for _, tc := range []struct {
+		name string
+		addr uint64
+		pid  int
+		err  string
+	}{
+		{"init_task", initTask, 0, ""},
+		{"leader", leader, 1, ""},
+		{"being created", created, 50, ""},
+		{"inside a task", leader + 0x10, 0, "is not a task"},
+		{"garbage pid", garbage, 0, "pid -1627389952"},
+		{"unprintable comm", notPrintable, 0, "not printable"},
+		{"inconsistent", stray, 0, "neither its saved stack pointer"},
+		{"unaligned", leader + 3, 0, "not aligned"},
+		{"zeroes", va(0x9000), 0, "is not a task"},
+	} {
+		got, err := k.TaskAt(tc.addr)
+		if tc.err == "" {
+			if err != nil || got.PID != tc.pid {
+				t.Errorf("%s: %+v, %v; want pid %d", tc.name, got, err, tc.pid)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.err) {
+			t.Errorf("%s: %+v, %v; want an error with %q", tc.name, got, err, tc.err)
+		}
+	}
+}
+
+// TestKernelOffsetProblem: a KERNELOFFSET that does not take the
+// kernel's link address to kallsyms' _text, or a VMCOREINFO _stext that
+// is not kallsyms', is flagged.
+func TestKernelOffsetProblem(t *testing.T) {
+	const text = 0xffffffff83000000 // linked at 0xffffffff81000000, slid by 0x2000000
+	for _, tc := range []struct {
+		name, info string
+		want       string // a substring; "" for no problem
+	}{
+		{"agrees", "KERNELOFFSET=2000000\nSYMBOL(_stext)=ffffffff83000100\n", ""},
+		{"no _stext in VMCOREINFO", "KERNELOFFSET=2000000\n", ""},
+		{"offset off by a slot", "KERNELOFFSET=2200000\n", "KERNELOFFSET 0x2200000 disagrees with the symbols: kallsyms has _text at 0xffffffff83000000"},
+		{"no offset", "", "KERNELOFFSET 0x0 disagrees"},
+		{"_stext of another boot", "KERNELOFFSET=2000000\nSYMBOL(_stext)=ffffffff9e000100\n", "another boot"},
+	} {
+		d := dumptest.New()
+		const root = 0x100000
+		d.Write(root, make([]byte, 4*pageSize))
+		va := func(off uint64) uint64 { return startKernelMap + 0x200000 + off }
+		tables := dumpgen.Kallsyms([]dumpgen.KallsymsSymbol{
+			{Addr: text, Type: 'T', Name: "_text"}, {Addr: text + 0x100, Type: 'T', Name: "_stext"},
+		}, text, va(0x2000), func(a uint64, b []byte) { d.Write(a-startKernelMap-0x200000+root, b) })
+		d.Info = fmt.Sprintf("OSRELEASE=t\nSYMBOL(init_top_pgt)=%x\nNUMBER(phys_base)=%d\n", va(0), root-0x200000) + tc.info + tables
+		k, err := New(d, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := k.KernelOffsetProblem()
+		if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
+	}
 }

@@ -1,6 +1,8 @@
 package core
 
 import (
+	"slices"
+
 	"github.com/kinst/kinst/kernel"
 	"github.com/kinst/kinst/unwind/orc"
 )
@@ -31,6 +33,29 @@ func (k *Kernel) moduleORC(m *kernel.Module) *orc.Table {
 type orcFinder struct {
 	k      *Kernel
 	kernel *orc.Table
+	// text is where the kernel's table applies: its last row would
+	// otherwise cover all the kernel half above it. Empty where the
+	// symbols do not say.
+	text []textRange
+}
+
+// textRange is a range [start, end) of the kernel image's text.
+type textRange struct{ start, end uint64 }
+
+// kernelText is the kernel image's text that ORC covers: [_text, _etext)
+// and the init text [_sinittext, _einittext), where start_kernel and the
+// boot CPU's idle task's outer frames live; nil when a bound is missing.
+func kernelText(s interface{ Address(string) (uint64, bool) }) []textRange {
+	var out []textRange
+	for _, r := range [][2]string{{"_text", "_etext"}, {"_sinittext", "_einittext"}} {
+		a, ok1 := s.Address(r[0])
+		b, ok2 := s.Address(r[1])
+		if !ok1 || !ok2 || b <= a {
+			return nil
+		}
+		out = append(out, textRange{a, b})
+	}
+	return out
 }
 
 func (f orcFinder) Lookup(ip uint64) (orc.Entry, bool) {
@@ -40,6 +65,9 @@ func (f orcFinder) Lookup(ip uint64) (orc.Entry, bool) {
 			return orc.Entry{}, false
 		}
 		return t.Lookup(ip)
+	}
+	if f.text != nil && !slices.ContainsFunc(f.text, func(r textRange) bool { return ip >= r.start && ip < r.end }) {
+		return orc.Entry{}, false
 	}
 	return f.kernel.Lookup(ip)
 }

@@ -2,6 +2,7 @@ package core
 
 import (
 	"debug/elf"
+	"encoding/binary"
 	"errors"
 	"fmt"
 
@@ -114,7 +115,9 @@ const inactiveTaskFrame = 7 * 8
 
 // Backtrace unwinds a task's kernel stack with ORC: from the CPU's
 // registers in the dump's notes if the task was running, else from the
-// frame that __switch_to_asm left at thread.sp.
+// frame that __switch_to_asm left at thread.sp. A walk that ends before
+// the outermost frame says why in Stop; the error is for what no task's
+// walk can do without (the ORC table, the symbols).
 func (k *Kernel) Backtrace(t Task) (*Stack, error) {
 	tab, err := k.orcTable()
 	if err != nil {
@@ -130,21 +133,30 @@ func (k *Kernel) Backtrace(t Task) (*Stack, error) {
 		st = orc.State{IP: r.RIP, SP: r.RSP, BP: r.RBP, Signal: true,
 			Regs: &orc.Regs{IP: r.RIP, SP: r.RSP, BP: r.RBP, DX: r.RDX, DI: r.RDI, R10: r.R10, R13: r.R13, CS: r.CS}}
 	} else {
+		if t.hasStack && t.stack == 0 {
+			// The kernel frees an exited task's stack when it last
+			// switches out; a zombie keeps its task_struct only.
+			return &Stack{Task: t, Frames: []Frame{}, Stop: "the task has exited: its kernel stack is freed"}, nil
+		}
+		if t.hasStack && (t.threadSP < t.stack || t.threadSP >= t.stack+threadSize) {
+			return &Stack{Task: t, Frames: []Frame{}, Stop: fmt.Sprintf("the saved stack pointer %#x is outside the task's stack at %#x", t.threadSP, t.stack)}, nil
+		}
 		if t.threadSP == 0 {
-			return nil, fmt.Errorf("task %d (%s) has no saved stack pointer", t.PID, t.Comm)
+			return &Stack{Task: t, Frames: []Frame{}, Stop: "no saved stack pointer (thread.sp is 0)"}, nil
 		}
-		bp, err1 := k.ReadU64(t.threadSP + 5*8)
-		ip, err2 := k.ReadU64(t.threadSP + 6*8)
-		if err := errors.Join(err1, err2); err != nil {
-			return nil, fmt.Errorf("task %d (%s): switch frame at %#x: %w", t.PID, t.Comm, t.threadSP, err)
+		// bp and ret_addr in one read: one error, not one per word.
+		var w [16]byte
+		if err := k.ReadVirt(w[:], t.threadSP+5*8); err != nil {
+			return &Stack{Task: t, Frames: []Frame{}, Stop: fmt.Sprintf("switch frame at %#x: %v", t.threadSP, err)}, nil
 		}
+		bp, ip := binary.LittleEndian.Uint64(w[:]), binary.LittleEndian.Uint64(w[8:])
 		st = orc.State{IP: ip, SP: t.threadSP + inactiveTaskFrame, BP: bp}
 		if fork, ok := syms.Address("ret_from_fork"); ok && ip == fork {
 			st.Signal = true // a new task that never ran: ret_from_fork is its first instruction
 		}
 	}
-	frames, uerr := orc.Unwind(orcFinder{k, tab.kernel}, k, st)
-	out := &Stack{Task: t}
+	frames, uerr := orc.Unwind(orcFinder{k, tab.kernel, kernelText(syms)}, k, st)
+	out := &Stack{Task: t, Frames: []Frame{}}
 	for _, f := range frames {
 		fr := Frame{Address: f.IP, AddrHex: fmt.Sprintf("%#x", f.IP), Exception: f.Signal && len(out.Frames) > 0}
 		if sym, off, ok := k.SymbolAt(f.IP); ok {
@@ -153,8 +165,12 @@ func (k *Kernel) Backtrace(t Task) (*Stack, error) {
 		out.Frames = append(out.Frames, fr)
 	}
 	switch {
-	case errors.Is(uerr, orc.ErrUserMode):
+	case errors.Is(uerr, orc.ErrUserMode) && t.Active:
 		out.UserMode = true
+	case errors.Is(uerr, orc.ErrUserMode):
+		// A switched-out task always resumes in the kernel: a saved
+		// return address outside it is a corrupt switch frame.
+		out.Stop = fmt.Sprintf("the switch frame at %#x is corrupt: its return address %#x is not in the kernel", t.threadSP, st.IP)
 	case uerr != nil:
 		out.Stop = uerr.Error()
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"math/bits"
 
 	"github.com/kinst/kinst/kernel"
 )
@@ -22,6 +23,8 @@ type Task struct {
 	// registers, not from the context-switch frame.
 	Active   bool   `json:"active"`
 	threadSP uint64 // thread.sp: the inactive_task_frame of a switched-out task
+	stack    uint64 // task_struct.stack: the kernel stack's base; 0 once freed
+	hasStack bool   // BTF has task_struct.stack, so stack is meaningful
 }
 
 // taskLayout holds the task_struct offsets used here, from BTF.
@@ -29,6 +32,7 @@ type taskLayout struct {
 	tasks, pid, tgid, comm, state, exitState, cpu, threadSP, signal, threadNode uint64
 	threadHead                                                                  uint64 // in signal_struct
 	commLen                                                                     uint64
+	stack                                                                       uint64 // 0: BTF has no task_struct.stack
 }
 
 func (k *Kernel) taskLayout() (*taskLayout, error) {
@@ -61,6 +65,7 @@ func (k *Kernel) taskLayout() (*taskLayout, error) {
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("BTF: %v", errs)
 	}
+	l.stack, _ = t.Offset("task_struct", "stack") // optional: never at offset 0 (thread_info or __state is)
 	l.commLen, _ = t.MemberSize("task_struct", "comm")
 	if l.commLen == 0 || l.commLen > 64 {
 		l.commLen = 16
@@ -145,7 +150,7 @@ func (k *Kernel) walkList(head, entryOff uint64, f func(entry uint64) error) err
 }
 
 func (k *Kernel) readTask(l *taskLayout, addr uint64) (Task, error) {
-	end := max(l.pid+4, l.tgid+4, l.comm+l.commLen, l.state+4, l.exitState+4, l.cpu+4, l.threadSP+8)
+	end := max(l.pid+4, l.tgid+4, l.comm+l.commLen, l.state+4, l.exitState+4, l.cpu+4, l.threadSP+8, l.stack+8)
 	b := make([]byte, end)
 	if err := k.ReadVirt(b, addr); err != nil {
 		return Task{}, fmt.Errorf("task_struct at %#x: %w", addr, err)
@@ -155,7 +160,13 @@ func (k *Kernel) readTask(l *taskLayout, addr uint64) (Task, error) {
 	if i := bytes.IndexByte(comm, 0); i >= 0 {
 		comm = comm[:i]
 	}
+	var stack uint64
+	if l.stack != 0 {
+		stack = binary.LittleEndian.Uint64(b[l.stack:])
+	}
 	return Task{
+		stack:    stack,
+		hasStack: l.stack != 0,
 		Addr:     addr,
 		Address:  fmt.Sprintf("%#x", addr),
 		PID:      int(int32(u32(l.pid))),
@@ -167,22 +178,42 @@ func (k *Kernel) readTask(l *taskLayout, addr uint64) (Task, error) {
 	}, nil
 }
 
-// stateLetter is the kernel's task_state_index / task_index_to_char
-// (include/linux/sched.h): the highest reported state bit picks a letter
-// of "RSDTtXZPI"; TASK_IDLE (UNINTERRUPTIBLE|NOLOAD) is I.
+// The task state bits of include/linux/sched.h. They are #defines, not
+// enums, so BTF does not carry them; these are 6.1's values
+// (TASK_FROZEN is 6.1's freezer bit; older kernels do not set it).
+const (
+	taskInterruptible   = 0x0001
+	taskUninterruptible = 0x0002
+	taskStopped         = 0x0004 // __TASK_STOPPED
+	taskTraced          = 0x0008 // __TASK_TRACED
+	exitDead            = 0x0010 // in exit_state
+	exitZombie          = 0x0020 // in exit_state
+	taskParked          = 0x0040
+	taskNoload          = 0x0400
+	taskRTLockWait      = 0x1000
+	taskFrozen          = 0x8000
+	taskIdle            = taskUninterruptible | taskNoload
+	// taskReport is TASK_REPORT, the bits get_task_state reports;
+	// taskReportIdle (TASK_REPORT_IDLE) is the index past them, "I".
+	taskReport     = taskInterruptible | taskUninterruptible | taskStopped | taskTraced | exitDead | exitZombie | taskParked
+	taskReportIdle = taskReport + 1
+)
+
+// stateLetter is the kernel's __task_state_index and task_index_to_char
+// (include/linux/sched.h, as fs/proc/array.c reports it): the state and
+// exit_state bits within TASK_REPORT, TASK_REPORT_IDLE when all of
+// TASK_IDLE's bits are set, TASK_UNINTERRUPTIBLE for a task waiting on
+// an RT lock or frozen by the freezer; the highest bit set picks a
+// letter of "RSDTtXZPI".
 func stateLetter(state, exitState uint32) string {
-	const taskReportMax = 0x80
-	const taskIdle = 0x402
-	if state == taskIdle {
-		return "I"
+	s := (state | exitState) & taskReport
+	if state&taskIdle == taskIdle {
+		s = taskReportIdle
 	}
-	s := (state | exitState) & (taskReportMax - 1)
-	idx := 0
-	for s != 0 {
-		idx++
-		s >>= 1
+	if state&(taskRTLockWait|taskFrozen) != 0 {
+		s = taskUninterruptible
 	}
-	return string("RSDTtXZPI"[idx])
+	return string("RSDTtXZPI"[bits.Len32(s)])
 }
 
 // currentTasks maps each CPU's current task to the CPU.
@@ -247,7 +278,8 @@ func (k *Kernel) Task(pid int) (Task, error) {
 
 // TaskAt reads the task_struct at addr, whether or not it is on the
 // task lists (a task being created or torn down, or one found in a
-// register).
+// register). An address on no list must look like a task: see
+// checkTask.
 func (k *Kernel) TaskAt(addr uint64) (Task, error) {
 	ts, err := k.Tasks()
 	if err != nil {
@@ -262,5 +294,54 @@ func (k *Kernel) TaskAt(addr uint64) (Task, error) {
 	if err != nil {
 		return Task{}, err
 	}
-	return k.readTask(l, addr)
+	if addr%8 != 0 {
+		return Task{}, fmt.Errorf("%#x is not a task: on no task list, and not aligned as a task_struct is", addr)
+	}
+	t, err := k.readTask(l, addr)
+	if err != nil {
+		return Task{}, err
+	}
+	if err := k.checkTask(l, t); err != nil {
+		return Task{}, fmt.Errorf("%#x is not a task: on no task list, and %w", addr, err)
+	}
+	return t, nil
+}
+
+// pidMaxLimit is PID_MAX_LIMIT on 64-bit kernels (include/linux/threads.h).
+const pidMaxLimit = 4 << 20
+
+// threadSize bounds a task's kernel stack: THREAD_SIZE is 16 KiB on
+// x86-64, 32 KiB with KASAN; 64 KiB leaves room for both.
+const threadSize = 64 << 10
+
+// checkTask tells whether a task_struct read from an address on no task
+// list is self-consistent: a pid and tgid within PID_MAX_LIMIT, a
+// printable comm, and either its saved stack pointer inside its own
+// kernel stack or its tasks links pointing back at it.
+func (k *Kernel) checkTask(l *taskLayout, t Task) error {
+	if t.PID <= 0 || t.PID > pidMaxLimit || t.TGID <= 0 || t.TGID > pidMaxLimit {
+		return fmt.Errorf("its pid %d and tgid %d are not both in 1..%d", t.PID, t.TGID, pidMaxLimit)
+	}
+	if t.Comm == "" {
+		return fmt.Errorf("its comm is empty")
+	}
+	for _, c := range []byte(t.Comm) {
+		if c < 0x20 || c >= 0x7f {
+			return fmt.Errorf("its comm %q is not printable", t.Comm)
+		}
+	}
+	if t.hasStack && t.stack != 0 && t.threadSP >= t.stack && t.threadSP < t.stack+threadSize {
+		return nil
+	}
+	self := t.Addr + l.tasks
+	next, err1 := k.ReadU64(self)
+	prev, err2 := k.ReadU64(self + 8)
+	if err1 == nil && err2 == nil {
+		nprev, err1 := k.ReadU64(next + 8)
+		pnext, err2 := k.ReadU64(prev)
+		if err1 == nil && err2 == nil && nprev == self && pnext == self {
+			return nil
+		}
+	}
+	return fmt.Errorf("neither its saved stack pointer %#x is in its stack at %#x nor its tasks links lead back to it", t.threadSP, t.stack)
 }

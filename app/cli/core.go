@@ -89,17 +89,26 @@ func Core(req CoreRequest, w io.Writer) error {
 func CoreInfoReport(k *core.Kernel, asJSON bool, w io.Writer) error {
 	inf := api.CoreInfo{Format: k.Dump.Format(), Release: k.Release(),
 		KernelOffset: fmt.Sprintf("%#x", k.Info.KernelOffset), PhysBase: fmt.Sprintf("%#x", k.Info.Numbers["phys_base"]),
-		PageTableLevels: 4}
+		PageTableLevels: 4, KernelOffsetProblem: k.KernelOffsetProblem()}
 	if k.Info.Numbers["pgtable_l5_enabled"] == 1 {
 		inf.PageTableLevels = 5
 	}
 	for _, r := range k.Dump.PhysRanges() {
-		inf.MemoryBytes += r.End - r.Start
+		inf.DumpedBytes += r.End - r.Start
+	}
+	inf.MemoryBytes = inf.DumpedBytes
+	if r, ok := k.Dump.(dump.RAMSizer); ok {
+		inf.MemoryBytes = r.RAMBytes()
 	}
 	if recs, err := k.Log(); err == nil {
 		inf.Panic = core.PanicMessage(recs)
+	} else {
+		inf.Errors = append(inf.Errors, "log: "+err.Error())
 	}
-	tasks, _ := k.Tasks()
+	tasks, err := k.Tasks()
+	if err != nil {
+		inf.Errors = append(inf.Errors, "tasks: "+err.Error())
+	}
 	for _, c := range k.Dump.CPUs() {
 		ci := api.CoreCPUInfo{CPU: c.Index, RIP: fmt.Sprintf("%#x", c.Regs.RIP), PID: -1}
 		for _, t := range tasks {
@@ -110,15 +119,29 @@ func CoreInfoReport(k *core.Kernel, asJSON bool, w io.Writer) error {
 		ci.Function = symbolize(k, c.Regs.RIP)
 		inf.CPUs = append(inf.CPUs, ci)
 	}
+	var failed error
+	if len(inf.Errors) > 0 {
+		failed = fmt.Errorf("info: the report is incomplete: %d part(s) could not be read (listed in it)", len(inf.Errors))
+	}
 	if asJSON {
-		return writeJSON(w, inf)
+		if err := writeJSON(w, inf); err != nil {
+			return err
+		}
+		return failed
 	}
 	fmt.Fprintf(w, "format:         %s\n", inf.Format)
 	fmt.Fprintf(w, "kernel:         %s\n", inf.Release)
 	fmt.Fprintf(w, "KASLR offset:   %s\n", inf.KernelOffset)
+	if inf.KernelOffsetProblem != "" {
+		fmt.Fprintf(w, "  warning:      %s\n", inf.KernelOffsetProblem)
+	}
 	fmt.Fprintf(w, "phys_base:      %s\n", inf.PhysBase)
 	fmt.Fprintf(w, "page tables:    %d levels\n", inf.PageTableLevels)
-	fmt.Fprintf(w, "memory:         %d MiB in %d ranges\n", inf.MemoryBytes>>20, len(k.Dump.PhysRanges()))
+	if inf.MemoryBytes != inf.DumpedBytes {
+		fmt.Fprintf(w, "memory:         %d MiB of RAM, %d MiB dumped in %d ranges\n", inf.MemoryBytes>>20, inf.DumpedBytes>>20, len(k.Dump.PhysRanges()))
+	} else {
+		fmt.Fprintf(w, "memory:         %d MiB in %d ranges\n", inf.MemoryBytes>>20, len(k.Dump.PhysRanges()))
+	}
 	if inf.Panic != "" {
 		fmt.Fprintf(w, "panic:          %s\n", inf.Panic)
 	}
@@ -130,7 +153,10 @@ func CoreInfoReport(k *core.Kernel, asJSON bool, w io.Writer) error {
 		}
 		fmt.Fprintf(w, "  cpu %d: task %s at %s %s\n", c.CPU, who, c.RIP, c.Function)
 	}
-	return nil
+	for _, e := range inf.Errors {
+		fmt.Fprintf(w, "unreadable:     %s\n", e)
+	}
+	return failed
 }
 
 // CorePS prints every task: `{"tasks":[{"pid":…,"comm":…,"state":…}]}`.
@@ -187,7 +213,7 @@ func CoreBacktrace(k *core.Kernel, which uint64, all, asJSON bool, w io.Writer) 
 	for _, t := range tasks {
 		st, err := k.Backtrace(t)
 		if err != nil {
-			st = &core.Stack{Task: t, Stop: err.Error()}
+			st = &core.Stack{Task: t, Frames: []core.Frame{}, Stop: err.Error()}
 		}
 		out = append(out, st)
 	}
@@ -451,8 +477,9 @@ func coreTask(t core.Task) api.CoreTask {
 
 // coreStack is a stack as the reports show it.
 func coreStack(st *core.Stack) api.CoreStack {
-	return api.CoreStack{Task: coreTask(st.Task), Stop: st.Stop, UserMode: st.UserMode,
-		Frames: mapSlice(st.Frames, func(f core.Frame) api.CoreFrame {
-			return api.CoreFrame{Address: f.AddrHex, Function: f.Function, Offset: f.Offset, Module: f.Module, Exception: f.Exception}
-		})}
+	out := api.CoreStack{Task: coreTask(st.Task), Stop: st.Stop, UserMode: st.UserMode, Frames: []api.CoreFrame{}}
+	for _, f := range st.Frames {
+		out.Frames = append(out.Frames, api.CoreFrame{Address: f.AddrHex, Function: f.Function, Offset: f.Offset, Module: f.Module, Exception: f.Exception})
+	}
+	return out
 }

@@ -15,7 +15,9 @@ dump-guest-memory or kdump, kdump-compressed, FreeBSD minidump), with
 symbols, types and unwind tables taken from the dump itself.
 
 Commands:
-  info            format, kernel release, KASLR offset, memory, CPUs, panic message
+  info            format, kernel release, KASLR offset, memory (RAM and dumped),
+                  CPUs, panic message; if the tasks or the log cannot be read
+                  it lists why ("errors" in JSON) and exits 1
   ps              every task: pid, tgid, cpu, state, comm ('>' marks running)
   bt PID|TASK|-a  kernel stack of a task (by pid or task_struct address),
                   or of every task (ORC unwinding)

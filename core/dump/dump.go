@@ -117,6 +117,13 @@ type MessageBufferReader interface {
 	MessageBuffer() []byte
 }
 
+// RAMSizer is implemented by dumps that know how much memory the machine
+// had beside what they hold: a filtered kdump's first bitmap marks every
+// page in RAM, its second only the pages dumped.
+type RAMSizer interface {
+	RAMBytes() uint64
+}
+
 // Range is a half-open physical address range [Start, End).
 type Range struct{ Start, End uint64 }
 

@@ -266,6 +266,9 @@ func (k *Kdump) PhysBase() uint64 { return k.physBase }
 // HeaderVersion is the disk_dump_header version (1–6 and later).
 func (k *Kdump) HeaderVersion() int { return k.version }
 
+// RAMBytes is the memory the machine had: the pages of the 1st bitmap.
+func (k *Kdump) RAMBytes() uint64 { return k.inRAM.Count() << k.pageShift }
+
 // PhysRanges lists the runs of dumped pages.
 func (k *Kdump) PhysRanges() []Range {
 	var rs []Range

@@ -15,11 +15,17 @@ package dumpview
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"sync"
 
 	"github.com/kinst/kinst/core/dump"
 	"github.com/kinst/kinst/kernel"
 )
+
+// ErrWrongTypes: BTF given beside the dump describes another kernel.
+var ErrWrongTypes = errors.New("types from another kernel")
 
 // ErrMissing: the dump lacks information a request needs.
 var ErrMissing = errors.New("missing from the dump")
@@ -118,7 +124,7 @@ func New(d dump.Dump, o Options) (*View, error) {
 	v.Program = kernel.New(kernel.Source{
 		Memory:        memory{v},
 		Symbols:       v.loadKallsyms,
-		Types:         func(p *kernel.Program) (*kernel.Types, error) { return loadTypes(p, o) },
+		Types:         func(p *kernel.Program) (*kernel.Types, error) { return loadTypes(p, o, info) },
 		ModuleSymbols: true,
 		Release:       info.OSRelease,
 	})
@@ -147,13 +153,17 @@ func (v *View) loadKallsyms() (*kernel.Symbols, error) {
 
 // loadTypes reads the BTF of Options.BTF or Options.Vmlinux when given,
 // else the one in the dump's memory between __start_BTF and __stop_BTF
-// (CONFIG_DEBUG_INFO_BTF keeps it in .BTF, mapped with the image).
-func loadTypes(p *kernel.Program, o Options) (*kernel.Types, error) {
+// (CONFIG_DEBUG_INFO_BTF keeps it in .BTF, mapped with the image). A
+// file's BTF must agree with the layouts VMCOREINFO records.
+func loadTypes(p *kernel.Program, o Options, info *VMCoreInfo) (*kernel.Types, error) {
 	for _, f := range []string{o.BTF, o.Vmlinux} {
 		if f != "" {
 			t, err := kernel.LoadTypes(f)
 			if err != nil {
 				return nil, fmt.Errorf("BTF: %w", err)
+			}
+			if err := CheckTypes(t, info); err != nil {
+				return nil, fmt.Errorf("BTF of %s: %w", f, err)
 			}
 			return t, nil
 		}
@@ -163,4 +173,44 @@ func loadTypes(p *kernel.Program, o Options) (*kernel.Types, error) {
 		return nil, fmt.Errorf("BTF: %w (kernel built without CONFIG_DEBUG_INFO_BTF? pass --btf or --vmlinux)", err)
 	}
 	return t, nil
+}
+
+// CheckTypes compares the struct sizes and member offsets VMCOREINFO
+// records (SIZE(page), OFFSET(page.flags), OFFSET(printk_info.seq)…) with
+// BTF's; entries BTF cannot resolve are skipped. A disagreement means the
+// BTF is of another kernel (build or configuration); the error matches
+// ErrWrongTypes and names the first few.
+func CheckTypes(t *kernel.Types, info *VMCoreInfo) error {
+	var bad []string
+	checked := 0
+	for _, name := range slices.Sorted(maps.Keys(info.Sizes)) {
+		if got, err := t.Size(name); err == nil {
+			checked++
+			if want := info.Sizes[name]; int64(got) != want {
+				bad = append(bad, fmt.Sprintf("SIZE(%s) is %d in VMCOREINFO, %d in the BTF", name, want, got))
+			}
+		}
+	}
+	for _, key := range slices.Sorted(maps.Keys(info.Offsets)) {
+		st, path, ok := strings.Cut(key, ".")
+		if !ok {
+			continue
+		}
+		if got, err := t.Offset(st, path); err == nil {
+			checked++
+			if want := info.Offsets[key]; int64(got) != want {
+				bad = append(bad, fmt.Sprintf("OFFSET(%s) is %d in VMCOREINFO, %d in the BTF", key, want, got))
+			}
+		}
+	}
+	if len(bad) == 0 {
+		return nil
+	}
+	more := ""
+	if len(bad) > 3 {
+		more = fmt.Sprintf(" (and %d more)", len(bad)-3)
+		bad = bad[:3]
+	}
+	return fmt.Errorf("%w: the dump's kernel is %q, and of %d layouts VMCOREINFO records, %s%s",
+		ErrWrongTypes, info.OSRelease, checked, strings.Join(bad, "; "), more)
 }

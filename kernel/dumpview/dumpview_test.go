@@ -4,8 +4,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/cilium/ebpf/btf"
 
 	"github.com/kinst/kinst/core/dump"
 	"github.com/kinst/kinst/core/dump/dumptest"
@@ -159,5 +163,54 @@ func TestKallsyms(t *testing.T) {
 	put(num[0], binary.LittleEndian.AppendUint32(nil, 1000))
 	if _, err := v.loadKallsyms(); err == nil {
 		t.Errorf("1000 symbols from a 6-symbol table decoded")
+	}
+}
+
+// TestCheckTypes: BTF from a file must agree with the layouts VMCOREINFO
+// records; entries BTF does not know are not held against it.
+func TestCheckTypes(t *testing.T) {
+	ulong := &btf.Int{Name: "unsigned long", Size: 8}
+	u32 := &btf.Int{Name: "unsigned int", Size: 4}
+	m := func(name string, typ btf.Type, off uint32) btf.Member {
+		return btf.Member{Name: name, Type: typ, Offset: btf.Bits(off * 8)}
+	}
+	page := &btf.Struct{Name: "page", Size: 64, Members: []btf.Member{m("flags", ulong, 0), m("_refcount", u32, 52)}}
+	b, err := btf.NewBuilder([]btf.Type{page}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := b.Marshal(nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "other.btf")
+	if err := os.WriteFile(path, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, info string
+		want       string // a substring of the error; "" for none
+	}{
+		{"agrees", "SIZE(page)=64\nOFFSET(page.flags)=0\nOFFSET(page._refcount)=52\n", ""},
+		{"unknown to BTF", "SIZE(nodemask_t)=8\nOFFSET(zone.free_area)=192\nSIZE(page)=64\n", ""},
+		{"size differs", "SIZE(page)=56\nOFFSET(page.flags)=0\n", "SIZE(page) is 56 in VMCOREINFO, 64 in the BTF"},
+		{"offset differs", "SIZE(page)=64\nOFFSET(page._refcount)=48\n", "OFFSET(page._refcount) is 48 in VMCOREINFO, 52 in the BTF"},
+	} {
+		d := dumptest.New()
+		d.Info = fmt.Sprintf("OSRELEASE=6.1.0-test\nSYMBOL(init_top_pgt)=%x\nNUMBER(phys_base)=0\n", uint64(startKernelMap)) + tc.info
+		v, err := New(d, Options{BTF: path})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = v.Types()
+		if tc.want == "" {
+			if err != nil {
+				t.Errorf("%s: %v", tc.name, err)
+			}
+			continue
+		}
+		if !errors.Is(err, ErrWrongTypes) || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "6.1.0-test") || !strings.Contains(err.Error(), path) {
+			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
+		}
 	}
 }

@@ -165,6 +165,7 @@ func TestUnwindStops(t *testing.T) {
 		{fn + 0x100, Entry{SPReg: RegR13, Type: TypeCall}},
 		{fn + 0x200, Entry{SPReg: RegUndefined}},
 		{fn + 0x300, Entry{SPOffset: 0, SPReg: RegSP, Type: TypeCall}},
+		{fn + 0x400, Entry{SPOffset: 0, SPReg: RegSP, Type: TypeRegs}},
 	})
 	for _, tc := range []struct {
 		name string
@@ -177,6 +178,13 @@ func TestUnwindStops(t *testing.T) {
 		{"loop", State{IP: fn + 0x301, SP: stk}, memory{stk - 8: fn + 0x301}, ErrLoop},
 		{"unknown register", State{IP: fn + 0x101, SP: stk}, memory{}, ErrBadEntry},
 		{"undefined without end", State{IP: fn + 0x201, SP: stk}, memory{}, ErrBadEntry},
+		// A return address of 0 or into user space is a corrupt stack,
+		// not the end of one.
+		{"return to nowhere", State{IP: fn + 1, SP: stk}, memory{stk: 0}, ErrNotKernel},
+		{"return to user space", State{IP: fn + 1, SP: stk}, memory{stk: 0x401000}, ErrNotKernel},
+		// pt_regs from kernel mode that lead back to the same frame.
+		{"repeated frame", State{IP: fn + 0x401, SP: stk + 0x100, Signal: true},
+			memory{stk + 0x100 + ptIP: fn + 0x401, stk + 0x100 + ptSP: stk + 0x100, stk + 0x100 + ptCS: 0x10, stk + 0x100 + ptBP: 0}, ErrLoop},
 	} {
 		_, err := Unwind(tab, tc.mem, tc.st)
 		if !errors.Is(err, tc.want) {

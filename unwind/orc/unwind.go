@@ -63,6 +63,10 @@ var (
 	ErrRead     = errors.New("stack memory unreadable")
 	ErrLoop     = errors.New("stack going the wrong way")
 	ErrTooDeep  = errors.New("stack deeper than the frame limit")
+	// ErrNotKernel: a return address or interrupted IP read from the
+	// stack is outside the kernel half, where only pt_regs from user
+	// mode may lead (a corrupt stack).
+	ErrNotKernel = errors.New("address outside the kernel read from the stack")
 	// ErrUserMode: the start state is in user space, so there is no
 	// kernel stack to unwind (a CPU caught running user code).
 	ErrUserMode = errors.New("the CPU was in user mode")
@@ -134,7 +138,10 @@ func Unwind(f Finder, mem Memory, st State) ([]Frame, error) {
 			if len(frames) == 0 {
 				return stop(ErrUserMode, "")
 			}
-			return frames, nil
+			return stop(ErrNotKernel, "from the frame at sp %#x", frames[len(frames)-1].SP)
+		}
+		if n := len(frames); n > 0 && frames[n-1].IP == ip && frames[n-1].SP == sp {
+			return stop(ErrLoop, "the frame at sp %#x repeats", sp)
 		}
 		frames = append(frames, Frame{IP: ip, SP: sp, Signal: signal})
 		if len(frames) >= MaxFrames {
