@@ -93,6 +93,11 @@ type Spec struct {
 func (e *Engine) Add(s *splice.Site, sp Spec) (*Request, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	return e.addLocked(s, sp)
+}
+
+// addLocked is Add; the caller holds e.mu.
+func (e *Engine) addLocked(s *splice.Site, sp Spec) (*Request, error) {
 	pt := e.points[s.Addr()]
 	if pt == nil {
 		pt = e.newPoint(s)
@@ -158,6 +163,11 @@ func (e *Engine) newPoint(s *splice.Site) *point {
 func (e *Engine) Remove(r *Request) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	return e.removeLocked(r)
+}
+
+// removeLocked is Remove; the caller holds e.mu.
+func (e *Engine) removeLocked(r *Request) error {
 	pt := r.pt
 	var reqs []*Request
 	for _, o := range pt.reqs {

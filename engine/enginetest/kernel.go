@@ -321,7 +321,8 @@ func (k *Kernel) TextNow() []byte {
 }
 
 // Count stands in for n executions of the instruction at addr: every
-// counter its patch increments (lock incq) goes up by n.
+// counter its patch increments (lock incq) goes up by n, and every hit
+// flag it stores (movb $1, a coverage probe's) is set.
 func (k *Kernel) Count(addr uint64, n uint64) error {
 	return k.Time(addr, n, 0)
 }
@@ -344,6 +345,10 @@ func (k *Kernel) Time(addr uint64, n, ticks uint64) error {
 			k.Counters[u.slot] += n
 		case x86asm.ADD:
 			k.Counters[u.slot] += ticks << 16
+		case x86asm.MOV: // a coverage probe's movb $1: its flag is set
+			if n > 0 {
+				k.Counters[u.slot] |= 1
+			}
 		}
 	}
 	return nil
