@@ -163,3 +163,40 @@ func TestAddEachFailsAlone(t *testing.T) {
 		t.Error("text not restored")
 	}
 }
+
+// A removed request's counter slot is not handed out again before the
+// grace period that frees its patch (a task still in the old patch may
+// write it); reclaim gives it back, and so does running out of slots.
+func TestCounterSlotsWaitForReclaim(t *testing.T) {
+	h := newHarness(t)
+	r := h.count("a", nil, "filename_lookup+0xb")[0]
+	old := r.Counter()
+	h.remove(r)
+	if st := h.e.State(); st.Counters != 1 {
+		t.Errorf("%d counter slots in use right after removal, want 1 (waiting for reclaim)", st.Counters)
+	}
+	r2 := h.count("b", nil, "filename_lookup+0xb")[0]
+	if r2.Counter() == old {
+		t.Errorf("slot %d handed out again before reclaim", old)
+	}
+	h.remove(r2)
+	h.e.Reclaim()
+	if st := h.e.State(); st.Counters != 0 {
+		t.Errorf("%d counter slots in use after reclaim", st.Counters)
+	}
+	// Every slot taken, then one request removed: the next request
+	// reclaims at once rather than failing.
+	n := len(h.k.Counters)
+	base, err := h.e.ReserveCounters(n - 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r3 := h.count("c", nil, "filename_lookup+0xb")[0]
+	h.remove(r3)
+	r4 := h.count("d", nil, "filename_lookup+0xb")[0]
+	if r4.Counter() != r3.Counter() {
+		t.Errorf("got slot %d, want the reclaimed %d", r4.Counter(), r3.Counter())
+	}
+	h.remove(r4)
+	h.e.ReleaseCounters(base, n-1)
+}

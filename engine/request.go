@@ -105,6 +105,11 @@ func (e *Engine) addLocked(s *splice.Site, sp Spec) (*Request, error) {
 	r := &Request{pt: pt, site: s, owner: sp.Owner, hooks: sp.Hooks}
 	for i := 0; i < sp.Slots; i++ {
 		slot, err := e.slots.alloc()
+		if err != nil && e.retiredCounters() {
+			// Removed requests' slots wait for reclaim: reclaim now.
+			e.reclaimLocked()
+			slot, err = e.slots.alloc()
+		}
 		if err == nil {
 			err = e.dev.ClearCounters(slot, 1)
 		}
@@ -181,9 +186,10 @@ func (e *Engine) removeLocked(r *Request) error {
 	if err := e.install(pt, reqs, r.hooks); err != nil {
 		return err
 	}
-	for _, sl := range r.slots {
-		e.slots.free(sl)
-	}
+	// A task preempted in the old patch may still write the slots: they
+	// go back after the grace period that frees the patch, never to a
+	// new request before it.
+	e.retireCounters(r.slots)
 	if len(pt.reqs) == 0 {
 		for _, ps := range pt.sites() {
 			delete(e.points, ps.Addr())
