@@ -1,17 +1,35 @@
 package engine
 
-import "github.com/kinst/kinst/splice"
+import (
+	"errors"
+	"fmt"
+	"syscall"
+
+	"github.com/kinst/kinst/splice"
+)
 
 // AddEach installs one request of spec sp at every site, each on its own:
 // errs[i] says why sites[i] got none (reqs[i] is then nil), and a failure
-// changes nothing of the other sites. The engine's lock is taken once for
-// the batch. Coverage arms a probe per basic block this way.
+// changes nothing of the other sites. Once the driver says it has no
+// room (ENOSPC), the remaining sites are not tried and get that error.
+// The engine's lock is taken once for the batch. Coverage arms a probe per basic block this way.
 func (e *Engine) AddEach(sites []*splice.Site, sp Spec) (reqs []*Request, errs []error) {
 	reqs, errs = make([]*Request, len(sites)), make([]error, len(sites))
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	var full error
 	for i, s := range sites {
+		if full != nil {
+			errs[i] = fmt.Errorf("not tried: no room for an earlier probe (%w)", full)
+			continue
+		}
 		reqs[i], errs[i] = e.addLocked(s, sp)
+		if errors.Is(errs[i], syscall.ENOSPC) {
+			// The driver's splice table (or the patch heap) is full:
+			// every further attempt would fail the same way, each
+			// after a patch written and freed.
+			full = errs[i]
+		}
 	}
 	return reqs, errs
 }

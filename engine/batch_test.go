@@ -2,7 +2,10 @@ package engine
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/kinst/kinst/codegen"
@@ -234,5 +237,33 @@ func TestSaveAllSpillsWhateverLiveness(t *testing.T) {
 	}
 	if !bytes.Equal(h.k.TextNow(), text) {
 		t.Error("text not restored")
+	}
+}
+
+// AddEach stops trying once the driver is full: the sites after the
+// first ENOSPC get it without a patch written, and what was installed
+// stays.
+func TestAddEachStopsWhenFull(t *testing.T) {
+	h := newHarness(t)
+	sites := h.blockSites("filename_lookup")
+	h.k.Mu.Lock()
+	h.k.MaxSplices = 1
+	h.k.Mu.Unlock()
+	reqs, errs := h.e.AddEach(sites, Spec{Owner: "cover", Slots: 1, Snippet: hitFlag})
+	if errs[0] != nil || reqs[0] == nil {
+		t.Fatalf("first site: %v", errs[0])
+	}
+	for i := 1; i < len(sites); i++ {
+		if !errors.Is(errs[i], syscall.ENOSPC) || reqs[i] != nil {
+			t.Errorf("%s: %v, want ENOSPC", sites[i].Point.Spec, errs[i])
+		}
+	}
+	if i := 2; i < len(sites) && !strings.HasPrefix(errs[i].Error(), "not tried") {
+		t.Errorf("%s: %v, want not tried", sites[i].Point.Spec, errs[i])
+	}
+	h.e.RemoveEach(reqs[:1])
+	h.e.Reclaim()
+	if !bytes.Equal(h.k.TextNow(), text) || len(h.k.AllocsNow()) != 0 {
+		t.Error("not restored")
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 
 	"golang.org/x/arch/x86/x86asm"
 )
@@ -32,6 +33,9 @@ type Kernel struct {
 	Counters []uint64
 	// FailSplice makes every splice fail.
 	FailSplice bool
+	// MaxSplices > 0 fails a splice with ENOSPC when that many are
+	// installed, as the driver's full splice table does.
+	MaxSplices int
 	// SpliceCalls and Resplices count successful driver calls; Covering
 	// counts the covering splices among SpliceCalls.
 	SpliceCalls, Resplices int
@@ -155,6 +159,9 @@ func (k *Kernel) splice(addr, patch uint64, orig, new []byte, slot bool) (uint32
 	defer k.Mu.Unlock()
 	if k.FailSplice {
 		return 0, errors.New("injected splice failure")
+	}
+	if k.MaxSplices > 0 && len(k.Splices) >= k.MaxSplices {
+		return 0, fmt.Errorf("kerninst splice: %w", syscall.ENOSPC)
 	}
 	if len(orig) != len(new) {
 		return 0, errors.New("bad splice arguments")
