@@ -99,7 +99,11 @@ type SessionRequest struct {
 	TTLNS int64 `json:"ttl_ns,omitempty"`
 	// Timers are functions to time (see TimerInfo).
 	Timers []string `json:"timers,omitempty"`
-	// Filter restricts the timers to some tasks.
+	// Cover makes a coverage session: a probe at every basic block of
+	// each function named (or matched by a glob: vfs_*), removed when it
+	// first runs. Not with Points, Timers or Lock.
+	Cover []string `json:"cover,omitempty"`
+	// Filter restricts the timers (or coverage probes) to some tasks.
 	Filter *Filter `json:"filter,omitempty"`
 	// Virtual also measures the timers' on-CPU time, with a hook in the
 	// context switch.
@@ -133,6 +137,8 @@ type Session struct {
 	Tied    bool        `json:"tied,omitempty"`
 	Probes  []Probe     `json:"probes"`
 	Timers  []TimerInfo `json:"timers,omitempty"`
+	// Cover is a coverage session's state (SessionRequest.Cover).
+	Cover *CoverReport `json:"cover,omitempty"`
 }
 
 // TimerInfo is one timed function: its entry and exit splices and its

@@ -32,6 +32,7 @@ func TestAsmEncodings(t *testing.T) {
 		{func(a *Asm) { a.MovqLoad(R11, target) }, "mov %T(%rip),%r11"},
 		{func(a *Asm) { a.MovqStore(target, RCX) }, "mov %rcx,%T(%rip)"},
 		{func(a *Asm) { a.CmpqImm8RIP(target, -1) }, "cmpq $0xffffffffffffffff,%T(%rip)"},
+		{func(a *Asm) { a.MovbImmRIP(target, 1) }, "movb $0x1,%T(%rip)"},
 		{func(a *Asm) { a.MovqGS(RAX, 0x32d00) }, "mov %gs:0x32d00,%rax"},
 		{func(a *Asm) { a.MovqGS(R10, 0x32d00) }, "mov %gs:0x32d00,%r10"},
 		{func(a *Asm) { a.MovqLoadMem(RSI, RAX, 0x5c8) }, "mov 0x5c8(%rax),%rsi"},

@@ -97,7 +97,7 @@ func (e *Engine) CounterAddr(slot int) uint64 { return e.dev.CounterAddr(slot) }
 type State struct {
 	Splices       int    // instructions spliced (not those a covering splice runs over)
 	Points        int    // instructions with requests (covered ones included)
-	Counters      int    // counter slots in use
+	Counters      int    // counter slots in use (removed requests' until reclaim)
 	Springboards  int    // springboard slots taken (released ones included until reclaimed)
 	Retired       int    // patches and slots waiting for reclaim
 	Overlay       int    // spliced ranges whose original bytes the text view puts back
@@ -114,7 +114,12 @@ func (e *Engine) State() State {
 			st.Splices++
 		}
 	}
-	st.Points, st.Counters, st.Retired = len(e.points), len(e.slots.used), len(e.retired)
+	st.Points, st.Counters = len(e.points), len(e.slots.used)
+	for _, r := range e.retired {
+		if r.counters == nil {
+			st.Retired++
+		}
+	}
 	e.mu.Unlock()
 	st.Springboards = e.spring.InUse()
 	st.Overlay = e.ov.len()

@@ -14,6 +14,7 @@ type retired struct {
 	patch, slot uint64
 	slotFor     uint64 // the instruction whose jmp rel8 led to slot
 	hooks       Hooks
+	counters    []int // counter slots a removed request's patch wrote
 }
 
 // retire queues a replaced or removed patch and slot (which the jmp rel8
@@ -22,7 +23,35 @@ func (e *Engine) retire(patch, slot, slotFor uint64, h Hooks) {
 	if patch == 0 && slot == 0 {
 		return
 	}
-	e.retired = append(e.retired, retired{patch, slot, slotFor, h})
+	e.retired = append(e.retired, retired{patch: patch, slot: slot, slotFor: slotFor, hooks: h})
+	e.armReclaim()
+}
+
+// retireCounters queues a removed request's counter slots: they are
+// free for another request only after the grace period that frees the
+// patch that wrote them (a late write would land in the new owner's
+// count or flag). The caller holds e.mu and has retired the patch.
+func (e *Engine) retireCounters(slots []int) {
+	if len(slots) == 0 {
+		return
+	}
+	e.retired = append(e.retired, retired{counters: slots})
+	e.armReclaim()
+}
+
+// retiredCounters reports whether counter slots wait for reclaim. The
+// caller holds e.mu.
+func (e *Engine) retiredCounters() bool {
+	for _, r := range e.retired {
+		if r.counters != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// armReclaim schedules a reclaim of retired. The caller holds e.mu.
+func (e *Engine) armReclaim() {
 	if !e.reclaimArmed {
 		e.reclaimArmed = true
 		time.AfterFunc(reclaimDelay, e.Reclaim)
@@ -63,13 +92,28 @@ func (e *Engine) Reclaim() {
 func (e *Engine) reclaimLocked() {
 	e.reclaimArmed = false
 	var kept []retired
+	waited := false // a patch was freed this round: the driver waited for RCU-tasks
 	for _, r := range e.retired {
+		if r.counters != nil {
+			// Retired after their patch, which an earlier entry (or an
+			// earlier round) freed; without a free this round there
+			// has been no wait since: keep them for the next.
+			if !waited {
+				kept = append(kept, r)
+				continue
+			}
+			for _, sl := range r.counters {
+				e.slots.free(sl)
+			}
+			continue
+		}
 		if r.patch != 0 {
 			if err := timed(r.hooks, StepFree, func() error { return e.freePatch(r.patch) }); err != nil {
 				e.log.Error("free retired patch", "patch", hex(r.patch), "err", err)
 				kept = append(kept, r)
 				continue
 			}
+			waited = true
 		}
 		if r.slot != 0 {
 			e.spring.Release(r.slot)

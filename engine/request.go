@@ -56,6 +56,7 @@ type Request struct {
 	slots   []int // counter slots, zeroed when the request was made
 	snippet codegen.Snippet
 	hooks   Hooks
+	saveAll bool // Spec.SaveAll
 }
 
 // Site is the instruction the request instruments.
@@ -84,6 +85,12 @@ type Spec struct {
 	Slots   int         // fresh counter slots, zeroed
 	Snippet SnippetFunc // the snippet, from the slots' addresses
 	Hooks   Hooks       // observe the steps of this request's changes; nil: none
+	// SaveAll builds the point's patch as if every register and flag
+	// were live: the snippets' scratch registers are pushed and popped
+	// and RFLAGS saved whatever liveness says. For snippets that run
+	// on every execution of the point but matter rarely (a guarded
+	// coverage probe), where a few instructions more cost little.
+	SaveAll bool
 }
 
 // Add installs a request at s: sp.Slots fresh counter slots and the
@@ -93,13 +100,23 @@ type Spec struct {
 func (e *Engine) Add(s *splice.Site, sp Spec) (*Request, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	return e.addLocked(s, sp)
+}
+
+// addLocked is Add; the caller holds e.mu.
+func (e *Engine) addLocked(s *splice.Site, sp Spec) (*Request, error) {
 	pt := e.points[s.Addr()]
 	if pt == nil {
 		pt = e.newPoint(s)
 	}
-	r := &Request{pt: pt, site: s, owner: sp.Owner, hooks: sp.Hooks}
+	r := &Request{pt: pt, site: s, owner: sp.Owner, hooks: sp.Hooks, saveAll: sp.SaveAll}
 	for i := 0; i < sp.Slots; i++ {
 		slot, err := e.slots.alloc()
+		if err != nil && e.retiredCounters() {
+			// Removed requests' slots wait for reclaim: reclaim now.
+			e.reclaimLocked()
+			slot, err = e.slots.alloc()
+		}
 		if err == nil {
 			err = e.dev.ClearCounters(slot, 1)
 		}
@@ -158,6 +175,11 @@ func (e *Engine) newPoint(s *splice.Site) *point {
 func (e *Engine) Remove(r *Request) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	return e.removeLocked(r)
+}
+
+// removeLocked is Remove; the caller holds e.mu.
+func (e *Engine) removeLocked(r *Request) error {
 	pt := r.pt
 	var reqs []*Request
 	for _, o := range pt.reqs {
@@ -171,9 +193,10 @@ func (e *Engine) Remove(r *Request) error {
 	if err := e.install(pt, reqs, r.hooks); err != nil {
 		return err
 	}
-	for _, sl := range r.slots {
-		e.slots.free(sl)
-	}
+	// A task preempted in the old patch may still write the slots: they
+	// go back after the grace period that frees the patch, never to a
+	// new request before it.
+	e.retireCounters(r.slots)
 	if len(pt.reqs) == 0 {
 		for _, ps := range pt.sites() {
 			delete(e.points, ps.Addr())

@@ -87,6 +87,7 @@ type session struct {
 	tied    bool
 	reqs    []*engine.Request // in the order of the session's points
 	timers  []*timedFunc
+	cover   *coverState   // a coverage session's probes; nil for others
 	done    chan struct{} // closed when the session is removed
 }
 
@@ -175,6 +176,9 @@ func (e *PointError) Unwrap() error { return e.Err }
 
 // CreateSession installs a counter at every point, or none.
 func (d *Daemon) CreateSession(req api.SessionRequest) (api.Session, error) {
+	if len(req.Cover) > 0 {
+		return d.createCover(req)
+	}
 	if len(req.Points) == 0 && len(req.Timers) == 0 && req.Lock == "" {
 		return api.Session{}, badRequest(errors.New("no points or functions given"))
 	}
@@ -248,6 +252,9 @@ func (d *Daemon) describe(ss *session) api.Session {
 	for _, t := range ss.timers {
 		out.Timers = append(out.Timers, d.timerInfo(t, now))
 	}
+	if ss.cover != nil {
+		out.Cover = d.coverReport(ss)
+	}
 	return out
 }
 
@@ -262,6 +269,9 @@ func (d *Daemon) RemoveSession(id string) (api.Session, error) {
 	ss := d.findLocked(id)
 	if ss == nil {
 		return api.Session{}, fmt.Errorf("%w %q", ErrNoSession, id)
+	}
+	if ss.cover != nil {
+		d.sweepCover(ss, d.clock.Now()) // the last hits count
 	}
 	final := d.describe(ss)
 	err := d.removeLocked(ss)
@@ -298,7 +308,14 @@ func (d *Daemon) removeLocked(ss *session) error {
 		d.log.Info("unspliced", "session", ss.id, "at", r.Site().Where(), "requests left", d.eng.Installed(r).Requests)
 	}
 	ss.reqs = kept
-	if len(kept) == 0 && len(keptTimers) == 0 {
+	coverGone := true
+	if ss.cover != nil {
+		var err error
+		if coverGone, err = d.removeCover(ss); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(kept) == 0 && len(keptTimers) == 0 && coverGone {
 		select {
 		case <-ss.done:
 		default:

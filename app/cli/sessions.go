@@ -51,6 +51,9 @@ func instruments(s api.Session) string {
 	for _, p := range s.Probes {
 		parts = append(parts, fmt.Sprintf("count %s (%d)", location(p.Resolved), p.Count))
 	}
+	if s.Cover != nil {
+		parts = append(parts, coverSummary(s.Cover))
+	}
 	return strings.Join(parts, "; ")
 }
 

@@ -146,7 +146,7 @@ var commands []*command
 
 func init() {
 	commands = []*command{
-		countCommand, timeCommand, waitersCommand, drilldownCommand, watchCommand, lsCommand, detachCommand,
+		countCommand, coverCommand, timeCommand, waitersCommand, drilldownCommand, watchCommand, lsCommand, detachCommand,
 		rdCommand, cfgCommand, benchCommand, offcpuCommand, unwindCommand, coreCommand, vmCommand,
 		versionCommand, completionCommand, workloadCommand, helpCommand,
 	}

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 
 	"golang.org/x/arch/x86/x86asm"
 )
@@ -32,6 +33,9 @@ type Kernel struct {
 	Counters []uint64
 	// FailSplice makes every splice fail.
 	FailSplice bool
+	// MaxSplices > 0 fails a splice with ENOSPC when that many are
+	// installed, as the driver's full splice table does.
+	MaxSplices int
 	// SpliceCalls and Resplices count successful driver calls; Covering
 	// counts the covering splices among SpliceCalls.
 	SpliceCalls, Resplices int
@@ -155,6 +159,9 @@ func (k *Kernel) splice(addr, patch uint64, orig, new []byte, slot bool) (uint32
 	defer k.Mu.Unlock()
 	if k.FailSplice {
 		return 0, errors.New("injected splice failure")
+	}
+	if k.MaxSplices > 0 && len(k.Splices) >= k.MaxSplices {
+		return 0, fmt.Errorf("kerninst splice: %w", syscall.ENOSPC)
 	}
 	if len(orig) != len(new) {
 		return 0, errors.New("bad splice arguments")
@@ -321,7 +328,8 @@ func (k *Kernel) TextNow() []byte {
 }
 
 // Count stands in for n executions of the instruction at addr: every
-// counter its patch increments (lock incq) goes up by n.
+// counter its patch increments (lock incq) goes up by n, and every hit
+// flag it stores (movb $1, a coverage probe's) is set.
 func (k *Kernel) Count(addr uint64, n uint64) error {
 	return k.Time(addr, n, 0)
 }
@@ -344,6 +352,10 @@ func (k *Kernel) Time(addr uint64, n, ticks uint64) error {
 			k.Counters[u.slot] += n
 		case x86asm.ADD:
 			k.Counters[u.slot] += ticks << 16
+		case x86asm.MOV: // a coverage probe's movb $1: its flag is set
+			if n > 0 {
+				k.Counters[u.slot] |= 1
+			}
 		}
 	}
 	return nil

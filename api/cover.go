@@ -1,0 +1,56 @@
+package api
+
+// CoverReport is `kinst cover --json`, and a coverage session's state in
+// Session.Cover (there with ExitStatus unset and DurationNS the time
+// since the probes were armed). A stable interface.
+type CoverReport struct {
+	Session       string          `json:"session"`
+	Filter        string          `json:"filter,omitempty"` // e.g. "pid 42"
+	Functions     []CoverFunction `json:"functions"`
+	TotalBlocks   int             `json:"total_blocks"`
+	CoveredBlocks int             `json:"covered_blocks"`
+	Armed         int             `json:"armed"`   // probes spliced
+	Removed       int             `json:"removed"` // probes removed after their first hit
+	ArmNS         int64           `json:"arm_ns"`  // from the first probe's splice to the last's
+	DurationNS    int64           `json:"duration_ns"`
+	// Timeline has a row when the probes were armed and one each time
+	// the daemon found blocks newly covered (and removed their probes).
+	Timeline   []CoverSample `json:"timeline"`
+	ExitStatus *int          `json:"exit_status"` // of -- CMD; null without one
+}
+
+// CoverFunction is one function's blocks. Padding between functions is
+// not a block of the function and is not listed; indices are those of
+// `kinst cfg FUNC --json`.
+type CoverFunction struct {
+	Function string       `json:"function"`
+	Module   string       `json:"module,omitempty"`
+	Address  Addr         `json:"address"`
+	Total    int          `json:"total"`
+	Covered  int          `json:"covered"`
+	Refused  int          `json:"refused"`
+	Blocks   []CoverBlock `json:"blocks"`
+	// Error says why a function a glob matched could not be read (and
+	// has no blocks).
+	Error string `json:"error,omitempty"`
+}
+
+// CoverBlock is one basic block: covered once its probe ran; a block
+// that could take no probe says why.
+type CoverBlock struct {
+	Index   int     `json:"index"`
+	Start   Addr    `json:"start"`
+	Covered bool    `json:"covered"`
+	Point   *string `json:"point"`   // FUNC+0xOFF of the instruction probed; null when refused
+	Refused *string `json:"refused"` // why no probe; null when probed
+	// Lines are the block's source lines (file:line); empty without
+	// debug information.
+	Lines []string `json:"lines"`
+}
+
+// CoverSample is the coverage at one time.
+type CoverSample struct {
+	ElapsedNS  int64 `json:"elapsed_ns"`  // since the probes were armed
+	LiveProbes int   `json:"live_probes"` // probes still spliced
+	Covered    int   `json:"covered"`     // blocks covered so far
+}

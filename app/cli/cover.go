@@ -1,0 +1,148 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kinst/kinst/api"
+)
+
+// CoverOptions are the flags of `kinst cover`.
+type CoverOptions struct {
+	Targets  []string      // functions, or globs over function names
+	Duration time.Duration // 0: until Ctrl-C or the command exits
+	Filter   api.Filter    // pid or comm: only these tasks' execution covers
+	JSON     bool
+	Name     string        // session name (kinst ls, kinst detach)
+	TTL      time.Duration // remove the probes after this long even if kinst is gone
+	Command  []string      // run this and cover for its lifetime
+}
+
+// Cover arms a coverage probe at every basic block of the targets; the
+// daemon removes each probe once it has run. When the duration ends, the
+// command exits or a signal arrives, the remaining probes are removed and
+// the report printed. It returns the exit status kinst should exit with.
+func Cover(ctx context.Context, c *api.Client, o CoverOptions, env Env) (int, error) {
+	if len(o.Targets) == 0 {
+		return 2, errors.New("cover: name at least one function or glob (vfs_*)")
+	}
+	req := api.SessionRequest{Cover: o.Targets, Tied: true, Name: o.Name, TTLNS: int64(o.TTL)}
+	if o.Filter != (api.Filter{}) {
+		f := o.Filter
+		req.Filter = &f
+	}
+	sess, err := c.CreateSession(ctx, req)
+	if err != nil {
+		return 1, err
+	}
+	if sess.Cover == nil {
+		c.RemoveSession(context.WithoutCancel(ctx), sess.ID)
+		return 1, errors.New("cover: kerninstd made no coverage session (an older kerninstd?)")
+	}
+	armed := sess.Cover
+	refused := armed.TotalBlocks - armed.Armed
+	fmt.Fprintf(env.Err, "kinst: %d probes armed in %s over %d blocks of %d functions (%d blocks refused)",
+		armed.Armed, fmtNS(float64(armed.ArmNS)), armed.TotalBlocks, len(armed.Functions), refused)
+	if armed.Filter != "" {
+		fmt.Fprintf(env.Err, "; %s only", armed.Filter)
+	}
+	fmt.Fprintln(env.Err)
+	res, err := runSession(ctx, c, sess, runOptions{Duration: o.Duration, Interval: time.Second, Command: o.Command,
+		Waiting: "kinst: covering; Ctrl-C to stop"}, env, func(time.Duration, api.Sample) {})
+	exitStatus := 0
+	if res.ExitStatus != nil {
+		exitStatus = *res.ExitStatus
+	}
+	if err != nil {
+		return max(exitStatus, 1), err
+	}
+	if res.Final.Cover == nil {
+		return max(exitStatus, 1), errors.New("cover: the session's final state has no coverage")
+	}
+	report := *res.Final.Cover
+	report.DurationNS = int64(res.Duration)
+	report.ExitStatus = res.ExitStatus
+	if o.JSON {
+		return exitStatus, writeJSON(env.Out, report)
+	}
+	return exitStatus, writeCover(env.Out, report)
+}
+
+// writeCover prints a coverage report: totals, a row per function, each
+// function's blocks, and the timeline of live probes.
+func writeCover(w io.Writer, r api.CoverReport) error {
+	fmt.Fprintf(w, "coverage over %.3f s: %d of %d blocks (%s) in %d functions", time.Duration(r.DurationNS).Seconds(),
+		r.CoveredBlocks, r.TotalBlocks, percent(r.CoveredBlocks, r.TotalBlocks), len(r.Functions))
+	if r.Filter != "" {
+		fmt.Fprintf(w, ", %s only", r.Filter)
+	}
+	fmt.Fprintf(w, "\n%d probes armed in %s, %d removed after their first hit, %d blocks refused\n\n",
+		r.Armed, fmtNS(float64(r.ArmNS)), r.Removed, r.TotalBlocks-r.Armed)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "function\taddress\tblocks\tcovered\trefused\tcoverage\t")
+	for _, f := range r.Functions {
+		fmt.Fprintf(tw, "%s\t%#x\t%d\t%d\t%d\t%s\t\n", f.Function, uint64(f.Address), f.Total, f.Covered, f.Refused, percent(f.Covered, f.Total))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, f := range r.Functions {
+		fmt.Fprintf(w, "\n%s (%#x):\n", f.Function, uint64(f.Address))
+		if f.Error != "" {
+			fmt.Fprintf(w, "  not read: %s\n", f.Error)
+			continue
+		}
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "  block\tstart\tcovered\tprobe")
+		for _, b := range f.Blocks {
+			state, probe := "no", ""
+			switch {
+			case b.Refused != nil:
+				state, probe = "refused", *b.Refused
+			case b.Covered:
+				state = "yes"
+			}
+			if b.Point != nil {
+				probe = *b.Point
+			}
+			fmt.Fprintf(tw, "  %d\t+%#x\t%s\t%s\n", b.Index, uint64(b.Start)-uint64(f.Address), state, probe)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintln(w, "\ntimeline:")
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "elapsed s\tlive probes\tcovered\t")
+	for _, s := range r.Timeline {
+		fmt.Fprintf(tw, "%.3f\t%d\t%d\t\n", time.Duration(s.ElapsedNS).Seconds(), s.LiveProbes, s.Covered)
+	}
+	return tw.Flush()
+}
+
+// percent is n of total as a percentage.
+func percent(n, total int) string {
+	if total == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f%%", 100*float64(n)/float64(total))
+}
+
+// coverSummary is a coverage session in kinst ls.
+func coverSummary(r *api.CoverReport) string {
+	var fns []string
+	for i, f := range r.Functions {
+		if i == 3 {
+			fns = append(fns, "…")
+			break
+		}
+		fns = append(fns, f.Function)
+	}
+	live := r.Armed - r.Removed
+	return fmt.Sprintf("cover %s (%d/%d blocks, %d probes live)", strings.Join(fns, " "), r.CoveredBlocks, r.TotalBlocks, live)
+}

@@ -1,0 +1,60 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/kinst/kinst/kerninstd"
+	"github.com/kinst/kinst/kerninstd/kerninstdtest"
+)
+
+// covered waits (real time) until the daemon's coverage session has n
+// covered blocks: its poller has swept the flags the test set.
+func (f *fixture) covered(n int) {
+	f.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		ss, err := f.c.Sessions(context.Background())
+		f.must(err)
+		if len(ss) == 1 && ss[0].Cover != nil && ss[0].Cover.CoveredBlocks == n {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	f.t.Fatalf("coverage never reached %d blocks", n)
+}
+
+// kinst cover filename_lookup 'path_*' -- CMD: CMD runs three blocks in
+// two rounds; the poller sees each round's flags one poll later and
+// removes those probes; the rest are removed at the end.
+func TestGoldenCover(t *testing.T) {
+	for _, asJSON := range []bool{false, true} {
+		t.Run(fmt.Sprint("json=", asJSON), func(t *testing.T) {
+			f := newFixture(t, asJSON)
+			f.workloads["opens"] = func(stdout io.Writer) int {
+				f.streaming(2) // the coverage poller's and the sample stream's tickers
+				f.must(f.s.Kernel.Count(kerninstdtest.Addr("filename_lookup", 0xb), 5))
+				f.must(f.s.Kernel.Count(kerninstdtest.Addr("path_openat", 0x9), 1))
+				f.s.Clock.Advance(kerninstd.CoverPoll)
+				f.covered(2)
+				f.must(f.s.Kernel.Count(kerninstdtest.Addr("filename_lookup", 0x1f), 1))
+				f.s.Clock.Advance(2 * kerninstd.CoverPoll)
+				f.covered(3)
+				fmt.Fprintln(stdout, "workload: done")
+				return 3
+			}
+			status, err := Cover(context.Background(), f.c, CoverOptions{Targets: []string{"filename_lookup", "path_*"},
+				JSON: asJSON, Name: "cov", Command: []string{"opens"}}, f.env)
+			if err != nil || status != 3 {
+				t.Fatalf("status %d, %v", status, err)
+			}
+			if in, err := f.c.Info(context.Background()); err != nil || in.Splices != 0 || in.Sessions != 0 {
+				t.Errorf("after the run: %+v, %v", in, err)
+			}
+			f.check(map[bool]string{false: "cover", true: "cover-json"}[asJSON], nil)
+		})
+	}
+}

@@ -1,0 +1,269 @@
+package engine
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/kinst/kinst/codegen"
+	"github.com/kinst/kinst/splice"
+)
+
+func hitFlag(c []uint64) codegen.Snippet { return codegen.HitFlag{Addr: c[0]} }
+
+// blockSites plans a probe at every block of fn that can take one.
+func (h *harness) blockSites(fn string) []*splice.Site {
+	h.t.Helper()
+	f, _, err := h.p.Func(fn)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	var sites []*splice.Site
+	for b := range f.Blocks {
+		if f.Blocks[b].Padding {
+			continue
+		}
+		spec := fmt.Sprintf("%s:%d", fn, b)
+		pt, err := splice.ParsePoint(spec)
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		s, err := f.Resolve(pt)
+		if err != nil {
+			h.t.Logf("%s: %v", spec, err)
+			continue
+		}
+		sites = append(sites, s)
+	}
+	if len(sites) < 2 {
+		h.t.Fatalf("%s: %d blocks take a probe; the test wants several", fn, len(sites))
+	}
+	return sites
+}
+
+// Coverage probes: one hit flag per block, armed in one batch; a probe's
+// flag is set only when its block runs; the hit ones are removed in one
+// batch (their bytes back, the others still spliced), then the rest; in
+// the end every byte is back and, after reclaim, no patch or slot is
+// left.
+func TestCoverProbesRemoveThemselves(t *testing.T) {
+	h := newHarness(t)
+	sites := h.blockSites("filename_lookup")
+	reqs, errs := h.e.AddEach(sites, Spec{Owner: "cover", Slots: 1, Snippet: hitFlag})
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("%s: %v", sites[i].Point.Spec, err)
+		}
+	}
+	if st := h.e.State(); st.Splices != len(sites) {
+		t.Fatalf("%d splices for %d probes", st.Splices, len(sites))
+	}
+	for _, r := range reqs {
+		if h.e.Hit(r) {
+			t.Fatalf("%s hit before it ran", r.Site().Point.Spec)
+		}
+	}
+	// The first block and the last run; the others do not.
+	ran := map[*Request]bool{reqs[0]: true, reqs[len(reqs)-1]: true}
+	for r := range ran {
+		if err := h.k.Count(h.e.Installed(r).Site.Addr(), 1); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.k.Count(h.e.Installed(r).Site.Addr(), 1); err != nil { // a second hit changes nothing
+			t.Fatal(err)
+		}
+	}
+	var hit, live []*Request
+	for _, r := range reqs {
+		if h.e.Hit(r) != ran[r] {
+			t.Errorf("%s: hit %v, ran %v", r.Site().Point.Spec, h.e.Hit(r), ran[r])
+		}
+		if h.e.Counter(r.Counter()) > 1 {
+			t.Errorf("%s: flag %#x, want 1", r.Site().Point.Spec, h.e.Counter(r.Counter()))
+		}
+		if ran[r] {
+			hit = append(hit, r)
+		} else {
+			live = append(live, r)
+		}
+	}
+	for i, err := range h.e.RemoveEach(hit) {
+		if err != nil {
+			t.Fatalf("%s: %v", hit[i].Site().Point.Spec, err)
+		}
+	}
+	now := h.k.TextNow()
+	for _, r := range hit {
+		in := r.Site().Insn()
+		off := in.Addr - textAddr
+		if !bytes.Equal(now[off:off+uint64(in.Len())], in.Bytes) {
+			t.Errorf("%s: % x after removal, want % x", r.Site().Where(), now[off:off+uint64(in.Len())], in.Bytes)
+		}
+	}
+	if st := h.e.State(); st.Splices != len(live) {
+		t.Errorf("%d splices after removing the hit probes, want %d", st.Splices, len(live))
+	}
+	for _, r := range live {
+		if err := h.k.Count(h.e.Installed(r).Site.Addr(), 1); err != nil {
+			t.Errorf("%s no longer spliced: %v", r.Site().Point.Spec, err)
+		}
+	}
+	for i, err := range h.e.RemoveEach(live) {
+		if err != nil {
+			t.Fatalf("%s: %v", live[i].Site().Point.Spec, err)
+		}
+	}
+	if !bytes.Equal(h.k.TextNow(), text) {
+		t.Errorf("text not restored:\n% x\nwant\n% x", h.k.TextNow(), text)
+	}
+	h.e.Reclaim()
+	if st := h.e.State(); st.Splices != 0 || st.Points != 0 || st.Counters != 0 || st.Retired != 0 || st.Springboards != 0 {
+		t.Errorf("left installed: %+v", st)
+	}
+	if a := h.k.AllocsNow(); len(a) != 0 {
+		t.Errorf("patches left: %v", a)
+	}
+	// Removing again fails for each, and changes nothing.
+	for _, err := range h.e.RemoveEach(hit) {
+		if err == nil {
+			t.Error("a removed probe removed twice")
+		}
+	}
+}
+
+// AddEach: a site that cannot be spliced gets its error; nothing is left
+// of it, and the batch's other sites are unaffected.
+func TestAddEachFailsAlone(t *testing.T) {
+	h := newHarness(t)
+	sites := h.blockSites("filename_lookup")
+	h.k.Mu.Lock()
+	h.k.FailSplice = true
+	h.k.Mu.Unlock()
+	reqs, errs := h.e.AddEach(sites, Spec{Owner: "cover", Slots: 1, Snippet: hitFlag})
+	for i := range sites {
+		if errs[i] == nil || reqs[i] != nil {
+			t.Errorf("%s: request %v, error %v; want none and an error", sites[i].Point.Spec, reqs[i], errs[i])
+		}
+	}
+	h.e.Reclaim()
+	if st := h.e.State(); st.Splices != 0 || st.Counters != 0 {
+		t.Errorf("left after failed batch: %+v", st)
+	}
+	h.k.Mu.Lock()
+	h.k.FailSplice = false
+	h.k.Mu.Unlock()
+	reqs, errs = h.e.AddEach(sites, Spec{Owner: "cover", Slots: 1, Snippet: hitFlag})
+	for i := range sites {
+		if errs[i] != nil {
+			t.Fatalf("%s: %v", sites[i].Point.Spec, errs[i])
+		}
+	}
+	h.e.RemoveEach(reqs)
+	if !bytes.Equal(h.k.TextNow(), text) {
+		t.Error("text not restored")
+	}
+}
+
+// A removed request's counter slot is not handed out again before the
+// grace period that frees its patch (a task still in the old patch may
+// write it); reclaim gives it back, and so does running out of slots.
+func TestCounterSlotsWaitForReclaim(t *testing.T) {
+	h := newHarness(t)
+	r := h.count("a", nil, "filename_lookup+0xb")[0]
+	old := r.Counter()
+	h.remove(r)
+	if st := h.e.State(); st.Counters != 1 {
+		t.Errorf("%d counter slots in use right after removal, want 1 (waiting for reclaim)", st.Counters)
+	}
+	r2 := h.count("b", nil, "filename_lookup+0xb")[0]
+	if r2.Counter() == old {
+		t.Errorf("slot %d handed out again before reclaim", old)
+	}
+	h.remove(r2)
+	h.e.Reclaim()
+	if st := h.e.State(); st.Counters != 0 {
+		t.Errorf("%d counter slots in use after reclaim", st.Counters)
+	}
+	// Every slot taken, then one request removed: the next request
+	// reclaims at once rather than failing.
+	n := len(h.k.Counters)
+	base, err := h.e.ReserveCounters(n - 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r3 := h.count("c", nil, "filename_lookup+0xb")[0]
+	h.remove(r3)
+	r4 := h.count("d", nil, "filename_lookup+0xb")[0]
+	if r4.Counter() != r3.Counter() {
+		t.Errorf("got slot %d, want the reclaimed %d", r4.Counter(), r3.Counter())
+	}
+	h.remove(r4)
+	h.e.ReleaseCounters(base, n-1)
+}
+
+// SaveAll: a guarded probe at a point where registers and flags are dead
+// still saves its scratch register and RFLAGS around the snippet.
+func TestSaveAllSpillsWhateverLiveness(t *testing.T) {
+	h := newHarness(t)
+	s, err := h.p.Resolve("filename_lookup+0xb") // flags dead there
+	if err != nil {
+		t.Fatal(err)
+	}
+	guarded := func(c []uint64) codegen.Snippet {
+		return codegen.Guard{If: codegen.TaskField32{CurrentTask: 0x1fb80, Offset: 0x5cc, Value: 42},
+			Then: []codegen.Snippet{codegen.HitFlag{Addr: c[0]}}}
+	}
+	for _, saveAll := range []bool{false, true} {
+		r, err := h.e.Add(s, Spec{Owner: "cover", Slots: 1, Snippet: guarded, SaveAll: saveAll})
+		if err != nil {
+			t.Fatal(err)
+		}
+		patch := h.e.Installed(r).Patch
+		code := make([]byte, 2)
+		if err := h.k.Read(patch, code); err != nil {
+			t.Fatal(err)
+		}
+		saved := code[0] == 0x9c // pushfq
+		if saved != saveAll {
+			t.Errorf("SaveAll %v: patch starts % x (pushfq %v)", saveAll, code, saved)
+		}
+		if saveAll && code[1] != 0x50 { // push %rax: the first scratch register, spilled
+			t.Errorf("SaveAll: second byte %#x, want push %%rax", code[1])
+		}
+		h.remove(r)
+	}
+	if !bytes.Equal(h.k.TextNow(), text) {
+		t.Error("text not restored")
+	}
+}
+
+// AddEach stops trying once the driver is full: the sites after the
+// first ENOSPC get it without a patch written, and what was installed
+// stays.
+func TestAddEachStopsWhenFull(t *testing.T) {
+	h := newHarness(t)
+	sites := h.blockSites("filename_lookup")
+	h.k.Mu.Lock()
+	h.k.MaxSplices = 1
+	h.k.Mu.Unlock()
+	reqs, errs := h.e.AddEach(sites, Spec{Owner: "cover", Slots: 1, Snippet: hitFlag})
+	if errs[0] != nil || reqs[0] == nil {
+		t.Fatalf("first site: %v", errs[0])
+	}
+	for i := 1; i < len(sites); i++ {
+		if !errors.Is(errs[i], syscall.ENOSPC) || reqs[i] != nil {
+			t.Errorf("%s: %v, want ENOSPC", sites[i].Point.Spec, errs[i])
+		}
+	}
+	if i := 2; i < len(sites) && !strings.HasPrefix(errs[i].Error(), "not tried") {
+		t.Errorf("%s: %v, want not tried", sites[i].Point.Spec, errs[i])
+	}
+	h.e.RemoveEach(reqs[:1])
+	h.e.Reclaim()
+	if !bytes.Equal(h.k.TextNow(), text) || len(h.k.AllocsNow()) != 0 {
+		t.Error("not restored")
+	}
+}
