@@ -298,9 +298,10 @@ func useDef(in *Instruction, names NameAt, protos kernel.Prototypes, reads Calle
 			use |= argUse(a)
 		}
 		// xor %eax,%eax and sub %eax,%eax set a register to zero
-		// without reading it.
+		// without reading it. xor %al,%al zeroes only the low byte: the
+		// rest of RAX is kept, so it is still read (u).
 		if (inst.Op == x86asm.XOR || inst.Op == x86asm.SUB) && n == 2 && args[0] == args[1] {
-			use = 0
+			use = u
 		}
 		if _, isShift := shiftEffectOp(inst.Op); isShift && n == 2 {
 			if r, ok := args[1].(x86asm.Reg); ok && r == x86asm.CL {

@@ -123,3 +123,35 @@ func TestCalleeReads(t *testing.T) {
 		t.Errorf("g's prototype has 5 arguments, R8 must stay live: %v", l)
 	}
 }
+
+// xor and sub of a register with itself zero it without reading it, but
+// an 8- or 16-bit one zeroes only part: the rest of the register is kept,
+// so whatever was live after stays live before.
+func TestZeroIdiomPartialRegister(t *testing.T) {
+	for _, tc := range []struct {
+		code     []byte
+		text     string
+		use, def LiveSet
+	}{
+		{[]byte{0x31, 0xc0}, "xor %eax,%eax", 0, regRAX},
+		{[]byte{0x48, 0x29, 0xd2}, "sub %rdx,%rdx", 0, regRDX},
+		{[]byte{0x30, 0xc9}, "xor %cl,%cl", regRCX, 0},
+		{[]byte{0x66, 0x31, 0xd2}, "xor %dx,%dx", regRDX, 0},
+		{[]byte{0x45, 0x30, 0xc0}, "xor %r8b,%r8b", regR8, 0},
+		{[]byte{0x28, 0xdb}, "sub %bl,%bl", regRBX, 0},
+	} {
+		fn, err := Decode("z", "", 0x1000, tc.code)
+		if err != nil {
+			t.Fatal(err)
+		}
+		use, def := useDef(&fn.Insns[0], nil, nil, nil)
+		if use&allRegs != tc.use || def&allRegs&^use != tc.def {
+			t.Errorf("%s: use %v def %v, want use %v, a full write of %v", tc.text, use&allRegs, def&allRegs, tc.use, tc.def)
+		}
+		// Live after: everything. Live before must keep the register
+		// unless the write was a full one.
+		if before := use | (allRegs &^ def); before&(tc.use|tc.def) != tc.use {
+			t.Errorf("%s: live before %v", tc.text, before)
+		}
+	}
+}

@@ -237,6 +237,19 @@ func (s *Symbols) At(addr uint64) (Symbol, uint64, bool) {
 	return sym, addr - sym.Addr, true
 }
 
+// FunctionsAt returns every function symbol that starts at addr, in the
+// table's order (kallsyms': the kernel's preferred name first, linker
+// script markers such as __indirect_thunk_start last). The caller must
+// not modify it.
+func (s *Symbols) FunctionsAt(addr uint64) []Symbol {
+	hi := sort.Search(len(s.byAddr), func(i int) bool { return s.byAddr[i].Addr > addr })
+	lo := hi
+	for lo > 0 && s.byAddr[lo-1].Addr == addr {
+		lo--
+	}
+	return s.byAddr[lo:hi]
+}
+
 // Overlapping returns the functions whose extent [Addr, End) overlaps
 // [lo, hi), one symbol per start address, in address order.
 func (s *Symbols) Overlapping(lo, hi uint64) []Symbol {

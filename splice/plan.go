@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/codegen"
@@ -41,7 +42,46 @@ type Facts struct {
 // thunks, retpolines), calls to functions that never return ending their
 // block, jump tables read from the text.
 func (k *Facts) BlockOptions() cfg.BlockOptions {
-	return cfg.BlockOptions{Names: k.Symbols.Names(), NoReturn: k.NoReturn.Func(), Tables: k.Text}
+	return cfg.BlockOptions{Names: AnalysisNames(k.Symbols), NoReturn: k.NoReturn.Func(), Tables: k.Text}
+}
+
+// AnalysisNames names call and jump targets for the analysis. Where
+// several symbols start at one address, a thunk's name wins: kallsyms
+// lists __indirect_thunk_start and __static_call_text_end at the
+// address of __x86_indirect_thunk_array and __x86_indirect_thunk_rax,
+// and a call named by a marker would be an ordinary call, not one through
+// %rax, so liveness would find %rax dead before it. A retpoline thunk
+// named by its register beats the array's name, which says none.
+// Otherwise the name is Symbols.At's.
+func AnalysisNames(syms *kernel.Symbols) cfg.NameAt {
+	names := syms.Names()
+	return func(a uint64) (string, bool) {
+		best, rank := "", 0
+		for _, s := range syms.FunctionsAt(a) {
+			if r := thunkRank(s.Name); r > rank {
+				best, rank = s.Name, r
+			}
+		}
+		if rank > 0 {
+			return best, true
+		}
+		return names(a)
+	}
+}
+
+// thunkRank orders the names one address may have: a retpoline thunk
+// naming its register, then any retpoline thunk, then a return thunk,
+// then the rest (0).
+func thunkRank(name string) int {
+	switch {
+	case cfg.IsIndirectThunk(name) && !strings.HasSuffix(name, "_array"):
+		return 3
+	case cfg.IsIndirectThunk(name):
+		return 2
+	case cfg.IsReturnThunk(name):
+		return 1
+	}
+	return 0
 }
 
 // Func plans fn against k: it splits fn into blocks once. v caches
