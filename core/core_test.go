@@ -353,34 +353,10 @@ func TestBacktraceStops(t *testing.T) {
 	}
 }
 
-// testTaskBTF describes task_struct and signal_struct with the members
-// the task walk reads, at offsets of its own.
+// testTaskBTF writes dumpgen's task_struct and signal_struct BTF.
 func testTaskBTF(t *testing.T) string {
-	u32 := &btf.Int{Name: "unsigned int", Size: 4}
-	s32 := &btf.Int{Name: "int", Size: 4, Encoding: btf.Signed}
-	char := &btf.Int{Name: "char", Size: 1, Encoding: btf.Char}
-	ptr := &btf.Pointer{Target: &btf.Void{}}
-	m := func(name string, typ btf.Type, off uint32) btf.Member {
-		return btf.Member{Name: name, Type: typ, Offset: btf.Bits(off * 8)}
-	}
-	list := &btf.Struct{Name: "list_head", Size: 16, Members: []btf.Member{m("next", ptr, 0), m("prev", ptr, 8)}}
-	thread := &btf.Struct{Name: "thread_struct", Size: 16, Members: []btf.Member{m("sp", ptr, 0)}}
-	task := &btf.Struct{Name: "task_struct", Size: 0x100, Members: []btf.Member{
-		m("cpu", u32, 0x08), m("__state", u32, 0x0c), m("stack", ptr, 0x10), m("tasks", list, 0x20),
-		m("pid", s32, 0x30), m("tgid", s32, 0x34), m("exit_state", s32, 0x38), m("signal", ptr, 0x40),
-		m("thread_node", list, 0x48), m("comm", &btf.Array{Index: u32, Type: char, Nelems: 16}, 0x60),
-		m("thread", thread, 0x80)}}
-	sig := &btf.Struct{Name: "signal_struct", Size: 0x40, Members: []btf.Member{m("thread_head", list, 0x10)}}
-	b, err := btf.NewBuilder([]btf.Type{task, sig}, nil)
+	path, err := dumpgen.WriteTaskBTF(t.TempDir())
 	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := b.Marshal(nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "tasks.btf")
-	if err := os.WriteFile(path, raw, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return path
