@@ -351,12 +351,10 @@ func layoutOf(t *testing.T) func(st, path string) uint64 {
 	}
 }
 
-// checkWhatType: whattype on objects the guest's own account leads to:
-// the workload's task_struct (its address from ps, which reads the task
-// list), its ->signal, the dentry of its cwd (a directory the test made,
-// named in the dentry), that dentry's inode, and the file of its fd 3.
-func checkWhatType(t *testing.T, path string, pid int, sl *slabsJSON) {
-	off := layoutOf(t)
+// taskAddress is pid's task_struct in the dump, as `kinst core ps` (which
+// reads the task list) gives it.
+func taskAddress(t *testing.T, path string, pid int) uint64 {
+	t.Helper()
 	var ps struct {
 		Tasks []struct {
 			Address string `json:"address"`
@@ -375,6 +373,16 @@ func checkWhatType(t *testing.T, path string, pid int, sl *slabsJSON) {
 	if task == 0 {
 		t.Fatalf("pid %d not in ps", pid)
 	}
+	return task
+}
+
+// checkWhatType: whattype on objects the guest's own account leads to:
+// the workload's task_struct (its address from ps, which reads the task
+// list), its ->signal, the dentry of its cwd (a directory the test made,
+// named in the dentry), that dentry's inode, and the file of its fd 3.
+func checkWhatType(t *testing.T, path string, pid int, sl *slabsJSON) {
+	off := layoutOf(t)
+	task := taskAddress(t, path, pid)
 	rd := func(a uint64, n int) []byte {
 		var m struct{ Bytes string }
 		if err := json.Unmarshal(kinst(t, "core", path, "rd", fmt.Sprintf("%#x", a), strconv.Itoa(n), "--json"), &m); err != nil {

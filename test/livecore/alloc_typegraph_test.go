@@ -159,24 +159,7 @@ sleep 0.5; cat /tmp/kinst-tg.pid`)))
 	checkTypegraphAccount(t, &full, alloc)
 
 	// whattype --graph: the workload's cred, through task_struct.cred.
-	var ps struct {
-		Tasks []struct {
-			Address string `json:"address"`
-			PID     int    `json:"pid"`
-		} `json:"tasks"`
-	}
-	if err := json.Unmarshal(kinst(t, "core", path, "ps", "--json"), &ps); err != nil {
-		t.Fatal(err)
-	}
-	var task uint64
-	for _, tk := range ps.Tasks {
-		if tk.PID == pid {
-			task, _ = strconv.ParseUint(tk.Address, 0, 64)
-		}
-	}
-	if task == 0 {
-		t.Fatalf("pid %d not in ps", pid)
-	}
+	task := taskAddress(t, path, pid)
 	var m struct{ Bytes string }
 	if err := json.Unmarshal(kinst(t, "core", path, "rd", fmt.Sprintf("%#x", task+layoutOf(t)("task_struct", "cred")), "8", "--json"), &m); err != nil {
 		t.Fatal(err)
