@@ -4,8 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -13,6 +11,7 @@ import (
 
 	"github.com/kinst/kinst/core/dump"
 	"github.com/kinst/kinst/core/dump/dumptest"
+	"github.com/kinst/kinst/internal/btftest"
 	"github.com/kinst/kinst/internal/dumpgen"
 	"github.com/kinst/kinst/unwind/orc"
 )
@@ -148,19 +147,7 @@ func testModuleBTF(t *testing.T) string {
 		m("state", state, 0), m("list", list, 8), m("name", &btf.Array{Index: u32, Type: char, Nelems: 56}, 24),
 		m("core_layout", layout, 96), m("arch", arch, 120), m("kallsyms", ptr, 160)}}
 	ks := &btf.Struct{Name: "mod_kallsyms", Size: 32, Members: []btf.Member{m("symtab", ptr, 0), m("num_symtab", u32, 8), m("strtab", ptr, 16), m("typetab", ptr, 24)}}
-	b, err := btf.NewBuilder([]btf.Type{list, state, mod, ks}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := b.Marshal(nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "vmlinux.btf")
-	if err := os.WriteFile(path, raw, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path
+	return btftest.File(t, "vmlinux.btf", list, state, mod, ks)
 }
 
 // TestBacktraceThroughModule: a switched-out task whose stack runs from a
@@ -353,15 +340,6 @@ func TestBacktraceStops(t *testing.T) {
 	}
 }
 
-// testTaskBTF writes dumpgen's task_struct and signal_struct BTF.
-func testTaskBTF(t *testing.T) string {
-	path, err := dumpgen.WriteTaskBTF(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return path
-}
-
 // TestTaskAt: bt ADDR takes a task on the lists, or an address on none
 // whose task_struct is self-consistent, and refuses anything else.
 func TestTaskAt(t *testing.T) {
@@ -377,7 +355,7 @@ func TestTaskAt(t *testing.T) {
 		{Addr: va(0), Type: 'T', Name: "_text"}, {Addr: initTask, Type: 'D', Name: "init_task"},
 	}, va(0), va(0x2000), func(a uint64, b []byte) { d.Write(pa(a), b) })
 	d.Info = fmt.Sprintf("OSRELEASE=t\nSYMBOL(init_top_pgt)=%x\nNUMBER(phys_base)=%d\n", va(0), root-0x200000) + tables
-	k, err := New(d, Options{BTF: testTaskBTF(t)})
+	k, err := New(d, Options{BTF: btftest.TaskFile(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,10 +1,11 @@
 package kernel
 
 import (
-	"bytes"
 	"testing"
 
 	"github.com/cilium/ebpf/btf"
+
+	"github.com/kinst/kinst/internal/btftest"
 )
 
 func TestPrototypesFromBTF(t *testing.T) {
@@ -47,17 +48,5 @@ func TestPrototypesFromBTF(t *testing.T) {
 // through the same decoding as the kernel's own BTF.
 func specFromTypes(t *testing.T, types []btf.Type) *btf.Spec {
 	t.Helper()
-	b, err := btf.NewBuilder(types, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := b.Marshal(nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	spec, err := btf.LoadSpecFromReader(bytes.NewReader(raw))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return spec
+	return btftest.Spec(t, types...)
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/core"
+	"github.com/kinst/kinst/internal/btftest"
 	"github.com/kinst/kinst/internal/dumpgen"
 )
 
@@ -41,15 +42,6 @@ func TestCoreStackJSON(t *testing.T) {
 			t.Errorf("%s: text has %q %d times:\n%s", tc.name, tc.text, n, b.String())
 		}
 	}
-}
-
-// testTaskBTF writes dumpgen's task_struct and signal_struct BTF.
-func testTaskBTF(t *testing.T) string {
-	path, err := dumpgen.WriteTaskBTF(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return path
 }
 
 // testKdump writes a kdump whose kernel image (mapped at
@@ -119,7 +111,7 @@ func testKdump(t *testing.T, exclude bool) string {
 // TestCoreInfo: info names RAM and dumped memory apart, and a report
 // with parts that could not be read lists them and fails.
 func TestCoreInfo(t *testing.T) {
-	btfPath := testTaskBTF(t)
+	btfPath := btftest.TaskFile(t)
 	for _, tc := range []struct {
 		name           string
 		exclude        bool

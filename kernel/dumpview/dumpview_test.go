@@ -4,8 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -13,6 +11,7 @@ import (
 
 	"github.com/kinst/kinst/core/dump"
 	"github.com/kinst/kinst/core/dump/dumptest"
+	"github.com/kinst/kinst/internal/btftest"
 	"github.com/kinst/kinst/internal/dumpgen"
 	"github.com/kinst/kinst/kernel"
 )
@@ -175,18 +174,7 @@ func TestCheckTypes(t *testing.T) {
 		return btf.Member{Name: name, Type: typ, Offset: btf.Bits(off * 8)}
 	}
 	page := &btf.Struct{Name: "page", Size: 64, Members: []btf.Member{m("flags", ulong, 0), m("_refcount", u32, 52)}}
-	b, err := btf.NewBuilder([]btf.Type{page}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := b.Marshal(nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "other.btf")
-	if err := os.WriteFile(path, raw, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	path := btftest.File(t, "other.btf", page)
 	for _, tc := range []struct {
 		name, info string
 		want       string // a substring of the error; "" for none

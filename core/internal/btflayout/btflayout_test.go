@@ -1,11 +1,12 @@
 package btflayout
 
 import (
-	"bytes"
 	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf/btf"
+
+	"github.com/kinst/kinst/internal/btftest"
 )
 
 func TestFields(t *testing.T) {
@@ -25,18 +26,7 @@ func TestFields(t *testing.T) {
 		{Name: "arr", Type: &btf.Array{Index: u32, Type: u64, Nelems: 4}, Offset: 256},
 	}}
 	e := &btf.Enum{Name: "pageflags", Size: 4, Values: []btf.EnumValue{{Name: "PG_slab", Value: 9}}}
-	bld, err := btf.NewBuilder([]btf.Type{outer, e}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := bld.Marshal(nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	spec, err := btf.LoadSpecFromReader(bytes.NewReader(raw))
-	if err != nil {
-		t.Fatal(err)
-	}
+	spec := btftest.Spec(t, outer, e)
 	b := New(spec)
 	for _, c := range []struct {
 		path            string

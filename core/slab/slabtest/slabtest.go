@@ -7,7 +7,6 @@
 package slabtest
 
 import (
-	"bytes"
 	"encoding/binary"
 	"fmt"
 	"math/bits"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/kinst/kinst/core/internal/btflayout"
 	"github.com/kinst/kinst/core/slab"
+	"github.com/kinst/kinst/internal/btftest"
 )
 
 var (
@@ -101,19 +101,7 @@ func Types(hardened bool) []btf.Type {
 // Spec marshals types to BTF and loads them back, as a kernel's BTF.
 func Spec(t testing.TB, types []btf.Type) *btf.Spec {
 	t.Helper()
-	b, err := btf.NewBuilder(types, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := b.Marshal(nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	spec, err := btf.LoadSpecFromReader(bytes.NewReader(raw))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return spec
+	return btftest.Spec(t, types...)
 }
 
 // Addresses of the synthetic kernel.
