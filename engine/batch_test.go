@@ -204,42 +204,6 @@ func TestCounterSlotsWaitForReclaim(t *testing.T) {
 	h.e.ReleaseCounters(base, n-1)
 }
 
-// SaveAll: a guarded probe at a point where registers and flags are dead
-// still saves its scratch register and RFLAGS around the snippet.
-func TestSaveAllSpillsWhateverLiveness(t *testing.T) {
-	h := newHarness(t)
-	s, err := h.p.Resolve("filename_lookup+0xb") // flags dead there
-	if err != nil {
-		t.Fatal(err)
-	}
-	guarded := func(c []uint64) codegen.Snippet {
-		return codegen.Guard{If: codegen.TaskField32{CurrentTask: 0x1fb80, Offset: 0x5cc, Value: 42},
-			Then: []codegen.Snippet{codegen.HitFlag{Addr: c[0]}}}
-	}
-	for _, saveAll := range []bool{false, true} {
-		r, err := h.e.Add(s, Spec{Owner: "cover", Slots: 1, Snippet: guarded, SaveAll: saveAll})
-		if err != nil {
-			t.Fatal(err)
-		}
-		patch := h.e.Installed(r).Patch
-		code := make([]byte, 2)
-		if err := h.k.Read(patch, code); err != nil {
-			t.Fatal(err)
-		}
-		saved := code[0] == 0x9c // pushfq
-		if saved != saveAll {
-			t.Errorf("SaveAll %v: patch starts % x (pushfq %v)", saveAll, code, saved)
-		}
-		if saveAll && code[1] != 0x50 { // push %rax: the first scratch register, spilled
-			t.Errorf("SaveAll: second byte %#x, want push %%rax", code[1])
-		}
-		h.remove(r)
-	}
-	if !bytes.Equal(h.k.TextNow(), text) {
-		t.Error("text not restored")
-	}
-}
-
 // AddEach stops trying once the driver is full: the sites after the
 // first ENOSPC get it without a patch written, and what was installed
 // stays.

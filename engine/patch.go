@@ -70,9 +70,6 @@ func patchSpec(s *splice.Site, reqs []*Request) codegen.PatchSpec {
 	}
 	for _, r := range reqs {
 		spec.Snippets = append(spec.Snippets, r.snippet)
-		if r.saveAll {
-			spec.Live = codegen.AllLive
-		}
 	}
 	return spec
 }

@@ -56,7 +56,6 @@ type Request struct {
 	slots   []int // counter slots, zeroed when the request was made
 	snippet codegen.Snippet
 	hooks   Hooks
-	saveAll bool // Spec.SaveAll
 }
 
 // Site is the instruction the request instruments.
@@ -85,12 +84,6 @@ type Spec struct {
 	Slots   int         // fresh counter slots, zeroed
 	Snippet SnippetFunc // the snippet, from the slots' addresses
 	Hooks   Hooks       // observe the steps of this request's changes; nil: none
-	// SaveAll builds the point's patch as if every register and flag
-	// were live: the snippets' scratch registers are pushed and popped
-	// and RFLAGS saved whatever liveness says. For snippets that run
-	// on every execution of the point but matter rarely (a guarded
-	// coverage probe), where a few instructions more cost little.
-	SaveAll bool
 }
 
 // Add installs a request at s: sp.Slots fresh counter slots and the
@@ -109,7 +102,7 @@ func (e *Engine) addLocked(s *splice.Site, sp Spec) (*Request, error) {
 	if pt == nil {
 		pt = e.newPoint(s)
 	}
-	r := &Request{pt: pt, site: s, owner: sp.Owner, hooks: sp.Hooks, saveAll: sp.SaveAll}
+	r := &Request{pt: pt, site: s, owner: sp.Owner, hooks: sp.Hooks}
 	for i := 0; i < sp.Slots; i++ {
 		slot, err := e.slots.alloc()
 		if err != nil && e.retiredCounters() {

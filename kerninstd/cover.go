@@ -171,12 +171,7 @@ func (d *Daemon) createCover(req api.SessionRequest) (api.Session, error) {
 	}
 	cs := &coverState{quit: make(chan struct{})}
 	start := d.clock.Now()
-	// A guarded probe needs a scratch register and writes the flags: it
-	// saves them whatever liveness says. A predicate's scratch register
-	// wrongly taken as dead was seen to break an indirect call through
-	// it (lookup_fast under --comm); an unguarded probe writes no
-	// register and no flag.
-	reqs, errs := d.eng.AddEach(sites, engine.Spec{Owner: ss.id, Slots: 1, Snippet: snippet, SaveAll: pred != nil})
+	reqs, errs := d.eng.AddEach(sites, engine.Spec{Owner: ss.id, Slots: 1, Snippet: snippet})
 	cs.armed = d.clock.Now()
 	rep.ArmNS = int64(cs.armed.Sub(start))
 	for i, r := range reqs {
