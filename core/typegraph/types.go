@@ -2,6 +2,8 @@ package typegraph
 
 import (
 	"github.com/cilium/ebpf/btf"
+
+	"github.com/kinst/kinst/core/typeid"
 )
 
 // slot is a pointer member of a type, flattened through embedded
@@ -119,8 +121,9 @@ func (ts *types) info(id int32) *tinfo {
 			ti.flexSize = uint32(es)
 			ts.flatten(elem, 0, false, 0, &ti.flexSlots)
 		}
-	} else if off, ok := variableTail(ti.t); ok {
-		ti.tail = off
+	} else if tail, ok := typeid.VariableTail(ti.t); ok && (!tail.Array || tail.Elems == 0) {
+		// A tail sized at boot: the object may be longer or shorter than sizeof.
+		ti.tail = uint32(tail.Offset)
 	}
 	return ti
 }
@@ -185,39 +188,6 @@ func flexTail(s *btf.Struct) (uint32, btf.Type, bool) {
 		return 0, nil, false
 	}
 	return uint32(m.Offset.Bytes()), a.Type, true
-}
-
-// variableTail is where a struct's innermost last member begins when it
-// is an array or a nested union (task_struct.thread.fpu.__fpstate.regs,
-// sized at boot): the object may be longer or shorter than sizeof.
-func variableTail(t btf.Type) (uint32, bool) {
-	var off uint32
-	for depth := 0; depth < maxDepth; depth++ {
-		var members []btf.Member
-		switch c := btf.UnderlyingType(t).(type) {
-		case *btf.Struct:
-			members = c.Members
-		case *btf.Union:
-			if depth > 0 {
-				return off, true
-			}
-			members = c.Members
-		case *btf.Array:
-			return off, depth > 0 && c.Nelems == 0
-		default:
-			return 0, false
-		}
-		if len(members) == 0 {
-			return 0, false
-		}
-		m := members[len(members)-1]
-		if m.BitfieldSize != 0 {
-			return 0, false
-		}
-		off += uint32(m.Offset.Bytes())
-		t = m.Type
-	}
-	return 0, false
 }
 
 // holds says whether outer has inner embedded at off (at any depth;

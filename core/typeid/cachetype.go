@@ -105,8 +105,8 @@ func cacheType(spec *btf.Spec, c *slab.Cache) CacheType {
 		case size == uint64(c.ObjectSize):
 			return CacheType{Type: st, Name: st.Name, How: fmt.Sprintf("cache %s: %s (struct %s), sizes equal (%d)", c.Name, cd.rule, st.Name, size)}
 		}
-		if path, start, ok := variableTail(st); ok && start <= uint64(c.ObjectSize) && start > 0 {
-			return CacheType{Type: st, Name: st.Name, How: fmt.Sprintf("cache %s: %s (struct %s); object size %d, sizeof %d: its last member %s (at %d) has the size the kernel chose at run time", c.Name, cd.rule, st.Name, c.ObjectSize, size, path, start)}
+		if tail, ok := VariableTail(st); ok && tail.Offset <= uint64(c.ObjectSize) && tail.Offset > 0 {
+			return CacheType{Type: st, Name: st.Name, How: fmt.Sprintf("cache %s: %s (struct %s); object size %d, sizeof %d: its last member %s (at %d) has the size the kernel chose at run time", c.Name, cd.rule, st.Name, c.ObjectSize, size, tail.Path, tail.Offset)}
 		}
 		{
 			why = append(why, fmt.Sprintf("struct %s is %d bytes, the objects %d", st.Name, size, c.ObjectSize))
@@ -118,12 +118,20 @@ func cacheType(spec *btf.Spec, c *slab.Cache) CacheType {
 	return CacheType{How: "no struct is named after the cache"}
 }
 
-// variableTail finds the innermost last member of a struct when it is
-// an array or a union: the part whose size the kernel may choose at run
-// time (a flexible array member such as pid.numbers[], or
+// Tail is the innermost last member of a struct when it is an array or a
+// union: the part whose size the kernel may choose at run time (a flexible
+// array member such as pid.numbers[], or
 // task_struct.thread.fpu.__fpstate.regs, sized at boot from the CPU's
-// xstate features). It returns the member's path and byte offset.
-func variableTail(t btf.Type) (string, uint64, bool) {
+// xstate features).
+type Tail struct {
+	Path   string // member path from the struct
+	Offset uint64 // byte offset in the struct
+	Array  bool   // an array (else a union)
+	Elems  uint32 // an array's declared length (0: a flexible array member)
+}
+
+// VariableTail finds t's variable tail, if it has one.
+func VariableTail(t btf.Type) (Tail, bool) {
 	var path []string
 	var off uint64
 	for depth := 0; depth < maxDepth; depth++ {
@@ -133,20 +141,20 @@ func variableTail(t btf.Type) (string, uint64, bool) {
 			members = c.Members
 		case *btf.Union:
 			if depth > 0 {
-				return strings.Join(path, "."), off, true
+				return Tail{Path: strings.Join(path, "."), Offset: off}, true
 			}
 			members = c.Members
 		case *btf.Array:
-			return strings.Join(path, "."), off, depth > 0
+			return Tail{Path: strings.Join(path, "."), Offset: off, Array: true, Elems: c.Nelems}, depth > 0
 		default:
-			return "", 0, false
+			return Tail{}, false
 		}
 		if len(members) == 0 {
-			return "", 0, false
+			return Tail{}, false
 		}
 		m := members[len(members)-1]
 		if m.BitfieldSize != 0 {
-			return "", 0, false
+			return Tail{}, false
 		}
 		off += uint64(m.Offset.Bytes())
 		if m.Name != "" {
@@ -154,5 +162,5 @@ func variableTail(t btf.Type) (string, uint64, bool) {
 		}
 		t = m.Type
 	}
-	return "", 0, false
+	return Tail{}, false
 }
