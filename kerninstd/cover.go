@@ -162,11 +162,8 @@ func (d *Daemon) createCover(req api.SessionRequest) (api.Session, error) {
 
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	ss := &session{id: newID(), name: req.Name, created: d.clock.Now(), tied: req.Tied, done: make(chan struct{})}
-	if ss.name == "" {
-		ss.name = ss.id
-	}
-	if err := d.checkName(ss.name); err != nil {
+	ss, err := d.newSessionLocked(req)
+	if err != nil {
 		return api.Session{}, err
 	}
 	cs := &coverState{quit: make(chan struct{})}

@@ -199,11 +199,8 @@ func (d *Daemon) CreateSession(req api.SessionRequest) (api.Session, error) {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	ss := &session{id: newID(), name: req.Name, created: d.clock.Now(), tied: req.Tied, done: make(chan struct{})}
-	if ss.name == "" {
-		ss.name = ss.id
-	}
-	if err := d.checkName(ss.name); err != nil {
+	ss, err := d.newSessionLocked(req)
+	if err != nil {
 		return api.Session{}, err
 	}
 	for _, t := range timers {
@@ -233,6 +230,19 @@ func (d *Daemon) CreateSession(req api.SessionRequest) (api.Session, error) {
 	d.sessions[ss.id] = ss
 	d.startTTL(ss, time.Duration(req.TTLNS))
 	return d.describe(ss), nil
+}
+
+// newSessionLocked makes the session req asks for, named as asked or
+// after its ID, refusing a name in use. The caller holds d.mu.
+func (d *Daemon) newSessionLocked(req api.SessionRequest) (*session, error) {
+	ss := &session{id: newID(), name: req.Name, created: d.clock.Now(), tied: req.Tied, done: make(chan struct{})}
+	if ss.name == "" {
+		ss.name = ss.id
+	}
+	if err := d.checkName(ss.name); err != nil {
+		return nil, err
+	}
+	return ss, nil
 }
 
 func (d *Daemon) describe(ss *session) api.Session {
