@@ -167,6 +167,11 @@ func (c *Client) BenchSplice(ctx context.Context, req BenchRequest) (BenchResult
 	return v, c.do(ctx, "POST", "/v1/bench/splice", req, &v)
 }
 
+func (c *Client) BenchArm(ctx context.Context, req ArmRequest) (ArmResult, error) {
+	var v ArmResult
+	return v, c.do(ctx, "POST", "/v1/bench/arm", req, &v)
+}
+
 func (c *Client) BenchChurn(ctx context.Context, req ChurnRequest) (ChurnResult, error) {
 	var v ChurnResult
 	return v, c.do(ctx, "POST", "/v1/bench/churn", req, &v)

@@ -17,6 +17,7 @@ import (
 //	GET    /metrics                          Prometheus exposition of every session
 //	GET    /v1/read?at=ADDR|SYM[+OFF]&len=N  → Memory
 //	POST   /v1/bench/splice   BenchRequest   → BenchResult
+//	POST   /v1/bench/arm      ArmRequest     → ArmResult
 //	POST   /v1/bench/churn    ChurnRequest   → ChurnResult
 //	GET    /v1/cfg?func=NAME                 → CFG
 //	GET    /v1/cfg/stats                     → stream of StatsEvent (NDJSON)
@@ -38,6 +39,11 @@ type Info struct {
 	CoveringArmed int    `json:"covering_armed"`
 	CoveringJumps uint64 `json:"covering_jumps"` // covering splices' jmps written so far
 	Int3Hits      uint32 `json:"int3_hits"`      // CPUs the driver's int3 notifier sent to a patch
+	// DriverSyncs counts the driver's rounds of "every CPU runs a
+	// serialising instruction" (one IPI to each CPU) so far: what a
+	// splice costs the whole machine.
+	DriverSyncs   uint64 `json:"driver_syncs"`
+	PatchHeapUsed uint64 `json:"patch_heap_used"` // bytes of the patch heap allocated
 	Sessions      int    `json:"sessions"`
 	Symbols       int    `json:"symbols"`
 }
@@ -184,6 +190,32 @@ type Memory struct {
 type BenchRequest struct {
 	Point  string `json:"point"`
 	Cycles int    `json:"cycles"`
+}
+
+// ArmRequest asks kerninstd to arm a coverage probe at Blocks basic
+// blocks and take them out again (kinst bench arm).
+type ArmRequest struct {
+	Blocks int `json:"blocks"`
+	// Targets are functions or globs (default: every function, in
+	// address order); blocks are taken from them in order.
+	Targets []string `json:"targets,omitempty"`
+	Single  bool     `json:"single,omitempty"` // one splice at a time, not batched
+}
+
+// ArmResult is one arm-and-remove run of kinst bench arm.
+type ArmResult struct {
+	Mode        string         `json:"mode"` // "batched" or "single"
+	Blocks      int            `json:"blocks"`
+	Functions   int            `json:"functions"` // functions the blocks were taken from
+	Armed       int            `json:"armed"`
+	Refused     int            `json:"refused"` // blocks planned that the engine or driver refused
+	Refusals    map[string]int `json:"refusals,omitempty"`
+	PlanNS      int64          `json:"plan_ns"`
+	ArmNS       int64          `json:"arm_ns"`
+	ArmSyncs    uint64         `json:"arm_syncs"` // driver CPU sync rounds while arming
+	RemoveNS    int64          `json:"remove_ns"`
+	RemoveSyncs uint64         `json:"remove_syncs"`
+	PatchBytes  uint64         `json:"patch_bytes"` // patch heap in use with every probe armed
 }
 
 // Durations summarises a set of measured durations, in nanoseconds.

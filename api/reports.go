@@ -180,3 +180,9 @@ type DaemonVersion struct {
 	DriverABI     uint32 `json:"driver_abi"`        // the loaded driver's ABI version
 	KernelRelease string `json:"kernel_release"`
 }
+
+// ArmReport is `kinst bench arm --json`: one run per block count and
+// mode.
+type ArmReport struct {
+	Runs []ArmResult `json:"runs"`
+}

@@ -8,7 +8,7 @@ import "unsafe"
 // compiler and against sizes worked out by hand.
 
 // abiVersion is KI_ABI_VERSION: the driver must report the same.
-const abiVersion = 4
+const abiVersion = 5
 
 // maxInsn is KI_MAX_INSN: the longest x86 instruction.
 const maxInsn = 15
@@ -26,6 +26,9 @@ type Info struct {
 	ModuleTextSize  uint64
 	Splices         uint32 // splices installed right now
 	Int3Hits        uint32 // CPUs the int3 notifier sent to a patch (wraps)
+	Syncs           uint64 // rounds of "every CPU runs a serialising instruction" so far
+	MaxSplices      uint32 // most splices installed at once
+	BatchMax        uint32 // most splices in one SpliceBatch or UnspliceBatch
 }
 
 // kiRead is struct ki_read.
@@ -74,6 +77,13 @@ type kiUnsplice struct {
 	ID, Pad uint32
 }
 
+// kiBatch is struct ki_batch.
+type kiBatch struct {
+	Ops    uint64 // user address of []kiSplice or []uint32 ids
+	N      uint32
+	Failed uint32 // out, also on error: the op refused (N: none)
+}
+
 // kiCountersClear is struct ki_counters_clear.
 type kiCountersClear struct {
 	First, Count uint32
@@ -99,4 +109,6 @@ var (
 	iocCountersClear = ioc(iocWrite, 7, unsafe.Sizeof(kiCountersClear{}))
 	iocResplice      = ioc(iocWrite, 8, unsafe.Sizeof(kiResplice{}))
 	iocCoverFinish   = ioc(iocRead, 9, unsafe.Sizeof(kiCoverFinish{}))
+	iocSpliceBatch   = ioc(iocRead|iocWrite, 10, unsafe.Sizeof(kiBatch{}))
+	iocUnspliceBatch = ioc(iocRead|iocWrite, 11, unsafe.Sizeof(kiBatch{}))
 )

@@ -17,7 +17,8 @@ func TestABISizes(t *testing.T) {
 		name      string
 		got, want uintptr
 	}{
-		{"ki_info", unsafe.Sizeof(Info{}), 2*4 + 6*8 + 2*4},
+		{"ki_info", unsafe.Sizeof(Info{}), 2*4 + 6*8 + 2*4 + 8 + 2*4},
+		{"ki_batch", unsafe.Sizeof(kiBatch{}), 8 + 2*4},
 		{"ki_read", unsafe.Sizeof(kiRead{}), 3 * 8},
 		{"ki_patch_write", unsafe.Sizeof(kiPatchWrite{}), 3 * 8},
 		{"ki_splice", unsafe.Sizeof(kiSplice{}), 2*8 + 2*4 + 2*16 + 2*4},
@@ -35,7 +36,7 @@ func TestABISizes(t *testing.T) {
 		name      string
 		got, want uintptr
 	}{
-		{"KI_IOC_INFO", iocInfo, 0x8040b700},
+		{"KI_IOC_INFO", iocInfo, 0x8050b700},
 		{"KI_IOC_READ", iocReadMem, 0x4018b701},
 		{"KI_IOC_PATCH_WRITE", iocPatchWrite, 0x4018b703},
 		{"KI_IOC_SPLICE", iocSplice, 0xc040b705},
@@ -43,6 +44,8 @@ func TestABISizes(t *testing.T) {
 		{"KI_IOC_COUNTERS_CLEAR", iocCountersClear, 0x4008b707},
 		{"KI_IOC_RESPLICE", iocResplice, 0x4010b708},
 		{"KI_IOC_COVER_FINISH", iocCoverFinish, 0x8008b709},
+		{"KI_IOC_SPLICE_BATCH", iocSpliceBatch, 0xc010b70a},
+		{"KI_IOC_UNSPLICE_BATCH", iocUnspliceBatch, 0xc010b70b},
 	}
 	for _, n := range nums {
 		if n.got != n.want {
@@ -71,6 +74,12 @@ func TestABILayout(t *testing.T) {
 		{"offsetof(struct ki_info, module_text)", unsafe.Offsetof(in.ModuleText)},
 		{"offsetof(struct ki_info, nr_splices)", unsafe.Offsetof(in.Splices)},
 		{"offsetof(struct ki_info, int3_hits)", unsafe.Offsetof(in.Int3Hits)},
+		{"offsetof(struct ki_info, syncs)", unsafe.Offsetof(in.Syncs)},
+		{"offsetof(struct ki_info, max_splices)", unsafe.Offsetof(in.MaxSplices)},
+		{"offsetof(struct ki_info, batch_max)", unsafe.Offsetof(in.BatchMax)},
+		{"sizeof(struct ki_batch)", unsafe.Sizeof(kiBatch{})},
+		{"offsetof(struct ki_batch, n)", unsafe.Offsetof(kiBatch{}.N)},
+		{"offsetof(struct ki_batch, failed)", unsafe.Offsetof(kiBatch{}.Failed)},
 		{"sizeof(struct ki_read)", unsafe.Sizeof(kiRead{})},
 		{"sizeof(struct ki_patch_write)", unsafe.Sizeof(kiPatchWrite{})},
 		{"sizeof(struct ki_splice)", unsafe.Sizeof(sp)},
@@ -97,6 +106,8 @@ func TestABILayout(t *testing.T) {
 		{"KI_IOC_COUNTERS_CLEAR", iocCountersClear},
 		{"KI_IOC_RESPLICE", iocResplice},
 		{"KI_IOC_COVER_FINISH", iocCoverFinish},
+		{"KI_IOC_SPLICE_BATCH", iocSpliceBatch},
+		{"KI_IOC_UNSPLICE_BATCH", iocUnspliceBatch},
 		{"sizeof(struct ki_cover_finish)", unsafe.Sizeof(kiCoverFinish{})},
 	}
 	var src strings.Builder

@@ -438,3 +438,111 @@ func (d *Device) ReadCounters(first int, dst []uint64) int {
 // CounterAddr is the kernel address of slot i, for patches to increment
 // with "lock incq [rip+disp32]".
 func (d *Device) CounterAddr(i int) uint64 { return d.info.CounterHeap + uint64(i)*8 }
+
+// SpliceOp is one splice of a batch (SpliceBatch): the bytes at Addr,
+// Orig, become New, which is "e9 rel32" to Patch (a direct splice) or a
+// single int3 (a trap splice). With Covering, the jmp spans several whole
+// instructions, as for SpliceCovering: only its int3 is written until
+// FinishCovering. Springboard slots and the jmp rel8 to them go one at a
+// time (SpliceSlot, Splice).
+type SpliceOp struct {
+	Addr, Patch uint64
+	Orig, New   []byte
+	Covering    bool
+}
+
+// BatchError is a batch the driver refused, all of it, because of op
+// Index; Err wraps the errno (unix.EEXIST, unix.ENOENT, …) or a
+// *StaleError, so errors.Is sees through it.
+type BatchError struct {
+	Op    string // "splice" or "unsplice"
+	Index int
+	Where string // the op's address or id
+	Err   error
+}
+
+func (e *BatchError) Error() string {
+	return fmt.Sprintf("kerninst %s batch refused at op %d (%s): %v", e.Op, e.Index, e.Where, e.Err)
+}
+
+func (e *BatchError) Unwrap() error { return e.Err }
+
+// PatchHeapUsed is the number of patch heap bytes allocated.
+func (d *Device) PatchHeapUsed() uint64 {
+	d.heapMu.Lock()
+	defer d.heapMu.Unlock()
+	return d.heap.Used()
+}
+
+// BatchMax is the most ops one SpliceBatch or UnspliceBatch takes.
+func (d *Device) BatchMax() int { return int(d.info.BatchMax) }
+
+// SpliceBatch installs every op, all or none, with the cross-modification
+// protocol run once for the whole batch (int3 at every site, sync every
+// CPU; every tail, sync; every first byte, sync), so a batch costs the CPU
+// synchronisations of one splice. Each op is checked as Splice checks it,
+// and against the others (they must not overlap). It returns the ids in
+// the order of ops. An op refused makes the whole batch fail with a
+// *BatchError naming it; nothing was written.
+func (d *Device) SpliceBatch(ops []SpliceOp) ([]uint32, error) {
+	if len(ops) == 0 {
+		return nil, nil
+	}
+	if len(ops) > d.BatchMax() {
+		return nil, fmt.Errorf("kerninst splice batch: %d ops, the driver takes at most %d", len(ops), d.BatchMax())
+	}
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	ks := make([]kiSplice, len(ops))
+	for i, op := range ops {
+		if len(op.Orig) != len(op.New) || len(op.Orig) == 0 || len(op.Orig) > maxInsn {
+			return nil, fmt.Errorf("kerninst splice at %#x: %d original and %d new bytes", op.Addr, len(op.Orig), len(op.New))
+		}
+		ks[i] = kiSplice{Addr: op.Addr, Patch: op.Patch, Len: uint32(len(op.Orig)), PatchLen: d.patchLen(op.Patch)}
+		if op.Covering {
+			ks[i].Flags = spliceCover
+		}
+		copy(ks[i].Orig[:], op.Orig)
+		copy(ks[i].New[:], op.New)
+	}
+	b := kiBatch{Ops: uint64(uintptr(unsafe.Pointer(&ks[0]))), N: uint32(len(ks)), Failed: uint32(len(ks))}
+	err := d.ioctl("splice batch", iocSpliceBatch, unsafe.Pointer(&b))
+	runtime.KeepAlive(ks)
+	if err != nil {
+		if int(b.Failed) < len(ops) {
+			i := int(b.Failed)
+			if errors.Is(err, unix.ESTALE) {
+				err = &StaleError{Addr: ops[i].Addr}
+			}
+			return nil, &BatchError{Op: "splice", Index: i, Where: fmt.Sprintf("%#x", ops[i].Addr), Err: err}
+		}
+		return nil, err
+	}
+	ids := make([]uint32, len(ks))
+	for i := range ks {
+		ids[i] = ks[i].ID
+	}
+	return ids, nil
+}
+
+// UnspliceBatch restores every splice of ids, all or none, in one round
+// of the protocol. An id the driver refuses (unknown: unix.ENOENT; twice:
+// unix.EINVAL; a slot still jumped to: unix.EBUSY) makes the whole batch
+// fail with a *BatchError naming it; nothing was written.
+func (d *Device) UnspliceBatch(ids []uint32) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	if len(ids) > d.BatchMax() {
+		return fmt.Errorf("kerninst unsplice batch: %d ids, the driver takes at most %d", len(ids), d.BatchMax())
+	}
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	b := kiBatch{Ops: uint64(uintptr(unsafe.Pointer(&ids[0]))), N: uint32(len(ids)), Failed: uint32(len(ids))}
+	err := d.ioctl("unsplice batch", iocUnspliceBatch, unsafe.Pointer(&b))
+	runtime.KeepAlive(ids)
+	if err != nil && int(b.Failed) < len(ids) {
+		return &BatchError{Op: "unsplice", Index: int(b.Failed), Where: fmt.Sprintf("id %d", ids[b.Failed]), Err: err}
+	}
+	return err
+}

@@ -4,12 +4,12 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"strings"
 	"syscall"
 	"testing"
 
 	"github.com/kinst/kinst/codegen"
 	"github.com/kinst/kinst/splice"
+	"github.com/kinst/kinst/springboard"
 )
 
 func hitFlag(c []uint64) codegen.Snippet { return codegen.HitFlag{Addr: c[0]} }
@@ -204,9 +204,9 @@ func TestCounterSlotsWaitForReclaim(t *testing.T) {
 	h.e.ReleaseCounters(base, n-1)
 }
 
-// AddEach stops trying once the driver is full: the sites after the
-// first ENOSPC get it without a patch written, and what was installed
-// stays.
+// AddEach stops trying once the driver is full: the sites of the batch
+// that do not fit and every site after it get ENOSPC, those after it
+// without a patch written, and what was installed stays.
 func TestAddEachStopsWhenFull(t *testing.T) {
 	h := newHarness(t)
 	sites := h.blockSites("filename_lookup")
@@ -222,12 +222,136 @@ func TestAddEachStopsWhenFull(t *testing.T) {
 			t.Errorf("%s: %v, want ENOSPC", sites[i].Point.Spec, errs[i])
 		}
 	}
-	if i := 2; i < len(sites) && !strings.HasPrefix(errs[i].Error(), "not tried") {
-		t.Errorf("%s: %v, want not tried", sites[i].Point.Spec, errs[i])
-	}
 	h.e.RemoveEach(reqs[:1])
 	h.e.Reclaim()
 	if !bytes.Equal(h.k.TextNow(), text) || len(h.k.AllocsNow()) != 0 {
 		t.Error("not restored")
 	}
 }
+
+// Batching: AddEach splices new points MaxBatch at a time, one driver
+// batch each, and RemoveEach unsplices them the same way; the bytes are
+// the original ones afterwards.
+func TestAddEachBatches(t *testing.T) {
+	h := newHarness(t)
+	sites := h.blockSites("filename_lookup")
+	h.k.Mu.Lock()
+	h.k.MaxBatch = 2
+	h.k.Mu.Unlock()
+	reqs, errs := h.e.AddEach(sites, Spec{Owner: "cover", Slots: 1, Snippet: hitFlag})
+	singles, batched := 0, 0
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("%s: %v", sites[i].Point.Spec, err)
+		}
+		if h.e.points[sites[i].Addr()].class == springboard.Springboard {
+			singles++
+		} else {
+			batched++
+		}
+	}
+	h.k.Mu.Lock()
+	batches, calls := h.k.Batches, h.k.SpliceCalls
+	h.k.Mu.Unlock()
+	if want := (batched + 1) / 2; batches != want {
+		t.Errorf("%d driver batches for %d batchable probes in batches of 2, want %d", batches, batched, want)
+	}
+	if calls != len(sites)+singles {
+		t.Errorf("%d splices for %d probes (%d springboard: slot and jmp)", calls, len(sites), singles)
+	}
+	for i, err := range h.e.RemoveEach(reqs) {
+		if err != nil {
+			t.Fatalf("%s: %v", sites[i].Point.Spec, err)
+		}
+	}
+	h.k.Mu.Lock()
+	if want := (batched+1)/2 + (batched+1)/2; h.k.Batches != want {
+		t.Errorf("%d driver batches after removal, want %d", h.k.Batches, want)
+	}
+	h.k.Mu.Unlock()
+	if !bytes.Equal(h.k.TextNow(), text) {
+		t.Error("text not restored")
+	}
+}
+
+// A site whose bytes changed under the analysis is refused by the
+// driver; the batch is tried again without it, and only it fails.
+func TestAddEachRefusedOpFailsAlone(t *testing.T) {
+	h := newHarness(t)
+	sites := h.blockSites("filename_lookup")
+	bad := sites[len(sites)/2]
+	h.k.Mu.Lock()
+	h.k.Poke(bad.Addr(), 0x90^bad.Insn().Bytes[0])
+	h.k.Mu.Unlock()
+	reqs, errs := h.e.AddEach(sites, Spec{Owner: "cover", Slots: 1, Snippet: hitFlag})
+	var ok []*Request
+	for i, err := range errs {
+		if sites[i] == bad {
+			if err == nil || reqs[i] != nil {
+				t.Errorf("%s: stale site installed", bad.Point.Spec)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: %v", sites[i].Point.Spec, err)
+			continue
+		}
+		ok = append(ok, reqs[i])
+	}
+	if st := h.e.State(); st.Splices != len(ok) {
+		t.Errorf("%d splices, want %d", st.Splices, len(ok))
+	}
+	h.e.RemoveEach(ok)
+	h.e.Reclaim()
+	if st := h.e.State(); st.Splices != 0 || st.Points != 0 || st.Counters != 0 {
+		t.Errorf("left installed: %+v", st)
+	}
+	if len(h.k.AllocsNow()) != 0 {
+		t.Error("patches left")
+	}
+}
+
+// The text view puts the original bytes back under every splice, with
+// many splices (the lookup path) as with few.
+func TestTextViewManySplices(t *testing.T) {
+	var o overlay
+	orig := map[uint64][]byte{}
+	for a := uint64(0x1000); a < 0x1000+4000; a += 7 {
+		orig[a] = []byte{byte(a), byte(a >> 8), 3, 4, 5}
+	}
+	for a, b := range orig {
+		o.spliced(a, b, func() error { return nil })
+	}
+	mem := map[uint64]byte{}
+	dev := readerFunc(func(addr uint64, b []byte) error {
+		for i := range b {
+			b[i] = 0xcc
+			if v, ok := mem[addr+uint64(i)]; ok {
+				b[i] = v
+			}
+		}
+		return nil
+	})
+	v := textView{dev: dev, ov: &o}
+	for _, r := range [][2]uint64{{0x1000, 16}, {0x1003, 9}, {0x0ff0, 40}, {0x1500, 3000}, {0x1000 + 3990, 40}} {
+		got := make([]byte, r[1])
+		if err := v.Read(r[0], got); err != nil {
+			t.Fatal(err)
+		}
+		want := bytes.Repeat([]byte{0xcc}, int(r[1]))
+		for a, b := range orig {
+			for i, x := range b {
+				if p := a + uint64(i); p >= r[0] && p < r[0]+r[1] {
+					want[p-r[0]] = x
+				}
+			}
+		}
+		if !bytes.Equal(got, want) {
+			t.Errorf("read %#x+%d:\n% x\nwant\n% x", r[0], r[1], got, want)
+		}
+	}
+}
+
+type readerFunc func(uint64, []byte) error
+
+func (f readerFunc) Read(a uint64, b []byte) error { return f(a, b) }

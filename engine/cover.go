@@ -23,11 +23,11 @@ type coverFinisher struct {
 	jmps uint64 // jmps the driver wrote
 }
 
-// kick notes one more armed splice and starts a finisher if none runs.
-func (c *coverFinisher) kick(dev Device, log *slog.Logger) {
+// kick notes n more armed splices and starts a finisher if none runs.
+func (c *coverFinisher) kick(dev Device, log *slog.Logger, n int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.arms++
+	c.arms += uint64(n)
 	if c.running {
 		return
 	}

@@ -1,5 +1,7 @@
 package engine
 
+import "github.com/kinst/kinst/driver"
+
 // Device is what the engine needs of the driver (driver.Device implements
 // it); unit tests substitute an in-memory kernel (enginetest.Kernel).
 type Device interface {
@@ -13,6 +15,12 @@ type Device interface {
 	FinishCovering() (int, error)
 	Resplice(id uint32, patch uint64) error
 	Unsplice(id uint32) error
+	// SpliceBatch and UnspliceBatch do up to BatchMax splices or
+	// unsplices in one round of CPU synchronisations, all or none; a
+	// refused op fails the batch with a *driver.BatchError naming it.
+	SpliceBatch(ops []driver.SpliceOp) ([]uint32, error)
+	UnspliceBatch(ids []uint32) error
+	BatchMax() int
 	Counter(slot int) uint64
 	CounterAddr(slot int) uint64
 	NumCounters() int

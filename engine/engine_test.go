@@ -465,10 +465,10 @@ func TestCoverFinisher(t *testing.T) {
 	}
 	g := &gatedFinish{Kernel: k, calls: make(chan struct{}), gate: make(chan int)}
 	var c coverFinisher
-	c.kick(g, discard)
+	c.kick(g, discard, 1)
 	<-g.calls          // round 1 waits for its grace period
-	c.kick(g, discard) // armed meanwhile: round 1 does not cover them
-	c.kick(g, discard)
+	c.kick(g, discard, 1) // armed meanwhile: round 1 does not cover them
+	c.kick(g, discard, 1)
 	if armed, _ := c.state(); armed != 3 {
 		t.Errorf("%d armed, want 3", armed)
 	}

@@ -20,18 +20,31 @@ type overlay struct {
 	orig map[uint64][]byte // by address; protected by mu
 }
 
+// maxOrig bounds the length of one entry: an instruction, or the 5 bytes
+// of a covering splice.
+const maxOrig = 16
+
 // spliced runs write (a splice of orig's bytes at addr) with addr's
 // original bytes in the overlay; they stay only if write succeeds.
 func (o *overlay) spliced(addr uint64, orig []byte, write func() error) error {
+	return o.splicedMany([]uint64{addr}, [][]byte{orig}, write)
+}
+
+// splicedMany is spliced for a batch: origs[i] is at addrs[i].
+func (o *overlay) splicedMany(addrs []uint64, origs [][]byte, write func() error) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.orig == nil {
 		o.orig = make(map[uint64][]byte)
 	}
-	o.orig[addr] = bytes.Clone(orig)
+	for i, a := range addrs {
+		o.orig[a] = bytes.Clone(origs[i])
+	}
 	err := write()
 	if err != nil {
-		delete(o.orig, addr)
+		for _, a := range addrs {
+			delete(o.orig, a)
+		}
 	}
 	return err
 }
@@ -39,11 +52,18 @@ func (o *overlay) spliced(addr uint64, orig []byte, write func() error) error {
 // restored runs restore (an unsplice at addr) and drops addr's entry if
 // it succeeds.
 func (o *overlay) restored(addr uint64, restore func() error) error {
+	return o.restoredMany([]uint64{addr}, restore)
+}
+
+// restoredMany is restored for a batch.
+func (o *overlay) restoredMany(addrs []uint64, restore func() error) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	err := restore()
 	if err == nil {
-		delete(o.orig, addr)
+		for _, a := range addrs {
+			delete(o.orig, a)
+		}
 	}
 	return err
 }
@@ -62,13 +82,26 @@ func (v textView) Read(addr uint64, b []byte) error {
 		return err
 	}
 	end := addr + uint64(len(b))
-	for a, orig := range v.ov.orig {
+	put := func(a uint64, orig []byte) {
 		oe := a + uint64(len(orig))
 		if a >= end || oe <= addr {
-			continue
+			return
 		}
 		lo, hi := max(a, addr), min(oe, end)
 		copy(b[lo-addr:hi-addr], orig[lo-a:hi-a])
+	}
+	// With many splices (a coverage session has one per block), look up
+	// the few addresses an entry overlapping b can start at instead.
+	if len(v.ov.orig) > len(b)+maxOrig {
+		for a := max(addr, maxOrig) - maxOrig; a < end; a++ {
+			if orig, ok := v.ov.orig[a]; ok {
+				put(a, orig)
+			}
+		}
+		return nil
+	}
+	for a, orig := range v.ov.orig {
+		put(a, orig)
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/kinst/kinst/codegen"
+	"github.com/kinst/kinst/driver"
 	"github.com/kinst/kinst/splice"
 	"github.com/kinst/kinst/springboard"
 )
@@ -31,6 +32,9 @@ type point struct {
 	// and the driver's splice id of the slot.
 	slot       uint64
 	slotSplice uint32
+	// pending: an AddEach batch has written the point's patch and will
+	// splice it with the rest of the batch.
+	pending bool
 }
 
 // sites is every instruction the point's splice overwrites, in order.
@@ -102,6 +106,25 @@ func (e *Engine) addLocked(s *splice.Site, sp Spec) (*Request, error) {
 	if pt == nil {
 		pt = e.newPoint(s)
 	}
+	r, err := e.newRequest(pt, s, sp)
+	if err != nil {
+		return nil, err
+	}
+	reqs := append(append([]*Request(nil), pt.reqs...), r)
+	if err := e.install(pt, reqs, r.hooks); err != nil {
+		e.freeSlots(r)
+		return nil, err
+	}
+	for _, ps := range pt.sites() {
+		e.points[ps.Addr()] = pt
+	}
+	return r, nil
+}
+
+// newRequest makes a request of sp at s, of point pt: sp.Slots fresh
+// counter slots, zeroed, and the snippet made from their addresses. The
+// caller holds e.mu.
+func (e *Engine) newRequest(pt *point, s *splice.Site, sp Spec) (*Request, error) {
 	r := &Request{pt: pt, site: s, owner: sp.Owner, hooks: sp.Hooks}
 	for i := 0; i < sp.Slots; i++ {
 		slot, err := e.slots.alloc()
@@ -111,13 +134,12 @@ func (e *Engine) addLocked(s *splice.Site, sp Spec) (*Request, error) {
 			slot, err = e.slots.alloc()
 		}
 		if err == nil {
-			err = e.dev.ClearCounters(slot, 1)
+			if err = e.dev.ClearCounters(slot, 1); err != nil {
+				e.slots.free(slot)
+			}
 		}
 		if err != nil {
-			for _, sl := range r.slots {
-				e.slots.free(sl)
-			}
-			e.slots.free(slot)
+			e.freeSlots(r)
 			return nil, err
 		}
 		r.slots = append(r.slots, slot)
@@ -127,17 +149,14 @@ func (e *Engine) addLocked(s *splice.Site, sp Spec) (*Request, error) {
 		addrs[i] = e.dev.CounterAddr(sl)
 	}
 	r.snippet = sp.Snippet(addrs)
-	reqs := append(append([]*Request(nil), pt.reqs...), r)
-	if err := e.install(pt, reqs, r.hooks); err != nil {
-		for _, sl := range r.slots {
-			e.slots.free(sl)
-		}
-		return nil, err
-	}
-	for _, ps := range pt.sites() {
-		e.points[ps.Addr()] = pt
-	}
 	return r, nil
+}
+
+// freeSlots gives back the slots of a request that was never installed.
+func (e *Engine) freeSlots(r *Request) {
+	for _, sl := range r.slots {
+		e.slots.free(sl)
+	}
 }
 
 // newPoint is a point at s not yet spliced. A covering splice takes the
@@ -216,36 +235,13 @@ func (e *Engine) install(pt *point, reqs []*Request, h Hooks) error {
 		pt.slot = 0
 		return nil
 	}
-	specs := pt.patchSpecs(reqs)
-	n := 0
-	for _, spec := range specs {
-		k, err := codegen.PatchLen(e.patchHeapBase(), spec)
-		if err != nil {
-			return fmt.Errorf("%s: %w", s.Where(), err)
-		}
-		n += k
-	}
-	var patch uint64
-	if err := timed(h, StepPatchAlloc, func() (err error) { patch, err = e.allocPatch(n); return err }); err != nil {
-		return fmt.Errorf("allocate patch: %w", err)
-	}
-	fail := func(err error) error {
-		if ferr := e.freePatch(patch); ferr != nil {
-			e.log.Error("free patch after failed attach", "patch", hex(patch), "err", ferr)
-		}
+	patch, err := e.writePatch(pt, reqs, h)
+	if err != nil {
 		return err
 	}
-	var code []byte
-	if err := timed(h, StepCodegen, func() (err error) { code, err = pt.buildPatch(patch, specs); return err }); err != nil {
-		return fail(fmt.Errorf("%s: %w", s.Where(), err))
-	}
-	if err := timed(h, StepPatchWrite, func() error { return e.dev.PatchWrite(patch, code) }); err != nil {
-		return fail(fmt.Errorf("write patch: %w", err))
-	}
-	// Read the patch back: what runs must be what was verified.
-	back := make([]byte, len(code))
-	if err := e.dev.Read(patch, back); err != nil || !bytes.Equal(back, code) {
-		return fail(fmt.Errorf("patch at %#x does not read back as written (%v)", patch, err))
+	fail := func(err error) error {
+		e.dropPatch(patch)
+		return err
 	}
 	switch {
 	case pt.slotSplice != 0: // a springboard splice: re-point its slot
@@ -269,11 +265,7 @@ func (e *Engine) install(pt *point, reqs []*Request, h Hooks) error {
 	if pt.splice == 0 {
 		var id uint32
 		err := timed(h, StepSplice, func() (err error) {
-			if pt.class == springboard.Cover {
-				id, err = e.spliceCovering(pt, patch)
-			} else {
-				id, err = e.splice(s, pt.class, patch)
-			}
+			id, err = e.splice(pt, patch)
 			return err
 		})
 		if err != nil {
@@ -305,50 +297,89 @@ func (e *Engine) unsplice(pt *point) error {
 	return nil
 }
 
-// splice writes the instruction's splice to patch: a jmp rel32 for a
-// direct splice, an int3 for a trap splice.
-func (e *Engine) splice(s *splice.Site, class springboard.Class, patch uint64) (uint32, error) {
-	in := s.Insn()
-	var repl []byte
-	switch class {
-	case springboard.Direct:
-		var err error
-		if repl, err = codegen.JmpRel32(in.Addr, patch); err != nil {
-			return 0, err
+// writePatch builds the point's patch for reqs, writes it into new
+// patch heap memory and reads it back: what runs must be what was
+// verified. On error nothing is left allocated. The caller holds e.mu.
+func (e *Engine) writePatch(pt *point, reqs []*Request, h Hooks) (uint64, error) {
+	s := pt.site
+	specs := pt.patchSpecs(reqs)
+	n := 0
+	for _, spec := range specs {
+		k, err := codegen.PatchLen(e.patchHeapBase(), spec)
+		if err != nil {
+			return 0, fmt.Errorf("%s: %w", s.Where(), err)
 		}
-	case springboard.Cover:
-		return 0, fmt.Errorf("covering splices go through spliceCovering")
-	case springboard.Trap:
-		repl = []byte{0xcc}
-	default:
-		return 0, fmt.Errorf("%v splices go through springboardSplice (a slot first)", class)
+		n += k
 	}
-	var id uint32
-	err := e.ov.spliced(in.Addr, in.Bytes, func() (err error) {
-		id, err = e.dev.Splice(in.Addr, patch, in.Bytes[:len(repl)], repl)
-		return err
-	})
-	return id, err
+	var patch uint64
+	if err := timed(h, StepPatchAlloc, func() (err error) { patch, err = e.allocPatch(n); return err }); err != nil {
+		return 0, fmt.Errorf("allocate patch: %w", err)
+	}
+	fail := func(err error) (uint64, error) {
+		e.dropPatch(patch)
+		return 0, err
+	}
+	var code []byte
+	if err := timed(h, StepCodegen, func() (err error) { code, err = pt.buildPatch(patch, specs); return err }); err != nil {
+		return fail(fmt.Errorf("%s: %w", s.Where(), err))
+	}
+	if err := timed(h, StepPatchWrite, func() error { return e.dev.PatchWrite(patch, code) }); err != nil {
+		return fail(fmt.Errorf("write patch: %w", err))
+	}
+	back := make([]byte, len(code))
+	if err := e.dev.Read(patch, back); err != nil || !bytes.Equal(back, code) {
+		return fail(fmt.Errorf("patch at %#x does not read back as written (%v)", patch, err))
+	}
+	return patch, nil
 }
 
-// spliceCovering arms a covering splice: a jmp rel32 to patch over the
-// point's run of instructions. The driver writes the int3 now (the splice
-// works as a trap splice at once) and the jmp when the background
-// FinishCovering has seen a grace period.
-func (e *Engine) spliceCovering(pt *point, patch uint64) (uint32, error) {
-	at := pt.site.Addr()
-	jmp, err := codegen.JmpRel32(at, patch)
+// dropPatch frees a patch no splice was made to.
+func (e *Engine) dropPatch(patch uint64) {
+	if err := e.freePatch(patch); err != nil {
+		e.log.Error("free patch after failed attach", "patch", hex(patch), "err", err)
+	}
+}
+
+// spliceOp is the driver's splice of the point to patch: a jmp rel32
+// for a direct splice, an int3 for a trap splice, a jmp rel32 over the
+// run of instructions for a covering splice (armed as an int3: the
+// driver writes the jmp when the background FinishCovering has seen a
+// grace period).
+func (pt *point) spliceOp(patch uint64) (driver.SpliceOp, error) {
+	in := pt.site.Insn()
+	switch pt.class {
+	case springboard.Direct, springboard.Cover:
+		jmp, err := codegen.JmpRel32(in.Addr, patch)
+		if err != nil {
+			return driver.SpliceOp{}, err
+		}
+		if pt.class == springboard.Cover {
+			return driver.SpliceOp{Addr: in.Addr, Patch: patch, Orig: pt.coverBytes(), New: jmp, Covering: true}, nil
+		}
+		return driver.SpliceOp{Addr: in.Addr, Patch: patch, Orig: in.Bytes[:len(jmp)], New: jmp}, nil
+	case springboard.Trap:
+		return driver.SpliceOp{Addr: in.Addr, Patch: patch, Orig: in.Bytes[:1], New: []byte{0xcc}}, nil
+	}
+	return driver.SpliceOp{}, fmt.Errorf("%v splices go through springboardSplice (a slot first)", pt.class)
+}
+
+// splice splices the point to patch (spliceOp) on its own.
+func (e *Engine) splice(pt *point, patch uint64) (uint32, error) {
+	op, err := pt.spliceOp(patch)
 	if err != nil {
 		return 0, err
 	}
-	orig := pt.coverBytes()
 	var id uint32
-	err = e.ov.spliced(at, orig, func() (err error) {
-		id, err = e.dev.SpliceCovering(at, patch, orig, jmp)
+	err = e.ov.spliced(op.Addr, op.Orig, func() (err error) {
+		if op.Covering {
+			id, err = e.dev.SpliceCovering(op.Addr, op.Patch, op.Orig, op.New)
+		} else {
+			id, err = e.dev.Splice(op.Addr, op.Patch, op.Orig, op.New)
+		}
 		return err
 	})
-	if err == nil {
-		e.cover.kick(e.dev, e.log)
+	if err == nil && op.Covering {
+		e.cover.kick(e.dev, e.log, 1)
 	}
 	return id, err
 }

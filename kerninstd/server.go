@@ -72,6 +72,9 @@ func (d *Daemon) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/bench/splice", postJSON(http.StatusOK, func(r *http.Request, req api.BenchRequest) (api.BenchResult, error) {
 		return d.BenchSplice(r.Context(), req)
 	}))
+	mux.HandleFunc("POST /v1/bench/arm", postJSON(http.StatusOK, func(r *http.Request, req api.ArmRequest) (api.ArmResult, error) {
+		return d.BenchArm(r.Context(), req)
+	}))
 	mux.HandleFunc("POST /v1/bench/churn", postJSON(http.StatusOK, func(r *http.Request, req api.ChurnRequest) (api.ChurnResult, error) {
 		return d.BenchChurn(r.Context(), req)
 	}))

@@ -32,12 +32,22 @@ var int3Path = map[string]bool{
 	"sync_core": true, "text_poke_bp_batch": true,
 }
 
+// stopPath lists the functions a CPU runs while the driver has it parked
+// in stop_machine to write a splice's first byte: a splice there could
+// leave that CPU unable to leave.
+var stopPath = map[string]bool{
+	"multi_cpu_stop": true, "stop_machine_yield": true, "cpu_stopper_thread": true,
+	"touch_nmi_watchdog": true, "rcu_momentary_dyntick_idle": true, "ack_state": true, "set_state": true,
+	"stop_machine": true, "stop_machine_cpuslocked": true, "smpboot_thread_fn": true,
+}
+
 // noinstrSections are [start, end) marker symbol pairs of text the kernel
 // runs with instrumentation forbidden (entry code, noinstr functions).
 var noinstrSections = [][2]string{
 	{"__entry_text_start", "__entry_text_end"},
 	{"__noinstr_text_start", "__noinstr_text_end"},
 	{"__irqentry_text_start", "__irqentry_text_end"},
+	{"__kprobes_text_start", "__kprobes_text_end"},
 }
 
 // IsFtraceSite reports whether instruction i of f is an ftrace site: from
@@ -57,6 +67,8 @@ func FunctionNoSplice(s *kernel.Symbols, f *cfg.Function, driverModule string) s
 		return "kinst's own driver text"
 	case int3Path[f.Name]:
 		return "on the int3 / die-notifier path that splices rely on"
+	case stopPath[f.Name]:
+		return "run by CPUs parked in stop_machine while the driver writes a splice"
 	}
 	for _, sec := range noinstrSections {
 		if f.Module == "" && s.InRange(f.Addr, sec[0], sec[1]) {

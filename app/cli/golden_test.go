@@ -407,3 +407,11 @@ func TestGoldenBenchHit(t *testing.T) {
 		golden(t, map[bool]string{false: "bench-hit", true: "bench-hit-json"}[asJSON], out.String(), "")
 	}
 }
+
+func TestGoldenBenchArm(t *testing.T) {
+	for _, asJSON := range []bool{false, true} {
+		f := newFixture(t, asJSON)
+		f.must(BenchArm(context.Background(), f.c, ArmOptions{Blocks: []int{3}, Single: true, Targets: []string{"filename_lookup"}, JSON: asJSON}, f.env))
+		f.checkNormalized(map[bool]string{false: "bench-arm", true: "bench-arm-json"}[asJSON])
+	}
+}

@@ -76,7 +76,9 @@ func run(log *slog.Logger, socket, listen, metricsAddr, devPath, kallsyms, cache
 		if now, err := dev.Info(); err == nil {
 			in.DriverSplices = int(now.Splices)
 			in.Int3Hits = now.Int3Hits
+			in.DriverSyncs = now.Syncs
 		}
+		in.PatchHeapUsed = dev.PatchHeapUsed()
 		return in
 	}})
 	if err != nil {

@@ -11,7 +11,7 @@ import (
 var benchCommand = &command{
 	name:    "bench",
 	summary: "what instrumentation costs: a request's steps, a hit, splice churn",
-	sub:     []*command{benchSpliceCommand, benchHitCommand, benchChurnCommand},
+	sub:     []*command{benchSpliceCommand, benchHitCommand, benchChurnCommand, benchArmCommand},
 }
 
 var benchSpliceCommand = &command{
@@ -93,6 +93,37 @@ back as the kernel's own bytes at the end.`,
 				return 2, usagef("want POINTs or --function FUNC")
 			}
 			return inv.reportErr(asJSON, func(env cli.Env) error { return cli.BenchChurn(ctx, inv.client(), req, asJSON, env) })
+		}
+	},
+}
+
+var benchArmCommand = &command{
+	name:    "arm",
+	args:    "[TARGET…]",
+	summary: "arm and remove coverage probes at thousands of blocks: batched against one at a time",
+	help: `Arms a coverage probe (a hit flag, as kinst cover does) at the first N
+basic blocks that take one, taken in address order from the TARGETs'
+functions (functions or globs; default every function of the kernel),
+then removes them all, and reports the wall time and the driver's CPU
+synchronisation rounds (one IPI to every CPU each) of both halves.
+Batched, the driver splices up to its batch size (4,096) in one round of
+the cross-modification protocol: int3 everywhere, sync, tails, sync,
+first bytes, sync. --single splices one at a time, as requests usually
+are, for comparison. Blocks already instrumented are skipped.`,
+	daemon: true, report: true,
+	setup: func(fs *pflag.FlagSet) runFunc {
+		var o cli.ArmOptions
+		fs.IntSliceVarP(&o.Blocks, "blocks", "n", []int{1000, 10000}, "block counts, one run each")
+		fs.BoolVar(&o.Single, "single", false, "also arm one splice at a time (slow: several sync rounds a probe)")
+		jsonFlag(fs, &o.JSON, "the runs")
+		return func(ctx context.Context, inv invocation) (int, error) {
+			o.Targets = inv.args
+			for _, n := range o.Blocks {
+				if n <= 0 {
+					return 2, usagef("--blocks %d: want a positive count", n)
+				}
+			}
+			return inv.reportErr(o.JSON, func(env cli.Env) error { return cli.BenchArm(ctx, inv.client(), o, env) })
 		}
 	},
 }

@@ -198,7 +198,7 @@ func TestVersion(t *testing.T) {
 		t.Fatalf("version --json: %d, %v\n%s", status, err, out)
 	}
 	if v.GoVersion == "" || v.Module == "" || v.DriverABI != driver.ABIVersion || v.Daemon == nil ||
-		v.Daemon.KernelRelease != kerninstdtest.Release || v.Daemon.DriverABI != 3 || v.DaemonAddr != s.Addr {
+		v.Daemon.KernelRelease != kerninstdtest.Release || v.Daemon.DriverABI != 5 || v.DaemonAddr != s.Addr {
 		t.Errorf("version --json = %+v", v)
 	}
 	// A kerninstd that does not answer is reported, not an error.

@@ -50,17 +50,20 @@
 #include <linux/rcupdate.h>
 #include <linux/delay.h>
 #include <linux/stringify.h>
+#include <linux/sort.h>
+#include <linux/stop_machine.h>
 #include <asm/sync_core.h>
 #include <asm/pgtable.h>
 #include <asm/unaligned.h>
 
 #include "kerninst_uapi.h"
 
-#define KI_HEAP_SIZE	(1 << 20)		/* patch heap, bytes */
+#define KI_HEAP_SIZE	(8 << 20)		/* patch heap, bytes */
 #define KI_CHUNK	64			/* patch heap granule */
 #define KI_NCHUNKS	(KI_HEAP_SIZE / KI_CHUNK)
-#define KI_COUNTER_SIZE	(64 << 10)		/* counter heap, bytes */
-#define KI_MAX_SPLICES	4096
+#define KI_COUNTER_SIZE	(1 << 20)		/* counter heap, bytes */
+#define KI_ID_SHIFT	17
+#define KI_MAX_SPLICES	(1 << KI_ID_SHIFT)	/* a splice id's low bits: its record */
 #define KI_MAX_READ	(1 << 20)
 #define KI_INT3		0xcc
 #define KI_JMP32	0xe9
@@ -68,6 +71,7 @@
 #define KI_JMP8		0xeb
 #define KI_JMP8_LEN	2
 #define KI_RETRIES	100			/* restore attempts at release */
+#define KI_BATCH_MAX	4096			/* splices in one batch ioctl */
 
 /*
  * The patch heap: executable bytes in this module's own text, so the module
@@ -77,7 +81,7 @@
  * (ki_map), never by lifting write protection. Unused bytes are int3, so a
  * stray jump traps. The section is "ax" so it is laid out with our text;
  * the label is a plain (untyped) symbol, not a function, so objtool treats
- * the bytes as data-in-text (it does not validate 1 MiB of int3 as code)
+ * the bytes as data-in-text (it does not validate 8 MiB of int3 as code)
  * and no ORC entries are generated for it.
  */
 asm(".pushsection .text.kinst_heap,\"ax\",@progbits\n"
@@ -105,13 +109,16 @@ enum ki_kind {
 struct ki_splice_rec {
 	unsigned long addr;	/* [ki_lock] 0: free record */
 	unsigned long patch;	/* where an int3 hit at addr is sent: WRITE_ONCE under ki_lock, READ_ONCE by the notifier */
-	u32 c0, c1;		/* [ki_lock] patch's heap chunks [c0, c1); none for KI_SHORT */
-	u32 id;			/* [ki_lock] */
-	u32 len;		/* [ki_lock] bytes written at addr */
-	u8 kind;		/* [ki_lock] enum ki_kind */
+	struct ki_splice_rec *slot;	/* [ki_lock] KI_SHORT: the slot it jumps to */
 	/* [ki_lock] a covering splice armed (int3 only) at this ki_cover_seq,
 	 * waiting for KI_IOC_COVER_FINISH; 0 once its jmp is written */
 	u64 pending;
+	u32 c0, c1;		/* [ki_lock] patch's heap chunks [c0, c1); none for KI_SHORT */
+	u32 id;			/* [ki_lock] low KI_ID_SHIFT bits: index in ki_splices */
+	u32 len;		/* [ki_lock] bytes written at addr */
+	u32 users;		/* [ki_lock] KI_SLOT: KI_SHORT splices that jump to it */
+	u8 kind;		/* [ki_lock] enum ki_kind */
+	bool marked;		/* [ki_lock] named in the batch being checked */
 	u8 orig[KI_MAX_INSN];	/* [ki_lock] the bytes to put back */
 };
 
@@ -119,19 +126,26 @@ struct ki_splice_rec {
  * its record. Two buffers: one published (ki_live_idx), one spare. */
 struct ki_index {
 	int n;
-	unsigned long addr[KI_MAX_SPLICES];
-	struct ki_splice_rec *rec[KI_MAX_SPLICES];
+	unsigned long *addr;
+	struct ki_splice_rec **rec;
 };
 
 static DEFINE_MUTEX(ki_lock);
 
-static struct ki_splice_rec ki_splices[KI_MAX_SPLICES];	/* [ki_lock] for writers */
-/* [ki_lock] for writers: slots ever used; the notifier scans [0, ki_nr_slots) */
+/* The tables below are allocated at load (ki_tables_alloc): they are sized
+ * for the largest coverage session, too big for module data. */
+static struct ki_splice_rec *ki_splices;	/* [ki_lock] for writers; KI_MAX_SPLICES */
+/* [ki_lock] for writers: records ever used; the notifier scans [0, ki_nr_slots) */
 static int ki_nr_slots;
+static u32 *ki_free;		/* [ki_lock] indices of free records below ki_nr_slots */
+static u32 ki_nr_free;		/* [ki_lock] */
 static u32 ki_nr_splices;	/* [ki_lock] installed splices */
-static u32 ki_next_id = 1;	/* [ki_lock] never 0 */
+static u32 ki_next_seq = 1;	/* [ki_lock] a splice id's high bits, never 0 */
 /* [ki_lock] covering splices armed so far (their pending sequence) */
 static u64 ki_cover_seq;
+static u64 ki_syncs;		/* [ki_lock] rounds of ki_sync_all and stop_machine, for benchmarks */
+/* [ki_lock] installed splices whose patch touches each heap chunk */
+static u32 *ki_busy;
 /* [ki_lock] patch heap chunks a splice sends CPUs into, or sent them into
  * since the last synchronize_rcu_tasks(): a task may be running there */
 static DECLARE_BITMAP(ki_entered, KI_NCHUNKS);
@@ -149,6 +163,39 @@ static atomic_t ki_int3_hits = ATOMIC_INIT(0);	/* redirects by ki_die_notify */
 #define ki_for_each(r) \
 	for (r = ki_splices; r < ki_splices + ki_nr_slots; r++) \
 		if (!r->addr) {} else
+
+static void ki_tables_free(void)
+{
+	int i;
+
+	vfree(ki_splices);
+	vfree(ki_free);
+	vfree(ki_busy);
+	for (i = 0; i < 2; i++) {
+		vfree(ki_idx[i].addr);
+		vfree(ki_idx[i].rec);
+	}
+}
+
+static int ki_tables_alloc(void)
+{
+	int i;
+
+	ki_splices = vzalloc(array_size(KI_MAX_SPLICES, sizeof(*ki_splices)));
+	ki_free = vmalloc(array_size(KI_MAX_SPLICES, sizeof(*ki_free)));
+	ki_busy = vzalloc(array_size(KI_NCHUNKS, sizeof(*ki_busy)));
+	for (i = 0; i < 2; i++) {
+		ki_idx[i].addr = vmalloc(array_size(KI_MAX_SPLICES, sizeof(*ki_idx[i].addr)));
+		ki_idx[i].rec = vmalloc(array_size(KI_MAX_SPLICES, sizeof(*ki_idx[i].rec)));
+		if (!ki_idx[i].addr || !ki_idx[i].rec)
+			break;
+	}
+	if (i < 2 || !ki_splices || !ki_free || !ki_busy) {
+		ki_tables_free();
+		return -ENOMEM;
+	}
+	return 0;
+}
 
 /* ---- text access ---------------------------------------------------- */
 
@@ -253,49 +300,108 @@ static void ki_sync_all(void)
 {
 	on_each_cpu(ki_do_sync_core, NULL, 1);
 	ki_spare_dirty = false;
+	ki_syncs++;
+}
+
+/* One instruction to overwrite: its first len bytes become bytes. */
+struct ki_poke {
+	unsigned long addr;
+	const u8 *bytes;
+	u32 len;
+	u8 *map;	/* ki_poke_many's writable alias */
+};
+
+/* ki_poke_firsts writes the first byte of each of v[0..n) that does not
+ * stay an int3, then the whole instruction once more (see ki_poke_many);
+ * run by stop_machine. */
+struct ki_firsts {
+	struct ki_poke *v;
+	u32 n;
+};
+
+static int ki_poke_firsts(void *arg)
+{
+	const struct ki_firsts *f = arg;
+	u32 i;
+
+	for (i = 0; i < f->n; i++)
+		if (f->v[i].bytes[0] != KI_INT3)
+			WRITE_ONCE(*f->v[i].map, f->v[i].bytes[0]);
+	for (i = 0; i < f->n; i++)
+		if (f->v[i].bytes[0] != KI_INT3)
+			memcpy(f->v[i].map, f->v[i].bytes, f->v[i].len);
+	return 0;
 }
 
 /*
- * ki_poke overwrites the first len bytes of one instruction as
- * text_poke_bp does: int3 on the first byte, sync; the tail, sync; the
- * first byte, sync. A CPU that reaches addr while the bytes are mixed traps
- * on the int3 and ki_die_notify sends it to the splice's patch (which must
- * therefore be published before the call), so no CPU ever executes a torn
- * instruction.
+ * ki_poke_many overwrites n instructions (which must not overlap) as
+ * text_poke_bp_batch does: int3 on every first byte, sync; every tail,
+ * sync; every first byte, sync. So the whole batch costs the CPU
+ * synchronisations of one instruction. A CPU that reaches one of them while
+ * its bytes are mixed traps on the int3 and ki_die_notify sends it to the
+ * splice's patch (which must therefore be published before the call), so no
+ * CPU ever executes a torn instruction. Every alias is made before the
+ * first write: a failure (-EFAULT, -ENOMEM) changes nothing.
  *
- * Unless it leaves an int3, the whole instruction is then written once
- * more, unchanged, for emulators: under QEMU's multi-threaded TCG a vCPU
- * that translates addr while another writes it can keep a translation of
- * the int3 it read, which sync_core does not drop and a later write to those
- * bytes does. kprobe_int3_handler, which runs before ki_die_notify, sees no
- * int3 in memory and backs up to addr to "run the original instruction" --
- * the stale int3 again, for ever, in kernel mode. After the sync every such
- * translation is installed, so the rewrite drops them all. Preemption stays
- * off meanwhile, so a writer cannot be parked behind a CPU spinning like
- * that. On hardware the rewrite changes nothing.
+ * The first bytes are written with every other CPU parked in stop_machine,
+ * for emulators: under QEMU's multi-threaded TCG a vCPU that translates an
+ * instruction while another writes it can keep a translation of the int3
+ * it read, which sync_core does not drop (a later write to those bytes
+ * does). kprobe_int3_handler, which runs before ki_die_notify, sees no int3
+ * in memory and backs up to "run the original instruction" -- the stale
+ * int3 again, for ever; with interrupts off there, that CPU never takes the
+ * sync's IPI and the writer waits for ever. Parked CPUs translate nothing,
+ * and each instruction is written once more, whole, while they are parked,
+ * which drops any translation made during the earlier steps. On hardware
+ * the parking costs one more rendezvous of the CPUs.
  */
+static int ki_poke_many(struct ki_poke *v, u32 n)
+{
+	struct ki_firsts firsts = { .v = v, .n = n };
+	bool tails = false, first = false;
+	u32 i, mapped;
+
+	for (mapped = 0; mapped < n; mapped++) {
+		struct ki_poke *p = &v[mapped];
+
+		p->map = p->len <= KI_MAX_INSN ? ki_map(p->addr, p->len) : NULL;
+		if (!p->map)
+			break;
+		tails |= p->len > 1;
+		first |= p->bytes[0] != KI_INT3;
+	}
+	if (mapped < n) {
+		for (i = 0; i < mapped; i++)
+			ki_unmap(v[i].map);
+		return -EFAULT;
+	}
+	if (!n)
+		return 0;
+	for (i = 0; i < n; i++)
+		WRITE_ONCE(*v[i].map, KI_INT3);
+	ki_sync_all();
+	if (tails) {
+		for (i = 0; i < n; i++)
+			if (v[i].len > 1)
+				memcpy(v[i].map + 1, v[i].bytes + 1, v[i].len - 1);
+		ki_sync_all();
+	}
+	if (first) {
+		stop_machine(ki_poke_firsts, &firsts, NULL);
+		ki_syncs++;
+		ki_sync_all();
+	}
+	for (i = 0; i < n; i++)
+		ki_unmap(v[i].map);
+	return 0;
+}
+
+/* ki_poke is ki_poke_many of one instruction. */
 static int ki_poke(unsigned long addr, const u8 *bytes, u32 len)
 {
-	u8 *p = len <= KI_MAX_INSN ? ki_map(addr, len) : NULL;
+	struct ki_poke p = { .addr = addr, .bytes = bytes, .len = len };
 
-	if (!p)
-		return -EFAULT;
-	WRITE_ONCE(*p, KI_INT3);
-	ki_sync_all();
-	if (len > 1) {
-		memcpy(p + 1, bytes + 1, len - 1);
-		ki_sync_all();
-	}
-	if (bytes[0] != KI_INT3) {
-		preempt_disable();
-		WRITE_ONCE(*p, bytes[0]);
-		ki_sync_all();
-		memcpy(p, bytes, len);
-		ki_sync_all();
-		preempt_enable();
-	}
-	ki_unmap(p);
-	return 0;
+	return ki_poke_many(&p, 1);
 }
 
 /* ki_jmp32 encodes "jmp rel32" at addr to target; -ERANGE out of reach. */
@@ -367,30 +473,71 @@ static struct notifier_block ki_die_nb = {
 	.priority = INT_MAX,
 };
 
-/* ki_index_publish rebuilds the spare index from ki_splices[] and publishes
- * it. A notifier that loaded the spare before it was retired may still read
- * it unless every CPU has synced since: sync first if not. */
-static void ki_index_publish(void)
+/* ki_index_publish publishes a new index: the live one without the records
+ * unspliced since (their addr is 0 now), merged with add[0..nadd), which is
+ * sorted by address. A notifier that loaded the spare before it was retired
+ * may still read it unless every CPU has synced since: sync first if not. */
+static void ki_index_publish(struct ki_splice_rec *const *add, u32 nadd)
 {
-	struct ki_index *next = ki_live_idx == &ki_idx[0] ? &ki_idx[1] : &ki_idx[0];
+	const struct ki_index *live = ki_live_idx;
+	struct ki_index *next = live == &ki_idx[0] ? &ki_idx[1] : &ki_idx[0];
 	struct ki_splice_rec *r;
-	int j, n = 0;
+	int i = 0, n = 0;
+	u32 j = 0;
 
 	if (ki_spare_dirty)
 		ki_sync_all();
-	/* insertion sort: the index is built only on splice/unsplice */
-	ki_for_each(r) {
-		for (j = n; j > 0 && next->addr[j - 1] > r->addr; j--) {
-			next->addr[j] = next->addr[j - 1];
-			next->rec[j] = next->rec[j - 1];
+	while (i < live->n || j < nadd) {
+		if (i < live->n && live->rec[i]->addr != live->addr[i]) {
+			i++;
+			continue;
 		}
-		next->addr[j] = r->addr;
-		next->rec[j] = r;
-		n++;
+		if (j == nadd || (i < live->n && live->addr[i] < add[j]->addr))
+			r = live->rec[i++];
+		else
+			r = add[j++];
+		next->addr[n] = r->addr;
+		next->rec[n++] = r;
 	}
 	next->n = n;
 	smp_store_release(&ki_live_idx, next);
 	ki_spare_dirty = true;
+}
+
+/* ki_index_find: the first entry of the live index at or above addr
+ * (writers, under ki_lock). */
+static int ki_index_find(unsigned long addr)
+{
+	const struct ki_index *idx = ki_live_idx;
+	int lo = 0, hi = idx->n;
+
+	while (lo < hi) {
+		int mid = lo + (hi - lo) / 2;
+
+		if (idx->addr[mid] < addr)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+/* ki_lookup: the installed splice at addr, or NULL. */
+static struct ki_splice_rec *ki_lookup(unsigned long addr)
+{
+	int i = ki_index_find(addr);
+
+	return i < ki_live_idx->n && ki_live_idx->addr[i] == addr ? ki_live_idx->rec[i] : NULL;
+}
+
+/* ki_overlaps: an installed splice overlaps [addr, addr+len). Splices never
+ * overlap each other, so the last one starting below addr+len is the only
+ * candidate. */
+static bool ki_overlaps(unsigned long addr, u32 len)
+{
+	int i = ki_index_find(addr + len);
+
+	return i > 0 && ki_live_idx->addr[i - 1] + ki_live_idx->rec[i - 1]->len > addr;
 }
 
 /* ---- patch heap ------------------------------------------------------ */
@@ -420,12 +567,19 @@ static bool ki_patch_chunks(u64 patch, u64 len, int kind, u32 *c0, u32 *c1)
 	return IS_ALIGNED(patch, KI_CHUNK) && ki_heap_chunks(patch, len, c0, c1);
 }
 
-/* ki_set_patch points r at patch, chunks [c0, c1), which become entered. */
+/* ki_set_patch points r at patch, chunks [c0, c1), which become busy and
+ * entered; its old chunks are busy no more (on its account). */
 static void ki_set_patch(struct ki_splice_rec *r, u64 patch, u32 c0, u32 c1)
 {
+	u32 c;
+
+	for (c = r->c0; c < r->c1; c++)
+		ki_busy[c]--;
 	WRITE_ONCE(r->patch, patch);
 	r->c0 = c0;
 	r->c1 = c1;
+	for (c = c0; c < c1; c++)
+		ki_busy[c]++;
 	bitmap_set(ki_entered, c0, c1 - c0);
 }
 
@@ -438,14 +592,15 @@ static void ki_set_patch(struct ki_splice_rec *r, u64 patch, u32 c0, u32 c1)
  */
 static void ki_quiesce(void)
 {
-	struct ki_splice_rec *r;
+	u32 c;
 
 	if (bitmap_empty(ki_entered, KI_NCHUNKS))
 		return;
 	synchronize_rcu_tasks();
 	bitmap_zero(ki_entered, KI_NCHUNKS);
-	ki_for_each(r)
-		bitmap_set(ki_entered, r->c0, r->c1 - r->c0);
+	for (c = 0; c < KI_NCHUNKS; c++)
+		if (ki_busy[c])
+			__set_bit(c, ki_entered);
 }
 
 /* ki_copy moves len bytes, a page at a time through a bounce buffer, from
@@ -477,13 +632,12 @@ static long ki_copy(u64 kaddr, u64 ubuf, u64 len, bool to_user)
 static long ki_patch_write(void *arg)
 {
 	struct ki_patch_write *w = arg;
-	struct ki_splice_rec *r;
-	u32 c0, c1;
+	u32 c, c0, c1;
 
 	if (!ki_heap_chunks(w->addr, w->len, &c0, &c1))
 		return -EINVAL;
-	ki_for_each(r)
-		if (r->c0 < c1 && c0 < r->c1)
+	for (c = c0; c < c1; c++)
+		if (ki_busy[c])
 			return -EBUSY;	/* an installed splice leads there */
 	/* Memory no splice sent CPUs into since the last wait has never run
 	 * (or no task is left in it): no wait. */
@@ -494,49 +648,73 @@ static long ki_patch_write(void *arg)
 
 /* ---- splicing -------------------------------------------------------- */
 
+/* Scratch space of one batch, under ki_lock: the records, writes and jmps
+ * of up to KI_BATCH_MAX splices. */
+struct ki_op {
+	struct ki_splice *s;
+	u32 c0, c1;
+	int kind;
+};
+static struct ki_op ki_ops[KI_BATCH_MAX];
+static struct ki_splice_rec *ki_recs[KI_BATCH_MAX];
+static struct ki_poke ki_pokes[KI_BATCH_MAX];
+static u8 ki_jmps[KI_BATCH_MAX][KI_JMP32_LEN];
+static const u8 ki_int3[1] = { KI_INT3 };
+
 /* ki_find_id: the installed splice with id, or NULL. */
 static struct ki_splice_rec *ki_find_id(u32 id)
 {
-	struct ki_splice_rec *r;
+	struct ki_splice_rec *r = &ki_splices[id & (KI_MAX_SPLICES - 1)];
 
-	ki_for_each(r)
-		if (id && r->id == id)
-			return r;
-	return NULL;
+	return id && r < ki_splices + ki_nr_slots && r->addr && r->id == id ? r : NULL;
 }
 
-/* ki_slot_used: an installed springboard splice jumps to slot s. */
-static bool ki_slot_used(const struct ki_splice_rec *s)
+/* ki_unpublish takes n installed splices whose original bytes are back (or
+ * were never replaced) out of the index and frees their records. Their
+ * patches stay entered. */
+static void ki_unpublish(struct ki_splice_rec *const *recs, u32 n)
 {
-	struct ki_splice_rec *r;
+	u32 i;
 
-	ki_for_each(r)
-		if (r->kind == KI_SHORT && r->patch == s->addr)
-			return true;
-	return false;
+	for (i = 0; i < n; i++) {
+		struct ki_splice_rec *r = recs[i];
+
+		pr_debug("kerninst: unsplice %u at %pS\n", r->id, (void *)r->addr);
+		ki_set_patch(r, r->patch, 0, 0);
+		if (r->slot)
+			r->slot->users--;
+		r->slot = NULL;
+		r->addr = 0;
+		r->pending = 0;
+		ki_nr_splices--;
+	}
+	/* see ki_die_notify: no CPU can still trap on these addresses */
+	ki_index_publish(NULL, 0);
+	for (i = 0; i < n; i++)
+		ki_free[ki_nr_free++] = recs[i] - ki_splices;
 }
 
-/* ki_restore puts back the original bytes of an installed splice, then
- * unpublishes it (see ki_die_notify). Its patch stays entered. */
-static int ki_restore(struct ki_splice_rec *r)
+/* ki_restore_many puts back the original bytes of n (<= KI_BATCH_MAX)
+ * installed splices in one round, then unpublishes them. */
+static int ki_restore_many(struct ki_splice_rec *const *recs, u32 n)
 {
-	int err = ki_poke(r->addr, r->orig, r->len);
+	u32 i;
+	int err;
 
-	if (err)
-		return err;
-	pr_debug("kerninst: unsplice %u at %pS\n", r->id, (void *)r->addr);
-	r->addr = 0;
-	r->pending = 0;
-	ki_index_publish();
-	ki_nr_splices--;
-	return 0;
+	for (i = 0; i < n; i++)
+		ki_pokes[i] = (struct ki_poke){ .addr = recs[i]->addr, .bytes = recs[i]->orig,
+						.len = recs[i]->len };
+	err = ki_poke_many(ki_pokes, n);
+	if (!err)
+		ki_unpublish(recs, n);
+	return err;
 }
 
 /* ki_splice_kind checks the replacement bytes against the patch and says
  * what kind of splice they make, or -EINVAL. */
 static int ki_splice_kind(const struct ki_splice *s)
 {
-	struct ki_splice_rec *r;
+	const struct ki_splice_rec *slot;
 
 	if (s->flags & ~(KI_SPLICE_SLOT | KI_SPLICE_COVER) ||
 	    (s->flags & KI_SPLICE_SLOT && s->flags & KI_SPLICE_COVER))
@@ -553,110 +731,232 @@ static int ki_splice_kind(const struct ki_splice *s)
 	if (s->len == 1 && s->new[0] == KI_INT3)
 		return KI_TRAP;
 	/* a jmp rel8 must land on an installed slot */
+	slot = ki_lookup(s->patch);
 	if (s->len == KI_JMP8_LEN && s->new[0] == KI_JMP8 &&
-	    s->addr + KI_JMP8_LEN + (s8)s->new[1] == s->patch) {
-		ki_for_each(r)
-			if (r->addr == s->patch && r->kind == KI_SLOT)
-				return KI_SHORT;
-	}
+	    s->addr + KI_JMP8_LEN + (s8)s->new[1] == s->patch && slot && slot->kind == KI_SLOT)
+		return KI_SHORT;
 	return -EINVAL;
 }
 
-/* ki_splice checks everything, publishes the record, then writes. Errors:
- * -EINVAL malformed request, patch not in the heap, or a jmp rel8 not to a
- * slot; -EPERM addr is not spliceable text; -EEXIST overlaps an installed
- * splice; -EBUSY the first byte is already an int3 (someone else's
- * breakpoint; padding under a slot may be int3); -ESTALE the bytes at addr
- * are not orig; -ENOSPC too many splices. */
-static long ki_splice(void *arg)
+/* ki_splice_check checks one splice against the kernel and the installed
+ * splices (not against the rest of its batch); see KI_IOC_SPLICE. */
+static int ki_splice_check(struct ki_op *op)
 {
-	struct ki_splice *s = arg;
-	struct ki_splice_rec *r, *rec = NULL;
+	const struct ki_splice *s = op->s;
 	u8 cur[KI_MAX_INSN];
-	int err, kind;
-	u32 c0, c1;
 
 	if (s->len < 1 || s->len > KI_MAX_INSN)
 		return -EINVAL;
-	kind = ki_splice_kind(s);
-	if (kind < 0 || !ki_patch_chunks(s->patch, s->patch_len, kind, &c0, &c1))
+	op->kind = ki_splice_kind(s);
+	if (op->kind < 0 || !ki_patch_chunks(s->patch, s->patch_len, op->kind, &op->c0, &op->c1))
 		return -EINVAL;
 	if (!ki_spliceable(s->addr, s->len))
 		return -EPERM;
-	for (r = ki_splices; r < ki_splices + ki_nr_slots; r++) {
-		if (!r->addr && !rec)
-			rec = r;
-		else if (r->addr && s->addr < r->addr + r->len && s->addr + s->len > r->addr)
-			return -EEXIST;
-	}
-	if (!rec) {
-		if (ki_nr_slots == KI_MAX_SPLICES)
-			return -ENOSPC;
-		rec = &ki_splices[ki_nr_slots];
-	}
+	if (ki_overlaps(s->addr, s->len))
+		return -EEXIST;
 	if (copy_from_kernel_nofault(cur, (void *)(unsigned long)s->addr, s->len))
 		return -EFAULT;
 	if (memcmp(cur, s->orig, s->len))
 		return -ESTALE;
-	if (cur[0] == KI_INT3 && kind != KI_SLOT)
+	if (cur[0] == KI_INT3 && op->kind != KI_SLOT)
 		return -EBUSY;
+	return 0;
+}
 
-	/* Publish before writing: the notifier must know where to send a
-	 * CPU that hits the int3 written first. */
-	ki_set_patch(rec, s->patch, c0, c1);
-	rec->len = s->len;
-	rec->kind = kind;
-	rec->id = ki_next_id++;
-	if (!ki_next_id)
-		ki_next_id = 1;
-	memcpy(rec->orig, s->orig, s->len);
-	rec->pending = s->flags & KI_SPLICE_COVER ? ++ki_cover_seq : 0;
-	rec->addr = s->addr;
-	if (rec == &ki_splices[ki_nr_slots])
-		ki_nr_slots++;
-	ki_nr_splices++;
-	ki_index_publish();
+static int ki_op_cmp(const void *a, const void *b)
+{
+	unsigned long x = ((const struct ki_op *)a)->s->addr, y = ((const struct ki_op *)b)->s->addr;
 
-	/* A covering splice is armed as a trap splice: int3 only (the
-	 * notifier sends CPUs to the patch); KI_IOC_COVER_FINISH writes the
-	 * jmp once no task can be stopped inside the covered bytes. */
-	if (rec->pending)
-		err = ki_poke(rec->addr, (const u8[]){ KI_INT3 }, 1);
-	else
-		err = ki_poke(rec->addr, s->new, s->len);
+	return x < y ? -1 : x > y;
+}
+
+/* ki_take_rec: a free record, with a fresh id. */
+static struct ki_splice_rec *ki_take_rec(void)
+{
+	u32 i = ki_nr_free ? ki_free[--ki_nr_free] : ki_nr_slots++;
+	struct ki_splice_rec *r = &ki_splices[i];
+
+	r->id = ki_next_seq << KI_ID_SHIFT | i;
+	ki_next_seq = (ki_next_seq + 1) & (U32_MAX >> KI_ID_SHIFT);
+	if (!ki_next_seq)
+		ki_next_seq = 1;
+	return r;
+}
+
+/*
+ * ki_splice_many installs splices s[0..n), n <= KI_BATCH_MAX, all or none:
+ * every one is checked first (*failed: the index of a refused one; n if
+ * none was), then all are published, then written in one round of
+ * ki_poke_many. Errors: -EINVAL malformed request, patch not in the heap,
+ * or a jmp rel8 not to a slot; -EPERM addr is not spliceable text; -EEXIST
+ * overlaps an installed splice or another of the batch; -EBUSY the first
+ * byte is already an int3 (someone else's breakpoint; padding under a slot
+ * may be int3); -ESTALE the bytes at addr are not orig; -ENOSPC too many
+ * splices.
+ */
+static int ki_splice_many(struct ki_splice *s, u32 n, u32 *failed)
+{
+	u32 i, room = ki_nr_free + (KI_MAX_SPLICES - ki_nr_slots);
+	int err;
+
+	*failed = n;
+	for (i = 0; i < n; i++) {
+		ki_ops[i] = (struct ki_op){ .s = &s[i] };
+		err = ki_splice_check(&ki_ops[i]);
+		if (err) {
+			*failed = i;
+			return err;
+		}
+	}
+	sort(ki_ops, n, sizeof(ki_ops[0]), ki_op_cmp, NULL);
+	for (i = 1; i < n; i++) {
+		if (ki_ops[i - 1].s->addr + ki_ops[i - 1].s->len > ki_ops[i].s->addr) {
+			*failed = ki_ops[i].s - s;
+			return -EEXIST;
+		}
+	}
+	if (n > room) {
+		*failed = room;
+		return -ENOSPC;
+	}
+	/* Publish before writing: the notifier must know where to send a CPU
+	 * that hits an int3 written first. */
+	for (i = 0; i < n; i++) {
+		struct ki_op *op = &ki_ops[i];
+		struct ki_splice_rec *r = ki_take_rec();
+
+		ki_set_patch(r, op->s->patch, op->c0, op->c1);
+		r->len = op->s->len;
+		r->kind = op->kind;
+		memcpy(r->orig, op->s->orig, r->len);
+		/* A covering splice is armed as a trap splice: int3 only (the
+		 * notifier sends CPUs to the patch); KI_IOC_COVER_FINISH
+		 * writes the jmp once no task can be stopped inside the
+		 * covered bytes. */
+		r->pending = op->s->flags & KI_SPLICE_COVER ? ++ki_cover_seq : 0;
+		r->slot = op->kind == KI_SHORT ? ki_lookup(op->s->patch) : NULL;
+		if (r->slot)
+			r->slot->users++;
+		r->addr = op->s->addr;
+		ki_nr_splices++;
+		ki_recs[i] = r;
+		ki_pokes[i] = (struct ki_poke){ .addr = r->addr, .bytes = r->pending ? ki_int3 : op->s->new,
+						.len = r->pending ? 1 : r->len };
+	}
+	ki_index_publish(ki_recs, n);
+	err = ki_poke_many(ki_pokes, n);
 	if (err) {
-		/* Put back what we can; if even that fails the record stays
-		 * installed (the notifier covers a left-over int3) and
-		 * release() retries. */
-		pr_warn("kerninst: splice at %pS failed (%d); restoring\n", (void *)rec->addr, err);
-		ki_restore(rec);
+		/* nothing was written: take them back out */
+		pr_warn("kerninst: splicing %u site(s) failed (%d)\n", n, err);
+		ki_unpublish(ki_recs, n);
 		return err;
 	}
-	pr_debug("kerninst: splice %u at %pS -> %px (%u bytes, kind %d)\n", rec->id,
-		 (void *)rec->addr, (void *)rec->patch, rec->len, kind);
-	s->id = rec->id;
+	for (i = 0; i < n; i++) {
+		ki_ops[i].s->id = ki_recs[i]->id;
+		pr_debug("kerninst: splice %u at %pS -> %px (%u bytes, kind %d)\n", ki_recs[i]->id,
+			 (void *)ki_recs[i]->addr, (void *)ki_recs[i]->patch, ki_recs[i]->len, ki_recs[i]->kind);
+	}
 	return 0;
+}
+
+/*
+ * ki_unsplice_many restores splices ids[0..n), n <= KI_BATCH_MAX, all or
+ * none, in one round: every id is checked first (*failed: the index of a
+ * refused one; n if none was). Errors: -ENOENT unknown id; -EINVAL an id
+ * twice; -EBUSY a slot that springboard splices still jump to.
+ */
+static int ki_unsplice_many(const u32 *ids, u32 n, u32 *failed)
+{
+	u32 i, j;
+	int err = 0;
+
+	*failed = n;
+	for (i = 0; i < n; i++) {
+		struct ki_splice_rec *r = ki_find_id(ids[i]);
+
+		if (!r)
+			err = -ENOENT;
+		else if (r->kind == KI_SLOT && r->users)
+			err = -EBUSY;
+		else if (r->marked)
+			err = -EINVAL;
+		if (err) {
+			*failed = i;
+			break;
+		}
+		r->marked = true;
+		ki_recs[i] = r;
+	}
+	for (j = 0; j < i; j++)
+		ki_recs[j]->marked = false;
+	return err ? err : ki_restore_many(ki_recs, n);
+}
+
+/* ki_splice: see KI_IOC_SPLICE. */
+static long ki_splice(void *arg)
+{
+	u32 failed;
+
+	return ki_splice_many(arg, 1, &failed);
 }
 
 /* ki_splice_undo: the caller cannot learn the id: take the splice back out. */
 static void ki_splice_undo(void *arg)
 {
-	struct ki_splice_rec *r = ki_find_id(((struct ki_splice *)arg)->id);
+	u32 failed;
 
-	if (r)
-		ki_restore(r);
+	ki_unsplice_many(&((struct ki_splice *)arg)->id, 1, &failed);
 }
 
-/* -EBUSY for a slot that springboard splices still jump to. */
 static long ki_unsplice(void *arg)
 {
-	struct ki_splice_rec *r = ki_find_id(((struct ki_unsplice *)arg)->id);
+	u32 failed;
 
-	if (!r)
-		return -ENOENT;
-	if (r->kind == KI_SLOT && ki_slot_used(r))
-		return -EBUSY;
-	return ki_restore(r);
+	return ki_unsplice_many(&((struct ki_unsplice *)arg)->id, 1, &failed);
+}
+
+/* ki_splice_batch: see KI_IOC_SPLICE_BATCH. */
+static long ki_splice_batch(void *arg)
+{
+	struct ki_batch *b = arg;
+	struct ki_splice *s;
+	long err;
+	u32 i;
+
+	if (!b->n || b->n > KI_BATCH_MAX)
+		return -EINVAL;
+	s = kvmalloc_array(b->n, sizeof(*s), GFP_KERNEL);
+	if (!s)
+		return -ENOMEM;
+	err = copy_from_user(s, u64_to_user_ptr(b->ops), b->n * sizeof(*s)) ? -EFAULT :
+		ki_splice_many(s, b->n, &b->failed);
+	if (!err && copy_to_user(u64_to_user_ptr(b->ops), s, b->n * sizeof(*s))) {
+		/* the caller cannot learn the ids: take them back out */
+		for (i = 0; i < b->n; i++)
+			ki_recs[i] = ki_find_id(s[i].id);
+		ki_restore_many(ki_recs, b->n);
+		err = -EFAULT;
+	}
+	kvfree(s);
+	return err;
+}
+
+/* ki_unsplice_batch: see KI_IOC_UNSPLICE_BATCH. */
+static long ki_unsplice_batch(void *arg)
+{
+	struct ki_batch *b = arg;
+	u32 *ids;
+	long err;
+
+	if (!b->n || b->n > KI_BATCH_MAX)
+		return -EINVAL;
+	ids = kvmalloc_array(b->n, sizeof(*ids), GFP_KERNEL);
+	if (!ids)
+		return -ENOMEM;
+	err = copy_from_user(ids, u64_to_user_ptr(b->ops), b->n * sizeof(*ids)) ? -EFAULT :
+		ki_unsplice_many(ids, b->n, &b->failed);
+	kvfree(ids);
+	return err;
 }
 
 /* ki_resplice points splice id at another patch (see KI_IOC_RESPLICE).
@@ -689,6 +989,22 @@ static long ki_resplice(void *arg)
 	return err;
 }
 
+/* ki_cover_write writes the jmps of n armed covering splices (ki_recs,
+ * ki_pokes) in one round. */
+static int ki_cover_write(u32 n)
+{
+	int err = ki_poke_many(ki_pokes, n);
+	u32 i;
+
+	if (err) {
+		pr_err("kerninst: writing %u covering splice(s) failed (%d)\n", n, err);
+		return err;
+	}
+	for (i = 0; i < n; i++)
+		ki_recs[i]->pending = 0;
+	return 0;
+}
+
 /* ki_cover_finish writes the jmp of every covering splice armed before it
  * was called (KI_IOC_COVER_FINISH), waiting without ki_lock, so other
  * requests go on. Records unspliced meanwhile are skipped (pending is 0 for
@@ -697,8 +1013,8 @@ static long ki_cover_finish(void *arg)
 {
 	struct ki_cover_finish *f = arg;
 	struct ki_splice_rec *r;
-	u8 jmp[KI_JMP32_LEN];
 	int err = 0;
+	u32 n = 0;
 	u64 upto;
 
 	mutex_lock(&ki_lock);
@@ -712,15 +1028,23 @@ static long ki_cover_finish(void *arg)
 		if (!r->pending || r->pending > upto)
 			continue;
 		/* in reach: checked when armed and when re-pointed */
-		err = ki_jmp32(jmp, r->addr, r->patch);
-		if (!err)
-			err = ki_poke(r->addr, jmp, KI_JMP32_LEN);
-		if (err) {
-			pr_err("kerninst: covering splice at %pS failed (%d)\n", (void *)r->addr, err);
+		err = ki_jmp32(ki_jmps[n], r->addr, r->patch);
+		if (err)
 			break;
+		ki_recs[n] = r;
+		ki_pokes[n] = (struct ki_poke){ .addr = r->addr, .bytes = ki_jmps[n], .len = KI_JMP32_LEN };
+		if (++n == KI_BATCH_MAX) {
+			err = ki_cover_write(n);
+			if (err)
+				break;
+			f->done += n;
+			n = 0;
 		}
-		r->pending = 0;
-		f->done++;
+	}
+	if (!err && n) {
+		err = ki_cover_write(n);
+		if (!err)
+			f->done += n;
 	}
 	mutex_unlock(&ki_lock);
 	return err;
@@ -728,24 +1052,37 @@ static long ki_cover_finish(void *arg)
 
 /* ki_restore_in restores every installed splice in the text of mod (every
  * splice if mod is NULL), springboard splices before the slots they jump
- * to, and returns how many are left (failed, or a slot still jumped to). */
+ * to, a batch at a time, and returns how many are left (failed, or a slot
+ * still jumped to). */
 static int ki_restore_in(const struct module *mod)
 {
 	unsigned long base = mod ? (unsigned long)mod->core_layout.base : 0;
 	unsigned long end = mod ? base + mod->core_layout.text_size : ULONG_MAX;
 	struct ki_splice_rec *r;
 	int pass, left = 0;
+	u32 n;
 
 	for (pass = 0; pass < 2; pass++) {
+		n = 0;
 		ki_for_each(r) {
 			if ((r->kind == KI_SHORT) != !pass || r->addr < base || r->addr >= end)
 				continue;
+			if (r->kind == KI_SLOT && r->users) {
+				left++;
+				continue;
+			}
 			if (mod)
 				pr_info("kerninst: module %s is unloading; removing splice %u at %pS\n",
 					mod->name, r->id, (void *)r->addr);
-			if ((r->kind == KI_SLOT && ki_slot_used(r)) || ki_restore(r))
-				left++;
+			ki_recs[n++] = r;
+			if (n == KI_BATCH_MAX) {
+				if (ki_restore_many(ki_recs, n))
+					left += n;
+				n = 0;
+			}
 		}
+		if (n && ki_restore_many(ki_recs, n))
+			left += n;
 	}
 	return left;
 }
@@ -818,6 +1155,9 @@ static long ki_info(void *arg)
 		.module_text_size = THIS_MODULE->core_layout.text_size,
 		.nr_splices = ki_nr_splices,
 		.int3_hits = atomic_read(&ki_int3_hits),
+		.syncs = ki_syncs,
+		.max_splices = KI_MAX_SPLICES,
+		.batch_max = KI_BATCH_MAX,
 	};
 	return 0;
 }
@@ -843,6 +1183,7 @@ static const struct ki_ioctl_op {
 	long (*fn)(void *arg);
 	void (*undo)(void *arg);
 	bool takes_lock;
+	bool out_on_error;	/* copy the argument out on failure too */
 } ki_ioctl_ops[] = {
 	{ KI_IOC_INFO, ki_info },
 	{ KI_IOC_READ, ki_read },
@@ -852,6 +1193,8 @@ static const struct ki_ioctl_op {
 	{ KI_IOC_COUNTERS_CLEAR, ki_counters_clear },
 	{ KI_IOC_RESPLICE, ki_resplice },
 	{ KI_IOC_COVER_FINISH, ki_cover_finish, NULL, true },	/* not across its wait */
+	{ KI_IOC_SPLICE_BATCH, ki_splice_batch, NULL, false, true },
+	{ KI_IOC_UNSPLICE_BATCH, ki_unsplice_batch, NULL, false, true },
 };
 
 static long ki_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
@@ -859,7 +1202,7 @@ static long ki_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 	void __user *uarg = (void __user *)arg;
 	const struct ki_ioctl_op *op = ki_ioctl_ops, *end = op + ARRAY_SIZE(ki_ioctl_ops);
 	size_t size = _IOC_SIZE(cmd);
-	u64 a[8];	/* the largest argument: struct ki_info, struct ki_splice */
+	u64 a[16];	/* the largest argument: struct ki_info */
 	long ret;
 
 	if (!capable(CAP_SYS_ADMIN))
@@ -874,7 +1217,7 @@ static long ki_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 	if (!op->takes_lock)
 		mutex_lock(&ki_lock);
 	ret = op->fn(a);
-	if (!ret && _IOC_DIR(cmd) & _IOC_READ && copy_to_user(uarg, a, size)) {
+	if ((!ret || op->out_on_error) && _IOC_DIR(cmd) & _IOC_READ && copy_to_user(uarg, a, size) && !ret) {
 		if (op->undo)
 			op->undo(a);
 		ret = -EFAULT;
@@ -953,11 +1296,15 @@ static int __init ki_init(void)
 {
 	int err;
 
-	BUILD_BUG_ON(sizeof(struct ki_info) != 64 || sizeof(struct ki_splice) != 64 ||
-		     sizeof(struct ki_resplice) != 16 || sizeof(struct ki_cover_finish) != 8);
-	err = register_die_notifier(&ki_die_nb);
+	BUILD_BUG_ON(sizeof(struct ki_info) != 80 || sizeof(struct ki_splice) != 64 ||
+		     sizeof(struct ki_resplice) != 16 || sizeof(struct ki_cover_finish) != 8 ||
+		     sizeof(struct ki_batch) != 16);
+	err = ki_tables_alloc();
 	if (err)
 		return err;
+	err = register_die_notifier(&ki_die_nb);
+	if (err)
+		goto out_tables;
 	err = register_module_notifier(&ki_module_nb);
 	if (err)
 		goto out_die;
@@ -972,6 +1319,8 @@ out_module:
 	unregister_module_notifier(&ki_module_nb);
 out_die:
 	unregister_die_notifier(&ki_die_nb);
+out_tables:
+	ki_tables_free();
 	return err;
 }
 
@@ -988,6 +1337,7 @@ static void __exit ki_exit(void)
 	mutex_unlock(&ki_lock);
 	unregister_module_notifier(&ki_module_nb);
 	unregister_die_notifier(&ki_die_nb);
+	ki_tables_free();
 }
 
 module_init(ki_init);

@@ -14,7 +14,7 @@
 #include <linux/ioctl.h>
 #include <linux/types.h>
 
-#define KI_ABI_VERSION 4
+#define KI_ABI_VERSION 5
 #define KI_MAX_INSN 15
 
 /* KI_IOC_INFO: layout of the driver's heaps. */
@@ -29,6 +29,9 @@ struct ki_info {
 	__u64 module_text_size;
 	__u32 nr_splices;      /* splices currently installed */
 	__u32 int3_hits;       /* CPUs sent to a patch by the int3 notifier (wraps) */
+	__u64 syncs;           /* rounds of "every CPU runs a serialising instruction" so far */
+	__u32 max_splices;     /* most splices installed at once */
+	__u32 batch_max;       /* most splices in one KI_IOC_SPLICE_BATCH or KI_IOC_UNSPLICE_BATCH */
 };
 
 /* KI_IOC_READ: copy len bytes of kernel memory at addr to user buffer buf.
@@ -126,6 +129,23 @@ struct ki_unsplice {
 	__u32 pad;
 };
 
+/* KI_IOC_SPLICE_BATCH: install n splices (ops: the user address of struct
+ * ki_splice[n], each checked as for KI_IOC_SPLICE and against the others)
+ * all or none, in one round of the protocol: int3 at every site, sync; every
+ * tail, sync; every first byte, sync -- the CPU synchronisations of one
+ * splice (the kernel's text_poke_bp_batch does the same). Each id is written
+ * back into ops. On error nothing changed and failed is the index of the
+ * splice refused (n if the error is not one splice's).
+ * KI_IOC_UNSPLICE_BATCH: restore n splices (ops: the user address of
+ * __u32 ids[n], as for KI_IOC_UNSPLICE; an id twice is -EINVAL) all or none,
+ * in one round; failed as above. A slot still jumped to is -EBUSY even if
+ * the springboard splices that jump to it are in the same batch. */
+struct ki_batch {
+	__u64 ops;
+	__u32 n;      /* 1..batch_max */
+	__u32 failed; /* out, also on error */
+};
+
 /* KI_IOC_COUNTERS_CLEAR: zero counter slots [first, first+count). */
 struct ki_counters_clear {
 	__u32 first;
@@ -142,5 +162,7 @@ struct ki_counters_clear {
 #define KI_IOC_COUNTERS_CLEAR _IOW(KI_IOC_MAGIC, 7, struct ki_counters_clear)
 #define KI_IOC_RESPLICE       _IOW(KI_IOC_MAGIC, 8, struct ki_resplice)
 #define KI_IOC_COVER_FINISH   _IOR(KI_IOC_MAGIC, 9, struct ki_cover_finish)
+#define KI_IOC_SPLICE_BATCH   _IOWR(KI_IOC_MAGIC, 10, struct ki_batch)
+#define KI_IOC_UNSPLICE_BATCH _IOWR(KI_IOC_MAGIC, 11, struct ki_batch)
 
 #endif

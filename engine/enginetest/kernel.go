@@ -15,6 +15,8 @@ import (
 	"syscall"
 
 	"golang.org/x/arch/x86/x86asm"
+
+	"github.com/kinst/kinst/driver"
 )
 
 // Kernel stands in for the driver in unit tests. It never executes
@@ -40,6 +42,12 @@ type Kernel struct {
 	// counts the covering splices among SpliceCalls.
 	SpliceCalls, Resplices int
 	Covering               int
+	// Batches counts successful SpliceBatch and UnspliceBatch calls;
+	// MaxBatch > 0 is the most ops one takes (default 4096).
+	Batches, MaxBatch int
+	// Syncs counts CPU synchronisation rounds as the driver makes them:
+	// three for each splice, unsplice or re-splice, and for each batch.
+	Syncs uint64
 }
 
 // Splice is one installed splice.
@@ -207,7 +215,71 @@ func (k *Kernel) splice(addr, patch uint64, orig, new []byte, slot bool) (uint32
 	k.nextID++
 	k.Splices[k.nextID] = Splice{Addr: addr, Patch: patch, Orig: bytes.Clone(orig), Kind: kind}
 	k.SpliceCalls++
+	k.Syncs += 3
 	return k.nextID, nil
+}
+
+// BatchMax is the fake driver's batch size; a test may lower it
+// (MaxBatch) to make the engine split its batches.
+func (k *Kernel) BatchMax() int {
+	if k.MaxBatch > 0 {
+		return k.MaxBatch
+	}
+	return 4096
+}
+
+// SpliceBatch splices each op as Splice (or SpliceCovering) would, all or
+// none: a refused op takes the ones before it back out and fails the
+// batch with a *driver.BatchError naming it. It counts the batches.
+func (k *Kernel) SpliceBatch(ops []driver.SpliceOp) ([]uint32, error) {
+	if len(ops) > k.BatchMax() {
+		return nil, fmt.Errorf("fake: batch of %d", len(ops))
+	}
+	ids := make([]uint32, 0, len(ops))
+	for i, op := range ops {
+		var id uint32
+		var err error
+		if op.Covering {
+			id, err = k.SpliceCovering(op.Addr, op.Patch, op.Orig, op.New)
+		} else {
+			id, err = k.Splice(op.Addr, op.Patch, op.Orig, op.New)
+		}
+		if err != nil {
+			for _, id := range ids {
+				k.Unsplice(id)
+			}
+			return nil, &driver.BatchError{Op: "splice", Index: i, Where: fmt.Sprintf("%#x", op.Addr), Err: err}
+		}
+		ids = append(ids, id)
+	}
+	k.Mu.Lock()
+	k.Batches++
+	k.Syncs -= 3*uint64(len(ops)) - 3 // one round for the batch
+	k.Mu.Unlock()
+	return ids, nil
+}
+
+// UnspliceBatch unsplices every id, all or none (every id is checked
+// first). It counts the batches.
+func (k *Kernel) UnspliceBatch(ids []uint32) error {
+	k.Mu.Lock()
+	seen := map[uint32]bool{}
+	for i, id := range ids {
+		if _, ok := k.Splices[id]; !ok || seen[id] {
+			k.Mu.Unlock()
+			return &driver.BatchError{Op: "unsplice", Index: i, Where: fmt.Sprintf("id %d", id), Err: errors.New("no such splice")}
+		}
+		seen[id] = true
+	}
+	k.Batches++
+	k.Syncs -= 3*uint64(len(ids)) - 3 // one round for the batch
+	k.Mu.Unlock()
+	for _, id := range ids {
+		if err := k.Unsplice(id); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (k *Kernel) Resplice(id uint32, patch uint64) error {
@@ -231,6 +303,7 @@ func (k *Kernel) Resplice(id uint32, patch uint64) error {
 	s.Patch = patch
 	k.Splices[id] = s
 	k.Resplices++
+	k.Syncs += 3
 	return nil
 }
 
@@ -245,6 +318,7 @@ func (k *Kernel) Unsplice(id uint32) error {
 		k.text[s.Addr+uint64(i)] = b
 	}
 	delete(k.Splices, id)
+	k.Syncs += 3
 	return nil
 }
 
@@ -413,4 +487,19 @@ func (k *Kernel) counterUses(addr uint64) ([]counterUse, error) {
 		off += in.Len
 	}
 	return uses, nil
+}
+
+// Poke changes one byte of text behind the engine's back, as another
+// tool patching the kernel would. The caller holds Mu.
+func (k *Kernel) Poke(addr uint64, b byte) { k.text[addr] = b }
+
+// AllocBytes is the patch heap in use, in bytes.
+func (k *Kernel) AllocBytes() uint64 {
+	k.Mu.Lock()
+	defer k.Mu.Unlock()
+	n := 0
+	for _, sz := range k.Allocs {
+		n += sz
+	}
+	return uint64(n)
 }

@@ -50,8 +50,12 @@ func New(t testing.TB) *Server {
 		Clock:    s.Clock,
 		Log:      slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Info: func() api.Info {
-			return api.Info{ABIVersion: 3, PatchHeap: api.Addr(s.Kernel.PatchHeap()), PatchHeapSize: 1 << 20,
-				CounterHeap: api.Addr(s.Kernel.CounterAddr(0)), Counters: s.Kernel.NumCounters()}
+			s.Kernel.Mu.Lock()
+			syncs := s.Kernel.Syncs
+			s.Kernel.Mu.Unlock()
+			return api.Info{ABIVersion: 5, PatchHeap: api.Addr(s.Kernel.PatchHeap()), PatchHeapSize: 1 << 20,
+				CounterHeap: api.Addr(s.Kernel.CounterAddr(0)), Counters: s.Kernel.NumCounters(), DriverSyncs: syncs,
+				PatchHeapUsed: s.Kernel.AllocBytes()}
 		},
 		// Offsets in task_struct for filters (6.1's).
 		TaskLayout: func(*kernel.Symbols) (kernel.TaskLayout, error) {

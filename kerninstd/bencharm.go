@@ -1,0 +1,123 @@
+package kerninstd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/codegen"
+	"github.com/kinst/kinst/engine"
+	"github.com/kinst/kinst/splice"
+)
+
+// maxArmBlocks bounds one bench arm request: the driver's splice table.
+const maxArmBlocks = 1 << 17
+
+// armOwner owns the probes bench arm makes; no session has this ID.
+const armOwner = "bench-arm"
+
+// BenchArm arms a hit-flag probe at req.Blocks basic blocks, as a
+// coverage session does, batched or one at a time, then removes them
+// all, and reports the time and the driver's CPU synchronisation rounds
+// of each half. Blocks are taken in order from the targets' functions;
+// blocks already instrumented are skipped.
+func (d *Daemon) BenchArm(ctx context.Context, req api.ArmRequest) (api.ArmResult, error) {
+	if req.Blocks <= 0 || req.Blocks > maxArmBlocks {
+		return api.ArmResult{}, badRequest(fmt.Errorf("blocks %d: want 1..%d", req.Blocks, maxArmBlocks))
+	}
+	targets := req.Targets
+	if len(targets) == 0 {
+		targets = []string{"*"}
+	}
+	res := api.ArmResult{Mode: "batched", Blocks: req.Blocks, Refusals: map[string]int{}}
+	if req.Single {
+		res.Mode = "single"
+	}
+	start := d.clock.Now()
+	names, _, err := d.coverTargets(targets)
+	if err != nil {
+		return res, err
+	}
+	var sites []*splice.Site
+	for _, name := range names {
+		if len(sites) >= req.Blocks {
+			break
+		}
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
+		_, fs, _, err := d.planCover(name)
+		if err != nil {
+			continue // not a function kinst can read
+		}
+		took := false
+		for _, s := range fs {
+			if _, owned := d.eng.Owner(s.Addr()); owned || len(sites) >= req.Blocks {
+				continue
+			}
+			sites, took = append(sites, s), true
+		}
+		if took {
+			res.Functions++
+		}
+	}
+	if len(sites) < req.Blocks {
+		return res, badRequest(fmt.Errorf("the targets have %d blocks that take a probe, fewer than %d", len(sites), req.Blocks))
+	}
+	res.PlanNS = int64(d.clock.Now().Sub(start))
+	spec := engine.Spec{Owner: armOwner, Slots: 1, Snippet: func(c []uint64) codegen.Snippet { return codegen.HitFlag{Addr: c[0]} }}
+
+	syncs := func() uint64 { return d.Info().DriverSyncs }
+	s0, t0 := syncs(), d.clock.Now()
+	var reqs []*engine.Request
+	var errs []error
+	if req.Single {
+		reqs, errs = make([]*engine.Request, len(sites)), make([]error, len(sites))
+		for i, s := range sites {
+			reqs[i], errs[i] = d.eng.Add(s, spec)
+		}
+	} else {
+		reqs, errs = d.eng.AddEach(sites, spec)
+	}
+	res.ArmNS = int64(d.clock.Now().Sub(t0))
+	s1 := syncs()
+	res.ArmSyncs = s1 - s0
+	res.PatchBytes = d.Info().PatchHeapUsed
+	var armed []*engine.Request
+	for i, r := range reqs {
+		if errs[i] != nil {
+			res.Refused++
+			res.Refusals[refusalKind(errs[i])]++
+			continue
+		}
+		armed = append(armed, r)
+	}
+	res.Armed = len(armed)
+	t1 := d.clock.Now()
+	var rerrs []error
+	if req.Single {
+		for _, r := range armed {
+			rerrs = append(rerrs, d.eng.Remove(r))
+		}
+	} else {
+		rerrs = d.eng.RemoveEach(armed)
+	}
+	res.RemoveNS = int64(d.clock.Now().Sub(t1))
+	res.RemoveSyncs = syncs() - s1
+	if err := errors.Join(rerrs...); err != nil {
+		return res, fmt.Errorf("remove bench probes: %w", err)
+	}
+	return res, nil
+}
+
+// refusalKind is an engine or driver error without its addresses, to
+// count refusals by kind.
+func refusalKind(err error) string {
+	why := err.Error()
+	if k := strings.LastIndex(why, ": "); k >= 0 {
+		why = why[k+2:]
+	}
+	return why
+}
