@@ -440,15 +440,16 @@ func (d *Device) ReadCounters(first int, dst []uint64) int {
 func (d *Device) CounterAddr(i int) uint64 { return d.info.CounterHeap + uint64(i)*8 }
 
 // SpliceOp is one splice of a batch (SpliceBatch): the bytes at Addr,
-// Orig, become New, which is "e9 rel32" to Patch (a direct splice) or a
-// single int3 (a trap splice). With Covering, the jmp spans several whole
-// instructions, as for SpliceCovering: only its int3 is written until
-// FinishCovering. Springboard slots and the jmp rel8 to them go one at a
-// time (SpliceSlot, Splice).
+// Orig, become New, as for Splice: "e9 rel32" to Patch (a direct splice),
+// "eb rel8" to an installed slot (a springboard splice; the slot must be
+// installed by an earlier call), or a single int3 (a trap splice). With
+// Slot, it is a springboard slot (SpliceSlot); with Covering, the jmp
+// spans several whole instructions, as for SpliceCovering: only its int3
+// is written until FinishCovering.
 type SpliceOp struct {
-	Addr, Patch uint64
-	Orig, New   []byte
-	Covering    bool
+	Addr, Patch    uint64
+	Orig, New      []byte
+	Slot, Covering bool
 }
 
 // BatchError is a batch the driver refused, all of it, because of op
@@ -499,7 +500,12 @@ func (d *Device) SpliceBatch(ops []SpliceOp) ([]uint32, error) {
 			return nil, fmt.Errorf("kerninst splice at %#x: %d original and %d new bytes", op.Addr, len(op.Orig), len(op.New))
 		}
 		ks[i] = kiSplice{Addr: op.Addr, Patch: op.Patch, Len: uint32(len(op.Orig)), PatchLen: d.patchLen(op.Patch)}
-		if op.Covering {
+		switch {
+		case op.Slot && op.Covering:
+			return nil, fmt.Errorf("kerninst splice at %#x: a slot cannot be a covering splice", op.Addr)
+		case op.Slot:
+			ks[i].Flags = spliceSlot
+		case op.Covering:
 			ks[i].Flags = spliceCover
 		}
 		copy(ks[i].Orig[:], op.Orig)

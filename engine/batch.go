@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"syscall"
 
+	"github.com/kinst/kinst/codegen"
 	"github.com/kinst/kinst/driver"
 	"github.com/kinst/kinst/splice"
 	"github.com/kinst/kinst/springboard"
@@ -16,12 +17,12 @@ import (
 // room (ENOSPC), the remaining sites are not tried and get that error.
 // The engine's lock is taken once for the batch.
 //
-// Sites that make a new point with a direct, trap or covering splice --
-// nearly every probe of a coverage session -- have their patches written
-// one by one and are then spliced together, up to the driver's BatchMax
-// at a time, with one round of CPU synchronisations per batch instead of
-// one per site. Others (a request joining an existing point, a
-// springboard splice, which needs its slot first) go one at a time.
+// Sites that make a new point -- nearly every probe of a coverage
+// session -- have their patches written one by one and are then spliced
+// together, up to the driver's BatchMax at a time, with one round of CPU
+// synchronisations per batch instead of one per site (two for
+// springboard points: their slots, then the jmp rel8s to them). A request
+// joining an existing point goes on its own.
 func (e *Engine) AddEach(sites []*splice.Site, sp Spec) (reqs []*Request, errs []error) {
 	reqs, errs = make([]*Request, len(sites)), make([]error, len(sites))
 	e.mu.Lock()
@@ -51,19 +52,17 @@ func (e *Engine) AddEach(sites []*splice.Site, sp Spec) (reqs []*Request, errs [
 			continue
 		}
 		if pt == nil {
-			if pt = e.newPoint(s); pt.class != springboard.Springboard {
-				p, err := e.prepare(pt, s, sp)
-				if err != nil {
-					errs[i] = err
-					noRoom(err)
-					continue
-				}
-				p.i = i
-				if batch = append(batch, p); len(batch) == e.dev.BatchMax() {
-					flush()
-				}
+			p, err := e.prepare(e.newPoint(s), s, sp)
+			if err != nil {
+				errs[i] = err
+				noRoom(err)
 				continue
 			}
+			p.i = i
+			if batch = append(batch, p); len(batch) == e.dev.BatchMax() {
+				flush()
+			}
+			continue
 		}
 		reqs[i], errs[i] = e.addLocked(s, sp)
 		noRoom(errs[i])
@@ -75,10 +74,12 @@ func (e *Engine) AddEach(sites []*splice.Site, sp Spec) (reqs []*Request, errs [
 // pendingSplice is a new point of an AddEach batch: its request is made
 // and its patch written, its splice not yet.
 type pendingSplice struct {
-	i     int // the site's index in AddEach
-	pt    *point
-	r     *Request
-	patch uint64
+	i      int // the site's index in AddEach
+	pt     *point
+	r      *Request
+	patch  uint64
+	slot   uint64 // a springboard point's slot, taken for the batch
+	reused bool   // the slot was taken back from reclaim
 }
 
 // prepare makes the request and writes the patch of a new point, and
@@ -101,82 +102,185 @@ func (e *Engine) prepare(pt *point, s *splice.Site, sp Spec) (pendingSplice, err
 	return pendingSplice{pt: pt, r: r, patch: patch}, nil
 }
 
-// abandon undoes prepare.
+// abandon undoes prepare (and gives back the slot, which nothing was
+// written to or whose jmp is gone again).
 func (e *Engine) abandon(p pendingSplice) {
 	p.pt.pending = false
 	for _, ps := range p.pt.sites() {
 		delete(e.points, ps.Addr())
 	}
+	// The patch is freed first: the driver waits until no task can
+	// still be in it, so none is left on the slot's jmp either.
 	e.dropPatch(p.patch)
 	e.freeSlots(p.r)
+	switch {
+	case p.slot != 0 && p.reused:
+		e.retire(0, p.slot, p.pt.site.Addr(), nil)
+	case p.slot != 0:
+		e.spring.Release(p.slot)
+	}
 }
 
-// spliceBatch splices the pending points of batch in one driver batch.
-// An op the driver refuses fails alone and the rest is tried again; when
-// the driver has no room, the ops that fit are tried again and the
-// others fail, and the error is returned. The caller holds e.mu.
+// slotOp is the springboard slot of p: a jmp rel32 to its patch over the
+// padding at the slot taken for it.
+func (e *Engine) slotOp(p pendingSplice) (driver.SpliceOp, error) {
+	orig := make([]byte, springboard.SlotLen)
+	jmp, err := codegen.JmpRel32(p.slot, p.patch)
+	if err == nil {
+		err = e.Text().Read(p.slot, orig)
+	}
+	return driver.SpliceOp{Addr: p.slot, Patch: p.patch, Orig: orig, New: jmp, Slot: true}, err
+}
+
+// spliceBatch splices the pending points of batch in two driver
+// batches: every direct, trap and covering splice and every springboard
+// slot, then the jmp rel8 of each springboard point to its slot. A point
+// whose op the driver refuses fails alone (the rest of its batch is tried
+// again); a springboard point that finds no slot left gets a trap
+// splice. It returns the error of a driver with no room left, if any.
+// The caller holds e.mu.
 func (e *Engine) spliceBatch(batch []pendingSplice, reqs []*Request, errs []error) (full error) {
-	live := make([]pendingSplice, 0, len(batch))
-	ops := make([]driver.SpliceOp, 0, len(batch))
 	fail := func(p pendingSplice, err error) {
 		errs[p.i] = fmt.Errorf("splice %s: %w", p.pt.site.Where(), err)
 		e.abandon(p)
 	}
+	var first []pendingSplice
+	var ops []driver.SpliceOp
 	for _, p := range batch {
-		op, err := p.pt.spliceOp(p.patch)
+		if p.pt.class == springboard.Springboard {
+			var err error
+			if p.slot, p.reused, err = e.takeSlot(p.pt.site.Addr()); err != nil {
+				if !errors.Is(err, springboard.ErrNoSlot) {
+					fail(p, err)
+					continue
+				}
+				e.log.Info("no springboard slot left; trap splice", "at", p.pt.site.Where())
+				p.pt.class = springboard.Trap
+			}
+		}
+		var op driver.SpliceOp
+		var err error
+		if p.slot != 0 {
+			op, err = e.slotOp(p)
+		} else {
+			op, err = p.pt.spliceOp(p.patch)
+		}
 		if err != nil {
 			fail(p, err)
 			continue
 		}
-		live, ops = append(live, p), append(ops, op)
+		first, ops = append(first, p), append(ops, op)
 	}
-	for len(live) > 0 {
-		addrs, origs := make([]uint64, len(ops)), make([][]byte, len(ops))
-		for i, op := range ops {
-			addrs[i], origs[i] = op.Addr, op.Orig
-		}
-		var ids []uint32
-		err := e.ov.splicedMany(addrs, origs, func() (err error) {
-			ids, err = e.dev.SpliceBatch(ops)
-			return err
-		})
-		if err == nil {
-			covering := 0
-			for i, p := range live {
-				pt := p.pt
-				pt.pending = false
-				pt.splice, pt.reqs, pt.patch = ids[i], []*Request{p.r}, p.patch
-				reqs[p.i] = p.r
-				if ops[i].Covering {
-					covering++
-				}
-			}
-			if covering > 0 {
-				e.cover.kick(e.dev, e.log, covering)
-			}
-			return full
-		}
-		var be *driver.BatchError
-		if !errors.As(err, &be) || be.Index >= len(live) {
-			for _, p := range live {
-				fail(p, err)
-			}
-			return full
-		}
-		if errors.Is(err, syscall.ENOSPC) {
-			// Only the ops before be.Index fit.
-			full = be.Err
-			for _, p := range live[be.Index:] {
-				fail(p, be.Err)
-			}
-			live, ops = live[:be.Index], ops[:be.Index]
+	ids, ferrs, full := e.spliceEach(ops)
+	var second []pendingSplice
+	var slotIDs []uint32
+	var jmps []driver.SpliceOp
+	covering := 0
+	for j, p := range first {
+		if ferrs[j] != nil {
+			fail(p, ferrs[j])
 			continue
 		}
-		fail(live[be.Index], be.Err)
-		live = append(live[:be.Index], live[be.Index+1:]...)
-		ops = append(ops[:be.Index], ops[be.Index+1:]...)
+		pt := p.pt
+		if p.slot == 0 {
+			pt.pending = false
+			pt.splice, pt.reqs, pt.patch = ids[j], []*Request{p.r}, p.patch
+			reqs[p.i] = p.r
+			if ops[j].Covering {
+				covering++
+			}
+			continue
+		}
+		in := pt.site.Insn()
+		rel8, err := springboard.JmpRel8(in.Addr, p.slot)
+		if err != nil {
+			e.unspliceSlot(p.slot, ids[j])
+			fail(p, err)
+			continue
+		}
+		second, slotIDs = append(second, p), append(slotIDs, ids[j])
+		jmps = append(jmps, driver.SpliceOp{Addr: in.Addr, Patch: p.slot, Orig: in.Bytes[:len(rel8)], New: rel8})
+	}
+	if covering > 0 {
+		e.cover.kick(e.dev, e.log, covering)
+	}
+	ids, serrs, full2 := e.spliceEach(jmps)
+	for j, p := range second {
+		if serrs[j] != nil {
+			e.unspliceSlot(p.slot, slotIDs[j])
+			fail(p, serrs[j])
+			continue
+		}
+		pt := p.pt
+		pt.pending = false
+		pt.slot, pt.slotSplice, pt.splice = p.slot, slotIDs[j], ids[j]
+		pt.reqs, pt.patch = []*Request{p.r}, p.patch
+		reqs[p.i] = p.r
+	}
+	if full == nil {
+		full = full2
 	}
 	return full
+}
+
+// unspliceSlot takes out a slot whose springboard splice failed.
+func (e *Engine) unspliceSlot(slot uint64, id uint32) {
+	if err := e.ov.restored(slot, func() error { return e.dev.Unsplice(id) }); err != nil {
+		e.log.Error("remove slot after failed springboard splice", "slot", hex(slot), "err", err)
+	}
+}
+
+// spliceEach runs ops through the driver, BatchMax at a time, and
+// returns each op's id or error. An op the driver refuses fails alone and
+// the rest of its batch is tried again; when the driver has no room, the
+// ops that fit are tried again, the others fail, and that error is
+// returned as full. The caller holds e.mu.
+func (e *Engine) spliceEach(ops []driver.SpliceOp) (ids []uint32, errs []error, full error) {
+	ids, errs = make([]uint32, len(ops)), make([]error, len(ops))
+	max := max(e.dev.BatchMax(), 1)
+	for lo := 0; lo < len(ops); lo += max {
+		live := make([]int, 0, max)
+		for i := lo; i < min(lo+max, len(ops)); i++ {
+			live = append(live, i)
+		}
+		for len(live) > 0 {
+			batch := make([]driver.SpliceOp, len(live))
+			addrs, origs := make([]uint64, len(live)), make([][]byte, len(live))
+			for j, i := range live {
+				batch[j], addrs[j], origs[j] = ops[i], ops[i].Addr, ops[i].Orig
+			}
+			var got []uint32
+			err := e.ov.splicedMany(addrs, origs, func() (err error) {
+				got, err = e.dev.SpliceBatch(batch)
+				return err
+			})
+			if err == nil {
+				for j, i := range live {
+					ids[i] = got[j]
+				}
+				break
+			}
+			var be *driver.BatchError
+			if !errors.As(err, &be) || be.Index >= len(live) {
+				for _, i := range live {
+					errs[i] = err
+				}
+				break
+			}
+			if errors.Is(err, syscall.ENOSPC) {
+				// Only the ops before be.Index fit.
+				full = be.Err
+				for _, i := range live[be.Index:] {
+					errs[i] = be.Err
+				}
+				live = live[:be.Index]
+				continue
+			}
+			errs[live[be.Index]] = be.Err
+			live = append(live[:be.Index], live[be.Index+1:]...)
+		}
+	}
+	return ids, errs, full
 }
 
 // RemoveEach removes every request of rs, each as Remove does: errs[i]
@@ -185,19 +289,19 @@ func (e *Engine) spliceBatch(batch []pendingSplice, reqs []*Request, errs []erro
 // retires are freed together after one RCU-tasks grace period (reclaim
 // batches them), however many they are.
 //
-// A request that is its point's last, at a point with one splice (not a
-// springboard splice, which is two), is unspliced together with the
+// A request that is its point's last is unspliced together with the
 // others like it, up to the driver's BatchMax at a time, in one round of
-// CPU synchronisations per batch.
+// CPU synchronisations per batch (two for springboard points: the jmp
+// rel8s, then their slots).
 func (e *Engine) RemoveEach(rs []*Request) (errs []error) {
 	errs = make([]error, len(rs))
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	var batch []int
+	var last []int
 	queued := map[*point]bool{}
 	flush := func() {
-		e.unspliceBatch(rs, batch, errs)
-		batch = batch[:0]
+		e.unspliceBatch(rs, last, errs)
+		last = last[:0]
 		clear(queued)
 	}
 	for i, r := range rs {
@@ -205,11 +309,9 @@ func (e *Engine) RemoveEach(rs []*Request) (errs []error) {
 		if queued[pt] {
 			flush()
 		}
-		if len(pt.reqs) == 1 && pt.reqs[0] == r && pt.splice != 0 && pt.slotSplice == 0 {
+		if len(pt.reqs) == 1 && pt.reqs[0] == r && pt.splice != 0 {
 			queued[pt] = true
-			if batch = append(batch, i); len(batch) == e.dev.BatchMax() {
-				flush()
-			}
+			last = append(last, i)
 			continue
 		}
 		errs[i] = e.removeLocked(r)
@@ -218,43 +320,89 @@ func (e *Engine) RemoveEach(rs []*Request) (errs []error) {
 	return errs
 }
 
-// unspliceBatch unsplices the points of rs[idx...] in one driver batch
-// and retires their patches and counters; an id the driver refuses fails
-// alone and the rest is tried again. The caller holds e.mu.
+// unspliceBatch unsplices the points of rs[idx...] (each its point's
+// last request) and retires their patches, slots and counters; a point
+// the driver refuses fails alone. The caller holds e.mu.
 func (e *Engine) unspliceBatch(rs []*Request, idx []int, errs []error) {
-	live := append([]int(nil), idx...)
-	for len(live) > 0 {
-		ids, addrs := make([]uint32, len(live)), make([]uint64, len(live))
-		for j, i := range live {
-			ids[j], addrs[j] = rs[i].pt.splice, rs[i].pt.site.Addr()
+	fail := func(i int, err error) { errs[i] = fmt.Errorf("unsplice %s: %w", rs[i].site.Where(), err) }
+	ids, addrs := make([]uint32, len(idx)), make([]uint64, len(idx))
+	for j, i := range idx {
+		ids[j], addrs[j] = rs[i].pt.splice, rs[i].pt.site.Addr()
+	}
+	var slotted []int
+	var slotIDs []uint32
+	var slotAddrs []uint64
+	for j, err := range e.unspliceEach(ids, addrs) {
+		i := idx[j]
+		if err != nil {
+			fail(i, err)
+			continue
 		}
-		err := e.ov.restoredMany(addrs, func() error { return e.dev.UnspliceBatch(ids) })
-		if err == nil {
-			for _, i := range live {
-				e.retirePoint(rs[i])
-			}
-			return
+		pt := rs[i].pt
+		pt.splice = 0
+		if pt.slotSplice == 0 {
+			e.retirePoint(rs[i])
+			continue
 		}
-		var be *driver.BatchError
-		if !errors.As(err, &be) || be.Index >= len(live) {
-			for _, i := range live {
-				errs[i] = fmt.Errorf("unsplice %s: %w", rs[i].site.Where(), err)
-			}
-			return
+		slotted, slotIDs, slotAddrs = append(slotted, i), append(slotIDs, pt.slotSplice), append(slotAddrs, pt.slot)
+	}
+	for j, err := range e.unspliceEach(slotIDs, slotAddrs) {
+		i := slotted[j]
+		if err != nil {
+			// The jmp rel8 is gone, the slot not: a later Remove
+			// takes the slot out (see unsplice).
+			fail(i, fmt.Errorf("springboard %#x: %w", rs[i].pt.slot, err))
+			continue
 		}
-		errs[live[be.Index]] = fmt.Errorf("unsplice %s: %w", rs[live[be.Index]].site.Where(), be.Err)
-		live = append(live[:be.Index], live[be.Index+1:]...)
+		rs[i].pt.slotSplice = 0
+		e.retirePoint(rs[i])
 	}
 }
 
+// unspliceEach unsplices ids (spliced at addrs) through the driver,
+// BatchMax at a time, and returns each one's error; an id the driver
+// refuses fails alone and the rest of its batch is tried again. The
+// caller holds e.mu.
+func (e *Engine) unspliceEach(ids []uint32, addrs []uint64) []error {
+	errs := make([]error, len(ids))
+	max := max(e.dev.BatchMax(), 1)
+	for lo := 0; lo < len(ids); lo += max {
+		live := make([]int, 0, max)
+		for i := lo; i < min(lo+max, len(ids)); i++ {
+			live = append(live, i)
+		}
+		for len(live) > 0 {
+			bids, baddrs := make([]uint32, len(live)), make([]uint64, len(live))
+			for j, i := range live {
+				bids[j], baddrs[j] = ids[i], addrs[i]
+			}
+			err := e.ov.restoredMany(baddrs, func() error { return e.dev.UnspliceBatch(bids) })
+			if err == nil {
+				break
+			}
+			var be *driver.BatchError
+			if !errors.As(err, &be) || be.Index >= len(live) {
+				for _, i := range live {
+					errs[i] = err
+				}
+				break
+			}
+			errs[live[be.Index]] = be.Err
+			live = append(live[:be.Index], live[be.Index+1:]...)
+		}
+	}
+	return errs
+}
+
 // retirePoint finishes the removal of r, its point's last request, once
-// the point's splice is gone: as install and removeLocked do when the
+// the point's splices are gone: as install and removeLocked do when the
 // last request goes. The caller holds e.mu.
 func (e *Engine) retirePoint(r *Request) {
 	pt := r.pt
 	old := pt.patch
-	pt.splice, pt.reqs, pt.patch = 0, nil, 0
-	e.retire(old, 0, 0, r.hooks)
+	pt.reqs, pt.patch = nil, 0
+	e.retire(old, pt.slot, pt.site.Addr(), r.hooks)
+	pt.slot = 0
 	e.retireCounters(r.slots)
 	for _, ps := range pt.sites() {
 		delete(e.points, ps.Addr())

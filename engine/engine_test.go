@@ -27,13 +27,13 @@ var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
 // harness is an engine over the fixture kernel and a planner over the
 // engine's text view and springboard heap, as the daemon wires them.
 type harness struct {
-	t *testing.T
+	t testing.TB
 	e *Engine
 	p *splice.Planner
 	k *enginetest.Kernel
 }
 
-func newHarness(t *testing.T) *harness {
+func newHarness(t testing.TB) *harness {
 	t.Helper()
 	k, path, err := enginetest.Fixture(t.TempDir())
 	if err != nil {
@@ -466,7 +466,7 @@ func TestCoverFinisher(t *testing.T) {
 	g := &gatedFinish{Kernel: k, calls: make(chan struct{}), gate: make(chan int)}
 	var c coverFinisher
 	c.kick(g, discard, 1)
-	<-g.calls          // round 1 waits for its grace period
+	<-g.calls             // round 1 waits for its grace period
 	c.kick(g, discard, 1) // armed meanwhile: round 1 does not cover them
 	c.kick(g, discard, 1)
 	if armed, _ := c.state(); armed != 3 {

@@ -239,9 +239,12 @@ func (k *Kernel) SpliceBatch(ops []driver.SpliceOp) ([]uint32, error) {
 	for i, op := range ops {
 		var id uint32
 		var err error
-		if op.Covering {
+		switch {
+		case op.Covering:
 			id, err = k.SpliceCovering(op.Addr, op.Patch, op.Orig, op.New)
-		} else {
+		case op.Slot:
+			id, err = k.SpliceSlot(op.Addr, op.Patch, op.Orig, op.New)
+		default:
 			id, err = k.Splice(op.Addr, op.Patch, op.Orig, op.New)
 		}
 		if err != nil {
