@@ -2,9 +2,11 @@ package driver
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -240,6 +242,60 @@ func (d *Device) PatchWrite(addr uint64, code []byte) error {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	return d.patchWrite("patch write", addr, code)
+}
+
+// PatchCode is one patch for PatchWriteMany: code to write at Addr, the
+// start of an allocation.
+type PatchCode struct {
+	Addr uint64
+	Code []byte
+}
+
+// PatchWriteMany writes several patches as PatchWrite does, with one
+// system call for each run of adjacent allocations (the rest of each
+// allocation in the run is written as int3, which free and unused patch
+// memory always is). On error some patches may be written and others
+// not; none is spliced yet, so the caller frees them all.
+func (d *Device) PatchWriteMany(ps []PatchCode) error {
+	sorted := slices.Clone(ps)
+	slices.SortFunc(sorted, func(a, b PatchCode) int { return cmp.Compare(a.Addr, b.Addr) })
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	var run []byte
+	var start, end uint64 // the run [start, end): whole allocations
+	flush := func() error {
+		if len(run) == 0 {
+			return nil
+		}
+		err := d.patchWrite("patch write", start, run)
+		run = nil
+		return err
+	}
+	for _, p := range sorted {
+		if len(p.Code) == 0 {
+			continue
+		}
+		d.heapMu.Lock()
+		n, ok := d.heap.Len(p.Addr)
+		d.heapMu.Unlock()
+		if !ok || uint64(len(p.Code)) > n {
+			return fmt.Errorf("kerninst patch write: %#x+%d is not within an allocation", p.Addr, len(p.Code))
+		}
+		if len(run) > 0 && p.Addr != end {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+		if len(run) == 0 {
+			start = p.Addr
+		}
+		run = append(run, p.Code...)
+		for uint64(len(run)) < p.Addr-start+n {
+			run = append(run, 0xcc)
+		}
+		end = p.Addr + n
+	}
+	return flush()
 }
 
 // patchWrite is PatchWrite; the caller holds d.mu for reading.

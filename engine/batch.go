@@ -38,7 +38,18 @@ func (e *Engine) AddEach(sites []*splice.Site, sp Spec) (reqs []*Request, errs [
 		}
 	}
 	flush := func() {
-		noRoom(e.spliceBatch(batch, reqs, errs))
+		codes := make([]driver.PatchCode, len(batch))
+		for j, p := range batch {
+			codes[j] = driver.PatchCode{Addr: p.patch, Code: p.code}
+		}
+		if err := e.writePatches(codes); err != nil {
+			for _, p := range batch {
+				errs[p.i] = fmt.Errorf("%s: %w", p.pt.site.Where(), err)
+				e.abandon(p)
+			}
+		} else {
+			noRoom(e.spliceBatch(batch, reqs, errs))
+		}
 		batch = batch[:0]
 	}
 	for i, s := range sites {
@@ -78,19 +89,21 @@ type pendingSplice struct {
 	pt     *point
 	r      *Request
 	patch  uint64
+	code   []byte // the patch, written with the batch's others
 	slot   uint64 // a springboard point's slot, taken for the batch
 	reused bool   // the slot was taken back from reclaim
 }
 
-// prepare makes the request and writes the patch of a new point, and
-// enters the point as pending (a later site at one of its instructions
-// must wait for the batch). The caller holds e.mu.
+// prepare makes the request of a new point and allocates and builds its
+// patch (written with the rest of the batch), and enters the point as
+// pending (a later site at one of its instructions must wait for the
+// batch). The caller holds e.mu.
 func (e *Engine) prepare(pt *point, s *splice.Site, sp Spec) (pendingSplice, error) {
 	r, err := e.newRequest(pt, s, sp)
 	if err != nil {
 		return pendingSplice{}, err
 	}
-	patch, err := e.writePatch(pt, []*Request{r}, r.hooks)
+	patch, code, err := e.makePatch(pt, []*Request{r}, r.hooks)
 	if err != nil {
 		e.freeSlots(r)
 		return pendingSplice{}, err
@@ -99,7 +112,7 @@ func (e *Engine) prepare(pt *point, s *splice.Site, sp Spec) (pendingSplice, err
 	for _, ps := range pt.sites() {
 		e.points[ps.Addr()] = pt
 	}
-	return pendingSplice{pt: pt, r: r, patch: patch}, nil
+	return pendingSplice{pt: pt, r: r, patch: patch, code: code}, nil
 }
 
 // abandon undoes prepare (and gives back the slot, which nothing was

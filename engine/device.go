@@ -8,6 +8,9 @@ type Device interface {
 	Read(addr uint64, b []byte) error
 	PatchAlloc(size int) (uint64, error)
 	PatchWrite(addr uint64, code []byte) error
+	// PatchWriteMany writes several patches with as few system calls as
+	// it can (adjacent allocations in one).
+	PatchWriteMany(ps []driver.PatchCode) error
 	PatchFree(addr uint64) error
 	Splice(addr, patch uint64, orig, new []byte) (uint32, error)
 	SpliceSlot(addr, patch uint64, orig, new []byte) (uint32, error)

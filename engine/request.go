@@ -300,40 +300,71 @@ func (e *Engine) unsplice(pt *point) error {
 	return nil
 }
 
-// writePatch builds the point's patch for reqs, writes it into new
-// patch heap memory and reads it back: what runs must be what was
-// verified. On error nothing is left allocated. The caller holds e.mu.
+// writePatch builds the point's patch for reqs (makePatch) and writes it
+// (writePatches). On error nothing is left allocated. The caller holds
+// e.mu.
 func (e *Engine) writePatch(pt *point, reqs []*Request, h Hooks) (uint64, error) {
+	patch, code, err := e.makePatch(pt, reqs, h)
+	if err != nil {
+		return 0, err
+	}
+	if err := timed(h, StepPatchWrite, func() error { return e.writePatches([]driver.PatchCode{{Addr: patch, Code: code}}) }); err != nil {
+		e.dropPatch(patch)
+		return 0, err
+	}
+	return patch, nil
+}
+
+// makePatch allocates patch heap memory for the point's patch for reqs
+// and builds (and verifies) the code for that address. On error nothing
+// is left allocated. The caller holds e.mu.
+func (e *Engine) makePatch(pt *point, reqs []*Request, h Hooks) (uint64, []byte, error) {
 	s := pt.site
 	specs := pt.patchSpecs(reqs)
 	n := 0
 	for _, spec := range specs {
 		k, err := codegen.PatchLen(e.patchHeapBase(), spec)
 		if err != nil {
-			return 0, fmt.Errorf("%s: %w", s.Where(), err)
+			return 0, nil, fmt.Errorf("%s: %w", s.Where(), err)
 		}
 		n += k
 	}
 	var patch uint64
 	if err := timed(h, StepPatchAlloc, func() (err error) { patch, err = e.allocPatch(n); return err }); err != nil {
-		return 0, fmt.Errorf("allocate patch: %w", err)
-	}
-	fail := func(err error) (uint64, error) {
-		e.dropPatch(patch)
-		return 0, err
+		return 0, nil, fmt.Errorf("allocate patch: %w", err)
 	}
 	var code []byte
 	if err := timed(h, StepCodegen, func() (err error) { code, err = pt.buildPatch(patch, specs); return err }); err != nil {
-		return fail(fmt.Errorf("%s: %w", s.Where(), err))
+		e.dropPatch(patch)
+		return 0, nil, fmt.Errorf("%s: %w", s.Where(), err)
 	}
-	if err := timed(h, StepPatchWrite, func() error { return e.dev.PatchWrite(patch, code) }); err != nil {
-		return fail(fmt.Errorf("write patch: %w", err))
+	return patch, code, nil
+}
+
+// writePatches writes patches into the patch heap, then reads them back
+// (one read of the span they lie in): what runs must be what was
+// verified.
+func (e *Engine) writePatches(ps []driver.PatchCode) error {
+	if len(ps) == 0 {
+		return nil
 	}
-	back := make([]byte, len(code))
-	if err := e.dev.Read(patch, back); err != nil || !bytes.Equal(back, code) {
-		return fail(fmt.Errorf("patch at %#x does not read back as written (%v)", patch, err))
+	if err := e.dev.PatchWriteMany(ps); err != nil {
+		return fmt.Errorf("write patch: %w", err)
 	}
-	return patch, nil
+	lo, hi := ps[0].Addr, ps[0].Addr
+	for _, p := range ps {
+		lo, hi = min(lo, p.Addr), max(hi, p.Addr+uint64(len(p.Code)))
+	}
+	back := make([]byte, hi-lo)
+	if err := e.dev.Read(lo, back); err != nil {
+		return fmt.Errorf("read patches back at %#x: %w", lo, err)
+	}
+	for _, p := range ps {
+		if off := p.Addr - lo; !bytes.Equal(back[off:off+uint64(len(p.Code))], p.Code) {
+			return fmt.Errorf("patch at %#x does not read back as written", p.Addr)
+		}
+	}
+	return nil
 }
 
 // dropPatch frees a patch no splice was made to.

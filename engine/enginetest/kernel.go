@@ -92,10 +92,12 @@ func (k *Kernel) PatchAlloc(size int) (uint64, error) {
 	k.Mu.Lock()
 	defer k.Mu.Unlock()
 	a := k.heapNext
-	k.heapNext += uint64(size+63) &^ 63
+	n := uint64(size+63) &^ 63
+	k.heapNext += n
 	k.Allocs[a] = size
-	for i := 0; i < size; i++ {
-		k.text[a+uint64(i)] = 0xcc
+	// The heap is readable (int3) to its end, as the driver's is.
+	for i := uint64(0); i < n; i++ {
+		k.text[a+i] = 0xcc
 	}
 	return a, nil
 }
@@ -217,6 +219,16 @@ func (k *Kernel) splice(addr, patch uint64, orig, new []byte, slot bool) (uint32
 	k.SpliceCalls++
 	k.Syncs += 3
 	return k.nextID, nil
+}
+
+// PatchWriteMany writes each patch as PatchWrite does.
+func (k *Kernel) PatchWriteMany(ps []driver.PatchCode) error {
+	for _, p := range ps {
+		if err := k.PatchWrite(p.Addr, p.Code); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // BatchMax is the fake driver's batch size; a test may lower it
