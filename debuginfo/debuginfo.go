@@ -280,7 +280,7 @@ func (f *File) firstEntry(hdr dwarf.Offset) (dwarf.Offset, error) {
 	v := f.bo.Uint16(b[p:])
 	p += 2 + off + 1 // abbreviation offset, address size
 	if v >= 5 {
-		p++ // unit type
+		p++                                       // unit type
 		if ut := b[p-off-3]; ut == 4 || ut == 5 { // skeleton and split units: a unit id
 			p += 8
 		} else if ut == 2 || ut == 6 { // type units: signature and type offset

@@ -79,7 +79,9 @@ func funcs(t testing.TB, path string) []elfsym.Symbol {
 }
 
 // unknown is addr2line's answer for an address of no line.
-func unknown(s string) bool { return strings.HasPrefix(s, "??") || strings.HasSuffix(s, ":0") || strings.HasSuffix(s, ":?") }
+func unknown(s string) bool {
+	return strings.HasPrefix(s, "??") || strings.HasSuffix(s, ":0") || strings.HasSuffix(s, ":?")
+}
 
 // checkAgainstAddr2line: LineAt of every byte address of the functions
 // equals addr2line's line; Lines of each function's range equals the set
@@ -373,4 +375,3 @@ func TestVmlinux(t *testing.T) {
 	}
 	checkAgainstAddr2line(t, path, fns, 7)
 }
-
