@@ -278,10 +278,11 @@ func (f *File) firstEntry(hdr dwarf.Offset) (dwarf.Offset, error) {
 		return 0, fmt.Errorf(".debug_info offset %#x out of range", hdr)
 	}
 	v := f.bo.Uint16(b[p:])
+	ut := b[p+2]     // DWARF 5's unit type
 	p += 2 + off + 1 // abbreviation offset, address size
 	if v >= 5 {
-		p++                                       // unit type
-		if ut := b[p-off-3]; ut == 4 || ut == 5 { // skeleton and split units: a unit id
+		p++
+		if ut == 4 || ut == 5 { // skeleton and split units: a unit id
 			p += 8
 		} else if ut == 2 || ut == 6 { // type units: signature and type offset
 			p += 8 + off
