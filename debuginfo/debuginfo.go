@@ -684,6 +684,15 @@ func (e *NotFoundError) Error() string {
 	return msg + " (install linux-image-" + rel + "-dbg, or give --vmlinux PATH)"
 }
 
+// Brief says the same in one short line, without the files tried.
+func (e *NotFoundError) Brief() string {
+	rel := e.Search.Release
+	if rel == "" {
+		rel = "RELEASE"
+	}
+	return "no debug vmlinux of " + rel + " under /usr/lib/debug (install linux-image-" + rel + "-dbg, or give --vmlinux PATH)"
+}
+
 func (e *NotFoundError) Is(target error) bool { return target == ErrNoDebugInfo }
 
 // BuildIDMismatchError is a debug file of another build than the kernel's.
