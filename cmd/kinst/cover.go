@@ -37,7 +37,7 @@ kinst cover report NAME prints a running session's coverage so far;
 kinst cover diff A.json B.json compares two saved --json reports;
 kinst cover lcov REPORT.json writes a saved report's lcov tracefile.`,
 	daemon: true, report: true,
-	sub:    []*command{coverReportCommand, coverDiffCommand, coverLcovCommand},
+	sub: []*command{coverReportCommand, coverDiffCommand, coverLcovCommand},
 	setup: func(fs *pflag.FlagSet) runFunc {
 		var o cli.CoverOptions
 		durationFlag(fs, &o.Duration, "stop after this long (default: until Ctrl-C, or until CMD exits)")
