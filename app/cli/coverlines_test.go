@@ -314,7 +314,6 @@ func TestGenhtmlAcceptsGolden(t *testing.T) {
 	}
 }
 
-
 // The text report of a report with lines shows each block's first line.
 func TestGoldenCoverWithLines(t *testing.T) {
 	rep, err := readCoverReport("testdata/cover-a.json")

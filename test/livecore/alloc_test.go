@@ -142,7 +142,6 @@ sleep 0.5; cat /tmp/kinst-slabtest.pid`)))
 	t.Run("crash", func(t *testing.T) { checkCrashKmem(t, path, &sl) })
 }
 
-
 // checkCrashKmem: crash's `kmem -s`, with types from the debug vmlinux,
 // counts the same allocated objects, objects and slabs per cache.
 func checkCrashKmem(t *testing.T, path string, sl *slabsJSON) {
