@@ -739,12 +739,3 @@ func (f *File) Check(want string) error {
 	}
 	return nil
 }
-
-// StripDiscriminator drops the " (discriminator N)" that addr2line
-// appends to some lines, leaving file:line.
-func StripDiscriminator(s string) string {
-	if i := strings.Index(s, " (discriminator"); i >= 0 {
-		return s[:i]
-	}
-	return s
-}

@@ -1,10 +1,7 @@
 package debuginfo
 
 import (
-	"bufio"
-	"bytes"
 	"errors"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kinst/kinst/debuginfo/debuginfotest"
 	"github.com/kinst/kinst/internal/elfsym"
 )
 
@@ -37,31 +35,6 @@ func buildProg(t *testing.T, flags ...string) string {
 	return out
 }
 
-// addr2line runs binutils' addr2line on the addresses and returns one
-// "file:line" per address, without a "(discriminator N)" note.
-func addr2line(t testing.TB, file string, addrs []uint64) []string {
-	t.Helper()
-	var in bytes.Buffer
-	for _, a := range addrs {
-		fmt.Fprintf(&in, "%#x\n", a)
-	}
-	cmd := exec.Command("addr2line", "-e", file)
-	cmd.Stdin = &in
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("addr2line: %v", err)
-	}
-	var lines []string
-	sc := bufio.NewScanner(bytes.NewReader(out))
-	for sc.Scan() {
-		lines = append(lines, StripDiscriminator(sc.Text()))
-	}
-	if len(lines) != len(addrs) {
-		t.Fatalf("addr2line: %d lines for %d addresses", len(lines), len(addrs))
-	}
-	return lines
-}
-
 // funcs are the function symbols of the file with a size.
 func funcs(t testing.TB, path string) []elfsym.Symbol {
 	t.Helper()
@@ -76,11 +49,6 @@ func funcs(t testing.TB, path string) []elfsym.Symbol {
 		}
 	}
 	return out
-}
-
-// unknown is addr2line's answer for an address of no line.
-func unknown(s string) bool {
-	return strings.HasPrefix(s, "??") || strings.HasSuffix(s, ":0") || strings.HasSuffix(s, ":?")
 }
 
 // checkAgainstAddr2line: LineAt of every byte address of the functions
@@ -98,11 +66,11 @@ func checkAgainstAddr2line(t *testing.T, path string, fns []elfsym.Symbol, step 
 			addrs = append(addrs, a)
 		}
 	}
-	want := addr2line(t, path, addrs)
+	want := debuginfotest.Addr2line(t, path, addrs)
 	bad, known := 0, 0
 	for i, a := range addrs {
 		got, err := f.LineAt(a)
-		if unknown(want[i]) {
+		if debuginfotest.Unknown(want[i]) {
 			if err == nil && got.Line != 0 {
 				t.Errorf("%#x: %s, addr2line %s", a, got, want[i])
 				bad++
@@ -129,7 +97,7 @@ func checkAgainstAddr2line(t *testing.T, path string, fns []elfsym.Symbol, step 
 	for _, s := range fns {
 		set := map[string]bool{}
 		for ; k < len(addrs) && addrs[k] < s.Addr+s.Size; k++ {
-			if !unknown(want[k]) {
+			if !debuginfotest.Unknown(want[k]) {
 				set[want[k]] = true
 			}
 		}
@@ -234,7 +202,7 @@ func TestFuncsInFile(t *testing.T) {
 	for _, s := range all {
 		addrs = append(addrs, s.Addr)
 	}
-	first := addr2line(t, prog, addrs)
+	first := debuginfotest.Addr2line(t, prog, addrs)
 	for _, file := range []string{"src/main.c", "main.c", "table.c", "testdata/src/table.c"} {
 		var want []string
 		for i, s := range all {

@@ -17,6 +17,7 @@ import (
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/app/cli"
 	"github.com/kinst/kinst/debuginfo"
+	"github.com/kinst/kinst/debuginfo/debuginfotest"
 )
 
 // hostKinst runs the host's kinst and returns its stdout and stderr; it
@@ -77,23 +78,10 @@ func checkFirstLines(t *testing.T, rep api.CoverReport, vmlinux string, slide ui
 	if len(addrs) == 0 {
 		t.Fatal("no block has source lines")
 	}
-	var in bytes.Buffer
-	for _, a := range addrs {
-		fmt.Fprintf(&in, "%#x\n", a)
-	}
-	cmd := exec.Command("addr2line", "-e", vmlinux)
-	cmd.Stdin = &in
-	out, err := cmd.Output()
-	if err != nil {
-		t.Skipf("addr2line: %v", err)
-	}
-	want := strings.Split(strings.TrimSuffix(string(out), "\n"), "\n")
-	if len(want) != len(addrs) {
-		t.Fatalf("addr2line: %d lines for %d addresses", len(want), len(addrs))
-	}
+	want := debuginfotest.Addr2line(t, vmlinux, addrs)
 	bad := 0
 	for i := range addrs {
-		if w := debuginfo.StripDiscriminator(want[i]); firsts[i] != w {
+		if w := want[i]; firsts[i] != w {
 			bad++
 			if bad <= 20 {
 				t.Errorf("%s (%#x): first line %s, addr2line %s", where[i], addrs[i], firsts[i], w)
