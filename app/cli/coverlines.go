@@ -98,15 +98,12 @@ func Annotate(rep *api.CoverReport, dbg *debuginfo.File) (Annotation, error) {
 			a.Modules = append(a.Modules, f.Function+" ["+f.Module+"]")
 			continue
 		}
+		// The vmlinux must have a symbol of the function's name at the
+		// slid address (of several static functions of one name, the
+		// one there is the report's).
 		link := uint64(f.Address) - a.Slide
-		if s, off, ok := syms.Lookup(link); !ok || off != 0 || s.Addr != link {
-			a.Unmatched = append(a.Unmatched, f.Function)
-			continue
-		}
-		if at, ok := syms.Addr(f.Function); ok && at != link {
-			// Another function of the same name (static): the one at
-			// the slid address is the report's.
-			if s, _, _ := syms.Lookup(link); s.Name != f.Function {
+		if at, ok := syms.Addr(f.Function); !ok || at != link {
+			if s, off, ok := syms.Lookup(link); !ok || off != 0 || s.Name != f.Function {
 				a.Unmatched = append(a.Unmatched, f.Function)
 				continue
 			}
@@ -114,7 +111,11 @@ func Annotate(rep *api.CoverReport, dbg *debuginfo.File) (Annotation, error) {
 		a.Functions++
 		for j := range f.Blocks {
 			b := &f.Blocks[j]
-			b.Lines = blockLines(dbg, uint64(b.Start)-a.Slide, uint64(b.End)-a.Slide)
+			lo, hi := uint64(b.Start)-a.Slide, uint64(b.End)-a.Slide
+			if b.End == 0 { // a report of a kerninstd that did not give ends
+				hi = lo
+			}
+			b.Lines = blockLines(dbg, lo, hi)
 		}
 	}
 	if a.Functions == 0 && len(a.Unmatched) > 0 {
