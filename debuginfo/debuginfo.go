@@ -56,16 +56,19 @@ type File struct {
 	Path    string
 	BuildID string // GNU build id in hex; "" when the file has none
 
-	osf     *os.File
-	mapped  []byte // the whole file, mapped read-only; nil if it could not be
-	d       *dwarf.Data
-	info    []byte // .debug_info
-	bo      binary.ByteOrder
-	syms    *elfsym.Table
-	aranges []arange // by lo
+	osf    *os.File
+	mapped []byte // the whole file, mapped read-only; nil if it could not be
+	bo     binary.ByteOrder
+	// The DWARF sections, slices of mapped: .debug_info, .debug_abbrev,
+	// .debug_line, .debug_str, .debug_ranges, and DWARF 5's by name.
+	info, abbrev, line, str, ranges []byte
+	dwarf5                          map[string][]byte
+	syms                            *elfsym.Table
+	aranges                         []arange // by lo
 
 	mu      sync.Mutex
-	tables  map[dwarf.Offset]*lineTable // by compilation unit
+	closed  bool
+	tables  map[dwarf.Offset]*lineTable // by the unit's header offset
 	cus     []arange                    // every unit's ranges, when .debug_aranges does not do
 	cusDone bool
 }
@@ -116,37 +119,37 @@ func open(name string, osf *os.File) (*File, error) {
 		}
 		return s.Data() // compressed, or not mapped: read (and inflate)
 	}
-	var info, abbrev, line, str, ranges, aranges []byte
+	var aranges []byte
 	for _, s := range []struct {
 		name string
 		p    *[]byte
-	}{{".debug_info", &info}, {".debug_abbrev", &abbrev}, {".debug_line", &line}, {".debug_str", &str},
-		{".debug_ranges", &ranges}, {".debug_aranges", &aranges}} {
+	}{{".debug_info", &f.info}, {".debug_abbrev", &f.abbrev}, {".debug_line", &f.line}, {".debug_str", &f.str},
+		{".debug_ranges", &f.ranges}, {".debug_aranges", &aranges}} {
 		if *s.p, err = sec(s.name); err != nil {
 			f.unmap()
 			return nil, fmt.Errorf("section %s: %w", s.name, err)
 		}
 	}
-	if len(info) == 0 || len(line) == 0 {
+	if len(f.info) == 0 || len(f.line) == 0 {
 		f.unmap()
 		return nil, ErrNoDebugInfo
 	}
-	f.d, err = dwarf.New(abbrev, nil, nil, info, line, nil, ranges, str)
-	if err != nil {
-		f.unmap()
-		return nil, err
-	}
+	f.dwarf5 = map[string][]byte{}
 	for _, n := range []string{".debug_line_str", ".debug_str_offsets", ".debug_addr", ".debug_rnglists"} {
 		b, err := sec(n)
-		if err == nil && b != nil {
-			err = f.d.AddSection(n, b)
-		}
 		if err != nil {
 			f.unmap()
 			return nil, fmt.Errorf("section %s: %w", n, err)
 		}
+		if b != nil {
+			f.dwarf5[n] = b
+		}
 	}
-	f.info, f.bo = info, ef.ByteOrder
+	f.bo = ef.ByteOrder
+	if _, _, _, err := f.unit(0); err != nil { // the first unit reads: the sections make sense
+		f.unmap()
+		return nil, err
+	}
 	f.aranges = parseAranges(aranges, ef.ByteOrder)
 	if f.syms, err = elfsym.Read(ef); err != nil {
 		f.unmap()
@@ -168,7 +171,7 @@ func (f *File) Close() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.unmap()
-	f.d, f.tables = nil, nil
+	f.closed, f.tables = true, nil
 	return f.osf.Close()
 }
 
@@ -260,63 +263,91 @@ func find(rs []arange, addr uint64) (arange, bool) {
 	return arange{}, false
 }
 
-// firstEntry is the offset of the first entry (the unit's DIE) of the
-// unit whose header is at hdr, which is what .debug_aranges names: past
-// the unit length (4 or 12 bytes), version (2), and then unit type (1),
-// address size (1) and abbreviation offset (4 or 8) in DWARF 5, or the
-// abbreviation offset and address size before it.
-func (f *File) firstEntry(hdr dwarf.Offset) (dwarf.Offset, error) {
+// unitEnd is the end of the unit whose header is at hdr in .debug_info.
+func (f *File) unitEnd(hdr dwarf.Offset) (dwarf.Offset, error) {
 	b := f.info
-	if uint64(hdr)+12 > uint64(len(b)) {
+	if uint64(hdr)+4 > uint64(len(b)) {
 		return 0, fmt.Errorf(".debug_info offset %#x out of range", hdr)
 	}
-	p, off := int(hdr)+4, 4
-	if f.bo.Uint32(b[hdr:]) == 0xffffffff {
-		p, off = p+8, 8
+	n, p := uint64(f.bo.Uint32(b[hdr:])), uint64(hdr)+4
+	if n == 0xffffffff {
+		if p+8 > uint64(len(b)) {
+			return 0, fmt.Errorf(".debug_info offset %#x out of range", hdr)
+		}
+		n, p = f.bo.Uint64(b[p:]), p+8
 	}
-	if p+2 > len(b) {
-		return 0, fmt.Errorf(".debug_info offset %#x out of range", hdr)
+	if n > uint64(len(b))-p {
+		return 0, fmt.Errorf("unit at .debug_info offset %#x runs past the section", hdr)
 	}
-	v := f.bo.Uint16(b[p:])
-	ut := b[p+2]     // DWARF 5's unit type
-	p += 2 + off + 1 // abbreviation offset, address size
-	if v >= 5 {
-		p++
-		if ut == 4 || ut == 5 { // skeleton and split units: a unit id
-			p += 8
-		} else if ut == 2 || ut == 6 { // type units: signature and type offset
-			p += 8 + off
+	return dwarf.Offset(p + n), nil
+}
+
+// unit decodes the one unit whose header is at hdr: debug/dwarf over
+// that unit's bytes alone (offsets into the other sections are absolute,
+// so its line table, strings and ranges read the same), which parses one
+// abbreviation table instead of every unit's. It returns the unit's DIE
+// and the end of the unit.
+func (f *File) unit(hdr dwarf.Offset) (*dwarf.Data, *dwarf.Entry, dwarf.Offset, error) {
+	end, err := f.unitEnd(hdr)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	d, err := dwarf.New(f.abbrev, nil, nil, f.info[hdr:end], f.line, nil, f.ranges, f.str)
+	if err != nil {
+		return nil, nil, 0, fmt.Errorf("unit at .debug_info offset %#x: %w", hdr, err)
+	}
+	for n, b := range f.dwarf5 {
+		if err := d.AddSection(n, b); err != nil {
+			return nil, nil, 0, fmt.Errorf("section %s: %w", n, err)
 		}
 	}
-	return dwarf.Offset(p), nil
+	cu, err := d.Reader().Next()
+	if err != nil {
+		return nil, nil, 0, fmt.Errorf("unit at .debug_info offset %#x: %w", hdr, err)
+	}
+	if cu == nil {
+		return nil, nil, 0, fmt.Errorf("no unit at .debug_info offset %#x", hdr)
+	}
+	return d, cu, end, nil
+}
+
+// eachUnit calls fn with every unit of .debug_info, in order, until fn
+// returns false or an error.
+func (f *File) eachUnit(fn func(d *dwarf.Data, cu *dwarf.Entry, hdr dwarf.Offset) (bool, error)) error {
+	for hdr := dwarf.Offset(0); int(hdr) < len(f.info); {
+		d, cu, end, err := f.unit(hdr)
+		if err != nil {
+			return err
+		}
+		if more, err := fn(d, cu, hdr); err != nil || !more {
+			return err
+		}
+		hdr = end
+	}
+	return nil
 }
 
 // unitAt is the compilation unit whose code holds addr: from
 // .debug_aranges, else from every unit's DW_AT_ranges/low_pc (read once).
 func (f *File) unitAt(addr uint64) (dwarf.Offset, error) {
 	if r, ok := find(f.aranges, addr); ok {
-		return f.firstEntry(r.cu)
+		return r.cu, nil
 	}
 	if !f.cusDone {
 		f.cusDone = true
-		rd := f.d.Reader()
-		for {
-			e, err := rd.Next()
-			if err != nil {
-				return 0, err
-			}
-			if e == nil {
-				break
-			}
-			if e.Tag == dwarf.TagCompileUnit || e.Tag == dwarf.TagPartialUnit {
-				rs, _ := f.d.Ranges(e)
+		err := f.eachUnit(func(d *dwarf.Data, cu *dwarf.Entry, hdr dwarf.Offset) (bool, error) {
+			if cu.Tag == dwarf.TagCompileUnit || cu.Tag == dwarf.TagPartialUnit {
+				rs, _ := d.Ranges(cu)
 				for _, r := range rs {
 					if r[1] > r[0] {
-						f.cus = append(f.cus, arange{lo: r[0], hi: r[1], cu: e.Offset})
+						f.cus = append(f.cus, arange{lo: r[0], hi: r[1], cu: hdr})
 					}
 				}
 			}
-			rd.SkipChildren()
+			return true, nil
+		})
+		if err != nil {
+			return 0, err
 		}
 		slices.SortFunc(f.cus, func(a, b arange) int { return cmpU64(a.lo, b.lo) })
 	}
@@ -351,16 +382,11 @@ func (f *File) table(off dwarf.Offset) (*lineTable, error) {
 	if t, ok := f.tables[off]; ok {
 		return t, nil
 	}
-	rd := f.d.Reader()
-	rd.Seek(off)
-	cu, err := rd.Next()
+	d, cu, _, err := f.unit(off)
 	if err != nil {
 		return nil, err
 	}
-	if cu == nil {
-		return nil, fmt.Errorf("no unit at .debug_info offset %#x", off)
-	}
-	lr, err := f.d.LineReader(cu)
+	lr, err := d.LineReader(cu)
 	if err != nil {
 		return nil, err
 	}
@@ -448,7 +474,7 @@ func (f *File) LineAt(addr uint64) (Line, error) {
 // seqAt finds the unit's table and the sequence holding addr. The
 // caller holds f.mu.
 func (f *File) seqAt(addr uint64) (*lineTable, *sequence, error) {
-	if f.d == nil {
+	if f.closed {
 		return nil, nil, errors.New("debuginfo: file closed")
 	}
 	off, err := f.unitAt(addr)
@@ -535,28 +561,18 @@ func MatchFile(name, suffix string) bool {
 func (f *File) FuncsInFile(suffix string) ([]Func, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.d == nil {
+	if f.closed {
 		return nil, errors.New("debuginfo: file closed")
 	}
 	var out []Func
 	seen := map[uint64]bool{}
-	rd := f.d.Reader()
-	for {
-		cu, err := rd.Next()
-		if err != nil {
-			return nil, err
-		}
-		if cu == nil {
-			break
-		}
+	err := f.eachUnit(func(d *dwarf.Data, cu *dwarf.Entry, _ dwarf.Offset) (bool, error) {
 		if cu.Tag != dwarf.TagCompileUnit {
-			rd.SkipChildren()
-			continue
+			return true, nil
 		}
-		lr, err := f.d.LineReader(cu)
+		lr, err := d.LineReader(cu)
 		if err != nil || lr == nil {
-			rd.SkipChildren()
-			continue
+			return true, nil
 		}
 		compDir, _ := cu.Val(dwarf.AttrCompDir).(string)
 		named := false
@@ -566,18 +582,19 @@ func (f *File) FuncsInFile(suffix string) ([]Func, error) {
 				break
 			}
 		}
-		if !named {
-			rd.SkipChildren()
-			continue
+		if !named || !cu.Children {
+			return true, nil
 		}
 		// The unit's subprograms with code: direct children of the unit.
+		rd := d.Reader()
+		rd.Next()
 		for {
 			e, err := rd.Next()
 			if err != nil {
-				return nil, err
+				return false, err
 			}
 			if e == nil || e.Tag == 0 {
-				break
+				return true, nil
 			}
 			if e.Tag == dwarf.TagSubprogram {
 				if lo, ok := e.Val(dwarf.AttrLowpc).(uint64); ok && lo != 0 && !seen[lo] {
@@ -591,6 +608,9 @@ func (f *File) FuncsInFile(suffix string) ([]Func, error) {
 				rd.SkipChildren()
 			}
 		}
+	})
+	if err != nil {
+		return nil, err
 	}
 	if len(out) == 0 {
 		return nil, fmt.Errorf("no function's code comes from %s: %w", suffix, ErrNoLine)
