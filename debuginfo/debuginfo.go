@@ -7,9 +7,9 @@
 // code comes from; the functions whose code comes from a source file;
 // and symbol addresses. A kernel's debug vmlinux is large (Debian's is
 // 600–900 MB, most of it .debug_info), so Open maps the file instead of
-// reading it and a lookup decodes only the line table of the one
-// compilation unit that covers the address, found through
-// .debug_aranges; line tables are decoded once and kept.
+// reading it, and a lookup decodes only the one compilation unit that
+// covers the address (found through .debug_aranges: debug/dwarf is given
+// that unit's bytes alone) and its line table, which is kept.
 //
 // Only executables (ET_EXEC, ET_DYN) are read: a relocatable file's
 // DWARF (a kernel module's .ko) would need its relocations applied.
