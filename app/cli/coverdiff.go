@@ -1,8 +1,10 @@
 package cli
 
 import (
+	"bytes"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/kinst/kinst/api"
@@ -181,7 +183,8 @@ func writeCoverDiff(w io.Writer, d api.CoverDiff) error {
 			continue
 		}
 		fmt.Fprintf(w, "\n%s:\n", f.Function)
-		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		var tab bytes.Buffer
+		tw := tabwriter.NewWriter(&tab, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "  covered in\tblock\tstart\tline\tnote")
 		for _, side := range []struct {
 			tag, other string
@@ -200,6 +203,12 @@ func writeCoverDiff(w io.Writer, d api.CoverDiff) error {
 		}
 		if err := tw.Flush(); err != nil {
 			return err
+		}
+		// No padding after the last cell of a row without a note.
+		for _, l := range strings.Split(strings.TrimSuffix(tab.String(), "\n"), "\n") {
+			if _, err := fmt.Fprintln(w, strings.TrimRight(l, " ")); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
