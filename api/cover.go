@@ -40,11 +40,15 @@ type CoverFunction struct {
 type CoverBlock struct {
 	Index   int     `json:"index"`
 	Start   Addr    `json:"start"`
+	End     Addr    `json:"end"` // the end of the block's bytes (exclusive)
 	Covered bool    `json:"covered"`
 	Point   *string `json:"point"`   // FUNC+0xOFF of the instruction probed; null when refused
 	Refused *string `json:"refused"` // why no probe; null when probed
-	// Lines are the block's source lines (file:line); empty without
-	// debug information.
+	// Lines are the block's source lines (file:line), filled by the
+	// client from a debug vmlinux: first the line of the block's first
+	// instruction (as addr2line prints it), then every line of the
+	// block's bytes, sorted by file and line, each once. Empty without
+	// debug information, and for functions of modules.
 	Lines []string `json:"lines"`
 }
 

@@ -2,7 +2,6 @@ package kerninstd
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/kinst/kinst/census"
 	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/internal/elfsym"
 	"github.com/kinst/kinst/kernel"
 )
 
@@ -64,23 +64,10 @@ func analysisKey(notes, modules string) (string, error) {
 
 // buildID finds the NT_GNU_BUILD_ID note in raw ELF notes.
 func buildID(notes []byte) (string, error) {
-	for len(notes) >= 12 {
-		namesz := binary.LittleEndian.Uint32(notes[0:])
-		descsz := binary.LittleEndian.Uint32(notes[4:])
-		typ := binary.LittleEndian.Uint32(notes[8:])
-		off := 12
-		nameEnd := off + int(namesz)
-		descOff := off + int((namesz+3)&^3)
-		descEnd := descOff + int(descsz)
-		if nameEnd > len(notes) || descEnd > len(notes) {
-			break
-		}
-		if typ == 3 && bytes.Equal(bytes.TrimRight(notes[off:nameEnd], "\x00"), []byte("GNU")) {
-			return hex.EncodeToString(notes[descOff:descEnd]), nil
-		}
-		notes = notes[min(len(notes), descOff+int((descsz+3)&^3)):]
+	if id, ok := elfsym.NotesBuildID(binary.LittleEndian, notes); ok {
+		return id, nil
 	}
-	return "", errors.New("no GNU build id note")
+	return "", elfsym.ErrNoBuildID
 }
 
 // analyze runs the whole-kernel analysis (package census) and gives its

@@ -87,7 +87,8 @@ func (d *Daemon) planCover(name string) (api.CoverFunction, []*splice.Site, []in
 		if blk.Padding || blk.N == 0 {
 			continue
 		}
-		cb := api.CoverBlock{Index: b, Start: api.Addr(fn.Insns[blk.First].Addr), Lines: []string{}}
+		last := blk.Last(fn)
+		cb := api.CoverBlock{Index: b, Start: api.Addr(blk.Start(fn)), End: api.Addr(last.Addr + uint64(last.Len())), Lines: []string{}}
 		s, err := f.Resolve(splice.Point{Spec: fmt.Sprintf("%s:%d", fn.Name, b), Function: fn.Name, Block: b, HasBlock: true})
 		if err != nil {
 			why := refusal(err)

@@ -21,6 +21,9 @@ type CoverOptions struct {
 	Name     string        // session name (kinst ls, kinst detach)
 	TTL      time.Duration // remove the probes after this long even if kinst is gone
 	Command  []string      // run this and cover for its lifetime
+	Files    []string      // --file: every function whose code comes from these source files
+	Lcov     string        // --lcov: write an lcov tracefile here
+	Debug    DebugOptions  // where source lines come from
 }
 
 // Cover arms a coverage probe at every basic block of the targets; the
@@ -28,8 +31,15 @@ type CoverOptions struct {
 // command exits or a signal arrives, the remaining probes are removed and
 // the report printed. It returns the exit status kinst should exit with.
 func Cover(ctx context.Context, c *api.Client, o CoverOptions, env Env) (int, error) {
-	if len(o.Targets) == 0 {
+	if len(o.Targets) == 0 && len(o.Files) == 0 {
 		return 2, errors.New("cover: name at least one function or glob (vfs_*)")
+	}
+	dbg, err := coverDebug(ctx, c, &o, env)
+	if err != nil {
+		return 1, err
+	}
+	if dbg != nil {
+		defer dbg.Close()
 	}
 	req := api.SessionRequest{Cover: o.Targets, Tied: true, Name: o.Name, TTLNS: int64(o.TTL)}
 	if o.Filter != (api.Filter{}) {
@@ -67,6 +77,13 @@ func Cover(ctx context.Context, c *api.Client, o CoverOptions, env Env) (int, er
 	report := *res.Final.Cover
 	report.DurationNS = int64(res.Duration)
 	report.ExitStatus = res.ExitStatus
+	annotateOrSay(env.Err, &report, dbg)
+	if o.Lcov != "" {
+		if err := writeLcovFile(o.Lcov, report); err != nil {
+			fmt.Fprintf(env.Err, "kinst: %v\n", err)
+			exitStatus = max(exitStatus, 1)
+		}
+	}
 	if o.JSON {
 		return exitStatus, writeJSON(env.Out, report)
 	}
@@ -98,7 +115,12 @@ func writeCover(w io.Writer, r api.CoverReport) error {
 			continue
 		}
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "  block\tstart\tcovered\tprobe")
+		withLines := hasLines(f)
+		if withLines {
+			fmt.Fprintln(tw, "  block\tstart\tcovered\tprobe\tline")
+		} else {
+			fmt.Fprintln(tw, "  block\tstart\tcovered\tprobe")
+		}
 		for _, b := range f.Blocks {
 			state, probe := "no", ""
 			switch {
@@ -110,7 +132,11 @@ func writeCover(w io.Writer, r api.CoverReport) error {
 			if b.Point != nil {
 				probe = *b.Point
 			}
-			fmt.Fprintf(tw, "  %d\t+%#x\t%s\t%s\n", b.Index, uint64(b.Start)-uint64(f.Address), state, probe)
+			fmt.Fprintf(tw, "  %d\t+%#x\t%s\t%s", b.Index, uint64(b.Start)-uint64(f.Address), state, probe)
+			if withLines && len(b.Lines) > 0 {
+				fmt.Fprintf(tw, "\t%s", b.Lines[0])
+			}
+			fmt.Fprintln(tw)
 		}
 		if err := tw.Flush(); err != nil {
 			return err

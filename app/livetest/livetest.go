@@ -209,3 +209,36 @@ func processAlive(pid int) bool {
 	_, rest, _ := strings.Cut(string(st), ") ")
 	return !strings.HasPrefix(rest, "Z")
 }
+
+// DebugVmlinux is Debian's debug vmlinux of the guest's kernel (from
+// linux-image-RELEASE-dbg, about 860 MB), downloaded once into the cache.
+func (g *VM) DebugVmlinux(t testing.TB) string {
+	t.Helper()
+	rel := g.KernelRelease()
+	dir := filepath.Join(g.Cache, "kernel", "linux-image-"+rel+"-dbg")
+	out := filepath.Join(dir, "vmlinux-"+rel)
+	if _, err := os.Stat(out); err == nil {
+		return out
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	dl := exec.Command("apt-get", "download", "linux-image-"+rel+"-dbg")
+	dl.Dir = dir
+	if b, err := dl.CombinedOutput(); err != nil {
+		t.Skipf("apt-get download linux-image-%s-dbg: %v\n%s", rel, err, b)
+	}
+	debs, _ := filepath.Glob(filepath.Join(dir, "*.deb"))
+	if len(debs) != 1 {
+		t.Skipf("no single .deb in %s: %v", dir, debs)
+	}
+	x := exec.Command("sh", "-c", `dpkg-deb --fsys-tarfile "$1" | tar -xO --wildcards "*/boot/vmlinux-$2" > "$3.tmp" && mv "$3.tmp" "$3"`,
+		"sh", debs[0], rel, out)
+	if b, err := x.CombinedOutput(); err != nil {
+		t.Fatalf("extracting vmlinux: %v\n%s", err, b)
+	}
+	os.Remove(debs[0])
+	t.Logf("debug vmlinux of %s fetched in %.0fs", rel, time.Since(start).Seconds())
+	return out
+}

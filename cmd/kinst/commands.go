@@ -180,6 +180,9 @@ func writeUsage(w io.Writer) {
 				continue
 			}
 			fmt.Fprintf(w, "  %s\n      %s\n", strings.TrimSpace("kinst "+prefix+c.name+" "+c.args), c.summary)
+			if c.sub != nil { // a command with commands of its own (cover report)
+				list(prefix+c.name+" ", c.sub)
+			}
 		}
 	}
 	list("", commands)

@@ -22,8 +22,22 @@ take a probe is reported with the reason.
 Coverage runs until --duration ends, CMD exits (kinst then exits with its
 status) or Ctrl-C; then the remaining probes are removed and the report
 printed: per function and per block (indices as kinst cfg prints them), and
-the live probes over time.`,
+the live probes over time.
+
+Source lines (each block's "lines", --lcov, --file) come from a debug vmlinux
+with DWARF, read by kinst itself: --vmlinux PATH, else the running kernel's,
+found by its build id under /usr/lib/debug/.build-id, or as Debian's
+linux-image-RELEASE-dbg installs it (/usr/lib/debug/boot/vmlinux-RELEASE,
+/usr/lib/debug/lib/modules/RELEASE/vmlinux). Without one the lines stay empty.
+A block's lines are the line of its first instruction (as addr2line prints
+it), then every line of its bytes, sorted. Functions of modules get no lines
+yet.
+
+kinst cover report NAME prints a running session's coverage so far;
+kinst cover diff A.json B.json compares two saved --json reports;
+kinst cover lcov REPORT.json writes a saved report's lcov tracefile.`,
 	daemon: true, report: true,
+	sub: []*command{coverReportCommand, coverDiffCommand, coverLcovCommand},
 	setup: func(fs *pflag.FlagSet) runFunc {
 		var o cli.CoverOptions
 		durationFlag(fs, &o.Duration, "stop after this long (default: until Ctrl-C, or until CMD exits)")
@@ -31,12 +45,97 @@ the live probes over time.`,
 		fs.StringVar(&o.Filter.Comm, "comm", "", "cover only the execution of tasks with this command `name` (up to 15 bytes)")
 		sessionFlags(fs, &o.Name, &o.TTL)
 		jsonCmdFlag(fs, &o.JSON, "the report")
+		fs.StringArrayVar(&o.Files, "file", nil, "cover every function whose code comes from this source `FILE` (fs/namei.c: matched by path suffix; needs the debug vmlinux); repeatable")
+		lcovFlag(fs, &o.Lcov)
+		vmlinuxFlag(fs, &o.Debug)
 		return func(ctx context.Context, inv invocation) (int, error) {
 			o.Targets, o.Command = inv.args, inv.command
-			if len(o.Targets) == 0 {
+			if len(o.Targets) == 0 && len(o.Files) == 0 {
 				return 2, usagef("name at least one kernel function or glob (vfs_*)")
 			}
 			return inv.report(o.JSON, func(env cli.Env) (int, error) { return cli.Cover(ctx, inv.client(), o, env) })
+		}
+	},
+}
+
+func lcovFlag(fs *pflag.FlagSet, p *string) {
+	fs.StringVar(p, "lcov", "", "also write an lcov tracefile (genhtml's input) to `FILE`; needs the debug vmlinux")
+}
+
+func vmlinuxFlag(fs *pflag.FlagSet, o *cli.DebugOptions) {
+	fs.StringVar(&o.Vmlinux, "vmlinux", "", "source lines from this debug vmlinux `PATH` (default: the running kernel's, under /usr/lib/debug)")
+}
+
+var coverReportCommand = &command{
+	name:    "report",
+	args:    "NAME|ID",
+	summary: "a running coverage session's coverage so far",
+	help: `Prints the coverage of a running kinst cover session (see kinst ls) as the
+final report would show it now; the session goes on.`,
+	daemon: true, report: true,
+	setup: func(fs *pflag.FlagSet) runFunc {
+		var o cli.CoverReportOptions
+		jsonFlag(fs, &o.JSON, "the report")
+		lcovFlag(fs, &o.Lcov)
+		vmlinuxFlag(fs, &o.Debug)
+		return func(ctx context.Context, inv invocation) (int, error) {
+			if len(inv.args) != 1 {
+				return 2, usagef("name one coverage session (see kinst ls)")
+			}
+			o.Session = inv.args[0]
+			return inv.reportErr(o.JSON, func(env cli.Env) error { return cli.CoverReport(ctx, inv.client(), o, env) })
+		}
+	},
+}
+
+var coverDiffCommand = &command{
+	name:    "diff",
+	args:    "A.json B.json",
+	summary: "blocks one coverage run covered and the other did not",
+	help: `Compares two reports saved by kinst cover --json. Functions are matched by
+name, blocks by index and offset in the function, so runs of one kernel build
+compare across boots. Lists, per function, the blocks covered in one run
+only (with the other run's refusal when it could not probe the block), and
+totals. Blocks of a function whose blocks differ between the runs (another
+build) are counted as not compared.`,
+	report: true, files: true,
+	setup: func(fs *pflag.FlagSet) runFunc {
+		var asJSON bool
+		jsonFlag(fs, &asJSON, "the difference")
+		return func(ctx context.Context, inv invocation) (int, error) {
+			if len(inv.args) != 2 {
+				return 2, usagef("name two reports of kinst cover --json")
+			}
+			return inv.reportErr(asJSON, func(env cli.Env) error { return cli.CoverDiff(inv.args[0], inv.args[1], asJSON, env) })
+		}
+	},
+}
+
+var coverLcovCommand = &command{
+	name:    "lcov",
+	args:    "REPORT.json",
+	summary: "a saved coverage report as an lcov tracefile, for genhtml",
+	help: `Writes the lcov tracefile of a report saved by kinst cover --json, with
+source lines from the debug vmlinux (--vmlinux PATH, else the running
+kernel's), so that a report taken on one machine can be annotated on
+another. Runtime addresses are mapped to the vmlinux's by the KASLR slide
+found from the functions' names. Per source file: FN at each function's
+first line, FNDA 1 when any of its blocks ran, DA 1 for a line of a covered
+block, 0 for a line only uncovered blocks have; lines of refused blocks only
+are left out. Functions of modules are left out.
+
+  kinst cover lcov cov.json --vmlinux vmlinux-6.1.0-18-amd64 -o cov.info
+  genhtml --no-source cov.info -o html     # or with the sources at the paths`,
+	report: true, files: true,
+	setup: func(fs *pflag.FlagSet) runFunc {
+		var o cli.CoverLcovOptions
+		vmlinuxFlag(fs, &o.Debug)
+		return func(ctx context.Context, inv invocation) (int, error) {
+			if len(inv.args) != 1 {
+				return 2, usagef("name one report of kinst cover --json")
+			}
+			o.Report = inv.args[0]
+			return inv.reportErr(false, func(env cli.Env) error { return cli.CoverLcov(o, env) })
 		}
 	},
 }

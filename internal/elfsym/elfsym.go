@@ -322,6 +322,13 @@ func BuildID(f *elf.File) (string, error) {
 // ErrNoBuildID is returned by BuildID for a file without a GNU build id.
 var ErrNoBuildID = errors.New("no GNU build id note")
 
+// NotesBuildID finds the GNU build id, in hex, in raw ELF notes (a
+// PT_NOTE segment, or a kernel's /sys/kernel/notes).
+func NotesBuildID(bo interface{ Uint32([]byte) uint32 }, notes []byte) (string, bool) {
+	id, ok := findBuildID(bo, notes)
+	return hex.EncodeToString(id), ok
+}
+
 // findBuildID walks ELF notes (namesz, descsz, type, name, desc; name and
 // desc padded to 4 bytes) for an NT_GNU_BUILD_ID note of owner "GNU".
 func findBuildID(bo interface{ Uint32([]byte) uint32 }, b []byte) ([]byte, bool) {
@@ -330,7 +337,7 @@ func findBuildID(bo interface{ Uint32([]byte) uint32 }, b []byte) ([]byte, bool)
 	for len(b) >= 12 {
 		namesz, descsz, typ := uint64(bo.Uint32(b)), uint64(bo.Uint32(b[4:])), bo.Uint32(b[8:])
 		b = b[12:]
-		if align(namesz)+align(descsz) > uint64(len(b)) {
+		if align(namesz)+descsz > uint64(len(b)) { // the last desc may lack its padding
 			return nil, false
 		}
 		name := b[:namesz]
@@ -338,7 +345,7 @@ func findBuildID(bo interface{ Uint32([]byte) uint32 }, b []byte) ([]byte, bool)
 		if typ == ntGNUBuildID && string(name) == "GNU\x00" {
 			return desc, true
 		}
-		b = b[align(namesz)+align(descsz):]
+		b = b[min(uint64(len(b)), align(namesz)+align(descsz)):]
 	}
 	return nil, false
 }

@@ -142,38 +142,6 @@ sleep 0.5; cat /tmp/kinst-slabtest.pid`)))
 	t.Run("crash", func(t *testing.T) { checkCrashKmem(t, path, &sl) })
 }
 
-// debugVmlinux is Debian's debug vmlinux of the guest's kernel (from
-// linux-image-RELEASE-dbg, about 860 MB), downloaded once into the cache.
-func debugVmlinux(t testing.TB) string {
-	rel := guest.KernelRelease()
-	dir := filepath.Join(cache, "kernel", "linux-image-"+rel+"-dbg")
-	out := filepath.Join(dir, "vmlinux-"+rel)
-	if _, err := os.Stat(out); err == nil {
-		return out
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	start := time.Now()
-	dl := exec.Command("apt-get", "download", "linux-image-"+rel+"-dbg")
-	dl.Dir = dir
-	if b, err := dl.CombinedOutput(); err != nil {
-		t.Skipf("apt-get download linux-image-%s-dbg: %v\n%s", rel, err, b)
-	}
-	debs, _ := filepath.Glob(filepath.Join(dir, "*.deb"))
-	if len(debs) != 1 {
-		t.Skipf("no single .deb in %s: %v", dir, debs)
-	}
-	x := exec.Command("sh", "-c", `dpkg-deb --fsys-tarfile "$1" | tar -xO --wildcards "*/boot/vmlinux-$2" > "$3.tmp" && mv "$3.tmp" "$3"`,
-		"sh", debs[0], rel, out)
-	if b, err := x.CombinedOutput(); err != nil {
-		t.Fatalf("extracting vmlinux: %v\n%s", err, b)
-	}
-	os.Remove(debs[0])
-	t.Logf("debug vmlinux of %s fetched in %.0fs", rel, time.Since(start).Seconds())
-	return out
-}
-
 // checkCrashKmem: crash's `kmem -s`, with types from the debug vmlinux,
 // counts the same allocated objects, objects and slabs per cache.
 func checkCrashKmem(t *testing.T, path string, sl *slabsJSON) {
@@ -181,7 +149,7 @@ func checkCrashKmem(t *testing.T, path string, sl *slabsJSON) {
 	if err != nil {
 		t.Skip("crash is not installed (apt-get install crash)")
 	}
-	vmlinux := debugVmlinux(t)
+	vmlinux := guest.DebugVmlinux(t)
 	cmds := filepath.Join(t.TempDir(), "cmds")
 	os.WriteFile(cmds, []byte("kmem -s\nquit\n"), 0o600)
 	start := time.Now()
@@ -535,7 +503,7 @@ func BenchmarkCoreSlabs(b *testing.B) {
 		if err != nil {
 			b.Skip("crash is not installed")
 		}
-		vmlinux := debugVmlinux(b)
+		vmlinux := guest.DebugVmlinux(b)
 		cmds := filepath.Join(b.TempDir(), "cmds")
 		os.WriteFile(cmds, []byte("kmem -s\nquit\n"), 0o600)
 		run(b, crash, "-s", vmlinux, path, "-i", cmds)

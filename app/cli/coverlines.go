@@ -1,0 +1,477 @@
+package cli
+
+import (
+	"bufio"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/debuginfo"
+	"golang.org/x/sys/unix"
+)
+
+// Source lines of coverage reports. The daemon reports runtime addresses
+// only; kinst maps them to source lines here, on the client, with a debug
+// vmlinux (Debian's linux-image-RELEASE-dbg), so a report saved with
+// --json can be annotated on another machine.
+
+// DebugOptions say which debug vmlinux gives source lines.
+type DebugOptions struct {
+	Vmlinux string // --vmlinux; "" looks the running kernel's up (debuginfo.Find)
+}
+
+// openDebugInfo opens --vmlinux, else finds the debug vmlinux of the
+// kernel kerninstd runs (release from release, or the local one when ""):
+// by the local build id when the local kernel is that release, then by
+// release under /usr/lib/debug.
+func openDebugInfo(o DebugOptions, release string) (*debuginfo.File, error) {
+	if o.Vmlinux != "" {
+		return debuginfo.Open(o.Vmlinux)
+	}
+	var u unix.Utsname
+	local := ""
+	if unix.Uname(&u) == nil {
+		local = unix.ByteSliceToString(u.Release[:])
+	}
+	s := debuginfo.Search{Release: release}
+	if s.Release == "" {
+		s.Release = local
+	}
+	if s.Release == local {
+		s.BuildID, _ = debuginfo.KernelBuildID("/sys/kernel/notes")
+	}
+	return debuginfo.Find(s)
+}
+
+// Annotation says what annotating a report did.
+type Annotation struct {
+	Slide     uint64   // runtime − link-time address (KASLR)
+	Functions int      // functions given lines
+	Modules   []string // functions of modules: no lines
+	Unmatched []string // functions the vmlinux does not have at the slid address
+}
+
+// Annotate fills the Lines of every block of the report's kernel
+// functions from dbg: the line of the block's first byte (addr2line's),
+// then every line of its bytes [Start, End), sorted, each once. Runtime
+// addresses become link-time ones by the KASLR slide, the difference
+// between a function's address in the report and its symbol's in the
+// vmlinux, the same for every function of the kernel image (the most
+// common one is taken; a function that disagrees is left without lines
+// and named in Unmatched). Functions of modules get no lines. A vmlinux
+// that has none of the report's functions gives an error.
+func Annotate(rep *api.CoverReport, dbg *debuginfo.File) (Annotation, error) {
+	var a Annotation
+	syms := dbg.Symbols()
+	votes := map[uint64]int{}
+	for _, f := range rep.Functions {
+		if f.Module != "" || f.Error != "" {
+			continue
+		}
+		if link, ok := syms.Addr(f.Function); ok {
+			votes[uint64(f.Address)-link]++
+		}
+	}
+	best := 0
+	for s, n := range votes {
+		if n > best || n == best && s < a.Slide {
+			a.Slide, best = s, n
+		}
+	}
+	if best == 0 {
+		return a, fmt.Errorf("%s has none of the report's kernel functions: not this kernel's debug vmlinux", dbg.Path)
+	}
+	for i := range rep.Functions {
+		f := &rep.Functions[i]
+		if f.Error != "" {
+			continue
+		}
+		if f.Module != "" {
+			a.Modules = append(a.Modules, f.Function+" ["+f.Module+"]")
+			continue
+		}
+		// The vmlinux must have a symbol of the function's name at the
+		// slid address (of several static functions of one name, the
+		// one there is the report's).
+		link := uint64(f.Address) - a.Slide
+		if at, ok := syms.Addr(f.Function); !ok || at != link {
+			if s, off, ok := syms.Lookup(link); !ok || off != 0 || s.Name != f.Function {
+				a.Unmatched = append(a.Unmatched, f.Function)
+				continue
+			}
+		}
+		a.Functions++
+		for j := range f.Blocks {
+			b := &f.Blocks[j]
+			lo, hi := uint64(b.Start)-a.Slide, uint64(b.End)-a.Slide
+			if b.End == 0 { // a report of a kerninstd that did not give ends
+				hi = lo
+			}
+			b.Lines = blockLines(dbg, lo, hi)
+		}
+	}
+	if a.Functions == 0 && len(a.Unmatched) > 0 {
+		return a, fmt.Errorf("%s does not match the report's kernel: %d functions are not where the report puts them",
+			dbg.Path, len(a.Unmatched))
+	}
+	return a, nil
+}
+
+// blockLines are a block's lines: its first byte's, then the rest of
+// [lo, hi) (a block without an end: its first byte's only).
+func blockLines(dbg *debuginfo.File, lo, hi uint64) []string {
+	out := []string{}
+	first, err := dbg.LineAt(lo)
+	if err != nil || first.Line == 0 {
+		return out
+	}
+	out = append(out, first.String())
+	if hi <= lo {
+		return out
+	}
+	rest, _ := dbg.Lines(lo, hi)
+	for _, l := range rest {
+		if l != first {
+			out = append(out, l.String())
+		}
+	}
+	return out
+}
+
+// annotateOrSay annotates the report when debug information is at hand
+// and says on w what it did or why it could not; lines then stay empty.
+func annotateOrSay(w io.Writer, rep *api.CoverReport, dbg *debuginfo.File) {
+	if dbg == nil {
+		return
+	}
+	a, err := Annotate(rep, dbg)
+	if err != nil {
+		fmt.Fprintf(w, "kinst: no source lines: %v\n", err)
+		return
+	}
+	a.say(w, dbg.Path)
+}
+
+// say tells on w which functions got no lines, and why.
+func (a Annotation) say(w io.Writer, vmlinux string) {
+	if len(a.Modules) > 0 {
+		fmt.Fprintf(w, "kinst: no source lines for %d functions of modules (not read yet): %s\n", len(a.Modules), short(a.Modules))
+	}
+	if len(a.Unmatched) > 0 {
+		fmt.Fprintf(w, "kinst: no source lines for %d functions %s does not have where the report puts them: %s\n",
+			len(a.Unmatched), vmlinux, short(a.Unmatched))
+	}
+}
+
+// short lists up to five names.
+func short(names []string) string {
+	if len(names) > 5 {
+		return strings.Join(names[:5], ", ") + ", …"
+	}
+	return strings.Join(names, ", ")
+}
+
+// splitLine splits "file:line".
+func splitLine(s string) (string, int, bool) {
+	i := strings.LastIndexByte(s, ':')
+	if i < 0 {
+		return "", 0, false
+	}
+	n, err := strconv.Atoi(s[i+1:])
+	return s[:i], n, err == nil
+}
+
+// WriteLcov writes an annotated report (see Annotate) as an lcov
+// tracefile: per source file (SF), the functions that start in it (FN at
+// the line of their first instruction, FNDA 1 when any of their blocks
+// ran) and every line of a probed block (DA 1 when a covered block has
+// the line, else 0). Lines only refused blocks have are left out: kinst
+// cannot say whether they ran. Functions without lines (modules) are
+// left out. Files, functions and lines are sorted.
+func WriteLcov(w io.Writer, rep api.CoverReport) error {
+	type fn struct {
+		name string
+		line int
+		hit  bool
+	}
+	type file struct {
+		fns   []fn
+		lines map[int]bool // line → covered
+	}
+	files := map[string]*file{}
+	get := func(name string) *file {
+		f := files[name]
+		if f == nil {
+			f = &file{lines: map[int]bool{}}
+			files[name] = f
+		}
+		return f
+	}
+	for _, f := range rep.Functions {
+		var first string
+		hit := false
+		for _, b := range f.Blocks {
+			if len(b.Lines) > 0 && first == "" && b.Index == 0 {
+				first = b.Lines[0]
+			}
+			if b.Refused != nil {
+				continue
+			}
+			hit = hit || b.Covered
+			for _, l := range b.Lines {
+				if name, n, ok := splitLine(l); ok {
+					lf := get(name)
+					lf.lines[n] = lf.lines[n] || b.Covered
+				}
+			}
+		}
+		if first == "" {
+			for _, b := range f.Blocks {
+				if len(b.Lines) > 0 {
+					first = b.Lines[0]
+					break
+				}
+			}
+		}
+		if name, n, ok := splitLine(first); ok {
+			lf := get(name)
+			lf.fns = append(lf.fns, fn{name: f.Function, line: n, hit: hit})
+		}
+	}
+	if len(files) == 0 {
+		return errors.New("lcov: the report has no source lines (no debug vmlinux, or only functions of modules)")
+	}
+	bw := bufio.NewWriter(w)
+	names := make([]string, 0, len(files))
+	for n := range files {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	tn := strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' {
+			return r
+		}
+		return '_'
+	}, rep.Session)
+	for _, name := range names {
+		f := files[name]
+		fmt.Fprintf(bw, "TN:%s\nSF:%s\n", tn, name)
+		slices.SortFunc(f.fns, func(a, b fn) int { return cmp.Or(a.line-b.line, strings.Compare(a.name, b.name)) })
+		hit := 0
+		for _, x := range f.fns {
+			fmt.Fprintf(bw, "FN:%d,%s\n", x.line, x.name)
+		}
+		for _, x := range f.fns {
+			n := 0
+			if x.hit {
+				n, hit = 1, hit+1
+			}
+			fmt.Fprintf(bw, "FNDA:%d,%s\n", n, x.name)
+		}
+		fmt.Fprintf(bw, "FNF:%d\nFNH:%d\n", len(f.fns), hit)
+		lines := make([]int, 0, len(f.lines))
+		for l := range f.lines {
+			lines = append(lines, l)
+		}
+		slices.Sort(lines)
+		covered := 0
+		for _, l := range lines {
+			n := 0
+			if f.lines[l] {
+				n, covered = 1, covered+1
+			}
+			fmt.Fprintf(bw, "DA:%d,%d\n", l, n)
+		}
+		fmt.Fprintf(bw, "LF:%d\nLH:%d\nend_of_record\n", len(lines), covered)
+	}
+	return bw.Flush()
+}
+
+// writeLcovFile writes the lcov tracefile to path.
+func writeLcovFile(path string, rep api.CoverReport) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := WriteLcov(f, rep); err != nil {
+		f.Close()
+		os.Remove(path)
+		return err
+	}
+	return f.Close()
+}
+
+// readCoverReport reads a report saved by kinst cover --json.
+func readCoverReport(path string) (api.CoverReport, error) {
+	var rep api.CoverReport
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return rep, err
+	}
+	if err := json.Unmarshal(b, &rep); err != nil {
+		return rep, fmt.Errorf("%s: not a kinst cover --json report: %w", path, err)
+	}
+	if rep.Functions == nil {
+		return rep, fmt.Errorf("%s: not a kinst cover --json report (no \"functions\")", path)
+	}
+	return rep, nil
+}
+
+// CoverLcovOptions are the flags of kinst cover lcov.
+type CoverLcovOptions struct {
+	Report string // a kinst cover --json report
+	Debug  DebugOptions
+}
+
+// CoverLcov writes a saved report's lcov tracefile to env.Out, with
+// source lines from the debug vmlinux.
+func CoverLcov(o CoverLcovOptions, env Env) error {
+	rep, err := readCoverReport(o.Report)
+	if err != nil {
+		return err
+	}
+	dbg, err := openDebugInfo(o.Debug, "")
+	if err != nil {
+		return fmt.Errorf("lcov needs source lines: %w", err)
+	}
+	defer dbg.Close()
+	a, err := Annotate(&rep, dbg)
+	if err != nil {
+		return err
+	}
+	a.say(env.Err, dbg.Path)
+	return WriteLcov(env.Out, rep)
+}
+
+// CoverReportOptions are the flags of kinst cover report.
+type CoverReportOptions struct {
+	Session string
+	JSON    bool
+	Lcov    string // also write an lcov tracefile here
+	Debug   DebugOptions
+}
+
+// CoverReport prints the live state of a running coverage session, as
+// the final report would show it now.
+func CoverReport(ctx context.Context, c *api.Client, o CoverReportOptions, env Env) error {
+	list, err := c.Sessions(ctx)
+	if err != nil {
+		return err
+	}
+	var rep *api.CoverReport
+	for _, s := range list {
+		if s.Name == o.Session || s.ID == o.Session {
+			if s.Cover == nil {
+				return fmt.Errorf("session %s is not a coverage session", o.Session)
+			}
+			rep = s.Cover
+			break
+		}
+	}
+	if rep == nil {
+		return fmt.Errorf("no session %q (see kinst ls)", o.Session)
+	}
+	if err := coverLines(ctx, c, rep, o.Debug, o.Lcov != "", env); err != nil {
+		return err
+	}
+	if o.Lcov != "" {
+		if err := writeLcovFile(o.Lcov, *rep); err != nil {
+			return err
+		}
+	}
+	if o.JSON {
+		return writeJSON(env.Out, rep)
+	}
+	return writeCover(env.Out, *rep)
+}
+
+// coverLines annotates rep with source lines. Without --vmlinux and
+// --lcov a missing debug vmlinux is said on stderr and the lines stay
+// empty; with either, it is an error.
+func coverLines(ctx context.Context, c *api.Client, rep *api.CoverReport, o DebugOptions, need bool, env Env) error {
+	dbg, err := debugForDaemon(ctx, c, o)
+	if err != nil {
+		if need || o.Vmlinux != "" {
+			return err
+		}
+		sayNoLines(env.Err, err)
+		return nil
+	}
+	defer dbg.Close()
+	annotateOrSay(env.Err, rep, dbg)
+	return nil
+}
+
+// sayNoLines says on w why the lines stay empty.
+func sayNoLines(w io.Writer, err error) {
+	var nf *debuginfo.NotFoundError
+	if errors.As(err, &nf) {
+		fmt.Fprintf(w, "kinst: source lines left empty: %s\n", nf.Brief())
+		return
+	}
+	fmt.Fprintf(w, "kinst: source lines left empty: %v\n", err)
+}
+
+// debugForDaemon opens the debug vmlinux of the kernel kerninstd runs.
+func debugForDaemon(ctx context.Context, c *api.Client, o DebugOptions) (*debuginfo.File, error) {
+	release := ""
+	if o.Vmlinux == "" {
+		if in, err := c.Info(ctx); err == nil {
+			release = in.KernelRelease
+		}
+	}
+	return openDebugInfo(o, release)
+}
+
+// coverDebug opens the debug vmlinux for kinst cover before anything is
+// armed, and expands --file targets to the functions of those files. It
+// is an error without one when --vmlinux, --lcov or --file ask for it;
+// else a nil file, said on stderr, and the lines stay empty.
+func coverDebug(ctx context.Context, c *api.Client, o *CoverOptions, env Env) (*debuginfo.File, error) {
+	need := o.Debug.Vmlinux != "" || o.Lcov != "" || len(o.Files) > 0
+	dbg, err := debugForDaemon(ctx, c, o.Debug)
+	if err != nil {
+		if need {
+			why := "--lcov"
+			if len(o.Files) > 0 {
+				why = "--file"
+			}
+			if o.Debug.Vmlinux != "" {
+				return nil, err
+			}
+			return nil, fmt.Errorf("%s needs source lines: %w", why, err)
+		}
+		sayNoLines(env.Err, err)
+		return nil, nil
+	}
+	for _, file := range o.Files {
+		fns, err := dbg.FuncsInFile(file)
+		if err != nil {
+			dbg.Close()
+			return nil, fmt.Errorf("--file %s: %w (in %s)", file, err, dbg.Path)
+		}
+		for _, f := range fns {
+			o.Targets = append(o.Targets, f.Name)
+		}
+		fmt.Fprintf(env.Err, "kinst: %s: %d functions\n", file, len(fns))
+	}
+	return dbg, nil
+}
+
+// hasLines reports whether any block of f has source lines.
+func hasLines(f api.CoverFunction) bool {
+	for _, b := range f.Blocks {
+		if len(b.Lines) > 0 {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,50 @@
+// Package debuginfotest is the oracle of the source-line tests: binutils'
+// addr2line, run once over many addresses.
+package debuginfotest
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// Addr2line is `addr2line -e file` of each address: "file:line", without
+// the " (discriminator N)" addr2line appends to some lines. It skips the
+// test when addr2line is not installed.
+func Addr2line(t testing.TB, file string, addrs []uint64) []string {
+	t.Helper()
+	if _, err := exec.LookPath("addr2line"); err != nil {
+		t.Skip("addr2line is not installed (binutils)")
+	}
+	var in bytes.Buffer
+	for _, a := range addrs {
+		fmt.Fprintf(&in, "%#x\n", a)
+	}
+	cmd := exec.Command("addr2line", "-e", file)
+	cmd.Stdin = &in
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("addr2line -e %s: %v", file, err)
+	}
+	var lines []string
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		l := sc.Text()
+		if i := strings.Index(l, " (discriminator"); i >= 0 {
+			l = l[:i]
+		}
+		lines = append(lines, l)
+	}
+	if len(lines) != len(addrs) {
+		t.Fatalf("addr2line: %d lines for %d addresses", len(lines), len(addrs))
+	}
+	return lines
+}
+
+// Unknown reports addr2line's answer for an address of no line.
+func Unknown(line string) bool {
+	return strings.HasPrefix(line, "??") || strings.HasSuffix(line, ":0") || strings.HasSuffix(line, ":?")
+}

@@ -1,0 +1,197 @@
+package live
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/app/cli"
+	"github.com/kinst/kinst/debuginfo"
+	"github.com/kinst/kinst/debuginfo/debuginfotest"
+)
+
+// hostKinst runs the host's kinst and returns its stdout and stderr; it
+// fails the test on a non-zero status.
+func hostKinst(t *testing.T, args ...string) (string, string) {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(live.Bin, "kinst"), args...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("kinst %s: %v\n%s", strings.Join(args, " "), err, errb.String())
+	}
+	return out.String(), errb.String()
+}
+
+// kaslrSlide is the guest kernel's KASLR slide, from an oracle kinst does
+// not use: _text in the guest's /proc/kallsyms against _text in the
+// debug vmlinux.
+func kaslrSlide(t *testing.T, ctx context.Context, vmlinux string) uint64 {
+	t.Helper()
+	f := strings.Fields(gsh(t, ctx, "grep ' _text$' /proc/kallsyms"))
+	run, err := strconv.ParseUint(f[0], 16, 64)
+	if err != nil {
+		t.Fatalf("kallsyms _text: %q", f)
+	}
+	out, err := exec.Command("nm", vmlinux).Output()
+	if err != nil {
+		t.Skipf("nm: %v", err)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		if x := strings.Fields(sc.Text()); len(x) == 3 && x[2] == "_text" {
+			link, _ := strconv.ParseUint(x[0], 16, 64)
+			return run - link
+		}
+	}
+	t.Fatal("no _text in the vmlinux")
+	return 0
+}
+
+// checkFirstLines: the first line of every block with lines equals
+// addr2line -e VMLINUX LINKADDR, LINKADDR the block's start less the
+// slide; returns how many blocks were compared.
+func checkFirstLines(t *testing.T, rep api.CoverReport, vmlinux string, slide uint64) int {
+	t.Helper()
+	var addrs []uint64
+	var firsts, where []string
+	for _, f := range rep.Functions {
+		for _, b := range f.Blocks {
+			if len(b.Lines) == 0 {
+				continue
+			}
+			addrs = append(addrs, uint64(b.Start)-slide)
+			firsts = append(firsts, b.Lines[0])
+			where = append(where, fmt.Sprintf("%s:%d", f.Function, b.Index))
+		}
+	}
+	if len(addrs) == 0 {
+		t.Fatal("no block has source lines")
+	}
+	want := debuginfotest.Addr2line(t, vmlinux, addrs)
+	bad := 0
+	for i := range addrs {
+		if w := want[i]; firsts[i] != w {
+			bad++
+			if bad <= 20 {
+				t.Errorf("%s (%#x): first line %s, addr2line %s", where[i], addrs[i], firsts[i], w)
+			}
+		}
+	}
+	return len(addrs)
+}
+
+// checkLcov: genhtml renders the tracefile (without the sources, which
+// the host does not have), and it has records for the source files.
+func checkLcov(t *testing.T, path string, wantFile string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), "SF:") || !strings.Contains(string(b), wantFile) || !strings.Contains(string(b), "end_of_record") {
+		t.Errorf("lcov file %s: no record of %s:\n%.1000s", path, wantFile, b)
+	}
+	hit := 0
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "DA:") && strings.HasSuffix(l, ",1") {
+			hit++
+		}
+	}
+	if hit == 0 {
+		t.Errorf("lcov file %s: no line hit", path)
+	}
+	genhtml, err := exec.LookPath("genhtml")
+	if err != nil {
+		t.Logf("genhtml is not installed (apt-get install lcov): tracefile not rendered")
+		return
+	}
+	html := filepath.Join(t.TempDir(), "html")
+	if out, err := exec.Command(genhtml, "--no-source", "-q", "-o", html, path).CombinedOutput(); err != nil {
+		t.Errorf("genhtml %s: %v\n%s", path, err, out)
+	} else if _, err := os.Stat(filepath.Join(html, "index.html")); err != nil {
+		t.Errorf("genhtml made no index.html: %v", err)
+	}
+	t.Logf("lcov: %d bytes, %d lines hit; genhtml accepts it", len(b), hit)
+}
+
+// Source lines, on the host, of coverage taken in the guest: kinst cover
+// --json in the guest (no debug vmlinux there: lines empty), then kinst
+// cover lcov on the host with Debian's debug vmlinux, which genhtml must
+// accept; and kinst cover --file fs/stat.c run on the host against the
+// guest's kerninstd, whose blocks' first lines must equal addr2line's at
+// the block's link-time address (KASLR slide from the guest's kallsyms).
+func TestCoverSourceLines(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	vmlinux := live.DebugVmlinux(t)
+	slide := kaslrSlide(t, ctx, vmlinux)
+	t.Logf("KASLR slide %#x (guest kallsyms _text against the vmlinux)", slide)
+
+	// 1. A report taken in the guest, annotated offline on the host.
+	rep := coverRun(t, ctx, "vfs_statx filename_lookup path_lookupat vfs_getattr", "kinst workload stat 300 /")
+	for _, f := range rep.Functions {
+		for _, b := range f.Blocks {
+			if b.End <= b.Start || len(b.Lines) != 0 {
+				t.Errorf("%s:%d: start %#x end %#x lines %v (the guest has no debug vmlinux)", f.Function, b.Index,
+					uint64(b.Start), uint64(b.End), b.Lines)
+			}
+		}
+	}
+	dir := t.TempDir()
+	saved := filepath.Join(dir, "cov.json")
+	js, _ := json.Marshal(rep)
+	os.WriteFile(saved, js, 0o644)
+	start := time.Now()
+	_, stderr := hostKinst(t, "cover", "lcov", saved, "--vmlinux", vmlinux, "-o", filepath.Join(dir, "cov.info"))
+	t.Logf("kinst cover lcov: %v (opening the debug vmlinux included)%s", time.Since(start), stderr)
+	checkLcov(t, filepath.Join(dir, "cov.info"), "fs/stat.c")
+	dbg, err := debuginfo.Open(vmlinux)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := cli.Annotate(&rep, dbg)
+	dbg.Close()
+	if err != nil || a.Slide != slide || len(a.Unmatched) > 0 {
+		t.Errorf("Annotate: slide %#x (kallsyms says %#x), unmatched %v, %v", a.Slide, slide, a.Unmatched, err)
+	}
+	t.Logf("offline: first lines of %d blocks equal addr2line's", checkFirstLines(t, rep, vmlinux, slide))
+
+	// 2. kinst cover --file on the host, against the guest's kerninstd,
+	// under a workload in the guest.
+	gsh(t, ctx, "(sleep 2; kinst workload stat 300 /) >/dev/null 2>&1 &")
+	start = time.Now()
+	out, stderr := hostKinst(t, "cover", "--addr", guest.KerninstdAddr(), "--file", "fs/stat.c", "--vmlinux", vmlinux,
+		"--duration", "8s", "--json", "--lcov", filepath.Join(dir, "stat.info"), "--name", "filecov")
+	t.Logf("kinst cover --file fs/stat.c: %v\n%s", time.Since(start), stderr)
+	var frep api.CoverReport
+	if err := json.Unmarshal([]byte(out), &frep); err != nil {
+		t.Fatalf("%v:\n%.2000s", err, out)
+	}
+	names := map[string]bool{}
+	for _, f := range frep.Functions {
+		names[f.Function] = true
+	}
+	if !names["vfs_statx"] || !names["vfs_getattr"] || frep.CoveredBlocks == 0 {
+		t.Errorf("--file fs/stat.c: %d functions (%d covered blocks), vfs_statx %v, vfs_getattr %v", len(frep.Functions),
+			frep.CoveredBlocks, names["vfs_statx"], names["vfs_getattr"])
+	}
+	n := checkFirstLines(t, frep, vmlinux, slide)
+	t.Logf("--file fs/stat.c: %d functions, %d blocks, %d covered; first lines of %d blocks equal addr2line's",
+		len(frep.Functions), frep.TotalBlocks, frep.CoveredBlocks, n)
+	checkLcov(t, filepath.Join(dir, "stat.info"), "fs/stat.c")
+	if info, err := client.Info(ctx); err != nil || info.Splices != 0 || info.Sessions != 0 {
+		t.Errorf("after kinst cover --file: %+v, %v", info, err)
+	}
+	noOops(t, ctx, "kinst cover --file")
+}
