@@ -21,6 +21,10 @@ import (
 type Config struct {
 	Device   engine.Device
 	Kallsyms string // default /proc/kallsyms
+	// KprobeBlacklist is the kernel's kprobe blacklist, whose functions
+	// are refused; default kernel.KprobeBlacklistPath when Kallsyms is
+	// the default too (the running kernel).
+	KprobeBlacklist string
 	Release  string // kernel release; default from /proc/sys/kernel/osrelease
 	Info     func() api.Info
 	Log      *slog.Logger
@@ -130,7 +134,11 @@ func New(c Config) (*Daemon, error) {
 		return nil, fmt.Errorf("load symbols: %w", err)
 	}
 	d.view = view
-	p, err := splice.New(splice.Config{Kernel: view, Springboards: d.eng.Springboards(), Log: d.log})
+	bl := c.KprobeBlacklist
+	if bl == "" && c.Kallsyms == "" {
+		bl = kernel.KprobeBlacklistPath // the live kernel's
+	}
+	p, err := splice.New(splice.Config{Kernel: view, Springboards: d.eng.Springboards(), Log: d.log, KprobeBlacklist: bl})
 	if err != nil {
 		return nil, err
 	}

@@ -61,10 +61,13 @@ func IsFtraceSite(o *kernel.OwnedSites, f *cfg.Function, i int) bool {
 }
 
 // FunctionNoSplice returns why no instruction of f may be spliced, or "".
-func FunctionNoSplice(s *kernel.Symbols, f *cfg.Function, driverModule string) string {
+// bl is the kernel's kprobe blacklist (nil: not read).
+func FunctionNoSplice(s *kernel.Symbols, f *cfg.Function, driverModule string, bl kernel.KprobeBlacklist) string {
 	switch {
 	case f.Module != "" && f.Module == driverModule:
 		return "kinst's own driver text"
+	case bl[f.Addr]:
+		return "the kernel forbids probes here (kprobes blacklist: NOKPROBE_SYMBOL or a section that must not be probed)"
 	case int3Path[f.Name]:
 		return "on the int3 / die-notifier path that splices rely on"
 	case stopPath[f.Name]:

@@ -61,3 +61,27 @@ func TestFtraceSiteByRecords(t *testing.T) {
 		t.Error("without records the shape of the first instruction should decide")
 	}
 }
+
+// A function the kernel's kprobe blacklist names is refused whole; the
+// kinst lists still refuse theirs when the blacklist was not read; other
+// functions pass.
+func TestFunctionNoSpliceLists(t *testing.T) {
+	syms := kernel.NewSymbols([]kernel.Symbol{{Name: "foo", Addr: 0xffffffff81000000, Type: 't'}})
+	bl := kernel.KprobeBlacklist{0xffffffff81000000: true}
+	for _, c := range []struct {
+		fn   cfg.Function
+		bl   kernel.KprobeBlacklist
+		want string
+	}{
+		{cfg.Function{Name: "foo", Addr: 0xffffffff81000000}, bl, "kprobes blacklist"},
+		{cfg.Function{Name: "foo", Addr: 0xffffffff81000000}, nil, ""},
+		{cfg.Function{Name: "notify_die", Addr: 0xffffffff81000100}, nil, "int3"},
+		{cfg.Function{Name: "multi_cpu_stop", Addr: 0xffffffff81000200}, bl, "stop_machine"},
+		{cfg.Function{Name: "bar", Addr: 0xffffffff81000300}, bl, ""},
+	} {
+		got := FunctionNoSplice(syms, &c.fn, DriverModule, c.bl)
+		if c.want == "" && got != "" || c.want != "" && !strings.Contains(got, c.want) {
+			t.Errorf("%s (blacklist %v): %q, want %q", c.fn.Name, c.bl != nil, got, c.want)
+		}
+	}
+}

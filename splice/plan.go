@@ -35,6 +35,10 @@ type Facts struct {
 	// Prototypes from BTF make calls read only their arguments; nil:
 	// every call reads all six argument registers.
 	Prototypes kernel.Prototypes
+	// Unprobeable is the kernel's kprobe blacklist; nil when it was not
+	// read (a dump, or no debugfs): then only kinst's own lists of the
+	// int3 and stop_machine paths protect them.
+	Unprobeable kernel.KprobeBlacklist
 }
 
 // BlockOptions is how every analysis of kinst splits a function into
@@ -90,7 +94,7 @@ func thunkRank(name string) int {
 func (k *Facts) Func(fn *cfg.Function, v *Verdicts) *Func {
 	o := k.BlockOptions()
 	f := &Func{Fn: fn, Blocks: fn.BlocksOpt(o), facts: k, names: o.Names, v: v,
-		why: FunctionNoSplice(k.Symbols, fn, DriverModule)}
+		why: FunctionNoSplice(k.Symbols, fn, DriverModule, k.Unprobeable)}
 	f.jumpy = cfg.HasUnresolvedJump(f.Blocks)
 	f.usable = f.coverUsable
 	return f

@@ -24,6 +24,10 @@ type Config struct {
 	// time an instruction in reach asks. Nil: no springboard splices.
 	Springboards *springboard.Heap
 	Log          *slog.Logger
+	// KprobeBlacklist is the kernel's kprobe blacklist file
+	// (kernel.KprobeBlacklistPath on a live kernel), re-read with every
+	// new symbol snapshot; its functions are refused. "": none.
+	KprobeBlacklist string
 }
 
 // Planner plans splices in the live kernel: it keeps the facts current
@@ -39,9 +43,12 @@ type Planner struct {
 
 	protoWarn sync.Once // logs once that prototypes are unavailable
 
-	ownMu    sync.Mutex         // protects owned and ownedFor
-	owned    *kernel.OwnedSites // nil if unreadable
-	ownedFor *kernel.Symbols    // the symbol snapshot owned was read with
+	blPath string // Config.KprobeBlacklist
+
+	ownMu    sync.Mutex             // protects owned, ownedFor and bl
+	owned    *kernel.OwnedSites     // nil if unreadable
+	bl       kernel.KprobeBlacklist // nil if unread
+	ownedFor *kernel.Symbols        // the symbol snapshot owned and bl were read with
 
 	anMu  sync.Mutex      // protects noret and reads
 	noret cfg.NoReturnSet // from the whole-kernel analysis; nil until it ran
@@ -50,7 +57,7 @@ type Planner struct {
 
 // New returns a planner over c.Kernel, whose symbols must load.
 func New(c Config) (*Planner, error) {
-	p := &Planner{view: c.Kernel, heap: c.Springboards, log: c.Log}
+	p := &Planner{view: c.Kernel, heap: c.Springboards, log: c.Log, blPath: c.KprobeBlacklist}
 	if p.log == nil {
 		p.log = slog.Default()
 	}
@@ -117,6 +124,16 @@ func (p *Planner) ownedSites(syms *kernel.Symbols) *kernel.OwnedSites {
 	if p.ownedFor == syms {
 		return p.owned
 	}
+	p.bl = nil
+	if p.blPath != "" {
+		bl, err := kernel.ReadKprobeBlacklist(p.blPath)
+		if err != nil {
+			p.log.Warn("kprobe blacklist unreadable; only kinst's own lists of the int3 path protect it", "err", err)
+		} else {
+			p.bl = bl
+			p.log.Info("kprobe blacklist read", "functions", len(bl))
+		}
+	}
 	o, n, err := p.view.OwnedSites()
 	p.ownedFor = syms
 	switch {
@@ -153,8 +170,12 @@ func (p *Planner) Facts() *Facts { return p.factsFor(p.Symbols()) }
 
 func (p *Planner) factsFor(syms *kernel.Symbols) *Facts {
 	noret, reads := p.Analysis()
-	return &Facts{Symbols: syms, Text: p.view, Owned: p.ownedSites(syms), NoReturn: noret, Reads: reads,
-		Prototypes: p.Prototypes()}
+	owned := p.ownedSites(syms)
+	p.ownMu.Lock()
+	bl := p.bl
+	p.ownMu.Unlock()
+	return &Facts{Symbols: syms, Text: p.view, Owned: owned, NoReturn: noret, Reads: reads,
+		Prototypes: p.Prototypes(), Unprobeable: bl}
 }
 
 // Func parses spec as a point, reads its function from the live kernel
@@ -212,7 +233,7 @@ func (p *Planner) addSpringboardSpace(k *Facts, addr uint64) {
 			continue
 		}
 		fn, err := cfg.ReadFunction(k.Text, k.Symbols, sym)
-		if err != nil || FunctionNoSplice(k.Symbols, fn, DriverModule) != "" {
+		if err != nil || FunctionNoSplice(k.Symbols, fn, DriverModule, k.Unprobeable) != "" {
 			continue
 		}
 		owned := func(a uint64) bool { return k.Owned.Reason(a) != "" }
