@@ -243,34 +243,44 @@ func (e *Engine) unspliceSlot(slot uint64, id uint32) {
 	}
 }
 
-// spliceEach runs ops through the driver, BatchMax at a time, and
-// returns each op's id or error. An op the driver refuses fails alone and
-// the rest of its batch is tried again; when the driver has no room, the
-// ops that fit are tried again, the others fail, and that error is
-// returned as full. The caller holds e.mu.
+// spliceEach runs ops through the driver in batches (inBatches) and
+// returns each op's id or error, and the error of a driver with no room
+// left, if any. The caller holds e.mu.
 func (e *Engine) spliceEach(ops []driver.SpliceOp) (ids []uint32, errs []error, full error) {
 	ids, errs = make([]uint32, len(ops)), make([]error, len(ops))
+	full = e.inBatches(len(ops), errs, func(live []int) error {
+		batch := make([]driver.SpliceOp, len(live))
+		addrs, origs := make([]uint64, len(live)), make([][]byte, len(live))
+		for j, i := range live {
+			batch[j], addrs[j], origs[j] = ops[i], ops[i].Addr, ops[i].Orig
+		}
+		return e.ov.splicedMany(addrs, origs, func() error {
+			got, err := e.dev.SpliceBatch(batch)
+			for j, i := range live[:len(got)] {
+				ids[i] = got[j]
+			}
+			return err
+		})
+	})
+	return ids, errs, full
+}
+
+// inBatches runs n driver ops BatchMax at a time: try(live) does the ops
+// whose indices are live as one all-or-none batch. An op the driver
+// refuses (a *driver.BatchError naming it) gets that error in errs and
+// the rest of its batch is tried again; when the driver has no room
+// (ENOSPC), the ops that fit are tried again, the others fail, and the
+// error is returned. Any other error fails the whole batch.
+func (e *Engine) inBatches(n int, errs []error, try func(live []int) error) (full error) {
 	max := max(e.dev.BatchMax(), 1)
-	for lo := 0; lo < len(ops); lo += max {
+	for lo := 0; lo < n; lo += max {
 		live := make([]int, 0, max)
-		for i := lo; i < min(lo+max, len(ops)); i++ {
+		for i := lo; i < min(lo+max, n); i++ {
 			live = append(live, i)
 		}
 		for len(live) > 0 {
-			batch := make([]driver.SpliceOp, len(live))
-			addrs, origs := make([]uint64, len(live)), make([][]byte, len(live))
-			for j, i := range live {
-				batch[j], addrs[j], origs[j] = ops[i], ops[i].Addr, ops[i].Orig
-			}
-			var got []uint32
-			err := e.ov.splicedMany(addrs, origs, func() (err error) {
-				got, err = e.dev.SpliceBatch(batch)
-				return err
-			})
+			err := try(live)
 			if err == nil {
-				for j, i := range live {
-					ids[i] = got[j]
-				}
 				break
 			}
 			var be *driver.BatchError
@@ -281,7 +291,6 @@ func (e *Engine) spliceEach(ops []driver.SpliceOp) (ids []uint32, errs []error, 
 				break
 			}
 			if errors.Is(err, syscall.ENOSPC) {
-				// Only the ops before be.Index fit.
 				full = be.Err
 				for _, i := range live[be.Index:] {
 					errs[i] = be.Err
@@ -293,7 +302,7 @@ func (e *Engine) spliceEach(ops []driver.SpliceOp) (ids []uint32, errs []error, 
 			live = append(live[:be.Index], live[be.Index+1:]...)
 		}
 	}
-	return ids, errs, full
+	return full
 }
 
 // RemoveEach removes every request of rs, each as Remove does: errs[i]
@@ -372,38 +381,18 @@ func (e *Engine) unspliceBatch(rs []*Request, idx []int, errs []error) {
 	}
 }
 
-// unspliceEach unsplices ids (spliced at addrs) through the driver,
-// BatchMax at a time, and returns each one's error; an id the driver
-// refuses fails alone and the rest of its batch is tried again. The
-// caller holds e.mu.
+// unspliceEach unsplices ids (spliced at addrs) through the driver in
+// batches (inBatches) and returns each one's error. The caller holds
+// e.mu.
 func (e *Engine) unspliceEach(ids []uint32, addrs []uint64) []error {
 	errs := make([]error, len(ids))
-	max := max(e.dev.BatchMax(), 1)
-	for lo := 0; lo < len(ids); lo += max {
-		live := make([]int, 0, max)
-		for i := lo; i < min(lo+max, len(ids)); i++ {
-			live = append(live, i)
+	e.inBatches(len(ids), errs, func(live []int) error {
+		bids, baddrs := make([]uint32, len(live)), make([]uint64, len(live))
+		for j, i := range live {
+			bids[j], baddrs[j] = ids[i], addrs[i]
 		}
-		for len(live) > 0 {
-			bids, baddrs := make([]uint32, len(live)), make([]uint64, len(live))
-			for j, i := range live {
-				bids[j], baddrs[j] = ids[i], addrs[i]
-			}
-			err := e.ov.restoredMany(baddrs, func() error { return e.dev.UnspliceBatch(bids) })
-			if err == nil {
-				break
-			}
-			var be *driver.BatchError
-			if !errors.As(err, &be) || be.Index >= len(live) {
-				for _, i := range live {
-					errs[i] = err
-				}
-				break
-			}
-			errs[live[be.Index]] = be.Err
-			live = append(live[:be.Index], live[be.Index+1:]...)
-		}
-	}
+		return e.ov.restoredMany(baddrs, func() error { return e.dev.UnspliceBatch(bids) })
+	})
 	return errs
 }
 
