@@ -25,9 +25,9 @@ type Config struct {
 	// are refused; default kernel.KprobeBlacklistPath when Kallsyms is
 	// the default too (the running kernel).
 	KprobeBlacklist string
-	Release  string // kernel release; default from /proc/sys/kernel/osrelease
-	Info     func() api.Info
-	Log      *slog.Logger
+	Release         string // kernel release; default from /proc/sys/kernel/osrelease
+	Info            func() api.Info
+	Log             *slog.Logger
 	// BTF is the kernel's BTF (kernel.BTFPath), for function prototypes
 	// and the struct layouts the module and ftrace table walkers need;
 	// "": none: liveness stays conservative at calls and only the core
