@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"time"
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/app/cli"
@@ -10,8 +11,42 @@ import (
 
 var benchCommand = &command{
 	name:    "bench",
-	summary: "what instrumentation costs: a request's steps, a hit, splice churn",
-	sub:     []*command{benchSpliceCommand, benchHitCommand, benchChurnCommand},
+	summary: "what instrumentation costs: a request's steps, a hit, splice churn, coverage's decay",
+	sub:     []*command{benchSpliceCommand, benchHitCommand, benchChurnCommand, benchDecayCommand},
+}
+
+var benchDecayCommand = &command{
+	name:    "cover-decay",
+	args:    "[FUNC]",
+	summary: "a system call's throughput as a coverage session's probes remove themselves",
+	help: `A loop of stat(2) calls (on --path) runs on one thread throughout: uninstrumented
+for --baseline, then under a coverage session over FUNC (default
+__x64_sys_newfstatat, the call the loop makes) and its callees --depth calls
+down, for --duration from the moment the probes are armed, then uninstrumented
+again. Prints the loop's throughput per --step relative to the uninstrumented
+median, with the probes still live at each step's end (from the session's
+timeline), and when the throughput came back to 0.95 of it for good. Runs
+where kerninstd runs. Guest times under emulation: read the ratios.`,
+	daemon: true, report: true,
+	setup: func(fs *pflag.FlagSet) runFunc {
+		o := cli.DecayOptions{Callees: "__x64_sys_newfstatat"}
+		fs.IntVar(&o.Depth, "depth", 3, "cover FUNC's callees this many `levels` down")
+		fs.StringVar(&o.Path, "path", "/", "the `path` the loop stats")
+		fs.DurationVar(&o.Step, "step", 100*time.Millisecond, "throughput per step of this `length`")
+		fs.DurationVar(&o.Baseline, "baseline", time.Second, "time the loop uninstrumented this long, before and after")
+		fs.DurationVarP(&o.Duration, "duration", "d", 3*time.Second, "time the loop under coverage this long after arming")
+		jsonFlag(fs, &o.JSON, "the steps")
+		return func(ctx context.Context, inv invocation) (int, error) {
+			switch len(inv.args) {
+			case 0:
+			case 1:
+				o.Callees = inv.args[0]
+			default:
+				return 2, usagef("want at most one FUNC")
+			}
+			return inv.reportErr(o.JSON, func(env cli.Env) error { return cli.BenchDecay(ctx, inv.client(), o, env) })
+		}
+	},
 }
 
 var benchSpliceCommand = &command{
