@@ -37,12 +37,8 @@ where kerninstd runs. Guest times under emulation: read the ratios.`,
 		fs.DurationVarP(&o.Duration, "duration", "d", 3*time.Second, "time the loop under coverage this long after arming")
 		jsonFlag(fs, &o.JSON, "the steps")
 		return func(ctx context.Context, inv invocation) (int, error) {
-			switch len(inv.args) {
-			case 0:
-			case 1:
-				o.Callees = inv.args[0]
-			default:
-				return 2, usagef("want at most one FUNC")
+			if err := optionalFunc(inv, &o.Callees); err != nil {
+				return 2, err
 			}
 			return inv.reportErr(o.JSON, func(env cli.Env) error { return cli.BenchDecay(ctx, inv.client(), o, env) })
 		}
@@ -92,12 +88,8 @@ Guest times under emulation: read the ratios.`,
 		jsonFlag(fs, &o.JSON, "the rows")
 		return func(ctx context.Context, inv invocation) (int, error) {
 			o.Function = "__x64_sys_getppid"
-			switch len(inv.args) {
-			case 0:
-			case 1:
-				o.Function = inv.args[0]
-			default:
-				return 2, usagef("want at most one FUNC")
+			if err := optionalFunc(inv, &o.Function); err != nil {
+				return 2, err
 			}
 			return inv.reportErr(o.JSON, func(env cli.Env) error { return cli.BenchHit(ctx, inv.client(), o, env) })
 		}
@@ -130,4 +122,17 @@ back as the kernel's own bytes at the end.`,
 			return inv.reportErr(asJSON, func(env cli.Env) error { return cli.BenchChurn(ctx, inv.client(), req, asJSON, env) })
 		}
 	},
+}
+
+// optionalFunc sets *fn to the command's one positional FUNC, if given
+// (else *fn keeps its default).
+func optionalFunc(inv invocation, fn *string) error {
+	switch len(inv.args) {
+	case 0:
+	case 1:
+		*fn = inv.args[0]
+	default:
+		return usagef("want at most one FUNC")
+	}
+	return nil
 }

@@ -85,17 +85,7 @@ func checkRestored(t *testing.T, ctx context.Context, rep *api.CoverReport, orig
 func TestCoverMatchesBlockCounts(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	var fns []string
-	for _, fn := range coverFunctions {
-		if _, err := client.Resolve(ctx, fn); err == nil {
-			fns = append(fns, fn)
-		} else {
-			t.Logf("%s: %v (left out)", fn, err)
-		}
-	}
-	if len(fns) < 2 {
-		t.Fatalf("only %v of %v found", fns, coverFunctions)
-	}
+	fns := resolvable(t, ctx, 2, coverFunctions...)
 	orig := origBytes(t, ctx, fns)
 
 	cov, err := client.CreateSession(ctx, api.SessionRequest{Cover: fns, Name: "oracle1-cover", TTLNS: int64(5 * time.Minute)})
@@ -236,15 +226,7 @@ func noOops(t *testing.T, ctx context.Context, after string) {
 func TestCoverFilter(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	var fns []string
-	for _, fn := range []string{"vfs_statx", "filename_lookup", "path_lookupat", "link_path_walk", "walk_component", "step_into", "lookup_fast"} {
-		if _, err := client.Resolve(ctx, fn); err == nil {
-			fns = append(fns, fn)
-		}
-	}
-	if len(fns) < 3 {
-		t.Fatalf("only %v found", fns)
-	}
+	fns := resolvable(t, ctx, 3, "vfs_statx", "filename_lookup", "path_lookupat", "link_path_walk", "walk_component", "step_into", "lookup_fast")
 	targets := strings.Join(fns, " ")
 	noOops(t, ctx, "boot")
 	all := coverRun(t, ctx, targets, "kinst workload stat 200 /")
