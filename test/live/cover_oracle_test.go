@@ -150,18 +150,21 @@ func TestCoverErrorPath(t *testing.T) {
 	quietSince(t, ctx, log0, "the error-path sessions")
 }
 
-// The per-task filter: cova stats / while covb stats a path three
-// directories deep, both through the same functions. Blocks only one of
+// The per-task filter: cova stats / while covb stats a path with a ".."
+// in it, both through the same functions. Blocks only one of
 // them runs (covered by it alone in two unfiltered runs, and by the
 // other in neither) are the oracle: a session filtered on one comm while
 // both run covers its own exclusive blocks and none of the other's.
 func TestCoverPerTaskFilter(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	fns := resolvable(t, ctx, 4, "vfs_statx", "filename_lookup", "path_lookupat", "link_path_walk", "walk_component", "step_into", "lookup_fast", "path_init")
+	fns := resolvable(t, ctx, 4, "vfs_statx", "filename_lookup", "path_lookupat", "link_path_walk", "walk_component", "step_into",
+		"lookup_fast", "path_init", "handle_dots", "follow_dotdot_rcu", "follow_dotdot")
 	targets := strings.Join(fns, " ")
 	gsh(t, ctx, "ln -sf /bin/kinst /tmp/cova && ln -sf /bin/kinst /tmp/covb && mkdir -p /tmp/covdir/a/b && touch /tmp/covdir/a/b/c")
-	const deep = "/tmp/covdir/a/b/c"
+	// Beside the exec and the Go runtime's start, which both tasks share,
+	// only cova's path ends at the root and only covb's climbs a "..".
+	const deep = "/tmp/covdir/a/../a/b/c"
 	aCmd, bCmd := "/tmp/cova workload stat 300 /", "/tmp/covb workload stat 300 "+deep
 	log0 := dmesgLines(t, ctx)
 	alone := func(cmd string) (both, any map[string]bool) {
