@@ -8,6 +8,10 @@ type DecayReport struct {
 	Workload string `json:"workload"` // e.g. "stat(2) of /"
 	Callees  string `json:"callees"`  // the coverage session's --callees root
 	Depth    int    `json:"depth"`
+	// Runs is how many sessions were armed in a row; every figure below
+	// is the median over them (the functions and blocks are the first
+	// run's).
+	Runs int `json:"runs"`
 	// The session: functions and blocks covered, probes armed and how
 	// long arming took.
 	Functions int   `json:"functions"`
@@ -17,7 +21,8 @@ type DecayReport struct {
 	StepNS    int64 `json:"step_ns"`
 	// Baseline is the uninstrumented loop's median calls per second over
 	// steps of StepNS; BaselineMin and BaselineMax are its slowest and
-	// fastest step over that median (the emulator's own noise).
+	// fastest step over that median, over every run (the emulator's own
+	// noise).
 	Baseline    float64 `json:"baseline_calls_per_sec"`
 	BaselineMin float64 `json:"baseline_min"`
 	BaselineMax float64 `json:"baseline_max"`

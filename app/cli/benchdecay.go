@@ -23,6 +23,7 @@ type DecayOptions struct {
 	Step     time.Duration // throughput per step
 	Baseline time.Duration // uninstrumented, before and after
 	Duration time.Duration // under coverage, after arming
+	Runs     int           // sessions in a row; each step's median is kept
 	JSON     bool
 }
 
@@ -31,14 +32,14 @@ const decayRecovered = 0.95
 
 // BenchDecay measures the overhead of a coverage session as its probes
 // remove themselves: a loop of stat(2) calls on one thread runs
-// throughout; its throughput per step is taken uninstrumented
-// (Baseline), then from the moment a coverage session over
-// o.Callees and its callees (o.Depth deep) is armed (Duration), then
-// again uninstrumented after the session is removed (drift). It runs
-// where kerninstd runs (the guest).
+// throughout; in each of o.Runs runs its throughput per step is taken
+// uninstrumented (Baseline), then from the moment a coverage session
+// over o.Callees and its callees (o.Depth deep) is armed (Duration),
+// then again uninstrumented after the session is removed (drift). It
+// runs where kerninstd runs (the guest).
 func BenchDecay(ctx context.Context, c *api.Client, o DecayOptions, env Env) error {
-	if o.Step <= 0 || o.Baseline < o.Step || o.Duration < o.Step || o.Depth < 1 {
-		return errors.New("bench cover-decay: --step must be positive, --baseline and --duration at least one step, --depth at least 1")
+	if o.Step <= 0 || o.Baseline < o.Step || o.Duration < o.Step || o.Depth < 1 || o.Runs < 1 {
+		return errors.New("bench cover-decay: --step must be positive, --baseline and --duration at least one step, --depth and --runs at least 1")
 	}
 	var st unix.Stat_t
 	if err := unix.Stat(o.Path, &st); err != nil {
@@ -81,59 +82,90 @@ func BenchDecay(ctx context.Context, c *api.Client, o DecayOptions, env Env) err
 		return out
 	}
 	steps := func(d time.Duration) int { return int(d / o.Step) }
-	fmt.Fprintf(env.Err, "kinst: stat(2) loop on %s: warming up, then %v uninstrumented…\n", o.Path, o.Baseline)
+	fmt.Fprintf(env.Err, "kinst: stat(2) loop on %s: warming up…\n", o.Path)
 	rates(steps(300 * time.Millisecond)) // the emulator translates the path once
-	base := rates(steps(o.Baseline))
-
-	sess, err := c.CreateSession(ctx, api.SessionRequest{CoverCallees: []string{o.Callees}, CoverDepth: o.Depth,
-		Name: "bench-cover-decay", TTLNS: int64(o.Duration + time.Minute)})
-	if err != nil {
-		return err
+	var runs []decayRun
+	for r := 0; r < o.Runs; r++ {
+		var run decayRun
+		run.base = rates(steps(o.Baseline))
+		sess, err := c.CreateSession(ctx, api.SessionRequest{CoverCallees: []string{o.Callees}, CoverDepth: o.Depth,
+			Name: "bench-cover-decay", TTLNS: int64(o.Duration + time.Minute)})
+		if err != nil {
+			return err
+		}
+		if sess.Cover == nil {
+			c.RemoveSession(context.WithoutCancel(ctx), sess.ID)
+			return errors.New("bench cover-decay: kerninstd made no coverage session (an older kerninstd?)")
+		}
+		fmt.Fprintf(env.Err, "kinst: run %d: %d probes armed over %d blocks in %s; %v under coverage…\n", r+1,
+			sess.Cover.Armed, sess.Cover.TotalBlocks, fmtNS(float64(sess.Cover.ArmNS)), o.Duration)
+		run.under = rates(steps(o.Duration))
+		final, err := c.RemoveSession(context.WithoutCancel(ctx), sess.ID)
+		if err != nil {
+			return err
+		}
+		if final.Cover == nil {
+			return errors.New("bench cover-decay: the session's final state has no coverage")
+		}
+		run.cov = *final.Cover
+		run.after = rates(steps(o.Baseline))
+		runs = append(runs, run)
 	}
-	if sess.Cover == nil {
-		c.RemoveSession(context.WithoutCancel(ctx), sess.ID)
-		return errors.New("bench cover-decay: kerninstd made no coverage session (an older kerninstd?)")
-	}
-	fmt.Fprintf(env.Err, "kinst: %d probes armed over %d blocks in %s; %v under coverage…\n",
-		sess.Cover.Armed, sess.Cover.TotalBlocks, fmtNS(float64(sess.Cover.ArmNS)), o.Duration)
-	under := rates(steps(o.Duration))
-	final, err := c.RemoveSession(context.WithoutCancel(ctx), sess.ID)
-	if err != nil {
-		return err
-	}
-	if final.Cover == nil {
-		return errors.New("bench cover-decay: the session's final state has no coverage")
-	}
-	after := rates(steps(o.Baseline))
-	rep := decayReport(o, *final.Cover, base, under, after)
+	rep := decayReport(o, runs)
 	rep.Workload = "stat(2) of " + o.Path
 	return writeDecayReport(env.Out, rep, o.JSON)
 }
 
-// decayReport derives the report from the per-step rates: uninstrumented
-// before (base), under coverage from its arming (under) and after; the
-// live probes at each step's end are the session's timeline's.
-func decayReport(o DecayOptions, cov api.CoverReport, base, under, after []float64) api.DecayReport {
-	b := median(base)
-	rep := api.DecayReport{Callees: o.Callees, Depth: o.Depth, Functions: len(cov.Functions), Blocks: cov.TotalBlocks,
-		Armed: cov.Armed, ArmNS: cov.ArmNS, StepNS: int64(o.Step), Baseline: b, Steps: []api.DecayStep{}}
-	if b <= 0 {
+// decayRun is one run's rates per step, uninstrumented before (base),
+// under coverage from its arming (under) and after, and its session.
+type decayRun struct {
+	cov                api.CoverReport
+	base, under, after []float64
+}
+
+// decayReport derives the report from the runs: each run's steps are
+// taken relative to its own uninstrumented median, and each step's
+// figures are the median over runs (the live probes at a step's end from
+// each session's timeline).
+func decayReport(o DecayOptions, runs []decayRun) api.DecayReport {
+	rep := api.DecayReport{Callees: o.Callees, Depth: o.Depth, Runs: len(runs), StepNS: int64(o.Step), Steps: []api.DecayStep{}}
+	if len(runs) == 0 {
 		return rep
 	}
+	first := runs[0].cov
+	rep.Functions, rep.Blocks, rep.Armed = len(first.Functions), first.TotalBlocks, first.Armed
+	var bases, afters, arms []float64
 	rep.BaselineMin, rep.BaselineMax = 1, 1
-	for _, r := range base {
-		rep.BaselineMin, rep.BaselineMax = min(rep.BaselineMin, r/b), max(rep.BaselineMax, r/b)
-	}
-	rep.After = median(after) / b
-	for i, r := range under {
-		end := int64(i+1) * int64(o.Step)
-		s := api.DecayStep{ElapsedNS: end, CallsPerSec: r, Ratio: r / b, LiveProbes: cov.Armed}
-		for _, t := range cov.Timeline {
-			if t.ElapsedNS <= end {
-				s.LiveProbes, s.Covered = t.LiveProbes, t.Covered
-			}
+	for _, r := range runs {
+		b := median(r.base)
+		bases, arms = append(bases, b), append(arms, float64(r.cov.ArmNS))
+		if b <= 0 {
+			return rep
 		}
-		rep.Steps = append(rep.Steps, s)
+		for _, v := range r.base {
+			rep.BaselineMin, rep.BaselineMax = min(rep.BaselineMin, v/b), max(rep.BaselineMax, v/b)
+		}
+		afters = append(afters, median(r.after)/b)
+	}
+	rep.Baseline, rep.After, rep.ArmNS = median(bases), median(afters), int64(median(arms))
+	for i := range runs[0].under {
+		end := int64(i+1) * int64(o.Step)
+		var cps, ratio, live, covered []float64
+		for k, r := range runs {
+			if i >= len(r.under) {
+				continue
+			}
+			cps, ratio = append(cps, r.under[i]), append(ratio, r.under[i]/bases[k])
+			l, c := r.cov.Armed, 0
+			for _, t := range r.cov.Timeline {
+				if t.ElapsedNS <= end {
+					l, c = t.LiveProbes, t.Covered
+				}
+			}
+			live, covered = append(live, float64(l)), append(covered, float64(c))
+		}
+		rep.Steps = append(rep.Steps, api.DecayStep{ElapsedNS: end, CallsPerSec: median(cps), Ratio: median(ratio),
+			LiveProbes: int(median(live)), Covered: int(median(covered))})
 	}
 	for i := len(rep.Steps) - 1; i >= 0 && rep.Steps[i].Ratio >= decayRecovered; i-- {
 		if i == 0 {
@@ -154,8 +186,9 @@ func writeDecayReport(w io.Writer, r api.DecayReport, asJSON bool) error {
 	fmt.Fprintf(w, "overhead decay of a %s loop under coverage of %s and its callees %d deep\n", r.Workload, r.Callees, r.Depth)
 	fmt.Fprintf(w, "(%d functions, %d blocks, %d probes armed in %s; guest time under emulation: read the ratios)\n",
 		r.Functions, r.Blocks, r.Armed, fmtNS(float64(r.ArmNS)))
-	fmt.Fprintf(w, "uninstrumented: %.0f calls/s (median of %s steps; steps from %.3f to %.3f of it); after the session: %.3f\n\n",
+	fmt.Fprintf(w, "uninstrumented: %.0f calls/s (median of %s steps; steps from %.3f to %.3f of it); after the session: %.3f\n",
 		r.Baseline, fmtNS(float64(r.StepNS)), r.BaselineMin, r.BaselineMax, r.After)
+	fmt.Fprintf(w, "each step: the median over %d runs, each relative to its own uninstrumented median\n\n", r.Runs)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "after arming s\tcalls/s\tratio\tlive probes\tcovered\t")
 	for _, s := range r.Steps {

@@ -17,7 +17,7 @@ type CoverOptions struct {
 	Targets  []string      // functions, or globs over function names
 	Modules  []string      // and every function of these modules' text
 	Callees  []string      // and these functions with their callees…
-	Depth    int           // …this many calls down (0: 1)
+	Depth    int           // …this many calls down (0: 1); ignored without Callees
 	SVG      string        // write a chart of live probes and covered blocks here
 	Duration time.Duration // 0: until Ctrl-C or the command exits
 	Filter   api.Filter    // pid or comm: only these tasks' execution covers
@@ -38,8 +38,11 @@ func Cover(ctx context.Context, c *api.Client, o CoverOptions, env Env) (int, er
 	if err := checkOutputDir("cover", o.SVG); err != nil {
 		return 2, err
 	}
-	req := api.SessionRequest{Cover: o.Targets, CoverModules: o.Modules, CoverCallees: o.Callees, CoverDepth: o.Depth,
+	req := api.SessionRequest{Cover: o.Targets, CoverModules: o.Modules, CoverCallees: o.Callees,
 		Tied: true, Name: o.Name, TTLNS: int64(o.TTL)}
+	if len(o.Callees) > 0 {
+		req.CoverDepth = o.Depth
+	}
 	if o.Filter != (api.Filter{}) {
 		f := o.Filter
 		req.Filter = &f

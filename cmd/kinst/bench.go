@@ -23,18 +23,20 @@ var benchDecayCommand = &command{
 for --baseline, then under a coverage session over FUNC (default
 __x64_sys_newfstatat, the call the loop makes) and its callees --depth calls
 down, for --duration from the moment the probes are armed, then uninstrumented
-again. Prints the loop's throughput per --step relative to the uninstrumented
-median, with the probes still live at each step's end (from the session's
-timeline), and when the throughput came back to 0.95 of it for good. Runs
-where kerninstd runs. Guest times under emulation: read the ratios.`,
+again; --runs times. Prints the loop's throughput per --step relative to the
+uninstrumented median (the median over runs), with the probes still live at
+each step's end (from the sessions' timelines), and when the throughput came
+back to 0.95 of it for good. Runs where kerninstd runs. Guest times under
+emulation: read the ratios.`,
 	daemon: true, report: true,
 	setup: func(fs *pflag.FlagSet) runFunc {
 		o := cli.DecayOptions{Callees: "__x64_sys_newfstatat"}
-		fs.IntVar(&o.Depth, "depth", 3, "cover FUNC's callees this many `levels` down")
+		fs.IntVar(&o.Depth, "depth", 4, "cover FUNC's callees this many `levels` down")
 		fs.StringVar(&o.Path, "path", "/", "the `path` the loop stats")
 		fs.DurationVar(&o.Step, "step", 100*time.Millisecond, "throughput per step of this `length`")
 		fs.DurationVar(&o.Baseline, "baseline", time.Second, "time the loop uninstrumented this long, before and after")
 		fs.DurationVarP(&o.Duration, "duration", "d", 3*time.Second, "time the loop under coverage this long after arming")
+		fs.IntVar(&o.Runs, "runs", 3, "arm a session this many times in a row (each step's median over runs is kept)")
 		jsonFlag(fs, &o.JSON, "the steps")
 		return func(ctx context.Context, inv invocation) (int, error) {
 			if err := optionalFunc(inv, &o.Callees); err != nil {

@@ -438,3 +438,33 @@ func sameSet(got, want []string) bool {
 	}
 	return set(got) == set(want)
 }
+
+// kinst cover's targets through the command line: a function alone (the
+// --depth default goes nowhere without --callees), and callees to a
+// depth, each with the report's functions.
+func TestCoverTargetsCommandLine(t *testing.T) {
+	s := kerninstdtest.New(t)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"lookuppn"}, "filename_lookup"},
+		{[]string{"--callees", "do_sys_openat2", "--depth", "2"}, "do_sys_openat2 do_filp_open putname path_openat"},
+		{[]string{"putname", "--callees", "do_filp_open"}, "putname do_filp_open path_openat"},
+	} {
+		args := append(append([]string{"cover"}, tc.args...), "--json", "--addr", s.Addr, "--", "sh", "-c", "true")
+		status, out, errOut := kinst(t, args...)
+		var rep api.CoverReport
+		if err := json.Unmarshal([]byte(out), &rep); status != 0 || err != nil {
+			t.Errorf("kinst %s: status %d, %v\n%s", strings.Join(args, " "), status, err, errOut)
+			continue
+		}
+		var got []string
+		for _, f := range rep.Functions {
+			got = append(got, f.Function)
+		}
+		if strings.Join(got, " ") != tc.want {
+			t.Errorf("kinst %s: functions %v, want %s", strings.Join(args, " "), got, tc.want)
+		}
+	}
+}

@@ -246,7 +246,7 @@ func TestCoverPerTaskFilter(t *testing.T) {
 func TestCoverKill9(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	fns := []string{"vfs_statx", "filename_lookup", "path_lookupat", "link_path_walk", "walk_component", "do_sys_openat2", "do_filp_open"}
+	fns := resolvable(t, ctx, 4, "vfs_statx", "filename_lookup", "path_lookupat", "link_path_walk", "walk_component", "do_sys_openat2", "do_filp_open")
 	orig := origBytes(t, ctx, fns)
 	log0 := dmesgLines(t, ctx)
 	s, err := client.CreateSession(ctx, api.SessionRequest{Cover: fns, Name: "kill9-cover", TTLNS: int64(5 * time.Minute)})

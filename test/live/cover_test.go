@@ -199,10 +199,10 @@ func TestCoverCommand(t *testing.T) {
 // is the test's to judge) and returns the report.
 func coverRun(t *testing.T, ctx context.Context, args, cmd string) api.CoverReport {
 	t.Helper()
-	out := gsh(t, ctx, "kinst cover "+args+" --json -- "+cmd+" 2>/dev/null || true")
+	out, errOut, _ := gexec(t, ctx, "sh", "-c", "kinst cover "+args+" --json -- "+cmd)
 	var rep api.CoverReport
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
-		t.Fatalf("kinst cover %s: %v:\n%.2000s", args, err, out)
+		t.Fatalf("kinst cover %s: %v:\n%.2000s\nstderr:\n%.2000s", args, err, out, errOut)
 	}
 	if info, err := client.Info(ctx); err != nil || info.Splices != 0 || info.DriverSplices != 0 {
 		t.Errorf("after kinst cover %s: %+v, %v", args, info, err)
