@@ -65,6 +65,9 @@ func FunctionNoSplice(s *kernel.Symbols, f *cfg.Function, driverModule string) s
 		return "kinst's own driver text"
 	case int3Path[f.Name]:
 		return "on the int3 / die-notifier path that splices rely on"
+	case cfg.IsIndirectThunk(f.Name) || cfg.IsReturnThunk(f.Name):
+		// The die notifier is called indirectly, through the thunk.
+		return "a retpoline or return thunk: every indirect call or return runs it, the int3 path's included"
 	}
 	for _, sec := range noinstrSections {
 		if f.Module == "" && s.InRange(f.Addr, sec[0], sec[1]) {
