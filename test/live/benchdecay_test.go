@@ -10,14 +10,20 @@ import (
 )
 
 // kinst bench cover-decay in the guest: a stat(2) loop under a coverage
-// session over newfstatat's call graph, three calls deep. The figures
+// session over newfstatat's call graph, three and four calls deep. The figures
 // are logged (guest time under emulation: speed is the benchmark's to
 // report, not the test's to judge); the test checks the report's shape
 // against the session's own accounting and that nothing is left.
 func TestBenchCoverDecay(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	for _, depth := range []string{"3", "4"} {
+		t.Run("depth="+depth, func(t *testing.T) { benchCoverDecay(t, depth) })
+	}
+}
+
+func benchCoverDecay(t *testing.T, depth string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	out, errOut, code := gexec(t, ctx, "kinst", "bench", "cover-decay", "--json", "--duration", "3s")
+	out, errOut, code := gexec(t, ctx, "kinst", "bench", "cover-decay", "--json", "--duration", "3s", "--depth", depth)
 	if code != 0 {
 		t.Fatalf("bench cover-decay: status %d\n%s", code, errOut)
 	}
