@@ -107,8 +107,17 @@ type SessionRequest struct {
 	Timers []string `json:"timers,omitempty"`
 	// Cover makes a coverage session: a probe at every basic block of
 	// each function named (or matched by a glob: vfs_*), removed when it
-	// first runs. Not with Points, Timers or Lock.
+	// first runs. Not with Points, Timers or Lock. Each function is
+	// covered once, whichever targets name it.
 	Cover []string `json:"cover,omitempty"`
+	// CoverModules adds every function of each loaded module's text
+	// (ext4) to a coverage session.
+	CoverModules []string `json:"cover_modules,omitempty"`
+	// CoverCallees adds each function named and the functions it calls
+	// directly or by tail call, CoverDepth levels down (0: 1), to a
+	// coverage session. Indirect calls are not followed.
+	CoverCallees []string `json:"cover_callees,omitempty"`
+	CoverDepth   int      `json:"cover_depth,omitempty"`
 	// Filter restricts the timers (or coverage probes) to some tasks.
 	Filter *Filter `json:"filter,omitempty"`
 	// Virtual also measures the timers' on-CPU time, with a hook in the

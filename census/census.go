@@ -232,6 +232,43 @@ func callGraph(sums map[uint64]*summary) CallGraph {
 	return g
 }
 
+// Callees are the call graph's edges from fn (split into blocks as
+// splice.Facts.Func splits it): each block's direct calls, then its tail
+// call, in block order. Indirect calls are not edges.
+func Callees(fn *cfg.Function, blocks []cfg.Block) []CallEdge {
+	var out []CallEdge
+	for i := range blocks {
+		b := &blocks[i]
+		blockCalls(fn, b, func(t, site uint64) { out = append(out, CallEdge{Caller: fn.Addr, Callee: t, Site: site}) })
+		if t, site, ok := tailCall(fn, b); ok {
+			out = append(out, CallEdge{Caller: fn.Addr, Callee: t, Site: site, Tail: true})
+		}
+	}
+	return out
+}
+
+// blockCalls calls call with the target and address of each direct call
+// of block b, in order.
+func blockCalls(fn *cfg.Function, b *cfg.Block, call func(target, site uint64)) {
+	for i := b.First; i < b.First+b.N; i++ {
+		if in := &fn.Insns[i]; in.Inst.Op == x86asm.CALL {
+			if t, ok := cfg.BranchTarget(in); ok {
+				call(t, in.Addr)
+			}
+		}
+	}
+}
+
+// tailCall is the target and the jmp of block b's tail call, if it ends
+// in one.
+func tailCall(fn *cfg.Function, b *cfg.Block) (target, site uint64, ok bool) {
+	if b.Exit != cfg.TailCall {
+		return 0, 0, false
+	}
+	target, _ = cfg.BranchTarget(b.Last(fn))
+	return target, b.Last(fn).Addr, true
+}
+
 // summary is what the no-return analysis needs of a function.
 type summary struct {
 	blocks    []summaryBlock
@@ -363,19 +400,12 @@ func analyzeOne(k *splice.Facts, s kernel.Symbol, st *Stats, w *worker) *summary
 		}
 		sb.succs = succs[n:len(succs):len(succs)]
 		n = len(calls)
-		for i := b.First; i < b.First+b.N; i++ {
-			if in := &fn.Insns[i]; in.Inst.Op == x86asm.CALL {
-				if t, ok := cfg.BranchTarget(in); ok {
-					calls = append(calls, t)
-					sites = append(sites, in.Addr)
-				}
-			}
-		}
+		blockCalls(fn, &b, func(t, site uint64) {
+			calls = append(calls, t)
+			sites = append(sites, site)
+		})
 		sb.calls, sb.callSites = calls[n:len(calls):len(calls)], sites[n:len(sites):len(sites)]
-		if b.Exit == cfg.TailCall {
-			sb.tail, _ = cfg.BranchTarget(b.Last(fn))
-			sb.tailSite = b.Last(fn).Addr
-		}
+		sb.tail, sb.tailSite, _ = tailCall(fn, &b)
 	}
 	for bi := range blocks {
 		b := &blocks[bi]

@@ -36,19 +36,19 @@ func (d *Daemon) BenchArm(ctx context.Context, req api.ArmRequest) (api.ArmResul
 		res.Mode = "single"
 	}
 	start := d.clock.Now()
-	names, _, err := d.coverTargets(targets)
+	fns, err := d.coverTargets(api.SessionRequest{Cover: targets})
 	if err != nil {
 		return res, err
 	}
 	var sites []*splice.Site
-	for _, name := range names {
+	for _, fn := range fns {
 		if len(sites) >= req.Blocks {
 			break
 		}
 		if err := ctx.Err(); err != nil {
 			return res, err
 		}
-		_, fs, _, err := d.planCover(name)
+		_, fs, _, err := d.planCover(fn)
 		if err != nil {
 			continue // not a function kinst can read
 		}

@@ -3,8 +3,6 @@ package kerninstd
 import (
 	"errors"
 	"fmt"
-	"path"
-	"strings"
 	"time"
 
 	"github.com/kinst/kinst/api"
@@ -34,47 +32,15 @@ type coverProbe struct {
 	fn, bl int // report.Functions[fn].Blocks[bl]
 }
 
-// coverTargets expands the request's targets to function names: a name
-// as given, a glob (*, ?, [...]) to every function symbol it matches, in
-// address order. Each function once.
-func (d *Daemon) coverTargets(targets []string) (names []string, explicit map[string]bool, err error) {
-	syms := d.symbols()
-	seen := map[string]bool{}
-	explicit = map[string]bool{}
-	for _, t := range targets {
-		if !strings.ContainsAny(t, "*?[") {
-			if !seen[t] {
-				seen[t], explicit[t] = true, true
-				names = append(names, t)
-			}
-			continue
-		}
-		if _, err := path.Match(t, ""); err != nil {
-			return nil, nil, badRequest(fmt.Errorf("target %q: %w", t, err))
-		}
-		n := 0
-		for _, s := range syms.All() {
-			if ok, _ := path.Match(t, s.Name); ok {
-				n++
-				if !seen[s.Name] {
-					seen[s.Name] = true
-					names = append(names, s.Name)
-				}
-			}
-		}
-		if n == 0 {
-			return nil, nil, badRequest(fmt.Errorf("target %q matches no function", t))
-		}
-	}
-	return names, explicit, nil
-}
-
 // planCover plans a probe at every block of the function: the block's
 // cheapest spliceable instruction (splice.Func.Block). A block with none
 // is listed with the planner's reason; padding is not a block of the
 // function and is left out.
-func (d *Daemon) planCover(name string) (api.CoverFunction, []*splice.Site, []int, error) {
-	f, _, err := d.plan.Func(name)
+func (d *Daemon) planCover(t coverTarget) (api.CoverFunction, []*splice.Site, []int, error) {
+	f, err := t.f, t.err
+	if f == nil && err == nil {
+		f, err = d.plan.FuncOf(t.syms, t.sym)
+	}
 	if err != nil {
 		return api.CoverFunction{}, nil, nil, err
 	}
@@ -120,7 +86,7 @@ func refusal(err error) string {
 // its block refused with the error; the others stay.
 func (d *Daemon) createCover(req api.SessionRequest) (api.Session, error) {
 	if len(req.Points) > 0 || len(req.Timers) > 0 || req.Lock != "" || req.Virtual {
-		return api.Session{}, badRequest(errors.New("a coverage session takes functions only (no points, timers or lock)"))
+		return api.Session{}, badRequest(errors.New("a coverage session takes functions, modules and callees only (no points, timers or lock)"))
 	}
 	if req.TTLNS < 0 {
 		return api.Session{}, badRequest(errors.New("negative time-to-live"))
@@ -129,22 +95,21 @@ func (d *Daemon) createCover(req api.SessionRequest) (api.Session, error) {
 	if err != nil {
 		return api.Session{}, err
 	}
-	names, explicit, err := d.coverTargets(req.Cover)
+	targets, err := d.coverTargets(req)
 	if err != nil {
 		return api.Session{}, err
 	}
 	rep := api.CoverReport{Filter: desc, Functions: []api.CoverFunction{}, Timeline: []api.CoverSample{}}
 	var sites []*splice.Site
 	var where [][2]int
-	for _, name := range names {
-		cf, fs, bl, err := d.planCover(name)
+	for _, t := range targets {
+		cf, fs, bl, err := d.planCover(t)
 		if err != nil {
-			if explicit[name] {
-				return api.Session{}, &PointError{Point: name, Err: err}
-			}
-			// A glob matched a symbol kinst cannot read as a function:
-			// listed with the reason and no blocks.
-			rep.Functions = append(rep.Functions, api.CoverFunction{Function: name, Error: refusal(err), Blocks: []api.CoverBlock{}})
+			// A glob, module or call graph reached a symbol kinst
+			// cannot read as a function: listed with the reason and no
+			// blocks. (A function named alone failed the request.)
+			rep.Functions = append(rep.Functions, api.CoverFunction{Function: t.sym.Name, Module: t.sym.Module,
+				Address: api.Addr(t.sym.Addr), Error: refusal(err), Blocks: []api.CoverBlock{}})
 			continue
 		}
 		for i, s := range fs {

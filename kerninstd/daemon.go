@@ -184,7 +184,7 @@ func (e *PointError) Unwrap() error { return e.Err }
 
 // CreateSession installs a counter at every point, or none.
 func (d *Daemon) CreateSession(req api.SessionRequest) (api.Session, error) {
-	if len(req.Cover) > 0 {
+	if isCover(req) {
 		return d.createCover(req)
 	}
 	if len(req.Points) == 0 && len(req.Timers) == 0 && req.Lock == "" {

@@ -24,12 +24,20 @@ func (e *NoSpliceError) Error() string {
 func (e *NoSpliceError) Is(target error) bool { return target == ErrNoSplice }
 
 // int3Path lists the functions a CPU runs between hitting an int3 and our
-// die notifier redirecting it: a splice there would recurse.
+// die notifier redirecting it: a splice there would recurse (every splice
+// is an int3 while it is written). atomic_notifier_call_chain takes
+// rcu_read_lock, which with preemptible RCU (Debian's PREEMPT_DYNAMIC
+// kernels) calls __rcu_read_lock and __rcu_read_unlock out of line; a
+// coverage session over a system call's callees reached them, and the
+// recursion overflowed the NMI nesting count (BUG in irqentry_nmi_enter).
+// do_int3 asks kgdb and kprobes first (kgdb_ll_trap, get_kprobe).
 var int3Path = map[string]bool{
 	"exc_int3": true, "do_int3": true, "do_int3_user": true, "poke_int3_handler": true,
 	"notify_die": true, "atomic_notifier_call_chain": true, "notifier_call_chain": true,
 	"kprobe_int3_handler": true, "irqentry_nmi_enter": true, "irqentry_nmi_exit": true,
 	"sync_core": true, "text_poke_bp_batch": true,
+	"__rcu_read_lock": true, "__rcu_read_unlock": true, "rcu_read_unlock_special": true,
+	"kgdb_ll_trap": true, "get_kprobe": true,
 }
 
 // stopPath lists the functions a CPU runs while the driver has it parked
@@ -72,6 +80,9 @@ func FunctionNoSplice(s *kernel.Symbols, f *cfg.Function, driverModule string, b
 		return "on the int3 / die-notifier path that splices rely on"
 	case stopPath[f.Name]:
 		return "run by CPUs parked in stop_machine while the driver writes a splice"
+	case cfg.IsIndirectThunk(f.Name) || cfg.IsReturnThunk(f.Name):
+		// The die notifier is called indirectly, through the thunk.
+		return "a retpoline or return thunk: every indirect call or return runs it, the int3 path's included"
 	}
 	for _, sec := range noinstrSections {
 		if f.Module == "" && s.InRange(f.Addr, sec[0], sec[1]) {

@@ -189,13 +189,26 @@ func (p *Planner) Func(spec string) (*Func, Point, error) {
 	if err != nil {
 		return nil, pt, err
 	}
-	fn, err := cfg.ReadFunction(p.view, syms, sym)
+	f, err := p.FuncOf(syms, sym)
 	if err != nil {
 		return nil, pt, err
 	}
+	f.Ambiguous = amb
+	return f, pt, nil
+}
+
+// FuncOf reads the function sym of the snapshot syms from the live kernel
+// and plans it: Func for a symbol already found, which a name may not
+// name alone (a module's static function can share its name with the
+// core kernel's).
+func (p *Planner) FuncOf(syms *kernel.Symbols, sym kernel.Symbol) (*Func, error) {
+	fn, err := cfg.ReadFunction(p.view, syms, sym)
+	if err != nil {
+		return nil, err
+	}
 	k := p.factsFor(syms)
 	f := k.Func(fn, nil)
-	f.Sym, f.Ambiguous = sym, amb
+	f.Sym = sym
 	if p.heap != nil {
 		f.slotFree = func(addr uint64) bool {
 			p.addSpringboardSpace(k, addr)
@@ -203,7 +216,7 @@ func (p *Planner) Func(spec string) (*Func, Point, error) {
 			return ok
 		}
 	}
-	return f, pt, nil
+	return f, nil
 }
 
 // Resolve maps a point to one instruction of the live kernel and plans

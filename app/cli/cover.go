@@ -15,6 +15,10 @@ import (
 // CoverOptions are the flags of `kinst cover`.
 type CoverOptions struct {
 	Targets  []string      // functions, or globs over function names
+	Modules  []string      // and every function of these modules' text
+	Callees  []string      // and these functions with their callees…
+	Depth    int           // …this many calls down (0: 1); ignored without Callees
+	SVG      string        // write a chart of live probes and covered blocks here
 	Duration time.Duration // 0: until Ctrl-C or the command exits
 	Filter   api.Filter    // pid or comm: only these tasks' execution covers
 	JSON     bool
@@ -31,8 +35,11 @@ type CoverOptions struct {
 // command exits or a signal arrives, the remaining probes are removed and
 // the report printed. It returns the exit status kinst should exit with.
 func Cover(ctx context.Context, c *api.Client, o CoverOptions, env Env) (int, error) {
-	if len(o.Targets) == 0 && len(o.Files) == 0 {
-		return 2, errors.New("cover: name at least one function or glob (vfs_*)")
+	if len(o.Targets) == 0 && len(o.Files) == 0 && len(o.Modules) == 0 && len(o.Callees) == 0 {
+		return 2, errors.New("cover: name at least one function or glob (vfs_*), --file, --module or --callees")
+	}
+	if err := checkOutputDir("cover", o.SVG); err != nil {
+		return 2, err
 	}
 	dbg, err := coverDebug(ctx, c, &o, env)
 	if err != nil {
@@ -41,7 +48,11 @@ func Cover(ctx context.Context, c *api.Client, o CoverOptions, env Env) (int, er
 	if dbg != nil {
 		defer dbg.Close()
 	}
-	req := api.SessionRequest{Cover: o.Targets, Tied: true, Name: o.Name, TTLNS: int64(o.TTL)}
+	req := api.SessionRequest{Cover: o.Targets, CoverModules: o.Modules, CoverCallees: o.Callees,
+		Tied: true, Name: o.Name, TTLNS: int64(o.TTL)}
+	if len(o.Callees) > 0 {
+		req.CoverDepth = o.Depth
+	}
 	if o.Filter != (api.Filter{}) {
 		f := o.Filter
 		req.Filter = &f
@@ -83,6 +94,12 @@ func Cover(ctx context.Context, c *api.Client, o CoverOptions, env Env) (int, er
 			fmt.Fprintf(env.Err, "kinst: %v\n", err)
 			exitStatus = max(exitStatus, 1)
 		}
+	}
+	if o.SVG != "" {
+		if err := writeCoverPlot(o.SVG, report); err != nil {
+			return max(exitStatus, 1), err
+		}
+		fmt.Fprintf(env.Err, "kinst: wrote %s\n", o.SVG)
 	}
 	if o.JSON {
 		return exitStatus, writeJSON(env.Out, report)

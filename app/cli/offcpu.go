@@ -54,11 +54,8 @@ func OffCPU(ctx context.Context, o OffCPUOptions, stdout, stderr io.Writer) erro
 	}
 	// Find a bad output path now, not after a long profile.
 	for _, path := range []string{o.SVG, o.Pprof} {
-		if path == "" {
-			continue
-		}
-		if st, err := os.Stat(dirOf(path)); err != nil || !st.IsDir() {
-			return fmt.Errorf("offcpu: cannot write %s: no directory %s", path, dirOf(path))
+		if err := checkOutputDir("offcpu", path); err != nil {
+			return err
 		}
 	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt)

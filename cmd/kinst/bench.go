@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"time"
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/app/cli"
@@ -10,8 +11,40 @@ import (
 
 var benchCommand = &command{
 	name:    "bench",
-	summary: "what instrumentation costs: a request's steps, a hit, splice churn",
-	sub:     []*command{benchSpliceCommand, benchHitCommand, benchChurnCommand, benchArmCommand},
+	summary: "what instrumentation costs: a request's steps, a hit, splice churn, arming many probes, coverage's decay",
+	sub:     []*command{benchSpliceCommand, benchHitCommand, benchChurnCommand, benchArmCommand, benchDecayCommand},
+}
+
+var benchDecayCommand = &command{
+	name:    "cover-decay",
+	args:    "[FUNC]",
+	summary: "a system call's throughput as a coverage session's probes remove themselves",
+	help: `A loop of stat(2) calls (on --path) runs on one thread throughout: uninstrumented
+for --baseline, then under a coverage session over FUNC (default
+__x64_sys_newfstatat, the call the loop makes) and its callees --depth calls
+down, for --duration from the moment the probes are armed, then uninstrumented
+again; --runs times. Prints the loop's throughput per --step relative to the
+uninstrumented median (the median over runs), with the probes still live at
+each step's end (from the sessions' timelines), and when the throughput came
+back to 0.95 of it for good. Runs where kerninstd runs. Guest times under
+emulation: read the ratios.`,
+	daemon: true, report: true,
+	setup: func(fs *pflag.FlagSet) runFunc {
+		o := cli.DecayOptions{Callees: "__x64_sys_newfstatat"}
+		fs.IntVar(&o.Depth, "depth", 4, "cover FUNC's callees this many `levels` down")
+		fs.StringVar(&o.Path, "path", "/", "the `path` the loop stats")
+		fs.DurationVar(&o.Step, "step", 100*time.Millisecond, "throughput per step of this `length`")
+		fs.DurationVar(&o.Baseline, "baseline", time.Second, "time the loop uninstrumented this long, before and after")
+		fs.DurationVarP(&o.Duration, "duration", "d", 3*time.Second, "time the loop under coverage this long after arming")
+		fs.IntVar(&o.Runs, "runs", 3, "arm a session this many times in a row (each step's median over runs is kept)")
+		jsonFlag(fs, &o.JSON, "the steps")
+		return func(ctx context.Context, inv invocation) (int, error) {
+			if err := optionalFunc(inv, &o.Callees); err != nil {
+				return 2, err
+			}
+			return inv.reportErr(o.JSON, func(env cli.Env) error { return cli.BenchDecay(ctx, inv.client(), o, env) })
+		}
+	},
 }
 
 var benchSpliceCommand = &command{
@@ -57,12 +90,8 @@ Guest times under emulation: read the ratios.`,
 		jsonFlag(fs, &o.JSON, "the rows")
 		return func(ctx context.Context, inv invocation) (int, error) {
 			o.Function = "__x64_sys_getppid"
-			switch len(inv.args) {
-			case 0:
-			case 1:
-				o.Function = inv.args[0]
-			default:
-				return 2, usagef("want at most one FUNC")
+			if err := optionalFunc(inv, &o.Function); err != nil {
+				return 2, err
 			}
 			return inv.reportErr(o.JSON, func(env cli.Env) error { return cli.BenchHit(ctx, inv.client(), o, env) })
 		}
@@ -126,4 +155,17 @@ are, for comparison. Blocks already instrumented are skipped.`,
 			return inv.reportErr(o.JSON, func(env cli.Env) error { return cli.BenchArm(ctx, inv.client(), o, env) })
 		}
 	},
+}
+
+// optionalFunc sets *fn to the command's one positional FUNC, if given
+// (else *fn keeps its default).
+func optionalFunc(inv invocation, fn *string) error {
+	switch len(inv.args) {
+	case 0:
+	case 1:
+		*fn = inv.args[0]
+	default:
+		return usagef("want at most one FUNC")
+	}
+	return nil
 }

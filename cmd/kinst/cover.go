@@ -9,9 +9,14 @@ import (
 
 var coverCommand = &command{
 	name:    "cover",
-	args:    "TARGET… [-- CMD…]",
+	args:    "[TARGET…] [--module MOD] [--callees FUNC [--depth N]] [-- CMD…]",
 	summary: "which basic blocks of kernel functions run, with probes that remove themselves",
-	help: `TARGET is a kernel function or a glob over function names (vfs_*, 'ext4_*').
+	help: `TARGET is a kernel function or a glob over function names (vfs_*, 'ext4_*');
+--module MOD adds every function of a loaded module's text, --callees FUNC
+adds FUNC and the functions it calls directly or by tail call, --depth calls
+down (the edges kinst cfg --calls lists; indirect calls are not followed).
+They combine; each function is covered once.
+
 Every basic block gets one probe, at its cheapest spliceable instruction
 (direct < springboard < covering < trap splice), that records its first run
 (movb $1 into the counter heap; guarded by --pid or --comm when given).
@@ -22,7 +27,8 @@ take a probe is reported with the reason.
 Coverage runs until --duration ends, CMD exits (kinst then exits with its
 status) or Ctrl-C; then the remaining probes are removed and the report
 printed: per function and per block (indices as kinst cfg prints them), and
-the live probes over time.
+the live probes over time. --svg FILE draws that timeline: live probes
+falling as blocks are covered (the overhead's decay), above blocks covered.
 
 Source lines (each block's "lines", --lcov, --file) come from a debug vmlinux
 with DWARF, read by kinst itself: --vmlinux PATH, else the running kernel's,
@@ -43,15 +49,25 @@ kinst cover lcov REPORT.json writes a saved report's lcov tracefile.`,
 		durationFlag(fs, &o.Duration, "stop after this long (default: until Ctrl-C, or until CMD exits)")
 		pidFlag(fs, &o.Filter.PID, "cover only this process's execution (its tgid)")
 		fs.StringVar(&o.Filter.Comm, "comm", "", "cover only the execution of tasks with this command `name` (up to 15 bytes)")
+		fs.StringSliceVar(&o.Modules, "module", nil, "cover every function of the loaded module `MOD`'s text (repeatable; names as lsmod prints them: ext4, virtio_net)")
+		fs.StringSliceVar(&o.Callees, "callees", nil, "cover `FUNC` and the functions it calls directly or by tail call (repeatable; see --depth)")
+		fs.IntVar(&o.Depth, "depth", 1, "with --callees: follow calls this many `levels` down (1: FUNC and its direct callees)")
 		sessionFlags(fs, &o.Name, &o.TTL)
+		svgFlag(fs, &o.SVG, "a chart of live probes and covered blocks over time")
 		jsonCmdFlag(fs, &o.JSON, "the report")
 		fs.StringArrayVar(&o.Files, "file", nil, "cover every function whose code comes from this source `FILE` (fs/namei.c: matched by path suffix; needs the debug vmlinux); repeatable")
 		lcovFlag(fs, &o.Lcov)
 		vmlinuxFlag(fs, &o.Debug)
 		return func(ctx context.Context, inv invocation) (int, error) {
 			o.Targets, o.Command = inv.args, inv.command
-			if len(o.Targets) == 0 && len(o.Files) == 0 {
-				return 2, usagef("name at least one kernel function or glob (vfs_*)")
+			if len(o.Targets) == 0 && len(o.Files) == 0 && len(o.Modules) == 0 && len(o.Callees) == 0 {
+				return 2, usagef("name at least one kernel function or glob (vfs_*), --file SRC, --module MOD or --callees FUNC")
+			}
+			if fs.Changed("depth") && len(o.Callees) == 0 {
+				return 2, usagef("--depth goes with --callees FUNC")
+			}
+			if o.Depth < 1 {
+				return 2, usagef("--depth %d: want 1 or more (name FUNC alone as a TARGET to cover just it)", o.Depth)
 			}
 			return inv.report(o.JSON, func(env cli.Env) (int, error) { return cli.Cover(ctx, inv.client(), o, env) })
 		}

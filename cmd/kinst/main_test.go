@@ -53,7 +53,8 @@ func TestFlagSpelling(t *testing.T) {
 	seen := map[string]map[spelling][]string{}
 	// Names that mean different things on different commands.
 	differ := map[string]string{
-		"calls": "bench hit --calls N (system calls per run) vs cfg --calls (the call graph)",
+		"calls":   "bench hit --calls N (system calls per run) vs cfg --calls (the call graph)",
+		"callees": "drilldown --callees N (callees timed per level) vs cover --callees FUNC (the call graph below FUNC, the issue's spelling)",
 	}
 	each(func(path string, c *command, fs *pflag.FlagSet) {
 		fs.VisitAll(func(f *pflag.Flag) {
@@ -93,11 +94,11 @@ func TestFlagSpelling(t *testing.T) {
 	}
 	// The commands that install instrumentation in a session name it
 	// and bound its life the same way.
-	for _, path := range []string{"count", "time", "waiters"} {
+	for _, path := range []string{"count", "time", "waiters", "cover"} {
 		c, _, _ := find(strings.Fields(path))
 		fs, _ := c.flagSet(path, &globals{}, io.Discard)
 		for _, name := range []string{"name", "ttl", "duration", "interval", "json", "svg", "output"} {
-			if fs.Lookup(name) == nil {
+			if fs.Lookup(name) == nil && !(path == "cover" && name == "interval") {
 				t.Errorf("kinst %s has no --%s", path, name)
 			}
 		}
@@ -165,6 +166,9 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"bench", "nosuch"}, `unknown command "nosuch"`},
 		{[]string{"count", "--bogus"}, "unknown flag: --bogus (see kinst count --help)"},
 		{[]string{"count"}, "name at least one POINT"},
+		{[]string{"cover"}, "--module MOD or --callees FUNC"},
+		{[]string{"cover", "--depth", "2", "vfs_read"}, "--depth goes with --callees"},
+		{[]string{"cover", "--callees", "vfs_read", "--depth", "0"}, "--depth 0: want 1 or more"},
 		{[]string{"time", "--pid", "x", "f"}, "invalid argument"},
 		{[]string{"drilldown", "f"}, "drilldown FUNC -- CMD"},
 		{[]string{"watch", "--json"}, "--json needs --iterations"},
@@ -433,4 +437,34 @@ func sameSet(got, want []string) bool {
 		return strings.Join(out, " ")
 	}
 	return set(got) == set(want)
+}
+
+// kinst cover's targets through the command line: a function alone (the
+// --depth default goes nowhere without --callees), and callees to a
+// depth, each with the report's functions.
+func TestCoverTargetsCommandLine(t *testing.T) {
+	s := kerninstdtest.New(t)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"lookuppn"}, "filename_lookup"},
+		{[]string{"--callees", "do_sys_openat2", "--depth", "2"}, "do_sys_openat2 do_filp_open putname path_openat"},
+		{[]string{"putname", "--callees", "do_filp_open"}, "putname do_filp_open path_openat"},
+	} {
+		args := append(append([]string{"cover"}, tc.args...), "--json", "--addr", s.Addr, "--", "sh", "-c", "true")
+		status, out, errOut := kinst(t, args...)
+		var rep api.CoverReport
+		if err := json.Unmarshal([]byte(out), &rep); status != 0 || err != nil {
+			t.Errorf("kinst %s: status %d, %v\n%s", strings.Join(args, " "), status, err, errOut)
+			continue
+		}
+		var got []string
+		for _, f := range rep.Functions {
+			got = append(got, f.Function)
+		}
+		if strings.Join(got, " ") != tc.want {
+			t.Errorf("kinst %s: functions %v, want %s", strings.Join(args, " "), got, tc.want)
+		}
+	}
 }

@@ -85,17 +85,7 @@ func checkRestored(t *testing.T, ctx context.Context, rep *api.CoverReport, orig
 func TestCoverMatchesBlockCounts(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	var fns []string
-	for _, fn := range coverFunctions {
-		if _, err := client.Resolve(ctx, fn); err == nil {
-			fns = append(fns, fn)
-		} else {
-			t.Logf("%s: %v (left out)", fn, err)
-		}
-	}
-	if len(fns) < 2 {
-		t.Fatalf("only %v of %v found", fns, coverFunctions)
-	}
+	fns := resolvable(t, ctx, 2, coverFunctions...)
 	orig := origBytes(t, ctx, fns)
 
 	cov, err := client.CreateSession(ctx, api.SessionRequest{Cover: fns, Name: "oracle1-cover", TTLNS: int64(5 * time.Minute)})
@@ -209,10 +199,10 @@ func TestCoverCommand(t *testing.T) {
 // is the test's to judge) and returns the report.
 func coverRun(t *testing.T, ctx context.Context, args, cmd string) api.CoverReport {
 	t.Helper()
-	out := gsh(t, ctx, "kinst cover "+args+" --json -- "+cmd+" 2>/dev/null || true")
+	out, errOut, _ := gexec(t, ctx, "sh", "-c", "kinst cover "+args+" --json -- "+cmd)
 	var rep api.CoverReport
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
-		t.Fatalf("kinst cover %s: %v:\n%.2000s", args, err, out)
+		t.Fatalf("kinst cover %s: %v:\n%.2000s\nstderr:\n%.2000s", args, err, out, errOut)
 	}
 	if info, err := client.Info(ctx); err != nil || info.Splices != 0 || info.DriverSplices != 0 {
 		t.Errorf("after kinst cover %s: %+v, %v", args, info, err)
@@ -236,15 +226,7 @@ func noOops(t *testing.T, ctx context.Context, after string) {
 func TestCoverFilter(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	var fns []string
-	for _, fn := range []string{"vfs_statx", "filename_lookup", "path_lookupat", "link_path_walk", "walk_component", "step_into", "lookup_fast"} {
-		if _, err := client.Resolve(ctx, fn); err == nil {
-			fns = append(fns, fn)
-		}
-	}
-	if len(fns) < 3 {
-		t.Fatalf("only %v found", fns)
-	}
+	fns := resolvable(t, ctx, 3, "vfs_statx", "filename_lookup", "path_lookupat", "link_path_walk", "walk_component", "step_into", "lookup_fast")
 	targets := strings.Join(fns, " ")
 	noOops(t, ctx, "boot")
 	all := coverRun(t, ctx, targets, "kinst workload stat 200 /")
