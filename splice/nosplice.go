@@ -3,6 +3,7 @@ package splice
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/kernel"
@@ -56,6 +57,14 @@ var noinstrSections = [][2]string{
 	{"__noinstr_text_start", "__noinstr_text_end"},
 	{"__irqentry_text_start", "__irqentry_text_end"},
 	{"__kprobes_text_start", "__kprobes_text_end"},
+	// the retpoline and return thunks and what they call
+	{"__indirect_thunk_start", "__indirect_thunk_end"},
+}
+
+// isMitigation reports the helpers the return thunks call (SRSO's and
+// retbleed's), which may lie outside the thunk section.
+func isMitigation(name string) bool {
+	return strings.HasSuffix(name, "_untrain_ret") || strings.HasSuffix(name, "_safe_ret")
 }
 
 // IsFtraceSite reports whether instruction i of f is an ftrace site: from
@@ -80,7 +89,7 @@ func FunctionNoSplice(s *kernel.Symbols, f *cfg.Function, driverModule string, b
 		return "on the int3 / die-notifier path that splices rely on"
 	case stopPath[f.Name]:
 		return "run by CPUs parked in stop_machine while the driver writes a splice"
-	case cfg.IsIndirectThunk(f.Name) || cfg.IsReturnThunk(f.Name):
+	case cfg.IsIndirectThunk(f.Name) || cfg.IsReturnThunk(f.Name) || isMitigation(f.Name):
 		// The die notifier is called indirectly, through the thunk.
 		return "a retpoline or return thunk: every indirect call or return runs it, the int3 path's included"
 	}

@@ -78,6 +78,8 @@ func TestFunctionNoSpliceLists(t *testing.T) {
 		{cfg.Function{Name: "notify_die", Addr: 0xffffffff81000100}, nil, "int3"},
 		{cfg.Function{Name: "multi_cpu_stop", Addr: 0xffffffff81000200}, bl, "stop_machine"},
 		{cfg.Function{Name: "bar", Addr: 0xffffffff81000300}, bl, ""},
+		{cfg.Function{Name: "srso_safe_ret", Addr: 0xffffffff81000400}, nil, "thunk"},
+		{cfg.Function{Name: "entry_untrain_ret", Addr: 0xffffffff81000500}, nil, "thunk"},
 	} {
 		got := FunctionNoSplice(syms, &c.fn, DriverModule, c.bl)
 		if c.want == "" && got != "" || c.want != "" && !strings.Contains(got, c.want) {
