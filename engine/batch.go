@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"syscall"
 
-	"github.com/kinst/kinst/codegen"
 	"github.com/kinst/kinst/driver"
 	"github.com/kinst/kinst/splice"
 	"github.com/kinst/kinst/springboard"
@@ -18,7 +17,8 @@ import (
 // The engine's lock is taken once for the batch.
 //
 // Sites that make a new point -- nearly every probe of a coverage
-// session -- have their patches written one by one and are then spliced
+// session -- have their patches built one by one, written together
+// (writePatches), and are then spliced
 // together, up to the driver's BatchMax at a time, with one round of CPU
 // synchronisations per batch instead of one per site (two for
 // springboard points: their slots, then the jmp rel8s to them). A request
@@ -126,23 +126,9 @@ func (e *Engine) abandon(p pendingSplice) {
 	// still be in it, so none is left on the slot's jmp either.
 	e.dropPatch(p.patch)
 	e.freeSlots(p.r)
-	switch {
-	case p.slot != 0 && p.reused:
-		e.retire(0, p.slot, p.pt.site.Addr(), nil)
-	case p.slot != 0:
-		e.spring.Release(p.slot)
+	if p.slot != 0 {
+		e.releaseSlot(p.slot, p.reused, p.pt.site.Addr())
 	}
-}
-
-// slotOp is the springboard slot of p: a jmp rel32 to its patch over the
-// padding at the slot taken for it.
-func (e *Engine) slotOp(p pendingSplice) (driver.SpliceOp, error) {
-	orig := make([]byte, springboard.SlotLen)
-	jmp, err := codegen.JmpRel32(p.slot, p.patch)
-	if err == nil {
-		err = e.Text().Read(p.slot, orig)
-	}
-	return driver.SpliceOp{Addr: p.slot, Patch: p.patch, Orig: orig, New: jmp, Slot: true}, err
 }
 
 // spliceBatch splices the pending points of batch in two driver
@@ -174,7 +160,7 @@ func (e *Engine) spliceBatch(batch []pendingSplice, reqs []*Request, errs []erro
 		var op driver.SpliceOp
 		var err error
 		if p.slot != 0 {
-			op, err = e.slotOp(p)
+			op, err = e.slotOp(p.slot, p.patch)
 		} else {
 			op, err = p.pt.spliceOp(p.patch)
 		}
@@ -204,15 +190,14 @@ func (e *Engine) spliceBatch(batch []pendingSplice, reqs []*Request, errs []erro
 			}
 			continue
 		}
-		in := pt.site.Insn()
-		rel8, err := springboard.JmpRel8(in.Addr, p.slot)
+		jmp, err := pt.springboardOp(p.slot)
 		if err != nil {
 			e.unspliceSlot(p.slot, ids[j])
 			fail(p, err)
 			continue
 		}
 		second, slotIDs = append(second, p), append(slotIDs, ids[j])
-		jmps = append(jmps, driver.SpliceOp{Addr: in.Addr, Patch: p.slot, Orig: in.Bytes[:len(rel8)], New: rel8})
+		jmps = append(jmps, jmp)
 	}
 	if covering > 0 {
 		e.cover.kick(e.dev, e.log, covering)
@@ -234,13 +219,6 @@ func (e *Engine) spliceBatch(batch []pendingSplice, reqs []*Request, errs []erro
 		full = full2
 	}
 	return full
-}
-
-// unspliceSlot takes out a slot whose springboard splice failed.
-func (e *Engine) unspliceSlot(slot uint64, id uint32) {
-	if err := e.ov.restored(slot, func() error { return e.dev.Unsplice(id) }); err != nil {
-		e.log.Error("remove slot after failed springboard splice", "slot", hex(slot), "err", err)
-	}
 }
 
 // spliceEach runs ops through the driver in batches (inBatches) and

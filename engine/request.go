@@ -432,26 +432,16 @@ func (e *Engine) springboardSplice(pt *point, patch uint64, h Hooks) error {
 		return err
 	}
 	// release gives back a slot nothing was written to this time.
-	release := func() {
-		if reused {
-			e.retire(0, slot, in.Addr, nil) // a task may still stop on its old jmp
-		} else {
-			e.spring.Release(slot)
-		}
-	}
-	orig := make([]byte, springboard.SlotLen)
-	jmp, err := codegen.JmpRel32(slot, patch)
-	if err == nil {
-		err = e.Text().Read(slot, orig)
-	}
+	release := func() { e.releaseSlot(slot, reused, in.Addr) }
+	op, err := e.slotOp(slot, patch)
 	if err != nil {
 		release()
 		return err
 	}
 	var slotID uint32
 	err = timed(h, StepSpringboard, func() error {
-		return e.ov.spliced(slot, orig, func() (err error) {
-			slotID, err = e.dev.SpliceSlot(slot, patch, orig, jmp)
+		return e.ov.spliced(slot, op.Orig, func() (err error) {
+			slotID, err = e.dev.SpliceSlot(slot, patch, op.Orig, op.New)
 			return err
 		})
 	})
@@ -459,20 +449,18 @@ func (e *Engine) springboardSplice(pt *point, patch uint64, h Hooks) error {
 		release() // not written: nothing reached it this time
 		return fmt.Errorf("write slot %#x: %w", slot, err)
 	}
-	rel8, err := springboard.JmpRel8(in.Addr, slot)
+	jmp, err := pt.springboardOp(slot)
 	var id uint32
 	if err == nil {
 		err = timed(h, StepSplice, func() error {
 			return e.ov.spliced(in.Addr, in.Bytes, func() (err error) {
-				id, err = e.dev.Splice(in.Addr, slot, in.Bytes[:len(rel8)], rel8)
+				id, err = e.dev.Splice(in.Addr, slot, jmp.Orig, jmp.New)
 				return err
 			})
 		})
 	}
 	if err != nil {
-		if uerr := e.ov.restored(slot, func() error { return e.dev.Unsplice(slotID) }); uerr != nil {
-			e.log.Error("remove slot after failed springboard splice", "slot", hex(slot), "err", uerr)
-		}
+		e.unspliceSlot(slot, slotID)
 		// The caller's failure path frees the patch, which waits for
 		// RCU-tasks, before e.mu lets any other point take this slot.
 		e.spring.Release(slot)
@@ -480,4 +468,43 @@ func (e *Engine) springboardSplice(pt *point, patch uint64, h Hooks) error {
 	}
 	pt.slot, pt.slotSplice, pt.splice = slot, slotID, id
 	return nil
+}
+
+// slotOp is a springboard slot at slot: a jmp rel32 to patch over the
+// padding there.
+func (e *Engine) slotOp(slot, patch uint64) (driver.SpliceOp, error) {
+	orig := make([]byte, springboard.SlotLen)
+	jmp, err := codegen.JmpRel32(slot, patch)
+	if err == nil {
+		err = e.Text().Read(slot, orig)
+	}
+	return driver.SpliceOp{Addr: slot, Patch: patch, Orig: orig, New: jmp, Slot: true}, err
+}
+
+// springboardOp is the point's springboard splice: a jmp rel8 to slot.
+func (pt *point) springboardOp(slot uint64) (driver.SpliceOp, error) {
+	in := pt.site.Insn()
+	rel8, err := springboard.JmpRel8(in.Addr, slot)
+	if err != nil {
+		return driver.SpliceOp{}, err
+	}
+	return driver.SpliceOp{Addr: in.Addr, Patch: slot, Orig: in.Bytes[:len(rel8)], New: rel8}, nil
+}
+
+// releaseSlot gives back a slot taken for the instruction at addr that
+// nothing leads to now: to reclaim if it was taken back from there (a
+// task may still stop on its old jmp), else to the heap.
+func (e *Engine) releaseSlot(slot uint64, reused bool, addr uint64) {
+	if reused {
+		e.retire(0, slot, addr, nil)
+	} else {
+		e.spring.Release(slot)
+	}
+}
+
+// unspliceSlot takes out a slot whose springboard splice failed.
+func (e *Engine) unspliceSlot(slot uint64, id uint32) {
+	if err := e.ov.restored(slot, func() error { return e.dev.Unsplice(id) }); err != nil {
+		e.log.Error("remove slot after failed springboard splice", "slot", hex(slot), "err", err)
+	}
 }
