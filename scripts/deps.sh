@@ -7,7 +7,9 @@ set -euo pipefail
 # lcov: genhtml renders the coverage tracefiles in the tests (they skip without it).
 # librsvg2-bin and nodejs: the flame graph tests rasterise the SVG and run
 # its script (they skip without them).
+# lld and gdb: the unwind tests link with ld.lld and compare stacks with gdb's.
 pkgs=(qemu-system-x86 busybox-static cpio make gcc binutils kmod xz-utils makedumpfile crash lcov librsvg2-bin nodejs)
+pkgs+=(lld gdb)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -355,6 +355,18 @@ func (c *Cache) Process(pid int) (*Process, error) {
 		return nil, err
 	}
 	p := &Process{Pid: pid, Mem: NewProcessMemory(pid), Missing: map[string]error{}}
+	// Each file's mappings, for the bias (see elfsym.Segments.MappingBias).
+	type fileID struct {
+		inode uint64
+		path  string
+	}
+	byFile := map[fileID][]elfsym.Mapping{}
+	for _, m := range maps {
+		if m.Inode != 0 {
+			id := fileID{m.Inode, m.Path}
+			byFile[id] = append(byFile[id], elfsym.Mapping{Start: m.Start, End: m.End, Offset: m.Offset, Perms: m.Perms})
+		}
+	}
 	for _, m := range maps {
 		if len(m.Perms) < 3 || m.Perms[2] != 'x' || m.Inode == 0 || !strings.HasPrefix(m.Path, "/") {
 			continue
@@ -367,7 +379,8 @@ func (c *Cache) Process(pid int) (*Process, error) {
 			p.Missing[m.Path] = err
 			continue
 		}
-		bias, err := f.Segments.LoadBias(m.Start, m.Offset)
+		bias, err := f.Segments.MappingBias(elfsym.Mapping{Start: m.Start, End: m.End, Offset: m.Offset, Perms: m.Perms},
+			byFile[fileID{m.Inode, m.Path}])
 		if err != nil {
 			p.Missing[m.Path] = err
 			continue

@@ -269,6 +269,50 @@ func stepCFI(row Row, cur Regs, mem MemReader) (next Regs, ok, end bool) {
 	return Regs{PC: ra, SP: cfa, BP: bp}, true, false
 }
 
+// callTarget returns the function called by the instruction that ends
+// at return address ra: a direct call (e8 rel32), or a call through a
+// pointer at a pc-relative address (ff 15 rel32, as in "call
+// *foo@GOTPCREL(%rip)", which code built with -fno-plt and Rust's
+// calls to other crates use), read from memory.
+func callTarget(ra uint64, mem MemReader) (uint64, bool) {
+	if ra < 6 {
+		return 0, false
+	}
+	var call [6]byte
+	if mem.ReadMemory(ra-6, call[:]) != nil {
+		return 0, false
+	}
+	if call[1] == 0xe8 {
+		return ra + uint64(int64(int32(binary.LittleEndian.Uint32(call[2:])))), true
+	}
+	if call[0] == 0xff && call[1] == 0x15 {
+		return readWord(mem, ra+uint64(int64(int32(binary.LittleEndian.Uint32(call[2:])))))
+	}
+	return 0, false
+}
+
+// tailScan bounds the bytes of a called function searched for a tail
+// call (see jumpsTo).
+const tailScan = 32
+
+// jumpsTo reports whether the first tailScan bytes of the function at
+// target hold a jump (e9 rel32) to fn: a wrapper that tail-calls fn, such
+// as Rust's StdinLock::read, which adjusts its argument and jumps to
+// BufReader::read. Its caller's return address then validates a frame
+// record of fn.
+func jumpsTo(target, fn uint64, mem MemReader) bool {
+	var code [tailScan]byte
+	if mem.ReadMemory(target, code[:]) != nil {
+		return false
+	}
+	for i := 0; i+5 <= len(code); i++ {
+		if code[i] == 0xe9 && target+uint64(i)+5+uint64(int64(int32(binary.LittleEndian.Uint32(code[i+1:])))) == fn {
+			return true
+		}
+	}
+	return false
+}
+
 // needsBP reports whether a row's CFA is computed from rbp.
 func needsBP(row Row) bool {
 	return (row.CFA.Kind == CFARegOffset || row.CFA.Kind == CFADeref) && row.CFA.Reg == RegRBP
@@ -279,12 +323,14 @@ const scanWords = 512
 
 // scanFrameRecord finds the rbp of a frame whose function keeps a frame
 // pointer when the register is unknown: the lowest 8-aligned address a
-// at or above SP where [a+8] is a return address right after a direct
-// call (e8 rel32) to the function containing pc; [a] is then the saved
-// rbp, whatever the caller kept there. (A function that realigns its
-// stack copies its return address to [rbp+8], below the original: the
-// lowest match is its frame record.) Calls through a register, a PLT or
-// a tail call do not validate, and the unwind ends there as it would
+// at or above SP where [a+8] is a return address right after a call to
+// the function containing pc (direct, or through a pc-relative pointer
+// such as a GOT slot: see callTarget), or to a wrapper that jumps to it
+// (see jumpsTo); [a] is then the saved rbp, whatever the caller kept
+// there. (A function that realigns its stack copies its return address
+// to [rbp+8], below the original: the lowest match is its frame record.)
+// Calls through a register or a PLT stub, and tail calls deeper than one
+// wrapper, do not validate, and the unwind ends there as it would
 // without the scan.
 func scanFrameRecord(cur Regs, pc uint64, mem MemReader, ff FuncFinder) (uint64, bool) {
 	fn, err := ff.FuncStart(pc)
@@ -296,15 +342,11 @@ func scanFrameRecord(cur Regs, pc uint64, mem MemReader, ff FuncFinder) (uint64,
 		if !ok {
 			return 0, false
 		}
-		if ra < 5 {
+		target, ok := callTarget(ra, mem)
+		if !ok {
 			continue
 		}
-		var call [5]byte
-		if mem.ReadMemory(ra-5, call[:]) != nil || call[0] != 0xe8 {
-			continue
-		}
-		target := ra + uint64(int64(int32(binary.LittleEndian.Uint32(call[1:]))))
-		if start, err := ff.FuncStart(target); err == nil && start == fn {
+		if start, err := ff.FuncStart(target); err == nil && (start == fn || jumpsTo(target, fn, mem)) {
 			return a, true
 		}
 	}

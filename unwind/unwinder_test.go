@@ -110,35 +110,57 @@ func TestStack(t *testing.T) {
 }
 
 // TestScan recovers an unknown rbp for a function whose CFA is
-// rbp-based: only a frame record whose return address follows a direct
-// call to that function counts.
+// rbp-based: only a frame record whose return address follows a call to
+// that function counts: a direct call, a call through a pc-relative
+// pointer (a GOT slot), or a call to a wrapper that jumps to it.
 func TestScan(t *testing.T) {
 	rows := fakeRows{
 		0x1000: {CFA: cfaRBP(16), RBP: at(-16), RA: at(-8)},     // F keeps a frame pointer
 		0x2000: {CFA: cfaRSP(8), RA: Rule{Kind: RuleUndefined}}, // G, outermost
+		0x3000: {CFA: cfaRSP(8), RA: at(-8)},                    // W: a wrapper, "jmp F" at 0x3006
+		0x4000: {CFA: cfaRSP(8), RA: at(-8)},                    // V: "jmp G" at 0x4006
 	}
 	call := func(from, to uint64) []byte { // e8 rel32 ending at from
 		return append([]byte{0xe8}, binary.LittleEndian.AppendUint32(nil, uint32(to-from))...)
 	}
+	callGOT := func(from, slot uint64) []byte { // ff 15 rel32 ending at from
+		return append([]byte{0xff, 0x15}, binary.LittleEndian.AppendUint32(nil, uint32(slot-from))...)
+	}
+	jmp := func(from, to uint64) []byte { // e9 rel32 ending at from
+		return append([]byte{0xe9}, binary.LittleEndian.AppendUint32(nil, uint32(to-from))...)
+	}
+	const slot = 0x9000 // a GOT slot
 	for _, tc := range []struct {
 		name    string
-		target  uint64
+		site    []byte // the instruction ending at 0x2030
+		slot    uint64 // the function the GOT slot holds
 		pcs     []uint64
 		methods []Method
 	}{
-		{"a direct call to F", 0x1000, []uint64{0x1010, 0x2030}, []Method{ByScan}},
-		{"a call to another function", 0x2400, []uint64{0x1010}, nil},
+		{"a direct call to F", call(0x2030, 0x1000), 0, []uint64{0x1010, 0x2030}, []Method{ByScan}},
+		{"a call to another function", call(0x2030, 0x2400), 0, []uint64{0x1010}, nil},
+		{"a call to F through a GOT slot", callGOT(0x2030, slot), 0x1000, []uint64{0x1010, 0x2030}, []Method{ByScan}},
+		{"a call to another function through a GOT slot", callGOT(0x2030, slot), 0x2400, []uint64{0x1010}, nil},
+		{"a call to a wrapper that jumps to F", call(0x2030, 0x3000), 0, []uint64{0x1010, 0x2030}, []Method{ByScan}},
+		{"a call to a wrapper of F through a GOT slot", callGOT(0x2030, slot), 0x3000, []uint64{0x1010, 0x2030}, []Method{ByScan}},
+		{"a call to a wrapper that jumps elsewhere", call(0x2030, 0x4000), 0, []uint64{0x1010}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			mem := fakeMem{
 				0x7000: 0x7100, 0x7008: 0x2010, // an indirect call (ff d0) before 0x2010: no
 				0x7010: 0x7004, 0x7018: 0x2020, // a direct call to another function: no
 				0x7020: 0, 0x7028: 0x2030, // the frame record
+				slot: tc.slot,
 			}
 			mem.setBytes(0x2008, []byte{0, 0, 0, 0, 0, 0, 0xff, 0xd0})
+			mem.setBytes(0x201a, []byte{0})
 			mem.setBytes(0x201b, call(0x2020, 0x2800))
-			mem.setBytes(0x202b, call(0x2030, tc.target))
+			mem.setBytes(0x2030-uint64(len(tc.site))-2, []byte{0, 0})
+			mem.setBytes(0x2030-uint64(len(tc.site)), tc.site)
 			mem[0x2030] = 0
+			// W: mov (%rdi),%rdi; add $8,%rdi; jmp F; int3 padding.
+			mem.setBytes(0x3000, append(append([]byte{0x48, 0x8b, 0x3f, 0x48, 0x83, 0xc7}, jmp(0x300b, 0x1000)...), make([]byte, 32)...))
+			mem.setBytes(0x4000, append(append([]byte{0x48, 0x8b, 0x3f, 0x48, 0x83, 0xc7}, jmp(0x400b, 0x2000)...), make([]byte, 32)...))
 			pcs, methods := StackMethods(Regs{PC: 0x1010, SP: 0x7000}, mem, rows, 0)
 			if !slices.Equal(pcs, tc.pcs) || !slices.Equal(methods, tc.methods) {
 				t.Errorf("got %#x %v, want %#x %v", pcs, methods, tc.pcs, tc.methods)

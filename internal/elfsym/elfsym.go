@@ -276,17 +276,111 @@ func LoadSegments(f *elf.File) Segments {
 	return segs
 }
 
-// LoadBias is Table.LoadBias for the file of these segments.
+// LoadBias is Table.LoadBias for the file of these segments. Knowing
+// neither the mapping's end and permissions nor the file's other
+// mappings, it may be wrong where segments share a file page (see
+// MappingBias).
 func (segs Segments) LoadBias(start, offset uint64) (uint64, error) {
-	const page = 4096
+	return segs.MappingBias(Mapping{Start: start, Offset: offset}, nil)
+}
+
+// Mapping is what MappingBias needs of a line of /proc/PID/maps: the
+// runtime range [Start, End), the file offset it maps from and its
+// permissions ("r-xp"). End 0 and Perms "" mean unknown.
+type Mapping struct {
+	Start, End, Offset uint64
+	Perms              string
+}
+
+// MappingBias returns the load bias of mapping m of this file; others
+// are the file's other mappings in the same process (nil if unknown).
+//
+// A segment is mapped from its page-aligned file offset, so several
+// segments can map the same file page: LLD starts the executable segment
+// in the last file page of the read-only one (file offset 0x7f0, address
+// 0x17f0, both mapped from file offset 0), and the biases they give
+// differ by a page. Each segment whose pages hold m's offset gives a
+// candidate bias; the one chosen is, in this order: that of a segment
+// whose execute permission is m's (the kernel maps PF_X segments, and
+// only them, executable), the one most of the file's other mappings
+// agree with (ld.so maps every segment of a file with one bias; RELRO
+// takes the write permission away from part of a writable segment, so
+// that alone cannot tell the segments of read-only mappings apart), that
+// of a segment whose memory range holds all of m, that of a segment
+// whose write permission is m's, the first in the file. Segments without
+// file bytes are skipped (their offsets are arbitrary).
+func (segs Segments) MappingBias(m Mapping, others []Mapping) (uint64, error) {
+	type score struct{ exec, support, extent, write int }
+	better := func(a, b score) bool {
+		if a.exec != b.exec {
+			return a.exec > b.exec
+		}
+		if a.support != b.support {
+			return a.support > b.support
+		}
+		if a.extent != b.extent {
+			return a.extent > b.extent
+		}
+		return a.write > b.write
+	}
+	var best score
+	var bias uint64
+	found := false
 	for _, p := range segs {
-		// The kernel maps a segment from its page-aligned offset.
-		if offset >= p.Off&^(page-1) && offset < p.Off+p.Filesz {
-			// runtime(X) = start + X - offset; link(X) = Vaddr + X - Off.
-			return start - offset + p.Off - p.Vaddr, nil
+		b, ok := segmentBias(p, m.Start, m.Offset)
+		if !ok {
+			continue
+		}
+		var sc score
+		if len(m.Perms) >= 3 {
+			if (m.Perms[2] == 'x') == (p.Flags&elf.PF_X != 0) {
+				sc.exec = 1
+			}
+			if (m.Perms[1] == 'w') == (p.Flags&elf.PF_W != 0) {
+				sc.write = 1
+			}
+		}
+		if fits(p, b, m.End) {
+			sc.extent = 1
+		}
+		for _, o := range others {
+			if o.Start == m.Start {
+				continue
+			}
+			for _, q := range segs {
+				if ob, ok := segmentBias(q, o.Start, o.Offset); ok && ob == b && fits(q, ob, o.End) {
+					sc.support++
+					break
+				}
+			}
+		}
+		if !found || better(sc, best) {
+			best, bias, found = sc, b, true
 		}
 	}
-	return 0, &NotMappedError{Offset: offset}
+	if !found {
+		return 0, &NotMappedError{Offset: m.Offset}
+	}
+	return bias, nil
+}
+
+const pageSize = 4096
+
+// segmentBias returns the bias a mapping at start from file offset
+// offset has if it maps segment p, and whether p's pages hold offset.
+func segmentBias(p elf.ProgHeader, start, offset uint64) (uint64, bool) {
+	// The kernel maps a segment from its page-aligned offset.
+	if p.Filesz == 0 || offset < p.Off&^(pageSize-1) || offset >= p.Off+p.Filesz {
+		return 0, false
+	}
+	// runtime(X) = start + X - offset; link(X) = Vaddr + X - Off.
+	return start - offset + p.Off - p.Vaddr, true
+}
+
+// fits reports whether a mapping ending at end lies in the pages of
+// segment p loaded with bias b (end 0: unknown, it does).
+func fits(p elf.ProgHeader, b, end uint64) bool {
+	return end == 0 || end <= b+(p.Vaddr+p.Memsz+pageSize-1)&^(pageSize-1)
 }
 
 // BuildID returns the GNU build id of f in hex, from its

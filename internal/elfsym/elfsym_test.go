@@ -333,3 +333,60 @@ func BenchmarkLookup(b *testing.B) {
 	}
 	b.ReportMetric(float64(tab.Len()), "symbols")
 }
+
+// TestMappingBiasSharedPage gives the mappings the kernel and ld.so make
+// of LLD's layouts, where a segment starts in the last file page of the
+// one before it (segments as readelf -l prints them for a C program linked
+// by ld.lld 14 and for a Rust program linked by rust-lld). Every mapping
+// must give the bias ld.so chose, the address of the first one; taking
+// the first segment that maps the offset gives the executable mapping a
+// bias one page too high.
+func TestMappingBiasSharedPage(t *testing.T) {
+	load := func(off, vaddr, filesz, memsz uint64, flags elf.ProgFlag) elf.ProgHeader {
+		return elf.ProgHeader{Type: elf.PT_LOAD, Off: off, Vaddr: vaddr, Paddr: vaddr, Filesz: filesz, Memsz: memsz, Flags: flags, Align: 0x1000}
+	}
+	const r, rx, rw = elf.PF_R, elf.PF_R | elf.PF_X, elf.PF_R | elf.PF_W
+	const base = 0x563a992b0000
+	for _, tc := range []struct {
+		name string
+		segs Segments
+		maps []Mapping
+	}{
+		{"c-lld", Segments{
+			load(0, 0, 0x7ec, 0x7ec, r),
+			load(0x7f0, 0x17f0, 0x230, 0x230, rx),
+			load(0xa20, 0x2a20, 0x1d8, 0x1d8, rw),
+			load(0xbf8, 0x3bf8, 0x60, 0x78, rw),
+		}, []Mapping{
+			{base, base + 0x1000, 0, "r--p"},
+			{base + 0x1000, base + 0x2000, 0, "r-xp"},
+			{base + 0x2000, base + 0x3000, 0, "r--p"}, // RELRO
+			{base + 0x3000, base + 0x4000, 0, "rw-p"},
+		}},
+		{"rust-lld", Segments{
+			load(0, 0, 0x15460, 0x15460, r),
+			load(0x15460, 0x16460, 0x40f60, 0x40f60, rx),
+			load(0x563c0, 0x583c0, 0x2bc8, 0x2c40, rw),
+			load(0x58f88, 0x5bf88, 0xa00, 0xad2, rw),
+		}, []Mapping{
+			{base, base + 0x16000, 0, "r--p"},
+			{base + 0x16000, base + 0x58000, 0x15000, "r-xp"},
+			{base + 0x58000, base + 0x5b000, 0x56000, "r--p"},
+			{base + 0x5b000, base + 0x5d000, 0x58000, "rw-p"},
+		}},
+	} {
+		for _, m := range tc.maps {
+			b, err := tc.segs.MappingBias(m, tc.maps)
+			if err != nil || b != base {
+				t.Errorf("%s: %#x-%#x %s %#x: bias %#x, %v; want %#x", tc.name, m.Start, m.End, m.Perms, m.Offset, b, err, uint64(base))
+			}
+			// Alone, only the executable mapping's permissions tell its
+			// segment.
+			if m.Perms[2] == 'x' {
+				if b, err := tc.segs.MappingBias(m, nil); err != nil || b != base {
+					t.Errorf("%s: alone, %#x-%#x %s %#x: bias %#x, %v; want %#x", tc.name, m.Start, m.End, m.Perms, m.Offset, b, err, uint64(base))
+				}
+			}
+		}
+	}
+}
