@@ -82,6 +82,13 @@ type UnwindThread struct {
 	Syscall *int          `json:"syscall,omitempty"` // number of the system call it is blocked in
 	Error   string        `json:"error,omitempty"`   // why it has no stack (e.g. "thread is running")
 	Frames  []UnwindFrame `json:"frames"`
+	// KernelThread: a kernel thread (PF_KTHREAD), which has no user
+	// stack; KernelStack is its kernel stack from
+	// /proc/PID/task/TID/stack, innermost first ("kthreadd+0x2f0/0x310"),
+	// absent where that file is not readable (it needs root; Error says
+	// why).
+	KernelThread bool     `json:"kernel_thread,omitempty"`
+	KernelStack  []string `json:"kernel_stack,omitempty"`
 }
 
 // UnwindFrame is one frame, innermost first.

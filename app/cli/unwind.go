@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -101,6 +102,16 @@ func ShowUnwindStack(pid, tid int, usePtrace, asJSON bool, w io.Writer) error {
 	var out []api.UnwindThread
 	for _, t := range tids {
 		th := api.UnwindThread{TID: t, Comm: comm(pid, t), Frames: []api.UnwindFrame{}}
+		if kernelThread(pid, t) {
+			// No user stack, and /proc/…/syscall shows zeros: its kernel
+			// stack instead.
+			th.KernelThread = true
+			if th.KernelStack, err = kernelStack(pid, t); err != nil {
+				th.Error = "kernel stack: " + err.Error()
+			}
+			out = append(out, th)
+			continue
+		}
 		regs, nr, err := unwind.SyscallRegs(pid, t)
 		if err == nil && nr >= 0 {
 			th.Syscall = &nr
@@ -141,6 +152,18 @@ func ShowUnwindStack(pid, tid int, usePtrace, asJSON bool, w io.Writer) error {
 	}
 	for _, th := range out {
 		fmt.Fprintf(w, "thread %d (%s)", th.TID, th.Comm)
+		if th.KernelThread {
+			fmt.Fprint(w, ": a kernel thread, no user stack")
+			if th.Error != "" {
+				fmt.Fprintf(w, " (%s)\n", th.Error)
+				continue
+			}
+			fmt.Fprintln(w, "; its kernel stack:")
+			for i, f := range th.KernelStack {
+				fmt.Fprintf(w, "  #%-2d %s\n", i, f)
+			}
+			continue
+		}
 		if th.Syscall != nil {
 			fmt.Fprintf(w, " in system call %d", *th.Syscall)
 		}
@@ -175,6 +198,49 @@ func threads(pid int) ([]int, error) {
 		return nil, errors.New("no threads")
 	}
 	return tids, nil
+}
+
+// pfKthread is PF_KTHREAD in the flags field of stat (include/linux/sched.h).
+const pfKthread = 0x00200000
+
+// kernelThread reports whether a thread is a kernel thread: PF_KTHREAD in
+// the flags of /proc/PID/task/TID/stat.
+func kernelThread(pid, tid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/stat", pid, tid))
+	if err != nil {
+		return false
+	}
+	// "tid (comm) S ppid pgrp session tty_nr tpgid flags …": comm may hold
+	// spaces and parentheses, so the fields start after the last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 7 {
+		return false
+	}
+	flags, err := strconv.ParseUint(f[6], 10, 64)
+	return err == nil && flags&pfKthread != 0
+}
+
+// kernelStack reads /proc/PID/task/TID/stack ("[<0>] func+0x1/0x2 [mod]"
+// lines, innermost first) without the "[<…>]" prefixes.
+func kernelStack(pid, tid int) ([]string, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/stack", pid, tid))
+	if err != nil {
+		return nil, err
+	}
+	var frames []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if i := strings.IndexByte(line, ']'); i >= 0 && strings.HasPrefix(line, "[<") {
+			line = line[i+1:]
+		}
+		if line = strings.TrimSpace(line); line != "" {
+			frames = append(frames, line)
+		}
+	}
+	return frames, nil
 }
 
 func comm(pid, tid int) string {

@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"slices"
@@ -124,5 +125,71 @@ func TestUnwindStack(t *testing.T) {
 	t.Logf("sleep: %q", names)
 	if len(names) < 4 || names[0] != "clock_nanosleep" || !slices.Contains(names, "__libc_start_main") {
 		t.Errorf("stack %q: want clock_nanosleep first and __libc_start_main", names)
+	}
+}
+
+// TestUnwindStackKernelThread asks for the stack of kthreadd (pid 2): it
+// is a kernel thread (the oracle: "Kthread: 1" in /proc/2/status, or no
+// /proc/2/exe on kernels without that line), which has no user stack,
+// and its kernel stack is /proc/2/task/2/stack's (root only), which
+// starts in kthreadd().
+func TestUnwindStackKernelThread(t *testing.T) {
+	status, err := os.ReadFile("/proc/2/status")
+	if err != nil || !strings.Contains(string(status), "Name:\tkthreadd\n") {
+		t.Skipf("pid 2 is not kthreadd here (%v)", err)
+	}
+	if strings.Contains(string(status), "\nKthread:\t0\n") {
+		t.Fatal("/proc/2/status says kthreadd is not a kernel thread")
+	}
+	if _, err := os.Readlink("/proc/2/exe"); !strings.Contains(string(status), "\nKthread:\t1\n") && !errors.Is(err, os.ErrNotExist) {
+		t.Skipf("cannot tell whether pid 2 is a kernel thread: /proc/2/exe: %v", err)
+	}
+	want, stackErr := os.ReadFile("/proc/2/task/2/stack")
+	var wantFrames []string
+	for _, line := range strings.Split(string(want), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 {
+			wantFrames = append(wantFrames, f[1])
+		}
+	}
+
+	var out bytes.Buffer
+	if err := ShowUnwindStack(2, 0, false, false, &out); err != nil {
+		t.Fatal(err)
+	}
+	text := out.String()
+	t.Logf("%s", text)
+	if !strings.HasPrefix(text, "thread 2 (kthreadd): a kernel thread, no user stack") || strings.Contains(text, "system call") {
+		t.Errorf("text %q: want thread 2 (kthreadd) said to be a kernel thread, and no system call", text)
+	}
+
+	out.Reset()
+	if err := ShowUnwindStack(2, 0, false, true, &out); err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Threads []map[string]any `json:"threads"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil || len(rep.Threads) != 1 {
+		t.Fatalf("%s: %v", out.String(), err)
+	}
+	th := rep.Threads[0]
+	if th["kernel_thread"] != true || th["syscall"] != nil {
+		t.Errorf("JSON %v: want kernel_thread true and no syscall", th)
+	}
+	var got []string
+	if fs, ok := th["kernel_stack"].([]any); ok {
+		for _, f := range fs {
+			s, _ := f.(string)
+			got = append(got, s)
+		}
+	}
+	if stackErr != nil {
+		if th["error"] == nil || got != nil {
+			t.Errorf("kernel stack unreadable (%v): JSON %v, want an error and no stack", stackErr, th)
+		}
+		return
+	}
+	if len(got) == 0 || !strings.HasPrefix(got[0], "kthreadd+") || !slices.Equal(got, wantFrames) {
+		t.Errorf("kernel stack %q, /proc/2/task/2/stack %q: want equal, starting in kthreadd", got, wantFrames)
 	}
 }

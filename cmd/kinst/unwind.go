@@ -52,7 +52,9 @@ var unwindStackCommand = &command{
 	help: `The user stacks of a process's threads, unwound with their binaries' CFI
 and frame pointers where it is missing, named by the files' symbols.
 Without --ptrace only threads blocked in the kernel unwind (SP and PC from
-/proc/PID/task/TID/syscall), and they are left asleep.`,
+/proc/PID/task/TID/syscall), and they are left asleep. A kernel thread
+has no user stack: its kernel stack (/proc/PID/task/TID/stack, readable by
+root) is shown instead.`,
 	report: true,
 	setup: func(fs *pflag.FlagSet) runFunc {
 		var tid int
