@@ -438,15 +438,12 @@ func (t *Tracer) Profile() (*Profile, error) {
 	kcache := map[int32][]string{}
 	stack := make([]uint64, maxStackDepth)
 	for key, val := range agg {
-		tgid := int(binary.LittleEndian.Uint32(key[0:]))
-		pid := int(binary.LittleEndian.Uint32(key[4:]))
-		kid := int32(binary.LittleEndian.Uint32(key[8:]))
-		uid := int32(binary.LittleEndian.Uint32(key[12:]))
-		state := stateLetter(binary.LittleEndian.Uint32(key[16:]))
+		k := parseKey(key)
+		tgid, pid, kid, uid, comm := k.tgid, k.pid, k.kstack, k.ustack, k.comm
+		state := stateLetter(k.state)
 		if t.opts.States != "" && !t.opts.States.Has(state[0]) {
 			continue
 		}
-		comm := string(bytes.TrimRight(key[24:40], "\x00"))
 		s := Stack{State: state, OffCPU: time.Duration(val[0]), Samples: int64(val[1])}
 		s.Group, s.PID, s.TID = t.opts.Group.label(procName(tgid, comm), comm, tgid, pid)
 		if !t.opts.UserOnly {
@@ -471,6 +468,33 @@ func (t *Tracer) Profile() (*Profile, error) {
 	p.Stacks = merge(p.Stacks)
 	slices.SortFunc(p.Stacks, func(a, b Stack) int { return cmp.Compare(b.OffCPU, a.OffCPU) })
 	return p, nil
+}
+
+// traceKey is a key of the counts map, decoded.
+type traceKey struct {
+	tgid, pid      int
+	kstack, ustack int32 // stack ids, < 0 when the stack was not taken
+	state          uint32
+	comm           string
+}
+
+// parseKey decodes a key of the counts map: u32 tgid; u32 pid; s32
+// kstack; s32 ustack; u32 state; u32 pad; char comm[16]. The comm is a C
+// string: what follows its NUL is not part of the name (the kernel does
+// not always clear it).
+func parseKey(key [keySize]byte) traceKey {
+	comm := key[24:40]
+	if i := bytes.IndexByte(comm, 0); i >= 0 {
+		comm = comm[:i]
+	}
+	return traceKey{
+		tgid:   int(binary.LittleEndian.Uint32(key[0:])),
+		pid:    int(binary.LittleEndian.Uint32(key[4:])),
+		kstack: int32(binary.LittleEndian.Uint32(key[8:])),
+		ustack: int32(binary.LittleEndian.Uint32(key[12:])),
+		state:  binary.LittleEndian.Uint32(key[16:]),
+		comm:   string(comm),
+	}
 }
 
 // collect reads the finished blocks and adds the ones in progress, with

@@ -1,6 +1,7 @@
 package offcpu
 
 import (
+	"encoding/binary"
 	"errors"
 	"os"
 	"os/exec"
@@ -249,5 +250,35 @@ func TestTraceExit(t *testing.T) {
 	}
 	if !waited {
 		t.Error("sh's wait for sleep not traced")
+	}
+}
+
+// TestParseKey decodes keys of the counts map as the BPF program writes
+// them: the comm is cut at its NUL whatever follows it (the bytes of a
+// longer name the thread had before, say), so such keys group under
+// the thread's name.
+func TestParseKey(t *testing.T) {
+	key := func(tgid, pid uint32, kid, uid int32, state uint32, comm string) [keySize]byte {
+		var k [keySize]byte
+		binary.LittleEndian.PutUint32(k[0:], tgid)
+		binary.LittleEndian.PutUint32(k[4:], pid)
+		binary.LittleEndian.PutUint32(k[8:], uint32(kid))
+		binary.LittleEndian.PutUint32(k[12:], uint32(uid))
+		binary.LittleEndian.PutUint32(k[16:], state)
+		copy(k[24:40], comm)
+		return k
+	}
+	for _, tc := range []struct {
+		key  [keySize]byte
+		want traceKey
+	}{
+		{key(100, 101, 7, -14, 1, "kinst\x00\xfe\xfd\x01"), traceKey{100, 101, 7, -14, 1, "kinst"}},
+		{key(1, 1, -17, 3, 0x80000000, "systemd\x00\x00\x00"), traceKey{1, 1, -17, 3, 0x80000000, "systemd"}},
+		{key(5, 9, 0, 0, 2, "0123456789abcde\x00"), traceKey{5, 9, 0, 0, 2, "0123456789abcde"}},
+		{key(5, 9, 0, 0, 2, "\x00junk"), traceKey{5, 9, 0, 0, 2, ""}},
+	} {
+		if got := parseKey(tc.key); got != tc.want {
+			t.Errorf("parseKey(% x) = %+v, want %+v", tc.key, got, tc.want)
+		}
 	}
 }
