@@ -35,8 +35,8 @@ type OffCPUStack struct {
 	UserError string   `json:"user_error,omitempty"` // why the user stack is missing or truncated
 	// Samples counts samples (sampling) or blocks (tracing).
 	Samples int64 `json:"samples"`
-	// OffCPUNS is measured when tracing, samples × the mean interval
-	// between passes when sampling.
+	// OffCPUNS is measured when tracing, duration_ns × samples / passes
+	// when sampling (a thread off CPU in every pass gets the whole run).
 	OffCPUNS int64 `json:"off_cpu_ns"`
 }
 

@@ -48,7 +48,8 @@ type Stack struct {
 	// Samples counts samples (sampling) or blocks (tracing).
 	Samples int64 `json:"samples"`
 	// OffCPU is the time off CPU: measured when tracing, estimated as
-	// samples × the mean interval between passes when sampling.
+	// the run's duration × samples / passes when sampling (a thread off
+	// CPU in every pass gets the whole run).
 	OffCPU time.Duration `json:"off_cpu_ns"`
 }
 

@@ -123,10 +123,10 @@ type Sampler struct {
 	// run since (benchmarks measure the full cost with it).
 	reread bool
 	start  time.Time
-	// firstPass and lastPass are when the first and latest passes began.
-	firstPass, lastPass time.Time
-	passes              int
-	visits              int
+	// end is when Run returned (zero before, or without Run).
+	end    time.Time
+	passes int
+	visits int
 	// unreadable counts thread visits whose files could not be opened
 	// (other than because the thread exited).
 	unreadable int
@@ -179,11 +179,6 @@ func (s *Sampler) Close() error {
 // Pass takes one sample of every selected thread that is off CPU and
 // returns how many threads it visited.
 func (s *Sampler) Pass() (int, error) {
-	now := time.Now()
-	if s.passes == 0 {
-		s.firstPass = now
-	}
-	s.lastPass = now
 	s.gen++
 	s.passes++
 	visited := 0
@@ -439,6 +434,7 @@ func (s *Sampler) Run(ctx context.Context, duration time.Duration, progress func
 	}
 	tick := time.NewTicker(s.period)
 	defer tick.Stop()
+	defer func() { s.end = time.Now() }()
 	for {
 		n, err := s.Pass()
 		if err != nil {
@@ -458,14 +454,12 @@ func (s *Sampler) Run(ctx context.Context, duration time.Duration, progress func
 // Profile symbolises what was sampled so far. Raw stacks that name the
 // same functions (the same code in two processes, say) merge.
 func (s *Sampler) Profile() *Profile {
-	p := &Profile{Mode: "sample", Start: s.start, Duration: time.Since(s.start), Period: s.period,
-		Passes: s.passes, Threads: s.visits, Unreadable: s.unreadable}
-	// A sample stands for the time between passes: the period, unless
-	// the passes could not keep up with it.
-	interval := s.period
-	if s.passes > 1 && s.lastPass.Sub(s.firstPass) > 0 {
-		interval = max(interval, s.lastPass.Sub(s.firstPass)/time.Duration(s.passes-1))
+	end := s.end
+	if end.IsZero() {
+		end = time.Now()
 	}
+	p := &Profile{Mode: "sample", Start: s.start, Duration: end.Sub(s.start), Period: s.period,
+		Passes: s.passes, Threads: s.visits, Unreadable: s.unreadable}
 	for _, e := range s.order {
 		st := Stack{Group: e.group, PID: e.pid, TID: e.tid, State: string(e.state),
 			Kernel: kernelFrames([]byte(e.kstack)), UserError: e.userErr, Samples: e.samples}
@@ -481,7 +475,21 @@ func (s *Sampler) Profile() *Profile {
 	}
 	p.Stacks = merge(p.Stacks)
 	for i := range p.Stacks {
-		p.Stacks[i].OffCPU = time.Duration(p.Stacks[i].Samples) * interval
+		p.Stacks[i].OffCPU = sampledTime(p.Duration, p.Stacks[i].Samples, s.passes)
 	}
 	return p
+}
+
+// sampledTime is the off-CPU time samples of passes stand for in a run
+// of duration d: each pass stands for an equal share of the run, so a
+// thread seen off CPU in every pass was off CPU for all of it. (n passes
+// over a run are n samples but only n−1 intervals between them: counting
+// a period, or the mean interval between passes, per sample counts one
+// interval too many.) Exact, and without overflow for any real run.
+func sampledTime(d time.Duration, samples int64, passes int) time.Duration {
+	if passes <= 0 || d <= 0 {
+		return 0
+	}
+	n := time.Duration(passes)
+	return d/n*time.Duration(samples) + d%n*time.Duration(samples)/n
 }

@@ -2,6 +2,7 @@ package offcpu
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -339,4 +340,88 @@ func waitBlocked(t testing.TB, pid, tid, nr int) {
 		}
 	}
 	t.Fatalf("thread %d never blocked in system call %d (stat %q, syscall %q)", tid, nr, stat, sc)
+}
+
+// TestSampledTimeBlockedThroughout samples a thread that is blocked for
+// the whole run (sleep(1) in clock_nanosleep; the oracle is its
+// schedstat, whose count of times scheduled in must not move) at -F 5
+// for 1.003 s: every pass sees it, and its off-CPU time is the run's
+// duration, not one interval more (6 passes are 5 intervals: counting
+// 200 ms per sample made it 1.2 s).
+func TestSampledTimeBlockedThroughout(t *testing.T) {
+	sleep := exec.Command("sleep", "60")
+	if err := sleep.Start(); err != nil {
+		t.Skipf("no sleep(1): %v", err)
+	}
+	defer func() { sleep.Process.Kill(); sleep.Wait() }()
+	pid := sleep.Process.Pid
+	dir := "/proc/" + strconv.Itoa(pid) + "/task/" + strconv.Itoa(pid) + "/"
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if b, err := os.ReadFile(dir + "wchan"); err == nil && strings.Contains(string(b), "nanosleep") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("sleep never blocked in nanosleep")
+		}
+	}
+	switches := func() string {
+		b, err := os.ReadFile(dir + "schedstat")
+		if err != nil {
+			t.Skipf("no schedstat (CONFIG_SCHED_INFO): %v", err)
+		}
+		return strings.Fields(string(b))[2]
+	}
+	before := switches()
+	s, err := NewSampler(Options{PID: pid, UserOnly: os.Geteuid() != 0}, time.Second/5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Run(context.Background(), 1003*time.Millisecond, nil); err != nil {
+		t.Fatal(err)
+	}
+	p := s.Profile()
+	if after := switches(); after != before {
+		t.Skipf("sleep was scheduled in during the run (%s → %s times): not blocked throughout", before, after)
+	}
+	var samples int64
+	var off time.Duration
+	for _, st := range p.Stacks {
+		samples += st.Samples
+		off += st.OffCPU
+	}
+	t.Logf("%d passes, %d samples, %v off CPU in a run of %v", p.Passes, samples, off, p.Duration)
+	if p.Duration < 1003*time.Millisecond || p.Passes < 2 {
+		t.Fatalf("a run of %v in %d passes: want at least 1.003 s and 2 passes", p.Duration, p.Passes)
+	}
+	if samples != int64(p.Passes) {
+		t.Errorf("%d samples of a thread blocked throughout %d passes", samples, p.Passes)
+	}
+	if off != p.Duration {
+		t.Errorf("off CPU %v for a thread blocked throughout a run of %v", off, p.Duration)
+	}
+}
+
+// TestSampledTime checks the share of a run samples stand for: exact,
+// and without overflow for a day at 1000 passes a second.
+func TestSampledTime(t *testing.T) {
+	day := 24 * time.Hour
+	for _, tc := range []struct {
+		d       time.Duration
+		samples int64
+		passes  int
+		want    time.Duration
+	}{
+		{1003 * time.Millisecond, 6, 6, 1003 * time.Millisecond},
+		{1003 * time.Millisecond, 3, 6, 501500 * time.Microsecond},
+		{1003 * time.Millisecond, 0, 6, 0},
+		{10, 1, 3, 3},
+		{day, 86400 * 1000, 86400 * 1000, day},
+		{day, 86400 * 500, 86400 * 1000, day / 2},
+		{time.Second, 1, 0, 0},
+	} {
+		if got := sampledTime(tc.d, tc.samples, tc.passes); got != tc.want {
+			t.Errorf("sampledTime(%v, %d, %d) = %v, want %v", tc.d, tc.samples, tc.passes, got, tc.want)
+		}
+	}
 }
