@@ -2,19 +2,25 @@ package api
 
 // The reports of the commands that run on the host without kerninstd.
 
-// OffCPUReport is `kinst offcpu --json`.
+// OffCPUReport is `kinst offcpu --json`. Every key is always present; a
+// key that does not apply to the mode is null: attach and lost when
+// sampling, period_ns, passes, thread_visits and unreadable when tracing.
 type OffCPUReport struct {
-	Mode       string        `json:"mode"`             // "sample" or "trace"
-	Attach     string        `json:"attach,omitempty"` // tracing: tp_btf or raw_tracepoint
-	DurationNS int64         `json:"duration_ns"`
-	PeriodNS   int64         `json:"period_ns,omitempty"`
-	Passes     int           `json:"passes,omitempty"`
-	Visits     int           `json:"thread_visits,omitempty"`
-	Unreadable int           `json:"unreadable,omitempty"`
-	Lost       int64         `json:"lost,omitempty"`
-	Stacks     int           `json:"distinct_stacks"`
-	TotalNS    int64         `json:"total_off_cpu_ns"`
-	Top        []OffCPUStack `json:"top"`
+	Mode       string  `json:"mode"`   // "sample" or "trace"
+	Attach     *string `json:"attach"` // tracing: tp_btf or raw_tracepoint
+	DurationNS int64   `json:"duration_ns"`
+	PeriodNS   *int64  `json:"period_ns"`
+	Passes     *int    `json:"passes"`
+	Visits     *int    `json:"thread_visits"`
+	// Unreadable counts thread visits whose /proc files could not be
+	// opened (sampling).
+	Unreadable *int `json:"unreadable"`
+	// Lost counts blocks whose kernel stack could not be recorded
+	// (tracing).
+	Lost    *int64        `json:"lost"`
+	Stacks  int           `json:"distinct_stacks"`
+	TotalNS int64         `json:"total_off_cpu_ns"`
+	Top     []OffCPUStack `json:"top"`
 }
 
 // OffCPUStack is one distinct stack of an off-CPU profile.
@@ -22,8 +28,11 @@ type OffCPUStack struct {
 	// Group is the first frame of the folded stack: the thread name, or
 	// what --group asks for.
 	Group string `json:"group"`
-	PID   int    `json:"pid,omitempty"` // set when grouping by process or thread id
-	TID   int    `json:"tid,omitempty"` // set when grouping by thread id
+	// PID is the process of the stack when grouping by process or
+	// thread id (--group pid|tid), TID its thread when grouping by thread
+	// id; null otherwise (the stack may sum several).
+	PID *int `json:"pid"`
+	TID *int `json:"tid"`
 	// State is the scheduler state letter (S, D, T, I, …; R: preempted,
 	// tracing only).
 	State string `json:"state,omitempty"`

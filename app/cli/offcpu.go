@@ -124,15 +124,7 @@ func OffCPU(ctx context.Context, o OffCPUOptions, stdout, stderr io.Writer) erro
 	case o.Folded:
 		return folded.Write(stdout, f.Stacks())
 	case o.JSON:
-		r := api.OffCPUReport{Mode: p.Mode, Attach: attach, DurationNS: int64(p.Duration), PeriodNS: int64(p.Period),
-			Passes: p.Passes, Visits: p.Threads, Unreadable: p.Unreadable, Lost: p.Lost, Stacks: len(p.Stacks), Top: mapSlice(p.Top(o.Top), offCPUStack)}
-		for _, s := range p.Stacks {
-			r.TotalNS += int64(s.OffCPU)
-		}
-		if r.Top == nil {
-			r.Top = []api.OffCPUStack{}
-		}
-		return writeJSON(stdout, r)
+		return writeJSON(stdout, offCPUReport(p, attach, o.Group, o.Top))
 	case o.SVG != "" || o.Pprof != "":
 		return nil
 	}
@@ -261,8 +253,31 @@ func isTerminal(w io.Writer) bool {
 	return err == nil
 }
 
-// offCPUStack is a stack as the JSON report shows it.
-func offCPUStack(s offcpu.Stack) api.OffCPUStack {
-	return api.OffCPUStack{Group: s.Group, PID: s.PID, TID: s.TID, State: s.State, Wchan: s.Wchan, Kernel: s.Kernel, User: s.User,
-		UserError: s.UserError, Samples: s.Samples, OffCPUNS: int64(s.OffCPU)}
+// offCPUReport is the JSON report of p, with its top stacks: every key
+// present, null where it does not apply to the mode or the grouping (see
+// api.OffCPUReport).
+func offCPUReport(p *offcpu.Profile, attach string, g offcpu.Group, top int) api.OffCPUReport {
+	r := api.OffCPUReport{Mode: p.Mode, DurationNS: int64(p.Duration), Stacks: len(p.Stacks), Top: []api.OffCPUStack{}}
+	if p.Mode == "trace" {
+		r.Attach, r.Lost = &attach, &p.Lost
+	} else {
+		period := int64(p.Period)
+		r.PeriodNS, r.Passes, r.Visits, r.Unreadable = &period, &p.Passes, &p.Threads, &p.Unreadable
+	}
+	for _, s := range p.Stacks {
+		r.TotalNS += int64(s.OffCPU)
+	}
+	for _, s := range p.Top(top) {
+		j := api.OffCPUStack{Group: s.Group, State: s.State, Wchan: s.Wchan, Kernel: s.Kernel, User: s.User,
+			UserError: s.UserError, Samples: s.Samples, OffCPUNS: int64(s.OffCPU)}
+		switch g {
+		case offcpu.ByTID:
+			j.TID = &s.TID
+			fallthrough
+		case offcpu.ByPID:
+			j.PID = &s.PID
+		}
+		r.Top = append(r.Top, j)
+	}
+	return r
 }
