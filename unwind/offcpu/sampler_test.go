@@ -425,3 +425,40 @@ func TestSampledTime(t *testing.T) {
 		}
 	}
 }
+
+// TestSampleWorkloadLLD samples the workload linked by LLD and built
+// without frame pointers: its executable mapping's load bias must come
+// from the executable segment, not from the read-only one that starts in
+// the same file page, for the user frames (found by CFI) to name the
+// workload's functions in call order.
+func TestSampleWorkloadLLD(t *testing.T) {
+	w := startBuild(t, noFramePointersLLD)
+	s, err := NewSampler(Options{PID: w.pid, UserOnly: os.Geteuid() != 0}, 10*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for i := 0; i < 20; i++ {
+		if _, err := s.Pass(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	p := s.Profile()
+	for name, want := range userPaths {
+		found := false
+		for _, st := range p.Stacks {
+			if st.Group == name && containsInOrder(st.User, want) {
+				found = true
+			}
+		}
+		if !found {
+			for _, st := range p.Stacks {
+				if st.Group == name {
+					t.Logf("%s: user %v %s", name, st.User, st.UserError)
+				}
+			}
+			t.Errorf("%s: no stack whose user frames include %v", name, want)
+		}
+	}
+}

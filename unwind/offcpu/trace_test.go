@@ -93,11 +93,19 @@ func TestTraceWorkload(t *testing.T) {
 }
 
 // TestTraceUserFramePointers checks BPF user stacks of the workload built
-// with frame pointers: they name its functions. (Its caller read_pipe is
-// skipped by any frame-pointer unwinder: the libc wrapper keeps no frame.)
+// with frame pointers, linked by ld and by LLD (whose executable segment
+// shares a file page with the read-only one): they name its functions.
+// (Its caller read_pipe is skipped by any frame-pointer unwinder: the
+// libc wrapper keeps no frame.)
 func TestTraceUserFramePointers(t *testing.T) {
 	requireRoot(t)
-	w := startBuild(t, framePointers)
+	for _, build := range []string{framePointers, framePointersLLD} {
+		t.Run(build, func(t *testing.T) { traceUserFramePointers(t, build) })
+	}
+}
+
+func traceUserFramePointers(t *testing.T, build string) {
+	w := startBuild(t, build)
 	tr := startTracer(t, TraceOptions{Options: Options{PID: w.pid}})
 	time.Sleep(time.Second)
 	p, err := tr.Profile()

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -19,12 +20,19 @@ var (
 	buildDir  string
 )
 
-// The workload's two builds: without frame pointers (what the sampler's
-// CFI unwinding must handle) and with them (what BPF's unwinder needs).
+// The workload's builds: without frame pointers (what the sampler's CFI
+// unwinding must handle) and with them (what BPF's unwinder needs), each
+// also linked by LLD, whose executable segment shares a file page with
+// the read-only one (the LLD builds only where ld.lld is installed).
 const (
-	noFramePointers = "workload"
-	framePointers   = "workload-fp"
+	noFramePointers    = "workload"
+	framePointers      = "workload-fp"
+	noFramePointersLLD = "workload-lld"
+	framePointersLLD   = "workload-fp-lld"
 )
+
+// lldMissing is set when ld.lld is not installed.
+var lldMissing bool
 
 // workloadBinary compiles testdata/workload.c both ways, once per test
 // binary, and returns the path of the build asked for.
@@ -41,10 +49,17 @@ func workloadBinary(tb testing.TB, build string) string {
 			buildErr = err.Error()
 			return
 		}
-		for name, flags := range map[string][]string{
+		builds := map[string][]string{
 			noFramePointers: {"-fomit-frame-pointer"},
 			framePointers:   {"-fno-omit-frame-pointer", "-mno-omit-leaf-frame-pointer"},
-		} {
+		}
+		if _, err := exec.LookPath("ld.lld"); err != nil {
+			lldMissing = true
+		} else {
+			builds[noFramePointersLLD] = append(slices.Clone(builds[noFramePointers]), "-fuse-ld=lld")
+			builds[framePointersLLD] = append(slices.Clone(builds[framePointers]), "-fuse-ld=lld")
+		}
+		for name, flags := range builds {
 			args := append([]string{"-O2", "-g", "-fno-optimize-sibling-calls", "-pthread", "-o", filepath.Join(buildDir, name)}, flags...)
 			cmd := exec.Command(cc, append(args, "testdata/workload.c")...)
 			if b, err := cmd.CombinedOutput(); err != nil {
@@ -58,6 +73,9 @@ func workloadBinary(tb testing.TB, build string) string {
 			tb.Skip(buildErr)
 		}
 		tb.Fatal(buildErr)
+	}
+	if lldMissing && strings.HasSuffix(build, "-lld") {
+		tb.Skip("ld.lld not installed (Debian package lld): no LLD-linked workload")
 	}
 	return filepath.Join(buildDir, build)
 }
