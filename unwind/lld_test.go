@@ -199,8 +199,8 @@ func linkedByLLD(t testing.TB, path string) bool {
 	return err == nil && strings.Contains(string(b), "Linker: LLD")
 }
 
-// waitThreadSyscall waits until a thread of pid sleeps in system call nr
-// and returns its id.
+// waitThreadSyscall waits until every thread of pid sleeps in a system
+// call, one of them in nr, and returns the id of that one.
 func waitThreadSyscall(t testing.TB, pid, nr int) int {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
@@ -208,13 +208,20 @@ func waitThreadSyscall(t testing.TB, pid, nr int) int {
 		if err != nil {
 			t.Fatal(err)
 		}
+		found, blocked := 0, 0
 		for _, tid := range tids {
-			if _, n, err := SyscallRegs(pid, tid); err == nil && n == nr {
-				return tid
+			if _, n, err := SyscallRegs(pid, tid); err == nil && n >= 0 {
+				blocked++
+				if n == nr {
+					found = tid
+				}
 			}
 		}
+		if found != 0 && blocked == len(tids) {
+			return found
+		}
 	}
-	t.Fatalf("no thread of process %d blocked in system call %d", pid, nr)
+	t.Fatalf("the threads of process %d never all slept in system calls, one in %d", pid, nr)
 	return 0
 }
 
