@@ -7,7 +7,10 @@ set -euo pipefail
 # lcov: genhtml renders the coverage tracefiles in the tests (they skip without it).
 # librsvg2-bin and nodejs: the flame graph tests rasterise the SVG and run
 # its script (they skip without them).
+# g++, libc6-dbg and gdb: demangling is checked on a C++ program, libc's
+# internal frames are named through its debug package, as gdb names them.
 pkgs=(qemu-system-x86 busybox-static cpio make gcc binutils kmod xz-utils makedumpfile crash lcov librsvg2-bin nodejs)
+pkgs+=(g++ libc6-dbg gdb)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -35,6 +35,9 @@ type OffCPUOptions struct {
 	SVG          string // write a flame graph here
 	Pprof        string // write a pprof profile here
 	Title        string
+	// NoDemangle keeps C++ and Rust user frames as the symbol tables
+	// spell them.
+	NoDemangle bool
 }
 
 // OffCPU profiles where threads wait, by sampling /proc or by tracing
@@ -105,6 +108,9 @@ func OffCPU(ctx context.Context, o OffCPUOptions, stdout, stderr io.Writer) erro
 			return err
 		}
 		p = s.Profile()
+	}
+	if !o.NoDemangle {
+		p.Demangle()
 	}
 	f := p.Folded(o.Fold)
 	fmt.Fprintf(stderr, "kinst: %s\n", summary(p, f))

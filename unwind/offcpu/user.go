@@ -71,7 +71,7 @@ func (u *userStacks) unwind(pid int, pc, sp uint64, out []userFrame) ([]userFram
 	if err != nil {
 		return out, nil, err
 	}
-	if _, ok := p.Symbolize(pc); !ok {
+	if !p.Mapped(pc) {
 		// New code mapped since we read the mappings?
 		if up := u.procs[pid]; time.Since(up.loaded) > reloadAfter {
 			delete(u.procs, pid)
