@@ -131,6 +131,23 @@ func (f *File) Debug(path string) *DebugInfo {
 	return d.info.Load()
 }
 
+// LookupSymbol names a link-time address of the file: by its own
+// symbols, else, for a stripped file (only .dynsym), by its separate
+// debug file's (see Debug; path is the file as the process names it).
+func (f *File) LookupSymbol(path string, addr uint64) (elfsym.Symbol, uint64, bool) {
+	if f.Symbols != nil {
+		if sym, off, ok := f.Symbols.Lookup(addr); ok {
+			return sym, off, true
+		}
+	}
+	if f.stripped() {
+		if d := f.Debug(path); d.Symbols != nil {
+			return d.Symbols.Lookup(addr)
+		}
+	}
+	return elfsym.Symbol{}, 0, false
+}
+
 // stripped reports whether the file's names are its dynamic symbols
 // alone (or none): a separate debug file can name its internal
 // functions.

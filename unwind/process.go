@@ -312,8 +312,14 @@ func (c *Cache) Open(path string) (*File, error) {
 	if f.Table, err = Compile(ef); err != nil && !errors.Is(err, ErrNoCFI) {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
+	if f.Table == nil {
+		f.Table, _ = CompileGo(ef) // a Go binary without DWARF; nil for others
+	}
 	if f.Symbols, err = elfsym.Read(ef); err != nil && !errors.Is(err, elfsym.ErrNoSymbols) {
 		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if f.Symbols == nil {
+		f.Symbols, _ = goSymbols(ef) // a Go binary without .symtab (-s)
 	}
 	f.debug = newDebugState(ef, c.Debug)
 	c.mu.Lock()
@@ -429,19 +435,8 @@ func (p *Process) Symbolize(pc uint64) (Symbol, bool) {
 		return Symbol{}, false
 	}
 	s := Symbol{File: m.Path, Offset: pc - m.bias}
-	if m.file.Symbols != nil {
-		if sym, off, ok := m.file.Symbols.Lookup(pc - m.bias); ok {
-			s.Name, s.Offset = sym.Name, off
-		}
-	}
-	if s.Name == "" && m.file.stripped() {
-		// An internal function of a stripped file: its debug file's
-		// .symtab names it.
-		if d := m.file.Debug(m.Path); d.Symbols != nil {
-			if sym, off, ok := d.Symbols.Lookup(pc - m.bias); ok {
-				s.Name, s.Offset = sym.Name, off
-			}
-		}
+	if sym, off, ok := m.file.LookupSymbol(m.Path, pc-m.bias); ok {
+		s.Name, s.Offset = sym.Name, off
 	}
 	return s, true
 }

@@ -171,6 +171,11 @@ func Open(path string) (*Table, error) {
 	}
 	defer f.Close()
 	t, err := Compile(f)
+	if errors.Is(err, ErrNoCFI) {
+		if gt, gerr := CompileGo(f); gerr == nil {
+			t, err = gt, nil // a Go binary linked without DWARF
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}

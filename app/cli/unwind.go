@@ -52,6 +52,17 @@ func ShowUnwindTable(path string, pc *uint64, asJSON bool, w io.Writer, opts ...
 	if syms != nil {
 		rep.BuildID = syms.BuildID()
 	}
+	// Through the cache's view of the file: a stripped file's internal
+	// functions named by its debug file, a Go binary's by .gopclntab.
+	lookup := func(pc uint64) (elfsym.Symbol, uint64, bool) {
+		if syms != nil {
+			return syms.Lookup(pc)
+		}
+		return elfsym.Symbol{}, 0, false
+	}
+	if f, err := unwind.NewCache().Open(path); err == nil {
+		lookup = func(pc uint64) (elfsym.Symbol, uint64, bool) { return f.LookupSymbol(path, pc) }
+	}
 	addRow := func(r unwind.Row) {
 		j := api.UnwindRow{PC: fmt.Sprintf("%#x", r.PC), CFA: r.CFA.String(), RBP: r.RBP.String(), RA: r.RA.String()}
 		switch r.CFA.Kind {
@@ -62,8 +73,8 @@ func ShowUnwindTable(path string, pc *uint64, asJSON bool, w io.Writer, opts ...
 		case unwind.CFAExpression:
 			j.CFAExpr = "unsupported"
 		}
-		if syms != nil && r.CFA.Kind != unwind.CFANone {
-			if s, off, ok := syms.Lookup(r.PC); ok {
+		if r.CFA.Kind != unwind.CFANone {
+			if s, off, ok := lookup(r.PC); ok {
 				j.Symbol = so.name(s.Name)
 				if off != 0 {
 					j.Symbol += fmt.Sprintf("+%#x", off)

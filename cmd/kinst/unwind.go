@@ -62,7 +62,8 @@ functions of stripped libraries (Debian's -dbg/-dbgsym packages): they are
 looked for as /usr/lib/debug/.build-id/xx/rest.debug, through
 .gnu_debuglink (CRC checked), then from the debuginfod servers in
 DEBUGINFOD_URLS (DEBUGINFOD_TIMEOUT seconds a request, 5 by default, 15 s
-in all), kept in $KINST_CACHE/debuginfod or ~/.cache/kinst/debuginfod.`,
+in all), kept in $KINST_CACHE/debuginfod or ~/.cache/kinst/debuginfod.
+Go binaries without DWARF or CFI (-ldflags=-w) unwind by their .gopclntab.`,
 	report: true,
 	setup: func(fs *pflag.FlagSet) runFunc {
 		var tid int
