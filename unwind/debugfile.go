@@ -86,11 +86,18 @@ type debugState struct {
 	linkCRC  uint32
 	once     sync.Once
 	info     atomic.Pointer[DebugInfo]
+	// goSyms name a stripped Go binary's functions (-s: no .symtab)
+	// from .gopclntab; nil for other files.
+	goSyms *elfsym.Table
 }
 
-// newDebugState reads what the search needs of ef.
-func newDebugState(ef *elf.File, s *DebugSearch) *debugState {
+// newDebugState reads what the search needs of ef, and the names of
+// .gopclntab when the file is stripped.
+func newDebugState(ef *elf.File, s *DebugSearch, stripped bool) *debugState {
 	d := &debugState{search: s}
+	if stripped {
+		d.goSyms, _ = goSymbols(ef) // nil without .gopclntab
+	}
 	if sec := ef.Section(".debug_info"); sec != nil && sec.Type != elf.SHT_NOBITS {
 		if l := ef.Section(".debug_line"); l != nil && l.Type != elf.SHT_NOBITS {
 			d.hasDWARF = true
@@ -132,11 +139,17 @@ func (f *File) Debug(path string) *DebugInfo {
 }
 
 // LookupSymbol names a link-time address of the file: by its own
-// symbols, else, for a stripped file (only .dynsym), by its separate
-// debug file's (see Debug; path is the file as the process names it).
+// symbols, else, for a stripped file (only .dynsym, or none), by
+// .gopclntab for a Go binary, else by its separate debug file's (see
+// Debug; path is the file as the process names it).
 func (f *File) LookupSymbol(path string, addr uint64) (elfsym.Symbol, uint64, bool) {
 	if f.Symbols != nil {
 		if sym, off, ok := f.Symbols.Lookup(addr); ok {
+			return sym, off, true
+		}
+	}
+	if f.stripped() && f.debug != nil && f.debug.goSyms != nil {
+		if sym, off, ok := f.debug.goSyms.Lookup(addr); ok {
 			return sym, off, true
 		}
 	}

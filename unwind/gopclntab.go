@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/kinst/kinst/internal/elfsym"
 )
@@ -64,11 +65,7 @@ func goPCLN(f *elf.File) ([]goFunc, error) {
 	word := func(i int) uint64 { return le.Uint64(b[8+8*i:]) }
 	nfunc, text := word(0), word(2)
 	if text == 0 {
-		// Recent linkers leave the header's text start for the runtime
-		// to fill in: it is the start of .text (as debug/gosym takes it).
-		if t := f.Section(".text"); t != nil {
-			text = t.Addr
-		}
+		text = goTextStart(f, sec.Addr)
 	}
 	funcnames, pctab, functab := word(3), word(6), word(7)
 	n := uint64(len(b))
@@ -114,6 +111,70 @@ func goPCLN(f *elf.File) ([]goFunc, error) {
 		funcs = append(funcs, fn)
 	}
 	return funcs, nil
+}
+
+// goTextStart is where the Go code of f starts, which recent linkers
+// leave out of the .gopclntab header for the runtime to fill in: the
+// runtime.text symbol (an externally linked cgo binary has C code before
+// it), else the start of .text, as cmd/internal/objfile takes it.
+func goTextStart(f *elf.File, pclntab uint64) uint64 {
+	if syms, err := f.Symbols(); err == nil {
+		for _, s := range syms {
+			if s.Name == "runtime.text" {
+				return s.Value
+			}
+		}
+	}
+	if text, ok := moduledataText(f, pclntab); ok {
+		return text
+	}
+	if t := f.Section(".text"); t != nil {
+		return t.Addr
+	}
+	return 0
+}
+
+// moduledataText reads the text start from the runtime's moduledata
+// (in .go.module since Go 1.26, .noptrdata before) of a binary without
+// symbols: the record that starts with the address of .gopclntab,
+// followed by six slices, findfunctab, minpc, maxpc and text. It is
+// taken only when it lies in an executable section, at or below minpc,
+// and maxpc is above minpc.
+func moduledataText(f *elf.File, pclntab uint64) (uint64, bool) {
+	for _, name := range []string{".go.module", ".noptrdata"} {
+		sec := f.Section(name)
+		if sec == nil || sec.Type == elf.SHT_NOBITS {
+			continue
+		}
+		b, err := sec.Data()
+		if err != nil {
+			continue
+		}
+		if text, ok := findModuledataText(f, b, pclntab); ok {
+			return text, true
+		}
+	}
+	return 0, false
+}
+
+func findModuledataText(f *elf.File, b []byte, pclntab uint64) (uint64, bool) {
+	le := binary.LittleEndian
+	const minpcAt, maxpcAt, textAt = 8 + 6*24 + 8, 8 + 6*24 + 16, 8 + 6*24 + 24
+	for i := 0; i+textAt+8 <= len(b); i += 8 {
+		if le.Uint64(b[i:]) != pclntab {
+			continue
+		}
+		minpc, maxpc, text := le.Uint64(b[i+minpcAt:]), le.Uint64(b[i+maxpcAt:]), le.Uint64(b[i+textAt:])
+		if text == 0 || text > minpc || maxpc <= minpc {
+			continue
+		}
+		for _, s := range f.Sections {
+			if s.Flags&elf.SHF_EXECINSTR != 0 && text >= s.Addr && maxpc <= s.Addr+s.Size {
+				return text, true
+			}
+		}
+	}
+	return 0, false
 }
 
 // spDeltas calls fn for each run [pc, next) of the function where the
@@ -211,4 +272,57 @@ func goSymbols(f *elf.File) (*elfsym.Table, error) {
 		return nil, elfsym.ErrNoSymbols
 	}
 	return elfsym.New(syms), nil
+}
+
+// WithGo completes t (nil: no CFI) with the rows of f's .gopclntab where
+// t has none: a Go binary without DWARF has no CFI at all, and a cgo
+// binary linked with -ldflags=-w has .eh_frame for its C code only. t is
+// returned as it is for a file without .gopclntab.
+func WithGo(t *Table, f *elf.File) *Table {
+	if f.Section(".gopclntab") == nil {
+		return t
+	}
+	gt, err := CompileGo(f)
+	if err != nil || gt.Len() == 0 {
+		return t
+	}
+	if t == nil || t.Len() == 0 {
+		return gt
+	}
+	return combineTables(t, gt)
+}
+
+// combineTables is a's rows, and b's where a has none (CFA u).
+func combineTables(a, b *Table) *Table {
+	pcs := make([]uint64, 0, a.Len()+b.Len())
+	for _, t := range []*Table{a, b} {
+		for i := 0; i < t.Len(); i++ {
+			pcs = append(pcs, t.Row(i).PC)
+		}
+	}
+	slices.Sort(pcs)
+	pcs = slices.Compact(pcs)
+	out := &Table{base: min(a.base, b.base), FDEs: a.FDEs + b.FDEs, Skipped: a.Skipped + b.Skipped,
+		Sections: append(slices.Clone(a.Sections), b.Sections...)}
+	if pcs[len(pcs)-1]-out.base > 1<<32-1 {
+		return a // the two do not fit one table's 4 GiB span
+	}
+	for _, pc := range pcs {
+		r, err := a.Lookup(pc)
+		if err != nil {
+			if r, err = b.Lookup(pc); err != nil {
+				r = Row{} // neither covers pc
+			}
+		}
+		r.PC = pc
+		out.add(r)
+	}
+	for _, t := range []*Table{a, b} {
+		for _, s := range t.starts {
+			out.starts = append(out.starts, uint32(t.base+uint64(s)-out.base))
+		}
+	}
+	slices.Sort(out.starts)
+	out.starts = slices.Compact(out.starts)
+	return out
 }

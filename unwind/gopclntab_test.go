@@ -14,8 +14,9 @@ import (
 )
 
 // buildGoBlocker builds testdata/goblocker.go.txt with the given
-// -ldflags ("" keeps the DWARF, whose .debug_frame is the oracle).
-func buildGoBlocker(t testing.TB, ldflags string) string {
+// -ldflags ("" keeps the DWARF, whose .debug_frame is the oracle); with
+// cgo, as a cgo program (linked by gcc, with .eh_frame for its C code).
+func buildGoBlocker(t testing.TB, ldflags string, cgo bool) string {
 	t.Helper()
 	goCmd, err := exec.LookPath("go")
 	if err != nil {
@@ -26,7 +27,16 @@ func buildGoBlocker(t testing.TB, ldflags string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, data := range map[string]string{"main.go": string(src), "go.mod": "module blocker\n\ngo 1.21\n"} {
+	files := map[string]string{"main.go": string(src), "go.mod": "module blocker\n\ngo 1.21\n"}
+	env := "CGO_ENABLED=0"
+	if cgo {
+		if _, err := exec.LookPath("gcc"); err != nil {
+			t.Skip("gcc not installed")
+		}
+		files["cgo.go"] = "package main\n\n// #include <unistd.h>\nimport \"C\"\n"
+		env = "CGO_ENABLED=1"
+	}
+	for name, data := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -34,7 +44,7 @@ func buildGoBlocker(t testing.TB, ldflags string) string {
 	out := filepath.Join(dir, "goblocker")
 	cmd := exec.Command(goCmd, "build", "-ldflags="+ldflags, "-o", out, ".")
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=")
+	cmd.Env = append(os.Environ(), env, "GOFLAGS=")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, b)
 	}
@@ -57,15 +67,23 @@ func goStack(t *testing.T, path string) ([]string, []Method) {
 // chain, the same frames as the build with DWARF unwound by its
 // .debug_frame, named as debug/gosym names them.
 func TestGoWithoutDWARFUnwinds(t *testing.T) {
-	want, wantMethods := goStack(t, buildGoBlocker(t, ""))
+	want, wantMethods := goStack(t, buildGoBlocker(t, "", false))
 	t.Logf("with DWARF: %q", want)
 	chain := []string{"main.level3", "main.level2", "main.level1", "main.main", "runtime.main", "runtime.goexit.abi0"}
 	if !hasNames(want, chain) {
 		t.Fatalf("the DWARF build's stack %q lacks %q", want, chain)
 	}
-	for _, flags := range []string{"-w", "-s -w"} {
-		t.Run(strings.ReplaceAll(flags, " ", ""), func(t *testing.T) {
-			path := buildGoBlocker(t, flags)
+	for _, tc := range []struct {
+		flags string
+		cgo   bool
+	}{{"-w", false}, {"-s -w", false}, {"-w", true}, {"-s -w", true}} {
+		flags := tc.flags
+		name := strings.ReplaceAll(flags, " ", "")
+		if tc.cgo {
+			name = "cgo" + name
+		}
+		t.Run(name, func(t *testing.T) {
+			path := buildGoBlocker(t, flags, tc.cgo)
 			f, err := elf.Open(path)
 			if err != nil {
 				t.Fatal(err)
@@ -74,8 +92,10 @@ func TestGoWithoutDWARFUnwinds(t *testing.T) {
 			if s := f.Section(".debug_frame"); s != nil {
 				t.Fatalf("%s build has .debug_frame", flags)
 			}
-			if _, err := Compile(f); err == nil {
+			if cfi, err := Compile(f); err == nil && !tc.cgo {
 				t.Fatalf("%s build has CFI", flags)
+			} else if tc.cgo && (err != nil || cfi.Sections[0] != ".eh_frame") {
+				t.Fatalf("cgo %s build: CFI %v (%v), want .eh_frame for its C code", flags, cfi, err)
 			}
 			got, methods := goStack(t, path)
 			t.Logf("%s: %q via %v", flags, got, methods)
@@ -94,8 +114,17 @@ func TestGoWithoutDWARFUnwinds(t *testing.T) {
 			if last := strings.TrimSuffix(got[len(got)-1], ".abi0"); last != "runtime.goexit" {
 				t.Errorf("outermost frame %q, want runtime.goexit (the runtime's top frame)", last)
 			}
-			// The names of -s -w come from .gopclntab alone: as gosym's.
-			tab := goSymtab(t, f)
+			// The names of -s -w come from .gopclntab alone: as gosym's,
+			// given where Go's code starts: runtime.text, from the
+			// symbols of the same program built with them.
+			withSyms := f
+			if strings.Contains(flags, "-s") {
+				if withSyms, err = elf.Open(buildGoBlocker(t, "-w", tc.cgo)); err != nil {
+					t.Fatal(err)
+				}
+				defer withSyms.Close()
+			}
+			tab := goSymtab(t, f, runtimeText(t, withSyms))
 			syms, err := goSymbols(f)
 			if err != nil {
 				t.Fatal(err)
@@ -110,13 +139,28 @@ func TestGoWithoutDWARFUnwinds(t *testing.T) {
 	}
 }
 
-func goSymtab(t *testing.T, f *elf.File) *gosym.Table {
+func runtimeText(t *testing.T, f *elf.File) uint64 {
+	t.Helper()
+	syms, err := f.Symbols()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range syms {
+		if s.Name == "runtime.text" {
+			return s.Value
+		}
+	}
+	t.Fatal("no runtime.text symbol")
+	return 0
+}
+
+func goSymtab(t *testing.T, f *elf.File, text uint64) *gosym.Table {
 	t.Helper()
 	data, err := f.Section(".gopclntab").Data()
 	if err != nil {
 		t.Fatal(err)
 	}
-	tab, err := gosym.NewTable(nil, gosym.NewLineTable(data, f.Section(".text").Addr))
+	tab, err := gosym.NewTable(nil, gosym.NewLineTable(data, text))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +173,7 @@ func goSymtab(t *testing.T, f *elf.File) *gosym.Table {
 // changes, the same CFA and return-address rule, except where the
 // runtime's traceback stops (there the return address is undefined).
 func TestGoPCLNRowsMatchDebugFrame(t *testing.T) {
-	f, err := elf.Open(buildGoBlocker(t, ""))
+	f, err := elf.Open(buildGoBlocker(t, "", false))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -312,16 +312,11 @@ func (c *Cache) Open(path string) (*File, error) {
 	if f.Table, err = Compile(ef); err != nil && !errors.Is(err, ErrNoCFI) {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	if f.Table == nil {
-		f.Table, _ = CompileGo(ef) // a Go binary without DWARF; nil for others
-	}
+	f.Table = WithGo(f.Table, ef) // Go code without CFI: .gopclntab
 	if f.Symbols, err = elfsym.Read(ef); err != nil && !errors.Is(err, elfsym.ErrNoSymbols) {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	if f.Symbols == nil {
-		f.Symbols, _ = goSymbols(ef) // a Go binary without .symtab (-s)
-	}
-	f.debug = newDebugState(ef, c.Debug)
+	f.debug = newDebugState(ef, c.Debug, f.stripped())
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if id != "" {
