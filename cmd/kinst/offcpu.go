@@ -26,7 +26,11 @@ not seen; blocks still in progress at the end count up to the end.
 Outputs: a text report of the top stacks (default), folded stacks for
 flamegraph.pl (--folded), an interactive SVG flame graph (--svg), a pprof
 profile for go tool pprof (--pprof), JSON (--json). C++ and Rust names
-are demangled in all of them (see --no-demangle).
+are demangled in all of them (see --no-demangle). Internal functions of
+stripped libraries are named through their separate debug files or
+debuginfod (DEBUGINFOD_URLS), looked up once the profile ends, and Go
+binaries linked without DWARF unwind by their .gopclntab: see kinst
+unwind stack --help.
 
 Examples:
   kinst offcpu -p 1234 --duration 10s --svg offcpu.svg
