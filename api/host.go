@@ -15,6 +15,9 @@ type OffCPUReport struct {
 	Stacks     int           `json:"distinct_stacks"`
 	TotalNS    int64         `json:"total_off_cpu_ns"`
 	Top        []OffCPUStack `json:"top"`
+	// DebugNotes say, per file whose frames needed a separate debug
+	// file, why none was found.
+	DebugNotes map[string]string `json:"debug_notes,omitempty"`
 }
 
 // OffCPUStack is one distinct stack of an off-CPU profile.

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -114,6 +116,9 @@ func OffCPU(ctx context.Context, o OffCPUOptions, stdout, stderr io.Writer) erro
 	}
 	f := p.Folded(o.Fold)
 	fmt.Fprintf(stderr, "kinst: %s\n", summary(p, f))
+	for _, file := range slices.Sorted(maps.Keys(p.DebugNotes)) {
+		fmt.Fprintf(stderr, "kinst: note: %s: %s\n", file, p.DebugNotes[file])
+	}
 	if o.SVG != "" {
 		if err := writeSVG(o, p, f); err != nil {
 			return err
@@ -131,7 +136,8 @@ func OffCPU(ctx context.Context, o OffCPUOptions, stdout, stderr io.Writer) erro
 		return folded.Write(stdout, f.Stacks())
 	case o.JSON:
 		r := api.OffCPUReport{Mode: p.Mode, Attach: attach, DurationNS: int64(p.Duration), PeriodNS: int64(p.Period),
-			Passes: p.Passes, Visits: p.Threads, Unreadable: p.Unreadable, Lost: p.Lost, Stacks: len(p.Stacks), Top: mapSlice(p.Top(o.Top), offCPUStack)}
+			Passes: p.Passes, Visits: p.Threads, Unreadable: p.Unreadable, Lost: p.Lost, Stacks: len(p.Stacks), Top: mapSlice(p.Top(o.Top), offCPUStack),
+			DebugNotes: p.DebugNotes}
 		for _, s := range p.Stacks {
 			r.TotalNS += int64(s.OffCPU)
 		}

@@ -21,3 +21,18 @@ func (p *Profile) Demangle() {
 	}
 	p.Stacks = merge(p.Stacks)
 }
+
+// debugNotes are, per file of the processes read, why no separate debug
+// file named its frames (see unwind.Process.DebugNotes).
+func (u *userStacks) debugNotes() map[string]string {
+	var out map[string]string
+	for _, p := range u.seen {
+		for file, note := range p.DebugNotes() {
+			if out == nil {
+				out = map[string]string{}
+			}
+			out[file] = note
+		}
+	}
+	return out
+}

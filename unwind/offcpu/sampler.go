@@ -483,5 +483,8 @@ func (s *Sampler) Profile() *Profile {
 	for i := range p.Stacks {
 		p.Stacks[i].OffCPU = time.Duration(p.Stacks[i].Samples) * interval
 	}
+	if s.user != nil {
+		p.DebugNotes = s.user.debugNotes()
+	}
 	return p
 }
