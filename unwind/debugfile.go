@@ -9,6 +9,7 @@ import (
 	"hash/crc32"
 	"io"
 	"net/http"
+	neturl "net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -343,6 +344,10 @@ func (s *DebugSearch) get(url, id string) (string, error) {
 	if err != nil {
 		if ctx.Err() != nil {
 			return "", fmt.Errorf("debuginfod %s: no answer within %v", url, timeout)
+		}
+		var ue *neturl.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // without the method and URL said already
 		}
 		return "", fmt.Errorf("debuginfod %s: %w", url, err)
 	}

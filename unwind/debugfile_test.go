@@ -380,6 +380,15 @@ func TestDebuginfod(t *testing.T) {
 		t.Errorf("404: %v", d.Err)
 	}
 
+	// No server at all: the error names the URL once, and why.
+	gone := httptest.NewServer(http.NotFoundHandler())
+	gone.Close()
+	d = lookup(&DebugSearch{Root: t.TempDir(), Debuginfod: []string{gone.URL}, CacheDir: empty})
+	if d.Err == nil || !strings.Contains(d.Err.Error(), "debuginfod "+gone.URL+"/buildid/"+id+"/debuginfo: dial tcp") ||
+		strings.Count(d.Err.Error(), gone.URL) != 1 {
+		t.Errorf("no server: %v", d.Err)
+	}
+
 	// A server that never answers: the request gives up at the timeout.
 	hang := make(chan struct{})
 	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
