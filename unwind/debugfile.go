@@ -174,7 +174,9 @@ func (d *debugState) find(f *File, path string) *DebugInfo {
 		info := &DebugInfo{Path: f.Path, Via: "self"}
 		info.Lines, info.Err = debuginfo.Open(f.Path)
 		if info.Lines != nil && f.stripped() {
-			info.Symbols = info.Lines.Symbols()
+			if info.Symbols = info.Lines.Symbols(); info.Symbols == nil {
+				info.Symbols, info.Err = info.Lines.FuncSymbols()
+			}
 		}
 		return info
 	}
@@ -258,6 +260,9 @@ func openDebug(p, via string) *DebugInfo {
 	info.Lines, info.Err = debuginfo.Open(p)
 	if info.Lines != nil {
 		info.Symbols = info.Lines.Symbols()
+		if info.Symbols == nil { // no .symtab: the DWARF's functions
+			info.Symbols, info.Err = info.Lines.FuncSymbols()
+		}
 		return info
 	}
 	syms, err := elfsym.Open(p) // symbols without DWARF

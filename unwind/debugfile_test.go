@@ -197,6 +197,12 @@ func addr2line(t *testing.T, file string, addr uint64) string {
 // the debug file when link is set. It returns the binary, the debug file
 // and the unstripped binary.
 func splitDebug(t *testing.T, link bool) (bin, debug, full string) {
+	return splitDebugFile(t, link, false)
+}
+
+// splitDebugFile is splitDebug; noSymtab also takes the symbol table out
+// of the debug file, leaving the DWARF alone to name functions.
+func splitDebugFile(t *testing.T, link, noSymtab bool) (bin, debug, full string) {
 	t.Helper()
 	for _, tool := range []string{"objcopy", "strip"} {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -212,6 +218,9 @@ func splitDebug(t *testing.T, link bool) (bin, debug, full string) {
 		}
 	}
 	run("objcopy", "--only-keep-debug", full, debug)
+	if noSymtab {
+		run("objcopy", "--strip-all", "--keep-section=.debug_*", debug)
+	}
 	run("strip", "--strip-all", "-o", bin, full)
 	if link {
 		run("objcopy", "--add-gnu-debuglink="+debug, bin)
@@ -427,4 +436,45 @@ func callerAt(i int, pc uint64) uint64 {
 		return pc - 1
 	}
 	return pc
+}
+
+// TestDebugFileWithoutSymtab: a debug file without a symbol table names
+// the functions of the stripped binary from its DWARF subprograms: the
+// names and offsets nm and the unstripped binary give.
+func TestDebugFileWithoutSymtab(t *testing.T) {
+	bin, debug, full := splitDebugFile(t, true, true)
+	if out, _ := exec.Command("readelf", "-S", debug).Output(); bytes.Contains(out, []byte(".symtab")) {
+		t.Fatal("the debug file kept its .symtab")
+	}
+	pid := startBlocker(t, bin)
+	c := NewCache()
+	c.Debug = &DebugSearch{}
+	p, err := c.Process(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	regs, _, err := SyscallRegs(pid, pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcs := p.Unwind(regs, 0)
+	frames := names(p, pcs)
+	t.Logf("stack: %v", frames)
+	if !hasChain(frames) {
+		t.Fatalf("stack %q lacks level3 level2 level1 main", frames)
+	}
+	for i, pc := range pcs {
+		m := p.mapping(pc)
+		if m == nil || m.Path != bin {
+			continue
+		}
+		at := callerAt(i, pc)
+		s, _ := p.Symbolize(at)
+		if s.Name == "" {
+			continue // _start: assembly without DWARF
+		}
+		if addr := nmAddr(t, full, s.Name); addr+s.Offset != at-m.bias {
+			t.Errorf("frame %d: %s+%#x, nm puts %s at %#x", i, s.Name, s.Offset, s.Name, addr)
+		}
+	}
 }
