@@ -72,11 +72,27 @@ type DebugInfo struct {
 	// Path is the file read; Via how it was found: "build-id",
 	// "debuglink", "debuginfod", or "self" (the file's own DWARF).
 	Path, Via string
-	Symbols   *elfsym.Table   // nil when the debug file has no symbols
-	Lines     *debuginfo.File // nil without DWARF line tables
+	// Symbols are the debug file's .symtab, else the functions its DWARF
+	// describes; nil when it has neither.
+	Symbols *elfsym.Table
 	// Err says why no debug file was found, or what went wrong reading
 	// one; set also when Path is, if only part of it could be read.
 	Err error
+
+	lineOnce sync.Once
+	lines    *debuginfo.File
+	lineErr  error
+}
+
+// Lines are the DWARF line tables of Path, opened on first use (the
+// sections are inflated then: names alone do not need them). nil
+// without a debug file or line tables.
+func (d *DebugInfo) Lines() (*debuginfo.File, error) {
+	if d.Path == "" {
+		return nil, d.Err
+	}
+	d.lineOnce.Do(func() { d.lines, d.lineErr = debuginfo.Open(d.Path) })
+	return d.lines, d.lineErr
 }
 
 // debugState is a File's debug information, looked for on first use.
@@ -172,10 +188,10 @@ func (f *File) stripped() bool {
 func (d *debugState) find(f *File, path string) *DebugInfo {
 	if d.hasDWARF {
 		info := &DebugInfo{Path: f.Path, Via: "self"}
-		info.Lines, info.Err = debuginfo.Open(f.Path)
-		if info.Lines != nil && f.stripped() {
-			if info.Symbols = info.Lines.Symbols(); info.Symbols == nil {
-				info.Symbols, info.Err = info.Lines.FuncSymbols()
+		if f.stripped() { // DWARF kept, symbols stripped: name by DWARF
+			var lines *debuginfo.File
+			if lines, info.Err = info.Lines(); lines != nil {
+				info.Symbols, info.Err = lines.FuncSymbols()
 			}
 		}
 		return info
@@ -257,19 +273,14 @@ func (d *debugState) find(f *File, path string) *DebugInfo {
 // openDebug reads a debug file's line tables and symbols.
 func openDebug(p, via string) *DebugInfo {
 	info := &DebugInfo{Path: p, Via: via}
-	info.Lines, info.Err = debuginfo.Open(p)
-	if info.Lines != nil {
-		info.Symbols = info.Lines.Symbols()
-		if info.Symbols == nil { // no .symtab: the DWARF's functions
-			info.Symbols, info.Err = info.Lines.FuncSymbols()
+	info.Symbols, info.Err = elfsym.Open(p)
+	if errors.Is(info.Err, elfsym.ErrNoSymbols) {
+		// No .symtab: the functions its DWARF describes.
+		var lines *debuginfo.File
+		if lines, info.Err = info.Lines(); lines != nil {
+			info.Symbols, info.Err = lines.FuncSymbols()
 		}
-		return info
 	}
-	syms, err := elfsym.Open(p) // symbols without DWARF
-	if err != nil {
-		info.Err = errors.Join(info.Err, err)
-	}
-	info.Symbols = syms
 	return info
 }
 
@@ -401,11 +412,11 @@ func (p *Process) SourceLine(pc uint64) (debuginfo.Line, bool) {
 	if m == nil {
 		return debuginfo.Line{}, false
 	}
-	d := m.file.Debug(m.Path)
-	if d.Lines == nil {
+	lines, _ := m.file.Debug(m.Path).Lines()
+	if lines == nil {
 		return debuginfo.Line{}, false
 	}
-	l, err := d.Lines.LineAt(pc - m.bias)
+	l, err := lines.LineAt(pc - m.bias)
 	if err != nil || l.Line == 0 {
 		return debuginfo.Line{}, false
 	}

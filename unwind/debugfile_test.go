@@ -364,7 +364,11 @@ func TestDebuginfod(t *testing.T) {
 		t.Errorf("level3+1 named %v+%d (%v)", s.Name, off, ok)
 	}
 	if want := addr2line(t, full, level3); want != "" {
-		if l, err := d.Lines.LineAt(level3); err != nil || l.String() != want {
+		lines, err := d.Lines()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l, err := lines.LineAt(level3); err != nil || l.String() != want {
 			t.Errorf("line of level3 %v (%v), addr2line says %s", l, err, want)
 		}
 	}
