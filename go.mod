@@ -13,6 +13,7 @@ require (
 	github.com/anchore/go-lzo v0.1.1
 	github.com/cilium/ebpf v0.22.0
 	github.com/google/pprof v0.0.0-20261016150608-1facf8f91b50
+	github.com/ianlancetaylor/demangle v0.0.0-20260724033716-83e58baca724
 	github.com/klauspost/compress v1.20.1
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/common v0.73.1

@@ -21,6 +21,9 @@ type OffCPUReport struct {
 	Stacks  int           `json:"distinct_stacks"`
 	TotalNS int64         `json:"total_off_cpu_ns"`
 	Top     []OffCPUStack `json:"top"`
+	// DebugNotes say, per file whose frames needed a separate debug
+	// file, why none was found.
+	DebugNotes map[string]string `json:"debug_notes,omitempty"`
 }
 
 // OffCPUStack is one distinct stack of an off-CPU profile.
@@ -82,6 +85,9 @@ type UnwindRow struct {
 type UnwindStacks struct {
 	PID     int            `json:"pid"`
 	Threads []UnwindThread `json:"threads"`
+	// DebugNotes say, per file of the process, why its debug
+	// information (separate debug file, DWARF lines) is missing.
+	DebugNotes map[string]string `json:"debug_notes,omitempty"`
 }
 
 // UnwindThread is one thread's user stack.
@@ -110,6 +116,9 @@ type UnwindFrame struct {
 	// "fp" (frame pointer) or "scan" (CFI after a stack scan for rbp);
 	// "" for the innermost frame.
 	Method string `json:"method,omitempty"`
+	// Source is the frame's "file:line", from the DWARF of the binary
+	// or of its separate debug file.
+	Source string `json:"source,omitempty"`
 }
 
 // VMStatus is `kinst vm status --json`.

@@ -151,11 +151,11 @@ func open(name string, osf *os.File) (*File, error) {
 		return nil, err
 	}
 	f.aranges = parseAranges(aranges, ef.ByteOrder)
-	if f.syms, err = elfsym.Read(ef); err != nil {
+	if f.syms, err = elfsym.Read(ef); err != nil && !errors.Is(err, elfsym.ErrNoSymbols) {
 		f.unmap()
 		return nil, err
 	}
-	f.BuildID = f.syms.BuildID()
+	f.BuildID, _ = elfsym.BuildID(ef)
 	return f, nil
 }
 
@@ -175,7 +175,8 @@ func (f *File) Close() error {
 	return f.osf.Close()
 }
 
-// Symbols are the file's function and object symbols.
+// Symbols are the file's function and object symbols; nil for a file
+// without a symbol table (FuncSymbols names its functions from DWARF).
 func (f *File) Symbols() *elfsym.Table { return f.syms }
 
 // parseAranges reads .debug_aranges: per set, a header (unit length,
@@ -622,6 +623,9 @@ func (f *File) FuncsInFile(suffix string) ([]Func, error) {
 // funcAt is the function symbol starting at addr if its first line is in
 // the file suffix names. The caller holds f.mu.
 func (f *File) funcAt(addr uint64, suffix string) (Func, bool) {
+	if f.syms == nil {
+		return Func{}, false
+	}
 	s, off, ok := f.syms.Lookup(addr)
 	if !ok || off != 0 || s.Kind != elfsym.Func {
 		return Func{}, false

@@ -8,8 +8,10 @@ set -euo pipefail
 # librsvg2-bin and nodejs: the flame graph tests rasterise the SVG and run
 # its script (they skip without them).
 # lld and gdb: the unwind tests link with ld.lld and compare stacks with gdb's.
+# g++ and libc6-dbg: demangling is checked on a C++ program, libc's
+# internal frames are named through its debug package, as gdb names them.
 pkgs=(qemu-system-x86 busybox-static cpio make gcc binutils kmod xz-utils makedumpfile crash lcov librsvg2-bin nodejs)
-pkgs+=(lld gdb)
+pkgs+=(lld gdb g++ libc6-dbg)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -23,4 +23,10 @@
 // assembly's [rsp+N]+M, for instance) are kept as "exp" rows and the
 // unwinder falls back to frame pointers there. Only 64-bit little-endian
 // x86-64 files are accepted.
+//
+// A Go binary without CFI (linked with -ldflags=-w) gets its rows from
+// .gopclntab instead (CompileGo, WithGo). Names: a file's own symbols, a
+// stripped file's separate debug file (by build id, .gnu_debuglink or
+// debuginfod; File.Debug) and .gopclntab; Demangle makes C++ and Rust
+// names readable, and Process.SourceLine gives a frame's file:line.
 package unwind

@@ -31,7 +31,7 @@ func TestUnwindLLD(t *testing.T) {
 		compareThreadsWithGDB(t, bin, func(gdbName, ours string) bool { return gdbName == ours })
 	})
 	t.Run("rust", func(t *testing.T) {
-		bin := buildRust(t, "testdata/threads.rs")
+		bin := buildRustLLD(t, "testdata/threads.rs")
 		compareThreadsWithGDB(t, bin, sameRustName)
 	})
 }
@@ -155,17 +155,9 @@ func checkSharedPage(t *testing.T, bin string) {
 
 // buildRust compiles one Rust file with rustc -O, linked by LLD (rustc's
 // default linker on x86_64 Linux since 1.90; else through cc -fuse-ld=lld).
-func buildRust(t testing.TB, src string) string {
+func buildRustLLD(t testing.TB, src string) string {
 	t.Helper()
-	rustc, err := exec.LookPath("rustc")
-	if err != nil {
-		if home, _ := os.UserHomeDir(); home != "" {
-			rustc = filepath.Join(home, ".cargo", "bin", "rustc")
-		}
-		if _, err := os.Stat(rustc); err != nil {
-			t.Skip("rustc not installed (neither in PATH nor in ~/.cargo/bin): Rust binaries not tested")
-		}
-	}
+	rustc := rustcPath(t)
 	out := filepath.Join(t.TempDir(), strings.TrimSuffix(filepath.Base(src), ".rs"))
 	build := func(extra ...string) {
 		args := append([]string{"-O", "--edition", "2021", "-o", out, src}, extra...)
@@ -298,4 +290,21 @@ func gdbThreads(t *testing.T, pid int) map[int][]gdbFrame {
 		t.Fatalf("no frames in gdb's output:\n%s", out)
 	}
 	return frames
+}
+
+// rustcPath finds rustc in PATH or in ~/.cargo/bin (rustup's place, often
+// not in a CI job's PATH), or skips the test.
+func rustcPath(t testing.TB) string {
+	t.Helper()
+	if rustc, err := exec.LookPath("rustc"); err == nil {
+		return rustc
+	}
+	if home, _ := os.UserHomeDir(); home != "" {
+		rustc := filepath.Join(home, ".cargo", "bin", "rustc")
+		if _, err := os.Stat(rustc); err == nil {
+			return rustc
+		}
+	}
+	t.Skip("rustc not installed (neither in PATH nor in ~/.cargo/bin): Rust binaries not tested")
+	return ""
 }

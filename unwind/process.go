@@ -243,6 +243,7 @@ type File struct {
 	Symbols *elfsym.Table // nil when the file has no symbols
 	// Segments map the file's offsets to link-time addresses.
 	Segments elfsym.Segments
+	debug    *debugState // separate debug file, found on first use
 }
 
 // Cache holds Files by GNU build id (by device and inode for files
@@ -252,6 +253,9 @@ type Cache struct {
 	mu      sync.Mutex
 	byID    map[string]*File
 	byInode map[fileKey]*File
+	// Debug says where separate debug files are looked for (set before
+	// the first Open; NewCache reads the environment).
+	Debug *DebugSearch
 }
 
 type fileKey struct {
@@ -262,7 +266,7 @@ type fileKey struct {
 
 // NewCache returns an empty cache.
 func NewCache() *Cache {
-	return &Cache{byID: map[string]*File{}, byInode: map[fileKey]*File{}}
+	return &Cache{byID: map[string]*File{}, byInode: map[fileKey]*File{}, Debug: DebugSearchFromEnv()}
 }
 
 // Len is the number of distinct files cached.
@@ -308,9 +312,11 @@ func (c *Cache) Open(path string) (*File, error) {
 	if f.Table, err = Compile(ef); err != nil && !errors.Is(err, ErrNoCFI) {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
+	f.Table = WithGo(f.Table, ef) // Go code without CFI: .gopclntab
 	if f.Symbols, err = elfsym.Read(ef); err != nil && !errors.Is(err, elfsym.ErrNoSymbols) {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
+	f.debug = newDebugState(ef, c.Debug, f.stripped())
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if id != "" {
@@ -437,10 +443,8 @@ func (p *Process) Symbolize(pc uint64) (Symbol, bool) {
 		return Symbol{}, false
 	}
 	s := Symbol{File: m.Path, Offset: pc - m.bias}
-	if m.file.Symbols != nil {
-		if sym, off, ok := m.file.Symbols.Lookup(pc - m.bias); ok {
-			s.Name, s.Offset = sym.Name, off
-		}
+	if sym, off, ok := m.file.LookupSymbol(m.Path, pc-m.bias); ok {
+		s.Name, s.Offset = sym.Name, off
 	}
 	return s, true
 }

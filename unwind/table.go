@@ -163,7 +163,11 @@ func (t *Table) compact(r Row) (row, bool) {
 	return c, true
 }
 
-// Open compiles the unwind table of the ELF file at path.
+// Open compiles the unwind table of the ELF file at path: its CFI, as
+// readelf shows it, or for a Go binary without any (linked with
+// -ldflags=-w), the rows of its .gopclntab (see CompileGo). The unwinder
+// of a process (Cache) also fills the gaps of a cgo binary's .eh_frame
+// with .gopclntab rows (see WithGo).
 func Open(path string) (*Table, error) {
 	f, err := elfsym.OpenFile(path)
 	if err != nil {
@@ -171,6 +175,11 @@ func Open(path string) (*Table, error) {
 	}
 	defer f.Close()
 	t, err := Compile(f)
+	if errors.Is(err, ErrNoCFI) {
+		if gt := WithGo(nil, f); gt != nil {
+			t, err = gt, nil // a Go binary without DWARF: .gopclntab
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -35,6 +37,9 @@ type OffCPUOptions struct {
 	SVG          string // write a flame graph here
 	Pprof        string // write a pprof profile here
 	Title        string
+	// NoDemangle keeps C++ and Rust user frames as the symbol tables
+	// spell them.
+	NoDemangle bool
 }
 
 // OffCPU profiles where threads wait, by sampling /proc or by tracing
@@ -106,8 +111,14 @@ func OffCPU(ctx context.Context, o OffCPUOptions, stdout, stderr io.Writer) erro
 		}
 		p = s.Profile()
 	}
+	if !o.NoDemangle {
+		p.Demangle()
+	}
 	f := p.Folded(o.Fold)
 	fmt.Fprintf(stderr, "kinst: %s\n", summary(p, f))
+	for _, file := range slices.Sorted(maps.Keys(p.DebugNotes)) {
+		fmt.Fprintf(stderr, "kinst: note: %s: %s\n", file, p.DebugNotes[file])
+	}
 	if o.SVG != "" {
 		if err := writeSVG(o, p, f); err != nil {
 			return err
@@ -124,7 +135,9 @@ func OffCPU(ctx context.Context, o OffCPUOptions, stdout, stderr io.Writer) erro
 	case o.Folded:
 		return folded.Write(stdout, f.Stacks())
 	case o.JSON:
-		return writeJSON(stdout, offCPUReport(p, attach, o.Group, o.Top))
+		r := offCPUReport(p, attach, o.Group, o.Top)
+		r.DebugNotes = p.DebugNotes
+		return writeJSON(stdout, r)
 	case o.SVG != "" || o.Pprof != "":
 		return nil
 	}

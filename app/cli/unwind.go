@@ -16,9 +16,31 @@ import (
 	"github.com/kinst/kinst/unwind"
 )
 
+// SymbolOptions choose how symbols are named.
+type SymbolOptions struct {
+	// NoDemangle keeps C++ and Rust names as the symbol tables spell
+	// them (see unwind.Demangle).
+	NoDemangle bool
+}
+
+func (o SymbolOptions) name(n string) string {
+	if o.NoDemangle {
+		return n
+	}
+	return unwind.Demangle(n)
+}
+
+func symbolOptions(opts []SymbolOptions) SymbolOptions {
+	if len(opts) > 0 {
+		return opts[0]
+	}
+	return SymbolOptions{}
+}
+
 // ShowUnwindTable compiles the CFI of the ELF file at path and prints its
 // rows; with pc != nil, only the row in effect at *pc.
-func ShowUnwindTable(path string, pc *uint64, asJSON bool, w io.Writer) error {
+func ShowUnwindTable(path string, pc *uint64, asJSON bool, w io.Writer, opts ...SymbolOptions) error {
+	so := symbolOptions(opts)
 	t0 := time.Now()
 	tab, err := unwind.Open(path)
 	if err != nil {
@@ -31,6 +53,17 @@ func ShowUnwindTable(path string, pc *uint64, asJSON bool, w io.Writer) error {
 	if syms != nil {
 		rep.BuildID = syms.BuildID()
 	}
+	// Through the cache's view of the file: a stripped file's internal
+	// functions named by its debug file, a Go binary's by .gopclntab.
+	lookup := func(pc uint64) (elfsym.Symbol, uint64, bool) {
+		if syms != nil {
+			return syms.Lookup(pc)
+		}
+		return elfsym.Symbol{}, 0, false
+	}
+	if f, err := unwind.NewCache().Open(path); err == nil {
+		lookup = func(pc uint64) (elfsym.Symbol, uint64, bool) { return f.LookupSymbol(path, pc) }
+	}
 	addRow := func(r unwind.Row) {
 		j := api.UnwindRow{PC: fmt.Sprintf("%#x", r.PC), CFA: r.CFA.String(), RBP: r.RBP.String(), RA: r.RA.String()}
 		switch r.CFA.Kind {
@@ -41,9 +74,9 @@ func ShowUnwindTable(path string, pc *uint64, asJSON bool, w io.Writer) error {
 		case unwind.CFAExpression:
 			j.CFAExpr = "unsupported"
 		}
-		if syms != nil && r.CFA.Kind != unwind.CFANone {
-			if s, off, ok := syms.Lookup(r.PC); ok {
-				j.Symbol = s.Name
+		if r.CFA.Kind != unwind.CFANone {
+			if s, off, ok := lookup(r.PC); ok {
+				j.Symbol = so.name(s.Name)
 				if off != 0 {
 					j.Symbol += fmt.Sprintf("+%#x", off)
 				}
@@ -88,7 +121,8 @@ func ShowUnwindTable(path string, pc *uint64, asJSON bool, w io.Writer) error {
 // usePtrace only blocked threads unwind, from the registers in
 // /proc/PID/task/TID/syscall; with it every thread is stopped for a
 // moment to read its registers.
-func ShowUnwindStack(pid, tid int, usePtrace, asJSON bool, w io.Writer) error {
+func ShowUnwindStack(pid, tid int, usePtrace, asJSON bool, w io.Writer, opts ...SymbolOptions) error {
+	so := symbolOptions(opts)
 	p, err := unwind.NewCache().Process(pid)
 	if err != nil {
 		return err
@@ -135,7 +169,10 @@ func ShowUnwindStack(pid, tid int, usePtrace, asJSON bool, w io.Writer) error {
 				at--
 			}
 			if s, ok := p.Symbolize(at); ok {
-				f.File, f.Symbol, f.Offset = s.File, s.Name, fmt.Sprintf("%#x", s.Offset+(pc-at))
+				f.File, f.Symbol, f.Offset = s.File, so.name(s.Name), fmt.Sprintf("%#x", s.Offset+(pc-at))
+			}
+			if l, ok := p.SourceLine(at); ok {
+				f.Source = l.String()
 			}
 			if i > 0 {
 				f.Method = methods[i-1].String()
@@ -144,11 +181,15 @@ func ShowUnwindStack(pid, tid int, usePtrace, asJSON bool, w io.Writer) error {
 		}
 		out = append(out, th)
 	}
+	notes := p.DebugNotes()
 	if asJSON {
-		return writeJSON(w, api.UnwindStacks{PID: pid, Threads: out})
+		return writeJSON(w, api.UnwindStacks{PID: pid, Threads: out, DebugNotes: notes})
 	}
 	for name, err := range p.Missing {
 		fmt.Fprintf(w, "warning: %s: %v\n", name, err)
+	}
+	for name, note := range notes {
+		fmt.Fprintf(w, "note: %s: %s\n", name, note)
 	}
 	for _, th := range out {
 		fmt.Fprintf(w, "thread %d (%s)", th.TID, th.Comm)
@@ -177,7 +218,11 @@ func ShowUnwindStack(pid, tid int, usePtrace, asJSON bool, w io.Writer) error {
 			if f.Symbol != "" {
 				where = f.Symbol
 			}
-			fmt.Fprintf(w, "  #%-2d %-18s %s+%s %s\n", i, f.PC, where, f.Offset, f.Method)
+			src := ""
+			if f.Source != "" {
+				src = " at " + f.Source
+			}
+			fmt.Fprintf(w, "  #%-2d %-18s %s+%s %s%s\n", i, f.PC, where, f.Offset, f.Method, src)
 		}
 	}
 	return nil

@@ -25,7 +25,12 @@ not seen; blocks still in progress at the end count up to the end.
 
 Outputs: a text report of the top stacks (default), folded stacks for
 flamegraph.pl (--folded), an interactive SVG flame graph (--svg), a pprof
-profile for go tool pprof (--pprof), JSON (--json).
+profile for go tool pprof (--pprof), JSON (--json). C++ and Rust names
+are demangled in all of them (see --no-demangle). Internal functions of
+stripped libraries are named through their separate debug files or
+debuginfod (DEBUGINFOD_URLS), looked up once the profile ends, and Go
+binaries linked without DWARF unwind by their .gopclntab: see kinst
+unwind stack --help.
 
 Examples:
   kinst offcpu -p 1234 --duration 10s --svg offcpu.svg
@@ -63,6 +68,7 @@ var offcpuCommand = &command{
 		fs.StringVar(&o.Pprof, "pprof", "", "write a pprof profile (gzipped protobuf) to `FILE`")
 		jsonFlag(fs, &o.JSON, "the top stacks")
 		fs.IntVar(&o.Top, "top", 20, "stacks in the text and JSON reports (0: all)")
+		noDemangleFlag(fs, &o.NoDemangle)
 		fs.BoolVar(&o.IncludeSelf, "include-self", false, "also profile kinst's own threads")
 		return func(ctx context.Context, inv invocation) (int, error) {
 			if len(inv.args) > 0 {

@@ -26,6 +26,8 @@ DWARF expression; CFA u = no FDE covers the range).`,
 	report: true, files: true,
 	setup: func(fs *pflag.FlagSet) runFunc {
 		pcArg := fs.String("pc", "", "only the row in effect at this link-time `address` (hex)")
+		var so cli.SymbolOptions
+		noDemangleFlag(fs, &so.NoDemangle)
 		var asJSON bool
 		jsonFlag(fs, &asJSON, "the table")
 		return func(ctx context.Context, inv invocation) (int, error) {
@@ -40,7 +42,7 @@ DWARF expression; CFA u = no FDE covers the range).`,
 				}
 				pc = &v
 			}
-			return inv.reportErr(asJSON, func(env cli.Env) error { return cli.ShowUnwindTable(inv.args[0], pc, asJSON, env.Out) })
+			return inv.reportErr(asJSON, func(env cli.Env) error { return cli.ShowUnwindTable(inv.args[0], pc, asJSON, env.Out, so) })
 		}
 	},
 }
@@ -54,11 +56,22 @@ and frame pointers where it is missing, named by the files' symbols.
 Without --ptrace only threads blocked in the kernel unwind (SP and PC from
 /proc/PID/task/TID/syscall), and they are left asleep. A kernel thread
 has no user stack: its kernel stack (/proc/PID/task/TID/stack, readable by
-root) is shown instead.`,
+root) is shown instead.
+
+Each frame shows its source file:line when the binary has DWARF line
+tables or a separate debug file. Separate debug files name the internal
+functions of stripped libraries (Debian's -dbg/-dbgsym packages): they are
+looked for as /usr/lib/debug/.build-id/xx/rest.debug, through
+.gnu_debuglink (CRC checked), then from the debuginfod servers in
+DEBUGINFOD_URLS (DEBUGINFOD_TIMEOUT seconds a request, 5 by default, 15 s
+in all), kept in $KINST_CACHE/debuginfod or ~/.cache/kinst/debuginfod.
+Go binaries without DWARF or CFI (-ldflags=-w) unwind by their .gopclntab.`,
 	report: true,
 	setup: func(fs *pflag.FlagSet) runFunc {
 		var tid int
 		tidFlag(fs, &tid, "only this thread")
+		var so cli.SymbolOptions
+		noDemangleFlag(fs, &so.NoDemangle)
 		usePtrace := fs.Bool("ptrace", false, "stop each thread briefly to read all its registers (else only threads blocked in the kernel unwind)")
 		var asJSON bool
 		jsonFlag(fs, &asJSON, "the stacks")
@@ -70,7 +83,12 @@ root) is shown instead.`,
 			if err != nil || pid <= 0 {
 				return 2, usagef("PID %q is not a process id", inv.args[0])
 			}
-			return inv.reportErr(asJSON, func(env cli.Env) error { return cli.ShowUnwindStack(pid, tid, *usePtrace, asJSON, env.Out) })
+			return inv.reportErr(asJSON, func(env cli.Env) error { return cli.ShowUnwindStack(pid, tid, *usePtrace, asJSON, env.Out, so) })
 		}
 	},
+}
+
+// noDemangleFlag is --no-demangle, as perf's.
+func noDemangleFlag(fs *pflag.FlagSet, p *bool) {
+	fs.BoolVar(p, "no-demangle", false, "keep C++ and Rust symbol names mangled (by default they read as `c++filt -i` prints them: Rust legacy ::h<hash> suffixes and v0 crate disambiguators dropped, as rustfilt does)")
 }

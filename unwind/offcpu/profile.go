@@ -71,6 +71,9 @@ type Profile struct {
 	// stack-id collisions).
 	Lost   int64   `json:"lost,omitempty"`
 	Stacks []Stack `json:"stacks"`
+	// DebugNotes say, per file whose frames symbolisation looked up a
+	// separate debug file for, why none was found.
+	DebugNotes map[string]string `json:"debug_notes,omitempty"`
 }
 
 // FoldOptions choose what goes into folded stacks.

@@ -477,6 +477,9 @@ func (s *Sampler) Profile() *Profile {
 	for i := range p.Stacks {
 		p.Stacks[i].OffCPU = sampledTime(p.Duration, p.Stacks[i].Samples, s.passes)
 	}
+	if s.user != nil {
+		p.DebugNotes = s.user.debugNotes()
+	}
 	return p
 }
 

@@ -467,6 +467,7 @@ func (t *Tracer) Profile() (*Profile, error) {
 	}
 	p.Stacks = merge(p.Stacks)
 	slices.SortFunc(p.Stacks, func(a, b Stack) int { return cmp.Compare(b.OffCPU, a.OffCPU) })
+	p.DebugNotes = user.debugNotes()
 	return p, nil
 }
 

@@ -34,6 +34,7 @@ const reloadAfter = time.Second
 type userStacks struct {
 	files *unwind.Cache
 	procs map[int]*userProcess
+	seen  []*unwind.Process // every process read, for debugNotes
 }
 
 type userProcess struct {
@@ -52,6 +53,9 @@ func (u *userStacks) process(pid int) (*unwind.Process, error) {
 		up = &userProcess{loaded: time.Now()}
 		up.p, up.err = u.files.Process(pid)
 		u.procs[pid] = up
+		if up.p != nil {
+			u.seen = append(u.seen, up.p)
+		}
 	}
 	return up.p, up.err
 }
@@ -71,7 +75,7 @@ func (u *userStacks) unwind(pid int, pc, sp uint64, out []userFrame) ([]userFram
 	if err != nil {
 		return out, nil, err
 	}
-	if _, ok := p.Symbolize(pc); !ok {
+	if !p.Mapped(pc) {
 		// New code mapped since we read the mappings?
 		if up := u.procs[pid]; time.Since(up.loaded) > reloadAfter {
 			delete(u.procs, pid)
