@@ -90,6 +90,9 @@ func moduleFile(t *testing.T, name string) string {
 		return nil
 	})
 	if found == "" {
+		if b, _ := os.ReadFile(filepath.Join(guest.Kernel(cache).Modules, "modules.builtin")); strings.Contains(string(b), "/"+name+".ko\n") {
+			return "" // built in (6.12 builds virtio in)
+		}
 		t.Fatalf("%s.ko not found in the kernel's module tree", name)
 	}
 	if strings.HasSuffix(found, ".xz") { // Debian compresses modules from 6.12 on
@@ -129,7 +132,12 @@ func TestModuleTableSitesRefused(t *testing.T) {
 		{"virtio_ring", "__jump_table", 16, "static-key"},
 		{"virtio_net", ".static_call_sites", 8, "static call"},
 	} {
-		sites := koTableSites(t, moduleFile(t, tc.module), tc.section, tc.entry)
+		ko := moduleFile(t, tc.module)
+		if ko == "" {
+			t.Logf("%s is built into this kernel: its tables are the core kernel's", tc.module)
+			continue
+		}
+		sites := koTableSites(t, ko, tc.section, tc.entry)
 		tried := 0
 		for _, s := range sites {
 			if tried == 4 {
