@@ -47,6 +47,27 @@ func NewClient(addr string) *Client {
 	return c
 }
 
+// WithToken makes every request carry "Authorization: Bearer token", as
+// kerninstd's TCP listener requires when it runs with --token-file.
+func (c *Client) WithToken(token string) *Client {
+	if token != "" {
+		c.hc.Transport = bearer{base: c.hc.Transport, token: token}
+	}
+	return c
+}
+
+// bearer adds the token to each request.
+type bearer struct {
+	base  http.RoundTripper
+	token string
+}
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return b.base.RoundTrip(r)
+}
+
 // Addr is the address the client talks to.
 func (c *Client) Addr() string { return c.addr }
 

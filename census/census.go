@@ -139,7 +139,7 @@ func Analyze(ctx context.Context, r cfg.TextReader, syms *kernel.Symbols, o Opti
 	var fns []kernel.Symbol
 	modules := map[string]bool{}
 	for i, s := range syms.All() {
-		if i > 0 && syms.All()[i-1].Addr == s.Addr {
+		if i > 0 && syms.All()[i-1].Addr == s.Addr || s.IsPrefix() {
 			continue
 		}
 		fns = append(fns, s)

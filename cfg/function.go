@@ -110,6 +110,18 @@ func ReadFunctionInto(r TextReader, syms *kernel.Symbols, sym kernel.Symbol, buf
 	return decode(sym.Name, sym.Module, sym.Addr, code, buf)
 }
 
+// decodeInst decodes one instruction. x86asm (v0.32) does not know
+// endbr64/endbr32, which start every function of an IBT kernel (Debian's
+// 6.12): they decode here as a 4-byte NOP, which is what they do when
+// executed (no register, flag or memory effect). Splicing them is refused
+// elsewhere (Function.HasLandingPad, codegen).
+func decodeInst(b []byte) (x86asm.Inst, error) {
+	if len(b) >= 4 && b[0] == 0xf3 && b[1] == 0x0f && b[2] == 0x1e && (b[3] == 0xfa || b[3] == 0xfb) {
+		return x86asm.Inst{Op: x86asm.NOP, Len: 4, Mode: 64, Opcode: uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])}, nil
+	}
+	return x86asm.Decode(b, 64)
+}
+
 // readChunk is the granule of the fallback read in ReadFunction.
 const readChunk = 8
 
@@ -135,7 +147,7 @@ func decode(name, module string, addr uint64, code []byte, buf *DecodeBuf) (*Fun
 		f.Insns = make([]Instruction, 0, len(code)/avgInsnLen+4)
 	}
 	for off := 0; off < len(code); {
-		inst, err := x86asm.Decode(code[off:], 64)
+		inst, err := decodeInst(code[off:])
 		if err != nil || inst.Op == 0 {
 			f.Truncated = true
 			break
@@ -195,16 +207,30 @@ func (f *Function) Index(addr uint64) (int, error) {
 // tracer uses it.
 var nop5 = []byte{0x0f, 0x1f, 0x44, 0x00, 0x00}
 
-// endbr64 starts functions on kernels built with IBT.
+// endbr64 starts functions on kernels built with IBT (6.12's Debian
+// kernels; 6.1's are built without).
 var endbr64 = []byte{0xf3, 0x0f, 0x1e, 0xfa}
 
+// endbrPoison is what an IBT kernel writes over the endbr64 of a function
+// nothing calls indirectly ("sealing", apply_seal_endbr): osp nop3, a
+// 4-byte nop unique to former endbr sites (gen_endbr_poison, 6.2 on).
+var endbrPoison = []byte{0x66, 0x0f, 0x1f, 0x00}
+
+// HasLandingPad reports whether the function starts with an endbr64 or
+// its sealed form. The kernel owns those 4 bytes: indirect calls must land
+// on an endbr64 when IBT is on, FineIBT rewrites them at boot, and sealing
+// may rewrite them then too.
+func (f *Function) HasLandingPad() bool {
+	return len(f.Insns) > 0 && (bytes.Equal(f.Insns[0].Bytes, endbr64) || bytes.Equal(f.Insns[0].Bytes, endbrPoison))
+}
+
 // IsFtraceSite reports whether instruction i is the function's ftrace
-// site: the first instruction (after an endbr64), 5 bytes long, either
+// site: the first instruction (after an endbr64 or its sealed form), 5 bytes long, either
 // the idle nop or a call that ftrace patched in. ftrace owns those bytes
 // and rewrites them at any time.
 func (f *Function) IsFtraceSite(i int) bool {
 	first := 0
-	if len(f.Insns) > 0 && bytes.Equal(f.Insns[0].Bytes, endbr64) {
+	if f.HasLandingPad() {
 		first = 1
 	}
 	if i != first || i >= len(f.Insns) {

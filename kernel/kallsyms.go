@@ -31,6 +31,16 @@ func (s Symbol) IsText() bool {
 // belongs to the symbol before them.
 func (s Symbol) isFunction() bool { return s.Type == 't' || s.Type == 'T' }
 
+// IsPrefix reports a symbol that names the padding before a function,
+// not a function: __pfx_NAME (CONFIG_CALL_PADDING, 6.2 on: 16 bytes of
+// nops that call-depth tracking or FineIBT fill with code at boot) and
+// __cfi_NAME (kCFI's hash, clang builds). The padding stays its own
+// symbol, so it never counts as the previous function's springboard space,
+// but whole-kernel walks (the census, coverage globs) leave it out.
+func (s Symbol) IsPrefix() bool {
+	return strings.HasPrefix(s.Name, "__pfx_") || strings.HasPrefix(s.Name, "__cfi_")
+}
+
 // Symbols is one symbol table of a kernel, live (/proc/kallsyms, ELF
 // symbol tables) or from a dump (the kallsyms tables in its memory, and
 // its modules' symbols). It keeps every symbol it was given, sorted by

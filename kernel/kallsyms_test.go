@@ -111,3 +111,11 @@ func TestSymbolsEveryType(t *testing.T) {
 		t.Errorf("After = %+v %v", a, ok)
 	}
 }
+
+func TestIsPrefix(t *testing.T) {
+	for name, want := range map[string]bool{"__pfx_vfs_read": true, "__cfi_vfs_read": true, "vfs_read": false, "__pfx": false, "_pfx_x": false} {
+		if got := (Symbol{Name: name, Type: 't'}).IsPrefix(); got != want {
+			t.Errorf("%s: IsPrefix %v, want %v", name, got, want)
+		}
+	}
+}

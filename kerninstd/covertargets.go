@@ -81,7 +81,7 @@ func (d *Daemon) coverTargets(req api.SessionRequest) ([]coverTarget, error) {
 		}
 		syms, n := d.symbols(), 0
 		for _, s := range syms.All() {
-			if ok, _ := path.Match(t, s.Name); ok {
+			if ok, _ := path.Match(t, s.Name); ok && !s.IsPrefix() {
 				n++
 				add(coverTarget{syms: syms, sym: s})
 			}
@@ -143,7 +143,7 @@ func (d *Daemon) moduleFunctions(name string) ([]coverTarget, error) {
 	of := func(syms *kernel.Symbols) []coverTarget {
 		var out []coverTarget
 		for _, s := range syms.All() {
-			if s.Module == name {
+			if s.Module == name && !s.IsPrefix() {
 				out = append(out, coverTarget{syms: syms, sym: s})
 			}
 		}

@@ -109,6 +109,8 @@ func InstructionNoSplice(o *kernel.OwnedSites, f *cfg.Function, i int) string {
 	switch {
 	case o.Reason(in.Addr) != "":
 		return o.Reason(in.Addr)
+	case i == 0 && f.HasLandingPad():
+		return "the function's endbr64 (IBT landing pad) or its sealed form: indirect calls land on it and the kernel rewrites it (FineIBT, sealing)"
 	case !o.HasFtraceRecords() && f.IsFtraceSite(i):
 		return "the function's ftrace site (by the shape of its first instruction; ftrace's records were not read): ftrace owns these 5 bytes"
 	case in.Bytes[0] == 0xcc:

@@ -87,3 +87,45 @@ func TestFunctionNoSpliceLists(t *testing.T) {
 		}
 	}
 }
+
+// On IBT kernels (6.12) a function starts with endbr64, or the osp-nop3
+// the kernel seals it into; that instruction is refused and the ftrace
+// site is the one after it.
+func TestLandingPadRefused(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		code  []byte
+		pad   bool
+		ftrLo int // the instruction the shape rule calls the ftrace site
+	}{
+		{"endbr64", []byte{0xf3, 0x0f, 0x1e, 0xfa, 0x0f, 0x1f, 0x44, 0x00, 0x00, 0x55, 0xc3}, true, 1},
+		{"sealed", []byte{0x66, 0x0f, 0x1f, 0x00, 0x0f, 0x1f, 0x44, 0x00, 0x00, 0x55, 0xc3}, true, 1},
+		{"no IBT", []byte{0x0f, 0x1f, 0x44, 0x00, 0x00, 0x55, 0xc3}, false, 0},
+	} {
+		f, err := cfg.Decode("fn", "", 0xffffffff81001000, c.code)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var none *kernel.OwnedSites
+		why := InstructionNoSplice(none, f, 0)
+		if c.pad != strings.Contains(why, "endbr64") {
+			t.Errorf("%s: instruction 0: %q; landing pad %v", c.name, why, c.pad)
+		}
+		if !f.IsFtraceSite(c.ftrLo) || f.IsFtraceSite(c.ftrLo+1) {
+			t.Errorf("%s: ftrace site not instruction %d", c.name, c.ftrLo)
+		}
+		if got := InstructionNoSplice(none, f, c.ftrLo+1); got != "" {
+			t.Errorf("%s: push refused: %q", c.name, got)
+		}
+	}
+}
+
+func TestEndbrPrintsAsObjdump(t *testing.T) {
+	f, err := cfg.Decode("fn", "", 0xffffffff81001000, []byte{0xf3, 0x0f, 0x1e, 0xfa, 0xc3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(f.Insns) != 2 || f.Insns[0].String() != "endbr64" || f.Insns[0].Len() != 4 {
+		t.Errorf("decoded %d instructions, first %q", len(f.Insns), f.Insns[0].String())
+	}
+}

@@ -20,7 +20,7 @@ func VMUp(ctx context.Context, c vm.Config, w io.Writer) error {
 	}
 	fmt.Fprintf(w, "VM up in %.1fs (%s, kernel %s)\n", time.Since(start).Seconds(), in.Accel(), in.KernelRelease())
 	fmt.Fprintf(w, "  run in the guest:   kinst vm exec -- kinst count lookuppn\n")
-	fmt.Fprintf(w, "  kerninstd from here: KINST_ADDR=%s kinst count lookuppn\n", in.KerninstdAddr())
+	fmt.Fprintf(w, "  kerninstd from here: KINST_ADDR=%s KINST_TOKEN_FILE=%s kinst count lookuppn\n", in.KerninstdAddr(), in.TokenFile())
 	_, err = fmt.Fprintf(w, "  serial log:         %s\n  QMP:                %s\n  stop it:            kinst vm down\n", in.SerialLog(), in.QMPSocket())
 	return err
 }

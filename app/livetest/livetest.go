@@ -90,14 +90,19 @@ func MainWith(m *testing.M, name string, o Options, ready func(*VM)) int {
 	}
 	start := time.Now()
 	in, err := vm.Up(ctx, vm.Config{
-		CacheDir:     cache,
-		StateDir:     filepath.Join(tmp, "vm"),
-		KinstBin:     filepath.Join(bin, "kinst"),
-		KerninstdBin: filepath.Join(bin, "kerninstd"),
-		Accel:        o.Accel,
-		Progress:     os.Stderr,
+		CacheDir:      cache,
+		StateDir:      filepath.Join(tmp, "vm"),
+		KinstBin:      filepath.Join(bin, "kinst"),
+		KerninstdBin:  filepath.Join(bin, "kerninstd"),
+		Accel:         o.Accel,
+		KernelPackage: os.Getenv("KINST_KERNEL"), // default: the machine's linux-image-amd64
+		Progress:      os.Stderr,
 		Ready: func(ctx context.Context, in *vm.Instance) error {
-			return api.NewClient(in.KerninstdAddr()).WaitReady(ctx, 2*time.Minute)
+			c, err := in.Client()
+			if err != nil {
+				return err
+			}
+			return c.WaitReady(ctx, 2*time.Minute)
 		},
 	})
 	if err != nil {
@@ -105,7 +110,13 @@ func MainWith(m *testing.M, name string, o Options, ready func(*VM)) int {
 		return 1
 	}
 	fmt.Fprintf(os.Stderr, "%s: VM up in %.1fs (%s, %s)\n", name, time.Since(start).Seconds(), in.Accel(), in.KernelRelease())
-	ready(&VM{Instance: in, Client: api.NewClient(in.KerninstdAddr()), Bin: bin, Cache: cache, Scratch: tmp})
+	client, err := in.Client()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		in.Down(context.Background())
+		return 1
+	}
+	ready(&VM{Instance: in, Client: client, Bin: bin, Cache: cache, Scratch: tmp})
 	code := m.Run()
 	if code != 0 {
 		if b, err := os.ReadFile(in.SerialLog()); err == nil {

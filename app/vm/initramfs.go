@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -52,7 +53,11 @@ ip addr add 10.0.2.15/24 dev eth0
 ip link set eth0 up
 ip route add default via 10.0.2.2
 insmod /lib/modules/kerninst.ko || echo "kinst-init: insmod kerninst.ko failed"
-(while :; do kerninstd --socket /run/kerninstd.sock --listen 0.0.0.0:7070 --analyze=false >>/run/kerninstd.log 2>&1; sleep 0.2; done) &
+# The host hands kerninstd's TCP token over fw_cfg (not the command line,
+# which dmesg and /proc show); without one kerninstd refuses 0.0.0.0.
+tok=/sys/firmware/qemu_fw_cfg/by_name/opt/kinst/token/raw
+(umask 077; cat $tok >/run/kinst.token 2>/dev/null) || echo "kinst-init: no token in fw_cfg"
+(while :; do kerninstd --socket /run/kerninstd.sock --listen 0.0.0.0:7070 --token-file /run/kinst.token --analyze=false >>/run/kerninstd.log 2>&1; sleep 0.2; done) &
 kinst vm agent --listen 0.0.0.0:7071 >>/run/agent.log 2>&1 &
 echo "kinst-init: ready"
 while :; do sleep 3600; done
@@ -82,7 +87,11 @@ func buildInitramfs(cache string, k *Kernel, ko, kinst, kerninstd string) (strin
 	}
 	var names []string
 	for _, m := range mods {
-		files = append(files, file{name: "lib/modules/" + m.name + ".ko", src: m.path, mode: 0o644})
+		b, err := readModule(m.path)
+		if err != nil {
+			return "", err
+		}
+		files = append(files, file{name: "lib/modules/" + m.name + ".ko", data: b, mode: 0o644})
 		names = append(names, m.name)
 	}
 	files = append(files, file{name: "etc/kinst/modules", data: []byte(strings.Join(names, "\n") + "\n"), mode: 0o644})
@@ -182,37 +191,92 @@ func readModinfo(r io.ReaderAt) ([]string, error) {
 	return nil, nil
 }
 
+// moduleName is the module name of a file under lib/modules: without its
+// .ko[.xz|.zst|.gz] suffix, dashes as underscores (as the kernel names it).
+func moduleName(file string) (string, bool) {
+	for _, ext := range []string{".ko", ".ko.xz", ".ko.zst", ".ko.gz"} {
+		if base, ok := strings.CutSuffix(file, ext); ok {
+			return strings.ReplaceAll(base, "-", "_"), true
+		}
+	}
+	return "", false
+}
+
+// builtinModules reads modules.builtin: the modules this kernel has built
+// in (6.12's Debian image builds virtio_pci in; 6.1's has it as a module).
+func builtinModules(dir string) map[string]bool {
+	b, _ := os.ReadFile(filepath.Join(dir, "modules.builtin"))
+	in := make(map[string]bool)
+	for _, l := range strings.Split(string(b), "\n") {
+		if n, ok := moduleName(filepath.Base(strings.TrimSpace(l))); ok {
+			in[n] = true
+		}
+	}
+	return in
+}
+
+// readModule returns a module's ELF bytes. Debian compresses modules from
+// 6.12 on (CONFIG_MODULE_COMPRESS_XZ); busybox's insmod hands the kernel
+// the bytes as they are, so they are decompressed here.
+func readModule(path string) ([]byte, error) {
+	var tool string
+	switch {
+	case strings.HasSuffix(path, ".xz"):
+		tool = "xz"
+	case strings.HasSuffix(path, ".zst"):
+		tool = "zstd"
+	case strings.HasSuffix(path, ".gz"):
+		tool = "gzip"
+	default:
+		return os.ReadFile(path)
+	}
+	out, err := exec.Command(tool, "-dc", path).Output()
+	if err != nil {
+		return nil, fmt.Errorf("%s -dc %s: %w (install %s)", tool, path, err, tool)
+	}
+	return out, nil
+}
+
 // moduleOrder finds the roots and everything they depend on under dir
-// (lib/modules/<release>) and returns them in load order. The Debian image
-// ships no modules.dep, so the order comes from .modinfo depends=.
+// (lib/modules/<release>) and returns them in load order; roots the kernel
+// has built in are left out. The Debian image ships no modules.dep, so the
+// order comes from .modinfo depends=.
 func moduleOrder(dir string, roots []string) ([]module, error) {
 	paths := make(map[string]string)
 	err := filepath.WalkDir(filepath.Join(dir, "kernel"), func(p string, d os.DirEntry, err error) error {
-		if err == nil && !d.IsDir() && strings.HasSuffix(p, ".ko") {
-			paths[strings.ReplaceAll(strings.TrimSuffix(d.Name(), ".ko"), "-", "_")] = p
+		if err == nil && !d.IsDir() {
+			if n, ok := moduleName(d.Name()); ok {
+				paths[n] = p
+			}
 		}
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
+	builtin := builtinModules(dir)
+	var need []string
+	for _, r := range roots {
+		if !builtin[r] {
+			need = append(need, r)
+		}
+	}
 	deps := func(name string) (module, error) {
 		p, ok := paths[name]
 		if !ok {
 			return module{}, fmt.Errorf("module %s not found under %s", name, dir)
 		}
-		f, err := os.Open(p)
+		b, err := readModule(p)
 		if err != nil {
 			return module{}, err
 		}
-		defer f.Close()
-		d, err := readModinfo(f)
+		d, err := readModinfo(bytes.NewReader(b))
 		if err != nil {
 			return module{}, fmt.Errorf("%s: %w", p, err)
 		}
 		return module{name: name, path: p, depends: d}, nil
 	}
-	return topoOrder(roots, deps)
+	return topoOrder(need, deps)
 }
 
 // topoOrder returns roots and their dependencies, dependencies first.

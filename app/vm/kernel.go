@@ -28,7 +28,10 @@ func fetchKernel(ctx context.Context, cache, pkg string, say func(string, ...any
 			return nil, err
 		}
 	}
-	rel := strings.TrimPrefix(pkg, "linux-image-")
+	pkg, rel, err := kernelPackage(pkg)
+	if err != nil {
+		return nil, err
+	}
 	dir := filepath.Join(cache, "kernel")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
@@ -63,6 +66,21 @@ func fetchKernel(ctx context.Context, cache, pkg string, say func(string, ...any
 		return nil, fmt.Errorf("%s has no vmlinuz: %w", pkg, err)
 	}
 	return k, os.WriteFile(filepath.Join(root, ".extracted"), nil, 0o644)
+}
+
+// kernelPackage names the image package and its release from either. The
+// -unsigned and -dbg packages carry other contents and are refused.
+func kernelPackage(s string) (pkg, release string, err error) {
+	rel := strings.TrimPrefix(s, "linux-image-")
+	switch {
+	case rel == "" || strings.ContainsAny(rel, " /_"):
+		return "", "", fmt.Errorf("kernel %q: want a Debian kernel package (linux-image-6.12.117+deb12-amd64) or its release (6.12.117+deb12-amd64)", s)
+	case strings.HasSuffix(rel, "-dbg") || strings.HasSuffix(rel, "-unsigned"):
+		return "", "", fmt.Errorf("kernel %q: name the signed image package (without -dbg or -unsigned)", s)
+	case rel[0] < '0' || rel[0] > '9':
+		return "", "", fmt.Errorf("kernel %q: a metapackage names no release; give the release, such as 6.12.117+deb12-amd64 (apt-cache depends linux-image-%s)", s, rel)
+	}
+	return "linux-image-" + rel, rel, nil
 }
 
 // defaultKernelPackage asks apt what linux-image-amd64 depends on.

@@ -2,6 +2,7 @@ package vm
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -35,6 +36,8 @@ func qemuArgs(c Config, k *Kernel, initrd, accel, dir string, agentPort, kdPort 
 		"-serial", "file:" + filepath.Join(dir, "serial.log"),
 		"-qmp", "unix:" + filepath.Join(dir, "qmp.sock") + ",server=on,wait=off",
 		"-device", "vmcoreinfo",
+		// kerninstd's TCP token, read by the guest's /init.
+		"-fw_cfg", "name=opt/kinst/token,file=" + filepath.Join(dir, "token"),
 		// User-mode networking, restricted: the guest reaches nothing; the
 		// host reaches the guest only through these loopback forwards.
 		"-netdev", fmt.Sprintf("user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:%d-:%d,hostfwd=tcp:127.0.0.1:%d-:%d",
@@ -71,6 +74,9 @@ func boot(ctx context.Context, c Config, k *Kernel, initrd, accel string, timeou
 		return nil, err
 	}
 	dir := c.StateDir
+	if err := newToken(filepath.Join(dir, "token")); err != nil {
+		return nil, err
+	}
 	os.Remove(filepath.Join(dir, "serial.log"))
 	os.Remove(filepath.Join(dir, "qemu.pid"))
 	cmd := exec.CommandContext(ctx, qemuBin, qemuArgs(c, k, initrd, accel, dir, agentPort, kdPort)...)
@@ -151,4 +157,15 @@ func probeAccel(ctx context.Context, c Config, k *Kernel, initrd string, say fun
 	say("KVM probe: using %s", result)
 	os.WriteFile(verdict, []byte(result+"\n"), 0o644)
 	return result
+}
+
+// newToken writes a fresh random token for the guest kerninstd's TCP
+// listener, readable by the owner only.
+func newToken(path string) error {
+	b := make([]byte, 24)
+	if _, err := rand.Read(b); err != nil {
+		return err
+	}
+	os.Remove(path)
+	return os.WriteFile(path, []byte(hex.EncodeToString(b)+"\n"), 0o600)
 }

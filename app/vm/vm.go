@@ -16,6 +16,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"github.com/kinst/kinst/api"
 )
 
 // Guest ports; the host reaches them through hostfwd on 127.0.0.1.
@@ -68,6 +70,19 @@ type Instance struct {
 
 func (in *Instance) KerninstdAddr() string { return fmt.Sprintf("127.0.0.1:%d", in.st.KerninstdPort) }
 func (in *Instance) AgentAddr() string     { return fmt.Sprintf("127.0.0.1:%d", in.st.AgentPort) }
+
+// TokenFile is the file holding the token kerninstd's TCP listener in the
+// guest requires (kinst --token-file, KINST_TOKEN_FILE).
+func (in *Instance) TokenFile() string { return filepath.Join(in.dir, "token") }
+
+// Client is a kerninstd client for the guest, with its token.
+func (in *Instance) Client() (*api.Client, error) {
+	tok, err := api.ReadToken(in.TokenFile())
+	if err != nil {
+		return nil, err
+	}
+	return api.NewClient(in.KerninstdAddr()).WithToken(tok), nil
+}
 func (in *Instance) SerialLog() string     { return in.st.Serial }
 func (in *Instance) QMPSocket() string     { return in.st.QMP }
 func (in *Instance) KernelRelease() string { return in.st.Release }

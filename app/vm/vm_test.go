@@ -169,3 +169,65 @@ func TestQemuAccelArgs(t *testing.T) {
 		t.Errorf("Up with an unknown accelerator: %v", err)
 	}
 }
+
+func TestKernelPackage(t *testing.T) {
+	for _, c := range []struct{ in, pkg, rel, err string }{
+		{in: "linux-image-6.1.0-56-amd64", pkg: "linux-image-6.1.0-56-amd64", rel: "6.1.0-56-amd64"},
+		{in: "6.12.117+deb12-rt-amd64", pkg: "linux-image-6.12.117+deb12-rt-amd64", rel: "6.12.117+deb12-rt-amd64"},
+		{in: "6.12.117+deb12-cloud-amd64", pkg: "linux-image-6.12.117+deb12-cloud-amd64", rel: "6.12.117+deb12-cloud-amd64"},
+		{in: "linux-image-amd64", err: "metapackage"},
+		{in: "linux-image-6.1.0-56-amd64-dbg", err: "without -dbg"},
+		{in: "6.12.117+deb12-amd64-unsigned", err: "without -dbg or -unsigned"},
+		{in: "../etc", err: "want a Debian kernel package"},
+		{in: "", err: "want a Debian kernel package"},
+	} {
+		pkg, rel, err := kernelPackage(c.in)
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("kernelPackage(%q) = %q, %v; want error with %q", c.in, pkg, err, c.err)
+			}
+			continue
+		}
+		if err != nil || pkg != c.pkg || rel != c.rel {
+			t.Errorf("kernelPackage(%q) = %q, %q, %v; want %q, %q", c.in, pkg, rel, err, c.pkg, c.rel)
+		}
+	}
+}
+
+// A root the kernel builds in is left out; compressed modules are found
+// by their module name and their .modinfo read through the decompressor.
+func TestModuleOrderBuiltinAndCompressed(t *testing.T) {
+	if _, err := exec.LookPath("xz"); err != nil {
+		t.Skip("xz not installed")
+	}
+	dir := t.TempDir()
+	kdir := filepath.Join(dir, "kernel", "drivers")
+	if err := os.MkdirAll(kdir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// A tiny relocatable ELF with a .modinfo section, from the host's gcc.
+	src := filepath.Join(dir, "m.c")
+	os.WriteFile(src, []byte(`__attribute__((section(".modinfo"))) const char mi[] = "license=GPL\0depends=\0name=virtio_net";`), 0o644)
+	obj := filepath.Join(kdir, "virtio_net.ko")
+	if out, err := exec.Command("gcc", "-c", "-o", obj, src).CombinedOutput(); err != nil {
+		t.Skipf("gcc: %v %s", err, out)
+	}
+	if out, err := exec.Command("xz", obj).CombinedOutput(); err != nil {
+		t.Fatalf("xz: %v %s", err, out)
+	}
+	os.WriteFile(filepath.Join(dir, "modules.builtin"), []byte("kernel/drivers/virtio/virtio_pci.ko\n"), 0o644)
+	mods, err := moduleOrder(dir, []string{"virtio_pci", "virtio_net"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(mods) != 1 || mods[0].name != "virtio_net" || !strings.HasSuffix(mods[0].path, ".ko.xz") {
+		t.Fatalf("moduleOrder = %+v; want only virtio_net from its .ko.xz", mods)
+	}
+	b, err := readModule(mods[0].path)
+	if err != nil || len(b) < 4 || string(b[:4]) != "\x7fELF" {
+		t.Fatalf("readModule: %v (%d bytes)", err, len(b))
+	}
+	if _, err := moduleOrder(dir, []string{"virtio_blk"}); err == nil || !strings.Contains(err.Error(), "virtio_blk not found") {
+		t.Errorf("missing module: %v", err)
+	}
+}

@@ -26,7 +26,8 @@ import (
 func main() {
 	fs := pflag.NewFlagSet("kerninstd", pflag.ExitOnError)
 	socket := fs.String("socket", api.DefaultSocket, "unix socket `path` (mode 0600)")
-	listen := fs.String("listen", "", "also serve on this TCP `address` (e.g. 127.0.0.1:7070); off by default")
+	listen := fs.String("listen", "", "also serve on this TCP `address` (e.g. 127.0.0.1:7070); off by default. Whoever reaches it can splice the kernel: an address other than loopback is refused unless --token-file is given")
+	tokenFile := fs.String("token-file", "", "require this `file`'s token (first line, 16+ characters, mode 0600) on the TCP listener; clients send it with KINST_TOKEN_FILE or --token-file. The unix socket needs none: it is root's only (0600)")
 	metricsAddr := fs.String("metrics-listen", "", "serve Prometheus /metrics on this TCP `address` (\":9464\" binds loopback; give a host such as 0.0.0.0:9464 to expose it); off by default")
 	dev := fs.String("device", "/dev/kerninst", "driver device")
 	kallsyms := fs.String("kallsyms", "/proc/kallsyms", "kernel symbol table")
@@ -51,13 +52,27 @@ func main() {
 		h = slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: lv})
 	}
 	log := slog.New(h)
-	if err := run(log, *socket, *listen, *metricsAddr, *dev, *kallsyms, *cacheDir, *analyze); err != nil {
+	var token string
+	if *tokenFile != "" {
+		var err error
+		if token, err = api.ReadToken(*tokenFile); err != nil {
+			fmt.Fprintln(os.Stderr, "kerninstd:", err)
+			os.Exit(2)
+		}
+	}
+	if *listen != "" {
+		if err := kerninstd.CheckListen(*listen, token != ""); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+	}
+	if err := run(log, *socket, *listen, token, *metricsAddr, *dev, *kallsyms, *cacheDir, *analyze); err != nil {
 		log.Error("exiting", "err", err)
 		os.Exit(1)
 	}
 }
 
-func run(log *slog.Logger, socket, listen, metricsAddr, devPath, kallsyms, cacheDir string, analyze bool) error {
+func run(log *slog.Logger, socket, listen, token, metricsAddr, devPath, kallsyms, cacheDir string, analyze bool) error {
 	dev, err := driver.Open(devPath)
 	if err != nil {
 		return err
@@ -100,8 +115,13 @@ func run(log *slog.Logger, socket, listen, metricsAddr, devPath, kallsyms, cache
 		if err != nil {
 			return err
 		}
-		go func() { errc <- srv.Serve(tl) }()
-		log.Info("serving", "tcp", tl.Addr().String())
+		tsrv := srv
+		if token != "" {
+			tsrv = &http.Server{Handler: kerninstd.RequireToken(srv.Handler, token), ReadHeaderTimeout: 10 * time.Second}
+			defer tsrv.Close()
+		}
+		go func() { errc <- tsrv.Serve(tl) }()
+		log.Info("serving", "tcp", tl.Addr().String(), "token", token != "")
 	}
 	if metricsAddr != "" {
 		if strings.HasPrefix(metricsAddr, ":") {

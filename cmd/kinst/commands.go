@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -39,6 +40,8 @@ type runFunc func(ctx context.Context, inv invocation) (int, error)
 // globals are the flags the table adds to commands: --addr, -o.
 type globals struct {
 	addr, output string
+	tokenFile    string // --token-file: kerninstd's TCP listener's token
+	token        string // read from tokenFile after parsing
 }
 
 // invocation is a parsed command line.
@@ -53,7 +56,9 @@ type invocation struct {
 }
 
 // client is kerninstd's client at --addr.
-func (inv invocation) client() *api.Client { return api.NewClient(inv.g.addr) }
+func (inv invocation) client() *api.Client {
+	return api.NewClient(inv.g.addr).WithToken(inv.g.token)
+}
 
 // env routes the report: to -o's file, else stdout; with a JSON report
 // on stdout, -- CMD's stdout goes to stderr. Call done when the report is
@@ -95,6 +100,7 @@ func (c *command) flagSet(path string, g *globals, stderr io.Writer) (*pflag.Fla
 	}
 	if c.daemon {
 		fs.StringVar(&g.addr, "addr", envOr("KINST_ADDR", api.DefaultSocket), "kerninstd's `address`: a unix socket path or host:port (env KINST_ADDR)")
+		fs.StringVar(&g.tokenFile, "token-file", os.Getenv("KINST_TOKEN_FILE"), "send this `file`'s token to kerninstd's TCP listener (one started with --token-file; env KINST_TOKEN_FILE)")
 	}
 	return fs, run
 }
@@ -199,6 +205,8 @@ exits with its status; with --json on stdout, CMD's stdout goes to stderr.
   --addr ADDR            kerninstd's unix socket or host:port, for the
                          commands that talk to it (env KINST_ADDR;
                          default /run/kerninstd.sock)
+  --token-file FILE      the token kerninstd's TCP listener requires
+                         (env KINST_TOKEN_FILE; kinst vm up prints it)
 `)
 }
 

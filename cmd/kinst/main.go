@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kinst/kinst/api"
 	"io"
 	"os"
 	"os/signal"
@@ -73,6 +74,14 @@ func run(args []string, s stdio) int {
 		}
 		fmt.Fprintf(s.err, "kinst %s: %v (see kinst %s --help)\n", path, err, path)
 		return 2
+	}
+	if g.tokenFile != "" {
+		tok, err := api.ReadToken(g.tokenFile)
+		if err != nil {
+			fmt.Fprintf(s.err, "kinst %s: %v\n", path, err)
+			return 2
+		}
+		g.token = tok
 	}
 	inv := invocation{stdio: s, g: g, cmd: cmd, path: path, fs: fs}
 	inv.args, inv.command = splitCommand(fs)

@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/app/cli"
 	"github.com/kinst/kinst/app/vm"
 	"github.com/spf13/pflag"
@@ -38,6 +37,7 @@ var vmUpCommand = &command{
 		fs.StringVar(&c.Accel, "accel", "auto", "auto (KVM only if a probe boots), tcg (multi-threaded), tcg-single (one host thread: slower, but safe for the kernel's own text pokes such as tracefs kprobes) or kvm")
 		valuesOf(fs, "accel", "auto", "tcg", "tcg-single", "kvm")
 		kd := fs.String("kerninstd", "", "the static kerninstd binary at `path` for the guest (default: next to kinst)")
+		fs.StringVar(&c.KernelPackage, "kernel", os.Getenv("KINST_KERNEL"), "the Debian kernel to boot: a package (linux-image-6.12.117+deb12-amd64) or its release (6.12.117+deb12-amd64, 6.12.117+deb12-rt-amd64, …); default: what linux-image-amd64 depends on (env KINST_KERNEL)")
 		return func(ctx context.Context, inv invocation) (int, error) {
 			self, err := os.Executable()
 			if err != nil {
@@ -154,7 +154,11 @@ var vmAgentCommand = &command{
 
 // waitKerninstd is vm.Up's readiness check: the guest's kerninstd answers.
 func waitKerninstd(ctx context.Context, in *vm.Instance) error {
-	return api.NewClient(in.KerninstdAddr()).WaitReady(ctx, 2*time.Minute)
+	c, err := in.Client()
+	if err != nil {
+		return err
+	}
+	return c.WaitReady(ctx, 2*time.Minute)
 }
 
 // stateDir is where the running instance's files live: KINST_VM_STATE, so

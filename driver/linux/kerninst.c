@@ -52,11 +52,43 @@
 #include <linux/stringify.h>
 #include <linux/sort.h>
 #include <linux/stop_machine.h>
+#include <linux/objtool.h>
 #include <asm/sync_core.h>
 #include <asm/pgtable.h>
+#include <linux/version.h>
+#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 12, 0)
+#include <linux/unaligned.h>	/* moved from asm/ in 6.12 */
+#else
 #include <asm/unaligned.h>
+#endif
 
 #include "kerninst_uapi.h"
+
+/*
+ * Version differences, kept here and few:
+ * - 6.4 split a module's memory into mem[MOD_TEXT], mem[MOD_DATA], ...;
+ *   before, core_layout held text first, then rodata and data.
+ * - 6.3 made vma->vm_flags read-only (vm_flags_set/vm_flags_clear).
+ */
+static unsigned long ki_mod_text(const struct module *m, unsigned long *size)
+{
+#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 4, 0)
+	*size = m->mem[MOD_TEXT].size;
+	return (unsigned long)m->mem[MOD_TEXT].base;
+#else
+	*size = m->core_layout.text_size;
+	return (unsigned long)m->core_layout.base;
+#endif
+}
+
+static void ki_vma_flags(struct vm_area_struct *vma, vm_flags_t set, vm_flags_t clear)
+{
+#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 3, 0)
+	vm_flags_mod(vma, set, clear);
+#else
+	vma->vm_flags = (vma->vm_flags & ~clear) | set;
+#endif
+}
 
 #define KI_HEAP_SIZE	(8 << 20)		/* patch heap, bytes */
 #define KI_CHUNK	64			/* patch heap granule */
@@ -82,12 +114,14 @@
  * stray jump traps. The section is "ax" so it is laid out with our text;
  * the label is a plain (untyped) symbol, not a function, so objtool treats
  * the bytes as data-in-text (it does not validate 8 MiB of int3 as code)
- * and no ORC entries are generated for it.
+ * and no ORC entries are generated for it. The address is taken but is
+ * no indirect-call target, so it is marked no-ENDBR for objtool (IBT).
  */
 asm(".pushsection .text.kinst_heap,\"ax\",@progbits\n"
     ".balign 4096\n"
     ".globl ki_patch_heap\n"
     "ki_patch_heap:\n"
+    ANNOTATE_NOENDBR	/* IBT kernels: referenced, never an indirect-call target */
     ".fill " __stringify(KI_HEAP_SIZE) ",1,0xcc\n"
     ".popsection\n");
 extern u8 ki_patch_heap[];
@@ -222,12 +256,12 @@ static int ki_area(unsigned long addr)
 static bool ki_spliceable(unsigned long addr, size_t len)
 {
 	unsigned long a, last = addr + len - 1;
-	unsigned long base = (unsigned long)THIS_MODULE->core_layout.base;
 	unsigned int level;
 	pte_t *pte;
 
-	if (!len || last < addr || !ki_area(addr) || ki_area(addr) != ki_area(last) ||
-	    (addr < base + THIS_MODULE->core_layout.size && last >= base))
+	/* Never our own module: both ends checked, len is at most a page. */
+	if (!len || last < addr || len > PAGE_SIZE || !ki_area(addr) || ki_area(addr) != ki_area(last) ||
+	    within_module(addr, THIS_MODULE) || within_module(last, THIS_MODULE))
 		return false;
 	for (a = addr & PAGE_MASK; a <= last; a += PAGE_SIZE) {
 		pte = lookup_address(a, &level);
@@ -1056,8 +1090,8 @@ static long ki_cover_finish(void *arg)
  * still jumped to). */
 static int ki_restore_in(const struct module *mod)
 {
-	unsigned long base = mod ? (unsigned long)mod->core_layout.base : 0;
-	unsigned long end = mod ? base + mod->core_layout.text_size : ULONG_MAX;
+	unsigned long size = 0, base = mod ? ki_mod_text(mod, &size) : 0;
+	unsigned long end = mod ? base + size : ULONG_MAX;
 	struct ki_splice_rec *r;
 	int pass, left = 0;
 	u32 n;
@@ -1144,6 +1178,8 @@ static long ki_read(void *arg)
 
 static long ki_info(void *arg)
 {
+	unsigned long text_size, text = ki_mod_text(THIS_MODULE, &text_size);
+
 	*(struct ki_info *)arg = (struct ki_info){
 		.abi_version = KI_ABI_VERSION,
 		.chunk_size = KI_CHUNK,
@@ -1151,8 +1187,8 @@ static long ki_info(void *arg)
 		.patch_heap_size = KI_HEAP_SIZE,
 		.counter_heap = (unsigned long)ki_counters,
 		.counter_heap_size = KI_COUNTER_SIZE,
-		.module_text = (unsigned long)THIS_MODULE->core_layout.base,
-		.module_text_size = THIS_MODULE->core_layout.text_size,
+		.module_text = text,
+		.module_text_size = text_size,
 		.nr_splices = ki_nr_splices,
 		.int3_hits = atomic_read(&ki_int3_hits),
 		.syncs = ki_syncs,
@@ -1237,8 +1273,7 @@ static int ki_mmap(struct file *f, struct vm_area_struct *vma)
 		return -EINVAL;
 	if (vma->vm_flags & (VM_WRITE | VM_EXEC))
 		return -EPERM;
-	vma->vm_flags &= ~(VM_MAYWRITE | VM_MAYEXEC);
-	vma->vm_flags |= VM_DONTEXPAND | VM_DONTDUMP;
+	ki_vma_flags(vma, VM_DONTEXPAND | VM_DONTDUMP, VM_MAYWRITE | VM_MAYEXEC);
 	for (off = 0; off < size; off += PAGE_SIZE) {
 		struct page *pg = vmalloc_to_page((u8 *)ki_counters + off);
 

@@ -16,6 +16,16 @@ import (
 // Syntax is inst at pc in objdump's AT&T syntax; symname, if not nil,
 // names branch targets and absolute addresses (as for GNUSyntax).
 func Syntax(inst x86asm.Inst, pc uint64, symname x86asm.SymLookup) string {
+	// cfg decodes endbr64/endbr32, which x86asm does not know, as a NOP
+	// carrying the opcode bytes.
+	if inst.Op == x86asm.NOP && inst.Len == 4 {
+		switch inst.Opcode {
+		case 0xf30f1efa:
+			return "endbr64"
+		case 0xf30f1efb:
+			return "endbr32"
+		}
+	}
 	return fix(x86asm.GNUSyntax(inst, pc, symname))
 }
 

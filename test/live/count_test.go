@@ -159,14 +159,19 @@ func TestBadRequestsChangeNothing(t *testing.T) {
 		t.Fatalf("filename_lookup has no multi-byte instruction in its first 256 bytes?")
 	}
 	before := qemuBytes(t, api.Addr(fn.Addr), 256)
-	for _, tc := range []struct {
+	cases := []struct {
 		point, code, mention string
 	}{
 		{"no_such_function_kinst", "unknown_function", "no_such_function_kinst"},
 		{fmt.Sprintf("filename_lookup+%#x", long.Addr-fn.Addr+1), "not_boundary", "not an instruction boundary"},
 		{"filename_lookup+0x0", "no_splice", "ftrace"},
 		{"filename_lookup+zz", "bad_request", "bad offset"},
-	} {
+	}
+	if landingPad(before) { // IBT (6.12): the endbr64, then the ftrace site
+		cases[2].mention = "endbr64"
+		cases = append(cases, struct{ point, code, mention string }{"filename_lookup+0x4", "no_splice", "ftrace"})
+	}
+	for _, tc := range cases {
 		for _, attach := range []bool{false, true} {
 			var err error
 			if attach {

@@ -171,7 +171,7 @@ func TestCoverSourceLines(t *testing.T) {
 	// under a workload in the guest.
 	gsh(t, ctx, "(sleep 2; kinst workload stat 300 /) >/dev/null 2>&1 &")
 	start = time.Now()
-	out, stderr := hostKinst(t, "cover", "--addr", guest.KerninstdAddr(), "--file", "fs/stat.c", "--vmlinux", vmlinux,
+	out, stderr := hostKinst(t, "cover", "--addr", guest.KerninstdAddr(), "--token-file", guest.TokenFile(), "--file", "fs/stat.c", "--vmlinux", vmlinux,
 		"--duration", "8s", "--json", "--lcov", filepath.Join(dir, "stat.info"), "--name", "filecov")
 	t.Logf("kinst cover --file fs/stat.c: %v\n%s", time.Since(start), stderr)
 	var frep api.CoverReport

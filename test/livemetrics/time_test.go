@@ -163,7 +163,23 @@ func TestMetricsEndpointAndSessions(t *testing.T) {
 	entry := s.Timers[0].Entry
 	guest.Sh(t, ctx, "kinst workload files /tmp 200")
 
+	// The guest's TCP listener wants its token: first without (refused),
+	// then with it.
 	resp, err := http.Get("http://" + guest.KerninstdAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("GET /metrics without the token: %s; want 401", resp.Status)
+	}
+	tok, err := api.ReadToken(guest.TokenFile())
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequest("GET", "http://"+guest.KerninstdAddr()+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer "+tok)
+	resp, err = http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
