@@ -357,6 +357,9 @@ func (g *Graph) bytes(n int32) []byte {
 // fits says whether struct t can be the type of node n's object.
 func (g *Graph) fits(ci *cacheInfo, t int32) bool {
 	ti := g.ts.info(t)
+	if ti.ptrTo >= 0 {
+		return false // a pointer array: the arrays pass decides
+	}
 	os := ci.c.ObjectSize
 	if ti.size == os {
 		return true
@@ -629,10 +632,10 @@ func (g *Graph) arrays() {
 			if ti.size == 0 || ti.size*2 > ci.c.ObjectSize || cl.toff%ti.size != 0 || ti.flexSize > 0 {
 				continue
 			}
-			if g.embedded(ci, cl.typ, cl.toff) {
+			if ti.ptrTo < 0 && g.embedded(ci, cl.typ, cl.toff) {
 				continue // a struct that holds S there explains the pointer as well
 			}
-			if g.looksArray(int32(n), ti) {
+			if g.looksArray(int32(n), ti) && (ti.ptrTo < 0 || g.ptrsAgree(int32(n), ti.ptrTo)) {
 				g.set(int32(n), cl.typ, int32(ci.c.ObjectSize/ti.size), Conjectured, c)
 				break
 			}
@@ -687,6 +690,23 @@ func (g *Graph) looksArray(n int32, ti *tinfo) bool {
 		}
 	}
 	return seen
+}
+
+// ptrsAgree checks a pointer array's elements against what they point
+// into: each that lands in a typed object must land on a struct elem
+// there (the file pointers of an fdtable land on files).
+func (g *Graph) ptrsAgree(n int32, elem int32) bool {
+	b := g.bytes(n)
+	for o := 0; o+8 <= len(b); o += 8 {
+		v := binary.LittleEndian.Uint64(b[o:])
+		if v == 0 {
+			continue
+		}
+		if t, toff, ok := g.node(v); ok && g.mark[t] != Unmarked && !g.consistent(t, elem, toff) {
+			return false
+		}
+	}
+	return true
 }
 
 // candidates are the structs claim c may mean for its target.

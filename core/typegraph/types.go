@@ -28,6 +28,10 @@ type tinfo struct {
 	flexSize  uint32 // that element's size
 	link      bool
 	done      bool
+	// ptrTo is, for the pseudo struct "S *" (one pointer to struct S,
+	// the element of the pointer array a member S ** points at), S's
+	// id; -1 for the BTF's own structs.
+	ptrTo int32
 }
 
 // linkTypes are the kernel's intrusive list and tree nodes: a pointer to
@@ -58,6 +62,8 @@ type types struct {
 	emb map[embKey][]int32
 	// heads memoizes whether a type holds another at an offset.
 	holds map[holdKey]bool
+	// ptrs are the pseudo structs "S *", by S's id.
+	ptrs map[int32]int32
 }
 
 type embKey struct {
@@ -71,7 +77,7 @@ type holdKey struct {
 }
 
 func newTypes() *types {
-	return &types{ids: map[*btf.Struct]int32{}, holds: map[holdKey]bool{}}
+	return &types{ids: map[*btf.Struct]int32{}, holds: map[holdKey]bool{}, ptrs: map[int32]int32{}}
 }
 
 // structOf strips typedefs and qualifiers down to a struct.
@@ -103,8 +109,47 @@ func (ts *types) id(s *btf.Struct) int32 {
 	}
 	id := int32(len(ts.infos))
 	ts.ids[s] = id
-	ts.infos = append(ts.infos, &tinfo{t: s, name: s.Name, size: s.Size, link: linkTypes[s.Name]})
+	ts.infos = append(ts.infos, &tinfo{t: s, name: s.Name, size: s.Size, link: linkTypes[s.Name], ptrTo: -1})
 	return id
+}
+
+// ptrID is the pseudo struct "S *" for struct S: one pointer, the
+// element of an array of pointers to S (what a member S ** points at,
+// as fdtable.fd at the open files).
+func (ts *types) ptrID(s *btf.Struct) int32 {
+	e := ts.id(s)
+	if id, ok := ts.ptrs[e]; ok {
+		return id
+	}
+	ps := &btf.Struct{Name: s.Name + " *", Size: 8, Members: []btf.Member{{Type: &btf.Pointer{Target: s}}}}
+	id := ts.id(ps)
+	ts.infos[id].ptrTo = e
+	ts.ptrs[e] = id
+	return id
+}
+
+// pointee strips typedefs and qualifiers off t down to what a pointer
+// points to, nil if t is no pointer.
+func pointee(t btf.Type) btf.Type {
+	for i := 0; i < maxDepth; i++ {
+		switch c := t.(type) {
+		case *btf.Pointer:
+			return c.Target
+		case *btf.Typedef:
+			t = c.Type
+		case *btf.Const:
+			t = c.Type
+		case *btf.Volatile:
+			t = c.Type
+		case *btf.Restrict:
+			t = c.Type
+		case *btf.TypeTag:
+			t = c.Type
+		default:
+			return nil
+		}
+	}
+	return nil
 }
 
 // info returns a type's flattened description.
@@ -169,7 +214,16 @@ func (ts *types) flatten(t btf.Type, base uint32, union bool, depth int, out *[]
 		}
 	case *btf.Pointer:
 		st := structOf(c.Target)
-		if st == nil || st.Name == "" || st.Size == 0 || ignoredTargets[st.Name] {
+		if st == nil {
+			// S **: a pointer to an array of pointers to S. The back
+			// pointers of lists (hlist_node **pprev) point at the next
+			// member of whatever holds the previous node: no array.
+			if pt := structOf(pointee(c.Target)); pt != nil && pt.Name != "" && pt.Size > 0 && !ignoredTargets[pt.Name] && !linkTypes[pt.Name] {
+				*out = append(*out, slot{off: base, target: ts.ptrID(pt), union: union})
+			}
+			return
+		}
+		if st.Name == "" || st.Size == 0 || ignoredTargets[st.Name] {
 			return
 		}
 		*out = append(*out, slot{off: base, target: ts.id(st), link: linkTypes[st.Name], union: union})
@@ -200,7 +254,13 @@ func (ts *types) holdsAt(outer, inner int32, off uint32) bool {
 	if v, ok := ts.holds[k]; ok {
 		return v
 	}
-	v := ts.holdsIn(ts.infos[outer].t, ts.infos[inner].t, off, 0)
+	var v bool
+	if e := ts.infos[inner].ptrTo; e >= 0 {
+		// "S *": a member that is a pointer to S lies there.
+		v = ts.holdsPtr(ts.infos[outer].t, ts.infos[e].t, off, 0)
+	} else {
+		v = ts.holdsIn(ts.infos[outer].t, ts.infos[inner].t, off, 0)
+	}
 	ts.holds[k] = v
 	return v
 }
@@ -240,6 +300,45 @@ func (ts *types) holdsIn(t btf.Type, inner *btf.Struct, off uint32, depth int) b
 			return false
 		}
 		return ts.holdsIn(c.Type, inner, off%uint32(es), depth+1)
+	}
+	return false
+}
+
+// holdsPtr says whether t has a pointer to struct elem at off.
+func (ts *types) holdsPtr(t btf.Type, elem *btf.Struct, off uint32, depth int) bool {
+	if depth > maxDepth {
+		return false
+	}
+	t = btf.UnderlyingType(t)
+	switch c := t.(type) {
+	case *btf.Pointer:
+		return off == 0 && structOf(c.Target) == elem
+	case *btf.Struct, *btf.Union:
+		var ms []btf.Member
+		if s, ok := c.(*btf.Struct); ok {
+			ms = s.Members
+		} else {
+			ms = c.(*btf.Union).Members
+		}
+		for _, m := range ms {
+			if m.BitfieldSize != 0 {
+				continue
+			}
+			start := uint32(m.Offset.Bytes())
+			n, err := btf.Sizeof(m.Type)
+			if err != nil || off < start || off >= start+uint32(n) {
+				continue
+			}
+			if ts.holdsPtr(m.Type, elem, off-start, depth+1) {
+				return true
+			}
+		}
+	case *btf.Array:
+		es, err := btf.Sizeof(c.Type)
+		if err != nil || es == 0 {
+			return false
+		}
+		return ts.holdsPtr(c.Type, elem, off%uint32(es), depth+1)
 	}
 	return false
 }

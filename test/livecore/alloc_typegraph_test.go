@@ -96,6 +96,7 @@ sleep 0.5; cat /tmp/kinst-tg.pid`)))
 	fillHeap(t, ctx)
 	path := dumpGuest(t, "typegraph.elf", "elf")
 	emptyHeap(t, ctx)
+	keepDump(t, path)
 
 	var sl slabsJSON
 	if err := json.Unmarshal(kinst(t, "core", path, "slabs", "--json"), &sl); err != nil {
@@ -174,6 +175,19 @@ sleep 0.5; cat /tmp/kinst-tg.pid`)))
 		t.Errorf("whattype --graph of task %#x's cred %#x+4: %+v", task, cred, w)
 	} else {
 		t.Logf("whattype --graph %#x: %s %s (%s)", cred+4, *w.Type, *w.Member, *w.Source)
+	}
+}
+
+// keepDump copies a dump to KINST_KEEP_DUMP when that is set (a path
+// outside the scratch directory, which the run deletes), to run the
+// type graph on it again without the guest.
+func keepDump(t testing.TB, path string) {
+	dst := os.Getenv("KINST_KEEP_DUMP")
+	if dst == "" {
+		return
+	}
+	if out, err := exec.Command("cp", "--sparse=always", path, dst).CombinedOutput(); err != nil {
+		t.Errorf("keep dump %s: %v\n%s", dst, err, out)
 	}
 }
 
