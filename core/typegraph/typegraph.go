@@ -170,6 +170,7 @@ type Graph struct {
 	queue   []int32
 	curPass uint8
 	mt      maple
+	lsm     []lsmBlob
 	chase   bool // claims of list nodes of the pointing struct decide at once
 	cpus    []uint64
 
@@ -219,6 +220,7 @@ func Build(k slab.Kernel, h *slab.Heap, ctypes map[*slab.Cache]typeid.CacheType,
 		}
 		g.held[c] = ctypes[c]
 	}
+	g.initLSM()
 	g.index(ctypes)
 	g.initMaple()
 	if err := g.seed(t0, opt.ByHand); err != nil {
@@ -245,6 +247,16 @@ func (g *Graph) index(ctypes map[*slab.Cache]typeid.CacheType) {
 			}
 		} else if st, ok := ct.Type.(*btf.Struct); ok {
 			ci.typ = g.ts.id(st)
+		}
+		if ct.Type == nil {
+			// An LSM blob cache holds the blob its name says.
+			if t := g.lsmCacheType(c.Name, c.ObjectSize, len(c.Aliases)); t >= 0 {
+				if _, held := g.held[c]; held {
+					g.trueType[c] = t
+				} else {
+					ci.typ = t
+				}
+			}
 		}
 		if isKmalloc(c.Name) {
 			ci.kmalloc = true

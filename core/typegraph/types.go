@@ -64,6 +64,9 @@ type types struct {
 	holds map[holdKey]bool
 	// ptrs are the pseudo structs "S *", by S's id.
 	ptrs map[int32]int32
+	// voids are void * members known to point at one struct (the LSM
+	// blobs: inode.i_security), and that struct.
+	voids map[memberKey]int32
 }
 
 type embKey struct {
@@ -77,7 +80,7 @@ type holdKey struct {
 }
 
 func newTypes() *types {
-	return &types{ids: map[*btf.Struct]int32{}, holds: map[holdKey]bool{}, ptrs: map[int32]int32{}}
+	return &types{ids: map[*btf.Struct]int32{}, holds: map[holdKey]bool{}, ptrs: map[int32]int32{}, voids: map[memberKey]int32{}}
 }
 
 // structOf strips typedefs and qualifiers down to a struct.
@@ -182,6 +185,10 @@ func (ts *types) flatten(t btf.Type, base uint32, union bool, depth int, out *[]
 	case *btf.Struct:
 		for _, m := range c.Members {
 			if m.BitfieldSize != 0 || m.Offset%8 != 0 {
+				continue
+			}
+			if v, ok := ts.voids[memberKey{c, m.Name}]; ok {
+				*out = append(*out, slot{off: base + uint32(m.Offset.Bytes()), target: v, union: union})
 				continue
 			}
 			ts.flatten(m.Type, base+uint32(m.Offset.Bytes()), union, depth+1, out)
