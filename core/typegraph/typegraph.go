@@ -221,6 +221,7 @@ func Build(k slab.Kernel, h *slab.Heap, ctypes map[*slab.Cache]typeid.CacheType,
 		g.held[c] = ctypes[c]
 	}
 	g.initLSM()
+	g.initOwners()
 	g.index(ctypes)
 	g.initMaple()
 	if err := g.seed(t0, opt.ByHand); err != nil {
@@ -527,7 +528,17 @@ func (g *Graph) scanSlots(src int32, b []byte, sl []slot, base uint32, srcType i
 		if v < 0xffff800000000000 {
 			continue
 		}
-		tn, toff, ok := g.node(v)
+		var tn int32
+		var toff uint32
+		var ok bool
+		switch {
+		case s.owned:
+			tn, toff, ok = g.ownedTarget(src, s, v)
+		case s.xa:
+			tn, toff, ok = g.xaTarget(v)
+		default:
+			tn, toff, ok = g.node(v)
+		}
 		if !ok || tn == src {
 			continue
 		}

@@ -13,6 +13,14 @@ type slot struct {
 	target int32 // the pointed-at struct's type id
 	link   bool  // the target is a list or tree node (list_head, …): it points into a container
 	union  bool  // the pointer lies in a union: one of several readings of those bytes
+	// owned: the pointer is a list or tree head whose entries' type is
+	// known (listOwners): it points at offset adj of a struct target.
+	owned bool
+	adj   uint32
+	// xa: an xarray's head or a node's slot: an internal entry (v&3 ==
+	// 2, above 4096) is a struct xa_node at v-2; anything else is an
+	// entry of unknown type.
+	xa bool
 }
 
 // tinfo is what the graph knows of one struct type.
@@ -67,6 +75,17 @@ type types struct {
 	// voids are void * members known to point at one struct (the LSM
 	// blobs: inode.i_security), and that struct.
 	voids map[memberKey]int32
+	// owned are the list and tree heads of listOwners.
+	owned map[memberKey]ownedHead
+	// xaNode is struct xa_node, -1 if the BTF has none.
+	xaNode int32
+}
+
+// ownedHead is a head's entry struct and the offset of the node the
+// head's pointers point at in it.
+type ownedHead struct {
+	entry int32
+	adj   uint32
 }
 
 type embKey struct {
@@ -80,7 +99,7 @@ type holdKey struct {
 }
 
 func newTypes() *types {
-	return &types{ids: map[*btf.Struct]int32{}, holds: map[holdKey]bool{}, ptrs: map[int32]int32{}, voids: map[memberKey]int32{}}
+	return &types{ids: map[*btf.Struct]int32{}, holds: map[holdKey]bool{}, ptrs: map[int32]int32{}, voids: map[memberKey]int32{}, owned: map[memberKey]ownedHead{}, xaNode: -1}
 }
 
 // structOf strips typedefs and qualifiers down to a struct.
@@ -189,6 +208,25 @@ func (ts *types) flatten(t btf.Type, base uint32, union bool, depth int, out *[]
 			}
 			if v, ok := ts.voids[memberKey{c, m.Name}]; ok {
 				*out = append(*out, slot{off: base + uint32(m.Offset.Bytes()), target: v, union: union})
+				continue
+			}
+			if o, ok := ts.owned[memberKey{c, m.Name}]; ok {
+				// A head of a list or tree of known entries: each of its
+				// pointers points at the entry's node.
+				before := len(*out)
+				ts.flatten(m.Type, base+uint32(m.Offset.Bytes()), union, depth+1, out)
+				for i := before; i < len(*out); i++ {
+					(*out)[i].target, (*out)[i].adj, (*out)[i].owned, (*out)[i].link = o.entry, o.adj, true, false
+				}
+				continue
+			}
+			if ts.xaNode >= 0 && (c.Name == "xarray" && m.Name == "xa_head" || c.Name == "xa_node" && m.Name == "slots") {
+				n, err := btf.Sizeof(m.Type)
+				if err == nil {
+					for o := uint32(0); o+8 <= uint32(n); o += 8 {
+						*out = append(*out, slot{off: base + uint32(m.Offset.Bytes()) + o, target: ts.xaNode, union: union, xa: true})
+					}
+				}
 				continue
 			}
 			ts.flatten(m.Type, base+uint32(m.Offset.Bytes()), union, depth+1, out)
