@@ -50,7 +50,7 @@ var lsmBlobs = []struct{ field, owner, member, cache string }{
 
 // memberKey is a member of a struct.
 type memberKey struct {
-	s    *btf.Struct
+	s    string // the struct's name (BTF may hold several structs of one name)
 	name string
 }
 
@@ -114,9 +114,9 @@ func (g *Graph) initLSM() {
 			id := g.ts.id(st)
 			g.lsm = append(g.lsm, lsmBlob{field: bl.field, typ: id, cache: bl.cache})
 			var os *btf.Struct
-			if g.spec.TypeByName(bl.owner, &os) == nil {
+			if g.structByName(bl.owner, &os) == nil {
 				if f, ft, err := b.Lookup(bl.owner, bl.member); err == nil && f.Size == 8 && pointee(ft) != nil {
-					g.ts.voids[memberKey{os, bl.member}] = id
+					g.ts.voids[memberKey{os.Name, bl.member}] = id
 				}
 			}
 		}
@@ -137,7 +137,7 @@ func (g *Graph) lsmLayout(field string, names []string, total int32, mods map[st
 	if field == "lbs_inode" {
 		// The inode blob starts with an rcu_head (lsm_set_blob_sizes).
 		var rcu *btf.Struct
-		if g.spec.TypeByName("callback_head", &rcu) != nil {
+		if g.structByName("callback_head", &rcu) != nil {
 			return nil
 		}
 		st.Members = append(st.Members, btf.Member{Name: "rcu", Type: rcu})
@@ -157,13 +157,13 @@ func (g *Graph) lsmLayout(field string, names []string, total int32, mods map[st
 		var size int32
 		if p, isPtr := strings.CutPrefix(part, "*"); isPtr {
 			var ps *btf.Struct
-			if g.spec.TypeByName(p, &ps) != nil {
+			if g.structByName(p, &ps) != nil {
 				return nil
 			}
 			pt, size = &btf.Pointer{Target: ps}, 8
 		} else {
 			var ps *btf.Struct
-			if g.spec.TypeByName(part, &ps) != nil {
+			if g.structByName(part, &ps) != nil {
 				return nil
 			}
 			pt, size = ps, int32(ps.Size)

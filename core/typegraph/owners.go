@@ -1,6 +1,8 @@
 package typegraph
 
 import (
+	"fmt"
+
 	"github.com/cilium/ebpf/btf"
 
 	"github.com/kinst/kinst/core/internal/btflayout"
@@ -15,6 +17,7 @@ var listOwners = []struct{ owner, member, entry, node string }{
 	{"vm_area_struct", "anon_vma_chain", "anon_vma_chain", "same_vma"}, // mm/rmap.c: anon_vma_chain_link
 	{"anon_vma", "rb_root", "anon_vma_chain", "rb"},                    // mm/interval_tree.c: anon_vma_interval_tree_insert
 	{"vmap_block_queue", "free", "vmap_block", "free_list"},            // mm/vmalloc.c: new_vmap_block
+	{"trace_event_class", "fields", "ftrace_event_field", "link"},      // kernel/trace/trace_events.c: __trace_define_field
 }
 
 // initOwners resolves listOwners and struct xa_node in the BTF.
@@ -22,7 +25,7 @@ func (g *Graph) initOwners() {
 	b := btflayout.New(g.spec)
 	for _, o := range listOwners {
 		var os, es *btf.Struct
-		if g.spec.TypeByName(o.owner, &os) != nil || g.spec.TypeByName(o.entry, &es) != nil {
+		if g.structByName(o.owner, &os) != nil || g.structByName(o.entry, &es) != nil {
 			continue
 		}
 		f, _, err := b.Lookup(o.entry, o.node)
@@ -32,10 +35,10 @@ func (g *Graph) initOwners() {
 		if _, _, err := b.Lookup(o.owner, o.member); err != nil {
 			continue
 		}
-		g.ts.owned[memberKey{os, o.member}] = ownedHead{entry: g.ts.id(es), adj: f.Off}
+		g.ts.owned[memberKey{os.Name, o.member}] = ownedHead{entry: g.ts.id(es), adj: f.Off}
 	}
 	var xn *btf.Struct
-	if g.spec.TypeByName("xa_node", &xn) == nil {
+	if g.structByName("xa_node", &xn) == nil {
 		g.ts.xaNode = g.ts.id(xn)
 	}
 }
@@ -65,4 +68,21 @@ func (g *Graph) xaTarget(v uint64) (int32, uint32, bool) {
 		return 0, 0, false
 	}
 	return tn, 0, true
+}
+
+// structByName finds a struct by name; BTF may hold several of one
+// name (TypeByName then refuses), of which the first with members is
+// taken, as they differ only where deduplication failed.
+func (g *Graph) structByName(name string, out **btf.Struct) error {
+	ts, err := g.spec.AnyTypesByName(name)
+	if err != nil {
+		return err
+	}
+	for _, t := range ts {
+		if s, ok := t.(*btf.Struct); ok && len(s.Members) > 0 {
+			*out = s
+			return nil
+		}
+	}
+	return fmt.Errorf("struct %s: not in BTF", name)
 }

@@ -139,6 +139,7 @@ type root struct {
 	name string
 	addr uint64
 	typ  btf.Type
+	mark Mark // Known, or Conjectured for static data reached from a conjecture
 }
 
 // Graph is a heap typed by propagation.
@@ -170,6 +171,8 @@ type Graph struct {
 	queue   []int32
 	curPass uint8
 	mt      maple
+	static  staticData
+	rootq   []int32 // static roots to read
 	lsm     []lsmBlob
 	chase   bool // claims of list nodes of the pointing struct decide at once
 	cpus    []uint64
@@ -222,6 +225,7 @@ func Build(k slab.Kernel, h *slab.Heap, ctypes map[*slab.Cache]typeid.CacheType,
 	}
 	g.initLSM()
 	g.initOwners()
+	g.initStatic()
 	g.index(ctypes)
 	g.initMaple()
 	if err := g.seed(t0, opt.ByHand); err != nil {
@@ -483,7 +487,11 @@ func (g *Graph) scanRoot(r int32) {
 	if g.k.ReadVirt(b, rt.addr) != nil {
 		return
 	}
-	g.scanSlots(-1-r, b, sl, 0, -1, Known)
+	m := rt.mark
+	if m == Unmarked {
+		m = Known
+	}
+	g.scanSlots(-1-r, b, sl, 0, -1, m)
 }
 
 // scan reads node n's pointers by its type.
@@ -538,6 +546,9 @@ func (g *Graph) scanSlots(src int32, b []byte, sl []slot, base uint32, srcType i
 			tn, toff, ok = g.xaTarget(v)
 		default:
 			tn, toff, ok = g.node(v)
+		}
+		if !ok && !s.owned && !s.xa && !s.link && !s.union {
+			g.staticRoot(v, s.target, src, o, m)
 		}
 		if !ok || tn == src {
 			continue
@@ -611,10 +622,16 @@ func (g *Graph) set(n int32, t int32, arr int32, m Mark, from int32) {
 // first: the shortest chains), conservatively typing what its pointers
 // reach, until nothing is left.
 func (g *Graph) propagate() {
-	for i := 0; i < len(g.queue); i++ {
-		g.scan(g.queue[i])
+	for i, j := 0, 0; i < len(g.queue) || j < len(g.rootq); {
+		if i < len(g.queue) {
+			g.scan(g.queue[i])
+			i++
+			continue
+		}
+		g.scanRoot(g.rootq[j])
+		j++
 	}
-	g.queue = g.queue[:0]
+	g.queue, g.rootq = g.queue[:0], g.rootq[:0]
 }
 
 // run runs one pass and the propagation from what it typed.

@@ -206,11 +206,11 @@ func (ts *types) flatten(t btf.Type, base uint32, union bool, depth int, out *[]
 			if m.BitfieldSize != 0 || m.Offset%8 != 0 {
 				continue
 			}
-			if v, ok := ts.voids[memberKey{c, m.Name}]; ok {
+			if v, ok := ts.voids[memberKey{c.Name, m.Name}]; ok {
 				*out = append(*out, slot{off: base + uint32(m.Offset.Bytes()), target: v, union: union})
 				continue
 			}
-			if o, ok := ts.owned[memberKey{c, m.Name}]; ok {
+			if o, ok := ts.owned[memberKey{c.Name, m.Name}]; ok {
 				// A head of a list or tree of known entries: each of its
 				// pointers points at the entry's node.
 				before := len(*out)
