@@ -57,6 +57,16 @@
 //     the first such round, propagation follows a list of the pointing
 //     object's own struct to its end at once.
 //
+// Beyond the seed's rules, each read as a typed pointer is: a member
+// S ** claims an array of pointers to S (the pseudo struct "S *", typed
+// S *[n] by the arrays pass); the LSMs' void * security members point
+// at blobs laid out as the dump's blob sizes say (lsm.go); heads of
+// lists and trees whose entries the kernel fixes point at the entry's
+// node (listOwners), an xarray's internal entries at its xa_nodes, the
+// maple tree of mm_struct.mm_mt at its VMAs (maple.go); and a typed
+// pointer into the kernel image's data reads the struct there as a
+// further root (static.go).
+//
 // A claim that contradicts an object's type (a pointer to S at an
 // offset where the object's type holds no S) is a conflict: counted
 // per object, and kept with the chain of inference of both the type and
