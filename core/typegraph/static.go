@@ -8,8 +8,9 @@ import "fmt"
 // (trace_event_file.event_call points at a static trace_event_call,
 // whose class points at a static trace_event_class, whose fields list
 // holds the heap's ftrace_event_fields). The struct is read there and
-// becomes a root: its pointers propagate as the object's would, known
-// if the pointer's source was. 6.1's BTF types no such variable itself.
+// becomes a root: its pointers propagate as the object's would. Only
+// known objects' pointers are followed there (a conjecture's would
+// spread a wrong type through the image to objects of every kind). 6.1's BTF types no such variable itself.
 
 // staticData is the kernel image's data ranges and the structs read in
 // them.
@@ -40,7 +41,7 @@ func (g *Graph) initStatic() {
 // staticRoot reads struct t at v if v lies in the image's data.
 func (g *Graph) staticRoot(v uint64, t int32, src int32, srcOff uint32, m Mark) {
 	ti := g.ts.info(t)
-	if ti.ptrTo >= 0 || ti.link || len(g.static.seen) >= maxStatic {
+	if m != Known || ti.ptrTo >= 0 || ti.link || len(g.static.seen) >= maxStatic {
 		return
 	}
 	in := false
@@ -55,9 +56,6 @@ func (g *Graph) staticRoot(v uint64, t int32, src int32, srcOff uint32, m Mark) 
 		return
 	}
 	g.static.seen[k] = true
-	if m != Known {
-		m = Conjectured
-	}
 	from := "a variable"
 	if src >= 0 {
 		from = fmt.Sprintf("%#x (%s)+%#x", g.addr(src), g.slabs[g.nodeSlab[src]].Cache.Name, srcOff)
