@@ -57,6 +57,16 @@
 //     the first such round, propagation follows a list of the pointing
 //     object's own struct to its end at once.
 //
+// Beyond the seed's rules, each read as a typed pointer is: a member
+// S ** claims an array of pointers to S (the pseudo struct "S *", typed
+// S *[n] by the arrays pass); the LSMs' void * security members point
+// at blobs laid out as the dump's blob sizes say (lsm.go); heads of
+// lists and trees whose entries the kernel fixes point at the entry's
+// node (listOwners), an xarray's internal entries at its xa_nodes, the
+// maple tree of mm_struct.mm_mt at its VMAs (maple.go); and a typed
+// pointer into the kernel image's data reads the struct there as a
+// further root (static.go).
+//
 // A claim that contradicts an object's type (a pointer to S at an
 // offset where the object's type holds no S) is a conflict: counted
 // per object, and kept with the chain of inference of both the type and
@@ -139,6 +149,7 @@ type root struct {
 	name string
 	addr uint64
 	typ  btf.Type
+	mark Mark // Known, or Conjectured for static data reached from a conjecture
 }
 
 // Graph is a heap typed by propagation.
@@ -170,6 +181,9 @@ type Graph struct {
 	queue   []int32
 	curPass uint8
 	mt      maple
+	static  staticData
+	rootq   []int32 // static roots to read
+	lsm     []lsmBlob
 	chase   bool // claims of list nodes of the pointing struct decide at once
 	cpus    []uint64
 
@@ -219,6 +233,9 @@ func Build(k slab.Kernel, h *slab.Heap, ctypes map[*slab.Cache]typeid.CacheType,
 		}
 		g.held[c] = ctypes[c]
 	}
+	g.initLSM()
+	g.initOwners()
+	g.initStatic()
 	g.index(ctypes)
 	g.initMaple()
 	if err := g.seed(t0, opt.ByHand); err != nil {
@@ -245,6 +262,16 @@ func (g *Graph) index(ctypes map[*slab.Cache]typeid.CacheType) {
 			}
 		} else if st, ok := ct.Type.(*btf.Struct); ok {
 			ci.typ = g.ts.id(st)
+		}
+		if ct.Type == nil {
+			// An LSM blob cache holds the blob its name says.
+			if t := g.lsmCacheType(c.Name, c.ObjectSize, len(c.Aliases)); t >= 0 {
+				if _, held := g.held[c]; held {
+					g.trueType[c] = t
+				} else {
+					ci.typ = t
+				}
+			}
 		}
 		if isKmalloc(c.Name) {
 			ci.kmalloc = true
@@ -357,6 +384,9 @@ func (g *Graph) bytes(n int32) []byte {
 // fits says whether struct t can be the type of node n's object.
 func (g *Graph) fits(ci *cacheInfo, t int32) bool {
 	ti := g.ts.info(t)
+	if ti.ptrTo >= 0 {
+		return false // a pointer array: the arrays pass decides
+	}
 	os := ci.c.ObjectSize
 	if ti.size == os {
 		return true
@@ -467,7 +497,11 @@ func (g *Graph) scanRoot(r int32) {
 	if g.k.ReadVirt(b, rt.addr) != nil {
 		return
 	}
-	g.scanSlots(-1-r, b, sl, 0, -1, Known)
+	m := rt.mark
+	if m == Unmarked {
+		m = Known
+	}
+	g.scanSlots(-1-r, b, sl, 0, -1, m)
 }
 
 // scan reads node n's pointers by its type.
@@ -512,7 +546,20 @@ func (g *Graph) scanSlots(src int32, b []byte, sl []slot, base uint32, srcType i
 		if v < 0xffff800000000000 {
 			continue
 		}
-		tn, toff, ok := g.node(v)
+		var tn int32
+		var toff uint32
+		var ok bool
+		switch {
+		case s.owned:
+			tn, toff, ok = g.ownedTarget(src, s, v)
+		case s.xa:
+			tn, toff, ok = g.xaTarget(v)
+		default:
+			tn, toff, ok = g.node(v)
+		}
+		if !ok && !s.owned && !s.xa && !s.link && !s.union {
+			g.staticRoot(v, s.target, src, o, m)
+		}
 		if !ok || tn == src {
 			continue
 		}
@@ -585,10 +632,16 @@ func (g *Graph) set(n int32, t int32, arr int32, m Mark, from int32) {
 // first: the shortest chains), conservatively typing what its pointers
 // reach, until nothing is left.
 func (g *Graph) propagate() {
-	for i := 0; i < len(g.queue); i++ {
-		g.scan(g.queue[i])
+	for i, j := 0, 0; i < len(g.queue) || j < len(g.rootq); {
+		if i < len(g.queue) {
+			g.scan(g.queue[i])
+			i++
+			continue
+		}
+		g.scanRoot(g.rootq[j])
+		j++
 	}
-	g.queue = g.queue[:0]
+	g.queue, g.rootq = g.queue[:0], g.rootq[:0]
 }
 
 // run runs one pass and the propagation from what it typed.
@@ -629,10 +682,10 @@ func (g *Graph) arrays() {
 			if ti.size == 0 || ti.size*2 > ci.c.ObjectSize || cl.toff%ti.size != 0 || ti.flexSize > 0 {
 				continue
 			}
-			if g.embedded(ci, cl.typ, cl.toff) {
+			if ti.ptrTo < 0 && g.embedded(ci, cl.typ, cl.toff) {
 				continue // a struct that holds S there explains the pointer as well
 			}
-			if g.looksArray(int32(n), ti) {
+			if g.looksArray(int32(n), ti) && (ti.ptrTo < 0 || g.ptrsAgree(int32(n), ti.ptrTo)) {
 				g.set(int32(n), cl.typ, int32(ci.c.ObjectSize/ti.size), Conjectured, c)
 				break
 			}
@@ -687,6 +740,23 @@ func (g *Graph) looksArray(n int32, ti *tinfo) bool {
 		}
 	}
 	return seen
+}
+
+// ptrsAgree checks a pointer array's elements against what they point
+// into: each that lands in a typed object must land on a struct elem
+// there (the file pointers of an fdtable land on files).
+func (g *Graph) ptrsAgree(n int32, elem int32) bool {
+	b := g.bytes(n)
+	for o := 0; o+8 <= len(b); o += 8 {
+		v := binary.LittleEndian.Uint64(b[o:])
+		if v == 0 {
+			continue
+		}
+		if t, toff, ok := g.node(v); ok && g.mark[t] != Unmarked && !g.consistent(t, elem, toff) {
+			return false
+		}
+	}
+	return true
 }
 
 // candidates are the structs claim c may mean for its target.

@@ -13,6 +13,14 @@ type slot struct {
 	target int32 // the pointed-at struct's type id
 	link   bool  // the target is a list or tree node (list_head, …): it points into a container
 	union  bool  // the pointer lies in a union: one of several readings of those bytes
+	// owned: the pointer is a list or tree head whose entries' type is
+	// known (listOwners): it points at offset adj of a struct target.
+	owned bool
+	adj   uint32
+	// xa: an xarray's head or a node's slot: an internal entry (v&3 ==
+	// 2, above 4096) is a struct xa_node at v-2; anything else is an
+	// entry of unknown type.
+	xa bool
 }
 
 // tinfo is what the graph knows of one struct type.
@@ -28,6 +36,10 @@ type tinfo struct {
 	flexSize  uint32 // that element's size
 	link      bool
 	done      bool
+	// ptrTo is, for the pseudo struct "S *" (one pointer to struct S,
+	// the element of the pointer array a member S ** points at), S's
+	// id; -1 for the BTF's own structs.
+	ptrTo int32
 }
 
 // linkTypes are the kernel's intrusive list and tree nodes: a pointer to
@@ -58,6 +70,22 @@ type types struct {
 	emb map[embKey][]int32
 	// heads memoizes whether a type holds another at an offset.
 	holds map[holdKey]bool
+	// ptrs are the pseudo structs "S *", by S's id.
+	ptrs map[int32]int32
+	// voids are void * members known to point at one struct (the LSM
+	// blobs: inode.i_security), and that struct.
+	voids map[memberKey]int32
+	// owned are the list and tree heads of listOwners.
+	owned map[memberKey]ownedHead
+	// xaNode is struct xa_node, -1 if the BTF has none.
+	xaNode int32
+}
+
+// ownedHead is a head's entry struct and the offset of the node the
+// head's pointers point at in it.
+type ownedHead struct {
+	entry int32
+	adj   uint32
 }
 
 type embKey struct {
@@ -71,7 +99,7 @@ type holdKey struct {
 }
 
 func newTypes() *types {
-	return &types{ids: map[*btf.Struct]int32{}, holds: map[holdKey]bool{}}
+	return &types{ids: map[*btf.Struct]int32{}, holds: map[holdKey]bool{}, ptrs: map[int32]int32{}, voids: map[memberKey]int32{}, owned: map[memberKey]ownedHead{}, xaNode: -1}
 }
 
 // structOf strips typedefs and qualifiers down to a struct.
@@ -103,8 +131,47 @@ func (ts *types) id(s *btf.Struct) int32 {
 	}
 	id := int32(len(ts.infos))
 	ts.ids[s] = id
-	ts.infos = append(ts.infos, &tinfo{t: s, name: s.Name, size: s.Size, link: linkTypes[s.Name]})
+	ts.infos = append(ts.infos, &tinfo{t: s, name: s.Name, size: s.Size, link: linkTypes[s.Name], ptrTo: -1})
 	return id
+}
+
+// ptrID is the pseudo struct "S *" for struct S: one pointer, the
+// element of an array of pointers to S (what a member S ** points at,
+// as fdtable.fd at the open files).
+func (ts *types) ptrID(s *btf.Struct) int32 {
+	e := ts.id(s)
+	if id, ok := ts.ptrs[e]; ok {
+		return id
+	}
+	ps := &btf.Struct{Name: s.Name + " *", Size: 8, Members: []btf.Member{{Type: &btf.Pointer{Target: s}}}}
+	id := ts.id(ps)
+	ts.infos[id].ptrTo = e
+	ts.ptrs[e] = id
+	return id
+}
+
+// pointee strips typedefs and qualifiers off t down to what a pointer
+// points to, nil if t is no pointer.
+func pointee(t btf.Type) btf.Type {
+	for i := 0; i < maxDepth; i++ {
+		switch c := t.(type) {
+		case *btf.Pointer:
+			return c.Target
+		case *btf.Typedef:
+			t = c.Type
+		case *btf.Const:
+			t = c.Type
+		case *btf.Volatile:
+			t = c.Type
+		case *btf.Restrict:
+			t = c.Type
+		case *btf.TypeTag:
+			t = c.Type
+		default:
+			return nil
+		}
+	}
+	return nil
 }
 
 // info returns a type's flattened description.
@@ -139,6 +206,29 @@ func (ts *types) flatten(t btf.Type, base uint32, union bool, depth int, out *[]
 			if m.BitfieldSize != 0 || m.Offset%8 != 0 {
 				continue
 			}
+			if v, ok := ts.voids[memberKey{c.Name, m.Name}]; ok {
+				*out = append(*out, slot{off: base + uint32(m.Offset.Bytes()), target: v, union: union})
+				continue
+			}
+			if o, ok := ts.owned[memberKey{c.Name, m.Name}]; ok {
+				// A head of a list or tree of known entries: each of its
+				// pointers points at the entry's node.
+				before := len(*out)
+				ts.flatten(m.Type, base+uint32(m.Offset.Bytes()), union, depth+1, out)
+				for i := before; i < len(*out); i++ {
+					(*out)[i].target, (*out)[i].adj, (*out)[i].owned, (*out)[i].link = o.entry, o.adj, true, false
+				}
+				continue
+			}
+			if ts.xaNode >= 0 && (c.Name == "xarray" && m.Name == "xa_head" || c.Name == "xa_node" && m.Name == "slots") {
+				n, err := btf.Sizeof(m.Type)
+				if err == nil {
+					for o := uint32(0); o+8 <= uint32(n); o += 8 {
+						*out = append(*out, slot{off: base + uint32(m.Offset.Bytes()) + o, target: ts.xaNode, union: union, xa: true})
+					}
+				}
+				continue
+			}
 			ts.flatten(m.Type, base+uint32(m.Offset.Bytes()), union, depth+1, out)
 		}
 	case *btf.Union:
@@ -169,7 +259,16 @@ func (ts *types) flatten(t btf.Type, base uint32, union bool, depth int, out *[]
 		}
 	case *btf.Pointer:
 		st := structOf(c.Target)
-		if st == nil || st.Name == "" || st.Size == 0 || ignoredTargets[st.Name] {
+		if st == nil {
+			// S **: a pointer to an array of pointers to S. The back
+			// pointers of lists (hlist_node **pprev) point at the next
+			// member of whatever holds the previous node: no array.
+			if pt := structOf(pointee(c.Target)); pt != nil && pt.Name != "" && pt.Size > 0 && !ignoredTargets[pt.Name] && !linkTypes[pt.Name] {
+				*out = append(*out, slot{off: base, target: ts.ptrID(pt), union: union})
+			}
+			return
+		}
+		if st.Name == "" || st.Size == 0 || ignoredTargets[st.Name] {
 			return
 		}
 		*out = append(*out, slot{off: base, target: ts.id(st), link: linkTypes[st.Name], union: union})
@@ -200,7 +299,13 @@ func (ts *types) holdsAt(outer, inner int32, off uint32) bool {
 	if v, ok := ts.holds[k]; ok {
 		return v
 	}
-	v := ts.holdsIn(ts.infos[outer].t, ts.infos[inner].t, off, 0)
+	var v bool
+	if e := ts.infos[inner].ptrTo; e >= 0 {
+		// "S *": a member that is a pointer to S lies there.
+		v = ts.holdsPtr(ts.infos[outer].t, ts.infos[e].t, off, 0)
+	} else {
+		v = ts.holdsIn(ts.infos[outer].t, ts.infos[inner].t, off, 0)
+	}
 	ts.holds[k] = v
 	return v
 }
@@ -240,6 +345,45 @@ func (ts *types) holdsIn(t btf.Type, inner *btf.Struct, off uint32, depth int) b
 			return false
 		}
 		return ts.holdsIn(c.Type, inner, off%uint32(es), depth+1)
+	}
+	return false
+}
+
+// holdsPtr says whether t has a pointer to struct elem at off.
+func (ts *types) holdsPtr(t btf.Type, elem *btf.Struct, off uint32, depth int) bool {
+	if depth > maxDepth {
+		return false
+	}
+	t = btf.UnderlyingType(t)
+	switch c := t.(type) {
+	case *btf.Pointer:
+		return off == 0 && structOf(c.Target) == elem
+	case *btf.Struct, *btf.Union:
+		var ms []btf.Member
+		if s, ok := c.(*btf.Struct); ok {
+			ms = s.Members
+		} else {
+			ms = c.(*btf.Union).Members
+		}
+		for _, m := range ms {
+			if m.BitfieldSize != 0 {
+				continue
+			}
+			start := uint32(m.Offset.Bytes())
+			n, err := btf.Sizeof(m.Type)
+			if err != nil || off < start || off >= start+uint32(n) {
+				continue
+			}
+			if ts.holdsPtr(m.Type, elem, off-start, depth+1) {
+				return true
+			}
+		}
+	case *btf.Array:
+		es, err := btf.Sizeof(c.Type)
+		if err != nil || es == 0 {
+			return false
+		}
+		return ts.holdsPtr(c.Type, elem, off%uint32(es), depth+1)
 	}
 	return false
 }

@@ -34,7 +34,7 @@ var knownCaches = map[string]string{
 	"shmem_inode_cache":     "shmem_inode_info",
 	"sock_inode_cache":      "socket_alloc", // net/socket.c
 	"ext4_inode_cache":      "ext4_inode_info",
-	"radix_tree_node":       "radix_tree_node",
+	"radix_tree_node":       "xa_node", // lib/radix-tree.c: #define radix_tree_node xa_node since 4.20
 	"nsproxy":               "nsproxy",
 	"anon_vma_chain":        "anon_vma_chain",
 	"kernfs_node_cache":     "kernfs_node",

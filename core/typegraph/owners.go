@@ -1,0 +1,88 @@
+package typegraph
+
+import (
+	"fmt"
+
+	"github.com/cilium/ebpf/btf"
+
+	"github.com/kinst/kinst/core/internal/btflayout"
+)
+
+// listOwners are list and tree heads whose entries' type the kernel's
+// code fixes (6.1's BTF says no list's owner type): the head's pointers
+// point at the entry struct's node member. The inference's list rule
+// cannot tell these entries apart where many structs of the cache's size
+// have a node at that offset (anon_vma_chain lives in a merged cache).
+var listOwners = []struct{ owner, member, entry, node string }{
+	{"vm_area_struct", "anon_vma_chain", "anon_vma_chain", "same_vma"}, // mm/rmap.c: anon_vma_chain_link
+	{"anon_vma", "rb_root", "anon_vma_chain", "rb"},                    // mm/interval_tree.c: anon_vma_interval_tree_insert
+	{"vmap_block_queue", "free", "vmap_block", "free_list"},            // mm/vmalloc.c: new_vmap_block
+	{"trace_event_class", "fields", "ftrace_event_field", "link"},      // kernel/trace/trace_events.c: __trace_define_field
+}
+
+// initOwners resolves listOwners and struct xa_node in the BTF.
+func (g *Graph) initOwners() {
+	b := btflayout.New(g.spec)
+	for _, o := range listOwners {
+		var os, es *btf.Struct
+		if g.structByName(o.owner, &os) != nil || g.structByName(o.entry, &es) != nil {
+			continue
+		}
+		f, _, err := b.Lookup(o.entry, o.node)
+		if err != nil {
+			continue
+		}
+		if _, _, err := b.Lookup(o.owner, o.member); err != nil {
+			continue
+		}
+		g.ts.owned[memberKey{os.Name, o.member}] = ownedHead{entry: g.ts.id(es), adj: f.Off}
+	}
+	var xn *btf.Struct
+	if g.structByName("xa_node", &xn) == nil {
+		g.ts.xaNode = g.ts.id(xn)
+	}
+}
+
+// ownedTarget is where an owned head's pointer v points: the entry's
+// node must lie in the same object as the entry, and a head pointing at
+// itself (an empty list) or into its own object points at no entry.
+func (g *Graph) ownedTarget(src int32, s slot, v uint64) (int32, uint32, bool) {
+	ln, _, ok := g.node(v)
+	if !ok || ln == src {
+		return 0, 0, false
+	}
+	tn, toff, ok := g.node(v - uint64(s.adj))
+	if !ok || tn != ln {
+		return 0, 0, false
+	}
+	return tn, toff, true
+}
+
+// xaTarget is the xa_node an xarray slot's internal entry points at.
+func (g *Graph) xaTarget(v uint64) (int32, uint32, bool) {
+	if v&3 != 2 || v < 4096 {
+		return 0, 0, false
+	}
+	tn, toff, ok := g.node(v - 2)
+	if !ok || toff != 0 {
+		return 0, 0, false
+	}
+	return tn, 0, true
+}
+
+// structByName finds a struct by name; BTF may hold several of one
+// name (TypeByName then refuses), of which the first with members is
+// taken, as they differ only where deduplication failed.
+func (g *Graph) structByName(name string, out **btf.Struct) error {
+	ts, err := g.spec.AnyTypesByName(name)
+	if err != nil {
+		return err
+	}
+	for _, t := range ts {
+		if s, ok := t.(*btf.Struct); ok && len(s.Members) > 0 {
+			*out = s
+			return nil
+		}
+	}
+	return fmt.Errorf("struct %s: not in BTF", name)
+}
