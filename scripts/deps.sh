@@ -5,9 +5,9 @@ set -euo pipefail
 # makedumpfile: the kdump tests make the standard form with -R.
 # crash: the slab walk is checked against its kmem -s (it skips without it).
 # lcov: genhtml renders the coverage tracefiles in the tests (they skip without it).
-# librsvg2-bin and nodejs: the flame graph tests rasterise the SVG and run
-# its script (they skip without them).
-pkgs=(qemu-system-x86 busybox-static cpio make gcc binutils kmod xz-utils makedumpfile crash lcov librsvg2-bin nodejs)
+# librsvg2-bin and chromium: the flame graph tests rasterise the SVG and
+# click, zoom and search it in headless Chromium (they skip without them).
+pkgs=(qemu-system-x86 busybox-static cpio make gcc binutils kmod xz-utils makedumpfile crash lcov librsvg2-bin chromium)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
