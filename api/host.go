@@ -15,6 +15,12 @@ type OffCPUReport struct {
 	Stacks     int           `json:"distinct_stacks"`
 	TotalNS    int64         `json:"total_off_cpu_ns"`
 	Top        []OffCPUStack `json:"top"`
+
+	// Tracing only: blocks whose user stack frame pointers cut short,
+	// left cut (no sampled stack of the thread completed it) and
+	// completed from the sampler's CFI-unwound stacks.
+	UserCut       *int64 `json:"user_cut_blocks,omitempty"`
+	UserCompleted *int64 `json:"user_completed_blocks,omitempty"`
 }
 
 // OffCPUStack is one distinct stack of an off-CPU profile.

@@ -74,7 +74,9 @@ func OffCPU(ctx context.Context, o OffCPUOptions, stdout, stderr io.Writer) erro
 		defer t.Close()
 		attach = t.Attach
 		fmt.Fprintf(stderr, "kinst: tracing sched_switch (%s) %s\n", t.Attach, until)
-		t.Wait(ctx, o.Duration)
+		if err := traceBeside(ctx, o, t); err != nil {
+			return err
+		}
 		if p, err = t.Profile(); err != nil {
 			return err
 		}
@@ -132,6 +134,9 @@ func OffCPU(ctx context.Context, o OffCPUOptions, stdout, stderr io.Writer) erro
 		if r.Top == nil {
 			r.Top = []api.OffCPUStack{}
 		}
+		if p.Mode == "trace" {
+			r.UserCut, r.UserCompleted = &p.UserCut, &p.UserCompleted
+		}
 		return writeJSON(stdout, r)
 	case o.SVG != "" || o.Pprof != "":
 		return nil
@@ -150,6 +155,9 @@ func summary(p *offcpu.Profile, f *folded.Profile) string {
 		msg := fmt.Sprintf("%d blocks, %v off CPU in %d distinct stacks over %.1f s", blocks, total.Round(time.Millisecond), len(p.Stacks), p.Duration.Seconds())
 		if p.Lost > 0 {
 			msg += fmt.Sprintf("; %d blocks lost their kernel stack (stack map full? raise --stack-storage-size)", p.Lost)
+		}
+		if p.UserCut > 0 || p.UserCompleted > 0 {
+			msg += fmt.Sprintf("; user stacks cut short by frame pointers: %d blocks completed from sampled stacks, %d left cut", p.UserCompleted, p.UserCut)
 		}
 		return msg
 	}
@@ -265,4 +273,36 @@ func isTerminal(w io.Writer) bool {
 func offCPUStack(s offcpu.Stack) api.OffCPUStack {
 	return api.OffCPUStack{Group: s.Group, PID: s.PID, TID: s.TID, State: s.State, Wchan: s.Wchan, Kernel: s.Kernel, User: s.User,
 		UserError: s.UserError, Samples: s.Samples, OffCPUNS: int64(s.OffCPU)}
+}
+
+// traceBeside waits for the trace to end while, unless --kernel-only, a
+// sampler unwinds the same threads' user stacks with DWARF CFI at -F
+// passes per second: Profile completes with them the user stacks that
+// frame pointers cut short.
+func traceBeside(ctx context.Context, o OffCPUOptions, t *offcpu.Tracer) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	if o.KernelOnly || o.Frequency <= 0 {
+		t.Wait(ctx, o.Duration)
+		return nil
+	}
+	so := o.Options
+	so.UserOnly, so.States = true, ""
+	s, err := offcpu.NewSampler(so, time.Second/time.Duration(o.Frequency))
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	t.CompleteFrom(s)
+	start := time.Now()
+	if err := s.Run(ctx, o.Duration, nil); err != nil {
+		// The process went away, say: the trace goes on without it.
+		if o.Duration == 0 {
+			t.Wait(ctx, 0)
+		} else if rest := o.Duration - time.Since(start); rest > 0 {
+			t.Wait(ctx, rest)
+		}
+	}
+	return nil
 }

@@ -70,6 +70,12 @@ type Profile struct {
 	// stack-id collisions).
 	Lost   int64   `json:"lost,omitempty"`
 	Stacks []Stack `json:"stacks"`
+
+	// UserCut counts traced blocks whose user stack was cut short (frame
+	// pointers ended) and could not be completed from a sampled stack of
+	// the same thread; UserCompleted those that were (trace mode only).
+	UserCut       int64 `json:"user_cut_blocks,omitempty"`
+	UserCompleted int64 `json:"user_completed_blocks,omitempty"`
 }
 
 // FoldOptions choose what goes into folded stacks.

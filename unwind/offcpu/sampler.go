@@ -105,6 +105,7 @@ type entry struct {
 	userProc *unwind.Process // names user
 	userErr  string
 	samples  int64
+	names    []string // user, named (trace completion)
 }
 
 // Sampler collects off-CPU stacks by periodic reads of /proc. It is not
@@ -135,6 +136,10 @@ type Sampler struct {
 	dirBuf, readBuf, stackBuf, key []byte
 	pids, tids                     []int
 	frames                         []userFrame
+
+	// The threads each stack was seen in, kept for Tracer.CompleteFrom.
+	byThread map[int][]*entry
+	seen     map[threadEntry]bool
 }
 
 // NewSampler returns a sampler for threads selected by o. period is the
@@ -423,6 +428,7 @@ func (s *Sampler) sampleThread(t *thread) error {
 		s.order = append(s.order, e)
 	}
 	e.samples++
+	s.noteThread(t.tid, e)
 	if t.schedstat >= 0 {
 		t.last, t.switches = e, switches
 	}
