@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -77,6 +78,30 @@ func guestKernelStack(t *testing.T, ctx context.Context, pid int) []string {
 	return names
 }
 
+// blockIn is a guest shell command that starts exe reading a pipe
+// nobody writes to, in the background, with no descriptor left open to
+// the exec agent (which waits for them to close).
+func blockIn(exe string) string {
+	return "(sleep 1000 </dev/null 2>/dev/null | " + exe + " >/dev/null 2>&1 &)"
+}
+
+// markWriter collects a command's stderr and closes seen when mark
+// first appears in it.
+type markWriter struct {
+	bytes.Buffer
+	mark string
+	seen chan struct{}
+	once sync.Once
+}
+
+func (w *markWriter) Write(p []byte) (int, error) {
+	n, err := w.Buffer.Write(p)
+	if strings.Contains(w.Buffer.String(), w.mark) {
+		w.once.Do(func() { close(w.seen) })
+	}
+	return n, err
+}
+
 // inOrder reports whether want appears in frames as consecutive frames.
 func inOrder(frames, want []string) bool {
 	for i := range frames {
@@ -110,7 +135,7 @@ func TestGuestOffCPU(t *testing.T) {
 	defer gexec(t, ctx, "sh", "-c", "killall kblock kblock-fp; true")
 
 	// Sampling and unwind stack: a blocker started first.
-	gsh(t, ctx, "(sleep 1000 | /tmp/kblock >/dev/null 2>&1 &)")
+	gsh(t, ctx, blockIn("/tmp/kblock"))
 	var pid int
 	for i := 0; i < 50 && pid == 0; i++ {
 		out, _, _ := gexec(t, ctx, "pidof", "kblock")
@@ -173,44 +198,83 @@ func TestGuestOffCPU(t *testing.T) {
 	}
 
 	// Tracing: blocks that begin after the tracer attached, in both
-	// builds; the sampler beside the tracer completes the build without
-	// frame pointers.
-	out, errs, code = gexec(t, ctx, "sh", "-c", `(sleep 1; (sleep 1000 | /tmp/kblock-fp >/dev/null 2>&1 &); (sleep 1000 | /tmp/kblock >/dev/null 2>&1 &)) &
-exec kinst offcpu --trace --duration 3s -F 19 --group pid --top 0 --json`)
-	if strings.Contains(errs, "BPF tracing unavailable") {
-		t.Skipf("BPF in the guest: %s", errs)
-	}
-	if code != 0 {
-		t.Fatalf("kinst offcpu --trace in the guest: status %d\n%s%s", code, out, errs)
-	}
-	if err := json.Unmarshal([]byte(out), &rep); err != nil {
-		t.Fatalf("kinst offcpu --trace --json: %v\n%s", err, out)
-	}
-	t.Logf("trace: %s", strings.TrimSpace(errs))
-	found := map[string]bool{}
-	for _, s := range rep.Top {
-		dash := strings.LastIndexByte(s.Group, '-')
-		build := s.Group[:max(dash, 0)]
-		if (build != "kblock" && build != "kblock-fp") || s.PID == pid {
-			continue // not ours, or blocked since before the trace (not seen)
+	// builds. BPF alone (-F 0) follows the frame pointers of kblock-fp;
+	// kblock's stack stops short. With the sampler beside the
+	// tracer (-F 19), kblock's is completed with the CFI-unwound callers.
+	trace := func(freq string) (api.OffCPUReport, map[string][]api.OffCPUStack) {
+		t.Helper()
+		// The blockers start once the tracer says it is attached (loading
+		// the kernel's BTF takes seconds under emulation).
+		attached := &markWriter{mark: "tracing sched_switch", seen: make(chan struct{})}
+		var outb bytes.Buffer
+		type result struct {
+			code int
+			err  error
 		}
-		t.Logf("traced %s: kernel %v user %v [%s]", s.Group, s.Kernel, s.User, s.UserError)
-		want := blockerChain
-		if build == "kblock-fp" {
-			want = blockerFPChain
+		done := make(chan result, 1)
+		go func() {
+			code, err := guest.Exec(ctx, []string{"kinst", "offcpu", "--trace", "--duration", "4s", "-F", freq, "--group", "pid", "--top", "0", "--json"}, &outb, attached)
+			done <- result{code, err}
+		}()
+		var r result
+		select {
+		case <-attached.seen:
+			gsh(t, ctx, blockIn("/tmp/kblock-fp")+"; "+blockIn("/tmp/kblock"))
+			r = <-done
+		case r = <-done:
 		}
-		// BPF's kernel stack starts in the scheduler, which
-		// /proc/PID/stack leaves out: it must end as the guest's does.
-		if inOrder(s.User, want) && len(s.Kernel) >= len(kstack) && slices.Equal(s.Kernel[len(s.Kernel)-len(kstack):], kstack) {
-			found[build] = true
+		if r.err != nil {
+			t.Fatalf("guest exec kinst offcpu --trace: %v", r.err)
 		}
+		out, errs, code := outb.String(), attached.String(), r.code
+		if strings.Contains(errs, "BPF tracing unavailable") {
+			t.Skipf("BPF in the guest: %s", errs)
+		}
+		if code != 0 {
+			t.Fatalf("kinst offcpu --trace in the guest: status %d\n%s%s", code, out, errs)
+		}
+		var rep api.OffCPUReport
+		if err := json.Unmarshal([]byte(out), &rep); err != nil {
+			t.Fatalf("kinst offcpu --trace --json: %v\n%s", err, out)
+		}
+		t.Logf("trace -F %s: %s", freq, strings.TrimSpace(errs))
+		byBuild := map[string][]api.OffCPUStack{}
+		for _, s := range rep.Top {
+			dash := strings.LastIndexByte(s.Group, '-')
+			build := s.Group[:max(dash, 0)]
+			if (build != "kblock" && build != "kblock-fp") || s.PID == pid || !slices.Contains(s.Kernel, "ksys_read") {
+				continue // not ours, blocked since before the trace (not seen), or not in its read
+			}
+			t.Logf("trace -F %s: %s: kernel %v user %v [%s]", freq, s.Group, s.Kernel, s.User, s.UserError)
+			// BPF's kernel stack starts in the scheduler, which
+			// /proc/PID/stack leaves out: it must end as the guest's does.
+			if len(s.Kernel) < len(kstack) || !slices.Equal(s.Kernel[len(s.Kernel)-len(kstack):], kstack) {
+				t.Errorf("trace -F %s: %s: kernel stack %v does not end as the guest's /proc/PID/stack %v", freq, s.Group, s.Kernel, kstack)
+			}
+			byBuild[build] = append(byBuild[build], s)
+		}
+		for _, b := range []string{"kblock", "kblock-fp"} {
+			if len(byBuild[b]) != 1 {
+				t.Errorf("trace -F %s: %d stacks of %s blocked in read, want one (%d stacks in all)\n%s", freq, len(byBuild[b]), b, len(rep.Top), errs)
+				byBuild[b] = append(byBuild[b], api.OffCPUStack{})
+			}
+		}
+		return rep, byBuild
 	}
-	for _, b := range []string{"kblock", "kblock-fp"} {
-		if !found[b] {
-			t.Errorf("no traced stack of %s blocked in read under %v", b, blockerChain)
-		}
+	rep, by := trace("0")
+	// Static glibc's start-up code keeps no frame pointers: the walk
+	// goes astray below main, but the chain above it is whole.
+	if s := by["kblock-fp"][0]; !inOrder(s.User, append([]string{"__libc_read"}, blockerFPChain...)) {
+		t.Errorf("trace -F 0: kblock-fp's user stack %v [%s], want the frame-pointer chain %v", s.User, s.UserError, blockerFPChain)
 	}
-	if rep.UserCompleted == nil || *rep.UserCompleted == 0 {
-		t.Errorf("trace: no user stack completed from the sampler (%v)", rep.UserCompleted)
+	// Where the walk ends in kblock depends on what its rbp holds: an
+	// address outside every file (cut, and counted) or zero (the walk
+	// ends as at a stack's real end). Either way it stops short of level1.
+	if s := by["kblock"][0]; slices.Contains(s.User, "level1") || len(s.User) == 0 || rep.UserCut == nil || (s.UserError != "") != (*rep.UserCut > 0) {
+		t.Errorf("trace -F 0: kblock's user stack %v [%s], %v blocks cut; want it to stop before level1, counted when cut", s.User, s.UserError, rep.UserCut)
+	}
+	rep, by = trace("19")
+	if s := by["kblock"][0]; !inOrder(s.User, blockerChain) || s.UserError != "" || rep.UserCompleted == nil || *rep.UserCompleted == 0 {
+		t.Errorf("trace -F 19: kblock's user stack %v [%s], %v blocks completed; want it completed to %v", s.User, s.UserError, rep.UserCompleted, blockerChain)
 	}
 }
