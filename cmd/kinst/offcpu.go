@@ -14,6 +14,8 @@ Sampling (default): every 1/F s, every thread that is not running: its
 state, its kernel stack (/proc/PID/task/TID/stack) and, for a thread
 blocked in a system call, its user stack, read without stopping it and
 unwound with the DWARF CFI of its binaries (frame pointers not needed).
+Every thread's state, registers and kernel stack come from one read of a
+BPF task iterator (Linux 5.15+), else from its /proc files.
 Cost grows with the number of threads, not with the scheduler event rate.
 
 Tracing (--trace): a BPF program on sched_switch (tp_btf, else a raw

@@ -137,6 +137,10 @@ type Sampler struct {
 	pids, tids                     []int
 	frames                         []userFrame
 
+	// iter reads every task in one pass when BPF allows it (iter.go);
+	// nil: the /proc files.
+	iter *taskIter
+
 	// The threads each stack was seen in, kept for Tracer.CompleteFrom.
 	byThread map[int][]*entry
 	seen     map[threadEntry]bool
@@ -170,6 +174,7 @@ func NewSampler(o Options, period time.Duration) (*Sampler, error) {
 	if err := s.opts.resolve(); err != nil {
 		return nil, err
 	}
+	s.iter, _ = newTaskIter(s.opts) // else /proc
 	return s, nil
 }
 
@@ -177,6 +182,10 @@ func NewSampler(o Options, period time.Duration) (*Sampler, error) {
 func (s *Sampler) Close() error {
 	for _, t := range s.threads {
 		s.drop(t)
+	}
+	if s.iter != nil {
+		s.iter.close()
+		s.iter = nil
 	}
 	return nil
 }
@@ -194,6 +203,8 @@ func (s *Sampler) Pass() (int, error) {
 	visited := 0
 	var err error
 	switch {
+	case s.iter != nil:
+		visited, err = s.passIter()
 	case s.opts.TID != 0:
 		s.visit(s.opts.PID, s.opts.TID) // NewSampler found the PID
 		visited = 1
