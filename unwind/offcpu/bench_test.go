@@ -131,10 +131,11 @@ func BenchmarkSymbolize(b *testing.B) {
 		b.Fatalf("no user stack sampled: %+v", s.order)
 	}
 	e := s.order[0]
+	e.kernelFrames() // loads kallsyms (once per process) for the task iterator's raw stacks
 	b.ReportAllocs()
 	frames := 0
 	for b.Loop() {
-		k := kernelFrames([]byte(e.kstack))
+		k := e.kernelFrames()
 		u := names(e.userProc, e.user)
 		frames += len(k) + len(u)
 	}

@@ -297,7 +297,7 @@ func (s *Sampler) sampleRecord(t *thread, rec []byte) {
 	s.key = key
 	e := s.agg[string(key)]
 	if e == nil {
-		e = &entry{state: letter[0], kstack: kernelText(kstack), userProc: uproc}
+		e = &entry{state: letter[0], kstack: string(kstack), kraw: true, userProc: uproc}
 		e.group, e.pid, e.tid = s.opts.Group.label(t.procName, string(comm), t.pid, t.tid)
 		e.user = append([]userFrame(nil), frames...)
 		if uerr != nil {
@@ -311,23 +311,22 @@ func (s *Sampler) sampleRecord(t *thread, rec []byte) {
 	t.last, t.switches = e, switches
 }
 
-// kernelText names the raw kernel stack of a record in /proc's stack
-// format, one "[<0>] name+0x0/0x0" line per frame, for kernelFrames.
-func kernelText(raw []byte) string {
-	if len(raw) == 0 {
-		return ""
+// kernelFrames names the entry's kernel stack, innermost first: /proc's
+// text, or the task iterator's raw return addresses through kallsyms
+// (at the end, once per distinct stack).
+func (e *entry) kernelFrames() []string {
+	if !e.kraw {
+		return kernelFrames([]byte(e.kstack))
 	}
 	ksyms, kerr := kallsyms()
-	var b []byte
-	for i := 0; i+8 <= len(raw); i += 8 {
-		a := binary.LittleEndian.Uint64(raw[i:])
+	var out []string
+	for i := 0; i+8 <= len(e.kstack); i += 8 {
+		a := binary.LittleEndian.Uint64([]byte(e.kstack[i : i+8]))
 		if a == 0 {
 			break
 		}
-		b = append(b, "[<0>] "...)
 		// Return addresses: name the call, as /proc's %pB does.
-		b = append(b, kernelName(ksyms, kerr, a-1)...)
-		b = append(b, '\n')
+		out = append(out, kernelName(ksyms, kerr, a-1))
 	}
-	return string(b)
+	return out
 }

@@ -106,6 +106,7 @@ type entry struct {
 	userErr  string
 	samples  int64
 	names    []string // user, named (trace completion)
+	kraw     bool     // kstack holds raw addresses (task iterator), not /proc text
 }
 
 // Sampler collects off-CPU stacks by periodic reads of /proc. It is not
@@ -485,7 +486,7 @@ func (s *Sampler) Profile() *Profile {
 	}
 	for _, e := range s.order {
 		st := Stack{Group: e.group, PID: e.pid, TID: e.tid, State: string(e.state),
-			Kernel: kernelFrames([]byte(e.kstack)), UserError: e.userErr, Samples: e.samples}
+			Kernel: e.kernelFrames(), UserError: e.userErr, Samples: e.samples}
 		if len(st.Kernel) > 0 {
 			// /proc/PID/stack starts after the scheduler's own frames, so
 			// its innermost frame is what get_wchan() reports.
