@@ -21,6 +21,9 @@ type OffCPUReport struct {
 	// completed from the sampler's CFI-unwound stacks.
 	UserCut       *int64 `json:"user_cut_blocks,omitempty"`
 	UserCompleted *int64 `json:"user_completed_blocks,omitempty"`
+	// Sampling only: where threads were read, "bpf_iter" (a BPF task
+	// iterator) or "proc" (the /proc files).
+	Source string `json:"source,omitempty"`
 }
 
 // OffCPUStack is one distinct stack of an off-CPU profile.

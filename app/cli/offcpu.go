@@ -136,6 +136,8 @@ func OffCPU(ctx context.Context, o OffCPUOptions, stdout, stderr io.Writer) erro
 		}
 		if p.Mode == "trace" {
 			r.UserCut, r.UserCompleted = &p.UserCut, &p.UserCompleted
+		} else {
+			r.Source = p.Source
 		}
 		return writeJSON(stdout, r)
 	case o.SVG != "" || o.Pprof != "":
@@ -165,8 +167,8 @@ func summary(p *offcpu.Profile, f *folded.Profile) string {
 	if p.Passes > 0 {
 		perPass = p.Threads / p.Passes
 	}
-	msg := fmt.Sprintf("%d passes over %.1f s, %d threads per pass, %d off-CPU samples in %d distinct stacks",
-		p.Passes, p.Duration.Seconds(), perPass, f.Total(), f.Len())
+	msg := fmt.Sprintf("%d passes over %.1f s, %d threads per pass, %d off-CPU samples in %d distinct stacks (threads read through %s)",
+		p.Passes, p.Duration.Seconds(), perPass, f.Total(), f.Len(), p.Source)
 	if p.Unreadable > 0 {
 		msg += fmt.Sprintf("; %d thread visits unreadable (permissions: run as root to see every user's threads; or the descriptor limit)", p.Unreadable)
 	}

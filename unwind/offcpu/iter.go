@@ -330,3 +330,11 @@ func (e *entry) kernelFrames() []string {
 	}
 	return out
 }
+
+// source names where the sampler reads threads (Profile.Source).
+func (s *Sampler) source() string {
+	if s.iter != nil {
+		return "bpf_iter"
+	}
+	return "proc"
+}

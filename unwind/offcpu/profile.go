@@ -76,6 +76,9 @@ type Profile struct {
 	// the same thread; UserCompleted those that were (trace mode only).
 	UserCut       int64 `json:"user_cut_blocks,omitempty"`
 	UserCompleted int64 `json:"user_completed_blocks,omitempty"`
+	// Source is where sampling read the threads: "bpf_iter" (the BPF
+	// task iterator) or "proc" (the /proc files).
+	Source string `json:"source,omitempty"`
 }
 
 // FoldOptions choose what goes into folded stacks.

@@ -477,7 +477,7 @@ func (s *Sampler) Run(ctx context.Context, duration time.Duration, progress func
 // same functions (the same code in two processes, say) merge.
 func (s *Sampler) Profile() *Profile {
 	p := &Profile{Mode: "sample", Start: s.start, Duration: time.Since(s.start), Period: s.period,
-		Passes: s.passes, Threads: s.visits, Unreadable: s.unreadable}
+		Passes: s.passes, Threads: s.visits, Unreadable: s.unreadable, Source: s.source()}
 	// A sample stands for the time between passes: the period, unless
 	// the passes could not keep up with it.
 	interval := s.period
