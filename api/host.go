@@ -24,6 +24,14 @@ type OffCPUReport struct {
 	// DebugNotes say, per file whose frames needed a separate debug
 	// file, why none was found.
 	DebugNotes map[string]string `json:"debug_notes,omitempty"`
+	// Tracing only (null when sampling): blocks whose user stack frame
+	// pointers cut short, left cut (no sampled stack of the thread
+	// completed it) and completed from the sampler's CFI-unwound stacks.
+	UserCut       *int64 `json:"user_cut_blocks"`
+	UserCompleted *int64 `json:"user_completed_blocks"`
+	// Sampling only (null when tracing): where threads were read,
+	// "bpf_iter" (a BPF task iterator) or "proc" (the /proc files).
+	Source *string `json:"source"`
 }
 
 // OffCPUStack is one distinct stack of an off-CPU profile.

@@ -79,7 +79,9 @@ func OffCPU(ctx context.Context, o OffCPUOptions, stdout, stderr io.Writer) erro
 		defer t.Close()
 		attach = t.Attach
 		fmt.Fprintf(stderr, "kinst: tracing sched_switch (%s) %s\n", t.Attach, until)
-		t.Wait(ctx, o.Duration)
+		if err := traceBeside(ctx, o, t); err != nil {
+			return err
+		}
 		if p, err = t.Profile(); err != nil {
 			return err
 		}
@@ -156,14 +158,17 @@ func summary(p *offcpu.Profile, f *folded.Profile) string {
 		if p.Lost > 0 {
 			msg += fmt.Sprintf("; %d blocks lost their kernel stack (stack map full? raise --stack-storage-size)", p.Lost)
 		}
+		if p.UserCut > 0 || p.UserCompleted > 0 {
+			msg += fmt.Sprintf("; user stacks cut short by frame pointers: %d blocks completed from sampled stacks, %d left cut", p.UserCompleted, p.UserCut)
+		}
 		return msg
 	}
 	perPass := 0
 	if p.Passes > 0 {
 		perPass = p.Threads / p.Passes
 	}
-	msg := fmt.Sprintf("%d passes over %.1f s, %d threads per pass, %d off-CPU samples in %d distinct stacks",
-		p.Passes, p.Duration.Seconds(), perPass, f.Total(), f.Len())
+	msg := fmt.Sprintf("%d passes over %.1f s, %d threads per pass, %d off-CPU samples in %d distinct stacks (threads read through %s)",
+		p.Passes, p.Duration.Seconds(), perPass, f.Total(), f.Len(), p.Source)
 	if p.Unreadable > 0 {
 		msg += fmt.Sprintf("; %d thread visits unreadable (permissions: run as root to see every user's threads; or the descriptor limit)", p.Unreadable)
 	}
@@ -273,9 +278,11 @@ func offCPUReport(p *offcpu.Profile, attach string, g offcpu.Group, top int) api
 	r := api.OffCPUReport{Mode: p.Mode, DurationNS: int64(p.Duration), Stacks: len(p.Stacks), Top: []api.OffCPUStack{}}
 	if p.Mode == "trace" {
 		r.Attach, r.Lost = &attach, &p.Lost
+		r.UserCut, r.UserCompleted = &p.UserCut, &p.UserCompleted
 	} else {
 		period := int64(p.Period)
 		r.PeriodNS, r.Passes, r.Visits, r.Unreadable = &period, &p.Passes, &p.Threads, &p.Unreadable
+		r.Source = &p.Source
 	}
 	for _, s := range p.Stacks {
 		r.TotalNS += int64(s.OffCPU)
@@ -293,4 +300,36 @@ func offCPUReport(p *offcpu.Profile, attach string, g offcpu.Group, top int) api
 		r.Top = append(r.Top, j)
 	}
 	return r
+}
+
+// traceBeside waits for the trace to end while, unless --kernel-only, a
+// sampler unwinds the same threads' user stacks with DWARF CFI at -F
+// passes per second: Profile completes with them the user stacks that
+// frame pointers cut short.
+func traceBeside(ctx context.Context, o OffCPUOptions, t *offcpu.Tracer) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	if o.KernelOnly || o.Frequency <= 0 {
+		t.Wait(ctx, o.Duration)
+		return nil
+	}
+	so := o.Options
+	so.UserOnly, so.States = true, ""
+	s, err := offcpu.NewSampler(so, time.Second/time.Duration(o.Frequency))
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	t.CompleteFrom(s)
+	start := time.Now()
+	if err := s.Run(ctx, o.Duration, nil); err != nil {
+		// The process went away, say: the trace goes on without it.
+		if o.Duration == 0 {
+			t.Wait(ctx, 0)
+		} else if rest := o.Duration - time.Since(start); rest > 0 {
+			t.Wait(ctx, rest)
+		}
+	}
+	return nil
 }

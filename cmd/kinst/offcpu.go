@@ -14,13 +14,20 @@ Sampling (default): every 1/F s, every thread that is not running: its
 state, its kernel stack (/proc/PID/task/TID/stack) and, for a thread
 blocked in a system call, its user stack, read without stopping it and
 unwound with the DWARF CFI of its binaries (frame pointers not needed).
+Every thread's state, registers and kernel stack come from one read of a
+BPF task iterator (Linux 5.15+), else from its /proc files.
 Cost grows with the number of threads, not with the scheduler event rate.
 
 Tracing (--trace): a BPF program on sched_switch (tp_btf, else a raw
 tracepoint; Linux 5.18+) measures every block from switch-out to switch-in,
 summed in the kernel per stack. User stacks come from bpf_get_stackid,
-which follows frame pointers: code built without them shows only its
-innermost user frames. Threads blocked since before the trace started are
+which follows frame pointers: through code built without them the walk
+stops early. Meanwhile the same threads are sampled at -F passes per
+second and their user stacks unwound with DWARF CFI; a traced user stack
+cut short takes its outer frames from a sampled stack of the same thread
+that agrees with it from the innermost frame on. The report counts the
+blocks so completed and those left cut (user_completed_blocks,
+user_cut_blocks). Threads blocked since before the trace started are
 not seen; blocks still in progress at the end count up to the end.
 
 Outputs: a text report of the top stacks (default), folded stacks for
@@ -46,7 +53,7 @@ var offcpuCommand = &command{
 		var o cli.OffCPUOptions
 		var states, group string
 		fs.BoolVar(&o.Trace, "trace", false, "trace every block with BPF on sched_switch instead of sampling")
-		fs.IntVarP(&o.Frequency, "frequency", "F", 49, "sampling passes per second")
+		fs.IntVarP(&o.Frequency, "frequency", "F", 49, "sampling passes per second (with --trace: of the sampling that completes user stacks; 0 turns it off)")
 		durationFlag(fs, &o.Duration, "stop after this long (default: until Ctrl-C)")
 		pidFlag(fs, &o.PID, "only this process")
 		tidFlag(fs, &o.TID, "only this thread")

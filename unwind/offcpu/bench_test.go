@@ -23,30 +23,40 @@ func cpuTime(b *testing.B) time.Duration {
 // kernel-only) the CFI-unwound user stack of every thread, with
 // aggregation. Symbolisation happens once per distinct stack, in Profile,
 // and is measured by BenchmarkProfile. The figure to compare with
-// procstat's 2.3 ms per thread is us/thread.
+// procstat's 2.3 ms per thread is us/thread. The proc/ cases read the
+// /proc files instead of the BPF task iterator.
 func BenchmarkSamplePass(b *testing.B) {
 	requireRoot(b)
 	for _, tc := range []struct {
 		name   string
 		o      Options
 		reread bool
+		proc   bool // the /proc files, not the BPF task iterator
 	}{
 		// Threads that stayed blocked: after the first pass each costs a
 		// syscall and a schedstat read (not scheduled since: same stacks).
-		{"blocked/kernel+user", Options{}, false},
+		{"blocked/kernel+user", Options{}, false, false},
 		// As if every thread had run since the last pass: state, kernel
 		// stack and user stack are read and unwound afresh every time.
-		{"reread/kernel+user", Options{}, true},
-		{"reread/kernel-only", Options{KernelOnly: true}, true},
-		{"reread/user-only", Options{UserOnly: true}, true},
+		{"reread/kernel+user", Options{}, true, false},
+		{"reread/kernel-only", Options{KernelOnly: true}, true, false},
+		{"reread/user-only", Options{UserOnly: true}, true, false},
+		{"proc/blocked/kernel+user", Options{}, false, true},
+		{"proc/reread/kernel+user", Options{}, true, true},
+		{"proc/reread/kernel-only", Options{KernelOnly: true}, true, true},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			w := startWorkload(b, "500")
 			o := tc.o
 			o.PID = w.pid
+			noTaskIter = tc.proc
 			s, err := NewSampler(o, time.Second/9)
+			noTaskIter = false
 			if err != nil {
 				b.Fatal(err)
+			}
+			if !tc.proc && s.iter == nil {
+				b.Skip("the BPF task iterator does not load here")
 			}
 			defer s.Close()
 			s.reread = tc.reread
@@ -121,10 +131,11 @@ func BenchmarkSymbolize(b *testing.B) {
 		b.Fatalf("no user stack sampled: %+v", s.order)
 	}
 	e := s.order[0]
+	e.kernelFrames() // loads kallsyms (once per process) for the task iterator's raw stacks
 	b.ReportAllocs()
 	frames := 0
 	for b.Loop() {
-		k := kernelFrames([]byte(e.kstack))
+		k := e.kernelFrames()
 		u := names(e.userProc, e.user)
 		frames += len(k) + len(u)
 	}

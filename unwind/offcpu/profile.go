@@ -74,6 +74,15 @@ type Profile struct {
 	// DebugNotes say, per file whose frames symbolisation looked up a
 	// separate debug file for, why none was found.
 	DebugNotes map[string]string `json:"debug_notes,omitempty"`
+
+	// UserCut counts traced blocks whose user stack was cut short (frame
+	// pointers ended) and could not be completed from a sampled stack of
+	// the same thread; UserCompleted those that were (trace mode only).
+	UserCut       int64 `json:"user_cut_blocks,omitempty"`
+	UserCompleted int64 `json:"user_completed_blocks,omitempty"`
+	// Source is where sampling read the threads: "bpf_iter" (the BPF
+	// task iterator) or "proc" (the /proc files).
+	Source string `json:"source,omitempty"`
 }
 
 // FoldOptions choose what goes into folded stacks.

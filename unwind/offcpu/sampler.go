@@ -105,6 +105,8 @@ type entry struct {
 	userProc *unwind.Process // names user
 	userErr  string
 	samples  int64
+	names    []string // user, named (trace completion)
+	kraw     bool     // kstack holds raw addresses (task iterator), not /proc text
 }
 
 // Sampler collects off-CPU stacks by periodic reads of /proc. It is not
@@ -135,6 +137,14 @@ type Sampler struct {
 	dirBuf, readBuf, stackBuf, key []byte
 	pids, tids                     []int
 	frames                         []userFrame
+
+	// iter reads every task in one pass when BPF allows it (iter.go);
+	// nil: the /proc files.
+	iter *taskIter
+
+	// The threads each stack was seen in, kept for Tracer.CompleteFrom.
+	byThread map[int][]*entry
+	seen     map[threadEntry]bool
 }
 
 // NewSampler returns a sampler for threads selected by o. period is the
@@ -165,6 +175,7 @@ func NewSampler(o Options, period time.Duration) (*Sampler, error) {
 	if err := s.opts.resolve(); err != nil {
 		return nil, err
 	}
+	s.iter, _ = newTaskIter(s.opts) // else /proc
 	return s, nil
 }
 
@@ -172,6 +183,10 @@ func NewSampler(o Options, period time.Duration) (*Sampler, error) {
 func (s *Sampler) Close() error {
 	for _, t := range s.threads {
 		s.drop(t)
+	}
+	if s.iter != nil {
+		s.iter.close()
+		s.iter = nil
 	}
 	return nil
 }
@@ -184,6 +199,8 @@ func (s *Sampler) Pass() (int, error) {
 	visited := 0
 	var err error
 	switch {
+	case s.iter != nil:
+		visited, err = s.passIter()
 	case s.opts.TID != 0:
 		s.visit(s.opts.PID, s.opts.TID) // NewSampler found the PID
 		visited = 1
@@ -418,6 +435,7 @@ func (s *Sampler) sampleThread(t *thread) error {
 		s.order = append(s.order, e)
 	}
 	e.samples++
+	s.noteThread(t.tid, e)
 	if t.schedstat >= 0 {
 		t.last, t.switches = e, switches
 	}
@@ -459,10 +477,10 @@ func (s *Sampler) Profile() *Profile {
 		end = time.Now()
 	}
 	p := &Profile{Mode: "sample", Start: s.start, Duration: end.Sub(s.start), Period: s.period,
-		Passes: s.passes, Threads: s.visits, Unreadable: s.unreadable}
+		Passes: s.passes, Threads: s.visits, Unreadable: s.unreadable, Source: s.source()}
 	for _, e := range s.order {
 		st := Stack{Group: e.group, PID: e.pid, TID: e.tid, State: string(e.state),
-			Kernel: kernelFrames([]byte(e.kstack)), UserError: e.userErr, Samples: e.samples}
+			Kernel: e.kernelFrames(), UserError: e.userErr, Samples: e.samples}
 		if len(st.Kernel) > 0 {
 			// /proc/PID/stack starts after the scheduler's own frames, so
 			// its innermost frame is what get_wchan() reports.

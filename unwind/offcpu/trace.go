@@ -51,6 +51,8 @@ type Tracer struct {
 	maps   *traceMaps
 	link   link.Link
 	Attach string // "tp_btf" or "raw_tracepoint"
+	// complete, if set, completes cut user stacks (CompleteFrom).
+	complete *Sampler
 }
 
 type traceMaps struct {
@@ -462,6 +464,7 @@ func (t *Tracer) Profile() (*Profile, error) {
 		}
 		if !t.opts.KernelOnly && uid >= 0 {
 			s.User = user.framePointerNames(tgid, t.readStack(uid, stack))
+			t.finishUser(p, &s, pid)
 		}
 		p.Stacks = append(p.Stacks, s)
 	}
