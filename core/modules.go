@@ -21,7 +21,7 @@ func (k *Kernel) moduleORC(m *kernel.Module) *orc.Table {
 		ips, err1 := k.ReadBytes(ip, int(n*4))
 		ents, err2 := k.ReadBytes(un, int(n*orc.EntrySize))
 		if err1 == nil && err2 == nil {
-			t, _ = orc.Parse(ips, ip, ents)
+			t, _ = orc.ParseFormat(ips, ip, ents, k.orcFormat())
 		}
 	}
 	k.modORC[m.Addr] = t

@@ -74,7 +74,7 @@ func (k *Kernel) loadORC() (*orcTables, error) {
 	if err != nil {
 		return nil, err
 	}
-	t, err := orc.Parse(ips, ipStart, ents)
+	t, err := orc.ParseFormat(ips, ipStart, ents, k.orcFormat())
 	if err != nil {
 		return nil, err
 	}
@@ -101,7 +101,7 @@ func (k *Kernel) loadORCFromELF(path string) (*orcTables, error) {
 	if err != nil {
 		return nil, err
 	}
-	t, err := orc.Parse(ips, ipSec.Addr+k.Info.KernelOffset, ents)
+	t, err := orc.ParseFormat(ips, ipSec.Addr+k.Info.KernelOffset, ents, k.orcFormat())
 	if err != nil {
 		return nil, err
 	}
@@ -175,4 +175,19 @@ func (k *Kernel) Backtrace(t Task) (*Stack, error) {
 		out.Stop = uerr.Error()
 	}
 	return out, nil
+}
+
+// orcFormat is the ORC entry layout of the dump's kernel: from its BTF
+// when that describes struct orc_entry (a member end: the layout before
+// 6.4), else from the release.
+func (k *Kernel) orcFormat() orc.Format {
+	if t, err := k.Types(); err == nil {
+		if _, err := t.Struct("orc_entry"); err == nil {
+			if t.HasMember("orc_entry", "end") {
+				return orc.Format414
+			}
+			return orc.Format64
+		}
+	}
+	return orc.FormatOf(k.Info.OSRelease)
 }

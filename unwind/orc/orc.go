@@ -3,10 +3,11 @@
 // reading stack memory through an interface so that the same unwinder
 // serves crash dumps and live kernels.
 //
-// Kernel-version caveats: the 6-byte entry layout (sp_offset, bp_offset,
-// sp_reg:4 bp_reg:4 type:2 end:1) is that of Linux 4.14 through 6.2;
-// 6.3 added a "signal" bit and 6.4 changed the type encoding (UNDEFINED
-// became 0), which Parse does not yet understand.
+// Kernel-version caveats: entries are 6 bytes in every version, but the
+// last 16 bits changed (Format): sp_reg:4 bp_reg:4 type:2 end:1 from 4.14
+// through 6.2 (Debian's 6.1), sp_reg:4 bp_reg:4 type:3 signal:1 from 6.4
+// (Debian's 6.12), where type 0 is UNDEFINED and 1 END_OF_STACK. 6.3's
+// short-lived layout (a signal bit beside type:2 and end) is not read.
 package orc
 
 import (
@@ -34,6 +35,8 @@ const (
 )
 
 // Entry is one ORC row: how to find the caller's frame from an address.
+// Entries of every Format decode to the same form: an undefined entry
+// has SPReg RegUndefined, and End marks the outermost frame.
 type Entry struct {
 	SPOffset, BPOffset int16
 	SPReg, BPReg, Type uint8
@@ -43,17 +46,61 @@ type Entry struct {
 // EntrySize is the size of one .orc_unwind entry.
 const EntrySize = 6
 
-// DecodeEntry decodes the 6 bytes of an .orc_unwind entry.
-func DecodeEntry(b []byte) Entry {
+// Format is the bit layout of an entry's last 16 bits.
+type Format int
+
+const (
+	// Format414: sp_reg:4 bp_reg:4 type:2 end:1, types CALL 0, REGS 1,
+	// REGS_PARTIAL 2 (Linux 4.14 through 6.2).
+	Format414 Format = iota
+	// Format64: sp_reg:4 bp_reg:4 type:3 signal:1, types UNDEFINED 0,
+	// END_OF_STACK 1, CALL 2, REGS 3, REGS_PARTIAL 4 (Linux 6.4 on).
+	Format64
+)
+
+func (f Format) String() string {
+	if f == Format64 {
+		return "6.4+"
+	}
+	return "4.14-6.2"
+}
+
+// FormatOf picks the layout for a kernel release ("6.12.117+deb12-amd64"):
+// Format64 from 6.4 on. Prefer the kernel's own BTF where it describes
+// struct orc_entry (a member named end: Format414).
+func FormatOf(release string) Format {
+	var major, minor int
+	if _, err := fmt.Sscanf(release, "%d.%d", &major, &minor); err == nil && (major > 6 || major == 6 && minor >= 4) {
+		return Format64
+	}
+	return Format414
+}
+
+// DecodeEntry decodes the 6 bytes of an .orc_unwind entry of Format414.
+func DecodeEntry(b []byte) Entry { return DecodeEntryFormat(b, Format414) }
+
+// DecodeEntryFormat decodes an .orc_unwind entry of layout f.
+func DecodeEntryFormat(b []byte, f Format) Entry {
 	bits := binary.LittleEndian.Uint16(b[4:])
-	return Entry{
+	e := Entry{
 		SPOffset: int16(binary.LittleEndian.Uint16(b)),
 		BPOffset: int16(binary.LittleEndian.Uint16(b[2:])),
 		SPReg:    uint8(bits & 15),
 		BPReg:    uint8(bits >> 4 & 15),
-		Type:     uint8(bits >> 8 & 3),
-		End:      bits>>10&1 != 0,
 	}
+	if f != Format64 {
+		e.Type, e.End = uint8(bits>>8&3), bits>>10&1 != 0
+		return e
+	}
+	switch t := uint8(bits >> 8 & 7); t {
+	case 0: // UNDEFINED
+		e.SPReg = RegUndefined
+	case 1: // END_OF_STACK
+		e.SPReg, e.End = RegUndefined, true
+	default: // CALL, REGS, REGS_PARTIAL: the old encoding plus 2
+		e.Type = t - 2
+	}
+	return e
 }
 
 // Table maps instruction addresses to ORC entries. Immutable. A table
@@ -61,7 +108,8 @@ func DecodeEntry(b []byte) Entry {
 // module_finalize at load) is searched in its encoded form, so that
 // parsing a few hundred thousand entries costs one pass and no copies.
 type Table struct {
-	n int
+	n      int
+	format Format
 	// Encoded, sorted form: ip i is ipBase + 4i + int32 at rawIP[4i].
 	rawIP, rawEntries []byte
 	ipBase            uint64
@@ -77,11 +125,16 @@ var ErrCorrupt = errors.New("corrupt ORC tables")
 // to its own address; ipBase is the address of the first) and
 // .orc_unwind (one entry per ip). The table keeps the slices.
 func Parse(ipTable []byte, ipBase uint64, unwind []byte) (*Table, error) {
+	return ParseFormat(ipTable, ipBase, unwind, Format414)
+}
+
+// ParseFormat is Parse for entries of layout f.
+func ParseFormat(ipTable []byte, ipBase uint64, unwind []byte, f Format) (*Table, error) {
 	n := len(ipTable) / 4
 	if len(ipTable)%4 != 0 || len(unwind) != n*EntrySize || n == 0 {
 		return nil, fmt.Errorf("%w: %d bytes of ip table and %d of entries (want 4 and %d bytes per entry)", ErrCorrupt, len(ipTable), len(unwind), EntrySize)
 	}
-	t := &Table{n: n, rawIP: ipTable, rawEntries: unwind, ipBase: ipBase}
+	t := &Table{n: n, format: f, rawIP: ipTable, rawEntries: unwind, ipBase: ipBase}
 	for i := 1; i < n; i++ {
 		if t.rawIPAt(i) < t.rawIPAt(i-1) {
 			t.decodeSorted()
@@ -106,15 +159,18 @@ func (t *Table) entryAt(i int) Entry {
 	if t.entries != nil {
 		return t.entries[i]
 	}
-	return DecodeEntry(t.rawEntries[EntrySize*i:])
+	return DecodeEntryFormat(t.rawEntries[EntrySize*i:], t.format)
 }
+
+// Format is the entry layout the table was parsed with.
+func (t *Table) Format() Format { return t.format }
 
 // decodeSorted decodes an unsorted table and sorts it (stably, so that
 // a terminator stays before the real entry at the same address).
 func (t *Table) decodeSorted() {
 	ips, entries := make([]uint64, t.n), make([]Entry, t.n)
 	for i := range ips {
-		ips[i], entries[i] = t.rawIPAt(i), DecodeEntry(t.rawEntries[EntrySize*i:])
+		ips[i], entries[i] = t.rawIPAt(i), DecodeEntryFormat(t.rawEntries[EntrySize*i:], t.format)
 	}
 	t.ips, t.entries = ips, entries
 	sort.Stable(byIP{t})

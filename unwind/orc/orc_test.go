@@ -226,3 +226,37 @@ func TestLookupSorted(t *testing.T) {
 		t.Errorf("Range = %#x-%#x", lo, hi)
 	}
 }
+
+// The two layouts of an entry's last 16 bits, built as the kernel's
+// bitfields lay them out (little-endian, first member lowest).
+func TestDecodeEntryFormats(t *testing.T) {
+	entry := func(spReg, bpReg, rest uint16) []byte {
+		b := []byte{0x10, 0x00, 0xf0, 0xff, 0, 0} // sp_offset 16, bp_offset -16
+		binary.LittleEndian.PutUint16(b[4:], spReg|bpReg<<4|rest<<8)
+		return b
+	}
+	for _, c := range []struct {
+		name string
+		b    []byte
+		f    Format
+		want Entry
+	}{
+		{"4.14 call", entry(RegSP, RegPrevSP, 0), Format414, Entry{SPOffset: 16, BPOffset: -16, SPReg: RegSP, BPReg: RegPrevSP, Type: TypeCall}},
+		{"4.14 regs", entry(RegSP, 0, 1), Format414, Entry{SPOffset: 16, BPOffset: -16, SPReg: RegSP, Type: TypeRegs}},
+		{"4.14 end", entry(RegUndefined, 0, 1<<2), Format414, Entry{SPOffset: 16, BPOffset: -16, SPReg: RegUndefined, End: true}},
+		{"6.4 undefined", entry(RegSP, 0, 0), Format64, Entry{SPOffset: 16, BPOffset: -16, SPReg: RegUndefined}},
+		{"6.4 end of stack", entry(RegUndefined, 0, 1), Format64, Entry{SPOffset: 16, BPOffset: -16, SPReg: RegUndefined, End: true}},
+		{"6.4 call", entry(RegBP, RegPrevSP, 2), Format64, Entry{SPOffset: 16, BPOffset: -16, SPReg: RegBP, BPReg: RegPrevSP, Type: TypeCall}},
+		{"6.4 regs, signal", entry(RegSP, 0, 3|1<<3), Format64, Entry{SPOffset: 16, BPOffset: -16, SPReg: RegSP, Type: TypeRegs}},
+		{"6.4 regs partial", entry(RegSP, 0, 4), Format64, Entry{SPOffset: 16, BPOffset: -16, SPReg: RegSP, Type: TypeRegsPartial}},
+	} {
+		if got := DecodeEntryFormat(c.b, c.f); got != c.want {
+			t.Errorf("%s: %+v, want %+v", c.name, got, c.want)
+		}
+	}
+	for rel, want := range map[string]Format{"6.1.0-56-amd64": Format414, "6.3.0": Format414, "6.4.0": Format64, "6.12.117+deb12-amd64": Format64, "7.0": Format64, "4.19.0": Format414, "junk": Format414} {
+		if got := FormatOf(rel); got != want {
+			t.Errorf("FormatOf(%q) = %v, want %v", rel, got, want)
+		}
+	}
+}
