@@ -32,7 +32,11 @@ type layout struct {
 	// struct page
 	pageSize                                        uint32
 	pageFlags, compoundHead, pageRefcount, pageType field
-	pgSlab                                          uint64
+	// Which struct pages head slabs: the PG_slab flag up to 6.9, then a
+	// page type (6.10, 6.11: the PG_slab bit of page_type clear under
+	// PAGE_TYPE_BASE; 6.12 on: page_type>>24 == PGTY_slab).
+	slabBy           slabMark
+	pgSlab, typeBase uint64
 	// struct list_head
 	listNext field
 	// struct kernfs_node, for the aliases sysfs shows
@@ -107,8 +111,17 @@ func newLayout(spec *btf.Spec) (*layout, error) {
 	l.pageRefcount = lb.Need("page", "_refcount.counter", "_refcount")
 	l.pageType = lb.Opt("page", "page_type")
 	var ok bool
-	if l.pgSlab, ok = btflayout.EnumValue(spec, "pageflags", "PG_slab"); !ok {
-		lb.Fail(errors.New("enum pageflags has no PG_slab"))
+	if l.pgSlab, ok = btflayout.EnumValue(spec, "pageflags", "PG_slab"); ok {
+		l.slabBy = slabByFlag
+	} else if l.pgSlab, ok = btflayout.EnumValue(spec, "pagetype", "PGTY_slab"); ok && l.pageType.OK {
+		l.slabBy = slabByType
+	} else if l.pgSlab, ok = btflayout.EnumValue(spec, "pagetype", "PG_slab"); ok && l.pageType.OK {
+		l.slabBy = slabByTypeBit
+		if l.typeBase, ok = btflayout.EnumValue(spec, "pagetype", "PAGE_TYPE_BASE"); !ok {
+			l.typeBase = 0xf0000000
+		}
+	} else {
+		lb.Fail(errors.New("neither enum pageflags' PG_slab nor enum pagetype's PGTY_slab (with page.page_type) says which pages are slabs"))
 	}
 	l.listNext = lb.Need("list_head", "next")
 
@@ -147,4 +160,25 @@ func newLayout(spec *btf.Spec) (*layout, error) {
 func (l *layout) aliasesKnown() bool {
 	return l.kobjSD.OK && l.knParent.OK && l.knName.OK && l.knRB.OK && l.knChildren.OK &&
 		l.knTarget.OK && l.knFlags.OK && l.rbLeft.OK && l.rbRight.OK && l.rbRoot.OK && l.kernfsLink != 0
+}
+
+// slabMark is how a struct page says it heads a slab.
+type slabMark uint8
+
+const (
+	slabByFlag    slabMark = iota // PG_slab in page.flags (up to 6.9)
+	slabByTypeBit                 // page_type & (PAGE_TYPE_BASE|PG_slab) == PAGE_TYPE_BASE (6.10, 6.11)
+	slabByType                    // page_type>>24 == PGTY_slab (6.12 on)
+)
+
+// isSlab reports whether the struct page in b heads a slab (the compound
+// head test is the caller's).
+func (l *layout) isSlab(b []byte) bool {
+	switch l.slabBy {
+	case slabByType:
+		return l.pageType.U64(b)>>24&0xff == l.pgSlab
+	case slabByTypeBit:
+		return l.pageType.U64(b)&(l.typeBase|l.pgSlab) == l.typeBase
+	}
+	return l.pageFlags.U64(b)&(1<<l.pgSlab) != 0
 }

@@ -47,7 +47,7 @@ func (h *Heap) PageAt(addr uint64) (Page, error) {
 		}
 	}
 	pg.Flags = l.pageFlags.U64(b)
-	pg.Slab = pg.Flags&(1<<l.pgSlab) != 0
+	pg.Slab = l.isSlab(b)
 	pg.Free = l.pageRefcount.U64(b) == 0
 	return pg, nil
 }

@@ -86,7 +86,7 @@ func (h *Heap) scanSlow(pfn, n uint64) {
 // scanPage takes a struct page that heads a slab.
 func (h *Heap) scanPage(pfn uint64, b []byte) {
 	l := h.l
-	if l.pageFlags.U64(b)&(1<<l.pgSlab) == 0 || l.compoundHead.U64(b)&1 != 0 {
+	if !l.isSlab(b) || l.compoundHead.U64(b)&1 != 0 {
 		return
 	}
 	addr := h.Vmemmap + pfn*uint64(l.pageSize)
