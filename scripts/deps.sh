@@ -7,7 +7,7 @@ set -euo pipefail
 # lcov: genhtml renders the coverage tracefiles in the tests (they skip without it).
 # librsvg2-bin and nodejs: the flame graph tests rasterise the SVG and run
 # its script (they skip without them).
-pkgs=(qemu-system-x86 busybox-static cpio make gcc binutils kmod xz-utils makedumpfile crash lcov librsvg2-bin nodejs)
+pkgs=(qemu-system-x86 busybox-static cpio make gcc binutils kmod xz-utils zstd makedumpfile crash lcov librsvg2-bin nodejs)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
