@@ -231,3 +231,16 @@ func TestModuleOrderBuiltinAndCompressed(t *testing.T) {
 		t.Errorf("missing module: %v", err)
 	}
 }
+
+func TestWholeELF(t *testing.T) {
+	self, err := os.ReadFile("/proc/self/exe")
+	if err != nil {
+		t.Skip(err)
+	}
+	if !wholeELF(self) {
+		t.Fatal("the test binary is not a whole ELF")
+	}
+	if wholeELF(self[:len(self)-1]) || wholeELF(self[:len(self)/2]) || wholeELF(nil) || wholeELF([]byte("not an elf at all, not at all, not at all, not at all, really.")) {
+		t.Error("a cut ELF passed")
+	}
+}

@@ -27,7 +27,12 @@ func TestParseVMCoreInfo(t *testing.T) {
 		v.Raw["PAGESIZE"] != "4096" {
 		t.Errorf("%+v", v)
 	}
-	for _, bad := range []string{"SYMBOL(x)=zz\n", "no equals sign\n", "NUMBER(n)=1.5\n", "KERNELOFFSET=q\n"} {
+	// 6.12 writes some numbers as 0x-prefixed addresses.
+	v, err = ParseVMCoreInfo("NUMBER(VMALLOC_START)=0xffffd10240000000\nNUMBER(VMEMMAP_START)=0xffffe60000000000\n")
+	if err != nil || uint64(v.Numbers["VMALLOC_START"]) != 0xffffd10240000000 || uint64(v.Numbers["VMEMMAP_START"]) != 0xffffe60000000000 {
+		t.Errorf("hex NUMBER: %v %+v", err, v)
+	}
+	for _, bad := range []string{"SYMBOL(x)=zz\n", "no equals sign\n", "NUMBER(n)=1.5\n", "NUMBER(n)=0xzz\n", "KERNELOFFSET=q\n"} {
 		if _, err := ParseVMCoreInfo(bad); err == nil {
 			t.Errorf("%q parsed", bad)
 		}

@@ -50,7 +50,7 @@ func ParseVMCoreInfo(text string) (*VMCoreInfo, error) {
 			case "LENGTH":
 				v.Lengths[name], err = strconv.ParseInt(val, 10, 64)
 			case "NUMBER":
-				v.Numbers[name], err = strconv.ParseInt(val, 10, 64)
+				v.Numbers[name], err = parseNumber(val)
 			}
 			if err != nil {
 				return nil, fmt.Errorf("VMCOREINFO line %d: %s: %w", i+1, key, err)
@@ -91,4 +91,16 @@ func (v *VMCoreInfo) Offset(name string) (int64, error) {
 		return 0, &MissingError{What: "OFFSET(" + name + ")", Where: "VMCOREINFO"}
 	}
 	return o, nil
+}
+
+// parseNumber reads a NUMBER() value: decimal, possibly negative ("%ld"),
+// or hexadecimal with 0x, which 6.12's x86 code writes for addresses such
+// as NUMBER(VMALLOC_START)=0xffffd10240000000 (kept as the two's
+// complement int64 of the address).
+func parseNumber(s string) (int64, error) {
+	if h, ok := strings.CutPrefix(s, "0x"); ok {
+		u, err := strconv.ParseUint(h, 16, 64)
+		return int64(u), err
+	}
+	return strconv.ParseInt(s, 10, 64)
 }
