@@ -16,8 +16,8 @@ import (
 // Kernel-version caveats, decided by what BTF has rather than by version
 // number: the module's text is core_layout.{base,size,text_size} before
 // 6.4 and mem[MOD_TEXT].{base,size} from 6.4 (then Size is the text's
-// size: data and rodata have ranges of their own, which this layout does
-// not follow). The tables' and ORC's fields exist only with the options
+// size, and data, rodata and ro_after_init have ranges of their own:
+// Other). The tables' and ORC's fields exist only with the options
 // that make them (jump labels, inline static calls, the ORC unwinder);
 // a Field of Size 0 means absent.
 type ModuleLayout struct {
@@ -27,6 +27,9 @@ type ModuleLayout struct {
 	// The module's core text: Base, Size of the core memory, TextSize of
 	// its text at the start of it.
 	Base, Size, TextSize Field
+	// From 6.4: mem[MOD_DATA], mem[MOD_RODATA], mem[MOD_RO_AFTER_INIT]
+	// {base, size}, where a module's data symbols lie.
+	Other [][2]Field
 
 	ExTable, NumExTable                 Field
 	JumpEntries, NumJumpEntries         Field
@@ -71,6 +74,16 @@ func ModuleLayoutFromBTF(t *Types) (*ModuleLayout, error) {
 		need(&l.Base, "module", mem+".base", 8)
 		need(&l.Size, "module", mem+".size", 0)
 		l.TextSize = l.Size
+		for _, kind := range []string{"MOD_DATA", "MOD_RODATA", "MOD_RO_AFTER_INIT"} {
+			if v, err := t.EnumValue("mod_mem_type", kind); err == nil {
+				var b, s Field
+				opt(&b, "module", fmt.Sprintf("mem[%d].base", v), 8)
+				opt(&s, "module", fmt.Sprintf("mem[%d].size", v), 0)
+				if b.Size != 0 && s.Size != 0 {
+					l.Other = append(l.Other, [2]Field{b, s})
+				}
+			}
+		}
 	default:
 		errs = append(errs, &LayoutError{Type: "module", Member: "core_layout (before 6.4) or mem (6.4 on)", Err: ErrNoMember})
 	}
@@ -105,6 +118,9 @@ func (l *ModuleLayout) structSize() uint32 {
 		l.ORCUnwind, l.Kallsyms} {
 		n = max(n, f.Off+f.Size)
 	}
+	for _, o := range l.Other {
+		n = max(n, o[0].Off+o[0].Size, o[1].Off+o[1].Size)
+	}
 	return n
 }
 
@@ -117,6 +133,9 @@ type Module struct {
 	Base     uint64 // its core text (see ModuleLayout)
 	Size     uint64
 	TextSize uint64
+	// Other holds the module's data ranges kept apart from its text
+	// (6.4 on): {base, size} each.
+	Other [][2]uint64
 
 	ExTable, JumpEntries, StaticCallSites Table
 
@@ -134,7 +153,19 @@ type Table struct {
 }
 
 // Contains reports whether addr is in the module's core memory.
-func (m *Module) Contains(addr uint64) bool { return addr >= m.Base && addr-m.Base < m.Size }
+// Contains reports whether addr lies in the module's core memory: its
+// text, or (6.4 on) one of its data ranges.
+func (m *Module) Contains(addr uint64) bool {
+	if addr >= m.Base && addr-m.Base < m.Size {
+		return true
+	}
+	for _, o := range m.Other {
+		if addr >= o[0] && addr-o[0] < o[1] {
+			return true
+		}
+	}
+	return false
+}
 
 // Bounds on a walk, so that a corrupt or racing list cannot make it run
 // away.
@@ -216,6 +247,11 @@ func ReadModules(r Reader, head uint64, l *ModuleLayout) ([]*Module, error) {
 			JumpEntries:     Table{uintAt(buf, l.JumpEntries), intAt(buf, l.NumJumpEntries)},
 			StaticCallSites: Table{uintAt(buf, l.StaticCallSites), intAt(buf, l.NumStaticCallSites)},
 			kallsyms:        uintAt(buf, l.Kallsyms),
+		}
+		for _, o := range l.Other {
+			if b, s := uintAt(buf, o[0]), uintAt(buf, o[1]); b != 0 && s != 0 {
+				m.Other = append(m.Other, [2]uint64{b, s})
+			}
 		}
 		m.ORC.Count, m.ORC.IP, m.ORC.Unwind = uintAt(buf, l.NumORCs), uintAt(buf, l.ORCUnwindIP), uintAt(buf, l.ORCUnwind)
 		mods = append(mods, m)

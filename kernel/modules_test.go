@@ -132,6 +132,19 @@ func TestReadModules(t *testing.T) {
 		t.Errorf("symbols %+v, want %+v", syms, want)
 	}
 
+	// With mem[MOD_DATA] set (6.4 on: data apart from text), the data
+	// symbol in it is the module's too.
+	b := module("evdev", 0, mod2+8, text, 0x2000, ks)
+	le.PutUint64(b[96:], text+0x8000) // mem[MOD_DATA]
+	le.PutUint32(b[104:], 0x2000)
+	mem[mod1] = b
+	if mods, err = ReadModules(mem, head, l); err != nil || len(mods[0].Other) != 1 {
+		t.Fatalf("modules with a data range: %v %+v", err, mods)
+	}
+	if syms, err = ReadModuleSymbols(mem, mods[0], l); err != nil || len(syms) != 3 || syms[2] != (Symbol{text + 0x9000, 'd', "evdev_x", "evdev"}) {
+		t.Errorf("symbols with a data range: %v %+v", err, syms)
+	}
+
 	// A list that runs into a null pointer, or loops without coming back
 	// to its head, is an error, not a hang.
 	mem[mod2] = module("coming", 3, 0, 0, 0, 0)

@@ -305,11 +305,12 @@ func (p *Program) modules(g *generation) ([]*Module, error) {
 	})
 }
 
-// ModuleAt returns the module whose core memory holds addr, or nil.
+// ModuleAt returns the module whose core text range (see ModuleLayout)
+// holds addr, or nil.
 func (p *Program) ModuleAt(addr uint64) *Module {
 	mods, _ := p.Modules()
 	i := sort.Search(len(mods), func(i int) bool { return mods[i].Base+mods[i].Size > addr })
-	if i < len(mods) && mods[i].Contains(addr) {
+	if i < len(mods) && addr >= mods[i].Base {
 		return mods[i]
 	}
 	return nil

@@ -149,6 +149,11 @@ func checkCrashKmem(t *testing.T, path string, sl *slabsJSON) {
 	if err != nil {
 		t.Skip("crash is not installed (apt-get install crash)")
 	}
+	if rel := guest.KernelRelease(); !strings.HasPrefix(rel, "6.1.") {
+		// Seen: crash 8.0.2 calls a 6.12 dump and its own debug vmlinux
+		// "do not match" (its banner and layout readers predate 6.12).
+		t.Skipf("Debian 12's crash 8.0.2 does not read %s dumps", rel)
+	}
 	vmlinux := guest.DebugVmlinux(t)
 	cmds := filepath.Join(t.TempDir(), "cmds")
 	os.WriteFile(cmds, []byte("kmem -s\nquit\n"), 0o600)

@@ -461,7 +461,8 @@ func checkBacktraceAll(t *testing.T, path string, g *guestState) {
 		// Kernel threads start at ret_from_fork, CPUs at their startup code;
 		// a user task entered by a syscall or by an interrupt or exception
 		// (a preempted user loop) has the user-mode pt_regs there.
-		if !regexp.MustCompile(`^(ret_from_fork|entry_SYSCALL_64_after_hwframe|secondary_startup_64_no_verify|start_kernel|asm_(sysvec_\w+|common_interrupt|exc_\w+))$`).MatchString(k) {
+		// (6.12: ret_from_fork_asm, and common_startup_64 for the CPUs.)
+		if !regexp.MustCompile(`^(ret_from_fork|ret_from_fork_asm|entry_SYSCALL_64_after_hwframe|secondary_startup_64_no_verify|common_startup_64|start_kernel|asm_(sysvec_\w+|common_interrupt|exc_\w+))$`).MatchString(k) {
 			t.Errorf("%d stacks end in %s, not at an outermost kernel frame", outer[k], k)
 		}
 	}
