@@ -117,7 +117,7 @@ func (k *Kernel) Tasks() ([]Task, error) {
 		seen[addr] = true
 		t, err := k.readTask(l, addr)
 		if err != nil {
-			return tolerate(err)
+			return err
 		}
 		if cpu, ok := current[addr]; ok {
 			t.Active, t.CPU = true, cpu
@@ -127,7 +127,7 @@ func (k *Kernel) Tasks() ([]Task, error) {
 	}
 	err = k.walkList(initTask+l.tasks, l.tasks, func(leader uint64) error {
 		if err := add(leader); err != nil {
-			return err
+			return tolerate(err)
 		}
 		sig, err := k.ReadU64(leader + l.signal)
 		if err != nil || sig == 0 {
@@ -150,7 +150,7 @@ func (k *Kernel) Tasks() ([]Task, error) {
 			if addr == 0 {
 				continue
 			}
-			if err := add(addr); err != nil {
+			if err := tolerate(add(addr)); err != nil {
 				return out, err
 			}
 		}
