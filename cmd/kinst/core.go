@@ -13,7 +13,8 @@ import (
 )
 
 const coreHelp = `Postmortem analysis of a kernel crash dump (ELF vmcore from QEMU
-dump-guest-memory or kdump, kdump-compressed, FreeBSD minidump), with
+dump-guest-memory or kdump, kdump-compressed, FreeBSD minidump, or the
+running kernel's /proc/kcore), with
 symbols, types and unwind tables taken from the dump itself.
 
 Commands:
@@ -45,8 +46,9 @@ Commands:
   istype ADDR TYPE
                   typegraph with the object at ADDR set to struct TYPE by
                   hand: how many more objects the graph then types (with
-                  --graph-file: reprocessed from that object alone, on the
-                  saved graph, which is written back)
+                  --graph-file: on the saved graph, propagating from that
+                  object and rerunning the later passes over the untyped
+                  objects only; the graph is written back)
   findlocks       held mutexes, rwsems and spinlocks in typed memory,
                   with the owner task and the waiters
   findfalse       arrays of structs smaller than a cache line holding a
@@ -63,7 +65,7 @@ heap it was built on (VMCOREINFO, BTF, every slab and which objects are
 free). A second typegraph, whattype, findlocks or findfalse loads it
 instead of running the passes (the slabs are walked again to check the
 identity); a file of another dump, or a damaged one, is refused and left
-as it is.
+as it is. A live kernel's heap moves: it has no saved graph.
 
 The running kernel: DUMP /proc/kcore, or --live and no DUMP, reads the
 live system's memory (as root; Linux 4.19+, whose kcore carries

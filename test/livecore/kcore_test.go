@@ -95,6 +95,68 @@ sleep 0.5; cat /tmp/kinst-kcore.pid`)))
 		t.Logf("typegraph: %d objects, %d typed, %d by their cache", tg.Objects, tg.Typed, tg.ByCache)
 	})
 	t.Run("findlocks", func(t *testing.T) { checkLiveFindLocks(t, ctx, gk) })
+	t.Run("log", func(t *testing.T) {
+		var lg struct {
+			Records []struct {
+				Text string `json:"text"`
+			} `json:"records"`
+		}
+		gsh(t, ctx, "echo kinst-kcore-marker > /dev/kmsg")
+		if err := json.Unmarshal(gk(t, "log", "--json"), &lg); err != nil {
+			t.Fatal(err)
+		}
+		dmesg := strings.Split(strings.TrimSpace(gsh(t, ctx, "dmesg")), "\n")
+		found := false
+		for _, r := range lg.Records {
+			found = found || r.Text == "kinst-kcore-marker"
+		}
+		if !found || len(lg.Records) < len(dmesg)-5 {
+			t.Errorf("log: %d records (marker found: %v); dmesg has %d lines", len(lg.Records), found, len(dmesg))
+		}
+	})
+	t.Run("sym", func(t *testing.T) {
+		var sy struct {
+			Address string `json:"address"`
+		}
+		if err := json.Unmarshal(gk(t, "sym", "jiffies_64", "--json"), &sy); err != nil {
+			t.Fatal(err)
+		}
+		want := strings.Fields(gsh(t, ctx, "grep ' jiffies_64$' /proc/kallsyms"))
+		if len(want) < 3 || sy.Address != "0x"+strings.TrimLeft(want[0], "0") {
+			t.Errorf("sym jiffies_64: %s; /proc/kallsyms: %q", sy.Address, want)
+		}
+	})
+	t.Run("findfalse", func(t *testing.T) {
+		var ff struct {
+			Arrays []struct {
+				ElementSize int    `json:"element_size"`
+				TotalSize   int    `json:"total_size"`
+				Primitive   string `json:"primitive"`
+			} `json:"arrays"`
+		}
+		if err := json.Unmarshal(gk(t, "findfalse", "--json"), &ff); err != nil {
+			t.Fatal(err)
+		}
+		// The seed's criteria, each entry: elements smaller than a
+		// cache line, the array larger than one, a primitive inside.
+		for _, a := range ff.Arrays {
+			if a.ElementSize >= 64 || a.TotalSize <= 64 || a.Primitive == "" {
+				t.Errorf("findfalse entry %+v breaks the criteria", a)
+			}
+		}
+		// The arrays are static structures: a dump of the guest taken
+		// right after lists as many (Debian's 6.1 has none at all).
+		var fd struct {
+			Arrays []json.RawMessage `json:"arrays"`
+		}
+		if err := json.Unmarshal(kinst(t, "core", dumpGuest(t, "findfalse.elf", "elf"), "findfalse", "--json"), &fd); err != nil {
+			t.Fatal(err)
+		}
+		if len(fd.Arrays) != len(ff.Arrays) {
+			t.Errorf("findfalse: %d arrays live, %d in a dump taken after", len(ff.Arrays), len(fd.Arrays))
+		}
+		t.Logf("findfalse: %d arrays live, as in a dump", len(ff.Arrays))
+	})
 }
 
 // checkLivePS: the tasks /proc lists before and after kinst reads the
