@@ -158,6 +158,11 @@ func CoreInfoReport(k *core.Kernel, asJSON bool, w io.Writer) error {
 		if c.PID >= 0 {
 			who = fmt.Sprintf("%d (%s)", c.PID, c.Comm)
 		}
+		if k.Live() {
+			// kcore records no registers: only the task is known.
+			fmt.Fprintf(w, "  cpu %d: task %s (live: registers not in /proc/kcore)\n", c.CPU, who)
+			continue
+		}
 		fmt.Fprintf(w, "  cpu %d: task %s at %s %s\n", c.CPU, who, c.RIP, c.Function)
 	}
 	for _, e := range inf.Errors {
