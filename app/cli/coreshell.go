@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
@@ -52,6 +53,9 @@ func CoreShell(k *core.Kernel, holdOut []string, graphFile string, in io.Reader,
 		r := g.Report()
 		fmt.Fprintf(w, "type graph %s in %.2fs: %d objects, %d typed; type help\n", how, time.Since(start).Seconds(), r.Objects, r.Typed)
 	}
+	// One JSON value a line, so that a program can read answer by answer.
+	enc := json.NewEncoder(w)
+	writeJSON := func(w io.Writer, v any) error { return enc.Encode(v) }
 	fail := func(err error) {
 		if asJSON {
 			writeJSON(w, map[string]string{"error": err.Error()})
@@ -123,7 +127,11 @@ func CoreShell(k *core.Kernel, holdOut []string, graphFile string, in io.Reader,
 				fmt.Fprintf(w, "greatest reach: %s (%s), %d untyped objects reachable from it\n", r.Object, r.Cache, r.Reach)
 			}
 		case cmd == "typegraph" && len(args) == 0:
-			printTypeGraph(g, nil, 0, time.Now(), asJSON, w)
+			if asJSON {
+				writeJSON(w, g.Report())
+			} else {
+				printTypeGraph(g, nil, 0, time.Now(), false, w)
+			}
 		case cmd == "save" && len(args) == 1:
 			if err := saveGraph(k, g, args[0]); err != nil {
 				fail(err)

@@ -211,3 +211,30 @@ func TestKcorePath(t *testing.T) {
 	}
 	var _ io.ReaderAt = efaultAt{}
 }
+
+// FuzzKcore: no header makes OpenKcore or ReadPhys panic or allocate
+// without bound; what opens reads within its ranges or says why not.
+func FuzzKcore(f *testing.F) {
+	vmci := note("VMCOREINFO", 0, []byte("OSRELEASE=x\n"))
+	f.Add(buildKcore(vmci, []kseg{
+		{vaddr: 0xffff888000100000, paddr: 0x100000, off: 0x1000, data: fill(0x2000, 1)},
+		{vaddr: 0xffffc90000000000, paddr: noPaddr, off: 0x3000, data: fill(0x1000, 2)},
+	}))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if len(b) > 1<<20 {
+			return
+		}
+		k, err := OpenKcore(bytes.NewReader(b), nil, 2)
+		if err != nil {
+			return
+		}
+		buf := make([]byte, 64)
+		for _, r := range k.PhysRanges() {
+			if r.End <= r.Start {
+				t.Fatalf("range %x", r)
+			}
+			k.ReadPhys(buf, r.Start)
+			k.ReadPhys(buf, r.End-1)
+		}
+	})
+}

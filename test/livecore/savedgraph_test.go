@@ -71,6 +71,28 @@ func TestSavedGraph(t *testing.T) {
 	if w.Type == nil || *w.Type != "sock" || w.Source == nil || *w.Source != "istype" {
 		t.Errorf("whattype %s with the saved graph: %+v", obj, w)
 	}
+	// The shell, on the saved graph: one JSON value a line per command.
+	sh := exec.Command(filepath.Join(bin, "kinst"), "core", path, "shell", "--graph-file", g, "--json")
+	sh.Stdin = strings.NewReader("whattype " + obj + "\nreach\nbogus\nquit\nwhattype " + obj + "\n")
+	so, err := sh.Output()
+	if err != nil {
+		t.Fatalf("shell: %v\n%s", err, so)
+	}
+	lines := strings.Split(strings.TrimSpace(string(so)), "\n")
+	var sw whatJSON
+	var reach struct {
+		GreatestReach *struct {
+			Object string `json:"object"`
+		} `json:"greatest_reach"`
+	}
+	var bad struct{ Error string }
+	if len(lines) != 3 || json.Unmarshal([]byte(lines[0]), &sw) != nil || json.Unmarshal([]byte(lines[1]), &reach) != nil ||
+		json.Unmarshal([]byte(lines[2]), &bad) != nil {
+		t.Fatalf("shell output: %s", so)
+	}
+	if sw.Type == nil || *sw.Type != "sock" || reach.GreatestReach == nil || reach.GreatestReach.Object == obj || bad.Error == "" {
+		t.Errorf("shell: whattype %+v, reach %+v, bogus %+v", sw, reach.GreatestReach, bad)
+	}
 	// Another dump: the guest has run a command since.
 	gsh(t, t.Context(), "ls / > /dev/null")
 	other := dumpGuest(t, "savedgraph2.elf", "elf")
