@@ -38,6 +38,9 @@ type CoreCPUInfo struct {
 // CoreTasks is `kinst core DUMP ps --json`.
 type CoreTasks struct {
 	Tasks []CoreTask `json:"tasks"`
+	// Anomalies: on a live system (/proc/kcore), the lists or tasks that
+	// changed while they were read and were skipped.
+	Anomalies []string `json:"anomalies,omitempty"`
 }
 
 // CoreTask is one task of the dump.

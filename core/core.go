@@ -21,6 +21,10 @@ import (
 	"github.com/kinst/kinst/unwind/orc"
 )
 
+// LiveBTF is the running kernel's BTF, which a live kernel's view
+// (/proc/kcore) falls back on when the BTF in its memory cannot be read.
+const LiveBTF = "/sys/kernel/btf/vmlinux"
+
 // Options selects alternative sources of types and unwind tables.
 type Options struct {
 	// BTF is a raw BTF file or an ELF (vmlinux) with a .BTF section, used
@@ -40,9 +44,15 @@ type Kernel struct {
 
 	orc loadOnce[*orcTables]
 
-	modMu  sync.Mutex
-	modORC map[uint64]*orc.Table // by struct module address; nil: none
+	modMu       sync.Mutex
+	modORC      map[uint64]*orc.Table // by struct module address; nil: none
+	taskSkipped []string              // live: what the last Tasks skipped
 }
+
+// Live says whether the kernel is the running system's (/proc/kcore):
+// its memory changes while it is read, and its CPUs' registers are not
+// known.
+func (k *Kernel) Live() bool { return dump.IsLive(k.Dump) }
 
 // loadOnce computes a value on first use and keeps it, error included:
 // the dump does not change, so a second attempt would fail the same way.
@@ -82,7 +92,12 @@ func New(d dump.Dump, o Options) (*Kernel, error) {
 	if _, ok := d.(*dump.Minidump); ok {
 		return nil, fmt.Errorf("a FreeBSD minidump has no Linux kernel view: open it with OpenFreeBSD")
 	}
-	v, err := dumpview.New(d, dumpview.Options{BTF: o.BTF, Vmlinux: o.Vmlinux})
+	vo := dumpview.Options{BTF: o.BTF, Vmlinux: o.Vmlinux}
+	if dump.IsLive(d) {
+		// The running kernel's own BTF, if its memory's cannot be read.
+		vo.FallbackBTF = LiveBTF
+	}
+	v, err := dumpview.New(d, vo)
 	if err != nil {
 		return nil, err
 	}

@@ -128,6 +128,10 @@ func (k *Kernel) Backtrace(t Task) (*Stack, error) {
 		return nil, err
 	}
 	var st orc.State
+	if t.Active && k.Live() {
+		// Its saved thread.sp is from its last switch: stale.
+		return &Stack{Task: t, Frames: []Frame{}, Stop: fmt.Sprintf("running on cpu %d when read: a live system's CPU registers are not in /proc/kcore", t.CPU)}, nil
+	}
 	if t.Active && t.CPU < len(k.Dump.CPUs()) {
 		r := k.Dump.CPUs()[t.CPU].Regs
 		st = orc.State{IP: r.RIP, SP: r.RSP, BP: r.RBP, Signal: true,

@@ -96,6 +96,20 @@ func (k *Kernel) Tasks() ([]Task, error) {
 	current := k.currentTasks()
 	var out []Task
 	seen := map[uint64]bool{}
+	live := k.Live()
+	var skipped []string
+	// tolerate: on a live system a task that exits while the lists are
+	// walked leaves a list that no longer leads back to its head, or a
+	// task_struct being freed; that item is skipped and said, the walk
+	// goes on. A dump does not change, so there it is an error.
+	tolerate := func(err error) error {
+		if err == nil || !live {
+			return err
+		}
+		skipped = append(skipped, err.Error())
+		return nil
+	}
+	defer func() { k.setTaskAnomalies(skipped) }()
 	add := func(addr uint64) error {
 		if seen[addr] {
 			return nil
@@ -113,15 +127,15 @@ func (k *Kernel) Tasks() ([]Task, error) {
 	}
 	err = k.walkList(initTask+l.tasks, l.tasks, func(leader uint64) error {
 		if err := add(leader); err != nil {
-			return err
+			return tolerate(err)
 		}
 		sig, err := k.ReadU64(leader + l.signal)
 		if err != nil || sig == 0 {
 			return nil // a task being torn down
 		}
-		return k.walkList(sig+l.threadHead, l.threadNode, add)
+		return tolerate(k.walkList(sig+l.threadHead, l.threadNode, add))
 	})
-	if err != nil {
+	if err = tolerate(err); err != nil {
 		return out, err
 	}
 	if !seen[initTask] {
@@ -136,12 +150,27 @@ func (k *Kernel) Tasks() ([]Task, error) {
 			if addr == 0 {
 				continue
 			}
-			if err := add(addr); err != nil {
+			if err := tolerate(add(addr)); err != nil {
 				return out, err
 			}
 		}
 	}
 	return out, nil
+}
+
+// TaskAnomalies lists what the last Tasks skipped on a live system: a
+// list cut while it was walked, a task_struct that could not be read.
+// Empty for a dump.
+func (k *Kernel) TaskAnomalies() []string {
+	k.modMu.Lock()
+	defer k.modMu.Unlock()
+	return k.taskSkipped
+}
+
+func (k *Kernel) setTaskAnomalies(s []string) {
+	k.modMu.Lock()
+	defer k.modMu.Unlock()
+	k.taskSkipped = s
 }
 
 // walkList walks a list_head list of at most maxTasks entries.

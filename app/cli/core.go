@@ -30,6 +30,11 @@ type CoreRequest struct {
 	HoldOut  []string     // typegraph, istype: caches treated as untyped
 	TypeName string       // istype: the struct the object at Arg is
 	Graph    bool         // whattype: type an object its cache does not by the type graph
+	// GraphFile: a saved type graph, loaded instead of built when it is
+	// this dump's, written when missing (typegraph, istype, whattype,
+	// findlocks, findfalse, shell).
+	GraphFile string
+	In        io.Reader // shell: the commands
 }
 
 // Core opens the dump, decides from its format which kernel it came
@@ -71,15 +76,17 @@ func Core(req CoreRequest, w io.Writer) error {
 	case "slabs":
 		return CoreSlabsReport(k, req.JSON, w)
 	case "whattype":
-		return CoreWhatType(k, req.Arg, req.Graph, req.JSON, w)
+		return CoreWhatType(k, req.Arg, req.Graph, req.GraphFile, req.JSON, w)
 	case "typegraph":
-		return CoreTypeGraph(k, req.HoldOut, nil, req.JSON, w)
+		return CoreTypeGraph(k, req.HoldOut, nil, req.GraphFile, req.JSON, w)
 	case "istype":
-		return CoreTypeGraph(k, req.HoldOut, []string{req.Arg, req.TypeName}, req.JSON, w)
+		return CoreTypeGraph(k, req.HoldOut, []string{req.Arg, req.TypeName}, req.GraphFile, req.JSON, w)
 	case "findlocks":
-		return CoreFindLocks(k, req.JSON, w)
+		return CoreFindLocks(k, req.GraphFile, req.JSON, w)
 	case "findfalse":
-		return CoreFindFalse(k, req.JSON, w)
+		return CoreFindFalse(k, req.GraphFile, req.JSON, w)
+	case "shell":
+		return CoreShell(k, req.HoldOut, req.GraphFile, req.In, req.JSON, w)
 	}
 	return fmt.Errorf("core: unknown command %q", req.Command)
 }
@@ -151,6 +158,11 @@ func CoreInfoReport(k *core.Kernel, asJSON bool, w io.Writer) error {
 		if c.PID >= 0 {
 			who = fmt.Sprintf("%d (%s)", c.PID, c.Comm)
 		}
+		if k.Live() {
+			// kcore records no registers: only the task is known.
+			fmt.Fprintf(w, "  cpu %d: task %s (live: registers not in /proc/kcore)\n", c.CPU, who)
+			continue
+		}
 		fmt.Fprintf(w, "  cpu %d: task %s at %s %s\n", c.CPU, who, c.RIP, c.Function)
 	}
 	for _, e := range inf.Errors {
@@ -166,8 +178,13 @@ func CorePS(k *core.Kernel, asJSON bool, w io.Writer) error {
 		return err
 	}
 	if asJSON {
-		return writeJSON(w, api.CoreTasks{Tasks: mapSlice(tasks, coreTask)})
+		return writeJSON(w, api.CoreTasks{Tasks: mapSlice(tasks, coreTask), Anomalies: k.TaskAnomalies()})
 	}
+	defer func() {
+		for _, a := range k.TaskAnomalies() {
+			fmt.Fprintf(w, "skipped (changed while read): %s\n", a)
+		}
+	}()
 	fmt.Fprintf(w, "   %7s %7s %3s %2s %-18s %s\n", "PID", "TGID", "CPU", "ST", "TASK", "COMM")
 	for _, t := range tasks {
 		mark := "  "

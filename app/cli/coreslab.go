@@ -216,7 +216,7 @@ func CoreSlabsReport(k *core.Kernel, asJSON bool, w io.Writer) error {
 // With graph, an object its cache gives no type is typed by the type
 // graph over the whole heap ("source": the pass that typed it, and the
 // chain of pointers).
-func CoreWhatType(k *core.Kernel, at string, graph, asJSON bool, w io.Writer) error {
+func CoreWhatType(k *core.Kernel, at string, graph bool, graphFile string, asJSON bool, w io.Writer) error {
 	a, err := resolveAddr(k, at)
 	if err != nil {
 		return err
@@ -237,24 +237,35 @@ func CoreWhatType(k *core.Kernel, at string, graph, asJSON bool, w io.Writer) er
 		return err
 	}
 	if graph && r.Kind == typeid.KindSlab && r.Object != nil && r.Type == nil {
-		g, err := typegraph.Build(kernelView{k}, h, typeid.CacheTypes(id.Spec(), h), typegraph.Options{})
+		var g *typegraph.Graph
+		if graphFile != "" {
+			g, _, err = graphFor(k, nil, graphFile)
+		} else {
+			g, err = typegraph.Build(kernelView{k}, h, typeid.CacheTypes(id.Spec(), h), typegraph.Options{})
+		}
 		if err != nil {
 			return err
 		}
-		if t, ok := g.TypeAt(a); ok {
-			r.Type, r.Member, r.Source = &t.Type, &t.Member, &t.Pass
-			r.How = fmt.Sprintf("type graph, %s pass (%s)", t.Pass, markWord(t.Mark))
-			r.Chain = t.Chain
-			r.Conflicts = t.Conflicts
-		} else {
-			r.How += "; the type graph did not type it either"
-		}
+		typeByGraph(r, g, a)
 	}
 	if asJSON {
 		return writeJSON(w, r)
 	}
 	printWhatType(w, r)
 	return nil
+}
+
+// typeByGraph fills in the type the graph gives an object its cache
+// does not type.
+func typeByGraph(r *typeid.Result, g *typegraph.Graph, a uint64) {
+	if t, ok := g.TypeAt(a); ok {
+		r.Type, r.Member, r.Source = &t.Type, &t.Member, &t.Pass
+		r.How = fmt.Sprintf("type graph, %s pass (%s)", t.Pass, markWord(t.Mark))
+		r.Chain = t.Chain
+		r.Conflicts = t.Conflicts
+	} else {
+		r.How += "; the type graph did not type it either"
+	}
 }
 
 func printWhatType(w io.Writer, r *typeid.Result) {

@@ -1,8 +1,12 @@
 package cli
 
 import (
+	"bufio"
+	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -20,7 +24,36 @@ import (
 // istype, if set, is "ADDR TYPE": the object at ADDR is a struct TYPE,
 // set by hand, and the report says how many more objects the graph
 // types with it than without.
-func CoreTypeGraph(k *core.Kernel, holdOut []string, istype []string, asJSON bool, w io.Writer) error {
+//
+// graphFile, if set, is a saved graph (typegraph.Load): used instead of
+// building when it is this dump's, written when it does not exist yet,
+// and with istype, changed incrementally and written back.
+func CoreTypeGraph(k *core.Kernel, holdOut []string, istype []string, graphFile string, asJSON bool, w io.Writer) error {
+	if graphFile != "" {
+		start := time.Now()
+		g, how, err := graphFor(k, holdOut, graphFile)
+		if err != nil {
+			return err
+		}
+		if len(istype) == 2 {
+			res, err := isType(k, g, istype[0], istype[1])
+			if err != nil {
+				return err
+			}
+			if err := saveGraph(k, g, graphFile); err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(w, res)
+			}
+			printIsType(w, res)
+			return nil
+		}
+		if !asJSON {
+			fmt.Fprintf(w, "graph %s %s\n", how, graphFile)
+		}
+		return printTypeGraph(g, nil, 0, start, asJSON, w)
+	}
 	h, err := openHeap(k)
 	if err != nil {
 		return err
@@ -48,12 +81,18 @@ func CoreTypeGraph(k *core.Kernel, holdOut []string, istype []string, asJSON boo
 	if err != nil {
 		return err
 	}
+	return printTypeGraph(g, opt.ByHand, before, start, asJSON, w)
+}
+
+// printTypeGraph prints a graph's report; hand, if set, is the istype
+// of a full build and before the count typed without it.
+func printTypeGraph(g *typegraph.Graph, hand []typegraph.ByHand, before int, start time.Time, asJSON bool, w io.Writer) error {
 	r := g.Report()
 	if asJSON {
 		return writeJSON(w, r)
 	}
-	if len(opt.ByHand) > 0 {
-		fmt.Fprintf(w, "%#x is a struct %s: %d objects typed, %d more than without it\n", opt.ByHand[0].Addr, opt.ByHand[0].Type, r.Typed, r.Typed-before)
+	if len(hand) > 0 {
+		fmt.Fprintf(w, "%#x is a struct %s: %d objects typed, %d more than without it\n", hand[0].Addr, hand[0].Type, r.Typed, r.Typed-before)
 	}
 	pct := func(a, b int) float64 {
 		if b == 0 {
@@ -135,8 +174,96 @@ func CoreTypeGraph(k *core.Kernel, holdOut []string, istype []string, asJSON boo
 	return nil
 }
 
-// buildGraph types the dump's heap.
-func buildGraph(k *core.Kernel) (*typegraph.Graph, error) {
+// graphFor loads the saved graph in file if it is this dump's with the
+// same held-out caches, else builds one and saves it there; how says
+// which ("loaded from", "built and saved to"). A file that is another
+// dump's, or corrupt, is an error: it is not overwritten.
+func graphFor(k *core.Kernel, holdOut []string, file string) (*typegraph.Graph, string, error) {
+	if k.Live() {
+		return nil, "", fmt.Errorf("--graph-file: a live kernel's heap changes while it is read; a saved graph is for a dump")
+	}
+	h, err := openHeap(k)
+	if err != nil {
+		return nil, "", err
+	}
+	spec, err := kernelView{k}.BTF()
+	if err != nil {
+		return nil, "", err
+	}
+	ct := typeid.CacheTypes(spec, h)
+	f, err := os.Open(file)
+	switch {
+	case err == nil:
+		defer f.Close()
+		g, err := typegraph.Load(f, kernelView{k}, h, ct, k.Dump.VMCoreInfo())
+		if err != nil {
+			return nil, "", fmt.Errorf("%s: %w", file, err)
+		}
+		want := append([]string(nil), holdOut...)
+		sort.Strings(want)
+		if got := g.HeldOut(); strings.Join(got, ",") != strings.Join(want, ",") {
+			return nil, "", fmt.Errorf("%s: the saved graph holds out %v, not %v: build it again into another file", file, got, want)
+		}
+		return g, "loaded from", nil
+	case !errors.Is(err, os.ErrNotExist):
+		return nil, "", err
+	}
+	g, err := typegraph.Build(kernelView{k}, h, ct, typegraph.Options{HoldOut: holdOut})
+	if err != nil {
+		return nil, "", err
+	}
+	if err := saveGraph(k, g, file); err != nil {
+		return nil, "", err
+	}
+	return g, "built and saved to", nil
+}
+
+// saveGraph writes the graph to file through a temporary file renamed
+// over it, so that a reader never sees half a graph.
+func saveGraph(k *core.Kernel, g *typegraph.Graph, file string) error {
+	tmp, err := os.CreateTemp(filepath.Dir(file), filepath.Base(file)+".tmp*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	bw := bufio.NewWriter(tmp)
+	if err := g.Save(bw, k.Dump.VMCoreInfo()); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := bw.Flush(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), file)
+}
+
+// isType sets a type by hand on a built or loaded graph.
+func isType(k *core.Kernel, g *typegraph.Graph, at, typ string) (*typegraph.IsTypeResult, error) {
+	a, err := resolveAddr(k, at)
+	if err != nil {
+		return nil, err
+	}
+	return g.IsType(a, typ)
+}
+
+func printIsType(w io.Writer, r *typegraph.IsTypeResult) {
+	fmt.Fprintf(w, "%s is a struct %s: %d objects newly typed (reprocessed from it in %.1f ms); %d typed, %d untyped\n",
+		r.Object, r.Type, r.NewlyTyped, float64(r.NS)/1e6, r.Typed, r.Untyped)
+	if r.GreatestReach != nil {
+		fmt.Fprintf(w, "greatest reach now: %s (%s), %d untyped objects reachable from it\n", r.GreatestReach.Object, r.GreatestReach.Cache, r.GreatestReach.Reach)
+	}
+}
+
+// buildGraph types the dump's heap (graphFile: as graphFor).
+func buildGraph(k *core.Kernel, graphFile string) (*typegraph.Graph, error) {
+	if graphFile != "" {
+		g, _, err := graphFor(k, nil, graphFile)
+		return g, err
+	}
 	h, err := openHeap(k)
 	if err != nil {
 		return nil, err
@@ -150,8 +277,8 @@ func buildGraph(k *core.Kernel) (*typegraph.Graph, error) {
 
 // CoreFindLocks prints the held locks in typed memory, with owners and
 // waiters.
-func CoreFindLocks(k *core.Kernel, asJSON bool, w io.Writer) error {
-	g, err := buildGraph(k)
+func CoreFindLocks(k *core.Kernel, graphFile string, asJSON bool, w io.Writer) error {
+	g, err := buildGraph(k, graphFile)
 	if err != nil {
 		return err
 	}
@@ -198,8 +325,8 @@ func CoreFindLocks(k *core.Kernel, asJSON bool, w io.Writer) error {
 
 // CoreFindFalse prints the arrays whose small elements hold a lock and
 // share cache lines.
-func CoreFindFalse(k *core.Kernel, asJSON bool, w io.Writer) error {
-	g, err := buildGraph(k)
+func CoreFindFalse(k *core.Kernel, graphFile string, asJSON bool, w io.Writer) error {
+	g, err := buildGraph(k, graphFile)
 	if err != nil {
 		return err
 	}

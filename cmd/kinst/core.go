@@ -2,16 +2,19 @@ package main
 
 import (
 	"context"
+	"os"
 	"strconv"
 	"strings"
 
 	"github.com/kinst/kinst/app/cli"
 	"github.com/kinst/kinst/core"
+	"github.com/kinst/kinst/core/dump"
 	"github.com/spf13/pflag"
 )
 
 const coreHelp = `Postmortem analysis of a kernel crash dump (ELF vmcore from QEMU
-dump-guest-memory or kdump, kdump-compressed, FreeBSD minidump), with
+dump-guest-memory or kdump, kdump-compressed, FreeBSD minidump, or the
+running kernel's /proc/kcore), with
 symbols, types and unwind tables taken from the dump itself.
 
 Commands:
@@ -42,11 +45,35 @@ Commands:
                   the inference on caches whose type is known
   istype ADDR TYPE
                   typegraph with the object at ADDR set to struct TYPE by
-                  hand: how many more objects the graph then types
+                  hand: how many more objects the graph then types (with
+                  --graph-file: on the saved graph, propagating from that
+                  object and rerunning the later passes over the untyped
+                  objects only; the graph is written back)
   findlocks       held mutexes, rwsems and spinlocks in typed memory,
                   with the owner task and the waiters
   findfalse       arrays of structs smaller than a cache line holding a
                   lock, seqlock or wait queue head (false sharing)
+  shell           the type graph built (or loaded) once, then commands
+                  from stdin, one a line: whattype ADDR, istype ADDR TYPE,
+                  reach, typegraph, save FILE, quit (--json: one JSON
+                  value a line)
+
+A saved graph (--graph-file FILE) is the type graph in a compact binary
+file: each object's type, mark and pass, every pointer claim (the chains
+of inference), the conflicts and the report, with the identity of the
+heap it was built on (VMCOREINFO, BTF, every slab and which objects are
+free). A second typegraph, whattype, findlocks or findfalse loads it
+instead of running the passes (the slabs are walked again to check the
+identity); a file of another dump, or a damaged one, is refused and left
+as it is. A live kernel's heap moves: it has no saved graph.
+
+The running kernel: DUMP /proc/kcore, or --live and no DUMP, reads the
+live system's memory (as root; Linux 4.19+, whose kcore carries
+VMCOREINFO): every command works as on a dump. Memory changes
+while it is read: a list cut by a task exiting, a slab freed under the
+walk, is skipped and counted ("anomalies"), never followed forever; a
+task running on a CPU has no registers to unwind from (bt says so).
+Types come from the kernel's memory, else /sys/kernel/btf/vmlinux.
 
 FreeBSD amd64 minidumps: info (header, memory, pages), log (the message
 buffer, oldest line first) and rd ADDR (through the dump's pmap and
@@ -55,10 +82,10 @@ kernel's symbols and types, which are not read yet.`
 
 var coreCommand = &command{
 	name:    "core",
-	args:    "DUMP info|ps|bt PID|TASK|-a|log|rd ADDR [N]|sym ADDR|NAME|dis FUNC|slabs|whattype ADDR|typegraph|istype ADDR TYPE|findlocks|findfalse",
+	args:    "DUMP info|ps|bt PID|TASK|-a|log|rd ADDR [N]|sym ADDR|NAME|dis FUNC|slabs|whattype ADDR|typegraph|istype ADDR TYPE|findlocks|findfalse|shell",
 	summary: "postmortem analysis of a kernel crash dump",
 	help:    coreHelp,
-	report:  true, files: true, words: []string{"info", "ps", "bt", "log", "rd", "sym", "dis", "slabs", "whattype", "typegraph", "istype", "findlocks", "findfalse"},
+	report:  true, files: true, words: []string{"info", "ps", "bt", "log", "rd", "sym", "dis", "slabs", "whattype", "typegraph", "istype", "findlocks", "findfalse", "shell"},
 	setup: func(fs *pflag.FlagSet) runFunc {
 		var asJSON bool
 		jsonFlag(fs, &asJSON, "the result")
@@ -67,12 +94,18 @@ var coreCommand = &command{
 		vmlinux := fs.String("vmlinux", "", "take types (.BTF) and unwind tables (.orc_unwind*) from the kernel image `FILE` instead of the dump")
 		phys := fs.Bool("phys", false, "rd: ADDR is a physical address")
 		holdOut := fs.StringSlice("hold-out", nil, "typegraph: treat the caches `CACHE,…` as untyped and measure how the inference types their objects")
+		graphFile := fs.String("graph-file", "", "typegraph, istype, whattype, findlocks, findfalse, shell: the type graph saved in `FILE`: loaded when it is this dump's (else refused), built and written there when FILE does not exist; istype changes it incrementally and writes it back")
+		live := fs.Bool("live", false, "read the running kernel's memory (/proc/kcore, as root) instead of a dump: DUMP is left out")
 		graph := fs.Bool("graph", true, "whattype: type an object its cache does not by the type graph (kmalloc and merged caches); --graph=false: the cache's type only")
 		return func(ctx context.Context, inv invocation) (int, error) {
-			if len(inv.args) < 2 {
-				return 2, usagef("want DUMP COMMAND")
+			args := inv.args
+			if *live {
+				args = append([]string{dump.KcorePath}, args...)
 			}
-			path, cmd, rest := inv.args[0], inv.args[1], inv.args[2:]
+			if len(args) < 2 {
+				return 2, usagef("want DUMP COMMAND (or --live COMMAND)")
+			}
+			path, cmd, rest := args[0], args[1], args[2:]
 			nargs := func(lo, hi int) error {
 				if len(rest) < lo || len(rest) > hi {
 					return usagef("core %s: wrong number of arguments", cmd)
@@ -80,9 +113,10 @@ var coreCommand = &command{
 				return nil
 			}
 			req := cli.CoreRequest{Dump: path, Command: cmd, Length: 64, Phys: *phys, JSON: asJSON,
-				Options: core.Options{BTF: *btfFile, Vmlinux: *vmlinux}, HoldOut: *holdOut, Graph: *graph}
+				Options: core.Options{BTF: *btfFile, Vmlinux: *vmlinux}, HoldOut: *holdOut, Graph: *graph,
+				GraphFile: *graphFile, In: os.Stdin}
 			switch cmd {
-			case "info", "ps", "log", "slabs", "typegraph", "findlocks", "findfalse":
+			case "info", "ps", "log", "slabs", "typegraph", "findlocks", "findfalse", "shell":
 				if err := nargs(0, 0); err != nil {
 					return 2, err
 				}
@@ -127,7 +161,10 @@ var coreCommand = &command{
 			default:
 				return 2, usagef("unknown command %q", cmd)
 			}
-			if len(*holdOut) > 0 && cmd != "typegraph" && cmd != "istype" {
+			if *graphFile != "" && !strings.Contains(" typegraph istype whattype findlocks findfalse shell ", " "+cmd+" ") {
+				return 2, usagef("core %s: --graph-file is a typegraph, istype, whattype, findlocks, findfalse and shell flag", cmd)
+			}
+			if len(*holdOut) > 0 && cmd != "typegraph" && cmd != "istype" && cmd != "shell" {
 				return 2, usagef("core %s: --hold-out is a typegraph flag", cmd)
 			}
 			if fs.Changed("graph") && cmd != "whattype" {

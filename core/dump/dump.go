@@ -1,6 +1,6 @@
 // Package dump reads kernel crash dumps and gives uniform access to the
 // memory and CPU state they hold: ELF vmcores (QEMU dump-guest-memory,
-// kdump's /proc/vmcore), kdump-compressed files (standard "KDUMP   " and
+// kdump's /proc/vmcore), the running kernel's /proc/kcore, kdump-compressed files (standard "KDUMP   " and
 // makedumpfile's flattened stream) and FreeBSD amd64 minidumps.
 //
 // The format is detected from the file's content, never its name. Each
@@ -148,7 +148,18 @@ const probeLen = 4096
 func Open(path string) (Dump, error) {
 	f, err := os.Open(path)
 	if err != nil {
+		if isKcorePath(path) {
+			return nil, kcoreErr(err)
+		}
 		return nil, err
+	}
+	if isKcorePath(path) {
+		d, err := openKcore(f)
+		if err != nil {
+			f.Close()
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		return d, nil
 	}
 	head := make([]byte, probeLen)
 	n, err := io.ReadFull(f, head)

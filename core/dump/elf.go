@@ -22,7 +22,8 @@ func init() { register(elfFormat, probeELF, openELF) }
 
 var elfMagic = []byte{0x7f, 'E', 'L', 'F'}
 
-func probeELF(head []byte) bool { return bytes.HasPrefix(head, elfMagic) }
+// probeELF takes ELF cores but /proc/kcore's, which kcore.go reads.
+func probeELF(head []byte) bool { return bytes.HasPrefix(head, elfMagic) && !probeKcore(head) }
 
 // elfSegment is one PT_LOAD: physical [start, start+memsz) with the first
 // filesz bytes at file offset off; the rest reads as zeros.

@@ -47,6 +47,10 @@ type Options struct {
 	// Vmlinux is the kernel's ELF image; its .BTF section is used
 	// instead of the dump's copy.
 	Vmlinux string
+	// FallbackBTF is a BTF file used when the dump's memory holds none
+	// that can be read (a live kernel's /sys/kernel/btf/vmlinux); it
+	// must agree with VMCOREINFO's layouts as BTF does.
+	FallbackBTF string
 }
 
 // View is a Linux crash dump seen as a kernel: the kernel view
@@ -169,6 +173,11 @@ func loadTypes(p *kernel.Program, o Options, info *VMCoreInfo) (*kernel.Types, e
 		}
 	}
 	t, err := kernel.ReadTypes(p)
+	if err != nil && o.FallbackBTF != "" {
+		if ft, ferr := kernel.LoadTypes(o.FallbackBTF); ferr == nil && CheckTypes(ft, info) == nil {
+			return ft, nil
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("BTF: %w (kernel built without CONFIG_DEBUG_INFO_BTF? pass --btf or --vmlinux)", err)
 	}

@@ -108,6 +108,16 @@ func (v *View) ReadVirt(p []byte, va uint64) error {
 			// The image is physically contiguous: read it in one go.
 			n = len(p) - done
 		}
+		// Pages that follow each other physically too (the direct map,
+		// a slab of several pages) are read in one go: one read of the
+		// dump, one system call on /proc/kcore.
+		for done+n < len(p) {
+			next, err := v.Translate(a + uint64(n))
+			if err != nil || next != pa+uint64(n) {
+				break
+			}
+			n += min(len(p)-done-n, pageSize)
+		}
 		if _, err := v.Dump.ReadPhys(p[done:done+n], pa); err != nil {
 			return fmt.Errorf("reading %#x: %w", a, err)
 		}
