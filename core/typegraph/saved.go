@@ -9,7 +9,9 @@ package typegraph
 // source, offsets, type, flags, chain links), the pending claims of the
 // unmarked nodes, the conflicts, the roots (name, address, BTF type),
 // and the report. Types are saved as BTF type ids, which the same
-// kernel's BTF gives again. What is not saved is the heap: loading walks
+// kernel's BTF gives again; the graph's own types as what makes them
+// again: a pointer-array element ("S *") by the index of S, an LSM blob
+// by its name (loading reads the blob layouts from the dump again). What is not saved is the heap: loading walks
 // the slabs again (the nodes are its allocated objects, numbered in the
 // walk's order) and checks that the walk gives the heap the graph was
 // built on (Fingerprint): a graph of another dump, or of the same dump
@@ -42,7 +44,7 @@ import (
 
 const (
 	savedMagic   = "KTGRAPH"
-	savedVersion = 1
+	savedVersion = 2
 	// bounds a file may claim
 	maxSavedNodes  = 1 << 28
 	maxSavedClaims = 1 << 30
@@ -139,14 +141,25 @@ func (g *Graph) Save(w io.Writer, vmcoreinfo string) error {
 	for _, h := range held {
 		e.s(h)
 	}
-	// Types: the BTF id of each type the graph numbered.
+	// Types: the BTF id of each type the graph numbered, or how to make
+	// it again.
 	e.u(uint64(len(g.ts.infos)))
 	for _, ti := range g.ts.infos {
-		id, err := g.spec.TypeID(ti.t)
-		if err != nil {
-			return fmt.Errorf("save: type %s: %w", ti.name, err)
+		if ti.ptrTo >= 0 {
+			e.u(savedTypePtr)
+			e.u(uint64(ti.ptrTo))
+			continue
 		}
-		e.u(uint64(id))
+		if id, err := g.spec.TypeID(ti.t); err == nil {
+			e.u(savedTypeBTF)
+			e.u(uint64(id))
+			continue
+		}
+		if !g.isLSMType(ti.name) {
+			return fmt.Errorf("save: type %s is neither in BTF nor one the graph makes", ti.name)
+		}
+		e.u(savedTypeLSM)
+		e.s(ti.name)
 	}
 	e.u(uint64(len(g.roots)))
 	for _, r := range g.roots {
@@ -246,19 +259,41 @@ func Load(r io.Reader, k slab.Kernel, h *slab.Heap, ctypes map[*slab.Cache]typei
 	if d.err != nil {
 		return nil, d.err
 	}
+	// As Build prepares it: the types the graph makes from the dump.
+	g.initLSM()
+	g.initOwners()
+	g.initStatic()
 	g.index(ctypes)
 	g.initMaple()
 	// Types: saved index → this graph's id.
 	nt := d.count(maxSavedTypes, "types")
 	remap := make([]int32, 0, min(nt, 1<<16))
 	for i := 0; i < nt && d.err == nil; i++ {
-		id := btf.TypeID(d.u())
-		t, err := spec.TypeByID(id)
-		st, ok := t.(*btf.Struct)
-		if err != nil || !ok {
-			return nil, corruptf("type %d: BTF id %d is no struct", i, id)
+		switch kind := d.u(); kind {
+		case savedTypeBTF:
+			id := btf.TypeID(d.u())
+			t, err := spec.TypeByID(id)
+			st, ok := t.(*btf.Struct)
+			if err != nil || !ok {
+				return nil, corruptf("type %d: BTF id %d is no struct", i, id)
+			}
+			remap = append(remap, g.ts.id(st))
+		case savedTypePtr:
+			e := d.u()
+			if e >= uint64(len(remap)) {
+				return nil, corruptf("type %d: pointer to type %d, not saved before it", i, e)
+			}
+			remap = append(remap, g.ts.ptrID(g.ts.infos[remap[e]].t))
+		case savedTypeLSM:
+			name := d.s()
+			id, ok := g.lsmType(name)
+			if !ok {
+				return nil, corruptf("type %d: %q is no LSM blob of this dump", i, name)
+			}
+			remap = append(remap, id)
+		default:
+			return nil, corruptf("type %d: kind %d", i, kind)
 		}
-		remap = append(remap, g.ts.id(st))
 	}
 	typeOf := func(v int64, what string) int32 {
 		if v == -1 {
@@ -529,3 +564,26 @@ func (d *dec) bool() bool { return d.count(1, "flag") == 1 }
 
 // Heap is the heap the graph types.
 func (g *Graph) Heap() *slab.Heap { return g.heap }
+
+// How a saved type is made again.
+const (
+	savedTypeBTF = iota // a BTF struct, by id
+	savedTypePtr        // "S *", by S's index
+	savedTypeLSM        // an LSM blob the graph laid out, by name
+)
+
+// isLSMType reports whether name is one of the graph's LSM blob types.
+func (g *Graph) isLSMType(name string) bool {
+	_, ok := g.lsmType(name)
+	return ok
+}
+
+// lsmType finds the LSM blob type called name.
+func (g *Graph) lsmType(name string) (int32, bool) {
+	for _, l := range g.lsm {
+		if g.ts.infos[l.typ].name == name {
+			return l.typ, true
+		}
+	}
+	return 0, false
+}
