@@ -310,12 +310,30 @@ func (ts *types) holdsAt(outer, inner int32, off uint32) bool {
 	return v
 }
 
+// holdsIn says whether t has struct inner at off, itself or nested.
 func (ts *types) holdsIn(t btf.Type, inner *btf.Struct, off uint32, depth int) bool {
+	return holdsAt(t, off, depth, func(t btf.Type, off uint32) bool {
+		s, ok := t.(*btf.Struct)
+		return ok && s == inner && off == 0
+	})
+}
+
+// holdsPtr says whether t has a pointer to struct elem at off.
+func (ts *types) holdsPtr(t btf.Type, elem *btf.Struct, off uint32, depth int) bool {
+	return holdsAt(t, off, depth, func(t btf.Type, off uint32) bool {
+		p, ok := t.(*btf.Pointer)
+		return ok && off == 0 && structOf(p.Target) == elem
+	})
+}
+
+// holdsAt says whether at holds for t at off or, descending through the
+// member or array element that covers off, for a type nested in t.
+func holdsAt(t btf.Type, off uint32, depth int, at func(t btf.Type, off uint32) bool) bool {
 	if depth > maxDepth {
 		return false
 	}
 	t = btf.UnderlyingType(t)
-	if s, ok := t.(*btf.Struct); ok && s == inner && off == 0 {
+	if at(t, off) {
 		return true
 	}
 	switch c := t.(type) {
@@ -335,7 +353,7 @@ func (ts *types) holdsIn(t btf.Type, inner *btf.Struct, off uint32, depth int) b
 			if err != nil || off < start || off >= start+uint32(n) {
 				continue
 			}
-			if ts.holdsIn(m.Type, inner, off-start, depth+1) {
+			if holdsAt(m.Type, off-start, depth+1, at) {
 				return true
 			}
 		}
@@ -344,46 +362,7 @@ func (ts *types) holdsIn(t btf.Type, inner *btf.Struct, off uint32, depth int) b
 		if err != nil || es == 0 {
 			return false
 		}
-		return ts.holdsIn(c.Type, inner, off%uint32(es), depth+1)
-	}
-	return false
-}
-
-// holdsPtr says whether t has a pointer to struct elem at off.
-func (ts *types) holdsPtr(t btf.Type, elem *btf.Struct, off uint32, depth int) bool {
-	if depth > maxDepth {
-		return false
-	}
-	t = btf.UnderlyingType(t)
-	switch c := t.(type) {
-	case *btf.Pointer:
-		return off == 0 && structOf(c.Target) == elem
-	case *btf.Struct, *btf.Union:
-		var ms []btf.Member
-		if s, ok := c.(*btf.Struct); ok {
-			ms = s.Members
-		} else {
-			ms = c.(*btf.Union).Members
-		}
-		for _, m := range ms {
-			if m.BitfieldSize != 0 {
-				continue
-			}
-			start := uint32(m.Offset.Bytes())
-			n, err := btf.Sizeof(m.Type)
-			if err != nil || off < start || off >= start+uint32(n) {
-				continue
-			}
-			if ts.holdsPtr(m.Type, elem, off-start, depth+1) {
-				return true
-			}
-		}
-	case *btf.Array:
-		es, err := btf.Sizeof(c.Type)
-		if err != nil || es == 0 {
-			return false
-		}
-		return ts.holdsPtr(c.Type, elem, off%uint32(es), depth+1)
+		return holdsAt(c.Type, off%uint32(es), depth+1, at)
 	}
 	return false
 }
