@@ -260,20 +260,7 @@ func (s *Sampler) sampleRecord(t *thread, rec []byte) {
 			break
 		}
 	}
-	key := s.key[:0]
-	group := comm
-	if s.opts.Group == ByProcessName || s.opts.Group == ByPID {
-		group = []byte(t.procName)
-	}
-	switch s.opts.Group {
-	case ByPID:
-		key = strconv.AppendInt(key, int64(t.pid), 10)
-	case ByTID:
-		key = strconv.AppendInt(key, int64(t.tid), 10)
-	}
-	key = append(key, 0)
-	key = append(key, group...)
-	key = append(key, 0, letter[0], 0)
+	key := s.keyHead(t, comm, letter[0])
 	var kstack []byte
 	if !s.opts.UserOnly {
 		if n := int64(binary.LittleEndian.Uint64(rec[recNStack:])); n > 0 {

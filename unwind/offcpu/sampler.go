@@ -380,20 +380,7 @@ func (s *Sampler) sampleThread(t *thread) error {
 	}
 	// The raw key: pid/tid as grouped, group name, state, kernel stack
 	// text, user frames. Symbolisation waits until a key is new.
-	key := s.key[:0]
-	group := st.comm
-	if s.opts.Group == ByProcessName || s.opts.Group == ByPID {
-		group = []byte(t.procName)
-	}
-	switch s.opts.Group {
-	case ByPID:
-		key = strconv.AppendInt(key, int64(t.pid), 10)
-	case ByTID:
-		key = strconv.AppendInt(key, int64(t.tid), 10)
-	}
-	key = append(key, 0)
-	key = append(key, group...)
-	key = append(key, 0, st.state, 0)
+	key := s.keyHead(t, st.comm, st.state)
 	var kstack []byte
 	if t.stack >= 0 {
 		kstack, err = preadAll(t.stack, s.stackBuf)
@@ -513,4 +500,23 @@ func sampledTime(d time.Duration, samples int64, passes int) time.Duration {
 	}
 	n := time.Duration(passes)
 	return d/n*time.Duration(samples) + d%n*time.Duration(samples)/n
+}
+
+// keyHead starts a sample's raw key in s.key: pid or tid as grouped, the
+// group name, the state letter, each ended by a NUL.
+func (s *Sampler) keyHead(t *thread, comm []byte, state byte) []byte {
+	key := s.key[:0]
+	group := comm
+	if s.opts.Group == ByProcessName || s.opts.Group == ByPID {
+		group = []byte(t.procName)
+	}
+	switch s.opts.Group {
+	case ByPID:
+		key = strconv.AppendInt(key, int64(t.pid), 10)
+	case ByTID:
+		key = strconv.AppendInt(key, int64(t.tid), 10)
+	}
+	key = append(key, 0)
+	key = append(key, group...)
+	return append(key, 0, state, 0)
 }
