@@ -328,13 +328,19 @@ func layoutOf(t *testing.T) func(st, path string) uint64 {
 // reads the task list) gives it.
 func taskAddress(t *testing.T, path string, pid int) uint64 {
 	t.Helper()
+	return taskFromPS(t, kinst(t, "core", path, "ps", "--json"), pid)
+}
+
+// taskFromPS is pid's task_struct in the output of `kinst core … ps --json`.
+func taskFromPS(t *testing.T, out []byte, pid int) uint64 {
+	t.Helper()
 	var ps struct {
 		Tasks []struct {
 			Address string `json:"address"`
 			PID     int    `json:"pid"`
 		} `json:"tasks"`
 	}
-	if err := json.Unmarshal(kinst(t, "core", path, "ps", "--json"), &ps); err != nil {
+	if err := json.Unmarshal(out, &ps); err != nil {
 		t.Fatal(err)
 	}
 	var task uint64

@@ -310,24 +310,7 @@ cat /tmp/kinst-s1; echo ===; cat /tmp/kinst-s2; echo ===; cat /tmp/kinst-sl.json
 // read with rd, and named "held").
 func checkLiveWhatType(t *testing.T, gk func(*testing.T, ...string) []byte, pid int) {
 	off := layoutOf(t)
-	var ps struct {
-		Tasks []struct {
-			Address string `json:"address"`
-			PID     int    `json:"pid"`
-		} `json:"tasks"`
-	}
-	if err := json.Unmarshal(gk(t, "ps", "--json"), &ps); err != nil {
-		t.Fatal(err)
-	}
-	var task uint64
-	for _, tk := range ps.Tasks {
-		if tk.PID == pid {
-			task, _ = strconv.ParseUint(tk.Address, 0, 64)
-		}
-	}
-	if task == 0 {
-		t.Fatalf("pid %d not in ps", pid)
-	}
+	task := taskFromPS(t, gk(t, "ps", "--json"), pid)
 	rd := func(a uint64, n int) []byte {
 		var m struct{ Bytes string }
 		if err := json.Unmarshal(gk(t, "rd", fmt.Sprintf("%#x", a), strconv.Itoa(n), "--json"), &m); err != nil {
