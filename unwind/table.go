@@ -172,7 +172,7 @@ func Open(path string) (*Table, error) {
 	defer f.Close()
 	t, err := Compile(f)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, elfsym.WithPath(path, err)
 	}
 	return t, nil
 }
@@ -197,9 +197,14 @@ func Compile(f *elf.File) (*Table, error) {
 		if s == nil || s.Type == elf.SHT_NOBITS {
 			continue
 		}
-		data, err := s.Data() // decompresses SHF_COMPRESSED sections
+		data, err := elfsym.SectionData(s) // decompresses SHF_COMPRESSED sections
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", name, err)
+			return nil, err
+		}
+		if f.Type == elf.ET_REL {
+			if err := relocate(f, s, data); err != nil {
+				return nil, err
+			}
 		}
 		sec := &cfiSection{name: name, data: data, eh: name == ".eh_frame"}
 		if sec.eh {

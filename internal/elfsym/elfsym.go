@@ -14,6 +14,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -82,11 +83,23 @@ func Open(path string) (*Table, error) {
 func OpenFile(path string) (*elf.File, error) {
 	f, err := elf.Open(path)
 	if err != nil {
+		if _, serr := os.Stat(path); serr != nil {
+			return nil, err
+		}
+		if derr := diagnose(path); derr != nil {
+			return nil, derr
+		}
 		var fe *elf.FormatError
 		if errors.As(err, &fe) {
 			return nil, fmt.Errorf("%s: not an ELF file (%w)", path, err)
 		}
-		return nil, err
+		return nil, fmt.Errorf("%s: reading the ELF headers: %w", path, err)
+	}
+	if fi, err := os.Stat(path); err == nil && fi.Mode().IsRegular() {
+		if err := checkSections(path, f, fi.Size()); err != nil {
+			f.Close()
+			return nil, err
+		}
 	}
 	return f, nil
 }
