@@ -69,6 +69,8 @@ func TestBadFileErrors(t *testing.T) {
 	shoff := readelfHeader(t, libc, "Start of section headers")
 	shnum := readelfHeader(t, libc, "Number of section headers")
 	shentsize := readelfHeader(t, libc, "Size of section headers")
+	phoff := readelfHeader(t, libc, "Start of program headers")
+	phsize := readelfHeader(t, libc, "Size of program headers") * readelfHeader(t, libc, "Number of program headers")
 	truncated := func(n int) string {
 		return fmt.Sprintf("truncated: section headers at %#x needs %#x bytes, file has %#x", shoff, shnum*shentsize, n)
 	}
@@ -128,6 +130,9 @@ func TestBadFileErrors(t *testing.T) {
 		{"six-bytes-of-text", write("text6", []byte("hello\n")), elfsym.ErrNotELF, "not an ELF file (starts with 68 65 6c 6c, not 7f 45 4c 46)"},
 		{"empty", write("empty", nil), elfsym.ErrNotELF, "not an ELF file (empty)"},
 		{"dev-null", "/dev/null", elfsym.ErrNotELF, "not an ELF file (empty)"},
+		{"directory", dir, elfsym.ErrNotELF, "not an ELF file (a directory)"},
+		{"libc-100-bytes", write("libc.so.6-100", whole[:100]), elfsym.ErrTruncated,
+			fmt.Sprintf("truncated: program headers at %#x needs %#x bytes, file has 0x64", phoff, phsize)},
 		{"libc-5K", write("libc.so.6-5K", whole[:5000]), elfsym.ErrTruncated, truncated(5000)},
 		{"libc-100K", write("libc.so.6-100K", whole[:100000]), elfsym.ErrTruncated, truncated(100000)},
 		{"libc-500K", write("libc.so.6-500K", whole[:500000]), elfsym.ErrTruncated, truncated(500000)},

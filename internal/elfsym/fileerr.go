@@ -25,9 +25,13 @@ type NotELFError struct {
 	Path string
 	Size int64  // bytes in the file
 	Head []byte // its first bytes (up to 4)
+	Dir  bool   // the path is a directory
 }
 
 func (e *NotELFError) Error() string {
+	if e.Dir {
+		return fmt.Sprintf("%s: not an ELF file (a directory)", e.Path)
+	}
 	if e.Size == 0 {
 		return fmt.Sprintf("%s: not an ELF file (empty)", e.Path)
 	}
@@ -95,6 +99,9 @@ func diagnose(path string) error {
 	fi, err := f.Stat()
 	if err != nil {
 		return nil
+	}
+	if fi.IsDir() {
+		return &NotELFError{Path: path, Dir: true}
 	}
 	hdr := make([]byte, 64)
 	n, _ := io.ReadFull(f, hdr)
