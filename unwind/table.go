@@ -180,6 +180,8 @@ func Open(path string) (*Table, error) {
 // Compile reads the CFI of f (.eh_frame first; .debug_frame adds the
 // functions .eh_frame does not describe) and compiles it into a table.
 // Where FDEs overlap, the one that starts later takes over from its start.
+// In a relocatable object the relocations of the CFI sections are applied
+// first (see relocate).
 func Compile(f *elf.File) (*Table, error) {
 	if f.Class != elf.ELFCLASS64 || f.Data != elf.ELFDATA2LSB || f.Machine != elf.EM_X86_64 {
 		return nil, ErrUnsupportedFile

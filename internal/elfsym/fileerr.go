@@ -72,7 +72,10 @@ func SectionData(s *elf.Section) ([]byte, error) {
 	if err != nil && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)) {
 		return nil, &TruncatedError{What: "section " + s.Name, Off: s.Offset, Need: s.FileSize, Size: -1}
 	}
-	return b, err
+	if err != nil {
+		return nil, fmt.Errorf("section %s: %w", s.Name, err)
+	}
+	return b, nil
 }
 
 // WithPath prefixes err, from reading the file at path, with the path,
