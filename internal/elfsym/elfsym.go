@@ -14,6 +14,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"sort"
@@ -317,9 +318,14 @@ func BuildID(f *elf.File) (string, error) {
 			if p.Type != elf.PT_NOTE {
 				continue
 			}
-			b := make([]byte, p.Filesz)
-			if _, err := p.ReadAt(b, 0); err != nil {
+			// Read what the file has rather than allocate p_filesz bytes,
+			// which a corrupt header may make enormous.
+			b, err := io.ReadAll(p.Open())
+			if err != nil {
 				return "", err
+			}
+			if uint64(len(b)) < p.Filesz {
+				return "", &TruncatedError{What: "PT_NOTE segment", Off: p.Off, Need: p.Filesz, Size: -1}
 			}
 			notes = append(notes, b)
 		}
