@@ -46,8 +46,11 @@ test: deps build
 unit:
 	$(GO) test ./...
 
-# Short fuzzing runs of the dump readers, the printk reader and the slab
-# walk (their seed corpora already run in `make unit`); FUZZTIME each.
+# Short fuzzing runs of the dump readers, the printk reader, the slab
+# walk, and the unwinding inputs: the CFI parser and interpreter, the CFA
+# expression evaluation, whole ELF files (checks, relocation, symbols),
+# the symbol reader and the ORC reader (their seed corpora already run in
+# `make unit`); FUZZTIME each.
 FUZZTIME ?= 10s
 fuzz:
 	for t in FuzzELF FuzzKdump FuzzFlattened FuzzMinidump; do \
@@ -55,6 +58,10 @@ fuzz:
 	for t in FuzzLog FuzzFreeBSDMessageBuffer; do \
 		$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./core || exit 1; done
 	$(GO) test -run '^$$' -fuzz '^FuzzWalk$$' -fuzztime $(FUZZTIME) ./core/slab
+	for t in FuzzCFI FuzzCFAExpression FuzzELF; do \
+		$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./unwind || exit 1; done
+	$(GO) test -run '^$$' -fuzz '^FuzzSymbols$$' -fuzztime $(FUZZTIME) ./internal/elfsym
+	$(GO) test -run '^$$' -fuzz '^FuzzORC$$' -fuzztime $(FUZZTIME) ./unwind/orc
 
 vm-up: deps build
 	bin/kinst vm up

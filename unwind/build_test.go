@@ -71,6 +71,12 @@ func TestBuiltBinariesMatchReadelf(t *testing.T) {
 			return buildC(t, "-g", "-fno-asynchronous-unwind-tables", "-fno-unwind-tables")
 		}, []string{".eh_frame", ".debug_frame"}}, // crt1.o brings .eh_frame
 		{"go", buildGo, []string{".debug_frame"}},
+		// Relocatable objects: the FDE addresses are relocations against
+		// the text sections, which readelf applies.
+		{"c-object", func(t testing.TB) string { return buildCFile(t, "testdata/drap.c", "-c") }, []string{".eh_frame"}},
+		{"c-object-debug-frame", func(t testing.TB) string {
+			return buildCFile(t, "testdata/blocker.c", "-c", "-g", "-fno-asynchronous-unwind-tables", "-fno-unwind-tables")
+		}, []string{".debug_frame"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tab := compareWithReadelf(t, tc.build(t))

@@ -310,11 +310,11 @@ func (c *Cache) Open(path string) (*File, error) {
 	f = &File{Path: path, BuildID: id}
 	f.Segments = elfsym.LoadSegments(ef)
 	if f.Table, err = Compile(ef); err != nil && !errors.Is(err, ErrNoCFI) {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, elfsym.WithPath(path, err)
 	}
 	f.Table = WithGo(f.Table, ef) // Go code without CFI: .gopclntab
 	if f.Symbols, err = elfsym.Read(ef); err != nil && !errors.Is(err, elfsym.ErrNoSymbols) {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, elfsym.WithPath(path, err)
 	}
 	f.debug = newDebugState(ef, c.Debug, f.stripped())
 	c.mu.Lock()

@@ -181,7 +181,7 @@ func Open(path string) (*Table, error) {
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, elfsym.WithPath(path, err)
 	}
 	return t, nil
 }
@@ -189,6 +189,8 @@ func Open(path string) (*Table, error) {
 // Compile reads the CFI of f (.eh_frame first; .debug_frame adds the
 // functions .eh_frame does not describe) and compiles it into a table.
 // Where FDEs overlap, the one that starts later takes over from its start.
+// In a relocatable object the relocations of the CFI sections are applied
+// first (see relocate).
 func Compile(f *elf.File) (*Table, error) {
 	if f.Class != elf.ELFCLASS64 || f.Data != elf.ELFDATA2LSB || f.Machine != elf.EM_X86_64 {
 		return nil, ErrUnsupportedFile
@@ -206,9 +208,14 @@ func Compile(f *elf.File) (*Table, error) {
 		if s == nil || s.Type == elf.SHT_NOBITS {
 			continue
 		}
-		data, err := s.Data() // decompresses SHF_COMPRESSED sections
+		data, err := elfsym.SectionData(s) // decompresses SHF_COMPRESSED sections
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", name, err)
+			return nil, err
+		}
+		if f.Type == elf.ET_REL {
+			if err := relocate(f, s, data); err != nil {
+				return nil, err
+			}
 		}
 		sec := &cfiSection{name: name, data: data, eh: name == ".eh_frame"}
 		if sec.eh {

@@ -14,6 +14,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
+	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -82,11 +84,23 @@ func Open(path string) (*Table, error) {
 func OpenFile(path string) (*elf.File, error) {
 	f, err := elf.Open(path)
 	if err != nil {
+		if _, serr := os.Stat(path); serr != nil {
+			return nil, err
+		}
+		if derr := diagnose(path); derr != nil {
+			return nil, derr
+		}
 		var fe *elf.FormatError
 		if errors.As(err, &fe) {
 			return nil, fmt.Errorf("%s: not an ELF file (%w)", path, err)
 		}
-		return nil, err
+		return nil, fmt.Errorf("%s: reading the ELF headers: %w", path, err)
+	}
+	if fi, err := os.Stat(path); err == nil && fi.Mode().IsRegular() {
+		if err := checkSections(path, f, fi.Size()); err != nil {
+			f.Close()
+			return nil, err
+		}
 	}
 	return f, nil
 }
@@ -398,9 +412,14 @@ func BuildID(f *elf.File) (string, error) {
 			if p.Type != elf.PT_NOTE {
 				continue
 			}
-			b := make([]byte, p.Filesz)
-			if _, err := p.ReadAt(b, 0); err != nil {
+			// Read what the file has rather than allocate p_filesz bytes,
+			// which a corrupt header may make enormous.
+			b, err := io.ReadAll(p.Open())
+			if err != nil {
 				return "", err
+			}
+			if uint64(len(b)) < p.Filesz {
+				return "", &TruncatedError{What: "PT_NOTE segment", Off: p.Off, Need: p.Filesz, Size: -1}
 			}
 			notes = append(notes, b)
 		}
