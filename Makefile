@@ -46,18 +46,19 @@ test: deps build
 unit:
 	$(GO) test ./...
 
-# Short fuzzing runs of the dump readers, the printk reader, the slab
-# walk, and the unwinding inputs: the CFI parser and interpreter, the CFA
+# Short fuzzing runs of the dump readers (/proc/kcore's too), the printk
+# reader, the slab walk, the saved type graph's reader, and the unwinding inputs: the CFI parser and interpreter, the CFA
 # expression evaluation, whole ELF files (checks, relocation, symbols),
 # the symbol reader and the ORC reader (their seed corpora already run in
 # `make unit`); FUZZTIME each.
 FUZZTIME ?= 10s
 fuzz:
-	for t in FuzzELF FuzzKdump FuzzFlattened FuzzMinidump; do \
+	for t in FuzzELF FuzzKdump FuzzFlattened FuzzMinidump FuzzKcore; do \
 		$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./core/dump || exit 1; done
 	for t in FuzzLog FuzzFreeBSDMessageBuffer; do \
 		$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./core || exit 1; done
 	$(GO) test -run '^$$' -fuzz '^FuzzWalk$$' -fuzztime $(FUZZTIME) ./core/slab
+	$(GO) test -run '^$$' -fuzz '^FuzzLoad$$' -fuzztime $(FUZZTIME) ./core/typegraph
 	for t in FuzzCFI FuzzCFAExpression FuzzELF; do \
 		$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./unwind || exit 1; done
 	$(GO) test -run '^$$' -fuzz '^FuzzSymbols$$' -fuzztime $(FUZZTIME) ./internal/elfsym
