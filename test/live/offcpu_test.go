@@ -245,7 +245,7 @@ func TestGuestOffCPU(t *testing.T) {
 		for _, s := range rep.Top {
 			dash := strings.LastIndexByte(s.Group, '-')
 			build := s.Group[:max(dash, 0)]
-			if (build != "kblock" && build != "kblock-fp") || s.PID == pid || !slices.Contains(s.Kernel, "ksys_read") {
+			if (build != "kblock" && build != "kblock-fp") || s.PID != nil && *s.PID == pid || !slices.Contains(s.Kernel, "ksys_read") {
 				continue // not ours, blocked since before the trace (not seen), or not in its read
 			}
 			t.Logf("trace -F %s: %s: kernel %v user %v [%s]", freq, s.Group, s.Kernel, s.User, s.UserError)
