@@ -515,6 +515,10 @@ func checkErrors(t *testing.T, path string) {
 	}
 }
 
+// testPanic leaves the guest panicked, so TestCore must be the package's
+// last test to use the guest: test files that need it sort before
+// core_test.go (go test runs files in name order).
+//
 // testPanic crashes the guest with sysrq c (kernel.panic=0 keeps the
 // panicking CPU in panic() rather than rebooting) and checks that the
 // dump names the panic and unwinds the crashing task through the sysrq
