@@ -186,9 +186,13 @@ func (k *Kernel) Backtrace(t Task) (*Stack, error) {
 // 6.4), else from the release.
 func (k *Kernel) orcFormat() orc.Format {
 	if t, err := k.Types(); err == nil {
-		if _, err := t.Struct("orc_entry"); err == nil {
-			if t.HasMember("orc_entry", "end") {
-				return orc.Format414
+		if s, err := t.Struct("orc_entry"); err == nil {
+			// The members are bitfields, which Types.Member refuses:
+			// look at the names.
+			for _, m := range s.Members {
+				if m.Name == "end" {
+					return orc.Format414
+				}
 			}
 			return orc.Format64
 		}

@@ -325,3 +325,42 @@ func (s *Sampler) source() string {
 	}
 	return "proc"
 }
+
+// seesAll checks the iterator against /proc once: every thread /proc
+// lists both before and after one iterator read must be in it. Seen on a
+// 6.18 host: the iterator left out init's threads (pid 1), so a profile
+// through it would silently miss them; /proc is used there instead.
+func (ti *taskIter) seesAll(self int) bool {
+	threads := func() map[int]bool {
+		out := map[int]bool{}
+		procs, _ := os.ReadDir("/proc")
+		for _, p := range procs {
+			pid, err := strconv.Atoi(p.Name())
+			if err != nil || pid == self {
+				continue
+			}
+			tasks, _ := os.ReadDir("/proc/" + p.Name() + "/task")
+			for _, t := range tasks {
+				if tid, err := strconv.Atoi(t.Name()); err == nil {
+					out[tid] = true
+				}
+			}
+		}
+		return out
+	}
+	before := threads()
+	buf, err := ti.read()
+	if err != nil {
+		return false
+	}
+	seen := map[int]bool{}
+	for ; len(buf) >= recSize; buf = buf[recSize:] {
+		seen[int(binary.LittleEndian.Uint32(buf[recTid:]))] = true
+	}
+	for tid := range threads() {
+		if before[tid] && !seen[tid] {
+			return false
+		}
+	}
+	return true
+}

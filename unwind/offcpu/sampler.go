@@ -176,6 +176,10 @@ func NewSampler(o Options, period time.Duration) (*Sampler, error) {
 		return nil, err
 	}
 	s.iter, _ = newTaskIter(s.opts) // else /proc
+	if s.iter != nil && s.opts.PID == 0 && s.opts.TID == 0 && !s.iter.seesAll(s.self) {
+		s.iter.close()
+		s.iter = nil
+	}
 	return s, nil
 }
 
