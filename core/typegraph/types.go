@@ -102,27 +102,11 @@ func newTypes() *types {
 	return &types{ids: map[*btf.Struct]int32{}, holds: map[holdKey]bool{}, ptrs: map[int32]int32{}, voids: map[memberKey]int32{}, owned: map[memberKey]ownedHead{}, xaNode: -1}
 }
 
-// structOf strips typedefs and qualifiers down to a struct.
+// structOf strips typedefs and qualifiers down to a struct, nil if t is
+// no struct.
 func structOf(t btf.Type) *btf.Struct {
-	for i := 0; i < maxDepth; i++ {
-		switch c := t.(type) {
-		case *btf.Struct:
-			return c
-		case *btf.Typedef:
-			t = c.Type
-		case *btf.Const:
-			t = c.Type
-		case *btf.Volatile:
-			t = c.Type
-		case *btf.Restrict:
-			t = c.Type
-		case *btf.TypeTag:
-			t = c.Type
-		default:
-			return nil
-		}
-	}
-	return nil
+	s, _ := btf.UnderlyingType(t).(*btf.Struct)
+	return s
 }
 
 func (ts *types) id(s *btf.Struct) int32 {
@@ -153,23 +137,8 @@ func (ts *types) ptrID(s *btf.Struct) int32 {
 // pointee strips typedefs and qualifiers off t down to what a pointer
 // points to, nil if t is no pointer.
 func pointee(t btf.Type) btf.Type {
-	for i := 0; i < maxDepth; i++ {
-		switch c := t.(type) {
-		case *btf.Pointer:
-			return c.Target
-		case *btf.Typedef:
-			t = c.Type
-		case *btf.Const:
-			t = c.Type
-		case *btf.Volatile:
-			t = c.Type
-		case *btf.Restrict:
-			t = c.Type
-		case *btf.TypeTag:
-			t = c.Type
-		default:
-			return nil
-		}
+	if p, ok := btf.UnderlyingType(t).(*btf.Pointer); ok {
+		return p.Target
 	}
 	return nil
 }
