@@ -657,6 +657,16 @@ func KernelBuildID(notesPath string) (string, error) {
 	return id, nil
 }
 
+// BuildIDPath is where a separate debug file of build id id (hex) is
+// installed, /usr/lib/debug/.build-id/xx/rest.debug; "" for an id too
+// short to split.
+func BuildIDPath(id string) string {
+	if len(id) <= 2 {
+		return ""
+	}
+	return path.Join("/usr/lib/debug/.build-id", id[:2], id[2:]+".debug")
+}
+
 // Search says where Find looks and what it must match.
 type Search struct {
 	Root    string // prepended to every path ("" for /); tests use a directory
@@ -670,8 +680,8 @@ type Search struct {
 // /usr/lib/debug/lib/modules/RELEASE/vmlinux.
 func (s Search) Paths() []string {
 	var ps []string
-	if len(s.BuildID) > 2 {
-		ps = append(ps, path.Join("/usr/lib/debug/.build-id", s.BuildID[:2], s.BuildID[2:]+".debug"))
+	if p := BuildIDPath(s.BuildID); p != "" {
+		ps = append(ps, p)
 	}
 	if s.Release != "" {
 		ps = append(ps, "/usr/lib/debug/boot/vmlinux-"+s.Release, path.Join("/usr/lib/debug/lib/modules", s.Release, "vmlinux"))

@@ -189,10 +189,7 @@ func (d *debugState) find(f *File, path string) *DebugInfo {
 	if d.hasDWARF {
 		info := &DebugInfo{Path: f.Path, Via: "self"}
 		if f.stripped() { // DWARF kept, symbols stripped: name by DWARF
-			var lines *debuginfo.File
-			if lines, info.Err = info.Lines(); lines != nil {
-				info.Symbols, info.Err = lines.FuncSymbols()
-			}
+			info.symbolsFromDWARF()
 		}
 		return info
 	}
@@ -220,9 +217,8 @@ func (d *debugState) find(f *File, path string) *DebugInfo {
 		}
 		return nil
 	}
-	if len(f.BuildID) > 2 {
-		p := filepath.Join(s.Root, "/usr/lib/debug/.build-id", f.BuildID[:2], f.BuildID[2:]+".debug")
-		if info := try(p, "build-id", checkID); info != nil {
+	if p := debuginfo.BuildIDPath(f.BuildID); p != "" {
+		if info := try(filepath.Join(s.Root, p), "build-id", checkID); info != nil {
 			return info
 		}
 	}
@@ -275,13 +271,17 @@ func openDebug(p, via string) *DebugInfo {
 	info := &DebugInfo{Path: p, Via: via}
 	info.Symbols, info.Err = elfsym.Open(p)
 	if errors.Is(info.Err, elfsym.ErrNoSymbols) {
-		// No .symtab: the functions its DWARF describes.
-		var lines *debuginfo.File
-		if lines, info.Err = info.Lines(); lines != nil {
-			info.Symbols, info.Err = lines.FuncSymbols()
-		}
+		info.symbolsFromDWARF() // no .symtab
 	}
 	return info
+}
+
+// symbolsFromDWARF names the functions the file's DWARF describes.
+func (d *DebugInfo) symbolsFromDWARF() {
+	var lines *debuginfo.File
+	if lines, d.Err = d.Lines(); lines != nil {
+		d.Symbols, d.Err = lines.FuncSymbols()
+	}
 }
 
 // fileCRC is the CRC-32 (IEEE, as .gnu_debuglink's) of a whole file.
