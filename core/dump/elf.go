@@ -31,6 +31,25 @@ type elfSegment struct {
 	start, memsz, filesz, off uint64
 }
 
+// segmentAt finds the segment of segs (sorted, disjoint) that holds
+// physical address a.
+func segmentAt(segs []elfSegment, a uint64) (elfSegment, bool) {
+	i := sort.Search(len(segs), func(i int) bool { return segs[i].start+segs[i].memsz > a })
+	if i == len(segs) || segs[i].start > a {
+		return elfSegment{}, false
+	}
+	return segs[i], true
+}
+
+// physRanges lists the segments' physical ranges.
+func physRanges(segs []elfSegment) []Range {
+	r := make([]Range, len(segs))
+	for i, s := range segs {
+		r[i] = Range{s.start, s.start + s.memsz}
+	}
+	return r
+}
+
 // ELF is an opened ELF vmcore. It is immutable after OpenELF and safe for
 // concurrent reads.
 type ELF struct {
@@ -199,13 +218,7 @@ func (e *ELF) VMCoreInfo() string { return e.notes.VMCoreInfo }
 func (e *ELF) CPUs() []CPU        { return e.notes.CPUs }
 
 // PhysRanges lists each PT_LOAD's physical range.
-func (e *ELF) PhysRanges() []Range {
-	r := make([]Range, len(e.segs))
-	for i, s := range e.segs {
-		r[i] = Range{s.start, s.start + s.memsz}
-	}
-	return r
-}
+func (e *ELF) PhysRanges() []Range { return physRanges(e.segs) }
 
 // ReadPhys copies physical memory at addr into p, across segments. Bytes
 // past a segment's filesz (within memsz) read as zeros; an address no
@@ -214,11 +227,10 @@ func (e *ELF) ReadPhys(p []byte, addr uint64) (int, error) {
 	done := 0
 	for done < len(p) {
 		a := addr + uint64(done)
-		i := sort.Search(len(e.segs), func(i int) bool { return e.segs[i].start+e.segs[i].memsz > a })
-		if i == len(e.segs) || e.segs[i].start > a {
+		s, ok := segmentAt(e.segs, a)
+		if !ok {
 			return done, &NotPresentError{Addr: a, Physical: true}
 		}
-		s := e.segs[i]
 		rel := a - s.start
 		n := min(uint64(len(p)-done), s.memsz-rel)
 		dst := p[done : done+int(n)]

@@ -227,13 +227,7 @@ func (k *Kcore) CPUs() []CPU {
 }
 
 // PhysRanges lists the physical ranges of the RAM (and text) segments.
-func (k *Kcore) PhysRanges() []Range {
-	r := make([]Range, len(k.segs))
-	for i, s := range k.segs {
-		r[i] = Range{s.start, s.start + s.memsz}
-	}
-	return r
-}
+func (k *Kcore) PhysRanges() []Range { return physRanges(k.segs) }
 
 // Segments lists kcore's PT_LOADs by virtual address: start, size, and
 // the physical address (^0 for vmalloc, modules and the vmemmap).
@@ -252,11 +246,10 @@ func (k *Kcore) ReadPhys(p []byte, addr uint64) (int, error) {
 	done := 0
 	for done < len(p) {
 		a := addr + uint64(done)
-		i := sort.Search(len(k.segs), func(i int) bool { return k.segs[i].start+k.segs[i].memsz > a })
-		if i == len(k.segs) || k.segs[i].start > a {
+		s, ok := segmentAt(k.segs, a)
+		if !ok {
 			return done, &NotPresentError{Addr: a, Physical: true}
 		}
-		s := k.segs[i]
 		n := min(uint64(len(p)-done), s.start+s.memsz-a)
 		m, err := k.r.ReadAt(p[done:done+int(n)], int64(s.off+(a-s.start)))
 		done += m
