@@ -331,19 +331,17 @@ func (s *Sampler) source() string {
 // 6.18 host: the iterator left out init's threads (pid 1), so a profile
 // through it would silently miss them; /proc is used there instead.
 func (ti *taskIter) seesAll(self int) bool {
+	dirBuf := make([]byte, 32<<10)
 	threads := func() map[int]bool {
 		out := map[int]bool{}
-		procs, _ := os.ReadDir("/proc")
-		for _, p := range procs {
-			pid, err := strconv.Atoi(p.Name())
-			if err != nil || pid == self {
+		pids, _ := readDirIDs("/proc", dirBuf, nil)
+		for _, pid := range pids {
+			if pid == self {
 				continue
 			}
-			tasks, _ := os.ReadDir("/proc/" + p.Name() + "/task")
-			for _, t := range tasks {
-				if tid, err := strconv.Atoi(t.Name()); err == nil {
-					out[tid] = true
-				}
+			tids, _ := readDirIDs("/proc/"+strconv.Itoa(pid)+"/task", dirBuf, nil)
+			for _, tid := range tids {
+				out[tid] = true
 			}
 		}
 		return out
