@@ -40,7 +40,7 @@ func CoreShell(k *core.Kernel, holdOut []string, graphFile string, in io.Reader,
 		g, how, err = graphFor(k, holdOut, graphFile)
 		how += " " + graphFile
 	} else {
-		g, err = buildShellGraph(k, holdOut)
+		g, err = buildHeapGraph(k, holdOut)
 	}
 	if err != nil {
 		return err
@@ -143,16 +143,4 @@ func CoreShell(k *core.Kernel, holdOut []string, graphFile string, in io.Reader,
 		}
 	}
 	return sc.Err()
-}
-
-func buildShellGraph(k *core.Kernel, holdOut []string) (*typegraph.Graph, error) {
-	h, err := openHeap(k)
-	if err != nil {
-		return nil, err
-	}
-	spec, err := kernelView{k}.BTF()
-	if err != nil {
-		return nil, err
-	}
-	return typegraph.Build(kernelView{k}, h, typeid.CacheTypes(spec, h), typegraph.Options{HoldOut: holdOut})
 }

@@ -264,6 +264,12 @@ func buildGraph(k *core.Kernel, graphFile string) (*typegraph.Graph, error) {
 		g, _, err := graphFor(k, nil, graphFile)
 		return g, err
 	}
+	return buildHeapGraph(k, nil)
+}
+
+// buildHeapGraph walks the dump's heap and builds its graph, treating the
+// caches of holdOut as untyped.
+func buildHeapGraph(k *core.Kernel, holdOut []string) (*typegraph.Graph, error) {
 	h, err := openHeap(k)
 	if err != nil {
 		return nil, err
@@ -272,7 +278,7 @@ func buildGraph(k *core.Kernel, graphFile string) (*typegraph.Graph, error) {
 	if err != nil {
 		return nil, err
 	}
-	return typegraph.Build(kernelView{k}, h, typeid.CacheTypes(spec, h), typegraph.Options{})
+	return typegraph.Build(kernelView{k}, h, typeid.CacheTypes(spec, h), typegraph.Options{HoldOut: holdOut})
 }
 
 // CoreFindLocks prints the held locks in typed memory, with owners and
