@@ -13,7 +13,6 @@ import (
 	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/rlimit"
-	"github.com/kinst/kinst/unwind"
 )
 
 // A BPF task iterator (bpf_iter/task) gives a sampling pass what the
@@ -270,17 +269,7 @@ func (s *Sampler) sampleRecord(t *thread, rec []byte) {
 	}
 	key = append(key, 0)
 	ip, sp := binary.LittleEndian.Uint64(rec[recIP:]), binary.LittleEndian.Uint64(rec[recSP:])
-	frames := s.frames[:0]
-	var uerr error
-	var uproc *unwind.Process
-	if s.user != nil && !t.kthread && ip != 0 {
-		frames, uproc, uerr = s.user.unwind(t.pid, ip, sp, frames)
-		s.frames = frames
-		key = strconv.AppendInt(key, int64(t.pid), 10)
-		for _, f := range frames {
-			key = appendFrame(key, f)
-		}
-	}
+	key, frames, uproc, uerr := s.appendUser(key, t, ip, sp)
 	s.key = key
 	e := s.agg[string(key)]
 	if e == nil {

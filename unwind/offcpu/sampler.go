@@ -400,19 +400,9 @@ func (s *Sampler) sampleThread(t *thread) error {
 		key = append(key, kstack...)
 	}
 	key = append(key, 0)
-	frames := s.frames[:0]
-	var uerr error
-	var uproc *unwind.Process
 	// A thread blocked outside a system call (nr -1: a page fault, say)
 	// still has its user sp and pc in the syscall file.
-	if s.user != nil && !t.kthread && sc.PC != 0 {
-		frames, uproc, uerr = s.user.unwind(t.pid, sc.PC, sc.SP, frames)
-		s.frames = frames
-		key = strconv.AppendInt(key, int64(t.pid), 10)
-		for _, f := range frames {
-			key = appendFrame(key, f)
-		}
-	}
+	key, frames, uproc, uerr := s.appendUser(key, t, sc.PC, sc.SP)
 	s.key = key
 	e := s.agg[string(key)]
 	if e == nil {
@@ -523,4 +513,20 @@ func (s *Sampler) keyHead(t *thread, comm []byte, state byte) []byte {
 	key = append(key, 0)
 	key = append(key, group...)
 	return append(key, 0, state, 0)
+}
+
+// appendUser unwinds t's user stack from pc and sp, when the sampler
+// takes user stacks and t is no kernel thread, and appends the pid and
+// the frames to a sample's raw key.
+func (s *Sampler) appendUser(key []byte, t *thread, pc, sp uint64) ([]byte, []userFrame, *unwind.Process, error) {
+	if s.user == nil || t.kthread || pc == 0 {
+		return key, s.frames[:0], nil, nil
+	}
+	frames, uproc, uerr := s.user.unwind(t.pid, pc, sp, s.frames[:0])
+	s.frames = frames
+	key = strconv.AppendInt(key, int64(t.pid), 10)
+	for _, f := range frames {
+		key = appendFrame(key, f)
+	}
+	return key, frames, uproc, uerr
 }
