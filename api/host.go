@@ -138,3 +138,36 @@ type VMStatus struct {
 	QMP           string `json:"qmp"`
 	SerialLog     string `json:"serial_log"`
 }
+
+// DriverStatus is `kinst driver status --json`: what a real host has of
+// kinst's kernel half and of what it needs.
+type DriverStatus struct {
+	KernelRelease string `json:"kernel_release"`
+	BuildID       string `json:"build_id"` // the running kernel's GNU build id, "" if unreadable
+	// ModuleLoaded: kerninst is in /proc/modules; Device: /dev/kerninst
+	// exists.
+	ModuleLoaded bool   `json:"module_loaded"`
+	Device       bool   `json:"device"`
+	Kerninstd    bool   `json:"kerninstd"`     // a kerninstd answers on Socket
+	KerninstdPID int    `json:"kerninstd_pid"` // from the pid file, 0 if none runs
+	Socket       string `json:"socket"`
+	// Lockdown is the kernel's lockdown mode ("none", "integrity",
+	// "confidentiality"), "" where the kernel has no lockdown LSM.
+	Lockdown string `json:"lockdown"`
+	// SecureBoot is the firmware's Secure Boot state: true, false, or
+	// null where the machine does not say (BIOS boot, no efivarfs).
+	SecureBoot *bool `json:"secure_boot"`
+	// Config is where the kernel configuration was read from, "" if
+	// from nowhere; Missing lists what kinst needs that it lacks, and
+	// Recommended what some commands need.
+	Config      string         `json:"config"`
+	Missing     []KernelOption `json:"missing"`
+	Recommended []KernelOption `json:"recommended_missing"`
+	Problems    []string       `json:"problems"` // what stops `kinst driver load` here, plainly
+}
+
+// KernelOption is a kernel configuration option and why kinst needs it.
+type KernelOption struct {
+	Name string `json:"name"` // CONFIG_…
+	Why  string `json:"why"`
+}

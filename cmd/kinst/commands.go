@@ -153,7 +153,7 @@ var commands []*command
 func init() {
 	commands = []*command{
 		countCommand, coverCommand, timeCommand, waitersCommand, drilldownCommand, watchCommand, lsCommand, detachCommand,
-		rdCommand, cfgCommand, benchCommand, offcpuCommand, unwindCommand, coreCommand, vmCommand,
+		rdCommand, cfgCommand, benchCommand, offcpuCommand, unwindCommand, coreCommand, vmCommand, driverCommand,
 		versionCommand, completionCommand, workloadCommand, helpCommand,
 	}
 }
