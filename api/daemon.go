@@ -26,6 +26,9 @@ import (
 // Info describes the daemon and the kernel it instruments.
 type Info struct {
 	Version       string `json:"version,omitempty"` // kerninstd's build
+	// Mechanism is "splice" with the driver, "bpf" without it (count and
+	// time only, by fentry, kprobe.multi or kprobe).
+	Mechanism string `json:"mechanism"`
 	KernelRelease string `json:"kernel_release"`
 	ABIVersion    uint32 `json:"abi_version"` // the loaded driver's
 	PatchHeap     Addr   `json:"patch_heap"`
@@ -141,6 +144,9 @@ type Probe struct {
 	Count       uint64 `json:"count"`
 	Patch       Addr   `json:"patch"`
 	Springboard Addr   `json:"springboard,omitempty"` // the slot a springboard splice jumps to
+	// Mechanism is how the probe counts: "splice" (the driver), or
+	// without the driver "fentry", "kprobe.multi" or "kprobe" (BPF).
+	Mechanism string `json:"mechanism"`
 }
 
 // Session is a set of probes installed together.
@@ -164,6 +170,9 @@ type TimerInfo struct {
 	Virtual  bool       `json:"virtual,omitempty"` // VirtualNS is measured
 	Entry    Resolved   `json:"entry"`
 	Exits    []Resolved `json:"exits"`
+	// Mechanism is "splice", or without the driver "fentry" (fentry and
+	// fexit) or "kprobe" (kprobe and kretprobe).
+	Mechanism string `json:"mechanism"`
 	Totals
 }
 

@@ -20,6 +20,9 @@ type CountProbe struct {
 	Address  Addr   `json:"address"`
 	Count    uint64 `json:"count"`
 	Classic  string `json:"classic,omitempty"` // the Solaris name asked for
+	// Mechanism: "splice", or without the driver the BPF mechanism
+	// ("fentry", "kprobe.multi", "kprobe").
+	Mechanism string `json:"mechanism"`
 }
 
 // CountSample is one interval's deltas, in probe order.
@@ -55,6 +58,9 @@ type TimedFunction struct {
 	VirtualNS   *float64 `json:"virtual_ns"`  // Σ on-CPU time; null unless --virtual
 	AvgVirtual  *float64 `json:"avg_virtual_ns,omitempty"`
 	Concurrency float64  `json:"concurrency"` // average threads inside
+	// Mechanism: "splice", or without the driver "fentry" (fentry and
+	// fexit) or "kprobe" (kprobe and kretprobe).
+	Mechanism string `json:"mechanism"`
 }
 
 // TimeInterval is one sampling interval, per function in order.

@@ -2,6 +2,8 @@ package kerninstd
 
 import (
 	"crypto/rand"
+
+	"github.com/kinst/kinst/bpfprobe"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -43,6 +45,10 @@ type Config struct {
 	TaskLayout func(*kernel.Symbols) (kernel.TaskLayout, error)
 	// Clock is the daemon's time (default: the system's).
 	Clock Clock
+	// BPF, when set, is the mechanism without the driver: Device is then
+	// a *BPFDevice over the same set, and only count and time are served
+	// (see bpfmode.go).
+	BPF *bpfprobe.Set
 }
 
 // Daemon owns the engine and every session.
@@ -68,6 +74,8 @@ type Daemon struct {
 
 	clock Clock // session times, sampling ticks; converts the timers' TSC ticks
 
+	bpf *bpfprobe.Set // nil with the driver; else every probe is BPF's
+
 	taskOnce sync.Once
 	loadTask func(*kernel.Symbols) (kernel.TaskLayout, error)
 	task     kernel.TaskLayout // where current's pid, tgid and comm are
@@ -92,6 +100,7 @@ type session struct {
 	reqs    []*engine.Request // in the order of the session's points
 	timers  []*timedFunc
 	cover   *coverState   // a coverage session's probes; nil for others
+	bpf     []*bpfCount   // without the driver: the points' BPF counters
 	done    chan struct{} // closed when the session is removed
 }
 
@@ -107,6 +116,7 @@ func New(c Config) (*Daemon, error) {
 		sessions:    make(map[string]*session),
 		clock:       c.Clock,
 		loadTask:    c.TaskLayout,
+		bpf:         c.BPF,
 	}
 	if d.loadTask == nil {
 		d.loadTask = func(*kernel.Symbols) (kernel.TaskLayout, error) { return d.view.TaskLayout() }
@@ -155,6 +165,10 @@ func (d *Daemon) Info() api.Info {
 		in = d.info()
 	}
 	in.KernelRelease = d.view.Release()
+	in.Mechanism = MechanismSplice
+	if d.bpf != nil {
+		in.Mechanism = "bpf"
+	}
 	in.Symbols = d.symbols().Len()
 	d.mu.Lock()
 	in.Sessions = len(d.sessions)
@@ -184,6 +198,9 @@ func (e *PointError) Unwrap() error { return e.Err }
 
 // CreateSession installs a counter at every point, or none.
 func (d *Daemon) CreateSession(req api.SessionRequest) (api.Session, error) {
+	if d.bpf != nil {
+		return d.createBPFSession(req)
+	}
 	if isCover(req) {
 		return d.createCover(req)
 	}
@@ -264,7 +281,12 @@ func (d *Daemon) describe(ss *session) api.Session {
 		in := d.eng.Installed(r)
 		res.SpliceClass = in.Class.String() // as installed
 		out.Probes = append(out.Probes, api.Probe{Resolved: res, Count: d.eng.Counter(r.Counter()),
-			Patch: api.Addr(in.Patch), Springboard: api.Addr(in.Springboard)})
+			Patch: api.Addr(in.Patch), Springboard: api.Addr(in.Springboard), Mechanism: MechanismSplice})
+	}
+	for _, c := range ss.bpf {
+		res := resolved(c.site)
+		res.SpliceClass = ""
+		out.Probes = append(out.Probes, api.Probe{Resolved: res, Count: d.eng.Counter(c.slot), Mechanism: c.probe.Mechanism()})
 	}
 	now := d.clock.Now()
 	for _, t := range ss.timers {
@@ -306,7 +328,16 @@ func (d *Daemon) removeLocked(ss *session) error {
 		ss.expiry.Stop()
 	}
 	var keptTimers []*timedFunc
+	if d.bpf != nil {
+		var berrs []error
+		ss.timers, berrs = d.removeBPFLocked(ss)
+		errs = append(errs, berrs...)
+	}
 	for _, t := range ss.timers {
+		if t.bpf != nil {
+			keptTimers = append(keptTimers, t)
+			continue
+		}
 		if err := d.detachTimed(t); err != nil {
 			errs = append(errs, err)
 			keptTimers = append(keptTimers, t)
@@ -333,7 +364,7 @@ func (d *Daemon) removeLocked(ss *session) error {
 			errs = append(errs, err)
 		}
 	}
-	if len(kept) == 0 && len(keptTimers) == 0 && coverGone {
+	if len(kept) == 0 && len(keptTimers) == 0 && len(ss.bpf) == 0 && coverGone {
 		select {
 		case <-ss.done:
 		default:

@@ -50,6 +50,10 @@ func (c promCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(promProbeCount, prometheus.CounterValue, float64(d.eng.Counter(r.Counter())),
 				ss.name, at.Point.Spec, at.Where())
 		}
+		for _, c := range ss.bpf {
+			ch <- prometheus.MustNewConstMetric(promProbeCount, prometheus.CounterValue, float64(d.eng.Counter(c.slot)),
+				ss.name, c.site.Point.Spec, c.site.Where())
+		}
 		for _, t := range ss.timers {
 			pt := d.timerPoint(t, now)
 			ch <- prometheus.MustNewConstMetric(promCalls, prometheus.CounterValue, float64(pt.Calls), ss.name, t.function, t.filter)

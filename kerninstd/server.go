@@ -122,6 +122,9 @@ func (d *Daemon) serveSamples(w http.ResponseWriter, r *http.Request) {
 		for _, r := range ss.reqs {
 			slots = append(slots, r.Counter())
 		}
+		for _, c := range ss.bpf {
+			slots = append(slots, c.slot)
+		}
 		timers = append(timers, ss.timers...)
 	}
 	d.mu.Unlock()

@@ -74,7 +74,13 @@ func (d *Daemon) Sessions() []api.Session {
 
 // timerInfo describes a timed function with its totals at now.
 func (d *Daemon) timerInfo(t *timedFunc, now time.Time) api.TimerInfo {
-	ti := api.TimerInfo{Function: t.function, Filter: t.filter, Virtual: t.virtual != nil, Entry: resolved(t.entry), Totals: api.Totals(d.timerPoint(t, now))}
+	ti := api.TimerInfo{Function: t.function, Filter: t.filter, Virtual: t.virtual != nil, Entry: resolved(t.entry), Totals: api.Totals(d.timerPoint(t, now)),
+		Mechanism: MechanismSplice}
+	if t.bpf != nil {
+		ti.Mechanism = t.bpf.Mechanism()
+		ti.Entry.SpliceClass = ""
+		ti.Exits = []api.Resolved{}
+	}
 	for _, s := range t.exits {
 		ti.Exits = append(ti.Exits, resolved(s))
 	}

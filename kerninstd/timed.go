@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kinst/kinst/bpfprobe"
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/codegen"
 	"github.com/kinst/kinst/engine"
@@ -27,6 +28,9 @@ type timedFunc struct {
 	word     int               // counter slot: the timer word
 	reqs     []*engine.Request // exits, then the entry; reqs[0] owns the slots
 	virtual  *virtualState     // nil: wall time only
+	// bpf, without the driver, is the timer's BPF probe: calls counts
+	// calls and word the nanoseconds inside (not a timer word).
+	bpf *bpfprobe.Probe
 
 	mu     sync.Mutex // protects acc and offAcc
 	acc    metrics.TimerAcc
@@ -170,6 +174,10 @@ func (d *Daemon) detachTimed(t *timedFunc) error {
 // with the time of the reading, not the caller's (a sampling tick may be
 // late by then), since rates divide by the time between points.
 func (d *Daemon) timerPoint(t *timedFunc, _ time.Time) metrics.Point {
+	if t.bpf != nil {
+		calls, ns := d.eng.Counter(t.calls), d.eng.Counter(t.word)
+		return metrics.Point{Time: d.clock.Now(), Calls: calls, WallNS: float64(ns), Inside: t.bpf.Inside()}
+	}
 	calls := d.eng.Counter(t.calls)
 	w := d.eng.Counter(t.word)
 	var off uint64

@@ -41,7 +41,7 @@ func Count(ctx context.Context, c *api.Client, o CountOptions, env Env) (int, er
 		return 1, err
 	}
 	for _, p := range sess.Probes {
-		describeProbe(stderr, p.Resolved)
+		describeProbe(stderr, p.Resolved, p.Mechanism)
 	}
 	report := api.CountReport{IntervalNS: int64(o.Interval)}
 	// Live rows use fixed widths: each is printed as its sample arrives.
@@ -89,7 +89,7 @@ func Count(ctx context.Context, c *api.Client, o CountOptions, env Env) (int, er
 		fmt.Fprintf(stderr, "kinst: wrote %s\n", o.SVG)
 	}
 	for _, p := range final.Probes {
-		cp := api.CountProbe{Point: p.Point, Function: p.Function, Offset: p.Offset, Address: p.Address, Count: p.Count}
+		cp := api.CountProbe{Point: p.Point, Function: p.Function, Offset: p.Offset, Address: p.Address, Count: p.Count, Mechanism: p.Mechanism}
 		if p.Classic != nil {
 			cp.Classic = p.Classic.Solaris
 		}
@@ -98,7 +98,7 @@ func Count(ctx context.Context, c *api.Client, o CountOptions, env Env) (int, er
 	if o.JSON {
 		return exitStatus, writeJSON(stdout, report)
 	}
-	fmt.Fprintf(stdout, "\ncounts over %.3f s (splices removed):\n", time.Duration(report.DurationNS).Seconds())
+	fmt.Fprintf(stdout, "\ncounts over %.3f s (%s removed):\n", time.Duration(report.DurationNS).Seconds(), removedWhat(final.Probes))
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "count\tpoint\tlocation\taddress")
 	for _, p := range report.Probes {
@@ -117,10 +117,29 @@ func location(r api.Resolved) string {
 	return r.Point + " (" + at + ")"
 }
 
+// viaBPF says a mechanism is BPF's, not the driver's splice.
+func viaBPF(mechanism string) bool { return mechanism != "" && mechanism != "splice" }
+
+// removedWhat names what a report's end removed: splices, or BPF probes
+// where kerninstd runs without the driver.
+func removedWhat(ps []api.Probe) string {
+	for _, p := range ps {
+		if viaBPF(p.Mechanism) {
+			return "BPF probes"
+		}
+	}
+	return "splices"
+}
+
 // describeProbe prints where a point landed, and the classic-name mapping.
-func describeProbe(w io.Writer, r api.Resolved) {
+func describeProbe(w io.Writer, r api.Resolved, mechanism string) {
 	if r.Classic != nil {
 		fmt.Fprintf(w, "kinst: %s → %s (classic name; Linux equivalent: %s)\n", r.Classic.Solaris, r.Classic.Linux, r.Classic.Why)
+	}
+	if viaBPF(mechanism) {
+		fmt.Fprintf(w, "kinst: counting %s at %s+%#x (%#x) with BPF %s (kerninst.ko is not loaded)\n",
+			r.Point, r.Function, r.Offset, uint64(r.Address), mechanism)
+		return
 	}
 	flags := "flags dead"
 	if r.FlagsLive {

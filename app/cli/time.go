@@ -115,7 +115,7 @@ func Time(ctx context.Context, c *api.Client, o TimeOptions, env Env) (int, erro
 		first.Calls, first.WallNS, first.VirtualNS, first.Time = 0, 0, 0, sess.Created
 		r := metrics.Derive(first, last)
 		tf := api.TimedFunction{Function: t.Function, Entry: at(t.Entry), Calls: t.Calls, CallsPerSec: r.CallsPerSec,
-			WallNS: t.WallNS, AvgWallNS: r.AvgWallNS, Concurrency: r.Concurrency}
+			WallNS: t.WallNS, AvgWallNS: r.AvgWallNS, Concurrency: r.Concurrency, Mechanism: t.Mechanism}
 		for _, e := range t.Exits {
 			tf.Exits = append(tf.Exits, at(e))
 		}
@@ -137,7 +137,13 @@ func Time(ctx context.Context, c *api.Client, o TimeOptions, env Env) (int, erro
 	if o.JSON {
 		return status, writeJSON(stdout, report)
 	}
-	fmt.Fprintf(stdout, "\ntotals over %.3f s (splices removed)%s:\n", res.Duration.Seconds(), filterNote(report.Filter))
+	removed := "splices"
+	for _, f := range report.Functions {
+		if viaBPF(f.Mechanism) {
+			removed = "BPF probes"
+		}
+	}
+	fmt.Fprintf(stdout, "\ntotals over %.3f s (%s removed)%s:\n", res.Duration.Seconds(), removed, filterNote(report.Filter))
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "calls\tcalls/s\ttotal wall\tavg wall\ttotal virtual\tavg virtual\tconcurrency\tfunction\t")
 	for _, f := range report.Functions {
@@ -161,6 +167,10 @@ func at(r api.Resolved) string { return fmt.Sprintf("%s+%#x", r.Function, r.Offs
 
 // describeTimer prints where a timer's splices landed.
 func describeTimer(w io.Writer, t api.TimerInfo) {
+	if viaBPF(t.Mechanism) {
+		fmt.Fprintf(w, "kinst: timing %s with BPF %s (kerninst.ko is not loaded)\n", t.Function, t.Mechanism)
+		return
+	}
 	var exits []string
 	for _, e := range t.Exits {
 		exits = append(exits, fmt.Sprintf("+%#x", e.Offset))

@@ -43,6 +43,9 @@ type Options struct {
 	// "tcg-single": under multi-threaded TCG a vCPU can keep running a
 	// stale translation of the kernel's transient int3 for ever.
 	Accel string
+	// NoDriver boots without kerninst.ko (vm.Config.NoDriver): kerninstd
+	// serves count and time with BPF.
+	NoDriver bool
 }
 
 // Enabled reports whether live-VM tests run: only when KINST_LIVE=1.
@@ -95,6 +98,7 @@ func MainWith(m *testing.M, name string, o Options, ready func(*VM)) int {
 		KinstBin:      filepath.Join(bin, "kinst"),
 		KerninstdBin:  filepath.Join(bin, "kerninstd"),
 		Accel:         o.Accel,
+		NoDriver:      o.NoDriver,
 		KernelPackage: os.Getenv("KINST_KERNEL"), // default: the machine's linux-image-amd64
 		Progress:      os.Stderr,
 		Ready: func(ctx context.Context, in *vm.Instance) error {

@@ -52,7 +52,11 @@ for i in 1 2 3 4 5 6 7 8 9 10; do ip link show eth0 >/dev/null 2>&1 && break; sl
 ip addr add 10.0.2.15/24 dev eth0
 ip link set eth0 up
 ip route add default via 10.0.2.2
-insmod /lib/modules/kerninst.ko || echo "kinst-init: insmod kerninst.ko failed"
+if grep -qw kinst.nodriver /proc/cmdline; then
+	echo "kinst-init: kinst.nodriver: kerninst.ko not loaded"
+else
+	insmod /lib/modules/kerninst.ko || echo "kinst-init: insmod kerninst.ko failed"
+fi
 # The host hands kerninstd's TCP token over fw_cfg (not the command line,
 # which dmesg and /proc show); without one kerninstd refuses 0.0.0.0.
 tok=/sys/firmware/qemu_fw_cfg/by_name/opt/kinst/token/raw

@@ -27,6 +27,17 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
+// appendLine is the guest kernel's command line; kinst.nodriver tells
+// /init not to load kerninst.ko (the kernel passes the unknown word on to
+// /init, which reads it from /proc/cmdline).
+func appendLine(c Config) string {
+	s := "console=ttyS0 panic=-1 kaslr"
+	if c.NoDriver {
+		s += " kinst.nodriver"
+	}
+	return s
+}
+
 // qemuArgs is the command line of the test VM.
 func qemuArgs(c Config, k *Kernel, initrd, accel, dir string, agentPort, kdPort int) []string {
 	a := []string{
@@ -44,7 +55,7 @@ func qemuArgs(c Config, k *Kernel, initrd, accel, dir string, agentPort, kdPort 
 			kdPort, GuestKerninstdPort, agentPort, GuestAgentPort),
 		"-device", "virtio-net-pci,netdev=n0",
 		"-kernel", k.Vmlinuz, "-initrd", initrd,
-		"-append", "console=ttyS0 panic=-1 kaslr",
+		"-append", appendLine(c),
 		"-pidfile", filepath.Join(dir, "qemu.pid"), "-daemonize",
 	}
 	switch accel {

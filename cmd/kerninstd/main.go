@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/bpfprobe"
+	"github.com/kinst/kinst/core/dump"
 	"github.com/kinst/kinst/driver"
 	"github.com/kinst/kinst/internal/buildinfo"
 	"github.com/kinst/kinst/kernel"
@@ -74,6 +76,9 @@ func main() {
 
 func run(log *slog.Logger, socket, listen, token, metricsAddr, devPath, kallsyms, cacheDir string, analyze bool) error {
 	dev, err := driver.Open(devPath)
+	if errors.Is(err, driver.ErrNotLoaded) {
+		return runBPF(log, socket, listen, token, metricsAddr, kallsyms, err)
+	}
 	if err != nil {
 		return err
 	}
@@ -99,6 +104,41 @@ func run(log *slog.Logger, socket, listen, token, metricsAddr, devPath, kallsyms
 	if err != nil {
 		return err
 	}
+	return serve(log, d, socket, listen, token, metricsAddr, analyze)
+}
+
+// runBPF serves count and time with BPF where the driver is not loaded;
+// where BPF cannot run either, it says so and exits.
+func runBPF(log *slog.Logger, socket, listen, token, metricsAddr, kallsyms string, why error) error {
+	set, err := bpfprobe.NewSet(16384)
+	if err != nil {
+		return fmt.Errorf("nothing here can instrument this kernel: %v, and %v; load the driver (kinst driver load), or run kerninstd where BPF is allowed (root, CONFIG_BPF_SYSCALL)", why, err)
+	}
+	defer set.Close()
+	mechs, err := set.Available("vfs_read")
+	if err != nil {
+		return fmt.Errorf("nothing here can instrument this kernel: %v, and %v", why, err)
+	}
+	kc, err := dump.Open(dump.KcorePath)
+	if err != nil {
+		return fmt.Errorf("%v; BPF needs the kernel's text to resolve points, from %s: %v", why, dump.KcorePath, err)
+	}
+	defer kc.Close()
+	mem, ok := kc.(*dump.Kcore)
+	if !ok {
+		return fmt.Errorf("%s is not a kcore", dump.KcorePath)
+	}
+	build := buildinfo.Read().String()
+	log.Warn("driver not loaded; serving count and time with BPF (fentry, kprobe.multi or kprobe); coverage, filters and splices need the driver", "why", why, "mechanisms", strings.Join(mechs, ","))
+	d, err := kerninstd.New(kerninstd.Config{Device: &kerninstd.BPFDevice{Mem: mem, Set: set}, BPF: set, Kallsyms: kallsyms, Log: log,
+		BTF: kernel.BTFPath, Info: func() api.Info { return api.Info{Version: build, Counters: set.Len()} }})
+	if err != nil {
+		return err
+	}
+	return serve(log, d, socket, listen, token, metricsAddr, false)
+}
+
+func serve(log *slog.Logger, d *kerninstd.Daemon, socket, listen, token, metricsAddr string, analyze bool) error {
 	srv := &http.Server{Handler: d.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	os.Remove(socket)
 	old := syscall.Umask(0o177) // the socket is born 0600: root only

@@ -279,3 +279,29 @@ func isKcorePath(path string) bool {
 	r, err := filepath.EvalSymlinks(path)
 	return err == nil && r == KcorePath
 }
+
+// ReadVirt reads kernel virtual memory through kcore's own segments (the
+// kernel image, the direct map, vmalloc and modules), without the page
+// tables: what a live reader needs before, or instead of, a kernel view.
+// It reads all of p or fails naming the first address it could not read.
+func (k *Kcore) ReadVirt(p []byte, addr uint64) error {
+	done := 0
+	for done < len(p) {
+		a := addr + uint64(done)
+		i := sort.Search(len(k.virt), func(i int) bool { return k.virt[i].vaddr+k.virt[i].size > a })
+		if i == len(k.virt) || k.virt[i].vaddr > a {
+			return &NotPresentError{Addr: a}
+		}
+		s := k.virt[i]
+		n := min(uint64(len(p)-done), s.vaddr+s.size-a)
+		m, err := k.r.ReadAt(p[done:done+int(n)], int64(s.off+(a-s.vaddr)))
+		done += m
+		if err != nil && m < int(n) {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return fmt.Errorf("kcore: address %#x: %w", addr+uint64(done), kcoreErr(err))
+		}
+	}
+	return nil
+}
