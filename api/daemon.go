@@ -25,10 +25,10 @@ import (
 
 // Info describes the daemon and the kernel it instruments.
 type Info struct {
-	Version       string `json:"version,omitempty"` // kerninstd's build
+	Version string `json:"version,omitempty"` // kerninstd's build
 	// Mechanism is "splice" with the driver, "bpf" without it (count and
 	// time only, by fentry, kprobe.multi or kprobe).
-	Mechanism string `json:"mechanism"`
+	Mechanism     string `json:"mechanism"`
 	KernelRelease string `json:"kernel_release"`
 	ABIVersion    uint32 `json:"abi_version"` // the loaded driver's
 	PatchHeap     Addr   `json:"patch_heap"`

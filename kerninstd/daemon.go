@@ -3,10 +3,10 @@ package kerninstd
 import (
 	"crypto/rand"
 
-	"github.com/kinst/kinst/bpfprobe"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/kinst/kinst/bpfprobe"
 	"log/slog"
 	"sync"
 	"time"

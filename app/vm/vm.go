@@ -42,11 +42,11 @@ type Config struct {
 	Accel         string // "auto" (default), "tcg", "tcg-single" or "kvm"
 	KinstBin      string // static binaries put in the guest's /bin
 	KerninstdBin  string
-	KernelPackage string    // default: what linux-image-amd64 depends on
+	KernelPackage string // default: what linux-image-amd64 depends on
 	// NoDriver boots without loading kerninst.ko: kerninstd then serves
 	// count and time with BPF, as on a host that refuses modules.
 	NoDriver bool
-	Progress      io.Writer // human progress lines; nil for none
+	Progress io.Writer // human progress lines; nil for none
 	// Ready, if set, is called once the agent answers; Up returns when it
 	// does (e.g. kerninstd in the guest answers its API).
 	Ready func(ctx context.Context, in *Instance) error
