@@ -70,8 +70,6 @@ type Set struct {
 
 	mu     sync.Mutex // protects probes
 	probes map[*Probe]bool
-
-	only string // tests: try this mechanism alone
 }
 
 // NewSet creates the counter map with n slots. It fails, wrapping
@@ -187,10 +185,10 @@ type attempt struct {
 }
 
 // first tries each attempt in order and keeps the first that works.
-func (s *Set) first(fn string, off uint64, starts *ebpf.Map, as []attempt) (*Probe, error) {
+func (s *Set) first(fn string, off uint64, starts *ebpf.Map, only string, as []attempt) (*Probe, error) {
 	e := &AttachError{Function: fn, Offset: off}
 	for _, a := range as {
-		if s.only != "" && a.mechanism != s.only {
+		if only != "" && a.mechanism != only {
 			continue
 		}
 		progs, links, err := a.attach()
@@ -208,6 +206,9 @@ func (s *Set) first(fn string, off uint64, starts *ebpf.Map, as []attempt) (*Pro
 	if starts != nil {
 		starts.Close()
 	}
+	if len(e.Tried) == 0 {
+		e.Tried = append(e.Tried, fmt.Errorf("%s: not a mechanism for this probe", only))
+	}
 	return nil, e
 }
 
@@ -224,10 +225,23 @@ func (s *Set) checkSlot(slots ...int) error {
 // at a function's entry (off 0) by fentry, kprobe.multi or kprobe, at
 // any other instruction by a kprobe.
 func (s *Set) Count(fn string, off uint64, slot int) (*Probe, error) {
+	return s.CountWith("", fn, off, slot)
+}
+
+// CountWith is Count by one mechanism only ("" for the first that
+// works), for comparisons such as kinst bench hit's.
+func (s *Set) CountWith(mechanism, fn string, off uint64, slot int) (*Probe, error) {
+	return s.CountThread(mechanism, fn, off, slot, 0)
+}
+
+// CountThread is CountWith counting only the hits of thread tid (all
+// threads for 0): a benchmark's exact oracle at a function other threads
+// call too.
+func (s *Set) CountThread(mechanism, fn string, off uint64, slot, tid int) (*Probe, error) {
 	if err := s.checkSlot(slot); err != nil {
 		return nil, err
 	}
-	insns := counterProgram(s.counts.FD(), slot)
+	insns := counterProgram(s.counts.FD(), slot, tid)
 	kprobe := attempt{Kprobe, func() ([]*ebpf.Program, []link.Link, error) {
 		p, err := load(ebpf.Kprobe, 0, "", insns)
 		if err != nil {
@@ -237,9 +251,9 @@ func (s *Set) Count(fn string, off uint64, slot int) (*Probe, error) {
 		return []*ebpf.Program{p}, links(l), err
 	}}
 	if off != 0 {
-		return s.first(fn, off, nil, []attempt{kprobe})
+		return s.first(fn, off, nil, mechanism, []attempt{kprobe})
 	}
-	return s.first(fn, 0, nil, []attempt{
+	return s.first(fn, 0, nil, mechanism, []attempt{
 		{FEntry, func() ([]*ebpf.Program, []link.Link, error) {
 			p, err := load(ebpf.Tracing, ebpf.AttachTraceFEntry, fn, insns)
 			if err != nil {
@@ -263,6 +277,12 @@ func (s *Set) Count(fn string, off uint64, slot int) (*Probe, error) {
 // Time attaches a timer to fn: each call adds 1 to calls and its wall
 // time in nanoseconds to ns.
 func (s *Set) Time(fn string, calls, ns int) (*Probe, error) {
+	return s.TimeWith("", fn, calls, ns)
+}
+
+// TimeWith is Time by one mechanism only (FEntry or Kprobe; "" for the
+// first that works).
+func (s *Set) TimeWith(mechanism, fn string, calls, ns int) (*Probe, error) {
 	if err := s.checkSlot(calls, ns); err != nil {
 		return nil, err
 	}
@@ -272,7 +292,7 @@ func (s *Set) Time(fn string, calls, ns int) (*Probe, error) {
 	}
 	enter := timerEnter(s.counts.FD(), starts.FD(), calls)
 	exit := timerExit(s.counts.FD(), starts.FD(), ns)
-	return s.first(fn, 0, starts, []attempt{
+	return s.first(fn, 0, starts, mechanism, []attempt{
 		{FEntry, func() ([]*ebpf.Program, []link.Link, error) {
 			pe, err := load(ebpf.Tracing, ebpf.AttachTraceFEntry, fn, enter)
 			if err != nil {
@@ -329,9 +349,20 @@ func load(typ ebpf.ProgramType, at ebpf.AttachType, attachTo string, insns asm.I
 		License: "GPL", Instructions: insns})
 }
 
-// counterProgram: counts[slot] += 1 (atomically); return 0.
-func counterProgram(counts, slot int) asm.Instructions {
-	return append(addTo(counts, slot, -4, asm.R1, 1), asm.Mov.Imm(asm.R0, 0).WithSymbol("out"), asm.Return())
+// counterProgram: counts[slot] += 1 (atomically), if tid is 0 or the
+// current thread's id; return 0.
+func counterProgram(counts, slot, tid int) asm.Instructions {
+	var insns asm.Instructions
+	if tid != 0 {
+		insns = asm.Instructions{
+			asm.FnGetCurrentPidTgid.Call(),
+			asm.LSh.Imm(asm.R0, 32), // the low half is the thread id
+			asm.RSh.Imm(asm.R0, 32),
+			asm.JNE.Imm(asm.R0, int32(tid), "out"),
+		}
+	}
+	insns = append(insns, addTo(counts, slot, -4, asm.R1, 1)...)
+	return append(insns, asm.Mov.Imm(asm.R0, 0).WithSymbol("out"), asm.Return())
 }
 
 // addTo adds imm (or, with imm 0, the register src) to counts[slot],
@@ -404,10 +435,8 @@ func timerExit(counts, starts, ns int) asm.Instructions {
 func (s *Set) Available(fn string) ([]string, error) {
 	e := &AttachError{Function: fn}
 	var ok []string
-	defer func() { s.only = "" }()
 	for _, m := range []string{FEntry, KprobeMulti, Kprobe} {
-		s.only = m
-		p, err := s.Count(fn, 0, 0)
+		p, err := s.CountWith(m, fn, 0, 0)
 		if err != nil {
 			var ae *AttachError
 			if errors.As(err, &ae) {

@@ -40,9 +40,7 @@ func TestCountMechanisms(t *testing.T) {
 	s := newSet(t)
 	for i, mech := range []string{FEntry, KprobeMulti, Kprobe} {
 		t.Run(mech, func(t *testing.T) {
-			s.only = mech
-			defer func() { s.only = "" }()
-			p, err := s.Count(getppid, 0, i)
+			p, err := s.CountWith(mech, getppid, 0, i)
 			if err != nil {
 				t.Skipf("%s not available on this kernel: %v", mech, err)
 			}
@@ -91,11 +89,9 @@ func TestTime(t *testing.T) {
 	s := newSet(t)
 	for _, mech := range []string{FEntry, Kprobe} {
 		t.Run(mech, func(t *testing.T) {
-			s.only = mech
-			defer func() { s.only = "" }()
 			s.Clear(0, 2)
 			// nanosleep: each call sleeps at least 2 ms.
-			p, err := s.Time("hrtimer_nanosleep", 0, 1)
+			p, err := s.TimeWith(mech, "hrtimer_nanosleep", 0, 1)
 			if err != nil {
 				t.Skipf("%s not available: %v", mech, err)
 			}

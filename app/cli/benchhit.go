@@ -17,7 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kinst/kinst/api"
-	"github.com/kinst/kinst/internal/bpfkprobe"
+	"github.com/kinst/kinst/bpfprobe"
 )
 
 // HitOptions configure `kinst bench hit`.
@@ -58,6 +58,11 @@ func BenchHit(ctx context.Context, c *api.Client, o HitOptions, env Env) error {
 			byClass[in.SpliceClass] = in
 		}
 	}
+	// One OS thread for the whole benchmark: the BPF rows count this
+	// thread's calls only.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	tid := unix.Gettid()
 	loop := func() float64 {
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
@@ -143,7 +148,17 @@ func BenchHit(ctx context.Context, c *api.Client, o HitOptions, env Env) error {
 		// A BPF program attached as a kprobe at the same instruction,
 		// counting in an array map; kprobes-optimization on, as the
 		// kernel's default has it.
-		measure("bpf kprobe", point, func() (func() (uint64, error), error) { return attachBPFKprobe(o.Function, in.Offset) })
+		measure("bpf kprobe", point, func() (func() (uint64, error), error) { return attachBPF(bpfprobe.Kprobe, o.Function, in.Offset, 0) })
+	}
+	// The same program by the mechanisms kerninstd uses without the
+	// driver at a function's entry: an fentry trampoline and a
+	// kprobe.multi (fprobe). They need an ftrace site, which the syscall
+	// wrappers lack, so they go to the function getppid(2) calls once,
+	// __task_pid_nr_ns, counting this thread's hits only (other tasks
+	// call it too); the thread check is in the program.
+	for _, mech := range []string{bpfprobe.FEntry, bpfprobe.KprobeMulti} {
+		const fn = "__task_pid_nr_ns"
+		measure("bpf "+mech, fn+" (this thread)", func() (func() (uint64, error), error) { return attachBPF(mech, fn, 0, tid) })
 	}
 	rep.Rows = append([]api.HitRow{{Mechanism: "none", NsPerCall: median(bases), Ratio: 1}}, rep.Rows...)
 	return writeHitReport(w, rep, o.JSON)
@@ -171,28 +186,36 @@ func writeHitReport(w io.Writer, rep api.HitReport, asJSON bool) error {
 	return tw.Flush()
 }
 
-// attachBPFKprobe loads a BPF program that counts hits in an array map
-// and attaches it as a kprobe at fn+off (with kprobe optimization on);
+// attachBPF loads a BPF program that counts hits in an array map and
+// attaches it at fn+off by one mechanism (bpfprobe.FEntry, KprobeMulti or
+// Kprobe; a kprobe with kprobe optimization on, the kernel's default);
 // detach reads the count and unloads it.
-func attachBPFKprobe(fn string, off uint64) (func() (uint64, error), error) {
-	restore, err := setKprobeOptimization(true)
-	if err != nil {
-		return nil, err
+func attachBPF(mechanism, fn string, off uint64, tid int) (func() (uint64, error), error) {
+	restore := func() {}
+	if mechanism == bpfprobe.Kprobe {
+		var err error
+		if restore, err = setKprobeOptimization(true); err != nil {
+			return nil, err
+		}
 	}
-	bc, err := bpfkprobe.Attach(fn, off)
+	set, err := bpfprobe.NewSet(1)
 	if err != nil {
 		restore()
 		return nil, err
 	}
-	// Optimization runs from delayed work: give it time.
-	time.Sleep(300 * time.Millisecond)
+	if _, err := set.CountThread(mechanism, fn, off, 0, tid); err != nil {
+		set.Close()
+		restore()
+		return nil, err
+	}
+	if mechanism == bpfprobe.Kprobe {
+		// Optimization runs from delayed work: give it time.
+		time.Sleep(300 * time.Millisecond)
+	}
 	return func() (uint64, error) {
 		defer restore()
-		n, err := bc.Count()
-		if cerr := bc.Close(); err == nil {
-			err = cerr
-		}
-		return n, err
+		n := set.Counter(0)
+		return n, set.Close()
 	}, nil
 }
 
