@@ -46,6 +46,9 @@ type Options struct {
 	// NoDriver boots without kerninst.ko (vm.Config.NoDriver): kerninstd
 	// serves count and time with BPF.
 	NoDriver bool
+	// Kernel is the Debian kernel to boot (vm.Config.KernelPackage);
+	// "": KINST_KERNEL, else the default.
+	Kernel string
 }
 
 // Enabled reports whether live-VM tests run: only when KINST_LIVE=1.
@@ -65,14 +68,33 @@ func MainWith(m *testing.M, name string, o Options, ready func(*VM)) int {
 		return 0
 	}
 	reapStaleVMs()
+	g, down, err := Boot(name, o)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		return 1
+	}
+	ready(g)
+	code := m.Run()
+	if code != 0 {
+		if b, err := os.ReadFile(g.SerialLog()); err == nil {
+			fmt.Fprintf(os.Stderr, "%s: serial log tail:\n%s\n", name, Tail(string(b), 40))
+		}
+	}
+	down()
+	return code
+}
+
+// Boot boots a VM with o (and KINST_KERNEL unless o.Kernel is set) and
+// returns it with the function that stops it and removes its files.
+// Packages that boot several VMs in turn (one per kernel) call it from
+// their tests; MainWith calls it once for the package.
+func Boot(name string, o Options) (*VM, func(), error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	tmp, err := os.MkdirTemp("", "kinst-live-")
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return nil, nil, err
 	}
-	defer os.RemoveAll(tmp)
 	// Whose VM this is: a later run reaps it if this process dies.
 	os.WriteFile(filepath.Join(tmp, "owner.pid"), []byte(fmt.Sprint(os.Getpid())), 0o600)
 	bin := os.Getenv("KINST_BIN")
@@ -82,8 +104,8 @@ func MainWith(m *testing.M, name string, o Options, ready func(*VM)) int {
 			cmd := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(bin, c), "./cmd/"+c)
 			cmd.Dir, cmd.Env = RepoRoot(), append(os.Environ(), "CGO_ENABLED=0")
 			if b, err := cmd.CombinedOutput(); err != nil {
-				fmt.Fprintf(os.Stderr, "%s: build %s: %v\n%s", name, c, err, b)
-				return 1
+				os.RemoveAll(tmp)
+				return nil, nil, fmt.Errorf("build %s: %v\n%s", c, err, b)
 			}
 		}
 	}
@@ -91,15 +113,19 @@ func MainWith(m *testing.M, name string, o Options, ready func(*VM)) int {
 	if cache == "" {
 		cache = filepath.Join(RepoRoot(), ".cache")
 	}
+	kernel := o.Kernel
+	if kernel == "" {
+		kernel = os.Getenv("KINST_KERNEL") // default: the machine's linux-image-amd64
+	}
 	start := time.Now()
-	in, err := vm.Up(ctx, vm.Config{
+	c := vm.Config{
 		CacheDir:      cache,
 		StateDir:      filepath.Join(tmp, "vm"),
 		KinstBin:      filepath.Join(bin, "kinst"),
 		KerninstdBin:  filepath.Join(bin, "kerninstd"),
 		Accel:         o.Accel,
 		NoDriver:      o.NoDriver,
-		KernelPackage: os.Getenv("KINST_KERNEL"), // default: the machine's linux-image-amd64
+		KernelPackage: kernel,
 		Progress:      os.Stderr,
 		Ready: func(ctx context.Context, in *vm.Instance) error {
 			c, err := in.Client()
@@ -108,31 +134,49 @@ func MainWith(m *testing.M, name string, o Options, ready func(*VM)) int {
 			}
 			return c.WaitReady(ctx, 2*time.Minute)
 		},
-	})
+	}
+	in, err := vm.Up(ctx, c)
+	if err != nil && diedBeforeInit(c.StateDir) {
+		// The kernel died before running /init, so before any of kinst
+		// ran: under multi-threaded TCG a vCPU can execute a stale
+		// translation of code the kernel patched at boot (seen once in
+		// tens of boots). Boot once more, and say so.
+		fmt.Fprintf(os.Stderr, "%s: the guest kernel died before /init (serial log tail below); booting once more\n%s\n",
+			name, Tail(readFile(filepath.Join(c.StateDir, "serial.log")), 12))
+		in, err = vm.Up(ctx, c)
+	}
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "%s: vm up: %v\n", name, err)
-		return 1
+		os.RemoveAll(tmp)
+		return nil, nil, fmt.Errorf("vm up: %v", err)
 	}
 	fmt.Fprintf(os.Stderr, "%s: VM up in %.1fs (%s, %s)\n", name, time.Since(start).Seconds(), in.Accel(), in.KernelRelease())
 	client, err := in.Client()
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
 		in.Down(context.Background())
-		return 1
+		os.RemoveAll(tmp)
+		return nil, nil, err
 	}
-	ready(&VM{Instance: in, Client: client, Bin: bin, Cache: cache, Scratch: tmp})
-	code := m.Run()
-	if code != 0 {
-		if b, err := os.ReadFile(in.SerialLog()); err == nil {
-			fmt.Fprintf(os.Stderr, "%s: serial log tail:\n%s\n", name, Tail(string(b), 40))
+	down := func() {
+		dctx, dcancel := context.WithTimeout(context.Background(), time.Minute)
+		defer dcancel()
+		if err := in.Down(dctx); err != nil {
+			fmt.Fprintf(os.Stderr, "%s: vm down: %v\n", name, err)
 		}
+		os.RemoveAll(tmp)
 	}
-	dctx, dcancel := context.WithTimeout(context.Background(), time.Minute)
-	defer dcancel()
-	if err := in.Down(dctx); err != nil {
-		fmt.Fprintf(os.Stderr, "%s: vm down: %v\n", name, err)
-	}
-	return code
+	return &VM{Instance: in, Client: client, Bin: bin, Cache: cache, Scratch: tmp}, down, nil
+}
+
+// diedBeforeInit: the boot's serial log shows the kernel never reached
+// the guest's /init.
+func diedBeforeInit(stateDir string) bool {
+	log := readFile(filepath.Join(stateDir, "serial.log"))
+	return log != "" && !strings.Contains(log, "kinst-init:")
+}
+
+func readFile(path string) string {
+	b, _ := os.ReadFile(path)
+	return string(b)
 }
 
 // Exec runs argv in the guest and returns stdout, stderr and the status.
