@@ -24,7 +24,14 @@ import (
 // lsmParts is each module's part of each blob: a struct, or "*S" for a
 // pointer to S (AppArmor's cred part is its label).
 var lsmParts = map[string]map[string]string{
-	"landlock": {"lbs_cred": "landlock_cred_security", "lbs_inode": "landlock_inode_security", "lbs_superblock": "landlock_superblock_security"},
+	// landlock's file part is 6.7's (truncate and ioctl rights).
+	"landlock": {"lbs_cred": "landlock_cred_security", "lbs_file": "landlock_file_security", "lbs_inode": "landlock_inode_security", "lbs_superblock": "landlock_superblock_security"},
+	// From 6.9 IMA and EVM are modules of their own (ordered last) with
+	// parts of the inode blob; 6.12's IPE has superblock and inode parts
+	// (the inode's with fs-verity signatures only).
+	"ima": {"lbs_inode": "*ima_iint_cache"},
+	"evm": {"lbs_inode": "evm_iint_cache"},
+	"ipe": {"lbs_superblock": "ipe_superblock", "lbs_inode": "ipe_inode"},
 	"apparmor": {"lbs_cred": "*aa_label", "lbs_file": "aa_file_ctx", "lbs_sock": "aa_sk_ctx", "lbs_task": "aa_task_ctx"},
 	"tomoyo":   {"lbs_task": "tomoyo_task"},
 	"bpf":      {"lbs_inode": "bpf_storage_blob", "lbs_task": "bpf_storage_blob"},
@@ -100,8 +107,11 @@ func (g *Graph) initLSM() {
 	mods := map[string]map[string]int32{}
 	for _, n := range names {
 		sym := n + "_blob_sizes"
-		if n == "bpf" {
+		switch n {
+		case "bpf":
 			sym = "bpf_lsm_blob_sizes"
+		case "ipe":
+			sym = "ipe_blobs"
 		}
 		if _, ok := lsmParts[n]; ok {
 			if s := sizes(sym); s != nil {

@@ -93,3 +93,68 @@ func TestLSMBlobs(t *testing.T) {
 		})
 	}
 }
+
+// TestLSMBlobsIntegrity: from 6.9 IMA and EVM have parts of the inode
+// blob (IMA's a pointer to its ima_iint_cache, EVM's an evm_iint_cache),
+// after the other modules; the layout must include them to add up.
+func TestLSMBlobsIntegrity(t *testing.T) {
+	i32 := &btf.Int{Name: "int", Size: 4, Encoding: btf.Signed}
+	var sizes []btf.Member
+	for i, f := range []string{"lbs_cred", "lbs_file", "lbs_inode", "lbs_superblock", "lbs_ipc", "lbs_msg_msg", "lbs_task"} {
+		sizes = append(sizes, mem(f, i32, uint32(4*i)))
+	}
+	for _, tc := range []struct {
+		name, names string
+		typed       bool
+	}{
+		{"ima and evm", "capability,lockdown,yama,ima,evm", true},
+		{"evm unknown to the layout", "capability,ima,evm,future", true}, // a module without an inode part is fine
+		{"evm part missing", "capability,ima", false},                  // blob_sizes counts evm's part: no layout
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			base := slabtest.Types(false)
+			cb := &btf.Struct{Name: "callback_head", Size: 16, Members: []btf.Member{mem("next", u64, 0), mem("func", u64, 8)}}
+			iint := &btf.Struct{Name: "ima_iint_cache", Size: 64, Members: []btf.Member{mem("version", u64, 0)}}
+			evm := &btf.Struct{Name: "evm_iint_cache", Size: 8, Members: []btf.Member{mem("flags", u64, 0)}}
+			lbs := &btf.Struct{Name: "lsm_blob_sizes", Size: 28, Members: sizes}
+			inode := &btf.Struct{Name: "inode", Size: 40, Members: []btf.Member{mem("i_ino", u64, 0), mem("i_security", ptr(&btf.Void{}), 8), mem("pad", u64, 16)}}
+			im := slabtest.NewImageTypes(t, false, append(base, cb, iint, evm, lbs, inode))
+			ic := im.AddCache("inode", 40, 40, 0, 0)
+			k32 := im.AddCache("kmalloc-32", 32, 32, 0, 0)
+			k64 := im.AddCache("kmalloc-64", 64, 64, 0, 0)
+			si := im.AddSlab(ic, 1, nil)
+			s32 := im.AddSlab(k32, 1, nil)
+			s64 := im.AddSlab(k64, 1, nil)
+			im.Finish()
+			blob, cache := k32.Obj(s32, 0), k64.Obj(s64, 0)
+			im.U64(ic.Obj(si, 0)+8, blob)
+			im.U64(blob+16, cache)
+			im.Syms["lsm_names"] = im.Alloc(8)
+			im.U64(im.Syms["lsm_names"], im.Str(tc.names))
+			// rcu_head 16, IMA's pointer at 16, EVM's part at 24: 32.
+			for sym, v := range map[string]byte{"blob_sizes": 32, "ima_blob_sizes": 16, "evm_blob_sizes": 24} {
+				a := im.Alloc(28)
+				im.Syms[sym] = a
+				im.Write(a+8, []byte{v, 0, 0, 0})
+			}
+			h, err := slab.Open(im)
+			if err != nil {
+				t.Fatal(err)
+			}
+			g, err := Build(im, h, typeid.CacheTypes(im.Spec, h), Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			at, ok := g.TypeAt(cache)
+			if !tc.typed {
+				if ok {
+					t.Errorf("typed %+v with a layout that does not add up", at)
+				}
+				return
+			}
+			if !ok || at.Type != "ima_iint_cache" || len(at.Chain) != 2 || at.Chain[1].Member != "lsm_inode_blob.ima" {
+				t.Fatalf("IMA's cache: %+v, want ima_iint_cache through lsm_inode_blob.ima", at)
+			}
+		})
+	}
+}
