@@ -29,9 +29,9 @@ var lsmParts = map[string]map[string]string{
 	// From 6.9 IMA and EVM are modules of their own (ordered last) with
 	// parts of the inode blob; 6.12's IPE has superblock and inode parts
 	// (the inode's with fs-verity signatures only).
-	"ima": {"lbs_inode": "*ima_iint_cache"},
-	"evm": {"lbs_inode": "evm_iint_cache"},
-	"ipe": {"lbs_superblock": "ipe_superblock", "lbs_inode": "ipe_inode"},
+	"ima":      {"lbs_inode": "*ima_iint_cache"},
+	"evm":      {"lbs_inode": "evm_iint_cache"},
+	"ipe":      {"lbs_superblock": "ipe_superblock", "lbs_inode": "ipe_inode"},
 	"apparmor": {"lbs_cred": "*aa_label", "lbs_file": "aa_file_ctx", "lbs_sock": "aa_sk_ctx", "lbs_task": "aa_task_ctx"},
 	"tomoyo":   {"lbs_task": "tomoyo_task"},
 	"bpf":      {"lbs_inode": "bpf_storage_blob", "lbs_task": "bpf_storage_blob"},

@@ -109,7 +109,7 @@ func TestLSMBlobsIntegrity(t *testing.T) {
 	}{
 		{"ima and evm", "capability,lockdown,yama,ima,evm", true},
 		{"evm unknown to the layout", "capability,ima,evm,future", true}, // a module without an inode part is fine
-		{"evm part missing", "capability,ima", false},                  // blob_sizes counts evm's part: no layout
+		{"evm part missing", "capability,ima", false},                    // blob_sizes counts evm's part: no layout
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			base := slabtest.Types(false)
