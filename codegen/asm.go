@@ -235,6 +235,18 @@ func (a *Asm) Pop(r Reg) {
 // Pushfq saves RFLAGS on the stack (the kernel has no red zone).
 func (a *Asm) Pushfq() { a.code = append(a.code, opPushfq) }
 
+// LeaRSP moves %rsp by d without touching the flags: lea d(%rsp),%rsp.
+func (a *Asm) LeaRSP(d int32) { a.code = append(a.code, leaRSP(d)...) }
+
+// leaRSP encodes lea d(%rsp),%rsp: REX.W 8D, ModRM with %rsp as both
+// register and base (through a SIB byte), disp8 when d fits, else disp32.
+func leaRSP(d int32) []byte {
+	if d == int32(int8(d)) {
+		return []byte{0x48, 0x8d, 0x64, 0x24, byte(int8(d))}
+	}
+	return []byte{0x48, 0x8d, 0xa4, 0x24, byte(d), byte(d >> 8), byte(d >> 16), byte(d >> 24)}
+}
+
 // Popfq restores RFLAGS.
 func (a *Asm) Popfq() { a.code = append(a.code, opPopfq) }
 

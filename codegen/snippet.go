@@ -69,6 +69,12 @@ type PatchSpec struct {
 	// the last falling through. Only an instruction that neither branches
 	// nor calls may (a call would return into the covered bytes).
 	FallThrough bool
+	// RedZone is how many bytes below %rsp the interrupted code may use
+	// without moving %rsp: 128 in user space under the SysV ABI, 0 in the
+	// kernel (built with -mno-red-zone). A patch that pushes anything
+	// first moves %rsp below it (lea -RedZone(%rsp),%rsp) and back after;
+	// lea leaves the flags alone.
+	RedZone int32
 }
 
 // Patch is generated code for one point:
@@ -146,6 +152,10 @@ func BuildPatch(addr uint64, spec PatchSpec) (*Patch, error) {
 	p.SavedFlags = spec.Live.Flags && need.Flags
 
 	a := NewAsm(addr)
+	skip := spec.RedZone > 0 && (p.SavedFlags || len(p.Spilled) > 0 || !stackless(spec.Snippets))
+	if skip {
+		a.LeaRSP(-spec.RedZone)
+	}
 	if p.SavedFlags {
 		a.Pushfq()
 	}
@@ -163,6 +173,9 @@ func BuildPatch(addr uint64, spec PatchSpec) (*Patch, error) {
 	if p.SavedFlags {
 		a.Popfq()
 	}
+	if skip {
+		a.LeaRSP(spec.RedZone)
+	}
 	if err := a.Err(); err != nil {
 		return nil, err
 	}
@@ -173,6 +186,19 @@ func BuildPatch(addr uint64, spec PatchSpec) (*Patch, error) {
 	}
 	p.Code = code
 	return p, nil
+}
+
+// stackless reports whether every snippet is one that never pushes
+// (counters and hit flags: one instruction on memory).
+func stackless(ss []Snippet) bool {
+	for _, s := range ss {
+		switch s.(type) {
+		case Counter, HitFlag:
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 func regIn(r Reg, rs []Reg) bool {
@@ -215,8 +241,36 @@ func VerifyPatch(p *Patch, spec PatchSpec) error {
 	if len(p.Spans) != len(spec.Snippets) {
 		return &VerifyError{Offset: 0, Reason: fmt.Sprintf("%d spans for %d snippets", len(p.Spans), len(spec.Snippets))}
 	}
-	if err := verifyInstrumentation(p.Code[:p.Instr], p.Addr); err != nil {
+	instr, base := p.Code[:p.Instr], 0
+	if spec.RedZone > 0 {
+		// The red zone skip, if there, brackets the instrumentation.
+		down, up := leaRSP(-spec.RedZone), leaRSP(spec.RedZone)
+		if bytes.HasPrefix(instr, down) {
+			if !bytes.HasSuffix(instr, up) || len(instr) < len(down)+len(up) {
+				return &VerifyError{Offset: 0, Reason: "red zone skip without its restore at the end"}
+			}
+			base, instr = len(down), instr[len(down):len(instr)-len(up)]
+		}
+	}
+	if err := verifyInstrumentation(instr, p.Addr+uint64(base)); err != nil {
+		var ve *VerifyError
+		if errors.As(err, &ve) {
+			ve.Offset += base
+		}
 		return err
+	}
+	if spec.RedZone > 0 && base == 0 {
+		// No skip: nothing may push into the red zone.
+		for off := 0; off < len(instr); {
+			in, err := x86asm.Decode(instr[off:], 64)
+			if err != nil {
+				break // verifyInstrumentation decoded it all
+			}
+			if in.Op == x86asm.PUSH || in.Op == x86asm.PUSHFQ {
+				return &VerifyError{Offset: off, Reason: "pushes into the red zone without moving %rsp below it"}
+			}
+			off += in.Len
+		}
 	}
 	for i, s := range spec.Snippets {
 		sp := p.Spans[i]
