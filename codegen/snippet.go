@@ -188,6 +188,24 @@ func BuildPatch(addr uint64, spec PatchSpec) (*Patch, error) {
 	return p, nil
 }
 
+// InsideRedZone returns the instrumentation between a patch's red zone
+// skip (lea -rz(%rsp),%rsp) and its restore, and the skip's length; code
+// unchanged without a red zone or a skip. A skip without its restore is a
+// *VerifyError.
+func InsideRedZone(instr []byte, rz int32) ([]byte, int, error) {
+	if rz <= 0 {
+		return instr, 0, nil
+	}
+	down, up := leaRSP(-rz), leaRSP(rz)
+	if !bytes.HasPrefix(instr, down) {
+		return instr, 0, nil
+	}
+	if !bytes.HasSuffix(instr, up) || len(instr) < len(down)+len(up) {
+		return nil, 0, &VerifyError{Offset: 0, Reason: "red zone skip without its restore at the end"}
+	}
+	return instr[len(down) : len(instr)-len(up)], len(down), nil
+}
+
 // stackless reports whether every snippet is one that never pushes
 // (counters and hit flags: one instruction on memory).
 func stackless(ss []Snippet) bool {
@@ -241,16 +259,9 @@ func VerifyPatch(p *Patch, spec PatchSpec) error {
 	if len(p.Spans) != len(spec.Snippets) {
 		return &VerifyError{Offset: 0, Reason: fmt.Sprintf("%d spans for %d snippets", len(p.Spans), len(spec.Snippets))}
 	}
-	instr, base := p.Code[:p.Instr], 0
-	if spec.RedZone > 0 {
-		// The red zone skip, if there, brackets the instrumentation.
-		down, up := leaRSP(-spec.RedZone), leaRSP(spec.RedZone)
-		if bytes.HasPrefix(instr, down) {
-			if !bytes.HasSuffix(instr, up) || len(instr) < len(down)+len(up) {
-				return &VerifyError{Offset: 0, Reason: "red zone skip without its restore at the end"}
-			}
-			base, instr = len(down), instr[len(down):len(instr)-len(up)]
-		}
+	instr, base, err := InsideRedZone(p.Code[:p.Instr], spec.RedZone)
+	if err != nil {
+		return err
 	}
 	if err := verifyInstrumentation(instr, p.Addr+uint64(base)); err != nil {
 		var ve *VerifyError
@@ -287,7 +298,7 @@ func VerifyPatch(p *Patch, spec PatchSpec) error {
 			}
 		}
 	}
-	err := verifyRelocation(p.Code[p.Instr:], p.Addr+uint64(p.Instr), spec.Site, !spec.FallThrough)
+	err = verifyRelocation(p.Code[p.Instr:], p.Addr+uint64(p.Instr), spec.Site, !spec.FallThrough)
 	var ve *VerifyError
 	if errors.As(err, &ve) {
 		ve.Offset += p.Instr

@@ -31,6 +31,10 @@ type Config struct {
 	// (0: unknown; any address within rel32 reach of text and counters
 	// gives the same lengths, and the counter heap is used).
 	PatchHeap func() uint64
+	// RedZone is the bytes below %rsp the spliced code may use: 128 for a
+	// user process (the SysV ABI), 0 for the kernel. Patches that push
+	// move %rsp below it first (codegen.PatchSpec.RedZone).
+	RedZone int32
 }
 
 // Engine installs and removes requests. Its methods may be called from
@@ -42,6 +46,7 @@ type Engine struct {
 	dev       Device
 	log       *slog.Logger
 	patchHeap func() uint64
+	redZone   int32
 
 	spring *springboard.Heap // springboard space; has its own lock
 	ov     overlay           // original bytes under our splices; has its own lock
@@ -68,7 +73,7 @@ type Engine struct {
 
 // New returns an engine over c.Device with nothing installed.
 func New(c Config) *Engine {
-	e := &Engine{dev: c.Device, log: c.Log, patchHeap: c.PatchHeap,
+	e := &Engine{dev: c.Device, log: c.Log, patchHeap: c.PatchHeap, redZone: c.RedZone,
 		spring: springboard.NewHeap(),
 		points: make(map[uint64]*point),
 		slots:  slotAllocator{n: c.Device.NumCounters(), used: make(map[int]bool)},

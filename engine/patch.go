@@ -42,6 +42,7 @@ func (pt *point) patchSpecs(reqs []*Request) []codegen.PatchSpec {
 		}
 		specs[k] = patchSpec(ps, at)
 		specs[k].FallThrough = k < len(sites)-1
+		specs[k].RedZone = pt.redZone
 	}
 	return specs
 }
@@ -86,7 +87,13 @@ func buildPatch(addr uint64, s *splice.Site, spec codegen.PatchSpec) ([]byte, er
 		return nil, err
 	}
 	if p.Instr > 0 { // a covering patch's part may have no snippets
-		if err := checkClobbers(p.Code[:p.Instr], addr, s.Live); err != nil {
+		// The red zone skip moves %rsp and back; what it brackets must
+		// leave everything live as it was.
+		in, off, err := codegen.InsideRedZone(p.Code[:p.Instr], spec.RedZone)
+		if err != nil {
+			return nil, err
+		}
+		if err := checkClobbers(in, addr+uint64(off), s.Live); err != nil {
 			return nil, err
 		}
 	}

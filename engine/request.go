@@ -20,6 +20,8 @@ import (
 // protected by Engine.mu.
 type point struct {
 	site *splice.Site
+	// redZone is codegen.PatchSpec.RedZone for its patches (the engine's).
+	redZone int32
 	// cover: for a covering splice, the instructions after site that its
 	// jmp overwrites; the patch runs each, with its own requests' snippets
 	// before it. Engine.points maps their addresses to this point too.
@@ -166,7 +168,7 @@ func (e *Engine) freeSlots(r *Request) {
 // instructions after s only if no other point has one of them; otherwise
 // the point gets a trap splice. The caller holds e.mu.
 func (e *Engine) newPoint(s *splice.Site) *point {
-	pt := &point{site: s, class: s.Class}
+	pt := &point{site: s, class: s.Class, redZone: e.redZone}
 	if pt.class != springboard.Cover {
 		return pt
 	}

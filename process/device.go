@@ -1,0 +1,520 @@
+package process
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kinst/kinst/driver"
+	"github.com/kinst/kinst/patchheap"
+)
+
+// Sizes of the region kinst maps into the process: the patch heap, then
+// the counters, one memfd shared by kinst and the process.
+const (
+	HeapSize    = 1 << 20
+	NumCounters = 4096
+	regionSize  = HeapSize + NumCounters*8
+	granule     = 16
+	batchMax    = 64
+	retries     = 200 // stop-and-check rounds before ErrBusy
+)
+
+// Device is a running process as the splicing engine's device
+// (engine.Device): the patch heap and the counters are a memfd that kinst
+// and the process both map (kinst writes patches and reads counts
+// through its own mapping, with the process running); text changes are
+// written through /proc/PID/mem with every thread stopped by ptrace and
+// none inside the bytes that change.
+//
+// If kinst dies, the process runs on: its splices lead into the memfd
+// mapping, which stays valid in the process for as long as the mapping
+// does. Detach (Close) restores every byte first.
+type Device struct {
+	pid   int
+	tr    *tracer
+	mem   *memFile
+	local []byte // kinst's mapping of the region
+	base  uint64 // the region's address in the process
+
+	mu      sync.Mutex // protects heap, splices, next and closed
+	closed  bool
+	heap    *patchheap.Heap
+	splices map[uint32]*spliced
+	next    uint32
+}
+
+// spliced is one splice: the bytes written at addr and those they
+// replaced.
+type spliced struct {
+	addr      uint64
+	orig, new []byte
+}
+
+// Open attaches to pid and maps the region into it within rel32 reach of
+// near (the text to be spliced).
+func Open(pid int, near uint64) (*Device, error) {
+	if err := unix.Kill(pid, 0); err != nil {
+		if err == unix.ESRCH {
+			return nil, fmt.Errorf("%w: %d", ErrNoProcess, pid)
+		}
+		return nil, fmt.Errorf("%w: %d: %v", ErrNotTraceable, pid, err)
+	}
+	mem, err := openMem(pid)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrNotTraceable, err)
+	}
+	d := &Device{pid: pid, tr: newTracer(), mem: mem, splices: map[uint32]*spliced{}}
+	if err := d.mapRegion(near); err != nil {
+		d.tr.close()
+		mem.close()
+		return nil, err
+	}
+	h, err := patchheap.New(d.base, HeapSize, granule)
+	if err != nil {
+		d.Close()
+		return nil, err
+	}
+	d.heap = h
+	return d, nil
+}
+
+// mapRegion makes the memfd, maps it here, and has the process map it
+// too (openat of /proc/KINST/fd/N, mmap, close, run by one of its
+// threads), at a free address near near.
+func (d *Device) mapRegion(near uint64) error {
+	fd, err := unix.MemfdCreate("kinst-patches", unix.MFD_CLOEXEC)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := unix.Ftruncate(fd, regionSize); err != nil {
+		return err
+	}
+	local, err := unix.Mmap(fd, 0, regionSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return err
+	}
+	// An unused heap byte is an int3: a stray jump into it traps.
+	for i := range HeapSize {
+		local[i] = 0xcc
+	}
+	d.local = local
+	at, err := freeNear(d.pid, near, regionSize)
+	if err != nil {
+		return err
+	}
+	path := fmt.Sprintf("/proc/%d/fd/%d\x00", os.Getpid(), fd)
+	return d.tr.do(func() error {
+		held, err := stopAll(d.pid)
+		if err != nil {
+			return err
+		}
+		defer resumeAll(d.pid, held)
+		st := anyThread(held)
+		// The path goes below the thread's red zone.
+		scratch := (st.regs.Rsp - 4096) &^ 15
+		if err := d.mem.write(scratch, []byte(path)); err != nil {
+			return err
+		}
+		cwd := int64(unix.AT_FDCWD)
+		rfd, err := remoteSyscall(d.mem, st, unix.SYS_OPENAT, uint64(cwd), scratch, unix.O_RDWR|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("open the patch region in process %d: %w", d.pid, err)
+		}
+		got, merr := remoteSyscall(d.mem, st, unix.SYS_MMAP, at, regionSize,
+			unix.PROT_READ|unix.PROT_WRITE|unix.PROT_EXEC, unix.MAP_SHARED|unix.MAP_FIXED_NOREPLACE, rfd, 0)
+		remoteSyscall(d.mem, st, unix.SYS_CLOSE, rfd)
+		if merr != nil {
+			return fmt.Errorf("map the patch region into process %d at %#x: %w", d.pid, at, merr)
+		}
+		if got != at {
+			return fmt.Errorf("process %d mapped the patch region at %#x, not %#x", d.pid, got, at)
+		}
+		d.base = at
+		return nil
+	})
+}
+
+func anyThread(held map[int]*stopped) *stopped {
+	tids := make([]int, 0, len(held))
+	for tid := range held {
+		tids = append(tids, tid)
+	}
+	sort.Ints(tids)
+	return held[tids[0]] // the lowest: the main thread if it lives
+}
+
+// freeNear finds size free bytes in pid's address space whose every
+// byte is within a rel32 jump of near, as close to it as it can.
+func freeNear(pid int, near uint64, size uint64) (uint64, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		return 0, fmt.Errorf("%w: %v", ErrNoProcess, err)
+	}
+	defer f.Close()
+	type span struct{ lo, hi uint64 }
+	var used []span
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		r, _, _ := strings.Cut(sc.Text(), " ")
+		lo, hi, ok := strings.Cut(r, "-")
+		if !ok {
+			continue
+		}
+		a, err1 := strconv.ParseUint(lo, 16, 64)
+		b, err2 := strconv.ParseUint(hi, 16, 64)
+		if err1 == nil && err2 == nil {
+			used = append(used, span{a, b})
+		}
+	}
+	const guard = 1 << 16       // keep off the neighbours (stack and heap growth)
+	const reach = 1<<31 - 1<<20 // rel32, with room for the region itself
+	const lowest, highest = 1 << 16, 1<<47 - 1<<12
+	best, found := uint64(0), false
+	dist := func(a uint64) uint64 {
+		if a > near {
+			return a + size - near
+		}
+		return near - a
+	}
+	prev := uint64(lowest)
+	used = append(used, span{highest, highest})
+	for _, u := range used {
+		lo, hi := prev+guard, u.lo
+		if u.lo > guard {
+			hi = u.lo - guard
+		}
+		prev = max(prev, u.hi)
+		if hi <= lo || hi-lo < size {
+			continue
+		}
+		// The place in [lo, hi-size] closest to near, page-aligned.
+		a := min(max(near&^0xfff, lo), hi-size)
+		a = (a + 0xfff) &^ 0xfff
+		if a+size > hi {
+			continue
+		}
+		if dist(a) < reach && (!found || dist(a) < dist(best)) {
+			best, found = a, true
+		}
+	}
+	if !found {
+		return 0, fmt.Errorf("no %d free bytes within a rel32 jump of %#x in process %d", size, near, pid)
+	}
+	return best, nil
+}
+
+// Base is the region's address in the process; PatchHeapUsed the heap
+// bytes allocated.
+func (d *Device) Base() uint64 { return d.base }
+
+func (d *Device) inRegion(addr uint64, n int) bool {
+	return addr >= d.base && addr+uint64(n) <= d.base+regionSize
+}
+
+// Read reads the process's memory (the region from kinst's mapping).
+func (d *Device) Read(addr uint64, b []byte) error {
+	if d.inRegion(addr, len(b)) {
+		copy(b, d.local[addr-d.base:])
+		return nil
+	}
+	return d.mem.read(addr, b)
+}
+
+func (d *Device) PatchAlloc(size int) (uint64, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.heap.Alloc(size)
+}
+
+// PatchWrite writes a patch through kinst's mapping: the engine writes
+// only patches no splice leads to, so no thread runs there.
+func (d *Device) PatchWrite(addr uint64, code []byte) error {
+	if !d.inRegion(addr, len(code)) || addr+uint64(len(code)) > d.base+HeapSize {
+		return fmt.Errorf("patch write %#x+%d outside the patch heap", addr, len(code))
+	}
+	copy(d.local[addr-d.base:], code)
+	return nil
+}
+
+func (d *Device) PatchWriteMany(ps []driver.PatchCode) error {
+	for _, p := range ps {
+		if err := d.PatchWrite(p.Addr, p.Code); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// PatchFree frees a patch once no thread's pc is inside it (the user
+// space stand-in for the kernel's RCU-tasks wait: patches hold no return
+// address, a relocated call returns to the original text), and fills it
+// with int3.
+func (d *Device) PatchFree(addr uint64) error {
+	d.mu.Lock()
+	n, ok := d.heap.Len(addr)
+	closed := d.closed
+	d.mu.Unlock()
+	if closed {
+		return nil // detached: the region is the process's now, unused
+	}
+	if !ok {
+		return fmt.Errorf("patch free %#x: not allocated", addr)
+	}
+	err := d.withStopped(func(held map[int]*stopped) error {
+		for _, st := range held {
+			if st.regs.Rip >= addr && st.regs.Rip < addr+n {
+				return errRetry
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for i := addr - d.base; i < addr-d.base+n; i++ {
+		d.local[i] = 0xcc
+	}
+	_, err = d.heap.Free(addr)
+	return err
+}
+
+var errRetry = fmt.Errorf("retry")
+
+// withStopped runs f with every thread stopped, letting them go and
+// trying again (up to retries times) while f says errRetry.
+func (d *Device) withStopped(f func(map[int]*stopped) error) error {
+	for i := 0; i < retries; i++ {
+		err := d.tr.do(func() error {
+			held, err := stopAll(d.pid)
+			if err != nil {
+				return err
+			}
+			defer resumeAll(d.pid, held)
+			return f(held)
+		})
+		if err != errRetry {
+			return err
+		}
+		time.Sleep(time.Duration(i+1) * 100 * time.Microsecond)
+	}
+	return ErrBusy
+}
+
+// write replaces the bytes of each op at once, with every thread
+// stopped: each op's current bytes must be its want (else nothing is
+// written), and no thread's pc may be inside any op's bytes past the
+// first (a thread there would resume mid-instruction).
+func (d *Device) write(ops []spliced) error {
+	return d.withStopped(func(held map[int]*stopped) error {
+		for _, op := range ops {
+			cur := make([]byte, len(op.orig))
+			if err := d.mem.read(op.addr, cur); err != nil {
+				return err
+			}
+			if !bytes.Equal(cur, op.orig) {
+				return fmt.Errorf("%w: %#x holds %x, not %x", driver.ErrStale, op.addr, cur, op.orig)
+			}
+			for _, st := range held {
+				if pc := st.regs.Rip; pc > op.addr && pc < op.addr+uint64(len(op.new)) {
+					return errRetry
+				}
+			}
+		}
+		for _, op := range ops {
+			if err := d.mem.write(op.addr, op.new); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+func (d *Device) splice(addr uint64, orig, new []byte) (uint32, error) {
+	if len(new) == 1 && new[0] == 0xcc {
+		return 0, fmt.Errorf("%w: a trap splice (an int3 here raises SIGTRAP in the process, which no handler of kinst's catches)", ErrUnsupported)
+	}
+	if len(orig) < len(new) {
+		orig = append(bytes.Clone(orig), make([]byte, len(new)-len(orig))...)
+		if err := d.mem.read(addr, orig); err != nil {
+			return 0, err
+		}
+	}
+	if err := d.write([]spliced{{addr: addr, orig: orig[:len(new)], new: new}}); err != nil {
+		return 0, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.next++
+	d.splices[d.next] = &spliced{addr: addr, orig: bytes.Clone(orig[:len(new)]), new: bytes.Clone(new)}
+	return d.next, nil
+}
+
+func (d *Device) Splice(addr, _ uint64, orig, new []byte) (uint32, error) {
+	return d.splice(addr, orig, new)
+}
+func (d *Device) SpliceSlot(addr, _ uint64, orig, new []byte) (uint32, error) {
+	return d.splice(addr, orig, new)
+}
+
+// SpliceCovering writes the covering jmp at once: with every thread
+// stopped outside the covered bytes, none can be between them.
+func (d *Device) SpliceCovering(addr, _ uint64, orig, new []byte) (uint32, error) {
+	return d.splice(addr, orig, new)
+}
+
+func (d *Device) FinishCovering() (int, error) { return 0, nil }
+
+// Resplice points splice id's jmp rel32 at patch.
+func (d *Device) Resplice(id uint32, patch uint64) error {
+	d.mu.Lock()
+	s := d.splices[id]
+	d.mu.Unlock()
+	if s == nil || len(s.new) != 5 || s.new[0] != 0xe9 {
+		return fmt.Errorf("resplice %d: no jmp rel32 splice", id)
+	}
+	rel := int64(patch) - int64(s.addr+5)
+	if rel != int64(int32(rel)) {
+		return fmt.Errorf("resplice %d: %#x out of reach of %#x", id, patch, s.addr)
+	}
+	jmp := []byte{0xe9, 0, 0, 0, 0}
+	binary.LittleEndian.PutUint32(jmp[1:], uint32(int32(rel)))
+	if err := d.write([]spliced{{addr: s.addr, orig: s.new, new: jmp}}); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	s.new = jmp
+	d.mu.Unlock()
+	return nil
+}
+
+func (d *Device) Unsplice(id uint32) error { return d.UnspliceBatch([]uint32{id}) }
+
+// SpliceBatch splices every op with the threads stopped once, all or none.
+func (d *Device) SpliceBatch(ops []driver.SpliceOp) ([]uint32, error) {
+	var ws []spliced
+	for i, op := range ops {
+		if len(op.New) == 1 && op.New[0] == 0xcc {
+			return nil, &driver.BatchError{Op: "splice", Index: i, Where: fmt.Sprintf("%#x", op.Addr),
+				Err: fmt.Errorf("%w: a trap splice", ErrUnsupported)}
+		}
+		orig := op.Orig
+		if len(orig) < len(op.New) {
+			orig = make([]byte, len(op.New))
+			if err := d.mem.read(op.Addr, orig); err != nil {
+				return nil, err
+			}
+		}
+		ws = append(ws, spliced{addr: op.Addr, orig: orig[:len(op.New)], new: op.New})
+	}
+	if err := d.write(ws); err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	ids := make([]uint32, len(ws))
+	for i, w := range ws {
+		d.next++
+		d.splices[d.next] = &spliced{addr: w.addr, orig: bytes.Clone(w.orig), new: bytes.Clone(w.new)}
+		ids[i] = d.next
+	}
+	return ids, nil
+}
+
+// UnspliceBatch puts back the original bytes of every splice in ids.
+func (d *Device) UnspliceBatch(ids []uint32) error {
+	d.mu.Lock()
+	var ws []spliced
+	for i, id := range ids {
+		s := d.splices[id]
+		if s == nil {
+			d.mu.Unlock()
+			return &driver.BatchError{Op: "unsplice", Index: i, Where: fmt.Sprint(id), Err: unix.ENOENT}
+		}
+		ws = append(ws, spliced{addr: s.addr, orig: s.new, new: s.orig})
+	}
+	d.mu.Unlock()
+	if err := d.write(ws); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	for _, id := range ids {
+		delete(d.splices, id)
+	}
+	d.mu.Unlock()
+	return nil
+}
+
+func (d *Device) BatchMax() int { return batchMax }
+
+func (d *Device) counter(slot int) *uint64 {
+	return (*uint64)(unsafe.Pointer(&d.local[HeapSize+8*slot]))
+}
+
+// Counter reads a counter with the process running (an atomic load of
+// the shared page).
+func (d *Device) Counter(slot int) uint64 {
+	if slot < 0 || slot >= NumCounters {
+		return 0
+	}
+	return atomic.LoadUint64(d.counter(slot))
+}
+
+func (d *Device) CounterAddr(slot int) uint64 { return d.base + HeapSize + 8*uint64(slot) }
+func (d *Device) NumCounters() int            { return NumCounters }
+
+func (d *Device) ClearCounters(first, n int) error {
+	if first < 0 || n < 0 || first+n > NumCounters {
+		return fmt.Errorf("counters %d+%d out of range", first, n)
+	}
+	for i := first; i < first+n; i++ {
+		atomic.StoreUint64(d.counter(i), 0)
+	}
+	return nil
+}
+
+// Splices is the number of splices installed.
+func (d *Device) Splices() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.splices)
+}
+
+// Close restores every splice still installed (with the threads stopped
+// once) and lets the process go. The region stays mapped in the process,
+// unused: a thread could still be returning through it.
+func (d *Device) Close() error {
+	d.mu.Lock()
+	var ids []uint32
+	for id := range d.splices {
+		ids = append(ids, id)
+	}
+	d.mu.Unlock()
+	var err error
+	if len(ids) > 0 {
+		err = d.UnspliceBatch(ids)
+	}
+	d.mu.Lock()
+	d.closed = true
+	d.mu.Unlock()
+	d.tr.close()
+	d.mem.close()
+	if d.local != nil {
+		unix.Munmap(d.local)
+	}
+	return err
+}

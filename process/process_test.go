@@ -1,0 +1,191 @@
+package process
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kinst/kinst/splice"
+)
+
+// workload is the test program, built with flags, started and ready.
+type workload struct {
+	cmd *exec.Cmd
+	in  io.WriteCloser
+	out *bufio.Reader
+}
+
+func build(t *testing.T, flags ...string) string {
+	t.Helper()
+	if _, err := exec.LookPath("gcc"); err != nil {
+		t.Skip("no gcc")
+	}
+	bin := filepath.Join(t.TempDir(), "work")
+	args := append([]string{"-O2", "-pthread", "-o", bin, "testdata/work.c"}, flags...)
+	if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
+		if strings.Contains(string(out), "lld") {
+			t.Skipf("no lld: %s", out)
+		}
+		t.Fatalf("gcc %v: %v\n%s", flags, err, out)
+	}
+	return bin
+}
+
+func start(t *testing.T, bin string) *workload {
+	t.Helper()
+	cmd := exec.Command(bin)
+	in, _ := cmd.StdinPipe()
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w := &workload{cmd: cmd, in: in, out: bufio.NewReader(out)}
+	t.Cleanup(func() { in.Close(); cmd.Process.Kill(); cmd.Wait() })
+	if l, _ := w.out.ReadString('\n'); l != "ready\n" {
+		t.Fatalf("workload said %q", l)
+	}
+	return w
+}
+
+// round runs one round of calls and returns the program's own line.
+func (w *workload) round(t *testing.T) string {
+	t.Helper()
+	fmt.Fprintln(w.in, "go")
+	l, err := w.out.ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(l)
+}
+
+func needPtrace(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the process engine's tests run as root (ptrace of a child, /proc/PID/mem)")
+	}
+}
+
+// TestCountInProcess splices counters into a running multi-threaded
+// program, built several ways, at work()'s entry and at an instruction of
+// its entry block: each count equals the program's own count of calls;
+// its output is what it is without them; detaching restores every byte
+// (read through /proc/PID/mem), and the program runs on.
+func TestCountInProcess(t *testing.T) {
+	needPtrace(t)
+	for _, tc := range []struct {
+		name  string
+		flags []string
+	}{
+		{"pie", []string{"-fPIE", "-pie"}},
+		{"no-pie", []string{"-fno-PIE", "-no-pie"}},
+		{"frame-pointers", []string{"-fno-omit-frame-pointer"}},
+		{"lld", []string{"-fuse-ld=lld"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := start(t, build(t, tc.flags...))
+			want := w.round(t) // uninstrumented
+			pid := w.cmd.Process.Pid
+			tg, err := Attach(pid, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			entry, err := tg.Resolve("work")
+			if err != nil {
+				t.Fatal(err)
+			}
+			fn := entry.Fn
+			orig := make([]byte, len(fn.Insns[len(fn.Insns)-1].Bytes)+int(fn.Insns[len(fn.Insns)-1].Addr-fn.Addr))
+			if err := tg.Dev.mem.read(fn.Addr, orig); err != nil {
+				t.Fatal(err)
+			}
+			points := []string{"work"}
+			if len(fn.Insns) > 2 {
+				points = append(points, fmt.Sprintf("work+%#x", fn.Insns[1].Addr-fn.Addr))
+			}
+			sitesP, classes := resolveAll(t, tg, points)
+			reqs, err := tg.Count("test", sitesP)
+			if err != nil {
+				t.Fatalf("count %v: %v", points, err)
+			}
+			got := w.round(t)
+			if got != want {
+				t.Errorf("output with counters %q, without %q", got, want)
+			}
+			var calls int
+			fmt.Sscanf(got, "calls %d", &calls)
+			for i, r := range reqs {
+				if n := tg.Dev.Counter(r.Counter()); n != uint64(calls) {
+					t.Errorf("%s (%s splice): %d, want the program's %d calls", points[i], classes[i], n, calls)
+				}
+			}
+			t.Logf("%v (%v): %d calls counted", points, classes, calls)
+			if err := tg.Close(); err != nil {
+				t.Fatal(err)
+			}
+			now := make([]byte, len(orig))
+			m, _ := openMem(pid)
+			defer m.close()
+			if err := m.read(fn.Addr, now); err != nil || !bytes.Equal(now, orig) {
+				t.Errorf("after detach: %x (%v), want %x", now, err, orig)
+			}
+			if again := w.round(t); again != want {
+				t.Errorf("after detach: %q, want %q", again, want)
+			}
+		})
+	}
+}
+
+func resolveAll(t *testing.T, tg *Target, points []string) ([]*splice.Site, []string) {
+	t.Helper()
+	var out []*splice.Site
+	var classes []string
+	for _, p := range points {
+		s, err := tg.Resolve(p)
+		if err != nil {
+			t.Fatalf("resolve %s: %v", p, err)
+		}
+		out = append(out, s)
+		classes = append(classes, s.Class.String())
+	}
+	return out, classes
+}
+
+// TestBadInput: a process that does not exist, a function that does not,
+// a mid-instruction offset: clear errors, nothing written.
+func TestBadInput(t *testing.T) {
+	needPtrace(t)
+	if _, err := Attach(1<<22+12345, ""); !errors.Is(err, ErrNoProcess) {
+		t.Errorf("attach to no process: %v", err)
+	}
+	w := start(t, build(t))
+	pid := w.cmd.Process.Pid
+	tg, err := Attach(pid, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tg.Close()
+	if _, err := tg.Resolve("no_such_function"); !errors.Is(err, ErrNoFunction) {
+		t.Errorf("unknown function: %v", err)
+	}
+	entry, err := tg.Resolve("work")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := len(entry.Fn.Insns[0].Bytes); l > 1 {
+		if _, err := tg.Resolve("work+0x1"); err == nil || !strings.Contains(err.Error(), "boundary") {
+			t.Errorf("mid-instruction offset: %v", err)
+		}
+	}
+	if _, err := tg.Resolve("libc:no_such_function"); !errors.Is(err, ErrNoFunction) {
+		t.Errorf("unknown library function: %v", err)
+	}
+	if tg.Dev.Splices() != 0 {
+		t.Errorf("%d splices after refusals", tg.Dev.Splices())
+	}
+}

@@ -1,0 +1,166 @@
+package process
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"sort"
+	"strconv"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// tracer runs every ptrace request on one locked OS thread: Linux ties a
+// tracee to the thread that attached it.
+type tracer struct {
+	reqs chan func()
+	done chan struct{}
+}
+
+func newTracer() *tracer {
+	t := &tracer{reqs: make(chan func()), done: make(chan struct{})}
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread exits with the goroutine
+		defer close(t.done)
+		for f := range t.reqs {
+			f()
+		}
+	}()
+	return t
+}
+
+// do runs f on the tracer thread and waits for it.
+func (t *tracer) do(f func() error) error {
+	errc := make(chan error, 1)
+	t.reqs <- func() { errc <- f() }
+	return <-errc
+}
+
+func (t *tracer) close() {
+	close(t.reqs)
+	<-t.done
+}
+
+// stopped is a thread held in a ptrace stop while the text changes.
+type stopped struct {
+	tid  int
+	regs unix.PtraceRegs
+	sig  int // a signal its stop swallowed, given back when it goes on
+}
+
+// tasks lists the process's threads.
+func tasks(pid int) ([]int, error) {
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return nil, err
+	}
+	var out []int
+	for _, e := range ents {
+		if tid, err := strconv.Atoi(e.Name()); err == nil {
+			out = append(out, tid)
+		}
+	}
+	sort.Ints(out)
+	return out, nil
+}
+
+// stopAll seizes and interrupts every thread of pid, until a listing
+// finds none new (a thread may be created meanwhile), and reads each
+// one's registers. Run on the tracer thread. On error every thread
+// seized so far is let go.
+func stopAll(pid int) (map[int]*stopped, error) {
+	held := map[int]*stopped{}
+	for {
+		tids, err := tasks(pid)
+		if err != nil {
+			resumeAll(pid, held)
+			return nil, err
+		}
+		fresh := 0
+		for _, tid := range tids {
+			if held[tid] != nil {
+				continue
+			}
+			fresh++
+			if err := unix.PtraceSeize(tid); err != nil {
+				if errors.Is(err, unix.ESRCH) {
+					continue // exited meanwhile
+				}
+				resumeAll(pid, held)
+				return nil, fmt.Errorf("%w: ptrace(SEIZE, %d): %v", ErrNotTraceable, tid, err)
+			}
+			if err := unix.PtraceInterrupt(tid); err != nil {
+				unix.PtraceDetach(tid)
+				continue
+			}
+			st := &stopped{tid: tid}
+			if err := waitStop(st); err != nil {
+				if errors.Is(err, unix.ECHILD) || errors.Is(err, unix.ESRCH) {
+					continue // exited
+				}
+				unix.PtraceDetach(tid)
+				resumeAll(pid, held)
+				return nil, err
+			}
+			if err := unix.PtraceGetRegs(tid, &st.regs); err != nil {
+				unix.PtraceDetach(tid)
+				continue
+			}
+			held[tid] = st
+		}
+		if fresh == 0 {
+			if len(held) == 0 {
+				return nil, fmt.Errorf("%w: process %d has no threads left", ErrNoProcess, pid)
+			}
+			return held, nil
+		}
+	}
+}
+
+// waitStop waits for the thread's next stop. The interrupt's own stop is
+// a PTRACE_EVENT_STOP; a signal that arrived first stops it as a
+// signal-delivery-stop, which is kept to be given back.
+func waitStop(st *stopped) error {
+	for {
+		var ws unix.WaitStatus
+		_, err := unix.Wait4(st.tid, &ws, unix.WALL, nil)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if ws.Exited() || ws.Signaled() {
+			return unix.ESRCH
+		}
+		if !ws.Stopped() {
+			continue
+		}
+		// PTRACE_EVENT_STOP: the interrupt's stop, or a group-stop (a
+		// stopped process stays stopped when let go).
+		if int(ws)>>16 == unix.PTRACE_EVENT_STOP {
+			return nil
+		}
+		// A signal-delivery-stop: remember the signal and wait for the
+		// interrupt's stop, which follows.
+		if sig := ws.StopSignal(); sig != syscall.SIGTRAP {
+			st.sig = int(sig)
+		}
+		if err := unix.PtraceCont(st.tid, 0); err != nil {
+			return err
+		}
+	}
+}
+
+// resumeAll lets every held thread go, giving back any signal its stop
+// swallowed. Run on the tracer thread.
+func resumeAll(pid int, held map[int]*stopped) {
+	for _, st := range held {
+		unix.PtraceDetach(st.tid) // the signal, if any, is re-sent below
+		if st.sig != 0 {
+			unix.Tgkill(pid, st.tid, syscall.Signal(st.sig))
+		}
+	}
+}

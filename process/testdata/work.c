@@ -1,0 +1,48 @@
+/* A multi-threaded workload for the process engine's tests: on each
+ * "go" line from stdin, THREADS threads call work() CALLS times each, and
+ * the program prints how many calls it made and their checksum. */
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#define THREADS 4
+#define CALLS 100000
+
+__attribute__((noinline)) long work(long x)
+{
+	if (x & 1)
+		return x * 3 + 1;
+	return x / 2;
+}
+
+static long sums[THREADS];
+
+static void *run(void *arg)
+{
+	long id = (long)arg, s = 0;
+	for (long i = 0; i < CALLS; i++)
+		s += work(i + id);
+	sums[id] = s;
+	return NULL;
+}
+
+int main(void)
+{
+	char line[64];
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	printf("ready\n");
+	while (fgets(line, sizeof line, stdin)) {
+		if (strncmp(line, "go", 2) != 0)
+			break;
+		pthread_t t[THREADS];
+		for (long i = 0; i < THREADS; i++)
+			pthread_create(&t[i], NULL, run, (void *)i);
+		long total = 0;
+		for (int i = 0; i < THREADS; i++) {
+			pthread_join(t[i], NULL);
+			total += sums[i];
+		}
+		printf("calls %d checksum %ld\n", THREADS * CALLS, total);
+	}
+	return 0;
+}
