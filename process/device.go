@@ -507,6 +507,9 @@ func (d *Device) Close() error {
 	var err error
 	if len(ids) > 0 {
 		err = d.UnspliceBatch(ids)
+		if unix.Kill(d.pid, 0) == unix.ESRCH {
+			err = nil // the process is gone, and its text with it
+		}
 	}
 	d.mu.Lock()
 	d.closed = true

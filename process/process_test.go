@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kinst/kinst/splice"
 )
@@ -139,6 +140,62 @@ func TestCountInProcess(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestAttachDetachUnderLoad splices and unsplices work() while four
+// threads call it and check every result: none may see a torn
+// instruction or a wrong result (the program traps), the count is at
+// most the calls made, and the bytes are restored.
+func TestAttachDetachUnderLoad(t *testing.T) {
+	needPtrace(t)
+	w := start(t, build(t))
+	pid := w.cmd.Process.Pid
+	fmt.Fprintln(w.in, "spin")
+	if l, _ := w.out.ReadString('\n'); l != "spinning\n" {
+		t.Fatalf("workload said %q", l)
+	}
+	var orig []byte
+	for round := 0; round < 5; round++ {
+		tg, err := Attach(pid, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		sites, classes := resolveAll(t, tg, []string{"work"})
+		if orig == nil {
+			fn := sites[0].Fn
+			last := fn.Insns[len(fn.Insns)-1]
+			orig = make([]byte, last.Addr+uint64(len(last.Bytes))-fn.Addr)
+			tg.Dev.mem.read(fn.Addr, orig)
+		}
+		reqs, err := tg.Count("test", sites)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
+		n := tg.Dev.Counter(reqs[0].Counter())
+		if errs := tg.Eng.RemoveEach(reqs); errs[0] != nil {
+			t.Fatal(errs[0])
+		}
+		if err := tg.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			t.Errorf("round %d (%s splice): no call counted in 50 ms of four threads calling", round, classes[0])
+		}
+		now := make([]byte, len(orig))
+		m, _ := openMem(pid)
+		m.read(sites[0].Fn.Addr, now)
+		m.close()
+		if !bytes.Equal(now, orig) {
+			t.Fatalf("round %d: after detach %x, want %x", round, now, orig)
+		}
+	}
+	fmt.Fprintln(w.in, "stop")
+	l, err := w.out.ReadString('\n')
+	if err != nil || !strings.HasPrefix(l, "spun ") {
+		t.Fatalf("workload after the rounds: %q, %v (it traps on a wrong result)", l, err)
+	}
+	t.Logf("five attach/detach rounds under load; the program made %s calls", strings.TrimSpace(strings.TrimPrefix(l, "spun ")))
 }
 
 func resolveAll(t *testing.T, tg *Target, points []string) ([]*splice.Site, []string) {

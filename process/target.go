@@ -224,6 +224,14 @@ func (t *Target) Count(owner string, sites []*splice.Site) ([]*engine.Request, e
 	return reqs, nil
 }
 
+// Abandon lets go of a process that has exited: nothing to restore.
+func (t *Target) Abandon() {
+	t.Dev.mu.Lock()
+	t.Dev.splices = map[uint32]*spliced{}
+	t.Dev.mu.Unlock()
+	t.Dev.Close()
+}
+
 // Close removes every request and lets the process go; every byte of its
 // text is as it was.
 func (t *Target) Close() error {

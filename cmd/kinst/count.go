@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"os"
+	"os/signal"
 
 	"github.com/kinst/kinst/app/cli"
 	"github.com/spf13/pflag"
@@ -28,10 +30,19 @@ Live rows and CMD's output share stdout: -o FILE keeps the report apart.`,
 		sessionFlags(fs, &o.Name, &o.TTL)
 		svgFlag(fs, &o.SVG, "a chart of the counts per second over time")
 		jsonCmdFlag(fs, &o.JSON, "one report")
+		pid := fs.IntP("pid", "p", 0, "count in the user process `PID` instead of the kernel: POINT is FUNC[+0xOFF], FUNC:BLOCK or LIB:FUNC (the engine runs in kinst through ptrace; no kerninstd). With -p 0 -- CMD, CMD is started and spliced before it runs (its executable only)")
 		return func(ctx context.Context, inv invocation) (int, error) {
 			o.Points, o.Command = inv.args, inv.command
 			if len(o.Points) == 0 {
 				return 2, usagef("name at least one POINT (FUNC, FUNC+0xOFF, FUNC:BLOCK or a classic name such as lookuppn)")
+			}
+			if fs.Changed("pid") {
+				if *pid < 0 || (*pid == 0) == (len(o.Command) == 0) {
+					return 2, usagef("-p PID names a running process, or -p 0 with -- CMD a command to start")
+				}
+				ctx, stop := signal.NotifyContext(ctx, os.Interrupt)
+				defer stop()
+				return inv.report(o.JSON, func(env cli.Env) (int, error) { return cli.CountProcess(ctx, *pid, o, env) })
 			}
 			return inv.report(o.JSON, func(env cli.Env) (int, error) { return cli.Count(ctx, inv.client(), o, env) })
 		}

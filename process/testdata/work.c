@@ -16,6 +16,23 @@ __attribute__((noinline)) long work(long x)
 }
 
 static long sums[THREADS];
+static volatile int spinning;
+static long spun[THREADS];
+
+/* spin: call work() until told to stop, checking each result. */
+static void *spin(void *arg)
+{
+	long id = (long)arg, n = 0;
+	while (spinning) {
+		long x = n + id;
+		long want = (x & 1) ? x * 3 + 1 : x / 2;
+		if (work(x) != want)
+			__builtin_trap();
+		n++;
+	}
+	spun[id] = n;
+	return NULL;
+}
 
 static void *run(void *arg)
 {
@@ -32,6 +49,24 @@ int main(void)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	printf("ready\n");
 	while (fgets(line, sizeof line, stdin)) {
+		if (strncmp(line, "spin", 4) == 0) {
+			/* "spin": threads call work() until the next line. */
+			pthread_t t[THREADS];
+			spinning = 1;
+			for (long i = 0; i < THREADS; i++)
+				pthread_create(&t[i], NULL, spin, (void *)i);
+			printf("spinning\n");
+			if (!fgets(line, sizeof line, stdin))
+				break;
+			spinning = 0;
+			long total = 0;
+			for (int i = 0; i < THREADS; i++) {
+				pthread_join(t[i], NULL);
+				total += spun[i];
+			}
+			printf("spun %ld\n", total);
+			continue;
+		}
 		if (strncmp(line, "go", 2) != 0)
 			break;
 		pthread_t t[THREADS];
