@@ -143,6 +143,9 @@ type HitReport struct {
 	Runs     int      `json:"runs"`
 	Expected uint64   `json:"expected_hits"` // calls × runs: what every row's hits should be
 	Rows     []HitRow `json:"rows"`
+	// User: measured in a user process on this machine (bench hit
+	// --user), not in the guest kernel.
+	User bool `json:"user,omitempty"`
 }
 
 // HitRow is one mechanism's cost per call of the loop.
@@ -153,6 +156,10 @@ type HitRow struct {
 	Ratio     float64 `json:"ratio"`       // to the uninstrumented loop
 	Overhead  float64 `json:"overhead"`    // (ns_per_call - base) / base
 	Hits      uint64  `json:"hits"`        // counted by the mechanism during its runs
+	// Calls is what Hits should be when the row timed fewer calls than
+	// the report's (the uprobe rows of bench hit --user: each hit is a
+	// trap); 0: the report's expected_hits.
+	Calls uint64 `json:"calls,omitempty"`
 	Skipped   string  `json:"skipped,omitempty"`
 }
 

@@ -455,3 +455,24 @@ func (s *Set) Available(fn string) ([]string, error) {
 	}
 	return ok, nil
 }
+
+// Uprobe attaches a counter that adds 1 to slot on every hit of symbol in
+// the executable or library at path (a BPF uprobe: the kernel's int3 in
+// the process, then the program): kinst bench hit --user's comparison.
+func (s *Set) Uprobe(path, symbol string, slot int) (*Probe, error) {
+	if err := s.checkSlot(slot); err != nil {
+		return nil, err
+	}
+	ex, err := link.OpenExecutable(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	return s.first(symbol, 0, nil, "", []attempt{{"uprobe", func() ([]*ebpf.Program, []link.Link, error) {
+		p, err := load(ebpf.Kprobe, 0, "", counterProgram(s.counts.FD(), slot, 0))
+		if err != nil {
+			return nil, nil, err
+		}
+		l, err := ex.Uprobe(symbol, p, nil)
+		return []*ebpf.Program{p}, links(l), err
+	}}})
+}

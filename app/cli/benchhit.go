@@ -169,7 +169,11 @@ func writeHitReport(w io.Writer, rep api.HitReport, asJSON bool) error {
 	if asJSON {
 		return writeJSON(w, rep)
 	}
-	fmt.Fprintf(w, "per-call cost of getppid(2) with a counter at %s (guest time under emulation: compare ratios;\neach ratio is the median over runs of mechanism / the bare loop timed just before it)\n", rep.Function)
+	if rep.User {
+		fmt.Fprintf(w, "per-call cost of a call of %s with a counter in it (this machine's time;\neach ratio is the median over runs of mechanism / the bare loop timed just before it)\n", rep.Function)
+	} else {
+		fmt.Fprintf(w, "per-call cost of getppid(2) with a counter at %s (guest time under emulation: compare ratios;\neach ratio is the median over runs of mechanism / the bare loop timed just before it)\n", rep.Function)
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "mechanism\tpoint\tns/call\tratio\toverhead\thits\t")
 	for _, r := range rep.Rows {
@@ -178,8 +182,12 @@ func writeHitReport(w io.Writer, rep api.HitReport, asJSON bool) error {
 			continue
 		}
 		note := ""
-		if r.Mechanism != "none" && r.Hits != rep.Expected {
-			note = fmt.Sprintf("(hits ≠ %d calls)", rep.Expected)
+		want := rep.Expected
+		if r.Calls != 0 {
+			want = r.Calls
+		}
+		if r.Mechanism != "none" && r.Hits != want {
+			note = fmt.Sprintf("(hits ≠ %d calls)", want)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.3f\t%+.1f%%\t%d\t%s\n", r.Mechanism, r.Point, r.NsPerCall, r.Ratio, 100*r.Overhead, r.Hits, note)
 	}

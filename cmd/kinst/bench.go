@@ -81,14 +81,25 @@ var benchHitCommand = &command{
 __x64_sys_getppid): bare, each splice class, int3 and optimized tracefs
 kprobes, and a BPF kprobe counting in an array map. Every row's hits should
 be calls × runs. Runs where kerninstd runs (as root, for tracefs and BPF).
-Guest times under emulation: read the ratios.`,
+Guest times under emulation: read the ratios. With --user, the same
+comparison in a user process on this machine (see --user).`,
 	daemon: true, report: true,
 	setup: func(fs *pflag.FlagSet) runFunc {
 		var o cli.HitOptions
 		fs.IntVar(&o.Calls, "calls", 100000, "system calls per timed run")
 		fs.IntVar(&o.Runs, "runs", 3, "timed runs per mechanism (the median is kept)")
 		jsonFlag(fs, &o.JSON, "the rows")
+		user := fs.Bool("user", false, "measure in a user process on this machine instead: a tight loop calling a small function (built with gcc), bare, with kinst's splices of each class (ptrace and a shared memfd; no kerninstd), a tracefs uprobe and a BPF uprobe; needs root; real hardware time")
 		return func(ctx context.Context, inv invocation) (int, error) {
+			if *user {
+				if !fs.Changed("calls") {
+					o.Calls = 10_000_000
+				}
+				if !fs.Changed("runs") {
+					o.Runs = 5
+				}
+				return inv.reportErr(o.JSON, func(env cli.Env) error { return cli.BenchHitUser(ctx, o, env) })
+			}
 			o.Function = "__x64_sys_getppid"
 			if err := optionalFunc(inv, &o.Function); err != nil {
 				return 2, err

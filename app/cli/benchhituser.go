@@ -1,0 +1,285 @@
+package cli
+
+import (
+	"bufio"
+	"context"
+	"debug/elf"
+	_ "embed"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/bpfprobe"
+	"github.com/kinst/kinst/process"
+	"github.com/kinst/kinst/splice"
+)
+
+//go:embed csrc/hitloop.c
+var hitLoopSource []byte
+
+// hitLoop is the running workload of `bench hit --user`.
+type hitLoop struct {
+	cmd *exec.Cmd
+	in  io.WriteCloser
+	out *bufio.Reader
+}
+
+// run times n calls of hit() in the workload, by its own clock.
+func (h *hitLoop) run(n int) (float64, error) {
+	fmt.Fprintf(h.in, "run %d\n", n)
+	l, err := h.out.ReadString('\n')
+	if err != nil {
+		return 0, fmt.Errorf("workload: %v", err)
+	}
+	var ns, sum int64
+	if _, err := fmt.Sscanf(l, "ns %d sum %d", &ns, &sum); err != nil {
+		return 0, fmt.Errorf("workload said %q", l)
+	}
+	return float64(ns) / float64(n), nil
+}
+
+// BenchHitUser measures, on this machine's hardware, the per-hit cost of
+// a counter in a user process: a tight loop calling a small function,
+// bare, with kinst's splices of each class (through ptrace and a shared
+// memfd, package process), a tracefs uprobe and a BPF uprobe. Each run
+// times the bare loop, then the loop with one mechanism; a row's ratio
+// is the median of its runs' ratios. Every row's hits must equal the
+// calls it timed.
+func BenchHitUser(ctx context.Context, o HitOptions, env Env) error {
+	if o.Calls <= 0 || o.Runs <= 0 {
+		return errors.New("bench hit --user: --calls and --runs must be positive")
+	}
+	dir, err := os.MkdirTemp("", "kinst-hit-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	src, bin := filepath.Join(dir, "hitloop.c"), filepath.Join(dir, "hitloop")
+	if err := os.WriteFile(src, hitLoopSource, 0o644); err != nil {
+		return err
+	}
+	if out, err := exec.CommandContext(ctx, "gcc", "-O2", "-fno-PIE", "-no-pie", "-o", bin, src).CombinedOutput(); err != nil {
+		return fmt.Errorf("bench hit --user builds its workload with gcc: %v\n%s", err, out)
+	}
+	cmd := exec.CommandContext(ctx, bin)
+	in, _ := cmd.StdinPipe()
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	defer func() { in.Close(); cmd.Wait() }()
+	h := &hitLoop{cmd: cmd, in: in, out: bufio.NewReader(out)}
+	if l, _ := h.out.ReadString('\n'); l != "ready\n" {
+		return fmt.Errorf("workload said %q", l)
+	}
+	tg, err := process.Attach(cmd.Process.Pid, "")
+	if err != nil {
+		return err
+	}
+	defer tg.Close()
+	entry, err := tg.Resolve("hit")
+	if err != nil {
+		return err
+	}
+	byClass := map[string]*splice.Site{}
+	f := entry.Fn
+	for i := range f.Insns {
+		s, err := tg.Resolve(fmt.Sprintf("hit+%#x", f.Insns[i].Addr-f.Addr))
+		if err != nil {
+			continue
+		}
+		if c := s.Class.String(); byClass[c] == nil {
+			byClass[c] = s
+		}
+		if strings.HasPrefix(f.Insns[i].String(), "ret") {
+			break
+		}
+	}
+	rep := api.HitReport{Function: "hit()", Calls: o.Calls, Runs: o.Runs, Expected: uint64(o.Calls) * uint64(o.Runs), User: true}
+	fmt.Fprintf(env.Err, "kinst: timing %d×%d calls of hit() per mechanism, interleaved with bare runs…\n", o.Runs, o.Calls)
+	h.run(o.Calls) // warm up
+	type mech struct {
+		name, point string
+		calls       int // per run, if fewer than o.Calls
+		attach      func() (func() (uint64, error), error)
+		skipped     string
+	}
+	var mechs []mech
+	for _, class := range []string{"direct", "springboard", "covering"} {
+		s := byClass[class]
+		if s == nil {
+			mechs = append(mechs, mech{name: class + " splice", skipped: "no instruction of this class in hit()"})
+			continue
+		}
+		mechs = append(mechs, mech{name: class + " splice", point: s.Where(), attach: func() (func() (uint64, error), error) {
+			reqs, err := tg.Count("bench", []*splice.Site{s})
+			if err != nil {
+				return nil, err
+			}
+			return func() (uint64, error) {
+				n := tg.Dev.Counter(reqs[0].Counter())
+				return n, errors.Join(tg.Eng.RemoveEach(reqs)...)
+			}, nil
+		}})
+	}
+	mechs = append(mechs, mech{name: "trap splice", skipped: "an int3 in a process raises SIGTRAP; kinst installs no handler, so trap splices are refused in processes"})
+	off, err := fileOffset(bin, f.Addr)
+	// A uprobe hit is a trap into the kernel: microseconds. Those rows time
+	// fewer calls.
+	trapCalls := min(o.Calls, 100_000)
+	mechs = append(mechs, mech{name: "uprobe (tracefs)", point: "hit", calls: trapCalls, attach: func() (func() (uint64, error), error) {
+		if err != nil {
+			return nil, err
+		}
+		return attachUprobe(bin, off)
+	}})
+	mechs = append(mechs, mech{name: "bpf uprobe", point: "hit", calls: trapCalls, attach: func() (func() (uint64, error), error) {
+		set, err := bpfprobe.NewSet(1)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := set.Uprobe(bin, "hit", 0); err != nil {
+			set.Close()
+			return nil, err
+		}
+		return func() (uint64, error) { n := set.Counter(0); return n, set.Close() }, nil
+	}})
+	ratios := make([][]float64, len(mechs))
+	nss := make([][]float64, len(mechs))
+	hits := make([]uint64, len(mechs))
+	skipped := make([]string, len(mechs))
+	var bases []float64
+	for r := 0; r < o.Runs; r++ {
+		for i, m := range mechs {
+			if m.skipped != "" || skipped[i] != "" {
+				continue
+			}
+			calls := o.Calls
+			if m.calls != 0 {
+				calls = m.calls
+			}
+			base, err := h.run(calls)
+			if err != nil {
+				return err
+			}
+			bases = append(bases, base)
+			detach, err := m.attach()
+			if err != nil {
+				skipped[i] = err.Error()
+				continue
+			}
+			ns, err := h.run(calls)
+			n, derr := detach()
+			if err != nil {
+				return err
+			}
+			if derr != nil {
+				skipped[i] = derr.Error()
+				continue
+			}
+			hits[i] += n
+			nss[i] = append(nss[i], ns)
+			ratios[i] = append(ratios[i], ns/base)
+		}
+	}
+	rep.Rows = append(rep.Rows, api.HitRow{Mechanism: "none", NsPerCall: median(bases), Ratio: 1})
+	for i, m := range mechs {
+		switch {
+		case m.skipped != "":
+			rep.Rows = append(rep.Rows, api.HitRow{Mechanism: m.name, Point: m.point, Skipped: m.skipped})
+		case skipped[i] != "":
+			rep.Rows = append(rep.Rows, api.HitRow{Mechanism: m.name, Point: m.point, Skipped: skipped[i]})
+		default:
+			ratio := median(ratios[i])
+			row := api.HitRow{Mechanism: m.name, Point: m.point, NsPerCall: median(nss[i]), Ratio: ratio, Overhead: ratio - 1, Hits: hits[i]}
+			if m.calls != 0 {
+				row.Calls = uint64(m.calls) * uint64(o.Runs)
+			}
+			rep.Rows = append(rep.Rows, row)
+		}
+	}
+	return writeHitReport(env.Out, rep, o.JSON)
+}
+
+// fileOffset is the file offset of vaddr in the ELF file at path, as
+// uprobe_events wants it.
+func fileOffset(path string, vaddr uint64) (uint64, error) {
+	f, err := elf.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_LOAD && vaddr >= p.Vaddr && vaddr < p.Vaddr+p.Filesz {
+			return vaddr - p.Vaddr + p.Off, nil
+		}
+	}
+	return 0, fmt.Errorf("%#x is in no segment of %s", vaddr, path)
+}
+
+// attachUprobe defines and enables a tracefs uprobe at path:off; detach
+// disables and deletes it and returns its hits from uprobe_profile.
+func attachUprobe(path string, off uint64) (func() (uint64, error), error) {
+	events := filepath.Join(tracefs, "uprobe_events")
+	if _, err := os.Stat(events); err != nil {
+		// Not mounted yet (a fresh host): mount it, as perf does.
+		unix.Mount("nodev", tracefs, "tracefs", 0, "")
+		if _, err := os.Stat(events); err != nil {
+			return nil, fmt.Errorf("no uprobe_events in %s (mount tracefs there; CONFIG_UPROBE_EVENTS)", tracefs)
+		}
+	}
+	const group, event = "kinst_bench", "uhit"
+	if err := appendLine(events, fmt.Sprintf("p:%s/%s %s:%#x", group, event, path, off)); err != nil {
+		return nil, err
+	}
+	enable := filepath.Join(tracefs, "events", group, event, "enable")
+	remove := func() { os.WriteFile(enable, []byte("0"), 0); appendLine(events, "-:"+group+"/"+event) }
+	if err := os.WriteFile(enable, []byte("1"), 0); err != nil {
+		remove()
+		return nil, err
+	}
+	return func() (uint64, error) {
+		n, err := uprobeHits(filepath.Join(tracefs, "uprobe_profile"), event)
+		remove()
+		return n, err
+	}, nil
+}
+
+func appendLine(path, line string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = f.WriteString(line + "\n")
+	return err
+}
+
+// uprobeHits reads an event's hits from uprobe_profile, whose lines are
+// "  PATH EVENT HITS".
+func uprobeHits(profile, event string) (uint64, error) {
+	b, err := os.ReadFile(profile)
+	if err != nil {
+		return 0, err
+	}
+	return parseUprobeProfile(string(b), event)
+}
+
+func parseUprobeProfile(s, event string) (uint64, error) {
+	for _, l := range strings.Split(s, "\n") {
+		f := strings.Fields(l)
+		if len(f) == 3 && f[1] == event {
+			var n uint64
+			_, err := fmt.Sscan(f[2], &n)
+			return n, err
+		}
+	}
+	return 0, fmt.Errorf("no %s in uprobe_profile", event)
+}
