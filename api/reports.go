@@ -159,8 +159,8 @@ type HitRow struct {
 	// Calls is what Hits should be when the row timed fewer calls than
 	// the report's (the uprobe rows of bench hit --user: each hit is a
 	// trap); 0: the report's expected_hits.
-	Calls uint64 `json:"calls,omitempty"`
-	Skipped   string  `json:"skipped,omitempty"`
+	Calls   uint64 `json:"calls,omitempty"`
+	Skipped string `json:"skipped,omitempty"`
 }
 
 // `kinst bench churn --json` prints a ChurnResult, `kinst cfg FUNC
