@@ -108,22 +108,9 @@ func (d *Daemon) createBPFSession(req api.SessionRequest) (api.Session, error) {
 	if err := refuseWithoutDriver(req); err != nil {
 		return api.Session{}, err
 	}
-	if len(req.Points) == 0 && len(req.Timers) == 0 {
-		return api.Session{}, badRequest(errors.New("no points or functions given"))
-	}
-	if req.TTLNS < 0 {
-		return api.Session{}, badRequest(errors.New("negative time-to-live"))
-	}
-	sites := make([]*splice.Site, len(req.Points))
-	for i, p := range req.Points {
-		s, err := d.resolve(p)
-		if err != nil {
-			return api.Session{}, &PointError{Point: p, Err: err}
-		}
-		if _, _, err := bpfTarget(s); err != nil {
-			return api.Session{}, &PointError{Point: p, Err: err}
-		}
-		sites[i] = s
+	sites, err := d.resolvePoints(req, func(s *splice.Site) error { _, _, err := bpfTarget(s); return err })
+	if err != nil {
+		return api.Session{}, err
 	}
 	var timers []*timedFunc
 	seen := map[string]bool{}

@@ -196,6 +196,29 @@ type PointError struct {
 func (e *PointError) Error() string { return fmt.Sprintf("%s: %v", e.Point, e.Err) }
 func (e *PointError) Unwrap() error { return e.Err }
 
+// resolvePoints checks a request's shape and resolves its points, each
+// also passing check if set. It changes nothing.
+func (d *Daemon) resolvePoints(req api.SessionRequest, check func(*splice.Site) error) ([]*splice.Site, error) {
+	if len(req.Points) == 0 && len(req.Timers) == 0 && req.Lock == "" {
+		return nil, badRequest(errors.New("no points or functions given"))
+	}
+	if req.TTLNS < 0 {
+		return nil, badRequest(errors.New("negative time-to-live"))
+	}
+	sites := make([]*splice.Site, len(req.Points))
+	for i, p := range req.Points {
+		s, err := d.resolve(p)
+		if err == nil && check != nil {
+			err = check(s)
+		}
+		if err != nil {
+			return nil, &PointError{Point: p, Err: err}
+		}
+		sites[i] = s
+	}
+	return sites, nil
+}
+
 // CreateSession installs a counter at every point, or none.
 func (d *Daemon) CreateSession(req api.SessionRequest) (api.Session, error) {
 	if d.bpf != nil {
@@ -204,19 +227,9 @@ func (d *Daemon) CreateSession(req api.SessionRequest) (api.Session, error) {
 	if isCover(req) {
 		return d.createCover(req)
 	}
-	if len(req.Points) == 0 && len(req.Timers) == 0 && req.Lock == "" {
-		return api.Session{}, badRequest(errors.New("no points or functions given"))
-	}
-	if req.TTLNS < 0 {
-		return api.Session{}, badRequest(errors.New("negative time-to-live"))
-	}
-	sites := make([]*splice.Site, len(req.Points))
-	for i, p := range req.Points {
-		s, err := d.resolve(p)
-		if err != nil {
-			return api.Session{}, &PointError{Point: p, Err: err}
-		}
-		sites[i] = s
+	sites, err := d.resolvePoints(req, nil)
+	if err != nil {
+		return api.Session{}, err
 	}
 	timers, pred, err := d.resolveTimers(req)
 	if err != nil {
