@@ -133,11 +133,16 @@ func (g *Graph) initLSM() {
 	}
 }
 
-// lsmLayout lays out one blob: each enabled module with a part in it,
-// in lsm_names order, must have been given the offset where the parts
-// before it end (a module that asked for none keeps 0), and the parts
-// must add up to blob_sizes' total. Anything else and the blob is left
-// untyped.
+// partless are modules known to ask for no part of any blob.
+var partless = map[string]bool{"capability": true, "lockdown": true, "yama": true, "loadpin": true, "safesetid": true, "integrity": true}
+
+// lsmLayout lays out one blob: each enabled module with a part in it, in
+// lsm_names order, got the offset where the parts before it end, aligned
+// to 8 bytes (lsm_set_blob_size; a module that asked for none keeps 0),
+// and the parts add up to blob_sizes' total. A module kinst knows no part
+// of (not in lsmParts, its part's struct not in BTF) leaves a gap that
+// the next offset or the total closes; anything else that does not add
+// up leaves the blob untyped.
 func (g *Graph) lsmLayout(field string, names []string, total int32, mods map[string]map[string]int32) *btf.Struct {
 	if total <= 0 {
 		return nil
@@ -153,42 +158,42 @@ func (g *Graph) lsmLayout(field string, names []string, total int32, mods map[st
 		st.Members = append(st.Members, btf.Member{Name: "rcu", Type: rcu})
 		run = int32(rcu.Size)
 	}
+	base := run
+	gap := false // an unknown part may lie before the next offset
+	align := func(v int32) int32 { return (v + 7) &^ 7 }
 	for _, n := range names {
-		part, ok := lsmParts[n][field]
-		s, ok2 := mods[n]
-		if !ok || !ok2 {
+		s, ok := mods[n]
+		if !ok {
+			gap = gap || !partless[n]
 			continue
 		}
+		part, ok := lsmParts[n][field]
 		v := s[field]
-		if v == 0 && run != 0 {
+		if !ok || (v == 0 && run != base) || (v == 0 && !ok) {
 			continue // asked for no part of this blob
+		}
+		if v < align(run) || (v > align(run) && !gap) {
+			return nil
 		}
 		var pt btf.Type
 		var size int32
-		if p, isPtr := strings.CutPrefix(part, "*"); isPtr {
-			var ps *btf.Struct
-			if g.structByName(p, &ps) != nil {
-				return nil
-			}
+		var ps *btf.Struct
+		p, isPtr := strings.CutPrefix(part, "*")
+		if g.structByName(p, &ps) != nil {
+			// A part whose struct this kernel's BTF lacks: its size is
+			// unknown, so what follows may start anywhere after it.
+			run, gap = v+1, true
+			continue
+		}
+		if isPtr {
 			pt, size = &btf.Pointer{Target: ps}, 8
 		} else {
-			var ps *btf.Struct
-			if g.structByName(part, &ps) != nil {
-				return nil
-			}
 			pt, size = ps, int32(ps.Size)
 		}
-		switch {
-		case v == run:
-			st.Members = append(st.Members, btf.Member{Name: n, Type: pt, Offset: btf.Bits(8 * v)})
-			run += size
-		case v == 0:
-			// asked for no part of this blob
-		default:
-			return nil
-		}
+		st.Members = append(st.Members, btf.Member{Name: n, Type: pt, Offset: btf.Bits(8 * v)})
+		run, gap = v+size, false
 	}
-	if run != total || len(st.Members) == 0 {
+	if run > total || (align(run) != total && !gap) || len(st.Members) == 0 || (field == "lbs_inode" && len(st.Members) == 1) {
 		return nil
 	}
 	return st
