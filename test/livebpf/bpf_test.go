@@ -167,3 +167,49 @@ func TestRefusedWithoutDriver(t *testing.T) {
 	}
 	nothingAttached(t, ctx)
 }
+
+// TestRequestTime times a count request's attach and detach through
+// kerninstd's API by each mechanism, five times each, and logs the
+// medians: a figure for the README, compared with the splices' (kinst
+// bench splice), not asserted.
+func TestRequestTime(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	g, err := client.CFG(ctx, "filename_lookup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	off := fmt.Sprintf("filename_lookup+%#x", g.Blocks[0].Instructions[1].Offset)
+	for _, tc := range []struct{ point, mechanism string }{{"filename_lookup", "fentry"}, {off, "kprobe"}} {
+		var attach, detach []time.Duration
+		for i := 0; i < 5; i++ {
+			start := time.Now()
+			s, err := client.CreateSession(ctx, api.SessionRequest{Points: []string{tc.point}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			mid := time.Now()
+			if _, err := client.RemoveSession(ctx, s.ID); err != nil {
+				t.Fatal(err)
+			}
+			attach, detach = append(attach, mid.Sub(start)), append(detach, time.Since(mid))
+			if s.Probes[0].Mechanism != tc.mechanism {
+				t.Fatalf("%s by %s, want %s", tc.point, s.Probes[0].Mechanism, tc.mechanism)
+			}
+		}
+		t.Logf("%s by %s: attach median %v, detach median %v (5 requests, TCG guest)", tc.point, tc.mechanism, medianDur(attach), medianDur(detach))
+	}
+	nothingAttached(t, ctx)
+}
+
+func medianDur(d []time.Duration) time.Duration {
+	s := append([]time.Duration(nil), d...)
+	for i := range s {
+		for j := i + 1; j < len(s); j++ {
+			if s[j] < s[i] {
+				s[i], s[j] = s[j], s[i]
+			}
+		}
+	}
+	return s[len(s)/2]
+}
