@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/kinst/kinst/bpfprobe"
-	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/codegen"
 	"github.com/kinst/kinst/engine"
 	"github.com/kinst/kinst/metrics"
@@ -55,25 +54,8 @@ func (d *Daemon) resolveTimed(name string) (*timedFunc, error) {
 		return nil, badRequest(fmt.Errorf("time %s: name a function, not an instruction", name))
 	}
 	t := &timedFunc{function: f.Fn.Name, entry: entry}
-	for _, b := range f.Blocks {
-		if b.Padding {
-			continue
-		}
-		switch b.Exit {
-		case cfg.Return, cfg.TailCall, cfg.IndirectJump:
-		default:
-			continue
-		}
-		i := b.First + b.N - 1
-		if i == entry.Index {
-			t.exits = append(t.exits, entry)
-			continue
-		}
-		s, err := f.At(i)
-		if err != nil {
-			return nil, err
-		}
-		t.exits = append(t.exits, s)
+	if t.exits, err = f.Exits(entry); err != nil {
+		return nil, err
 	}
 	if len(t.exits) == 0 {
 		return nil, fmt.Errorf("%w: %s has no exit the analysis can see (it never returns?)", ErrExitNotSpliceable, f.Fn.Name)

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kinst/kinst/metrics"
 	"github.com/kinst/kinst/splice"
 )
 
@@ -196,6 +197,54 @@ func TestAttachDetachUnderLoad(t *testing.T) {
 		t.Fatalf("workload after the rounds: %q, %v (it traps on a wrong result)", l, err)
 	}
 	t.Logf("five attach/detach rounds under load; the program made %s calls", strings.TrimSpace(strings.TrimPrefix(l, "spun ")))
+}
+
+// TestTimeInProcess times nap() (a 2 ms sleep) over 50 calls and work()
+// over a round of the four threads: calls equal the program's, nap's
+// wall time is at least 50 × 2 ms, no thread is left inside, and the
+// bytes are restored.
+func TestTimeInProcess(t *testing.T) {
+	needPtrace(t)
+	w := start(t, build(t))
+	pid := w.cmd.Process.Pid
+	tg, err := Attach(pid, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tg.Close()
+	clock := metrics.NewClock()
+	for _, tc := range []struct {
+		fn, cmd string
+		calls   uint64
+		minNS   float64
+	}{
+		{"nap", "nap 50", 50, 50 * 2e6},
+		{"work", "go", 400000, 1},
+	} {
+		tm, err := tg.Time("test", tc.fn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var acc metrics.TimerAcc
+		acc.Add(tg.Dev.Counter(tm.Word), metrics.TSC())
+		fmt.Fprintln(w.in, tc.cmd)
+		if _, err := w.out.ReadString('\n'); err != nil {
+			t.Fatal(err)
+		}
+		calls, word := tg.Dev.Counter(tm.Calls), tg.Dev.Counter(tm.Word)
+		ns := clock.Nanos(acc.Add(word, metrics.TSC()))
+		inside := metrics.TimerInside(word)
+		if err := tg.Untime(tm); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s: %d calls, %.3f ms inside, %d exits timed", tc.fn, calls, ns/1e6, len(tm.Exits))
+		if calls != tc.calls || ns < tc.minNS || inside != 0 {
+			t.Errorf("%s: %d calls (want %d), %.0f ns (want ≥ %.0f), %d inside", tc.fn, calls, tc.calls, ns, tc.minNS, inside)
+		}
+	}
+	if n := tg.Dev.Splices(); n != 0 {
+		t.Errorf("%d splices left", n)
+	}
 }
 
 func resolveAll(t *testing.T, tg *Target, points []string) ([]*splice.Site, []string) {

@@ -11,10 +11,12 @@ import (
 	"strings"
 
 	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/codegen"
 	"github.com/kinst/kinst/engine"
 	"github.com/kinst/kinst/internal/elfsym"
 	"github.com/kinst/kinst/kernel"
 	"github.com/kinst/kinst/splice"
+	"github.com/kinst/kinst/springboard"
 )
 
 // Target is a running process under kinst's engine: its executable's and
@@ -150,6 +152,20 @@ var ErrNoFunction = errors.New("no such function in the process")
 // Resolve plans a point: FUNC, FUNC+0xOFF, FUNC:BLOCK, each optionally
 // LIB: first (LIB:FUNC…), in the executable unless a library is named.
 func (t *Target) Resolve(spec string) (*splice.Site, error) {
+	f, p, err := t.plan(spec)
+	if err != nil {
+		return nil, err
+	}
+	s, err := f.Resolve(p)
+	if err != nil {
+		return nil, err
+	}
+	s.Point.Spec = spec
+	return s, nil
+}
+
+// plan finds and plans the function a point names.
+func (t *Target) plan(spec string) (*splice.Func, splice.Point, error) {
 	lib, rest := "", spec
 	if i := strings.IndexByte(spec, ':'); i >= 0 {
 		if _, err := strconv.Atoi(spec[i+1:]); err != nil {
@@ -158,7 +174,7 @@ func (t *Target) Resolve(spec string) (*splice.Site, error) {
 	}
 	p, err := splice.ParsePoint(rest)
 	if err != nil {
-		return nil, err
+		return nil, splice.Point{}, err
 	}
 	p.Classic = nil
 	p.Function = strings.SplitN(rest, "+", 2)[0]
@@ -178,31 +194,27 @@ func (t *Target) Resolve(spec string) (*splice.Site, error) {
 		if lib != "" {
 			where = lib
 		}
-		return nil, fmt.Errorf("%w: %s in %s", ErrNoFunction, p.Function, where)
+		return nil, splice.Point{}, fmt.Errorf("%w: %s in %s", ErrNoFunction, p.Function, where)
 	}
 	if t.vdso[0] <= sym.Addr && sym.Addr < t.vdso[1] {
-		return nil, fmt.Errorf("%s is in the vDSO, which the kernel shares between processes: not spliced", spec)
+		return nil, splice.Point{}, fmt.Errorf("%s is in the vDSO, which the kernel shares between processes: not spliced", spec)
 	}
 	end := t.Syms.End(sym)
 	if end <= sym.Addr || end-sym.Addr > 1<<20 {
-		return nil, fmt.Errorf("%s: function size unknown", p.Function)
+		return nil, splice.Point{}, fmt.Errorf("%s: function size unknown", p.Function)
 	}
 	code := make([]byte, end-sym.Addr)
 	if err := t.Eng.Text().Read(sym.Addr, code); err != nil {
-		return nil, err
+		return nil, splice.Point{}, err
 	}
 	fn, err := cfg.Decode(sym.Name, sym.Module, sym.Addr, code)
 	if err != nil {
-		return nil, err
+		return nil, splice.Point{}, err
 	}
 	f := t.facts.Func(fn, t.verdit)
 	f.Sym, f.Ambiguous = sym, found-1
-	s, err := f.Resolve(p)
-	if err != nil {
-		return nil, err
-	}
-	s.Point.Spec = spec
-	return s, nil
+	f.UseSpringboards(t.Eng.Springboards())
+	return f, p, nil
 }
 
 // Count installs a counter at each point, all or none; the requests'
@@ -230,6 +242,130 @@ func (t *Target) Abandon() {
 	t.Dev.splices = map[uint32]*spliced{}
 	t.Dev.mu.Unlock()
 	t.Dev.Close()
+}
+
+// Timer times one function in the process: a counter of calls and a
+// timer word entered at the entry and left at every exit (codegen's
+// TimerEnter and TimerExit: rdtsc and one locked add each), read with
+// metrics.TimerAcc as kerninstd reads its own.
+type Timer struct {
+	Function    string
+	Entry       *splice.Site
+	Exits       []*splice.Site
+	Calls, Word int // counter slots
+	reqs        []*engine.Request
+}
+
+// Time attaches a timer to the function spec names (FUNC or LIB:FUNC):
+// the exits first, so that no thread enters unseen and leaves counted;
+// then the entry. On error nothing stays installed.
+func (t *Target) Time(owner, spec string) (*Timer, error) {
+	f, p, err := t.plan(spec)
+	if err != nil {
+		return nil, err
+	}
+	if p.HasOffset || p.HasBlock {
+		return nil, fmt.Errorf("time %s: name a function, not an instruction", spec)
+	}
+	entry, err := f.Resolve(p)
+	if err != nil {
+		return nil, err
+	}
+	exits, err := f.Exits(entry)
+	if err != nil {
+		return nil, err
+	}
+	if len(exits) == 0 {
+		return nil, fmt.Errorf("time %s: no exit the analysis can see (it never returns?)", spec)
+	}
+	for i, x := range exits {
+		if x.Class == springboard.Trap && x != entry {
+			exits[i] = earlierExit(f, x)
+		}
+	}
+	tm := &Timer{Function: f.Fn.Name, Entry: entry, Exits: exits}
+	var calls, word uint64
+	slots := func(n int, build func() codegen.Snippet) engine.SnippetFunc {
+		return func(c []uint64) codegen.Snippet {
+			if n == 2 {
+				calls, word = c[0], c[1]
+			}
+			return build()
+		}
+	}
+	exit := func() codegen.Snippet { return codegen.TimerExit{Word: word} }
+	enter := func() codegen.Snippet { return codegen.Seq{codegen.Counter{Addr: calls}, codegen.TimerEnter{Word: word}} }
+	entryIsExit := false
+	for _, s := range exits {
+		if s == entry {
+			entryIsExit = true
+			continue
+		}
+		n := 0
+		if len(tm.reqs) == 0 {
+			n = 2
+		}
+		r, err := t.Eng.Add(s, engine.Spec{Owner: owner, Slots: n, Snippet: slots(n, exit)})
+		if err != nil {
+			t.Untime(tm)
+			return nil, fmt.Errorf("time %s: exit %s: %w", spec, s.Where(), err)
+		}
+		tm.reqs = append(tm.reqs, r)
+	}
+	n := 0
+	if len(tm.reqs) == 0 {
+		n = 2
+	}
+	build := enter
+	if entryIsExit {
+		build = func() codegen.Snippet { return codegen.Seq{enter(), exit()} }
+	}
+	r, err := t.Eng.Add(entry, engine.Spec{Owner: owner, Slots: n, Snippet: slots(n, build)})
+	if err != nil {
+		t.Untime(tm)
+		return nil, fmt.Errorf("time %s: entry: %w", spec, err)
+	}
+	tm.reqs = append(tm.reqs, r)
+	tm.Calls, tm.Word = tm.reqs[0].Slots()[0], tm.reqs[0].Slots()[1]
+	return tm, nil
+}
+
+// earlierExit moves an exit that only a trap splice could reach (a
+// 1-byte ret with no springboard slot near: an int3 would kill the
+// process) to the nearest earlier instruction of its block that can be
+// spliced otherwise, when nothing between them branches, calls or
+// touches memory through %rsp but the stack adjustment an epilogue
+// makes: leaving the timer there is leaving the function. Otherwise x.
+func earlierExit(f *splice.Func, x *splice.Site) *splice.Site {
+	for _, b := range f.Blocks {
+		if x.Index < b.First || x.Index >= b.First+b.N {
+			continue
+		}
+		for j := x.Index - 1; j >= b.First; j-- {
+			in := f.Fn.Insns[j]
+			text := in.String()
+			if strings.HasPrefix(text, "call") || strings.HasPrefix(text, "j") || strings.HasPrefix(text, "push") {
+				break
+			}
+			s, err := f.At(j)
+			if err != nil {
+				break
+			}
+			if s.Class != springboard.Trap {
+				return s
+			}
+		}
+	}
+	return x
+}
+
+// Untime removes a timer: the entry first, then the exits.
+func (t *Target) Untime(tm *Timer) error {
+	rev := make([]*engine.Request, len(tm.reqs))
+	for i, r := range tm.reqs {
+		rev[len(tm.reqs)-1-i] = r
+	}
+	return errors.Join(t.Eng.RemoveEach(rev)...)
 }
 
 // Close removes every request and lets the process go; every byte of its

@@ -100,6 +100,35 @@ func (k *Facts) Func(fn *cfg.Function, v *Verdicts) *Func {
 	return f
 }
 
+// Exits plans the function's exits for a timer entered at entry: the
+// last instruction of every block that leaves it (ret, a jmp to a
+// return thunk, a tail call, an indirect jump); entry itself where it is
+// one.
+func (f *Func) Exits(entry *Site) ([]*Site, error) {
+	var out []*Site
+	for _, b := range f.Blocks {
+		if b.Padding {
+			continue
+		}
+		switch b.Exit {
+		case cfg.Return, cfg.TailCall, cfg.IndirectJump:
+		default:
+			continue
+		}
+		i := b.First + b.N - 1
+		if i == entry.Index {
+			out = append(out, entry)
+			continue
+		}
+		s, err := f.At(i)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
 // Func is one function planned against one Facts: decoded, split into
 // blocks once, its liveness computed on first use. One goroutine uses a
 // Func at a time.

@@ -210,13 +210,21 @@ func (p *Planner) FuncOf(syms *kernel.Symbols, sym kernel.Symbol) (*Func, error)
 	f := k.Func(fn, nil)
 	f.Sym = sym
 	if p.heap != nil {
-		f.slotFree = func(addr uint64) bool {
-			p.addSpringboardSpace(k, addr)
-			_, ok := p.heap.Find(addr)
-			return ok
-		}
+		f.UseSpringboards(p.heap)
 	}
 	return f, nil
+}
+
+// UseSpringboards lets f plan springboard splices with slots from heap,
+// adding the springboard space of the functions near an instruction the
+// first time one asks.
+func (f *Func) UseSpringboards(heap *springboard.Heap) {
+	k := f.facts
+	f.slotFree = func(addr uint64) bool {
+		addSpringboardSpace(heap, k, addr)
+		_, ok := heap.Find(addr)
+		return ok
+	}
 }
 
 // Resolve maps a point to one instruction of the live kernel and plans
@@ -238,11 +246,11 @@ func (p *Planner) Liveness(s *Site) cfg.LiveSet {
 // addSpringboardSpace makes sure the springboard space of every function
 // within rel8 reach of addr is in the heap: each function's padding is
 // found (SpringboardSpace) the first time an instruction near it asks.
-func (p *Planner) addSpringboardSpace(k *Facts, addr uint64) {
+func addSpringboardSpace(heap *springboard.Heap, k *Facts, addr uint64) {
 	lo, hi := springboard.Reach(addr)
 	hi += springboard.SlotLen
 	for _, sym := range k.Symbols.Overlapping(lo, hi) {
-		if p.heap.Seen(sym.Addr) {
+		if heap.Seen(sym.Addr) {
 			continue
 		}
 		fn, err := cfg.ReadFunction(k.Text, k.Symbols, sym)
@@ -250,6 +258,6 @@ func (p *Planner) addSpringboardSpace(k *Facts, addr uint64) {
 			continue
 		}
 		owned := func(a uint64) bool { return k.Owned.Reason(a) != "" }
-		p.heap.Add(SpringboardSpace(fn, fn.BlocksOpt(k.BlockOptions()), owned)...)
+		heap.Add(SpringboardSpace(fn, fn.BlocksOpt(k.BlockOptions()), owned)...)
 	}
 }

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -13,160 +14,294 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/metrics"
 	"github.com/kinst/kinst/process"
 	"github.com/kinst/kinst/splice"
 )
 
-// CountProcess is `kinst count -p PID` (or `kinst count -p 0 … -- CMD`,
-// a command started stopped and spliced before it runs): the engine runs
-// in kinst itself, splicing the process through ptrace and a shared
-// memfd (package process); no kerninstd is involved.
-func CountProcess(ctx context.Context, pid int, o CountOptions, env Env) (int, error) {
-	stdout, stderr := env.Out, env.Err
-	if o.Interval <= 0 {
-		o.Interval = time.Second
-	}
-	// CMD is reaped only after kinst has let it go: while kinst traces
-	// it, a wait for it would take ptrace's stops for its exit.
-	var cmd *exec.Cmd
-	if len(o.Command) > 0 {
-		cmd = exec.Command(o.Command[0], o.Command[1:]...)
-		cmd.Stdin, cmd.Stdout, cmd.Stderr = env.CmdIn, env.CmdOut, env.CmdErr
-		if err := process.Start(cmd); err != nil {
-			return 1, err
+// procRun is a process under `kinst count -p` or `kinst time -p`: the
+// engine runs in kinst itself, splicing the process through ptrace and a
+// shared memfd (package process); no kerninstd is involved. With -- CMD
+// the command is started stopped at its exec and spliced before it runs.
+type procRun struct {
+	pid int
+	cmd *exec.Cmd
+	tg  *process.Target
+}
+
+// openProcess attaches to pid, or starts command; points (or functions)
+// name the library to map kinst's region near (LIB:…), if any.
+func openProcess(pid int, command, points []string, env Env) (*procRun, error) {
+	r := &procRun{pid: pid}
+	if len(command) > 0 {
+		r.cmd = exec.Command(command[0], command[1:]...)
+		r.cmd.Stdin, r.cmd.Stdout, r.cmd.Stderr = env.CmdIn, env.CmdOut, env.CmdErr
+		if err := process.Start(r.cmd); err != nil {
+			return nil, err
 		}
-		pid = cmd.Process.Pid
-		defer func() {
-			if cmd.ProcessState == nil {
-				cmd.Process.Kill()
-				cmd.Wait()
-			}
-		}()
+		r.pid = r.cmd.Process.Pid
 	}
 	lib := ""
-	for _, p := range o.Points {
+	for _, p := range points {
 		if i := strings.IndexByte(p, ':'); i >= 0 {
 			if _, err := strconv.Atoi(p[i+1:]); err != nil {
 				lib = p[:i]
 			}
 		}
 	}
-	tg, err := process.Attach(pid, lib)
+	tg, err := process.Attach(r.pid, lib)
 	if err != nil {
-		return 1, err
+		r.kill()
+		return nil, err
 	}
-	sites := make([]*splice.Site, len(o.Points))
-	for i, p := range o.Points {
-		if sites[i], err = tg.Resolve(p); err != nil {
-			tg.Close()
-			return 1, fmt.Errorf("%s: %w", p, err)
-		}
+	r.tg = tg
+	return r, nil
+}
+
+func (r *procRun) kill() {
+	if r.cmd != nil && r.cmd.ProcessState == nil {
+		r.cmd.Process.Kill()
+		r.cmd.Wait()
 	}
-	reqs, err := tg.Count("kinst", sites)
-	if err != nil {
-		tg.Close()
-		return 1, err
-	}
-	for i, s := range sites {
-		in := tg.Eng.Installed(reqs[i])
-		fmt.Fprintf(stderr, "kinst: spliced %s in process %d at %s (%#x): %q, %s splice\n", o.Points[i], pid, s.Where(), s.Addr(), s.Insn().String(), in.Class)
-	}
+}
+
+// run lets the process go (a started command) and calls sample every
+// interval until duration ends, ctx is done or the process exits.
+func (r *procRun) run(ctx context.Context, duration, interval time.Duration, sample func(el time.Duration)) time.Duration {
 	start := time.Now()
-	if cmd != nil {
-		unix.Kill(pid, unix.SIGCONT)
+	if r.cmd != nil {
+		unix.Kill(r.pid, unix.SIGCONT)
 	}
-	report := api.CountReport{IntervalNS: int64(o.Interval)}
-	last := make([]uint64, len(reqs))
-	tick := time.NewTicker(o.Interval)
+	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	var deadline <-chan time.Time
-	if o.Duration > 0 {
-		deadline = time.After(o.Duration)
+	if duration > 0 {
+		deadline = time.After(duration)
 	}
+	// A command is reaped only after kinst has let it go: while kinst
+	// traces it, a wait for it would take ptrace's stops for its exit.
 	gone := make(chan struct{})
-	stopWatch := make(chan struct{})
-	defer close(stopWatch)
-	go func() { // the process may exit on its own
-		for alive(pid) {
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		for alive(r.pid) {
 			select {
-			case <-stopWatch:
+			case <-stop:
 				return
 			case <-time.After(50 * time.Millisecond):
 			}
 		}
 		close(gone)
 	}()
+	for {
+		select {
+		case <-tick.C:
+			sample(time.Since(start))
+		case <-deadline:
+			return time.Since(start)
+		case <-ctx.Done():
+			return time.Since(start)
+		case <-gone:
+			return time.Since(start)
+		}
+	}
+}
+
+// finish removes the probes (remove) from a process still alive, lets it
+// go, and reaps a started command (interrupting it if the count ended
+// first); it returns the command's exit status.
+func (r *procRun) finish(remove func() []error, stderr interface{ Write([]byte) (int, error) }) *int {
+	if alive(r.pid) { // an exited process's text went with it
+		for _, e := range remove() {
+			if e != nil {
+				fmt.Fprintf(stderr, "kinst: remove: %v\n", e)
+			}
+		}
+		if err := r.tg.Close(); err != nil {
+			fmt.Fprintf(stderr, "kinst: detach: %v\n", err)
+		}
+	} else {
+		r.tg.Abandon()
+	}
+	if r.cmd == nil {
+		return nil
+	}
+	if alive(r.pid) {
+		r.cmd.Process.Signal(os.Interrupt)
+	}
+	err := r.cmd.Wait()
+	s := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		s = ee.ExitCode()
+	}
+	return &s
+}
+
+// CountProcess is `kinst count -p PID` (or -p 0 -- CMD).
+func CountProcess(ctx context.Context, pid int, o CountOptions, env Env) (int, error) {
+	stdout, stderr := env.Out, env.Err
+	if o.Interval <= 0 {
+		o.Interval = time.Second
+	}
+	r, err := openProcess(pid, o.Command, o.Points, env)
+	if err != nil {
+		return 1, err
+	}
+	tg := r.tg
+	sites := make([]*splice.Site, len(o.Points))
+	for i, p := range o.Points {
+		if sites[i], err = tg.Resolve(p); err != nil {
+			tg.Close()
+			r.kill()
+			return 1, fmt.Errorf("%s: %w", p, err)
+		}
+	}
+	reqs, err := tg.Count("kinst", sites)
+	if err != nil {
+		tg.Close()
+		r.kill()
+		return 1, err
+	}
+	for i, s := range sites {
+		in := tg.Eng.Installed(reqs[i])
+		fmt.Fprintf(stderr, "kinst: spliced %s in process %d at %s (%#x): %q, %s splice\n", o.Points[i], r.pid, s.Where(), s.Addr(), s.Insn().String(), in.Class)
+	}
+	report := api.CountReport{IntervalNS: int64(o.Interval)}
+	last := make([]uint64, len(reqs))
 	if !o.JSON {
 		fmt.Fprintf(stdout, "%8s  %-24s  %12s  %12s\n", "time", "location", "+interval", "total")
 	}
-	sample := func() {
-		el := time.Since(start)
+	dur := r.run(ctx, o.Duration, o.Interval, func(el time.Duration) {
 		deltas := make([]uint64, len(reqs))
-		for i, r := range reqs {
-			n := tg.Dev.Counter(r.Counter())
+		for i, q := range reqs {
+			n := tg.Dev.Counter(q.Counter())
 			deltas[i], last[i] = n-last[i], n
 			if !o.JSON {
 				fmt.Fprintf(stdout, "%8.3f  %-24s  %12d  %12d\n", el.Seconds(), o.Points[i], deltas[i], n)
 			}
 		}
 		report.Intervals = append(report.Intervals, api.CountSample{ElapsedNS: int64(el), Deltas: deltas})
-	}
-	var status *int
-loop:
-	for {
-		select {
-		case <-tick.C:
-			sample()
-		case <-deadline:
-			break loop
-		case <-ctx.Done():
-			break loop
-		case <-gone:
-			break loop
-		}
-	}
-	report.DurationNS = int64(time.Since(start))
-	for i, r := range reqs {
+	})
+	report.DurationNS = int64(dur)
+	for i, q := range reqs {
 		s := sites[i]
 		report.Probes = append(report.Probes, api.CountProbe{Point: o.Points[i], Function: s.Fn.Name, Offset: s.Addr() - s.Fn.Addr,
-			Address: api.Addr(s.Addr()), Count: tg.Dev.Counter(r.Counter()), Mechanism: "splice"})
+			Address: api.Addr(s.Addr()), Count: tg.Dev.Counter(q.Counter()), Mechanism: "splice"})
 	}
-	if alive(pid) { // an exited process's text went with it
-		for _, e := range tg.Eng.RemoveEach(reqs) {
-			if e != nil {
-				fmt.Fprintf(stderr, "kinst: remove: %v\n", e)
-			}
-		}
-		if err := tg.Close(); err != nil {
-			fmt.Fprintf(stderr, "kinst: detach: %v\n", err)
-		}
-	} else {
-		tg.Abandon()
-	}
-	if cmd != nil {
-		if alive(pid) {
-			cmd.Process.Signal(os.Interrupt) // --duration or Ctrl-C ended the count
-		}
-		err := cmd.Wait()
-		s := 0
-		if ee, ok := err.(*exec.ExitError); ok {
-			s = ee.ExitCode()
-		}
-		status = &s
-	}
-	report.ExitStatus = status
+	report.ExitStatus = r.finish(func() []error { return tg.Eng.RemoveEach(reqs) }, stderr)
 	exit := 0
-	if status != nil {
-		exit = *status
+	if report.ExitStatus != nil {
+		exit = *report.ExitStatus
 	}
 	if o.JSON {
 		return exit, writeJSON(stdout, report)
 	}
-	fmt.Fprintf(stdout, "\ncounts over %.3f s in process %d (splices removed):\n", time.Duration(report.DurationNS).Seconds(), pid)
+	fmt.Fprintf(stdout, "\ncounts over %.3f s in process %d (splices removed):\n", dur.Seconds(), r.pid)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "count\tpoint\tlocation\taddress")
 	for _, p := range report.Probes {
 		fmt.Fprintf(tw, "%d\t%s\t%s+%#x\t%#x\n", p.Count, p.Point, p.Function, p.Offset, uint64(p.Address))
+	}
+	return exit, tw.Flush()
+}
+
+// TimeProcess is `kinst time -p PID FUNC…` (or -p 0 -- CMD): calls, wall
+// time and concurrency of functions in a user process, from the same
+// timer words as the kernel's.
+func TimeProcess(ctx context.Context, pid int, o TimeOptions, env Env) (int, error) {
+	stdout, stderr := env.Out, env.Err
+	if o.Interval <= 0 {
+		o.Interval = time.Second
+	}
+	if o.Virtual || o.Lock != "" || o.Filter.PID != 0 || o.Filter.TID != 0 || o.Filter.Comm != "" {
+		return 2, errors.New("time -p: --virtual, --lock and filters are for the kernel")
+	}
+	r, err := openProcess(pid, o.Command, o.Functions, env)
+	if err != nil {
+		return 1, err
+	}
+	tg := r.tg
+	clock := metrics.NewClock()
+	var timers []*process.Timer
+	untime := func() []error {
+		var errs []error
+		for _, tm := range timers {
+			errs = append(errs, tg.Untime(tm))
+		}
+		return errs
+	}
+	for _, fn := range o.Functions {
+		tm, err := tg.Time("kinst", fn)
+		if err != nil {
+			untime()
+			tg.Close()
+			r.kill()
+			return 1, err
+		}
+		timers = append(timers, tm)
+		var exits []string
+		for _, x := range tm.Exits {
+			exits = append(exits, fmt.Sprintf("+%#x", x.Addr()-x.Fn.Addr))
+		}
+		fmt.Fprintf(stderr, "kinst: timing %s in process %d: entry at +%#x, %d exit(s) at %s\n", tm.Function, r.pid,
+			tm.Entry.Addr()-tm.Entry.Fn.Addr, len(tm.Exits), strings.Join(exits, " "))
+	}
+	accs := make([]metrics.TimerAcc, len(timers))
+	start := time.Now()
+	points := make([]metrics.Point, len(timers))
+	read := func(i int) metrics.Point {
+		w := tg.Dev.Counter(timers[i].Word)
+		calls := tg.Dev.Counter(timers[i].Calls)
+		ticks := accs[i].Add(w, metrics.TSC())
+		return metrics.Point{Time: time.Now(), Calls: calls, WallNS: clock.Nanos(ticks), Inside: metrics.TimerInside(w)}
+	}
+	for i := range timers {
+		points[i] = read(i)
+		points[i].Time = start
+	}
+	first := append([]metrics.Point(nil), points...)
+	report := api.TimeReport{Session: fmt.Sprintf("process %d", r.pid), IntervalNS: int64(o.Interval)}
+	if !o.JSON {
+		fmt.Fprintf(stdout, "%8s  %-24s  %10s  %12s  %12s  %11s\n", "time", "function", "calls/s", "avg wall", "total wall", "concurrency")
+	}
+	dur := r.run(ctx, o.Duration, o.Interval, func(el time.Duration) {
+		iv := api.TimeInterval{ElapsedNS: int64(el)}
+		for i := range timers {
+			p := read(i)
+			d := metrics.Derive(points[i], p)
+			points[i] = p
+			iv.Functions = append(iv.Functions, api.Rates(d))
+			if !o.JSON {
+				fmt.Fprintf(stdout, "%8.3f  %-24s  %10.0f  %12s  %12s  %11.3f\n", el.Seconds(), timers[i].Function, d.CallsPerSec, fmtNS(d.AvgWallNS), fmtNS(p.WallNS), d.Concurrency)
+			}
+		}
+		report.Intervals = append(report.Intervals, iv)
+	})
+	report.DurationNS = int64(dur)
+	for i, tm := range timers {
+		last := read(i)
+		d := metrics.Derive(first[i], last)
+		tf := api.TimedFunction{Function: tm.Function, Entry: at(api.Resolved{Function: tm.Entry.Fn.Name, Offset: tm.Entry.Addr() - tm.Entry.Fn.Addr}),
+			Calls: last.Calls, CallsPerSec: d.CallsPerSec, WallNS: last.WallNS, AvgWallNS: d.AvgWallNS, Concurrency: d.Concurrency, Mechanism: "splice"}
+		for _, x := range tm.Exits {
+			tf.Exits = append(tf.Exits, fmt.Sprintf("%s+%#x", x.Fn.Name, x.Addr()-x.Fn.Addr))
+		}
+		report.Functions = append(report.Functions, tf)
+	}
+	report.ExitStatus = r.finish(untime, stderr)
+	exit := 0
+	if report.ExitStatus != nil {
+		exit = *report.ExitStatus
+	}
+	if o.JSON {
+		return exit, writeJSON(stdout, report)
+	}
+	fmt.Fprintf(stdout, "\ntotals over %.3f s in process %d (splices removed):\n", dur.Seconds(), r.pid)
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "calls\tcalls/s\ttotal wall\tavg wall\tconcurrency\tfunction\t")
+	for _, f := range report.Functions {
+		fmt.Fprintf(tw, "%d\t%.0f\t%s\t%s\t%.3f\t%s\t\n", f.Calls, f.CallsPerSec, fmtNS(f.WallNS), fmtNS(f.AvgWallNS), f.Concurrency, f.Function)
 	}
 	return exit, tw.Flush()
 }

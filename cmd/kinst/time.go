@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"os"
+	"os/signal"
 
 	"github.com/kinst/kinst/app/cli"
 	"github.com/spf13/pflag"
@@ -29,10 +31,21 @@ var timeCommand = &command{
 		fs.StringVar(&o.Filter.Comm, "comm", "", "count only calls made by tasks with this command `name` (up to 15 bytes)")
 		fs.BoolVar(&o.Virtual, "virtual", false, "also measure on-CPU (virtual) time")
 		timeFlags(fs, &o)
+		user := fs.Bool("user", false, "time FUNC (FUNC or LIB:FUNC) in the user process -p PID instead of the kernel, or with -p 0 in -- CMD, started and spliced before it runs; the engine runs in kinst through ptrace (no kerninstd)")
 		return func(ctx context.Context, inv invocation) (int, error) {
 			o.Functions, o.Command = inv.args, inv.command
 			if len(o.Functions) == 0 {
 				return 2, usagef("name at least one kernel function")
+			}
+			if *user {
+				pid := o.Filter.PID
+				o.Filter.PID = 0
+				if !fs.Changed("pid") || pid < 0 || (pid == 0) == (len(o.Command) == 0) {
+					return 2, usagef("--user -p PID names a running process, or --user -p 0 with -- CMD a command to start")
+				}
+				ctx, stop := signal.NotifyContext(ctx, os.Interrupt)
+				defer stop()
+				return inv.report(o.JSON, func(env cli.Env) (int, error) { return cli.TimeProcess(ctx, pid, o, env) })
 			}
 			return inv.report(o.JSON, func(env cli.Env) (int, error) { return cli.Time(ctx, inv.client(), o, env) })
 		}

@@ -4,6 +4,8 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <stdlib.h>
+#include <time.h>
 
 #define THREADS 4
 #define CALLS 100000
@@ -13,6 +15,13 @@ __attribute__((noinline)) long work(long x)
 	if (x & 1)
 		return x * 3 + 1;
 	return x / 2;
+}
+
+/* nap sleeps 2 ms: a known wall time per call. */
+__attribute__((noinline)) void nap(void)
+{
+	struct timespec ts = {0, 2000000};
+	nanosleep(&ts, NULL);
 }
 
 static long sums[THREADS];
@@ -65,6 +74,13 @@ int main(void)
 				total += spun[i];
 			}
 			printf("spun %ld\n", total);
+			continue;
+		}
+		if (strncmp(line, "nap ", 4) == 0) {
+			long n = strtol(line + 4, NULL, 10);
+			for (long i = 0; i < n; i++)
+				nap();
+			printf("napped %ld\n", n);
 			continue;
 		}
 		if (strncmp(line, "go", 2) != 0)
