@@ -294,7 +294,9 @@ func (t *Target) Time(owner, spec string) (*Timer, error) {
 		}
 	}
 	exit := func() codegen.Snippet { return codegen.TimerExit{Word: word} }
-	enter := func() codegen.Snippet { return codegen.Seq{codegen.Counter{Addr: calls}, codegen.TimerEnter{Word: word}} }
+	enter := func() codegen.Snippet {
+		return codegen.Seq{codegen.Counter{Addr: calls}, codegen.TimerEnter{Word: word}}
+	}
 	entryIsExit := false
 	for _, s := range exits {
 		if s == entry {

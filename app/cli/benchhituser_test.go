@@ -60,9 +60,9 @@ func TestBenchHitUser(t *testing.T) {
 			t.Errorf("%s: %d hits, want the %d calls it timed", r.Mechanism, r.Hits, want)
 		}
 	}
-	for _, m := range []string{"direct splice", "covering splice"} {
-		if !ran[m] {
-			t.Errorf("no %s row ran", m)
-		}
+	// hit()'s short instructions take a springboard where a slot is in
+	// reach, else a covering splice: one of them.
+	if !ran["direct splice"] || !(ran["springboard splice"] || ran["covering splice"]) {
+		t.Errorf("splice rows that ran: %v; want direct and springboard or covering", ran)
 	}
 }
