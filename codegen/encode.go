@@ -14,6 +14,10 @@ const (
 	lenPush32  = 5
 )
 
+// movlHighToStack is "movl $imm32, 4(%rsp)" without its immediate: the
+// high half of a pushed 64-bit return address.
+var movlHighToStack = []byte{0xc7, 0x44, 0x24, 0x04}
+
 // rel32 is the displacement from end (the address after the instruction
 // or field that holds it) to target, if it fits a signed 32 bits.
 func rel32(end, target uint64) (int32, error) {
@@ -53,15 +57,18 @@ func appendJcc(b []byte, cc byte, at, to uint64) ([]byte, error) {
 	return appendLE32(append(b, 0x0f, 0x80|cc&0xf), d), nil
 }
 
-// appendPushRet appends "push imm32" of the return address of the call
-// being relocated, so the callee returns into the original code: stacks
-// unwind through real kernel text, and the patch can be freed while a
-// callee sleeps. The address must sign-extend from 32 bits, which kernel
-// text and modules (the top 2 GiB) do.
+// appendPushRet appends a push of the return address of the call being
+// relocated, so the callee returns into the original code: stacks unwind
+// through real text, and the patch can be freed while a callee sleeps.
+// An address that sign-extends from 32 bits (kernel text and modules,
+// the top 2 GiB) is one "push imm32"; another (a user process's text)
+// is that push of its low half, then "movl $high, 4(%rsp)": no register
+// and no flag changes, and %rsp ends where the call leaves it.
 func (in *insn) appendPushRet(b []byte) ([]byte, error) {
 	ret := in.next()
-	if int64(ret) != int64(int32(ret)) {
-		return nil, in.refuse("return address %#x does not fit a sign-extended imm32 (not in the top 2 GiB)", ret)
+	b = appendLE32(append(b, opPushImm), int32(uint32(ret)))
+	if int64(ret) == int64(int32(ret)) {
+		return b, nil
 	}
-	return appendLE32(append(b, opPushImm), int32(ret)), nil
+	return appendLE32(append(b, movlHighToStack...), int32(uint32(ret>>32))), nil
 }

@@ -1,9 +1,11 @@
 package codegen
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	"golang.org/x/arch/x86/x86asm"
@@ -291,13 +293,35 @@ func TestRelocateRefuses(t *testing.T) {
 	}
 }
 
-func TestPushNeedsTopTwoGiB(t *testing.T) {
-	low := uint64(0x7f0000001000)
-	for _, code := range [][]byte{cat([]byte{0xe8}, i32(0x10)), {0xff, 0xd0}} {
-		_, err := Relocate(low+0x1000, Site{Addr: low, Bytes: code})
-		var ue *UnsupportedError
-		if !errors.As(err, &ue) || !errors.Is(err, ErrUnsupported) {
-			t.Errorf("% x at %#x: err = %v, want UnsupportedError", code, low, err)
+// TestPushReturnAboveTwoGiB: a call relocated from user text (below the
+// top 2 GiB) pushes its 64-bit return address in two halves, push imm32
+// then movl to 4(%rsp), and jumps on; the verifier reads both back.
+func TestPushReturnAboveTwoGiB(t *testing.T) {
+	low := uint64(0x7f0012345000)
+	patch := low + 0x1000
+	for _, tc := range []struct {
+		code []byte
+		tail string // after the push and the movl
+	}{
+		{cat([]byte{0xe8}, i32(0x10)), "jmp"},
+		{[]byte{0xff, 0xd0}, "jmp"},
+	} {
+		got, err := Relocate(patch, Site{Addr: low, Bytes: tc.code})
+		if err != nil {
+			t.Fatalf("% x at %#x: %v", tc.code, low, err)
+		}
+		ret := low + uint64(len(tc.code))
+		want := cat([]byte{0x68}, i32(int32(uint32(ret))), []byte{0xc7, 0x44, 0x24, 0x04}, i32(int32(uint32(ret>>32))))
+		if !bytes.HasPrefix(got, want) {
+			t.Errorf("% x: relocated to % x, want a prefix % x", tc.code, got, want)
+		}
+		inst, err := x86asm.Decode(got[len(want):], 64)
+		if err != nil || !strings.HasPrefix(strings.ToLower(inst.Op.String()), tc.tail) {
+			t.Errorf("% x: after the push, %v (%v), want %s", tc.code, inst, err, tc.tail)
+		}
+		in, _ := x86asm.Decode(tc.code, 64)
+		if err := CheckRelocatable(low, in, tc.code); err != nil {
+			t.Errorf("% x: CheckRelocatable: %v", tc.code, err)
 		}
 	}
 }

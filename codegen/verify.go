@@ -150,15 +150,29 @@ func (r *reader) lockIncq(counter uint64) error {
 	return nil
 }
 
-// pushRet consumes "push $ret".
+// pushRet consumes the push of return address ret: "push $ret", or for
+// an address above the sign-extended 32 bits "push $low" and "movl $high,
+// 4(%rsp)".
 func (r *reader) pushRet(ret uint64) error {
 	inst, enc, err := r.decode(lenPush32)
 	if err != nil {
 		return err
 	}
 	imm, ok := inst.Args[0].(x86asm.Imm)
-	if inst.Op != x86asm.PUSH || inst.Len != lenPush32 || enc[0] != opPushImm || !ok || uint64(int64(imm)) != ret {
+	if inst.Op != x86asm.PUSH || inst.Len != lenPush32 || enc[0] != opPushImm || !ok || uint32(imm) != uint32(ret) {
 		return r.fail("want push of return address %#x, got %q", ret, gnu(inst, r.pc()))
+	}
+	r.off += inst.Len
+	if uint64(int64(imm)) == ret {
+		return nil
+	}
+	n := len(movlHighToStack) + 4
+	inst, enc, err = r.decode(n)
+	if err != nil {
+		return err
+	}
+	if inst.Op != x86asm.MOV || inst.Len != n || !bytes.HasPrefix(enc, movlHighToStack) || le32(enc, 4) != int32(uint32(ret>>32)) {
+		return r.fail("want movl of return address %#x's high half to 4(%%rsp), got %q", ret, gnu(inst, r.pc()))
 	}
 	r.off += inst.Len
 	return nil

@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	"github.com/kinst/kinst/api"
-	"github.com/kinst/kinst/codegen"
+	"github.com/kinst/kinst/cover"
 	"github.com/kinst/kinst/engine"
 	"github.com/kinst/kinst/splice"
 )
@@ -48,10 +48,11 @@ func (d *Daemon) BenchArm(ctx context.Context, req api.ArmRequest) (api.ArmResul
 		if err := ctx.Err(); err != nil {
 			return res, err
 		}
-		_, fs, _, err := d.planCover(fn)
+		f, err := d.coverFunc(fn)
 		if err != nil {
 			continue // not a function kinst can read
 		}
+		fs := cover.Sites(f)
 		took := false
 		for _, s := range fs {
 			if _, owned := d.eng.Owner(s.Addr()); owned || len(sites) >= req.Blocks {
@@ -67,7 +68,7 @@ func (d *Daemon) BenchArm(ctx context.Context, req api.ArmRequest) (api.ArmResul
 		return res, badRequest(fmt.Errorf("the targets have %d blocks that take a probe, fewer than %d", len(sites), req.Blocks))
 	}
 	res.PlanNS = int64(d.clock.Now().Sub(start))
-	spec := engine.Spec{Owner: armOwner, Slots: 1, Snippet: func(c []uint64) codegen.Snippet { return codegen.HitFlag{Addr: c[0]} }}
+	spec := engine.Spec{Owner: armOwner, Slots: 1, Snippet: cover.Flag(nil)}
 
 	syncs := func() uint64 { return d.Info().DriverSyncs }
 	s0, t0 := syncs(), d.clock.Now()

@@ -100,9 +100,9 @@ func TestCoverSession(t *testing.T) {
 	lastProbe := probed[len(probed)-1]
 	d.mu.Lock()
 	var at uint64
-	for _, p := range d.sessions[s.ID].cover.live {
-		if f.Blocks[p.bl].Index == lastProbe.Index {
-			at = d.eng.Installed(p.r).Site.Addr()
+	for _, p := range d.sessions[s.ID].cover.set.Live() {
+		if f.Blocks[p.Block].Index == lastProbe.Index {
+			at = d.eng.Installed(p.Request).Site.Addr()
 		}
 	}
 	d.mu.Unlock()

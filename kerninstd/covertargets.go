@@ -161,3 +161,11 @@ func (d *Daemon) moduleFunctions(name string) ([]coverTarget, error) {
 	}
 	return nil, badRequest(fmt.Errorf("module %q is not loaded (no function of it in /proc/kallsyms; see lsmod)", name))
 }
+
+// coverFunc is t's function, read and planned.
+func (d *Daemon) coverFunc(t coverTarget) (*splice.Func, error) {
+	if t.f != nil || t.err != nil {
+		return t.f, t.err
+	}
+	return d.plan.FuncOf(t.syms, t.sym)
+}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"sort"
@@ -48,8 +49,9 @@ type Device struct {
 	local []byte // kinst's mapping of the region
 	base  uint64 // the region's address in the process
 
-	mu      sync.Mutex // protects heap, splices, next and closed
+	mu      sync.Mutex // protects heap, splices, next, traps and closed
 	closed  bool
+	traps   traps
 	heap    *patchheap.Heap
 	splices map[uint32]*spliced
 	next    uint32
@@ -60,7 +62,10 @@ type Device struct {
 type spliced struct {
 	addr      uint64
 	orig, new []byte
+	patch     uint64 // a trap splice's: where its int3 leads
 }
+
+func (s *spliced) trap() bool { return len(s.new) == 1 && s.new[0] == 0xcc }
 
 // Open attaches to pid and maps the region into it within rel32 reach of
 // near (the text to be spliced).
@@ -260,8 +265,9 @@ func (d *Device) PatchWriteMany(ps []driver.PatchCode) error {
 
 // PatchFree frees a patch once no thread's pc is inside it (the user
 // space stand-in for the kernel's RCU-tasks wait: patches hold no return
-// address, a relocated call returns to the original text), and fills it
-// with int3.
+// address, a relocated call returns to the original text) nor inside the
+// SIGTRAP handler (which may have read the patch's address from its
+// table), and fills it with int3.
 func (d *Device) PatchFree(addr uint64) error {
 	d.mu.Lock()
 	n, ok := d.heap.Len(addr)
@@ -274,8 +280,10 @@ func (d *Device) PatchFree(addr uint64) error {
 		return fmt.Errorf("patch free %#x: not allocated", addr)
 	}
 	err := d.withStopped(func(held map[int]*stopped) error {
+		d.mu.Lock()
+		defer d.mu.Unlock()
 		for _, st := range held {
-			if st.regs.Rip >= addr && st.regs.Rip < addr+n {
+			if st.regs.Rip >= addr && st.regs.Rip < addr+n || d.inHandler(st.regs.Rip) {
 				return errRetry
 			}
 		}
@@ -344,37 +352,29 @@ func (d *Device) write(ops []spliced) error {
 	})
 }
 
-func (d *Device) splice(addr uint64, orig, new []byte) (uint32, error) {
-	if len(new) == 1 && new[0] == 0xcc {
-		return 0, fmt.Errorf("%w: a trap splice (an int3 here raises SIGTRAP in the process, which no handler of kinst's catches)", ErrUnsupported)
-	}
-	if len(orig) < len(new) {
-		orig = append(bytes.Clone(orig), make([]byte, len(new)-len(orig))...)
-		if err := d.mem.read(addr, orig); err != nil {
-			return 0, err
+func (d *Device) splice(addr, patch uint64, orig, new []byte) (uint32, error) {
+	ids, err := d.SpliceBatch([]driver.SpliceOp{{Addr: addr, Patch: patch, Orig: orig, New: new}})
+	if err != nil {
+		var be *driver.BatchError
+		if errors.As(err, &be) {
+			return 0, be.Err
 		}
-	}
-	if err := d.write([]spliced{{addr: addr, orig: orig[:len(new)], new: new}}); err != nil {
 		return 0, err
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.next++
-	d.splices[d.next] = &spliced{addr: addr, orig: bytes.Clone(orig[:len(new)]), new: bytes.Clone(new)}
-	return d.next, nil
+	return ids[0], nil
 }
 
-func (d *Device) Splice(addr, _ uint64, orig, new []byte) (uint32, error) {
-	return d.splice(addr, orig, new)
+func (d *Device) Splice(addr, patch uint64, orig, new []byte) (uint32, error) {
+	return d.splice(addr, patch, orig, new)
 }
-func (d *Device) SpliceSlot(addr, _ uint64, orig, new []byte) (uint32, error) {
-	return d.splice(addr, orig, new)
+func (d *Device) SpliceSlot(addr, patch uint64, orig, new []byte) (uint32, error) {
+	return d.splice(addr, patch, orig, new)
 }
 
 // SpliceCovering writes the covering jmp at once: with every thread
 // stopped outside the covered bytes, none can be between them.
-func (d *Device) SpliceCovering(addr, _ uint64, orig, new []byte) (uint32, error) {
-	return d.splice(addr, orig, new)
+func (d *Device) SpliceCovering(addr, patch uint64, orig, new []byte) (uint32, error) {
+	return d.splice(addr, patch, orig, new)
 }
 
 func (d *Device) FinishCovering() (int, error) { return 0, nil }
@@ -383,6 +383,13 @@ func (d *Device) FinishCovering() (int, error) { return 0, nil }
 func (d *Device) Resplice(id uint32, patch uint64) error {
 	d.mu.Lock()
 	s := d.splices[id]
+	if s != nil && s.trap() {
+		// A thread whose SIGTRAP is on its way goes to the new patch;
+		// one already in the old patch keeps it from being freed.
+		defer d.mu.Unlock()
+		s.patch = patch
+		return d.setTrap(s.addr, patch)
+	}
 	d.mu.Unlock()
 	if s == nil || len(s.new) != 5 || s.new[0] != 0xe9 {
 		return fmt.Errorf("resplice %d: no jmp rel32 splice", id)
@@ -404,24 +411,46 @@ func (d *Device) Resplice(id uint32, patch uint64) error {
 
 func (d *Device) Unsplice(id uint32) error { return d.UnspliceBatch([]uint32{id}) }
 
-// SpliceBatch splices every op with the threads stopped once, all or none.
+// SpliceBatch splices every op with the threads stopped once, all or
+// none. A trap splice's int3 is entered in the SIGTRAP handler's table
+// before it is written (the handler is installed with the first).
 func (d *Device) SpliceBatch(ops []driver.SpliceOp) ([]uint32, error) {
 	var ws []spliced
-	for i, op := range ops {
-		if len(op.New) == 1 && op.New[0] == 0xcc {
-			return nil, &driver.BatchError{Op: "splice", Index: i, Where: fmt.Sprintf("%#x", op.Addr),
-				Err: fmt.Errorf("%w: a trap splice", ErrUnsupported)}
+	var traps []uint64
+	untrap := func() {
+		d.mu.Lock()
+		for _, a := range traps {
+			d.setTrap(a, a)
 		}
+		d.mu.Unlock()
+	}
+	for i, op := range ops {
 		orig := op.Orig
 		if len(orig) < len(op.New) {
 			orig = make([]byte, len(op.New))
 			if err := d.mem.read(op.Addr, orig); err != nil {
+				untrap()
 				return nil, err
 			}
 		}
-		ws = append(ws, spliced{addr: op.Addr, orig: orig[:len(op.New)], new: op.New})
+		w := spliced{addr: op.Addr, orig: orig[:len(op.New)], new: op.New, patch: op.Patch}
+		if w.trap() {
+			err := d.installTraps()
+			if err == nil {
+				d.mu.Lock()
+				err = d.setTrap(op.Addr, op.Patch)
+				d.mu.Unlock()
+			}
+			if err != nil {
+				untrap()
+				return nil, &driver.BatchError{Op: "splice", Index: i, Where: fmt.Sprintf("%#x", op.Addr), Err: err}
+			}
+			traps = append(traps, op.Addr)
+		}
+		ws = append(ws, w)
 	}
 	if err := d.write(ws); err != nil {
+		untrap()
 		return nil, err
 	}
 	d.mu.Lock()
@@ -429,13 +458,15 @@ func (d *Device) SpliceBatch(ops []driver.SpliceOp) ([]uint32, error) {
 	ids := make([]uint32, len(ws))
 	for i, w := range ws {
 		d.next++
-		d.splices[d.next] = &spliced{addr: w.addr, orig: bytes.Clone(w.orig), new: bytes.Clone(w.new)}
+		d.splices[d.next] = &spliced{addr: w.addr, orig: bytes.Clone(w.orig), new: bytes.Clone(w.new), patch: w.patch}
 		ids[i] = d.next
 	}
 	return ids, nil
 }
 
-// UnspliceBatch puts back the original bytes of every splice in ids.
+// UnspliceBatch puts back the original bytes of every splice in ids. A
+// trap splice's table entry leads to its own address first: a SIGTRAP
+// still on its way runs the original instruction once it is back.
 func (d *Device) UnspliceBatch(ids []uint32) error {
 	d.mu.Lock()
 	var ws []spliced
@@ -445,10 +476,22 @@ func (d *Device) UnspliceBatch(ids []uint32) error {
 			d.mu.Unlock()
 			return &driver.BatchError{Op: "unsplice", Index: i, Where: fmt.Sprint(id), Err: unix.ENOENT}
 		}
-		ws = append(ws, spliced{addr: s.addr, orig: s.new, new: s.orig})
+		ws = append(ws, spliced{addr: s.addr, orig: s.new, new: s.orig, patch: s.patch})
+	}
+	for _, w := range ws {
+		if len(w.orig) == 1 && w.orig[0] == 0xcc {
+			d.setTrap(w.addr, w.addr)
+		}
 	}
 	d.mu.Unlock()
 	if err := d.write(ws); err != nil {
+		d.mu.Lock()
+		for _, w := range ws {
+			if len(w.orig) == 1 && w.orig[0] == 0xcc {
+				d.setTrap(w.addr, w.patch)
+			}
+		}
+		d.mu.Unlock()
 		return err
 	}
 	d.mu.Lock()
@@ -510,6 +553,9 @@ func (d *Device) Close() error {
 		if unix.Kill(d.pid, 0) == unix.ESRCH {
 			err = nil // the process is gone, and its text with it
 		}
+	}
+	if err == nil && d.traps.at != 0 {
+		d.withStopped(func(held map[int]*stopped) error { d.uninstallTraps(held); return nil })
 	}
 	d.mu.Lock()
 	d.closed = true

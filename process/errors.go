@@ -13,6 +13,7 @@ var (
 	// however many times it was let go and stopped again.
 	ErrBusy = errors.New("a thread stays inside the instruction")
 	// ErrUnsupported: a change the process engine does not make (a trap
-	// splice: an int3 in a process raises SIGTRAP).
+	// splice in a process that handles SIGTRAP itself, or beyond the
+	// trap table).
 	ErrUnsupported = errors.New("not supported in a process")
 )

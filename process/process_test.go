@@ -13,8 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/metrics"
 	"github.com/kinst/kinst/splice"
+	"github.com/kinst/kinst/springboard"
 )
 
 // workload is the test program, built with flags, started and ready.
@@ -40,9 +42,9 @@ func build(t *testing.T, flags ...string) string {
 	return bin
 }
 
-func start(t *testing.T, bin string) *workload {
+func start(t *testing.T, bin string, args ...string) *workload {
 	t.Helper()
-	cmd := exec.Command(bin)
+	cmd := exec.Command(bin, args...)
 	in, _ := cmd.StdinPipe()
 	out, _ := cmd.StdoutPipe()
 	if err := cmd.Start(); err != nil {
@@ -341,5 +343,214 @@ func TestStockBinary(t *testing.T) {
 	// the splice: it is not counted.
 	if got < n-1 || got > n+1 {
 		t.Errorf("counted %d reads, want %d (±1)", got, n)
+	}
+}
+
+// textOf reads fn's bytes from the process.
+func textOf(t *testing.T, pid int, fn *cfg.Function) []byte {
+	t.Helper()
+	last := fn.Insns[len(fn.Insns)-1]
+	b := make([]byte, last.Addr+uint64(len(last.Bytes))-fn.Addr)
+	m, err := openMem(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.close()
+	if err := m.read(fn.Addr, b); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// catchesSIGTRAP reads whether the process has a SIGTRAP handler
+// (/proc/PID/status SigCgt, bit 5 for signal 5).
+func catchesSIGTRAP(t *testing.T, pid int) bool {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "SigCgt:\t"); ok {
+			var mask uint64
+			fmt.Sscanf(v, "%x", &mask)
+			return mask&(1<<(5-1)) != 0
+		}
+	}
+	t.Fatal("no SigCgt in status")
+	return false
+}
+
+// classSite is the first instruction of work() that takes a splice of
+// class c.
+func classSite(t *testing.T, tg *Target, c springboard.Class) *splice.Site {
+	t.Helper()
+	entry, err := tg.Resolve("work")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range entry.Fn.Insns {
+		if s, err := tg.ResolveAs(fmt.Sprintf("work+%#x", in.Addr-entry.Fn.Addr), c); err == nil {
+			return s
+		}
+	}
+	t.Skipf("no instruction of work() takes a %s splice", c)
+	return nil
+}
+
+// TestTrapAndCoveringSplices: a trap splice (an int3 whose SIGTRAP
+// kinst's handler in the process sends to the patch) and a covering
+// splice count every call of the multi-threaded program, its output
+// unchanged; detaching restores the bytes and SIGTRAP's default action.
+func TestTrapAndCoveringSplices(t *testing.T) {
+	needPtrace(t)
+	bin := build(t)
+	for _, c := range []springboard.Class{springboard.Trap, springboard.Cover} {
+		t.Run(c.String(), func(t *testing.T) {
+			w := start(t, bin)
+			want := w.round(t)
+			pid := w.cmd.Process.Pid
+			tg, err := Attach(pid, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := classSite(t, tg, c)
+			orig := textOf(t, pid, s.Fn)
+			reqs, err := tg.Count("test", []*splice.Site{s})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if in := tg.Eng.Installed(reqs[0]); in.Class != c {
+				t.Fatalf("%s: installed as %s, want %s", s.Where(), in.Class, c)
+			}
+			if c == springboard.Trap && !catchesSIGTRAP(t, pid) {
+				t.Error("a trap splice is in, and the process has no SIGTRAP handler")
+			}
+			got := w.round(t)
+			if got != want {
+				t.Errorf("output with the %s splice %q, without %q", c, got, want)
+			}
+			var calls uint64
+			fmt.Sscanf(got, "calls %d", &calls)
+			if n := tg.Dev.Counter(reqs[0].Counter()); n != calls {
+				t.Errorf("%s (%s splice): %d, want the program's %d calls", s.Where(), c, n, calls)
+			}
+			if err := tg.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if now := textOf(t, pid, s.Fn); !bytes.Equal(now, orig) {
+				t.Errorf("after detach: %x, want %x", now, orig)
+			}
+			if catchesSIGTRAP(t, pid) {
+				t.Error("after detach, the process still catches SIGTRAP")
+			}
+			if again := w.round(t); again != want {
+				t.Errorf("after detach: %q, want %q", again, want)
+			}
+		})
+	}
+}
+
+// TestTrapSpliceUnderLoad adds and removes a trap splice at work()
+// while four threads call it and check each result: a SIGTRAP on its way
+// when the int3 goes must run the original instruction, not kill the
+// program.
+func TestTrapSpliceUnderLoad(t *testing.T) {
+	needPtrace(t)
+	w := start(t, build(t))
+	pid := w.cmd.Process.Pid
+	fmt.Fprintln(w.in, "spin")
+	if l, _ := w.out.ReadString('\n'); l != "spinning\n" {
+		t.Fatalf("workload said %q", l)
+	}
+	tg, err := Attach(pid, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := classSite(t, tg, springboard.Trap)
+	orig := textOf(t, pid, s.Fn)
+	var total uint64
+	for round := 0; round < 10; round++ {
+		reqs, err := tg.Count("test", []*splice.Site{s})
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+		total += tg.Dev.Counter(reqs[0].Counter())
+		if errs := tg.Eng.RemoveEach(reqs); errs[0] != nil {
+			t.Fatal(errs[0])
+		}
+	}
+	if err := tg.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if total == 0 {
+		t.Error("no call counted in ten rounds of four threads calling")
+	}
+	if now := textOf(t, pid, s.Fn); !bytes.Equal(now, orig) {
+		t.Fatalf("after detach %x, want %x", now, orig)
+	}
+	fmt.Fprintln(w.in, "stop")
+	l, err := w.out.ReadString('\n')
+	if err != nil || !strings.HasPrefix(l, "spun ") {
+		w.cmd.Wait()
+		t.Fatalf("workload after the rounds: %q, %v: %v (it dies of a stray SIGTRAP or traps on a wrong result)", l, err, w.cmd.ProcessState)
+	}
+	t.Logf("ten trap splice rounds under load: %d hits counted", total)
+}
+
+// TestTrapSpliceRefused: a process that handles SIGTRAP itself takes no
+// trap splice: ErrUnsupported, its text and its handler as they were.
+func TestTrapSpliceRefused(t *testing.T) {
+	needPtrace(t)
+	w := start(t, build(t), "sigtrap")
+	want := w.round(t)
+	pid := w.cmd.Process.Pid
+	tg, err := Attach(pid, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tg.Close()
+	s := classSite(t, tg, springboard.Trap)
+	orig := textOf(t, pid, s.Fn)
+	if _, err := tg.Count("test", []*splice.Site{s}); !errors.Is(err, ErrUnsupported) {
+		t.Fatalf("count with a trap splice in a process that catches SIGTRAP: %v, want ErrUnsupported", err)
+	} else {
+		t.Log(err)
+	}
+	if now := textOf(t, pid, s.Fn); !bytes.Equal(now, orig) {
+		t.Errorf("after the refusal: %x, want %x", now, orig)
+	}
+	if !catchesSIGTRAP(t, pid) {
+		t.Error("after the refusal, the program's own SIGTRAP handler is gone")
+	}
+	if got := w.round(t); got != want {
+		t.Errorf("after the refusal: %q, want %q", got, want)
+	}
+}
+
+// TestTrapHandlerBytes: the handler kinst copies into processes is
+// testdata/sigtrap.S, assembled by the system's assembler.
+func TestTrapHandlerBytes(t *testing.T) {
+	if _, err := exec.LookPath("as"); err != nil {
+		t.Skip("no as")
+	}
+	dir := t.TempDir()
+	obj, bin := filepath.Join(dir, "t.o"), filepath.Join(dir, "t.bin")
+	for _, c := range [][]string{{"as", "--64", "-o", obj, "testdata/sigtrap.S"}, {"objcopy", "-O", "binary", "-j", ".text", obj, bin}} {
+		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v\n%s", c, err, out)
+		}
+	}
+	got, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != trapTable || !bytes.Equal(got[:len(trapHandler)], trapHandler) {
+		t.Fatalf("assembled % x\n(%d bytes), kinst has % x", got, len(got), trapHandler)
+	}
+	out, _ := exec.Command("nm", obj).Output()
+	if !strings.Contains(string(out), fmt.Sprintf("%016x T restorer", trapRestorer)) {
+		t.Errorf("nm: %s; want restorer at %#x", out, trapRestorer)
 	}
 }

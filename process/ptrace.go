@@ -144,10 +144,19 @@ func waitStop(st *stopped) error {
 			return nil
 		}
 		// A signal-delivery-stop: remember the signal and wait for the
-		// interrupt's stop, which follows.
-		if sig := ws.StopSignal(); sig != syscall.SIGTRAP {
-			st.sig = int(sig)
+		// interrupt's stop, which follows. A SIGTRAP is delivered now
+		// instead: an int3's leaves the pc past the int3, where the
+		// thread must not run on before its handler (a trap splice's,
+		// kinst's) has moved it; the thread stops at the handler's
+		// first instruction.
+		sig := ws.StopSignal()
+		if sig == syscall.SIGTRAP {
+			if err := unix.PtraceCont(st.tid, int(sig)); err != nil {
+				return err
+			}
+			continue
 		}
+		st.sig = int(sig)
 		if err := unix.PtraceCont(st.tid, 0); err != nil {
 			return err
 		}

@@ -5,7 +5,9 @@ import (
 	"debug/elf"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -135,7 +137,10 @@ func Attach(pid int, lib string) (*Target, error) {
 		return nil, err
 	}
 	t.Dev = dev
-	t.Eng = engine.New(engine.Config{Device: dev, PatchHeap: dev.Base, RedZone: 128})
+	// The engine's notes (a trap splice chosen) are the daemon's log
+	// lines; here the command reports what matters itself.
+	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	t.Eng = engine.New(engine.Config{Device: dev, PatchHeap: dev.Base, RedZone: 128, Log: quiet})
 	t.facts = &splice.Facts{Symbols: t.Syms, Text: t.Eng.Text()}
 	return t, nil
 }
@@ -164,14 +169,60 @@ func (t *Target) Resolve(spec string) (*splice.Site, error) {
 	return s, nil
 }
 
-// plan finds and plans the function a point names.
-func (t *Target) plan(spec string) (*splice.Func, splice.Point, error) {
-	lib, rest := "", spec
+// ResolveAs plans a point with a splice of class c, as the bench
+// compares the classes at one function: a covering splice is planned
+// without springboards, a trap splice at any instruction that takes a
+// splice. An error when the instruction cannot take one of class c.
+func (t *Target) ResolveAs(spec string, c springboard.Class) (*splice.Site, error) {
+	f, p, err := t.plan(spec)
+	if err != nil {
+		return nil, err
+	}
+	if c != springboard.Springboard {
+		g := t.facts.Func(f.Fn, t.verdit) // no springboards
+		g.Sym, g.Ambiguous = f.Sym, f.Ambiguous
+		f = g
+	}
+	s, err := f.Resolve(p)
+	if err != nil {
+		return nil, err
+	}
+	if c == springboard.Trap {
+		s.Class, s.Cover = springboard.Trap, nil
+	}
+	if s.Class != c {
+		return nil, fmt.Errorf("%s: a %s splice, not %s", spec, s.Class, c)
+	}
+	s.Point.Spec = spec
+	return s, nil
+}
+
+// SplitLib splits LIB:REST; a number after the colon is a block
+// (FUNC:BLOCK), not a function of a library.
+func SplitLib(spec string) (lib, rest string) {
 	if i := strings.IndexByte(spec, ':'); i >= 0 {
 		if _, err := strconv.Atoi(spec[i+1:]); err != nil {
-			lib, rest = spec[:i], spec[i+1:]
+			return spec[:i], spec[i+1:]
 		}
 	}
+	return "", spec
+}
+
+// inModule: sym is in the executable (lib "") or in the library lib.
+func inModule(sym kernel.Symbol, lib string) bool {
+	return (lib == "" && sym.Module == "") || (lib != "" && libMatches(lib, sym.Module))
+}
+
+func where(lib string) string {
+	if lib == "" {
+		return "the executable"
+	}
+	return lib
+}
+
+// plan finds and plans the function a point names.
+func (t *Target) plan(spec string) (*splice.Func, splice.Point, error) {
+	lib, rest := SplitLib(spec)
 	p, err := splice.ParsePoint(rest)
 	if err != nil {
 		return nil, splice.Point{}, err
@@ -182,7 +233,7 @@ func (t *Target) plan(spec string) (*splice.Func, splice.Point, error) {
 	var sym kernel.Symbol
 	found := 0
 	for _, s := range t.Syms.Named(p.Function) {
-		if (lib == "" && s.Module == "") || (lib != "" && libMatches(lib, s.Module)) {
+		if inModule(s, lib) {
 			if found == 0 {
 				sym = s
 			}
@@ -190,31 +241,78 @@ func (t *Target) plan(spec string) (*splice.Func, splice.Point, error) {
 		}
 	}
 	if found == 0 {
-		where := "the executable"
-		if lib != "" {
-			where = lib
-		}
-		return nil, splice.Point{}, fmt.Errorf("%w: %s in %s", ErrNoFunction, p.Function, where)
+		return nil, splice.Point{}, fmt.Errorf("%w: %s in %s", ErrNoFunction, p.Function, where(lib))
 	}
-	if t.vdso[0] <= sym.Addr && sym.Addr < t.vdso[1] {
-		return nil, splice.Point{}, fmt.Errorf("%s is in the vDSO, which the kernel shares between processes: not spliced", spec)
-	}
-	end := t.Syms.End(sym)
-	if end <= sym.Addr || end-sym.Addr > 1<<20 {
-		return nil, splice.Point{}, fmt.Errorf("%s: function size unknown", p.Function)
-	}
-	code := make([]byte, end-sym.Addr)
-	if err := t.Eng.Text().Read(sym.Addr, code); err != nil {
-		return nil, splice.Point{}, err
-	}
-	fn, err := cfg.Decode(sym.Name, sym.Module, sym.Addr, code)
+	f, err := t.funcOf(sym, spec)
 	if err != nil {
 		return nil, splice.Point{}, err
 	}
-	f := t.facts.Func(fn, t.verdit)
-	f.Sym, f.Ambiguous = sym, found-1
-	f.UseSpringboards(t.Eng.Springboards())
+	f.Ambiguous = found - 1
 	return f, p, nil
+}
+
+// funcOf reads and plans sym's function.
+func (t *Target) funcOf(sym kernel.Symbol, spec string) (*splice.Func, error) {
+	if t.vdso[0] <= sym.Addr && sym.Addr < t.vdso[1] {
+		return nil, fmt.Errorf("%s is in the vDSO, which the kernel shares between processes: not spliced", spec)
+	}
+	end := t.Syms.End(sym)
+	if end <= sym.Addr || end-sym.Addr > 1<<20 {
+		return nil, fmt.Errorf("%s: function size unknown", sym.Name)
+	}
+	code := make([]byte, end-sym.Addr)
+	if err := t.Eng.Text().Read(sym.Addr, code); err != nil {
+		return nil, err
+	}
+	fn, err := cfg.Decode(sym.Name, sym.Module, sym.Addr, code)
+	if err != nil {
+		return nil, err
+	}
+	f := t.facts.Func(fn, t.verdit)
+	f.Sym = sym
+	f.UseSpringboards(t.Eng.Springboards())
+	return f, nil
+}
+
+// CoverTarget is one function a cover target names: planned, or the
+// reason it cannot be read.
+type CoverTarget struct {
+	Sym  kernel.Symbol
+	Func *splice.Func
+	Err  error
+}
+
+// Functions lists the functions target names: FUNC, or a glob over
+// function names (path.Match: "parse_*"), each optionally LIB: first, in
+// the executable unless a library is named. A name that matches nothing
+// is an error, and so is a function named alone that cannot be read; a
+// glob lists what it cannot read with the reason.
+func (t *Target) Functions(target string) ([]CoverTarget, error) {
+	lib, pattern := SplitLib(target)
+	if _, err := path.Match(pattern, ""); err != nil {
+		return nil, fmt.Errorf("%s: bad pattern: %w", target, err)
+	}
+	glob := strings.ContainsAny(pattern, "*?[")
+	var out []CoverTarget
+	seen := map[uint64]bool{}
+	for _, sym := range t.Syms.All() {
+		if !inModule(sym, lib) || seen[sym.Addr] {
+			continue
+		}
+		if ok, _ := path.Match(pattern, sym.Name); !ok {
+			continue
+		}
+		seen[sym.Addr] = true
+		f, err := t.funcOf(sym, target)
+		if err != nil && !glob {
+			return nil, err
+		}
+		out = append(out, CoverTarget{Sym: sym, Func: f, Err: err})
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%w: %s in %s", ErrNoFunction, pattern, where(lib))
+	}
+	return out, nil
 }
 
 // Count installs a counter at each point, all or none; the requests'

@@ -19,6 +19,7 @@ import (
 	"github.com/kinst/kinst/bpfprobe"
 	"github.com/kinst/kinst/process"
 	"github.com/kinst/kinst/splice"
+	"github.com/kinst/kinst/springboard"
 )
 
 //go:embed csrc/hitloop.c
@@ -88,18 +89,19 @@ func BenchHitUser(ctx context.Context, o HitOptions, env Env) error {
 	if err != nil {
 		return err
 	}
-	byClass := map[string]*splice.Site{}
+	// Each class at the first instruction of hit() that takes it (a
+	// trap splice at the entry).
+	byClass := map[springboard.Class]*splice.Site{}
 	f := entry.Fn
-	for i := range f.Insns {
-		s, err := tg.Resolve(fmt.Sprintf("hit+%#x", f.Insns[i].Addr-f.Addr))
-		if err != nil {
-			continue
-		}
-		if c := s.Class.String(); byClass[c] == nil {
-			byClass[c] = s
-		}
-		if strings.HasPrefix(f.Insns[i].String(), "ret") {
-			break
+	for _, c := range []springboard.Class{springboard.Direct, springboard.Springboard, springboard.Cover, springboard.Trap} {
+		for i := range f.Insns {
+			if s, err := tg.ResolveAs(fmt.Sprintf("hit+%#x", f.Insns[i].Addr-f.Addr), c); err == nil {
+				byClass[c] = s
+				break
+			}
+			if strings.HasPrefix(f.Insns[i].String(), "ret") {
+				break
+			}
 		}
 	}
 	rep := api.HitReport{Function: "hit()", Calls: o.Calls, Runs: o.Runs, Expected: uint64(o.Calls) * uint64(o.Runs), User: true}
@@ -112,13 +114,21 @@ func BenchHitUser(ctx context.Context, o HitOptions, env Env) error {
 		skipped     string
 	}
 	var mechs []mech
-	for _, class := range []string{"direct", "springboard", "covering"} {
+	// A trap into the kernel and back costs microseconds: the trap
+	// splice and uprobe rows time fewer calls.
+	trapCalls := min(o.Calls, 100_000)
+	for _, class := range []springboard.Class{springboard.Direct, springboard.Springboard, springboard.Cover, springboard.Trap} {
 		s := byClass[class]
+		name := class.String() + " splice"
 		if s == nil {
-			mechs = append(mechs, mech{name: class + " splice", skipped: "no instruction of this class in hit()"})
+			mechs = append(mechs, mech{name: name, skipped: "no instruction of hit() takes this class"})
 			continue
 		}
-		mechs = append(mechs, mech{name: class + " splice", point: s.Where(), attach: func() (func() (uint64, error), error) {
+		calls := 0
+		if class == springboard.Trap {
+			calls = trapCalls
+		}
+		mechs = append(mechs, mech{name: name, point: s.Where(), calls: calls, attach: func() (func() (uint64, error), error) {
 			reqs, err := tg.Count("bench", []*splice.Site{s})
 			if err != nil {
 				return nil, err
@@ -129,11 +139,7 @@ func BenchHitUser(ctx context.Context, o HitOptions, env Env) error {
 			}, nil
 		}})
 	}
-	mechs = append(mechs, mech{name: "trap splice", skipped: "an int3 in a process raises SIGTRAP; kinst installs no handler, so trap splices are refused in processes"})
 	off, err := fileOffset(bin, f.Addr)
-	// A uprobe hit is a trap into the kernel: microseconds. Those rows time
-	// fewer calls.
-	trapCalls := min(o.Calls, 100_000)
 	mechs = append(mechs, mech{name: "uprobe (tracefs)", point: "hit", calls: trapCalls, attach: func() (func() (uint64, error), error) {
 		if err != nil {
 			return nil, err

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -22,7 +21,8 @@ import (
 // procRun is a process under `kinst count -p` or `kinst time -p`: the
 // engine runs in kinst itself, splicing the process through ptrace and a
 // shared memfd (package process); no kerninstd is involved. With -- CMD
-// the command is started stopped at its exec and spliced before it runs.
+// the command is started stopped at its entry point (its libraries
+// mapped) and spliced before its own code runs.
 type procRun struct {
 	pid int
 	cmd *exec.Cmd
@@ -43,10 +43,8 @@ func openProcess(pid int, command, points []string, env Env) (*procRun, error) {
 	}
 	lib := ""
 	for _, p := range points {
-		if i := strings.IndexByte(p, ':'); i >= 0 {
-			if _, err := strconv.Atoi(p[i+1:]); err != nil {
-				lib = p[:i]
-			}
+		if l, _ := process.SplitLib(p); l != "" {
+			lib = l
 		}
 	}
 	tg, err := process.Attach(r.pid, lib)

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"os"
+	"os/signal"
 
 	"github.com/kinst/kinst/app/cli"
 	"github.com/spf13/pflag"
@@ -39,6 +41,11 @@ A block's lines are the line of its first instruction (as addr2line prints
 it), then every line of its bytes, sorted. Functions of modules get no lines
 yet.
 
+With --user, TARGET names functions of a user process instead (-p PID, or -p 0
+-- CMD to start one): FUNC, a glob, LIB:FUNC or LIB:glob (libc:str*); kinst
+splices it itself through ptrace and a shared memory file, and looks at the
+flags every 50 ms. --file and --lcov read the executable's own DWARF.
+
 kinst cover report NAME prints a running session's coverage so far;
 kinst cover diff A.json B.json compares two saved --json reports;
 kinst cover lcov REPORT.json writes a saved report's lcov tracefile.`,
@@ -58,8 +65,22 @@ kinst cover lcov REPORT.json writes a saved report's lcov tracefile.`,
 		fs.StringArrayVar(&o.Files, "file", nil, "cover every function whose code comes from this source `FILE` (fs/namei.c: matched by path suffix; needs the debug vmlinux); repeatable")
 		lcovFlag(fs, &o.Lcov)
 		vmlinuxFlag(fs, &o.Debug)
+		user := fs.Bool("user", false, "cover TARGET (FUNC, a glob, LIB:FUNC or LIB:glob) in the user process -p PID instead of the kernel, or with -p 0 in -- CMD, started and spliced before it runs; the engine runs in kinst through ptrace (no kerninstd); --file and --lcov read the executable's DWARF")
 		return func(ctx context.Context, inv invocation) (int, error) {
 			o.Targets, o.Command = inv.args, inv.command
+			if *user {
+				pid := o.Filter.PID
+				o.Filter.PID = 0
+				if !fs.Changed("pid") || pid < 0 || (pid == 0) == (len(o.Command) == 0) {
+					return 2, usagef("--user -p PID names a running process, or --user -p 0 with -- CMD a command to start")
+				}
+				if fs.Changed("depth") {
+					return 2, usagef("--depth goes with --callees, which is for the kernel")
+				}
+				ctx, stop := signal.NotifyContext(ctx, os.Interrupt)
+				defer stop()
+				return inv.report(o.JSON, func(env cli.Env) (int, error) { return cli.CoverProcess(ctx, pid, o, env) })
+			}
 			if len(o.Targets) == 0 && len(o.Files) == 0 && len(o.Modules) == 0 && len(o.Callees) == 0 {
 				return 2, usagef("name at least one kernel function or glob (vfs_*), --file SRC, --module MOD or --callees FUNC")
 			}

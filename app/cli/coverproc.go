@@ -1,0 +1,139 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/cover"
+	"github.com/kinst/kinst/debuginfo"
+)
+
+// CoverPoll is how often `kinst cover --user` looks for probes that have
+// run and removes them (one stop of the process per look that finds any).
+const CoverPoll = 50 * time.Millisecond
+
+// CoverProcess is `kinst cover --user -p PID TARGET…` (or -p 0 -- CMD): a
+// hit-flag probe at every block of the targets' functions in a user
+// process, each removed once it has run, as kerninstd does for the
+// kernel. Source lines (--lcov, --file, each block's lines) come from the
+// executable's own DWARF when it has some; libraries' functions get none.
+func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, error) {
+	if len(o.Modules) > 0 || len(o.Callees) > 0 || o.Filter != (api.Filter{}) || o.Name != "" || o.TTL != 0 || o.Debug.Vmlinux != "" {
+		return 2, errors.New("cover --user: --module, --callees, --comm, --name, --ttl and --vmlinux are for the kernel")
+	}
+	if len(o.Targets) == 0 && len(o.Files) == 0 {
+		return 2, errors.New("cover --user: name at least one function or glob (parse_*, libc:str*) or --file")
+	}
+	if err := checkOutputDir("cover", o.SVG); err != nil {
+		return 2, err
+	}
+	r, err := openProcess(pid, o.Command, o.Targets, env)
+	if err != nil {
+		return 1, err
+	}
+	tg := r.tg
+	fail := func(err error) (int, error) {
+		tg.Close()
+		r.kill()
+		return 1, err
+	}
+	var dbg *debuginfo.File
+	if o.Lcov != "" || len(o.Files) > 0 {
+		exe := fmt.Sprintf("/proc/%d/exe", r.pid)
+		if dbg, err = debuginfo.Open(exe); err != nil {
+			return fail(fmt.Errorf("--lcov and --file need the executable's DWARF (build it with -g): %w", err))
+		}
+		defer dbg.Close()
+		for _, file := range o.Files {
+			fns, err := dbg.FuncsInFile(file)
+			if err != nil {
+				return fail(fmt.Errorf("--file %s: %w", file, err))
+			}
+			for _, f := range fns {
+				o.Targets = append(o.Targets, f.Name)
+			}
+			fmt.Fprintf(env.Err, "kinst: %s: %d functions\n", file, len(fns))
+		}
+	} else if d, err := debuginfo.Open(fmt.Sprintf("/proc/%d/exe", r.pid)); err == nil {
+		dbg = d // lines when the executable has them; silent when not
+		defer dbg.Close()
+	}
+	set := cover.New("")
+	seen := map[uint64]bool{}
+	for _, target := range o.Targets {
+		fns, err := tg.Functions(target)
+		if err != nil {
+			return fail(err)
+		}
+		for _, ct := range fns {
+			if seen[ct.Sym.Addr] {
+				continue
+			}
+			seen[ct.Sym.Addr] = true
+			if ct.Err != nil {
+				set.AddUnreadable(ct.Sym, ct.Err)
+				continue
+			}
+			set.Add(ct.Func)
+		}
+	}
+	set.Arm(tg.Eng, "kinst", cover.Flag(nil), time.Now)
+	armed := set.Report("", time.Now())
+	fmt.Fprintf(env.Err, "kinst: %d probes armed in process %d in %s over %d blocks of %d functions (%d blocks refused)\n",
+		armed.Armed, r.pid, fmtNS(float64(armed.ArmNS)), armed.TotalBlocks, len(armed.Functions), armed.TotalBlocks-armed.Armed)
+	sweep := func() {
+		failed := set.Sweep(tg.Eng, time.Now())
+		if len(failed) > 0 && !alive(r.pid) {
+			return // it exited meanwhile: nothing is left to remove
+		}
+		for req, err := range failed {
+			fmt.Fprintf(env.Err, "kinst: remove the covered probe at %s: %v\n", req.Site().Where(), err)
+		}
+	}
+	if o.Duration == 0 && r.cmd == nil {
+		fmt.Fprintln(env.Err, "kinst: covering; Ctrl-C to stop")
+	}
+	dur := r.run(ctx, o.Duration, CoverPoll, func(time.Duration) { sweep() })
+	if alive(r.pid) {
+		sweep() // the last hits count
+	} else {
+		// The process has gone, and its text with it: its flags are
+		// still in kinst's mapping, nothing is left to remove.
+		set.Mark(tg.Eng, time.Now())
+	}
+	status := r.finish(func() []error {
+		_, err := set.Remove(tg.Eng)
+		return []error{err}
+	}, env.Err)
+	report := *set.Report(fmt.Sprintf("process %d", r.pid), time.Now())
+	report.DurationNS = int64(dur)
+	report.ExitStatus = status
+	exit := 0
+	if status != nil {
+		exit = *status
+	}
+	if dbg != nil {
+		if _, err := Annotate(&report, dbg); err != nil && o.Lcov != "" {
+			fmt.Fprintf(env.Err, "kinst: no source lines: %v\n", err)
+		}
+	}
+	if o.Lcov != "" {
+		if err := writeLcovFile(o.Lcov, report); err != nil {
+			fmt.Fprintf(env.Err, "kinst: %v\n", err)
+			exit = max(exit, 1)
+		}
+	}
+	if o.SVG != "" {
+		if err := writeCoverPlot(o.SVG, report); err != nil {
+			return max(exit, 1), err
+		}
+		fmt.Fprintf(env.Err, "kinst: wrote %s\n", o.SVG)
+	}
+	if o.JSON {
+		return exit, writeJSON(env.Out, report)
+	}
+	return exit, writeCover(env.Out, report)
+}

@@ -1,0 +1,164 @@
+package cli
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/process"
+)
+
+// buildWork builds the process engine's multi-threaded test program with
+// DWARF.
+func buildWork(t *testing.T, flags ...string) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("kinst cover --user runs as root (ptrace, /proc/PID/mem)")
+	}
+	if _, err := exec.LookPath("gcc"); err != nil {
+		t.Skip("no gcc")
+	}
+	bin := filepath.Join(t.TempDir(), "work")
+	args := append([]string{"-O2", "-g", "-pthread", "-o", bin, "../../process/testdata/work.c"}, flags...)
+	if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
+		t.Fatalf("gcc: %v\n%s", err, out)
+	}
+	return bin
+}
+
+func coverFunc(t *testing.T, rep api.CoverReport, name string) api.CoverFunction {
+	t.Helper()
+	for _, f := range rep.Functions {
+		if f.Function == name {
+			return f
+		}
+	}
+	t.Fatalf("no %s in the report: %+v", name, rep.Functions)
+	return api.CoverFunction{}
+}
+
+// TestCoverProcessCommand covers a started command (-p 0 -- CMD) whose
+// input decides what runs: one "go" round runs every block of work() and
+// run() (both arms of work's branch), never nap() or spin(). The
+// program's output is what it is without kinst, each covered probe was
+// removed, and the lcov tracefile, from the executable's DWARF, marks
+// work()'s lines run.
+func TestCoverProcessCommand(t *testing.T) {
+	bin := buildWork(t)
+	want, err := exec.Command("sh", "-c", "printf 'go\\n' | "+bin).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lcov := filepath.Join(t.TempDir(), "work.info")
+	var out, errb, cmdOut bytes.Buffer
+	env := Env{Out: &out, Err: &errb, CmdIn: strings.NewReader("go\n"), CmdOut: &cmdOut, CmdErr: &errb}
+	status, err := CoverProcess(context.Background(), 0, CoverOptions{Targets: []string{"work", "run", "nap", "spin"},
+		Command: []string{bin}, JSON: true, Lcov: lcov}, env)
+	if err != nil || status != 0 {
+		t.Fatalf("status %d, %v\n%s", status, err, errb.String())
+	}
+	if cmdOut.String() != string(want) {
+		t.Errorf("the program printed %q under coverage, %q without", cmdOut.String(), want)
+	}
+	var rep api.CoverReport
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"work", "run"} {
+		f := coverFunc(t, rep, name)
+		if f.Covered != f.Total-f.Refused || f.Total == 0 {
+			t.Errorf("%s: %d of %d blocks covered (%d refused), want every probed block", name, f.Covered, f.Total, f.Refused)
+		}
+	}
+	for _, name := range []string{"nap", "spin"} {
+		if f := coverFunc(t, rep, name); f.Covered != 0 || f.Total == 0 {
+			t.Errorf("%s: %d of %d blocks covered, want none", name, f.Covered, f.Total)
+		}
+	}
+	if rep.ExitStatus == nil || *rep.ExitStatus != 0 {
+		t.Errorf("exit status %v", rep.ExitStatus)
+	}
+	b, err := os.ReadFile(lcov)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), "SF:") || !strings.Contains(string(b), "FNDA:1,work") || !strings.Contains(string(b), "FNDA:0,nap") {
+		t.Errorf("lcov tracefile:\n%s", b)
+	}
+	t.Logf("%d of %d blocks covered, %d probes removed after their first hit", rep.CoveredBlocks, rep.TotalBlocks, rep.Removed)
+}
+
+// TestCoverProcessRunning covers a running process (-p PID) while its
+// threads call work(): the covered probes are removed as it runs, globs
+// name the functions, and the program runs on after kinst lets go.
+func TestCoverProcessRunning(t *testing.T) {
+	bin := buildWork(t)
+	cmd := exec.Command(bin)
+	in, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { in.Close(); cmd.Process.Kill(); cmd.Wait() }()
+	r := bufio.NewReader(stdout)
+	if l, _ := r.ReadString('\n'); l != "ready\n" {
+		t.Fatalf("workload said %q", l)
+	}
+	pid := cmd.Process.Pid
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		in.Write([]byte("go\n"))
+	}()
+	var out, errb bytes.Buffer
+	status, err := CoverProcess(context.Background(), pid, CoverOptions{Targets: []string{"wor?", "r*n"}, Duration: 1500 * time.Millisecond, JSON: true},
+		Env{Out: &out, Err: &errb})
+	if err != nil || status != 0 {
+		t.Fatalf("status %d, %v\n%s", status, err, errb.String())
+	}
+	var rep api.CoverReport
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if f := coverFunc(t, rep, "work"); f.Covered == 0 || f.Covered != f.Total-f.Refused {
+		t.Errorf("work: %d of %d covered (%d refused)", f.Covered, f.Total, f.Refused)
+	}
+	if rep.Removed != rep.CoveredBlocks {
+		t.Errorf("%d probes removed after their first hit, %d blocks covered", rep.Removed, rep.CoveredBlocks)
+	}
+	if l, _ := r.ReadString('\n'); !strings.HasPrefix(l, "calls 400000 ") {
+		t.Errorf("the program said %q", l)
+	}
+	in.Write([]byte("go\n"))
+	if l, _ := r.ReadString('\n'); !strings.HasPrefix(l, "calls 400000 ") {
+		t.Errorf("after kinst let go, the program said %q", l)
+	}
+}
+
+// TestCoverProcessBadInput: a process that does not exist, a function
+// that does not, a bad glob: clear errors.
+func TestCoverProcessBadInput(t *testing.T) {
+	bin := buildWork(t)
+	var out, errb bytes.Buffer
+	env := Env{Out: &out, Err: &errb, CmdIn: strings.NewReader(""), CmdOut: &out, CmdErr: &errb}
+	if _, err := CoverProcess(context.Background(), 1<<22+1, CoverOptions{Targets: []string{"work"}}, env); !errors.Is(err, process.ErrNoProcess) {
+		t.Errorf("no such process: %v", err)
+	}
+	for _, target := range []string{"no_such_function", "no_such_*", "libc:no_such_function"} {
+		_, err := CoverProcess(context.Background(), 0, CoverOptions{Targets: []string{target}, Command: []string{bin}}, env)
+		if !errors.Is(err, process.ErrNoFunction) {
+			t.Errorf("%s: %v, want ErrNoFunction", target, err)
+		}
+	}
+	if _, err := CoverProcess(context.Background(), 0, CoverOptions{Targets: []string{"wo[rk"}, Command: []string{bin}}, env); err == nil || !strings.Contains(err.Error(), "pattern") {
+		t.Errorf("bad glob: %v", err)
+	}
+}

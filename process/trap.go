@@ -1,0 +1,188 @@
+package process
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// trapHandler is testdata/sigtrap.S assembled (TestTrapHandlerBytes
+// checks it): kinst's SIGTRAP handler, then its rt_sigreturn restorer.
+// The trap table follows at trapTable: {int3 address, target} pairs, 16
+// bytes each, ended by a zero address.
+var trapHandler = []byte{
+	0x48, 0x8b, 0x82, 0xa8, 0x00, 0x00, 0x00, 0x48, 0xff, 0xc8, 0x48, 0x8d,
+	0x0d, 0xef, 0x00, 0x00, 0x00, 0x4c, 0x8b, 0x01, 0x4d, 0x85, 0xc0, 0x74,
+	0x17, 0x49, 0x39, 0xc0, 0x74, 0x06, 0x48, 0x83, 0xc1, 0x10, 0xeb, 0xed,
+	0x4c, 0x8b, 0x41, 0x08, 0x4c, 0x89, 0x82, 0xa8, 0x00, 0x00, 0x00, 0xc3,
+	0x48, 0x83, 0xec, 0x28, 0x31, 0xc0, 0x48, 0x89, 0x04, 0x24, 0x48, 0x89,
+	0x44, 0x24, 0x08, 0x48, 0x89, 0x44, 0x24, 0x10, 0x48, 0x89, 0x44, 0x24,
+	0x18, 0xb8, 0x0d, 0x00, 0x00, 0x00, 0xbf, 0x05, 0x00, 0x00, 0x00, 0x48,
+	0x89, 0xe6, 0x31, 0xd2, 0x41, 0xba, 0x08, 0x00, 0x00, 0x00, 0x0f, 0x05,
+	0x48, 0x83, 0xc4, 0x28, 0xb8, 0x27, 0x00, 0x00, 0x00, 0x0f, 0x05, 0x89,
+	0xc3, 0xb8, 0xba, 0x00, 0x00, 0x00, 0x0f, 0x05, 0x89, 0xc6, 0x89, 0xdf,
+	0xba, 0x05, 0x00, 0x00, 0x00, 0xb8, 0xea, 0x00, 0x00, 0x00, 0x0f, 0x05,
+	0xc3, 0xb8, 0x0f, 0x00, 0x00, 0x00, 0x0f, 0x05,
+}
+
+const (
+	trapRestorer = 0x85  // restorer's offset in trapHandler
+	trapTable    = 0x100 // the table's offset from the handler
+	trapEntries  = 255   // and one zero entry that ends it
+	trapSize     = trapTable + (trapEntries+1)*16
+	sigactSize   = 32 // struct kernel_sigaction: handler, flags, restorer, mask
+	saSiginfo    = 0x4
+	saRestorer   = 0x04000000 // x86-64 signal frames return through sa_restorer
+)
+
+// traps is the trap splices' machinery in the process: the handler, its
+// table, and each int3's entry. An entry is never reused for another
+// address: when its splice goes, its target becomes the address itself,
+// so a thread whose SIGTRAP is still on its way runs the original
+// instruction, which is back. Protected by Device.mu.
+type traps struct {
+	at      uint64         // the handler in the process; 0 before the first trap splice
+	entry   map[uint64]int // int3 address → table entry
+	refused error          // why the process takes no trap splice
+}
+
+func (d *Device) trapWord(entry, word int) *uint64 {
+	off := d.traps.at - d.base + trapTable + uint64(16*entry+8*word)
+	return (*uint64)(unsafe.Pointer(&d.local[off]))
+}
+
+// setTrap points the int3 at addr to target (the patch; or addr itself,
+// once the original bytes are back), through kinst's mapping: the target
+// first, then the address that makes the entry visible. The caller holds
+// d.mu and has installed the handler.
+func (d *Device) setTrap(addr, target uint64) error {
+	e, ok := d.traps.entry[addr]
+	if !ok {
+		e = len(d.traps.entry)
+		if e >= trapEntries {
+			return fmt.Errorf("%w: %d trap splices is the most a process takes", ErrUnsupported, trapEntries)
+		}
+		d.traps.entry[addr] = e
+	}
+	atomic.StoreUint64(d.trapWord(e, 1), target)
+	atomic.StoreUint64(d.trapWord(e, 0), addr)
+	return nil
+}
+
+// installTraps copies the handler into the patch heap and makes it the
+// process's SIGTRAP handler, once. A process that handles SIGTRAP itself
+// (a runtime, a debugger's target, SIG_IGN) is left as it is and takes no
+// trap splice: ErrUnsupported says why.
+func (d *Device) installTraps() error {
+	d.mu.Lock()
+	at, refused := d.traps.at, d.traps.refused
+	d.mu.Unlock()
+	if at != 0 || refused != nil {
+		return refused
+	}
+	at, err := d.PatchAlloc(trapSize)
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	copy(d.local[at-d.base:], trapHandler)
+	for i := at - d.base + trapTable; i < at-d.base+trapSize; i++ {
+		d.local[i] = 0
+	}
+	d.mu.Unlock()
+	act := make([]byte, 2*sigactSize)
+	binary.LittleEndian.PutUint64(act[0:], at)
+	binary.LittleEndian.PutUint64(act[8:], saSiginfo|saRestorer)
+	binary.LittleEndian.PutUint64(act[16:], at+trapRestorer)
+	err = d.withStopped(func(held map[int]*stopped) error {
+		st := anyThread(held)
+		scratch := (st.regs.Rsp - 4096) &^ 15 // below the red zone
+		if err := d.mem.write(scratch, act); err != nil {
+			return err
+		}
+		if _, err := remoteSyscall(d.mem, st, unix.SYS_RT_SIGACTION, uint64(unix.SIGTRAP), scratch, scratch+sigactSize, 8); err != nil {
+			return fmt.Errorf("install kinst's SIGTRAP handler in process %d: %w", d.pid, err)
+		}
+		old := make([]byte, sigactSize)
+		if err := d.mem.read(scratch+sigactSize, old); err != nil {
+			return err
+		}
+		if h := binary.LittleEndian.Uint64(old); h != 0 { // not SIG_DFL: put it back
+			if _, err := remoteSyscall(d.mem, st, unix.SYS_RT_SIGACTION, uint64(unix.SIGTRAP), scratch+sigactSize, 0, 8); err != nil {
+				return fmt.Errorf("put back process %d's SIGTRAP handler: %w", d.pid, err)
+			}
+			return fmt.Errorf("%w: the process handles SIGTRAP itself (handler %#x), so an int3 of kinst's cannot be caught: no trap splice", ErrUnsupported, h)
+		}
+		return nil
+	})
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err != nil {
+		if errors.Is(err, ErrUnsupported) {
+			d.traps.refused = err
+		}
+		return err
+	}
+	d.traps.at = at
+	d.traps.entry = map[uint64]int{}
+	return nil
+}
+
+// uninstallTraps gives SIGTRAP back its default action when no trap
+// splice is left and no thread has a SIGTRAP on its way (held: every
+// thread, stopped; a pending signal shows in /proc's SigPnd and ShdPnd).
+// Otherwise the handler stays: its table sends any late trap to the
+// original instruction.
+func (d *Device) uninstallTraps(held map[int]*stopped) {
+	d.mu.Lock()
+	at := d.traps.at
+	d.mu.Unlock()
+	if at == 0 {
+		return
+	}
+	for tid := range held {
+		if sigtrapPending(d.pid, tid) {
+			return
+		}
+	}
+	st := anyThread(held)
+	scratch := (st.regs.Rsp - 4096) &^ 15
+	if d.mem.write(scratch, make([]byte, sigactSize)) != nil {
+		return
+	}
+	remoteSyscall(d.mem, st, unix.SYS_RT_SIGACTION, uint64(unix.SIGTRAP), scratch, 0, 8)
+}
+
+// sigtrapPending: SIGTRAP is pending for thread tid, or for the process
+// (a status it cannot read counts as pending: the handler then stays).
+func sigtrapPending(pid, tid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/status", pid, tid))
+	if err != nil {
+		return true
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(l, ":")
+		if !ok || (k != "SigPnd" && k != "ShdPnd") {
+			continue
+		}
+		mask, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+		if err != nil || mask&(1<<(unix.SIGTRAP-1)) != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// inHandler: pc is in kinst's SIGTRAP handler, which may be about to
+// send its thread to a patch it has read from the table. The caller
+// holds d.mu.
+func (d *Device) inHandler(pc uint64) bool {
+	return d.traps.at != 0 && pc >= d.traps.at && pc < d.traps.at+uint64(len(trapHandler))
+}
