@@ -161,6 +161,13 @@ type HitRow struct {
 	// trap); 0: the report's expected_hits.
 	Calls   uint64 `json:"calls,omitempty"`
 	Skipped string `json:"skipped,omitempty"`
+	// AttachNS and DetachNS are the medians over runs of putting the
+	// mechanism in and taking it out (bench hit --user: a splice's
+	// request and removal with the process's threads stopped; a tracefs
+	// uprobe's definition and enabling, then disabling and deletion; a
+	// BPF uprobe's load and attach, then close). Host time.
+	AttachNS float64 `json:"attach_ns,omitempty"`
+	DetachNS float64 `json:"detach_ns,omitempty"`
 }
 
 // `kinst bench churn --json` prints a ChurnResult, `kinst cfg FUNC

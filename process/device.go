@@ -43,11 +43,17 @@ const (
 // mapping, which stays valid in the process for as long as the mapping
 // does. Detach (Close) restores every byte first.
 type Device struct {
-	pid   int
-	tr    *tracer
-	mem   *memFile
-	local []byte // kinst's mapping of the region
-	base  uint64 // the region's address in the process
+	pid  int
+	near uint64
+	tr   *tracer
+	mem  *memFile
+
+	// regionMu serialises the mapping of the region; local and base are
+	// written once, under it, before any patch or counter is used.
+	regionMu  sync.Mutex
+	local     []byte     // kinst's mapping of the region
+	base      uint64     // the region's address in the process; 0 until mapped
+	regionErr error
 
 	mu      sync.Mutex // protects heap, splices, next, traps and closed
 	closed  bool
@@ -67,8 +73,10 @@ type spliced struct {
 
 func (s *spliced) trap() bool { return len(s.new) == 1 && s.new[0] == 0xcc }
 
-// Open attaches to pid and maps the region into it within rel32 reach of
-// near (the text to be spliced).
+// Open opens pid's memory for a device whose region will be mapped
+// within rel32 reach of near (the text to be spliced) when the engine
+// first needs it: reading and planning write nothing into the process, so
+// a request refused before it splices leaves no mapping behind.
 func Open(pid int, near uint64) (*Device, error) {
 	if err := unix.Kill(pid, 0); err != nil {
 		if err == unix.ESRCH {
@@ -80,19 +88,37 @@ func Open(pid int, near uint64) (*Device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrNotTraceable, err)
 	}
-	d := &Device{pid: pid, tr: newTracer(), mem: mem, splices: map[uint32]*spliced{}}
-	if err := d.mapRegion(near); err != nil {
-		d.tr.close()
-		mem.close()
-		return nil, err
+	return &Device{pid: pid, near: near, tr: newTracer(), mem: mem, splices: map[uint32]*spliced{}}, nil
+}
+
+// region maps the region into the process the first time it is called,
+// and says whether that worked.
+func (d *Device) region() error {
+	d.regionMu.Lock()
+	defer d.regionMu.Unlock()
+	if d.base != 0 || d.regionErr != nil {
+		return d.regionErr
+	}
+	if err := d.mapRegion(d.near); err != nil {
+		d.regionErr = err
+		return err
 	}
 	h, err := patchheap.New(d.base, HeapSize, granule)
 	if err != nil {
-		d.Close()
-		return nil, err
+		d.regionErr = err
+		return err
 	}
+	d.mu.Lock()
 	d.heap = h
-	return d, nil
+	d.mu.Unlock()
+	return nil
+}
+
+// Mapped: the region is in the process.
+func (d *Device) Mapped() bool {
+	d.regionMu.Lock()
+	defer d.regionMu.Unlock()
+	return d.base != 0
 }
 
 // mapRegion makes the memfd, maps it here, and has the process map it
@@ -223,10 +249,15 @@ func freeNear(pid int, near uint64, size uint64) (uint64, error) {
 
 // Base is the region's address in the process; PatchHeapUsed the heap
 // bytes allocated.
-func (d *Device) Base() uint64 { return d.base }
+func (d *Device) Base() uint64 {
+	if d.region() != nil {
+		return 0
+	}
+	return d.base
+}
 
 func (d *Device) inRegion(addr uint64, n int) bool {
-	return addr >= d.base && addr+uint64(n) <= d.base+regionSize
+	return d.base != 0 && addr >= d.base && addr+uint64(n) <= d.base+regionSize
 }
 
 // Read reads the process's memory (the region from kinst's mapping).
@@ -239,6 +270,9 @@ func (d *Device) Read(addr uint64, b []byte) error {
 }
 
 func (d *Device) PatchAlloc(size int) (uint64, error) {
+	if err := d.region(); err != nil {
+		return 0, err
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.heap.Alloc(size)
@@ -247,6 +281,9 @@ func (d *Device) PatchAlloc(size int) (uint64, error) {
 // PatchWrite writes a patch through kinst's mapping: the engine writes
 // only patches no splice leads to, so no thread runs there.
 func (d *Device) PatchWrite(addr uint64, code []byte) error {
+	if err := d.region(); err != nil {
+		return err
+	}
 	if !d.inRegion(addr, len(code)) || addr+uint64(len(code)) > d.base+HeapSize {
 		return fmt.Errorf("patch write %#x+%d outside the patch heap", addr, len(code))
 	}
@@ -511,18 +548,21 @@ func (d *Device) counter(slot int) *uint64 {
 // Counter reads a counter with the process running (an atomic load of
 // the shared page).
 func (d *Device) Counter(slot int) uint64 {
-	if slot < 0 || slot >= NumCounters {
+	if slot < 0 || slot >= NumCounters || !d.Mapped() {
 		return 0
 	}
 	return atomic.LoadUint64(d.counter(slot))
 }
 
-func (d *Device) CounterAddr(slot int) uint64 { return d.base + HeapSize + 8*uint64(slot) }
+func (d *Device) CounterAddr(slot int) uint64 { return d.Base() + HeapSize + 8*uint64(slot) }
 func (d *Device) NumCounters() int            { return NumCounters }
 
 func (d *Device) ClearCounters(first, n int) error {
 	if first < 0 || n < 0 || first+n > NumCounters {
 		return fmt.Errorf("counters %d+%d out of range", first, n)
+	}
+	if err := d.region(); err != nil {
+		return err
 	}
 	for i := first; i < first+n; i++ {
 		atomic.StoreUint64(d.counter(i), 0)

@@ -296,6 +296,10 @@ func TestBadInput(t *testing.T) {
 	if tg.Dev.Splices() != 0 {
 		t.Errorf("%d splices after refusals", tg.Dev.Splices())
 	}
+	// Nothing was written: not even kinst's region is mapped.
+	if maps, _ := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid)); tg.Dev.Mapped() || bytes.Contains(maps, []byte("kinst-patches")) {
+		t.Errorf("after refusals only, the process maps kinst's region:\n%s", maps)
+	}
 }
 
 // TestStockBinary counts libc's read in a stock dd copying one byte per

@@ -5,6 +5,7 @@ import (
 	"debug/elf"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path"
@@ -44,8 +45,11 @@ type mapping struct {
 func readMaps(pid int) ([]mapping, [2]uint64, error) {
 	var vdso [2]uint64
 	f, err := os.Open(fmt.Sprintf("/proc/%d/maps", pid))
-	if err != nil {
+	if errors.Is(err, fs.ErrNotExist) {
 		return nil, vdso, fmt.Errorf("%w: %d", ErrNoProcess, pid)
+	}
+	if err != nil {
+		return nil, vdso, fmt.Errorf("%w: %d: %v", ErrNotTraceable, pid, err)
 	}
 	defer f.Close()
 	var out []mapping

@@ -175,23 +175,39 @@ func writeHitReport(w io.Writer, rep api.HitReport, asJSON bool) error {
 		fmt.Fprintf(w, "per-call cost of getppid(2) with a counter at %s (guest time under emulation: compare ratios;\neach ratio is the median over runs of mechanism / the bare loop timed just before it)\n", rep.Function)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "mechanism\tpoint\tns/call\tratio\toverhead\thits\t")
+	if rep.User {
+		fmt.Fprintln(tw, "mechanism\tpoint\tns/call\tratio\toverhead\thits\tattach\tdetach\t")
+	} else {
+		fmt.Fprintln(tw, "mechanism\tpoint\tns/call\tratio\toverhead\thits\t")
+	}
 	for _, r := range rep.Rows {
 		if r.Skipped != "" {
 			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t(skipped: %s)\n", r.Mechanism, r.Point, r.Skipped)
 			continue
 		}
-		note := ""
-		want := rep.Expected
-		if r.Calls != 0 {
-			want = r.Calls
+		if rep.User {
+			att, det := "-", "-"
+			if r.Mechanism != "none" {
+				att, det = fmtNS(r.AttachNS), fmtNS(r.DetachNS)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.3f\t%+.1f%%\t%d\t%s\t%s\t%s\n", r.Mechanism, r.Point, r.NsPerCall, r.Ratio, 100*r.Overhead, r.Hits, att, det, hitNote(rep, r))
+			continue
 		}
-		if r.Mechanism != "none" && r.Hits != want {
-			note = fmt.Sprintf("(hits ≠ %d calls)", want)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.3f\t%+.1f%%\t%d\t%s\n", r.Mechanism, r.Point, r.NsPerCall, r.Ratio, 100*r.Overhead, r.Hits, note)
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.3f\t%+.1f%%\t%d\t%s\n", r.Mechanism, r.Point, r.NsPerCall, r.Ratio, 100*r.Overhead, r.Hits, hitNote(rep, r))
 	}
 	return tw.Flush()
+}
+
+// hitNote flags a row whose hits are not the calls it timed.
+func hitNote(rep api.HitReport, r api.HitRow) string {
+	want := rep.Expected
+	if r.Calls != 0 {
+		want = r.Calls
+	}
+	if r.Mechanism != "none" && r.Hits != want {
+		return fmt.Sprintf("(hits ≠ %d calls)", want)
+	}
+	return ""
 }
 
 // attachBPF loads a BPF program that counts hits in an array map and

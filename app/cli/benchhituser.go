@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -52,7 +53,8 @@ func (h *hitLoop) run(n int) (float64, error) {
 // memfd, package process), a tracefs uprobe and a BPF uprobe. Each run
 // times the bare loop, then the loop with one mechanism; a row's ratio
 // is the median of its runs' ratios. Every row's hits must equal the
-// calls it timed.
+// calls it timed. Each run also times putting the mechanism in and taking
+// it out: the request cost, kinst's splice against a uprobe's.
 func BenchHitUser(ctx context.Context, o HitOptions, env Env) error {
 	if o.Calls <= 0 || o.Runs <= 0 {
 		return errors.New("bench hit --user: --calls and --runs must be positive")
@@ -161,6 +163,7 @@ func BenchHitUser(ctx context.Context, o HitOptions, env Env) error {
 	nss := make([][]float64, len(mechs))
 	hits := make([]uint64, len(mechs))
 	skipped := make([]string, len(mechs))
+	attachNS, detachNS := make([][]float64, len(mechs)), make([][]float64, len(mechs))
 	var bases []float64
 	for r := 0; r < o.Runs; r++ {
 		for i, m := range mechs {
@@ -176,13 +179,17 @@ func BenchHitUser(ctx context.Context, o HitOptions, env Env) error {
 				return err
 			}
 			bases = append(bases, base)
+			t0 := time.Now()
 			detach, err := m.attach()
 			if err != nil {
 				skipped[i] = err.Error()
 				continue
 			}
+			attachNS[i] = append(attachNS[i], float64(time.Since(t0)))
 			ns, err := h.run(calls)
+			t1 := time.Now()
 			n, derr := detach()
+			detachNS[i] = append(detachNS[i], float64(time.Since(t1)))
 			if err != nil {
 				return err
 			}
@@ -204,7 +211,8 @@ func BenchHitUser(ctx context.Context, o HitOptions, env Env) error {
 			rep.Rows = append(rep.Rows, api.HitRow{Mechanism: m.name, Point: m.point, Skipped: skipped[i]})
 		default:
 			ratio := median(ratios[i])
-			row := api.HitRow{Mechanism: m.name, Point: m.point, NsPerCall: median(nss[i]), Ratio: ratio, Overhead: ratio - 1, Hits: hits[i]}
+			row := api.HitRow{Mechanism: m.name, Point: m.point, NsPerCall: median(nss[i]), Ratio: ratio, Overhead: ratio - 1, Hits: hits[i],
+				AttachNS: median(attachNS[i]), DetachNS: median(detachNS[i])}
 			if m.calls != 0 {
 				row.Calls = uint64(m.calls) * uint64(o.Runs)
 			}

@@ -12,7 +12,7 @@ import (
 var coverCommand = &command{
 	name:    "cover",
 	args:    "[TARGET…] [--module MOD] [--callees FUNC [--depth N]] [-- CMD…]",
-	summary: "which basic blocks of kernel functions run, with probes that remove themselves",
+	summary: "which basic blocks of kernel (or, with --user, a process's) functions run, with probes that remove themselves",
 	help: `TARGET is a kernel function or a glob over function names (vfs_*, 'ext4_*');
 --module MOD adds every function of a loaded module's text, --callees FUNC
 adds FUNC and the functions it calls directly or by tail call, --depth calls
