@@ -51,8 +51,8 @@ type Device struct {
 	// regionMu serialises the mapping of the region; local and base are
 	// written once, under it, before any patch or counter is used.
 	regionMu  sync.Mutex
-	local     []byte     // kinst's mapping of the region
-	base      uint64     // the region's address in the process; 0 until mapped
+	local     []byte // kinst's mapping of the region
+	base      uint64 // the region's address in the process; 0 until mapped
 	regionErr error
 
 	mu      sync.Mutex // protects heap, splices, next, traps and closed
