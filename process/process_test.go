@@ -113,6 +113,42 @@ func TestCountInProcess(t *testing.T) {
 				points = append(points, fmt.Sprintf("work+%#x", fn.Insns[1].Addr-fn.Addr))
 			}
 			sitesP, classes := resolveAll(t, tg, points)
+			// And one point of each class at an instruction of mix(),
+			// straight-line code called as often as work().
+			mixEntry, err := tg.Resolve("mix")
+			if err != nil {
+				t.Fatal(err)
+			}
+			mixFn := mixEntry.Fn
+			used := map[uint64]bool{}
+			for _, s := range sitesP {
+				used[s.Addr()] = true
+				for _, c := range s.Cover {
+					used[c.Addr()] = true
+				}
+			}
+			for _, c := range []springboard.Class{springboard.Direct, springboard.Springboard, springboard.Cover, springboard.Trap} {
+				for _, in := range mixFn.Insns {
+					spec := fmt.Sprintf("mix+%#x", in.Addr-mixFn.Addr)
+					s, err := tg.ResolveAs(spec, c)
+					if used[in.Addr] || err != nil {
+						continue
+					}
+					clash := false
+					for _, x := range s.Cover {
+						clash = clash || used[x.Addr()]
+					}
+					if clash {
+						continue
+					}
+					used[in.Addr] = true
+					for _, x := range s.Cover {
+						used[x.Addr()] = true
+					}
+					points, sitesP, classes = append(points, spec), append(sitesP, s), append(classes, c.String())
+					break
+				}
+			}
 			reqs, err := tg.Count("test", sitesP)
 			if err != nil {
 				t.Fatalf("count %v: %v", points, err)
@@ -126,6 +162,9 @@ func TestCountInProcess(t *testing.T) {
 			for i, r := range reqs {
 				if n := tg.Dev.Counter(r.Counter()); n != uint64(calls) {
 					t.Errorf("%s (%s splice): %d, want the program's %d calls", points[i], classes[i], n, calls)
+				}
+				if in := tg.Eng.Installed(r); in.Class.String() != classes[i] {
+					t.Errorf("%s: installed as a %s splice, planned %s", points[i], in.Class, classes[i])
 				}
 			}
 			t.Logf("%v (%v): %d calls counted", points, classes, calls)

@@ -18,6 +18,17 @@ __attribute__((noinline)) long work(long x)
 	return x / 2;
 }
 
+/* mix: straight-line code, instructions of every length (a splice of
+ * each class fits in it); called as often as work(). */
+__attribute__((noinline)) long mix(long x)
+{
+	long y = x * 0x12345;
+	y ^= x >> 3;
+	y += x << 7;
+	y = y * 31 + 17;
+	return y ^ (y >> 11);
+}
+
 /* nap sleeps 2 ms: a known wall time per call. */
 __attribute__((noinline)) void nap(void)
 {
@@ -48,7 +59,7 @@ static void *run(void *arg)
 {
 	long id = (long)arg, s = 0;
 	for (long i = 0; i < CALLS; i++)
-		s += work(i + id);
+		s += work(i + id) + mix(i);
 	sums[id] = s;
 	return NULL;
 }
