@@ -55,12 +55,14 @@ type Device struct {
 	base      uint64 // the region's address in the process; 0 until mapped
 	regionErr error
 
-	mu      sync.Mutex // protects heap, splices, next, traps and closed
-	closed  bool
-	traps   traps
-	heap    *patchheap.Heap
-	splices map[uint32]*spliced
-	next    uint32
+	mu          sync.Mutex // protects heap, quarantine, splices, next, traps and closed
+	closed      bool
+	quarantine  []uint64 // freed patches not yet given back to heap, oldest first
+	quarantined uint64   // their bytes
+	traps       traps
+	heap        *patchheap.Heap
+	splices     map[uint32]*spliced
+	next        uint32
 }
 
 // spliced is one splice: the bytes written at addr and those they
@@ -69,6 +71,7 @@ type spliced struct {
 	addr      uint64
 	orig, new []byte
 	patch     uint64 // a trap splice's: where its int3 leads
+	slot      bool   // a springboard slot's jmp, in the padding between functions
 }
 
 func (s *spliced) trap() bool { return len(s.new) == 1 && s.new[0] == 0xcc }
@@ -275,7 +278,14 @@ func (d *Device) PatchAlloc(size int) (uint64, error) {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.heap.Alloc(size)
+	a, err := d.heap.Alloc(size)
+	for errors.Is(err, patchheap.ErrFull) && len(d.quarantine) > 0 {
+		if err := d.release(); err != nil {
+			return 0, err
+		}
+		a, err = d.heap.Alloc(size)
+	}
+	return a, err
 }
 
 // PatchWrite writes a patch through kinst's mapping: the engine writes
@@ -304,7 +314,11 @@ func (d *Device) PatchWriteMany(ps []driver.PatchCode) error {
 // space stand-in for the kernel's RCU-tasks wait: patches hold no return
 // address, a relocated call returns to the original text) nor inside the
 // SIGTRAP handler (which may have read the patch's address from its
-// table), and fills it with int3.
+// table). The bytes stay as they are and the space is not reused until
+// quarantineMax bytes of later frees have passed (or the heap is full):
+// a thread a signal interrupted inside the patch, whose saved pc is on
+// its stack where kinst does not look, returns into the same code (at
+// worst one count lands in a slot that has been handed on).
 func (d *Device) PatchFree(addr uint64) error {
 	d.mu.Lock()
 	n, ok := d.heap.Len(addr)
@@ -331,10 +345,26 @@ func (d *Device) PatchFree(addr uint64) error {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for i := addr - d.base; i < addr-d.base+n; i++ {
-		d.local[i] = 0xcc
+	d.quarantine = append(d.quarantine, addr)
+	d.quarantined += n
+	for d.quarantined > quarantineMax {
+		if err := d.release(); err != nil {
+			return err
+		}
 	}
-	_, err = d.heap.Free(addr)
+	return nil
+}
+
+// quarantineMax is how many bytes of freed patches are kept from reuse.
+const quarantineMax = HeapSize / 4
+
+// release gives the oldest quarantined patch back to the heap. The caller
+// holds d.mu.
+func (d *Device) release() error {
+	addr := d.quarantine[0]
+	d.quarantine = d.quarantine[1:]
+	n, err := d.heap.Free(addr)
+	d.quarantined -= n
 	return err
 }
 
@@ -375,7 +405,13 @@ func (d *Device) write(ops []spliced) error {
 				return fmt.Errorf("%w: %#x holds %x, not %x", driver.ErrStale, op.addr, cur, op.orig)
 			}
 			for _, st := range held {
-				if pc := st.regs.Rip; pc > op.addr && pc < op.addr+uint64(len(op.new)) {
+				// A slot's jmp is all a thread there runs: restoring the
+				// padding under it would send it into the next function.
+				lo := op.addr + 1
+				if op.slot {
+					lo = op.addr
+				}
+				if pc := st.regs.Rip; pc >= lo && pc < op.addr+uint64(len(op.new)) {
 					return errRetry
 				}
 			}
@@ -389,8 +425,8 @@ func (d *Device) write(ops []spliced) error {
 	})
 }
 
-func (d *Device) splice(addr, patch uint64, orig, new []byte) (uint32, error) {
-	ids, err := d.SpliceBatch([]driver.SpliceOp{{Addr: addr, Patch: patch, Orig: orig, New: new}})
+func (d *Device) splice(op driver.SpliceOp) (uint32, error) {
+	ids, err := d.SpliceBatch([]driver.SpliceOp{op})
 	if err != nil {
 		var be *driver.BatchError
 		if errors.As(err, &be) {
@@ -402,16 +438,16 @@ func (d *Device) splice(addr, patch uint64, orig, new []byte) (uint32, error) {
 }
 
 func (d *Device) Splice(addr, patch uint64, orig, new []byte) (uint32, error) {
-	return d.splice(addr, patch, orig, new)
+	return d.splice(driver.SpliceOp{Addr: addr, Patch: patch, Orig: orig, New: new})
 }
 func (d *Device) SpliceSlot(addr, patch uint64, orig, new []byte) (uint32, error) {
-	return d.splice(addr, patch, orig, new)
+	return d.splice(driver.SpliceOp{Addr: addr, Patch: patch, Orig: orig, New: new, Slot: true})
 }
 
 // SpliceCovering writes the covering jmp at once: with every thread
 // stopped outside the covered bytes, none can be between them.
 func (d *Device) SpliceCovering(addr, patch uint64, orig, new []byte) (uint32, error) {
-	return d.splice(addr, patch, orig, new)
+	return d.splice(driver.SpliceOp{Addr: addr, Patch: patch, Orig: orig, New: new, Covering: true})
 }
 
 func (d *Device) FinishCovering() (int, error) { return 0, nil }
@@ -470,7 +506,7 @@ func (d *Device) SpliceBatch(ops []driver.SpliceOp) ([]uint32, error) {
 				return nil, err
 			}
 		}
-		w := spliced{addr: op.Addr, orig: orig[:len(op.New)], new: op.New, patch: op.Patch}
+		w := spliced{addr: op.Addr, orig: orig[:len(op.New)], new: op.New, patch: op.Patch, slot: op.Slot}
 		if w.trap() {
 			err := d.installTraps()
 			if err == nil {
@@ -495,7 +531,7 @@ func (d *Device) SpliceBatch(ops []driver.SpliceOp) ([]uint32, error) {
 	ids := make([]uint32, len(ws))
 	for i, w := range ws {
 		d.next++
-		d.splices[d.next] = &spliced{addr: w.addr, orig: bytes.Clone(w.orig), new: bytes.Clone(w.new), patch: w.patch}
+		d.splices[d.next] = &spliced{addr: w.addr, orig: bytes.Clone(w.orig), new: bytes.Clone(w.new), patch: w.patch, slot: w.slot}
 		ids[i] = d.next
 	}
 	return ids, nil
@@ -513,7 +549,7 @@ func (d *Device) UnspliceBatch(ids []uint32) error {
 			d.mu.Unlock()
 			return &driver.BatchError{Op: "unsplice", Index: i, Where: fmt.Sprint(id), Err: unix.ENOENT}
 		}
-		ws = append(ws, spliced{addr: s.addr, orig: s.new, new: s.orig, patch: s.patch})
+		ws = append(ws, spliced{addr: s.addr, orig: s.new, new: s.orig, patch: s.patch, slot: s.slot})
 	}
 	for _, w := range ws {
 		if len(w.orig) == 1 && w.orig[0] == 0xcc {

@@ -597,3 +597,47 @@ func TestTrapHandlerBytes(t *testing.T) {
 		t.Errorf("nm: %s; want restorer at %#x", out, trapRestorer)
 	}
 }
+
+// TestDetachUnderSignals adds and removes a counter at mix() while four
+// threads call it and a profiling signal interrupts them every 100 us
+// with a slow handler: a thread interrupted inside a patch returns into
+// it after kinst has freed it, which must still be the patch's code.
+func TestDetachUnderSignals(t *testing.T) {
+	needPtrace(t)
+	w := start(t, build(t), "prof")
+	pid := w.cmd.Process.Pid
+	fmt.Fprintln(w.in, "spin")
+	if l, _ := w.out.ReadString('\n'); l != "spinning\n" {
+		t.Fatalf("workload said %q", l)
+	}
+	tg, err := Attach(pid, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A direct splice: its patch is the only code of kinst's a thread
+	// can be in (a springboard slot is text; see the README's caveat).
+	s, err := tg.ResolveAs("mix", springboard.Direct)
+	if err != nil {
+		t.Skip(err)
+	}
+	sites := []*splice.Site{s}
+	for round := 0; round < 200; round++ {
+		reqs, err := tg.Count("test", sites)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Millisecond)
+		if errs := tg.Eng.RemoveEach(reqs); errs[0] != nil {
+			t.Fatal(errs[0])
+		}
+	}
+	if err := tg.Close(); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintln(w.in, "stop")
+	l, err := w.out.ReadString('\n')
+	if err != nil || !strings.HasPrefix(l, "spun ") {
+		w.cmd.Wait()
+		t.Fatalf("workload after the rounds: %q, %v: %v", l, err, w.cmd.ProcessState)
+	}
+}

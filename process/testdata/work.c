@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <stdlib.h>
+#include <sys/time.h>
 #include <time.h>
 
 #define THREADS 4
@@ -49,6 +50,12 @@ static void *spin(void *arg)
 		long want = (x & 1) ? x * 3 + 1 : x / 2;
 		if (work(x) != want)
 			__builtin_trap();
+		long y = x * 0x12345;
+		y ^= x >> 3;
+		y += x << 7;
+		y = y * 31 + 17;
+		if (mix(x) != (y ^ (y >> 11)))
+			__builtin_trap();
 		n++;
 	}
 	spun[id] = n;
@@ -69,6 +76,16 @@ static void on_trap(int sig)
 	(void)sig;
 }
 
+/* on_prof: a profiling signal's handler that takes a while, so that a
+ * thread it interrupts inside one of kinst's patches stays out of it
+ * for long enough for kinst to free the patch meanwhile. */
+static void on_prof(int sig)
+{
+	(void)sig;
+	for (volatile int i = 0; i < 20000; i++)
+		;
+}
+
 int main(int argc, char **argv)
 {
 	char line[64];
@@ -76,6 +93,12 @@ int main(int argc, char **argv)
 	 * target may (kinst then refuses trap splices). */
 	if (argc > 1 && strcmp(argv[1], "sigtrap") == 0)
 		signal(SIGTRAP, on_trap);
+	/* "prof": a SIGPROF every 100 us of CPU time. */
+	if (argc > 1 && strcmp(argv[1], "prof") == 0) {
+		struct itimerval it = {{0, 100}, {0, 100}};
+		signal(SIGPROF, on_prof);
+		setitimer(ITIMER_PROF, &it, NULL);
+	}
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	printf("ready\n");
 	while (fgets(line, sizeof line, stdin)) {
