@@ -141,6 +141,13 @@ func Attach(pid int, lib string) (*Target, error) {
 		return nil, err
 	}
 	t.Dev = dev
+	// Go's runtime installs its own SIGTRAP handler as it starts (after
+	// the entry point -- CMD stops at), over kinst's.
+	for _, name := range []string{"runtime.sigtrampgo", "runtime.sigtramp", "runtime.sigtramp.abi0"} {
+		if len(t.Syms.Named(name)) > 0 {
+			dev.traps.refused = fmt.Errorf("%w: a Go program, whose runtime handles SIGTRAP itself: no trap splice", ErrUnsupported)
+		}
+	}
 	// The engine's notes (a trap splice chosen) are the daemon's log
 	// lines; here the command reports what matters itself.
 	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))

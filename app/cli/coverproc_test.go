@@ -162,3 +162,83 @@ func TestCoverProcessBadInput(t *testing.T) {
 		t.Errorf("bad glob: %v", err)
 	}
 }
+
+// TestCoverProcessGo covers a Go program started with -- CMD: its
+// runtime installs a SIGTRAP handler of its own after the entry point,
+// so kinst refuses trap splices there (each refused block says why) and
+// the program runs as it does without kinst.
+func TestCoverProcessGo(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("kinst cover --user runs as root")
+	}
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go")
+	}
+	dir := t.TempDir()
+	src := `package main
+
+import "fmt"
+
+//go:noinline
+func collatz(n int) int {
+	steps := 0
+	for n != 1 {
+		if n%2 == 0 {
+			n /= 2
+		} else {
+			n = 3*n + 1
+		}
+		steps++
+	}
+	return steps
+}
+
+func main() {
+	total := 0
+	for i := 1; i < 100000; i++ {
+		total += collatz(i)
+	}
+	fmt.Println("steps", total)
+}
+`
+	if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "go.mod"), []byte("module collatz\n"), 0o644)
+	bin := filepath.Join(dir, "collatz")
+	build := exec.Command(gobin, "build", "-o", bin, ".")
+	build.Dir = dir
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	want, err := exec.Command(bin).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out, errb, cmdOut bytes.Buffer
+	env := Env{Out: &out, Err: &errb, CmdIn: strings.NewReader(""), CmdOut: &cmdOut, CmdErr: &errb}
+	status, err := CoverProcess(context.Background(), 0, CoverOptions{Targets: []string{"main.*"}, Command: []string{bin}, JSON: true}, env)
+	if err != nil || status != 0 {
+		t.Fatalf("status %d, %v\n%s", status, err, errb.String())
+	}
+	if cmdOut.String() != string(want) {
+		t.Errorf("the program printed %q under coverage, %q without", cmdOut.String(), want)
+	}
+	var rep api.CoverReport
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatal(err)
+	}
+	f := coverFunc(t, rep, "main.collatz")
+	if f.Covered == 0 || f.Covered != f.Total-f.Refused {
+		t.Errorf("main.collatz: %d of %d covered, %d refused", f.Covered, f.Total, f.Refused)
+	}
+	for _, fn := range rep.Functions {
+		for _, b := range fn.Blocks {
+			if b.Refused != nil && strings.Contains(*b.Refused, "trap") && !strings.Contains(*b.Refused, "Go program") {
+				t.Errorf("%s block %d refused: %s", fn.Function, b.Index, *b.Refused)
+			}
+		}
+	}
+	t.Logf("%d of %d blocks covered in %d functions", rep.CoveredBlocks, rep.TotalBlocks, len(rep.Functions))
+}
