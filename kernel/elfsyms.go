@@ -75,7 +75,7 @@ func SymbolsFromELF(path string, o ELFOptions) (*Symbols, error) {
 		if sym.Bind != elf.STB_LOCAL {
 			typ -= 'a' - 'A'
 		}
-		syms = append(syms, Symbol{Addr: addr, Type: typ, Name: sym.Name, Module: o.Module})
+		syms = append(syms, Symbol{Addr: addr, Type: typ, Name: sym.Name, Module: o.Module, Indirect: sym.Indirect})
 	}
 	if funcs == 0 {
 		return nil, fmt.Errorf("%s: no function symbols placed", path)

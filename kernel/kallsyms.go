@@ -18,6 +18,9 @@ type Symbol struct {
 	Type   byte // kallsyms type letter: t/T text, d/D data, b/B bss, r/R rodata, a/A absolute, w/W weak…
 	Name   string
 	Module string // "" for the core kernel
+	// Indirect: from an ELF file's STT_GNU_IFUNC, a resolver (a user
+	// library's strlen, memcpy…), not the function its name says.
+	Indirect bool
 }
 
 // IsText reports whether the symbol is in a text section (weak

@@ -127,7 +127,7 @@ func TestReadModules(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []Symbol{{text, 'T', "evdev_open", "evdev"}, {text + 0x40, 't', "evdev_read", "evdev"}}
+	want := []Symbol{{Addr: text, Type: 'T', Name: "evdev_open", Module: "evdev"}, {Addr: text + 0x40, Type: 't', Name: "evdev_read", Module: "evdev"}}
 	if len(syms) != len(want) || syms[0] != want[0] || syms[1] != want[1] {
 		t.Errorf("symbols %+v, want %+v", syms, want)
 	}
@@ -141,7 +141,7 @@ func TestReadModules(t *testing.T) {
 	if mods, err = ReadModules(mem, head, l); err != nil || len(mods[0].Other) != 1 {
 		t.Fatalf("modules with a data range: %v %+v", err, mods)
 	}
-	if syms, err = ReadModuleSymbols(mem, mods[0], l); err != nil || len(syms) != 3 || syms[2] != (Symbol{text + 0x9000, 'd', "evdev_x", "evdev"}) {
+	if syms, err = ReadModuleSymbols(mem, mods[0], l); err != nil || len(syms) != 3 || syms[2] != (Symbol{Addr: text + 0x9000, Type: 'd', Name: "evdev_x", Module: "evdev"}) {
 		t.Errorf("symbols with a data range: %v %+v", err, syms)
 	}
 

@@ -332,6 +332,14 @@ func TestBadInput(t *testing.T) {
 	if _, err := tg.Resolve("libc:no_such_function"); !errors.Is(err, ErrNoFunction) {
 		t.Errorf("unknown library function: %v", err)
 	}
+	// glibc's strlen is an IFUNC: its symbol is the resolver.
+	for _, sym := range tg.Syms.Named("strlen") {
+		if sym.Indirect {
+			if _, err := tg.Resolve("libc:strlen"); !errors.Is(err, ErrIndirect) {
+				t.Errorf("libc:strlen (an IFUNC): %v, want ErrIndirect", err)
+			}
+		}
+	}
 	if tg.Dev.Splices() != 0 {
 		t.Errorf("%d splices after refusals", tg.Dev.Splices())
 	}

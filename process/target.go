@@ -127,7 +127,7 @@ func Attach(pid int, lib string) (*Target, error) {
 		}
 	}
 	if len(parts) == 0 {
-		return nil, fmt.Errorf("process %d: no ELF file with symbols is mapped", pid)
+		return nil, fmt.Errorf("process %d: no ELF file it maps has a symbol table (.symtab or .dynsym with functions; a stripped static binary has neither)", pid)
 	}
 	if near == 0 {
 		if lib != "" {
@@ -164,6 +164,10 @@ func libMatches(lib, base string) bool {
 // ErrNoFunction is returned for a point naming no function of the
 // process.
 var ErrNoFunction = errors.New("no such function in the process")
+
+// ErrIndirect is returned for a point at an indirect function's symbol
+// (STT_GNU_IFUNC): the resolver, which runs once.
+var ErrIndirect = errors.New("an indirect function")
 
 // Resolve plans a point: FUNC, FUNC+0xOFF, FUNC:BLOCK, each optionally
 // LIB: first (LIB:FUNC…), in the executable unless a library is named.
@@ -264,6 +268,10 @@ func (t *Target) plan(spec string) (*splice.Func, splice.Point, error) {
 
 // funcOf reads and plans sym's function.
 func (t *Target) funcOf(sym kernel.Symbol, spec string) (*splice.Func, error) {
+	if sym.Indirect {
+		return nil, fmt.Errorf("%s: %w (STT_GNU_IFUNC): its symbol is the resolver that picks an implementation as the library loads, not the code calls run; name the implementation (its name is in the library's symbol table or its debug file, e.g. __%s_avx2)",
+			sym.Name, ErrIndirect, sym.Name)
+	}
 	if t.vdso[0] <= sym.Addr && sym.Addr < t.vdso[1] {
 		return nil, fmt.Errorf("%s is in the vDSO, which the kernel shares between processes: not spliced", spec)
 	}

@@ -49,6 +49,9 @@ type Symbol struct {
 	// Section is the index of the section the symbol lies in. In a
 	// relocatable file (a kernel module .ko) Addr is an offset into it.
 	Section elf.SectionIndex
+	// Indirect: an STT_GNU_IFUNC, whose code is the resolver that picks
+	// the implementation when the program is loaded, not the function.
+	Indirect bool
 }
 
 // ErrNoSymbols is returned for a file with neither .symtab nor .dynsym
@@ -152,7 +155,8 @@ func convert(raw []elf.Symbol) []Symbol {
 		if i := strings.IndexByte(name, '@'); i > 0 { // versioned names in old-style symtabs
 			name = name[:i]
 		}
-		syms = append(syms, Symbol{Name: name, Addr: s.Value, Size: s.Size, Kind: kind, Bind: elf.ST_BIND(s.Info), Section: s.Section})
+		syms = append(syms, Symbol{Name: name, Addr: s.Value, Size: s.Size, Kind: kind, Bind: elf.ST_BIND(s.Info), Section: s.Section,
+			Indirect: elf.ST_TYPE(s.Info) == elf.STT_GNU_IFUNC})
 	}
 	return syms
 }
