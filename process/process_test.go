@@ -69,6 +69,30 @@ func (w *workload) round(t *testing.T) string {
 	return strings.TrimSpace(l)
 }
 
+// spin has the program's threads call work() and mix() until unspin,
+// checking each result.
+func (w *workload) spin(t *testing.T) {
+	t.Helper()
+	fmt.Fprintln(w.in, "spin")
+	if l, _ := w.out.ReadString('\n'); l != "spinning\n" {
+		t.Fatalf("workload said %q", l)
+	}
+}
+
+// unspin stops the spinning threads and returns how many calls they
+// made; a program that died (of a stray SIGTRAP, or trapping on a wrong
+// result) fails the test.
+func (w *workload) unspin(t *testing.T) string {
+	t.Helper()
+	fmt.Fprintln(w.in, "stop")
+	l, err := w.out.ReadString('\n')
+	if err != nil || !strings.HasPrefix(l, "spun ") {
+		w.cmd.Wait()
+		t.Fatalf("workload after the rounds: %q, %v: %v (a stray SIGTRAP, or a wrong result)", l, err, w.cmd.ProcessState)
+	}
+	return strings.TrimSpace(strings.TrimPrefix(l, "spun "))
+}
+
 func needPtrace(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("the process engine's tests run as root (ptrace of a child, /proc/PID/mem)")
@@ -192,10 +216,7 @@ func TestAttachDetachUnderLoad(t *testing.T) {
 	needPtrace(t)
 	w := start(t, build(t))
 	pid := w.cmd.Process.Pid
-	fmt.Fprintln(w.in, "spin")
-	if l, _ := w.out.ReadString('\n'); l != "spinning\n" {
-		t.Fatalf("workload said %q", l)
-	}
+	w.spin(t)
 	var orig []byte
 	for round := 0; round < 5; round++ {
 		tg, err := Attach(pid, "")
@@ -232,12 +253,7 @@ func TestAttachDetachUnderLoad(t *testing.T) {
 			t.Fatalf("round %d: after detach %x, want %x", round, now, orig)
 		}
 	}
-	fmt.Fprintln(w.in, "stop")
-	l, err := w.out.ReadString('\n')
-	if err != nil || !strings.HasPrefix(l, "spun ") {
-		t.Fatalf("workload after the rounds: %q, %v (it traps on a wrong result)", l, err)
-	}
-	t.Logf("five attach/detach rounds under load; the program made %s calls", strings.TrimSpace(strings.TrimPrefix(l, "spun ")))
+	t.Logf("five attach/detach rounds under load; the program made %s calls", w.unspin(t))
 }
 
 // TestTimeInProcess times nap() (a 2 ms sleep) over 50 calls and work()
@@ -510,10 +526,7 @@ func TestTrapSpliceUnderLoad(t *testing.T) {
 	needPtrace(t)
 	w := start(t, build(t))
 	pid := w.cmd.Process.Pid
-	fmt.Fprintln(w.in, "spin")
-	if l, _ := w.out.ReadString('\n'); l != "spinning\n" {
-		t.Fatalf("workload said %q", l)
-	}
+	w.spin(t)
 	tg, err := Attach(pid, "")
 	if err != nil {
 		t.Fatal(err)
@@ -541,12 +554,7 @@ func TestTrapSpliceUnderLoad(t *testing.T) {
 	if now := textOf(t, pid, s.Fn); !bytes.Equal(now, orig) {
 		t.Fatalf("after detach %x, want %x", now, orig)
 	}
-	fmt.Fprintln(w.in, "stop")
-	l, err := w.out.ReadString('\n')
-	if err != nil || !strings.HasPrefix(l, "spun ") {
-		w.cmd.Wait()
-		t.Fatalf("workload after the rounds: %q, %v: %v (it dies of a stray SIGTRAP or traps on a wrong result)", l, err, w.cmd.ProcessState)
-	}
+	w.unspin(t)
 	t.Logf("ten trap splice rounds under load: %d hits counted", total)
 }
 
@@ -614,10 +622,7 @@ func TestDetachUnderSignals(t *testing.T) {
 	needPtrace(t)
 	w := start(t, build(t), "prof")
 	pid := w.cmd.Process.Pid
-	fmt.Fprintln(w.in, "spin")
-	if l, _ := w.out.ReadString('\n'); l != "spinning\n" {
-		t.Fatalf("workload said %q", l)
-	}
+	w.spin(t)
 	tg, err := Attach(pid, "")
 	if err != nil {
 		t.Fatal(err)
@@ -642,10 +647,5 @@ func TestDetachUnderSignals(t *testing.T) {
 	if err := tg.Close(); err != nil {
 		t.Fatal(err)
 	}
-	fmt.Fprintln(w.in, "stop")
-	l, err := w.out.ReadString('\n')
-	if err != nil || !strings.HasPrefix(l, "spun ") {
-		w.cmd.Wait()
-		t.Fatalf("workload after the rounds: %q, %v: %v", l, err, w.cmd.ProcessState)
-	}
+	w.unspin(t)
 }

@@ -35,6 +35,27 @@ func buildWork(t *testing.T, flags ...string) string {
 	return bin
 }
 
+// coverCommand runs kinst cover --user -p 0 -- CMD with stdin as the
+// command's input; the command must print want, as it does without kinst.
+func coverCommand(t *testing.T, o CoverOptions, stdin, want string) api.CoverReport {
+	t.Helper()
+	var out, errb, cmdOut bytes.Buffer
+	env := Env{Out: &out, Err: &errb, CmdIn: strings.NewReader(stdin), CmdOut: &cmdOut, CmdErr: &errb}
+	o.JSON = true
+	status, err := CoverProcess(context.Background(), 0, o, env)
+	if err != nil || status != 0 {
+		t.Fatalf("status %d, %v\n%s", status, err, errb.String())
+	}
+	if cmdOut.String() != want {
+		t.Errorf("the program printed %q under coverage, %q without", cmdOut.String(), want)
+	}
+	var rep api.CoverReport
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
 func coverFunc(t *testing.T, rep api.CoverReport, name string) api.CoverFunction {
 	t.Helper()
 	for _, f := range rep.Functions {
@@ -59,20 +80,7 @@ func TestCoverProcessCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	lcov := filepath.Join(t.TempDir(), "work.info")
-	var out, errb, cmdOut bytes.Buffer
-	env := Env{Out: &out, Err: &errb, CmdIn: strings.NewReader("go\n"), CmdOut: &cmdOut, CmdErr: &errb}
-	status, err := CoverProcess(context.Background(), 0, CoverOptions{Targets: []string{"work", "run", "nap", "spin"},
-		Command: []string{bin}, JSON: true, Lcov: lcov}, env)
-	if err != nil || status != 0 {
-		t.Fatalf("status %d, %v\n%s", status, err, errb.String())
-	}
-	if cmdOut.String() != string(want) {
-		t.Errorf("the program printed %q under coverage, %q without", cmdOut.String(), want)
-	}
-	var rep api.CoverReport
-	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
-		t.Fatal(err)
-	}
+	rep := coverCommand(t, CoverOptions{Targets: []string{"work", "run", "nap", "spin"}, Command: []string{bin}, Lcov: lcov}, "go\n", string(want))
 	for _, name := range []string{"work", "run"} {
 		f := coverFunc(t, rep, name)
 		if f.Covered != f.Total-f.Refused || f.Total == 0 {
@@ -216,19 +224,7 @@ func main() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out, errb, cmdOut bytes.Buffer
-	env := Env{Out: &out, Err: &errb, CmdIn: strings.NewReader(""), CmdOut: &cmdOut, CmdErr: &errb}
-	status, err := CoverProcess(context.Background(), 0, CoverOptions{Targets: []string{"main.*"}, Command: []string{bin}, JSON: true}, env)
-	if err != nil || status != 0 {
-		t.Fatalf("status %d, %v\n%s", status, err, errb.String())
-	}
-	if cmdOut.String() != string(want) {
-		t.Errorf("the program printed %q under coverage, %q without", cmdOut.String(), want)
-	}
-	var rep api.CoverReport
-	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
-		t.Fatal(err)
-	}
+	rep := coverCommand(t, CoverOptions{Targets: []string{"main.*"}, Command: []string{bin}}, "", string(want))
 	f := coverFunc(t, rep, "main.collatz")
 	if f.Covered == 0 || f.Covered != f.Total-f.Refused {
 		t.Errorf("main.collatz: %d of %d covered, %d refused", f.Covered, f.Total, f.Refused)
