@@ -24,8 +24,8 @@ import (
 // Sizes of the region kinst maps into the process: the patch heap, then
 // the counters, one memfd shared by kinst and the process.
 const (
-	HeapSize    = 1 << 20
-	NumCounters = 4096
+	HeapSize    = 8 << 20 // room for a probe at every block of libc
+	NumCounters = 1 << 16
 	regionSize  = HeapSize + NumCounters*8
 	granule     = 16
 	batchMax    = 64
@@ -139,10 +139,6 @@ func (d *Device) mapRegion(near uint64) error {
 	local, err := unix.Mmap(fd, 0, regionSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		return err
-	}
-	// An unused heap byte is an int3: a stray jump into it traps.
-	for i := range HeapSize {
-		local[i] = 0xcc
 	}
 	d.local = local
 	at, err := freeNear(d.pid, near, regionSize)
@@ -285,7 +281,17 @@ func (d *Device) PatchAlloc(size int) (uint64, error) {
 		}
 		a, err = d.heap.Alloc(size)
 	}
-	return a, err
+	if err != nil {
+		return 0, err
+	}
+	// The allocation's bytes past the patch are int3s: a stray jump
+	// into them traps. (The heap is filled as it is used: pages of it
+	// never allocated are never touched.)
+	n, _ := d.heap.Len(a)
+	for i := a - d.base; i < a-d.base+n; i++ {
+		d.local[i] = 0xcc
+	}
+	return a, nil
 }
 
 // PatchWrite writes a patch through kinst's mapping: the engine writes

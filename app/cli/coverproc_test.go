@@ -238,3 +238,41 @@ func main() {
 	}
 	t.Logf("%d of %d blocks covered in %d functions", rep.CoveredBlocks, rep.TotalBlocks, len(rep.Functions))
 }
+
+// TestCoverProcessLibc covers every function of libc in a stock ls: tens
+// of thousands of probes, thousands of them trap splices (short
+// instructions with no springboard slot near), in one process whose
+// output stays what it is without kinst.
+func TestCoverProcessLibc(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("kinst cover --user runs as root")
+	}
+	ls, err := exec.LookPath("ls")
+	if err != nil {
+		t.Skip("no ls")
+	}
+	dir := t.TempDir() // a listing nothing else changes meanwhile
+	for _, name := range []string{"a", "b.txt", "c d"} {
+		os.WriteFile(filepath.Join(dir, name), []byte(name), 0o644)
+	}
+	want, err := exec.Command(ls, "-l", dir).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := coverCommand(t, CoverOptions{Targets: []string{"libc:*"}, Command: []string{ls, "-l", dir}}, "", string(want))
+	if rep.Armed < 10000 || rep.Armed < rep.TotalBlocks*9/10 {
+		t.Errorf("%d probes armed over %d blocks", rep.Armed, rep.TotalBlocks)
+	}
+	if rep.CoveredBlocks == 0 {
+		t.Error("nothing of libc covered in ls -l")
+	}
+	for _, f := range rep.Functions {
+		for _, b := range f.Blocks {
+			if b.Refused != nil && strings.Contains(*b.Refused, "the most a process takes") {
+				t.Fatalf("%s block %d: %s", f.Function, b.Index, *b.Refused)
+			}
+		}
+	}
+	t.Logf("%d probes armed in %.0f ms over %d blocks of %d functions; %d covered", rep.Armed, float64(rep.ArmNS)/1e6,
+		rep.TotalBlocks, len(rep.Functions), rep.CoveredBlocks)
+}

@@ -3,7 +3,7 @@
 # are int3s; the kernel turns one into SIGTRAP, and this handler, run
 # with (sig, info, ucontext), moves the interrupted pc from past the int3
 # to the splice's patch through a table of {int3 address, target} pairs
-# after the code. rt_sigreturn restores every register, so the handler
+# after the code: 16384 entries, open addressing with linear probing. rt_sigreturn restores every register, so the handler
 # may clobber any. An int3 that is not kinst's gets the default action,
 # as without kinst: SIGTRAP's disposition goes back to SIG_DFL and the
 # thread sends itself SIGTRAP again.
@@ -12,15 +12,21 @@
 handler:
 	mov	168(%rdx), %rax		# uc_mcontext.gregs[REG_RIP]
 	dec	%rax			# the int3's address
-	lea	table(%rip), %rcx
-1:	mov	(%rcx), %r8
+	mov	%rax, %rcx		# its home entry: (addr ^ addr>>12) mod 16384
+	shr	$12, %rcx
+	xor	%rax, %rcx
+	and	$0x3fff, %ecx
+	shl	$4, %rcx
+	lea	table(%rip), %r9
+1:	mov	(%r9,%rcx), %r8		# probe on until its address or a zero one
 	test	%r8, %r8
 	jz	2f
 	cmp	%rax, %r8
 	je	3f
 	add	$16, %rcx
+	and	$0x3ffff, %ecx
 	jmp	1b
-3:	mov	8(%rcx), %r8
+3:	mov	8(%r9,%rcx), %r8
 	mov	%r8, 168(%rdx)
 	ret
 2:	sub	$40, %rsp		# a struct kernel_sigaction of SIG_DFL
