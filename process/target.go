@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/census"
 	"github.com/kinst/kinst/codegen"
 	"github.com/kinst/kinst/engine"
 	"github.com/kinst/kinst/internal/elfsym"
@@ -291,6 +292,42 @@ func (t *Target) funcOf(sym kernel.Symbol, spec string) (*splice.Func, error) {
 	f.Sym = sym
 	f.UseSpringboards(t.Eng.Springboards())
 	return f, nil
+}
+
+// Callees lists root (FUNC or LIB:FUNC) and the functions it calls
+// directly or by tail call, depth calls down (census.Callees' edges): the
+// functions of `kinst cover --user --callees`. Calls through the PLT
+// (into another library) and indirect calls are not followed.
+func (t *Target) Callees(root string, depth int) ([]CoverTarget, error) {
+	f, p, err := t.plan(root)
+	if err != nil {
+		return nil, err
+	}
+	if p.HasOffset || p.HasBlock {
+		return nil, fmt.Errorf("callees of %s: name a function, not an instruction or block", root)
+	}
+	out := []CoverTarget{{Sym: f.Sym, Func: f}}
+	seen := map[uint64]bool{f.Sym.Addr: true}
+	level := []*splice.Func{f}
+	for l := 0; l < depth && len(level) > 0; l++ {
+		var next []*splice.Func
+		for _, f := range level {
+			for _, e := range census.Callees(f.Fn, f.Blocks) {
+				at := t.Syms.FunctionsAt(e.Callee)
+				if len(at) == 0 || seen[at[0].Addr] {
+					continue
+				}
+				seen[at[0].Addr] = true
+				cf, err := t.funcOf(at[0], at[0].Name)
+				out = append(out, CoverTarget{Sym: at[0], Func: cf, Err: err})
+				if err == nil {
+					next = append(next, cf)
+				}
+			}
+		}
+		level = next
+	}
+	return out, nil
 }
 
 // CoverTarget is one function a cover target names: planned, or the

@@ -9,6 +9,7 @@ import (
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/cover"
 	"github.com/kinst/kinst/debuginfo"
+	"github.com/kinst/kinst/process"
 )
 
 // CoverPoll is how often `kinst cover --user` looks for probes that have
@@ -21,16 +22,19 @@ const CoverPoll = 50 * time.Millisecond
 // kernel. Source lines (--lcov, --file, each block's lines) come from the
 // executable's own DWARF when it has some; libraries' functions get none.
 func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, error) {
-	if len(o.Modules) > 0 || len(o.Callees) > 0 || o.Filter != (api.Filter{}) || o.Name != "" || o.TTL != 0 || o.Debug.Vmlinux != "" {
-		return 2, errors.New("cover --user: --module, --callees, --comm, --name, --ttl and --vmlinux are for the kernel")
+	if len(o.Modules) > 0 || o.Filter != (api.Filter{}) || o.Name != "" || o.TTL != 0 || o.Debug.Vmlinux != "" {
+		return 2, errors.New("cover --user: --module, --comm, --name, --ttl and --vmlinux are for the kernel")
 	}
-	if len(o.Targets) == 0 && len(o.Files) == 0 {
-		return 2, errors.New("cover --user: name at least one function or glob (parse_*, libc:str*) or --file")
+	if len(o.Targets) == 0 && len(o.Files) == 0 && len(o.Callees) == 0 {
+		return 2, errors.New("cover --user: name at least one function or glob (parse_*, libc:str*), --callees FUNC or --file")
+	}
+	if o.Depth < 1 {
+		o.Depth = 1
 	}
 	if err := checkOutputDir("cover", o.SVG); err != nil {
 		return 2, err
 	}
-	r, err := openProcess(pid, o.Command, o.Targets, env)
+	r, err := openProcess(pid, o.Command, append(append([]string(nil), o.Targets...), o.Callees...), env)
 	if err != nil {
 		return 1, err
 	}
@@ -63,11 +67,22 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 	}
 	set := cover.New("")
 	seen := map[uint64]bool{}
+	var lists [][]process.CoverTarget
 	for _, target := range o.Targets {
 		fns, err := tg.Functions(target)
 		if err != nil {
 			return fail(err)
 		}
+		lists = append(lists, fns)
+	}
+	for _, root := range o.Callees {
+		fns, err := tg.Callees(root, o.Depth)
+		if err != nil {
+			return fail(err)
+		}
+		lists = append(lists, fns)
+	}
+	for _, fns := range lists {
 		for _, ct := range fns {
 			if seen[ct.Sym.Addr] {
 				continue

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -103,6 +104,28 @@ func TestCoverProcessCommand(t *testing.T) {
 		t.Errorf("lcov tracefile:\n%s", b)
 	}
 	t.Logf("%d of %d blocks covered, %d probes removed after their first hit", rep.CoveredBlocks, rep.TotalBlocks, rep.Removed)
+}
+
+// TestCoverProcessCallees: --callees run covers run() and the functions
+// it calls, work() and mix(), and nothing else of the program.
+func TestCoverProcessCallees(t *testing.T) {
+	bin := buildWork(t)
+	want, err := exec.Command("sh", "-c", "printf 'go\\n' | "+bin).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := coverCommand(t, CoverOptions{Callees: []string{"run"}, Depth: 1, Command: []string{bin}}, "go\n", string(want))
+	var names []string
+	for _, f := range rep.Functions {
+		names = append(names, f.Function)
+		if f.Covered != f.Total-f.Refused {
+			t.Errorf("%s: %d of %d covered (%d refused)", f.Function, f.Covered, f.Total, f.Refused)
+		}
+	}
+	sort.Strings(names)
+	if strings.Join(names, " ") != "mix run work" {
+		t.Errorf("functions %v, want run and its callees work and mix", names)
+	}
 }
 
 // TestCoverProcessRunning covers a running process (-p PID) while its

@@ -44,7 +44,9 @@ yet.
 With --user, TARGET names functions of a user process instead (-p PID, or -p 0
 -- CMD to start one): FUNC, a glob, LIB:FUNC or LIB:glob (libc:str*); kinst
 splices it itself through ptrace and a shared memory file, and looks at the
-flags every 50 ms. --file and --lcov read the executable's own DWARF.
+flags every 50 ms. --callees FUNC (and --depth) follow direct and tail calls
+within the executable or library; --file and --lcov read the executable's own
+DWARF.
 
 kinst cover report NAME prints a running session's coverage so far;
 kinst cover diff A.json B.json compares two saved --json reports;
@@ -74,8 +76,8 @@ kinst cover lcov REPORT.json writes a saved report's lcov tracefile.`,
 				if !fs.Changed("pid") || pid < 0 || (pid == 0) == (len(o.Command) == 0) {
 					return 2, usagef("--user -p PID names a running process, or --user -p 0 with -- CMD a command to start")
 				}
-				if fs.Changed("depth") {
-					return 2, usagef("--depth goes with --callees, which is for the kernel")
+				if fs.Changed("depth") && len(o.Callees) == 0 {
+					return 2, usagef("--depth goes with --callees FUNC")
 				}
 				ctx, stop := signal.NotifyContext(ctx, os.Interrupt)
 				defer stop()
