@@ -13,8 +13,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/census"
+	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/codegen"
 	"github.com/kinst/kinst/engine"
 	"github.com/kinst/kinst/internal/elfsym"
