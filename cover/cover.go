@@ -21,6 +21,14 @@ import (
 	"github.com/kinst/kinst/splice"
 )
 
+// Engine is what a Set splices through: an engine.Engine (the kernel's),
+// or a process.Target (a process's, over an engine per region).
+type Engine interface {
+	AddEach(sites []*splice.Site, sp engine.Spec) ([]*engine.Request, []error)
+	RemoveEach(rs []*engine.Request) []error
+	Hit(r *engine.Request) bool
+}
+
 // Set is one coverage run: the report (blocks, totals, timeline), kept
 // current, and the probes still spliced.
 type Set struct {
@@ -106,7 +114,7 @@ func Flag(pred codegen.Predicate) engine.SnippetFunc {
 // Arm splices every planned probe in one engine batch, owned by owner,
 // timing it with now. A probe the engine cannot install leaves its block
 // refused with the error; the others stay.
-func (s *Set) Arm(eng *engine.Engine, owner string, snippet engine.SnippetFunc, now func() time.Time) {
+func (s *Set) Arm(eng Engine, owner string, snippet engine.SnippetFunc, now func() time.Time) {
 	sites := make([]*splice.Site, len(s.pending))
 	for i, p := range s.pending {
 		sites[i] = p.site
@@ -143,7 +151,7 @@ func (s *Set) Arm(eng *engine.Engine, owner string, snippet engine.SnippetFunc, 
 // probes in one batch (one wait frees all their patches). A probe that
 // cannot be removed stays live, to be tried again; its error is returned
 // with the probe.
-func (s *Set) Sweep(eng *engine.Engine, now time.Time) map[*engine.Request]error {
+func (s *Set) Sweep(eng Engine, now time.Time) map[*engine.Request]error {
 	var hit, live []Probe
 	for _, p := range s.live {
 		if eng.Hit(p.Request) {
@@ -188,7 +196,7 @@ func (s *Set) Sweep(eng *engine.Engine, now time.Time) map[*engine.Request]error
 // Mark marks the blocks whose probe has run as covered without removing
 // anything: for text that has gone (an exited process), whose flags are
 // still readable.
-func (s *Set) Mark(eng *engine.Engine, now time.Time) {
+func (s *Set) Mark(eng Engine, now time.Time) {
 	for i := range s.live {
 		p := &s.live[i]
 		if p.covered || !eng.Hit(p.Request) {
@@ -206,7 +214,7 @@ func (s *Set) Mark(eng *engine.Engine, now time.Time) {
 
 // Remove removes every probe still live; it reports whether none is
 // left. Sweep first: the last hits count.
-func (s *Set) Remove(eng *engine.Engine) (bool, error) {
+func (s *Set) Remove(eng Engine) (bool, error) {
 	rs := make([]*engine.Request, len(s.live))
 	for i, p := range s.live {
 		rs[i] = p.Request

@@ -55,11 +55,12 @@ type Device struct {
 	base      uint64 // the region's address in the process; 0 until mapped
 	regionErr error
 
-	mu          sync.Mutex // protects heap, quarantine, splices, next, traps and closed
+	traps *trapSet // shared by the devices of one Target
+
+	mu          sync.Mutex // protects heap, quarantine, splices, next and closed
 	closed      bool
 	quarantine  []uint64 // freed patches not yet given back to heap, oldest first
 	quarantined uint64   // their bytes
-	traps       traps
 	heap        *patchheap.Heap
 	splices     map[uint32]*spliced
 	next        uint32
@@ -81,6 +82,11 @@ func (s *spliced) trap() bool { return len(s.new) == 1 && s.new[0] == 0xcc }
 // first needs it: reading and planning write nothing into the process, so
 // a request refused before it splices leaves no mapping behind.
 func Open(pid int, near uint64) (*Device, error) {
+	return open(pid, near, &trapSet{})
+}
+
+// open is Open for one of several devices of a Target, which share ts.
+func open(pid int, near uint64, ts *trapSet) (*Device, error) {
 	if err := unix.Kill(pid, 0); err != nil {
 		if err == unix.ESRCH {
 			return nil, fmt.Errorf("%w: %d", ErrNoProcess, pid)
@@ -91,7 +97,7 @@ func Open(pid int, near uint64) (*Device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrNotTraceable, err)
 	}
-	return &Device{pid: pid, near: near, tr: newTracer(), mem: mem, splices: map[uint32]*spliced{}}, nil
+	return &Device{pid: pid, near: near, tr: newTracer(), mem: mem, traps: ts, splices: map[uint32]*spliced{}}, nil
 }
 
 // region maps the region into the process the first time it is called,
@@ -337,10 +343,8 @@ func (d *Device) PatchFree(addr uint64) error {
 		return fmt.Errorf("patch free %#x: not allocated", addr)
 	}
 	err := d.withStopped(func(held map[int]*stopped) error {
-		d.mu.Lock()
-		defer d.mu.Unlock()
 		for _, st := range held {
-			if st.regs.Rip >= addr && st.regs.Rip < addr+n || d.inHandler(st.regs.Rip) {
+			if st.regs.Rip >= addr && st.regs.Rip < addr+n || d.traps.inHandler(st.regs.Rip) {
 				return errRetry
 			}
 		}
@@ -465,9 +469,9 @@ func (d *Device) Resplice(id uint32, patch uint64) error {
 	if s != nil && s.trap() {
 		// A thread whose SIGTRAP is on its way goes to the new patch;
 		// one already in the old patch keeps it from being freed.
-		defer d.mu.Unlock()
 		s.patch = patch
-		return d.setTrap(s.addr, patch)
+		d.mu.Unlock()
+		return d.traps.point(s.addr, patch)
 	}
 	d.mu.Unlock()
 	if s == nil || len(s.new) != 5 || s.new[0] != 0xe9 {
@@ -497,11 +501,9 @@ func (d *Device) SpliceBatch(ops []driver.SpliceOp) ([]uint32, error) {
 	var ws []spliced
 	var traps []uint64
 	untrap := func() {
-		d.mu.Lock()
 		for _, a := range traps {
-			d.setTrap(a, a)
+			d.traps.point(a, a)
 		}
-		d.mu.Unlock()
 	}
 	for i, op := range ops {
 		orig := op.Orig
@@ -516,9 +518,7 @@ func (d *Device) SpliceBatch(ops []driver.SpliceOp) ([]uint32, error) {
 		if w.trap() {
 			err := d.installTraps()
 			if err == nil {
-				d.mu.Lock()
-				err = d.setTrap(op.Addr, op.Patch)
-				d.mu.Unlock()
+				err = d.traps.point(op.Addr, op.Patch)
 			}
 			if err != nil {
 				untrap()
@@ -532,6 +532,7 @@ func (d *Device) SpliceBatch(ops []driver.SpliceOp) ([]uint32, error) {
 		untrap()
 		return nil, err
 	}
+	d.traps.count(len(traps))
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	ids := make([]uint32, len(ws))
@@ -557,22 +558,23 @@ func (d *Device) UnspliceBatch(ids []uint32) error {
 		}
 		ws = append(ws, spliced{addr: s.addr, orig: s.new, new: s.orig, patch: s.patch, slot: s.slot})
 	}
+	d.mu.Unlock()
+	traps := 0
 	for _, w := range ws {
 		if len(w.orig) == 1 && w.orig[0] == 0xcc {
-			d.setTrap(w.addr, w.addr)
+			d.traps.point(w.addr, w.addr)
+			traps++
 		}
 	}
-	d.mu.Unlock()
 	if err := d.write(ws); err != nil {
-		d.mu.Lock()
 		for _, w := range ws {
 			if len(w.orig) == 1 && w.orig[0] == 0xcc {
-				d.setTrap(w.addr, w.patch)
+				d.traps.point(w.addr, w.patch)
 			}
 		}
-		d.mu.Unlock()
 		return err
 	}
+	d.traps.count(-traps)
 	d.mu.Lock()
 	for _, id := range ids {
 		delete(d.splices, id)
@@ -636,7 +638,7 @@ func (d *Device) Close() error {
 			err = nil // the process is gone, and its text with it
 		}
 	}
-	if err == nil && d.traps.at != 0 {
+	if err == nil && d.traps.installed() {
 		d.withStopped(func(held map[int]*stopped) error { d.uninstallTraps(held); return nil })
 	}
 	d.mu.Lock()
@@ -644,7 +646,7 @@ func (d *Device) Close() error {
 	d.mu.Unlock()
 	d.tr.close()
 	d.mem.close()
-	if d.local != nil {
+	if d.local != nil && !d.traps.ownedBy(d) { // the owner's view holds the trap table
 		unix.Munmap(d.local)
 	}
 	return err

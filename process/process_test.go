@@ -119,7 +119,7 @@ func TestCountInProcess(t *testing.T) {
 			w := start(t, build(t, tc.flags...))
 			want := w.round(t) // uninstrumented
 			pid := w.cmd.Process.Pid
-			tg, err := Attach(pid, "")
+			tg, err := Attach(pid)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -128,10 +128,7 @@ func TestCountInProcess(t *testing.T) {
 				t.Fatal(err)
 			}
 			fn := entry.Fn
-			orig := make([]byte, len(fn.Insns[len(fn.Insns)-1].Bytes)+int(fn.Insns[len(fn.Insns)-1].Addr-fn.Addr))
-			if err := tg.Dev.mem.read(fn.Addr, orig); err != nil {
-				t.Fatal(err)
-			}
+			orig := textOf(t, pid, fn)
 			points := []string{"work"}
 			if len(fn.Insns) > 2 {
 				points = append(points, fmt.Sprintf("work+%#x", fn.Insns[1].Addr-fn.Addr))
@@ -184,10 +181,10 @@ func TestCountInProcess(t *testing.T) {
 			var calls int
 			fmt.Sscanf(got, "calls %d", &calls)
 			for i, r := range reqs {
-				if n := tg.Dev.Counter(r.Counter()); n != uint64(calls) {
+				if n := tg.Counter(r, 0); n != uint64(calls) {
 					t.Errorf("%s (%s splice): %d, want the program's %d calls", points[i], classes[i], n, calls)
 				}
-				if in := tg.Eng.Installed(r); in.Class.String() != classes[i] {
+				if in := tg.Installed(r); in.Class.String() != classes[i] {
 					t.Errorf("%s: installed as a %s splice, planned %s", points[i], in.Class, classes[i])
 				}
 			}
@@ -219,24 +216,21 @@ func TestAttachDetachUnderLoad(t *testing.T) {
 	w.spin(t)
 	var orig []byte
 	for round := 0; round < 5; round++ {
-		tg, err := Attach(pid, "")
+		tg, err := Attach(pid)
 		if err != nil {
 			t.Fatal(err)
 		}
 		sites, classes := resolveAll(t, tg, []string{"work"})
 		if orig == nil {
-			fn := sites[0].Fn
-			last := fn.Insns[len(fn.Insns)-1]
-			orig = make([]byte, last.Addr+uint64(len(last.Bytes))-fn.Addr)
-			tg.Dev.mem.read(fn.Addr, orig)
+			orig = textOf(t, pid, sites[0].Fn)
 		}
 		reqs, err := tg.Count("test", sites)
 		if err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(50 * time.Millisecond)
-		n := tg.Dev.Counter(reqs[0].Counter())
-		if errs := tg.Eng.RemoveEach(reqs); errs[0] != nil {
+		n := tg.Counter(reqs[0], 0)
+		if errs := tg.RemoveEach(reqs); errs[0] != nil {
 			t.Fatal(errs[0])
 		}
 		if err := tg.Close(); err != nil {
@@ -264,7 +258,7 @@ func TestTimeInProcess(t *testing.T) {
 	needPtrace(t)
 	w := start(t, build(t))
 	pid := w.cmd.Process.Pid
-	tg, err := Attach(pid, "")
+	tg, err := Attach(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,12 +277,13 @@ func TestTimeInProcess(t *testing.T) {
 			t.Fatal(err)
 		}
 		var acc metrics.TimerAcc
-		acc.Add(tg.Dev.Counter(tm.Word), metrics.TSC())
+		_, word0 := tm.Read()
+		acc.Add(word0, metrics.TSC())
 		fmt.Fprintln(w.in, tc.cmd)
 		if _, err := w.out.ReadString('\n'); err != nil {
 			t.Fatal(err)
 		}
-		calls, word := tg.Dev.Counter(tm.Calls), tg.Dev.Counter(tm.Word)
+		calls, word := tm.Read()
 		ns := clock.Nanos(acc.Add(word, metrics.TSC()))
 		inside := metrics.TimerInside(word)
 		if err := tg.Untime(tm); err != nil {
@@ -299,7 +294,7 @@ func TestTimeInProcess(t *testing.T) {
 			t.Errorf("%s: %d calls (want %d), %.0f ns (want ≥ %.0f), %d inside", tc.fn, calls, tc.calls, ns, tc.minNS, inside)
 		}
 	}
-	if n := tg.Dev.Splices(); n != 0 {
+	if n := tg.Splices(); n != 0 {
 		t.Errorf("%d splices left", n)
 	}
 }
@@ -323,12 +318,12 @@ func resolveAll(t *testing.T, tg *Target, points []string) ([]*splice.Site, []st
 // a mid-instruction offset: clear errors, nothing written.
 func TestBadInput(t *testing.T) {
 	needPtrace(t)
-	if _, err := Attach(1<<22+12345, ""); !errors.Is(err, ErrNoProcess) {
+	if _, err := Attach(1<<22+12345); !errors.Is(err, ErrNoProcess) {
 		t.Errorf("attach to no process: %v", err)
 	}
 	w := start(t, build(t))
 	pid := w.cmd.Process.Pid
-	tg, err := Attach(pid, "")
+	tg, err := Attach(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -356,11 +351,11 @@ func TestBadInput(t *testing.T) {
 			}
 		}
 	}
-	if tg.Dev.Splices() != 0 {
-		t.Errorf("%d splices after refusals", tg.Dev.Splices())
+	if tg.Splices() != 0 {
+		t.Errorf("%d splices after refusals", tg.Splices())
 	}
 	// Nothing was written: not even kinst's region is mapped.
-	if maps, _ := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid)); tg.Dev.Mapped() || bytes.Contains(maps, []byte("kinst-patches")) {
+	if maps, _ := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid)); tg.Mapped() || bytes.Contains(maps, []byte("kinst-patches")) {
 		t.Errorf("after refusals only, the process maps kinst's region:\n%s", maps)
 	}
 }
@@ -387,7 +382,7 @@ func TestStockBinary(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	tg, err := Attach(pid, "libc")
+	tg, err := Attach(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -403,7 +398,7 @@ func TestStockBinary(t *testing.T) {
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("dd: %v", err)
 	}
-	got := tg.Dev.Counter(reqs[0].Counter())
+	got := tg.Counter(reqs[0], 0)
 	tg.Abandon()
 	t.Logf("libc:read (%s, %s splice): %d calls for %d one-byte reads", sites[0].Where(), classes[0], got, n)
 	// The read dd was blocked in when kinst attached entered read before
@@ -477,7 +472,7 @@ func TestTrapAndCoveringSplices(t *testing.T) {
 			w := start(t, bin)
 			want := w.round(t)
 			pid := w.cmd.Process.Pid
-			tg, err := Attach(pid, "")
+			tg, err := Attach(pid)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -487,7 +482,7 @@ func TestTrapAndCoveringSplices(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if in := tg.Eng.Installed(reqs[0]); in.Class != c {
+			if in := tg.Installed(reqs[0]); in.Class != c {
 				t.Fatalf("%s: installed as %s, want %s", s.Where(), in.Class, c)
 			}
 			if c == springboard.Trap && !catchesSIGTRAP(t, pid) {
@@ -499,7 +494,7 @@ func TestTrapAndCoveringSplices(t *testing.T) {
 			}
 			var calls uint64
 			fmt.Sscanf(got, "calls %d", &calls)
-			if n := tg.Dev.Counter(reqs[0].Counter()); n != calls {
+			if n := tg.Counter(reqs[0], 0); n != calls {
 				t.Errorf("%s (%s splice): %d, want the program's %d calls", s.Where(), c, n, calls)
 			}
 			if err := tg.Close(); err != nil {
@@ -527,7 +522,7 @@ func TestTrapSpliceUnderLoad(t *testing.T) {
 	w := start(t, build(t))
 	pid := w.cmd.Process.Pid
 	w.spin(t)
-	tg, err := Attach(pid, "")
+	tg, err := Attach(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -540,8 +535,8 @@ func TestTrapSpliceUnderLoad(t *testing.T) {
 			t.Fatal(err)
 		}
 		time.Sleep(20 * time.Millisecond)
-		total += tg.Dev.Counter(reqs[0].Counter())
-		if errs := tg.Eng.RemoveEach(reqs); errs[0] != nil {
+		total += tg.Counter(reqs[0], 0)
+		if errs := tg.RemoveEach(reqs); errs[0] != nil {
 			t.Fatal(errs[0])
 		}
 	}
@@ -565,7 +560,7 @@ func TestTrapSpliceRefused(t *testing.T) {
 	w := start(t, build(t), "sigtrap")
 	want := w.round(t)
 	pid := w.cmd.Process.Pid
-	tg, err := Attach(pid, "")
+	tg, err := Attach(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -623,7 +618,7 @@ func TestDetachUnderSignals(t *testing.T) {
 	w := start(t, build(t), "prof")
 	pid := w.cmd.Process.Pid
 	w.spin(t)
-	tg, err := Attach(pid, "")
+	tg, err := Attach(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -640,7 +635,7 @@ func TestDetachUnderSignals(t *testing.T) {
 			t.Fatal(err)
 		}
 		time.Sleep(time.Millisecond)
-		if errs := tg.Eng.RemoveEach(reqs); errs[0] != nil {
+		if errs := tg.RemoveEach(reqs); errs[0] != nil {
 			t.Fatal(errs[0])
 		}
 	}
@@ -648,4 +643,66 @@ func TestDetachUnderSignals(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.unspin(t)
+}
+
+// TestExecutableAndLibrary counts points in the executable and in libc
+// at once: two regions of kinst's, one near each (they are farther apart
+// than a rel32 jump), each count the program's own; then the same with
+// trap splices in both, whose one SIGTRAP handler serves both regions.
+func TestExecutableAndLibrary(t *testing.T) {
+	needPtrace(t)
+	bin := build(t)
+	for _, trap := range []bool{false, true} {
+		t.Run(fmt.Sprintf("trap=%v", trap), func(t *testing.T) {
+			w := start(t, bin)
+			pid := w.cmd.Process.Pid
+			tg, err := Attach(pid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			points := []string{"work", "libc:nanosleep"}
+			var sites []*splice.Site
+			for _, p := range points {
+				s, err := tg.Resolve(p)
+				if trap {
+					s, err = tg.ResolveAs(p, springboard.Trap)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				sites = append(sites, s)
+			}
+			reqs, err := tg.Count("test", sites)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := w.round(t)
+			fmt.Fprintln(w.in, "nap 7")
+			if l, _ := w.out.ReadString('\n'); l != "napped 7\n" {
+				t.Fatalf("workload said %q", l)
+			}
+			var calls uint64
+			fmt.Sscanf(got, "calls %d", &calls)
+			if n := tg.Counter(reqs[0], 0); n != calls {
+				t.Errorf("work: %d, want %d", n, calls)
+			}
+			if n := tg.Counter(reqs[1], 0); n != 7 {
+				t.Errorf("libc:nanosleep: %d, want the 7 naps", n)
+			}
+			regions := len(tg.regions)
+			if err := tg.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if maps, _ := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid)); bytes.Count(maps, []byte("kinst-patches")) != regions {
+				t.Errorf("%d regions, maps:\n%s", regions, maps)
+			}
+			if catchesSIGTRAP(t, pid) {
+				t.Error("after detach, the process still catches SIGTRAP")
+			}
+			if again := w.round(t); again != got {
+				t.Errorf("after detach: %q, want %q", again, got)
+			}
+			t.Logf("%d regions", regions)
+		})
+	}
 }

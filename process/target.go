@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"log/slog"
 	"os"
 	"path"
 	"path/filepath"
@@ -24,17 +23,23 @@ import (
 )
 
 // Target is a running process under kinst's engine: its executable's and
-// libraries' symbols placed where they are mapped, a planner over its
-// text, and an engine splicing it through a Device.
+// libraries' symbols placed where they are mapped, and a region (a
+// Device and its engine) for each neighbourhood of the text it splices:
+// a patch must be within a rel32 jump of its point, and the executable
+// and the libraries are usually farther apart than that. Not safe for
+// concurrent use.
 type Target struct {
 	PID    int
-	Dev    *Device
-	Eng    *engine.Engine
 	Syms   *kernel.Symbols
-	facts  *splice.Facts
 	exe    string // the executable's module name (its base name)
 	vdso   [2]uint64
 	verdit *splice.Verdicts
+	text   map[string][2]uint64 // module ("" for the executable) → its text's span
+	traps  *trapSet
+
+	regions  []*region
+	byModule map[string]*region
+	owner    map[*engine.Request]*region
 }
 
 // mapping is one file-backed line of /proc/PID/maps.
@@ -75,15 +80,16 @@ func readMaps(pid int) ([]mapping, [2]uint64, error) {
 	return out, vdso, sc.Err()
 }
 
-// Attach reads pid's symbols and maps kinst's region into it near the
-// executable's text (near a library's when lib names one).
-func Attach(pid int, lib string) (*Target, error) {
+// Attach reads pid's symbols. Nothing is written into the process until
+// the first splice: then kinst's region is mapped near the text spliced.
+func Attach(pid int) (*Target, error) {
 	maps, vdso, err := readMaps(pid)
 	if err != nil {
 		return nil, err
 	}
 	exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
-	t := &Target{PID: pid, exe: filepath.Base(exe), vdso: vdso, verdit: splice.NewVerdicts()}
+	t := &Target{PID: pid, exe: filepath.Base(exe), vdso: vdso, verdit: splice.NewVerdicts(), text: map[string][2]uint64{},
+		traps: &trapSet{}, byModule: map[string]*region{}, owner: map[*engine.Request]*region{}}
 	byPath := map[string][]elfsym.Mapping{}
 	var order []string
 	for _, m := range maps {
@@ -93,7 +99,6 @@ func Attach(pid int, lib string) (*Target, error) {
 		byPath[m.path] = append(byPath[m.path], m.Mapping)
 	}
 	var parts []*kernel.Symbols
-	near := uint64(0)
 	for _, path := range order {
 		ms := byPath[path]
 		var text *elfsym.Mapping
@@ -123,37 +128,19 @@ func Attach(pid int, lib string) (*Target, error) {
 			continue
 		}
 		parts = append(parts, s)
-		if (lib == "" && mod == "") || (lib != "" && libMatches(lib, filepath.Base(path))) {
-			near = text.Start
-		}
+		t.text[mod] = [2]uint64{text.Start, text.End}
 	}
 	if len(parts) == 0 {
 		return nil, fmt.Errorf("process %d: no ELF file it maps has a symbol table (.symtab or .dynsym with functions; a stripped static binary has neither)", pid)
 	}
-	if near == 0 {
-		if lib != "" {
-			return nil, fmt.Errorf("process %d maps no library %q", pid, lib)
-		}
-		near = maps[0].Start
-	}
 	t.Syms = kernel.MergeSymbols(parts...)
-	dev, err := Open(pid, near)
-	if err != nil {
-		return nil, err
-	}
-	t.Dev = dev
 	// Go's runtime installs its own SIGTRAP handler as it starts (after
 	// the entry point -- CMD stops at), over kinst's.
 	for _, name := range []string{"runtime.sigtrampgo", "runtime.sigtramp", "runtime.sigtramp.abi0"} {
 		if len(t.Syms.Named(name)) > 0 {
-			dev.traps.refused = fmt.Errorf("%w: a Go program, whose runtime handles SIGTRAP itself: no trap splice", ErrUnsupported)
+			t.traps.refused = fmt.Errorf("%w: a Go program, whose runtime handles SIGTRAP itself: no trap splice", ErrUnsupported)
 		}
 	}
-	// The engine's notes (a trap splice chosen) are the daemon's log
-	// lines; here the command reports what matters itself.
-	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	t.Eng = engine.New(engine.Config{Device: dev, PatchHeap: dev.Base, RedZone: 128, Log: quiet})
-	t.facts = &splice.Facts{Symbols: t.Syms, Text: t.Eng.Text()}
 	return t, nil
 }
 
@@ -195,7 +182,11 @@ func (t *Target) ResolveAs(spec string, c springboard.Class) (*splice.Site, erro
 		return nil, err
 	}
 	if c != springboard.Springboard {
-		g := t.facts.Func(f.Fn, t.verdit) // no springboards
+		r, err := t.region(f.Sym.Module)
+		if err != nil {
+			return nil, err
+		}
+		g := r.facts.Func(f.Fn, t.verdit) // no springboards
 		g.Sym, g.Ambiguous = f.Sym, f.Ambiguous
 		f = g
 	}
@@ -280,17 +271,21 @@ func (t *Target) funcOf(sym kernel.Symbol, spec string) (*splice.Func, error) {
 	if end <= sym.Addr || end-sym.Addr > 1<<20 {
 		return nil, fmt.Errorf("%s: function size unknown", sym.Name)
 	}
+	r, err := t.region(sym.Module)
+	if err != nil {
+		return nil, err
+	}
 	code := make([]byte, end-sym.Addr)
-	if err := t.Eng.Text().Read(sym.Addr, code); err != nil {
+	if err := r.eng.Text().Read(sym.Addr, code); err != nil {
 		return nil, err
 	}
 	fn, err := cfg.Decode(sym.Name, sym.Module, sym.Addr, code)
 	if err != nil {
 		return nil, err
 	}
-	f := t.facts.Func(fn, t.verdit)
+	f := r.facts.Func(fn, t.verdit)
 	f.Sym = sym
-	f.UseSpringboards(t.Eng.Springboards())
+	f.UseSpringboards(r.eng.Springboards())
 	return f, nil
 }
 
@@ -371,10 +366,10 @@ func (t *Target) Functions(target string) ([]CoverTarget, error) {
 	return out, nil
 }
 
-// Count installs a counter at each point, all or none; the requests'
-// counter slots are read with Dev.Counter(r.Counter()).
+// Count installs a counter at each point, all or none; a request's count
+// is Counter(r, 0).
 func (t *Target) Count(owner string, sites []*splice.Site) ([]*engine.Request, error) {
-	reqs, errs := t.Eng.AddEach(sites, engine.Spec{Owner: owner, Slots: 1, Snippet: engine.CounterSnippet})
+	reqs, errs := t.AddEach(sites, engine.Spec{Owner: owner, Slots: 1, Snippet: engine.CounterSnippet})
 	for i, err := range errs {
 		if err != nil {
 			var ok []*engine.Request
@@ -383,7 +378,7 @@ func (t *Target) Count(owner string, sites []*splice.Site) ([]*engine.Request, e
 					ok = append(ok, r)
 				}
 			}
-			t.Eng.RemoveEach(ok)
+			t.RemoveEach(ok)
 			return nil, fmt.Errorf("%s: %w", sites[i].Point.Spec, err)
 		}
 	}
@@ -392,10 +387,12 @@ func (t *Target) Count(owner string, sites []*splice.Site) ([]*engine.Request, e
 
 // Abandon lets go of a process that has exited: nothing to restore.
 func (t *Target) Abandon() {
-	t.Dev.mu.Lock()
-	t.Dev.splices = map[uint32]*spliced{}
-	t.Dev.mu.Unlock()
-	t.Dev.Close()
+	for _, r := range t.regions {
+		r.dev.mu.Lock()
+		r.dev.splices = map[uint32]*spliced{}
+		r.dev.mu.Unlock()
+		r.dev.Close()
+	}
 }
 
 // Timer times one function in the process: a counter of calls and a
@@ -408,6 +405,13 @@ type Timer struct {
 	Exits       []*splice.Site
 	Calls, Word int // counter slots
 	reqs        []*engine.Request
+	dev         *Device
+}
+
+// Read reads the timer's calls and its timer word, with the process
+// running.
+func (tm *Timer) Read() (calls, word uint64) {
+	return tm.dev.Counter(tm.Calls), tm.dev.Counter(tm.Word)
 }
 
 // Time attaches a timer to the function spec names (FUNC or LIB:FUNC):
@@ -461,7 +465,7 @@ func (t *Target) Time(owner, spec string) (*Timer, error) {
 		if len(tm.reqs) == 0 {
 			n = 2
 		}
-		r, err := t.Eng.Add(s, engine.Spec{Owner: owner, Slots: n, Snippet: slots(n, exit)})
+		r, err := t.Add(s, engine.Spec{Owner: owner, Slots: n, Snippet: slots(n, exit)})
 		if err != nil {
 			t.Untime(tm)
 			return nil, fmt.Errorf("time %s: exit %s: %w", spec, s.Where(), err)
@@ -476,13 +480,14 @@ func (t *Target) Time(owner, spec string) (*Timer, error) {
 	if entryIsExit {
 		build = func() codegen.Snippet { return codegen.Seq{enter(), exit()} }
 	}
-	r, err := t.Eng.Add(entry, engine.Spec{Owner: owner, Slots: n, Snippet: slots(n, build)})
+	r, err := t.Add(entry, engine.Spec{Owner: owner, Slots: n, Snippet: slots(n, build)})
 	if err != nil {
 		t.Untime(tm)
 		return nil, fmt.Errorf("time %s: entry: %w", spec, err)
 	}
 	tm.reqs = append(tm.reqs, r)
 	tm.Calls, tm.Word = tm.reqs[0].Slots()[0], tm.reqs[0].Slots()[1]
+	tm.dev = t.owner[tm.reqs[0]].dev
 	return tm, nil
 }
 
@@ -521,12 +526,25 @@ func (t *Target) Untime(tm *Timer) error {
 	for i, r := range tm.reqs {
 		rev[len(tm.reqs)-1-i] = r
 	}
-	return errors.Join(t.Eng.RemoveEach(rev)...)
+	return errors.Join(t.RemoveEach(rev)...)
 }
 
 // Close removes every request and lets the process go; every byte of its
-// text is as it was.
+// text is as it was. The region holding the SIGTRAP handler goes last.
 func (t *Target) Close() error {
-	t.Eng.Reclaim()
-	return t.Dev.Close()
+	var errs []error
+	var last *region
+	for _, r := range t.regions {
+		if t.traps.ownedBy(r.dev) {
+			last = r
+			continue
+		}
+		r.eng.Reclaim()
+		errs = append(errs, r.dev.Close())
+	}
+	if last != nil {
+		last.eng.Reclaim()
+		errs = append(errs, last.dev.Close())
+	}
+	return errors.Join(errs...)
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"unsafe"
 
@@ -47,68 +48,101 @@ const (
 	saRestorer   = 0x04000000 // x86-64 signal frames return through sa_restorer
 )
 
-// traps is the trap splices' machinery in the process: the handler, its
-// table, and each int3's entry. An entry is never reused for another
-// address: when its splice goes, its target becomes the address itself,
-// so a thread whose SIGTRAP is still on its way runs the original
-// instruction, which is back. Protected by Device.mu.
-type traps struct {
+// trapSet is the trap splices' machinery in the process, shared by every
+// Device of one Target: the handler and its table (in the region of the
+// device that installed it), and each int3's entry. An entry is never
+// reused for another address: when its splice goes, its target becomes
+// the address itself, so a thread whose SIGTRAP is still on its way runs
+// the original instruction, which is back.
+type trapSet struct {
+	mu      sync.Mutex     // protects every field
 	at      uint64         // the handler in the process; 0 before the first trap splice
+	table   []byte         // kinst's view of the table (in the owner's mapping)
+	owner   *Device        // whose region holds the handler
 	entry   map[uint64]int // int3 address → table entry
+	live    int            // trap splices installed, by every device
 	refused error          // why the process takes no trap splice
+	done    bool           // SIGTRAP's default action is back
 }
 
-func (d *Device) trapWord(entry, word int) *uint64 {
-	off := d.traps.at - d.base + trapTable + uint64(16*entry+8*word)
-	return (*uint64)(unsafe.Pointer(&d.local[off]))
+func (ts *trapSet) word(entry, w int) *uint64 {
+	return (*uint64)(unsafe.Pointer(&ts.table[16*entry+8*w]))
 }
 
 // trapHome is addr's home entry, as the handler computes it.
 func trapHome(addr uint64) int { return int((addr ^ addr>>12) & (trapEntries - 1)) }
 
-// setTrap points the int3 at addr to target (the patch; or addr itself,
+// point points the int3 at addr to target (the patch; or addr itself,
 // once the original bytes are back), through kinst's mapping: the target
 // first, then the address that makes the entry visible. An entry is
 // never emptied (a lookup must not stop short of the entries probed past
-// it). The caller holds d.mu and has installed the handler.
-func (d *Device) setTrap(addr, target uint64) error {
-	e, ok := d.traps.entry[addr]
+// it). The handler must be installed.
+func (ts *trapSet) point(addr, target uint64) error {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	e, ok := ts.entry[addr]
 	if !ok {
-		if len(d.traps.entry) >= trapMax {
+		if len(ts.entry) >= trapMax {
 			return fmt.Errorf("%w: %d trap splices is the most a process takes", ErrUnsupported, trapMax)
 		}
 		e = trapHome(addr)
-		for atomic.LoadUint64(d.trapWord(e, 0)) != 0 {
+		for atomic.LoadUint64(ts.word(e, 0)) != 0 {
 			e = (e + 1) % trapEntries
 		}
-		d.traps.entry[addr] = e
+		ts.entry[addr] = e
 	}
-	atomic.StoreUint64(d.trapWord(e, 1), target)
-	atomic.StoreUint64(d.trapWord(e, 0), addr)
+	atomic.StoreUint64(ts.word(e, 1), target)
+	atomic.StoreUint64(ts.word(e, 0), addr)
 	return nil
 }
 
-// installTraps copies the handler into the patch heap and makes it the
-// process's SIGTRAP handler, once. A process that handles SIGTRAP itself
-// (a runtime, a debugger's target, SIG_IGN) is left as it is and takes no
-// trap splice: ErrUnsupported says why.
+// count adds n (or takes away -n) trap splices installed.
+func (ts *trapSet) count(n int) {
+	ts.mu.Lock()
+	ts.live += n
+	ts.mu.Unlock()
+}
+
+// installed: the handler is in the process.
+func (ts *trapSet) installed() bool {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	return ts.at != 0
+}
+
+// ownedBy: d's region holds the handler and the table.
+func (ts *trapSet) ownedBy(d *Device) bool {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	return ts.owner == d
+}
+
+// inHandler: pc is in kinst's SIGTRAP handler, which may be about to
+// send its thread to a patch it has read from the table.
+func (ts *trapSet) inHandler(pc uint64) bool {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	return ts.at != 0 && pc >= ts.at && pc < ts.at+uint64(len(trapHandler))
+}
+
+// installTraps copies the handler into d's patch heap and makes it the
+// process's SIGTRAP handler, once per trapSet. A process that handles
+// SIGTRAP itself (a runtime, a debugger's target, SIG_IGN) is left as it
+// is and takes no trap splice: ErrUnsupported says why.
 func (d *Device) installTraps() error {
-	d.mu.Lock()
-	at, refused := d.traps.at, d.traps.refused
-	d.mu.Unlock()
-	if at != 0 || refused != nil {
-		return refused
+	ts := d.traps
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	if ts.at != 0 || ts.refused != nil {
+		return ts.refused
 	}
 	at, err := d.PatchAlloc(trapSize)
 	if err != nil {
 		return err
 	}
-	d.mu.Lock()
+	table := d.local[at-d.base+trapTable : at-d.base+trapSize]
 	copy(d.local[at-d.base:], trapHandler)
-	for i := at - d.base + trapTable; i < at-d.base+trapSize; i++ {
-		d.local[i] = 0
-	}
-	d.mu.Unlock()
+	clear(table)
 	act := make([]byte, 2*sigactSize)
 	binary.LittleEndian.PutUint64(act[0:], at)
 	binary.LittleEndian.PutUint64(act[8:], saSiginfo|saRestorer)
@@ -134,16 +168,17 @@ func (d *Device) installTraps() error {
 		}
 		return nil
 	})
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	if err != nil {
 		if errors.Is(err, ErrUnsupported) {
-			d.traps.refused = err
+			ts.refused = err
 		}
+		d.mu.Lock()
+		d.heap.Free(at)
+		d.mu.Unlock()
 		return err
 	}
-	d.traps.at = at
-	d.traps.entry = map[uint64]int{}
+	ts.at, ts.table, ts.owner = at, table, d
+	ts.entry = map[uint64]int{}
 	return nil
 }
 
@@ -153,10 +188,10 @@ func (d *Device) installTraps() error {
 // Otherwise the handler stays: its table sends any late trap to the
 // original instruction.
 func (d *Device) uninstallTraps(held map[int]*stopped) {
-	d.mu.Lock()
-	at := d.traps.at
-	d.mu.Unlock()
-	if at == 0 {
+	ts := d.traps
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	if ts.at == 0 || ts.live > 0 || ts.done {
 		return
 	}
 	for tid := range held {
@@ -169,7 +204,9 @@ func (d *Device) uninstallTraps(held map[int]*stopped) {
 	if d.mem.write(scratch, make([]byte, sigactSize)) != nil {
 		return
 	}
-	remoteSyscall(d.mem, st, unix.SYS_RT_SIGACTION, uint64(unix.SIGTRAP), scratch, 0, 8)
+	if _, err := remoteSyscall(d.mem, st, unix.SYS_RT_SIGACTION, uint64(unix.SIGTRAP), scratch, 0, 8); err == nil {
+		ts.done = true
+	}
 }
 
 // sigtrapPending: SIGTRAP is pending for thread tid, or for the process
@@ -190,11 +227,4 @@ func sigtrapPending(pid, tid int) bool {
 		}
 	}
 	return false
-}
-
-// inHandler: pc is in kinst's SIGTRAP handler, which may be about to
-// send its thread to a patch it has read from the table. The caller
-// holds d.mu.
-func (d *Device) inHandler(pc uint64) bool {
-	return d.traps.at != 0 && pc >= d.traps.at && pc < d.traps.at+uint64(len(trapHandler))
 }

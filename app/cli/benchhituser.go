@@ -82,7 +82,7 @@ func BenchHitUser(ctx context.Context, o HitOptions, env Env) error {
 	if l, _ := h.out.ReadString('\n'); l != "ready\n" {
 		return fmt.Errorf("workload said %q", l)
 	}
-	tg, err := process.Attach(cmd.Process.Pid, "")
+	tg, err := process.Attach(cmd.Process.Pid)
 	if err != nil {
 		return err
 	}
@@ -136,8 +136,8 @@ func BenchHitUser(ctx context.Context, o HitOptions, env Env) error {
 				return nil, err
 			}
 			return func() (uint64, error) {
-				n := tg.Dev.Counter(reqs[0].Counter())
-				return n, errors.Join(tg.Eng.RemoveEach(reqs)...)
+				n := tg.Counter(reqs[0], 0)
+				return n, errors.Join(tg.RemoveEach(reqs)...)
 			}, nil
 		}})
 	}

@@ -29,9 +29,8 @@ type procRun struct {
 	tg  *process.Target
 }
 
-// openProcess attaches to pid, or starts command; points (or functions)
-// name the library to map kinst's region near (LIB:…), if any.
-func openProcess(pid int, command, points []string, env Env) (*procRun, error) {
+// openProcess attaches to pid, or starts command.
+func openProcess(pid int, command []string, env Env) (*procRun, error) {
 	r := &procRun{pid: pid}
 	if len(command) > 0 {
 		r.cmd = exec.Command(command[0], command[1:]...)
@@ -41,13 +40,7 @@ func openProcess(pid int, command, points []string, env Env) (*procRun, error) {
 		}
 		r.pid = r.cmd.Process.Pid
 	}
-	lib := ""
-	for _, p := range points {
-		if l, _ := process.SplitLib(p); l != "" {
-			lib = l
-		}
-	}
-	tg, err := process.Attach(r.pid, lib)
+	tg, err := process.Attach(r.pid)
 	if err != nil {
 		r.kill()
 		return nil, err
@@ -142,7 +135,7 @@ func CountProcess(ctx context.Context, pid int, o CountOptions, env Env) (int, e
 	if o.Interval <= 0 {
 		o.Interval = time.Second
 	}
-	r, err := openProcess(pid, o.Command, o.Points, env)
+	r, err := openProcess(pid, o.Command, env)
 	if err != nil {
 		return 1, err
 	}
@@ -162,7 +155,7 @@ func CountProcess(ctx context.Context, pid int, o CountOptions, env Env) (int, e
 		return 1, err
 	}
 	for i, s := range sites {
-		in := tg.Eng.Installed(reqs[i])
+		in := tg.Installed(reqs[i])
 		fmt.Fprintf(stderr, "kinst: spliced %s in process %d at %s (%#x): %q, %s splice\n", o.Points[i], r.pid, s.Where(), s.Addr(), s.Insn().String(), in.Class)
 	}
 	report := api.CountReport{IntervalNS: int64(o.Interval)}
@@ -173,7 +166,7 @@ func CountProcess(ctx context.Context, pid int, o CountOptions, env Env) (int, e
 	dur := r.run(ctx, o.Duration, o.Interval, func(el time.Duration) {
 		deltas := make([]uint64, len(reqs))
 		for i, q := range reqs {
-			n := tg.Dev.Counter(q.Counter())
+			n := tg.Counter(q, 0)
 			deltas[i], last[i] = n-last[i], n
 			if !o.JSON {
 				fmt.Fprintf(stdout, "%8.3f  %-24s  %12d  %12d\n", el.Seconds(), o.Points[i], deltas[i], n)
@@ -185,9 +178,9 @@ func CountProcess(ctx context.Context, pid int, o CountOptions, env Env) (int, e
 	for i, q := range reqs {
 		s := sites[i]
 		report.Probes = append(report.Probes, api.CountProbe{Point: o.Points[i], Function: s.Fn.Name, Offset: s.Addr() - s.Fn.Addr,
-			Address: api.Addr(s.Addr()), Count: tg.Dev.Counter(q.Counter()), Mechanism: "splice"})
+			Address: api.Addr(s.Addr()), Count: tg.Counter(q, 0), Mechanism: "splice"})
 	}
-	report.ExitStatus = r.finish(func() []error { return tg.Eng.RemoveEach(reqs) }, stderr)
+	report.ExitStatus = r.finish(func() []error { return tg.RemoveEach(reqs) }, stderr)
 	exit := 0
 	if report.ExitStatus != nil {
 		exit = *report.ExitStatus
@@ -215,7 +208,7 @@ func TimeProcess(ctx context.Context, pid int, o TimeOptions, env Env) (int, err
 	if o.Virtual || o.Lock != "" || o.Filter.PID != 0 || o.Filter.TID != 0 || o.Filter.Comm != "" {
 		return 2, errors.New("time -p: --virtual, --lock and filters are for the kernel")
 	}
-	r, err := openProcess(pid, o.Command, o.Functions, env)
+	r, err := openProcess(pid, o.Command, env)
 	if err != nil {
 		return 1, err
 	}
@@ -249,8 +242,7 @@ func TimeProcess(ctx context.Context, pid int, o TimeOptions, env Env) (int, err
 	start := time.Now()
 	points := make([]metrics.Point, len(timers))
 	read := func(i int) metrics.Point {
-		w := tg.Dev.Counter(timers[i].Word)
-		calls := tg.Dev.Counter(timers[i].Calls)
+		calls, w := timers[i].Read()
 		ticks := accs[i].Add(w, metrics.TSC())
 		return metrics.Point{Time: time.Now(), Calls: calls, WallNS: clock.Nanos(ticks), Inside: metrics.TimerInside(w)}
 	}

@@ -34,7 +34,7 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 	if err := checkOutputDir("cover", o.SVG); err != nil {
 		return 2, err
 	}
-	r, err := openProcess(pid, o.Command, append(append([]string(nil), o.Targets...), o.Callees...), env)
+	r, err := openProcess(pid, o.Command, env)
 	if err != nil {
 		return 1, err
 	}
@@ -95,12 +95,12 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 			set.Add(ct.Func)
 		}
 	}
-	set.Arm(tg.Eng, "kinst", cover.Flag(nil), time.Now)
+	set.Arm(tg, "kinst", cover.Flag(nil), time.Now)
 	armed := set.Report("", time.Now())
 	fmt.Fprintf(env.Err, "kinst: %d probes armed in process %d in %s over %d blocks of %d functions (%d blocks refused)\n",
 		armed.Armed, r.pid, fmtNS(float64(armed.ArmNS)), armed.TotalBlocks, len(armed.Functions), armed.TotalBlocks-armed.Armed)
 	sweep := func() {
-		failed := set.Sweep(tg.Eng, time.Now())
+		failed := set.Sweep(tg, time.Now())
 		if len(failed) > 0 && !alive(r.pid) {
 			return // it exited meanwhile: nothing is left to remove
 		}
@@ -117,10 +117,10 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 	} else {
 		// The process has gone, and its text with it: its flags are
 		// still in kinst's mapping, nothing is left to remove.
-		set.Mark(tg.Eng, time.Now())
+		set.Mark(tg, time.Now())
 	}
 	status := r.finish(func() []error {
-		_, err := set.Remove(tg.Eng)
+		_, err := set.Remove(tg)
 		return []error{err}
 	}, env.Err)
 	report := *set.Report(fmt.Sprintf("process %d", r.pid), time.Now())
