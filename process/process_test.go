@@ -318,7 +318,7 @@ func resolveAll(t *testing.T, tg *Target, points []string) ([]*splice.Site, []st
 // a mid-instruction offset: clear errors, nothing written.
 func TestBadInput(t *testing.T) {
 	needPtrace(t)
-	if _, err := Attach(1<<22+12345); !errors.Is(err, ErrNoProcess) {
+	if _, err := Attach(1<<22 + 12345); !errors.Is(err, ErrNoProcess) {
 		t.Errorf("attach to no process: %v", err)
 	}
 	w := start(t, build(t))
