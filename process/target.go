@@ -172,6 +172,19 @@ func (t *Target) Resolve(spec string) (*splice.Site, error) {
 	return s, nil
 }
 
+// Func reads and plans the function spec names (FUNC or LIB:FUNC), for
+// `kinst cfg -p`. It writes nothing.
+func (t *Target) Func(spec string) (*splice.Func, error) {
+	f, p, err := t.plan(spec)
+	if err != nil {
+		return nil, err
+	}
+	if p.HasOffset || p.HasBlock {
+		return nil, fmt.Errorf("cfg %s: name a function, not an instruction or block", spec)
+	}
+	return f, nil
+}
+
 // ResolveAs plans a point with a splice of class c, as the bench
 // compares the classes at one function: a covering splice is planned
 // without springboards, a trap splice at any instruction that takes a

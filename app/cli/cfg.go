@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/process"
 )
 
 // CFGFormat selects how `kinst cfg` prints.
@@ -21,18 +22,40 @@ const (
 
 // ShowCFG prints a function's control-flow graph.
 func ShowCFG(ctx context.Context, c *api.Client, function string, format CFGFormat, env Env) error {
-	w := env.Out
 	g, err := c.CFG(ctx, function)
 	if err != nil {
 		return err
 	}
+	return writeCFG(env.Out, g, format, "vmlinux")
+}
+
+// ShowCFGProcess prints the control-flow graph of a function of the user
+// process pid (FUNC or LIB:FUNC), read through /proc/PID/mem: nothing is
+// written into the process. Block indices are those FUNC:BLOCK points and
+// kinst cover --user use.
+func ShowCFGProcess(pid int, function string, format CFGFormat, env Env) error {
+	tg, err := process.Attach(pid)
+	if err != nil {
+		return err
+	}
+	defer tg.Close()
+	f, err := tg.Func(function)
+	if err != nil {
+		return err
+	}
+	return writeCFG(env.Out, f.CFG(), format, "executable")
+}
+
+// writeCFG writes a control-flow graph in format; core names the text
+// of a function of no module (vmlinux, or a process's executable).
+func writeCFG(w io.Writer, g api.CFG, format CFGFormat, core string) error {
 	switch format {
 	case CFGJSON:
 		return writeJSON(w, g)
 	case CFGDot:
 		return writeDot(w, g)
 	}
-	where := "vmlinux"
+	where := core
 	if g.Module != "" {
 		where = g.Module
 	}

@@ -6,6 +6,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -298,4 +300,55 @@ func TestCoverProcessLibc(t *testing.T) {
 	}
 	t.Logf("%d probes armed in %.0f ms over %d blocks of %d functions; %d covered", rep.Armed, float64(rep.ArmNS)/1e6,
 		rep.TotalBlocks, len(rep.Functions), rep.CoveredBlocks)
+}
+
+// TestCFGProcess: kinst cfg -p reads a function of a running process
+// without writing into it; its instruction boundaries are objdump's.
+func TestCFGProcess(t *testing.T) {
+	bin := buildWork(t, "-fno-PIE", "-no-pie")
+	if _, err := exec.LookPath("objdump"); err != nil {
+		t.Skip("no objdump")
+	}
+	cmd := exec.Command(bin)
+	in, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { in.Close(); cmd.Process.Kill(); cmd.Wait() }()
+	if l, _ := bufio.NewReader(stdout).ReadString('\n'); l != "ready\n" {
+		t.Fatalf("workload said %q", l)
+	}
+	var out bytes.Buffer
+	if err := ShowCFGProcess(cmd.Process.Pid, "mix", CFGJSON, Env{Out: &out, Err: io.Discard}); err != nil {
+		t.Fatal(err)
+	}
+	var g api.CFG
+	if err := json.Unmarshal(out.Bytes(), &g); err != nil {
+		t.Fatal(err)
+	}
+	var got []uint64
+	for _, b := range g.Blocks {
+		for _, in := range b.Instructions {
+			got = append(got, uint64(in.Address))
+		}
+	}
+	dump, err := exec.Command("objdump", "-d", "--no-show-raw-insn", fmt.Sprintf("--start-address=%#x", uint64(g.Address)),
+		fmt.Sprintf("--stop-address=%#x", uint64(g.Address)+g.Size), bin).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []uint64
+	for _, l := range strings.Split(string(dump), "\n") {
+		var a uint64
+		if _, err := fmt.Sscanf(strings.TrimSpace(l), "%x:", &a); err == nil && strings.Contains(l, ":\t") {
+			want = append(want, a)
+		}
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) || len(want) == 0 {
+		t.Errorf("instructions at %x, objdump's at %x", got, want)
+	}
+	if maps, _ := os.ReadFile(fmt.Sprintf("/proc/%d/maps", cmd.Process.Pid)); bytes.Contains(maps, []byte("kinst")) {
+		t.Errorf("kinst cfg -p wrote into the process:\n%s", maps)
+	}
 }
