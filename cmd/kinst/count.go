@@ -30,7 +30,7 @@ Live rows and CMD's output share stdout: -o FILE keeps the report apart.`,
 		sessionFlags(fs, &o.Name, &o.TTL)
 		svgFlag(fs, &o.SVG, "a chart of the counts per second over time")
 		jsonCmdFlag(fs, &o.JSON, "one report")
-		pid := fs.IntP("pid", "p", 0, "count in the user process `PID` instead of the kernel: POINT is FUNC[+0xOFF], FUNC:BLOCK or LIB:FUNC (the engine runs in kinst through ptrace; no kerninstd). With -p 0 -- CMD, CMD is started and spliced before it runs (its executable only)")
+		pid := fs.IntP("pid", "p", 0, "count in the user process `PID` instead of the kernel: POINT is FUNC[+0xOFF], FUNC:BLOCK or LIB:FUNC (the engine runs in kinst through ptrace; no kerninstd). With -p 0 -- CMD, CMD is started and spliced at its entry point (its libraries mapped, none of its code run)")
 		return func(ctx context.Context, inv invocation) (int, error) {
 			o.Points, o.Command = inv.args, inv.command
 			if len(o.Points) == 0 {

@@ -67,7 +67,7 @@ kinst cover lcov REPORT.json writes a saved report's lcov tracefile.`,
 		fs.StringArrayVar(&o.Files, "file", nil, "cover every function whose code comes from this source `FILE` (fs/namei.c: matched by path suffix; needs the debug vmlinux); repeatable")
 		lcovFlag(fs, &o.Lcov)
 		vmlinuxFlag(fs, &o.Debug)
-		user := fs.Bool("user", false, "cover TARGET (FUNC, a glob, LIB:FUNC or LIB:glob) in the user process -p PID instead of the kernel, or with -p 0 in -- CMD, started and spliced before it runs; the engine runs in kinst through ptrace (no kerninstd); --file and --lcov read the executable's DWARF")
+		user := fs.Bool("user", false, "cover TARGET (FUNC, a glob, LIB:FUNC or LIB:glob) in the user process -p PID instead of the kernel, or with -p 0 in -- CMD, started and spliced at its entry point (its libraries mapped, none of its code run); the engine runs in kinst through ptrace (no kerninstd); --file and --lcov read the executable's DWARF")
 		return func(ctx context.Context, inv invocation) (int, error) {
 			o.Targets, o.Command = inv.args, inv.command
 			if *user {

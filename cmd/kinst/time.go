@@ -31,7 +31,7 @@ var timeCommand = &command{
 		fs.StringVar(&o.Filter.Comm, "comm", "", "count only calls made by tasks with this command `name` (up to 15 bytes)")
 		fs.BoolVar(&o.Virtual, "virtual", false, "also measure on-CPU (virtual) time")
 		timeFlags(fs, &o)
-		user := fs.Bool("user", false, "time FUNC (FUNC or LIB:FUNC) in the user process -p PID instead of the kernel, or with -p 0 in -- CMD, started and spliced before it runs; the engine runs in kinst through ptrace (no kerninstd)")
+		user := fs.Bool("user", false, "time FUNC (FUNC or LIB:FUNC) in the user process -p PID instead of the kernel, or with -p 0 in -- CMD, started and spliced at its entry point (its libraries mapped, none of its code run); the engine runs in kinst through ptrace (no kerninstd)")
 		return func(ctx context.Context, inv invocation) (int, error) {
 			o.Functions, o.Command = inv.args, inv.command
 			if len(o.Functions) == 0 {
