@@ -706,3 +706,89 @@ func TestExecutableAndLibrary(t *testing.T) {
 		})
 	}
 }
+
+func TestParsePoint(t *testing.T) {
+	for _, tc := range []struct {
+		spec, lib, fn string
+		off           uint64
+		block         int
+		hasOff, hasBl bool
+		bad           bool
+	}{
+		{spec: "work", fn: "work"},
+		{spec: "work+0x4", fn: "work", off: 4, hasOff: true},
+		{spec: "work:3", fn: "work", block: 3, hasBl: true},
+		{spec: "libc:malloc", lib: "libc", fn: "malloc"},
+		{spec: "libc:malloc+0xb", lib: "libc", fn: "malloc", off: 0xb, hasOff: true},
+		{spec: "libc.so.6:malloc:2", lib: "libc.so.6", fn: "malloc", block: 2, hasBl: true},
+		{spec: "shapes::Circle::area", fn: "shapes::Circle::area"},
+		{spec: "shapes::Circle::area() const", fn: "shapes::Circle::area() const"},
+		{spec: "shapes::Circle::area:1", fn: "shapes::Circle::area", block: 1, hasBl: true},
+		{spec: "libstdc++:std::operator+(int, int)+0x10", lib: "libstdc++", fn: "std::operator+(int, int)", off: 0x10, hasOff: true},
+		{spec: "Vec<int>::push(int)", fn: "Vec<int>::push(int)"},
+		{spec: "", bad: true},
+		{spec: "libc:", bad: true},
+	} {
+		lib, p, err := parsePoint(tc.spec)
+		if (err != nil) != tc.bad {
+			t.Errorf("%q: %v", tc.spec, err)
+			continue
+		}
+		if tc.bad {
+			continue
+		}
+		if lib != tc.lib || p.Function != tc.fn || p.Offset != tc.off || p.HasOffset != tc.hasOff || p.Block != tc.block || p.HasBlock != tc.hasBl {
+			t.Errorf("%q: lib %q %+v", tc.spec, lib, p)
+		}
+	}
+}
+
+// TestCPlusPlus counts and covers a C++ program's methods by the names
+// its programmer writes (shapes::Circle::area, with or without "() const",
+// or a glob over them), not only by their mangled symbols.
+func TestCPlusPlus(t *testing.T) {
+	needPtrace(t)
+	if _, err := exec.LookPath("g++"); err != nil {
+		t.Skip("no g++")
+	}
+	bin := filepath.Join(t.TempDir(), "shapes")
+	if out, err := exec.Command("g++", "-O2", "-o", bin, "testdata/shapes.cc").CombinedOutput(); err != nil {
+		t.Fatalf("g++: %v\n%s", err, out)
+	}
+	w := start(t, bin)
+	tg, err := Attach(w.cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tg.Close()
+	points := []string{"shapes::Circle::area", "shapes::Square::area() const"}
+	sites, _ := resolveAll(t, tg, points)
+	if sites[0].Fn.Name != "_ZNK6shapes6Circle4areaEv" || sites[1].Fn.Name != "_ZNK6shapes6Square4areaEv" {
+		t.Fatalf("resolved to %s and %s", sites[0].Fn.Name, sites[1].Fn.Name)
+	}
+	// The mangled name works too, with an offset.
+	second := fmt.Sprintf("_ZNK6shapes6Circle4areaEv+%#x", sites[0].Fn.Insns[1].Addr-sites[0].Fn.Addr)
+	if s, err := tg.Resolve(second); err != nil || s.Addr() != sites[0].Fn.Insns[1].Addr {
+		t.Errorf("%s: %v", second, err)
+	}
+	reqs, err := tg.Count("test", sites[:2])
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintln(w.in, "go 1000")
+	if l, _ := w.out.ReadString('\n'); !strings.HasPrefix(l, "calls 1000 ") {
+		t.Fatalf("workload said %q", l)
+	}
+	for i, r := range reqs {
+		if n := tg.Counter(r, 0); n != 1000 {
+			t.Errorf("%s: %d, want 1000", points[i], n)
+		}
+	}
+	fns, err := tg.Functions("shapes::*::area")
+	if err != nil || len(fns) != 2 {
+		t.Errorf("glob shapes::*::area: %d functions, %v", len(fns), err)
+	}
+	if _, err := tg.Resolve("shapes::Triangle::area"); !errors.Is(err, ErrNoFunction) {
+		t.Errorf("no such method: %v", err)
+	}
+}

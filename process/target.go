@@ -36,6 +36,9 @@ type Target struct {
 	verdit *splice.Verdicts
 	text   map[string][2]uint64 // module ("" for the executable) → its text's span
 	traps  *trapSet
+	// readable is the demangled names of mangled symbols, by address
+	// (made on first use).
+	readable map[uint64]readable
 
 	regions  []*region
 	byModule map[string]*region
@@ -217,16 +220,6 @@ func (t *Target) ResolveAs(spec string, c springboard.Class) (*splice.Site, erro
 	return s, nil
 }
 
-// SplitLib splits LIB:REST; a number after the colon is a block
-// (FUNC:BLOCK), not a function of a library.
-func SplitLib(spec string) (lib, rest string) {
-	if i := strings.IndexByte(spec, ':'); i >= 0 {
-		if _, err := strconv.Atoi(spec[i+1:]); err != nil {
-			return spec[:i], spec[i+1:]
-		}
-	}
-	return "", spec
-}
 
 // inModule: sym is in the executable (lib "") or in the library lib.
 func inModule(sym kernel.Symbol, lib string) bool {
@@ -242,27 +235,17 @@ func where(lib string) string {
 
 // plan finds and plans the function a point names.
 func (t *Target) plan(spec string) (*splice.Func, splice.Point, error) {
-	lib, rest := SplitLib(spec)
-	p, err := splice.ParsePoint(rest)
+	lib, p, err := parsePoint(spec)
 	if err != nil {
 		return nil, splice.Point{}, err
 	}
-	p.Classic = nil
-	p.Function = strings.SplitN(rest, "+", 2)[0]
-	p.Function = strings.SplitN(p.Function, ":", 2)[0]
-	var sym kernel.Symbol
-	found := 0
-	for _, s := range t.Syms.Named(p.Function) {
-		if inModule(s, lib) {
-			if found == 0 {
-				sym = s
-			}
-			found++
-		}
-	}
+	syms := t.lookup(p.Function, lib)
+	found := len(syms)
 	if found == 0 {
 		return nil, splice.Point{}, fmt.Errorf("%w: %s in %s", ErrNoFunction, p.Function, where(lib))
 	}
+	sym := syms[0]
+	p.Function = sym.Name
 	f, err := t.funcOf(sym, spec)
 	if err != nil {
 		return nil, splice.Point{}, err
@@ -363,7 +346,7 @@ func (t *Target) Functions(target string) ([]CoverTarget, error) {
 		if !inModule(sym, lib) || seen[sym.Addr] {
 			continue
 		}
-		if ok, _ := path.Match(pattern, sym.Name); !ok {
+		if !t.matches(pattern, sym) {
 			continue
 		}
 		seen[sym.Addr] = true
