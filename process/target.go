@@ -220,7 +220,6 @@ func (t *Target) ResolveAs(spec string, c springboard.Class) (*splice.Site, erro
 	return s, nil
 }
 
-
 // inModule: sym is in the executable (lib "") or in the library lib.
 func inModule(sym kernel.Symbol, lib string) bool {
 	return (lib == "" && sym.Module == "") || (lib != "" && libMatches(lib, sym.Module))
