@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/unwind"
 )
 
 // CoverOptions are the flags of `kinst cover`.
@@ -120,13 +121,13 @@ func writeCover(w io.Writer, r api.CoverReport) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "function\taddress\tblocks\tcovered\trefused\tcoverage\t")
 	for _, f := range r.Functions {
-		fmt.Fprintf(tw, "%s\t%#x\t%d\t%d\t%d\t%s\t\n", f.Function, uint64(f.Address), f.Total, f.Covered, f.Refused, percent(f.Covered, f.Total))
+		fmt.Fprintf(tw, "%s\t%#x\t%d\t%d\t%d\t%s\t\n", unwind.Demangle(f.Function), uint64(f.Address), f.Total, f.Covered, f.Refused, percent(f.Covered, f.Total))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	for _, f := range r.Functions {
-		fmt.Fprintf(w, "\n%s (%#x):\n", f.Function, uint64(f.Address))
+		fmt.Fprintf(w, "\n%s (%#x):\n", unwind.Demangle(f.Function), uint64(f.Address))
 		if f.Error != "" {
 			fmt.Fprintf(w, "  not read: %s\n", f.Error)
 			continue
