@@ -16,6 +16,7 @@ import (
 	"github.com/kinst/kinst/metrics"
 	"github.com/kinst/kinst/process"
 	"github.com/kinst/kinst/splice"
+	"github.com/kinst/kinst/unwind"
 )
 
 // procRun is a process under `kinst count -p` or `kinst time -p`: the
@@ -192,7 +193,7 @@ func CountProcess(ctx context.Context, pid int, o CountOptions, env Env) (int, e
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "count\tpoint\tlocation\taddress")
 	for _, p := range report.Probes {
-		fmt.Fprintf(tw, "%d\t%s\t%s+%#x\t%#x\n", p.Count, p.Point, p.Function, p.Offset, uint64(p.Address))
+		fmt.Fprintf(tw, "%d\t%s\t%s+%#x\t%#x\n", p.Count, p.Point, unwind.Demangle(p.Function), p.Offset, uint64(p.Address))
 	}
 	return exit, tw.Flush()
 }
