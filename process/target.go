@@ -35,6 +35,7 @@ type Target struct {
 	vdso   [2]uint64
 	verdit *splice.Verdicts
 	text   map[string][2]uint64 // module ("" for the executable) → its text's span
+	paths  map[string]string    // module → its file, through /proc/PID/root
 	traps  *trapSet
 	// readable is the demangled names of mangled symbols, by address
 	// (made on first use).
@@ -91,7 +92,7 @@ func Attach(pid int) (*Target, error) {
 		return nil, err
 	}
 	exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
-	t := &Target{PID: pid, exe: filepath.Base(exe), vdso: vdso, verdit: splice.NewVerdicts(), text: map[string][2]uint64{},
+	t := &Target{PID: pid, exe: filepath.Base(exe), vdso: vdso, verdit: splice.NewVerdicts(), text: map[string][2]uint64{}, paths: map[string]string{},
 		traps: &trapSet{}, byModule: map[string]*region{}, owner: map[*engine.Request]*region{}}
 	byPath := map[string][]elfsym.Mapping{}
 	var order []string
@@ -132,6 +133,7 @@ func Attach(pid int) (*Target, error) {
 		}
 		parts = append(parts, s)
 		t.text[mod] = [2]uint64{text.Start, text.End}
+		t.paths[mod] = fmt.Sprintf("/proc/%d/root%s", pid, path)
 	}
 	if len(parts) == 0 {
 		return nil, fmt.Errorf("process %d: no ELF file it maps has a symbol table (.symtab or .dynsym with functions; a stripped static binary has neither)", pid)
@@ -146,6 +148,10 @@ func Attach(pid int) (*Target, error) {
 	}
 	return t, nil
 }
+
+// Path is the file of module ("" the executable) as kinst opens it
+// (through /proc/PID/root); "" for a module the process does not map.
+func (t *Target) Path(module string) string { return t.paths[module] }
 
 // libMatches: "libc" names libc.so.6, "libc.so.6" too.
 func libMatches(lib, base string) bool {

@@ -69,11 +69,19 @@ type Annotation struct {
 // and named in Unmatched). Functions of modules get no lines. A vmlinux
 // that has none of the report's functions gives an error.
 func Annotate(rep *api.CoverReport, dbg *debuginfo.File) (Annotation, error) {
+	return AnnotateModule(rep, dbg, "")
+}
+
+// AnnotateModule is Annotate for the functions of one module of the
+// report ("" the kernel image, or a process's executable; a library's
+// base name), from that file's debug information; the functions of
+// other modules are listed in Modules.
+func AnnotateModule(rep *api.CoverReport, dbg *debuginfo.File, module string) (Annotation, error) {
 	var a Annotation
 	syms := dbg.Symbols()
 	votes := map[uint64]int{}
 	for _, f := range rep.Functions {
-		if f.Module != "" || f.Error != "" {
+		if f.Module != module || f.Error != "" {
 			continue
 		}
 		if link, ok := syms.Addr(f.Function); ok {
@@ -94,7 +102,7 @@ func Annotate(rep *api.CoverReport, dbg *debuginfo.File) (Annotation, error) {
 		if f.Error != "" {
 			continue
 		}
-		if f.Module != "" {
+		if f.Module != module {
 			a.Modules = append(a.Modules, f.Function+" ["+f.Module+"]")
 			continue
 		}

@@ -2,13 +2,16 @@ package cli
 
 import (
 	"context"
+	"debug/elf"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"time"
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/cover"
 	"github.com/kinst/kinst/debuginfo"
+	"github.com/kinst/kinst/internal/elfsym"
 	"github.com/kinst/kinst/process"
 )
 
@@ -95,6 +98,14 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 			set.Add(ct.Func)
 		}
 	}
+	// The libraries' debug files are opened now: the process (and its
+	// /proc/PID/root) may be gone when the report is made.
+	libDebug := librariesDebug(set.Report("", time.Now()), tg, env)
+	defer func() {
+		for _, d := range libDebug {
+			d.Close()
+		}
+	}()
 	set.Arm(tg, "kinst", cover.Flag(nil), time.Now)
 	armed := set.Report("", time.Now())
 	fmt.Fprintf(env.Err, "kinst: %d probes armed in process %d in %s over %d blocks of %d functions (%d blocks refused)\n",
@@ -135,6 +146,11 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 			fmt.Fprintf(env.Err, "kinst: no source lines: %v\n", err)
 		}
 	}
+	for mod, dbg := range libDebug {
+		if _, err := AnnotateModule(&report, dbg, mod); err != nil {
+			fmt.Fprintf(env.Err, "kinst: no source lines for %s: %v\n", mod, err)
+		}
+	}
 	if o.Lcov != "" {
 		if err := writeLcovFile(o.Lcov, report); err != nil {
 			fmt.Fprintf(env.Err, "kinst: %v\n", err)
@@ -151,4 +167,49 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 		return exit, writeJSON(env.Out, report)
 	}
 	return exit, writeCover(env.Out, report)
+}
+
+// librariesDebug opens the DWARF of each library the report has
+// functions of: its own, or its separate debug file by build id under
+// /usr/lib/debug/.build-id (Debian's -dbg and -dbgsym packages: libc6-dbg
+// for libc). A library without either gets no lines, said once.
+func librariesDebug(rep *api.CoverReport, tg *process.Target, env Env) map[string]*debuginfo.File {
+	out := map[string]*debuginfo.File{}
+	seen := map[string]bool{}
+	for _, f := range rep.Functions {
+		if f.Module == "" || seen[f.Module] {
+			continue
+		}
+		seen[f.Module] = true
+		dbg, err := libraryDebug(tg.Path(f.Module))
+		if err != nil {
+			fmt.Fprintf(env.Err, "kinst: no source lines for %s: %v\n", f.Module, err)
+			continue
+		}
+		out[f.Module] = dbg
+	}
+	return out
+}
+
+// libraryDebug opens the DWARF of the ELF file at path: its own, else its
+// separate debug file by build id.
+func libraryDebug(path string) (*debuginfo.File, error) {
+	dbg, err := debuginfo.Open(path)
+	if err == nil || !errors.Is(err, debuginfo.ErrNoDebugInfo) {
+		return dbg, err
+	}
+	f, ferr := elf.Open(path)
+	if ferr != nil {
+		return nil, ferr
+	}
+	id, ferr := elfsym.BuildID(f)
+	f.Close()
+	if ferr != nil || len(id) < 3 {
+		return nil, err
+	}
+	sep := filepath.Join("/usr/lib/debug/.build-id", id[:2], id[2:]+".debug")
+	if dbg, serr := debuginfo.Open(sep); serr == nil {
+		return dbg, nil
+	}
+	return nil, fmt.Errorf("%w, and no %s (install the library's debug package)", err, sep)
 }

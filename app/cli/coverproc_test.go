@@ -352,3 +352,31 @@ func TestCFGProcess(t *testing.T) {
 		t.Errorf("kinst cfg -p wrote into the process:\n%s", maps)
 	}
 }
+
+// TestCoverProcessLibraryLines: a library function's blocks get source
+// lines from the library's separate debug file (libc6-dbg), found by
+// build id.
+func TestCoverProcessLibraryLines(t *testing.T) {
+	bin := buildWork(t)
+	want, err := exec.Command("sh", "-c", "printf 'nap 2\\n' | "+bin).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := coverCommand(t, CoverOptions{Targets: []string{"libc:nanosleep"}, Command: []string{bin}}, "nap 2\n", string(want))
+	f := rep.Functions[0]
+	if f.Covered == 0 {
+		t.Fatalf("libc:nanosleep: nothing covered by two naps: %+v", f)
+	}
+	lines := 0
+	for _, b := range f.Blocks {
+		lines += len(b.Lines)
+	}
+	if lines == 0 {
+		// Without libc's debug file there are none to give.
+		if _, derr := libraryDebug("/lib/x86_64-linux-gnu/libc.so.6"); derr != nil {
+			t.Skipf("no debug file for libc (%v)", derr)
+		}
+		t.Errorf("libc:nanosleep: no source lines, and libc has a debug file")
+	}
+	t.Logf("%s: %d blocks, first lines %v", f.Function, len(f.Blocks), f.Blocks[0].Lines)
+}
