@@ -136,6 +136,12 @@ func CountProcess(ctx context.Context, pid int, o CountOptions, env Env) (int, e
 	if o.Interval <= 0 {
 		o.Interval = time.Second
 	}
+	if o.Name != "" || o.TTL != 0 {
+		return 2, errors.New("count -p: --name and --ttl name kerninstd sessions; a process's counters live as long as kinst does")
+	}
+	if err := checkOutputDir("count", o.SVG); err != nil {
+		return 2, err
+	}
 	r, err := openProcess(pid, o.Command, env)
 	if err != nil {
 		return 1, err
@@ -164,11 +170,18 @@ func CountProcess(ctx context.Context, pid int, o CountOptions, env Env) (int, e
 	if !o.JSON {
 		fmt.Fprintf(stdout, "%8s  %-24s  %12s  %12s\n", "time", "location", "+interval", "total")
 	}
+	series := make([]metrics.Series, len(reqs))
+	begin := time.Now()
+	for i := range series {
+		series[i].Name = o.Points[i]
+		series[i].Add(metrics.Point{Time: begin})
+	}
 	dur := r.run(ctx, o.Duration, o.Interval, func(el time.Duration) {
 		deltas := make([]uint64, len(reqs))
 		for i, q := range reqs {
 			n := tg.Counter(q, 0)
 			deltas[i], last[i] = n-last[i], n
+			series[i].Add(metrics.Point{Time: time.Now(), Calls: n})
 			if !o.JSON {
 				fmt.Fprintf(stdout, "%8.3f  %-24s  %12d  %12d\n", el.Seconds(), o.Points[i], deltas[i], n)
 			}
@@ -185,6 +198,12 @@ func CountProcess(ctx context.Context, pid int, o CountOptions, env Env) (int, e
 	exit := 0
 	if report.ExitStatus != nil {
 		exit = *report.ExitStatus
+	}
+	if o.SVG != "" {
+		if err := writePlot(o.SVG, "kinst count", series); err != nil {
+			return max(exit, 1), err
+		}
+		fmt.Fprintf(stderr, "kinst: wrote %s\n", o.SVG)
 	}
 	if o.JSON {
 		return exit, writeJSON(stdout, report)
@@ -206,8 +225,11 @@ func TimeProcess(ctx context.Context, pid int, o TimeOptions, env Env) (int, err
 	if o.Interval <= 0 {
 		o.Interval = time.Second
 	}
-	if o.Virtual || o.Lock != "" || o.Filter.PID != 0 || o.Filter.TID != 0 || o.Filter.Comm != "" {
-		return 2, errors.New("time -p: --virtual, --lock and filters are for the kernel")
+	if o.Virtual || o.Lock != "" || o.Filter.PID != 0 || o.Filter.TID != 0 || o.Filter.Comm != "" || o.Name != "" || o.TTL != 0 {
+		return 2, errors.New("time --user: --virtual, --lock, filters, --name and --ttl are for the kernel")
+	}
+	if err := checkOutputDir("time", o.SVG); err != nil {
+		return 2, err
 	}
 	r, err := openProcess(pid, o.Command, env)
 	if err != nil {
@@ -240,16 +262,23 @@ func TimeProcess(ctx context.Context, pid int, o TimeOptions, env Env) (int, err
 			tm.Entry.Addr()-tm.Entry.Fn.Addr, len(tm.Exits), strings.Join(exits, " "))
 	}
 	accs := make([]metrics.TimerAcc, len(timers))
-	start := time.Now()
 	points := make([]metrics.Point, len(timers))
 	read := func(i int) metrics.Point {
 		calls, w := timers[i].Read()
 		ticks := accs[i].Add(w, metrics.TSC())
 		return metrics.Point{Time: time.Now(), Calls: calls, WallNS: clock.Nanos(ticks), Inside: metrics.TimerInside(w)}
 	}
+	series := make([]metrics.Series, len(timers))
 	for i := range timers {
 		points[i] = read(i)
+	}
+	// The first reads calibrate the clock (a fraction of a second): the
+	// rates start after them.
+	start := time.Now()
+	for i := range timers {
 		points[i].Time = start
+		series[i].Name = timers[i].Function
+		series[i].Add(points[i])
 	}
 	first := append([]metrics.Point(nil), points...)
 	report := api.TimeReport{Session: fmt.Sprintf("process %d", r.pid), IntervalNS: int64(o.Interval)}
@@ -262,6 +291,7 @@ func TimeProcess(ctx context.Context, pid int, o TimeOptions, env Env) (int, err
 			p := read(i)
 			d := metrics.Derive(points[i], p)
 			points[i] = p
+			series[i].Add(p)
 			iv.Functions = append(iv.Functions, api.Rates(d))
 			if !o.JSON {
 				fmt.Fprintf(stdout, "%8.3f  %-24s  %10.0f  %12s  %12s  %11.3f\n", el.Seconds(), timers[i].Function, d.CallsPerSec, fmtNS(d.AvgWallNS), fmtNS(p.WallNS), d.Concurrency)
@@ -284,6 +314,12 @@ func TimeProcess(ctx context.Context, pid int, o TimeOptions, env Env) (int, err
 	exit := 0
 	if report.ExitStatus != nil {
 		exit = *report.ExitStatus
+	}
+	if o.SVG != "" {
+		if err := writePlot(o.SVG, "kinst time", series); err != nil {
+			return max(exit, 1), err
+		}
+		fmt.Fprintf(stderr, "kinst: wrote %s\n", o.SVG)
 	}
 	if o.JSON {
 		return exit, writeJSON(stdout, report)

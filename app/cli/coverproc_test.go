@@ -380,3 +380,26 @@ func TestCoverProcessLibraryLines(t *testing.T) {
 	}
 	t.Logf("%s: %d blocks, first lines %v", f.Function, len(f.Blocks), f.Blocks[0].Lines)
 }
+
+// TestTimeProcessCommand times nap() in a started command that naps 100
+// times on one thread: 100 calls, and a concurrency near 1 (the thread is
+// inside nap() nearly all the time), which the clock's calibration before
+// the command starts must not dilute.
+func TestTimeProcessCommand(t *testing.T) {
+	bin := buildWork(t)
+	var out, errb, cmdOut bytes.Buffer
+	env := Env{Out: &out, Err: &errb, CmdIn: strings.NewReader("nap 100\n"), CmdOut: &cmdOut, CmdErr: &errb}
+	status, err := TimeProcess(context.Background(), 0, TimeOptions{Functions: []string{"nap"}, Command: []string{bin}, JSON: true}, env)
+	if err != nil || status != 0 {
+		t.Fatalf("status %d, %v\n%s", status, err, errb.String())
+	}
+	var rep api.TimeReport
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatal(err)
+	}
+	f := rep.Functions[0]
+	if f.Calls != 100 || f.Concurrency < 0.5 || f.Concurrency > 1.1 || f.AvgWallNS < 2e6 {
+		t.Errorf("nap: %d calls, concurrency %.3f, average %.0f ns; want 100, about 1, at least 2 ms", f.Calls, f.Concurrency, f.AvgWallNS)
+	}
+	t.Logf("nap: %d calls, %.0f/s, average %.2f ms, concurrency %.3f", f.Calls, f.CallsPerSec, f.AvgWallNS/1e6, f.Concurrency)
+}
