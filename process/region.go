@@ -64,15 +64,14 @@ func (t *Target) region(module string) (*region, error) {
 // siteRegion is the region of the text a site is in.
 func (t *Target) siteRegion(s *splice.Site) (*region, error) { return t.region(s.Sym.Module) }
 
-// AddEach installs a request at each site, each through its region's
-// engine (engine.Engine.AddEach, one batch per region); errs[i] is the
-// i-th site's error.
-func (t *Target) AddEach(sites []*splice.Site, spec engine.Spec) ([]*engine.Request, []error) {
-	reqs, errs := make([]*engine.Request, len(sites)), make([]error, len(sites))
+// byRegion groups the indices of items by the region each is for, in
+// the order the regions first appear; an item whose region cannot be had
+// gets its error in errs.
+func byRegion[T any](items []T, regionOf func(T) (*region, error), errs []error) ([]*region, map[*region][]int) {
 	groups := map[*region][]int{}
 	var order []*region
-	for i, s := range sites {
-		r, err := t.siteRegion(s)
+	for i, it := range items {
+		r, err := regionOf(it)
 		if err != nil {
 			errs[i] = err
 			continue
@@ -82,13 +81,27 @@ func (t *Target) AddEach(sites []*splice.Site, spec engine.Spec) ([]*engine.Requ
 		}
 		groups[r] = append(groups[r], i)
 	}
+	return order, groups
+}
+
+// pick is items at the indices idx.
+func pick[T any](items []T, idx []int) []T {
+	out := make([]T, len(idx))
+	for k, i := range idx {
+		out[k] = items[i]
+	}
+	return out
+}
+
+// AddEach installs a request at each site, each through its region's
+// engine (engine.Engine.AddEach, one batch per region); errs[i] is the
+// i-th site's error.
+func (t *Target) AddEach(sites []*splice.Site, spec engine.Spec) ([]*engine.Request, []error) {
+	reqs, errs := make([]*engine.Request, len(sites)), make([]error, len(sites))
+	order, groups := byRegion(sites, t.siteRegion, errs)
 	for _, r := range order {
 		idx := groups[r]
-		sub := make([]*splice.Site, len(idx))
-		for k, i := range idx {
-			sub[k] = sites[i]
-		}
-		rs, es := r.eng.AddEach(sub, spec)
+		rs, es := r.eng.AddEach(pick(sites, idx), spec)
 		for k, i := range idx {
 			reqs[i], errs[i] = rs[k], es[k]
 			if es[k] == nil && rs[k] != nil {
@@ -109,25 +122,15 @@ func (t *Target) Add(s *splice.Site, spec engine.Spec) (*engine.Request, error) 
 // is the i-th request's error.
 func (t *Target) RemoveEach(reqs []*engine.Request) []error {
 	errs := make([]error, len(reqs))
-	groups := map[*region][]int{}
-	var order []*region
-	for i, q := range reqs {
-		r := t.owner[q]
-		if r == nil {
-			errs[i] = fmt.Errorf("request at %s: not one of this process's", q.Site().Where())
-			continue
+	order, groups := byRegion(reqs, func(q *engine.Request) (*region, error) {
+		if r := t.owner[q]; r != nil {
+			return r, nil
 		}
-		if groups[r] == nil {
-			order = append(order, r)
-		}
-		groups[r] = append(groups[r], i)
-	}
+		return nil, fmt.Errorf("request at %s: not one of this process's", q.Site().Where())
+	}, errs)
 	for _, r := range order {
 		idx := groups[r]
-		sub := make([]*engine.Request, len(idx))
-		for k, i := range idx {
-			sub[k] = reqs[i]
-		}
+		sub := pick(reqs, idx)
 		for k, err := range r.eng.RemoveEach(sub) {
 			errs[idx[k]] = err
 			if err == nil {

@@ -59,6 +59,24 @@ func coverCommand(t *testing.T, o CoverOptions, stdin, want string) api.CoverRep
 	return rep
 }
 
+// startWork starts the test program and waits for it to be ready; it is
+// killed when the test ends.
+func startWork(t *testing.T, bin string) (*exec.Cmd, io.WriteCloser, *bufio.Reader) {
+	t.Helper()
+	cmd := exec.Command(bin)
+	in, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { in.Close(); cmd.Process.Kill(); cmd.Wait() })
+	r := bufio.NewReader(stdout)
+	if l, _ := r.ReadString('\n'); l != "ready\n" {
+		t.Fatalf("workload said %q", l)
+	}
+	return cmd, in, r
+}
+
 func coverFunc(t *testing.T, rep api.CoverReport, name string) api.CoverFunction {
 	t.Helper()
 	for _, f := range rep.Functions {
@@ -135,17 +153,7 @@ func TestCoverProcessCallees(t *testing.T) {
 // name the functions, and the program runs on after kinst lets go.
 func TestCoverProcessRunning(t *testing.T) {
 	bin := buildWork(t)
-	cmd := exec.Command(bin)
-	in, _ := cmd.StdinPipe()
-	stdout, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { in.Close(); cmd.Process.Kill(); cmd.Wait() }()
-	r := bufio.NewReader(stdout)
-	if l, _ := r.ReadString('\n'); l != "ready\n" {
-		t.Fatalf("workload said %q", l)
-	}
+	cmd, in, r := startWork(t, bin)
 	pid := cmd.Process.Pid
 	go func() {
 		time.Sleep(300 * time.Millisecond)
@@ -309,16 +317,7 @@ func TestCFGProcess(t *testing.T) {
 	if _, err := exec.LookPath("objdump"); err != nil {
 		t.Skip("no objdump")
 	}
-	cmd := exec.Command(bin)
-	in, _ := cmd.StdinPipe()
-	stdout, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { in.Close(); cmd.Process.Kill(); cmd.Wait() }()
-	if l, _ := bufio.NewReader(stdout).ReadString('\n'); l != "ready\n" {
-		t.Fatalf("workload said %q", l)
-	}
+	cmd, _, _ := startWork(t, bin)
 	var out bytes.Buffer
 	if err := ShowCFGProcess(cmd.Process.Pid, "mix", CFGJSON, Env{Out: &out, Err: io.Discard}); err != nil {
 		t.Fatal(err)
