@@ -57,13 +57,12 @@ type Device struct {
 
 	traps *trapSet // shared by the devices of one Target
 
-	mu          sync.Mutex // protects heap, quarantine, splices, next and closed
-	closed      bool
-	quarantine  []uint64 // freed patches not yet given back to heap, oldest first
-	quarantined uint64   // their bytes
-	heap        *patchheap.Heap
-	splices     map[uint32]*spliced
-	next        uint32
+	mu         sync.Mutex // protects heap, quarantine, splices, next and closed
+	closed     bool
+	quarantine []uint64 // freed patches not yet given back to heap, oldest first
+	heap       *patchheap.Heap
+	splices    map[uint32]*spliced
+	next       uint32
 }
 
 // spliced is one splice: the bytes written at addr and those they
@@ -327,10 +326,11 @@ func (d *Device) PatchWriteMany(ps []driver.PatchCode) error {
 // address, a relocated call returns to the original text) nor inside the
 // SIGTRAP handler (which may have read the patch's address from its
 // table). The bytes stay as they are and the space is not reused until
-// quarantineMax bytes of later frees have passed (or the heap is full):
-// a thread a signal interrupted inside the patch, whose saved pc is on
-// its stack where kinst does not look, returns into the same code (at
-// worst one count lands in a slot that has been handed on).
+// the heap is full: a thread a signal interrupted inside the patch, whose
+// saved pc is on its stack where kinst does not look, returns into the
+// same code, and so does a child forked while the splice was in, whose
+// copy of the text still leads there (at worst a count lands in a slot
+// that has been handed on).
 func (d *Device) PatchFree(addr uint64) error {
 	d.mu.Lock()
 	n, ok := d.heap.Len(addr)
@@ -356,25 +356,15 @@ func (d *Device) PatchFree(addr uint64) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.quarantine = append(d.quarantine, addr)
-	d.quarantined += n
-	for d.quarantined > quarantineMax {
-		if err := d.release(); err != nil {
-			return err
-		}
-	}
 	return nil
 }
-
-// quarantineMax is how many bytes of freed patches are kept from reuse.
-const quarantineMax = HeapSize / 4
 
 // release gives the oldest quarantined patch back to the heap. The caller
 // holds d.mu.
 func (d *Device) release() error {
 	addr := d.quarantine[0]
 	d.quarantine = d.quarantine[1:]
-	n, err := d.heap.Free(addr)
-	d.quarantined -= n
+	_, err := d.heap.Free(addr)
 	return err
 }
 

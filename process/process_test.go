@@ -792,3 +792,35 @@ func TestCPlusPlus(t *testing.T) {
 		t.Errorf("no such method: %v", err)
 	}
 }
+
+// TestForkedChild: a child forked while a splice is in keeps its copy of
+// the spliced text after kinst restores the parent's and lets go; its
+// calls must still run right: through the patch, kept intact, for a
+// direct splice, and for a trap splice through the handler, which sends
+// an int3 whose splice is gone to the last patch when the int3 is still
+// in the text.
+func TestForkedChild(t *testing.T) {
+	needPtrace(t)
+	bin := build(t)
+	for _, c := range []springboard.Class{springboard.Direct, springboard.Trap} {
+		t.Run(c.String(), func(t *testing.T) {
+			w := start(t, bin)
+			tg, err := Attach(w.cmd.Process.Pid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := classSite(t, tg, c)
+			if _, err := tg.Count("test", []*splice.Site{s}); err != nil {
+				t.Fatal(err)
+			}
+			fmt.Fprintln(w.in, "fork 100000")
+			time.Sleep(50 * time.Millisecond) // the child is asleep, its text spliced
+			if err := tg.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if l, _ := w.out.ReadString('\n'); l != "child exit 0\n" {
+				t.Errorf("the child forked with a %s splice in: %q", c, l)
+			}
+		})
+	}
+}

@@ -2,8 +2,9 @@
 # TestTrapHandlerBytes assembles this file and compares). Trap splices
 # are int3s; the kernel turns one into SIGTRAP, and this handler, run
 # with (sig, info, ucontext), moves the interrupted pc from past the int3
-# to the splice's patch through a table of {int3 address, target} pairs
-# after the code: 16384 entries, open addressing with linear probing. rt_sigreturn restores every register, so the handler
+# to the splice's patch through a table of {int3 address, target, last
+# patch, unused} entries after the code: 16384 of them, open addressing
+# with linear probing. rt_sigreturn restores every register, so the handler
 # may clobber any. An int3 that is not kinst's gets the default action,
 # as without kinst: SIGTRAP's disposition goes back to SIG_DFL and the
 # thread sends itself SIGTRAP again.
@@ -16,18 +17,23 @@ handler:
 	shr	$12, %rcx
 	xor	%rax, %rcx
 	and	$0x3fff, %ecx
-	shl	$4, %rcx
+	shl	$5, %rcx
 	lea	table(%rip), %r9
 1:	mov	(%r9,%rcx), %r8		# probe on until its address or a zero one
 	test	%r8, %r8
 	jz	2f
 	cmp	%rax, %r8
 	je	3f
-	add	$16, %rcx
-	and	$0x3ffff, %ecx
+	add	$32, %rcx
+	and	$0x7ffff, %ecx
 	jmp	1b
-3:	mov	8(%r9,%rcx), %r8
-	mov	%r8, 168(%rdx)
+3:	mov	8(%r9,%rcx), %r8	# the target
+	cmp	%rax, %r8		# the splice is gone (the target is the int3's own address)...
+	jne	4f
+	cmpb	$0xcc, (%rax)		# ...but its int3 is still here: a forked child's copy of the text
+	jne	4f
+	mov	16(%r9,%rcx), %r8	# so the last patch, whose code is kept
+4:	mov	%r8, 168(%rdx)
 	ret
 2:	sub	$40, %rsp		# a struct kernel_sigaction of SIG_DFL
 	xor	%eax, %eax

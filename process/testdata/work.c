@@ -7,7 +7,9 @@
 #include <string.h>
 #include <stdlib.h>
 #include <sys/time.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #define THREADS 4
 #define CALLS 100000
@@ -118,6 +120,28 @@ int main(int argc, char **argv)
 				total += spun[i];
 			}
 			printf("spun %ld\n", total);
+			continue;
+		}
+		if (strncmp(line, "fork ", 5) == 0) {
+			/* "fork N": a child sleeps 300 ms, then calls work() N
+			 * times checking each result (an alarm ends it if it
+			 * hangs); the parent reports how it ended. */
+			long n = strtol(line + 5, NULL, 10);
+			pid_t pid = fork();
+			if (pid == 0) {
+				alarm(5);
+				nanosleep(&(struct timespec){0, 300000000}, NULL);
+				for (long i = 0; i < n; i++)
+					if (work(i) != ((i & 1) ? i * 3 + 1 : i / 2))
+						_exit(1);
+				_exit(0);
+			}
+			int st;
+			waitpid(pid, &st, 0);
+			if (WIFEXITED(st))
+				printf("child exit %d\n", WEXITSTATUS(st));
+			else
+				printf("child signal %d\n", WTERMSIG(st));
 			continue;
 		}
 		if (strncmp(line, "nap ", 4) == 0) {
