@@ -540,6 +540,7 @@ func (d *Device) SpliceBatch(ops []driver.SpliceOp) ([]uint32, error) {
 func (d *Device) UnspliceBatch(ids []uint32) error {
 	d.mu.Lock()
 	var ws []spliced
+	var traps []*spliced
 	for i, id := range ids {
 		s := d.splices[id]
 		if s == nil {
@@ -547,24 +548,21 @@ func (d *Device) UnspliceBatch(ids []uint32) error {
 			return &driver.BatchError{Op: "unsplice", Index: i, Where: fmt.Sprint(id), Err: unix.ENOENT}
 		}
 		ws = append(ws, spliced{addr: s.addr, orig: s.new, new: s.orig, patch: s.patch, slot: s.slot})
-	}
-	d.mu.Unlock()
-	traps := 0
-	for _, w := range ws {
-		if len(w.orig) == 1 && w.orig[0] == 0xcc {
-			d.traps.point(w.addr, w.addr)
-			traps++
+		if s.trap() {
+			traps = append(traps, s)
 		}
 	}
+	d.mu.Unlock()
+	for _, s := range traps {
+		d.traps.point(s.addr, s.addr)
+	}
 	if err := d.write(ws); err != nil {
-		for _, w := range ws {
-			if len(w.orig) == 1 && w.orig[0] == 0xcc {
-				d.traps.point(w.addr, w.patch)
-			}
+		for _, s := range traps {
+			d.traps.point(s.addr, s.patch)
 		}
 		return err
 	}
-	d.traps.count(-traps)
+	d.traps.count(-len(traps))
 	d.mu.Lock()
 	for _, id := range ids {
 		delete(d.splices, id)
