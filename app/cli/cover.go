@@ -90,6 +90,13 @@ func Cover(ctx context.Context, c *api.Client, o CoverOptions, env Env) (int, er
 	report.DurationNS = int64(res.Duration)
 	report.ExitStatus = res.ExitStatus
 	annotateOrSay(env.Err, &report, dbg)
+	return writeCoverOutputs(o, report, exitStatus, env)
+}
+
+// writeCoverOutputs writes a finished coverage report where o asks: the
+// lcov tracefile, the chart, then the report itself (JSON or text). It
+// returns the exit status, raised to 1 when a file could not be written.
+func writeCoverOutputs(o CoverOptions, report api.CoverReport, exitStatus int, env Env) (int, error) {
 	if o.Lcov != "" {
 		if err := writeLcovFile(o.Lcov, report); err != nil {
 			fmt.Fprintf(env.Err, "kinst: %v\n", err)

@@ -151,22 +151,7 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 			fmt.Fprintf(env.Err, "kinst: no source lines for %s: %v\n", mod, err)
 		}
 	}
-	if o.Lcov != "" {
-		if err := writeLcovFile(o.Lcov, report); err != nil {
-			fmt.Fprintf(env.Err, "kinst: %v\n", err)
-			exit = max(exit, 1)
-		}
-	}
-	if o.SVG != "" {
-		if err := writeCoverPlot(o.SVG, report); err != nil {
-			return max(exit, 1), err
-		}
-		fmt.Fprintf(env.Err, "kinst: wrote %s\n", o.SVG)
-	}
-	if o.JSON {
-		return exit, writeJSON(env.Out, report)
-	}
-	return exit, writeCover(env.Out, report)
+	return writeCoverOutputs(o, report, exit, env)
 }
 
 // librariesDebug opens the DWARF of each library the report has
