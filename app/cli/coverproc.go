@@ -2,10 +2,8 @@ package cli
 
 import (
 	"context"
-	"debug/elf"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"time"
 
 	"github.com/kinst/kinst/api"
@@ -23,7 +21,8 @@ const CoverPoll = 50 * time.Millisecond
 // hit-flag probe at every block of the targets' functions in a user
 // process, each removed once it has run, as kerninstd does for the
 // kernel. Source lines (--lcov, --file, each block's lines) come from the
-// executable's own DWARF when it has some; libraries' functions get none.
+// executable's own DWARF when it has some, and a library's from its DWARF
+// or its separate debug file.
 func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, error) {
 	if len(o.Modules) > 0 || o.Filter != (api.Filter{}) || o.Name != "" || o.TTL != 0 || o.Debug.Vmlinux != "" {
 		return 2, errors.New("cover --user: --module, --comm, --name, --ttl and --vmlinux are for the kernel")
@@ -177,24 +176,23 @@ func librariesDebug(rep *api.CoverReport, tg *process.Target, env Env) map[strin
 }
 
 // libraryDebug opens the DWARF of the ELF file at path: its own, else its
-// separate debug file by build id.
+// separate debug file by build id (debuginfo.Find, which checks the id).
 func libraryDebug(path string) (*debuginfo.File, error) {
 	dbg, err := debuginfo.Open(path)
 	if err == nil || !errors.Is(err, debuginfo.ErrNoDebugInfo) {
 		return dbg, err
 	}
-	f, ferr := elf.Open(path)
+	f, ferr := elfsym.OpenFile(path)
 	if ferr != nil {
 		return nil, ferr
 	}
-	id, ferr := elfsym.BuildID(f)
+	id, _ := elfsym.BuildID(f)
 	f.Close()
-	if ferr != nil || len(id) < 3 {
-		return nil, err
+	if id == "" {
+		return nil, fmt.Errorf("%w, and no build id to find a separate debug file by", err)
 	}
-	sep := filepath.Join("/usr/lib/debug/.build-id", id[:2], id[2:]+".debug")
-	if dbg, serr := debuginfo.Open(sep); serr == nil {
+	if dbg, ferr := debuginfo.Find(debuginfo.Search{BuildID: id}); ferr == nil {
 		return dbg, nil
 	}
-	return nil, fmt.Errorf("%w, and no %s (install the library's debug package)", err, sep)
+	return nil, fmt.Errorf("%w, and no %s of build id %s (install the library's -dbg or -dbgsym package)", err, debuginfo.BuildIDPath(id), id)
 }
