@@ -427,8 +427,8 @@ func checkDis(t *testing.T, path string) {
 }
 
 // checkBacktraceAll: every task unwinds to its outermost frame (a
-// kernel thread's ret_from_fork or a syscall's entry), with a few
-// exceptions allowed for tasks caught mid-switch.
+// kernel thread's ret_from_fork or a syscall's entry), including a CPU
+// caught inside an interrupt handler on its IRQ stack.
 func checkBacktraceAll(t *testing.T, path string, g *guestState) {
 	var all struct {
 		Stacks []stackJSON `json:"stacks"`

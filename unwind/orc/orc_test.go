@@ -158,6 +158,34 @@ func TestUnwindRegs(t *testing.T) {
 	}
 }
 
+// A CPU caught in an interrupt handler on its IRQ stack: the handler's
+// caller switched stacks (call_on_irqstack saves sp at the IRQ stack's
+// top, and its row reads it back, SP-indirect), so the caller's frame is
+// on the task stack, below the IRQ stack in memory. Not a loop.
+func TestUnwindIRQStack(t *testing.T) {
+	const handler, sysvec, entry = k + 0x1000, k + 0x2000, k + 0x3000
+	tab := buildTable(t, k, []row{
+		{handler, Entry{SPOffset: 8, SPReg: RegSP, Type: TypeCall}},
+		{sysvec, Entry{SPOffset: 16, SPReg: RegSPIndirect, Type: TypeCall}},
+		{entry, Entry{SPReg: RegUndefined, End: true}},
+	})
+	const tos = stk + 0x40000 - 8 // the IRQ stack's top slot
+	const taskSP = stk + 0x100    // sysvec's sp on the task stack
+	mem := memory{
+		tos - 8:    sysvec + 0x20, // the handler's return into sysvec
+		tos:        taskSP,        // the saved task-stack sp
+		taskSP + 8: entry + 0x16,  // sysvec's return into the entry code
+	}
+	frames, err := Unwind(tab, mem, State{IP: handler + 1, SP: tos - 8, Signal: true})
+	if err != nil {
+		t.Fatalf("%+v: %v", frames, err)
+	}
+	want := []Frame{{IP: handler + 1, SP: tos - 8, Signal: true}, {IP: sysvec + 0x20, SP: tos}, {IP: entry + 0x16, SP: taskSP + 16}}
+	if fmt.Sprint(frames) != fmt.Sprint(want) {
+		t.Errorf("frames %+v, want %+v", frames, want)
+	}
+}
+
 func TestUnwindStops(t *testing.T) {
 	const fn = k + 0x1000
 	tab := buildTable(t, k, []row{

@@ -250,9 +250,13 @@ func Unwind(f Finder, mem Memory, st State) ([]Frame, error) {
 		default:
 			return stop(ErrBadEntry, "frame pointer register %d", e.BPReg)
 		}
-		// Within one stack the caller's frame is above the callee's; a
-		// pt_regs frame may switch stacks (IRQ stack to task stack).
-		if !signal && sp <= prevSP {
+		// Within one stack the caller's frame is above the callee's. Two
+		// kinds of frame switch stacks: pt_regs (an exception or NMI stack
+		// back to the interrupted one) and an indirect stack pointer, the
+		// saved sp at the top of an IRQ stack that call_on_irqstack leaves
+		// (a CPU caught inside an interrupt handler returns to its task
+		// stack, lower in memory than the IRQ stack).
+		if !signal && !indirect && sp <= prevSP {
 			return stop(ErrLoop, "sp %#x after %#x", sp, prevSP)
 		}
 	}
