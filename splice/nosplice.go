@@ -101,6 +101,30 @@ func FunctionNoSplice(s *kernel.Symbols, f *cfg.Function, driverModule string, b
 	return ""
 }
 
+// ProcessNoSplice returns why instruction i of a process's function must
+// not be spliced, or "". A process has no ftrace and no kernel tables;
+// what is left is the landing pad, kept because indirect branches land on
+// it (a user-space IBT would fault on anything else there), and an int3
+// already in the text.
+func ProcessNoSplice(f *cfg.Function, i int) string {
+	switch {
+	case i == 0 && f.HasLandingPad():
+		return "the function's endbr64 (IBT landing pad): indirect calls land on it"
+	case f.Insns[i].Bytes[0] == 0xcc:
+		return "an int3 is already there (a debugger's breakpoint, a uprobe or another tool owns this byte)"
+	}
+	return ""
+}
+
+// instructionNoSplice is InstructionNoSplice or ProcessNoSplice, as k's
+// text is the kernel's or a process's.
+func (k *Facts) instructionNoSplice(f *cfg.Function, i int) string {
+	if k.Process {
+		return ProcessNoSplice(f, i)
+	}
+	return InstructionNoSplice(k.Owned, f, i)
+}
+
 // InstructionNoSplice returns why instruction i of f itself must not be
 // spliced, or "": a site the kernel's tables name, the function's ftrace
 // site, or an int3 already there. o may be nil.

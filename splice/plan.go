@@ -39,6 +39,10 @@ type Facts struct {
 	// read (a dump, or no debugfs): then only kinst's own lists of the
 	// int3 and stop_machine paths protect them.
 	Unprobeable kernel.KprobeBlacklist
+	// Process says the text is a user process's: the kernel's rules (its
+	// no-instrumentation lists, ftrace's entry site, kinst's own driver)
+	// do not apply there (ProcessNoSplice).
+	Process bool
 }
 
 // BlockOptions is how every analysis of kinst splits a function into
@@ -93,8 +97,10 @@ func thunkRank(name string) int {
 // codegen every time.
 func (k *Facts) Func(fn *cfg.Function, v *Verdicts) *Func {
 	o := k.BlockOptions()
-	f := &Func{Fn: fn, Blocks: fn.BlocksOpt(o), facts: k, names: o.Names, v: v,
-		why: FunctionNoSplice(k.Symbols, fn, DriverModule, k.Unprobeable)}
+	f := &Func{Fn: fn, Blocks: fn.BlocksOpt(o), facts: k, names: o.Names, v: v}
+	if !k.Process {
+		f.why = FunctionNoSplice(k.Symbols, fn, DriverModule, k.Unprobeable)
+	}
 	f.jumpy = cfg.HasUnresolvedJump(f.Blocks)
 	f.usable = f.coverUsable
 	return f
@@ -211,7 +217,7 @@ func (f *Func) NoSplice(i int) string {
 	if f.why != "" {
 		return f.why
 	}
-	if why := InstructionNoSplice(f.facts.Owned, f.Fn, i); why != "" {
+	if why := f.facts.instructionNoSplice(f.Fn, i); why != "" {
 		return why
 	}
 	if b := f.block(i); b != nil && b.Padding {
@@ -281,7 +287,7 @@ func (f *Func) coverUsable(j int, last bool) bool {
 		if f.facts.Owned.Landing(in.Addr) || symbolAt(f.facts.Symbols, in.Addr) {
 			return false // a way in that is not a decoded branch
 		}
-		if InstructionNoSplice(f.facts.Owned, f.Fn, j) != "" || !f.relocatable(j) { // an int3 included
+		if f.facts.instructionNoSplice(f.Fn, j) != "" || !f.relocatable(j) { // an int3 included
 			return false
 		}
 	}
@@ -376,8 +382,12 @@ func (f *Func) Entry() (int, error) {
 		in := &fn.Insns[i]
 		fmt.Fprintf(&listing, "\n  +%#x  %d bytes  %s", in.Addr-fn.Addr, in.Len(), in.String())
 	}
-	return 0, fmt.Errorf("%w of %s: every instruction before its first branch is the ftrace site or cannot be spliced; pick one with %s+0xOFF:%s",
-		ErrNoEntryInstruction, fn.Name, fn.Name, listing.String())
+	what := "is the ftrace site or cannot be spliced"
+	if f.facts.Process {
+		what = "cannot be spliced"
+	}
+	return 0, fmt.Errorf("%w of %s: every instruction before its first branch %s; pick one with %s+0xOFF:%s",
+		ErrNoEntryInstruction, fn.Name, what, fn.Name, listing.String())
 }
 
 // ErrNoBlock is matched by errors for a FUNC:BLOCK that names no block.

@@ -190,6 +190,57 @@ func TestResolve(t *testing.T) {
 	}
 }
 
+// TestResolveProcess: a process's text has no ftrace, no kernel tables
+// and no kernel no-instrumentation lists. The fixture's text planned as a
+// process's (Facts.Process, and no owned sites, as process.Target plans):
+// f's 5-byte nop is an ordinary direct site, a function named like the
+// kernel's int3 path or in its noinstr section is spliceable, and an int3
+// someone else put there is still refused.
+func TestResolveProcess(t *testing.T) {
+	p, _ := newFixturePlanner(t)
+	facts := &Facts{Symbols: p.Symbols(), Text: p.view, Process: true}
+	for _, tc := range []struct {
+		point string
+		off   uint64
+		class string
+		why   string // refused, mentioning it
+	}{
+		{point: "f", off: 0x00, class: "direct"},
+		{point: "f+0x0", off: 0x00, class: "direct"},
+		{point: "exc_int3", off: 0x00, class: "direct"},
+		{point: "nifn+0x0", off: 0x00, class: "direct"},
+		{point: "g+0x0", why: "an int3 is already there"},
+		{point: "f+0x24", why: "padding between functions"},
+	} {
+		pt, err := ParsePoint(tc.point)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sym, _, err := p.Symbols().Lookup(pt.Function)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fn, err := cfg.ReadFunction(p.view, p.Symbols(), sym)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := facts.Func(fn, nil).Resolve(pt)
+		if tc.why != "" {
+			if !errors.Is(err, ErrNoSplice) || !strings.Contains(errString(err), tc.why) {
+				t.Errorf("%s: %v, want a refusal mentioning %q", tc.point, err, tc.why)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: %v", tc.point, err)
+			continue
+		}
+		if off := s.Addr() - s.Fn.Addr; off != tc.off || s.Class.String() != tc.class {
+			t.Errorf("%s: +%#x %s, want +%#x %s", tc.point, off, s.Class, tc.off, tc.class)
+		}
+	}
+}
+
 func errString(err error) string {
 	if err == nil {
 		return ""

@@ -254,7 +254,7 @@ func addSpringboardSpace(heap *springboard.Heap, k *Facts, addr uint64) {
 			continue
 		}
 		fn, err := cfg.ReadFunction(k.Text, k.Symbols, sym)
-		if err != nil || FunctionNoSplice(k.Symbols, fn, DriverModule, k.Unprobeable) != "" {
+		if err != nil || !k.Process && FunctionNoSplice(k.Symbols, fn, DriverModule, k.Unprobeable) != "" {
 			continue
 		}
 		owned := func(a uint64) bool { return k.Owned.Reason(a) != "" }
