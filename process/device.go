@@ -57,12 +57,14 @@ type Device struct {
 
 	traps *trapSet // shared by the devices of one Target
 
-	mu         sync.Mutex // protects heap, quarantine, splices, next and closed
-	closed     bool
-	quarantine []uint64 // freed patches not yet given back to heap, oldest first
-	heap       *patchheap.Heap
-	splices    map[uint32]*spliced
-	next       uint32
+	mu          sync.Mutex // protects heap, quarantine, quarantined, splices, next, closed and gone
+	closed      bool
+	gone        bool            // the process exited or ran exec (Target.Abandon): Close touches nothing
+	quarantine  []uint64        // freed patches not yet given back to heap, oldest first
+	quarantined map[uint64]bool // the same, to refuse a second free
+	heap        *patchheap.Heap
+	splices     map[uint32]*spliced
+	next        uint32
 }
 
 // spliced is one splice: the bytes written at addr and those they
@@ -280,8 +282,8 @@ func (d *Device) PatchAlloc(size int) (uint64, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	a, err := d.heap.Alloc(size)
-	for errors.Is(err, patchheap.ErrFull) && len(d.quarantine) > 0 {
-		if err := d.release(); err != nil {
+	if errors.Is(err, patchheap.ErrFull) && len(d.quarantine) > 0 {
+		if err := d.releaseQuarantine(); err != nil {
 			return 0, err
 		}
 		a, err = d.heap.Alloc(size)
@@ -321,31 +323,54 @@ func (d *Device) PatchWriteMany(ps []driver.PatchCode) error {
 	return nil
 }
 
-// PatchFree frees a patch once no thread's pc is inside it (the user
-// space stand-in for the kernel's RCU-tasks wait: patches hold no return
-// address, a relocated call returns to the original text) nor inside the
-// SIGTRAP handler (which may have read the patch's address from its
-// table). The bytes stay as they are and the space is not reused until
-// the heap is full: a thread a signal interrupted inside the patch, whose
-// saved pc is on its stack where kinst does not look, returns into the
-// same code, and so does a child forked while the splice was in, whose
-// copy of the text still leads there (at worst a count lands in a slot
-// that has been handed on).
+// PatchFree frees a patch. Its bytes stay as they are and the space is
+// not reused until the heap is full (releaseQuarantine): a thread a signal
+// interrupted inside the patch, whose saved pc is on its stack where kinst
+// does not look, returns into the same code, and so does a child forked
+// while the splice was in, whose copy of the text still leads there (at
+// worst a count lands in a slot that has been handed on). Freeing stops
+// no thread: the check that no pc is inside is made once for all the
+// quarantined patches, when they are given back.
 func (d *Device) PatchFree(addr uint64) error {
 	d.mu.Lock()
-	n, ok := d.heap.Len(addr)
-	closed := d.closed
-	d.mu.Unlock()
-	if closed {
+	defer d.mu.Unlock()
+	if d.closed {
 		return nil // detached: the region is the process's now, unused
 	}
-	if !ok {
+	if _, ok := d.heap.Len(addr); !ok || d.quarantined[addr] {
 		return fmt.Errorf("patch free %#x: not allocated", addr)
 	}
+	if d.quarantined == nil {
+		d.quarantined = map[uint64]bool{}
+	}
+	d.quarantine = append(d.quarantine, addr)
+	d.quarantined[addr] = true
+	return nil
+}
+
+// releaseQuarantine gives back to the heap every quarantined patch no
+// thread's pc is inside, with the threads stopped once (the user-space
+// stand-in for the kernel's RCU-tasks wait: patches hold no return
+// address, a relocated call returns to the original text). A thread in
+// the SIGTRAP handler, which may be about to jump to a patch it read from
+// its table, holds them all back: kinst lets the threads go and looks
+// again. The caller holds d.mu.
+func (d *Device) releaseQuarantine() error {
+	var keep []uint64
 	err := d.withStopped(func(held map[int]*stopped) error {
+		keep = keep[:0]
 		for _, st := range held {
-			if st.regs.Rip >= addr && st.regs.Rip < addr+n || d.traps.inHandler(st.regs.Rip) {
+			if d.traps.inHandler(st.regs.Rip) {
 				return errRetry
+			}
+		}
+		for _, a := range d.quarantine {
+			n, _ := d.heap.Len(a)
+			for _, st := range held {
+				if pc := st.regs.Rip; pc >= a && pc < a+n {
+					keep = append(keep, a)
+					break
+				}
 			}
 		}
 		return nil
@@ -353,19 +378,21 @@ func (d *Device) PatchFree(addr uint64) error {
 	if err != nil {
 		return err
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.quarantine = append(d.quarantine, addr)
+	kept := map[uint64]bool{}
+	for _, a := range keep {
+		kept[a] = true
+	}
+	for _, a := range d.quarantine {
+		if kept[a] {
+			continue
+		}
+		delete(d.quarantined, a)
+		if _, err := d.heap.Free(a); err != nil {
+			return err
+		}
+	}
+	d.quarantine = keep
 	return nil
-}
-
-// release gives the oldest quarantined patch back to the heap. The caller
-// holds d.mu.
-func (d *Device) release() error {
-	addr := d.quarantine[0]
-	d.quarantine = d.quarantine[1:]
-	_, err := d.heap.Free(addr)
-	return err
 }
 
 var errRetry = fmt.Errorf("retry")
@@ -626,7 +653,10 @@ func (d *Device) Close() error {
 			err = nil // the process is gone, and its text with it
 		}
 	}
-	if err == nil && d.traps.installed() {
+	d.mu.Lock()
+	gone := d.gone
+	d.mu.Unlock()
+	if err == nil && !gone && d.traps.installed() {
 		d.withStopped(func(held map[int]*stopped) error { d.uninstallTraps(held); return nil })
 	}
 	d.mu.Lock()

@@ -16,4 +16,7 @@ var (
 	// splice in a process that handles SIGTRAP itself, or beyond the
 	// trap table).
 	ErrUnsupported = errors.New("not supported in a process")
+	// ErrExec: the process ran exec; the program kinst attached to, and
+	// its splices with it, are gone (Target.Exec).
+	ErrExec = errors.New("the process has run exec")
 )

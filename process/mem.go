@@ -36,4 +36,9 @@ func (m *memFile) write(addr uint64, b []byte) error {
 	return nil
 }
 
-func (m *memFile) close() error { return m.f.Close() }
+func (m *memFile) close() error {
+	if m == nil {
+		return nil
+	}
+	return m.f.Close()
+}

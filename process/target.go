@@ -5,6 +5,7 @@ import (
 	"debug/elf"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path"
@@ -44,6 +45,11 @@ type Target struct {
 	regions  []*region
 	byModule map[string]*region
 	owner    map[*engine.Request]*region
+
+	// image is /proc/PID/mem opened at Attach: it stays bound to the
+	// address space of that moment, so it reads nothing once the process
+	// has run exec (Exec).
+	image *memFile
 }
 
 // mapping is one file-backed line of /proc/PID/maps.
@@ -139,6 +145,9 @@ func Attach(pid int) (*Target, error) {
 		return nil, fmt.Errorf("process %d: no ELF file it maps has a symbol table (.symtab or .dynsym with functions; a stripped static binary has neither)", pid)
 	}
 	t.Syms = kernel.MergeSymbols(parts...)
+	if t.image, err = openMem(pid); err != nil {
+		return nil, fmt.Errorf("%w: %d: %v", ErrNotTraceable, pid, err)
+	}
 	// Go's runtime installs its own SIGTRAP handler as it starts (after
 	// the entry point -- CMD stops at), over kinst's.
 	for _, name := range []string{"runtime.sigtrampgo", "runtime.sigtramp", "runtime.sigtramp.abi0"} {
@@ -147,6 +156,31 @@ func Attach(pid int) (*Target, error) {
 		}
 	}
 	return t, nil
+}
+
+// Exec reports whether the process has run exec since Attach, and the
+// program it runs now: the address space kinst attached to, its splices
+// and its regions, is gone, and the new program runs without them. (A
+// process exiting loses its address space too, but then has no program.)
+func (t *Target) Exec() (string, bool) {
+	var b [1]byte
+	var at uint64
+	for _, span := range t.text { // any text the old program mapped
+		at = span[0]
+		break
+	}
+	if at == 0 || t.image == nil {
+		return "", false
+	}
+	n, err := t.image.f.ReadAt(b[:], int64(at))
+	if n == 1 || !errors.Is(err, io.EOF) {
+		return "", false
+	}
+	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", t.PID))
+	if err != nil {
+		return "", false
+	}
+	return exe, true
 }
 
 // Path is the file of module ("" the executable) as kinst opens it
@@ -386,14 +420,18 @@ func (t *Target) Count(owner string, sites []*splice.Site) ([]*engine.Request, e
 	return reqs, nil
 }
 
-// Abandon lets go of a process that has exited: nothing to restore.
+// Abandon lets go of a process that has exited or run exec: nothing to
+// restore, and nothing of the process is touched (a new program's SIGTRAP
+// handler is its own).
 func (t *Target) Abandon() {
 	for _, r := range t.regions {
 		r.dev.mu.Lock()
 		r.dev.splices = map[uint32]*spliced{}
+		r.dev.gone = true
 		r.dev.mu.Unlock()
 		r.dev.Close()
 	}
+	t.image.close()
 }
 
 // Timer times one function in the process: a counter of calls and a
@@ -547,5 +585,6 @@ func (t *Target) Close() error {
 		last.eng.Reclaim()
 		errs = append(errs, last.dev.Close())
 	}
+	t.image.close()
 	return errors.Join(errs...)
 }

@@ -70,6 +70,11 @@ type trapSet struct {
 	live    int            // trap splices installed, by every device
 	refused error          // why the process takes no trap splice
 	done    bool           // SIGTRAP's default action is back
+
+	// handler is at, for inHandler, which runs under a device's mu with
+	// the threads stopped: installTraps holds mu while it allocates (the
+	// device's mu), so inHandler must not take it.
+	handler atomic.Uint64
 }
 
 func (ts *trapSet) word(entry, w int) *uint64 {
@@ -130,9 +135,8 @@ func (ts *trapSet) ownedBy(d *Device) bool {
 // inHandler: pc is in kinst's SIGTRAP handler, which may be about to
 // send its thread to a patch it has read from the table.
 func (ts *trapSet) inHandler(pc uint64) bool {
-	ts.mu.Lock()
-	defer ts.mu.Unlock()
-	return ts.at != 0 && pc >= ts.at && pc < ts.at+uint64(len(trapHandler))
+	at := ts.handler.Load()
+	return at != 0 && pc >= at && pc < at+uint64(len(trapHandler))
 }
 
 // installTraps copies the handler into d's patch heap and makes it the
@@ -188,6 +192,7 @@ func (d *Device) installTraps() error {
 		return err
 	}
 	ts.at, ts.table, ts.owner = at, table, d
+	ts.handler.Store(at)
 	ts.entry = map[uint64]int{}
 	return nil
 }

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strings"
+	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
@@ -25,14 +27,31 @@ import (
 // the command is started stopped at its entry point (its libraries
 // mapped) and spliced before its own code runs.
 type procRun struct {
-	pid int
-	cmd *exec.Cmd
-	tg  *process.Target
+	pid    int
+	cmd    *exec.Cmd
+	tg     *process.Target
+	stderr io.Writer
+
+	// execed is set by run when the process has run exec: its splices
+	// went with its old program; nothing is sampled or removed after.
+	execed atomic.Bool
+	// end says how the splices went, for the report (set by finish).
+	end string
+}
+
+// live: the process runs the program kinst attached to (it has neither
+// exited nor run exec).
+func (r *procRun) live() bool {
+	if !alive(r.pid) || r.execed.Load() {
+		return false
+	}
+	_, ex := r.tg.Exec()
+	return !ex
 }
 
 // openProcess attaches to pid, or starts command.
 func openProcess(pid int, command []string, env Env) (*procRun, error) {
-	r := &procRun{pid: pid}
+	r := &procRun{pid: pid, stderr: env.Err}
 	if len(command) > 0 {
 		r.cmd = exec.Command(command[0], command[1:]...)
 		r.cmd.Stdin, r.cmd.Stdout, r.cmd.Stderr = env.CmdIn, env.CmdOut, env.CmdErr
@@ -73,10 +92,15 @@ func (r *procRun) run(ctx context.Context, duration, interval time.Duration, sam
 	// A command is reaped only after kinst has let it go: while kinst
 	// traces it, a wait for it would take ptrace's stops for its exit.
 	gone := make(chan struct{})
+	execed := make(chan string, 1)
 	stop := make(chan struct{})
 	defer close(stop)
 	go func() {
 		for alive(r.pid) {
+			if exe, ok := r.tg.Exec(); ok && !r.execed.Load() {
+				r.execed.Store(true)
+				execed <- exe
+			}
 			select {
 			case <-stop:
 				return
@@ -87,7 +111,19 @@ func (r *procRun) run(ctx context.Context, duration, interval time.Duration, sam
 	}()
 	for {
 		select {
+		case exe := <-execed:
+			// The splices went with the old program. A started command
+			// runs on (it is what the user asked to run) until it ends,
+			// the duration does, or Ctrl-C.
+			fmt.Fprintf(r.stderr, "kinst: process %d ran exec (now %s) %s after the start: kinst's probes went with the program it attached to, and the report covers what ran before; to measure the new program, attach to it (-p %d) or run it directly after --\n",
+				r.pid, exe, time.Since(start).Round(time.Millisecond), r.pid)
+			if r.cmd == nil {
+				return time.Since(start)
+			}
 		case <-tick.C:
+			if r.execed.Load() {
+				continue
+			}
 			sample(time.Since(start))
 		case <-deadline:
 			return time.Since(start)
@@ -103,7 +139,15 @@ func (r *procRun) run(ctx context.Context, duration, interval time.Duration, sam
 // go, and reaps a started command (interrupting it if the count ended
 // first); it returns the command's exit status.
 func (r *procRun) finish(remove func() []error, stderr interface{ Write([]byte) (int, error) }) *int {
-	if alive(r.pid) { // an exited process's text went with it
+	switch {
+	case r.execed.Load():
+		r.end = "it ran exec: the splices went with its old program"
+	case !alive(r.pid):
+		r.end = "it exited"
+	default:
+		r.end = "splices removed"
+	}
+	if r.live() { // an exited process's text went with it, an exec's too
 		for _, e := range remove() {
 			if e != nil {
 				fmt.Fprintf(stderr, "kinst: remove: %v\n", e)
@@ -208,7 +252,7 @@ func CountProcess(ctx context.Context, pid int, o CountOptions, env Env) (int, e
 	if o.JSON {
 		return exit, writeJSON(stdout, report)
 	}
-	fmt.Fprintf(stdout, "\ncounts over %.3f s in process %d (splices removed):\n", dur.Seconds(), r.pid)
+	fmt.Fprintf(stdout, "\ncounts over %.3f s in process %d (%s):\n", dur.Seconds(), r.pid, r.end)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "count\tpoint\tlocation\taddress")
 	for _, p := range report.Probes {
@@ -324,7 +368,7 @@ func TimeProcess(ctx context.Context, pid int, o TimeOptions, env Env) (int, err
 	if o.JSON {
 		return exit, writeJSON(stdout, report)
 	}
-	fmt.Fprintf(stdout, "\ntotals over %.3f s in process %d (splices removed):\n", dur.Seconds(), r.pid)
+	fmt.Fprintf(stdout, "\ntotals over %.3f s in process %d (%s):\n", dur.Seconds(), r.pid, r.end)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "calls\tcalls/s\ttotal wall\tavg wall\tconcurrency\tfunction\t")
 	for _, f := range report.Functions {

@@ -111,7 +111,7 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 		armed.Armed, r.pid, fmtNS(float64(armed.ArmNS)), armed.TotalBlocks, len(armed.Functions), armed.TotalBlocks-armed.Armed)
 	sweep := func() {
 		failed := set.Sweep(tg, time.Now())
-		if len(failed) > 0 && !alive(r.pid) {
+		if len(failed) > 0 && !r.live() {
 			return // it exited meanwhile: nothing is left to remove
 		}
 		for req, err := range failed {
@@ -122,7 +122,7 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 		fmt.Fprintln(env.Err, "kinst: covering; Ctrl-C to stop")
 	}
 	dur := r.run(ctx, o.Duration, CoverPoll, func(time.Duration) { sweep() })
-	if alive(r.pid) {
+	if r.live() {
 		sweep() // the last hits count
 	} else {
 		// The process has gone, and its text with it: its flags are

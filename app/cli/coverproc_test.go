@@ -42,12 +42,12 @@ func buildWork(t *testing.T, flags ...string) string {
 // command's input; the command must print want, as it does without kinst.
 func coverCommand(t *testing.T, o CoverOptions, stdin, want string) api.CoverReport {
 	t.Helper()
-	var out, errb, cmdOut bytes.Buffer
-	env := Env{Out: &out, Err: &errb, CmdIn: strings.NewReader(stdin), CmdOut: &cmdOut, CmdErr: &errb}
+	var out, errb, cmdOut, cmdErr bytes.Buffer
+	env := Env{Out: &out, Err: &errb, CmdIn: strings.NewReader(stdin), CmdOut: &cmdOut, CmdErr: &cmdErr}
 	o.JSON = true
 	status, err := CoverProcess(context.Background(), 0, o, env)
 	if err != nil || status != 0 {
-		t.Fatalf("status %d, %v\n%s", status, err, errb.String())
+		t.Fatalf("status %d, %v\n%s%s", status, err, errb.String(), cmdErr.String())
 	}
 	if cmdOut.String() != want {
 		t.Errorf("the program printed %q under coverage, %q without", cmdOut.String(), want)
@@ -189,7 +189,7 @@ func TestCoverProcessRunning(t *testing.T) {
 func TestCoverProcessBadInput(t *testing.T) {
 	bin := buildWork(t)
 	var out, errb bytes.Buffer
-	env := Env{Out: &out, Err: &errb, CmdIn: strings.NewReader(""), CmdOut: &out, CmdErr: &errb}
+	env := Env{Out: &out, Err: &errb, CmdIn: strings.NewReader(""), CmdOut: io.Discard, CmdErr: io.Discard}
 	if _, err := CoverProcess(context.Background(), 1<<22+1, CoverOptions{Targets: []string{"work"}}, env); !errors.Is(err, process.ErrNoProcess) {
 		t.Errorf("no such process: %v", err)
 	}
@@ -387,7 +387,7 @@ func TestCoverProcessLibraryLines(t *testing.T) {
 func TestTimeProcessCommand(t *testing.T) {
 	bin := buildWork(t)
 	var out, errb, cmdOut bytes.Buffer
-	env := Env{Out: &out, Err: &errb, CmdIn: strings.NewReader("nap 100\n"), CmdOut: &cmdOut, CmdErr: &errb}
+	env := Env{Out: &out, Err: &errb, CmdIn: strings.NewReader("nap 100\n"), CmdOut: &cmdOut, CmdErr: &cmdOut}
 	status, err := TimeProcess(context.Background(), 0, TimeOptions{Functions: []string{"nap"}, Command: []string{bin}, JSON: true}, env)
 	if err != nil || status != 0 {
 		t.Fatalf("status %d, %v\n%s", status, err, errb.String())
@@ -401,4 +401,46 @@ func TestTimeProcessCommand(t *testing.T) {
 		t.Errorf("nap: %d calls, concurrency %.3f, average %.0f ns; want 100, about 1, at least 2 ms", f.Calls, f.Concurrency, f.AvgWallNS)
 	}
 	t.Logf("nap: %d calls, %.0f/s, average %.2f ms, concurrency %.3f", f.Calls, f.CallsPerSec, f.AvgWallNS/1e6, f.Concurrency)
+}
+
+// TestProcessExec: a command that runs exec (a wrapper script) takes its
+// splices' address space with it. kinst says so once, samples and removes
+// nothing more, lets the new program run to its end and reports what ran
+// before; no error for each probe it can no longer remove.
+func TestProcessExec(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the process engine's tests run as root")
+	}
+	command := []string{"sh", "-c", "sleep 0.3; exec sleep 0.3"}
+	for _, tc := range []struct {
+		name string
+		run  func(env Env) (int, error)
+	}{
+		{"count", func(env Env) (int, error) {
+			return CountProcess(context.Background(), 0, CountOptions{Points: []string{"libc:waitpid"}, Interval: 50 * time.Millisecond, Command: command}, env)
+		}},
+		{"cover", func(env Env) (int, error) {
+			return CoverProcess(context.Background(), 0, CoverOptions{Targets: []string{"libc:wait*", "libc:str*"}, Command: command}, env)
+		}},
+	} {
+		// The command's streams are copied by goroutines of their own:
+		// buffers apart from kinst's.
+		var out, errb, cmdOut bytes.Buffer
+		env := Env{Out: &out, Err: &errb, CmdIn: strings.NewReader(""), CmdOut: &cmdOut, CmdErr: &cmdOut}
+		status, err := tc.run(env)
+		if err != nil || status != 0 {
+			t.Errorf("%s: status %d, %v\n%s", tc.name, status, err, errb.String())
+			continue
+		}
+		if !strings.Contains(errb.String(), "ran exec (now /usr/bin/sleep)") {
+			t.Errorf("%s: the exec not reported:\n%s", tc.name, errb.String())
+		}
+		if tc.name == "count" && !strings.Contains(out.String(), "(it ran exec") {
+			t.Errorf("count: the report does not say the process ran exec:\n%s", out.String())
+		}
+		if strings.Contains(errb.String(), "remove") || strings.Contains(errb.String(), "detach") {
+			t.Errorf("%s: errors after the exec:\n%s", tc.name, errb.String())
+		}
+		t.Logf("%s:\n%s", tc.name, errb.String())
+	}
 }
