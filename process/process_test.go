@@ -343,6 +343,23 @@ func TestBadInput(t *testing.T) {
 	if _, err := tg.Resolve("libc:no_such_function"); !errors.Is(err, ErrNoFunction) {
 		t.Errorf("unknown library function: %v", err)
 	}
+	// What the user needs next: where the function is, or which
+	// libraries there are.
+	for _, tc := range []struct{ point, says string }{
+		{"nanosleep", "name it libc:nanosleep"},
+		{"nanosl*", "name it libc:nanosl*"},
+		{"libm:sin", "maps no library libm (it maps "},
+	} {
+		var err error
+		if strings.Contains(tc.point, "*") {
+			_, err = tg.Functions(tc.point)
+		} else {
+			_, err = tg.Resolve(tc.point)
+		}
+		if !errors.Is(err, ErrNoFunction) || !strings.Contains(err.Error(), tc.says) {
+			t.Errorf("%s: %v, want ErrNoFunction saying %q", tc.point, err, tc.says)
+		}
+	}
 	// glibc's strlen is an IFUNC: its symbol is the resolver.
 	for _, sym := range tg.Syms.Named("strlen") {
 		if sym.Indirect {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 
@@ -272,6 +273,68 @@ func where(lib string) string {
 	return lib
 }
 
+// notFound is ErrNoFunction for name (a function or a glob) in lib, with
+// what a user needs next: the libraries that do have it, the libraries
+// the process maps when none is lib, or that the executable has no
+// symbol table.
+func (t *Target) notFound(name, lib string) error {
+	err := fmt.Errorf("%w: %s in %s", ErrNoFunction, name, where(lib))
+	if lib != "" {
+		for mod := range t.text {
+			if mod != "" && libMatches(lib, mod) {
+				return err
+			}
+		}
+		var mods []string
+		for mod := range t.text {
+			if mod != "" {
+				mods = append(mods, mod)
+			}
+		}
+		sort.Strings(mods)
+		if len(mods) == 0 {
+			return fmt.Errorf("%w: the process maps no library with a symbol table (a static executable has its libc in it: name the function without %s:)", err, lib)
+		}
+		return fmt.Errorf("%w: the process maps no library %s (it maps %s)", err, lib, strings.Join(mods, ", "))
+	}
+	glob := strings.ContainsAny(name, "*?[")
+	in := map[string]bool{}
+	if glob {
+		for _, sym := range t.Syms.All() {
+			if sym.Module != "" && t.matches(name, sym) {
+				in[sym.Module] = true
+			}
+		}
+	} else {
+		for mod := range t.text {
+			if mod != "" && len(t.lookup(name, mod)) > 0 {
+				in[mod] = true
+			}
+		}
+	}
+	if len(in) > 0 {
+		var mods []string
+		for mod := range in {
+			mods = append(mods, mod)
+		}
+		sort.Strings(mods)
+		return fmt.Errorf("%w; it is in %s: name it %s:%s", err, strings.Join(mods, ", "), libName(mods[0]), name)
+	}
+	if _, ok := t.text[""]; !ok {
+		return fmt.Errorf("%w: the executable has no symbol table (stripped, with no exported functions)", err)
+	}
+	return err
+}
+
+// libName is the short name LIB: takes for a library file: libc for
+// libc.so.6.
+func libName(mod string) string {
+	if i := strings.Index(mod, ".so"); i > 0 {
+		return mod[:i]
+	}
+	return mod
+}
+
 // plan finds and plans the function a point names.
 func (t *Target) plan(spec string) (*splice.Func, splice.Point, error) {
 	lib, p, err := parsePoint(spec)
@@ -281,7 +344,7 @@ func (t *Target) plan(spec string) (*splice.Func, splice.Point, error) {
 	syms := t.lookup(p.Function, lib)
 	found := len(syms)
 	if found == 0 {
-		return nil, splice.Point{}, fmt.Errorf("%w: %s in %s", ErrNoFunction, p.Function, where(lib))
+		return nil, splice.Point{}, t.notFound(p.Function, lib)
 	}
 	sym := syms[0]
 	p.Function = sym.Name
@@ -396,7 +459,7 @@ func (t *Target) Functions(target string) ([]CoverTarget, error) {
 		out = append(out, CoverTarget{Sym: sym, Func: f, Err: err})
 	}
 	if len(out) == 0 {
-		return nil, fmt.Errorf("%w: %s in %s", ErrNoFunction, pattern, where(lib))
+		return nil, t.notFound(pattern, lib)
 	}
 	return out, nil
 }
