@@ -9,7 +9,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -839,5 +841,54 @@ func TestForkedChild(t *testing.T) {
 				t.Errorf("the child forked with a %s splice in: %q", c, l)
 			}
 		})
+	}
+}
+
+// TestTracedProcess: a process another tracer holds (here the test, as a
+// debugger would) cannot be spliced: ErrNotTraceable naming the tracer,
+// and nothing mapped into it.
+func TestTracedProcess(t *testing.T) {
+	needPtrace(t)
+	runtime.LockOSThread() // ptrace's tracer is this thread
+	defer runtime.UnlockOSThread()
+	cmd := exec.Command("sleep", "10")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Ptrace: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	var ws syscall.WaitStatus
+	if _, err := syscall.Wait4(cmd.Process.Pid, &ws, 0, nil); err != nil || !ws.Stopped() {
+		t.Fatalf("the traced child did not stop at its exec: %v, %v", ws, err)
+	}
+	tg, err := Attach(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tg.Close()
+	fns, err := tg.Functions("ld-linux-x86-64:_dl_*")
+	if err != nil || len(fns) == 0 {
+		t.Fatalf("the dynamic linker's functions: %v", err)
+	}
+	var s *splice.Site
+	for _, f := range fns {
+		if f.Err == nil {
+			// A direct splice: its code is made before any patch is
+			// allocated, with the counter's address in it.
+			if s, err = f.Func.Resolve(splice.Point{Function: f.Sym.Name}); err == nil && s.Class == springboard.Direct {
+				break
+			}
+			s = nil
+		}
+	}
+	if s == nil {
+		t.Fatal("no function of the dynamic linker takes a direct splice at its entry")
+	}
+	_, err = tg.Count("test", []*splice.Site{s})
+	if !errors.Is(err, ErrNotTraceable) || !strings.Contains(err.Error(), "traces it") {
+		t.Errorf("count in a traced process: %v, want ErrNotTraceable naming the tracer", err)
+	}
+	if maps, _ := os.ReadFile(fmt.Sprintf("/proc/%d/maps", cmd.Process.Pid)); bytes.Contains(maps, []byte("kinst-patches")) {
+		t.Errorf("kinst's region mapped into a process it could not trace:\n%s", maps)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"sort"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -89,7 +90,7 @@ func stopAll(pid int) (map[int]*stopped, error) {
 					continue // exited meanwhile
 				}
 				resumeAll(pid, held)
-				return nil, fmt.Errorf("%w: ptrace(SEIZE, %d): %v", ErrNotTraceable, tid, err)
+				return nil, fmt.Errorf("%w: ptrace(SEIZE, %d): %v%s", ErrNotTraceable, tid, err, tracedBy(tid))
 			}
 			if err := unix.PtraceInterrupt(tid); err != nil {
 				unix.PtraceDetach(tid)
@@ -172,4 +173,24 @@ func resumeAll(pid int, held map[int]*stopped) {
 			unix.Tgkill(pid, st.tid, syscall.Signal(st.sig))
 		}
 	}
+}
+
+// tracedBy names the tracer holding thread tid, if one does (a debugger,
+// strace, another kinst): only one tracer may hold a thread.
+func tracedBy(tid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", tid))
+	if err != nil {
+		return ""
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "TracerPid:"); ok {
+			pid := strings.TrimSpace(v)
+			if pid == "0" {
+				return ""
+			}
+			comm, _ := os.ReadFile("/proc/" + pid + "/comm")
+			return fmt.Sprintf(" (process %s, %s, traces it: one tracer at a time)", pid, strings.TrimSpace(string(comm)))
+		}
+	}
+	return ""
 }

@@ -101,6 +101,15 @@ func (t *Target) AddEach(sites []*splice.Site, spec engine.Spec) ([]*engine.Requ
 	order, groups := byRegion(sites, t.siteRegion, errs)
 	for _, r := range order {
 		idx := groups[r]
+		// The region is mapped now, on the first splice near it; a
+		// process that cannot take it (another tracer holds it) says so
+		// here rather than through the addresses of a region not there.
+		if err := r.dev.region(); err != nil {
+			for _, i := range idx {
+				errs[i] = err
+			}
+			continue
+		}
 		rs, es := r.eng.AddEach(pick(sites, idx), spec)
 		for k, i := range idx {
 			reqs[i], errs[i] = rs[k], es[k]

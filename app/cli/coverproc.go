@@ -107,6 +107,21 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 	}()
 	set.Arm(tg, "kinst", cover.Flag(nil), time.Now)
 	armed := set.Report("", time.Now())
+	if armed.Armed == 0 && armed.TotalBlocks > 0 {
+		// Nothing to measure: say why, rather than report 0% after the
+		// whole duration.
+		why := "every block was refused"
+	first:
+		for _, f := range armed.Functions {
+			for _, b := range f.Blocks {
+				if b.Refused != nil {
+					why = *b.Refused
+					break first
+				}
+			}
+		}
+		return fail(fmt.Errorf("cover --user: no probe could be armed over %d blocks: %s", armed.TotalBlocks, why))
+	}
 	fmt.Fprintf(env.Err, "kinst: %d probes armed in process %d in %s over %d blocks of %d functions (%d blocks refused)\n",
 		armed.Armed, r.pid, fmtNS(float64(armed.ArmNS)), armed.TotalBlocks, len(armed.Functions), armed.TotalBlocks-armed.Armed)
 	sweep := func() {
