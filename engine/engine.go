@@ -76,7 +76,7 @@ func New(c Config) *Engine {
 	e := &Engine{dev: c.Device, log: c.Log, patchHeap: c.PatchHeap, redZone: c.RedZone,
 		spring: springboard.NewHeap(),
 		points: make(map[uint64]*point),
-		slots:  slotAllocator{n: c.Device.NumCounters(), used: make(map[int]bool)},
+		slots:  newSlotAllocator(c.Device.NumCounters()),
 	}
 	if e.log == nil {
 		e.log = slog.Default()
@@ -119,7 +119,7 @@ func (e *Engine) State() State {
 			st.Splices++
 		}
 	}
-	st.Points, st.Counters = len(e.points), len(e.slots.used)
+	st.Points, st.Counters = len(e.points), e.slots.used
 	for _, r := range e.retired {
 		if r.counters == nil {
 			st.Retired++

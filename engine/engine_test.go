@@ -116,7 +116,7 @@ func (h *harness) countIncs(code []byte, at uint64) int {
 			tgt := at + uint64(off) + 8 + uint64(int64(int32(uint32(code[off+4])|uint32(code[off+5])<<8|uint32(code[off+6])<<16|uint32(code[off+7])<<24)))
 			found := false
 			h.e.mu.Lock()
-			for s := range h.e.slots.used {
+			for _, s := range h.e.slots.inUseSlots() {
 				found = found || h.k.CounterAddr(s) == tgt
 			}
 			h.e.mu.Unlock()

@@ -412,8 +412,27 @@ func (f *Func) Block(b int) (int, error) {
 	if i, ok := f.Pick(blk.First, blk.N); ok {
 		return i, nil
 	}
-	return 0, &NoSpliceError{Where: where,
-		Reason: "no instruction of the block may be spliced (or it is the ftrace site); pick one with FUNC+0xOFF to see why"}
+	return 0, &NoSpliceError{Where: where, Reason: "no instruction of the block may be spliced: " + f.blockRefusals(blk)}
+}
+
+// blockRefusals says why each instruction of blk was refused, the same
+// reason once ("+0x10 endbr64: …; +0x14 …").
+func (f *Func) blockRefusals(blk *cfg.Block) string {
+	var parts []string
+	seen := map[string]bool{}
+	for i := blk.First; i < blk.First+blk.N; i++ {
+		why := f.Refusal(i)
+		if why == "" || seen[why] {
+			continue
+		}
+		seen[why] = true
+		in := &f.Fn.Insns[i]
+		parts = append(parts, fmt.Sprintf("+%#x %s: %s", in.Addr-f.Fn.Addr, in.String(), why))
+	}
+	if len(parts) == 0 {
+		return "none takes a splice of any class"
+	}
+	return strings.Join(parts, "; ")
 }
 
 // Resolve plans the splice of point p, whose function f is: FUNC+0xOFF

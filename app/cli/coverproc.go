@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"sort"
 	"time"
 
 	"github.com/kinst/kinst/api"
@@ -124,6 +126,7 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 	}
 	fmt.Fprintf(env.Err, "kinst: %d probes armed in process %d in %s over %d blocks of %d functions (%d blocks refused)\n",
 		armed.Armed, r.pid, fmtNS(float64(armed.ArmNS)), armed.TotalBlocks, len(armed.Functions), armed.TotalBlocks-armed.Armed)
+	writeRefusals(env.Err, armed, 3)
 	sweep := func() {
 		failed := set.Sweep(tg, time.Now())
 		if len(failed) > 0 && !r.live() {
@@ -210,4 +213,35 @@ func libraryDebug(path string) (*debuginfo.File, error) {
 		return dbg, nil
 	}
 	return nil, fmt.Errorf("%w, and no %s of build id %s (install the library's -dbg or -dbgsym package)", err, debuginfo.BuildIDPath(id), id)
+}
+
+// writeRefusals prints the most common reasons blocks were refused, at
+// most top of them, with how many blocks each (the report has every
+// block's own).
+func writeRefusals(w io.Writer, rep *api.CoverReport, top int) {
+	why := map[string]int{}
+	for _, f := range rep.Functions {
+		for _, b := range f.Blocks {
+			if b.Refused != nil {
+				why[*b.Refused]++
+			}
+		}
+	}
+	reasons := make([]string, 0, len(why))
+	for r := range why {
+		reasons = append(reasons, r)
+	}
+	sort.Slice(reasons, func(i, j int) bool {
+		if why[reasons[i]] != why[reasons[j]] {
+			return why[reasons[i]] > why[reasons[j]]
+		}
+		return reasons[i] < reasons[j]
+	})
+	for i, r := range reasons {
+		if i == top {
+			fmt.Fprintf(w, "kinst:   … %d more reasons (the report names each block's)\n", len(reasons)-top)
+			break
+		}
+		fmt.Fprintf(w, "kinst:   %d blocks refused: %s\n", why[r], r)
+	}
 }
