@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -890,5 +891,36 @@ func TestTracedProcess(t *testing.T) {
 	}
 	if maps, _ := os.ReadFile(fmt.Sprintf("/proc/%d/maps", cmd.Process.Pid)); bytes.Contains(maps, []byte("kinst-patches")) {
 		t.Errorf("kinst's region mapped into a process it could not trace:\n%s", maps)
+	}
+}
+
+// TestThreadID: -p may name any thread (top and ps -L show their IDs);
+// kinst attaches to its process.
+func TestThreadID(t *testing.T) {
+	needPtrace(t)
+	w := start(t, build(t))
+	w.spin(t)
+	defer w.unspin(t)
+	pid := w.cmd.Process.Pid
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tid int
+	for _, e := range ents {
+		if n, _ := strconv.Atoi(e.Name()); n != pid {
+			tid = n
+		}
+	}
+	if tid == 0 {
+		t.Fatal("the workload has one thread")
+	}
+	tg, err := Attach(tid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tg.Close()
+	if tg.PID != pid {
+		t.Errorf("Attach(thread %d).PID = %d, want process %d", tid, tg.PID, pid)
 	}
 }

@@ -94,6 +94,7 @@ func readMaps(pid int) ([]mapping, [2]uint64, error) {
 // Attach reads pid's symbols. Nothing is written into the process until
 // the first splice: then kinst's region is mapped near the text spliced.
 func Attach(pid int) (*Target, error) {
+	pid = ThreadGroup(pid)
 	maps, vdso, err := readMaps(pid)
 	if err != nil {
 		return nil, err
@@ -157,6 +158,24 @@ func Attach(pid int) (*Target, error) {
 		}
 	}
 	return t, nil
+}
+
+// ThreadGroup is the process a thread ID belongs to (its Tgid), so that
+// -p takes a thread's ID as top and ps -L show it; pid itself when it is
+// a process or cannot be read.
+func ThreadGroup(pid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return pid
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "Tgid:"); ok {
+			if tgid, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && tgid > 0 {
+				return tgid
+			}
+		}
+	}
+	return pid
 }
 
 // Exec reports whether the process has run exec since Attach, and the

@@ -51,7 +51,10 @@ func (r *procRun) live() bool {
 
 // openProcess attaches to pid, or starts command.
 func openProcess(pid int, command []string, env Env) (*procRun, error) {
-	r := &procRun{pid: pid, stderr: env.Err}
+	r := &procRun{pid: process.ThreadGroup(pid), stderr: env.Err}
+	if r.pid != pid && pid != 0 {
+		fmt.Fprintf(env.Err, "kinst: %d is a thread of process %d: splicing the process (its threads share its text)\n", pid, r.pid)
+	}
 	if len(command) > 0 {
 		r.cmd = exec.Command(command[0], command[1:]...)
 		r.cmd.Stdin, r.cmd.Stdout, r.cmd.Stderr = env.CmdIn, env.CmdOut, env.CmdErr
