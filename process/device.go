@@ -131,28 +131,16 @@ func (d *Device) Mapped() bool {
 	return d.base != 0
 }
 
-// mapRegion makes the memfd, maps it here, and has the process map it
-// too (openat of /proc/KINST/fd/N, mmap, close, run by one of its
-// threads), at a free address near near.
+// mapRegion has the process make the region (memfd_create, ftruncate,
+// mmap, run by one of its threads) at a free address near near, and maps
+// it here too through /proc/PID/fd. The process makes it, not kinst:
+// kinst sees every process's /proc entries, but a process in a container
+// (its own pid namespace and /proc) cannot see kinst's.
 func (d *Device) mapRegion(near uint64) error {
-	fd, err := unix.MemfdCreate("kinst-patches", unix.MFD_CLOEXEC)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	if err := unix.Ftruncate(fd, regionSize); err != nil {
-		return err
-	}
-	local, err := unix.Mmap(fd, 0, regionSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		return err
-	}
-	d.local = local
 	at, err := freeNear(d.pid, near, regionSize)
 	if err != nil {
 		return err
 	}
-	path := fmt.Sprintf("/proc/%d/fd/%d\x00", os.Getpid(), fd)
 	return d.tr.do(func() error {
 		held, err := stopAll(d.pid)
 		if err != nil {
@@ -160,26 +148,39 @@ func (d *Device) mapRegion(near uint64) error {
 		}
 		defer resumeAll(d.pid, held)
 		st := anyThread(held)
-		// The path goes below the thread's red zone.
+		// The name goes below the thread's red zone.
 		scratch := (st.regs.Rsp - 4096) &^ 15
-		if err := d.mem.write(scratch, []byte(path)); err != nil {
+		if err := d.mem.write(scratch, []byte("kinst-patches\x00")); err != nil {
 			return err
 		}
-		cwd := int64(unix.AT_FDCWD)
-		rfd, err := remoteSyscall(d.mem, st, unix.SYS_OPENAT, uint64(cwd), scratch, unix.O_RDWR|unix.O_CLOEXEC, 0)
+		rfd, err := remoteSyscall(d.mem, st, unix.SYS_MEMFD_CREATE, scratch, unix.MFD_CLOEXEC)
 		if err != nil {
-			return fmt.Errorf("open the patch region in process %d: %w", d.pid, err)
+			return fmt.Errorf("create the patch region in process %d: %w", d.pid, err)
+		}
+		defer remoteSyscall(d.mem, st, unix.SYS_CLOSE, rfd)
+		if _, err := remoteSyscall(d.mem, st, unix.SYS_FTRUNCATE, rfd, regionSize); err != nil {
+			return fmt.Errorf("size the patch region in process %d: %w", d.pid, err)
+		}
+		f, err := os.OpenFile(fmt.Sprintf("/proc/%d/fd/%d", d.pid, rfd), os.O_RDWR, 0)
+		if err != nil {
+			return fmt.Errorf("open process %d's patch region: %w", d.pid, err)
+		}
+		local, err := unix.Mmap(int(f.Fd()), 0, regionSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+		f.Close()
+		if err != nil {
+			return err
 		}
 		got, merr := remoteSyscall(d.mem, st, unix.SYS_MMAP, at, regionSize,
 			unix.PROT_READ|unix.PROT_WRITE|unix.PROT_EXEC, unix.MAP_SHARED|unix.MAP_FIXED_NOREPLACE, rfd, 0)
-		remoteSyscall(d.mem, st, unix.SYS_CLOSE, rfd)
+		if merr == nil && got != at {
+			remoteSyscall(d.mem, st, unix.SYS_MUNMAP, got, regionSize)
+			merr = fmt.Errorf("mapped at %#x, not %#x", got, at)
+		}
 		if merr != nil {
+			unix.Munmap(local)
 			return fmt.Errorf("map the patch region into process %d at %#x: %w", d.pid, at, merr)
 		}
-		if got != at {
-			return fmt.Errorf("process %d mapped the patch region at %#x, not %#x", d.pid, got, at)
-		}
-		d.base = at
+		d.local, d.base = local, at
 		return nil
 	})
 }

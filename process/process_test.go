@@ -924,3 +924,49 @@ func TestThreadID(t *testing.T) {
 		t.Errorf("Attach(thread %d).PID = %d, want process %d", tid, tg.PID, pid)
 	}
 }
+
+// TestPidNamespace: a process in a container (its own pid namespace and
+// /proc, where kinst's pid does not exist) is spliced like any other: the
+// region is made by the process itself. The count is the program's own.
+func TestPidNamespace(t *testing.T) {
+	needPtrace(t)
+	if _, err := exec.LookPath("unshare"); err != nil {
+		t.Skip("no unshare")
+	}
+	bin := build(t)
+	w := start(t, "unshare", "--pid", "--fork", "--mount-proc", bin)
+	want := w.round(t)
+	children, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", w.cmd.Process.Pid, w.cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(children)))
+	if err != nil {
+		t.Fatalf("the workload's pid under unshare: %q", children)
+	}
+	tg, err := Attach(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tg.Close()
+	s, err := tg.Resolve("work")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs, err := tg.Count("test", []*splice.Site{s})
+	if err != nil {
+		t.Fatalf("count in a pid namespace: %v", err)
+	}
+	got := w.round(t)
+	if got != want {
+		t.Errorf("output with a counter %q, without %q", got, want)
+	}
+	var calls uint64
+	fmt.Sscanf(got, "calls %d", &calls)
+	if n := tg.Counter(reqs[0], 0); n != calls || calls == 0 {
+		t.Errorf("work: %d, want the program's %d calls", n, calls)
+	}
+	if errs := tg.RemoveEach(reqs); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+}
