@@ -131,11 +131,8 @@ func (d *Device) Mapped() bool {
 	return d.base != 0
 }
 
-// mapRegion has the process make the region (memfd_create, ftruncate,
-// mmap, run by one of its threads) at a free address near near, and maps
-// it here too through /proc/PID/fd. The process makes it, not kinst:
-// kinst sees every process's /proc entries, but a process in a container
-// (its own pid namespace and /proc) cannot see kinst's.
+// mapRegion has the process map the region (mmap, run by one of its
+// threads) at a free address near near; kinst maps it too (regionFile).
 func (d *Device) mapRegion(near uint64) error {
 	at, err := freeNear(d.pid, near, regionSize)
 	if err != nil {
@@ -148,28 +145,11 @@ func (d *Device) mapRegion(near uint64) error {
 		}
 		defer resumeAll(d.pid, held)
 		st := anyThread(held)
-		// The name goes below the thread's red zone.
-		scratch := (st.regs.Rsp - 4096) &^ 15
-		if err := d.mem.write(scratch, []byte("kinst-patches\x00")); err != nil {
-			return err
-		}
-		rfd, err := remoteSyscall(d.mem, st, unix.SYS_MEMFD_CREATE, scratch, unix.MFD_CLOEXEC)
+		rfd, local, err := d.regionFile(st)
 		if err != nil {
-			return fmt.Errorf("create the patch region in process %d: %w", d.pid, err)
+			return err
 		}
 		defer remoteSyscall(d.mem, st, unix.SYS_CLOSE, rfd)
-		if _, err := remoteSyscall(d.mem, st, unix.SYS_FTRUNCATE, rfd, regionSize); err != nil {
-			return fmt.Errorf("size the patch region in process %d: %w", d.pid, err)
-		}
-		f, err := os.OpenFile(fmt.Sprintf("/proc/%d/fd/%d", d.pid, rfd), os.O_RDWR, 0)
-		if err != nil {
-			return fmt.Errorf("open process %d's patch region: %w", d.pid, err)
-		}
-		local, err := unix.Mmap(int(f.Fd()), 0, regionSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-		f.Close()
-		if err != nil {
-			return err
-		}
 		got, merr := remoteSyscall(d.mem, st, unix.SYS_MMAP, at, regionSize,
 			unix.PROT_READ|unix.PROT_WRITE|unix.PROT_EXEC, unix.MAP_SHARED|unix.MAP_FIXED_NOREPLACE, rfd, 0)
 		if merr == nil && got != at {
@@ -178,11 +158,67 @@ func (d *Device) mapRegion(near uint64) error {
 		}
 		if merr != nil {
 			unix.Munmap(local)
-			return fmt.Errorf("map the patch region into process %d at %#x: %w", d.pid, at, merr)
+			return fmt.Errorf("map the patch region into process %d at %#x: %w%s", d.pid, at, merr, seccompNote(d.pid))
 		}
 		d.local, d.base = local, at
 		return nil
 	})
+}
+
+// regionFile makes the region's memfd, open in the process (rfd, for the
+// caller to close there) and mapped here (local). The process makes it
+// (memfd_create, ftruncate) and kinst maps it through /proc/PID/fd: a
+// process in a container (its own pid namespace and /proc) cannot see
+// kinst's /proc entries, while kinst sees every process's. Where the
+// process may not make one (a seccomp filter), it opens kinst's instead,
+// through /proc/KINST/fd/N. st is a stopped thread of the process.
+func (d *Device) regionFile(st *stopped) (rfd uint64, local []byte, err error) {
+	// Names and paths go below the thread's red zone.
+	scratch := (st.regs.Rsp - 4096) &^ 15
+	if err := d.mem.write(scratch, []byte("kinst-patches\x00")); err != nil {
+		return 0, nil, err
+	}
+	rfd, err = remoteSyscall(d.mem, st, unix.SYS_MEMFD_CREATE, scratch, unix.MFD_CLOEXEC)
+	if err == nil {
+		if _, err := remoteSyscall(d.mem, st, unix.SYS_FTRUNCATE, rfd, regionSize); err != nil {
+			remoteSyscall(d.mem, st, unix.SYS_CLOSE, rfd)
+			return 0, nil, fmt.Errorf("size the patch region in process %d: %w", d.pid, err)
+		}
+		f, err := os.OpenFile(fmt.Sprintf("/proc/%d/fd/%d", d.pid, rfd), os.O_RDWR, 0)
+		if err == nil {
+			local, err = unix.Mmap(int(f.Fd()), 0, regionSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+			f.Close()
+		}
+		if err != nil {
+			remoteSyscall(d.mem, st, unix.SYS_CLOSE, rfd)
+			return 0, nil, fmt.Errorf("map process %d's patch region: %w", d.pid, err)
+		}
+		return rfd, local, nil
+	}
+	made := err
+	fd, err := unix.MemfdCreate("kinst-patches", unix.MFD_CLOEXEC)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer unix.Close(fd)
+	if err := unix.Ftruncate(fd, regionSize); err != nil {
+		return 0, nil, err
+	}
+	if local, err = unix.Mmap(fd, 0, regionSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
+		return 0, nil, err
+	}
+	path := fmt.Sprintf("/proc/%d/fd/%d\x00", os.Getpid(), fd)
+	if err := d.mem.write(scratch, []byte(path)); err != nil {
+		unix.Munmap(local)
+		return 0, nil, err
+	}
+	cwd := int64(unix.AT_FDCWD)
+	rfd, err = remoteSyscall(d.mem, st, unix.SYS_OPENAT, uint64(cwd), scratch, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		unix.Munmap(local)
+		return 0, nil, fmt.Errorf("make the patch region in process %d: %v; open kinst's: %w%s", d.pid, made, err, seccompNote(d.pid))
+	}
+	return rfd, local, nil
 }
 
 func anyThread(held map[int]*stopped) *stopped {
@@ -669,4 +705,20 @@ func (d *Device) Close() error {
 		unix.Munmap(d.local)
 	}
 	return err
+}
+
+// seccompNote says when the process runs under a seccomp filter, which
+// may forbid the system calls kinst has it make (memfd_create, mmap with
+// PROT_EXEC): a service's SystemCallFilter, a container runtime's profile.
+func seccompNote(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return ""
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "Seccomp:"); ok && strings.TrimSpace(v) == "2" {
+			return " (the process runs under a seccomp filter, which may forbid it)"
+		}
+	}
+	return ""
 }

@@ -970,3 +970,43 @@ func TestPidNamespace(t *testing.T) {
 		t.Fatal(errs[0])
 	}
 }
+
+// TestSeccompProcess: a process whose seccomp filter forbids
+// memfd_create (testdata/seccomp.c) opens kinst's memfd instead; its
+// splice counts and detaching restores its bytes.
+func TestSeccompProcess(t *testing.T) {
+	needPtrace(t)
+	bin := filepath.Join(t.TempDir(), "seccomp")
+	if out, err := exec.Command("gcc", "-O2", "-o", bin, "testdata/seccomp.c").CombinedOutput(); err != nil {
+		t.Skipf("gcc: %v\n%s", err, out)
+	}
+	w := start(t, bin)
+	pid := w.cmd.Process.Pid
+	tg, err := Attach(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tg.Close()
+	s, err := tg.Resolve("work")
+	if err != nil {
+		t.Fatal(err)
+	}
+	orig := textOf(t, pid, s.Fn)
+	reqs, err := tg.Count("test", []*splice.Site{s})
+	if err != nil {
+		t.Fatalf("count in a process that may not memfd_create: %v", err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for tg.Counter(reqs[0], 0) < 10 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := tg.Counter(reqs[0], 0); n < 10 {
+		t.Errorf("work counted %d times in 5 s of a loop calling it every ms", n)
+	}
+	if errs := tg.RemoveEach(reqs); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	if now := textOf(t, pid, s.Fn); !bytes.Equal(now, orig) {
+		t.Errorf("after removal: %x, want %x", now, orig)
+	}
+}
