@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/engine"
 	"github.com/kinst/kinst/metrics"
 	"github.com/kinst/kinst/splice"
 	"github.com/kinst/kinst/springboard"
@@ -925,6 +926,26 @@ func TestThreadID(t *testing.T) {
 	}
 }
 
+// countWork attaches to pid and counts work()'s calls; the target is
+// closed when the test ends. what names the process in a failure.
+func countWork(t *testing.T, pid int, what string) (*Target, *splice.Site, []*engine.Request) {
+	t.Helper()
+	tg, err := Attach(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tg.Close() })
+	s, err := tg.Resolve("work")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs, err := tg.Count("test", []*splice.Site{s})
+	if err != nil {
+		t.Fatalf("count in %s: %v", what, err)
+	}
+	return tg, s, reqs
+}
+
 // TestPidNamespace: a process in a container (its own pid namespace and
 // /proc, where kinst's pid does not exist) is spliced like any other: the
 // region is made by the process itself. The count is the program's own.
@@ -944,19 +965,7 @@ func TestPidNamespace(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the workload's pid under unshare: %q", children)
 	}
-	tg, err := Attach(pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tg.Close()
-	s, err := tg.Resolve("work")
-	if err != nil {
-		t.Fatal(err)
-	}
-	reqs, err := tg.Count("test", []*splice.Site{s})
-	if err != nil {
-		t.Fatalf("count in a pid namespace: %v", err)
-	}
+	tg, _, reqs := countWork(t, pid, "a pid namespace")
 	got := w.round(t)
 	if got != want {
 		t.Errorf("output with a counter %q, without %q", got, want)
@@ -982,19 +991,10 @@ func TestSeccompProcess(t *testing.T) {
 	}
 	w := start(t, bin)
 	pid := w.cmd.Process.Pid
-	tg, err := Attach(pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tg.Close()
-	s, err := tg.Resolve("work")
-	if err != nil {
-		t.Fatal(err)
-	}
-	orig := textOf(t, pid, s.Fn)
-	reqs, err := tg.Count("test", []*splice.Site{s})
-	if err != nil {
-		t.Fatalf("count in a process that may not memfd_create: %v", err)
+	tg, s, reqs := countWork(t, pid, "a process that may not memfd_create")
+	var orig []byte // as the planner read them: the bytes before the splice
+	for _, in := range s.Fn.Insns {
+		orig = append(orig, in.Bytes...)
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for tg.Counter(reqs[0], 0) < 10 && time.Now().Before(deadline) {
