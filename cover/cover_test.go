@@ -29,13 +29,8 @@ func newFixture(t *testing.T) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	discard := slog.New(slog.NewTextHandler(io.Discard, nil))
-	e := engine.New(engine.Config{Device: k, Log: discard})
-	view, err := kernel.Live(e.Text(), kernel.LiveOptions{Kallsyms: path})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := splice.New(splice.Config{Kernel: view, Springboards: e.Springboards(), Log: discard})
+	e := engine.New(engine.Config{Device: k, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	p, err := enginetest.Planner(e.Text(), e.Springboards(), path)
 	if err != nil {
 		t.Fatal(err)
 	}

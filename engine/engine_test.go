@@ -14,7 +14,6 @@ import (
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/codegen"
 	"github.com/kinst/kinst/engine/enginetest"
-	"github.com/kinst/kinst/kernel"
 	"github.com/kinst/kinst/splice"
 )
 
@@ -40,11 +39,7 @@ func newHarness(t testing.TB) *harness {
 		t.Fatal(err)
 	}
 	e := New(Config{Device: k, Log: discard})
-	view, err := kernel.Live(e.Text(), kernel.LiveOptions{Kallsyms: path})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := splice.New(splice.Config{Kernel: view, Springboards: e.Springboards(), Log: discard})
+	p, err := enginetest.Planner(e.Text(), e.Springboards(), path)
 	if err != nil {
 		t.Fatal(err)
 	}
