@@ -17,6 +17,10 @@ type CoverReport struct {
 	// the daemon found blocks newly covered (and removed their probes).
 	Timeline   []CoverSample `json:"timeline"`
 	ExitStatus *int          `json:"exit_status"` // of -- CMD; null without one
+	// Ended, for a process (-p): how its splices went: "removed",
+	// "exited" (they went with the process) or "exec" (with the program
+	// it replaced by exec).
+	Ended string `json:"ended,omitempty"`
 }
 
 // CoverFunction is one function's blocks. Padding between functions is

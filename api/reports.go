@@ -10,6 +10,10 @@ type CountReport struct {
 	IntervalNS int64         `json:"interval_ns"`
 	Intervals  []CountSample `json:"intervals"`
 	ExitStatus *int          `json:"exit_status,omitempty"` // of -- CMD
+	// Ended, for a process (-p): how its splices went: "removed",
+	// "exited" (they went with the process) or "exec" (with the program
+	// it replaced by exec).
+	Ended string `json:"ended,omitempty"`
 }
 
 // CountProbe is one point's total.
@@ -44,6 +48,10 @@ type TimeReport struct {
 	DetachNS   int64          `json:"detach_ns"`
 	Intervals  []TimeInterval `json:"intervals"`
 	ExitStatus *int           `json:"exit_status,omitempty"`
+	// Ended, for a process (-p): how its splices went: "removed",
+	// "exited" (they went with the process) or "exec" (with the program
+	// it replaced by exec).
+	Ended string `json:"ended,omitempty"`
 }
 
 // TimedFunction is one function's totals over the run.

@@ -35,8 +35,20 @@ type procRun struct {
 	// execed is set by run when the process has run exec: its splices
 	// went with its old program; nothing is sampled or removed after.
 	execed atomic.Bool
-	// end says how the splices went, for the report (set by finish).
+	// end says how the splices went, for the report (set by finish):
+	// api's Ended.
 	end string
+}
+
+// ended is end in words, for the text report.
+func (r *procRun) ended() string {
+	switch r.end {
+	case "exec":
+		return "it ran exec: the splices went with its old program"
+	case "exited":
+		return "it exited"
+	}
+	return "splices removed"
 }
 
 // live: the process runs the program kinst attached to (it has neither
@@ -144,11 +156,11 @@ func (r *procRun) run(ctx context.Context, duration, interval time.Duration, sam
 func (r *procRun) finish(remove func() []error, stderr interface{ Write([]byte) (int, error) }) *int {
 	switch {
 	case r.execed.Load():
-		r.end = "it ran exec: the splices went with its old program"
+		r.end = "exec"
 	case !alive(r.pid):
-		r.end = "it exited"
+		r.end = "exited"
 	default:
-		r.end = "splices removed"
+		r.end = "removed"
 	}
 	if r.live() { // an exited process's text went with it, an exec's too
 		for _, e := range remove() {
@@ -242,6 +254,7 @@ func CountProcess(ctx context.Context, pid int, o CountOptions, env Env) (int, e
 			Address: api.Addr(s.Addr()), Count: tg.Counter(q, 0), Mechanism: "splice"})
 	}
 	report.ExitStatus = r.finish(func() []error { return tg.RemoveEach(reqs) }, stderr)
+	report.Ended = r.end
 	exit := 0
 	if report.ExitStatus != nil {
 		exit = *report.ExitStatus
@@ -255,7 +268,7 @@ func CountProcess(ctx context.Context, pid int, o CountOptions, env Env) (int, e
 	if o.JSON {
 		return exit, writeJSON(stdout, report)
 	}
-	fmt.Fprintf(stdout, "\ncounts over %.3f s in process %d (%s):\n", dur.Seconds(), r.pid, r.end)
+	fmt.Fprintf(stdout, "\ncounts over %.3f s in process %d (%s):\n", dur.Seconds(), r.pid, r.ended())
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "count\tpoint\tlocation\taddress")
 	for _, p := range report.Probes {
@@ -358,6 +371,7 @@ func TimeProcess(ctx context.Context, pid int, o TimeOptions, env Env) (int, err
 		report.Functions = append(report.Functions, tf)
 	}
 	report.ExitStatus = r.finish(untime, stderr)
+	report.Ended = r.end
 	exit := 0
 	if report.ExitStatus != nil {
 		exit = *report.ExitStatus
@@ -371,7 +385,7 @@ func TimeProcess(ctx context.Context, pid int, o TimeOptions, env Env) (int, err
 	if o.JSON {
 		return exit, writeJSON(stdout, report)
 	}
-	fmt.Fprintf(stdout, "\ntotals over %.3f s in process %d (%s):\n", dur.Seconds(), r.pid, r.end)
+	fmt.Fprintf(stdout, "\ntotals over %.3f s in process %d (%s):\n", dur.Seconds(), r.pid, r.ended())
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "calls\tcalls/s\ttotal wall\tavg wall\tconcurrency\tfunction\t")
 	for _, f := range report.Functions {

@@ -154,6 +154,7 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 	report := *set.Report(fmt.Sprintf("process %d", r.pid), time.Now())
 	report.DurationNS = int64(dur)
 	report.ExitStatus = status
+	report.Ended = r.end
 	exit := 0
 	if status != nil {
 		exit = *status

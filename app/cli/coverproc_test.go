@@ -420,7 +420,7 @@ func TestProcessExec(t *testing.T) {
 			return CountProcess(context.Background(), 0, CountOptions{Points: []string{"libc:waitpid"}, Interval: 50 * time.Millisecond, Command: command}, env)
 		}},
 		{"cover", func(env Env) (int, error) {
-			return CoverProcess(context.Background(), 0, CoverOptions{Targets: []string{"libc:wait*", "libc:str*"}, Command: command}, env)
+			return CoverProcess(context.Background(), 0, CoverOptions{Targets: []string{"libc:wait*", "libc:str*"}, Command: command, JSON: true}, env)
 		}},
 	} {
 		// The command's streams are copied by goroutines of their own:
@@ -437,6 +437,12 @@ func TestProcessExec(t *testing.T) {
 		}
 		if tc.name == "count" && !strings.Contains(out.String(), "(it ran exec") {
 			t.Errorf("count: the report does not say the process ran exec:\n%s", out.String())
+		}
+		if tc.name == "cover" {
+			var rep api.CoverReport
+			if err := json.Unmarshal(out.Bytes(), &rep); err != nil || rep.Ended != "exec" || rep.Armed == 0 {
+				t.Errorf("cover --json: ended %q, armed %d, %v; want exec", rep.Ended, rep.Armed, err)
+			}
 		}
 		if strings.Contains(errb.String(), "remove") || strings.Contains(errb.String(), "detach") {
 			t.Errorf("%s: errors after the exec:\n%s", tc.name, errb.String())
