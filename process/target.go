@@ -314,7 +314,7 @@ func (t *Target) notFound(name, lib string) error {
 		if len(mods) == 0 {
 			return fmt.Errorf("%w: the process maps no library with a symbol table (a static executable has its libc in it: name the function without %s:)", err, lib)
 		}
-		return fmt.Errorf("%w: the process maps no library %s (it maps %s)", err, lib, strings.Join(mods, ", "))
+		return fmt.Errorf("%w: the process maps no library %s (it maps %s; one it loads later with dlopen can be named once it has, with -p PID)", err, lib, strings.Join(mods, ", "))
 	}
 	glob := strings.ContainsAny(name, "*?[")
 	in := map[string]bool{}
