@@ -140,40 +140,8 @@ func TestCountInProcess(t *testing.T) {
 			sitesP, classes := resolveAll(t, tg, points)
 			// And one point of each class at an instruction of mix(),
 			// straight-line code called as often as work().
-			mixEntry, err := tg.Resolve("mix")
-			if err != nil {
-				t.Fatal(err)
-			}
-			mixFn := mixEntry.Fn
-			used := map[uint64]bool{}
-			for _, s := range sitesP {
-				used[s.Addr()] = true
-				for _, c := range s.Cover {
-					used[c.Addr()] = true
-				}
-			}
-			for _, c := range []springboard.Class{springboard.Direct, springboard.Springboard, springboard.Cover, springboard.Trap} {
-				for _, in := range mixFn.Insns {
-					spec := fmt.Sprintf("mix+%#x", in.Addr-mixFn.Addr)
-					s, err := tg.ResolveAs(spec, c)
-					if used[in.Addr] || err != nil {
-						continue
-					}
-					clash := false
-					for _, x := range s.Cover {
-						clash = clash || used[x.Addr()]
-					}
-					if clash {
-						continue
-					}
-					used[in.Addr] = true
-					for _, x := range s.Cover {
-						used[x.Addr()] = true
-					}
-					points, sitesP, classes = append(points, spec), append(sitesP, s), append(classes, c.String())
-					break
-				}
-			}
+			p, s, c := classSites(t, tg, "mix", sitesP)
+			points, sitesP, classes = append(points, p...), append(sitesP, s...), append(classes, c...)
 			reqs, err := tg.Count("test", sitesP)
 			if err != nil {
 				t.Fatalf("count %v: %v", points, err)
@@ -466,6 +434,47 @@ func catchesSIGTRAP(t *testing.T, pid int) bool {
 
 // classSite is the first instruction of work() that takes a splice of
 // class c.
+// classSites plans a point of each class (direct, springboard, covering,
+// trap) at instructions of fn that none of taken, nor each other, use.
+func classSites(t *testing.T, tg *Target, fn string, taken []*splice.Site) (points []string, sites []*splice.Site, classes []string) {
+	t.Helper()
+	entry, err := tg.Resolve(fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := entry.Fn
+	used := map[uint64]bool{}
+	for _, s := range taken {
+		used[s.Addr()] = true
+		for _, c := range s.Cover {
+			used[c.Addr()] = true
+		}
+	}
+	for _, c := range []springboard.Class{springboard.Direct, springboard.Springboard, springboard.Cover, springboard.Trap} {
+		for _, in := range f.Insns {
+			spec := fmt.Sprintf("%s+%#x", fn, in.Addr-f.Addr)
+			s, err := tg.ResolveAs(spec, c)
+			if used[in.Addr] || err != nil {
+				continue
+			}
+			clash := false
+			for _, x := range s.Cover {
+				clash = clash || used[x.Addr()]
+			}
+			if clash {
+				continue
+			}
+			used[in.Addr] = true
+			for _, x := range s.Cover {
+				used[x.Addr()] = true
+			}
+			points, sites, classes = append(points, spec), append(sites, s), append(classes, c.String())
+			break
+		}
+	}
+	return points, sites, classes
+}
+
 func classSite(t *testing.T, tg *Target, c springboard.Class) *splice.Site {
 	t.Helper()
 	entry, err := tg.Resolve("work")
@@ -1009,4 +1018,75 @@ func TestSeccompProcess(t *testing.T) {
 	if now := textOf(t, pid, s.Fn); !bytes.Equal(now, orig) {
 		t.Errorf("after removal: %x, want %x", now, orig)
 	}
+}
+
+// TestKinstDies: kinst killed (SIGKILL, nothing restored) while a point
+// of every class is spliced: the process runs on through the patches and
+// the trap handler it was left with, its threads checking every result,
+// its output what it was. The helper below is the kinst that dies: this
+// test binary run again.
+func TestKinstDies(t *testing.T) {
+	needPtrace(t)
+	w := start(t, build(t))
+	want := w.round(t)
+	pid := w.cmd.Process.Pid
+	tg, err := Attach(pid) // to read the text only
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tg.Abandon()
+	entry, err := tg.Resolve("work")
+	if err != nil {
+		t.Fatal(err)
+	}
+	orig := textOf(t, pid, entry.Fn)
+	helper := exec.Command(os.Args[0], "-test.run=^TestHelperKinst$")
+	helper.Env = append(os.Environ(), fmt.Sprintf("KINST_HELPER_PID=%d", pid))
+	out, _ := helper.StdoutPipe()
+	helper.Stderr = os.Stderr
+	if err := helper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer helper.Wait()
+	defer helper.Process.Kill()
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if !strings.HasPrefix(line, "spliced ") {
+		t.Fatalf("the helper said %q, %v", line, err)
+	}
+	t.Logf("helper: %s", strings.TrimSpace(line))
+	helper.Process.Kill()
+	helper.Wait()
+	if bytes.Equal(textOf(t, pid, entry.Fn), orig) {
+		t.Fatal("work() is not spliced after the helper died: nothing tested")
+	}
+	w.spin(t)
+	time.Sleep(300 * time.Millisecond)
+	w.unspin(t)
+	if got := w.round(t); got != want {
+		t.Errorf("a round after kinst died: %q, want %q", got, want)
+	}
+}
+
+// TestHelperKinst is TestKinstDies's kinst: it splices a point of every
+// class into the process KINST_HELPER_PID names, says so, and waits to
+// be killed.
+func TestHelperKinst(t *testing.T) {
+	pid, err := strconv.Atoi(os.Getenv("KINST_HELPER_PID"))
+	if err != nil {
+		t.Skip("run by TestKinstDies")
+	}
+	tg, err := Attach(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entry, err := tg.Resolve("work")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, sites, classes := classSites(t, tg, "mix", []*splice.Site{entry})
+	if _, err := tg.Count("helper", append(sites, entry)); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Printf("spliced %d points: %v and work\n", len(sites)+1, classes)
+	select {}
 }
