@@ -107,7 +107,43 @@ func ReadFunctionInto(r TextReader, syms *kernel.Symbols, sym kernel.Symbol, buf
 		}
 		code = code[:n]
 	}
-	return decode(sym.Name, sym.Module, sym.Addr, code, buf)
+	f, err := decode(sym.Name, sym.Module, sym.Addr, code, buf)
+	if err != nil || sym.Size == 0 || sym.Size >= uint64(len(code)) {
+		return f, err
+	}
+	f.TrimToSize(sym.Addr+sym.Size, end)
+	return f, nil
+}
+
+// TrimToSize ends f at size (its symbol's end), keeping the padding after
+// it (nops and int3s up to the next 16-byte boundary, or the next symbol,
+// next): what lies beyond is not f's. The padding is kept only if it
+// fills that gap exactly, so a function that follows unaligned, or an
+// endbr64 (which decodes as a nop), is never taken for padding.
+func (f *Function) TrimToSize(size, next uint64) {
+	n := sort.Search(len(f.Insns), func(i int) bool { return f.Insns[i].Addr >= size })
+	limit := min((size+15)&^15, next)
+	k := n
+	for k < len(f.Insns) && f.Insns[k].End() <= limit {
+		in := &f.Insns[k]
+		if !(in.Inst.Op == x86asm.NOP && !isEndbr(in.Bytes) || in.Bytes[0] == 0xcc) {
+			break
+		}
+		k++
+	}
+	if k == n || f.Insns[k-1].End() != limit {
+		k = n // not a clean run of padding: none
+	}
+	if n < len(f.Insns) {
+		f.Truncated = false // decoding stopped, if it did, past the function
+	}
+	f.Insns = f.Insns[:k]
+	f.End = f.Insns[k-1].End()
+}
+
+// isEndbr: endbr64 or endbr32, which decodeInst calls a nop.
+func isEndbr(b []byte) bool {
+	return len(b) == 4 && b[0] == 0xf3 && b[1] == 0x0f && b[2] == 0x1e && (b[3] == 0xfa || b[3] == 0xfb)
 }
 
 // decodeInst decodes one instruction. x86asm (v0.32) does not know

@@ -21,6 +21,11 @@ type ELFOptions struct {
 	// Required for relocatable files; symbols of sections it does not
 	// place are left out (init sections, freed after loading).
 	SectionBase func(section string) (uint64, bool)
+	// Sizes keeps each function's st_size (Symbol.Size), so that a
+	// function ends where its symbol says rather than at the next symbol:
+	// a stripped binary's .dynsym names only exported functions, and the
+	// static functions between them would be taken for their code.
+	Sizes bool
 }
 
 // ErrNoSectionBase is returned for a relocatable file without
@@ -75,7 +80,11 @@ func SymbolsFromELF(path string, o ELFOptions) (*Symbols, error) {
 		if sym.Bind != elf.STB_LOCAL {
 			typ -= 'a' - 'A'
 		}
-		syms = append(syms, Symbol{Addr: addr, Type: typ, Name: sym.Name, Module: o.Module, Indirect: sym.Indirect})
+		s := Symbol{Addr: addr, Type: typ, Name: sym.Name, Module: o.Module, Indirect: sym.Indirect}
+		if o.Sizes && sym.Kind == elfsym.Func {
+			s.Size = sym.Size
+		}
+		syms = append(syms, s)
 	}
 	if funcs == 0 {
 		return nil, fmt.Errorf("%s: no function symbols placed", path)

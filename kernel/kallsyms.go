@@ -21,6 +21,9 @@ type Symbol struct {
 	// Indirect: from an ELF file's STT_GNU_IFUNC, a resolver (a user
 	// library's strlen, memcpy…), not the function its name says.
 	Indirect bool
+	// Size is the ELF symbol's size (ELFOptions.Sizes); 0 when unknown,
+	// as from kallsyms, and the function then runs to the next symbol.
+	Size uint64
 }
 
 // IsText reports whether the symbol is in a text section (weak

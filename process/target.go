@@ -5,6 +5,7 @@ import (
 	"debug/elf"
 	"errors"
 	"fmt"
+	"github.com/kinst/kinst/debuginfo"
 	"io"
 	"io/fs"
 	"os"
@@ -127,6 +128,7 @@ func Attach(pid int) (*Target, error) {
 			continue // deleted, or not ELF
 		}
 		bias, err := elfsym.LoadSegments(f).MappingBias(*text, ms)
+		symFile := symbolFile(f, fmt.Sprintf("/proc/%d/root", pid))
 		f.Close()
 		if err != nil {
 			continue
@@ -135,7 +137,14 @@ func Attach(pid int) (*Target, error) {
 		if mod == t.exe {
 			mod = ""
 		}
-		s, err := kernel.SymbolsFromELF(fmt.Sprintf("/proc/%d/root%s", pid, path), kernel.ELFOptions{Module: mod, Slide: bias})
+		o := kernel.ELFOptions{Module: mod, Slide: bias, Sizes: true}
+		s, err := kernel.SymbolsFromELF(symFile, o)
+		if err != nil && symFile != "" {
+			symFile = ""
+		}
+		if symFile == "" {
+			s, err = kernel.SymbolsFromELF(fmt.Sprintf("/proc/%d/root%s", pid, path), o)
+		}
 		if err != nil {
 			continue
 		}
@@ -176,6 +185,35 @@ func ThreadGroup(pid int) int {
 		}
 	}
 	return pid
+}
+
+// symbolFile is the separate debug file (/usr/lib/debug/.build-id/…,
+// under root, the process's root) of a file f stripped to its .dynsym,
+// when one is installed: its .symtab names the static functions too (a
+// Debian -dbg or -dbgsym package). "" when f has a .symtab of its own or
+// no debug file is there.
+func symbolFile(f *elf.File, root string) string {
+	if f.Section(".symtab") != nil {
+		return ""
+	}
+	id, err := elfsym.BuildID(f)
+	if err != nil || id == "" {
+		return ""
+	}
+	for _, dir := range []string{root, ""} { // the process's view, then kinst's
+		p := dir + debuginfo.BuildIDPath(id)
+		df, err := elf.Open(p)
+		if err != nil {
+			continue
+		}
+		did, _ := elfsym.BuildID(df)
+		has := df.Section(".symtab") != nil
+		df.Close()
+		if did == id && has {
+			return p
+		}
+	}
+	return ""
 }
 
 // Exec reports whether the process has run exec since Attach, and the
@@ -385,6 +423,9 @@ func (t *Target) funcOf(sym kernel.Symbol, spec string) (*splice.Func, error) {
 		return nil, fmt.Errorf("%s is in the vDSO, which the kernel shares between processes: not spliced", spec)
 	}
 	end := t.Syms.End(sym)
+	if sym.Size > 0 { // its code and padding, not what lies past them
+		end = min(end, (sym.Addr+sym.Size+15)&^15)
+	}
 	if end <= sym.Addr || end-sym.Addr > 1<<20 {
 		return nil, fmt.Errorf("%s: function size unknown", sym.Name)
 	}
@@ -399,6 +440,9 @@ func (t *Target) funcOf(sym kernel.Symbol, spec string) (*splice.Func, error) {
 	fn, err := cfg.Decode(sym.Name, sym.Module, sym.Addr, code)
 	if err != nil {
 		return nil, err
+	}
+	if sym.Size > 0 && sym.Size < end-sym.Addr {
+		fn.TrimToSize(sym.Addr+sym.Size, end)
 	}
 	f := r.facts.Func(fn, t.verdit)
 	f.Sym = sym

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -448,5 +449,60 @@ func TestProcessExec(t *testing.T) {
 			t.Errorf("%s: errors after the exec:\n%s", tc.name, errb.String())
 		}
 		t.Logf("%s:\n%s", tc.name, errb.String())
+	}
+}
+
+// TestCoverProcessStripped: a binary stripped to its .dynsym, whose static
+// functions lie between the exported ones with no symbol. Each function
+// ends where its symbol's size says (nm -S is the oracle), padding aside,
+// so no probe is put in the static functions' code nor a splice across
+// their entries; the program's output is what it is without kinst.
+func TestCoverProcessStripped(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("kinst cover --user runs as root")
+	}
+	bin := filepath.Join(t.TempDir(), "stripped")
+	if out, err := exec.Command("gcc", "-O2", "-fno-inline", "-rdynamic", "-o", bin, "testdata/stripped.c").CombinedOutput(); err != nil {
+		t.Skipf("gcc: %v\n%s", err, out)
+	}
+	if out, err := exec.Command("strip", "--strip-all", bin).CombinedOutput(); err != nil {
+		t.Skipf("strip: %v\n%s", err, out)
+	}
+	nm, err := exec.Command("nm", "-S", "-D", "--defined-only", bin).Output()
+	if err != nil {
+		t.Skipf("nm: %v", err)
+	}
+	size := map[string]uint64{}
+	for _, l := range strings.Split(string(nm), "\n") {
+		if f := strings.Fields(l); len(f) == 4 && (f[2] == "T" || f[2] == "t") {
+			n, _ := strconv.ParseUint(f[1], 16, 64)
+			size[f[3]] = n
+		}
+	}
+	if len(size) < 4 {
+		t.Fatalf("nm -S -D: %v", size)
+	}
+	want, err := exec.Command(bin).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every function of the executable: the static ones follow _start,
+	// main and the exported_* functions, in an order the compiler picks.
+	rep := coverCommand(t, CoverOptions{Targets: []string{"*"}, Command: []string{bin}}, "", string(want))
+	for _, f := range rep.Functions {
+		n, ok := size[f.Function]
+		if !ok {
+			t.Errorf("%s: not a function nm lists", f.Function)
+			continue
+		}
+		end := uint64(f.Address) + (n+15)&^15 // its padding, to the next 16 bytes
+		for _, b := range f.Blocks {
+			if uint64(b.End) > end {
+				t.Errorf("%s block %d [%#x, %#x): past the symbol's end %#x (size %#x, padding to 16)", f.Function, b.Index, uint64(b.Start), uint64(b.End), uint64(f.Address)+n, n)
+			}
+		}
+		if strings.HasPrefix(f.Function, "exported_") && f.Covered == 0 {
+			t.Errorf("%s: nothing covered", f.Function)
+		}
 	}
 }
