@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/kinst/kinst/internal/x86dec"
 	"sort"
 
 	"github.com/kinst/kinst/internal/att"
@@ -151,25 +152,14 @@ func isEndbr(b []byte) bool {
 // 6.12): they decode here as a 4-byte NOP, which is what they do when
 // executed (no register, flag or memory effect). Splicing them is refused
 // elsewhere (Function.HasLandingPad, codegen).
-//
-// x86asm also gives VEX vzeroupper and vzeroall (c5 f8/fc 77, or the
-// three-byte c4 form), which have no ModRM, two bytes too many: glibc's
-// AVX2 and EVEX string functions end their loops with them, and every
-// boundary after one came out wrong (a probe there crashed the process).
+// Everything else is internal/x86dec's (x86asm with its vzeroupper
+// length corrected: glibc's AVX2 and EVEX string functions end their
+// loops with one, and every boundary after it came out wrong).
 func decodeInst(b []byte) (x86asm.Inst, error) {
 	if len(b) >= 4 && b[0] == 0xf3 && b[1] == 0x0f && b[2] == 0x1e && (b[3] == 0xfa || b[3] == 0xfb) {
 		return x86asm.Inst{Op: x86asm.NOP, Len: 4, Mode: 64, Opcode: uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])}, nil
 	}
-	inst, err := x86asm.Decode(b, 64)
-	if err == nil && (inst.Op == x86asm.VZEROUPPER || inst.Op == x86asm.VZEROALL) {
-		switch {
-		case b[0] == 0xc5 && len(b) >= 3 && b[2] == 0x77:
-			inst.Len = 3
-		case b[0] == 0xc4 && len(b) >= 4 && b[1]&0x1f == 1 && b[3] == 0x77:
-			inst.Len = 4
-		}
-	}
-	return inst, err
+	return x86dec.Decode(b)
 }
 
 // readChunk is the granule of the fallback read in ReadFunction.

@@ -3,6 +3,7 @@ package codegen
 import (
 	"bytes"
 	"fmt"
+	"github.com/kinst/kinst/internal/x86dec"
 
 	"github.com/kinst/kinst/internal/att"
 	"golang.org/x/arch/x86/x86asm"
@@ -98,7 +99,7 @@ func analyze(s Site) (*insn, error) {
 		// would put a jmp there instead.
 		return nil, &UnsupportedError{Addr: s.Addr, Inst: "endbr64", Reason: "an indirect-branch landing pad (endbr) must stay in place"}
 	}
-	inst, err := x86asm.Decode(s.Bytes, 64)
+	inst, err := x86dec.Decode(s.Bytes)
 	if err == nil && inst.Op == 0 {
 		err = errInvalid
 	}
@@ -220,7 +221,7 @@ func analyzeDecoded(s Site, inst x86asm.Inst, strict bool) (*insn, error) {
 		return nil, in.refuse("cannot locate its operands: %v", err)
 	}
 	in.l = l
-	if (strict || l.vex) && !stableDecode(s.Bytes, inst, l.vex) {
+	if (strict || l.vex) && x86dec.VzeroLen(s.Bytes) != len(s.Bytes) && !stableDecode(s.Bytes, inst, l.vex) {
 		return nil, in.refuse("x86asm decodes it differently when other bytes follow: not a well-formed instruction")
 	}
 	if err := in.checkRIP(); err != nil {

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"debug/elf"
 	"errors"
+	"github.com/kinst/kinst/internal/x86dec"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -14,8 +15,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-
-	"golang.org/x/arch/x86/x86asm"
 )
 
 // TestCorpus runs every instruction of real kernel code through the
@@ -67,7 +66,7 @@ func TestCorpus(t *testing.T) {
 			}
 			for off := 0; off < len(text); {
 				end := min(off+15, len(text))
-				inst, err := x86asm.Decode(text[off:end], 64)
+				inst, err := x86dec.Decode(text[off:end])
 				if err != nil || inst.Op == 0 {
 					off++
 					continue

@@ -3,6 +3,7 @@ package codegen
 import (
 	"encoding/binary"
 	"fmt"
+	"github.com/kinst/kinst/internal/x86dec"
 
 	"golang.org/x/arch/x86/x86asm"
 )
@@ -143,7 +144,7 @@ func (c *cpu) step() error {
 	for i := range buf {
 		buf[i] = c.m.mem[c.pc+uint64(i)]
 	}
-	inst, err := x86asm.Decode(buf[:], 64)
+	inst, err := x86dec.Decode(buf[:])
 	if err != nil {
 		return fmt.Errorf("%#x: %v", c.pc, err)
 	}

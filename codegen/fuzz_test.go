@@ -3,6 +3,7 @@ package codegen
 import (
 	"bytes"
 	"errors"
+	"github.com/kinst/kinst/internal/x86dec"
 	"testing"
 
 	"golang.org/x/arch/x86/x86asm"
@@ -31,7 +32,7 @@ func FuzzRelocate(f *testing.F) {
 		f.Add(code)
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		inst, err := x86asm.Decode(b, 64)
+		inst, err := x86dec.Decode(b)
 		if err != nil || inst.Op == 0 {
 			return
 		}

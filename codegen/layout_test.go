@@ -1,6 +1,7 @@
 package codegen
 
 import (
+	"github.com/kinst/kinst/internal/x86dec"
 	"testing"
 
 	"golang.org/x/arch/x86/x86asm"
@@ -25,7 +26,7 @@ var filler = []byte{0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0x99, 0xaa}
 // VEX, where x86asm shows it as an absolute address, the same value).
 func layoutAgrees(t *testing.T, enc []byte) {
 	t.Helper()
-	inst, err := x86asm.Decode(enc, 64)
+	inst, err := x86dec.Decode(enc)
 	if err != nil || inst.Op == 0 {
 		return
 	}

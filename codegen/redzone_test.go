@@ -3,6 +3,7 @@ package codegen
 import (
 	"bytes"
 	"errors"
+	"github.com/kinst/kinst/internal/x86dec"
 	"strings"
 	"testing"
 
@@ -32,7 +33,7 @@ func TestRedZone(t *testing.T) {
 			}
 			var got []string
 			for off := 0; off < p.Instr; {
-				in, err := x86asm.Decode(p.Code[off:], 64)
+				in, err := x86dec.Decode(p.Code[off:])
 				if err != nil {
 					t.Fatal(err)
 				}

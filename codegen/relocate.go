@@ -3,6 +3,7 @@ package codegen
 import (
 	"bytes"
 	"encoding/binary"
+	"github.com/kinst/kinst/internal/x86dec"
 
 	"golang.org/x/arch/x86/x86asm"
 )
@@ -88,7 +89,7 @@ func (in *insn) appendCopy(dst []byte, at uint64, enc []byte, op x86asm.Op) ([]b
 		return nil, err
 	}
 	binary.LittleEndian.PutUint32(c[in.l.rip:], uint32(d))
-	got, err := x86asm.Decode(c, 64)
+	got, err := x86dec.Decode(c)
 	if err != nil || got.Op != op || got.Len != len(c) || !sameOperands(got, in.inst) {
 		return nil, in.refuse("with its displacement recomputed it decodes as %q", gnu(got, at))
 	}

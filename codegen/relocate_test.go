@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/kinst/kinst/internal/x86dec"
 	"slices"
 	"strings"
 	"testing"
@@ -37,6 +38,8 @@ var relocCases = []relocCase{
 	{name: "call *table(,%rax,8) (absolute)", code: cat([]byte{0xff, 0x14, 0xc5}, i32(-0x7e000000)), push: true, ops: []x86asm.Op{x86asm.PUSH, x86asm.JMP}},
 	{name: "lock cmpxchg %rdx,(%rdi)", code: []byte{0xf0, 0x48, 0x0f, 0xb1, 0x17}, ops: []x86asm.Op{x86asm.CMPXCHG, x86asm.JMP}, exits: back},
 	{name: "mov $0x1d,%ecx", code: cat([]byte{0xb9}, i32(0x1d)), ops: opsPlain, exits: back},
+	// No ModRM: x86asm takes the next byte for one when there is one.
+	{name: "vzeroupper", code: []byte{0xc5, 0xf8, 0x77}, ops: []x86asm.Op{x86asm.VZEROUPPER, x86asm.JMP}, exits: back},
 
 	// RIP-relative: displacement recomputed.
 	{name: "mov disp(%rip),%rax", code: cat([]byte{0x48, 0x8b, 0x05}, i32(0x1000)),
@@ -162,7 +165,7 @@ func TestRelocate(t *testing.T) {
 				}
 				// x86asm does not see RIP-relative VEX operands; the
 				// objdump test checks those.
-				if x, _ := x86asm.Decode(tc.code, 64); x.Prefix[0]&0xff != 0xc5 && x.Prefix[0]&0xff != 0xc4 && x.Prefix[0]&0xff != 0x62 && mem != tc.mem {
+				if x, _ := x86dec.Decode(tc.code); x.Prefix[0]&0xff != 0xc5 && x.Prefix[0]&0xff != 0xc4 && x.Prefix[0]&0xff != 0x62 && mem != tc.mem {
 					t.Errorf("RIP-relative operand at %#x, want %#x", mem, tc.mem)
 				}
 				if wantPush := map[bool]uint64{true: nextAddr}[tc.push]; pushed != wantPush {
@@ -191,12 +194,12 @@ func TestRelocateEveryJcc(t *testing.T) {
 	for cc := byte(0); cc < 16; cc++ {
 		for _, code := range [][]byte{{0x70 | cc, 0x42}, cat([]byte{0x0f, 0x80 | cc}, i32(-0x4242))} {
 			site := Site{Addr: siteAddr, Bytes: code}
-			orig, _ := x86asm.Decode(code, 64)
+			orig, _ := x86dec.Decode(code)
 			out, err := Relocate(patchAddrs[0], site)
 			if err != nil {
 				t.Fatalf("% x: %v", code, err)
 			}
-			got, _ := x86asm.Decode(out, 64)
+			got, _ := x86dec.Decode(out)
 			if got.Op != orig.Op {
 				t.Errorf("% x: %v relocated as %v", code, orig.Op, got.Op)
 			}
@@ -286,7 +289,7 @@ func TestRelocateRefuses(t *testing.T) {
 		if _, err := FallsThrough(site); !errors.Is(err, ErrUnsupported) {
 			t.Errorf("%s: FallsThrough err = %v", name, err)
 		}
-		inst, _ := x86asm.Decode(code, 64)
+		inst, _ := x86dec.Decode(code)
 		if err := CheckRelocatable(siteAddr, inst, code); !errors.Is(err, ErrUnsupported) {
 			t.Errorf("%s: CheckRelocatable err = %v", name, err)
 		}
@@ -315,11 +318,11 @@ func TestPushReturnAboveTwoGiB(t *testing.T) {
 		if !bytes.HasPrefix(got, want) {
 			t.Errorf("% x: relocated to % x, want a prefix % x", tc.code, got, want)
 		}
-		inst, err := x86asm.Decode(got[len(want):], 64)
+		inst, err := x86dec.Decode(got[len(want):])
 		if err != nil || !strings.HasPrefix(strings.ToLower(inst.Op.String()), tc.tail) {
 			t.Errorf("% x: after the push, %v (%v), want %s", tc.code, inst, err, tc.tail)
 		}
-		in, _ := x86asm.Decode(tc.code, 64)
+		in, _ := x86dec.Decode(tc.code)
 		if err := CheckRelocatable(low, in, tc.code); err != nil {
 			t.Errorf("% x: CheckRelocatable: %v", tc.code, err)
 		}
@@ -329,7 +332,7 @@ func TestPushReturnAboveTwoGiB(t *testing.T) {
 // TestCheckRelocatable: the cheap check agrees with Relocate.
 func TestCheckRelocatable(t *testing.T) {
 	for _, tc := range relocCases {
-		inst, err := x86asm.Decode(tc.code, 64)
+		inst, err := x86dec.Decode(tc.code)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -390,7 +393,7 @@ func TestJmpRel32Boundaries(t *testing.T) {
 			t.Errorf("%#x → %#x: %v", from, tc.to, err)
 			continue
 		}
-		inst, err := x86asm.Decode(b, 64)
+		inst, err := x86dec.Decode(b)
 		rel, _ := inst.Args[0].(x86asm.Rel)
 		if err != nil || len(b) != 5 || b[0] != 0xe9 || inst.Op != x86asm.JMP || from+5+uint64(int64(rel)) != tc.to {
 			t.Errorf("JmpRel32(%#x, %#x) = % x", from, tc.to, b)

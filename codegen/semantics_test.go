@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"github.com/kinst/kinst/internal/x86dec"
 
 	"golang.org/x/arch/x86/x86asm"
 )
@@ -41,7 +42,7 @@ func (d decoded) target() (uint64, bool) {
 func decodeAll(code []byte, addr uint64) ([]decoded, error) {
 	var out []decoded
 	for off := 0; off < len(code); {
-		inst, err := x86asm.Decode(code[off:], 64)
+		inst, err := x86dec.Decode(code[off:])
 		if err == nil && inst.Op == 0 {
 			err = fmt.Errorf("invalid")
 		}
@@ -58,7 +59,7 @@ func decodeAll(code []byte, addr uint64) ([]decoded, error) {
 // written from the decoded original and output only (no package
 // internals): code placed at addr must do what site does.
 func checkSemantics(site Site, addr uint64, code []byte) error {
-	orig, err := x86asm.Decode(site.Bytes, 64)
+	orig, err := x86dec.Decode(site.Bytes)
 	if err != nil {
 		return err
 	}

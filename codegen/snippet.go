@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/kinst/kinst/internal/x86dec"
 
 	"golang.org/x/arch/x86/x86asm"
 )
@@ -273,7 +274,7 @@ func VerifyPatch(p *Patch, spec PatchSpec) error {
 	if spec.RedZone > 0 && base == 0 {
 		// No skip: nothing may push into the red zone.
 		for off := 0; off < len(instr); {
-			in, err := x86asm.Decode(instr[off:], 64)
+			in, err := x86dec.Decode(instr[off:])
 			if err != nil {
 				break // verifyInstrumentation decoded it all
 			}
@@ -401,7 +402,7 @@ func verifyInstrumentation(code []byte, base uint64) error {
 	// Every branch target must be an instruction boundary: walk again.
 	bound := map[int]bool{len(code): true}
 	for off := 0; off < len(code); {
-		inst, _ := x86asm.Decode(code[off:], 64)
+		inst, _ := x86dec.Decode(code[off:])
 		bound[off] = true
 		off += inst.Len
 	}

@@ -3,6 +3,7 @@ package codegen
 import (
 	"errors"
 	"fmt"
+	"github.com/kinst/kinst/internal/x86dec"
 	"os/exec"
 	"strings"
 	"testing"
@@ -347,7 +348,7 @@ func TestFallThroughPatches(t *testing.T) {
 	var ops []string
 	var last x86asm.Inst
 	for off := 0; off < len(code); {
-		inst, err := x86asm.Decode(code[off:], 64)
+		inst, err := x86dec.Decode(code[off:])
 		if err != nil {
 			t.Fatalf("+%d: %v", off, err)
 		}
@@ -368,7 +369,7 @@ func TestFallThroughPatches(t *testing.T) {
 	}
 	// The census's form (on an instruction already decoded) agrees.
 	for _, b := range [][]byte{{0x74, 0x05}, {0xe8, 0, 0, 0, 0}, {0xc3}, {0x55}, {0x48, 0x8b, 0x05, 1, 2, 3, 4}, {0xff, 0xd0}, {0xe2, 0xfe}} {
-		inst, err := x86asm.Decode(b, 64)
+		inst, err := x86dec.Decode(b)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -3,6 +3,7 @@ package codegen
 import (
 	"errors"
 	"fmt"
+	"github.com/kinst/kinst/internal/x86dec"
 	"math/rand"
 	"testing"
 
@@ -248,7 +249,7 @@ func sameListing(a, b []byte) bool {
 func decodedListing(code []byte) []string {
 	var out []string
 	for off := 0; off < len(code); {
-		inst, err := x86asm.Decode(code[off:], 64)
+		inst, err := x86dec.Decode(code[off:])
 		if err != nil {
 			return append(out, "bad")
 		}

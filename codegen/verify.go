@@ -3,6 +3,7 @@ package codegen
 import (
 	"bytes"
 	"fmt"
+	"github.com/kinst/kinst/internal/x86dec"
 
 	"golang.org/x/arch/x86/x86asm"
 )
@@ -84,7 +85,7 @@ func (r *reader) decode(n int) (x86asm.Inst, []byte, error) {
 	if r.off >= len(r.code) {
 		return x86asm.Inst{}, nil, r.fail("patch ends early")
 	}
-	inst, err := x86asm.Decode(r.code[r.off:min(r.off+n, len(r.code))], 64)
+	inst, err := x86dec.Decode(r.code[r.off:min(r.off+n, len(r.code))])
 	if err == nil && inst.Op == 0 {
 		err = errInvalid
 	}

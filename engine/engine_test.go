@@ -3,6 +3,7 @@ package engine
 import (
 	"bytes"
 	"errors"
+	"github.com/kinst/kinst/internal/x86dec"
 	"io"
 	"log/slog"
 	"strings"
@@ -301,7 +302,7 @@ func TestCoveringSplice(t *testing.T) {
 	at, code := h.patchOf(b)
 	var ops []string
 	for off := 0; off < len(code); {
-		inst, err := x86asm.Decode(code[off:], 64)
+		inst, err := x86dec.Decode(code[off:])
 		if err != nil {
 			t.Fatalf("patch +%d: %v", off, err)
 		}

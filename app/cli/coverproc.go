@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/kinst/kinst/api"
@@ -179,17 +180,25 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 func librariesDebug(rep *api.CoverReport, tg *process.Target, env Env) map[string]*debuginfo.File {
 	out := map[string]*debuginfo.File{}
 	seen := map[string]bool{}
+	var none []string
 	for _, f := range rep.Functions {
 		if f.Module == "" || seen[f.Module] {
 			continue
 		}
 		seen[f.Module] = true
 		dbg, err := libraryDebug(tg.Path(f.Module))
+		if errors.Is(err, debuginfo.ErrNoDebugInfo) {
+			none = append(none, f.Module)
+			continue
+		}
 		if err != nil {
 			fmt.Fprintf(env.Err, "kinst: no source lines for %s: %v\n", f.Module, err)
 			continue
 		}
 		out[f.Module] = dbg
+	}
+	if len(none) > 0 {
+		fmt.Fprintf(env.Err, "kinst: no source lines for %s: no DWARF, nor a debug file by build id under /usr/lib/debug (install the -dbg or -dbgsym package)\n", strings.Join(none, ", "))
 	}
 	return out
 }

@@ -8,6 +8,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/kinst/kinst/internal/x86dec"
 	"maps"
 	"os"
 	"path/filepath"
@@ -486,7 +487,7 @@ func (k *Kernel) counterUses(addr uint64) ([]counterUse, error) {
 	lo, hi := k.counterBase(), k.counterBase()+uint64(len(k.Counters))*8
 	var uses []counterUse
 	for off := 0; off < len(code); {
-		in, err := x86asm.Decode(code[off:], 64)
+		in, err := x86dec.Decode(code[off:])
 		if err != nil {
 			break
 		}
