@@ -24,7 +24,8 @@ type ELFOptions struct {
 	// Sizes keeps each function's st_size (Symbol.Size), so that a
 	// function ends where its symbol says rather than at the next symbol:
 	// a stripped binary's .dynsym names only exported functions, and the
-	// static functions between them would be taken for their code.
+	// static functions between them would be taken for their code. An
+	// unsized function ends with its section.
 	Sizes bool
 }
 
@@ -83,6 +84,13 @@ func SymbolsFromELF(path string, o ELFOptions) (*Symbols, error) {
 		s := Symbol{Addr: addr, Type: typ, Name: sym.Name, Module: o.Module, Indirect: sym.Indirect}
 		if o.Sizes && sym.Kind == elfsym.Func {
 			s.Size = sym.Size
+			// An unsized function (crt's _init and _fini) ends with its
+			// section: the next symbol may lie past the PLT.
+			if s.Size == 0 && !rel && int(sym.Section) < len(f.Sections) {
+				if sec := f.Sections[sym.Section]; sym.Addr >= sec.Addr && sym.Addr < sec.Addr+sec.Size {
+					s.Size = sec.Addr + sec.Size - sym.Addr
+				}
+			}
 		}
 		syms = append(syms, s)
 	}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"debug/elf"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -452,57 +453,88 @@ func TestProcessExec(t *testing.T) {
 	}
 }
 
-// TestCoverProcessStripped: a binary stripped to its .dynsym, whose static
-// functions lie between the exported ones with no symbol. Each function
-// ends where its symbol's size says (nm -S is the oracle), padding aside,
-// so no probe is put in the static functions' code nor a splice across
-// their entries; the program's output is what it is without kinst.
+// TestCoverProcessStripped: every function of a binary, stripped to its
+// .dynsym (static functions lie between the exported ones with no
+// symbol) and not (crt's _init has no size, and the PLT follows it). Each
+// function ends where its symbol's size says (nm -S is the oracle),
+// padding aside, or with its ELF section when unsized, so no probe is put
+// in other code nor a splice across its entries; the program's output is
+// what it is without kinst.
 func TestCoverProcessStripped(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("kinst cover --user runs as root")
 	}
-	bin := filepath.Join(t.TempDir(), "stripped")
-	if out, err := exec.Command("gcc", "-O2", "-fno-inline", "-rdynamic", "-o", bin, "testdata/stripped.c").CombinedOutput(); err != nil {
-		t.Skipf("gcc: %v\n%s", err, out)
-	}
-	if out, err := exec.Command("strip", "--strip-all", bin).CombinedOutput(); err != nil {
-		t.Skipf("strip: %v\n%s", err, out)
-	}
-	nm, err := exec.Command("nm", "-S", "-D", "--defined-only", bin).Output()
-	if err != nil {
-		t.Skipf("nm: %v", err)
-	}
-	size := map[string]uint64{}
-	for _, l := range strings.Split(string(nm), "\n") {
-		if f := strings.Fields(l); len(f) == 4 && (f[2] == "T" || f[2] == "t") {
-			n, _ := strconv.ParseUint(f[1], 16, 64)
-			size[f[3]] = n
+	for _, stripped := range []bool{true, false} {
+		bin := filepath.Join(t.TempDir(), "stripped")
+		if out, err := exec.Command("gcc", "-O2", "-fno-inline", "-rdynamic", "-o", bin, "testdata/stripped.c").CombinedOutput(); err != nil {
+			t.Skipf("gcc: %v\n%s", err, out)
 		}
-	}
-	if len(size) < 4 {
-		t.Fatalf("nm -S -D: %v", size)
-	}
-	want, err := exec.Command(bin).Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Every function of the executable: the static ones follow _start,
-	// main and the exported_* functions, in an order the compiler picks.
-	rep := coverCommand(t, CoverOptions{Targets: []string{"*"}, Command: []string{bin}}, "", string(want))
-	for _, f := range rep.Functions {
-		n, ok := size[f.Function]
-		if !ok {
-			t.Errorf("%s: not a function nm lists", f.Function)
-			continue
+		nmArgs := []string{"-S", "--defined-only", bin}
+		if stripped {
+			if out, err := exec.Command("strip", "--strip-all", bin).CombinedOutput(); err != nil {
+				t.Skipf("strip: %v\n%s", err, out)
+			}
+			nmArgs = append([]string{"-D"}, nmArgs...)
 		}
-		end := uint64(f.Address) + (n+15)&^15 // its padding, to the next 16 bytes
-		for _, b := range f.Blocks {
-			if uint64(b.End) > end {
-				t.Errorf("%s block %d [%#x, %#x): past the symbol's end %#x (size %#x, padding to 16)", f.Function, b.Index, uint64(b.Start), uint64(b.End), uint64(f.Address)+n, n)
+		nm, err := exec.Command("nm", nmArgs...).Output()
+		if err != nil {
+			t.Skipf("nm: %v", err)
+		}
+		type sym struct{ addr, size uint64 }
+		syms := map[string]sym{}
+		for _, l := range strings.Split(string(nm), "\n") {
+			f := strings.Fields(l)
+			if len(f) == 4 && (f[2] == "T" || f[2] == "t") {
+				a, _ := strconv.ParseUint(f[0], 16, 64)
+				n, _ := strconv.ParseUint(f[1], 16, 64)
+				syms[f[3]] = sym{a, n}
+			} else if len(f) == 3 && (f[1] == "T" || f[1] == "t") {
+				a, _ := strconv.ParseUint(f[0], 16, 64)
+				syms[f[2]] = sym{a, 0}
 			}
 		}
-		if strings.HasPrefix(f.Function, "exported_") && f.Covered == 0 {
-			t.Errorf("%s: nothing covered", f.Function)
+		if len(syms) < 4 {
+			t.Fatalf("nm %v: %v", nmArgs, syms)
 		}
+		ef, err := elf.Open(bin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sectionEnd := func(a uint64) uint64 {
+			for _, sec := range ef.Sections {
+				if sec.Flags&elf.SHF_EXECINSTR != 0 && a >= sec.Addr && a < sec.Addr+sec.Size {
+					return sec.Addr + sec.Size
+				}
+			}
+			return 0
+		}
+		want, err := exec.Command(bin).Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep := coverCommand(t, CoverOptions{Targets: []string{"*"}, Command: []string{bin}}, "", string(want))
+		for _, f := range rep.Functions {
+			s, ok := syms[f.Function]
+			if !ok {
+				t.Errorf("stripped=%v %s: not a function nm lists", stripped, f.Function)
+				continue
+			}
+			// In the file's addresses: the padding to the next 16 bytes,
+			// or the section's end for an unsized function.
+			end := s.addr + (s.size+15)&^15
+			if s.size == 0 {
+				end = sectionEnd(s.addr)
+			}
+			slide := uint64(f.Address) - s.addr
+			for _, b := range f.Blocks {
+				if uint64(b.End)-slide > end {
+					t.Errorf("stripped=%v %s block %d [%#x, %#x): past %#x (size %#x)", stripped, f.Function, b.Index, uint64(b.Start)-slide, uint64(b.End)-slide, end, s.size)
+				}
+			}
+			if strings.HasPrefix(f.Function, "exported_") && f.Covered == 0 {
+				t.Errorf("stripped=%v %s: nothing covered", stripped, f.Function)
+			}
+		}
+		ef.Close()
 	}
 }
