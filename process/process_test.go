@@ -293,6 +293,17 @@ func TestBadInput(t *testing.T) {
 	if _, err := Attach(1<<22 + 12345); !errors.Is(err, ErrNoProcess) {
 		t.Errorf("attach to no process: %v", err)
 	}
+	// A kernel thread (kthreadd, or whichever this system shows).
+	if ents, err := os.ReadDir("/proc"); err == nil {
+		for _, e := range ents {
+			if pid, err := strconv.Atoi(e.Name()); err == nil && kernelThread(pid) {
+				if _, err := Attach(pid); !errors.Is(err, ErrNotTraceable) || !strings.Contains(err.Error(), "kernel thread") {
+					t.Errorf("attach to kernel thread %d: %v", pid, err)
+				}
+				break
+			}
+		}
+	}
 	w := start(t, build(t))
 	pid := w.cmd.Process.Pid
 	tg, err := Attach(pid)

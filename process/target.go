@@ -96,6 +96,9 @@ func readMaps(pid int) ([]mapping, [2]uint64, error) {
 // the first splice: then kinst's region is mapped near the text spliced.
 func Attach(pid int) (*Target, error) {
 	pid = ThreadGroup(pid)
+	if kernelThread(pid) {
+		return nil, fmt.Errorf("%w: %d is a kernel thread, with no user address space: its code is the kernel's (kinst count FUNC, without -p, or --pid %d to count only its calls)", ErrNotTraceable, pid, pid)
+	}
 	maps, vdso, err := readMaps(pid)
 	if err != nil {
 		return nil, err
@@ -167,6 +170,22 @@ func Attach(pid int) (*Target, error) {
 		}
 	}
 	return t, nil
+}
+
+// kernelThread: pid is a kernel thread (PF_KTHREAD in /proc/PID/stat's
+// flags, the ninth field).
+func kernelThread(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	_, rest, ok := strings.Cut(string(b), ") ")
+	f := strings.Fields(rest)
+	if !ok || len(f) < 7 {
+		return false
+	}
+	flags, err := strconv.ParseUint(f[6], 10, 64)
+	return err == nil && flags&0x00200000 != 0
 }
 
 // ThreadGroup is the process a thread ID belongs to (its Tgid), so that
