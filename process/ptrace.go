@@ -90,7 +90,7 @@ func stopAll(pid int) (map[int]*stopped, error) {
 					continue // exited meanwhile
 				}
 				resumeAll(pid, held)
-				return nil, fmt.Errorf("%w: ptrace(SEIZE, %d): %v%s", ErrNotTraceable, tid, err, tracedBy(tid))
+				return nil, fmt.Errorf("%w: ptrace(SEIZE, %d): %v%s", ErrNotTraceable, tid, err, ptraceNote(tid))
 			}
 			if err := unix.PtraceInterrupt(tid); err != nil {
 				unix.PtraceDetach(tid)
@@ -173,6 +173,23 @@ func resumeAll(pid int, held map[int]*stopped) {
 			unix.Tgkill(pid, st.tid, syscall.Signal(st.sig))
 		}
 	}
+}
+
+// ptraceNote says why ptrace may have refused thread tid: another
+// tracer holds it (only one may), or Yama's ptrace_scope forbids it.
+func ptraceNote(tid int) string {
+	if by := tracedBy(tid); by != "" {
+		return by
+	}
+	b, err := os.ReadFile("/proc/sys/kernel/yama/ptrace_scope")
+	switch scope := strings.TrimSpace(string(b)); {
+	case err != nil:
+	case scope == "3":
+		return " (kernel.yama.ptrace_scope is 3: no process may be traced until reboot)"
+	case scope == "2":
+		return " (kernel.yama.ptrace_scope is 2: tracing needs CAP_SYS_PTRACE; run kinst as root)"
+	}
+	return ""
 }
 
 // tracedBy names the tracer holding thread tid, if one does (a debugger,
