@@ -971,8 +971,8 @@ func countWork(t *testing.T, pid int, what string) (*Target, *splice.Site, []*en
 // region is made by the process itself. The count is the program's own.
 func TestPidNamespace(t *testing.T) {
 	needPtrace(t)
-	if _, err := exec.LookPath("unshare"); err != nil {
-		t.Skip("no unshare")
+	if out, err := exec.Command("unshare", "--pid", "--fork", "--mount-proc", "true").CombinedOutput(); err != nil {
+		t.Skipf("unshare cannot make a pid namespace here: %v %s", err, out)
 	}
 	bin := build(t)
 	w := start(t, "unshare", "--pid", "--fork", "--mount-proc", bin)
