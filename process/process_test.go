@@ -123,14 +123,7 @@ func TestCountInProcess(t *testing.T) {
 			w := start(t, build(t, tc.flags...))
 			want := w.round(t) // uninstrumented
 			pid := w.cmd.Process.Pid
-			tg, err := Attach(pid)
-			if err != nil {
-				t.Fatal(err)
-			}
-			entry, err := tg.Resolve("work")
-			if err != nil {
-				t.Fatal(err)
-			}
+			tg, entry := attachWork(t, pid)
 			fn := entry.Fn
 			orig := textOf(t, pid, fn)
 			points := []string{"work"}
@@ -946,19 +939,26 @@ func TestThreadID(t *testing.T) {
 	}
 }
 
-// countWork attaches to pid and counts work()'s calls; the target is
-// closed when the test ends. what names the process in a failure.
-func countWork(t *testing.T, pid int, what string) (*Target, *splice.Site, []*engine.Request) {
+// attachWork attaches to pid and plans work()'s entry.
+func attachWork(t *testing.T, pid int) (*Target, *splice.Site) {
 	t.Helper()
 	tg, err := Attach(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { tg.Close() })
-	s, err := tg.Resolve("work")
+	entry, err := tg.Resolve("work")
 	if err != nil {
 		t.Fatal(err)
 	}
+	return tg, entry
+}
+
+// countWork attaches to pid and counts work()'s calls; the target is
+// closed when the test ends. what names the process in a failure.
+func countWork(t *testing.T, pid int, what string) (*Target, *splice.Site, []*engine.Request) {
+	t.Helper()
+	tg, s := attachWork(t, pid)
+	t.Cleanup(func() { tg.Close() })
 	reqs, err := tg.Count("test", []*splice.Site{s})
 	if err != nil {
 		t.Fatalf("count in %s: %v", what, err)
@@ -1041,15 +1041,8 @@ func TestKinstDies(t *testing.T) {
 	w := start(t, build(t))
 	want := w.round(t)
 	pid := w.cmd.Process.Pid
-	tg, err := Attach(pid) // to read the text only
-	if err != nil {
-		t.Fatal(err)
-	}
+	tg, entry := attachWork(t, pid) // to read the text only
 	defer tg.Abandon()
-	entry, err := tg.Resolve("work")
-	if err != nil {
-		t.Fatal(err)
-	}
 	orig := textOf(t, pid, entry.Fn)
 	helper := exec.Command(os.Args[0], "-test.run=^TestHelperKinst$")
 	helper.Env = append(os.Environ(), fmt.Sprintf("KINST_HELPER_PID=%d", pid))
@@ -1086,14 +1079,7 @@ func TestHelperKinst(t *testing.T) {
 	if err != nil {
 		t.Skip("run by TestKinstDies")
 	}
-	tg, err := Attach(pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	entry, err := tg.Resolve("work")
-	if err != nil {
-		t.Fatal(err)
-	}
+	tg, entry := attachWork(t, pid)
 	_, sites, classes := classSites(t, tg, "mix", []*splice.Site{entry})
 	if _, err := tg.Count("helper", append(sites, entry)); err != nil {
 		t.Fatal(err)
