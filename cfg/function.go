@@ -4,12 +4,13 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"github.com/kinst/kinst/internal/x86dec"
 	"sort"
 
-	"github.com/kinst/kinst/internal/att"
-	"github.com/kinst/kinst/kernel"
 	"golang.org/x/arch/x86/x86asm"
+
+	"github.com/kinst/kinst/internal/att"
+	"github.com/kinst/kinst/internal/x86dec"
+	"github.com/kinst/kinst/kernel"
 )
 
 // Instruction is one decoded instruction of a function.

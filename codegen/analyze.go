@@ -3,10 +3,11 @@ package codegen
 import (
 	"bytes"
 	"fmt"
-	"github.com/kinst/kinst/internal/x86dec"
+
+	"golang.org/x/arch/x86/x86asm"
 
 	"github.com/kinst/kinst/internal/att"
-	"golang.org/x/arch/x86/x86asm"
+	"github.com/kinst/kinst/internal/x86dec"
 )
 
 // Site is the one original instruction being replaced.

@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"debug/elf"
 	"errors"
-	"github.com/kinst/kinst/internal/x86dec"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -15,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/kinst/kinst/internal/x86dec"
 )
 
 // TestCorpus runs every instruction of real kernel code through the

@@ -3,9 +3,10 @@ package codegen
 import (
 	"encoding/binary"
 	"fmt"
-	"github.com/kinst/kinst/internal/x86dec"
 
 	"golang.org/x/arch/x86/x86asm"
+
+	"github.com/kinst/kinst/internal/x86dec"
 )
 
 // A small interpreter for the instructions probes use, on x86asm's decoding

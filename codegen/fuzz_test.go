@@ -3,10 +3,11 @@ package codegen
 import (
 	"bytes"
 	"errors"
-	"github.com/kinst/kinst/internal/x86dec"
 	"testing"
 
 	"golang.org/x/arch/x86/x86asm"
+
+	"github.com/kinst/kinst/internal/x86dec"
 )
 
 // mustRefuse lists, independently of the package's own tables, what no

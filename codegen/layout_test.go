@@ -1,10 +1,11 @@
 package codegen
 
 import (
-	"github.com/kinst/kinst/internal/x86dec"
 	"testing"
 
 	"golang.org/x/arch/x86/x86asm"
+
+	"github.com/kinst/kinst/internal/x86dec"
 )
 
 // modrmForms are ModRM (+SIB, displacement) tails: RIP-relative,

@@ -3,11 +3,12 @@ package codegen
 import (
 	"bytes"
 	"errors"
-	"github.com/kinst/kinst/internal/x86dec"
 	"strings"
 	"testing"
 
 	"golang.org/x/arch/x86/x86asm"
+
+	"github.com/kinst/kinst/internal/x86dec"
 )
 
 // TestRedZone: with a red zone, a patch that pushes moves %rsp below it

@@ -3,9 +3,10 @@ package codegen
 import (
 	"bytes"
 	"encoding/binary"
-	"github.com/kinst/kinst/internal/x86dec"
 
 	"golang.org/x/arch/x86/x86asm"
+
+	"github.com/kinst/kinst/internal/x86dec"
 )
 
 // Relocate returns code equivalent to site's instruction when placed at

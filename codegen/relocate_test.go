@@ -4,12 +4,13 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"github.com/kinst/kinst/internal/x86dec"
 	"slices"
 	"strings"
 	"testing"
 
 	"golang.org/x/arch/x86/x86asm"
+
+	"github.com/kinst/kinst/internal/x86dec"
 )
 
 const next = 0 // marks the fall-through address in relocCase.exits

@@ -4,9 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"github.com/kinst/kinst/internal/x86dec"
 
 	"golang.org/x/arch/x86/x86asm"
+
+	"github.com/kinst/kinst/internal/x86dec"
 )
 
 // Snippet is one request's instrumentation at a point: a counter, an AOT

@@ -3,12 +3,13 @@ package codegen
 import (
 	"errors"
 	"fmt"
-	"github.com/kinst/kinst/internal/x86dec"
 	"os/exec"
 	"strings"
 	"testing"
 
 	"golang.org/x/arch/x86/x86asm"
+
+	"github.com/kinst/kinst/internal/x86dec"
 )
 
 const testBase = 0xffffffffc0a00000 // a module-area address

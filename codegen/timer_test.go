@@ -3,12 +3,13 @@ package codegen
 import (
 	"errors"
 	"fmt"
-	"github.com/kinst/kinst/internal/x86dec"
 	"math/rand"
 	"testing"
 
-	"github.com/kinst/kinst/metrics"
 	"golang.org/x/arch/x86/x86asm"
+
+	"github.com/kinst/kinst/internal/x86dec"
+	"github.com/kinst/kinst/metrics"
 )
 
 const (

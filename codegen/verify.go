@@ -3,9 +3,10 @@ package codegen
 import (
 	"bytes"
 	"fmt"
-	"github.com/kinst/kinst/internal/x86dec"
 
 	"golang.org/x/arch/x86/x86asm"
+
+	"github.com/kinst/kinst/internal/x86dec"
 )
 
 // Verify decodes a patch built by CounterPatch back and checks it before it

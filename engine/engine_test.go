@@ -3,7 +3,6 @@ package engine
 import (
 	"bytes"
 	"errors"
-	"github.com/kinst/kinst/internal/x86dec"
 	"io"
 	"log/slog"
 	"strings"
@@ -15,6 +14,7 @@ import (
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/codegen"
 	"github.com/kinst/kinst/engine/enginetest"
+	"github.com/kinst/kinst/internal/x86dec"
 	"github.com/kinst/kinst/splice"
 )
 

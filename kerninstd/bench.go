@@ -4,11 +4,11 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"github.com/kinst/kinst/api"
 	"sort"
 	"sync"
 	"time"
 
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/codegen"
 	"github.com/kinst/kinst/engine"
 	"github.com/kinst/kinst/splice"

@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kinst/kinst/api"
 	"math/rand"
 	"sync"
 	"time"
 
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/engine"
 	"github.com/kinst/kinst/splice"
 )

@@ -4,9 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"github.com/kinst/kinst/api"
 	"testing"
 
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/codegen"
 	"github.com/kinst/kinst/kernel"
 )

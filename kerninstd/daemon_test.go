@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kinst/kinst/api"
 	"io"
 	"log/slog"
 	"net/http/httptest"
@@ -15,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/census"
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/codegen"

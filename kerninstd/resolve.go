@@ -2,8 +2,8 @@ package kerninstd
 
 import (
 	"encoding/hex"
-	"github.com/kinst/kinst/api"
 
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/splice"
 )
 

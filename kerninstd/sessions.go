@@ -3,10 +3,10 @@ package kerninstd
 import (
 	"errors"
 	"fmt"
-	"github.com/kinst/kinst/api"
 	"sort"
 	"time"
 
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/codegen"
 	"github.com/kinst/kinst/splice"
 )

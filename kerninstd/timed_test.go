@@ -3,7 +3,6 @@ package kerninstd
 import (
 	"bytes"
 	"errors"
-	"github.com/kinst/kinst/api"
 	"io"
 	"log/slog"
 	"math"
@@ -14,10 +13,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kinst/kinst/engine/enginetest"
-	"github.com/kinst/kinst/kernel"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/engine/enginetest"
+	"github.com/kinst/kinst/kernel"
 )
 
 func TestTimedSessionLifecycle(t *testing.T) {

@@ -1,9 +1,10 @@
 package splice
 
 import (
+	"golang.org/x/arch/x86/x86asm"
+
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/springboard"
-	"golang.org/x/arch/x86/x86asm"
 )
 
 // SpringboardSpace returns the bytes of fn that are safe to overwrite

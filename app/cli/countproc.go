@@ -12,9 +12,11 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"golang.org/x/arch/x86/x86asm"
 	"golang.org/x/sys/unix"
 
 	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/metrics"
 	"github.com/kinst/kinst/process"
 	"github.com/kinst/kinst/splice"
@@ -320,6 +322,9 @@ func TimeProcess(ctx context.Context, pid int, o TimeOptions, env Env) (int, err
 		}
 		fmt.Fprintf(stderr, "kinst: timing %s in process %d: entry at +%#x, %d exit(s) at %s\n", tm.Function, r.pid,
 			tm.Entry.Addr()-tm.Entry.Fn.Addr, len(tm.Exits), strings.Join(exits, " "))
+		if callsItself(tm.Entry.Fn) {
+			fmt.Fprintf(stderr, "kinst: %s calls itself: every active frame is timed, so total wall counts nested calls again and concurrency is the average depth\n", tm.Function)
+		}
 	}
 	accs := make([]metrics.TimerAcc, len(timers))
 	points := make([]metrics.Point, len(timers))
@@ -402,4 +407,19 @@ func alive(pid int) bool {
 	}
 	_, rest, _ := strings.Cut(string(b), ") ")
 	return !strings.HasPrefix(rest, "Z") && !strings.HasPrefix(rest, "X")
+}
+
+// callsItself: fn has a direct call to its own entry, recursion a timer
+// sees as nested frames (a tail call to itself is an exit, then an entry).
+func callsItself(fn *cfg.Function) bool {
+	for i := range fn.Insns {
+		in := &fn.Insns[i]
+		if in.Inst.Op != x86asm.CALL {
+			continue
+		}
+		if to, ok := cfg.BranchTarget(in); ok && to == fn.Addr {
+			return true
+		}
+	}
+	return false
 }

@@ -12,7 +12,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kinst/kinst/api"
 	"io"
 	"os"
 	"os/signal"
@@ -20,6 +19,8 @@ import (
 	"syscall"
 
 	"github.com/spf13/pflag"
+
+	"github.com/kinst/kinst/api"
 )
 
 func main() {

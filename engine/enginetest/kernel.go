@@ -8,7 +8,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/kinst/kinst/internal/x86dec"
 	"maps"
 	"os"
 	"path/filepath"
@@ -18,6 +17,7 @@ import (
 	"golang.org/x/arch/x86/x86asm"
 
 	"github.com/kinst/kinst/driver"
+	"github.com/kinst/kinst/internal/x86dec"
 )
 
 // Kernel stands in for the driver in unit tests. It never executes
