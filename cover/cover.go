@@ -111,9 +111,11 @@ func Flag(pred codegen.Predicate) engine.SnippetFunc {
 	}
 }
 
-// Arm splices every planned probe in one engine batch, owned by owner,
-// timing it with now. A probe the engine cannot install leaves its block
-// refused with the error; the others stay.
+// Arm splices every probe planned since the last Arm in one engine batch,
+// owned by owner, timing it with now. A probe the engine cannot install
+// leaves its block refused with the error; the others stay. Arm again
+// after Add when more functions come (a library a process loads later):
+// the timeline keeps counting from the first Arm, ArmNS adds up.
 func (s *Set) Arm(eng Engine, owner string, snippet engine.SnippetFunc, now func() time.Time) {
 	sites := make([]*splice.Site, len(s.pending))
 	for i, p := range s.pending {
@@ -121,8 +123,12 @@ func (s *Set) Arm(eng Engine, owner string, snippet engine.SnippetFunc, now func
 	}
 	start := now()
 	reqs, errs := eng.AddEach(sites, engine.Spec{Owner: owner, Slots: 1, Snippet: snippet})
-	s.armed = now()
-	s.report.ArmNS = int64(s.armed.Sub(start))
+	end := now()
+	first := s.armed.IsZero()
+	if first {
+		s.armed = end
+	}
+	s.report.ArmNS += int64(end.Sub(start))
 	for i, r := range reqs {
 		p := s.pending[i]
 		f := &s.report.Functions[p.Function]
@@ -143,8 +149,12 @@ func (s *Set) Arm(eng Engine, owner string, snippet engine.SnippetFunc, now func
 	for _, f := range s.report.Functions {
 		s.report.TotalBlocks += f.Total
 	}
-	s.report.Armed = len(s.live)
-	s.report.Timeline = append(s.report.Timeline, api.CoverSample{LiveProbes: len(s.live)})
+	s.report.Armed = len(s.live) + s.report.Removed
+	sample := api.CoverSample{LiveProbes: len(s.live), Covered: s.report.CoveredBlocks}
+	if !first {
+		sample.ElapsedNS = int64(end.Sub(s.armed))
+	}
+	s.report.Timeline = append(s.report.Timeline, sample)
 }
 
 // Sweep marks the blocks whose probe has run as covered and removes those

@@ -1087,3 +1087,48 @@ func TestHelperKinst(t *testing.T) {
 	fmt.Printf("spliced %d points: %v and work\n", len(sites)+1, classes)
 	select {}
 }
+
+// TestRefresh: a library the process loads with dlopen after kinst
+// attached is not there to name until Refresh reads it; then its
+// functions resolve and count.
+func TestRefresh(t *testing.T) {
+	needPtrace(t)
+	bin := filepath.Join(t.TempDir(), "dlopen")
+	if out, err := exec.Command("gcc", "-O2", "-o", bin, "testdata/dlopen.c", "-ldl").CombinedOutput(); err != nil {
+		t.Skipf("gcc: %v\n%s", err, out)
+	}
+	w := start(t, bin)
+	tg, err := Attach(w.cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tg.Close()
+	if _, err := tg.Resolve("libm:cbrt"); !errors.Is(err, ErrNoFunction) {
+		t.Fatalf("libm:cbrt before the dlopen: %v", err)
+	}
+	if mods, err := tg.Refresh(); err != nil || len(mods) != 0 {
+		t.Errorf("Refresh with nothing new: %v, %v", mods, err)
+	}
+	fmt.Fprintln(w.in, "load")
+	if l, _ := w.out.ReadString('\n'); l != "loaded 1\n" {
+		t.Fatalf("dlopen: %q", l)
+	}
+	mods, err := tg.Refresh()
+	if err != nil || len(mods) != 1 || !strings.HasPrefix(mods[0], "libm") {
+		t.Fatalf("Refresh after the dlopen: %v, %v", mods, err)
+	}
+	s, err := tg.Resolve("libm:cbrt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs, err := tg.Count("test", []*splice.Site{s})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := w.round(t); !strings.HasPrefix(got, "calls 1000") {
+		t.Fatalf("the program said %q", got)
+	}
+	if n := tg.Counter(reqs[0], 0); n != 1000 {
+		t.Errorf("libm:cbrt counted %d times, want the program's 1000", n)
+	}
+}

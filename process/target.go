@@ -43,6 +43,8 @@ type Target struct {
 	// readable is the demangled names of mangled symbols, by address
 	// (made on first use).
 	readable map[uint64]readable
+	// loaded is every mapped file load has read (or failed to), by path.
+	loaded map[string]bool
 
 	regions  []*region
 	byModule map[string]*region
@@ -106,6 +108,27 @@ func Attach(pid int) (*Target, error) {
 	exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
 	t := &Target{PID: pid, exe: filepath.Base(exe), vdso: vdso, verdit: splice.NewVerdicts(), text: map[string][2]uint64{}, paths: map[string]string{},
 		traps: &trapSet{}, byModule: map[string]*region{}, owner: map[*engine.Request]*region{}}
+	if parts := t.load(maps); len(parts) == 0 {
+		return nil, fmt.Errorf("process %d: no ELF file it maps has a symbol table (.symtab or .dynsym with functions; a stripped static binary has neither)", pid)
+	} else {
+		t.Syms = kernel.MergeSymbols(parts...)
+	}
+	if t.image, err = openMem(pid); err != nil {
+		return nil, fmt.Errorf("%w: %d: %v", ErrNotTraceable, pid, err)
+	}
+	// Go's runtime installs its own SIGTRAP handler as it starts (after
+	// the entry point -- CMD stops at), over kinst's.
+	for _, name := range []string{"runtime.sigtrampgo", "runtime.sigtramp", "runtime.sigtramp.abi0"} {
+		if len(t.Syms.Named(name)) > 0 {
+			t.traps.refused = fmt.Errorf("%w: a Go program, whose runtime handles SIGTRAP itself: no trap splice", ErrUnsupported)
+		}
+	}
+	return t, nil
+}
+
+// load reads the symbols of the ELF files maps maps with text, those
+// not loaded before, and returns them; t.text and t.paths gain them.
+func (t *Target) load(maps []mapping) []*kernel.Symbols {
 	byPath := map[string][]elfsym.Mapping{}
 	var order []string
 	for _, m := range maps {
@@ -115,7 +138,14 @@ func Attach(pid int) (*Target, error) {
 		byPath[m.path] = append(byPath[m.path], m.Mapping)
 	}
 	var parts []*kernel.Symbols
+	if t.loaded == nil {
+		t.loaded = map[string]bool{}
+	}
 	for _, path := range order {
+		if t.loaded[path] {
+			continue
+		}
+		t.loaded[path] = true
 		ms := byPath[path]
 		var text *elfsym.Mapping
 		for i := range ms {
@@ -126,12 +156,12 @@ func Attach(pid int) (*Target, error) {
 		if text == nil {
 			continue
 		}
-		f, err := elf.Open(fmt.Sprintf("/proc/%d/root%s", pid, path))
+		f, err := elf.Open(fmt.Sprintf("/proc/%d/root%s", t.PID, path))
 		if err != nil {
 			continue // deleted, or not ELF
 		}
 		bias, err := elfsym.LoadSegments(f).MappingBias(*text, ms)
-		symFile := symbolFile(f, fmt.Sprintf("/proc/%d/root", pid))
+		symFile := symbolFile(f, fmt.Sprintf("/proc/%d/root", t.PID))
 		f.Close()
 		if err != nil {
 			continue
@@ -146,30 +176,42 @@ func Attach(pid int) (*Target, error) {
 			symFile = ""
 		}
 		if symFile == "" {
-			s, err = kernel.SymbolsFromELF(fmt.Sprintf("/proc/%d/root%s", pid, path), o)
+			s, err = kernel.SymbolsFromELF(fmt.Sprintf("/proc/%d/root%s", t.PID, path), o)
 		}
 		if err != nil {
 			continue
 		}
 		parts = append(parts, s)
 		t.text[mod] = [2]uint64{text.Start, text.End}
-		t.paths[mod] = fmt.Sprintf("/proc/%d/root%s", pid, path)
+		t.paths[mod] = fmt.Sprintf("/proc/%d/root%s", t.PID, path)
 	}
+	return parts
+}
+
+// Refresh loads the symbols of the files the process has mapped since
+// Attach (or the last Refresh), a library dlopen has loaded, and returns
+// their module names. Planning sees them from then on.
+func (t *Target) Refresh() ([]string, error) {
+	maps, _, err := readMaps(t.PID)
+	if err != nil {
+		return nil, err
+	}
+	parts := t.load(maps)
 	if len(parts) == 0 {
-		return nil, fmt.Errorf("process %d: no ELF file it maps has a symbol table (.symtab or .dynsym with functions; a stripped static binary has neither)", pid)
+		return nil, nil
 	}
-	t.Syms = kernel.MergeSymbols(parts...)
-	if t.image, err = openMem(pid); err != nil {
-		return nil, fmt.Errorf("%w: %d: %v", ErrNotTraceable, pid, err)
-	}
-	// Go's runtime installs its own SIGTRAP handler as it starts (after
-	// the entry point -- CMD stops at), over kinst's.
-	for _, name := range []string{"runtime.sigtrampgo", "runtime.sigtramp", "runtime.sigtramp.abi0"} {
-		if len(t.Syms.Named(name)) > 0 {
-			t.traps.refused = fmt.Errorf("%w: a Go program, whose runtime handles SIGTRAP itself: no trap splice", ErrUnsupported)
+	var mods []string
+	for _, p := range parts {
+		if all := p.All(); len(all) > 0 {
+			mods = append(mods, all[0].Module)
 		}
 	}
-	return t, nil
+	t.Syms = kernel.MergeSymbols(append([]*kernel.Symbols{t.Syms}, parts...)...)
+	t.readable = nil
+	for _, r := range t.regions {
+		r.facts.Symbols = t.Syms // covering runs must see the new functions' entries
+	}
+	return mods, nil
 }
 
 // kernelThread: pid is a kernel thread (PF_KTHREAD in /proc/PID/stat's
@@ -273,6 +315,10 @@ func libMatches(lib, base string) bool {
 // process.
 var ErrNoFunction = errors.New("no such function in the process")
 
+// ErrNoLibrary is returned, with ErrNoFunction, for LIB:FUNC when the
+// process maps no library LIB (yet: Refresh reads what dlopen loads).
+var ErrNoLibrary = errors.New("the process maps no library")
+
 // ErrIndirect is returned for a point at an indirect function's symbol
 // (STT_GNU_IFUNC): the resolver, which runs once.
 var ErrIndirect = errors.New("an indirect function")
@@ -371,7 +417,7 @@ func (t *Target) notFound(name, lib string) error {
 		if len(mods) == 0 {
 			return fmt.Errorf("%w: the process maps no library with a symbol table (a static executable has its libc in it: name the function without %s:)", err, lib)
 		}
-		return fmt.Errorf("%w: the process maps no library %s (it maps %s; one it loads later with dlopen can be named once it has, with -p PID)", err, lib, strings.Join(mods, ", "))
+		return fmt.Errorf("%w: %w %s (it maps %s; one it loads later with dlopen can be named once it has, with -p PID)", err, ErrNoLibrary, lib, strings.Join(mods, ", "))
 	}
 	glob := strings.ContainsAny(name, "*?[")
 	in := map[string]bool{}

@@ -73,8 +73,14 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 	set := cover.New("")
 	seen := map[uint64]bool{}
 	var lists [][]process.CoverTarget
+	var pending []string // LIB:… targets whose library is not loaded yet
 	for _, target := range o.Targets {
 		fns, err := tg.Functions(target)
+		if errors.Is(err, process.ErrNoLibrary) {
+			pending = append(pending, target)
+			fmt.Fprintf(env.Err, "kinst: %s: the library is not loaded yet; its probes are armed when the process loads it (kinst looks every %s: what runs before is not seen)\n", target, CoverPoll)
+			continue
+		}
 		if err != nil {
 			return fail(err)
 		}
@@ -87,18 +93,23 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 		}
 		lists = append(lists, fns)
 	}
-	for _, fns := range lists {
+	add := func(fns []process.CoverTarget) (n int) {
 		for _, ct := range fns {
 			if seen[ct.Sym.Addr] {
 				continue
 			}
 			seen[ct.Sym.Addr] = true
+			n++
 			if ct.Err != nil {
 				set.AddUnreadable(ct.Sym, ct.Err)
 				continue
 			}
 			set.Add(ct.Func)
 		}
+		return n
+	}
+	for _, fns := range lists {
+		add(fns)
 	}
 	// The libraries' debug files are opened now: the process (and its
 	// /proc/PID/root) may be gone when the report is made.
@@ -110,7 +121,7 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 	}()
 	set.Arm(tg, "kinst", cover.Flag(nil), time.Now)
 	armed := set.Report("", time.Now())
-	if armed.Armed == 0 && armed.TotalBlocks > 0 {
+	if armed.Armed == 0 && armed.TotalBlocks > 0 && len(pending) == 0 {
 		// Nothing to measure: say why, rather than report 0% after the
 		// whole duration.
 		why := "every block was refused"
@@ -128,7 +139,45 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 	fmt.Fprintf(env.Err, "kinst: %d probes armed in process %d in %s over %d blocks of %d functions (%d blocks refused)\n",
 		armed.Armed, r.pid, fmtNS(float64(armed.ArmNS)), armed.TotalBlocks, len(armed.Functions), armed.TotalBlocks-armed.Armed)
 	writeRefusals(env.Err, armed, 3)
+	start := time.Now()
+	// load arms the pending targets whose library the process has
+	// loaded since (dlopen).
+	load := func() {
+		if len(pending) == 0 || !r.live() {
+			return
+		}
+		if mods, err := tg.Refresh(); err != nil || len(mods) == 0 {
+			return
+		}
+		var still []string
+		for _, target := range pending {
+			fns, err := tg.Functions(target)
+			if errors.Is(err, process.ErrNoLibrary) {
+				still = append(still, target)
+				continue
+			}
+			if err != nil {
+				fmt.Fprintf(env.Err, "kinst: %s: %v\n", target, err)
+				continue
+			}
+			before := set.Report("", time.Now()).Armed
+			n := add(fns)
+			set.Arm(tg, "kinst", cover.Flag(nil), time.Now)
+			now := set.Report("", time.Now())
+			fmt.Fprintf(env.Err, "kinst: %s: loaded %s after the start: %d probes armed over %d functions (%d named by other targets)\n",
+				target, time.Since(start).Round(time.Millisecond), now.Armed-before, n, len(fns)-n)
+			for mod, d := range librariesDebug(now, tg, Env{Err: io.Discard}) {
+				if libDebug[mod] == nil {
+					libDebug[mod] = d
+				} else {
+					d.Close()
+				}
+			}
+		}
+		pending = still
+	}
 	sweep := func() {
+		load()
 		failed := set.Sweep(tg, time.Now())
 		if len(failed) > 0 && !r.live() {
 			return // it exited meanwhile: nothing is left to remove
@@ -147,6 +196,9 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 		// The process has gone, and its text with it: its flags are
 		// still in kinst's mapping, nothing is left to remove.
 		set.Mark(tg, time.Now())
+	}
+	for _, target := range pending {
+		fmt.Fprintf(env.Err, "kinst: %s: the library was never loaded: nothing of it was covered\n", target)
 	}
 	status := r.finish(func() []error {
 		_, err := set.Remove(tg)

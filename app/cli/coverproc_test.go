@@ -538,3 +538,34 @@ func TestCoverProcessStripped(t *testing.T) {
 		ef.Close()
 	}
 }
+
+// TestCoverProcessDlopen: a target in a library the program loads later
+// with dlopen (process/testdata/dlopen.c, libm's cbrt) is armed when the
+// library appears; what runs after is covered.
+func TestCoverProcessDlopen(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("kinst cover --user runs as root")
+	}
+	bin := filepath.Join(t.TempDir(), "dlopen")
+	if out, err := exec.Command("gcc", "-O2", "-o", bin, "../../process/testdata/dlopen.c", "-ldl").CombinedOutput(); err != nil {
+		t.Skipf("gcc: %v\n%s", err, out)
+	}
+	var out, errb, cmdOut bytes.Buffer
+	env := Env{Out: &out, Err: &errb, CmdIn: strings.NewReader("go\nload\ngo\n"), CmdOut: &cmdOut, CmdErr: io.Discard}
+	status, err := CoverProcess(context.Background(), 0, CoverOptions{Targets: []string{"libm:cbrt", "main"}, Command: []string{bin}, JSON: true}, env)
+	if err != nil || status != 0 {
+		t.Fatalf("status %d, %v\n%s", status, err, errb.String())
+	}
+	if !strings.Contains(cmdOut.String(), "calls 1000") {
+		t.Fatalf("the program said %q", cmdOut.String())
+	}
+	var rep api.CoverReport
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatal(err)
+	}
+	f := coverFunc(t, rep, "cbrt")
+	if f.Covered == 0 || !strings.Contains(errb.String(), "loaded") {
+		t.Errorf("cbrt: %d of %d blocks covered after the dlopen\n%s", f.Covered, f.Total, errb.String())
+	}
+	t.Logf("cbrt: %d of %d blocks covered\n%s", f.Covered, f.Total, errb.String())
+}
