@@ -198,7 +198,7 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 		set.Mark(tg, time.Now())
 	}
 	for _, target := range pending {
-		fmt.Fprintf(env.Err, "kinst: %s: the library was never loaded: nothing of it was covered\n", target)
+		fmt.Fprintf(env.Err, "kinst: %s: the library was not seen loaded (kinst looks every %s): nothing of it was covered\n", target, CoverPoll)
 	}
 	status := r.finish(func() []error {
 		_, err := set.Remove(tg)
