@@ -17,6 +17,7 @@ import (
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/engine"
 	"github.com/kinst/kinst/metrics"
 	"github.com/kinst/kinst/process"
 	"github.com/kinst/kinst/splice"
@@ -209,22 +210,75 @@ func CountProcess(ctx context.Context, pid int, o CountOptions, env Env) (int, e
 	}
 	tg := r.tg
 	sites := make([]*splice.Site, len(o.Points))
+	reqs := make([]*engine.Request, len(o.Points))
+	pending := map[int]bool{} // points whose library is not loaded yet
+	var now []int
 	for i, p := range o.Points {
-		if sites[i], err = tg.Resolve(p); err != nil {
+		sites[i], err = tg.Resolve(p)
+		if errors.Is(err, process.ErrNoLibrary) {
+			pending[i] = true
+			fmt.Fprintf(stderr, "kinst: %s: the library is not loaded yet; the counter is spliced when the process loads it (kinst looks every %s: calls before that are not counted)\n", p, o.Interval)
+			continue
+		}
+		if err != nil {
 			tg.Close()
 			r.kill()
 			return 1, fmt.Errorf("%s: %w", p, err)
 		}
+		now = append(now, i)
 	}
-	reqs, err := tg.Count("kinst", sites)
-	if err != nil {
+	// count splices the points idx names, all or none.
+	count := func(idx []int) error {
+		ss := make([]*splice.Site, len(idx))
+		for k, i := range idx {
+			ss[k] = sites[i]
+		}
+		rs, err := tg.Count("kinst", ss)
+		if err != nil {
+			return err
+		}
+		for k, i := range idx {
+			reqs[i] = rs[k]
+			in := tg.Installed(rs[k])
+			fmt.Fprintf(stderr, "kinst: spliced %s in process %d at %s (%#x): %q, %s splice\n", o.Points[i], r.pid, sites[i].Where(), sites[i].Addr(), sites[i].Insn().String(), in.Class)
+		}
+		return nil
+	}
+	if err := count(now); err != nil {
 		tg.Close()
 		r.kill()
 		return 1, err
 	}
-	for i, s := range sites {
-		in := tg.Installed(reqs[i])
-		fmt.Fprintf(stderr, "kinst: spliced %s in process %d at %s (%#x): %q, %s splice\n", o.Points[i], r.pid, s.Where(), s.Addr(), s.Insn().String(), in.Class)
+	start := time.Now()
+	load := func() {
+		if len(pending) == 0 || !r.live() {
+			return
+		}
+		if mods, err := tg.Refresh(); err != nil || len(mods) == 0 {
+			return
+		}
+		for i := range pending {
+			s, err := tg.Resolve(o.Points[i])
+			if errors.Is(err, process.ErrNoLibrary) {
+				continue
+			}
+			delete(pending, i)
+			if err == nil {
+				sites[i] = s
+				err = count([]int{i})
+			}
+			if err != nil {
+				fmt.Fprintf(stderr, "kinst: %s: %v\n", o.Points[i], err)
+				continue
+			}
+			fmt.Fprintf(stderr, "kinst: %s: its library was loaded %s after the start\n", o.Points[i], time.Since(start).Round(time.Millisecond))
+		}
+	}
+	counter := func(i int) uint64 {
+		if reqs[i] == nil {
+			return 0
+		}
+		return tg.Counter(reqs[i], 0)
 	}
 	report := api.CountReport{IntervalNS: int64(o.Interval)}
 	last := make([]uint64, len(reqs))
@@ -238,9 +292,10 @@ func CountProcess(ctx context.Context, pid int, o CountOptions, env Env) (int, e
 		series[i].Add(metrics.Point{Time: begin})
 	}
 	dur := r.run(ctx, o.Duration, o.Interval, func(el time.Duration) {
+		load()
 		deltas := make([]uint64, len(reqs))
-		for i, q := range reqs {
-			n := tg.Counter(q, 0)
+		for i := range reqs {
+			n := counter(i)
 			deltas[i], last[i] = n-last[i], n
 			series[i].Add(metrics.Point{Time: time.Now(), Calls: n})
 			if !o.JSON {
@@ -250,12 +305,19 @@ func CountProcess(ctx context.Context, pid int, o CountOptions, env Env) (int, e
 		report.Intervals = append(report.Intervals, api.CountSample{ElapsedNS: int64(el), Deltas: deltas})
 	})
 	report.DurationNS = int64(dur)
+	var spliced []*engine.Request
 	for i, q := range reqs {
+		if q == nil { // its library never loaded
+			fmt.Fprintf(stderr, "kinst: %s: the library was not seen loaded: nothing counted\n", o.Points[i])
+			report.Probes = append(report.Probes, api.CountProbe{Point: o.Points[i], Mechanism: "none"})
+			continue
+		}
 		s := sites[i]
 		report.Probes = append(report.Probes, api.CountProbe{Point: o.Points[i], Function: s.Fn.Name, Offset: s.Addr() - s.Fn.Addr,
 			Address: api.Addr(s.Addr()), Count: tg.Counter(q, 0), Mechanism: "splice"})
+		spliced = append(spliced, q)
 	}
-	report.ExitStatus = r.finish(func() []error { return tg.RemoveEach(reqs) }, stderr)
+	report.ExitStatus = r.finish(func() []error { return tg.RemoveEach(spliced) }, stderr)
 	report.Ended = r.end
 	exit := 0
 	if report.ExitStatus != nil {

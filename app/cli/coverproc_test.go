@@ -541,7 +541,8 @@ func TestCoverProcessStripped(t *testing.T) {
 
 // TestCoverProcessDlopen: a target in a library the program loads later
 // with dlopen (process/testdata/dlopen.c, libm's cbrt) is armed when the
-// library appears; what runs after is covered.
+// library appears; what runs after is covered, and counted by kinst count
+// -p.
 func TestCoverProcessDlopen(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("kinst cover --user runs as root")
@@ -568,4 +569,21 @@ func TestCoverProcessDlopen(t *testing.T) {
 		t.Errorf("cbrt: %d of %d blocks covered after the dlopen\n%s", f.Covered, f.Total, errb.String())
 	}
 	t.Logf("cbrt: %d of %d blocks covered\n%s", f.Covered, f.Total, errb.String())
+
+	// kinst count -p the same way: every call after the load is counted.
+	out.Reset()
+	errb.Reset()
+	cmdOut.Reset()
+	env.CmdIn = strings.NewReader("go\nload\ngo\n")
+	status, err = CountProcess(context.Background(), 0, CountOptions{Points: []string{"libm:cbrt"}, Interval: 50 * time.Millisecond, Command: []string{bin}, JSON: true}, env)
+	if err != nil || status != 0 {
+		t.Fatalf("count: status %d, %v\n%s", status, err, errb.String())
+	}
+	var cr api.CountReport
+	if err := json.Unmarshal(out.Bytes(), &cr); err != nil {
+		t.Fatal(err)
+	}
+	if len(cr.Probes) != 1 || cr.Probes[0].Count != 1000 || cr.Probes[0].Mechanism != "splice" {
+		t.Errorf("count libm:cbrt: %+v, want 1000 calls after the load\n%s", cr.Probes, errb.String())
+	}
 }
