@@ -54,6 +54,17 @@ func (r *procRun) ended() string {
 	return "splices removed"
 }
 
+// loaded reports whether the process has mapped more files since kinst
+// last looked (Target.Refresh, which reads them), when waiting points or
+// targets wait for a library.
+func (r *procRun) loaded(waiting int) bool {
+	if waiting == 0 || !r.live() {
+		return false
+	}
+	mods, err := r.tg.Refresh()
+	return err == nil && len(mods) > 0
+}
+
 // live: the process runs the program kinst attached to (it has neither
 // exited nor run exec).
 func (r *procRun) live() bool {
@@ -251,10 +262,7 @@ func CountProcess(ctx context.Context, pid int, o CountOptions, env Env) (int, e
 	}
 	start := time.Now()
 	load := func() {
-		if len(pending) == 0 || !r.live() {
-			return
-		}
-		if mods, err := tg.Refresh(); err != nil || len(mods) == 0 {
+		if !r.loaded(len(pending)) {
 			return
 		}
 		for i := range pending {

@@ -143,10 +143,7 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 	// load arms the pending targets whose library the process has
 	// loaded since (dlopen).
 	load := func() {
-		if len(pending) == 0 || !r.live() {
-			return
-		}
-		if mods, err := tg.Refresh(); err != nil || len(mods) == 0 {
+		if !r.loaded(len(pending)) {
 			return
 		}
 		var still []string
