@@ -63,7 +63,14 @@ func (e *Engine) AddEach(sites []*splice.Site, sp Spec) (reqs []*Request, errs [
 			continue
 		}
 		if pt == nil {
-			p, err := e.prepare(e.newPoint(s), s, sp)
+			np := e.newPoint(s)
+			if np.class == springboard.Trap {
+				if err := e.trapRefused(s); err != nil {
+					errs[i] = err
+					continue
+				}
+			}
+			p, err := e.prepare(np, s, sp)
 			if err != nil {
 				errs[i] = err
 				noRoom(err)
@@ -150,6 +157,10 @@ func (e *Engine) spliceBatch(batch []pendingSplice, reqs []*Request, errs []erro
 			var err error
 			if p.slot, p.reused, err = e.takeSlot(p.pt.site.Addr()); err != nil {
 				if !errors.Is(err, springboard.ErrNoSlot) {
+					fail(p, err)
+					continue
+				}
+				if err := e.trapRefused(p.pt.site); err != nil {
 					fail(p, err)
 					continue
 				}

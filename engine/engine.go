@@ -48,6 +48,11 @@ type Engine struct {
 	patchHeap func() uint64
 	redZone   int32
 
+	// noTrap, when set, refuses with this reason a point that would fall
+	// back to a trap splice (its springboard slot or covered instructions
+	// taken): see SetNoTrap. Protected by mu.
+	noTrap string
+
 	spring *springboard.Heap // springboard space; has its own lock
 	ov     overlay           // original bytes under our splices; has its own lock
 	cover  coverFinisher     // writes armed covering splices' jmps; has its own lock
@@ -82,6 +87,26 @@ func New(c Config) *Engine {
 		e.log = slog.Default()
 	}
 	return e
+}
+
+// SetNoTrap makes a point the planner gave another class fail with
+// reason why, rather than fall back to a trap splice when its
+// springboard slot or its covered instructions are taken at install: a
+// user process's trap splice may kill it (process.TrapHazard). A site
+// planned as a trap splice is still spliced as one. "" allows them again.
+func (e *Engine) SetNoTrap(why string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.noTrap = why
+}
+
+// trapRefused is the error for a point at s that would fall back to a
+// trap splice while SetNoTrap refuses them, or nil. The caller holds mu.
+func (e *Engine) trapRefused(s *splice.Site) error {
+	if e.noTrap == "" || s.Class == springboard.Trap {
+		return nil
+	}
+	return &splice.NoSpliceError{Where: s.Where(), Reason: e.noTrap}
 }
 
 // Text reads kernel text for analysis: live bytes, with the original

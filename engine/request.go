@@ -107,6 +107,11 @@ func (e *Engine) addLocked(s *splice.Site, sp Spec) (*Request, error) {
 	pt := e.points[s.Addr()]
 	if pt == nil {
 		pt = e.newPoint(s)
+		if pt.class == springboard.Trap {
+			if err := e.trapRefused(s); err != nil {
+				return nil, err
+			}
+		}
 	}
 	r, err := e.newRequest(pt, s, sp)
 	if err != nil {
@@ -263,6 +268,9 @@ func (e *Engine) install(pt *point, reqs []*Request, h Hooks) error {
 				return fail(fmt.Errorf("springboard splice %s: %w", s.Where(), err))
 			}
 			// The slot went to another point meanwhile: trap instead.
+			if err := e.trapRefused(s); err != nil {
+				return fail(err)
+			}
 			e.log.Info("no springboard slot left; trap splice", "at", s.Where())
 			pt.class = springboard.Trap
 		}

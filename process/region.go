@@ -55,7 +55,8 @@ func (t *Target) region(module string) (*region, error) {
 	// lines; here the command reports what matters itself.
 	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	eng := engine.New(engine.Config{Device: dev, PatchHeap: dev.Base, RedZone: 128, Log: quiet})
-	r := &region{dev: dev, eng: eng, facts: &splice.Facts{Symbols: t.Syms, Text: eng.Text(), Process: true}}
+	eng.SetNoTrap(t.noTrap)
+	r := &region{dev: dev, eng: eng, facts: &splice.Facts{Symbols: t.Syms, Text: eng.Text(), Process: true, NoTrap: t.noTrap}}
 	t.regions = append(t.regions, r)
 	t.byModule[module] = r
 	return r, nil

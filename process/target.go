@@ -45,6 +45,8 @@ type Target struct {
 	readable map[uint64]readable
 	// loaded is every mapped file load has read (or failed to), by path.
 	loaded map[string]bool
+	// noTrap refuses trap splices with this reason (NoTraps).
+	noTrap string
 
 	regions  []*region
 	byModule map[string]*region
@@ -186,6 +188,24 @@ func (t *Target) load(maps []mapping) []*kernel.Symbols {
 		t.paths[mod] = fmt.Sprintf("/proc/%d/root%s", t.PID, path)
 	}
 	return parts
+}
+
+// TrapHazard is why a process's trap splice may kill it: the int3's
+// SIGTRAP is synchronous, and the kernel forces the default action
+// (death) on a thread that has SIGTRAP blocked, as threads do while they
+// start (glibc's pthread_create, fork, posix_spawn) and wherever a
+// program blocks all signals.
+const TrapHazard = "only a trap splice (int3) fits here, and a thread that reaches one with SIGTRAP blocked (a starting thread, a fork, code that blocks every signal) dies"
+
+// NoTraps refuses trap splices from now on, with reason why: a point
+// only an int3 could take is refused instead (ResolveAs, which asks for
+// a class, still gives one).
+func (t *Target) NoTraps(why string) {
+	t.noTrap = why
+	for _, r := range t.regions {
+		r.facts.NoTrap = why
+		r.eng.SetNoTrap(why)
+	}
 }
 
 // Refresh loads the symbols of the files the process has mapped since
@@ -365,7 +385,9 @@ func (t *Target) ResolveAs(spec string, c springboard.Class) (*splice.Site, erro
 		if err != nil {
 			return nil, err
 		}
-		g := r.facts.Func(f.Fn, t.verdit) // no springboards
+		fx := *r.facts // the class asked for, a trap splice's included
+		fx.NoTrap = ""
+		g := fx.Func(f.Fn, t.verdit) // no springboards
 		g.Sym, g.Ambiguous = f.Sym, f.Ambiguous
 		f = g
 	}

@@ -43,6 +43,9 @@ type Facts struct {
 	// no-instrumentation lists, ftrace's entry site, kinst's own driver)
 	// do not apply there (ProcessNoSplice).
 	Process bool
+	// NoTrap, when set, refuses trap splices with this reason: an
+	// instruction that takes no other class is not spliceable.
+	NoTrap string
 }
 
 // BlockOptions is how every analysis of kinst splits a function into
@@ -228,7 +231,15 @@ func (f *Func) NoSplice(i int) string {
 
 // Spliceable reports whether instruction i may be spliced and a patch can
 // reproduce it (Refusal is "").
-func (f *Func) Spliceable(i int) bool { return f.NoSplice(i) == "" && f.relocatable(i) }
+func (f *Func) Spliceable(i int) bool {
+	return f.NoSplice(i) == "" && f.relocatable(i) && !f.trapRefused(i)
+}
+
+// trapRefused: only a trap splice fits instruction i, and Facts.NoTrap
+// refuses those.
+func (f *Func) trapRefused(i int) bool {
+	return f.facts.NoTrap != "" && f.Class(i) == springboard.Trap
+}
 
 // Refusal says why instruction i cannot be spliced: NoSplice's reasons,
 // or codegen's when a patch could not reproduce it; "" if it can.
@@ -241,6 +252,9 @@ func (f *Func) Refusal(i int) string {
 		if err := codegen.CheckRelocatable(in.Addr, in.Inst, in.Bytes); err != nil {
 			return err.Error()
 		}
+	}
+	if f.trapRefused(i) {
+		return f.facts.NoTrap
 	}
 	return ""
 }
@@ -479,6 +493,9 @@ func (f *Func) Site(p Point, i int) (*Site, error) {
 		return nil, &NoSpliceError{Where: s.Where(), Reason: why}
 	}
 	s.Class = f.Class(i)
+	if s.Class == springboard.Trap && f.facts.NoTrap != "" {
+		return nil, &NoSpliceError{Where: s.Where(), Reason: f.facts.NoTrap}
+	}
 	s.Live = f.Live(i)
 	if s.Class == springboard.Cover {
 		n, _ := f.CoverRun(i)

@@ -29,6 +29,9 @@ type CoverOptions struct {
 	Files    []string      // --file: every function whose code comes from these source files
 	Lcov     string        // --lcov: write an lcov tracefile here
 	Debug    DebugOptions  // where source lines come from
+	// Trap lets --user coverage use trap splices (process.TrapHazard
+	// says why they are refused by default).
+	Trap bool
 }
 
 // Cover arms a coverage probe at every basic block of the targets; the

@@ -44,6 +44,12 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 		return 1, err
 	}
 	tg := r.tg
+	if !o.Trap {
+		// A probe at every block reaches code that runs with signals
+		// blocked (thread start, fork) far more often than a point named
+		// on purpose: blocks only an int3 fits are refused instead.
+		tg.NoTraps(process.TrapHazard + "; --trap allows it")
+	}
 	fail := func(err error) (int, error) {
 		tg.Close()
 		r.kill()

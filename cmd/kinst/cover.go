@@ -68,6 +68,7 @@ kinst cover lcov REPORT.json writes a saved report's lcov tracefile.`,
 		lcovFlag(fs, &o.Lcov)
 		vmlinuxFlag(fs, &o.Debug)
 		user := fs.Bool("user", false, "cover TARGET (FUNC, a glob, LIB:FUNC or LIB:glob) in the user process -p PID instead of the kernel, or with -p 0 in -- CMD, started and spliced at its entry point (its libraries mapped, none of its code run); the engine runs in kinst through ptrace (no kerninstd); --file and --lcov read the executable's DWARF")
+		fs.BoolVar(&o.Trap, "trap", false, "with --user: also probe blocks only a trap splice (int3 and a SIGTRAP handler) fits; refused by default, since a thread that reaches one with SIGTRAP blocked (a starting thread, a fork, code that blocks every signal) dies")
 		return func(ctx context.Context, inv invocation) (int, error) {
 			o.Targets, o.Command = inv.args, inv.command
 			if *user {
@@ -82,6 +83,9 @@ kinst cover lcov REPORT.json writes a saved report's lcov tracefile.`,
 				ctx, stop := signal.NotifyContext(ctx, os.Interrupt)
 				defer stop()
 				return inv.report(o.JSON, func(env cli.Env) (int, error) { return cli.CoverProcess(ctx, pid, o, env) })
+			}
+			if o.Trap {
+				return 2, usagef("--trap goes with --user: kernel coverage takes trap splices as it needs them")
 			}
 			if len(o.Targets) == 0 && len(o.Files) == 0 && len(o.Modules) == 0 && len(o.Callees) == 0 {
 				return 2, usagef("name at least one kernel function or glob (vfs_*), --file SRC, --module MOD or --callees FUNC")
