@@ -714,14 +714,8 @@ func (d *Device) Close() error {
 // may forbid the system calls kinst has it make (memfd_create, mmap with
 // PROT_EXEC): a service's SystemCallFilter, a container runtime's profile.
 func seccompNote(pid int) string {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return ""
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "Seccomp:"); ok && strings.TrimSpace(v) == "2" {
-			return " (the process runs under a seccomp filter, which may forbid it)"
-		}
+	if st, err := readStatus(fmt.Sprintf("/proc/%d/status", pid)); err == nil && st["Seccomp"] == "2" {
+		return " (the process runs under a seccomp filter, which may forbid it)"
 	}
 	return ""
 }

@@ -195,19 +195,27 @@ func ptraceNote(tid int) string {
 // tracedBy names the tracer holding thread tid, if one does (a debugger,
 // strace, another kinst): only one tracer may hold a thread.
 func tracedBy(tid int) string {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", tid))
-	if err != nil {
+	st, err := readStatus(fmt.Sprintf("/proc/%d/status", tid))
+	pid := st["TracerPid"]
+	if err != nil || pid == "" || pid == "0" {
 		return ""
 	}
+	comm, _ := os.ReadFile("/proc/" + pid + "/comm")
+	return fmt.Sprintf(" (process %s, %s, traces it: one tracer at a time)", pid, strings.TrimSpace(string(comm)))
+}
+
+// readStatus reads a /proc status file (/proc/PID/status,
+// /proc/PID/task/TID/status) as its fields, each value trimmed.
+func readStatus(path string) (map[string]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	st := map[string]string{}
 	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "TracerPid:"); ok {
-			pid := strings.TrimSpace(v)
-			if pid == "0" {
-				return ""
-			}
-			comm, _ := os.ReadFile("/proc/" + pid + "/comm")
-			return fmt.Sprintf(" (process %s, %s, traces it: one tracer at a time)", pid, strings.TrimSpace(string(comm)))
+		if k, v, ok := strings.Cut(l, ":"); ok {
+			st[k] = strings.TrimSpace(v)
 		}
 	}
-	return ""
+	return st, nil
 }

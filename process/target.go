@@ -254,16 +254,12 @@ func kernelThread(pid int) bool {
 // -p takes a thread's ID as top and ps -L show it; pid itself when it is
 // a process or cannot be read.
 func ThreadGroup(pid int) int {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	st, err := readStatus(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return pid
 	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "Tgid:"); ok {
-			if tgid, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && tgid > 0 {
-				return tgid
-			}
-		}
+	if tgid, err := strconv.Atoi(st["Tgid"]); err == nil && tgid > 0 {
+		return tgid
 	}
 	return pid
 }

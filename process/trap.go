@@ -4,9 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -227,16 +225,16 @@ func (d *Device) uninstallTraps(held map[int]*stopped) {
 // sigtrapPending: SIGTRAP is pending for thread tid, or for the process
 // (a status it cannot read counts as pending: the handler then stays).
 func sigtrapPending(pid, tid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/status", pid, tid))
+	st, err := readStatus(fmt.Sprintf("/proc/%d/task/%d/status", pid, tid))
 	if err != nil {
 		return true
 	}
-	for _, l := range strings.Split(string(b), "\n") {
-		k, v, ok := strings.Cut(l, ":")
-		if !ok || (k != "SigPnd" && k != "ShdPnd") {
+	for _, k := range []string{"SigPnd", "ShdPnd"} {
+		v, ok := st[k]
+		if !ok {
 			continue
 		}
-		mask, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+		mask, err := strconv.ParseUint(v, 16, 64)
 		if err != nil || mask&(1<<(unix.SIGTRAP-1)) != 0 {
 			return true
 		}
