@@ -158,12 +158,14 @@ func (t *Target) load(maps []mapping) []*kernel.Symbols {
 		if text == nil {
 			continue
 		}
-		f, err := elf.Open(fmt.Sprintf("/proc/%d/root%s", t.PID, path))
+		root := fmt.Sprintf("/proc/%d/root", t.PID)
+		file := root + path
+		f, err := elf.Open(file)
 		if err != nil {
 			continue // deleted, or not ELF
 		}
 		bias, err := elfsym.LoadSegments(f).MappingBias(*text, ms)
-		symFile := symbolFile(f, fmt.Sprintf("/proc/%d/root", t.PID))
+		symFile := symbolFile(f, root)
 		f.Close()
 		if err != nil {
 			continue
@@ -173,19 +175,19 @@ func (t *Target) load(maps []mapping) []*kernel.Symbols {
 			mod = ""
 		}
 		o := kernel.ELFOptions{Module: mod, Slide: bias, Sizes: true}
-		s, err := kernel.SymbolsFromELF(symFile, o)
-		if err != nil && symFile != "" {
-			symFile = ""
+		var s *kernel.Symbols
+		if symFile != "" {
+			s, err = kernel.SymbolsFromELF(symFile, o)
 		}
-		if symFile == "" {
-			s, err = kernel.SymbolsFromELF(fmt.Sprintf("/proc/%d/root%s", t.PID, path), o)
+		if symFile == "" || err != nil { // no debug file, or one kinst cannot read: the file's own table
+			s, err = kernel.SymbolsFromELF(file, o)
 		}
 		if err != nil {
 			continue
 		}
 		parts = append(parts, s)
 		t.text[mod] = [2]uint64{text.Start, text.End}
-		t.paths[mod] = fmt.Sprintf("/proc/%d/root%s", t.PID, path)
+		t.paths[mod] = file
 	}
 	return parts
 }
