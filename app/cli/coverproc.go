@@ -119,7 +119,8 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 	}
 	// The libraries' debug files are opened now: the process (and its
 	// /proc/PID/root) may be gone when the report is made.
-	libDebug := librariesDebug(set.Report("", time.Now()), tg, env)
+	libDebug := map[string]*debuginfo.File{}
+	librariesDebug(set.Report("", time.Now()), tg, env, libDebug)
 	defer func() {
 		for _, d := range libDebug {
 			d.Close()
@@ -169,13 +170,7 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 			now := set.Report("", time.Now())
 			fmt.Fprintf(env.Err, "kinst: %s: loaded %s after the start: %d probes armed over %d functions (%d named by other targets)\n",
 				target, time.Since(start).Round(time.Millisecond), now.Armed-before, n, len(fns)-n)
-			for mod, d := range librariesDebug(now, tg, Env{Err: io.Discard}) {
-				if libDebug[mod] == nil {
-					libDebug[mod] = d
-				} else {
-					d.Close()
-				}
-			}
+			librariesDebug(now, tg, Env{Err: io.Discard}, libDebug)
 		}
 		pending = still
 	}
@@ -228,16 +223,16 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 	return writeCoverOutputs(o, report, exit, env)
 }
 
-// librariesDebug opens the DWARF of each library the report has
-// functions of: its own, or its separate debug file by build id under
-// /usr/lib/debug/.build-id (Debian's -dbg and -dbgsym packages: libc6-dbg
-// for libc). A library without either gets no lines, said once.
-func librariesDebug(rep *api.CoverReport, tg *process.Target, env Env) map[string]*debuginfo.File {
-	out := map[string]*debuginfo.File{}
+// librariesDebug opens into out the DWARF of each library the report has
+// functions of and out has not: its own, or its separate debug file by
+// build id under /usr/lib/debug/.build-id (Debian's -dbg and -dbgsym
+// packages: libc6-dbg for libc). A library without either gets no lines,
+// said once.
+func librariesDebug(rep *api.CoverReport, tg *process.Target, env Env, out map[string]*debuginfo.File) {
 	seen := map[string]bool{}
 	var none []string
 	for _, f := range rep.Functions {
-		if f.Module == "" || seen[f.Module] {
+		if _, open := out[f.Module]; f.Module == "" || seen[f.Module] || open {
 			continue
 		}
 		seen[f.Module] = true
@@ -255,7 +250,6 @@ func librariesDebug(rep *api.CoverReport, tg *process.Target, env Env) map[strin
 	if len(none) > 0 {
 		fmt.Fprintf(env.Err, "kinst: no source lines for %s: no DWARF, nor a debug file by build id under /usr/lib/debug (install the -dbg or -dbgsym package)\n", strings.Join(none, ", "))
 	}
-	return out
 }
 
 // libraryDebug opens the DWARF of the ELF file at path: its own, else its
