@@ -157,7 +157,7 @@ func isEndbr(b []byte) bool {
 // length corrected: glibc's AVX2 and EVEX string functions end their
 // loops with one, and every boundary after it came out wrong).
 func decodeInst(b []byte) (x86asm.Inst, error) {
-	if len(b) >= 4 && b[0] == 0xf3 && b[1] == 0x0f && b[2] == 0x1e && (b[3] == 0xfa || b[3] == 0xfb) {
+	if len(b) >= 4 && isEndbr(b[:4]) {
 		return x86asm.Inst{Op: x86asm.NOP, Len: 4, Mode: 64, Opcode: uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])}, nil
 	}
 	return x86dec.Decode(b)

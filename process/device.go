@@ -396,9 +396,9 @@ func (d *Device) PatchFree(addr uint64) error {
 // its table, holds them all back: kinst lets the threads go and looks
 // again. The caller holds d.mu.
 func (d *Device) releaseQuarantine() error {
-	var keep []uint64
+	under := map[uint64]bool{} // quarantined patches a thread's pc is in
 	err := d.withStopped(func(held map[int]*stopped) error {
-		keep = keep[:0]
+		clear(under)
 		for _, st := range held {
 			if d.traps.inHandler(st.regs.Rip) {
 				return errRetry
@@ -408,8 +408,7 @@ func (d *Device) releaseQuarantine() error {
 			n, _ := d.heap.Len(a)
 			for _, st := range held {
 				if pc := st.regs.Rip; pc >= a && pc < a+n {
-					keep = append(keep, a)
-					break
+					under[a] = true
 				}
 			}
 		}
@@ -418,12 +417,10 @@ func (d *Device) releaseQuarantine() error {
 	if err != nil {
 		return err
 	}
-	kept := map[uint64]bool{}
-	for _, a := range keep {
-		kept[a] = true
-	}
+	var keep []uint64
 	for _, a := range d.quarantine {
-		if kept[a] {
+		if under[a] {
+			keep = append(keep, a)
 			continue
 		}
 		delete(d.quarantined, a)
