@@ -32,16 +32,24 @@ type workload struct {
 
 func build(t *testing.T, flags ...string) string {
 	t.Helper()
-	if _, err := exec.LookPath("gcc"); err != nil {
-		t.Skip("no gcc")
+	return compile(t, "gcc", "testdata/work.c", append([]string{"-pthread"}, flags...)...)
+}
+
+// compile builds the test program src with compiler cc at -O2 and
+// flags, skipping the test when cc (or the LLD a flag asks for) is not
+// installed.
+func compile(t *testing.T, cc, src string, flags ...string) string {
+	t.Helper()
+	if _, err := exec.LookPath(cc); err != nil {
+		t.Skip("no " + cc)
 	}
-	bin := filepath.Join(t.TempDir(), "work")
-	args := append([]string{"-O2", "-pthread", "-o", bin, "testdata/work.c"}, flags...)
-	if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
+	bin := filepath.Join(t.TempDir(), strings.TrimSuffix(filepath.Base(src), filepath.Ext(src)))
+	args := append([]string{"-O2", "-o", bin, src}, flags...)
+	if out, err := exec.Command(cc, args...).CombinedOutput(); err != nil {
 		if strings.Contains(string(out), "lld") {
 			t.Skipf("no lld: %s", out)
 		}
-		t.Fatalf("gcc %v: %v\n%s", flags, err, out)
+		t.Fatalf("%s %v: %v\n%s", cc, args, err, out)
 	}
 	return bin
 }
@@ -782,14 +790,7 @@ func TestParsePoint(t *testing.T) {
 // or a glob over them), not only by their mangled symbols.
 func TestCPlusPlus(t *testing.T) {
 	needPtrace(t)
-	if _, err := exec.LookPath("g++"); err != nil {
-		t.Skip("no g++")
-	}
-	bin := filepath.Join(t.TempDir(), "shapes")
-	if out, err := exec.Command("g++", "-O2", "-o", bin, "testdata/shapes.cc").CombinedOutput(); err != nil {
-		t.Fatalf("g++: %v\n%s", err, out)
-	}
-	w := start(t, bin)
+	w := start(t, compile(t, "g++", "testdata/shapes.cc"))
 	tg, err := Attach(w.cmd.Process.Pid)
 	if err != nil {
 		t.Fatal(err)
@@ -1005,11 +1006,7 @@ func TestPidNamespace(t *testing.T) {
 // splice counts and detaching restores its bytes.
 func TestSeccompProcess(t *testing.T) {
 	needPtrace(t)
-	bin := filepath.Join(t.TempDir(), "seccomp")
-	if out, err := exec.Command("gcc", "-O2", "-o", bin, "testdata/seccomp.c").CombinedOutput(); err != nil {
-		t.Skipf("gcc: %v\n%s", err, out)
-	}
-	w := start(t, bin)
+	w := start(t, compile(t, "gcc", "testdata/seccomp.c"))
 	pid := w.cmd.Process.Pid
 	tg, s, reqs := countWork(t, pid, "a process that may not memfd_create")
 	var orig []byte // as the planner read them: the bytes before the splice
@@ -1093,11 +1090,7 @@ func TestHelperKinst(t *testing.T) {
 // functions resolve and count.
 func TestRefresh(t *testing.T) {
 	needPtrace(t)
-	bin := filepath.Join(t.TempDir(), "dlopen")
-	if out, err := exec.Command("gcc", "-O2", "-o", bin, "testdata/dlopen.c", "-ldl").CombinedOutput(); err != nil {
-		t.Skipf("gcc: %v\n%s", err, out)
-	}
-	w := start(t, bin)
+	w := start(t, compile(t, "gcc", "testdata/dlopen.c", "-ldl"))
 	tg, err := Attach(w.cmd.Process.Pid)
 	if err != nil {
 		t.Fatal(err)
