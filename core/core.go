@@ -33,6 +33,9 @@ type Options struct {
 	// Vmlinux is the kernel's ELF image: its .BTF and ORC sections are
 	// used instead of the dump's copies (relocated by KERNELOFFSET).
 	Vmlinux string
+	// MaxFrames caps each backtrace (0: no cap; the walk still ends at a
+	// cycle, and at orc.MaxFrames).
+	MaxFrames int
 }
 
 // Kernel is a dump seen as a Linux kernel: the kernel view of it, and the

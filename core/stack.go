@@ -159,6 +159,7 @@ func (k *Kernel) Backtrace(t Task) (*Stack, error) {
 			st.Signal = true // a new task that never ran: ret_from_fork is its first instruction
 		}
 	}
+	st.MaxFrames = k.opts.MaxFrames
 	frames, uerr := orc.Unwind(orcFinder{k, tab.kernel, kernelText(syms)}, k, st)
 	out := &Stack{Task: t, Frames: []Frame{}}
 	for _, f := range frames {

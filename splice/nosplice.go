@@ -77,14 +77,47 @@ func IsFtraceSite(o *kernel.OwnedSites, f *cfg.Function, i int) bool {
 	return f.IsFtraceSite(i)
 }
 
+// DieNotifiers is the set of functions on the kernel's die chain, by
+// start address (kernel.Program.DieNotifiers).
+type DieNotifiers map[uint64]bool
+
+// NewDieNotifiers is the set of dn's functions.
+func NewDieNotifiers(dn []kernel.DieNotifier) DieNotifiers {
+	s := DieNotifiers{}
+	for _, n := range dn {
+		s[n.Func] = true
+	}
+	return s
+}
+
+// functionNoSplice is FunctionNoSplice with k's lists.
+func (k *Facts) functionNoSplice(f *cfg.Function) string {
+	return FunctionNoSplice(k.Symbols, f, DriverModule, k.Unprobeable, k.DieNotifiers)
+}
+
 // FunctionNoSplice returns why no instruction of f may be spliced, or "".
-// bl is the kernel's kprobe blacklist (nil: not read).
-func FunctionNoSplice(s *kernel.Symbols, f *cfg.Function, driverModule string, bl kernel.KprobeBlacklist) string {
+// bl is the kernel's kprobe blacklist and die the functions on its die
+// chain (nil: not read).
+//
+// The die chain is a rule of its own because the kprobe blacklist misses
+// it: notify_die calls every notifier for each kernel int3, and those
+// registered before kinst's at the same priority (hw_breakpoint's and
+// kprobes', both INT_MAX) run before kinst's redirect. A splice in one is
+// an int3 while it is written, and a trap splice for good: any other int3
+// of kinst's hit meanwhile calls the notifier, which hits its int3, which
+// calls it again, until the NMI nesting count overflows; the BUG that
+// raises recurses through report_bug into the same int3 until the stack
+// overflows, and the double fault then loops on its own stack. 6.1's
+// hw_breakpoint_exceptions_notify is not NOKPROBE_SYMBOL (kprobes handle
+// their int3 before notify_die, so the kernel never needed it to be).
+func FunctionNoSplice(s *kernel.Symbols, f *cfg.Function, driverModule string, bl kernel.KprobeBlacklist, die DieNotifiers) string {
 	switch {
 	case f.Module != "" && f.Module == driverModule:
 		return "kinst's own driver text"
 	case bl[f.Addr]:
 		return "the kernel forbids probes here (kprobes blacklist: NOKPROBE_SYMBOL or a section that must not be probed)"
+	case die[f.Addr]:
+		return "a die notifier: notify_die calls it for every int3, before kinst's redirect, so a splice there recurses"
 	case int3Path[f.Name]:
 		return "on the int3 / die-notifier path that splices rely on"
 	case stopPath[f.Name]:

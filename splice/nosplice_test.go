@@ -68,20 +68,26 @@ func TestFtraceSiteByRecords(t *testing.T) {
 func TestFunctionNoSpliceLists(t *testing.T) {
 	syms := kernel.NewSymbols([]kernel.Symbol{{Name: "foo", Addr: 0xffffffff81000000, Type: 't'}})
 	bl := kernel.KprobeBlacklist{0xffffffff81000000: true}
+	die := NewDieNotifiers([]kernel.DieNotifier{{Func: 0xffffffff81000600, Priority: 0x7fffffff}})
 	for _, c := range []struct {
 		fn   cfg.Function
 		bl   kernel.KprobeBlacklist
+		die  DieNotifiers
 		want string
 	}{
-		{cfg.Function{Name: "foo", Addr: 0xffffffff81000000}, bl, "kprobes blacklist"},
-		{cfg.Function{Name: "foo", Addr: 0xffffffff81000000}, nil, ""},
-		{cfg.Function{Name: "notify_die", Addr: 0xffffffff81000100}, nil, "int3"},
-		{cfg.Function{Name: "multi_cpu_stop", Addr: 0xffffffff81000200}, bl, "stop_machine"},
-		{cfg.Function{Name: "bar", Addr: 0xffffffff81000300}, bl, ""},
-		{cfg.Function{Name: "srso_safe_ret", Addr: 0xffffffff81000400}, nil, "thunk"},
-		{cfg.Function{Name: "entry_untrain_ret", Addr: 0xffffffff81000500}, nil, "thunk"},
+		{cfg.Function{Name: "foo", Addr: 0xffffffff81000000}, bl, nil, "kprobes blacklist"},
+		// By address, whatever its name: a module's notifier is one too.
+		{cfg.Function{Name: "hw_breakpoint_exceptions_notify", Addr: 0xffffffff81000600}, nil, die, "die notifier"},
+		{cfg.Function{Name: "hw_breakpoint_exceptions_notify", Addr: 0xffffffff81000600}, nil, nil, ""},
+		{cfg.Function{Name: "bar", Addr: 0xffffffff81000300}, nil, die, ""},
+		{cfg.Function{Name: "foo", Addr: 0xffffffff81000000}, nil, nil, ""},
+		{cfg.Function{Name: "notify_die", Addr: 0xffffffff81000100}, nil, nil, "int3"},
+		{cfg.Function{Name: "multi_cpu_stop", Addr: 0xffffffff81000200}, bl, nil, "stop_machine"},
+		{cfg.Function{Name: "bar", Addr: 0xffffffff81000300}, bl, nil, ""},
+		{cfg.Function{Name: "srso_safe_ret", Addr: 0xffffffff81000400}, nil, nil, "thunk"},
+		{cfg.Function{Name: "entry_untrain_ret", Addr: 0xffffffff81000500}, nil, nil, "thunk"},
 	} {
-		got := FunctionNoSplice(syms, &c.fn, DriverModule, c.bl)
+		got := FunctionNoSplice(syms, &c.fn, DriverModule, c.bl, c.die)
 		if c.want == "" && got != "" || c.want != "" && !strings.Contains(got, c.want) {
 			t.Errorf("%s (blacklist %v): %q, want %q", c.fn.Name, c.bl != nil, got, c.want)
 		}

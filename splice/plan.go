@@ -39,6 +39,9 @@ type Facts struct {
 	// read (a dump, or no debugfs): then only kinst's own lists of the
 	// int3 and stop_machine paths protect them.
 	Unprobeable kernel.KprobeBlacklist
+	// DieNotifiers are the functions on the kernel's die chain; nil when
+	// it was not read.
+	DieNotifiers DieNotifiers
 	// Process says the text is a user process's: the kernel's rules (its
 	// no-instrumentation lists, ftrace's entry site, kinst's own driver)
 	// do not apply there (ProcessNoSplice).
@@ -102,7 +105,7 @@ func (k *Facts) Func(fn *cfg.Function, v *Verdicts) *Func {
 	o := k.BlockOptions()
 	f := &Func{Fn: fn, Blocks: fn.BlocksOpt(o), facts: k, names: o.Names, v: v}
 	if !k.Process {
-		f.why = FunctionNoSplice(k.Symbols, fn, DriverModule, k.Unprobeable)
+		f.why = k.functionNoSplice(fn)
 	}
 	f.jumpy = cfg.HasUnresolvedJump(f.Blocks)
 	f.usable = f.coverUsable

@@ -45,9 +45,10 @@ type Planner struct {
 
 	blPath string // Config.KprobeBlacklist
 
-	ownMu    sync.Mutex             // protects owned, ownedFor and bl
+	ownMu    sync.Mutex             // protects owned, ownedFor, bl and die
 	owned    *kernel.OwnedSites     // nil if unreadable
 	bl       kernel.KprobeBlacklist // nil if unread
+	die      DieNotifiers           // nil if unread
 	ownedFor *kernel.Symbols        // the symbol snapshot owned and bl were read with
 
 	anMu  sync.Mutex      // protects noret and reads
@@ -134,6 +135,13 @@ func (p *Planner) ownedSites(syms *kernel.Symbols) *kernel.OwnedSites {
 			p.log.Info("kprobe blacklist read", "functions", len(bl))
 		}
 	}
+	p.die = nil
+	if dn, err := p.view.DieNotifiers(); err != nil {
+		p.log.Warn("die notifier chain unreadable; only kinst's own lists of the int3 path protect it", "err", err)
+	} else {
+		p.die = NewDieNotifiers(dn)
+		p.log.Info("die notifiers read", "functions", len(p.die))
+	}
 	o, n, err := p.view.OwnedSites()
 	p.ownedFor = syms
 	switch {
@@ -172,10 +180,10 @@ func (p *Planner) factsFor(syms *kernel.Symbols) *Facts {
 	noret, reads := p.Analysis()
 	owned := p.ownedSites(syms)
 	p.ownMu.Lock()
-	bl := p.bl
+	bl, die := p.bl, p.die
 	p.ownMu.Unlock()
 	return &Facts{Symbols: syms, Text: p.view, Owned: owned, NoReturn: noret, Reads: reads,
-		Prototypes: p.Prototypes(), Unprobeable: bl}
+		Prototypes: p.Prototypes(), Unprobeable: bl, DieNotifiers: die}
 }
 
 // Func parses spec as a point, reads its function from the live kernel
@@ -254,7 +262,7 @@ func addSpringboardSpace(heap *springboard.Heap, k *Facts, addr uint64) {
 			continue
 		}
 		fn, err := cfg.ReadFunction(k.Text, k.Symbols, sym)
-		if err != nil || !k.Process && FunctionNoSplice(k.Symbols, fn, DriverModule, k.Unprobeable) != "" {
+		if err != nil || !k.Process && k.functionNoSplice(fn) != "" {
 			continue
 		}
 		owned := func(a uint64) bool { return k.Owned.Reason(a) != "" }

@@ -253,7 +253,8 @@ func printStack(w io.Writer, st *core.Stack) {
 		where = fmt.Sprintf("running on cpu %d", t.CPU)
 	}
 	fmt.Fprintf(w, "PID: %d  TASK: %#x  CPU: %d  COMMAND: %q  STATE: %s (%s)\n", t.PID, t.Addr, t.CPU, t.Comm, t.State, where)
-	for i, f := range st.Frames {
+	for i := 0; i < len(st.Frames); i++ {
+		f := st.Frames[i]
 		name := "?"
 		if f.Function != "" {
 			name = symName(kernel.Symbol{Name: f.Function, Module: f.Module}, f.Offset)
@@ -263,6 +264,12 @@ func printStack(w io.Writer, st *core.Stack) {
 			exc = "  (interrupted)"
 		}
 		fmt.Fprintf(w, " #%-2d %s %s%s\n", i, f.AddrHex, name, exc)
+		if p, n := repeatsAfter(st.Frames, i); n > 0 {
+			// A recursion: the cycle is printed once, so the frames
+			// under it show.
+			fmt.Fprintf(w, "     … #%d–#%d repeated %d more times (#%d–#%d)\n", i+1-p, i, n, i+1, i+p*n)
+			i += p * n
+		}
 	}
 	if st.UserMode {
 		fmt.Fprintf(w, "     (running in user mode: no kernel frames)\n")
@@ -270,6 +277,36 @@ func printStack(w io.Writer, st *core.Stack) {
 	if st.Stop != "" {
 		fmt.Fprintf(w, "     (%s)\n", st.Stop)
 	}
+}
+
+// maxCyclePeriod is the longest run of frames folded as a cycle.
+const maxCyclePeriod = 64
+
+// repeatsAfter finds a recursion ending at frame i: the shortest run
+// fr[i+1-p:i+1] that the frames after i repeat at least twice. It
+// returns p and the number of copies after i, or 0, 0.
+func repeatsAfter(fr []core.Frame, i int) (p, n int) {
+	for p = 1; p <= maxCyclePeriod && p <= i+1; p++ {
+		cycle := fr[i+1-p : i+1]
+		n = 0
+		for j := i + 1; j+p <= len(fr) && sameFrames(cycle, fr[j:j+p]); j += p {
+			n++
+		}
+		if n >= 2 {
+			return p, n
+		}
+	}
+	return 0, 0
+}
+
+// sameFrames reports whether two runs of frames name the same code.
+func sameFrames(a, b []core.Frame) bool {
+	for i := range a {
+		if a[i].AddrHex != b[i].AddrHex || a[i].Exception != b[i].Exception {
+			return false
+		}
+	}
+	return true
 }
 
 // CoreLog prints the printk ring buffer as dmesg does.

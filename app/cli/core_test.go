@@ -152,3 +152,32 @@ func TestCoreInfo(t *testing.T) {
 		}
 	}
 }
+
+// A recursion is printed once, with the count of its copies, so the
+// frames under it (the first fault) show; frame numbers stay true.
+func TestPrintStackFoldsCycles(t *testing.T) {
+	fr := func(name string, exc bool) core.Frame {
+		return core.Frame{AddrHex: "0x" + name, Function: name, Exception: exc}
+	}
+	st := &core.Stack{Task: core.Task{PID: 7}}
+	st.Frames = append(st.Frames, fr("top", false))
+	for range 5 {
+		st.Frames = append(st.Frames, fr("a", true), fr("b", false), fr("c", false))
+	}
+	st.Frames = append(st.Frames, fr("first_fault", true), fr("d", false), fr("d", false))
+	var b strings.Builder
+	printStack(&b, st)
+	want := `PID: 7  TASK: 0x0  CPU: 0  COMMAND: ""  STATE:  (switched out)
+ #0  0xtop top+0x0
+ #1  0xa a+0x0  (interrupted)
+ #2  0xb b+0x0
+ #3  0xc c+0x0
+     … #1–#3 repeated 4 more times (#4–#15)
+ #16 0xfirst_fault first_fault+0x0  (interrupted)
+ #17 0xd d+0x0
+ #18 0xd d+0x0
+`
+	if b.String() != want {
+		t.Errorf("got\n%s\nwant\n%s", b.String(), want)
+	}
+}

@@ -18,13 +18,26 @@ import (
 
 const qemuBin = "qemu-system-x86_64"
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+// freePorts returns n distinct free loopback ports. Every listener is
+// held until all are chosen: closed one by one, the kernel may hand the
+// same port back twice, and QEMU refuses two forwards on one port.
+func freePorts(n int) ([]int, error) {
+	ports := make([]int, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		defer l.Close()
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return ports, nil
+}
+
+// portTaken reports QEMU's refusal of a host forward whose port another
+// program took between freePorts and QEMU's bind.
+func portTaken(out []byte) bool {
+	return strings.Contains(string(out), "host forwarding rule")
 }
 
 // appendLine is the guest kernel's command line; kinst.nodriver tells
@@ -76,23 +89,27 @@ func boot(ctx context.Context, c Config, k *Kernel, initrd, accel string, timeou
 	if _, err := exec.LookPath(qemuBin); err != nil {
 		return nil, fmt.Errorf("%s not found (apt-get install qemu-system-x86)", qemuBin)
 	}
-	agentPort, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	kdPort, err := freePort()
-	if err != nil {
-		return nil, err
-	}
 	dir := c.StateDir
 	if err := newToken(filepath.Join(dir, "token")); err != nil {
 		return nil, err
 	}
-	os.Remove(filepath.Join(dir, "serial.log"))
-	os.Remove(filepath.Join(dir, "qemu.pid"))
-	cmd := exec.CommandContext(ctx, qemuBin, qemuArgs(c, k, initrd, accel, dir, agentPort, kdPort)...)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("%s: %v\n%s", qemuBin, err, out)
+	var agentPort, kdPort int
+	for try := 1; ; try++ {
+		ports, err := freePorts(2)
+		if err != nil {
+			return nil, err
+		}
+		agentPort, kdPort = ports[0], ports[1]
+		os.Remove(filepath.Join(dir, "serial.log"))
+		os.Remove(filepath.Join(dir, "qemu.pid"))
+		cmd := exec.CommandContext(ctx, qemuBin, qemuArgs(c, k, initrd, accel, dir, agentPort, kdPort)...)
+		out, err := cmd.CombinedOutput()
+		if err == nil {
+			break
+		}
+		if !portTaken(out) || try == 3 {
+			return nil, fmt.Errorf("%s: %v\n%s", qemuBin, err, out)
+		}
 	}
 	pb, err := os.ReadFile(filepath.Join(dir, "qemu.pid"))
 	if err != nil {

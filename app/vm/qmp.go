@@ -95,6 +95,20 @@ func (in *Instance) HMP(cmd string) (string, error) {
 	return s, json.Unmarshal(raw, &s)
 }
 
+// SaveVirt writes n bytes of guest virtual memory from addr, as vCPU 0's
+// page tables map them, to the host file path (QMP memsave): QEMU's own
+// view, for reading megabytes (the whole kernel text) where ReadVirt's
+// monitor text would take minutes.
+func (in *Instance) SaveVirt(addr uint64, n int, path string) error {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return err
+	}
+	// val is a QAPI int (int64): a kernel address goes as a negative number.
+	_, err = in.QMP("memsave", map[string]any{"val": int64(addr), "size": n, "filename": abs, "cpu-index": 0})
+	return err
+}
+
 // ReadVirt reads guest virtual memory as QEMU sees it, through the page
 // tables of the monitor's current vCPU: an oracle independent of the
 // guest's kernel and of our driver.

@@ -244,3 +244,23 @@ func TestWholeELF(t *testing.T) {
 		t.Error("a cut ELF passed")
 	}
 }
+
+// The two forwards of a boot must not share a port: QEMU refuses to start.
+func TestFreePortsDistinct(t *testing.T) {
+	for range 20 {
+		ports, err := freePorts(8)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := map[int]bool{}
+		for _, p := range ports {
+			if seen[p] {
+				t.Fatalf("port %d handed out twice in %v", p, ports)
+			}
+			seen[p] = true
+		}
+	}
+	if !portTaken([]byte("qemu-system-x86_64: -netdev user,id=n0: Could not set up host forwarding rule 'tcp:127.0.0.1:4000-:7070'")) {
+		t.Error("QEMU's refusal of a taken port not recognised")
+	}
+}

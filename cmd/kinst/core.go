@@ -96,6 +96,7 @@ var coreCommand = &command{
 		holdOut := fs.StringSlice("hold-out", nil, "typegraph: treat the caches `CACHE,…` as untyped and measure how the inference types their objects")
 		graphFile := fs.String("graph-file", "", "typegraph, istype, whattype, findlocks, findfalse, shell: the type graph saved in `FILE`: loaded when it is this dump's (else refused), built and written there when FILE does not exist; istype changes it incrementally and writes it back")
 		live := fs.Bool("live", false, "read the running kernel's memory (/proc/kcore, as root) instead of a dump: DUMP is left out")
+		maxFrames := fs.Int("max-frames", 0, "bt: stop a stack after `N` frames (0: no limit; a cycle of frames still ends it)")
 		graph := fs.Bool("graph", true, "whattype: type an object its cache does not by the type graph (kmalloc and merged caches); --graph=false: the cache's type only")
 		return func(ctx context.Context, inv invocation) (int, error) {
 			args := inv.args
@@ -113,7 +114,7 @@ var coreCommand = &command{
 				return nil
 			}
 			req := cli.CoreRequest{Dump: path, Command: cmd, Length: 64, Phys: *phys, JSON: asJSON,
-				Options: core.Options{BTF: *btfFile, Vmlinux: *vmlinux}, HoldOut: *holdOut, Graph: *graph,
+				Options: core.Options{BTF: *btfFile, Vmlinux: *vmlinux, MaxFrames: *maxFrames}, HoldOut: *holdOut, Graph: *graph,
 				GraphFile: *graphFile, In: os.Stdin}
 			switch cmd {
 			case "info", "ps", "log", "slabs", "typegraph", "findlocks", "findfalse", "shell":

@@ -46,6 +46,8 @@ type State struct {
 	// Regs, when set, are the full registers at the start (a CPU's
 	// registers from a dump note), for entries based on DX, DI, R10, R13.
 	Regs *Regs
+	// MaxFrames caps the unwind; 0 means only the ceiling (MaxFrames).
+	MaxFrames int
 }
 
 // Frame is one step of an unwound stack.
@@ -89,7 +91,7 @@ func (e *StopError) Error() string {
 func (e *StopError) Unwrap() error { return e.Reason }
 
 // MaxFrames bounds an unwind.
-const MaxFrames = 128
+const MaxFrames = 100000
 
 // isKernel reports whether addr is in the kernel half of the address
 // space.
@@ -130,6 +132,16 @@ func Unwind(f Finder, mem Memory, st State) ([]Frame, error) {
 		return 0, false
 	}
 	var frames []Frame
+	limit := MaxFrames
+	if st.MaxFrames > 0 && st.MaxFrames < limit {
+		limit = st.MaxFrames
+	}
+	// A frame seen before, at the same ip and sp, means the walk is in a
+	// cycle: a CPU that double-faults while on its double-fault stack
+	// starts again at that stack's top, so the pt_regs it leaves point
+	// back into frames the walk has already passed.
+	type ipsp struct{ ip, sp uint64 }
+	seen := map[ipsp]bool{}
 	stop := func(reason error, format string, a ...any) ([]Frame, error) {
 		return frames, &StopError{IP: ip, Reason: reason, Detail: fmt.Sprintf(format, a...)}
 	}
@@ -140,12 +152,13 @@ func Unwind(f Finder, mem Memory, st State) ([]Frame, error) {
 			}
 			return stop(ErrNotKernel, "from the frame at sp %#x", frames[len(frames)-1].SP)
 		}
-		if n := len(frames); n > 0 && frames[n-1].IP == ip && frames[n-1].SP == sp {
-			return stop(ErrLoop, "the frame at sp %#x repeats", sp)
+		if seen[ipsp{ip, sp}] {
+			return stop(ErrLoop, "the frame at sp %#x comes round again", sp)
 		}
+		seen[ipsp{ip, sp}] = true
 		frames = append(frames, Frame{IP: ip, SP: sp, Signal: signal})
-		if len(frames) >= MaxFrames {
-			return stop(ErrTooDeep, "%d frames", MaxFrames)
+		if len(frames) >= limit {
+			return stop(ErrTooDeep, "%d frames", limit)
 		}
 		look := ip
 		if !signal {
