@@ -47,8 +47,10 @@ type Info struct {
 	// splice costs the whole machine.
 	DriverSyncs   uint64 `json:"driver_syncs"`
 	PatchHeapUsed uint64 `json:"patch_heap_used"` // bytes of the patch heap allocated
-	Sessions      int    `json:"sessions"`
-	Symbols       int    `json:"symbols"`
+	// PeakRSS is kerninstd's peak resident memory (VmHWM), in bytes.
+	PeakRSS  uint64 `json:"peak_rss_bytes,omitempty"`
+	Sessions int    `json:"sessions"`
+	Symbols  int    `json:"symbols"`
 }
 
 // Addr is a kernel address, written in JSON as a "0x…" string.
@@ -234,6 +236,9 @@ type ArmResult struct {
 	RemoveNS    int64          `json:"remove_ns"`
 	RemoveSyncs uint64         `json:"remove_syncs"`
 	PatchBytes  uint64         `json:"patch_bytes"` // patch heap in use with every probe armed
+	// PeakRSS is kerninstd's peak resident memory after the run
+	// (api.Info.PeakRSS); 0 where the daemon does not say.
+	PeakRSS uint64 `json:"peak_rss_bytes,omitempty"`
 }
 
 // Durations summarises a set of measured durations, in nanoseconds.

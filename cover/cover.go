@@ -74,7 +74,9 @@ func (s *Set) Add(f *splice.Func) {
 			cb.Refused = &why
 			cf.Refused++
 		} else {
-			s.pending = append(s.pending, Probe{Function: at, Block: len(cf.Blocks), site: site})
+			// Detached: the session holds a site for every block, so the
+			// function's decoded instructions go once it is planned.
+			s.pending = append(s.pending, Probe{Function: at, Block: len(cf.Blocks), site: site.Detached()})
 		}
 		cf.Blocks = append(cf.Blocks, cb)
 	}

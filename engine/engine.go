@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/splice"
@@ -46,6 +47,7 @@ type Engine struct {
 	dev       Device
 	log       *slog.Logger
 	patchHeap func() uint64
+	heapBase  atomic.Uint64 // patchHeap's answer, once it gave one
 	redZone   int32
 
 	// noTrap, when set, refuses with this reason a point that would fall
@@ -188,10 +190,17 @@ func (e *Engine) Installed(r *Request) Installed {
 	return Installed{Site: pt.site, Class: pt.class, Patch: pt.patch, Springboard: pt.slot, Requests: len(pt.reqs)}
 }
 
-// patchHeapBase is an address in the patch heap, for sizing patches.
+// patchHeapBase is an address in the patch heap, for sizing patches. The
+// heap does not move, so Config.PatchHeap is asked until it answers, and
+// not for every patch: kerninstd's asks the driver (an ioctl), which cost
+// as much as building the patch.
 func (e *Engine) patchHeapBase() uint64 {
+	if a := e.heapBase.Load(); a != 0 {
+		return a
+	}
 	if e.patchHeap != nil {
 		if a := e.patchHeap(); a != 0 {
+			e.heapBase.Store(a)
 			return a
 		}
 	}

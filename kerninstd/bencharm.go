@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"strconv"
 	"strings"
 
 	"github.com/kinst/kinst/api"
@@ -106,6 +108,7 @@ func (d *Daemon) BenchArm(ctx context.Context, req api.ArmRequest) (api.ArmResul
 		rerrs = d.eng.RemoveEach(armed)
 	}
 	res.RemoveNS = int64(d.clock.Now().Sub(t1))
+	res.PeakRSS = d.Info().PeakRSS
 	res.RemoveSyncs = syncs() - s1
 	if err := errors.Join(rerrs...); err != nil {
 		return res, fmt.Errorf("remove bench probes: %w", err)
@@ -121,4 +124,23 @@ func refusalKind(err error) string {
 		why = why[k+2:]
 	}
 	return why
+}
+
+// PeakRSS is this process's peak resident set (VmHWM of
+// /proc/self/status) in bytes, or 0: what Config.Info reports as
+// api.Info.PeakRSS.
+func PeakRSS() uint64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseUint(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err == nil {
+				return kb << 10
+			}
+		}
+	}
+	return 0
 }

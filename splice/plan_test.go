@@ -1,6 +1,7 @@
 package splice
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"io"
@@ -315,6 +316,20 @@ func TestClass(t *testing.T) {
 	if s, err := p.Resolve("f"); err != nil || s.Addr() != base+0x05 || s.Class != springboard.Cover ||
 		len(s.Cover) != 2 || s.Cover[0].Addr() != base+0x06 || s.Cover[1].Addr() != base+0x09 {
 		t.Errorf("entry with no slot free: %+v, %v; want push covering mov and test", s, err)
+	} else {
+		// Detached keeps what the engine reads: the same instructions,
+		// addresses, classes, liveness and name, and no more of f.
+		d := s.Detached()
+		if len(d.Fn.Insns) != 3 || d.Where() != s.Where() || d.Class != s.Class || d.Live != s.Live ||
+			!bytes.Equal(d.Insn().Bytes, s.Insn().Bytes) || d.Insn().Inst.Op != s.Insn().Inst.Op || len(d.Cover) != 2 {
+			t.Fatalf("detached %+v, from %+v", d, s)
+		}
+		for i, c := range d.Cover {
+			if c.Addr() != s.Cover[i].Addr() || c.Where() != s.Cover[i].Where() || c.Live != s.Cover[i].Live ||
+				!bytes.Equal(c.Insn().Bytes, s.Cover[i].Insn().Bytes) {
+				t.Errorf("detached covered %d: %s %x, want %s %x", i, c.Where(), c.Insn().Bytes, s.Cover[i].Where(), s.Cover[i].Insn().Bytes)
+			}
+		}
 	}
 	if why := class("u", 0x0); !strings.Contains(why, "refused: ") || !strings.Contains(why, "ud2") {
 		t.Errorf("ud2: %s, want refused by codegen", why)

@@ -3,6 +3,7 @@ package splice
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/kernel"
@@ -27,6 +28,32 @@ type Site struct {
 	// its jmp overwrites, in order, each planned on its own (the patch runs
 	// them all).
 	Cover []*Site
+}
+
+// Detached returns a copy of s that keeps, of its function, only the
+// instructions it splices (its own and those a covering splice runs
+// over) with their bytes, not the whole decoded function: a coverage
+// session holds a site for every block of the kernel, and a whole
+// function's decoded instructions are about 200 bytes each. Index and
+// the covered sites' indices then count in the copy. The engine needs no
+// more of the function than this.
+func (s *Site) Detached() *Site {
+	n := 1 + len(s.Cover)
+	fn := &cfg.Function{Name: s.Fn.Name, Module: s.Fn.Module, Addr: s.Fn.Addr, End: s.Fn.End, Truncated: s.Fn.Truncated,
+		Insns: make([]cfg.Instruction, n)}
+	for i := range n {
+		in := s.Fn.Insns[s.Index+i]
+		in.Bytes = slices.Clone(in.Bytes)
+		fn.Insns[i] = in
+	}
+	d := *s
+	d.Fn, d.Index, d.Cover = fn, 0, nil
+	for i, c := range s.Cover {
+		cc := *c
+		cc.Fn, cc.Index, cc.Cover = fn, i+1, nil
+		d.Cover = append(d.Cover, &cc)
+	}
+	return &d
 }
 
 // Insn is the instruction.

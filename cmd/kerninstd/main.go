@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -37,6 +38,7 @@ func main() {
 	cacheDir := fs.String("cache-dir", "/var/cache/kinst", "keep the whole-kernel analysis here, per kernel build and module set (\"\" to disable)")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	format := fs.String("log-format", "text", "text or json")
+	memLimit := fs.Int64("memory-limit", 192, "soft limit on the Go heap, in `MiB`, so kerninstd stays small beside a production workload: the collector works harder as it is neared (0: Go's default; GOMEMLIMIT overrides)")
 	version := fs.Bool("version", false, "print the build and the driver ABI it speaks, and exit")
 	fs.Parse(os.Args[1:])
 	if *version {
@@ -44,6 +46,9 @@ func main() {
 		return
 	}
 
+	if *memLimit > 0 && os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(*memLimit << 20)
+	}
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(*level)); err != nil {
 		fmt.Fprintln(os.Stderr, "kerninstd:", err)
@@ -99,6 +104,7 @@ func run(log *slog.Logger, socket, listen, token, metricsAddr, devPath, kallsyms
 			in.DriverSyncs = now.Syncs
 		}
 		in.PatchHeapUsed = dev.PatchHeapUsed()
+		in.PeakRSS = kerninstd.PeakRSS()
 		return in
 	}})
 	if err != nil {
@@ -131,7 +137,7 @@ func runBPF(log *slog.Logger, socket, listen, token, metricsAddr, kallsyms strin
 	build := buildinfo.Read().String()
 	log.Warn("driver not loaded; serving count and time with BPF (fentry, kprobe.multi or kprobe); coverage, filters and splices need the driver", "why", why, "mechanisms", strings.Join(mechs, ","))
 	d, err := kerninstd.New(kerninstd.Config{Device: &kerninstd.BPFDevice{Mem: mem, Set: set}, BPF: set, Kallsyms: kallsyms, Log: log,
-		BTF: kernel.BTFPath, Info: func() api.Info { return api.Info{Version: build, Counters: set.Len()} }})
+		BTF: kernel.BTFPath, Info: func() api.Info { return api.Info{Version: build, Counters: set.Len(), PeakRSS: kerninstd.PeakRSS()} }})
 	if err != nil {
 		return err
 	}
