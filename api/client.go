@@ -5,12 +5,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/url"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -79,6 +81,18 @@ type APIError struct {
 
 func (e *APIError) Error() string { return e.ErrorResponse.Error }
 
+// ErrDaemonDied is matched by the error of a request whose connection
+// kerninstd closed without an answer: it died (killed, out of memory)
+// while handling it.
+var ErrDaemonDied = errors.New("kerninstd closed the connection mid-request")
+
+// closedMidRequest reports a connection that was accepted and then
+// closed, or reset, before any answer: kerninstd died while handling it
+// (a daemon that is not running refuses the connection instead).
+func closedMidRequest(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)
+}
+
 func (c *Client) do(ctx context.Context, method, path string, body, out any) error {
 	var rd io.Reader
 	if body != nil {
@@ -93,6 +107,10 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 		return err
 	}
 	resp, err := c.hc.Do(req)
+	if err != nil && closedMidRequest(err) {
+		return fmt.Errorf("kerninstd at %s: %w: %s %s got no answer (%v); look for the OOM killer in dmesg (dmesg | grep -i oom) and at kerninstd's log; the driver restored every splice it held when its device closed",
+			c.addr, ErrDaemonDied, method, path, err)
+	}
 	if err != nil {
 		return fmt.Errorf("kerninstd at %s: %w (is kerninstd running? set --addr or KINST_ADDR)", c.addr, err)
 	}

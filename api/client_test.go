@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -88,5 +89,34 @@ func TestClient(t *testing.T) {
 	}
 	if got := NewClient("").Addr(); got != DefaultSocket {
 		t.Errorf("default address %q", got)
+	}
+}
+
+// A daemon that takes a request and dies before answering (the OOM
+// killer) is told apart from one that is not running, and the error says
+// where to look.
+func TestClientDaemonDied(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			buf := make([]byte, 4096)
+			conn.Read(buf) // the request, then no answer
+			conn.Close()
+		}
+	}()
+	_, err = NewClient(ln.Addr().String()).CreateSession(context.Background(), SessionRequest{Points: []string{"vfs_read"}})
+	if !errors.Is(err, ErrDaemonDied) || !strings.Contains(err.Error(), "dmesg") || !strings.Contains(err.Error(), "POST /v1/sessions") {
+		t.Errorf("daemon died mid-request: %v", err)
+	}
+	if _, err := NewClient("127.0.0.1:1").Info(context.Background()); errors.Is(err, ErrDaemonDied) {
+		t.Errorf("no daemon at all called a death: %v", err)
 	}
 }

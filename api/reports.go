@@ -214,3 +214,14 @@ type DaemonVersion struct {
 type ArmReport struct {
 	Runs []ArmResult `json:"runs"`
 }
+
+// BisectReport is `kinst vm bisect --json`: the minimal failing set of
+// points and how it failed.
+type BisectReport struct {
+	Points    int      `json:"points"`  // in the file
+	Minimal   []string `json:"minimal"` // the smallest set that still fails
+	Outcome   string   `json:"outcome"` // oops, hang or crash
+	Detail    string   `json:"detail"`
+	Tries     int      `json:"tries"` // VM boots
+	ElapsedNS int64    `json:"elapsed_ns"`
+}

@@ -56,6 +56,7 @@ func (s Symbol) IsPrefix() bool {
 type Symbols struct {
 	all    []Symbol // sorted by address
 	byAddr []Symbol // the functions, sorted by address
+	text   []uint64 // where each text symbol starts, weak ones included, sorted
 
 	// Commands that read a dump look up a handful of names: the index is
 	// built on first use, not with the table.
@@ -80,10 +81,17 @@ func (e *NoSymbolError) Is(t error) bool { return t == ErrNoSymbol }
 // ErrUnknownFunction is matched by every UnknownFunctionError.
 var ErrUnknownFunction = errors.New("unknown function")
 
-// UnknownFunctionError names a function that kallsyms does not list.
-type UnknownFunctionError struct{ Name string }
+// UnknownFunctionError names a function that kallsyms does not list, or
+// lists only as a weak definition.
+type UnknownFunctionError struct {
+	Name string
+	Weak bool // kallsyms lists it as a weak definition (w or W)
+}
 
 func (e *UnknownFunctionError) Error() string {
+	if e.Weak {
+		return fmt.Sprintf("unknown function %q: kallsyms lists it only as a weak definition (W), which kinst does not take as a function: nothing of it is spliced", e.Name)
+	}
 	return fmt.Sprintf("unknown function %q: not in /proc/kallsyms (static functions may have been inlined; check the name)", e.Name)
 }
 
@@ -154,6 +162,9 @@ func NewSymbols(syms []Symbol) *Symbols {
 		if sym.isFunction() {
 			s.byAddr = append(s.byAddr, sym)
 		}
+		if sym.IsText() {
+			s.text = append(s.text, sym.Addr)
+		}
 	}
 	return s
 }
@@ -208,10 +219,11 @@ func (s *Symbols) Named(name string) []Symbol {
 // (static functions), the core kernel's first one wins; ambiguous reports
 // how many there were, so callers can say so.
 func (s *Symbols) Lookup(name string) (sym Symbol, ambiguous int, err error) {
-	found := false
+	found, weak := false, false
 	for _, i := range s.named(name) {
 		c := s.all[i]
 		if !c.isFunction() {
+			weak = weak || c.IsText()
 			continue
 		}
 		ambiguous++
@@ -220,18 +232,23 @@ func (s *Symbols) Lookup(name string) (sym Symbol, ambiguous int, err error) {
 		}
 	}
 	if !found {
-		return Symbol{}, 0, &UnknownFunctionError{Name: name}
+		return Symbol{}, 0, &UnknownFunctionError{Name: name, Weak: weak}
 	}
 	return sym, ambiguous, nil
 }
 
 // End returns the address where the function starting at sym.Addr ends:
-// the next function at a higher address, capped at maxFunctionSize.
+// the next text symbol at a higher address, capped at maxFunctionSize. A
+// weak definition (kallsyms' W, such as 6.1's kprobe_exceptions_notify)
+// ends the function before it, though it is no function of the view
+// itself: its body is live code, and taken for the one before it, past a
+// return, it was "never executed" padding, springboard space that a
+// splice would overwrite.
 func (s *Symbols) End(sym Symbol) uint64 {
-	i := sort.Search(len(s.byAddr), func(i int) bool { return s.byAddr[i].Addr > sym.Addr })
+	i := sort.Search(len(s.text), func(i int) bool { return s.text[i] > sym.Addr })
 	end := sym.Addr + maxFunctionSize
-	if i < len(s.byAddr) && s.byAddr[i].Addr < end {
-		end = s.byAddr[i].Addr
+	if i < len(s.text) && s.text[i] < end {
+		end = s.text[i]
 	}
 	return end
 }

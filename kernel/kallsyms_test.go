@@ -119,3 +119,24 @@ func TestIsPrefix(t *testing.T) {
 		}
 	}
 }
+
+// A weak definition (W) is live code of its own: the function before it
+// ends where it starts, so its body is never taken for that function's
+// padding (springboard space).
+func TestEndAtWeakDefinition(t *testing.T) {
+	s, err := ParseKallsyms(strings.NewReader("ffffffff81000000 T get_kprobe\nffffffff81000040 W kprobe_exceptions_notify\nffffffff81000050 t kprobe_seq_start\nffffffff81000060 d some_data\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gk, _, err := s.Lookup("get_kprobe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if end := s.End(gk); end != 0xffffffff81000040 {
+		t.Errorf("get_kprobe ends at %#x, want the weak definition's start 0xffffffff81000040", end)
+	}
+	seq, _, _ := s.Lookup("kprobe_seq_start")
+	if end := s.End(seq); end != 0xffffffff81000050+maxFunctionSize {
+		t.Errorf("the last function ends at %#x: data symbols do not end it", end)
+	}
+}

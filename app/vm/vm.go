@@ -120,6 +120,14 @@ func alive(pid int) bool {
 	return pid > 0 && syscall.Kill(pid, 0) == nil
 }
 
+// Running reports whether QEMU still runs (a guest that panicked with
+// -no-reboot has made it exit).
+func (in *Instance) Running() bool { return alive(in.st.PID) }
+
+// Answers reports whether the guest's agent answers a ping within 3 s:
+// a hung guest's does not.
+func (in *Instance) Answers(ctx context.Context) bool { return in.ping(ctx) == nil }
+
 // Down asks QEMU to quit, waits for it, and removes the state.
 func (in *Instance) Down(ctx context.Context) error {
 	if _, err := in.QMP("quit", nil); err != nil && alive(in.st.PID) {

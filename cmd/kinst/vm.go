@@ -18,7 +18,7 @@ var vmCommand = &command{
 	summary: "the test VM: a stock Debian kernel under QEMU with kerninst.ko and kerninstd",
 	help: `KINST_VM_STATE=DIR keeps a VM's state in DIR instead of CACHE/vm, so
 several VMs can run beside each other on one cache.`,
-	sub: []*command{vmUpCommand, vmExecCommand, vmStatusCommand, vmDumpCommand, vmDownCommand, vmAgentCommand},
+	sub: []*command{vmUpCommand, vmExecCommand, vmStatusCommand, vmDumpCommand, vmBisectCommand, vmDownCommand, vmAgentCommand},
 }
 
 // cacheFlag is --cache, which every vm command takes.
@@ -117,6 +117,52 @@ var vmDumpCommand = &command{
 				return 1, err
 			}
 			return 0, cli.VMDump(in, inv.args[0], *format, inv.err)
+		}
+	},
+}
+
+var vmBisectCommand = &command{
+	name:    "bisect",
+	args:    "FILE",
+	summary: "reduce probe points that hang, oops or crash the test VM to a minimal set",
+	help: `FILE lists points, one a line (FUNC, FUNC+0xOFF, FUNC:BLOCK; '#'
+starts a comment). Each try boots a fresh test VM (the kernel of --kernel),
+arms the points with kinst count while a workload runs for --duration, and
+calls the try failed when the kernel logs an oops, BUG or warning, when
+QEMU exits (a panic), or when the guest stops answering (a hang: the
+vCPUs' pcs are reported). Delta debugging (ddmin) then halves the set, its
+halves' complements and finer cuts until no chunk can go; every set is
+tried up to --repeat times before it is called passing, because such
+failures are races whose odds grow with the number of probes. A try takes
+a boot (10 to 40 s) and the duration: a few thousand points take hours.
+--dump-dir keeps a dump of each failed guest for kinst core.`,
+	report: true,
+	setup: func(fs *pflag.FlagSet) runFunc {
+		cache := cacheFlag(fs)
+		var o cli.BisectOptions
+		fs.IntVar(&o.Repeat, "repeat", 3, "tries of each set before it is called passing")
+		fs.DurationVarP(&o.Trial.Duration, "duration", "d", 20*time.Second, "how long the probes stay in each try")
+		fs.DurationVar(&o.Trial.Timeout, "timeout", 0, "a try still running this long after boot, in a guest that no longer answers, is a hang (default: duration + 3m)")
+		fs.StringVar(&o.Trial.Workload, "workload", "", "guest shell command run while the probes are in (default: kinst workload syscalls DURATION)")
+		fs.StringVar(&o.Trial.DumpDir, "dump-dir", "", "keep a dump of each failed guest in `DIR`")
+		fs.StringVar(&o.Trial.Config.KernelPackage, "kernel", os.Getenv("KINST_KERNEL"), "the Debian kernel to boot (as kinst vm up --kernel)")
+		fs.StringVar(&o.Trial.Config.Accel, "accel", "tcg", "as kinst vm up --accel")
+		fs.IntVar(&o.Trial.Config.MemoryMB, "memory", 1024, "guest memory in MiB")
+		jsonFlag(fs, &o.JSON, "the minimal set")
+		return func(ctx context.Context, inv invocation) (int, error) {
+			if len(inv.args) != 1 {
+				return 2, usagef("want FILE")
+			}
+			self, err := os.Executable()
+			if err != nil {
+				return 1, err
+			}
+			c := &o.Trial.Config
+			c.CacheDir, c.KinstBin, c.KerninstdBin, c.Ready = *cache, self, filepath.Join(filepath.Dir(self), "kerninstd"), waitKerninstd
+			o.File = inv.args[0]
+			ctx, stop := signal.NotifyContext(ctx, os.Interrupt)
+			defer stop()
+			return inv.reportErr(o.JSON, func(env cli.Env) error { return cli.VMBisect(ctx, o, env) })
 		}
 	},
 }
