@@ -9,10 +9,15 @@ type CoverReport struct {
 	Functions     []CoverFunction `json:"functions"`
 	TotalBlocks   int             `json:"total_blocks"`
 	CoveredBlocks int             `json:"covered_blocks"`
-	Armed         int             `json:"armed"`   // probes spliced
-	Removed       int             `json:"removed"` // probes removed after their first hit
-	ArmNS         int64           `json:"arm_ns"`  // from the first probe's splice to the last's
-	DurationNS    int64           `json:"duration_ns"`
+	Armed         int             `json:"armed"` // probes spliced
+	// Inferred blocks have no probe: their coverage follows from their
+	// successors' (cover.Inferable); CoveredInferred of them are covered.
+	// Zero with --all-blocks.
+	Inferred        int   `json:"inferred"`
+	CoveredInferred int   `json:"covered_inferred"`
+	Removed         int   `json:"removed"` // probes removed after their first hit
+	ArmNS           int64 `json:"arm_ns"`  // from the first probe's splice to the last's
+	DurationNS      int64 `json:"duration_ns"`
 	// Timeline has a row when the probes were armed and one each time
 	// the daemon found blocks newly covered (and removed their probes).
 	Timeline   []CoverSample `json:"timeline"`
@@ -42,12 +47,14 @@ type CoverFunction struct {
 // CoverBlock is one basic block: covered once its probe ran; a block
 // that could take no probe says why.
 type CoverBlock struct {
-	Index   int     `json:"index"`
-	Start   Addr    `json:"start"`
-	End     Addr    `json:"end"` // the end of the block's bytes (exclusive)
-	Covered bool    `json:"covered"`
-	Point   *string `json:"point"`   // FUNC+0xOFF of the instruction probed; null when refused
-	Refused *string `json:"refused"` // why no probe; null when probed
+	Index int `json:"index"`
+	// Inferred: no probe; covered when a successor is (cover.Inferable).
+	Inferred bool    `json:"inferred,omitempty"`
+	Start    Addr    `json:"start"`
+	End      Addr    `json:"end"` // the end of the block's bytes (exclusive)
+	Covered  bool    `json:"covered"`
+	Point    *string `json:"point"`   // FUNC+0xOFF of the instruction probed; null when refused
+	Refused  *string `json:"refused"` // why no probe; null when probed
 	// Lines are the block's source lines (file:line), filled by the
 	// client from a debug vmlinux: first the line of the block's first
 	// instruction (as addr2line prints it), then every line of the

@@ -123,6 +123,9 @@ type SessionRequest struct {
 	// coverage session. Indirect calls are not followed.
 	CoverCallees []string `json:"cover_callees,omitempty"`
 	CoverDepth   int      `json:"cover_depth,omitempty"`
+	// CoverAllBlocks probes every block; by default a block whose
+	// coverage follows from its successors' has no probe (inferred).
+	CoverAllBlocks bool `json:"cover_all_blocks,omitempty"`
 	// Filter restricts the timers (or coverage probes) to some tasks.
 	Filter *Filter `json:"filter,omitempty"`
 	// Virtual also measures the timers' on-CPU time, with a hook in the

@@ -12,6 +12,7 @@ package cover
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/kinst/kinst/api"
@@ -36,7 +37,21 @@ type Set struct {
 	pending []Probe // planned by Add, spliced by Arm
 	live    []Probe
 	armed   time.Time
+
+	// all: probe every block (AllBlocks); otherwise a block whose
+	// coverage follows from its successors' has none (Inferable).
+	all bool
+	// from maps an inferred block to the blocks it is inferred from, up
+	// the other way; reserve keeps an inferred block's site, armed if a
+	// block it is inferred from cannot be.
+	from    map[blockRef][]blockRef
+	up      map[blockRef][]blockRef
+	reserve map[blockRef]*splice.Site
+	noProbe map[blockRef]string // why an inferred block could take no probe
 }
+
+// blockRef is a block of the report: Functions[f].Blocks[b].
+type blockRef struct{ f, b int32 }
 
 // Probe is one block's probe: the request, once armed, and the block it
 // is for (Report().Functions[Function].Blocks[Block]).
@@ -53,14 +68,21 @@ func New(filter string) *Set {
 	return &Set{report: api.CoverReport{Filter: filter, Functions: []api.CoverFunction{}, Timeline: []api.CoverSample{}}}
 }
 
+// AllBlocks makes Add probe every block, none inferred (kinst cover
+// --all-blocks; bench arm).
+func (s *Set) AllBlocks() { s.all = true }
+
 // Add plans a probe at every block of f, at the block's cheapest
-// spliceable instruction (splice.Func.Block). A block with none is listed
-// with the planner's reason; padding is not a block of the function and
-// is left out.
+// spliceable instruction (splice.Func.Block), except the blocks whose
+// coverage follows from their successors' (Inferable), unless AllBlocks.
+// A block with no spliceable instruction is listed with the planner's
+// reason; padding is not a block of the function and is left out.
 func (s *Set) Add(f *splice.Func) {
 	fn := f.Fn
 	cf := api.CoverFunction{Function: fn.Name, Module: fn.Module, Address: api.Addr(fn.Addr), Blocks: []api.CoverBlock{}}
-	at := len(s.report.Functions)
+	at := int32(len(s.report.Functions))
+	pos := make(map[int]int32, len(f.Blocks)) // cfg block → its place in cf.Blocks
+	sites := make(map[int]*splice.Site, len(f.Blocks))
 	for b := range f.Blocks {
 		blk := &f.Blocks[b]
 		if blk.Padding || blk.N == 0 {
@@ -76,9 +98,48 @@ func (s *Set) Add(f *splice.Func) {
 		} else {
 			// Detached: the session holds a site for every block, so the
 			// function's decoded instructions go once it is planned.
-			s.pending = append(s.pending, Probe{Function: at, Block: len(cf.Blocks), site: site.Detached()})
+			sites[b] = site.Detached()
 		}
+		pos[b] = int32(len(cf.Blocks))
 		cf.Blocks = append(cf.Blocks, cb)
+	}
+	var inf map[int][]int
+	if !s.all {
+		inf = Inferable(f, func(b int) bool { return sites[b] != nil })
+	}
+	if len(inf) > 0 && s.from == nil {
+		s.from, s.up, s.reserve, s.noProbe = map[blockRef][]blockRef{}, map[blockRef][]blockRef{}, map[blockRef]*splice.Site{}, map[blockRef]string{}
+	}
+	for b := range f.Blocks {
+		p, ok := pos[b]
+		if !ok {
+			continue
+		}
+		ref := blockRef{at, p}
+		if succs, ok := inf[b]; ok {
+			cb := &cf.Blocks[p]
+			cb.Inferred = true
+			s.report.Inferred++
+			if cb.Refused != nil {
+				// No probe fits, but none is needed: its coverage is
+				// known. The reason comes back if the inference breaks.
+				cf.Refused--
+				s.noProbe[ref], cb.Refused = *cb.Refused, nil
+			}
+
+			for _, sb := range succs {
+				sr := blockRef{at, pos[sb]}
+				s.from[ref] = append(s.from[ref], sr)
+				s.up[sr] = append(s.up[sr], ref)
+			}
+			if site := sites[b]; site != nil {
+				s.reserve[ref] = site
+			}
+			continue
+		}
+		if site := sites[b]; site != nil {
+			s.pending = append(s.pending, Probe{Function: int(at), Block: int(p), site: site})
+		}
 	}
 	cf.Total = len(cf.Blocks)
 	s.report.Functions = append(s.report.Functions, cf)
@@ -125,6 +186,22 @@ func (s *Set) Arm(eng Engine, owner string, snippet engine.SnippetFunc, now func
 	}
 	start := now()
 	reqs, errs := eng.AddEach(sites, engine.Spec{Owner: owner, Slots: 1, Snippet: snippet})
+	pending := s.pending
+	// An inferred block relies on its successors' probes: where one could
+	// not be armed, the block gets its own probe (and so on up).
+	for failed := s.refusedRefs(pending, errs); len(failed) > 0; {
+		more := s.uninfer(failed)
+		if len(more) == 0 {
+			break
+		}
+		msites := make([]*splice.Site, len(more))
+		for i, p := range more {
+			msites[i] = p.site
+		}
+		mreqs, merrs := eng.AddEach(msites, engine.Spec{Owner: owner, Slots: 1, Snippet: snippet})
+		pending, reqs, errs = append(pending, more...), append(reqs, mreqs...), append(errs, merrs...)
+		failed = s.refusedRefs(more, merrs)
+	}
 	end := now()
 	first := s.armed.IsZero()
 	if first {
@@ -132,7 +209,7 @@ func (s *Set) Arm(eng Engine, owner string, snippet engine.SnippetFunc, now func
 	}
 	s.report.ArmNS += int64(end.Sub(start))
 	for i, r := range reqs {
-		p := s.pending[i]
+		p := pending[i]
 		f := &s.report.Functions[p.Function]
 		b := &f.Blocks[p.Block]
 		if errs[i] != nil {
@@ -141,7 +218,7 @@ func (s *Set) Arm(eng Engine, owner string, snippet engine.SnippetFunc, now func
 			f.Refused++
 			continue
 		}
-		at := fmt.Sprintf("%s+%#x", r.Site().Fn.Name, r.Site().Addr()-r.Site().Fn.Addr)
+		at := p.site.Where()
 		b.Point = &at
 		p.Request, p.site = r, nil
 		s.live = append(s.live, p)
@@ -182,10 +259,7 @@ func (s *Set) Sweep(eng Engine, now time.Time) map[*engine.Request]error {
 			continue
 		}
 		hit[i].covered = true
-		f := &s.report.Functions[p.Function]
-		f.Blocks[p.Block].Covered = true
-		f.Covered++
-		s.report.CoveredBlocks++
+		s.markCovered(blockRef{int32(p.Function), int32(p.Block)})
 	}
 	var failed map[*engine.Request]error
 	for i, err := range eng.RemoveEach(rs) {
@@ -215,10 +289,7 @@ func (s *Set) Mark(eng Engine, now time.Time) {
 			continue
 		}
 		p.covered = true
-		f := &s.report.Functions[p.Function]
-		f.Blocks[p.Block].Covered = true
-		f.Covered++
-		s.report.CoveredBlocks++
+		s.markCovered(blockRef{int32(p.Function), int32(p.Block)})
 	}
 	s.report.Timeline = append(s.report.Timeline, api.CoverSample{ElapsedNS: int64(now.Sub(s.armed)),
 		LiveProbes: len(s.live), Covered: s.report.CoveredBlocks})
@@ -243,6 +314,71 @@ func (s *Set) Remove(eng Engine) (bool, error) {
 	return len(kept) == 0, errors.Join(errs...)
 }
 
+// markCovered marks a block covered, and the inferred blocks that its
+// coverage implies.
+func (s *Set) markCovered(ref blockRef) {
+	f := &s.report.Functions[ref.f]
+	if b := &f.Blocks[ref.b]; !b.Covered {
+		b.Covered = true
+		f.Covered++
+		s.report.CoveredBlocks++
+		if b.Inferred {
+			s.report.CoveredInferred++
+		}
+	}
+	for _, p := range s.up[ref] {
+		if !s.report.Functions[p.f].Blocks[p.b].Covered {
+			s.markCovered(p)
+		}
+	}
+}
+
+// refusedRefs is the blocks of probes whose arming failed.
+func (s *Set) refusedRefs(ps []Probe, errs []error) []blockRef {
+	var out []blockRef
+	for i, err := range errs {
+		if err != nil {
+			out = append(out, blockRef{int32(ps[i].Function), int32(ps[i].Block)})
+		}
+	}
+	return out
+}
+
+// uninfer takes back the inferences that rely on the blocks of failed,
+// directly or through other inferred blocks: each such block is probed
+// itself (the probes returned, to arm), or, with no site, left uncovered
+// and refused, which takes back the inferences relying on it in turn.
+func (s *Set) uninfer(failed []blockRef) []Probe {
+	var more []Probe
+	for len(failed) > 0 {
+		ref := failed[0]
+		failed = failed[1:]
+		for _, p := range s.up[ref] {
+			cb := &s.report.Functions[p.f].Blocks[p.b]
+			if !cb.Inferred {
+				continue
+			}
+			cb.Inferred = false
+			s.report.Inferred--
+			for _, sr := range s.from[p] {
+				s.up[sr] = slices.DeleteFunc(s.up[sr], func(x blockRef) bool { return x == p })
+			}
+			delete(s.from, p)
+			if site := s.reserve[p]; site != nil {
+				more = append(more, Probe{Function: int(p.f), Block: int(p.b), site: site})
+			} else {
+				why := s.noProbe[p] + " (and a block it was inferred from took no probe)"
+				cb.Refused = &why
+				s.report.Functions[p.f].Refused++
+				failed = append(failed, p)
+			}
+			delete(s.reserve, p)
+		}
+		delete(s.up, ref)
+	}
+	return more
+}
+
 // Live is the probes still spliced.
 func (s *Set) Live() []Probe { return s.live }
 
@@ -264,6 +400,7 @@ func (s *Set) Report(session string, now time.Time) *api.CoverReport {
 // (the refused left out).
 func Sites(f *splice.Func) []*splice.Site {
 	s := New("")
+	s.AllBlocks()
 	s.Add(f)
 	out := make([]*splice.Site, len(s.pending))
 	for i, p := range s.pending {

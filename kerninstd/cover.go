@@ -40,6 +40,9 @@ func (d *Daemon) createCover(req api.SessionRequest) (api.Session, error) {
 		return api.Session{}, err
 	}
 	set := cover.New(desc)
+	if req.CoverAllBlocks {
+		set.AllBlocks()
+	}
 	for _, t := range targets {
 		f, err := d.coverFunc(t)
 		if err != nil {

@@ -32,6 +32,8 @@ type CoverOptions struct {
 	// Trap lets --user coverage use trap splices (process.TrapHazard
 	// says why they are refused by default).
 	Trap bool
+	// AllBlocks probes every block, none inferred from its successors.
+	AllBlocks bool
 }
 
 // Cover arms a coverage probe at every basic block of the targets; the
@@ -52,7 +54,7 @@ func Cover(ctx context.Context, c *api.Client, o CoverOptions, env Env) (int, er
 	if dbg != nil {
 		defer dbg.Close()
 	}
-	req := api.SessionRequest{Cover: o.Targets, CoverModules: o.Modules, CoverCallees: o.Callees,
+	req := api.SessionRequest{Cover: o.Targets, CoverModules: o.Modules, CoverCallees: o.Callees, CoverAllBlocks: o.AllBlocks,
 		Tied: true, Name: o.Name, TTLNS: int64(o.TTL)}
 	if len(o.Callees) > 0 {
 		req.CoverDepth = o.Depth
@@ -70,9 +72,8 @@ func Cover(ctx context.Context, c *api.Client, o CoverOptions, env Env) (int, er
 		return 1, errors.New("cover: kerninstd made no coverage session (an older kerninstd?)")
 	}
 	armed := sess.Cover
-	refused := armed.TotalBlocks - armed.Armed
-	fmt.Fprintf(env.Err, "kinst: %d probes armed in %s over %d blocks of %d functions (%d blocks refused)",
-		armed.Armed, fmtNS(float64(armed.ArmNS)), armed.TotalBlocks, len(armed.Functions), refused)
+	fmt.Fprintf(env.Err, "kinst: %d probes armed in %s over %d blocks of %d functions (%d inferred from their successors, %d refused)",
+		armed.Armed, fmtNS(float64(armed.ArmNS)), armed.TotalBlocks, len(armed.Functions), armed.Inferred, refusedBlocks(armed))
 	if armed.Filter != "" {
 		fmt.Fprintf(env.Err, "; %s only", armed.Filter)
 	}
@@ -126,8 +127,8 @@ func writeCover(w io.Writer, r api.CoverReport) error {
 	if r.Filter != "" {
 		fmt.Fprintf(w, ", %s only", r.Filter)
 	}
-	fmt.Fprintf(w, "\n%d probes armed in %s, %d removed after their first hit, %d blocks refused\n\n",
-		r.Armed, fmtNS(float64(r.ArmNS)), r.Removed, r.TotalBlocks-r.Armed)
+	fmt.Fprintf(w, "\n%d probes armed in %s, %d removed after their first hit, %d blocks inferred from their successors (%d of them covered), %d blocks refused\n\n",
+		r.Armed, fmtNS(float64(r.ArmNS)), r.Removed, r.Inferred, r.CoveredInferred, refusedBlocks(&r))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "function\taddress\tblocks\tcovered\trefused\tcoverage\t")
 	for _, f := range r.Functions {
@@ -152,12 +153,15 @@ func writeCover(w io.Writer, r api.CoverReport) error {
 		for _, b := range f.Blocks {
 			state, probe := "no", ""
 			switch {
-			case b.Refused != nil:
+			case b.Refused != nil && !b.Inferred:
 				state, probe = "refused", *b.Refused
 			case b.Covered:
 				state = "yes"
 			}
-			if b.Point != nil {
+			switch {
+			case b.Inferred:
+				probe = "inferred"
+			case b.Point != nil:
 				probe = *b.Point
 			}
 			fmt.Fprintf(tw, "  %d\t+%#x\t%s\t%s", b.Index, uint64(b.Start)-uint64(f.Address), state, probe)
@@ -177,6 +181,20 @@ func writeCover(w io.Writer, r api.CoverReport) error {
 		fmt.Fprintf(tw, "%.3f\t%d\t%d\t\n", time.Duration(s.ElapsedNS).Seconds(), s.LiveProbes, s.Covered)
 	}
 	return tw.Flush()
+}
+
+// refusedBlocks is the blocks of r with neither a probe nor an inferred
+// coverage.
+func refusedBlocks(r *api.CoverReport) int {
+	n := 0
+	for _, f := range r.Functions {
+		for _, b := range f.Blocks {
+			if b.Refused != nil && !b.Inferred {
+				n++
+			}
+		}
+	}
+	return n
 }
 
 // percent is n of total as a percentage.

@@ -77,6 +77,9 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 		defer dbg.Close()
 	}
 	set := cover.New("")
+	if o.AllBlocks {
+		set.AllBlocks()
+	}
 	seen := map[uint64]bool{}
 	var lists [][]process.CoverTarget
 	var pending []string // LIB:… targets whose library is not loaded yet

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -174,7 +175,7 @@ func TestCoverProcessRunning(t *testing.T) {
 	if f := coverFunc(t, rep, "work"); f.Covered == 0 || f.Covered != f.Total-f.Refused {
 		t.Errorf("work: %d of %d covered (%d refused)", f.Covered, f.Total, f.Refused)
 	}
-	if rep.Removed != rep.CoveredBlocks {
+	if rep.Removed+rep.CoveredInferred != rep.CoveredBlocks {
 		t.Errorf("%d probes removed after their first hit, %d blocks covered", rep.Removed, rep.CoveredBlocks)
 	}
 	if l, _ := r.ReadString('\n'); !strings.HasPrefix(l, "calls 400000 ") {
@@ -299,8 +300,8 @@ func TestCoverProcessLibc(t *testing.T) {
 	// With --trap: ls has one thread, which never blocks SIGTRAP while
 	// it runs libc's code.
 	rep := coverCommand(t, CoverOptions{Targets: []string{"libc:*"}, Command: []string{ls, "-l", dir}, Trap: true}, "", string(want))
-	if rep.Armed < 10000 || rep.Armed < rep.TotalBlocks*9/10 {
-		t.Errorf("%d probes armed over %d blocks", rep.Armed, rep.TotalBlocks)
+	if rep.Armed < 10000 || rep.Armed+rep.Inferred < rep.TotalBlocks*9/10 {
+		t.Errorf("%d probes armed and %d blocks inferred over %d blocks", rep.Armed, rep.Inferred, rep.TotalBlocks)
 	}
 	if rep.CoveredBlocks == 0 {
 		t.Error("nothing of libc covered in ls -l")
@@ -312,8 +313,8 @@ func TestCoverProcessLibc(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d probes armed in %.0f ms over %d blocks of %d functions; %d covered", rep.Armed, float64(rep.ArmNS)/1e6,
-		rep.TotalBlocks, len(rep.Functions), rep.CoveredBlocks)
+	t.Logf("%d probes armed in %.0f ms over %d blocks of %d functions (%d inferred); %d covered", rep.Armed, float64(rep.ArmNS)/1e6,
+		rep.TotalBlocks, len(rep.Functions), rep.Inferred, rep.CoveredBlocks)
 }
 
 // TestCFGProcess: kinst cfg -p reads a function of a running process
@@ -624,4 +625,39 @@ func TestCoverProcessThreads(t *testing.T) {
 		t.Errorf("exit status %v, %d blocks refused as trap-only, %d covered", rep.ExitStatus, traps, rep.CoveredBlocks)
 	}
 	t.Logf("%d probes armed over %d blocks, %d refused as trap-only, %d covered", rep.Armed, rep.TotalBlocks, traps, rep.CoveredBlocks)
+}
+
+// Probe pruning's oracle: one deterministic run covers the same blocks
+// with inferred blocks (the default) as with a probe at every block
+// (--all-blocks), with fewer probes. The program's own functions: crt's
+// run at exit, after kinst's last look at some runs and before it at
+// others.
+func TestCoverProcessPrunedOracle(t *testing.T) {
+	bin := buildWork(t)
+	want, err := exec.Command("sh", "-c", "printf 'go\\n' | "+bin).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	covered := func(all bool) (map[string]bool, api.CoverReport) {
+		rep := coverCommand(t, CoverOptions{Targets: []string{"main", "run", "work", "mix", "nap", "spin"}, Command: []string{bin}, AllBlocks: all}, "go\n", string(want))
+		set := map[string]bool{}
+		for _, f := range rep.Functions {
+			for _, b := range f.Blocks {
+				if b.Covered {
+					set[fmt.Sprintf("%s:%d", f.Function, b.Index)] = true
+				}
+			}
+		}
+		return set, rep
+	}
+	pruned, prep := covered(false)
+	whole, wrep := covered(true)
+	if !maps.Equal(pruned, whole) {
+		t.Errorf("pruned covers %d blocks, all blocks %d: %v vs %v", len(pruned), len(whole), pruned, whole)
+	}
+	if prep.Inferred == 0 || prep.Armed+prep.Inferred != wrep.Armed || wrep.Inferred != 0 {
+		t.Errorf("pruned: %d probes, %d inferred; all blocks: %d probes, %d inferred", prep.Armed, prep.Inferred, wrep.Armed, wrep.Inferred)
+	}
+	t.Logf("%d blocks covered either way; %d probes pruned, %d with --all-blocks (%d inferred, %d of them covered)",
+		len(pruned), prep.Armed, wrep.Armed, prep.Inferred, prep.CoveredInferred)
 }

@@ -1,0 +1,237 @@
+package cover
+
+import (
+	"fmt"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/engine"
+	"github.com/kinst/kinst/kernel"
+	"github.com/kinst/kinst/splice"
+)
+
+const pruneBase = 0x401000
+
+// pruneFuncs are hand-assembled functions, their blocks noted.
+var pruneFuncs = map[string][]byte{
+	// B0 test/je → B1 (mov, jmp) or B2 (mov), both into B3 (ret): B0 is
+	// known from B1 and B2, each entered only from it.
+	"diamond": {
+		0x85, 0xff, // 0x00 test %edi,%edi   B0
+		0x74, 0x07, // 0x02 je 0x0b
+		0xb8, 0x01, 0x00, 0x00, 0x00, // 0x04 mov $1,%eax  B1
+		0xeb, 0x05, // 0x09 jmp 0x10
+		0xb8, 0x02, 0x00, 0x00, 0x00, // 0x0b mov $2,%eax  B2
+		0xc3, // 0x10 ret                 B3
+	},
+	// The same with a call in B0: a task asleep in the callee has run B0
+	// and neither successor, so B0 keeps its probe.
+	"calls": {
+		0xe8, 0x00, 0x00, 0x00, 0x00, // 0x00 call next   B0
+		0x85, 0xff, // 0x05 test
+		0x74, 0x07, // 0x07 je 0x10
+		0xb8, 0x01, 0x00, 0x00, 0x00, // 0x09          B1
+		0xeb, 0x05, // 0x0e jmp 0x15
+		0xb8, 0x02, 0x00, 0x00, 0x00, // 0x10          B2
+		0xc3, // 0x15                   B3
+	},
+	// A chain: B0 je → B5 or B1; B1 je → B4 or B2. B1 is inferred from
+	// B2 and B4 (padding, B3, falls into B4 but never runs), B0 from B1
+	// (inferred) and B5.
+	"chain": {
+		0x85, 0xff, // 0x00 test          B0
+		0x74, 0x0a, // 0x02 je 0x0e
+		0x85, 0xf6, // 0x04 test          B1 (pred B0)
+		0x74, 0x05, // 0x06 je 0x0d
+		0x31, 0xc0, // 0x08 xor           B2 (pred B1)
+		0xc3,       // 0x0a ret
+		0x90, 0x90, // 0x0b nop nop       B3, padding
+		0xc3, // 0x0d ret                 B4 (pred B1)
+		0xc3, // 0x0e ret                 B5 (pred B0)
+	},
+}
+
+func pruneFunc(t *testing.T, name string) *splice.Func {
+	t.Helper()
+	fn, err := cfg.Decode(name, "", pruneBase, pruneFuncs[name])
+	if err != nil {
+		t.Fatal(err)
+	}
+	syms := kernel.NewSymbols([]kernel.Symbol{{Name: name, Addr: pruneBase, Type: 'T'}})
+	return (&splice.Facts{Symbols: syms, Text: memText(pruneFuncs[name]), Process: true}).Func(fn, nil)
+}
+
+type memText []byte
+
+func (m memText) Read(addr uint64, b []byte) error {
+	if addr < pruneBase || addr+uint64(len(b)) > pruneBase+uint64(len(m)) {
+		return fmt.Errorf("unmapped %#x", addr)
+	}
+	copy(b, m[addr-pruneBase:])
+	return nil
+}
+
+func TestInferable(t *testing.T) {
+	all := func(int) bool { return true }
+	for _, tc := range []struct {
+		fn     string
+		probed func(int) bool
+		want   map[int][]int
+	}{
+		{"diamond", all, map[int][]int{0: {1, 2}}},
+		{"chain", all, map[int][]int{0: {1, 5}, 1: {2, 4}}},
+		{"calls", all, map[int][]int{}},
+		// A successor with no probe of its own: nothing to infer from.
+		{"diamond", func(b int) bool { return b != 2 }, map[int][]int{}},
+	} {
+		f := pruneFunc(t, tc.fn)
+		got := Inferable(f, tc.probed)
+		for _, v := range got {
+			slices.Sort(v)
+		}
+		if !reflect.DeepEqual(got, tc.want) {
+			var desc []string
+			for _, b := range f.Blocks {
+				desc = append(desc, fmt.Sprintf("B%d@+%#x succs %v preds %v exit %v", b.Index, b.Start(f.Fn)-pruneBase, b.Succs, b.Preds, b.Exit))
+			}
+			t.Errorf("%s: %v, want %v\n%s", tc.fn, got, tc.want, strings.Join(desc, "\n"))
+		}
+	}
+}
+
+// pathEngine is a cover.Engine whose probes "run" when a test says which
+// blocks executed: it splices nothing (the live tests do), so that every
+// path through a function can be played under a pruned and an unpruned
+// Set and their reports compared.
+type pathEngine struct {
+	at   map[*engine.Request]uint64 // the probe's address
+	ran  map[uint64]bool            // addresses executed so far
+	fail map[uint64]bool            // probes refused at these addresses
+}
+
+func (e *pathEngine) AddEach(sites []*splice.Site, sp engine.Spec) ([]*engine.Request, []error) {
+	rs, errs := make([]*engine.Request, len(sites)), make([]error, len(sites))
+	for i, s := range sites {
+		if e.fail[s.Addr()] {
+			errs[i] = fmt.Errorf("no room")
+			continue
+		}
+		rs[i] = new(engine.Request)
+		e.at[rs[i]] = s.Addr()
+	}
+	return rs, errs
+}
+func (e *pathEngine) RemoveEach(rs []*engine.Request) []error { return make([]error, len(rs)) }
+func (e *pathEngine) Hit(r *engine.Request) bool              { return e.ran[e.at[r]] }
+
+// covered plays the blocks of path (cfg indices) of fn's function under a
+// Set, all blocks or not, and returns the covered block indices and the
+// number of probes.
+func covered(t *testing.T, name string, path []int, all bool) ([]int, *api.CoverReport) {
+	f := pruneFunc(t, name)
+	s := New("")
+	if all {
+		s.AllBlocks()
+	}
+	s.Add(f)
+	e := &pathEngine{at: map[*engine.Request]uint64{}, ran: map[uint64]bool{}}
+	now := time.Unix(0, 0)
+	s.Arm(e, "test", Flag(nil), func() time.Time { return now })
+	for _, b := range path {
+		blk := &f.Blocks[b]
+		for i := blk.First; i < blk.First+blk.N; i++ {
+			e.ran[f.Fn.Insns[i].Addr] = true
+		}
+		s.Sweep(e, now) // a sweep between blocks: the inference holds at any instant
+	}
+	rep := s.Report("t", now)
+	var got []int
+	for _, b := range rep.Functions[0].Blocks {
+		if b.Covered {
+			got = append(got, b.Index)
+		}
+	}
+	return got, rep
+}
+
+// Every path, whole and cut short, covers the same blocks pruned and
+// unpruned; pruning saves probes.
+func TestPrunedEqualsAllBlocks(t *testing.T) {
+	for _, tc := range []struct {
+		fn    string
+		paths [][]int
+		saved int
+	}{
+		{"diamond", [][]int{{0, 1, 3}, {0, 2, 3}, {0, 1}, {0, 2}}, 1},
+		{"calls", [][]int{{0, 1, 3}, {0}}, 0},
+		{"chain", [][]int{{0, 1, 2}, {0, 1, 4}, {0, 5}, {0, 1}, {0}}, 2},
+	} {
+		for _, path := range tc.paths {
+			pruned, prep := covered(t, tc.fn, path, false)
+			whole, wrep := covered(t, tc.fn, path, true)
+			// A whole path (to a return) covers the same blocks. Cut short
+			// (a task preempted in a block with no call), the pruned Set
+			// never claims a block that did not run, and lags only in
+			// inferred blocks, by the few instructions to a successor.
+			if last := path[len(path)-1]; len(pruneFunc(t, tc.fn).Blocks[last].Succs) == 0 {
+				if !slices.Equal(pruned, whole) {
+					t.Errorf("%s path %v: pruned covers %v, all blocks %v", tc.fn, path, pruned, whole)
+				}
+			} else {
+				for _, b := range pruned {
+					if !slices.Contains(whole, b) {
+						t.Errorf("%s path %v: pruned covers %d, which did not run (%v)", tc.fn, path, b, whole)
+					}
+				}
+				for _, b := range whole {
+					if !slices.Contains(pruned, b) && !prep.Functions[0].Blocks[slices.IndexFunc(prep.Functions[0].Blocks, func(x api.CoverBlock) bool { return x.Index == b })].Inferred {
+						t.Errorf("%s path %v: pruned misses probed block %d", tc.fn, path, b)
+					}
+				}
+			}
+			if saved := wrep.Armed - prep.Armed; saved != tc.saved || prep.Inferred != tc.saved {
+				t.Errorf("%s: %d probes saved, %d inferred; want %d", tc.fn, saved, prep.Inferred, tc.saved)
+			}
+		}
+	}
+}
+
+// A successor whose probe cannot be armed takes back the inference: the
+// block it was for is probed itself, and still reported right.
+func TestInferenceFallsBack(t *testing.T) {
+	f := pruneFunc(t, "chain")
+	s := New("")
+	s.Add(f)
+	// B5's probe fails: B0 (inferred from B1 and B5) needs its own; B1
+	// (from B2 and B4) stays inferred.
+	e := &pathEngine{at: map[*engine.Request]uint64{}, ran: map[uint64]bool{}, fail: map[uint64]bool{pruneBase + 0x0e: true}}
+	now := time.Unix(0, 0)
+	s.Arm(e, "test", Flag(nil), func() time.Time { return now })
+	rep := s.Report("t", now)
+	blocks := map[int]api.CoverBlock{}
+	for _, b := range rep.Functions[0].Blocks {
+		blocks[b.Index] = b
+	}
+	if rep.Inferred != 1 || !blocks[1].Inferred || blocks[0].Inferred || blocks[0].Point == nil || blocks[5].Refused == nil || rep.Armed != 3 {
+		t.Fatalf("after B5 was refused: inferred %d, armed %d, blocks %+v", rep.Inferred, rep.Armed, blocks)
+	}
+	for _, a := range []uint64{0x00, 0x04, 0x08} { // B0, B1, B2
+		e.ran[pruneBase+a] = true
+	}
+	s.Sweep(e, now)
+	rep = s.Report("t", now)
+	var got []int
+	for _, b := range rep.Functions[0].Blocks {
+		if b.Covered {
+			got = append(got, b.Index)
+		}
+	}
+	if !slices.Equal(got, []int{0, 1, 2}) || rep.CoveredInferred != 1 {
+		t.Errorf("covered %v (%d inferred), want [0 1 2] (1)", got, rep.CoveredInferred)
+	}
+}
