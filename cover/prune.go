@@ -1,6 +1,8 @@
 package cover
 
 import (
+	"slices"
+
 	"golang.org/x/arch/x86/x86asm"
 
 	"github.com/kinst/kinst/cfg"
@@ -103,7 +105,7 @@ func Inferable(f *splice.Func, probed func(b int) bool) map[int][]int {
 			if _, inferred := out[s]; entered(s) || !inferred && !probed(s) {
 				return
 			}
-			if !containsInt(from, s) {
+			if !slices.Contains(from, s) {
 				from = append(from, s)
 			}
 		}
@@ -111,13 +113,4 @@ func Inferable(f *splice.Func, probed func(b int) bool) map[int][]int {
 	}
 	visit(0)
 	return out
-}
-
-func containsInt(s []int, v int) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }

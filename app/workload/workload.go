@@ -6,7 +6,11 @@ package workload
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"os"
+	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"sync"
@@ -109,4 +113,125 @@ func Creat(dir string, n int) error {
 		}
 	}
 	return nil
+}
+
+// MixedCounts is what Mixed did.
+type MixedCounts struct {
+	Files, Execs, Signals, Timers, Pipes, TCP, Hotplugs uint64
+	// HotplugErr says why no CPU was taken offline, if none was.
+	HotplugErr string
+}
+
+// Mixed runs, side by side until ctx ends, the kinds of kernel work a
+// whole-kernel coverage session must survive: files created, written,
+// read and removed in dir; processes created and reaped (self, argv[0]
+// with no arguments, or /bin/true); signals sent to itself and handled;
+// timers slept on; bytes through pipes; loopback TCP connections; and,
+// where cpu/online exists and it is allowed (root, more than one CPU),
+// the last CPU taken offline and brought back.
+func Mixed(ctx context.Context, dir string) MixedCounts {
+	var c MixedCounts
+	var wg sync.WaitGroup
+	loop := func(n *uint64, f func() error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				if f() == nil {
+					*n++
+				}
+			}
+		}()
+	}
+	buf := make([]byte, 8192)
+	loop(&c.Files, func() error {
+		p := filepath.Join(dir, "kinst-mixed")
+		if err := os.WriteFile(p, buf, 0o600); err != nil {
+			return err
+		}
+		_, err := os.ReadFile(p)
+		os.Remove(p)
+		return err
+	})
+	loop(&c.Execs, func() error {
+		return exec.CommandContext(ctx, "/bin/true").Run()
+	})
+	sigs := make(chan os.Signal, 16)
+	signal.Notify(sigs, syscall.SIGUSR1)
+	defer signal.Stop(sigs)
+	loop(&c.Signals, func() error {
+		if err := syscall.Kill(os.Getpid(), syscall.SIGUSR1); err != nil {
+			return err
+		}
+		select {
+		case <-sigs:
+		case <-ctx.Done():
+		}
+		return nil
+	})
+	loop(&c.Timers, func() error {
+		t := time.NewTimer(time.Millisecond)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		return nil
+	})
+	loop(&c.Pipes, func() error {
+		r, w, err := os.Pipe()
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		go func() { w.Write(buf); w.Close() }()
+		_, err = io.ReadAll(r)
+		return err
+	})
+	if ln, err := net.Listen("tcp", "127.0.0.1:0"); err == nil {
+		defer ln.Close()
+		go func() {
+			for {
+				conn, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				go func() { io.Copy(conn, conn); conn.Close() }()
+			}
+		}()
+		loop(&c.TCP, func() error {
+			conn, err := net.DialTimeout("tcp", ln.Addr().String(), time.Second)
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			if _, err := conn.Write(buf[:512]); err != nil {
+				return err
+			}
+			_, err = io.ReadFull(conn, buf[:512])
+			return err
+		})
+	}
+	online := fmt.Sprintf("/sys/devices/system/cpu/cpu%d/online", runtime.NumCPU()-1)
+	if runtime.NumCPU() < 2 {
+		c.HotplugErr = "one CPU"
+	} else if err := os.WriteFile(online, []byte("0"), 0); err != nil {
+		c.HotplugErr = err.Error()
+	} else {
+		os.WriteFile(online, []byte("1"), 0)
+		c.Hotplugs++
+		loop(&c.Hotplugs, func() error {
+			select {
+			case <-time.After(500 * time.Millisecond):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			if err := os.WriteFile(online, []byte("0"), 0); err != nil {
+				return err
+			}
+			return os.WriteFile(online, []byte("1"), 0)
+		})
+	}
+	wg.Wait()
+	return c
 }

@@ -16,10 +16,10 @@ import (
 // activity of a known shape.
 var workloadCommand = &command{
 	name:    "workload",
-	args:    "stat N PATH | files DIR ROUNDS | syscalls DURATION | creat DIR N | spin DURATION",
+	args:    "stat N PATH | files DIR ROUNDS | syscalls DURATION | creat DIR N | spin DURATION | mixed DIR DURATION",
 	summary: "kernel activity of a known shape, for tests and the demo",
 	hidden:  true,
-	words:   []string{"stat", "files", "syscalls", "creat", "spin"},
+	words:   []string{"stat", "files", "syscalls", "creat", "spin", "mixed"},
 	setup: func(fs *pflag.FlagSet) runFunc {
 		return func(ctx context.Context, inv invocation) (int, error) {
 			return 0, runWorkload(ctx, inv)
@@ -47,14 +47,10 @@ func runWorkload(ctx context.Context, inv invocation) error {
 		}
 		return workload.Files(a[0], n)
 	case kind == "syscalls" && len(a) == 1:
-		d, err := time.ParseDuration(a[0])
+		ctx, stop, err := forDuration(ctx, a[0])
 		if err != nil {
 			return err
 		}
-		ctx, cancel := context.WithTimeout(ctx, d)
-		defer cancel()
-		// Ctrl-C ends the load early but still reports it.
-		ctx, stop := signal.NotifyContext(ctx, os.Interrupt)
 		defer stop()
 		n := workload.Syscalls(ctx, "/")
 		fmt.Fprintf(inv.err, "workload: %d stat calls\n", n)
@@ -65,6 +61,19 @@ func runWorkload(ctx context.Context, inv invocation) error {
 			return err
 		}
 		return workload.Creat(a[0], n)
+	case kind == "mixed" && len(a) == 2:
+		ctx, stop, err := forDuration(ctx, a[1])
+		if err != nil {
+			return err
+		}
+		defer stop()
+		c := workload.Mixed(ctx, a[0])
+		fmt.Fprintf(inv.err, "workload: %d files, %d execs, %d signals, %d timers, %d pipes, %d tcp, %d hotplugs\n",
+			c.Files, c.Execs, c.Signals, c.Timers, c.Pipes, c.TCP, c.Hotplugs)
+		if c.HotplugErr != "" {
+			fmt.Fprintf(inv.err, "workload: no CPU taken offline: %s\n", c.HotplugErr)
+		}
+		return nil
 	case kind == "spin" && len(a) == 1:
 		d, err := time.ParseDuration(a[0])
 		if err != nil {
@@ -74,4 +83,16 @@ func runWorkload(ctx context.Context, inv invocation) error {
 		return nil
 	}
 	return usagef("want %s", inv.cmd.args)
+}
+
+// forDuration is ctx ended after the duration d, or by Ctrl-C, which ends
+// a load early but still lets it report.
+func forDuration(ctx context.Context, d string) (context.Context, func(), error) {
+	dur, err := time.ParseDuration(d)
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, dur)
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt)
+	return ctx, func() { stop(); cancel() }, nil
 }

@@ -158,7 +158,10 @@ func TestArmAtScale(t *testing.T) {
 	lo, hi := kernelText(t, ctx)
 	before := saveText(t, lo, hi, "before")
 	const blocks = 30000
-	out := gsh(t, ctx, fmt.Sprintf("kinst workload syscalls 40s >/dev/null 2>&1 & kinst bench arm -n %d --json; wait", blocks))
+	// The workload: files, processes, signals, timers, pipes, loopback
+	// TCP and a CPU taken offline and back, beside a syscall load, for
+	// the whole bench.
+	out := gsh(t, ctx, fmt.Sprintf("kinst workload mixed /tmp 60s 2>/tmp/mixed.log & kinst workload syscalls 60s >/dev/null 2>&1 & kinst bench arm -n %d --json; wait", blocks))
 	var rep api.ArmReport
 	if err := json.Unmarshal([]byte(out), &rep); err != nil || len(rep.Runs) != 1 {
 		t.Fatalf("kinst bench arm --json: %v\n%s", err, out)
@@ -170,6 +173,7 @@ func TestArmAtScale(t *testing.T) {
 	if r.Armed+r.Refused != blocks || r.Armed < blocks*9/10 {
 		t.Errorf("armed %d, refused %d of %d blocks (%v)", r.Armed, r.Refused, blocks, r.Refusals)
 	}
+	t.Log(strings.TrimSpace(gsh(t, ctx, "cat /tmp/mixed.log")))
 	noOops(t, ctx, "kinst bench arm")
 	if ls := strings.TrimSpace(gsh(t, ctx, "kinst ls")); strings.Contains(ls, "cover") {
 		t.Errorf("sessions left after the bench:\n%s", ls)
@@ -178,5 +182,53 @@ func TestArmAtScale(t *testing.T) {
 	t.Logf("kernel text [%#x, %#x) through QEMU: sha256 %x before, %x after", lo, hi, sha256.Sum256(before), sha256.Sum256(after))
 	if !bytes.Equal(before, after) {
 		t.Errorf("kernel text differs after the bench: %s", textDiff(lo, before, after))
+	}
+}
+
+// kill -9 of kerninstd with thousands of coverage probes in, while a
+// workload runs, over and over: every cycle the driver must put every
+// byte back (read through QEMU), the guest keep answering, and the
+// kernel stay quiet. KINST_KILL9_CYCLES sets the count (default 3; a
+// hang once seen after TestCoverKill9 was hunted with 50).
+func TestCoverKill9Loop(t *testing.T) {
+	cycles := 3
+	if v, err := strconv.Atoi(os.Getenv("KINST_KILL9_CYCLES")); err == nil && v > 0 {
+		cycles = v
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(cycles)*3*time.Minute)
+	defer cancel()
+	lo, hi := kernelText(t, ctx)
+	before := saveText(t, lo, hi, "before")
+	log0 := dmesgLines(t, ctx)
+	targets := []string{"vfs_*", "path_*", "*lookup*", "do_sys_*", "__x64_sys_*", "d_*", "dput*", "mnt*"}
+	for c := 1; c <= cycles; c++ {
+		s, err := client.CreateSession(ctx, api.SessionRequest{Cover: targets, Name: "kill9-loop", TTLNS: int64(5 * time.Minute)})
+		if err != nil {
+			t.Fatalf("cycle %d: %v", c, err)
+		}
+		t.Logf("cycle %d: %d blocks, %d probes armed in %v", c, s.Cover.TotalBlocks, s.Cover.Armed, time.Duration(s.Cover.ArmNS))
+		wctx, wstop := context.WithCancel(ctx)
+		wdone := make(chan int, 1)
+		go func() {
+			code, _ := guest.Exec(wctx, []string{"kinst", "workload", "mixed", "/tmp", "6s"}, new(bytes.Buffer), new(bytes.Buffer))
+			wdone <- code
+		}()
+		time.Sleep(time.Duration(500+c*137%1500) * time.Millisecond) // a different moment each cycle
+		gsh(t, ctx, "kill -9 $(pidof kerninstd)")
+		if code := <-wdone; code != 0 {
+			t.Errorf("cycle %d: the workload across kill -9 exited %d", c, code)
+		}
+		wstop()
+		if err := client.WaitReady(ctx, time.Minute); err != nil {
+			t.Fatalf("cycle %d: kerninstd did not come back: %v", c, err)
+		}
+		if info, err := client.Info(ctx); err != nil || info.DriverSplices != 0 || info.Sessions != 0 {
+			t.Fatalf("cycle %d: restarted kerninstd: %+v, %v; want no splice and no session", c, info, err)
+		}
+		after := saveText(t, lo, hi, fmt.Sprintf("after-%d", c))
+		if !bytes.Equal(before, after) {
+			t.Fatalf("cycle %d: kernel text differs after kill -9: %s", c, textDiff(lo, before, after))
+		}
+		quietSince(t, ctx, log0, fmt.Sprintf("kill -9 cycle %d", c))
 	}
 }
