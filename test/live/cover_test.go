@@ -171,7 +171,15 @@ func TestCoverCommand(t *testing.T) {
 			t.Errorf("%s: %d blocks, %d listed, %d covered, %d refused", f.Function, f.Total, len(f.Blocks), f.Covered, f.Refused)
 		}
 		for _, b := range f.Blocks {
-			if (b.Point == nil) == (b.Refused == nil) || b.Covered && b.Point == nil || b.Lines == nil {
+			// Each block has a probe, a refusal, or its coverage inferred
+			// from its successors', and only one.
+			kinds := 0
+			for _, k := range []bool{b.Point != nil, b.Refused != nil, b.Inferred} {
+				if k {
+					kinds++
+				}
+			}
+			if kinds != 1 || b.Covered && b.Point == nil && !b.Inferred || b.Lines == nil {
 				t.Errorf("%s:%d: %+v", f.Function, b.Index, b)
 			}
 		}
