@@ -47,6 +47,9 @@ type Info struct {
 	// splice costs the whole machine.
 	DriverSyncs   uint64 `json:"driver_syncs"`
 	PatchHeapUsed uint64 `json:"patch_heap_used"` // bytes of the patch heap allocated
+	// MaxSplices is the most splices the driver holds at once (its splice
+	// table); 0 where there is no such bound (BPF, tests).
+	MaxSplices int `json:"max_splices,omitempty"`
 	// PeakRSS is kerninstd's peak resident memory (VmHWM), in bytes.
 	PeakRSS  uint64 `json:"peak_rss_bytes,omitempty"`
 	Sessions int    `json:"sessions"`

@@ -68,6 +68,9 @@ func New(filter string) *Set {
 	return &Set{report: api.CoverReport{Filter: filter, Functions: []api.CoverFunction{}, Timeline: []api.CoverSample{}}}
 }
 
+// Planned is the number of probes Add planned that Arm has not armed.
+func (s *Set) Planned() int { return len(s.pending) }
+
 // AllBlocks makes Add probe every block, none inferred (kinst cover
 // --all-blocks; bench arm).
 func (s *Set) AllBlocks() { s.all = true }

@@ -2,11 +2,16 @@ package kerninstd
 
 import (
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/cover"
 )
+
+// ErrTooManyProbes is matched by a coverage request with more probes than
+// the driver can hold.
+var ErrTooManyProbes = errors.New("too many probes")
 
 // CoverPoll is how often a coverage session looks for probes that have
 // run (a load of each live probe's flag from the counter heap) and
@@ -43,7 +48,15 @@ func (d *Daemon) createCover(req api.SessionRequest) (api.Session, error) {
 	if req.CoverAllBlocks {
 		set.AllBlocks()
 	}
-	for _, t := range targets {
+	// More probes than the driver's splice table has room for fail: said
+	// before planning them all (a whole kernel's sites would not fit in
+	// kerninstd's memory either), not found out probe by probe.
+	in := d.Info()
+	room := -1
+	if in.MaxSplices > 0 {
+		room = in.MaxSplices - in.DriverSplices
+	}
+	for i, t := range targets {
 		f, err := d.coverFunc(t)
 		if err != nil {
 			// A glob, module or call graph reached a symbol kinst
@@ -53,6 +66,10 @@ func (d *Daemon) createCover(req api.SessionRequest) (api.Session, error) {
 			continue
 		}
 		set.Add(f)
+		if room >= 0 && set.Planned() > room {
+			return api.Session{}, badRequest(fmt.Errorf("%w: the first %d of the targets' %d functions already have %d blocks that take a probe, and the driver holds %d splices (%d in use): cover fewer functions at once (a module, globs, --callees), one session after another",
+				ErrTooManyProbes, i+1, len(targets), set.Planned(), in.MaxSplices, in.DriverSplices))
+		}
 	}
 
 	d.mu.Lock()

@@ -3,10 +3,14 @@ package kerninstd
 import (
 	"bytes"
 	"errors"
+	"io"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/engine/enginetest"
 )
 
 // waitCovered waits (real time: the test daemon's clock is the system's)
@@ -160,4 +164,26 @@ func str(p *string) string {
 		return "null"
 	}
 	return *p
+}
+
+// A coverage request with more probes than the driver holds is refused
+// as it is planned, naming the bound, and changes nothing.
+func TestCoverTooManyProbes(t *testing.T) {
+	k, path, err := enginetest.Fixture(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(Config{Device: k, Kallsyms: path, Release: "test", Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Info: func() api.Info { return api.Info{MaxSplices: 2} }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := textNow(t, k)
+	_, err = d.CreateSession(api.SessionRequest{Cover: []string{"filename_*"}})
+	if !errors.Is(err, ErrTooManyProbes) || !strings.Contains(err.Error(), "driver holds 2 splices") {
+		t.Fatalf("3+ probes, room for 2: %v", err)
+	}
+	if !bytes.Equal(textNow(t, k), before) || len(d.sessions) != 0 {
+		t.Error("a refused coverage request changed something")
+	}
 }

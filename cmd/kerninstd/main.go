@@ -99,6 +99,7 @@ func run(log *slog.Logger, socket, listen, token, metricsAddr, devPath, kallsyms
 		in := api.Info{Version: build, ABIVersion: info.ABIVersion, PatchHeap: api.Addr(info.PatchHeap),
 			PatchHeapSize: info.PatchHeapSize, CounterHeap: api.Addr(info.CounterHeap), Counters: dev.NumCounters()}
 		if now, err := dev.Info(); err == nil {
+			in.MaxSplices = int(now.MaxSplices)
 			in.DriverSplices = int(now.Splices)
 			in.Int3Hits = now.Int3Hits
 			in.DriverSyncs = now.Syncs
