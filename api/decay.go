@@ -14,11 +14,13 @@ type DecayReport struct {
 	Runs int `json:"runs"`
 	// The session: functions and blocks covered, probes armed and how
 	// long arming took.
-	Functions int   `json:"functions"`
-	Blocks    int   `json:"blocks"`
-	Armed     int   `json:"armed"`
-	ArmNS     int64 `json:"arm_ns"`
-	StepNS    int64 `json:"step_ns"`
+	Functions int `json:"functions"`
+	Blocks    int `json:"blocks"`
+	Armed     int `json:"armed"`
+	// Inferred blocks have no probe: covered when a successor is.
+	Inferred int   `json:"inferred"`
+	ArmNS    int64 `json:"arm_ns"`
+	StepNS   int64 `json:"step_ns"`
 	// Baseline is the uninstrumented loop's median calls per second over
 	// steps of StepNS; BaselineMin and BaselineMax are its slowest and
 	// fastest step over that median, over every run (the emulator's own

@@ -133,7 +133,7 @@ func decayReport(o DecayOptions, runs []decayRun) api.DecayReport {
 		return rep
 	}
 	first := runs[0].cov
-	rep.Functions, rep.Blocks, rep.Armed = len(first.Functions), first.TotalBlocks, first.Armed
+	rep.Functions, rep.Blocks, rep.Armed, rep.Inferred = len(first.Functions), first.TotalBlocks, first.Armed, first.Inferred
 	var bases, afters, arms []float64
 	rep.BaselineMin, rep.BaselineMax = 1, 1
 	for _, r := range runs {
