@@ -129,7 +129,6 @@ func (s *Set) Add(f *splice.Func) {
 				cf.Refused--
 				s.noProbe[ref], cb.Refused = *cb.Refused, nil
 			}
-
 			for _, sb := range succs {
 				sr := blockRef{at, pos[sb]}
 				s.from[ref] = append(s.from[ref], sr)

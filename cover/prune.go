@@ -6,6 +6,7 @@ import (
 	"golang.org/x/arch/x86/x86asm"
 
 	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/kernel"
 	"github.com/kinst/kinst/splice"
 )
 
@@ -44,8 +45,12 @@ func Inferable(f *splice.Func, probed func(b int) bool) map[int][]int {
 		Reason(uint64) string
 		Landing(uint64) bool
 	}
-	if k := f.Facts(); k != nil && k.Owned != nil {
-		owned = k.Owned
+	var syms *kernel.Symbols
+	if k := f.Facts(); k != nil {
+		if k.Owned != nil {
+			owned = k.Owned
+		}
+		syms = k.Symbols
 	}
 	entered := func(s int) bool { // entered otherwise than from its predecessor
 		if s == 0 || blocks[s].Padding || blocks[s].N == 0 {
@@ -64,10 +69,7 @@ func Inferable(f *splice.Func, probed func(b int) bool) map[int][]int {
 		if owned != nil && owned.Landing(start) {
 			return true
 		}
-		if k := f.Facts(); k != nil && k.Symbols != nil && len(k.Symbols.FunctionsAt(start)) > 0 {
-			return true
-		}
-		return false
+		return syms != nil && len(syms.FunctionsAt(start)) > 0
 	}
 	quiet := func(b *cfg.Block) bool { // runs on into a successor, whatever happens
 		if b.Exit != cfg.NoExit || b.JumpTable != nil || len(b.Succs) == 0 || b.Padding {

@@ -80,6 +80,7 @@ func readDieChain(r Reader, first uint64, call, next, prio Field) ([]DieNotifier
 	return out, nil
 }
 
+// readU64 reads one little-endian 64-bit word from r.
 func readU64(r Reader, addr uint64) (uint64, error) {
 	var b [8]byte
 	if err := r.Read(addr, b[:]); err != nil {

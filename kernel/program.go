@@ -140,13 +140,7 @@ func (p *Program) ReadBytes(addr uint64, n int) ([]byte, error) {
 }
 
 // ReadU64 reads one little-endian 64-bit word of kernel memory.
-func (p *Program) ReadU64(addr uint64) (uint64, error) {
-	var b [8]byte
-	if err := p.mem.Read(addr, b[:]); err != nil {
-		return 0, err
-	}
-	return binary.LittleEndian.Uint64(b[:]), nil
-}
+func (p *Program) ReadU64(addr uint64) (uint64, error) { return readU64(p.mem, addr) }
 
 // ReadU32 reads one little-endian 32-bit word of kernel memory.
 func (p *Program) ReadU32(addr uint64) (uint32, error) {

@@ -1,10 +1,10 @@
 package bisect
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -78,8 +78,7 @@ func (v *VMTrial) Try(ctx context.Context, points []string) (Result, error) {
 	argv = append(argv, points...)
 	tctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	var stderr bytes.Buffer
-	_, execErr := in.Exec(tctx, argv, &bytes.Buffer{}, &stderr)
+	_, execErr := in.Exec(tctx, argv, io.Discard, io.Discard)
 	if ctx.Err() != nil {
 		return Result{}, ctx.Err()
 	}
