@@ -62,6 +62,9 @@ func Build(ctx context.Context, headers, cacheDir, key string, say func(string, 
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("build kerninst.ko against %s: %v\n%s", headers, err, out)
 	}
+	if err := makeNOBITS(filepath.Join(tmp, "kerninst.ko"), heapSection); err != nil {
+		return "", fmt.Errorf("build kerninst.ko: %w", err)
+	}
 	// Kbuild records the build directory in its outputs; only the .ko is
 	// needed, so move the whole tree into place.
 	os.RemoveAll(dir)

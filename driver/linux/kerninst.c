@@ -24,7 +24,7 @@
  * Locking:
  *   ki_lock (mutex) serialises every ioctl, release() and the module
  *     notifier; it protects the fields marked [ki_lock] below. Writers of
- *     ki_splices[] hold it.
+ *     the splice records hold it.
  *   The int3 notifier runs in NMI-like context (interrupts off, may
  *     interrupt anything, including a holder of ki_lock) and takes no lock:
  *     it binary-searches the published sorted index (ki_live_idx, loaded
@@ -51,6 +51,7 @@
 #include <linux/delay.h>
 #include <linux/stringify.h>
 #include <linux/sort.h>
+#include <linux/bsearch.h>
 #include <linux/stop_machine.h>
 #include <linux/objtool.h>
 #include <asm/sync_core.h>
@@ -90,12 +91,16 @@ static void ki_vma_flags(struct vm_area_struct *vma, vm_flags_t set, vm_flags_t 
 #endif
 }
 
-#define KI_HEAP_SIZE	(8 << 20)		/* patch heap, bytes */
-#define KI_CHUNK	64			/* patch heap granule */
+/* Sized for a coverage session over every block of a kernel (about 550,000
+ * in 6.1): a hit flag's patch takes one 32-byte chunk, a counter slot is 8
+ * bytes. */
+#define KI_HEAP_SIZE	(32 << 20)		/* patch heap, bytes */
+#define KI_CHUNK	32			/* patch heap granule */
 #define KI_NCHUNKS	(KI_HEAP_SIZE / KI_CHUNK)
-#define KI_COUNTER_SIZE	(1 << 20)		/* counter heap, bytes */
-#define KI_ID_SHIFT	17
+#define KI_COUNTER_SIZE	(8 << 20)		/* counter heap, bytes */
+#define KI_ID_SHIFT	20
 #define KI_MAX_SPLICES	(1 << KI_ID_SHIFT)	/* a splice id's low bits: its record */
+#define KI_REC_BLOCK	4096			/* records allocated at a time */
 #define KI_MAX_READ	(1 << 20)
 #define KI_INT3		0xcc
 #define KI_JMP32	0xe9
@@ -116,6 +121,9 @@ static void ki_vma_flags(struct vm_area_struct *vma, vm_flags_t set, vm_flags_t 
  * the bytes as data-in-text (it does not validate 8 MiB of int3 as code)
  * and no ORC entries are generated for it. The address is taken but is
  * no indirect-call target, so it is marked no-ENDBR for objtool (IBT).
+ * The build turns the section into NOBITS (driver/linux.Build) so the .ko
+ * does not carry 32 MiB of int3; the loader zeroes it and ki_init fills it
+ * with int3 before anything can jump there.
  */
 asm(".pushsection .text.kinst_heap,\"ax\",@progbits\n"
     ".balign 4096\n"
@@ -148,9 +156,10 @@ struct ki_splice_rec {
 	 * waiting for KI_IOC_COVER_FINISH; 0 once its jmp is written */
 	u64 pending;
 	u32 c0, c1;		/* [ki_lock] patch's heap chunks [c0, c1); none for KI_SHORT */
-	u32 id;			/* [ki_lock] low KI_ID_SHIFT bits: index in ki_splices */
+	u32 id;			/* [ki_lock] low KI_ID_SHIFT bits: its index (ki_rec) */
 	u32 len;		/* [ki_lock] bytes written at addr */
 	u32 users;		/* [ki_lock] KI_SLOT: KI_SHORT splices that jump to it */
+	u32 next_free;		/* [ki_lock] a free record: the next free one's index */
 	u8 kind;		/* [ki_lock] enum ki_kind */
 	bool marked;		/* [ki_lock] named in the batch being checked */
 	u8 orig[KI_MAX_INSN];	/* [ki_lock] the bytes to put back */
@@ -160,26 +169,31 @@ struct ki_splice_rec {
  * its record. Two buffers: one published (ki_live_idx), one spare. */
 struct ki_index {
 	int n;
+	int cap;	/* [ki_lock] entries allocated; both buffers hold every record (ki_grow) */
 	unsigned long *addr;
 	struct ki_splice_rec **rec;
 };
 
 static DEFINE_MUTEX(ki_lock);
 
-/* The tables below are allocated at load (ki_tables_alloc): they are sized
- * for the largest coverage session, too big for module data. */
-static struct ki_splice_rec *ki_splices;	/* [ki_lock] for writers; KI_MAX_SPLICES */
-/* [ki_lock] for writers: records ever used; the notifier scans [0, ki_nr_slots) */
-static int ki_nr_slots;
-static u32 *ki_free;		/* [ki_lock] indices of free records below ki_nr_slots */
-static u32 ki_nr_free;		/* [ki_lock] */
+/* The splice records grow a block at a time (ki_grow), up to KI_MAX_SPLICES:
+ * a whole-kernel session needs half a million, a count session a few. A
+ * record never moves once allocated: the notifier holds pointers to them.
+ * Record i is ki_rec(i). */
+static struct ki_splice_rec *ki_rec_blocks[KI_MAX_SPLICES / KI_REC_BLOCK];	/* [ki_lock] */
+static u32 ki_nr_blocks;	/* [ki_lock] blocks allocated */
+/* [ki_lock] records ever used: [0, ki_nr_slots) */
+static u32 ki_nr_slots;
+static u32 ki_free_head;	/* [ki_lock] first free record below ki_nr_slots (next_free chain) */
+static u32 ki_nr_free;		/* [ki_lock] records on that chain */
 static u32 ki_nr_splices;	/* [ki_lock] installed splices */
 static u32 ki_next_seq = 1;	/* [ki_lock] a splice id's high bits, never 0 */
 /* [ki_lock] covering splices armed so far (their pending sequence) */
 static u64 ki_cover_seq;
 static u64 ki_syncs;		/* [ki_lock] rounds of ki_sync_all and stop_machine, for benchmarks */
-/* [ki_lock] installed splices whose patch touches each heap chunk */
-static u32 *ki_busy;
+/* [ki_lock] installed splices whose patch touches each heap chunk (a
+ * chunk starts at most one patch and its patch's splice, so u16 is ample) */
+static u16 *ki_busy;
 /* [ki_lock] patch heap chunks a splice sends CPUs into, or sent them into
  * since the last synchronize_rcu_tasks(): a task may be running there */
 static DECLARE_BITMAP(ki_entered, KI_NCHUNKS);
@@ -193,42 +207,34 @@ static bool ki_spare_dirty;
 static atomic_t ki_is_open = ATOMIC_INIT(0);
 static atomic_t ki_int3_hits = ATOMIC_INIT(0);	/* redirects by ki_die_notify */
 
-/* for each installed splice r (writers, under ki_lock) */
-#define ki_for_each(r) \
-	for (r = ki_splices; r < ki_splices + ki_nr_slots; r++) \
-		if (!r->addr) {} else
+static inline struct ki_splice_rec *ki_rec(u32 i)
+{
+	return &ki_rec_blocks[i / KI_REC_BLOCK][i % KI_REC_BLOCK];
+}
+
+/* for each installed splice r, record index i (writers, under ki_lock) */
+#define ki_for_each(r, i) \
+	for (i = 0; i < ki_nr_slots; i++) \
+		if (!(r = ki_rec(i))->addr) {} else
 
 static void ki_tables_free(void)
 {
-	int i;
+	u32 i;
 
-	vfree(ki_splices);
-	vfree(ki_free);
+	for (i = 0; i < ki_nr_blocks; i++)
+		kvfree(ki_rec_blocks[i]);
+	ki_nr_blocks = 0;
 	vfree(ki_busy);
 	for (i = 0; i < 2; i++) {
-		vfree(ki_idx[i].addr);
-		vfree(ki_idx[i].rec);
+		kvfree(ki_idx[i].addr);
+		kvfree(ki_idx[i].rec);
 	}
 }
 
 static int ki_tables_alloc(void)
 {
-	int i;
-
-	ki_splices = vzalloc(array_size(KI_MAX_SPLICES, sizeof(*ki_splices)));
-	ki_free = vmalloc(array_size(KI_MAX_SPLICES, sizeof(*ki_free)));
 	ki_busy = vzalloc(array_size(KI_NCHUNKS, sizeof(*ki_busy)));
-	for (i = 0; i < 2; i++) {
-		ki_idx[i].addr = vmalloc(array_size(KI_MAX_SPLICES, sizeof(*ki_idx[i].addr)));
-		ki_idx[i].rec = vmalloc(array_size(KI_MAX_SPLICES, sizeof(*ki_idx[i].rec)));
-		if (!ki_idx[i].addr || !ki_idx[i].rec)
-			break;
-	}
-	if (i < 2 || !ki_splices || !ki_free || !ki_busy) {
-		ki_tables_free();
-		return -ENOMEM;
-	}
-	return 0;
+	return ki_busy ? 0 : -ENOMEM;
 }
 
 /* ---- text access ---------------------------------------------------- */
@@ -345,6 +351,68 @@ struct ki_poke {
 	u8 *map;	/* ki_poke_many's writable alias */
 };
 
+static int ki_ulong_cmp(const void *a, const void *b)
+{
+	unsigned long x = *(const unsigned long *)a, y = *(const unsigned long *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/*
+ * ki_map_many maps every page that v[0..n) touch, writable, as one alias,
+ * and points each v[i].map into it; it returns the alias for vunmap, or
+ * NULL. One vmap for a batch, not one per instruction: each vunmap may
+ * purge lazily freed areas with a TLB flush on every CPU, and a batch of
+ * 4,096 restores spent most of its time there (under TCG, 0.4 s a batch
+ * once 200,000 splices were installed). An instruction that crosses into
+ * the next page finds it next in the alias: both are in the sorted list
+ * and no other page lies between them.
+ */
+static void *ki_map_many(struct ki_poke *v, u32 n)
+{
+	unsigned long *pa = kvmalloc_array(2 * n, sizeof(*pa), GFP_KERNEL);
+	struct page **pg = kvmalloc_array(2 * n, sizeof(*pg), GFP_KERNEL);
+	u8 *base = NULL;
+	u32 i, j, np = 0;
+
+	if (!pa || !pg)
+		goto out;
+	for (i = 0; i < n; i++) {
+		unsigned long first = v[i].addr & PAGE_MASK, last;
+
+		if (!v[i].len || v[i].len > KI_MAX_INSN)
+			goto out;
+		last = (v[i].addr + v[i].len - 1) & PAGE_MASK;
+		pa[np++] = first;
+		if (last != first)
+			pa[np++] = last;
+	}
+	sort(pa, np, sizeof(*pa), ki_ulong_cmp, NULL);
+	for (i = j = 0; i < np; i++)
+		if (!j || pa[i] != pa[j - 1])
+			pa[j++] = pa[i];
+	np = j;
+	for (i = 0; i < np; i++) {
+		pg[i] = ki_area(pa[i]) == 1 ? virt_to_page((void *)pa[i]) :
+			ki_area(pa[i]) == 2 ? vmalloc_to_page((void *)pa[i]) : NULL;
+		if (!pg[i])
+			goto out;
+	}
+	base = vmap(pg, np, VM_MAP, PAGE_KERNEL);
+	if (!base)
+		goto out;
+	for (i = 0; i < n; i++) {
+		unsigned long *at = bsearch(&(unsigned long){ v[i].addr & PAGE_MASK }, pa, np,
+					    sizeof(*pa), ki_ulong_cmp);
+
+		v[i].map = base + (at - pa) * PAGE_SIZE + offset_in_page(v[i].addr);
+	}
+out:
+	kvfree(pa);
+	kvfree(pg);
+	return base;
+}
+
 /* ki_poke_firsts writes the first byte of each of v[0..n) that does not
  * stay an int3, then the whole instruction once more (see ki_poke_many);
  * run by stop_machine. */
@@ -393,24 +461,18 @@ static int ki_poke_many(struct ki_poke *v, u32 n)
 {
 	struct ki_firsts firsts = { .v = v, .n = n };
 	bool tails = false, first = false;
-	u32 i, mapped;
+	void *alias;
+	u32 i;
 
-	for (mapped = 0; mapped < n; mapped++) {
-		struct ki_poke *p = &v[mapped];
-
-		p->map = p->len <= KI_MAX_INSN ? ki_map(p->addr, p->len) : NULL;
-		if (!p->map)
-			break;
-		tails |= p->len > 1;
-		first |= p->bytes[0] != KI_INT3;
-	}
-	if (mapped < n) {
-		for (i = 0; i < mapped; i++)
-			ki_unmap(v[i].map);
-		return -EFAULT;
-	}
 	if (!n)
 		return 0;
+	alias = ki_map_many(v, n);
+	if (!alias)
+		return -EFAULT;
+	for (i = 0; i < n; i++) {
+		tails |= v[i].len > 1;
+		first |= v[i].bytes[0] != KI_INT3;
+	}
 	for (i = 0; i < n; i++)
 		WRITE_ONCE(*v[i].map, KI_INT3);
 	ki_sync_all();
@@ -425,8 +487,7 @@ static int ki_poke_many(struct ki_poke *v, u32 n)
 		ki_syncs++;
 		ki_sync_all();
 	}
-	for (i = 0; i < n; i++)
-		ki_unmap(v[i].map);
+	vunmap(alias);
 	return 0;
 }
 
@@ -536,6 +597,59 @@ static void ki_index_publish(struct ki_splice_rec *const *add, u32 nadd)
 	next->n = n;
 	smp_store_release(&ki_live_idx, next);
 	ki_spare_dirty = true;
+}
+
+/* ki_index_grow makes both index buffers hold cap entries: the spare is
+ * reallocated once no notifier can be reading it, then published (a copy of
+ * the live one), twice over. Publishing never allocates, so unsplicing
+ * cannot fail for memory. */
+static int ki_index_grow(int cap)
+{
+	int k;
+
+	for (k = 0; k < 2; k++) {
+		struct ki_index *spare = ki_live_idx == &ki_idx[0] ? &ki_idx[1] : &ki_idx[0];
+
+		if (spare->cap < cap) {
+			unsigned long *addr = kvmalloc_array(cap, sizeof(*addr), GFP_KERNEL);
+			struct ki_splice_rec **rec = kvmalloc_array(cap, sizeof(*rec), GFP_KERNEL);
+
+			if (!addr || !rec) {
+				kvfree(addr);
+				kvfree(rec);
+				return -ENOMEM;
+			}
+			if (ki_spare_dirty)
+				ki_sync_all();
+			kvfree(spare->addr);
+			kvfree(spare->rec);
+			spare->addr = addr;
+			spare->rec = rec;
+			spare->cap = cap;
+		}
+		ki_index_publish(NULL, 0);
+	}
+	return 0;
+}
+
+/* ki_grow makes room for n more records: blocks of them, and index buffers
+ * that hold them all. */
+static int ki_grow(u32 n)
+{
+	u32 want = ki_nr_slots + (n > ki_nr_free ? n - ki_nr_free : 0);
+
+	if (want > KI_MAX_SPLICES)
+		return -ENOSPC;
+	while (ki_nr_blocks * KI_REC_BLOCK < want) {
+		struct ki_splice_rec *b = kvcalloc(KI_REC_BLOCK, sizeof(*b), GFP_KERNEL);
+
+		if (!b)
+			return -ENOMEM;
+		ki_rec_blocks[ki_nr_blocks++] = b;
+	}
+	if (ki_idx[0].cap < ki_nr_blocks * KI_REC_BLOCK || ki_idx[1].cap < ki_nr_blocks * KI_REC_BLOCK)
+		return ki_index_grow(ki_nr_blocks * KI_REC_BLOCK);
+	return 0;
 }
 
 /* ki_index_find: the first entry of the live index at or above addr
@@ -698,9 +812,13 @@ static const u8 ki_int3[1] = { KI_INT3 };
 /* ki_find_id: the installed splice with id, or NULL. */
 static struct ki_splice_rec *ki_find_id(u32 id)
 {
-	struct ki_splice_rec *r = &ki_splices[id & (KI_MAX_SPLICES - 1)];
+	u32 i = id & (KI_MAX_SPLICES - 1);
+	struct ki_splice_rec *r;
 
-	return id && r < ki_splices + ki_nr_slots && r->addr && r->id == id ? r : NULL;
+	if (!id || i >= ki_nr_slots)
+		return NULL;
+	r = ki_rec(i);
+	return r->addr && r->id == id ? r : NULL;
 }
 
 /* ki_unpublish takes n installed splices whose original bytes are back (or
@@ -724,8 +842,11 @@ static void ki_unpublish(struct ki_splice_rec *const *recs, u32 n)
 	}
 	/* see ki_die_notify: no CPU can still trap on these addresses */
 	ki_index_publish(NULL, 0);
-	for (i = 0; i < n; i++)
-		ki_free[ki_nr_free++] = recs[i] - ki_splices;
+	for (i = 0; i < n; i++) {
+		recs[i]->next_free = ki_free_head;
+		ki_free_head = recs[i]->id & (KI_MAX_SPLICES - 1);
+		ki_nr_free++;
+	}
 }
 
 /* ki_restore_many puts back the original bytes of n (<= KI_BATCH_MAX)
@@ -804,11 +925,20 @@ static int ki_op_cmp(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-/* ki_take_rec: a free record, with a fresh id. */
+/* ki_take_rec: a free record, with a fresh id; ki_grow made room. */
 static struct ki_splice_rec *ki_take_rec(void)
 {
-	u32 i = ki_nr_free ? ki_free[--ki_nr_free] : ki_nr_slots++;
-	struct ki_splice_rec *r = &ki_splices[i];
+	u32 i;
+	struct ki_splice_rec *r;
+
+	if (ki_nr_free) {
+		i = ki_free_head;
+		ki_free_head = ki_rec(i)->next_free;
+		ki_nr_free--;
+	} else {
+		i = ki_nr_slots++;
+	}
+	r = ki_rec(i);
 
 	r->id = ki_next_seq << KI_ID_SHIFT | i;
 	ki_next_seq = (ki_next_seq + 1) & (U32_MAX >> KI_ID_SHIFT);
@@ -853,6 +983,9 @@ static int ki_splice_many(struct ki_splice *s, u32 n, u32 *failed)
 		*failed = room;
 		return -ENOSPC;
 	}
+	err = ki_grow(n);
+	if (err)
+		return err;
 	/* Publish before writing: the notifier must know where to send a CPU
 	 * that hits an int3 written first. */
 	for (i = 0; i < n; i++) {
@@ -1048,7 +1181,7 @@ static long ki_cover_finish(void *arg)
 	struct ki_cover_finish *f = arg;
 	struct ki_splice_rec *r;
 	int err = 0;
-	u32 n = 0;
+	u32 n = 0, i;
 	u64 upto;
 
 	mutex_lock(&ki_lock);
@@ -1058,7 +1191,7 @@ static long ki_cover_finish(void *arg)
 	 * written has since passed a voluntary context switch: it left. */
 	synchronize_rcu_tasks();
 	mutex_lock(&ki_lock);
-	ki_for_each(r) {
+	ki_for_each(r, i) {
 		if (!r->pending || r->pending > upto)
 			continue;
 		/* in reach: checked when armed and when re-pointed */
@@ -1094,11 +1227,11 @@ static int ki_restore_in(const struct module *mod)
 	unsigned long end = mod ? base + size : ULONG_MAX;
 	struct ki_splice_rec *r;
 	int pass, left = 0;
-	u32 n;
+	u32 n, i;
 
 	for (pass = 0; pass < 2; pass++) {
 		n = 0;
-		ki_for_each(r) {
+		ki_for_each(r, i) {
 			if ((r->kind == KI_SHORT) != !pass || r->addr < base || r->addr >= end)
 				continue;
 			if (r->kind == KI_SLOT && r->users) {
@@ -1337,6 +1470,10 @@ static int __init ki_init(void)
 	err = ki_tables_alloc();
 	if (err)
 		return err;
+	/* The heap is NOBITS, zeroed by the loader: int3 before any use. */
+	err = ki_text_write((unsigned long)ki_patch_heap, NULL, KI_INT3, KI_HEAP_SIZE);
+	if (err)
+		goto out_tables;
 	err = register_die_notifier(&ki_die_nb);
 	if (err)
 		goto out_tables;
