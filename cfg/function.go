@@ -163,6 +163,22 @@ func decodeInst(b []byte) (x86asm.Inst, error) {
 	return x86dec.Decode(b)
 }
 
+// Header is f without its instructions: its name, module and bounds.
+func (f *Function) Header() *Function {
+	return &Function{Name: f.Name, Module: f.Module, Addr: f.Addr, End: f.End, Truncated: f.Truncated}
+}
+
+// DecodeAt decodes the one instruction in b, which starts at addr: a
+// site kept as bytes only (splice.Site.Detached) decodes it again when
+// asked for it.
+func DecodeAt(addr uint64, b []byte) (Instruction, error) {
+	inst, err := decodeInst(b)
+	if err != nil {
+		return Instruction{}, err
+	}
+	return Instruction{Addr: addr, Bytes: b[:inst.Len:inst.Len], Inst: inst}, nil
+}
+
 // readChunk is the granule of the fallback read in ReadFunction.
 const readChunk = 8
 

@@ -86,6 +86,7 @@ func (s *Set) Add(f *splice.Func) {
 	at := int32(len(s.report.Functions))
 	pos := make(map[int]int32, len(f.Blocks)) // cfg block → its place in cf.Blocks
 	sites := make(map[int]*splice.Site, len(f.Blocks))
+	hdr := fn.Header() // shared by the function's detached sites
 	for b := range f.Blocks {
 		blk := &f.Blocks[b]
 		if blk.Padding || blk.N == 0 {
@@ -101,7 +102,11 @@ func (s *Set) Add(f *splice.Func) {
 		} else {
 			// Detached: the session holds a site for every block, so the
 			// function's decoded instructions go once it is planned.
-			sites[b] = site.Detached()
+			d := site.Detached(hdr)
+			// The report names the block; its spec string would be a
+			// tenth of the site.
+			d.Point.Spec = ""
+			sites[b] = d
 		}
 		pos[b] = int32(len(cf.Blocks))
 		cf.Blocks = append(cf.Blocks, cb)

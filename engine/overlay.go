@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"bytes"
 	"sync"
 )
 
@@ -17,7 +16,14 @@ type overlay struct {
 	// bytes are back) and for reading around every analysis read, so a
 	// read never sees a spliced byte without its original.
 	mu   sync.RWMutex
-	orig map[uint64][]byte // by address; protected by mu
+	orig map[uint64]origBytes // by address; protected by mu
+}
+
+// origBytes is an entry's bytes, held in the map itself: a coverage
+// session keeps one per block.
+type origBytes struct {
+	n uint8
+	b [maxOrig]byte
 }
 
 // maxOrig bounds the length of one entry: an instruction, or the 5 bytes
@@ -35,10 +41,12 @@ func (o *overlay) splicedMany(addrs []uint64, origs [][]byte, write func() error
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.orig == nil {
-		o.orig = make(map[uint64][]byte)
+		o.orig = make(map[uint64]origBytes)
 	}
 	for i, a := range addrs {
-		o.orig[a] = bytes.Clone(origs[i])
+		var e origBytes
+		e.n = uint8(copy(e.b[:], origs[i]))
+		o.orig[a] = e
 	}
 	err := write()
 	if err != nil {
@@ -94,14 +102,14 @@ func (v textView) Read(addr uint64, b []byte) error {
 	// the few addresses an entry overlapping b can start at instead.
 	if len(v.ov.orig) > len(b)+maxOrig {
 		for a := max(addr, maxOrig) - maxOrig; a < end; a++ {
-			if orig, ok := v.ov.orig[a]; ok {
-				put(a, orig)
+			if e, ok := v.ov.orig[a]; ok {
+				put(a, e.b[:e.n])
 			}
 		}
 		return nil
 	}
-	for a, orig := range v.ov.orig {
-		put(a, orig)
+	for a, e := range v.ov.orig {
+		put(a, e.b[:e.n])
 	}
 	return nil
 }

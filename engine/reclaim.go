@@ -17,6 +17,12 @@ type retired struct {
 	counters    []int // counter slots a removed request's patch wrote
 }
 
+// maxRetired bounds the retired queue: a removal of a whole-kernel
+// coverage session retires a patch and a counter slot per probe, half a
+// million of each, and the timed reclaim cannot run until it returns (it
+// holds e.mu); past the bound the queue is reclaimed at once.
+const maxRetired = 1 << 15
+
 // retire queues a replaced or removed patch and slot (which the jmp rel8
 // at slotFor led to) for reclaim. The caller holds e.mu.
 func (e *Engine) retire(patch, slot, slotFor uint64, h Hooks) {
@@ -25,6 +31,15 @@ func (e *Engine) retire(patch, slot, slotFor uint64, h Hooks) {
 	}
 	e.retired = append(e.retired, retired{patch: patch, slot: slot, slotFor: slotFor, hooks: h})
 	e.armReclaim()
+	e.reclaimIfLong()
+}
+
+// reclaimIfLong reclaims now once the queue reaches maxRetired. The
+// caller holds e.mu.
+func (e *Engine) reclaimIfLong() {
+	if len(e.retired) >= maxRetired {
+		e.reclaimLocked()
+	}
 }
 
 // retireCounters queues a removed request's counter slots: they are
@@ -37,6 +52,7 @@ func (e *Engine) retireCounters(slots []int) {
 	}
 	e.retired = append(e.retired, retired{counters: slots})
 	e.armReclaim()
+	e.reclaimIfLong()
 }
 
 // retiredCounters reports whether counter slots wait for reclaim. The

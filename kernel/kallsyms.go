@@ -14,16 +14,17 @@ import (
 
 // Symbol is one kallsyms entry of the kernel image or a module.
 type Symbol struct {
-	Addr   uint64
-	Type   byte // kallsyms type letter: t/T text, d/D data, b/B bss, r/R rodata, a/A absolute, w/W weak…
+	Addr uint64
+	// Size is the ELF symbol's size (ELFOptions.Sizes); 0 when unknown,
+	// as from kallsyms, and the function then runs to the next symbol.
+	Size   uint64
 	Name   string
 	Module string // "" for the core kernel
+	Type   byte   // kallsyms type letter: t/T text, d/D data, b/B bss, r/R rodata, a/A absolute, w/W weak…
 	// Indirect: from an ELF file's STT_GNU_IFUNC, a resolver (a user
 	// library's strlen, memcpy…), not the function its name says.
 	Indirect bool
-	// Size is the ELF symbol's size (ELFOptions.Sizes); 0 when unknown,
-	// as from kallsyms, and the function then runs to the next symbol.
-	Size uint64
+	// (Fields ordered to pack: a coverage session holds one per probe.)
 }
 
 // IsText reports whether the symbol is in a text section (weak

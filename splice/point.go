@@ -15,10 +15,10 @@ type Point struct {
 	Spec      string // as the user wrote it
 	Function  string // Linux function name, after classic-name mapping
 	Offset    uint64
-	HasOffset bool
 	Block     int
-	HasBlock  bool
 	Classic   *ClassicName // set when Spec named a classic function
+	HasOffset bool
+	HasBlock  bool
 }
 
 // ClassicName maps a function the KernInst paper instrumented on Solaris

@@ -3,7 +3,6 @@ package splice
 import (
 	"errors"
 	"fmt"
-	"slices"
 
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/kernel"
@@ -28,46 +27,80 @@ type Site struct {
 	// its jmp overwrites, in order, each planned on its own (the patch runs
 	// them all).
 	Cover []*Site
+
+	// raw: a detached site's instructions (Detached); nil for a site of
+	// a decoded function.
+	raw []rawInsn
 }
 
 // Detached returns a copy of s that keeps, of its function, only the
-// instructions it splices (its own and those a covering splice runs
-// over) with their bytes, not the whole decoded function: a coverage
-// session holds a site for every block of the kernel, and a whole
-// function's decoded instructions are about 200 bytes each. Index and
-// the covered sites' indices then count in the copy. The engine needs no
-// more of the function than this.
-func (s *Site) Detached() *Site {
+// name and bounds, and of its instructions (its own and those a covering
+// splice runs over) only their addresses and bytes: a coverage session
+// holds a site for every block of the kernel, a whole function's decoded
+// instructions are about 230 bytes each, and the engine reads no more than
+// an instruction's address and bytes. Insn decodes the instruction again.
+// Index and the covered sites' indices then count in the copy. fn, when
+// not nil, is the function without its instructions (cfg.Function.Header),
+// shared by the detached sites of one function; nil makes one.
+func (s *Site) Detached(fn *cfg.Function) *Site {
 	n := 1 + len(s.Cover)
-	fn := &cfg.Function{Name: s.Fn.Name, Module: s.Fn.Module, Addr: s.Fn.Addr, End: s.Fn.End, Truncated: s.Fn.Truncated,
-		Insns: make([]cfg.Instruction, n)}
+	if fn == nil {
+		fn = s.Fn.Header()
+	}
+	raw := make([]rawInsn, n)
 	for i := range n {
-		in := s.Fn.Insns[s.Index+i]
-		in.Bytes = slices.Clone(in.Bytes)
-		fn.Insns[i] = in
+		in := s.Insn()
+		if i > 0 {
+			in = s.Cover[i-1].Insn()
+		}
+		raw[i].addr, raw[i].n = in.Addr, uint8(copy(raw[i].bytes[:], in.Bytes))
 	}
 	d := *s
-	d.Fn, d.Index, d.Cover = fn, 0, nil
+	d.Fn, d.Index, d.Cover, d.raw = fn, 0, nil, raw
 	for i, c := range s.Cover {
 		cc := *c
-		cc.Fn, cc.Index, cc.Cover = fn, i+1, nil
+		cc.Fn, cc.Index, cc.Cover, cc.raw = fn, i+1, nil, raw
 		d.Cover = append(d.Cover, &cc)
 	}
 	return &d
 }
 
-// Insn is the instruction.
-func (s *Site) Insn() *cfg.Instruction { return &s.Fn.Insns[s.Index] }
+// rawInsn is an instruction of a detached site: its address and bytes.
+type rawInsn struct {
+	addr  uint64
+	n     uint8
+	bytes [15]byte
+}
+
+// Insn is the instruction. A detached site's is decoded again from its
+// bytes at each call: read it once where it is needed.
+func (s *Site) Insn() *cfg.Instruction {
+	if s.raw == nil {
+		return &s.Fn.Insns[s.Index]
+	}
+	r := &s.raw[s.Index]
+	in, err := cfg.DecodeAt(r.addr, r.bytes[:r.n:r.n])
+	if err != nil {
+		// The bytes were decoded when the site was planned.
+		panic(fmt.Sprintf("splice: detached site %s+%#x no longer decodes: %v", s.Fn.Name, r.addr-s.Fn.Addr, err))
+	}
+	return &in
+}
 
 // Addr is the instruction's address.
-func (s *Site) Addr() uint64 { return s.Fn.Insns[s.Index].Addr }
+func (s *Site) Addr() uint64 {
+	if s.raw != nil {
+		return s.raw[s.Index].addr
+	}
+	return s.Fn.Insns[s.Index].Addr
+}
 
 // FlagsLive: a patch here must preserve RFLAGS.
 func (s *Site) FlagsLive() bool { return s.Live.Flags() != 0 }
 
 // Where is the instruction as FUNC+0xOFF.
 func (s *Site) Where() string {
-	return fmt.Sprintf("%s+%#x", s.Fn.Name, s.Insn().Addr-s.Fn.Addr)
+	return fmt.Sprintf("%s+%#x", s.Fn.Name, s.Addr()-s.Fn.Addr)
 }
 
 // ErrBadPoint is matched by errors for a point spec that does not parse
