@@ -226,6 +226,9 @@ type ArmRequest struct {
 	// address order); blocks are taken from them in order.
 	Targets []string `json:"targets,omitempty"`
 	Single  bool     `json:"single,omitempty"` // one splice at a time, not batched
+	// All: every block of the targets that takes a probe (a whole-kernel
+	// session with the default targets); Blocks is then ignored.
+	All bool `json:"all,omitempty"`
 }
 
 // ArmResult is one arm-and-remove run of kinst bench arm.

@@ -15,7 +15,7 @@ import (
 )
 
 // maxArmBlocks bounds one bench arm request: the driver's splice table.
-const maxArmBlocks = 1 << 17
+const maxArmBlocks = 1 << 20
 
 // armOwner owns the probes bench arm makes; no session has this ID.
 const armOwner = "bench-arm"
@@ -26,6 +26,9 @@ const armOwner = "bench-arm"
 // of each half. Blocks are taken in order from the targets' functions;
 // blocks already instrumented are skipped.
 func (d *Daemon) BenchArm(ctx context.Context, req api.ArmRequest) (api.ArmResult, error) {
+	if req.All {
+		req.Blocks = maxArmBlocks
+	}
 	if req.Blocks <= 0 || req.Blocks > maxArmBlocks {
 		return api.ArmResult{}, badRequest(fmt.Errorf("blocks %d: want 1..%d", req.Blocks, maxArmBlocks))
 	}
@@ -65,6 +68,9 @@ func (d *Daemon) BenchArm(ctx context.Context, req api.ArmRequest) (api.ArmResul
 		if took {
 			res.Functions++
 		}
+	}
+	if req.All {
+		req.Blocks, res.Blocks = len(sites), len(sites)
 	}
 	if len(sites) < req.Blocks {
 		return res, badRequest(fmt.Errorf("the targets have %d blocks that take a probe, fewer than %d", len(sites), req.Blocks))
@@ -110,6 +116,7 @@ func (d *Daemon) BenchArm(ctx context.Context, req api.ArmRequest) (api.ArmResul
 	res.RemoveNS = int64(d.clock.Now().Sub(t1))
 	res.PeakRSS = d.Info().PeakRSS
 	res.RemoveSyncs = syncs() - s1
+	releaseHeapAfter(len(armed))
 	if err := errors.Join(rerrs...); err != nil {
 		return res, fmt.Errorf("remove bench probes: %w", err)
 	}

@@ -137,6 +137,7 @@ func (d *Daemon) removeCover(ss *session) (bool, error) {
 	}
 	gone, err := cs.set.Remove(d.eng)
 	rep := cs.set.Report(ss.id, d.clock.Now())
+	releaseHeapAfter(rep.Armed)
 	d.log.Info("coverage removed", "session", ss.id, "covered", rep.CoveredBlocks, "blocks", rep.TotalBlocks,
 		"left", len(cs.set.Live()))
 	return gone, err

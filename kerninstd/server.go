@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/http/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -51,6 +52,10 @@ func (d *Daemon) Handler() http.Handler {
 		writeJSON(w, http.StatusOK, d.Sessions())
 	})
 	mux.Handle("GET /metrics", d.MetricsHandler())
+	// Go's profiles of kerninstd itself (heap, CPU, goroutines), behind
+	// the same token as the rest: how a planner's memory or time is found.
+	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("GET /v1/read", d.serveRead)
 	mux.HandleFunc("GET /v1/cfg/stats", d.serveStats)
 	mux.HandleFunc("GET /v1/cfg/calls", func(w http.ResponseWriter, r *http.Request) {

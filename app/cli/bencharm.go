@@ -13,6 +13,7 @@ import (
 // ArmOptions are the flags of `kinst bench arm`.
 type ArmOptions struct {
 	Blocks  []int    // block counts, one run (or two, with Single) each
+	All     bool     // one run (or two) over every block that takes a probe, not Blocks
 	Single  bool     // also arm one splice at a time
 	Targets []string // functions or globs; none: every function
 	JSON    bool
@@ -23,7 +24,11 @@ type ArmOptions struct {
 // removed; the time and CPU synchronisation rounds of each half.
 func BenchArm(ctx context.Context, c *api.Client, o ArmOptions, env Env) error {
 	var rep api.ArmReport
-	for _, n := range o.Blocks {
+	counts := o.Blocks
+	if o.All {
+		counts = []int{0}
+	}
+	for _, n := range counts {
 		modes := []bool{false}
 		if o.Single {
 			modes = append(modes, true)
@@ -33,8 +38,12 @@ func BenchArm(ctx context.Context, c *api.Client, o ArmOptions, env Env) error {
 			if single {
 				mode = "single"
 			}
-			fmt.Fprintf(env.Err, "kinst: arming %d blocks (%s)…\n", n, mode)
-			res, err := c.BenchArm(ctx, api.ArmRequest{Blocks: n, Targets: o.Targets, Single: single})
+			if o.All {
+				fmt.Fprintf(env.Err, "kinst: arming every block that takes a probe (%s)…\n", mode)
+			} else {
+				fmt.Fprintf(env.Err, "kinst: arming %d blocks (%s)…\n", n, mode)
+			}
+			res, err := c.BenchArm(ctx, api.ArmRequest{Blocks: n, Targets: o.Targets, Single: single, All: o.All})
 			if err != nil {
 				return err
 			}

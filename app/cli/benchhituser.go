@@ -239,22 +239,33 @@ func fileOffset(path string, vaddr uint64) (uint64, error) {
 }
 
 // attachUprobe defines and enables a tracefs uprobe at path:off; detach
-// disables and deletes it and returns its hits from uprobe_profile.
+// disables and deletes it and returns its hits from uprobe_profile. A
+// tracefs it had to mount is unmounted again: the bench leaves nothing
+// mounted that it did not find.
 func attachUprobe(path string, off uint64) (func() (uint64, error), error) {
 	events := filepath.Join(tracefs, "uprobe_events")
+	unmount := func() {}
 	if _, err := os.Stat(events); err != nil {
 		// Not mounted yet (a fresh host): mount it, as perf does.
-		unix.Mount("nodev", tracefs, "tracefs", 0, "")
+		if unix.Mount("nodev", tracefs, "tracefs", 0, "") == nil {
+			unmount = func() { unix.Unmount(tracefs, 0) }
+		}
 		if _, err := os.Stat(events); err != nil {
+			unmount()
 			return nil, fmt.Errorf("no uprobe_events in %s (mount tracefs there; CONFIG_UPROBE_EVENTS)", tracefs)
 		}
 	}
 	const group, event = "kinst_bench", "uhit"
 	if err := appendLine(events, fmt.Sprintf("p:%s/%s %s:%#x", group, event, path, off)); err != nil {
+		unmount()
 		return nil, err
 	}
 	enable := filepath.Join(tracefs, "events", group, event, "enable")
-	remove := func() { os.WriteFile(enable, []byte("0"), 0); appendLine(events, "-:"+group+"/"+event) }
+	remove := func() {
+		os.WriteFile(enable, []byte("0"), 0)
+		appendLine(events, "-:"+group+"/"+event)
+		unmount()
+	}
 	if err := os.WriteFile(enable, []byte("1"), 0); err != nil {
 		remove()
 		return nil, err

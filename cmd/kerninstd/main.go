@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -38,7 +37,7 @@ func main() {
 	cacheDir := fs.String("cache-dir", "/var/cache/kinst", "keep the whole-kernel analysis here, per kernel build and module set (\"\" to disable)")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	format := fs.String("log-format", "text", "text or json")
-	memLimit := fs.Int64("memory-limit", 192, "soft limit on the Go heap, in `MiB`, so kerninstd stays small beside a production workload: the collector works harder as it is neared (0: Go's default; GOMEMLIMIT overrides)")
+	memLimit := fs.Int64("memory-limit", 192, "soft limit on the Go heap, in `MiB`, so kerninstd stays small beside a production workload: the collector works harder as it is neared. A session that holds more live (a whole-kernel coverage session) raises it to 1.25 times its live heap, so the collector never runs without pause (0: Go's default; GOMEMLIMIT overrides)")
 	version := fs.Bool("version", false, "print the build and the driver ABI it speaks, and exit")
 	fs.Parse(os.Args[1:])
 	if *version {
@@ -47,7 +46,7 @@ func main() {
 	}
 
 	if *memLimit > 0 && os.Getenv("GOMEMLIMIT") == "" {
-		debug.SetMemoryLimit(*memLimit << 20)
+		kerninstd.TrackMemoryLimit(context.Background(), uint64(*memLimit)<<20, time.Second)
 	}
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(*level)); err != nil {

@@ -149,12 +149,15 @@ synchronisation rounds (one IPI to every CPU each) of both halves.
 Batched, the driver splices up to its batch size (4,096) in one round of
 the cross-modification protocol: int3 everywhere, sync, tails, sync,
 first bytes, sync. --single splices one at a time, as requests usually
-are, for comparison. Blocks already instrumented are skipped.`,
+are, for comparison. Blocks already instrumented are skipped. --all arms every
+block that takes a probe: with no TARGET, the whole kernel (about 540,000
+blocks of 6.1), the whole-kernel session the live tests soak.`,
 	daemon: true, report: true,
 	setup: func(fs *pflag.FlagSet) runFunc {
 		var o cli.ArmOptions
 		fs.IntSliceVarP(&o.Blocks, "blocks", "n", []int{1000, 10000}, "block counts, one run each")
 		fs.BoolVar(&o.Single, "single", false, "also arm one splice at a time (slow: several sync rounds a probe)")
+		fs.BoolVarP(&o.All, "all", "a", false, "one run over every block of the targets that takes a probe (--blocks is ignored)")
 		jsonFlag(fs, &o.JSON, "the runs")
 		return func(ctx context.Context, inv invocation) (int, error) {
 			o.Targets = inv.args
