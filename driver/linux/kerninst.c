@@ -52,6 +52,7 @@
 #include <linux/stringify.h>
 #include <linux/sort.h>
 #include <linux/bsearch.h>
+#include <linux/cpu.h>
 #include <linux/stop_machine.h>
 #include <linux/objtool.h>
 #include <asm/sync_core.h>
@@ -203,6 +204,9 @@ static struct ki_index *ki_live_idx = &ki_idx[0];	/* published with release; rea
 /* [ki_lock] the spare index buffer was published since the last ki_sync_all:
  * a notifier may still be reading it */
 static bool ki_spare_dirty;
+
+/* [ki_lock] CPU hotplug is disabled: some splice is installed (ki_hotplug) */
+static bool ki_hotplug_off;
 
 static atomic_t ki_is_open = ATOMIC_INIT(0);
 static atomic_t ki_int3_hits = ATOMIC_INIT(0);	/* redirects by ki_die_notify */
@@ -599,6 +603,28 @@ static void ki_index_publish(struct ki_splice_rec *const *add, u32 nadd)
 	ki_spare_dirty = true;
 }
 
+/*
+ * ki_hotplug keeps CPUs from coming online or going offline while any splice
+ * is installed. A CPU coming online runs kernel code (cr4_init and the rest
+ * of start_secondary before cpu_init) before it has loaded its IDT: an int3
+ * there, a trap splice's or the transient one of a write, is a triple fault
+ * and the machine resets. Found by arming 100,000 blocks in address order
+ * (they reach arch/x86's early boot code) under a workload that takes a CPU
+ * offline and back: QEMU exited right after "Booting Node 0 Processor 1".
+ * cpu_hotplug_disable() waits for an operation in progress; a CPU offlined
+ * or onlined meanwhile gets -EBUSY.
+ */
+static void ki_hotplug(void)
+{
+	if (ki_nr_splices && !ki_hotplug_off) {
+		cpu_hotplug_disable();
+		ki_hotplug_off = true;
+	} else if (!ki_nr_splices && ki_hotplug_off) {
+		cpu_hotplug_enable();
+		ki_hotplug_off = false;
+	}
+}
+
 /* ki_index_grow makes both index buffers hold cap entries: the spare is
  * reallocated once no notifier can be reading it, then published (a copy of
  * the live one), twice over. Publishing never allocates, so unsplicing
@@ -842,6 +868,7 @@ static void ki_unpublish(struct ki_splice_rec *const *recs, u32 n)
 	}
 	/* see ki_die_notify: no CPU can still trap on these addresses */
 	ki_index_publish(NULL, 0);
+	ki_hotplug();
 	for (i = 0; i < n; i++) {
 		recs[i]->next_free = ki_free_head;
 		ki_free_head = recs[i]->id & (KI_MAX_SPLICES - 1);
@@ -986,6 +1013,11 @@ static int ki_splice_many(struct ki_splice *s, u32 n, u32 *failed)
 	err = ki_grow(n);
 	if (err)
 		return err;
+	/* before the first int3 is written (ki_nr_splices counts them below) */
+	if (!ki_hotplug_off) {
+		cpu_hotplug_disable();
+		ki_hotplug_off = true;
+	}
 	/* Publish before writing: the notifier must know where to send a CPU
 	 * that hits an int3 written first. */
 	for (i = 0; i < n; i++) {
@@ -1015,7 +1047,7 @@ static int ki_splice_many(struct ki_splice *s, u32 n, u32 *failed)
 	if (err) {
 		/* nothing was written: take them back out */
 		pr_warn("kerninst: splicing %u site(s) failed (%d)\n", n, err);
-		ki_unpublish(ki_recs, n);
+		ki_unpublish(ki_recs, n);	/* ki_hotplug: on again if none is left */
 		return err;
 	}
 	for (i = 0; i < n; i++) {
@@ -1275,6 +1307,32 @@ static bool ki_restore_all(void)
 	return true;
 }
 
+/* ki_tables_shrink gives back the records and the index buffers once no
+ * splice is installed and the owner is gone: a whole-kernel session grew
+ * them to about 70 MB. The index published first is empty, and every CPU
+ * has synced since the other buffer was retired, so no notifier reads
+ * either buffer's arrays (one that loads the empty index reads n = 0). */
+static void ki_tables_shrink(void)
+{
+	u32 i;
+
+	if (ki_nr_splices || !ki_nr_blocks)
+		return;
+	ki_index_publish(NULL, 0);
+	ki_sync_all();
+	for (i = 0; i < 2; i++) {
+		kvfree(ki_idx[i].addr);
+		kvfree(ki_idx[i].rec);
+		ki_idx[i].addr = NULL;
+		ki_idx[i].rec = NULL;
+		ki_idx[i].cap = 0;
+		WRITE_ONCE(ki_idx[i].n, 0);
+	}
+	for (i = 0; i < ki_nr_blocks; i++)
+		kvfree(ki_rec_blocks[i]);
+	ki_nr_blocks = ki_nr_slots = ki_nr_free = ki_free_head = 0;
+}
+
 /* ki_module_notify: a module is going away (rmmod, or a failed load); its
  * memory is freed next. Put its bytes back now, so that no later unsplice or
  * release writes into freed (maybe reused) pages. The owner's ids for these
@@ -1438,7 +1496,8 @@ static int ki_release(struct inode *inode, struct file *f)
 	if (ki_nr_splices)
 		pr_info("kerninst: device closed with %u splice(s) installed; restoring\n",
 			ki_nr_splices);
-	ki_restore_all();
+	if (ki_restore_all())
+		ki_tables_shrink();
 	mutex_unlock(&ki_lock);
 	atomic_set(&ki_is_open, 0);
 	return 0;
