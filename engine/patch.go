@@ -64,9 +64,8 @@ func (pt *point) buildPatch(addr uint64, specs []codegen.PatchSpec) ([]byte, err
 
 // patchSpec is the patch for reqs at s.
 func patchSpec(s *splice.Site, reqs []*Request) codegen.PatchSpec {
-	in := s.Insn()
 	spec := codegen.PatchSpec{
-		Site: codegen.Site{Addr: in.Addr, Bytes: in.Bytes},
+		Site: codegen.Site{Addr: s.Addr(), Bytes: s.Bytes()},
 		Live: codegen.Live{Regs: uint16(s.Live), Flags: s.FlagsLive()},
 	}
 	for _, r := range reqs {

@@ -47,7 +47,7 @@ func (pt *point) sites() []*splice.Site { return append([]*splice.Site{pt.site},
 func (pt *point) coverBytes() []byte {
 	var b []byte
 	for _, s := range pt.sites() {
-		b = append(b, s.Insn().Bytes...)
+		b = append(b, s.Bytes()...)
 	}
 	return b[:springboard.JmpRel32Len]
 }
@@ -390,19 +390,19 @@ func (e *Engine) dropPatch(patch uint64) {
 // driver writes the jmp when the background FinishCovering has seen a
 // grace period).
 func (pt *point) spliceOp(patch uint64) (driver.SpliceOp, error) {
-	in := pt.site.Insn()
+	addr, orig := pt.site.Addr(), pt.site.Bytes()
 	switch pt.class {
 	case springboard.Direct, springboard.Cover:
-		jmp, err := codegen.JmpRel32(in.Addr, patch)
+		jmp, err := codegen.JmpRel32(addr, patch)
 		if err != nil {
 			return driver.SpliceOp{}, err
 		}
 		if pt.class == springboard.Cover {
-			return driver.SpliceOp{Addr: in.Addr, Patch: patch, Orig: pt.coverBytes(), New: jmp, Covering: true}, nil
+			return driver.SpliceOp{Addr: addr, Patch: patch, Orig: pt.coverBytes(), New: jmp, Covering: true}, nil
 		}
-		return driver.SpliceOp{Addr: in.Addr, Patch: patch, Orig: in.Bytes[:len(jmp)], New: jmp}, nil
+		return driver.SpliceOp{Addr: addr, Patch: patch, Orig: orig[:len(jmp)], New: jmp}, nil
 	case springboard.Trap:
-		return driver.SpliceOp{Addr: in.Addr, Patch: patch, Orig: in.Bytes[:1], New: []byte{0xcc}}, nil
+		return driver.SpliceOp{Addr: addr, Patch: patch, Orig: orig[:1], New: []byte{0xcc}}, nil
 	}
 	return driver.SpliceOp{}, fmt.Errorf("%v splices go through springboardSplice (a slot first)", pt.class)
 }
@@ -435,14 +435,14 @@ func (e *Engine) splice(pt *point, patch uint64) (uint32, error) {
 // free (which waits for RCU-tasks), as a CPU may have passed through it,
 // or, if it was taken back from reclaim, back to reclaim.
 func (e *Engine) springboardSplice(pt *point, patch uint64, h Hooks) error {
-	in := pt.site.Insn()
+	addr, orig := pt.site.Addr(), pt.site.Bytes()
 	var slot uint64
 	var reused bool
-	if err := timed(h, StepSlotFind, func() (err error) { slot, reused, err = e.takeSlot(in.Addr); return err }); err != nil {
+	if err := timed(h, StepSlotFind, func() (err error) { slot, reused, err = e.takeSlot(addr); return err }); err != nil {
 		return err
 	}
 	// release gives back a slot nothing was written to this time.
-	release := func() { e.releaseSlot(slot, reused, in.Addr) }
+	release := func() { e.releaseSlot(slot, reused, addr) }
 	op, err := e.slotOp(slot, patch)
 	if err != nil {
 		release()
@@ -463,8 +463,8 @@ func (e *Engine) springboardSplice(pt *point, patch uint64, h Hooks) error {
 	var id uint32
 	if err == nil {
 		err = timed(h, StepSplice, func() error {
-			return e.ov.spliced(in.Addr, in.Bytes, func() (err error) {
-				id, err = e.dev.Splice(in.Addr, slot, jmp.Orig, jmp.New)
+			return e.ov.spliced(addr, orig, func() (err error) {
+				id, err = e.dev.Splice(addr, slot, jmp.Orig, jmp.New)
 				return err
 			})
 		})
@@ -493,12 +493,12 @@ func (e *Engine) slotOp(slot, patch uint64) (driver.SpliceOp, error) {
 
 // springboardOp is the point's springboard splice: a jmp rel8 to slot.
 func (pt *point) springboardOp(slot uint64) (driver.SpliceOp, error) {
-	in := pt.site.Insn()
-	rel8, err := springboard.JmpRel8(in.Addr, slot)
+	addr := pt.site.Addr()
+	rel8, err := springboard.JmpRel8(addr, slot)
 	if err != nil {
 		return driver.SpliceOp{}, err
 	}
-	return driver.SpliceOp{Addr: in.Addr, Patch: slot, Orig: in.Bytes[:len(rel8)], New: rel8}, nil
+	return driver.SpliceOp{Addr: addr, Patch: slot, Orig: pt.site.Bytes()[:len(rel8)], New: rel8}, nil
 }
 
 // releaseSlot gives back a slot taken for the instruction at addr that

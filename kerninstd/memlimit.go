@@ -12,12 +12,12 @@ const liveHeapMetric = "/gc/heap/live:bytes"
 
 // MemoryLimit is the soft limit on the Go heap that TrackMemoryLimit sets:
 // base, or a quarter more than the heap the last collection found live,
-// whichever
-// is larger. Below base it keeps a small daemon small (the collector runs
-// before the heap doubles); above, it never sits below the live heap. A
-// fixed limit did: a session of 200,000 probes holds more than 192 MiB
-// live, and with the limit under it the collector ran without pause,
-// each cycle scanning the whole heap, so arming took 122 s instead of 29.
+// whichever is larger. Below base it keeps a small daemon small (the
+// collector runs before the heap doubles); above, it never sits below the
+// live heap. A fixed limit did: a session of 200,000 probes holds more
+// than 192 MiB live, and with the limit under it the collector ran
+// without pause, each cycle scanning the whole heap, so arming took 122 s
+// instead of 54.
 func MemoryLimit(base, live uint64) uint64 { return max(base, live+live/4) }
 
 // TrackMemoryLimit sets the Go heap's soft limit to MemoryLimit(base,

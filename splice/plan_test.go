@@ -321,7 +321,8 @@ func TestClass(t *testing.T) {
 		// addresses, classes, liveness and name, and no more of f.
 		d := s.Detached(nil)
 		if d.Fn.Insns != nil || d.Where() != s.Where() || d.Class != s.Class || d.Live != s.Live ||
-			!bytes.Equal(d.Insn().Bytes, s.Insn().Bytes) || d.Insn().Inst.Op != s.Insn().Inst.Op || len(d.Cover) != 2 {
+			!bytes.Equal(d.Insn().Bytes, s.Insn().Bytes) || !bytes.Equal(d.Bytes(), s.Insn().Bytes) || !bytes.Equal(s.Bytes(), s.Insn().Bytes) ||
+			d.Insn().Inst.Op != s.Insn().Inst.Op || len(d.Cover) != 2 {
 			t.Fatalf("detached %+v, from %+v", d, s)
 		}
 		for i, c := range d.Cover {

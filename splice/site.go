@@ -87,6 +87,16 @@ func (s *Site) Insn() *cfg.Instruction {
 	return &in
 }
 
+// Bytes is the instruction's bytes, without decoding a detached site's
+// again: what the engine reads of it, at every patch and splice.
+func (s *Site) Bytes() []byte {
+	if s.raw != nil {
+		r := &s.raw[s.Index]
+		return r.bytes[:r.n:r.n]
+	}
+	return s.Fn.Insns[s.Index].Bytes
+}
+
 // Addr is the instruction's address.
 func (s *Site) Addr() uint64 {
 	if s.raw != nil {

@@ -614,12 +614,12 @@ static void ki_index_publish(struct ki_splice_rec *const *add, u32 nadd)
  * cpu_hotplug_disable() waits for an operation in progress; a CPU offlined
  * or onlined meanwhile gets -EBUSY.
  */
-static void ki_hotplug(void)
+static void ki_hotplug(u32 installed)
 {
-	if (ki_nr_splices && !ki_hotplug_off) {
+	if (installed && !ki_hotplug_off) {
 		cpu_hotplug_disable();
 		ki_hotplug_off = true;
-	} else if (!ki_nr_splices && ki_hotplug_off) {
+	} else if (!installed && ki_hotplug_off) {
 		cpu_hotplug_enable();
 		ki_hotplug_off = false;
 	}
@@ -868,7 +868,7 @@ static void ki_unpublish(struct ki_splice_rec *const *recs, u32 n)
 	}
 	/* see ki_die_notify: no CPU can still trap on these addresses */
 	ki_index_publish(NULL, 0);
-	ki_hotplug();
+	ki_hotplug(ki_nr_splices);
 	for (i = 0; i < n; i++) {
 		recs[i]->next_free = ki_free_head;
 		ki_free_head = recs[i]->id & (KI_MAX_SPLICES - 1);
@@ -1014,10 +1014,7 @@ static int ki_splice_many(struct ki_splice *s, u32 n, u32 *failed)
 	if (err)
 		return err;
 	/* before the first int3 is written (ki_nr_splices counts them below) */
-	if (!ki_hotplug_off) {
-		cpu_hotplug_disable();
-		ki_hotplug_off = true;
-	}
+	ki_hotplug(ki_nr_splices + n);
 	/* Publish before writing: the notifier must know where to send a CPU
 	 * that hits an int3 written first. */
 	for (i = 0; i < n; i++) {
