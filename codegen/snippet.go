@@ -340,7 +340,10 @@ func verifyInstrumentation(code []byte, base uint64) error {
 		if r.off+inst.Len > len(code) {
 			return fail("instruction runs past the instrumentation")
 		}
-		text := gnu(inst, r.pc())
+		// The instruction as text, for an error only: formatting every
+		// instruction of every patch was a sixth of arming a coverage
+		// session.
+		text := lazyText{inst, r.pc()}
 		if forbiddenInInstrumentation[inst.Op] {
 			return fail("%q has no place in instrumentation", text)
 		}
@@ -496,3 +499,11 @@ func (p TaskField32) EmitSkip(a *Asm, scratch []Reg) []Label {
 	a.CmplImm(scratch[0], p.Offset, p.Value)
 	return []Label{a.JccForward(CondNE)}
 }
+
+// lazyText formats an instruction in GNU syntax when printed (%q, %s).
+type lazyText struct {
+	inst x86asm.Inst
+	pc   uint64
+}
+
+func (t lazyText) String() string { return gnu(t.inst, t.pc) }

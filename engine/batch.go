@@ -126,9 +126,7 @@ func (e *Engine) prepare(pt *point, s *splice.Site, sp Spec) (pendingSplice, err
 // written to or whose jmp is gone again).
 func (e *Engine) abandon(p pendingSplice) {
 	p.pt.pending = false
-	for _, ps := range p.pt.sites() {
-		delete(e.points, ps.Addr())
-	}
+	e.dropPoint(p.pt)
 	// The patch is freed first: the driver waits until no task can
 	// still be in it, so none is left on the slot's jmp either.
 	e.dropPatch(p.patch)
@@ -395,9 +393,7 @@ func (e *Engine) retirePoint(r *Request) {
 	e.retire(old, pt.slot, pt.site.Addr(), r.hooks)
 	pt.slot = 0
 	e.retireCounters(r.slots)
-	for _, ps := range pt.sites() {
-		delete(e.points, ps.Addr())
-	}
+	e.dropPoint(pt)
 }
 
 // Hit reports whether r's first counter slot is non-zero: for a request

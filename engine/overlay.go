@@ -26,9 +26,9 @@ type origBytes struct {
 	b [maxOrig]byte
 }
 
-// maxOrig bounds the length of one entry: an instruction, or the 5 bytes
-// of a covering splice.
-const maxOrig = 16
+// maxOrig bounds the length of one entry: an instruction (15 bytes at
+// most), or the 5 bytes of a covering splice or a springboard slot.
+const maxOrig = 15
 
 // spliced runs write (a splice of orig's bytes at addr) with addr's
 // original bytes in the overlay; they stay only if write succeeds.
@@ -71,6 +71,9 @@ func (o *overlay) restoredMany(addrs []uint64, restore func() error) error {
 	if err == nil {
 		for _, a := range addrs {
 			delete(o.orig, a)
+		}
+		if len(o.orig) == 0 {
+			o.orig = nil // a map never shrinks: a whole-kernel session's kept 48 MB
 		}
 	}
 	return err

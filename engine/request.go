@@ -16,31 +16,40 @@ import (
 // Adding or removing a request builds a new patch in new memory and
 // re-points the splice at it (the driver's RESPLICE: no moment where the
 // point runs neither patch); the old patch is freed after the driver's
-// RCU-tasks wait. site and cover do not change; the other fields are
+// RCU-tasks wait. site does not change; the other fields are
 // protected by Engine.mu.
 type point struct {
 	site *splice.Site
-	// redZone is codegen.PatchSpec.RedZone for its patches (the engine's).
-	redZone int32
-	// cover: for a covering splice, the instructions after site that its
-	// jmp overwrites; the patch runs each, with its own requests' snippets
-	// before it. Engine.points maps their addresses to this point too.
-	cover  []*splice.Site
-	reqs   []*Request
-	patch  uint64 // the installed patch; 0 when not spliced
-	splice uint32 // the driver's splice id at the instruction
-	class  springboard.Class
+	reqs []*Request
+	// The installed patch; 0 when not spliced.
+	patch uint64
+	class springboard.Class
 	// A springboard splice's slot (a jmp rel32 to the patch, in padding)
 	// and the driver's splice id of the slot.
 	slot       uint64
 	slotSplice uint32
+	splice     uint32 // the driver's splice id at the instruction
+	// redZone is codegen.PatchSpec.RedZone for its patches (the engine's).
+	redZone int32
 	// pending: an AddEach batch has written the point's patch and will
 	// splice it with the rest of the batch.
 	pending bool
+	// (Fields ordered to pack: a coverage session has one per probe.)
+}
+
+// covered: for a covering splice, the instructions after site that its
+// jmp overwrites (site.Cover); the patch runs each, with its own
+// requests' snippets before it. Engine.points maps their addresses to
+// this point too. A point is covering from newPoint on or never.
+func (pt *point) covered() []*splice.Site {
+	if pt.class == springboard.Cover {
+		return pt.site.Cover
+	}
+	return nil
 }
 
 // sites is every instruction the point's splice overwrites, in order.
-func (pt *point) sites() []*splice.Site { return append([]*splice.Site{pt.site}, pt.cover...) }
+func (pt *point) sites() []*splice.Site { return append([]*splice.Site{pt.site}, pt.covered()...) }
 
 // coverBytes is the original bytes of the run a covering splice
 // overwrites, as far as the jmp reaches.
@@ -62,6 +71,9 @@ type Request struct {
 	slots   []int // counter slots, zeroed when the request was made
 	snippet codegen.Snippet
 	hooks   Hooks
+	// slot0 holds slots when there is one (a coverage probe or a
+	// counter): no allocation of its own for half a million probes.
+	slot0 [1]int
 }
 
 // Site is the instruction the request instruments.
@@ -133,6 +145,7 @@ func (e *Engine) addLocked(s *splice.Site, sp Spec) (*Request, error) {
 // caller holds e.mu.
 func (e *Engine) newRequest(pt *point, s *splice.Site, sp Spec) (*Request, error) {
 	r := &Request{pt: pt, site: s, owner: sp.Owner, hooks: sp.Hooks}
+	r.slots = r.slot0[:0]
 	for i := 0; i < sp.Slots; i++ {
 		slot, err := e.slots.alloc()
 		if err != nil && e.retiredCounters() {
@@ -186,8 +199,20 @@ func (e *Engine) newPoint(s *splice.Site) *point {
 			return pt
 		}
 	}
-	pt.cover, pt.class = s.Cover, springboard.Cover
+	pt.class = springboard.Cover
 	return pt
+}
+
+// dropPoint takes pt's instructions out of points. The map is made anew
+// once empty: a map never shrinks, and a whole-kernel session's held
+// about 20 MB after its last probe was gone. The caller holds e.mu.
+func (e *Engine) dropPoint(pt *point) {
+	for _, ps := range pt.sites() {
+		delete(e.points, ps.Addr())
+	}
+	if len(e.points) == 0 {
+		e.points = make(map[uint64]*point)
+	}
 }
 
 // Remove removes request r: its point gets a patch without it, or its
@@ -220,9 +245,7 @@ func (e *Engine) removeLocked(r *Request) error {
 	// new request before it.
 	e.retireCounters(r.slots)
 	if len(pt.reqs) == 0 {
-		for _, ps := range pt.sites() {
-			delete(e.points, ps.Addr())
-		}
+		e.dropPoint(pt)
 	}
 	return nil
 }

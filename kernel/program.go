@@ -231,7 +231,10 @@ func (p *Program) Prototypes() (Prototypes, error) {
 		if err != nil {
 			return nil, err
 		}
-		return PrototypesFromBTF(t.Spec)
+		// A copy: reading every prototype inflates every type, and
+		// the spec would keep them all (about 22 MB for 6.1) though
+		// only the prototypes are wanted.
+		return PrototypesFromBTF(t.Spec.Copy())
 	})
 }
 

@@ -251,19 +251,32 @@ func (d *Daemon) CreateSession(req api.SessionRequest) (api.Session, error) {
 		ss.timers = append(ss.timers, t)
 		d.log.Info("timing", "session", ss.id, "function", t.function, "exits", len(t.exits), "filter", t.filter)
 	}
-	for _, s := range sites {
-		r, err := d.eng.Add(s, engine.Spec{Owner: ss.id, Slots: 1, Snippet: engine.CounterSnippet})
+	// Every point in one engine call: patches written together, splices
+	// in driver batches (one round of CPU synchronisations a batch, not
+	// one a point). Any refusal rolls the whole session back.
+	reqs, errs := d.eng.AddEach(sites, engine.Spec{Owner: ss.id, Slots: 1, Snippet: engine.CounterSnippet})
+	for i, r := range reqs {
+		if errs[i] == nil && r != nil {
+			ss.reqs = append(ss.reqs, r)
+		}
+	}
+	for i, err := range errs {
 		if err != nil {
 			if rerr := d.removeLocked(ss); rerr != nil {
 				d.log.Error("roll back session", "err", rerr)
 			}
-			return api.Session{}, &PointError{Point: s.Point.Spec, Err: err}
+			return api.Session{}, &PointError{Point: sites[i].Point.Spec, Err: err}
 		}
-		ss.reqs = append(ss.reqs, r)
+	}
+	for i, r := range ss.reqs {
+		s := sites[i]
 		in := d.eng.Installed(r)
-		d.log.Info("spliced", "session", ss.id, "point", s.Point.Spec, "at", s.Where(), "class", in.Class,
+		d.log.Debug("spliced", "session", ss.id, "point", s.Point.Spec, "at", s.Where(), "class", in.Class,
 			"addr", fmt.Sprintf("%#x", s.Addr()), "patch", fmt.Sprintf("%#x", in.Patch),
 			"requests", in.Requests, "slot", r.Counter())
+	}
+	if len(sites) > 0 {
+		d.log.Info("spliced", "session", ss.id, "points", len(sites))
 	}
 	d.sessions[ss.id] = ss
 	d.startTTL(ss, time.Duration(req.TTLNS))
@@ -359,15 +372,25 @@ func (d *Daemon) removeLocked(ss *session) error {
 		d.log.Info("timer removed", "session", ss.id, "function", t.function)
 	}
 	ss.timers = keptTimers
+	// Last first, all in one engine call: points that are their last
+	// request's are unspliced in driver batches, one round of CPU syncs
+	// per batch, and their patches freed after one grace period.
 	var kept []*engine.Request
-	for i := len(ss.reqs) - 1; i >= 0; i-- {
-		r := ss.reqs[i]
-		if err := d.eng.Remove(r); err != nil {
+	rev := make([]*engine.Request, len(ss.reqs))
+	for i, r := range ss.reqs {
+		rev[len(ss.reqs)-1-i] = r
+	}
+	for i, err := range d.eng.RemoveEach(rev) {
+		r := rev[i]
+		if err != nil {
 			errs = append(errs, err)
 			kept = append([]*engine.Request{r}, kept...)
 			continue
 		}
-		d.log.Info("unspliced", "session", ss.id, "at", r.Site().Where(), "requests left", d.eng.Installed(r).Requests)
+		d.log.Debug("unspliced", "session", ss.id, "at", r.Site().Where(), "requests left", d.eng.Installed(r).Requests)
+	}
+	if n := len(rev) - len(kept); n > 0 {
+		d.log.Info("unspliced", "session", ss.id, "points", n)
 	}
 	ss.reqs = kept
 	coverGone := true

@@ -26,6 +26,6 @@ func resolved(s *splice.Site) api.Resolved {
 		SpliceClass: s.Class.String(),
 		FlagsLive:   s.FlagsLive(),
 		Classic:     (*api.ClassicName)(s.Point.Classic),
-		Ambiguous:   s.Ambiguous,
+		Ambiguous:   int(s.Ambiguous),
 	}
 }

@@ -148,7 +148,11 @@ func checkInvariants(t *testing.T, h *Heap) {
 		free += f.end - f.start
 	}
 	var used uint64
-	for a, n := range h.allocs {
+	for g, ng := range h.lens {
+		if ng == 0 {
+			continue
+		}
+		a, n := h.base+uint64(g)*h.granule, uint64(ng)*h.granule
 		if n == 0 || n%h.granule != 0 || a < h.base || a+n > h.base+h.size {
 			t.Fatalf("bad allocation %#x+%d", a, n)
 		}
@@ -249,6 +253,40 @@ func TestRandom(t *testing.T) {
 		}
 		if i%97 == 0 {
 			checkInvariants(t, h)
+		}
+	}
+}
+
+// TestLensFollowUse: the per-granule lengths reach only as far as the
+// last allocation, and go once the heap is empty again.
+func TestLensFollowUse(t *testing.T) {
+	h, err := New(base, 1<<20, 32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var addrs []uint64
+	for range 100 {
+		a, err := h.Alloc(40) // two granules
+		if err != nil {
+			t.Fatal(err)
+		}
+		addrs = append(addrs, a)
+	}
+	if len(h.lens) != 199 {
+		t.Errorf("%d lengths for 100 two-granule allocations, want 199", len(h.lens))
+	}
+	for _, a := range addrs {
+		if _, err := h.Free(a); err != nil {
+			t.Fatal(err)
+		}
+		checkInvariants(t, h)
+	}
+	if h.lens != nil || h.Used() != 0 {
+		t.Errorf("empty heap keeps %d lengths, %d bytes used", len(h.lens), h.Used())
+	}
+	for _, a := range []uint64{base - 32, base + 1<<20, base + 1} {
+		if _, err := h.Free(a); !errors.Is(err, ErrNotAllocated) {
+			t.Errorf("Free(%#x) = %v, want ErrNotAllocated", a, err)
 		}
 	}
 }

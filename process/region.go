@@ -63,7 +63,7 @@ func (t *Target) region(module string) (*region, error) {
 }
 
 // siteRegion is the region of the text a site is in.
-func (t *Target) siteRegion(s *splice.Site) (*region, error) { return t.region(s.Sym.Module) }
+func (t *Target) siteRegion(s *splice.Site) (*region, error) { return t.region(s.Fn.Module) }
 
 // byRegion groups the indices of items by the region each is for, in
 // the order the regions first appear; an item whose region cannot be had

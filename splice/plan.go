@@ -49,6 +49,9 @@ type Facts struct {
 	// NoTrap, when set, refuses trap splices with this reason: an
 	// instruction that takes no other class is not spliceable.
 	NoTrap string
+	// recent: functions decoded lately, shared by the planner's facts
+	// (Planner.FuncOf); nil: none kept.
+	recent *recentFunctions
 }
 
 // BlockOptions is how every analysis of kinst splits a function into
@@ -491,7 +494,7 @@ func (f *Func) At(i int) (*Site, error) {
 // Whether a patch can reproduce the instruction is codegen's to say when
 // the patch is built.
 func (f *Func) Site(p Point, i int) (*Site, error) {
-	s := &Site{Point: p, Sym: f.Sym, Fn: f.Fn, Index: i, Ambiguous: f.Ambiguous}
+	s := &Site{Point: p, Fn: f.Fn, Index: i, Ambiguous: int32(f.Ambiguous)}
 	if why := f.NoSplice(i); why != "" {
 		return nil, &NoSpliceError{Where: s.Where(), Reason: why}
 	}
@@ -503,7 +506,7 @@ func (f *Func) Site(p Point, i int) (*Site, error) {
 	if s.Class == springboard.Cover {
 		n, _ := f.CoverRun(i)
 		for j := i + 1; j < i+n; j++ {
-			s.Cover = append(s.Cover, &Site{Point: p, Sym: f.Sym, Fn: f.Fn, Index: j, Ambiguous: f.Ambiguous,
+			s.Cover = append(s.Cover, &Site{Point: p, Fn: f.Fn, Index: j, Ambiguous: int32(f.Ambiguous),
 				Class: springboard.Cover, Live: f.Live(j)})
 		}
 	}

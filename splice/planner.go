@@ -51,6 +51,8 @@ type Planner struct {
 	die      DieNotifiers           // nil if unread
 	ownedFor *kernel.Symbols        // the symbol snapshot owned and bl were read with
 
+	recent recentFunctions // has its own lock
+
 	anMu  sync.Mutex      // protects noret and reads
 	noret cfg.NoReturnSet // from the whole-kernel analysis; nil until it ran
 	reads cfg.CalleeReads // its callee summaries; nil until it ran
@@ -183,7 +185,7 @@ func (p *Planner) factsFor(syms *kernel.Symbols) *Facts {
 	bl, die := p.bl, p.die
 	p.ownMu.Unlock()
 	return &Facts{Symbols: syms, Text: p.view, Owned: owned, NoReturn: noret, Reads: reads,
-		Prototypes: p.Prototypes(), Unprobeable: bl, DieNotifiers: die}
+		Prototypes: p.Prototypes(), Unprobeable: bl, DieNotifiers: die, recent: &p.recent}
 }
 
 // Func parses spec as a point, reads its function from the live kernel
@@ -210,7 +212,7 @@ func (p *Planner) Func(spec string) (*Func, Point, error) {
 // name alone (a module's static function can share its name with the
 // core kernel's).
 func (p *Planner) FuncOf(syms *kernel.Symbols, sym kernel.Symbol) (*Func, error) {
-	fn, err := cfg.ReadFunction(p.view, syms, sym)
+	fn, err := p.recent.read(p.view, syms, sym)
 	if err != nil {
 		return nil, err
 	}
@@ -261,7 +263,7 @@ func addSpringboardSpace(heap *springboard.Heap, k *Facts, addr uint64) {
 		if heap.Seen(sym.Addr) {
 			continue
 		}
-		fn, err := cfg.ReadFunction(k.Text, k.Symbols, sym)
+		fn, err := k.recent.read(k.Text, k.Symbols, sym)
 		if err != nil || !k.Process && k.functionNoSplice(fn) != "" {
 			continue
 		}

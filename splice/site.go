@@ -5,32 +5,34 @@ import (
 	"fmt"
 
 	"github.com/kinst/kinst/cfg"
-	"github.com/kinst/kinst/kernel"
 	"github.com/kinst/kinst/springboard"
 )
 
 // Site is a planned splice: one instruction of a decoded function, how a
 // splice there reaches its patch, and what the patch must preserve. A
 // Site does not change once planned.
+//
+// (Fields ordered to pack: a coverage session holds one per probe. The
+// function's symbol is Fn's name, module and address; Func.Sym has the
+// rest.)
 type Site struct {
-	Point     Point // the point it was resolved from
-	Sym       kernel.Symbol
-	Fn        *cfg.Function
-	Index     int // of the instruction in Fn.Insns
-	Ambiguous int // other symbols of the function's name
-	// Live: registers and flags that may be live before the instruction
-	// (Func.Live).
-	Live cfg.LiveSet
+	Point Point // the point it was resolved from
+	Fn    *cfg.Function
+	Index int // of the instruction in Fn.Insns; 0 for a detached site
 	// Class is how the splice reaches the patch, as planned.
 	Class springboard.Class
 	// Cover: for a covering splice, the instructions after this one that
 	// its jmp overwrites, in order, each planned on its own (the patch runs
 	// them all).
-	Cover []*Site
+	Cover     []*Site
+	Ambiguous int32 // other symbols of the function's name
+	// Live: registers and flags that may be live before the instruction
+	// (Func.Live).
+	Live cfg.LiveSet
 
-	// raw: a detached site's instructions (Detached); nil for a site of
-	// a decoded function.
-	raw []rawInsn
+	// raw: a detached site's instruction (Detached; raw.n == 0 for a
+	// site of a decoded function).
+	raw rawInsn
 }
 
 // Detached returns a copy of s that keeps, of its function, only the
@@ -39,33 +41,33 @@ type Site struct {
 // holds a site for every block of the kernel, a whole function's decoded
 // instructions are about 230 bytes each, and the engine reads no more than
 // an instruction's address and bytes. Insn decodes the instruction again.
-// Index and the covered sites' indices then count in the copy. fn, when
-// not nil, is the function without its instructions (cfg.Function.Header),
-// shared by the detached sites of one function; nil makes one.
+// fn, when not nil, is the function without its instructions
+// (cfg.Function.Header), shared by the detached sites of one function;
+// nil makes one.
 func (s *Site) Detached(fn *cfg.Function) *Site {
-	n := 1 + len(s.Cover)
 	if fn == nil {
 		fn = s.Fn.Header()
 	}
-	raw := make([]rawInsn, n)
-	for i := range n {
-		in := s.Insn()
-		if i > 0 {
-			in = s.Cover[i-1].Insn()
+	d := s.detach(fn)
+	if len(s.Cover) > 0 {
+		d.Cover = make([]*Site, len(s.Cover))
+		for i, c := range s.Cover {
+			d.Cover[i] = c.detach(fn)
 		}
-		raw[i].addr, raw[i].n = in.Addr, uint8(copy(raw[i].bytes[:], in.Bytes))
 	}
+	return d
+}
+
+// detach is Detached without the covered sites.
+func (s *Site) detach(fn *cfg.Function) *Site {
 	d := *s
-	d.Fn, d.Index, d.Cover, d.raw = fn, 0, nil, raw
-	for i, c := range s.Cover {
-		cc := *c
-		cc.Fn, cc.Index, cc.Cover, cc.raw = fn, i+1, nil, raw
-		d.Cover = append(d.Cover, &cc)
-	}
+	in := s.Insn()
+	d.Fn, d.Index, d.Cover = fn, 0, nil
+	d.raw.addr, d.raw.n = in.Addr, uint8(copy(d.raw.bytes[:], in.Bytes))
 	return &d
 }
 
-// rawInsn is an instruction of a detached site: its address and bytes.
+// rawInsn is a detached site's instruction: its address and bytes.
 type rawInsn struct {
 	addr  uint64
 	n     uint8
@@ -75,10 +77,10 @@ type rawInsn struct {
 // Insn is the instruction. A detached site's is decoded again from its
 // bytes at each call: read it once where it is needed.
 func (s *Site) Insn() *cfg.Instruction {
-	if s.raw == nil {
+	if s.raw.n == 0 {
 		return &s.Fn.Insns[s.Index]
 	}
-	r := &s.raw[s.Index]
+	r := &s.raw
 	in, err := cfg.DecodeAt(r.addr, r.bytes[:r.n:r.n])
 	if err != nil {
 		// The bytes were decoded when the site was planned.
@@ -90,8 +92,8 @@ func (s *Site) Insn() *cfg.Instruction {
 // Bytes is the instruction's bytes, without decoding a detached site's
 // again: what the engine reads of it, at every patch and splice.
 func (s *Site) Bytes() []byte {
-	if s.raw != nil {
-		r := &s.raw[s.Index]
+	if s.raw.n != 0 {
+		r := &s.raw
 		return r.bytes[:r.n:r.n]
 	}
 	return s.Fn.Insns[s.Index].Bytes
@@ -99,8 +101,8 @@ func (s *Site) Bytes() []byte {
 
 // Addr is the instruction's address.
 func (s *Site) Addr() uint64 {
-	if s.raw != nil {
-		return s.raw[s.Index].addr
+	if s.raw.n != 0 {
+		return s.raw.addr
 	}
 	return s.Fn.Insns[s.Index].Addr
 }
