@@ -23,11 +23,17 @@ import (
 // sites whatever their bytes were when read.
 type recentFunctions struct {
 	mu   sync.Mutex
-	syms *kernel.Symbols          // the snapshot fns were read from
-	fns  [recentCap]*cfg.Function // a ring, newest at next-1
-	err  [recentCap]error         // ReadFunction's error for fns[i]'s symbol
-	at   [recentCap]kernel.Symbol // the symbol each entry was read for
+	syms *kernel.Symbols           // the snapshot the entries were read from
+	ring [recentCap]recentFunction // newest at next-1
 	next int
+}
+
+// recentFunction is ReadFunction's answer for sym.
+type recentFunction struct {
+	sym  kernel.Symbol
+	fn   *cfg.Function
+	err  error
+	used bool
 }
 
 // recentCap covers a function and its neighbours within rel8 reach on
@@ -43,11 +49,10 @@ func (r *recentFunctions) read(text cfg.TextReader, syms *kernel.Symbols, sym ke
 	}
 	r.mu.Lock()
 	if r.syms == syms {
-		for i := range r.at {
-			if (r.fns[i] != nil || r.err[i] != nil) && r.at[i] == sym {
-				fn, err := r.fns[i], r.err[i]
+		for _, e := range r.ring {
+			if e.used && e.sym == sym {
 				r.mu.Unlock()
-				return fn, err
+				return e.fn, e.err
 			}
 		}
 	}
@@ -55,9 +60,9 @@ func (r *recentFunctions) read(text cfg.TextReader, syms *kernel.Symbols, sym ke
 	fn, err := cfg.ReadFunction(text, syms, sym)
 	r.mu.Lock()
 	if r.syms != syms {
-		r.syms, r.fns, r.err, r.at, r.next = syms, [recentCap]*cfg.Function{}, [recentCap]error{}, [recentCap]kernel.Symbol{}, 0
+		r.syms, r.ring, r.next = syms, [recentCap]recentFunction{}, 0
 	}
-	r.fns[r.next], r.err[r.next], r.at[r.next] = fn, err, sym
+	r.ring[r.next] = recentFunction{sym: sym, fn: fn, err: err, used: true}
 	r.next = (r.next + 1) % recentCap
 	r.mu.Unlock()
 	return fn, err

@@ -61,9 +61,8 @@ func (s *Site) Detached(fn *cfg.Function) *Site {
 // detach is Detached without the covered sites.
 func (s *Site) detach(fn *cfg.Function) *Site {
 	d := *s
-	in := s.Insn()
 	d.Fn, d.Index, d.Cover = fn, 0, nil
-	d.raw.addr, d.raw.n = in.Addr, uint8(copy(d.raw.bytes[:], in.Bytes))
+	d.raw.addr, d.raw.n = s.Addr(), uint8(copy(d.raw.bytes[:], s.Bytes()))
 	return &d
 }
 
