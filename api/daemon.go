@@ -28,7 +28,11 @@ type Info struct {
 	Version string `json:"version,omitempty"` // kerninstd's build
 	// Mechanism is "splice" with the driver, "bpf" without it (count and
 	// time only, by fentry, kprobe.multi or kprobe).
-	Mechanism     string `json:"mechanism"`
+	Mechanism string `json:"mechanism"`
+	// NoSplice, with mechanism "bpf", is why kerninstd does not splice:
+	// the driver is not loaded, or the CPU has a quirk that splicing would
+	// turn into an oops (QEMU TCG before 8.0 with cmpxchg16b).
+	NoSplice      string `json:"no_splice,omitempty"`
 	KernelRelease string `json:"kernel_release"`
 	ABIVersion    uint32 `json:"abi_version"` // the loaded driver's
 	PatchHeap     Addr   `json:"patch_heap"`
@@ -229,6 +233,10 @@ type ArmRequest struct {
 	// All: every block of the targets that takes a probe (a whole-kernel
 	// session with the default targets); Blocks is then ignored.
 	All bool `json:"all,omitempty"`
+	// Skip passes over the targets' first Skip blocks that take a probe
+	// before taking any, so that a bisection can drop blocks from the
+	// front while the last block armed stays the same.
+	Skip int `json:"skip,omitempty"`
 }
 
 // ArmResult is one arm-and-remove run of kinst bench arm.
@@ -245,6 +253,10 @@ type ArmResult struct {
 	RemoveNS    int64          `json:"remove_ns"`
 	RemoveSyncs uint64         `json:"remove_syncs"`
 	PatchBytes  uint64         `json:"patch_bytes"` // patch heap in use with every probe armed
+	// First and Last are the first and last blocks taken (FUNC+0xOFF),
+	// the ends of the range a bisection narrows.
+	First string `json:"first,omitempty"`
+	Last  string `json:"last,omitempty"`
 	// PeakRSS is kerninstd's peak resident memory after the run
 	// (api.Info.PeakRSS); 0 where the daemon does not say.
 	PeakRSS uint64 `json:"peak_rss_bytes,omitempty"`

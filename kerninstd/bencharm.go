@@ -29,6 +29,9 @@ func (d *Daemon) BenchArm(ctx context.Context, req api.ArmRequest) (api.ArmResul
 	if req.All {
 		req.Blocks = maxArmBlocks
 	}
+	if req.Skip < 0 || req.Skip > maxArmBlocks {
+		return api.ArmResult{}, badRequest(fmt.Errorf("skip %d: want 0..%d", req.Skip, maxArmBlocks))
+	}
 	if req.Blocks <= 0 || req.Blocks > maxArmBlocks {
 		return api.ArmResult{}, badRequest(fmt.Errorf("blocks %d: want 1..%d", req.Blocks, maxArmBlocks))
 	}
@@ -46,6 +49,7 @@ func (d *Daemon) BenchArm(ctx context.Context, req api.ArmRequest) (api.ArmResul
 		return res, err
 	}
 	var sites []*splice.Site
+	skip := req.Skip
 	for _, fn := range fns {
 		if len(sites) >= req.Blocks {
 			break
@@ -63,6 +67,10 @@ func (d *Daemon) BenchArm(ctx context.Context, req api.ArmRequest) (api.ArmResul
 			if _, owned := d.eng.Owner(s.Addr()); owned || len(sites) >= req.Blocks {
 				continue
 			}
+			if skip > 0 {
+				skip--
+				continue
+			}
 			sites, took = append(sites, s), true
 		}
 		if took {
@@ -76,6 +84,9 @@ func (d *Daemon) BenchArm(ctx context.Context, req api.ArmRequest) (api.ArmResul
 		return res, badRequest(fmt.Errorf("the targets have %d blocks that take a probe, fewer than %d", len(sites), req.Blocks))
 	}
 	res.PlanNS = int64(d.clock.Now().Sub(start))
+	if len(sites) > 0 {
+		res.First, res.Last = sites[0].Where(), sites[len(sites)-1].Where()
+	}
 	spec := engine.Spec{Owner: armOwner, Slots: 1, Snippet: cover.Flag(nil)}
 
 	syncs := func() uint64 { return d.Info().DriverSyncs }

@@ -86,7 +86,7 @@ func bpfTarget(s *splice.Site) (string, uint64, error) {
 }
 
 // refuseWithoutDriver refuses what only splices can serve.
-func refuseWithoutDriver(req api.SessionRequest) error {
+func (d *Daemon) refuseWithoutDriver(req api.SessionRequest) error {
 	var what string
 	switch {
 	case isCover(req):
@@ -100,12 +100,29 @@ func refuseWithoutDriver(req api.SessionRequest) error {
 	default:
 		return nil
 	}
+	if d.noSplice != nil && !errors.Is(d.noSplice, driver.ErrNotLoaded) {
+		return badRequest(&spliceRefused{what: what, why: d.noSplice})
+	}
 	return badRequest(fmt.Errorf("%s needs the driver: %w; load it with kinst driver load", what, ErrNoDriver))
 }
 
+// spliceRefused: a request needs splices, and kerninstd does not splice
+// for a reason other than a missing driver (Config.NoSplice). It matches
+// ErrNoDriver and the reason with errors.Is.
+type spliceRefused struct {
+	what string
+	why  error
+}
+
+func (e *spliceRefused) Error() string {
+	return e.what + " needs splices, which kerninstd does not make here: " + e.why.Error()
+}
+
+func (e *spliceRefused) Unwrap() []error { return []error{ErrNoDriver, e.why} }
+
 // createBPFSession is CreateSession without the driver.
 func (d *Daemon) createBPFSession(req api.SessionRequest) (api.Session, error) {
-	if err := refuseWithoutDriver(req); err != nil {
+	if err := d.refuseWithoutDriver(req); err != nil {
 		return api.Session{}, err
 	}
 	sites, err := d.resolvePoints(req, func(s *splice.Site) error { _, _, err := bpfTarget(s); return err })

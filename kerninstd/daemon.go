@@ -49,6 +49,10 @@ type Config struct {
 	// a *BPFDevice over the same set, and only count and time are served
 	// (see bpfmode.go).
 	BPF *bpfprobe.Set
+	// NoSplice, with BPF, is why the driver is not used (driver.ErrNotLoaded,
+	// or a CPU quirk that splicing would turn into an oops: cpuquirk); a
+	// request that needs the driver is refused with it.
+	NoSplice error
 }
 
 // Daemon owns the engine and every session.
@@ -75,6 +79,8 @@ type Daemon struct {
 	clock Clock // session times, sampling ticks; converts the timers' TSC ticks
 
 	bpf *bpfprobe.Set // nil with the driver; else every probe is BPF's
+	// noSplice is why there is no driver (Config.NoSplice); may be nil.
+	noSplice error
 
 	taskOnce sync.Once
 	loadTask func(*kernel.Symbols) (kernel.TaskLayout, error)
@@ -117,6 +123,7 @@ func New(c Config) (*Daemon, error) {
 		clock:       c.Clock,
 		loadTask:    c.TaskLayout,
 		bpf:         c.BPF,
+		noSplice:    c.NoSplice,
 	}
 	if d.loadTask == nil {
 		d.loadTask = func(*kernel.Symbols) (kernel.TaskLayout, error) { return d.view.TaskLayout() }
@@ -168,6 +175,9 @@ func (d *Daemon) Info() api.Info {
 	in.Mechanism = MechanismSplice
 	if d.bpf != nil {
 		in.Mechanism = "bpf"
+		if d.noSplice != nil {
+			in.NoSplice = d.noSplice.Error()
+		}
 	}
 	in.Symbols = d.symbols().Len()
 	d.mu.Lock()

@@ -16,6 +16,7 @@ type ArmOptions struct {
 	All     bool     // one run (or two) over every block that takes a probe, not Blocks
 	Single  bool     // also arm one splice at a time
 	Targets []string // functions or globs; none: every function
+	Skip    int      // blocks passed over before the first one armed
 	JSON    bool
 }
 
@@ -43,7 +44,7 @@ func BenchArm(ctx context.Context, c *api.Client, o ArmOptions, env Env) error {
 			} else {
 				fmt.Fprintf(env.Err, "kinst: arming %d blocks (%s)…\n", n, mode)
 			}
-			res, err := c.BenchArm(ctx, api.ArmRequest{Blocks: n, Targets: o.Targets, Single: single, All: o.All})
+			res, err := c.BenchArm(ctx, api.ArmRequest{Blocks: n, Targets: o.Targets, Single: single, All: o.All, Skip: o.Skip})
 			if err != nil {
 				return err
 			}
@@ -67,6 +68,11 @@ func writeArm(w io.Writer, rep api.ArmReport) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	for _, r := range rep.Runs {
+		if r.First != "" {
+			fmt.Fprintf(w, "%s: blocks %s … %s\n", r.Mode, r.First, r.Last)
+		}
 	}
 	for _, r := range rep.Runs {
 		if len(r.Refusals) == 0 {

@@ -49,6 +49,9 @@ type Options struct {
 	// Kernel is the Debian kernel to boot (vm.Config.KernelPackage);
 	// "": KINST_KERNEL, else the default.
 	Kernel string
+	// CPU is vm.Config.CPU: the guest CPU model under TCG ("": the default,
+	// without cx16).
+	CPU string
 }
 
 // Enabled reports whether live-VM tests run: only when KINST_LIVE=1.
@@ -125,6 +128,7 @@ func Boot(name string, o Options) (*VM, func(), error) {
 		KerninstdBin:  filepath.Join(bin, "kerninstd"),
 		Accel:         o.Accel,
 		NoDriver:      o.NoDriver,
+		CPU:           o.CPU,
 		KernelPackage: kernel,
 		Progress:      os.Stderr,
 		Ready: func(ctx context.Context, in *vm.Instance) error {

@@ -33,6 +33,14 @@ var (
 	ErrAlreadyRunning = errors.New("a test VM is already running (stop it with `kinst vm down`)")
 )
 
+// DefaultCPU is the guest CPU under TCG: QEMU's qemu64 without cx16.
+// QEMU before 8.0 (Debian 12 ships 7.2) computes cmpxchg16b's flags from
+// stale state, and a splice's popfq or iretq before SLUB's cmpxchg16b
+// then puts a kernel pointer into RFLAGS and the guest oopses
+// (internal/cpuquirk; kerninstd does not splice on such a CPU). Without
+// cx16 the kernel takes SLUB's locked path instead.
+const DefaultCPU = "qemu64,-cx16"
+
 // Config says what to boot and where to cache.
 type Config struct {
 	CacheDir      string // downloads and builds, reused across runs
@@ -46,6 +54,9 @@ type Config struct {
 	// NoDriver boots without loading kerninst.ko: kerninstd then serves
 	// count and time with BPF, as on a host that refuses modules.
 	NoDriver bool
+	// CPU is QEMU's -cpu under TCG; default DefaultCPU. KVM always runs
+	// the host's CPU.
+	CPU      string
 	Progress io.Writer // human progress lines; nil for none
 	// Ready, if set, is called once the agent answers; Up returns when it
 	// does (e.g. kerninstd in the guest answers its API).

@@ -149,20 +149,24 @@ func TestAgentCancelInterrupts(t *testing.T) {
 }
 
 func TestQemuAccelArgs(t *testing.T) {
-	for accel, want := range map[string]string{
-		"kvm":        "kvm",
-		"tcg":        "tcg,thread=multi",
-		"tcg-single": "tcg,thread=single",
+	for _, c := range []struct{ accel, cpu, want, wantCPU string }{
+		{"kvm", "", "kvm", "host"},
+		{"tcg", "", "tcg,thread=multi", DefaultCPU},
+		{"tcg-single", "", "tcg,thread=single", DefaultCPU},
+		{"tcg", "qemu64", "tcg,thread=multi", "qemu64"},
 	} {
-		a := qemuArgs(Config{SMP: 2, MemoryMB: 512}, &Kernel{}, "initrd", accel, "/state", 1, 2)
-		got := ""
+		a := qemuArgs(Config{SMP: 2, MemoryMB: 512, CPU: c.cpu}, &Kernel{}, "initrd", c.accel, "/state", 1, 2)
+		got, cpu := "", ""
 		for i := range a[:len(a)-1] {
-			if a[i] == "-accel" {
+			switch a[i] {
+			case "-accel":
 				got = a[i+1]
+			case "-cpu":
+				cpu = a[i+1]
 			}
 		}
-		if got != want {
-			t.Errorf("accel %s: -accel %q, want %q", accel, got, want)
+		if got != c.want || cpu != c.wantCPU {
+			t.Errorf("accel %s, cpu %q: -accel %q -cpu %q, want %q %q", c.accel, c.cpu, got, cpu, c.want, c.wantCPU)
 		}
 	}
 	if _, err := Up(context.Background(), Config{Accel: "hvf", CacheDir: t.TempDir()}); err == nil || !strings.Contains(err.Error(), "unknown accelerator") {

@@ -20,6 +20,7 @@ import (
 	"github.com/kinst/kinst/core/dump"
 	"github.com/kinst/kinst/driver"
 	"github.com/kinst/kinst/internal/buildinfo"
+	"github.com/kinst/kinst/internal/cpuquirk"
 	"github.com/kinst/kinst/kernel"
 	"github.com/kinst/kinst/kerninstd"
 	"github.com/spf13/pflag"
@@ -33,6 +34,7 @@ func main() {
 	metricsAddr := fs.String("metrics-listen", "", "serve Prometheus /metrics on this TCP `address` (\":9464\" binds loopback; give a host such as 0.0.0.0:9464 to expose it); off by default")
 	dev := fs.String("device", "/dev/kerninst", "driver device")
 	kallsyms := fs.String("kallsyms", "/proc/kallsyms", "kernel symbol table")
+	allowQuirk := fs.Bool("allow-cpu-quirk", false, "splice even on a CPU with a known quirk that splicing turns into an oops (QEMU TCG before 8.0 with cmpxchg16b); for reproducing it only")
 	analyze := fs.Bool("analyze", true, "analyse the whole kernel at start-up, in the background, unless the cache has it (about 1.5 s of CPU natively; a minute in an emulated guest)")
 	cacheDir := fs.String("cache-dir", "/var/cache/kinst", "keep the whole-kernel analysis here, per kernel build and module set (\"\" to disable)")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
@@ -72,13 +74,21 @@ func main() {
 			os.Exit(2)
 		}
 	}
-	if err := run(log, *socket, *listen, token, *metricsAddr, *dev, *kallsyms, *cacheDir, *analyze); err != nil {
+	if err := run(log, *socket, *listen, token, *metricsAddr, *dev, *kallsyms, *cacheDir, *analyze, *allowQuirk); err != nil {
 		log.Error("exiting", "err", err)
 		os.Exit(1)
 	}
 }
 
-func run(log *slog.Logger, socket, listen, token, metricsAddr, devPath, kallsyms, cacheDir string, analyze bool) error {
+func run(log *slog.Logger, socket, listen, token, metricsAddr, devPath, kallsyms, cacheDir string, analyze, allowQuirk bool) error {
+	// A CPU that corrupts the kernel's RFLAGS after a splice's popfq or
+	// iretq: no splices, whatever the driver (cpuquirk's package doc).
+	if err := cpuquirk.Check(); err != nil {
+		if !allowQuirk {
+			return runBPF(log, socket, listen, token, metricsAddr, kallsyms, err)
+		}
+		log.Warn("splicing on an affected CPU (--allow-cpu-quirk): expect the kernel to oops", "quirk", err)
+	}
 	dev, err := driver.Open(devPath)
 	if errors.Is(err, driver.ErrNotLoaded) {
 		return runBPF(log, socket, listen, token, metricsAddr, kallsyms, err)
@@ -135,8 +145,8 @@ func runBPF(log *slog.Logger, socket, listen, token, metricsAddr, kallsyms strin
 		return fmt.Errorf("%s is not a kcore", dump.KcorePath)
 	}
 	build := buildinfo.Read().String()
-	log.Warn("driver not loaded; serving count and time with BPF (fentry, kprobe.multi or kprobe); coverage, filters and splices need the driver", "why", why, "mechanisms", strings.Join(mechs, ","))
-	d, err := kerninstd.New(kerninstd.Config{Device: &kerninstd.BPFDevice{Mem: mem, Set: set}, BPF: set, Kallsyms: kallsyms, Log: log,
+	log.Warn("not splicing; serving count and time with BPF (fentry, kprobe.multi or kprobe); coverage, filters and splices need the driver", "why", why, "mechanisms", strings.Join(mechs, ","))
+	d, err := kerninstd.New(kerninstd.Config{Device: &kerninstd.BPFDevice{Mem: mem, Set: set}, BPF: set, NoSplice: why, Kallsyms: kallsyms, Log: log,
 		BTF: kernel.BTFPath, Info: func() api.Info { return api.Info{Version: build, Counters: set.Len(), PeakRSS: kerninstd.PeakRSS()} }})
 	if err != nil {
 		return err

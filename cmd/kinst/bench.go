@@ -151,16 +151,23 @@ the cross-modification protocol: int3 everywhere, sync, tails, sync,
 first bytes, sync. --single splices one at a time, as requests usually
 are, for comparison. Blocks already instrumented are skipped. --all arms every
 block that takes a probe: with no TARGET, the whole kernel (about 540,000
-blocks of 6.1), the whole-kernel session the live tests soak.`,
+blocks of 6.1), the whole-kernel session the live tests soak. --skip K
+passes over the first K of those blocks, so that a bisection of a
+failing run can drop blocks from the front while keeping its last one
+(the report names the first and last block armed).`,
 	daemon: true, report: true,
 	setup: func(fs *pflag.FlagSet) runFunc {
 		var o cli.ArmOptions
 		fs.IntSliceVarP(&o.Blocks, "blocks", "n", []int{1000, 10000}, "block counts, one run each")
 		fs.BoolVar(&o.Single, "single", false, "also arm one splice at a time (slow: several sync rounds a probe)")
 		fs.BoolVarP(&o.All, "all", "a", false, "one run over every block of the targets that takes a probe (--blocks is ignored)")
+		fs.IntVar(&o.Skip, "skip", 0, "pass over the first `K` blocks that take a probe before arming any")
 		jsonFlag(fs, &o.JSON, "the runs")
 		return func(ctx context.Context, inv invocation) (int, error) {
 			o.Targets = inv.args
+			if o.Skip < 0 {
+				return 2, usagef("--skip %d: want 0 or more", o.Skip)
+			}
 			for _, n := range o.Blocks {
 				if n <= 0 {
 					return 2, usagef("--blocks %d: want a positive count", n)

@@ -91,6 +91,7 @@ func compat(t *testing.T, kernel string) {
 	t.Run("cfg-stats", func(t *testing.T) { checkStats(t, ctx, g) })
 	t.Run("stress", func(t *testing.T) { checkStress(t, ctx, g) })
 	t.Run("core", func(t *testing.T) { checkCore(t, ctx, g) })
+	t.Run("slub-counters", func(t *testing.T) { checkSLUBCounters(t, ctx, g) })
 	if oops := g.Sh(t, ctx, "dmesg | grep -E 'Oops|BUG:|WARNING:|general protection|RIP:' || true"); oops != "" {
 		t.Errorf("kernel complained:\n%s", oops)
 	}
