@@ -69,7 +69,10 @@ func checkSLUBCounters(t *testing.T, ctx context.Context, g *livetest.VM) {
 // Debian 12 host's QEMU 7.2 computes its flags from stale state) and
 // checks that kerninstd finds the quirk and does not splice: count falls
 // back to BPF, and coverage, which needs splices, is refused with the
-// reason.
+// reason. Where kerninstd finds no quirk (KVM, QEMU 8.0 or later), SLUB's
+// cmpxchg16b path is counted instead and must leave the kernel quiet. With
+// the quirk and kerninstd --allow-cpu-quirk, checkSLUBCounters oopses this
+// guest (seen by hand: two counters, __kmalloc_node_noprof:12 and :35).
 func TestCPUQuirk(t *testing.T) {
 	g, down, err := livetest.Boot("livecompat-cpuquirk", livetest.Options{Kernel: "6.12.117+deb12-amd64", CPU: "qemu64"})
 	if err != nil {
@@ -85,11 +88,12 @@ func TestCPUQuirk(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.Contains(g.Instance.Accel(), "kvm") {
-		if in.Mechanism != "splice" {
-			t.Fatalf("under KVM kerninstd should splice: %+v", in)
-		}
-		t.Skip("KVM runs cmpxchg16b natively: no quirk to find")
+	if in.Mechanism == "splice" {
+		// KVM, or a QEMU that computes cmpxchg16b's flags right (8.0 and
+		// later): no quirk, and SLUB's cmpxchg16b path takes counters.
+		t.Logf("accelerator %s: no quirk found; SLUB's cmpxchg16b path under counters", g.Instance.Accel())
+		checkSLUBCounters(t, ctx, g)
+		return
 	}
 	if in.Mechanism != "bpf" || !strings.Contains(in.NoSplice, "cmpxchg16b") {
 		t.Fatalf("kerninstd on an affected CPU: mechanism %q, no_splice %q; want bpf and the cmpxchg16b quirk", in.Mechanism, in.NoSplice)
