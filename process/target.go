@@ -47,6 +47,13 @@ type Target struct {
 	loaded map[string]bool
 	// noTrap refuses trap splices with this reason (NoTraps).
 	noTrap string
+	// goRuntime: the executable is a Go program. Its runtime's async
+	// preemption (SIGURG) looks up the pc a signal interrupts in the
+	// executable's pc tables; a pc in a springboard slot, in the padding
+	// after a Go function, is inside that function's range but past its
+	// tables, and the runtime throws ("invalid runtime symbol table").
+	// So the executable's own functions take no springboard splices.
+	goRuntime bool
 
 	regions  []*region
 	byModule map[string]*region
@@ -123,6 +130,7 @@ func Attach(pid int) (*Target, error) {
 	for _, name := range []string{"runtime.sigtrampgo", "runtime.sigtramp", "runtime.sigtramp.abi0"} {
 		if len(t.Syms.Named(name)) > 0 {
 			t.traps.refused = fmt.Errorf("%w: a Go program, whose runtime handles SIGTRAP itself: no trap splice", ErrUnsupported)
+			t.goRuntime = true
 		}
 	}
 	return t, nil
@@ -531,7 +539,9 @@ func (t *Target) funcOf(sym kernel.Symbol, spec string) (*splice.Func, error) {
 	}
 	f := r.facts.Func(fn, t.verdit)
 	f.Sym = sym
-	f.UseSpringboards(r.eng.Springboards())
+	if !t.goRuntime || sym.Module != "" {
+		f.UseSpringboards(r.eng.Springboards())
+	}
 	return f, nil
 }
 

@@ -21,6 +21,7 @@ import (
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/process"
+	"github.com/kinst/kinst/springboard"
 )
 
 // buildWork builds the process engine's multi-threaded test program with
@@ -260,6 +261,7 @@ func main() {
 	if err != nil {
 		t.Fatal(err)
 	}
+	checkNoGoSpringboards(t, bin)
 	rep := coverCommand(t, CoverOptions{Targets: []string{"main.*"}, Command: []string{bin}}, "", string(want))
 	f := coverFunc(t, rep, "main.collatz")
 	if f.Covered == 0 || f.Covered != f.Total-f.Refused {
@@ -275,6 +277,43 @@ func main() {
 		}
 	}
 	t.Logf("%d of %d blocks covered in %d functions", rep.CoveredBlocks, rep.TotalBlocks, len(rep.Functions))
+}
+
+// checkNoGoSpringboards plans every instruction of the Go program's
+// main.collatz and main.main and fails on a springboard splice: the
+// runtime's async preemption throws ("invalid runtime symbol table") for a
+// thread it interrupts in a slot in the padding after a Go function, as
+// this test's coverage run did in about one run in three before the rule.
+func checkNoGoSpringboards(t *testing.T, bin string) {
+	t.Helper()
+	cmd := exec.Command(bin)
+	if err := process.Start(cmd); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	tg, err := process.Attach(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tg.Close()
+	short := 0
+	for _, fn := range []string{"main.collatz", "main.main"} {
+		f, err := tg.Func(fn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range f.Fn.Insns {
+			if f.Fn.Insns[i].Len() < 5 {
+				short++
+			}
+			if c := f.Class(i); c == springboard.Springboard {
+				t.Errorf("%s+%#x: a springboard splice in a Go program's own function", fn, f.Fn.Insns[i].Addr-f.Fn.Addr)
+			}
+		}
+	}
+	if short == 0 {
+		t.Fatal("no instruction shorter than a jmp rel32: nothing would have taken a springboard")
+	}
 }
 
 // TestCoverProcessLibc covers every function of libc in a stock ls: tens
