@@ -71,23 +71,22 @@ func qemuArgs(c Config, k *Kernel, initrd, accel, dir string, agentPort, kdPort 
 		"-append", appendLine(c),
 		"-pidfile", filepath.Join(dir, "qemu.pid"), "-daemonize",
 	}
-	switch accel {
-	case "kvm":
+	if accel == "kvm" {
 		return append(a, "-accel", "kvm", "-cpu", "host")
 	}
-	cpu := []string{"-cpu", c.CPU}
-	if c.CPU == "" {
-		cpu[1] = DefaultCPU // see DefaultCPU: no cmpxchg16b under TCG
+	cpu := c.CPU
+	if cpu == "" {
+		cpu = DefaultCPU // see DefaultCPU: no cmpxchg16b under TCG
 	}
-	switch accel {
-	case "tcg-single":
+	a = append(a, "-cpu", cpu)
+	if accel == "tcg-single" {
 		// One host thread runs every vCPU in turn: slower, but a vCPU
 		// never keeps a stale translation of code another vCPU rewrote,
 		// which under multi-threaded TCG can livelock the kernel's own
 		// text_poke_bp (tracefs kprobes, static calls).
-		return append(append(a, cpu...), "-accel", "tcg,thread=single")
+		return append(a, "-accel", "tcg,thread=single")
 	}
-	return append(append(a, cpu...), "-accel", "tcg,thread=multi")
+	return append(a, "-accel", "tcg,thread=multi")
 }
 
 // boot starts QEMU and waits until the guest's agent answers.

@@ -28,6 +28,8 @@ func Check() error {
 		return nil
 	}
 	var mem [4]uint64 // 16 aligned bytes within it
+	// A few runs, so that one the emulator happens to split differently
+	// (a signal or interrupt between popfq and cmpxchg16b) does not decide.
 	for i := 0; i < 4; i++ {
 		if flags := cmpxchg16bFlags(&mem, probeBits); flags&probeBits != 0 {
 			return fmt.Errorf("%w (pushfq after cmpxchg16b read %#x)", ErrStaleCmpxchg16bFlags, flags)
