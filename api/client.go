@@ -129,6 +129,9 @@ func decodeReply(resp *http.Response, out any) error {
 	if out == nil {
 		return nil
 	}
+	if s, ok := out.(interface{ ReadJSON(io.Reader) error }); ok {
+		return s.ReadJSON(resp.Body) // a coverage report, one function at a time
+	}
 	return json.NewDecoder(resp.Body).Decode(out)
 }
 
@@ -150,6 +153,13 @@ func (c *Client) CreateSession(ctx context.Context, req SessionRequest) (Session
 func (c *Client) RemoveSession(ctx context.Context, id string) (Session, error) {
 	var v Session
 	return v, c.do(ctx, "DELETE", "/v1/sessions/"+url.PathEscape(id), nil, &v)
+}
+
+// CoverReport is a running coverage session's report as of now, every
+// block (a session's description carries only the totals).
+func (c *Client) CoverReport(ctx context.Context, id string) (*CoverReport, error) {
+	var v CoverReport
+	return &v, c.do(ctx, "GET", "/v1/sessions/"+url.PathEscape(id)+"/cover", nil, &v)
 }
 
 func (c *Client) Read(ctx context.Context, at string, n int) (Memory, error) {

@@ -4,12 +4,19 @@ package api
 // Session.Cover (there with ExitStatus unset and DurationNS the time
 // since the probes were armed). A stable interface.
 type CoverReport struct {
-	Session       string          `json:"session"`
-	Filter        string          `json:"filter,omitempty"` // e.g. "pid 42"
-	Functions     []CoverFunction `json:"functions"`
-	TotalBlocks   int             `json:"total_blocks"`
-	CoveredBlocks int             `json:"covered_blocks"`
-	Armed         int             `json:"armed"` // probes spliced
+	Session string `json:"session"`
+	Filter  string `json:"filter,omitempty"` // e.g. "pid 42"
+	// Functions are every function's blocks; null in a session's
+	// description (kerninstd's list and create answers), which carries
+	// the totals only: GET /v1/sessions/{id}/cover has them.
+	Functions []CoverFunction `json:"functions"`
+	// FunctionCount is the number of functions, RefusedBlocks the blocks
+	// that took no probe: the totals a summary without Functions needs.
+	FunctionCount int `json:"function_count"`
+	RefusedBlocks int `json:"refused_blocks"`
+	TotalBlocks   int `json:"total_blocks"`
+	CoveredBlocks int `json:"covered_blocks"`
+	Armed         int `json:"armed"` // probes spliced
 	// Inferred blocks have no probe: their coverage follows from their
 	// successors' (cover.Inferable); CoveredInferred of them are covered.
 	// Zero with --all-blocks.

@@ -30,10 +30,20 @@ type Engine interface {
 	Hit(r *engine.Request) bool
 }
 
-// Set is one coverage run: the report (blocks, totals, timeline), kept
-// current, and the probes still spliced.
+// Set is one coverage run: every block's state (kept compact: a
+// whole-kernel session has over half a million), the totals and the
+// timeline, and the probes still spliced. The report is built from it on
+// demand (Report, Summary).
 type Set struct {
-	report  api.CoverReport
+	filter   string
+	fns      []function
+	reasons  []string         // refusal reasons, each once; block.why is an index + 1
+	reasonAt map[string]int32 // reasons' indices
+
+	covered, inferred, coveredInferred, removed, armedN int
+	armNS                                               int64
+	timeline                                            []api.CoverSample
+
 	pending []Probe // planned by Add, spliced by Arm
 	live    []Probe
 	armed   time.Time
@@ -47,17 +57,45 @@ type Set struct {
 	from    map[blockRef][]blockRef
 	up      map[blockRef][]blockRef
 	reserve map[blockRef]*splice.Site
-	noProbe map[blockRef]string // why an inferred block could take no probe
+	noProbe map[blockRef]int32 // why an inferred block could take no probe (a reason index + 1)
 }
 
-// blockRef is a block of the report: Functions[f].Blocks[b].
+// function is one function of the run (api.CoverFunction without the
+// per-block strings).
+type function struct {
+	name, module     string
+	addr             uint64
+	err              string // why it could not be read (no blocks)
+	covered, refused int32
+	blocks           []block
+}
+
+// block is one block's state: 32 bytes, where its api.CoverBlock with
+// its point's string takes about 130.
+type block struct {
+	start uint64
+	size  uint32
+	index int32  // in the function's CFG (kinst cfg)
+	probe uint32 // offset in the function of the instruction probed, + 1; 0: none
+	why   int32  // the refusal, an index in Set.reasons + 1; 0: not refused
+	flags blockFlags
+}
+
+type blockFlags uint8
+
+const (
+	blockInferred blockFlags = 1 << iota
+	blockCovered
+)
+
+// blockRef is a block of the run: fns[f].blocks[b].
 type blockRef struct{ f, b int32 }
 
 // Probe is one block's probe: the request, once armed, and the block it
 // is for (Report().Functions[Function].Blocks[Block]).
 type Probe struct {
 	Request         *engine.Request
-	Function, Block int
+	Function, Block int32
 	site            *splice.Site
 	covered         bool // seen hit; its removal failed and is retried
 }
@@ -65,7 +103,7 @@ type Probe struct {
 // New starts a Set; filter describes whose execution covers ("pid 42"),
 // "" for everyone's.
 func New(filter string) *Set {
-	return &Set{report: api.CoverReport{Filter: filter, Functions: []api.CoverFunction{}, Timeline: []api.CoverSample{}}}
+	return &Set{filter: filter, reasonAt: map[string]int32{}}
 }
 
 // Planned is the number of probes Add planned that Arm has not armed.
@@ -75,6 +113,23 @@ func (s *Set) Planned() int { return len(s.pending) }
 // --all-blocks; bench arm).
 func (s *Set) AllBlocks() { s.all = true }
 
+// reason is why's index + 1 in s.reasons.
+func (s *Set) reason(why string) int32 {
+	i, ok := s.reasonAt[why]
+	if !ok {
+		i = int32(len(s.reasons))
+		s.reasons = append(s.reasons, why)
+		s.reasonAt[why] = i
+	}
+	return i + 1
+}
+
+// refuse marks a block refused for why.
+func (s *Set) refuse(ref blockRef, why string) {
+	s.fns[ref.f].blocks[ref.b].why = s.reason(why)
+	s.fns[ref.f].refused++
+}
+
 // Add plans a probe at every block of f, at the block's cheapest
 // spliceable instruction (splice.Func.Block), except the blocks whose
 // coverage follows from their successors' (Inferable), unless AllBlocks.
@@ -82,9 +137,9 @@ func (s *Set) AllBlocks() { s.all = true }
 // reason; padding is not a block of the function and is left out.
 func (s *Set) Add(f *splice.Func) {
 	fn := f.Fn
-	cf := api.CoverFunction{Function: fn.Name, Module: fn.Module, Address: api.Addr(fn.Addr), Blocks: []api.CoverBlock{}}
-	at := int32(len(s.report.Functions))
-	pos := make(map[int]int32, len(f.Blocks)) // cfg block → its place in cf.Blocks
+	cf := function{name: fn.Name, module: fn.Module, addr: fn.Addr, blocks: make([]block, 0, len(f.Blocks))}
+	at := int32(len(s.fns))
+	pos := make(map[int]int32, len(f.Blocks)) // cfg block → its place in cf.blocks
 	sites := make(map[int]*splice.Site, len(f.Blocks))
 	hdr := fn.Header() // shared by the function's detached sites
 	for b := range f.Blocks {
@@ -93,30 +148,26 @@ func (s *Set) Add(f *splice.Func) {
 			continue
 		}
 		last := blk.Last(fn)
-		cb := api.CoverBlock{Index: b, Start: api.Addr(blk.Start(fn)), End: api.Addr(last.Addr + uint64(last.Len())), Lines: []string{}}
-		site, err := f.Resolve(splice.Point{Spec: fmt.Sprintf("%s:%d", fn.Name, b), Function: fn.Name, Block: b, HasBlock: true})
+		start := blk.Start(fn)
+		cb := block{start: start, size: uint32(last.Addr + uint64(last.Len()) - start), index: int32(b)}
+		site, err := f.Resolve(splice.Point{Function: fn.Name, Block: b, HasBlock: true})
 		if err != nil {
-			why := Refusal(err)
-			cb.Refused = &why
-			cf.Refused++
+			cb.why = s.reason(Refusal(err))
+			cf.refused++
 		} else {
 			// Detached: the session holds a site for every block, so the
 			// function's decoded instructions go once it is planned.
-			d := site.Detached(hdr)
-			// The report names the block; its spec string would be a
-			// tenth of the site.
-			d.Point.Spec = ""
-			sites[b] = d
+			sites[b] = site.Detached(hdr)
 		}
-		pos[b] = int32(len(cf.Blocks))
-		cf.Blocks = append(cf.Blocks, cb)
+		pos[b] = int32(len(cf.blocks))
+		cf.blocks = append(cf.blocks, cb)
 	}
 	var inf map[int][]int
 	if !s.all {
 		inf = Inferable(f, func(b int) bool { return sites[b] != nil })
 	}
 	if len(inf) > 0 && s.from == nil {
-		s.from, s.up, s.reserve, s.noProbe = map[blockRef][]blockRef{}, map[blockRef][]blockRef{}, map[blockRef]*splice.Site{}, map[blockRef]string{}
+		s.from, s.up, s.reserve, s.noProbe = map[blockRef][]blockRef{}, map[blockRef][]blockRef{}, map[blockRef]*splice.Site{}, map[blockRef]int32{}
 	}
 	for b := range f.Blocks {
 		p, ok := pos[b]
@@ -125,14 +176,14 @@ func (s *Set) Add(f *splice.Func) {
 		}
 		ref := blockRef{at, p}
 		if succs, ok := inf[b]; ok {
-			cb := &cf.Blocks[p]
-			cb.Inferred = true
-			s.report.Inferred++
-			if cb.Refused != nil {
+			cb := &cf.blocks[p]
+			cb.flags |= blockInferred
+			s.inferred++
+			if cb.why != 0 {
 				// No probe fits, but none is needed: its coverage is
 				// known. The reason comes back if the inference breaks.
-				cf.Refused--
-				s.noProbe[ref], cb.Refused = *cb.Refused, nil
+				cf.refused--
+				s.noProbe[ref], cb.why = cb.why, 0
 			}
 			for _, sb := range succs {
 				sr := blockRef{at, pos[sb]}
@@ -145,18 +196,17 @@ func (s *Set) Add(f *splice.Func) {
 			continue
 		}
 		if site := sites[b]; site != nil {
-			s.pending = append(s.pending, Probe{Function: int(at), Block: int(p), site: site})
+			s.pending = append(s.pending, Probe{Function: at, Block: p, site: site})
 		}
 	}
-	cf.Total = len(cf.Blocks)
-	s.report.Functions = append(s.report.Functions, cf)
+	cf.blocks = slices.Clip(cf.blocks)
+	s.fns = append(s.fns, cf)
 }
 
 // AddUnreadable lists a function a glob, module or call graph reached
 // that could not be read as a function: with the reason and no blocks.
 func (s *Set) AddUnreadable(sym kernel.Symbol, err error) {
-	s.report.Functions = append(s.report.Functions, api.CoverFunction{Function: sym.Name, Module: sym.Module,
-		Address: api.Addr(sym.Addr), Error: Refusal(err), Blocks: []api.CoverBlock{}})
+	s.fns = append(s.fns, function{name: sym.Name, module: sym.Module, addr: sym.Addr, err: Refusal(err)})
 }
 
 // Refusal is why a block takes no probe, without the location the report
@@ -214,33 +264,27 @@ func (s *Set) Arm(eng Engine, owner string, snippet engine.SnippetFunc, now func
 	if first {
 		s.armed = end
 	}
-	s.report.ArmNS += int64(end.Sub(start))
+	s.armNS += int64(end.Sub(start))
+	s.live = slices.Grow(s.live, len(reqs))
 	for i, r := range reqs {
 		p := pending[i]
-		f := &s.report.Functions[p.Function]
-		b := &f.Blocks[p.Block]
+		ref := blockRef{p.Function, p.Block}
 		if errs[i] != nil {
-			why := Refusal(errs[i])
-			b.Refused = &why
-			f.Refused++
+			s.refuse(ref, Refusal(errs[i]))
 			continue
 		}
-		at := p.site.Where()
-		b.Point = &at
+		f := &s.fns[p.Function]
+		f.blocks[p.Block].probe = uint32(p.site.Addr()-f.addr) + 1
 		p.Request, p.site = r, nil
 		s.live = append(s.live, p)
 	}
 	s.pending = nil
-	s.report.TotalBlocks = 0
-	for _, f := range s.report.Functions {
-		s.report.TotalBlocks += f.Total
-	}
-	s.report.Armed = len(s.live) + s.report.Removed
-	sample := api.CoverSample{LiveProbes: len(s.live), Covered: s.report.CoveredBlocks}
+	s.armedN = len(s.live) + s.removed
+	sample := api.CoverSample{LiveProbes: len(s.live), Covered: s.covered}
 	if !first {
 		sample.ElapsedNS = int64(end.Sub(s.armed))
 	}
-	s.report.Timeline = append(s.report.Timeline, sample)
+	s.timeline = append(s.timeline, sample)
 }
 
 // Sweep marks the blocks whose probe has run as covered and removes those
@@ -248,14 +292,19 @@ func (s *Set) Arm(eng Engine, owner string, snippet engine.SnippetFunc, now func
 // cannot be removed stays live, to be tried again; its error is returned
 // with the probe.
 func (s *Set) Sweep(eng Engine, now time.Time) map[*engine.Request]error {
-	var hit, live []Probe
+	// The probes not hit stay, in place: a copy of half a million
+	// probes every 50 ms would be garbage at that rate.
+	var hit []Probe
+	n, kept := len(s.live), s.live[:0]
 	for _, p := range s.live {
 		if eng.Hit(p.Request) {
 			hit = append(hit, p)
 		} else {
-			live = append(live, p)
+			kept = append(kept, p)
 		}
 	}
+	clear(s.live[len(kept):n])
+	s.live = kept
 	if len(hit) == 0 {
 		return nil
 	}
@@ -266,7 +315,7 @@ func (s *Set) Sweep(eng Engine, now time.Time) map[*engine.Request]error {
 			continue
 		}
 		hit[i].covered = true
-		s.markCovered(blockRef{int32(p.Function), int32(p.Block)})
+		s.markCovered(blockRef{p.Function, p.Block})
 	}
 	var failed map[*engine.Request]error
 	for i, err := range eng.RemoveEach(rs) {
@@ -275,14 +324,13 @@ func (s *Set) Sweep(eng Engine, now time.Time) map[*engine.Request]error {
 				failed = map[*engine.Request]error{}
 			}
 			failed[rs[i]] = err
-			live = append(live, hit[i])
+			s.live = append(s.live, hit[i])
 			continue
 		}
-		s.report.Removed++
+		s.removed++
 	}
-	s.live = live
-	s.report.Timeline = append(s.report.Timeline, api.CoverSample{ElapsedNS: int64(now.Sub(s.armed)),
-		LiveProbes: len(live), Covered: s.report.CoveredBlocks})
+	s.timeline = append(s.timeline, api.CoverSample{ElapsedNS: int64(now.Sub(s.armed)),
+		LiveProbes: len(s.live), Covered: s.covered})
 	return failed
 }
 
@@ -296,10 +344,10 @@ func (s *Set) Mark(eng Engine, now time.Time) {
 			continue
 		}
 		p.covered = true
-		s.markCovered(blockRef{int32(p.Function), int32(p.Block)})
+		s.markCovered(blockRef{p.Function, p.Block})
 	}
-	s.report.Timeline = append(s.report.Timeline, api.CoverSample{ElapsedNS: int64(now.Sub(s.armed)),
-		LiveProbes: len(s.live), Covered: s.report.CoveredBlocks})
+	s.timeline = append(s.timeline, api.CoverSample{ElapsedNS: int64(now.Sub(s.armed)),
+		LiveProbes: len(s.live), Covered: s.covered})
 }
 
 // Remove removes every probe still live; it reports whether none is
@@ -324,17 +372,17 @@ func (s *Set) Remove(eng Engine) (bool, error) {
 // markCovered marks a block covered, and the inferred blocks that its
 // coverage implies.
 func (s *Set) markCovered(ref blockRef) {
-	f := &s.report.Functions[ref.f]
-	if b := &f.Blocks[ref.b]; !b.Covered {
-		b.Covered = true
-		f.Covered++
-		s.report.CoveredBlocks++
-		if b.Inferred {
-			s.report.CoveredInferred++
+	f := &s.fns[ref.f]
+	if b := &f.blocks[ref.b]; b.flags&blockCovered == 0 {
+		b.flags |= blockCovered
+		f.covered++
+		s.covered++
+		if b.flags&blockInferred != 0 {
+			s.coveredInferred++
 		}
 	}
 	for _, p := range s.up[ref] {
-		if !s.report.Functions[p.f].Blocks[p.b].Covered {
+		if s.fns[p.f].blocks[p.b].flags&blockCovered == 0 {
 			s.markCovered(p)
 		}
 	}
@@ -345,7 +393,7 @@ func (s *Set) refusedRefs(ps []Probe, errs []error) []blockRef {
 	var out []blockRef
 	for i, err := range errs {
 		if err != nil {
-			out = append(out, blockRef{int32(ps[i].Function), int32(ps[i].Block)})
+			out = append(out, blockRef{ps[i].Function, ps[i].Block})
 		}
 	}
 	return out
@@ -361,22 +409,20 @@ func (s *Set) uninfer(failed []blockRef) []Probe {
 		ref := failed[0]
 		failed = failed[1:]
 		for _, p := range s.up[ref] {
-			cb := &s.report.Functions[p.f].Blocks[p.b]
-			if !cb.Inferred {
+			cb := &s.fns[p.f].blocks[p.b]
+			if cb.flags&blockInferred == 0 {
 				continue
 			}
-			cb.Inferred = false
-			s.report.Inferred--
+			cb.flags &^= blockInferred
+			s.inferred--
 			for _, sr := range s.from[p] {
 				s.up[sr] = slices.DeleteFunc(s.up[sr], func(x blockRef) bool { return x == p })
 			}
 			delete(s.from, p)
 			if site := s.reserve[p]; site != nil {
-				more = append(more, Probe{Function: int(p.f), Block: int(p.b), site: site})
+				more = append(more, Probe{Function: p.f, Block: p.b, site: site})
 			} else {
-				why := s.noProbe[p] + " (and a block it was inferred from took no probe)"
-				cb.Refused = &why
-				s.report.Functions[p.f].Refused++
+				s.refuse(p, s.reasons[s.noProbe[p]-1]+" (and a block it was inferred from took no probe)")
 				failed = append(failed, p)
 			}
 			delete(s.reserve, p)
@@ -386,21 +432,56 @@ func (s *Set) uninfer(failed []blockRef) []Probe {
 	return more
 }
 
+// Armed is the number of probes armed (live or removed after a hit).
+func (s *Set) Armed() int { return s.armedN }
+
 // Live is the probes still spliced.
 func (s *Set) Live() []Probe { return s.live }
 
-// Report is a copy of the coverage as of now, named session.
-func (s *Set) Report(session string, now time.Time) *api.CoverReport {
-	rep := s.report
-	rep.Session = session
-	rep.DurationNS = int64(now.Sub(s.armed))
-	rep.Functions = make([]api.CoverFunction, len(s.report.Functions))
-	for i, f := range s.report.Functions {
-		f.Blocks = append([]api.CoverBlock(nil), f.Blocks...)
-		rep.Functions[i] = f
+// Summary is the coverage's totals and timeline as of now, named
+// session, without the functions (FunctionCount and RefusedBlocks count
+// them): what a session's description carries.
+func (s *Set) Summary(session string, now time.Time) *api.CoverReport {
+	rep := &api.CoverReport{Session: session, Filter: s.filter, CoveredBlocks: s.covered, Armed: s.armedN,
+		Inferred: s.inferred, CoveredInferred: s.coveredInferred, Removed: s.removed, ArmNS: s.armNS,
+		DurationNS: int64(now.Sub(s.armed)), FunctionCount: len(s.fns),
+		Timeline: append([]api.CoverSample{}, s.timeline...)}
+	for i := range s.fns {
+		rep.TotalBlocks += len(s.fns[i].blocks)
+		rep.RefusedBlocks += int(s.fns[i].refused)
 	}
-	rep.Timeline = append([]api.CoverSample(nil), s.report.Timeline...)
-	return &rep
+	return rep
+}
+
+// Report is the coverage as of now, named session: the summary and every
+// function's blocks, built afresh (the caller owns it).
+func (s *Set) Report(session string, now time.Time) *api.CoverReport {
+	rep := s.Summary(session, now)
+	rep.Functions = make([]api.CoverFunction, len(s.fns))
+	for i := range s.fns {
+		rep.Functions[i] = s.fns[i].report(s.reasons)
+	}
+	return rep
+}
+
+// report is f as the report gives it; reasons are the Set's.
+func (f *function) report(reasons []string) api.CoverFunction {
+	cf := api.CoverFunction{Function: f.name, Module: f.module, Address: api.Addr(f.addr), Total: len(f.blocks),
+		Covered: int(f.covered), Refused: int(f.refused), Error: f.err, Blocks: make([]api.CoverBlock, len(f.blocks))}
+	for i, b := range f.blocks {
+		cb := api.CoverBlock{Index: int(b.index), Inferred: b.flags&blockInferred != 0, Start: api.Addr(b.start),
+			End: api.Addr(b.start + uint64(b.size)), Covered: b.flags&blockCovered != 0, Lines: []string{}}
+		if b.probe != 0 {
+			at := fmt.Sprintf("%s+%#x", f.name, b.probe-1)
+			cb.Point = &at
+		}
+		if b.why != 0 {
+			why := reasons[b.why-1]
+			cb.Refused = &why
+		}
+		cf.Blocks[i] = cb
+	}
+	return cf
 }
 
 // Sites is the probe sites Add would plan for f's blocks, in block order

@@ -3,6 +3,7 @@ package kerninstd
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"time"
 
 	"github.com/kinst/kinst/api"
@@ -86,8 +87,11 @@ func (d *Daemon) createCover(req api.SessionRequest) (api.Session, error) {
 	// sees the session sees it polled.
 	tick, stop := d.clock.NewTicker(CoverPoll)
 	go d.pollCover(ss, tick, stop)
-	rep := set.Report(ss.id, d.clock.Now())
-	d.log.Info("coverage armed", "session", ss.id, "functions", len(rep.Functions), "blocks", rep.TotalBlocks,
+	// Planning and arming a big session leave as much garbage as it
+	// holds: handed back, not kept for the session's life.
+	releaseHeapAfter(set.Armed())
+	rep := set.Summary(ss.id, d.clock.Now())
+	d.log.Info("coverage armed", "session", ss.id, "functions", rep.FunctionCount, "blocks", rep.TotalBlocks,
 		"probes", rep.Armed, "arm", time.Duration(rep.ArmNS), "filter", desc)
 	return d.describe(ss), nil
 }
@@ -119,10 +123,43 @@ func (d *Daemon) sweepCover(ss *session, now time.Time) {
 	}
 }
 
-// coverReport is a copy of the session's coverage, as of now. The caller
-// holds d.mu.
+// coverReport is the session's coverage as of now, every block; the
+// caller holds d.mu. A session's description carries only the summary
+// (coverSummary): a whole-kernel session's blocks are half a million.
 func (d *Daemon) coverReport(ss *session) *api.CoverReport {
 	return ss.cover.set.Report(ss.name, d.clock.Now())
+}
+
+// coverSummary is the session's coverage totals as of now. The caller
+// holds d.mu.
+func (d *Daemon) coverSummary(ss *session) *api.CoverReport {
+	return ss.cover.set.Summary(ss.name, d.clock.Now())
+}
+
+// finalCoverReport is the report of a session whose probes removeCover
+// has removed. After a big session the engine's records of its probes
+// are collected first, so that the report takes their place rather than
+// adding to them. The caller holds d.mu.
+func (d *Daemon) finalCoverReport(ss *session) *api.CoverReport {
+	if ss.cover.set.Armed() >= bigSession {
+		runtime.GC()
+	}
+	return d.coverReport(ss)
+}
+
+// CoverReport is the coverage of the session named or numbered id, as of
+// now, every block (GET /v1/sessions/{id}/cover; kinst cover report).
+func (d *Daemon) CoverReport(id string) (*api.CoverReport, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	ss := d.findLocked(id)
+	if ss == nil {
+		return nil, fmt.Errorf("%w %q", ErrNoSession, id)
+	}
+	if ss.cover == nil {
+		return nil, badRequest(fmt.Errorf("session %s is not a coverage session", id))
+	}
+	return d.coverReport(ss), nil
 }
 
 // removeCover stops the poller and removes every probe still live; it
@@ -136,7 +173,7 @@ func (d *Daemon) removeCover(ss *session) (bool, error) {
 		close(cs.quit)
 	}
 	gone, err := cs.set.Remove(d.eng)
-	rep := cs.set.Report(ss.id, d.clock.Now())
+	rep := cs.set.Summary(ss.id, d.clock.Now())
 	releaseHeapAfter(rep.Armed)
 	d.log.Info("coverage removed", "session", ss.id, "covered", rep.CoveredBlocks, "blocks", rep.TotalBlocks,
 		"left", len(cs.set.Live()))

@@ -43,9 +43,21 @@ func TestCoverSession(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep := s.Cover
-	if rep == nil || len(rep.Functions) != 1 || rep.Functions[0].Function != "filename_lookup" {
+	// The session's description carries the totals; its report, every block.
+	sum := s.Cover
+	rep, err := d.CoverReport("cov")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Functions) != 1 || rep.Functions[0].Function != "filename_lookup" {
 		t.Fatalf("cover = %+v; want filename_lookup alone", rep)
+	}
+	if sum == nil || sum.Functions != nil || sum.FunctionCount != 1 || sum.TotalBlocks != rep.TotalBlocks || sum.Armed != rep.Armed ||
+		sum.RefusedBlocks != rep.Functions[0].Refused {
+		t.Fatalf("summary %+v, report totals %d blocks, %d armed", sum, rep.TotalBlocks, rep.Armed)
+	}
+	if _, err := d.CoverReport("nope"); !errors.Is(err, ErrNoSession) {
+		t.Errorf("CoverReport of no session: %v", err)
 	}
 	f := rep.Functions[0]
 	for _, b := range f.Blocks {

@@ -90,7 +90,14 @@ func TestCoverTargets(t *testing.T) {
 		}
 		var got []string
 		blocks := 0
-		for _, f := range s.Cover.Functions {
+		rep, err := c.CoverReport(ctx, s.ID)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if s.Cover.FunctionCount != len(rep.Functions) || s.Cover.TotalBlocks == 0 {
+			t.Errorf("%s: the session's summary says %d functions, %d blocks; its report has %d functions", tc.name, s.Cover.FunctionCount, s.Cover.TotalBlocks, len(rep.Functions))
+		}
+		for _, f := range rep.Functions {
 			got = append(got, f.Function)
 			blocks += f.Total
 			if f.Error != "" || f.Total == 0 {

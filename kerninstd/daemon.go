@@ -329,7 +329,7 @@ func (d *Daemon) describe(ss *session) api.Session {
 		out.Timers = append(out.Timers, d.timerInfo(t, now))
 	}
 	if ss.cover != nil {
-		out.Cover = d.coverReport(ss)
+		out.Cover = d.coverSummary(ss)
 	}
 	return out
 }
@@ -351,6 +351,11 @@ func (d *Daemon) RemoveSession(id string) (api.Session, error) {
 	}
 	final := d.describe(ss)
 	err := d.removeLocked(ss)
+	if ss.cover != nil {
+		// The final state, every block, made once the probes are gone:
+		// a whole kernel's report is 100 MB, its probes as much again.
+		final.Cover = d.finalCoverReport(ss)
+	}
 	delete(d.sessions, ss.id)
 	return final, err
 }

@@ -47,8 +47,8 @@ func TrackMemoryLimit(ctx context.Context, base uint64, every time.Duration) {
 	}()
 }
 
-// bigSession is the number of probes past which ending a session hands
-// its memory back to the kernel at once.
+// bigSession is the number of probes past which arming or ending a
+// session hands the freed memory back to the kernel at once.
 const bigSession = 10000
 
 // releaseHeapAfter returns the freed heap to the kernel a second after a

@@ -48,6 +48,14 @@ func (d *Daemon) Handler() http.Handler {
 		writeJSON(w, http.StatusOK, s)
 	})
 	mux.HandleFunc("GET /v1/sessions/{id}/samples", d.serveSamples)
+	mux.HandleFunc("GET /v1/sessions/{id}/cover", func(w http.ResponseWriter, r *http.Request) {
+		rep, err := d.CoverReport(r.PathValue("id"))
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, rep)
+	})
 	mux.HandleFunc("GET /v1/sessions", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, d.Sessions())
 	})
@@ -272,6 +280,18 @@ func writeError(w http.ResponseWriter, err error) {
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
+	// A coverage report is streamed, compact, one function at a time:
+	// whole-kernel reports are over 100 MB of JSON.
+	switch v := v.(type) {
+	case api.Session:
+		if v.Cover != nil {
+			v.WriteJSON(w)
+			return
+		}
+	case *api.CoverReport:
+		v.WriteJSON(w, false)
+		return
+	}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	enc.Encode(v)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -73,7 +72,7 @@ func Cover(ctx context.Context, c *api.Client, o CoverOptions, env Env) (int, er
 	}
 	armed := sess.Cover
 	fmt.Fprintf(env.Err, "kinst: %d probes armed in %s over %d blocks of %d functions (%d inferred from their successors, %d refused)",
-		armed.Armed, fmtNS(float64(armed.ArmNS)), armed.TotalBlocks, len(armed.Functions), armed.Inferred, refusedBlocks(armed))
+		armed.Armed, fmtNS(float64(armed.ArmNS)), armed.TotalBlocks, armed.FunctionCount, armed.Inferred, armed.RefusedBlocks)
 	if armed.Filter != "" {
 		fmt.Fprintf(env.Err, "; %s only", armed.Filter)
 	}
@@ -207,14 +206,10 @@ func percent(n, total int) string {
 
 // coverSummary is a coverage session in kinst ls.
 func coverSummary(r *api.CoverReport) string {
-	var fns []string
-	for i, f := range r.Functions {
-		if i == 3 {
-			fns = append(fns, "…")
-			break
-		}
-		fns = append(fns, f.Function)
-	}
 	live := r.Armed - r.Removed
-	return fmt.Sprintf("cover %s (%d/%d blocks, %d probes live)", strings.Join(fns, " "), r.CoveredBlocks, r.TotalBlocks, live)
+	fns := "functions"
+	if r.FunctionCount == 1 {
+		fns = "function"
+	}
+	return fmt.Sprintf("cover %d %s (%d/%d blocks, %d probes live)", r.FunctionCount, fns, r.CoveredBlocks, r.TotalBlocks, live)
 }

@@ -370,22 +370,12 @@ type CoverReportOptions struct {
 // CoverReport prints the live state of a running coverage session, as
 // the final report would show it now.
 func CoverReport(ctx context.Context, c *api.Client, o CoverReportOptions, env Env) error {
-	list, err := c.Sessions(ctx)
+	rep, err := c.CoverReport(ctx, o.Session)
+	if ae := (*api.APIError)(nil); errors.As(err, &ae) && ae.Code == api.CodeNoSession {
+		return fmt.Errorf("no session %q (see kinst ls)", o.Session)
+	}
 	if err != nil {
 		return err
-	}
-	var rep *api.CoverReport
-	for _, s := range list {
-		if s.Name == o.Session || s.ID == o.Session {
-			if s.Cover == nil {
-				return fmt.Errorf("session %s is not a coverage session", o.Session)
-			}
-			rep = s.Cover
-			break
-		}
-	}
-	if rep == nil {
-		return fmt.Errorf("no session %q (see kinst ls)", o.Session)
 	}
 	if err := coverLines(ctx, c, rep, o.Debug, o.Lcov != "", env); err != nil {
 		return err

@@ -167,7 +167,7 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 				fmt.Fprintf(env.Err, "kinst: %s: %v\n", target, err)
 				continue
 			}
-			before := set.Report("", time.Now()).Armed
+			before := set.Summary("", time.Now()).Armed
 			n := add(fns)
 			set.Arm(tg, "kinst", cover.Flag(nil), time.Now)
 			now := set.Report("", time.Now())

@@ -1,12 +1,19 @@
 package cli
 
 import (
+	"github.com/kinst/kinst/api"
 	"encoding/json"
 	"io"
 )
 
 // writeJSON prints v as indented JSON: the form of every --json report.
 func writeJSON(w io.Writer, v any) error {
+	switch v := v.(type) {
+	case api.CoverReport:
+		return v.WriteJSON(w, true) // one function at a time: a whole kernel's is over 100 MB
+	case *api.CoverReport:
+		return v.WriteJSON(w, true)
+	}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)

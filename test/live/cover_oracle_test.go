@@ -258,7 +258,11 @@ func TestCoverKill9(t *testing.T) {
 		at    api.Addr
 	}
 	var sites []site
-	for _, f := range s.Cover.Functions {
+	armed, err := client.CoverReport(ctx, s.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range armed.Functions {
 		for _, b := range f.Blocks {
 			if b.Point != nil {
 				sites = append(sites, site{*b.Point, probeAddr(t, f, b)})
@@ -278,8 +282,12 @@ func TestCoverKill9(t *testing.T) {
 	if err != nil || len(list) != 1 || list[0].Cover == nil {
 		t.Fatalf("sessions %+v, %v", list, err)
 	}
+	now, err := client.CoverReport(ctx, list[0].ID)
+	if err != nil {
+		t.Fatal(err)
+	}
 	live := 0
-	for _, f := range list[0].Cover.Functions {
+	for _, f := range now.Functions {
 		for _, b := range f.Blocks {
 			if b.Point == nil || b.Covered {
 				continue

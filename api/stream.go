@@ -1,0 +1,225 @@
+package api
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+)
+
+// A whole-kernel coverage report has over half a million blocks: over
+// 100 MB of JSON. Marshalled or decoded whole it is held twice over
+// beside the report itself, and kerninstd and kinst were killed for it
+// in a 1 GiB guest. These functions encode and decode it one function at
+// a time, byte for byte as encoding/json does.
+
+// functionsNull is how json.Marshal writes a CoverReport's nil
+// Functions. Inside a string value its quotes would be escaped, so the
+// only match is the member itself.
+var (
+	functionsNull       = []byte(`"functions":null`)
+	functionsNullIndent = []byte(`"functions": null`)
+)
+
+// WriteJSON writes r as json.Marshal does (indent false) or as
+// json.MarshalIndent(r, "", "  ") does, with a newline after it as a
+// json.Encoder writes it (indent true); one function at a time.
+func (r *CoverReport) WriteJSON(w io.Writer, indent bool) error {
+	bw := bufio.NewWriterSize(w, 64<<10)
+	if err := r.writeJSON(bw, indent); err != nil {
+		return err
+	}
+	if indent {
+		bw.WriteByte('\n')
+	}
+	return bw.Flush()
+}
+
+func (r *CoverReport) writeJSON(bw *bufio.Writer, indent bool) error {
+	head := *r
+	head.Functions = nil
+	marshal := func(v any, prefix string) ([]byte, error) {
+		if indent {
+			return json.MarshalIndent(v, prefix, "  ")
+		}
+		return json.Marshal(v)
+	}
+	b, err := marshal(&head, "")
+	if err != nil {
+		return err
+	}
+	null := functionsNull
+	if indent {
+		null = functionsNullIndent
+	}
+	at := bytes.Index(b, null)
+	if r.Functions == nil || at < 0 {
+		_, err := bw.Write(b)
+		return err
+	}
+	bw.Write(b[:at])
+	switch {
+	case len(r.Functions) == 0:
+		bw.Write(null[:len(null)-len("null")])
+		bw.WriteString("[]")
+	case indent:
+		bw.WriteString("\"functions\": [\n    ")
+	default:
+		bw.WriteString(`"functions":[`)
+	}
+	for i := range r.Functions {
+		if i > 0 {
+			if indent {
+				bw.WriteString(",\n    ")
+			} else {
+				bw.WriteByte(',')
+			}
+		}
+		f, err := marshal(&r.Functions[i], "    ")
+		if err != nil {
+			return err
+		}
+		bw.Write(f)
+	}
+	if len(r.Functions) > 0 {
+		if indent {
+			bw.WriteString("\n  ")
+		}
+		bw.WriteByte(']')
+	}
+	_, err = bw.Write(b[at+len(null):])
+	return err
+}
+
+// WriteJSON writes s as compact JSON, byte for byte as json.Marshal does,
+// its coverage report (the last member) through CoverReport.WriteJSON.
+func (s *Session) WriteJSON(w io.Writer) error {
+	if s.Cover == nil {
+		return json.NewEncoder(w).Encode(s)
+	}
+	head := *s
+	head.Cover = nil
+	b, err := json.Marshal(&head)
+	if err != nil {
+		return err
+	}
+	bw := bufio.NewWriterSize(w, 64<<10)
+	// b ends in '}' and has members before it (id, name, created, probes).
+	bw.Write(b[:len(b)-1])
+	bw.WriteString(`,"cover":`)
+	if err := s.Cover.writeJSON(bw, false); err != nil {
+		return err
+	}
+	bw.WriteString("}\n")
+	return bw.Flush()
+}
+
+// ReadJSON decodes a CoverReport from rd as json.Decoder.Decode does,
+// one function at a time.
+func (r *CoverReport) ReadJSON(rd io.Reader) error {
+	dec := json.NewDecoder(rd)
+	if err := delim(dec, '{'); err != nil {
+		return err
+	}
+	return r.readObject(dec)
+}
+
+// ReadJSON decodes a Session from rd as json.Decoder.Decode does, its
+// coverage report one function at a time.
+func (s *Session) ReadJSON(rd io.Reader) error {
+	dec := json.NewDecoder(rd)
+	if err := delim(dec, '{'); err != nil {
+		return err
+	}
+	var cover *CoverReport
+	err := readMembers(dec, s, func(key string) (bool, error) {
+		if key != "cover" {
+			return false, nil
+		}
+		t, err := dec.Token()
+		if err != nil || t == nil {
+			return true, err
+		}
+		if t != json.Delim('{') {
+			return true, fmt.Errorf("cover: %v, want an object", t)
+		}
+		cover = &CoverReport{}
+		return true, cover.readObject(dec)
+	})
+	s.Cover = cover
+	return err
+}
+
+// readObject reads the members of a CoverReport whose '{' dec has read.
+func (r *CoverReport) readObject(dec *json.Decoder) error {
+	var fns []CoverFunction
+	err := readMembers(dec, r, func(key string) (bool, error) {
+		if key != "functions" {
+			return false, nil
+		}
+		t, err := dec.Token()
+		if err != nil || t == nil {
+			return true, err
+		}
+		if t != json.Delim('[') {
+			return true, fmt.Errorf("functions: %v, want an array", t)
+		}
+		fns = []CoverFunction{}
+		for dec.More() {
+			var f CoverFunction
+			if err := dec.Decode(&f); err != nil {
+				return true, err
+			}
+			fns = append(fns, f)
+		}
+		_, err = dec.Token() // ']'
+		return true, err
+	})
+	r.Functions = fns
+	return err
+}
+
+// readMembers reads an object's members up to its '}' (its '{' read):
+// each member that own does not take (false) is decoded into v as
+// json.Unmarshal would, all of them together.
+func readMembers(dec *json.Decoder, v any, own func(key string) (bool, error)) error {
+	rest := map[string]json.RawMessage{}
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		key, _ := t.(string)
+		if took, err := own(key); err != nil {
+			return fmt.Errorf("%s: %w", key, err)
+		} else if took {
+			continue
+		}
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return err
+		}
+		rest[key] = raw
+	}
+	if err := delim(dec, '}'); err != nil {
+		return err
+	}
+	b, err := json.Marshal(rest)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(b, v)
+}
+
+// delim reads the delimiter d.
+func delim(dec *json.Decoder, d json.Delim) error {
+	t, err := dec.Token()
+	if err != nil {
+		return err
+	}
+	if t != d {
+		return fmt.Errorf("json: %v where %v was expected", t, d)
+	}
+	return nil
+}
