@@ -1,8 +1,8 @@
 package cli
 
 import (
-	"github.com/kinst/kinst/api"
 	"encoding/json"
+	"github.com/kinst/kinst/api"
 	"io"
 )
 
