@@ -46,6 +46,10 @@ func (d *Daemon) Handler() http.Handler {
 			return
 		}
 		writeJSON(w, http.StatusOK, s)
+		if s.Cover != nil {
+			// The final report was the last of a big session's memory.
+			releaseHeapAfter(s.Cover.Armed)
+		}
 	})
 	mux.HandleFunc("GET /v1/sessions/{id}/samples", d.serveSamples)
 	mux.HandleFunc("GET /v1/sessions/{id}/cover", func(w http.ResponseWriter, r *http.Request) {
