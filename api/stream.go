@@ -137,12 +137,8 @@ func (s *Session) ReadJSON(rd io.Reader) error {
 		if key != "cover" {
 			return false, nil
 		}
-		t, err := dec.Token()
-		if err != nil || t == nil {
+		if open, err := openOrNull(dec, '{'); !open {
 			return true, err
-		}
-		if t != json.Delim('{') {
-			return true, fmt.Errorf("cover: %v, want an object", t)
 		}
 		cover = &CoverReport{}
 		return true, cover.readObject(dec)
@@ -158,12 +154,8 @@ func (r *CoverReport) readObject(dec *json.Decoder) error {
 		if key != "functions" {
 			return false, nil
 		}
-		t, err := dec.Token()
-		if err != nil || t == nil {
+		if open, err := openOrNull(dec, '['); !open {
 			return true, err
-		}
-		if t != json.Delim('[') {
-			return true, fmt.Errorf("functions: %v, want an array", t)
 		}
 		fns = []CoverFunction{}
 		for dec.More() {
@@ -173,8 +165,7 @@ func (r *CoverReport) readObject(dec *json.Decoder) error {
 			}
 			fns = append(fns, f)
 		}
-		_, err = dec.Token() // ']'
-		return true, err
+		return true, delim(dec, ']')
 	})
 	r.Functions = fns
 	return err
@@ -210,6 +201,18 @@ func readMembers(dec *json.Decoder, v any, own func(key string) (bool, error)) e
 		return err
 	}
 	return json.Unmarshal(b, v)
+}
+
+// openOrNull reads null (false) or the opening delimiter d (true).
+func openOrNull(dec *json.Decoder, d json.Delim) (bool, error) {
+	t, err := dec.Token()
+	if err != nil || t == nil {
+		return false, err
+	}
+	if t != d {
+		return false, fmt.Errorf("json: %v where %v or null was expected", t, d)
+	}
+	return true, nil
 }
 
 // delim reads the delimiter d.
