@@ -30,6 +30,12 @@ type Engine interface {
 	Hit(r *engine.Request) bool
 }
 
+// Poll is how often the owner of a Set looks for probes that have run
+// (Sweep): kerninstd's sessions and kinst cover --user alike. Sooner
+// costs a scan of every live flag more often; later leaves probes that
+// ran spliced, and costing, for longer.
+const Poll = 50 * time.Millisecond
+
 // Set is one coverage run: every block's state (kept compact: a
 // whole-kernel session has over half a million), the totals and the
 // timeline, and the probes still spliced. The report is built from it on

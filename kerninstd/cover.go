@@ -16,8 +16,8 @@ var ErrTooManyProbes = errors.New("too many probes")
 
 // CoverPoll is how often a coverage session looks for probes that have
 // run (a load of each live probe's flag from the counter heap) and
-// removes them, all of one look in one batch.
-const CoverPoll = 50 * time.Millisecond
+// removes them, all of one look in one batch: cover.Poll.
+const CoverPoll = cover.Poll
 
 // coverState is a coverage session: a cover.Set of hit-flag probes, and
 // the poller's stop. Protected by Daemon.mu.

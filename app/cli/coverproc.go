@@ -17,8 +17,9 @@ import (
 )
 
 // CoverPoll is how often `kinst cover --user` looks for probes that have
-// run and removes them (one stop of the process per look that finds any).
-const CoverPoll = 50 * time.Millisecond
+// run and removes them (one stop of the process per look that finds any):
+// cover.Poll, as kerninstd's sessions.
+const CoverPoll = cover.Poll
 
 // CoverProcess is `kinst cover --user -p PID TARGET…` (or -p 0 -- CMD): a
 // hit-flag probe at every block of the targets' functions in a user

@@ -92,7 +92,16 @@ func TestCoverMatchesBlockCounts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep := cov.Cover
+	// The session's description has the totals; its report, the blocks.
+	rep, err := client.CoverReport(ctx, cov.ID)
+	if err != nil {
+		client.RemoveSession(ctx, cov.ID)
+		t.Fatal(err)
+	}
+	if sum := cov.Cover; sum.TotalBlocks != rep.TotalBlocks || sum.Armed != rep.Armed || sum.FunctionCount != len(rep.Functions) {
+		t.Errorf("summary: %d blocks, %d armed, %d functions; report: %d, %d, %d", sum.TotalBlocks, sum.Armed, sum.FunctionCount,
+			rep.TotalBlocks, rep.Armed, len(rep.Functions))
+	}
 	t.Logf("%d blocks, %d probes armed in %v", rep.TotalBlocks, rep.Armed, time.Duration(rep.ArmNS))
 	var points []string
 	for _, f := range rep.Functions {
