@@ -14,11 +14,6 @@ import (
 // the driver can hold.
 var ErrTooManyProbes = errors.New("too many probes")
 
-// CoverPoll is how often a coverage session looks for probes that have
-// run (a load of each live probe's flag from the counter heap) and
-// removes them, all of one look in one batch: cover.Poll.
-const CoverPoll = cover.Poll
-
 // coverState is a coverage session: a cover.Set of hit-flag probes, and
 // the poller's stop. Protected by Daemon.mu.
 type coverState struct {
@@ -85,7 +80,9 @@ func (d *Daemon) createCover(req api.SessionRequest) (api.Session, error) {
 	d.startTTL(ss, time.Duration(req.TTLNS))
 	// The ticker is made before the session is returned: a client that
 	// sees the session sees it polled.
-	tick, stop := d.clock.NewTicker(CoverPoll)
+	// Every cover.Poll the poller loads each live probe's flag from the
+	// counter heap and removes the probes that ran, in one batch.
+	tick, stop := d.clock.NewTicker(cover.Poll)
 	go d.pollCover(ss, tick, stop)
 	// Planning and arming a big session leave as much garbage as it
 	// holds: handed back, not kept for the session's life.

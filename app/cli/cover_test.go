@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kinst/kinst/kerninstd"
+	"github.com/kinst/kinst/cover"
 	"github.com/kinst/kinst/kerninstd/kerninstdtest"
 )
 
@@ -38,10 +38,10 @@ func TestGoldenCover(t *testing.T) {
 				f.streaming(2) // the coverage poller's and the sample stream's tickers
 				f.must(f.s.Kernel.Count(kerninstdtest.Addr("filename_lookup", 0xb), 5))
 				f.must(f.s.Kernel.Count(kerninstdtest.Addr("path_openat", 0x9), 1))
-				f.s.Clock.Advance(kerninstd.CoverPoll)
+				f.s.Clock.Advance(cover.Poll)
 				f.covered(2)
 				f.must(f.s.Kernel.Count(kerninstdtest.Addr("filename_lookup", 0x1f), 1))
-				f.s.Clock.Advance(2 * kerninstd.CoverPoll)
+				f.s.Clock.Advance(2 * cover.Poll)
 				f.covered(3)
 				fmt.Fprintln(stdout, "workload: done")
 				return 3

@@ -13,10 +13,10 @@ import (
 	"testing"
 
 	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/cover"
 	"github.com/kinst/kinst/debuginfo"
 	"github.com/kinst/kinst/debuginfo/debuginfotest"
 	"github.com/kinst/kinst/internal/elfsym"
-	"github.com/kinst/kinst/kerninstd"
 	"github.com/kinst/kinst/kerninstd/kerninstdtest"
 )
 
@@ -91,7 +91,7 @@ func TestGoldenCoverReport(t *testing.T) {
 			f.workloads["opens"] = func(stdout io.Writer) int {
 				f.streaming(2)
 				f.must(f.s.Kernel.Count(kerninstdtest.Addr("filename_lookup", 0xb), 5))
-				f.s.Clock.Advance(kerninstd.CoverPoll)
+				f.s.Clock.Advance(cover.Poll)
 				f.covered(1)
 				f.must(CoverReport(context.Background(), f.c, CoverReportOptions{Session: "cov", JSON: asJSON}, Env{Out: &mid, Err: &midErr}))
 				if err := CoverReport(context.Background(), f.c, CoverReportOptions{Session: "nosuch"}, Env{Out: io.Discard, Err: io.Discard}); err == nil ||

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/kinst/kinst/api"
-	"github.com/kinst/kinst/kerninstd"
+	"github.com/kinst/kinst/cover"
 	"github.com/kinst/kinst/kerninstd/kerninstdtest"
 )
 
@@ -48,11 +48,11 @@ func TestCoverPlot(t *testing.T) {
 	f.workloads["opens"] = func(io.Writer) int {
 		f.streaming(2)
 		f.must(f.s.Kernel.Count(kerninstdtest.Addr("do_sys_openat2", 0x9), 1))
-		f.s.Clock.Advance(kerninstd.CoverPoll)
+		f.s.Clock.Advance(cover.Poll)
 		f.covered(1)
 		f.must(f.s.Kernel.Count(kerninstdtest.Addr("do_filp_open", 0x9), 1))
 		f.must(f.s.Kernel.Count(kerninstdtest.Addr("putname", 0x9), 1))
-		f.s.Clock.Advance(3 * kerninstd.CoverPoll)
+		f.s.Clock.Advance(3 * cover.Poll)
 		f.covered(3)
 		f.s.Clock.Advance(time.Second)
 		return 0
@@ -112,9 +112,9 @@ func TestCoverPlot(t *testing.T) {
 	// The fake clock makes the timeline exact: armed 3, one block seen
 	// at the first poll, two more at the second; the session ends after
 	// the workload's last second.
-	wantTL := []api.CoverSample{{LiveProbes: 3}, {ElapsedNS: int64(kerninstd.CoverPoll), LiveProbes: 2, Covered: 1},
-		{ElapsedNS: int64(2 * kerninstd.CoverPoll), Covered: 3}}
-	if fmt.Sprint(rep.Timeline) != fmt.Sprint(wantTL) || rep.Armed != 3 || rep.DurationNS != int64(4*kerninstd.CoverPoll+time.Second) {
+	wantTL := []api.CoverSample{{LiveProbes: 3}, {ElapsedNS: int64(cover.Poll), LiveProbes: 2, Covered: 1},
+		{ElapsedNS: int64(2 * cover.Poll), Covered: 3}}
+	if fmt.Sprint(rep.Timeline) != fmt.Sprint(wantTL) || rep.Armed != 3 || rep.DurationNS != int64(4*cover.Poll+time.Second) {
 		t.Fatalf("armed %d, duration %d, timeline %+v; want 3, 1.2 s and %+v", rep.Armed, rep.DurationNS, rep.Timeline, wantTL)
 	}
 	// Steps: the first point, then two per change (across, then down),

@@ -16,11 +16,6 @@ import (
 	"github.com/kinst/kinst/process"
 )
 
-// CoverPoll is how often `kinst cover --user` looks for probes that have
-// run and removes them (one stop of the process per look that finds any):
-// cover.Poll, as kerninstd's sessions.
-const CoverPoll = cover.Poll
-
 // CoverProcess is `kinst cover --user -p PID TARGET…` (or -p 0 -- CMD): a
 // hit-flag probe at every block of the targets' functions in a user
 // process, each removed once it has run, as kerninstd does for the
@@ -88,7 +83,7 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 		fns, err := tg.Functions(target)
 		if errors.Is(err, process.ErrNoLibrary) {
 			pending = append(pending, target)
-			fmt.Fprintf(env.Err, "kinst: %s: the library is not loaded yet; its probes are armed when the process loads it (kinst looks every %s: what runs before is not seen)\n", target, CoverPoll)
+			fmt.Fprintf(env.Err, "kinst: %s: the library is not loaded yet; its probes are armed when the process loads it (kinst looks every %s: what runs before is not seen)\n", target, cover.Poll)
 			continue
 		}
 		if err != nil {
@@ -191,7 +186,7 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 	if o.Duration == 0 && r.cmd == nil {
 		fmt.Fprintln(env.Err, "kinst: covering; Ctrl-C to stop")
 	}
-	dur := r.run(ctx, o.Duration, CoverPoll, func(time.Duration) { sweep() })
+	dur := r.run(ctx, o.Duration, cover.Poll, func(time.Duration) { sweep() })
 	if r.live() {
 		sweep() // the last hits count
 	} else {
@@ -200,7 +195,7 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 		set.Mark(tg, time.Now())
 	}
 	for _, target := range pending {
-		fmt.Fprintf(env.Err, "kinst: %s: the library was not seen loaded (kinst looks every %s): nothing of it was covered\n", target, CoverPoll)
+		fmt.Fprintf(env.Err, "kinst: %s: the library was not seen loaded (kinst looks every %s): nothing of it was covered\n", target, cover.Poll)
 	}
 	status := r.finish(func() []error {
 		_, err := set.Remove(tg)

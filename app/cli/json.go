@@ -2,8 +2,9 @@ package cli
 
 import (
 	"encoding/json"
-	"github.com/kinst/kinst/api"
 	"io"
+
+	"github.com/kinst/kinst/api"
 )
 
 // writeJSON prints v as indented JSON: the form of every --json report.
