@@ -168,11 +168,29 @@ func TestCoverSourceLines(t *testing.T) {
 	t.Logf("offline: first lines of %d blocks equal addr2line's", checkFirstLines(t, rep, vmlinux, slide))
 
 	// 2. kinst cover --file on the host, against the guest's kerninstd,
-	// under a workload in the guest.
-	gsh(t, ctx, "(sleep 2; kinst workload stat 300 /) >/dev/null 2>&1 &")
+	// under a workload in the guest. The workload starts once the session
+	// is listed (armed): started on a timer instead, it could finish
+	// before a slow host had opened the debug vmlinux and armed, and the
+	// session then covered nothing (seen once in CI).
 	start = time.Now()
-	out, stderr := hostKinst(t, "cover", "--addr", guest.KerninstdAddr(), "--token-file", guest.TokenFile(), "--file", "fs/stat.c", "--vmlinux", vmlinux,
-		"--duration", "8s", "--json", "--lcov", filepath.Join(dir, "stat.info"), "--name", "filecov")
+	cmd := exec.Command(filepath.Join(live.Bin, "kinst"), "cover", "--addr", guest.KerninstdAddr(), "--token-file", guest.TokenFile(),
+		"--file", "fs/stat.c", "--vmlinux", vmlinux, "--duration", "8s", "--json", "--lcov", filepath.Join(dir, "stat.info"), "--name", "filecov")
+	var outb, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &outb, &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	armed := waitArmed(ctx, "filecov")
+	if armed {
+		gsh(t, ctx, "kinst workload stat 300 / >/dev/null 2>&1")
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("kinst cover --file: %v\n%s", err, errb.String())
+	}
+	if !armed {
+		t.Fatalf("session filecov never listed while kinst cover --file ran\n%s", errb.String())
+	}
+	out, stderr := outb.String(), errb.String()
 	t.Logf("kinst cover --file fs/stat.c: %v\n%s", time.Since(start), stderr)
 	var frep api.CoverReport
 	if err := json.Unmarshal([]byte(out), &frep); err != nil {
@@ -194,4 +212,22 @@ func TestCoverSourceLines(t *testing.T) {
 		t.Errorf("after kinst cover --file: %+v, %v", info, err)
 	}
 	noOops(t, ctx, "kinst cover --file")
+}
+
+// waitArmed reports whether a session called name is listed by kerninstd
+// within a minute: kerninstd lists a session once its probes are armed.
+func waitArmed(ctx context.Context, name string) bool {
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		list, err := client.Sessions(ctx)
+		if err == nil {
+			for _, s := range list {
+				if s.Name == name {
+					return true
+				}
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return false
 }
