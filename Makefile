@@ -12,7 +12,7 @@ export CGO_ENABLED := 0
 # even where the Go configuration turns stamping off (not from a tarball).
 BUILDVCS := $(if $(wildcard .git),-buildvcs=true)
 
-.PHONY: all deps build demo drilldown test unit fuzz vm-up vm-down clean
+.PHONY: all deps build install docs demo drilldown test unit fuzz vm-up vm-down clean
 
 all: build
 
@@ -27,6 +27,19 @@ build:
 	@mkdir -p bin
 	$(GO) build -trimpath $(BUILDVCS) -o bin/kinst ./cmd/kinst
 	$(GO) build -trimpath $(BUILDVCS) -o bin/kerninstd ./cmd/kerninstd
+
+# The binaries and the man pages (kinst(1), kinst-count(1), …) under
+# $(DESTDIR)$(PREFIX).
+PREFIX ?= /usr/local
+install: build
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1
+	install -m 755 bin/kinst bin/kerninstd $(DESTDIR)$(PREFIX)/bin/
+	install -m 644 docs/man/*.1 $(DESTDIR)$(PREFIX)/share/man/man1/
+
+# docs/commands.md and docs/man from the command table (a unit test
+# fails when they drift).
+docs:
+	$(GO) generate ./cmd/kinst
 
 demo: deps build
 	@scripts/demo.sh

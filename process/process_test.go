@@ -665,7 +665,7 @@ func TestDetachUnderSignals(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A direct splice: its patch is the only code of kinst's a thread
-	// can be in (a springboard slot is text; see the README's caveat).
+	// can be in (a springboard slot is text; see docs/processes.md).
 	s, err := tg.ResolveAs("mix", springboard.Direct)
 	if err != nil {
 		t.Skip(err)

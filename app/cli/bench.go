@@ -22,7 +22,7 @@ func BenchSplice(ctx context.Context, c *api.Client, point string, cycles int, k
 	// before kinst's own cycles: in the emulated guest, tracefs kprobe
 	// events toggled right after a long splice burst once left a CPU
 	// looping on the int3 of a static-call update in __schedule; see the
-	// README's known issues.)
+	// known issue in docs/splicing.md.)
 	r0, err := c.Resolve(ctx, point)
 	if err != nil {
 		return err

@@ -113,7 +113,7 @@ func TestOffCPURejects(t *testing.T) {
 	}
 }
 
-// offCPUKeys are the keys README.md lists as the stable shape of
+// offCPUKeys are the keys docs/json.md lists as the stable shape of
 // `kinst offcpu --json`, of the report and of each top stack.
 var offCPUKeys = [2][]string{
 	{"mode", "attach", "duration_ns", "period_ns", "passes", "thread_visits", "unreadable", "lost", "distinct_stacks", "total_off_cpu_ns", "top"},

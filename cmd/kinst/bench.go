@@ -55,7 +55,7 @@ var benchSpliceCommand = &command{
 liveness), patch allocation, codegen (build and verify, with relocation),
 patch write, springboard slot, splice and unsplice, free. --kprobe times
 the same request as a tracefs kprobe first (run it in a VM booted with
-kinst vm up --accel tcg-single: see README.md's known issue).`,
+kinst vm up --accel tcg-single: see docs/splicing.md's known issue).`,
 	daemon: true, report: true,
 	setup: func(fs *pflag.FlagSet) runFunc {
 		cycles := fs.IntP("cycles", "n", 1000, "splice/unsplice cycles")

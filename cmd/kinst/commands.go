@@ -109,7 +109,7 @@ func (c *command) flagSet(path string, g *globals, stderr io.Writer) (*pflag.Fla
 // everywhere.
 
 func jsonFlag(fs *pflag.FlagSet, p *bool, what string) {
-	fs.BoolVar(p, "json", false, "print "+what+" as JSON (shapes in README.md; types in package api)")
+	fs.BoolVar(p, "json", false, "print "+what+" as JSON (shapes in docs/json.md; types in package api)")
 }
 
 // jsonCmdFlag is --json for commands that run -- CMD.
@@ -154,7 +154,7 @@ func init() {
 	commands = []*command{
 		countCommand, coverCommand, timeCommand, waitersCommand, drilldownCommand, watchCommand, lsCommand, detachCommand,
 		rdCommand, cfgCommand, benchCommand, offcpuCommand, unwindCommand, coreCommand, vmCommand, driverCommand,
-		versionCommand, completionCommand, workloadCommand, helpCommand,
+		versionCommand, completionCommand, workloadCommand, helpCommand, gendocsCommand,
 	}
 }
 

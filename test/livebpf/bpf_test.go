@@ -170,7 +170,7 @@ func TestRefusedWithoutDriver(t *testing.T) {
 
 // TestRequestTime times a count request's attach and detach through
 // kerninstd's API by each mechanism, five times each, and logs the
-// medians: a figure for the README, compared with the splices' (kinst
+// medians: a figure for docs/setup.md, compared with the splices' (kinst
 // bench splice), not asserted.
 func TestRequestTime(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)

@@ -4,7 +4,7 @@
 // known length, the whole-kernel census against tracefs and /proc,
 // a splice/unsplice burst under load, and ps and bt on a dump of the
 // guest against its own ps and /proc/PID/stack. Figures (boot to first
-// count, census sizes and time) are logged for the README's table.
+// count, census sizes and time) are logged for docs/setup.md's table.
 //
 // KINST_COMPAT_KERNELS (space-separated releases) replaces the list.
 package livecompat
