@@ -5,17 +5,17 @@
 // --user), through whichever engine.Engine splices its text.
 //
 // A Set is not safe for concurrent use: its owner serialises Arm, Sweep,
-// Remove and Report (kerninstd under Daemon.mu; the process command from
+// Remove, Summary and Functions (kerninstd under Daemon.mu; the process command from
 // one goroutine).
 package cover
 
 import (
 	"errors"
 	"fmt"
+	"iter"
 	"slices"
 	"time"
 
-	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/codegen"
 	"github.com/kinst/kinst/engine"
 	"github.com/kinst/kinst/kernel"
@@ -38,8 +38,8 @@ const Poll = 50 * time.Millisecond
 
 // Set is one coverage run: every block's state (kept compact: a
 // whole-kernel session has over half a million), the totals and the
-// timeline, and the probes still spliced. The report is built from it on
-// demand (Report, Summary).
+// timeline, and the probes still spliced. What it reports is built on
+// demand (Summary, Functions).
 type Set struct {
 	filter   string
 	fns      []function
@@ -48,7 +48,7 @@ type Set struct {
 
 	covered, inferred, coveredInferred, removed, armedN int
 	armNS                                               int64
-	timeline                                            []api.CoverSample
+	timeline                                            []Sample
 
 	pending []Probe // planned by Add, spliced by Arm
 	live    []Probe
@@ -66,8 +66,8 @@ type Set struct {
 	noProbe map[blockRef]int32 // why an inferred block could take no probe (a reason index + 1)
 }
 
-// function is one function of the run (api.CoverFunction without the
-// per-block strings).
+// function is one function of the run (Function without the per-block
+// strings).
 type function struct {
 	name, module     string
 	addr             uint64
@@ -76,8 +76,8 @@ type function struct {
 	blocks           []block
 }
 
-// block is one block's state: 32 bytes, where its api.CoverBlock with
-// its point's string takes about 130.
+// block is one block's state: 32 bytes, where its Block (or
+// api.CoverBlock) with its point's string takes about 130.
 type block struct {
 	start uint64
 	size  uint32
@@ -98,7 +98,7 @@ const (
 type blockRef struct{ f, b int32 }
 
 // Probe is one block's probe: the request, once armed, and the block it
-// is for (Report().Functions[Function].Blocks[Block]).
+// is for (the Function-th of Functions, its Block-th block).
 type Probe struct {
 	Request         *engine.Request
 	Function, Block int32
@@ -286,9 +286,9 @@ func (s *Set) Arm(eng Engine, owner string, snippet engine.SnippetFunc, now func
 	}
 	s.pending = nil
 	s.armedN = len(s.live) + s.removed
-	sample := api.CoverSample{LiveProbes: len(s.live), Covered: s.covered}
+	sample := Sample{LiveProbes: len(s.live), Covered: s.covered}
 	if !first {
-		sample.ElapsedNS = int64(end.Sub(s.armed))
+		sample.Elapsed = end.Sub(s.armed)
 	}
 	s.timeline = append(s.timeline, sample)
 }
@@ -335,7 +335,7 @@ func (s *Set) Sweep(eng Engine, now time.Time) map[*engine.Request]error {
 		}
 		s.removed++
 	}
-	s.timeline = append(s.timeline, api.CoverSample{ElapsedNS: int64(now.Sub(s.armed)),
+	s.timeline = append(s.timeline, Sample{Elapsed: now.Sub(s.armed),
 		LiveProbes: len(s.live), Covered: s.covered})
 	return failed
 }
@@ -352,7 +352,7 @@ func (s *Set) Mark(eng Engine, now time.Time) {
 		p.covered = true
 		s.markCovered(blockRef{p.Function, p.Block})
 	}
-	s.timeline = append(s.timeline, api.CoverSample{ElapsedNS: int64(now.Sub(s.armed)),
+	s.timeline = append(s.timeline, Sample{Elapsed: now.Sub(s.armed),
 		LiveProbes: len(s.live), Covered: s.covered})
 }
 
@@ -444,50 +444,90 @@ func (s *Set) Armed() int { return s.armedN }
 // Live is the probes still spliced.
 func (s *Set) Live() []Probe { return s.live }
 
-// Summary is the coverage's totals and timeline as of now, named
-// session, without the functions (FunctionCount and RefusedBlocks count
-// them): what a session's description carries.
-func (s *Set) Summary(session string, now time.Time) *api.CoverReport {
-	rep := &api.CoverReport{Session: session, Filter: s.filter, CoveredBlocks: s.covered, Armed: s.armedN,
-		Inferred: s.inferred, CoveredInferred: s.coveredInferred, Removed: s.removed, ArmNS: s.armNS,
-		DurationNS: int64(now.Sub(s.armed)), FunctionCount: len(s.fns),
-		Timeline: append([]api.CoverSample{}, s.timeline...)}
-	for i := range s.fns {
-		rep.TotalBlocks += len(s.fns[i].blocks)
-		rep.RefusedBlocks += int(s.fns[i].refused)
-	}
-	return rep
+// Sample is the coverage at one moment of the run.
+type Sample struct {
+	Elapsed    time.Duration // since the probes were armed
+	LiveProbes int           // probes still spliced
+	Covered    int           // blocks covered so far
 }
 
-// Report is the coverage as of now, named session: the summary and every
-// function's blocks, built afresh (the caller owns it).
-func (s *Set) Report(session string, now time.Time) *api.CoverReport {
-	rep := s.Summary(session, now)
-	rep.Functions = make([]api.CoverFunction, len(s.fns))
-	for i := range s.fns {
-		rep.Functions[i] = s.fns[i].report(s.reasons)
-	}
-	return rep
+// Summary is the run's totals and timeline as of a moment: what a
+// session's description carries (package report makes the api's
+// CoverReport of it).
+type Summary struct {
+	Filter                                  string // whose execution covers ("pid 42"); "" everyone's
+	Functions, TotalBlocks, RefusedBlocks   int
+	CoveredBlocks, Armed, Inferred, Removed int
+	CoveredInferred                         int
+	Arm                                     time.Duration // from the first probe's splice to the last's
+	Duration                                time.Duration // since arming
+	Timeline                                []Sample
 }
 
-// report is f as the report gives it; reasons are the Set's.
-func (f *function) report(reasons []string) api.CoverFunction {
-	cf := api.CoverFunction{Function: f.name, Module: f.module, Address: api.Addr(f.addr), Total: len(f.blocks),
-		Covered: int(f.covered), Refused: int(f.refused), Error: f.err, Blocks: make([]api.CoverBlock, len(f.blocks))}
+// Function is one function's blocks as of now (Functions).
+type Function struct {
+	Name, Module     string
+	Addr             uint64
+	Covered, Refused int
+	Error            string // why it could not be read (no blocks)
+	Blocks           []Block
+}
+
+// Block is one block's state: its index in the function's CFG (kinst
+// cfg), its range, the instruction probed (FUNC+0xOFF; "" none) or why
+// none could be.
+type Block struct {
+	Index             int
+	Start, End        uint64
+	Inferred, Covered bool
+	Point, Refused    string
+}
+
+// Summary is the coverage's totals and timeline as of now, without the
+// functions (Functions gives them).
+func (s *Set) Summary(now time.Time) Summary {
+	sum := Summary{Filter: s.filter, CoveredBlocks: s.covered, Armed: s.armedN, Inferred: s.inferred,
+		CoveredInferred: s.coveredInferred, Removed: s.removed, Arm: time.Duration(s.armNS),
+		Duration: now.Sub(s.armed), Functions: len(s.fns), Timeline: slices.Clone(s.timeline)}
+	if sum.Timeline == nil {
+		sum.Timeline = []Sample{}
+	}
+	for i := range s.fns {
+		sum.TotalBlocks += len(s.fns[i].blocks)
+		sum.RefusedBlocks += int(s.fns[i].refused)
+	}
+	return sum
+}
+
+// Functions yields every function of the run with its blocks, built
+// afresh one at a time (a whole kernel's at once would double a big
+// session's memory while its report is written).
+func (s *Set) Functions() iter.Seq[Function] {
+	return func(yield func(Function) bool) {
+		for i := range s.fns {
+			if !yield(s.fns[i].state(s.reasons)) {
+				return
+			}
+		}
+	}
+}
+
+// state is f as Functions gives it; reasons are the Set's.
+func (f *function) state(reasons []string) Function {
+	out := Function{Name: f.name, Module: f.module, Addr: f.addr, Covered: int(f.covered), Refused: int(f.refused),
+		Error: f.err, Blocks: make([]Block, len(f.blocks))}
 	for i, b := range f.blocks {
-		cb := api.CoverBlock{Index: int(b.index), Inferred: b.flags&blockInferred != 0, Start: api.Addr(b.start),
-			End: api.Addr(b.start + uint64(b.size)), Covered: b.flags&blockCovered != 0, Lines: []string{}}
+		cb := Block{Index: int(b.index), Inferred: b.flags&blockInferred != 0, Start: b.start,
+			End: b.start + uint64(b.size), Covered: b.flags&blockCovered != 0}
 		if b.probe != 0 {
-			at := fmt.Sprintf("%s+%#x", f.name, b.probe-1)
-			cb.Point = &at
+			cb.Point = fmt.Sprintf("%s+%#x", f.name, b.probe-1)
 		}
 		if b.why != 0 {
-			why := reasons[b.why-1]
-			cb.Refused = &why
+			cb.Refused = reasons[b.why-1]
 		}
-		cf.Blocks[i] = cb
+		out.Blocks[i] = cb
 	}
-	return cf
+	return out
 }
 
 // Sites is the probe sites Add would plan for f's blocks, in block order

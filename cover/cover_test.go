@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"slices"
 	"testing"
 	"time"
 
@@ -83,7 +84,7 @@ func TestSetLifecycle(t *testing.T) {
 	clock := time.Unix(1000, 0)
 	now := func() time.Time { clock = clock.Add(time.Millisecond); return clock }
 	s.Arm(f.e, "test", Flag(nil), now)
-	rep := s.Report("t", clock)
+	rep := snap(s, clock)
 	if rep.Armed == 0 || rep.Armed+rep.Functions[0].Refused != rep.TotalBlocks || rep.TotalBlocks != len(rep.Functions[0].Blocks) {
 		t.Fatalf("armed %d, refused %d, total %d, blocks %d", rep.Armed, rep.Functions[0].Refused, rep.TotalBlocks, len(rep.Functions[0].Blocks))
 	}
@@ -91,12 +92,12 @@ func TestSetLifecycle(t *testing.T) {
 		t.Fatalf("%d splices for %d probes", len(f.k.Splices), rep.Armed)
 	}
 	for _, b := range rep.Functions[0].Blocks {
-		if (b.Point == nil) == (b.Refused == nil) {
-			t.Errorf("block %d: point %v, refused %v: want exactly one", b.Index, b.Point, b.Refused)
+		if (b.Point == "") == (b.Refused == "") {
+			t.Errorf("block %d: point %q, refused %q: want exactly one", b.Index, b.Point, b.Refused)
 		}
 	}
-	if failed := s.Sweep(f.e, now()); failed != nil || len(s.Report("t", clock).Timeline) != 1 {
-		t.Fatalf("a sweep with nothing hit: %v, timeline %v", failed, s.Report("t", clock).Timeline)
+	if failed := s.Sweep(f.e, now()); failed != nil || len(snap(s, clock).Timeline) != 1 {
+		t.Fatalf("a sweep with nothing hit: %v, timeline %v", failed, snap(s, clock).Timeline)
 	}
 
 	// Two probes run; the first's removal fails once.
@@ -112,14 +113,14 @@ func TestSetLifecycle(t *testing.T) {
 	}
 	eng := failing{f.e, map[*engine.Request]bool{a: true}}
 	failed := s.Sweep(eng, now())
-	rep = s.Report("t", clock)
+	rep = snap(s, clock)
 	if len(failed) != 1 || failed[a] == nil || rep.CoveredBlocks != 2 || rep.Removed != 1 || len(s.Live()) != len(live)-1 {
 		t.Fatalf("sweep: failed %v, covered %d, removed %d, live %d (of %d)", failed, rep.CoveredBlocks, rep.Removed, len(s.Live()), len(live))
 	}
 	if failed := s.Sweep(f.e, now()); len(failed) != 0 {
 		t.Fatalf("retry: %v", failed)
 	}
-	rep = s.Report("t", clock)
+	rep = snap(s, clock)
 	if rep.CoveredBlocks != 2 || rep.Removed != 2 || rep.Functions[0].Covered != 2 {
 		t.Errorf("after the retry: covered %d (function %d), removed %d; want 2, 2", rep.CoveredBlocks, rep.Functions[0].Covered, rep.Removed)
 	}
@@ -131,11 +132,11 @@ func TestSetLifecycle(t *testing.T) {
 	c := s.Live()[0].Request
 	f.k.Count(c.Site().Addr(), 1)
 	s.Mark(f.e, now())
-	if rep = s.Report("t", clock); rep.CoveredBlocks != 3 || len(s.Live()) != len(live)-2 {
+	if rep = snap(s, clock); rep.CoveredBlocks != 3 || len(s.Live()) != len(live)-2 {
 		t.Errorf("mark: covered %d, live %d", rep.CoveredBlocks, len(s.Live()))
 	}
 	s.Mark(f.e, now()) // again: not counted twice
-	if rep = s.Report("t", clock); rep.CoveredBlocks != 3 {
+	if rep = snap(s, clock); rep.CoveredBlocks != 3 {
 		t.Errorf("mark twice: covered %d", rep.CoveredBlocks)
 	}
 
@@ -157,16 +158,16 @@ func TestSetRefusals(t *testing.T) {
 	s := f.set(t, "filename_lookup")
 	s.AddUnreadable(kernel.Symbol{Name: "gone", Addr: 0x1234}, errors.New("not mapped"))
 	s.Arm(f.e, "test", Flag(nil), time.Now)
-	rep := s.Report("t", time.Now())
-	if rep.Armed != 0 || len(s.Live()) != 0 || rep.Functions[0].Refused != rep.Functions[0].Total {
-		t.Errorf("armed %d, live %d, refused %d of %d", rep.Armed, len(s.Live()), rep.Functions[0].Refused, rep.Functions[0].Total)
+	rep := snap(s, time.Now())
+	if rep.Armed != 0 || len(s.Live()) != 0 || rep.Functions[0].Refused != len(rep.Functions[0].Blocks) {
+		t.Errorf("armed %d, live %d, refused %d of %d", rep.Armed, len(s.Live()), rep.Functions[0].Refused, len(rep.Functions[0].Blocks))
 	}
 	for _, b := range rep.Functions[0].Blocks {
-		if b.Refused == nil || *b.Refused == "" {
+		if b.Refused == "" {
 			t.Errorf("block %d: no reason", b.Index)
 		}
 	}
-	if g := rep.Functions[1]; g.Function != "gone" || g.Error != "not mapped" || len(g.Blocks) != 0 {
+	if g := rep.Functions[1]; g.Name != "gone" || g.Error != "not mapped" || len(g.Blocks) != 0 {
 		t.Errorf("unreadable function: %+v", g)
 	}
 	if len(f.k.Splices) != 0 {
@@ -191,4 +192,15 @@ func TestSites(t *testing.T) {
 			t.Errorf("sites out of block order: %#x after %#x", sites[i].Addr(), sites[i-1].Addr())
 		}
 	}
+}
+
+// snapshot is what the tests read of a Set: its summary and every
+// function (the outer Functions shadows the summary's count).
+type snapshot struct {
+	Summary
+	Functions []Function
+}
+
+func snap(s *Set, now time.Time) snapshot {
+	return snapshot{s.Summary(now), slices.Collect(s.Functions())}
 }

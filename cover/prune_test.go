@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/engine"
 	"github.com/kinst/kinst/kernel"
@@ -132,7 +131,7 @@ func (e *pathEngine) Hit(r *engine.Request) bool              { return e.ran[e.a
 // covered plays the blocks of path (cfg indices) of fn's function under a
 // Set, all blocks or not, and returns the covered block indices and the
 // number of probes.
-func covered(t *testing.T, name string, path []int, all bool) ([]int, *api.CoverReport) {
+func covered(t *testing.T, name string, path []int, all bool) ([]int, snapshot) {
 	f := pruneFunc(t, name)
 	s := New("")
 	if all {
@@ -149,7 +148,7 @@ func covered(t *testing.T, name string, path []int, all bool) ([]int, *api.Cover
 		}
 		s.Sweep(e, now) // a sweep between blocks: the inference holds at any instant
 	}
-	rep := s.Report("t", now)
+	rep := snap(s, now)
 	var got []int
 	for _, b := range rep.Functions[0].Blocks {
 		if b.Covered {
@@ -189,7 +188,7 @@ func TestPrunedEqualsAllBlocks(t *testing.T) {
 					}
 				}
 				for _, b := range whole {
-					if !slices.Contains(pruned, b) && !prep.Functions[0].Blocks[slices.IndexFunc(prep.Functions[0].Blocks, func(x api.CoverBlock) bool { return x.Index == b })].Inferred {
+					if !slices.Contains(pruned, b) && !prep.Functions[0].Blocks[slices.IndexFunc(prep.Functions[0].Blocks, func(x Block) bool { return x.Index == b })].Inferred {
 						t.Errorf("%s path %v: pruned misses probed block %d", tc.fn, path, b)
 					}
 				}
@@ -212,19 +211,19 @@ func TestInferenceFallsBack(t *testing.T) {
 	e := &pathEngine{at: map[*engine.Request]uint64{}, ran: map[uint64]bool{}, fail: map[uint64]bool{pruneBase + 0x0e: true}}
 	now := time.Unix(0, 0)
 	s.Arm(e, "test", Flag(nil), func() time.Time { return now })
-	rep := s.Report("t", now)
-	blocks := map[int]api.CoverBlock{}
+	rep := snap(s, now)
+	blocks := map[int]Block{}
 	for _, b := range rep.Functions[0].Blocks {
 		blocks[b.Index] = b
 	}
-	if rep.Inferred != 1 || !blocks[1].Inferred || blocks[0].Inferred || blocks[0].Point == nil || blocks[5].Refused == nil || rep.Armed != 3 {
+	if rep.Inferred != 1 || !blocks[1].Inferred || blocks[0].Inferred || blocks[0].Point == "" || blocks[5].Refused == "" || rep.Armed != 3 {
 		t.Fatalf("after B5 was refused: inferred %d, armed %d, blocks %+v", rep.Inferred, rep.Armed, blocks)
 	}
 	for _, a := range []uint64{0x00, 0x04, 0x08} { // B0, B1, B2
 		e.ran[pruneBase+a] = true
 	}
 	s.Sweep(e, now)
-	rep = s.Report("t", now)
+	rep = snap(s, now)
 	var got []int
 	for _, b := range rep.Functions[0].Blocks {
 		if b.Covered {

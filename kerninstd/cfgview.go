@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/report"
 	"github.com/kinst/kinst/splice"
 )
 
@@ -17,5 +18,5 @@ func (d *Daemon) FunctionCFG(name string) (api.CFG, error) {
 	if err != nil {
 		return api.CFG{}, err
 	}
-	return f.CFG(), nil
+	return report.CFG(f), nil
 }

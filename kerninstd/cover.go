@@ -8,6 +8,7 @@ import (
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/cover"
+	"github.com/kinst/kinst/report"
 )
 
 // ErrTooManyProbes is matched by a coverage request with more probes than
@@ -87,9 +88,9 @@ func (d *Daemon) createCover(req api.SessionRequest) (api.Session, error) {
 	// Planning and arming a big session leave as much garbage as it
 	// holds: handed back, not kept for the session's life.
 	releaseHeapAfter(set.Armed())
-	rep := set.Summary(ss.id, d.clock.Now())
-	d.log.Info("coverage armed", "session", ss.id, "functions", rep.FunctionCount, "blocks", rep.TotalBlocks,
-		"probes", rep.Armed, "arm", time.Duration(rep.ArmNS), "filter", desc)
+	sum := set.Summary(d.clock.Now())
+	d.log.Info("coverage armed", "session", ss.id, "functions", sum.Functions, "blocks", sum.TotalBlocks,
+		"probes", sum.Armed, "arm", sum.Arm, "filter", desc)
 	return d.describe(ss), nil
 }
 
@@ -124,13 +125,13 @@ func (d *Daemon) sweepCover(ss *session, now time.Time) {
 // caller holds d.mu. A session's description carries only the summary
 // (coverSummary): a whole-kernel session's blocks are half a million.
 func (d *Daemon) coverReport(ss *session) *api.CoverReport {
-	return ss.cover.set.Report(ss.name, d.clock.Now())
+	return report.Cover(ss.cover.set, ss.name, d.clock.Now())
 }
 
 // coverSummary is the session's coverage totals as of now. The caller
 // holds d.mu.
 func (d *Daemon) coverSummary(ss *session) *api.CoverReport {
-	return ss.cover.set.Summary(ss.name, d.clock.Now())
+	return report.CoverSummary(ss.cover.set, ss.name, d.clock.Now())
 }
 
 // finalCoverReport is the report of a session whose probes removeCover
@@ -170,7 +171,7 @@ func (d *Daemon) removeCover(ss *session) (bool, error) {
 		close(cs.quit)
 	}
 	gone, err := cs.set.Remove(d.eng)
-	rep := cs.set.Summary(ss.id, d.clock.Now())
+	rep := cs.set.Summary(d.clock.Now())
 	releaseHeapAfter(rep.Armed)
 	d.log.Info("coverage removed", "session", ss.id, "covered", rep.CoveredBlocks, "blocks", rep.TotalBlocks,
 		"left", len(cs.set.Live()))

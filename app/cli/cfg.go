@@ -9,6 +9,7 @@ import (
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/process"
+	"github.com/kinst/kinst/report"
 )
 
 // CFGFormat selects how `kinst cfg` prints.
@@ -43,7 +44,7 @@ func ShowCFGProcess(pid int, function string, format CFGFormat, env Env) error {
 	if err != nil {
 		return err
 	}
-	return writeCFG(env.Out, f.CFG(), format, "executable")
+	return writeCFG(env.Out, report.CFG(f), format, "executable")
 }
 
 // writeCFG writes a control-flow graph in format; core names the text

@@ -14,6 +14,7 @@ import (
 	"github.com/kinst/kinst/debuginfo"
 	"github.com/kinst/kinst/internal/elfsym"
 	"github.com/kinst/kinst/process"
+	"github.com/kinst/kinst/report"
 )
 
 // CoverProcess is `kinst cover --user -p PID TARGET…` (or -p 0 -- CMD): a
@@ -119,14 +120,14 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 	// The libraries' debug files are opened now: the process (and its
 	// /proc/PID/root) may be gone when the report is made.
 	libDebug := map[string]*debuginfo.File{}
-	librariesDebug(set.Report("", time.Now()), tg, env, libDebug)
+	librariesDebug(report.Cover(set, "", time.Now()), tg, env, libDebug)
 	defer func() {
 		for _, d := range libDebug {
 			d.Close()
 		}
 	}()
 	set.Arm(tg, "kinst", cover.Flag(nil), time.Now)
-	armed := set.Report("", time.Now())
+	armed := report.Cover(set, "", time.Now())
 	if armed.Armed == 0 && armed.TotalBlocks > 0 && len(pending) == 0 {
 		// Nothing to measure: say why, rather than report 0% after the
 		// whole duration.
@@ -163,10 +164,10 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 				fmt.Fprintf(env.Err, "kinst: %s: %v\n", target, err)
 				continue
 			}
-			before := set.Summary("", time.Now()).Armed
+			before := set.Summary(time.Now()).Armed
 			n := add(fns)
 			set.Arm(tg, "kinst", cover.Flag(nil), time.Now)
-			now := set.Report("", time.Now())
+			now := report.Cover(set, "", time.Now())
 			fmt.Fprintf(env.Err, "kinst: %s: loaded %s after the start: %d probes armed over %d functions (%d named by other targets)\n",
 				target, time.Since(start).Round(time.Millisecond), now.Armed-before, n, len(fns)-n)
 			librariesDebug(now, tg, Env{Err: io.Discard}, libDebug)
@@ -201,25 +202,25 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 		_, err := set.Remove(tg)
 		return []error{err}
 	}, env.Err)
-	report := *set.Report(fmt.Sprintf("process %d", r.pid), time.Now())
-	report.DurationNS = int64(dur)
-	report.ExitStatus = status
-	report.Ended = r.end
+	rep := *report.Cover(set, fmt.Sprintf("process %d", r.pid), time.Now())
+	rep.DurationNS = int64(dur)
+	rep.ExitStatus = status
+	rep.Ended = r.end
 	exit := 0
 	if status != nil {
 		exit = *status
 	}
 	if dbg != nil {
-		if _, err := Annotate(&report, dbg); err != nil && o.Lcov != "" {
+		if _, err := Annotate(&rep, dbg); err != nil && o.Lcov != "" {
 			fmt.Fprintf(env.Err, "kinst: no source lines: %v\n", err)
 		}
 	}
 	for mod, dbg := range libDebug {
-		if _, err := AnnotateModule(&report, dbg, mod); err != nil {
+		if _, err := AnnotateModule(&rep, dbg, mod); err != nil {
 			fmt.Fprintf(env.Err, "kinst: no source lines for %s: %v\n", mod, err)
 		}
 	}
-	return writeCoverOutputs(o, report, exit, env)
+	return writeCoverOutputs(o, rep, exit, env)
 }
 
 // librariesDebug opens into out the DWARF of each library the report has

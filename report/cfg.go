@@ -1,4 +1,8 @@
-package splice
+// Package report turns what the domain packages compute into the api
+// package's report types: the one boundary where a splice.Func or a
+// cover.Set becomes what kerninstd answers and kinst --json prints, so
+// that the packages below the api floor never import it.
+package report
 
 import (
 	"encoding/hex"
@@ -6,12 +10,13 @@ import (
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/splice"
 )
 
-// CFG is the function's control-flow graph as `kinst cfg` reports it:
-// blocks, edges, and each instruction with what is live before it and
-// the splice a request there would get now.
-func (f *Func) CFG() api.CFG {
+// CFG is f's control-flow graph as `kinst cfg` reports it: blocks,
+// edges, and each instruction with what is live before it and the splice
+// a request there would get now.
+func CFG(f *splice.Func) api.CFG {
 	fn := f.Fn
 	out := api.CFG{Function: fn.Name, Module: fn.Module, Address: api.Addr(fn.Addr), Size: fn.End - fn.Addr, Truncated: fn.Truncated}
 	lv := f.Liveness()
@@ -41,7 +46,7 @@ func (f *Func) CFG() api.CFG {
 // describeInstruction is instruction i of f with what a request there
 // would get now: refused with the reason, or the splice class (a short
 // instruction with no free slot in reach is a covering or trap splice).
-func describeInstruction(f *Func, i int) api.CFGInstruction {
+func describeInstruction(f *splice.Func, i int) api.CFGInstruction {
 	fn := f.Fn
 	in := &fn.Insns[i]
 	ci := api.CFGInstruction{
