@@ -243,27 +243,35 @@ func Flag(pred codegen.Predicate) engine.SnippetFunc {
 // after Add when more functions come (a library a process loads later):
 // the timeline keeps counting from the first Arm, ArmNS adds up.
 func (s *Set) Arm(eng Engine, owner string, snippet engine.SnippetFunc, now func() time.Time) {
-	sites := make([]*splice.Site, len(s.pending))
-	for i, p := range s.pending {
-		sites[i] = p.site
-	}
+	spec := engine.Spec{Owner: owner, Slots: 1, Snippet: snippet}
 	start := now()
-	reqs, errs := eng.AddEach(sites, engine.Spec{Owner: owner, Slots: 1, Snippet: snippet})
+	// The probes go in chunks, each chunk's armed probes written back
+	// over the planned ones they came from: a whole kernel's half a
+	// million would otherwise be held twice (planned and live) beside
+	// the engine's per-site answers, at the moment memory peaks.
 	pending := s.pending
+	s.pending = nil
+	var armed []Probe
+	if len(s.live) == 0 {
+		armed = pending[:0] // written at or before the index being read
+	}
+	var failed []blockRef
+	for lo := 0; lo < len(pending); lo += armChunk {
+		chunk := pending[lo:min(lo+armChunk, len(pending))]
+		reqs, errs := s.armEach(eng, spec, chunk)
+		failed = append(failed, s.refusedRefs(chunk, errs)...)
+		armed = s.keepArmed(armed, chunk, reqs, errs)
+	}
 	// An inferred block relies on its successors' probes: where one could
 	// not be armed, the block gets its own probe (and so on up).
-	for failed := s.refusedRefs(pending, errs); len(failed) > 0; {
+	for len(failed) > 0 {
 		more := s.uninfer(failed)
 		if len(more) == 0 {
 			break
 		}
-		msites := make([]*splice.Site, len(more))
-		for i, p := range more {
-			msites[i] = p.site
-		}
-		mreqs, merrs := eng.AddEach(msites, engine.Spec{Owner: owner, Slots: 1, Snippet: snippet})
-		pending, reqs, errs = append(pending, more...), append(reqs, mreqs...), append(errs, merrs...)
-		failed = s.refusedRefs(more, merrs)
+		reqs, errs := s.armEach(eng, spec, more)
+		failed = s.refusedRefs(more, errs)
+		armed = s.keepArmed(armed, more, reqs, errs)
 	}
 	end := now()
 	first := s.armed.IsZero()
@@ -271,26 +279,48 @@ func (s *Set) Arm(eng Engine, owner string, snippet engine.SnippetFunc, now func
 		s.armed = end
 	}
 	s.armNS += int64(end.Sub(start))
-	s.live = slices.Grow(s.live, len(reqs))
-	for i, r := range reqs {
-		p := pending[i]
-		ref := blockRef{p.Function, p.Block}
-		if errs[i] != nil {
-			s.refuse(ref, Refusal(errs[i]))
-			continue
-		}
-		f := &s.fns[p.Function]
-		f.blocks[p.Block].probe = uint32(p.site.Addr()-f.addr) + 1
-		p.Request, p.site = r, nil
-		s.live = append(s.live, p)
+	if len(s.live) == 0 {
+		s.live = slices.Clip(armed)
+	} else {
+		s.live = append(s.live, armed...)
 	}
-	s.pending = nil
 	s.armedN = len(s.live) + s.removed
 	sample := Sample{LiveProbes: len(s.live), Covered: s.covered}
 	if !first {
 		sample.Elapsed = end.Sub(s.armed)
 	}
 	s.timeline = append(s.timeline, sample)
+}
+
+// armChunk is how many probes Arm hands the engine at once (a variable
+// for the tests).
+var armChunk = 16384
+
+// armEach hands ps's sites to the engine.
+func (s *Set) armEach(eng Engine, spec engine.Spec, ps []Probe) ([]*engine.Request, []error) {
+	sites := make([]*splice.Site, len(ps))
+	for i, p := range ps {
+		sites[i] = p.site
+	}
+	return eng.AddEach(sites, spec)
+}
+
+// keepArmed appends to armed the probes of ps the engine armed (reqs[i]),
+// and marks the others' blocks refused with their error. armed may share
+// ps's array, at or before ps.
+func (s *Set) keepArmed(armed, ps []Probe, reqs []*engine.Request, errs []error) []Probe {
+	for i, r := range reqs {
+		p := ps[i]
+		if errs[i] != nil {
+			s.refuse(blockRef{p.Function, p.Block}, Refusal(errs[i]))
+			continue
+		}
+		f := &s.fns[p.Function]
+		f.blocks[p.Block].probe = uint32(p.site.Addr()-f.addr) + 1
+		p.Request, p.site = r, nil
+		armed = append(armed, p)
+	}
+	return armed
 }
 
 // Sweep marks the blocks whose probe has run as covered and removes those

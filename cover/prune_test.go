@@ -201,8 +201,20 @@ func TestPrunedEqualsAllBlocks(t *testing.T) {
 }
 
 // A successor whose probe cannot be armed takes back the inference: the
-// block it was for is probed itself, and still reported right.
+// block it was for is probed itself, and still reported right; the same
+// when Arm hands the engine one probe, or two, at a time (its chunks
+// write the armed probes back over the planned ones).
 func TestInferenceFallsBack(t *testing.T) {
+	for _, chunk := range []int{armChunk, 1, 2} {
+		t.Run(fmt.Sprintf("chunk=%d", chunk), func(t *testing.T) {
+			defer func(n int) { armChunk = n }(armChunk)
+			armChunk = chunk
+			inferenceFallsBack(t)
+		})
+	}
+}
+
+func inferenceFallsBack(t *testing.T) {
 	f := pruneFunc(t, "chain")
 	s := New("")
 	s.Add(f)
@@ -232,5 +244,8 @@ func TestInferenceFallsBack(t *testing.T) {
 	}
 	if !slices.Equal(got, []int{0, 1, 2}) || rep.CoveredInferred != 1 {
 		t.Errorf("covered %v (%d inferred), want [0 1 2] (1)", got, rep.CoveredInferred)
+	}
+	if live := s.Live(); len(live) != 1 || live[0].Request == nil || e.at[live[0].Request] == 0 {
+		t.Errorf("live after the sweep: %+v, want one probe (of 3 armed, 2 ran)", live)
 	}
 }
