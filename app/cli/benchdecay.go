@@ -69,17 +69,8 @@ func BenchDecay(ctx context.Context, c *api.Client, o DecayOptions, env Env) err
 		close(stop)
 		<-done
 	}()
-	// rates samples the loop's calls per second over n steps.
 	rates := func(n int) []float64 {
-		out := make([]float64, n)
-		t0, c0 := time.Now(), calls.Load()
-		for i := range out {
-			time.Sleep(time.Until(t0.Add(time.Duration(i+1) * o.Step)))
-			t1, c1 := time.Now(), calls.Load()
-			out[i] = float64(c1-c0) / t1.Sub(t0).Seconds()
-			t0, c0 = t1, c1
-		}
-		return out
+		return stepRates(n, o.Step, calls.Load, time.Now, func(t time.Time) { time.Sleep(time.Until(t)) })
 	}
 	steps := func(d time.Duration) int { return int(d / o.Step) }
 	fmt.Fprintf(env.Err, "kinst: stat(2) loop on %s: warming up…\n", o.Path)
@@ -114,6 +105,23 @@ func BenchDecay(ctx context.Context, c *api.Client, o DecayOptions, env Env) err
 	rep := decayReport(o, runs)
 	rep.Workload = "stat(2) of " + o.Path
 	return writeDecayReport(env.Out, rep, o.JSON)
+}
+
+// stepRates samples count's rate per second over n steps of step: the
+// i-th step ends (i+1) steps after the first began, whatever the samples
+// before it cost, and its rate is over the time it actually took. now and
+// sleepUntil are the clock.
+func stepRates(n int, step time.Duration, count func() uint64, now func() time.Time, sleepUntil func(time.Time)) []float64 {
+	out := make([]float64, n)
+	start := now()
+	t0, c0 := start, count()
+	for i := range out {
+		sleepUntil(start.Add(time.Duration(i+1) * step))
+		t1, c1 := now(), count()
+		out[i] = float64(c1-c0) / t1.Sub(t0).Seconds()
+		t0, c0 = t1, c1
+	}
+	return out
 }
 
 // decayRun is one run's rates per step, uninstrumented before (base),

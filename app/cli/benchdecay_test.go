@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"math"
 	"testing"
 	"time"
 
@@ -76,5 +77,40 @@ func TestGoldenBenchDecay(t *testing.T) {
 			t.Fatal(err)
 		}
 		golden(t, map[bool]string{false: "bench-decay", true: "bench-decay-json"}[asJSON], out.String(), "")
+	}
+}
+
+// The steps end one step apart from the first's start, however long
+// each sample took to read (here the clock runs 30 ms late at every
+// wake-up): 30 steps of 100 ms last 3 s, not the 46.5 s of steps that
+// each waited one step longer than the last; each rate is over the time
+// its step actually took.
+func TestStepRates(t *testing.T) {
+	clock := time.Unix(0, 0)
+	var wakes []time.Time
+	calls := uint64(0)
+	now := func() time.Time { return clock }
+	sleepUntil := func(at time.Time) {
+		wakes = append(wakes, at)
+		if at.After(clock) {
+			clock = at.Add(30 * time.Millisecond)
+		}
+		calls += 1000
+	}
+	r := stepRates(30, 100*time.Millisecond, func() uint64 { return calls }, now, sleepUntil)
+	if len(r) != 30 || len(wakes) != 30 {
+		t.Fatalf("%d rates, %d wake-ups", len(r), len(wakes))
+	}
+	for i, w := range wakes {
+		if want := time.Unix(0, 0).Add(time.Duration(i+1) * 100 * time.Millisecond); !w.Equal(want) {
+			t.Errorf("step %d ends at %v, want %v", i, w.Sub(time.Unix(0, 0)), want.Sub(time.Unix(0, 0)))
+		}
+	}
+	if total := clock.Sub(time.Unix(0, 0)); total != 3030*time.Millisecond {
+		t.Errorf("30 steps of 100 ms took %v", total)
+	}
+	// The first step took 130 ms, the others 100 ms.
+	if math.Abs(r[0]-1000/0.13) > 1e-6 || math.Abs(r[1]-10000) > 1e-6 {
+		t.Errorf("rates %v, want %v then 10000", r[:2], 1000/0.13)
 	}
 }
