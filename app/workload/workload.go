@@ -20,11 +20,15 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Stat calls stat(2) on path n times. On Linux 6.1 each call enters
+// Stat calls stat(2) on path n times, or until ctx ends (an error that
+// says how far it got). On Linux 6.1 each call enters
 // filename_lookup exactly once (vfs_statx → filename_lookup).
-func Stat(path string, n int) error {
+func Stat(ctx context.Context, path string, n int) error {
 	var st unix.Stat_t
 	for i := 0; i < n; i++ {
+		if i%checkEvery == 0 && ctx.Err() != nil {
+			return stopped(ctx, i, n)
+		}
 		if err := unix.Stat(path, &st); err != nil {
 			return fmt.Errorf("stat %s: %w", path, err)
 		}
@@ -32,11 +36,25 @@ func Stat(path string, n int) error {
 	return nil
 }
 
+// checkEvery is how many calls a counted workload makes between looks
+// at its context: a kill (SIGTERM ends kinst's context) stops it at
+// once, not after its ten million calls.
+const checkEvery = 256
+
+// stopped is the error of a workload whose context ended after done of
+// n rounds.
+func stopped(ctx context.Context, done, n int) error {
+	return fmt.Errorf("stopped after %d of %d: %w", done, n, context.Cause(ctx))
+}
+
 // Files creates, stats, reads and removes files under dir, rounds times:
 // a small file-system workload for demos.
-func Files(dir string, rounds int) error {
+func Files(ctx context.Context, dir string, rounds int) error {
 	buf := make([]byte, 4096)
 	for r := 0; r < rounds; r++ {
+		if ctx.Err() != nil {
+			return stopped(ctx, r, rounds)
+		}
 		p := filepath.Join(dir, fmt.Sprintf("kinst-demo-%d", r%16))
 		if err := os.WriteFile(p, buf, 0o600); err != nil {
 			return err
@@ -83,12 +101,13 @@ func Syscalls(ctx context.Context, path string) (stats uint64) {
 	return stats
 }
 
-// Spin keeps one thread on the CPU for d, calling getppid(2) in a loop, and
-// returns the number of calls: a CPU-bound path through the kernel.
-func Spin(d time.Duration) uint64 {
+// Spin keeps one thread on the CPU for d (or until ctx ends), calling
+// getppid(2) in a loop, and returns the number of calls: a CPU-bound path
+// through the kernel.
+func Spin(ctx context.Context, d time.Duration) uint64 {
 	runtime.LockOSThread()
 	var n uint64
-	for end := time.Now().Add(d); time.Now().Before(end); n++ {
+	for end := time.Now().Add(d); time.Now().Before(end) && (n%checkEvery != 0 || ctx.Err() == nil); n++ {
 		syscall.Getppid()
 	}
 	return n
@@ -98,9 +117,12 @@ func Spin(d time.Duration) uint64 {
 // O_CREAT|O_TRUNC|O_WRONLY, writes 4 KiB and closes it: every open after
 // the first round truncates a file that holds data (the workload of
 // KernInst's §5 investigation of copen).
-func Creat(dir string, n int) error {
+func Creat(ctx context.Context, dir string, n int) error {
 	buf := make([]byte, 4096)
 	for i := 0; i < n; i++ {
+		if i%checkEvery == 0 && ctx.Err() != nil {
+			return stopped(ctx, i, n)
+		}
 		p := filepath.Join(dir, fmt.Sprintf("kinst-creat-%d", i%16))
 		fd, err := unix.Open(p, unix.O_CREAT|unix.O_TRUNC|unix.O_WRONLY, 0o600)
 		if err != nil {

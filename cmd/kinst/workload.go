@@ -39,13 +39,13 @@ func runWorkload(ctx context.Context, inv invocation) error {
 		if err != nil {
 			return err
 		}
-		return workload.Stat(a[1], n)
+		return workload.Stat(ctx, a[1], n)
 	case kind == "files" && len(a) == 2:
 		n, err := strconv.Atoi(a[1])
 		if err != nil {
 			return err
 		}
-		return workload.Files(a[0], n)
+		return workload.Files(ctx, a[0], n)
 	case kind == "syscalls" && len(a) == 1:
 		ctx, stop, err := forDuration(ctx, a[0])
 		if err != nil {
@@ -60,7 +60,7 @@ func runWorkload(ctx context.Context, inv invocation) error {
 		if err != nil {
 			return err
 		}
-		return workload.Creat(a[0], n)
+		return workload.Creat(ctx, a[0], n)
 	case kind == "mixed" && len(a) == 2:
 		ctx, stop, err := forDuration(ctx, a[1])
 		if err != nil {
@@ -79,7 +79,7 @@ func runWorkload(ctx context.Context, inv invocation) error {
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(inv.err, "workload: %d getppid calls\n", workload.Spin(d))
+		fmt.Fprintf(inv.err, "workload: %d getppid calls\n", workload.Spin(ctx, d))
 		return nil
 	}
 	return usagef("want %s", inv.cmd.args)
