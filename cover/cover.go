@@ -5,8 +5,8 @@
 // --user), through whichever engine.Engine splices its text.
 //
 // A Set is not safe for concurrent use: its owner serialises Arm, Sweep,
-// Remove, Summary and Functions (kerninstd under Daemon.mu; the process command from
-// one goroutine).
+// Remove, Summary and Functions (kerninstd under Daemon.mu; the process
+// command from one goroutine).
 package cover
 
 import (
