@@ -343,7 +343,7 @@ func (e *Engine) unspliceBatch(rs []*Request, idx []int, errs []error) {
 	var slotAddrs []uint64
 	for j, err := range e.unspliceEach(ids, addrs) {
 		i := idx[j]
-		if err != nil {
+		if err = e.goneIsRemoved(err, addrs[j]); err != nil {
 			fail(i, err)
 			continue
 		}
@@ -357,7 +357,7 @@ func (e *Engine) unspliceBatch(rs []*Request, idx []int, errs []error) {
 	}
 	for j, err := range e.unspliceEach(slotIDs, slotAddrs) {
 		i := slotted[j]
-		if err != nil {
+		if err = e.goneIsRemoved(err, slotAddrs[j]); err != nil {
 			// The jmp rel8 is gone, the slot not: a later Remove
 			// takes the slot out (see unsplice).
 			fail(i, fmt.Errorf("springboard %#x: %w", rs[i].pt.slot, err))
@@ -400,3 +400,19 @@ func (e *Engine) retirePoint(r *Request) {
 // whose snippet is a codegen.HitFlag, whether its point has run since the
 // request was made. A load from the counter heap; no lock.
 func (e *Engine) Hit(r *Request) bool { return e.dev.Counter(r.slots[0]) != 0 }
+
+// goneIsRemoved is err, or nil when err says the driver has no such
+// splice any more: it put the bytes back itself when the module whose text
+// held the splice was unloaded (its ids become unknown, ENOENT), so the
+// splice is as removed as an unsplice would leave it, and addr's original
+// bytes are forgotten. A coverage session over a module that is unloaded
+// meanwhile then ends with its report, not an error per probe. The caller
+// holds e.mu.
+func (e *Engine) goneIsRemoved(err error, addr uint64) error {
+	if err == nil || !errors.Is(err, syscall.ENOENT) {
+		return err
+	}
+	e.log.Debug("splice already removed by the driver (its module was unloaded)", "at", hex(addr))
+	e.ov.forget(addr)
+	return nil
+}

@@ -428,3 +428,38 @@ func TestAddEachSpringboards(t *testing.T) {
 		t.Errorf("left installed: %+v", st)
 	}
 }
+
+// A module unloaded under probes: the driver puts its splices' bytes back
+// itself and forgets their ids (ENOENT), and the engine then takes their
+// removal as done (the bytes went with the module): RemoveEach and Remove
+// report no error, the points and their original bytes are forgotten,
+// and the other probes are removed as usual.
+func TestRemoveAfterModuleUnload(t *testing.T) {
+	h := newHarness(t)
+	rs := h.count("a", nil, "filename_lookup+0x9", "filename_lookup+0x12", "filename_lookup+0x1c")
+	single := h.count("b", nil, "next_fn")
+	at := rs[0].Site().Addr()
+	if n := h.k.Unload(at, at+1); n != 1 {
+		t.Fatalf("unloaded %d splices, want 1", n)
+	}
+	nf := single[0].Site().Addr()
+	if n := h.k.Unload(nf, nf+1); n != 1 {
+		t.Fatalf("unloaded %d splices at next_fn, want 1", n)
+	}
+	for i, err := range h.e.RemoveEach(rs) {
+		if err != nil {
+			t.Errorf("%s: %v", rs[i].Site().Where(), err)
+		}
+	}
+	if err := h.e.Remove(single[0]); err != nil {
+		t.Errorf("remove next_fn: %v", err)
+	}
+	h.e.Reclaim()
+	view := make([]byte, len(text))
+	if err := h.e.Text().Read(textAddr, view); err != nil {
+		t.Fatal(err)
+	}
+	if st := h.e.State(); st.Points != 0 || st.Overlay != 0 || len(h.k.Splices) != 0 || !bytes.Equal(h.k.TextNow(), text) || !bytes.Equal(view, text) {
+		t.Errorf("after removal: %+v, %d splices, text % x, engine's view % x", st, len(h.k.Splices), h.k.TextNow(), view)
+	}
+}

@@ -79,6 +79,17 @@ func (o *overlay) restoredMany(addrs []uint64, restore func() error) error {
 	return err
 }
 
+// forget drops addr's entry: its bytes went back without the engine (the
+// driver restored them as their module was unloaded).
+func (o *overlay) forget(addr uint64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	delete(o.orig, addr)
+	if len(o.orig) == 0 {
+		o.orig = nil
+	}
+}
+
 // textView reads kernel memory as the kernel's own code: live bytes with
 // the engine's splices replaced by the original bytes.
 type textView struct {

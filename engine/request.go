@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"syscall"
 
 	"github.com/kinst/kinst/codegen"
 	"github.com/kinst/kinst/driver"
@@ -319,18 +320,27 @@ func (e *Engine) install(pt *point, reqs []*Request, h Hooks) error {
 func (e *Engine) unsplice(pt *point) error {
 	s := pt.site
 	if pt.splice != 0 {
-		if err := e.ov.restored(s.Addr(), func() error { return e.dev.Unsplice(pt.splice) }); err != nil {
+		if err := e.ov.restored(s.Addr(), func() error { return goneOK(e.dev.Unsplice(pt.splice)) }); err != nil {
 			return fmt.Errorf("unsplice %s: %w", s.Where(), err)
 		}
 		pt.splice = 0
 	}
 	if pt.slotSplice != 0 {
-		if err := e.ov.restored(pt.slot, func() error { return e.dev.Unsplice(pt.slotSplice) }); err != nil {
+		if err := e.ov.restored(pt.slot, func() error { return goneOK(e.dev.Unsplice(pt.slotSplice)) }); err != nil {
 			return fmt.Errorf("unsplice springboard %#x of %s: %w", pt.slot, s.Where(), err)
 		}
 		pt.slotSplice = 0
 	}
 	return nil
+}
+
+// goneOK is err, or nil for a splice the driver no longer has: removed
+// with its module (see goneIsRemoved).
+func goneOK(err error) error {
+	if errors.Is(err, syscall.ENOENT) {
+		return nil
+	}
+	return err
 }
 
 // writePatch builds the point's patch for reqs (makePatch) and writes it

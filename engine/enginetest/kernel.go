@@ -60,6 +60,9 @@ type Splice struct {
 
 var errFault = errors.New("fault")
 
+// errNoSplice is the driver's answer for an unknown splice id.
+var errNoSplice = fmt.Errorf("no such splice: %w", syscall.ENOENT)
+
 // New returns a kernel whose text at textAddr is text, with 64 counters
 // and a patch heap 1 GiB above the text.
 func New(textAddr uint64, text []byte) *Kernel {
@@ -283,7 +286,7 @@ func (k *Kernel) UnspliceBatch(ids []uint32) error {
 	for i, id := range ids {
 		if _, ok := k.Splices[id]; !ok || seen[id] {
 			k.Mu.Unlock()
-			return &driver.BatchError{Op: "unsplice", Index: i, Where: fmt.Sprintf("id %d", id), Err: errors.New("no such splice")}
+			return &driver.BatchError{Op: "unsplice", Index: i, Where: fmt.Sprintf("id %d", id), Err: errNoSplice}
 		}
 		seen[id] = true
 	}
@@ -303,7 +306,7 @@ func (k *Kernel) Resplice(id uint32, patch uint64) error {
 	defer k.Mu.Unlock()
 	s, ok := k.Splices[id]
 	if !ok {
-		return errors.New("no such splice")
+		return errNoSplice
 	}
 	if _, ok := k.Allocs[patch]; !ok || s.Kind == "short" {
 		return errors.New("bad resplice")
@@ -328,7 +331,7 @@ func (k *Kernel) Unsplice(id uint32) error {
 	defer k.Mu.Unlock()
 	s, ok := k.Splices[id]
 	if !ok {
-		return errors.New("no such splice")
+		return errNoSplice
 	}
 	for i, b := range s.Orig {
 		k.text[s.Addr+uint64(i)] = b
@@ -503,6 +506,26 @@ func (k *Kernel) counterUses(addr uint64) ([]counterUse, error) {
 		off += in.Len
 	}
 	return uses, nil
+}
+
+// Unload stands in for the unloading of a module whose text is [lo, hi):
+// every splice there is undone and forgotten, as the driver's module
+// notifier does, so that a later unsplice of its id fails with ENOENT. It
+// returns how many it undid.
+func (k *Kernel) Unload(lo, hi uint64) int {
+	k.Mu.Lock()
+	defer k.Mu.Unlock()
+	n := 0
+	for id, s := range k.Splices {
+		if s.Addr >= lo && s.Addr < hi {
+			for i, b := range s.Orig {
+				k.text[s.Addr+uint64(i)] = b
+			}
+			delete(k.Splices, id)
+			n++
+		}
+	}
+	return n
 }
 
 // Poke changes one byte of text behind the engine's back, as another
