@@ -409,7 +409,7 @@ func (e *Engine) Hit(r *Request) bool { return e.dev.Counter(r.slots[0]) != 0 }
 // meanwhile then ends with its report, not an error per probe. The caller
 // holds e.mu.
 func (e *Engine) goneIsRemoved(err error, addr uint64) error {
-	if err == nil || !errors.Is(err, syscall.ENOENT) {
+	if goneOK(err) != nil || err == nil {
 		return err
 	}
 	e.log.Debug("splice already removed by the driver (its module was unloaded)", "at", hex(addr))

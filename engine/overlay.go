@@ -69,12 +69,7 @@ func (o *overlay) restoredMany(addrs []uint64, restore func() error) error {
 	defer o.mu.Unlock()
 	err := restore()
 	if err == nil {
-		for _, a := range addrs {
-			delete(o.orig, a)
-		}
-		if len(o.orig) == 0 {
-			o.orig = nil // a map never shrinks: a whole-kernel session's kept 48 MB
-		}
+		o.dropLocked(addrs...)
 	}
 	return err
 }
@@ -84,9 +79,17 @@ func (o *overlay) restoredMany(addrs []uint64, restore func() error) error {
 func (o *overlay) forget(addr uint64) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	delete(o.orig, addr)
+	o.dropLocked(addr)
+}
+
+// dropLocked drops the entries of addrs. The caller holds o.mu for
+// writing.
+func (o *overlay) dropLocked(addrs ...uint64) {
+	for _, a := range addrs {
+		delete(o.orig, a)
+	}
 	if len(o.orig) == 0 {
-		o.orig = nil
+		o.orig = nil // a map never shrinks: a whole-kernel session's kept 48 MB
 	}
 }
 

@@ -89,22 +89,31 @@ func visibleCommands() []documented {
 		}
 	}()
 	var out []documented
+	eachCommand(false, func(path string, c *command) {
+		fs, _ := c.flagSet(path, &globals{}, io.Discard)
+		out = append(out, documented{path, c, fs})
+	})
+	return out
+}
+
+// eachCommand visits, in table order, every command that runs (a group
+// without a run of its own is descended, not visited) with its path
+// ("bench arm"); hidden commands and their subcommands only with hidden.
+func eachCommand(hidden bool, visit func(path string, c *command)) {
 	var walk func(prefix string, cs []*command)
 	walk = func(prefix string, cs []*command) {
 		for _, c := range cs {
-			if c.hidden {
+			if c.hidden && !hidden {
 				continue
 			}
 			path := strings.TrimSpace(prefix + " " + c.name)
 			if c.setup != nil {
-				fs, _ := c.flagSet(path, &globals{}, io.Discard)
-				out = append(out, documented{path, c, fs})
+				visit(path, c)
 			}
 			walk(path, c.sub)
 		}
 	}
 	walk("", commands)
-	return out
 }
 
 // referenceDocs returns the Markdown reference and the man pages by file
@@ -119,7 +128,7 @@ func referenceDocs() ([]byte, map[string][]byte) {
 	md.WriteString("How the pieces work is in [ARCHITECTURE.md](ARCHITECTURE.md).\n\n")
 	md.WriteString("| command | what it does |\n|---|---|\n")
 	for _, d := range cmds {
-		fmt.Fprintf(&md, "| [`%s`](#%s) | %s |\n", synopsis(d), anchor(d.path), mdCell(d.c.summary))
+		fmt.Fprintf(&md, "| [`%s`](#%s) | %s |\n", synopsis(d), dashed(d.path), mdCell(d.c.summary))
 	}
 	var usage bytes.Buffer
 	writeUsage(&usage)
@@ -131,20 +140,19 @@ func referenceDocs() ([]byte, map[string][]byte) {
 	}
 	pages := map[string][]byte{"kinst.1": manOverview(cmds)}
 	for _, d := range cmds {
-		pages[manName(d.path)+".1"] = manPage(d)
+		pages[dashed(d.path)+".1"] = manPage(d)
 	}
 	return md.Bytes(), pages
 }
 
 func synopsis(d documented) string { return strings.TrimSpace("kinst " + d.path + " " + d.c.args) }
 
-// anchor is the GitHub heading anchor of "## kinst PATH".
-func anchor(path string) string { return "kinst-" + strings.ReplaceAll(path, " ", "-") }
-
 func mdCell(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
 
-// manName is the page's name: kinst-bench-arm for "bench arm".
-func manName(path string) string { return "kinst-" + strings.ReplaceAll(path, " ", "-") }
+// dashed is "kinst PATH" with dashes for spaces, kinst-bench-arm for
+// "bench arm": both the command's man page name and the GitHub anchor of
+// its "## kinst PATH" heading.
+func dashed(path string) string { return "kinst-" + strings.ReplaceAll(path, " ", "-") }
 
 // roff escapes text for a man page: backslashes, hyphens (so that
 // options stay searchable and uncut), characters past ASCII (as \[uXXXX],
@@ -198,7 +206,7 @@ func manOverview(cmds []documented) []byte {
 	manHeader(&w, "kinst", "dynamic instrumentation of the running kernel (KernInst for x86-64 Linux)")
 	w.WriteString(".SH SYNOPSIS\n.B kinst\n\\fICOMMAND\\fR [\\fIFLAGS\\fR] [\\fIARGS\\fR]\n.SH COMMANDS\n")
 	for _, d := range cmds {
-		fmt.Fprintf(&w, ".TP\n.B %s\n%s (\\fB%s\\fR(1))\n", roff(synopsis(d)), roff(d.c.summary), roff(manName(d.path)))
+		fmt.Fprintf(&w, ".TP\n.B %s\n%s (\\fB%s\\fR(1))\n", roff(synopsis(d)), roff(d.c.summary), roff(dashed(d.path)))
 	}
 	var usage bytes.Buffer
 	writeUsage(&usage)
@@ -214,7 +222,7 @@ func manOverview(cmds []documented) []byte {
 // manPage is one command's page.
 func manPage(d documented) []byte {
 	var w bytes.Buffer
-	manHeader(&w, manName(d.path), d.c.summary)
+	manHeader(&w, dashed(d.path), d.c.summary)
 	fmt.Fprintf(&w, ".SH SYNOPSIS\n.B kinst %s\n", roff(d.path))
 	if d.c.args != "" {
 		fmt.Fprintf(&w, "[\\fIFLAGS\\fR] %s\n", roff(d.c.args))

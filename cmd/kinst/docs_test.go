@@ -61,9 +61,9 @@ func TestDocsComplete(t *testing.T) {
 		if !strings.Contains(usage.String(), "kinst "+d.path) {
 			t.Errorf("kinst %s is in the reference but not in kinst --help", d.path)
 		}
-		page := string(pages[manName(d.path)+".1"])
+		page := string(pages[dashed(d.path)+".1"])
 		if !strings.HasPrefix(page, `.\"`) || !strings.Contains(page, "\n.SH NAME\n") || !strings.Contains(page, "\n.SH SYNOPSIS\n") {
-			t.Errorf("%s.1: no NAME or SYNOPSIS:\n%s", manName(d.path), page)
+			t.Errorf("%s.1: no NAME or SYNOPSIS:\n%s", dashed(d.path), page)
 		}
 	}
 	if bytes.Contains(ref, []byte("gendocs")) {

@@ -32,18 +32,10 @@ func kinst(t *testing.T, args ...string) (int, string, string) {
 
 // each visits every command of the table with its path and flags.
 func each(f func(path string, c *command, fs *pflag.FlagSet)) {
-	var walk func(prefix string, cs []*command)
-	walk = func(prefix string, cs []*command) {
-		for _, c := range cs {
-			path := strings.TrimSpace(prefix + " " + c.name)
-			if c.setup != nil {
-				fs, _ := c.flagSet(path, &globals{}, io.Discard)
-				f(path, c, fs)
-			}
-			walk(path, c.sub)
-		}
-	}
-	walk("", commands)
+	eachCommand(true, func(path string, c *command) {
+		fs, _ := c.flagSet(path, &globals{}, io.Discard)
+		f(path, c, fs)
+	})
 }
 
 // Flags that mean the same thing are spelled the same on every command:

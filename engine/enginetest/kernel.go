@@ -333,12 +333,18 @@ func (k *Kernel) Unsplice(id uint32) error {
 	if !ok {
 		return errNoSplice
 	}
+	k.undoLocked(id, s)
+	k.Syncs += 3
+	return nil
+}
+
+// undoLocked puts splice id's original bytes back and forgets it. The
+// caller holds Mu.
+func (k *Kernel) undoLocked(id uint32, s Splice) {
 	for i, b := range s.Orig {
 		k.text[s.Addr+uint64(i)] = b
 	}
 	delete(k.Splices, id)
-	k.Syncs += 3
-	return nil
 }
 
 func (k *Kernel) Counter(slot int) uint64 {
@@ -518,10 +524,7 @@ func (k *Kernel) Unload(lo, hi uint64) int {
 	n := 0
 	for id, s := range k.Splices {
 		if s.Addr >= lo && s.Addr < hi {
-			for i, b := range s.Orig {
-				k.text[s.Addr+uint64(i)] = b
-			}
-			delete(k.Splices, id)
+			k.undoLocked(id, s)
 			n++
 		}
 	}
