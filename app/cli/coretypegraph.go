@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -15,6 +14,7 @@ import (
 	"github.com/kinst/kinst/core"
 	"github.com/kinst/kinst/core/typegraph"
 	"github.com/kinst/kinst/core/typeid"
+	"github.com/kinst/kinst/internal/outfile"
 )
 
 // CoreTypeGraph types the dump's heap by the type graph and prints the
@@ -221,24 +221,13 @@ func graphFor(k *core.Kernel, holdOut []string, file string) (*typegraph.Graph, 
 // saveGraph writes the graph to file through a temporary file renamed
 // over it, so that a reader never sees half a graph.
 func saveGraph(k *core.Kernel, g *typegraph.Graph, file string) error {
-	tmp, err := os.CreateTemp(filepath.Dir(file), filepath.Base(file)+".tmp*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	bw := bufio.NewWriter(tmp)
-	if err := g.Save(bw, k.Dump.VMCoreInfo()); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := bw.Flush(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), file)
+	return outfile.Write(file, func(w io.Writer) error {
+		bw := bufio.NewWriter(w)
+		if err := g.Save(bw, k.Dump.VMCoreInfo()); err != nil {
+			return err
+		}
+		return bw.Flush()
+	})
 }
 
 // isType sets a type by hand on a built or loaded graph.

@@ -43,8 +43,10 @@ func Cover(ctx context.Context, c *api.Client, o CoverOptions, env Env) (int, er
 	if len(o.Targets) == 0 && len(o.Files) == 0 && len(o.Modules) == 0 && len(o.Callees) == 0 {
 		return 2, errors.New("cover: name at least one function or glob (vfs_*), --file, --module or --callees")
 	}
-	if err := checkOutputDir("cover", o.SVG); err != nil {
-		return 2, err
+	for _, path := range []string{o.SVG, o.Lcov} {
+		if err := checkOutputDir("cover", path); err != nil {
+			return 2, err
+		}
 	}
 	dbg, err := coverDebug(ctx, c, &o, env)
 	if err != nil {

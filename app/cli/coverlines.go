@@ -15,6 +15,7 @@ import (
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/debuginfo"
+	"github.com/kinst/kinst/internal/outfile"
 	"golang.org/x/sys/unix"
 )
 
@@ -305,16 +306,7 @@ func WriteLcov(w io.Writer, rep api.CoverReport) error {
 
 // writeLcovFile writes the lcov tracefile to path.
 func writeLcovFile(path string, rep api.CoverReport) error {
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if err := WriteLcov(f, rep); err != nil {
-		f.Close()
-		os.Remove(path)
-		return err
-	}
-	return f.Close()
+	return outfile.Write(path, func(w io.Writer) error { return WriteLcov(w, rep) })
 }
 
 // readCoverReport reads a report saved by kinst cover --json.

@@ -3,20 +3,17 @@ package cli
 import (
 	"fmt"
 	"io"
-	"os"
 	"time"
 
 	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/internal/outfile"
 	"github.com/kinst/kinst/metrics"
 )
 
 // checkOutputDir finds a bad output path before a long run, not after.
 func checkOutputDir(what, path string) error {
-	if path == "" {
-		return nil
-	}
-	if st, err := os.Stat(dirOf(path)); err != nil || !st.IsDir() {
-		return fmt.Errorf("%s: cannot write %s: no directory %s", what, path, dirOf(path))
+	if err := outfile.Check(path); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
 	}
 	return nil
 }
@@ -79,5 +76,5 @@ func writeCoverPlot(path string, r api.CoverReport) error {
 	if r.Session != "" {
 		title += " " + r.Session
 	}
-	return writeFile(path, func(w io.Writer) error { return metrics.PlotPanels(w, title, coverPanels(r)) })
+	return outfile.Write(path, func(w io.Writer) error { return metrics.PlotPanels(w, title, coverPanels(r)) })
 }

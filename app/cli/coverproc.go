@@ -33,8 +33,10 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 	if o.Depth < 1 {
 		o.Depth = 1
 	}
-	if err := checkOutputDir("cover", o.SVG); err != nil {
-		return 2, err
+	for _, path := range []string{o.SVG, o.Lcov} {
+		if err := checkOutputDir("cover", path); err != nil {
+			return 2, err
+		}
 	}
 	r, err := openProcess(pid, o.Command, env)
 	if err != nil {

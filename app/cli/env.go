@@ -7,6 +7,8 @@ import (
 	"os/exec"
 	"syscall"
 	"time"
+
+	"github.com/kinst/kinst/internal/outfile"
 )
 
 // Env is what a report runs with: where the report, the diagnostics and
@@ -55,21 +57,23 @@ type Streams struct {
 // NewEnv routes a report: to the file of -o if given, else to stdout.
 // -- CMD keeps the terminal's streams, except that when a JSON report
 // goes to stdout, CMD's stdout goes to stderr, so nothing it prints can
-// corrupt the JSON. The returned close writes out the file of -o.
-func NewEnv(s Streams) (Env, func() error, error) {
-	e := Env{Out: s.Stdout, Err: s.Stderr, CmdIn: s.Stdin, CmdOut: s.Stdout, CmdErr: s.Stderr}
-	done := func() error { return nil }
+// corrupt the JSON. Call finish with the command's error when it is
+// done: the file of -o is put in place only when that is nil; otherwise
+// a file already there is left as it was (outfile).
+func NewEnv(s Streams) (e Env, finish func(error) error, err error) {
+	e = Env{Out: s.Stdout, Err: s.Stderr, CmdIn: s.Stdin, CmdOut: s.Stdout, CmdErr: s.Stderr}
+	finish = func(err error) error { return err }
 	switch {
 	case s.Output != "" && s.Output != "-":
-		f, err := os.Create(s.Output)
+		f, err := outfile.Create(s.Output)
 		if err != nil {
-			return e, done, err
+			return e, finish, err
 		}
-		e.Out, done = f, f.Close
+		e.Out, finish = f, f.Finish
 	case s.JSON:
 		e.CmdOut = s.Stderr
 	}
-	return e, done, nil
+	return e, finish, nil
 }
 
 func (e Env) now() time.Time {

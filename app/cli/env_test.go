@@ -30,7 +30,7 @@ func TestNewEnvRouting(t *testing.T) {
 		if env.Out != tc.out || env.CmdOut != tc.cmdO || env.Err != &stderr || env.CmdErr != &stderr {
 			t.Errorf("%s: report to %p, CMD's stdout to %p; want %p, %p", tc.name, env.Out, env.CmdOut, tc.out, tc.cmdO)
 		}
-		if err := done(); err != nil {
+		if err := done(nil); err != nil {
 			t.Error(err)
 		}
 	}
@@ -43,7 +43,7 @@ func TestNewEnvRouting(t *testing.T) {
 		t.Error("with -o, CMD's stdout left the terminal")
 	}
 	writeJSON(env.Out, map[string]int{"n": 1})
-	if err := done(); err != nil {
+	if err := done(nil); err != nil {
 		t.Fatal(err)
 	}
 	if b, _ := os.ReadFile(path); string(b) != "{\n  \"n\": 1\n}\n" {
@@ -51,6 +51,19 @@ func TestNewEnvRouting(t *testing.T) {
 	}
 	if _, _, err := NewEnv(Streams{Output: filepath.Join(path, "sub")}); err == nil {
 		t.Error("-o into a file as if a directory succeeded")
+	}
+	// A command that fails leaves the file of -o as it was.
+	env, done, err = NewEnv(Streams{Stdout: &stdout, Stderr: &stderr, Output: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env.Out.Write([]byte("half a report"))
+	failed := errors.New("no such process")
+	if err := done(failed); err != failed {
+		t.Errorf("finish returned %v, want the command's error", err)
+	}
+	if b, _ := os.ReadFile(path); string(b) != "{\n  \"n\": 1\n}\n" {
+		t.Errorf("after a failed command the -o file holds %q", b)
 	}
 }
 

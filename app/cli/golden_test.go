@@ -97,7 +97,7 @@ func newFixture(t *testing.T, asJSON bool) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { done() })
+	t.Cleanup(func() { done(nil) })
 	env.Clock = s.Clock
 	env.sampled = func() { f.sampled <- struct{}{} }
 	env.Start = func(argv []string, _ io.Reader, stdout, _ io.Writer) (Process, error) {

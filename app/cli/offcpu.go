@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/internal/outfile"
 	"github.com/kinst/kinst/unwind/flamegraph"
 	"github.com/kinst/kinst/unwind/folded"
 	"github.com/kinst/kinst/unwind/offcpu"
@@ -128,7 +129,7 @@ func OffCPU(ctx context.Context, o OffCPUOptions, stdout, stderr io.Writer) erro
 		fmt.Fprintf(stderr, "kinst: flame graph in %s\n", o.SVG)
 	}
 	if o.Pprof != "" {
-		if err := writeFile(o.Pprof, func(w io.Writer) error { return p.WritePprof(w, o.Fold) }); err != nil {
+		if err := outfile.Write(o.Pprof, func(w io.Writer) error { return p.WritePprof(w, o.Fold) }); err != nil {
 			return err
 		}
 		fmt.Fprintf(stderr, "kinst: pprof profile in %s (go tool pprof -top %s)\n", o.Pprof, o.Pprof)
@@ -184,37 +185,9 @@ func writeSVG(o OffCPUOptions, p *offcpu.Profile, f *folded.Profile) error {
 	if p.Mode == "sample" {
 		sub += fmt.Sprintf(", %d passes every %v", p.Passes, p.Period.Round(time.Microsecond))
 	}
-	return writeFile(o.SVG, func(w io.Writer) error {
+	return outfile.Write(o.SVG, func(w io.Writer) error {
 		return flamegraph.Render(w, f.Stacks(), flamegraph.Options{Title: title, Subtitle: sub, Unit: p.Unit()})
 	})
-}
-
-// writeFile writes through a temporary file, so a failure leaves no
-// half-written output behind.
-func writeFile(path string, write func(io.Writer) error) error {
-	tmp, err := os.CreateTemp(dirOf(path), ".kinst-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if err := write(tmp); err != nil {
-		tmp.Close()
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Chmod(tmp.Name(), 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
-}
-
-func dirOf(path string) string {
-	if i := strings.LastIndexByte(path, '/'); i >= 0 {
-		return path[:i+1]
-	}
-	return "."
 }
 
 // writeOffCPUText prints the heaviest stacks, innermost frame first, as

@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/internal/outfile"
 	"github.com/kinst/kinst/metrics"
 )
 
@@ -196,13 +196,5 @@ func fmtNS(ns float64) string {
 
 // writePlot writes series as an SVG chart to path.
 func writePlot(path, title string, series []metrics.Series) error {
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if err := metrics.PlotSVG(f, title, series); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return outfile.Write(path, func(w io.Writer) error { return metrics.PlotSVG(w, title, series) })
 }

@@ -60,22 +60,17 @@ func (inv invocation) client() *api.Client {
 	return api.NewClient(inv.g.addr).WithToken(inv.g.token)
 }
 
-// env routes the report: to -o's file, else stdout; with a JSON report
-// on stdout, -- CMD's stdout goes to stderr. Call done when the report is
-// written.
-func (inv invocation) env(asJSON bool) (env cli.Env, done func() error, err error) {
-	return cli.NewEnv(cli.Streams{Stdin: inv.in, Stdout: inv.out, Stderr: inv.err, Output: inv.g.output, JSON: asJSON})
-}
-
-// report runs f with the report's environment and closes -o's file.
+// report runs f with the report's environment (cli.NewEnv: to -o's file,
+// else stdout) and puts -o's file in place if f succeeded; if it failed,
+// a file already there is left as it was.
 func (inv invocation) report(asJSON bool, f func(env cli.Env) (int, error)) (int, error) {
-	env, done, err := inv.env(asJSON)
+	env, finish, err := cli.NewEnv(cli.Streams{Stdin: inv.in, Stdout: inv.out, Stderr: inv.err, Output: inv.g.output, JSON: asJSON})
 	if err != nil {
 		return 1, err
 	}
 	status, err := f(env)
-	if cerr := done(); err == nil && cerr != nil {
-		return max(status, 1), cerr
+	if ferr := finish(err); err == nil && ferr != nil {
+		return max(status, 1), ferr
 	}
 	return status, err
 }
@@ -194,8 +189,9 @@ func writeUsage(w io.Writer) {
 	list("", commands)
 	fmt.Fprintf(w, "\n%s%s.\n", pointHelp, classicList())
 	fmt.Fprint(w, `
-Reports go to stdout, or to a file with -o FILE; progress and diagnostics
-go to stderr. A report that runs -- CMD reports for CMD's lifetime and
+Reports go to stdout, or to a file with -o FILE (put in place only when
+the command succeeds: a failure leaves an existing FILE as it was);
+progress and diagnostics go to stderr. A report that runs -- CMD reports for CMD's lifetime and
 exits with its status; with --json on stdout, CMD's stdout goes to stderr.
 
   kinst COMMAND --help   a command's flags and what it does
