@@ -143,7 +143,15 @@ func (s *Set) refuse(ref blockRef, why string) {
 // reason; padding is not a block of the function and is left out.
 func (s *Set) Add(f *splice.Func) {
 	fn := f.Fn
-	cf := function{name: fn.Name, module: fn.Module, addr: fn.Addr, blocks: make([]block, 0, len(f.Blocks))}
+	n := 0
+	for b := range f.Blocks {
+		if blk := &f.Blocks[b]; !blk.Padding && blk.N > 0 {
+			n++
+		}
+	}
+	// Exactly as many blocks as are kept: a whole kernel's are half a
+	// million, held for the session's life.
+	cf := function{name: fn.Name, module: fn.Module, addr: fn.Addr, blocks: make([]block, 0, n)}
 	at := int32(len(s.fns))
 	pos := make(map[int]int32, len(f.Blocks)) // cfg block → its place in cf.blocks
 	sites := make(map[int]*splice.Site, len(f.Blocks))
@@ -388,17 +396,25 @@ func (s *Set) Mark(eng Engine, now time.Time) {
 
 // Remove removes every probe still live; it reports whether none is
 // left. Sweep first: the last hits count.
+//
+// The probes go in chunks of armChunk, as Arm splices them: one batch of
+// a whole kernel's probes held the engine's per-batch bookkeeping for all
+// of them at once, on top of the session, and was kerninstd's peak.
 func (s *Set) Remove(eng Engine) (bool, error) {
-	rs := make([]*engine.Request, len(s.live))
-	for i, p := range s.live {
-		rs[i] = p.Request
-	}
 	var kept []Probe
 	var errs []error
-	for i, err := range eng.RemoveEach(rs) {
-		if err != nil {
-			errs = append(errs, err)
-			kept = append(kept, s.live[i])
+	rs := make([]*engine.Request, 0, min(len(s.live), armChunk))
+	for lo := 0; lo < len(s.live); lo += armChunk {
+		chunk := s.live[lo:min(lo+armChunk, len(s.live))]
+		rs = rs[:0]
+		for _, p := range chunk {
+			rs = append(rs, p.Request)
+		}
+		for i, err := range eng.RemoveEach(rs) {
+			if err != nil {
+				errs = append(errs, err)
+				kept = append(kept, chunk[i])
+			}
 		}
 	}
 	s.live = kept

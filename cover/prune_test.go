@@ -111,6 +111,10 @@ type pathEngine struct {
 	at   map[*engine.Request]uint64 // the probe's address
 	ran  map[uint64]bool            // addresses executed so far
 	fail map[uint64]bool            // probes refused at these addresses
+	// stuck: probes at these addresses cannot be removed; removed counts
+	// the removals asked for, each probe once.
+	stuck   map[uint64]bool
+	removed map[*engine.Request]int
 }
 
 func (e *pathEngine) AddEach(sites []*splice.Site, sp engine.Spec) ([]*engine.Request, []error) {
@@ -125,8 +129,20 @@ func (e *pathEngine) AddEach(sites []*splice.Site, sp engine.Spec) ([]*engine.Re
 	}
 	return rs, errs
 }
-func (e *pathEngine) RemoveEach(rs []*engine.Request) []error { return make([]error, len(rs)) }
-func (e *pathEngine) Hit(r *engine.Request) bool              { return e.ran[e.at[r]] }
+func (e *pathEngine) RemoveEach(rs []*engine.Request) []error {
+	errs := make([]error, len(rs))
+	for i, r := range rs {
+		if e.stuck[e.at[r]] {
+			errs[i] = fmt.Errorf("busy")
+			continue
+		}
+		if e.removed != nil {
+			e.removed[r]++
+		}
+	}
+	return errs
+}
+func (e *pathEngine) Hit(r *engine.Request) bool { return e.ran[e.at[r]] }
 
 // covered plays the blocks of path (cfg indices) of fn's function under a
 // Set, all blocks or not, and returns the covered block indices and the
@@ -247,5 +263,47 @@ func inferenceFallsBack(t *testing.T) {
 	}
 	if live := s.Live(); len(live) != 1 || live[0].Request == nil || e.at[live[0].Request] == 0 {
 		t.Errorf("live after the sweep: %+v, want one probe (of 3 armed, 2 ran)", live)
+	}
+}
+
+// Remove hands the engine its probes in chunks, as Arm does: every probe
+// is asked for once, a probe that cannot be removed stays live with its
+// error and the others go, whatever the chunk size.
+func TestRemoveInChunks(t *testing.T) {
+	for _, chunk := range []int{armChunk, 1, 2} {
+		t.Run(fmt.Sprintf("chunk=%d", chunk), func(t *testing.T) {
+			defer func(n int) { armChunk = n }(armChunk)
+			armChunk = chunk
+			f := pruneFunc(t, "chain")
+			s := New("")
+			s.AllBlocks()
+			s.Add(f)
+			stuckAt := uint64(pruneBase + 0x04) // B1
+			e := &pathEngine{at: map[*engine.Request]uint64{}, ran: map[uint64]bool{},
+				stuck: map[uint64]bool{stuckAt: true}, removed: map[*engine.Request]int{}}
+			now := time.Unix(0, 0)
+			s.Arm(e, "test", Flag(nil), func() time.Time { return now })
+			armed := len(s.Live())
+			done, err := s.Remove(e)
+			if done || err == nil {
+				t.Fatalf("Remove: done %v, err %v; want not done and B1's error", done, err)
+			}
+			live := s.Live()
+			if len(live) != 1 || e.at[live[0].Request] != stuckAt {
+				t.Fatalf("live after Remove: %+v, want B1's probe alone", live)
+			}
+			if len(e.removed) != armed-1 {
+				t.Errorf("%d probes removed, want %d", len(e.removed), armed-1)
+			}
+			for r, n := range e.removed {
+				if n != 1 {
+					t.Errorf("probe at %#x removed %d times", e.at[r], n)
+				}
+			}
+			delete(e.stuck, stuckAt)
+			if done, err := s.Remove(e); !done || err != nil || len(s.Live()) != 0 {
+				t.Errorf("second Remove: done %v, err %v, %d live", done, err, len(s.Live()))
+			}
+		})
 	}
 }
