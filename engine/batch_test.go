@@ -463,3 +463,78 @@ func TestRemoveAfterModuleUnload(t *testing.T) {
 		t.Errorf("after removal: %+v, %d splices, text % x, engine's view % x", st, len(h.k.Splices), h.k.TextNow(), view)
 	}
 }
+
+// A module unloaded and loaded again at the same address while a session
+// holds points in it: the driver put the bytes back and forgot the
+// splices. A later request at one of those points gets a new point (it
+// failed with "re-point …: no such file or directory"); the old session's
+// request is still removed cleanly and does not disturb the new one. Both
+// a springboard point (+0x9) and a direct one (next_fn) are tried.
+func TestAddAfterModuleReload(t *testing.T) {
+	h := newHarness(t)
+	old := h.count("a", nil, "filename_lookup+0x9", "next_fn")
+	for _, r := range old {
+		at := r.Site().Addr()
+		h.k.Unload(at, at+1)
+	}
+	h.k.Unload(textAddr, textAddr+0x30) // the springboard's slot, in the padding
+	if len(h.k.Splices) != 0 {
+		t.Fatalf("splices left after the unload: %v", h.k.Splices)
+	}
+	// The module is back, its text as before: new requests at the same
+	// points.
+	fresh := h.count("b", nil, "filename_lookup+0x9", "next_fn")
+	if len(h.k.Splices) == 0 {
+		t.Fatal("the new requests spliced nothing")
+	}
+	for i, r := range fresh {
+		if in := h.e.Installed(r); in.Patch == 0 || in.Patch == h.e.Installed(old[i]).Patch {
+			t.Errorf("%s: installed %+v, want a new patch", r.Site().Where(), in)
+		}
+		if err := h.k.Count(r.Site().Addr(), 3); err != nil {
+			t.Fatal(err)
+		}
+		if n := h.k.Counter(r.Counter()); n != 3 {
+			t.Errorf("%s: new request counted %d, want 3", r.Site().Where(), n)
+		}
+		if n := h.k.Counter(old[i].Counter()); n != 0 {
+			t.Errorf("%s: the gone request counted %d", r.Site().Where(), n)
+		}
+	}
+	splices := len(h.k.Splices)
+	h.remove(old...)
+	if len(h.k.Splices) != splices {
+		t.Errorf("removing the gone requests changed the driver's splices: %d → %d", splices, len(h.k.Splices))
+	}
+	for _, r := range fresh {
+		if err := h.k.Count(r.Site().Addr(), 1); err != nil || h.k.Counter(r.Counter()) != 4 {
+			t.Errorf("%s: after the old session's removal the new request counts %d (%v), want 4", r.Site().Where(), h.k.Counter(r.Counter()), err)
+		}
+	}
+	h.remove(fresh...)
+	h.restored()
+}
+
+// ForgetText, told that a module went (the planner saw it leave the
+// module list): its points and their original bytes are dropped at once,
+// before any request there is changed; the sessions' requests are still
+// removed cleanly, and points outside the range stay.
+func TestForgetText(t *testing.T) {
+	h := newHarness(t)
+	in := h.count("a", nil, "filename_lookup+0x9", "filename_lookup+0x12")
+	out := h.count("b", nil, "next_fn")
+	h.k.Unload(textAddr, textAddr+0x30)
+	if n := h.e.ForgetText(textAddr, textAddr+0x30); n != 2 {
+		t.Errorf("forgot %d points, want 2", n)
+	}
+	if st := h.e.State(); st.Points != 1 || st.Overlay != 1 {
+		t.Errorf("after ForgetText: %+v, want next_fn's point and its bytes alone", st)
+	}
+	view := make([]byte, 0x30)
+	if err := h.e.Text().Read(textAddr, view); err != nil || !bytes.Equal(view, text[:0x30]) {
+		t.Errorf("the engine's view of the gone text: % x (%v)", view, err)
+	}
+	h.remove(in...)
+	h.remove(out...)
+	h.restored()
+}

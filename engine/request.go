@@ -35,6 +35,10 @@ type point struct {
 	// pending: an AddEach batch has written the point's patch and will
 	// splice it with the rest of the batch.
 	pending bool
+	// gone: the driver no longer has the point's splice (it put the bytes
+	// back as the module was unloaded); its requests only wait to be
+	// removed (pointGone).
+	gone bool
 	// (Fields ordered to pack: a coverage session has one per probe.)
 }
 
@@ -133,6 +137,13 @@ func (e *Engine) addLocked(s *splice.Site, sp Spec) (*Request, error) {
 	reqs := append(append([]*Request(nil), pt.reqs...), r)
 	if err := e.install(pt, reqs, r.hooks); err != nil {
 		e.freeSlots(r)
+		if errors.Is(err, errPointGone) {
+			// The point's module went (and may be back at the same
+			// address): its old requests stay with it, to be removed;
+			// r goes to a new point.
+			pt.reqs = reqs[:len(reqs)-1]
+			return e.addLocked(s, sp)
+		}
 		return nil, err
 	}
 	for _, ps := range pt.sites() {
@@ -209,7 +220,9 @@ func (e *Engine) newPoint(s *splice.Site) *point {
 // about 20 MB after its last probe was gone. The caller holds e.mu.
 func (e *Engine) dropPoint(pt *point) {
 	for _, ps := range pt.sites() {
-		delete(e.points, ps.Addr())
+		if e.points[ps.Addr()] == pt { // a gone point's address may have a new one
+			delete(e.points, ps.Addr())
+		}
 	}
 	if len(e.points) == 0 {
 		e.points = make(map[uint64]*point)
@@ -238,7 +251,7 @@ func (e *Engine) removeLocked(r *Request) error {
 	if len(reqs) == len(pt.reqs) {
 		return fmt.Errorf("%s: request of %s not installed", r.site.Where(), r.owner)
 	}
-	if err := e.install(pt, reqs, r.hooks); err != nil {
+	if err := e.install(pt, reqs, r.hooks); err != nil && !errors.Is(err, errPointGone) {
 		return err
 	}
 	// A task preempted in the old patch may still write the slots: they
@@ -258,6 +271,10 @@ func (e *Engine) removeLocked(r *Request) error {
 // in it. The steps are reported to h. On error the point is as it was.
 // The caller holds e.mu.
 func (e *Engine) install(pt *point, reqs []*Request, h Hooks) error {
+	if pt.gone {
+		pt.reqs = reqs // nothing runs there: nothing to re-point
+		return nil
+	}
 	s := pt.site
 	old := pt.patch
 	if len(reqs) == 0 {
@@ -280,11 +297,11 @@ func (e *Engine) install(pt *point, reqs []*Request, h Hooks) error {
 	switch {
 	case pt.slotSplice != 0: // a springboard splice: re-point its slot
 		if err := timed(h, StepResplice, func() error { return e.dev.Resplice(pt.slotSplice, patch) }); err != nil {
-			return fail(fmt.Errorf("re-point the springboard of %s: %w", s.Where(), err))
+			return fail(e.resplicedGone(pt, reqs, fmt.Errorf("re-point the springboard of %s: %w", s.Where(), err)))
 		}
 	case pt.splice != 0:
 		if err := timed(h, StepResplice, func() error { return e.dev.Resplice(pt.splice, patch) }); err != nil {
-			return fail(fmt.Errorf("re-point %s: %w", s.Where(), err))
+			return fail(e.resplicedGone(pt, reqs, fmt.Errorf("re-point %s: %w", s.Where(), err)))
 		}
 	case pt.class == springboard.Springboard:
 		if err := e.springboardSplice(pt, patch, h); err != nil {
@@ -332,6 +349,67 @@ func (e *Engine) unsplice(pt *point) error {
 		pt.slotSplice = 0
 	}
 	return nil
+}
+
+// errPointGone is install's answer for a point whose splice the driver no
+// longer has (resplicedGone).
+var errPointGone = errors.New("its splice went with its module")
+
+// resplicedGone is err, the failure to re-point pt; when it says the
+// driver has no such splice (ENOENT: its module was unloaded, and the
+// driver put the bytes back and forgot the id), pt is taken out of the
+// engine's tables (pointGone), its requests become reqs, and the error
+// is errPointGone. Without this, a session holding points in a module
+// that was unloaded and loaded again at the same address made every later
+// request there fail ("re-point …: no such file or directory"). The
+// caller holds e.mu.
+func (e *Engine) resplicedGone(pt *point, reqs []*Request, err error) error {
+	if !errors.Is(err, syscall.ENOENT) {
+		return err
+	}
+	e.pointGone(pt)
+	pt.reqs = reqs
+	return fmt.Errorf("%w: %w", errPointGone, err)
+}
+
+// pointGone drops a point whose splice the driver no longer has: its
+// original bytes from the overlay (the text there is the kernel's own, or
+// another module's), its patch and springboard slot to reclaim (as when
+// a removal finds the splice gone: goneIsRemoved), its addresses from
+// points. Its requests stay with it until they are removed (install then
+// only forgets them). The caller holds e.mu.
+func (e *Engine) pointGone(pt *point) {
+	e.log.Info("splice gone with its module: point dropped", "at", pt.site.Where())
+	for _, ps := range pt.sites() {
+		e.ov.forget(ps.Addr())
+	}
+	if pt.slot != 0 {
+		e.ov.forget(pt.slot)
+	}
+	e.retire(pt.patch, pt.slot, pt.site.Addr(), nil)
+	e.dropPoint(pt)
+	pt.patch, pt.splice, pt.slotSplice, pt.slot, pt.gone = 0, 0, 0, 0, true
+}
+
+// ForgetText drops every point in [lo, hi), text that went: a module
+// unloaded, whose splices the driver restored and forgot as it went. The
+// points' requests stay until their sessions remove them. (A module
+// unloaded and loaded again at the same place between two looks is found
+// at the next change of one of its points instead: resplicedGone.) It
+// returns how many points it dropped.
+func (e *Engine) ForgetText(lo, hi uint64) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	gone := map[*point]bool{}
+	for a, pt := range e.points {
+		if a >= lo && a < hi && !pt.pending {
+			gone[pt] = true
+		}
+	}
+	for pt := range gone {
+		e.pointGone(pt)
+	}
+	return len(gone)
 }
 
 // goneOK is err, or nil for a splice the driver no longer has: removed

@@ -35,6 +35,7 @@ func (d *Daemon) BenchArm(ctx context.Context, req api.ArmRequest) (api.ArmResul
 	if req.Blocks <= 0 || req.Blocks > maxArmBlocks {
 		return api.ArmResult{}, badRequest(fmt.Errorf("blocks %d: want 1..%d", req.Blocks, maxArmBlocks))
 	}
+	d.refresh()
 	targets := req.Targets
 	if len(targets) == 0 {
 		targets = []string{"*"}

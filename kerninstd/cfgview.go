@@ -14,6 +14,7 @@ func (d *Daemon) FunctionCFG(name string) (api.CFG, error) {
 	if p, err := splice.ParsePoint(name); err != nil || p.HasOffset || p.HasBlock {
 		return api.CFG{}, badRequest(fmt.Errorf("cfg: want a function name, got %q", name))
 	}
+	d.refresh()
 	f, _, err := d.plan.Func(name)
 	if err != nil {
 		return api.CFG{}, err

@@ -25,7 +25,7 @@ type Config struct {
 	Kallsyms string // default /proc/kallsyms
 	// KprobeBlacklist is the kernel's kprobe blacklist, whose functions
 	// are refused; default kernel.KprobeBlacklistPath when Kallsyms is
-	// the default too (the running kernel).
+	// the running kernel's (/proc/kallsyms, named or by default).
 	KprobeBlacklist string
 	Release         string // kernel release; default from /proc/sys/kernel/osrelease
 	Info            func() api.Info
@@ -151,11 +151,20 @@ func New(c Config) (*Daemon, error) {
 		return nil, fmt.Errorf("load symbols: %w", err)
 	}
 	d.view = view
+	// The running kernel's own symbols: its blacklist and module list
+	// apply. (kerninstd's --kallsyms defaults to /proc/kallsyms by name:
+	// testing for "" alone left both unread in production.)
+	liveKernel := c.Kallsyms == "" || c.Kallsyms == kernel.KallsymsPath
 	bl := c.KprobeBlacklist
-	if bl == "" && c.Kallsyms == "" {
-		bl = kernel.KprobeBlacklistPath // the live kernel's
+	if bl == "" && liveKernel {
+		bl = kernel.KprobeBlacklistPath
 	}
-	p, err := splice.New(splice.Config{Kernel: view, Springboards: d.eng.Springboards(), Log: d.log, KprobeBlacklist: bl})
+	pc := splice.Config{Kernel: view, Springboards: d.eng.Springboards(), Log: d.log, KprobeBlacklist: bl}
+	if liveKernel { // watch its modules come and go
+		pc.Modules = d.modulesPath
+		pc.TextGone = func(lo, hi uint64) { d.eng.ForgetText(lo, hi) }
+	}
+	p, err := splice.New(pc)
 	if err != nil {
 		return nil, err
 	}
@@ -188,8 +197,18 @@ func (d *Daemon) Info() api.Info {
 	return in
 }
 
+// refresh brings the planner's facts up to date with the modules loaded
+// now (splice.Planner.Refresh) before a request is planned: text of a
+// module that went is forgotten, the symbols read again.
+func (d *Daemon) refresh() {
+	if err := d.plan.Refresh(); err != nil {
+		d.log.Warn("module list unreadable; symbols as last read", "err", err)
+	}
+}
+
 // Resolve maps a point to its instruction without changing anything.
 func (d *Daemon) Resolve(point string) (api.Resolved, error) {
+	d.refresh()
 	s, err := d.resolve(point)
 	if err != nil {
 		return api.Resolved{}, err
@@ -231,6 +250,7 @@ func (d *Daemon) resolvePoints(req api.SessionRequest, check func(*splice.Site) 
 
 // CreateSession installs a counter at every point, or none.
 func (d *Daemon) CreateSession(req api.SessionRequest) (api.Session, error) {
+	d.refresh()
 	if d.bpf != nil {
 		return d.createBPFSession(req)
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 
 	"github.com/kinst/kinst/cfg"
@@ -28,6 +29,11 @@ type Config struct {
 	// (kernel.KprobeBlacklistPath on a live kernel), re-read with every
 	// new symbol snapshot; its functions are refused. "": none.
 	KprobeBlacklist string
+	// Modules is the module list Refresh watches ("/proc/modules" on a
+	// live kernel); "": none. TextGone is told the text range of each
+	// module that went (the engine's ForgetText); nil: none.
+	Modules  string
+	TextGone func(lo, hi uint64)
 }
 
 // Planner plans splices in the live kernel: it keeps the facts current
@@ -45,6 +51,11 @@ type Planner struct {
 
 	blPath string // Config.KprobeBlacklist
 
+	modPath  string              // Config.Modules
+	textGone func(lo, hi uint64) // Config.TextGone
+	modMu    sync.Mutex          // protects modSeen
+	modSeen  []byte              // the module list at the last look
+
 	ownMu    sync.Mutex             // protects owned, ownedFor, bl and die
 	owned    *kernel.OwnedSites     // nil if unreadable
 	bl       kernel.KprobeBlacklist // nil if unread
@@ -60,7 +71,11 @@ type Planner struct {
 
 // New returns a planner over c.Kernel, whose symbols must load.
 func New(c Config) (*Planner, error) {
-	p := &Planner{view: c.Kernel, heap: c.Springboards, log: c.Log, blPath: c.KprobeBlacklist}
+	p := &Planner{view: c.Kernel, heap: c.Springboards, log: c.Log, blPath: c.KprobeBlacklist,
+		modPath: c.Modules, textGone: c.TextGone}
+	if p.modPath != "" {
+		p.modSeen, _ = os.ReadFile(p.modPath) // unreadable: every Refresh says so
+	}
 	if p.log == nil {
 		p.log = slog.Default()
 	}

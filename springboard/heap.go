@@ -219,3 +219,24 @@ func inReach(runs []Range, a uint64) bool {
 	}
 	return false
 }
+
+// Forget drops the runs, and the record of functions seen, in [lo, hi):
+// text that went (a module unloaded), where other code may come. Slots
+// in use there stay allocated until released.
+func (h *Heap) Forget(lo, hi uint64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	kept := h.runs[:0]
+	for _, r := range h.runs {
+		if r.End <= lo || r.Start >= hi {
+			kept = append(kept, r)
+		}
+	}
+	clear(h.runs[len(kept):])
+	h.runs = kept
+	for fn := range h.seen {
+		if fn >= lo && fn < hi {
+			delete(h.seen, fn)
+		}
+	}
+}

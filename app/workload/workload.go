@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -142,6 +143,10 @@ type MixedCounts struct {
 	Files, Execs, Signals, Timers, Pipes, TCP, Hotplugs uint64
 	// HotplugErr says why no CPU was taken offline, if none was.
 	HotplugErr string
+	// Modules counts the module's unload-and-load cycles; ModuleErr says
+	// why the last one failed, if one did.
+	Modules   uint64
+	ModuleErr string
 }
 
 // Mixed runs, side by side until ctx ends, the kinds of kernel work a
@@ -150,8 +155,10 @@ type MixedCounts struct {
 // with no arguments, or /bin/true); signals sent to itself and handled;
 // timers slept on; bytes through pipes; loopback TCP connections; and,
 // where cpu/online exists and it is allowed (root, more than one CPU),
-// the last CPU taken offline and brought back.
-func Mixed(ctx context.Context, dir string) MixedCounts {
+// the last CPU taken offline and brought back; and, when module names a
+// module file (.ko), that module unloaded and loaded again every half
+// second, left loaded or not as it was found.
+func Mixed(ctx context.Context, dir, module string) MixedCounts {
 	var c MixedCounts
 	var wg sync.WaitGroup
 	loop := func(n *uint64, f func() error) {
@@ -234,6 +241,26 @@ func Mixed(ctx context.Context, dir string) MixedCounts {
 			return err
 		})
 	}
+	if module != "" {
+		cycle, restore, err := moduleCycle(module)
+		if err != nil {
+			c.ModuleErr = err.Error()
+		} else {
+			defer restore()
+			loop(&c.Modules, func() error {
+				select {
+				case <-time.After(500 * time.Millisecond):
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+				err := cycle()
+				if err != nil {
+					c.ModuleErr = err.Error()
+				}
+				return err
+			})
+		}
+	}
 	online := fmt.Sprintf("/sys/devices/system/cpu/cpu%d/online", runtime.NumCPU()-1)
 	if runtime.NumCPU() < 2 {
 		c.HotplugErr = "one CPU"
@@ -256,4 +283,63 @@ func Mixed(ctx context.Context, dir string) MixedCounts {
 	}
 	wg.Wait()
 	return c
+}
+
+// moduleCycle returns a cycle that unloads the module of file ko if it is
+// loaded and loads it again, and restore, which leaves it loaded or not
+// as it was found. Loading the file and reading its name happen here, so
+// a bad file fails before the workload starts.
+func moduleCycle(ko string) (cycle func() error, restore func(), err error) {
+	image, err := os.ReadFile(ko)
+	if err != nil {
+		return nil, nil, err
+	}
+	name := strings.TrimSuffix(filepath.Base(ko), ".ko")
+	name = strings.ReplaceAll(name, "-", "_")
+	loaded := func() bool {
+		b, _ := os.ReadFile("/proc/modules")
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(l); len(f) > 0 && f[0] == name {
+				return true
+			}
+		}
+		return false
+	}
+	load := func() error {
+		if err := unix.InitModule(image, ""); err != nil && err != unix.EEXIST {
+			return fmt.Errorf("load %s: %w", ko, err)
+		}
+		return nil
+	}
+	unload := func() error {
+		if err := unix.DeleteModule(name, unix.O_NONBLOCK); err != nil && err != unix.ENOENT {
+			return fmt.Errorf("unload %s: %w", name, err)
+		}
+		return nil
+	}
+	was := loaded()
+	// One cycle now: a module that cannot be unloaded (in use) or
+	// loaded is said before the workload starts.
+	if was {
+		if err := unload(); err != nil {
+			return nil, nil, err
+		}
+	}
+	if err := load(); err != nil {
+		return nil, nil, err
+	}
+	cycle = func() error {
+		if err := unload(); err != nil {
+			return err
+		}
+		return load()
+	}
+	restore = func() {
+		if was {
+			load()
+		} else {
+			unload()
+		}
+	}
+	return cycle, restore, nil
 }

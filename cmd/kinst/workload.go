@@ -16,7 +16,7 @@ import (
 // activity of a known shape.
 var workloadCommand = &command{
 	name:    "workload",
-	args:    "stat N PATH | files DIR ROUNDS | syscalls DURATION | creat DIR N | spin DURATION | mixed DIR DURATION",
+	args:    "stat N PATH | files DIR ROUNDS | syscalls DURATION | creat DIR N | spin DURATION | mixed DIR DURATION [MODULE.ko]",
 	summary: "kernel activity of a known shape, for tests and the demo",
 	hidden:  true,
 	words:   []string{"stat", "files", "syscalls", "creat", "spin", "mixed"},
@@ -61,17 +61,24 @@ func runWorkload(ctx context.Context, inv invocation) error {
 			return err
 		}
 		return workload.Creat(ctx, a[0], n)
-	case kind == "mixed" && len(a) == 2:
+	case kind == "mixed" && (len(a) == 2 || len(a) == 3):
 		ctx, stop, err := forDuration(ctx, a[1])
 		if err != nil {
 			return err
 		}
 		defer stop()
-		c := workload.Mixed(ctx, a[0])
-		fmt.Fprintf(inv.err, "workload: %d files, %d execs, %d signals, %d timers, %d pipes, %d tcp, %d hotplugs\n",
-			c.Files, c.Execs, c.Signals, c.Timers, c.Pipes, c.TCP, c.Hotplugs)
+		module := ""
+		if len(a) == 3 {
+			module = a[2]
+		}
+		c := workload.Mixed(ctx, a[0], module)
+		fmt.Fprintf(inv.err, "workload: %d files, %d execs, %d signals, %d timers, %d pipes, %d tcp, %d hotplugs, %d module reloads\n",
+			c.Files, c.Execs, c.Signals, c.Timers, c.Pipes, c.TCP, c.Hotplugs, c.Modules)
 		if c.HotplugErr != "" {
 			fmt.Fprintf(inv.err, "workload: no CPU taken offline: %s\n", c.HotplugErr)
+		}
+		if c.ModuleErr != "" {
+			fmt.Fprintf(inv.err, "workload: module: %s\n", c.ModuleErr)
 		}
 		return nil
 	case kind == "spin" && len(a) == 1:

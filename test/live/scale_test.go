@@ -203,9 +203,10 @@ func TestArmAtScale(t *testing.T) {
 		arm, blocks = fmt.Sprintf("-n %d", n), n
 	}
 	// The workload: files, processes, signals, timers, pipes, loopback
-	// TCP and a CPU taken offline and back, beside a syscall load, for
-	// the whole bench (planning, arming and removal); stopped after it.
-	out := gsh(t, ctx, fmt.Sprintf("kinst workload mixed /tmp 30m 2>/tmp/mixed.log & m=$!; kinst workload syscalls 30m >/dev/null 2>&1 & s=$!; "+
+	// TCP, a CPU taken offline and back and a module (evdev) unloaded and
+	// loaded again, beside a syscall load, for the whole bench (planning,
+	// arming and removal); stopped after it.
+	out := gsh(t, ctx, fmt.Sprintf("kinst workload mixed /tmp 30m /lib/modules/evdev.ko 2>/tmp/mixed.log & m=$!; kinst workload syscalls 30m >/dev/null 2>&1 & s=$!; "+
 		"kinst bench arm %s --json; kill -INT $m $s; wait", arm))
 	var rep api.ArmReport
 	if err := json.Unmarshal([]byte(out), &rep); err != nil || len(rep.Runs) != 1 {
@@ -225,7 +226,14 @@ func TestArmAtScale(t *testing.T) {
 	if r.Armed+r.Refused != blocks || r.Armed < blocks*9/10 {
 		t.Errorf("armed %d, refused %d of %d blocks (%v)", r.Armed, r.Refused, blocks, r.Refusals)
 	}
-	t.Log(strings.TrimSpace(gsh(t, ctx, "cat /tmp/mixed.log")))
+	mixed := strings.TrimSpace(gsh(t, ctx, "cat /tmp/mixed.log"))
+	t.Log(mixed)
+	if strings.Contains(mixed, " 0 module reloads") || strings.Contains(mixed, "workload: module:") {
+		t.Errorf("the workload did not unload and load evdev throughout:\n%s", mixed)
+	}
+	if lsmod := gsh(t, ctx, "grep -c '^evdev ' /proc/modules || true"); strings.TrimSpace(lsmod) != "1" {
+		t.Errorf("evdev not loaded after the workload (it was before)")
+	}
 	noOops(t, ctx, "kinst bench arm")
 	if oom := gsh(t, ctx, "dmesg | grep -i 'out of memory' || true"); oom != "" {
 		t.Errorf("the OOM killer ran:\n%s", oom)

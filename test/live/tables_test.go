@@ -345,3 +345,35 @@ func TestModuleSymbolsFromELF(t *testing.T) {
 func landingPad(code []byte) bool {
 	return bytes.HasPrefix(code, []byte{0xf3, 0x0f, 0x1e, 0xfa}) || bytes.HasPrefix(code, []byte{0x66, 0x0f, 0x1f, 0x00})
 }
+
+// Every function on the kernel's own kprobe blacklist (NOKPROBE_SYMBOL,
+// read by the guest from debugfs) is refused by the running kerninstd.
+// The daemon read the blacklist only when started without --kallsyms,
+// and it is started with its default, /proc/kallsyms: in production the
+// blacklist went unread, and notify_die, for one, took a probe.
+func TestKprobeBlacklistRefused(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var names []string
+	for _, l := range strings.Split(gsh(t, ctx, "cat /sys/kernel/debug/kprobes/blacklist"), "\n") {
+		if f := strings.Fields(l); len(f) == 2 {
+			names = append(names, f[1])
+		}
+	}
+	if len(names) < 100 {
+		t.Fatalf("the guest's kprobe blacklist lists %d functions", len(names))
+	}
+	refused := 0
+	for _, name := range names {
+		r, err := client.Resolve(ctx, name)
+		if err == nil {
+			t.Errorf("%s is on the kprobe blacklist but resolves to %s+%#x (%s)", name, r.Function, r.Offset, r.SpliceClass)
+			continue
+		}
+		refused++
+	}
+	t.Logf("%d functions of the kprobe blacklist, %d refused", len(names), refused)
+	if _, stderr, status := gexec(t, ctx, "kinst", "count", "notify_die", "--duration", "1s"); status == 0 || !strings.Contains(stderr, "blacklist") {
+		t.Errorf("kinst count notify_die: status %d, %q; want the kprobe blacklist's refusal", status, stderr)
+	}
+}

@@ -20,16 +20,24 @@ func TestCoverModuleUnloaded(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	log0 := dmesgLines(t, ctx)
-	out := gsh(t, ctx, "(kinst cover --module evdev --duration 6s --json >/tmp/ev.json 2>/tmp/ev.err; echo \"status $?\" >/tmp/ev.rc) & "+
-		"until kinst ls 2>/dev/null | grep -q cover; do sleep 0.2; done; "+
-		"rmmod evdev && echo unloaded; insmod /lib/modules/evdev.ko && echo loaded; wait; cat /tmp/ev.rc; tail -3 /tmp/ev.err; "+
+	// While the session still holds its (now gone) points, a count at
+	// one of them: evdev comes back at the same address, where the
+	// engine's old point must give way to a new one.
+	out := gsh(t, ctx, "(kinst cover --module evdev --duration 10s --json >/tmp/ev.json 2>/tmp/ev.err; echo \"status $?\" >/tmp/ev.rc) & "+
+		"until kinst ls 2>/dev/null | grep -q cover; do sleep 0.2; done; grep ' evdev_open' /proc/kallsyms; "+
+		"rmmod evdev && echo unloaded; insmod /lib/modules/evdev.ko && echo loaded; grep ' evdev_open' /proc/kallsyms; "+
+		"kinst count evdev_open --duration 1s >/dev/null 2>/tmp/cnt.err; echo \"count status $?\"; cat /tmp/cnt.err; "+
+		"wait; cat /tmp/ev.rc; tail -3 /tmp/ev.err; "+
 		"lsmod | grep -q '^evdev ' && echo evdev back")
 	t.Logf("%s", out)
 	if !strings.Contains(out, "unloaded") || !strings.Contains(out, "loaded") || !strings.Contains(out, "evdev back") {
 		t.Fatalf("rmmod/insmod of evdev under the session: %q", out)
 	}
-	if !strings.Contains(out, "status 0") {
+	if !strings.Contains(out, "\nstatus 0") {
 		t.Errorf("kinst cover over the unloaded module: %q; want status 0", out)
+	}
+	if !strings.Contains(out, "count status 0") {
+		t.Errorf("kinst count evdev_open beside the session's gone points: %q; want status 0 (it failed with re-point …: no such file or directory)", out)
 	}
 	var rep api.CoverReport
 	if err := json.Unmarshal([]byte(gsh(t, ctx, "cat /tmp/ev.json")), &rep); err != nil {
