@@ -1125,3 +1125,35 @@ func TestRefresh(t *testing.T) {
 		t.Errorf("libm:cbrt counted %d times, want the program's 1000", n)
 	}
 }
+
+// A stripped executable (no .symtab, nothing of its own in .dynsym, as
+// Debian ships xz): a name or glob that matches nothing of it says it is
+// stripped, and, where libraries have matches, how to name them; it did
+// say only "name it ld-linux-x86-64:*" for '*'.
+func TestStrippedExecutableSaid(t *testing.T) {
+	bin := build(t)
+	if out, err := exec.Command("strip", "-s", bin).CombinedOutput(); err != nil {
+		t.Skipf("strip: %v %s", err, out)
+	}
+	w := start(t, bin)
+	tg, err := Attach(w.cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tg.Close()
+	for _, tc := range []struct{ point, says string }{
+		{"*", "libc:*"},
+		{"work", ""},
+		{"nanosleep", "name them as libc:nanosleep"},
+	} {
+		var err error
+		if strings.Contains(tc.point, "*") {
+			_, err = tg.Functions(tc.point)
+		} else {
+			_, err = tg.Resolve(tc.point)
+		}
+		if !errors.Is(err, ErrNoFunction) || !strings.Contains(err.Error(), "the executable is stripped") || !strings.Contains(err.Error(), tc.says) {
+			t.Errorf("%s: %v, want ErrNoFunction saying the executable is stripped and %q", tc.point, err, tc.says)
+		}
+	}
+}

@@ -462,16 +462,25 @@ func (t *Target) notFound(name, lib string) error {
 			}
 		}
 	}
-	if len(in) > 0 {
-		var mods []string
-		for mod := range in {
-			mods = append(mods, mod)
-		}
-		sort.Strings(mods)
-		return fmt.Errorf("%w; it is in %s: name it %s:%s", err, strings.Join(mods, ", "), libName(mods[0]), name)
+	var mods, named []string
+	for mod := range in {
+		mods = append(mods, mod)
+	}
+	sort.Strings(mods)
+	for _, mod := range mods {
+		named = append(named, libName(mod)+":"+name)
 	}
 	if _, ok := t.text[""]; !ok {
-		return fmt.Errorf("%w: the executable has no symbol table (stripped, with no exported functions)", err)
+		// Said first: a stripped executable is why nothing of it
+		// matched, whatever the libraries hold.
+		err = fmt.Errorf("%w: the executable is stripped (no .symtab, no functions of its own in .dynsym, no debug file found)", err)
+		if len(in) > 0 {
+			return fmt.Errorf("%w; %s matches functions of %s: name them as %s", err, name, strings.Join(mods, ", "), strings.Join(named, " "))
+		}
+		return err
+	}
+	if len(in) > 0 {
+		return fmt.Errorf("%w; it is in %s: name it %s", err, strings.Join(mods, ", "), strings.Join(named, " or "))
 	}
 	return err
 }
