@@ -334,12 +334,7 @@ func TestBadInput(t *testing.T) {
 		{"nanosl*", "name it libc:nanosl*"},
 		{"libm:sin", "maps no library libm (it maps "},
 	} {
-		var err error
-		if strings.Contains(tc.point, "*") {
-			_, err = tg.Functions(tc.point)
-		} else {
-			_, err = tg.Resolve(tc.point)
-		}
+		err := lookupErr(tg, tc.point)
 		if !errors.Is(err, ErrNoFunction) || !strings.Contains(err.Error(), tc.says) {
 			t.Errorf("%s: %v, want ErrNoFunction saying %q", tc.point, err, tc.says)
 		}
@@ -1146,14 +1141,20 @@ func TestStrippedExecutableSaid(t *testing.T) {
 		{"work", ""},
 		{"nanosleep", "name them as libc:nanosleep"},
 	} {
-		var err error
-		if strings.Contains(tc.point, "*") {
-			_, err = tg.Functions(tc.point)
-		} else {
-			_, err = tg.Resolve(tc.point)
-		}
+		err := lookupErr(tg, tc.point)
 		if !errors.Is(err, ErrNoFunction) || !strings.Contains(err.Error(), "the executable is stripped") || !strings.Contains(err.Error(), tc.says) {
 			t.Errorf("%s: %v, want ErrNoFunction saying the executable is stripped and %q", tc.point, err, tc.says)
 		}
 	}
+}
+
+// lookupErr is the error of looking point up: a glob's functions, or a
+// point resolved.
+func lookupErr(tg *Target, point string) error {
+	if strings.Contains(point, "*") {
+		_, err := tg.Functions(point)
+		return err
+	}
+	_, err := tg.Resolve(point)
+	return err
 }
