@@ -225,3 +225,24 @@ type BisectReport struct {
 	Tries     int      `json:"tries"` // VM boots
 	ElapsedNS int64    `json:"elapsed_ns"`
 }
+
+// LinesReport is `kinst lines FUNC --json`: the source lines of a kernel
+// function and whether the instruction where each starts takes a probe.
+type LinesReport struct {
+	Function string       `json:"function"`
+	Address  Addr         `json:"address"`
+	Vmlinux  string       `json:"vmlinux"` // the debug file the lines come from
+	Lines    []SourceLine `json:"lines"`
+}
+
+// SourceLine is one line of a LinesReport.
+type SourceLine struct {
+	File   string `json:"file"`
+	Line   int    `json:"line"`
+	Offset uint64 `json:"offset"` // where the line's code starts first, in the function
+	Point  string `json:"point"`  // FUNC+0xOFF
+	// SpliceClass of the instruction there (direct, springboard,
+	// covering, trap), or "refused" with Refused saying why.
+	SpliceClass string `json:"splice_class"`
+	Refused     string `json:"refused,omitempty"`
+}

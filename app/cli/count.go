@@ -23,6 +23,8 @@ type CountOptions struct {
 	// TTL removes the counters after this long even if kinst is gone.
 	TTL     time.Duration
 	Command []string // run this and count for its lifetime
+	// Debug is where a FILE:LINE point's addresses come from.
+	Debug DebugOptions
 }
 
 // Count attaches a counter at every point, reports live, and removes the
@@ -31,14 +33,24 @@ type CountOptions struct {
 func Count(ctx context.Context, c *api.Client, o CountOptions, env Env) (int, error) {
 	stdout, stderr := env.Out, env.Err
 	if len(o.Points) == 0 {
-		return 2, errors.New("count: name at least one POINT (FUNC, FUNC+0xOFF or a classic name such as lookuppn)")
+		return 2, errors.New("count: name at least one POINT (FUNC, FUNC+0xOFF, FILE:LINE or a classic name such as lookuppn)")
 	}
 	if o.Interval <= 0 {
 		o.Interval = time.Second
 	}
-	sess, err := c.CreateSession(ctx, api.SessionRequest{Points: o.Points, Tied: true, Name: o.Name, TTLNS: int64(o.TTL)})
+	lp, err := expandSourceLines(ctx, c, o.Points, o.Debug, stderr)
 	if err != nil {
 		return 1, err
+	}
+	sess, err := c.CreateSession(ctx, api.SessionRequest{Points: lp.points, Tied: true, Name: o.Name, TTLNS: int64(o.TTL)})
+	if err != nil {
+		return 1, err
+	}
+	// A probe of a source line is named by the line it was asked as.
+	for i := range sess.Probes {
+		if i < len(lp.labels) {
+			sess.Probes[i].Resolved.Point = lp.labels[i]
+		}
 	}
 	for _, p := range sess.Probes {
 		describeProbe(stderr, p.Resolved, p.Mechanism)
@@ -88,7 +100,10 @@ func Count(ctx context.Context, c *api.Client, o CountOptions, env Env) (int, er
 		}
 		fmt.Fprintf(stderr, "kinst: wrote %s\n", o.SVG)
 	}
-	for _, p := range final.Probes {
+	for i, p := range final.Probes {
+		if i < len(lp.labels) {
+			p.Point = lp.labels[i]
+		}
 		cp := api.CountProbe{Point: p.Point, Function: p.Function, Offset: p.Offset, Address: p.Address, Count: p.Count, Mechanism: p.Mechanism}
 		if p.Classic != nil {
 			cp.Classic = p.Classic.Solaris

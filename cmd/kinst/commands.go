@@ -148,7 +148,7 @@ var commands []*command
 func init() {
 	commands = []*command{
 		countCommand, coverCommand, timeCommand, waitersCommand, drilldownCommand, watchCommand, lsCommand, detachCommand,
-		rdCommand, cfgCommand, benchCommand, offcpuCommand, unwindCommand, coreCommand, vmCommand, driverCommand,
+		rdCommand, cfgCommand, linesCommand, benchCommand, offcpuCommand, unwindCommand, coreCommand, vmCommand, driverCommand,
 		versionCommand, completionCommand, workloadCommand, helpCommand, gendocsCommand,
 	}
 }

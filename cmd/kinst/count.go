@@ -19,6 +19,13 @@ springboard (jmp rel8 to a slot in nearby padding), a covering splice (one jmp
 over them and the next instructions of their block) or, with neither, a trap
 splice (int3). Several requests at one point share one patch.
 
+kinst count also takes FILE:LINE (fs/stat.c:192, matched by path suffix),
+as perf probe does: the line's code is found in the debug vmlinux
+(--vmlinux PATH, else the running kernel's under /usr/lib/debug), one
+counter where it starts in each function that holds it (its inlined
+copies included), each row named by the line. A line that starts no code
+is refused with the nearest lines that do; kinst lines FUNC lists them.
+
 Counts print every --interval until --duration ends, CMD exits (kinst then
 exits with its status) or Ctrl-C; then the totals, and the splices are removed.
 Live rows and CMD's output share stdout: -o FILE keeps the report apart.`,
@@ -30,13 +37,19 @@ Live rows and CMD's output share stdout: -o FILE keeps the report apart.`,
 		sessionFlags(fs, &o.Name, &o.TTL)
 		svgFlag(fs, &o.SVG, "a chart of the counts per second over time")
 		jsonCmdFlag(fs, &o.JSON, "one report")
+		vmlinuxFlag(fs, &o.Debug)
 		pid := fs.IntP("pid", "p", 0, "count in the user process `PID` instead of the kernel: POINT is FUNC[+0xOFF], FUNC:BLOCK or LIB:FUNC (the engine runs in kinst through ptrace; no kerninstd). With -p 0 -- CMD, CMD is started and spliced at its entry point (its libraries mapped, none of its code run)")
 		return func(ctx context.Context, inv invocation) (int, error) {
 			o.Points, o.Command = inv.args, inv.command
 			if len(o.Points) == 0 {
-				return 2, usagef("name at least one POINT (FUNC, FUNC+0xOFF, FUNC:BLOCK or a classic name such as lookuppn)")
+				return 2, usagef("name at least one POINT (FUNC, FUNC+0xOFF, FUNC:BLOCK, FILE:LINE or a classic name such as lookuppn)")
 			}
 			if fs.Changed("pid") {
+				for _, p := range o.Points {
+					if _, _, ok := cli.ParseSourceLine(p); ok {
+						return 2, usagef("%s: source-line points are for the kernel only so far (in a process, name FUNC+0xOFF)", p)
+					}
+				}
 				if *pid < 0 || (*pid == 0) == (len(o.Command) == 0) {
 					return 2, usagef("-p PID names a running process, or -p 0 with -- CMD a command to start")
 				}

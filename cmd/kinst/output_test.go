@@ -31,6 +31,7 @@ func TestOutputKeptOnFailure(t *testing.T) {
 		"detach":            {"x"},
 		"rd":                {"jiffies"},
 		"cfg":               {"vfs_read"},
+		"lines":             {"vfs_read"},
 		"bench splice":      {"vfs_read"},
 		"bench hit":         nil,
 		"bench churn":       {"vfs_read", "-n", "1"},

@@ -231,3 +231,109 @@ func waitArmed(ctx context.Context, name string) bool {
 	}
 	return false
 }
+
+// Source lines as points, on the host against the guest's kerninstd with
+// Debian's debug vmlinux: kinst lines vfs_statx lists lines whose places
+// addr2line confirms at their link-time addresses; kinst count on a line
+// of vfs_statx's entry block, beside a counter at vfs_statx's entry,
+// counts exactly as often while a stat loop runs (the block runs once a
+// call), and the row is named by the line.
+func TestSourceLinePoints(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	vmlinux := live.DebugVmlinux(t)
+	slide := kaslrSlide(t, ctx, vmlinux)
+	remote := []string{"--addr", guest.KerninstdAddr(), "--token-file", guest.TokenFile(), "--vmlinux", vmlinux}
+	out, _ := hostKinst(t, append([]string{"lines", "vfs_statx", "--json"}, remote...)...)
+	var rep api.LinesReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || len(rep.Lines) < 5 {
+		t.Fatalf("kinst lines vfs_statx: %v, %d lines\n%.2000s", err, len(rep.Lines), out)
+	}
+	var addrs []uint64
+	for _, l := range rep.Lines {
+		addrs = append(addrs, uint64(rep.Address)+l.Offset-slide)
+	}
+	for i, w := range debuginfotest.Addr2line(t, vmlinux, addrs) {
+		if got := fmt.Sprintf("%s:%d", rep.Lines[i].File, rep.Lines[i].Line); got != w {
+			t.Errorf("%s: %s, addr2line %s", rep.Lines[i].Point, got, w)
+		}
+	}
+	// A line of fs/stat.c that starts in the entry block, past the entry
+	// instruction, and takes a probe.
+	cfg, err := client.CFG(ctx, "vfs_statx")
+	if err != nil {
+		t.Fatal(err)
+	}
+	entryEnd := uint64(0)
+	for _, in := range cfg.Blocks[0].Instructions {
+		entryEnd = max(entryEnd, in.Offset+uint64(in.Length))
+	}
+	var pick *api.SourceLine
+	for i, l := range rep.Lines {
+		if strings.HasSuffix(l.File, "fs/stat.c") && l.Offset > 0 && l.Offset < entryEnd && l.Refused == "" {
+			pick = &rep.Lines[i]
+			break
+		}
+	}
+	if pick == nil {
+		t.Fatalf("no line of fs/stat.c starts in vfs_statx's entry block [0, %#x) and takes a probe: %+v", entryEnd, rep.Lines)
+	}
+	point := fmt.Sprintf("fs/stat.c:%d", pick.Line)
+	t.Logf("%s starts at %s (%s)", point, pick.Point, pick.SpliceClass)
+
+	cmd := exec.Command(filepath.Join(live.Bin, "kinst"), append([]string{"count", "vfs_statx", point, "--duration", "6s", "--json", "--name", "linecount"}, remote...)...)
+	var outb, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &outb, &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	armed := waitArmed(ctx, "linecount")
+	if armed {
+		gsh(t, ctx, "kinst workload stat 300 / >/dev/null 2>&1")
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("kinst count %s: %v\n%s", point, err, errb.String())
+	}
+	if !armed {
+		t.Fatalf("session linecount never listed\n%s", errb.String())
+	}
+	var crep api.CountReport
+	if err := json.Unmarshal(outb.Bytes(), &crep); err != nil {
+		t.Fatalf("%v\n%s", err, outb.String())
+	}
+	t.Logf("%s", errb.String())
+	var entry, line *api.CountProbe
+	for i, p := range crep.Probes {
+		switch {
+		case p.Point == "vfs_statx":
+			entry = &crep.Probes[i]
+		case p.Point == point && p.Function == "vfs_statx":
+			line = &crep.Probes[i]
+		case p.Point != point:
+			t.Errorf("probe %+v: neither point asked", p)
+		}
+	}
+	if entry == nil || line == nil {
+		t.Fatalf("probes %+v: want vfs_statx and %s (in vfs_statx)", crep.Probes, point)
+	}
+	if line.Offset != pick.Offset {
+		t.Errorf("%s counted at vfs_statx+%#x, kinst lines says +%#x", point, line.Offset, pick.Offset)
+	}
+	if entry.Count < 300 || line.Count != entry.Count {
+		t.Errorf("vfs_statx entry counted %d, %s %d: want equal and at least 300 (the stat loop)", entry.Count, point, line.Count)
+	}
+	// A line without code, and a file no line table names: refused, and
+	// nothing installed.
+	for _, bad := range []string{"fs/stat.c:1", "fs/no_such_file.c:10"} {
+		cmd := exec.Command(filepath.Join(live.Bin, "kinst"), append([]string{"count", bad, "--duration", "1s"}, remote...)...)
+		var eb bytes.Buffer
+		cmd.Stderr = &eb
+		if err := cmd.Run(); err == nil {
+			t.Errorf("kinst count %s succeeded", bad)
+		}
+		t.Logf("kinst count %s: %s", bad, strings.TrimSpace(eb.String()))
+	}
+	if info, err := client.Info(ctx); err != nil || info.Splices != 0 || info.Sessions != 0 {
+		t.Errorf("after the line counts: %+v, %v", info, err)
+	}
+}

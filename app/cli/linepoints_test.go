@@ -1,0 +1,34 @@
+package cli
+
+import "testing"
+
+// FILE:LINE is told apart from the other points that hold a colon:
+// FUNC:BLOCK, with function names that hold dots.
+func TestParseSourceLine(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		file string
+		line int
+		ok   bool
+	}{
+		{"fs/stat.c:213", "fs/stat.c", 213, true},
+		{"stat.c:1", "stat.c", 1, true},
+		{"include/linux/fs.h:40", "include/linux/fs.h", 40, true},
+		{"arch/x86/entry/entry_64.S:100", "arch/x86/entry/entry_64.S", 100, true},
+		{"rust/kernel/lib.rs:7", "rust/kernel/lib.rs", 7, true},
+		{"fs/stat.c:0", "", 0, false},
+		{"fs/stat.c:", "", 0, false},
+		{"fs/stat.c:12a", "", 0, false},
+		{"vfs_read:3", "", 0, false},
+		{"evdev_connect.cold:2", "", 0, false},
+		{"foo.isra.0:1", "", 0, false},
+		{"foo.constprop.0:4", "", 0, false},
+		{"vfs_read+0x10", "", 0, false},
+		{"lookuppn", "", 0, false},
+	} {
+		file, line, ok := ParseSourceLine(tc.in)
+		if file != tc.file || line != tc.line || ok != tc.ok {
+			t.Errorf("%q: %q %d %v, want %q %d %v", tc.in, file, line, ok, tc.file, tc.line, tc.ok)
+		}
+	}
+}

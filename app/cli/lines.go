@@ -1,0 +1,96 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"text/tabwriter"
+
+	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/internal/elfsym"
+)
+
+// Lines lists the source lines of the kernel function fn, as perf probe
+// -L does, with the splice class of the instruction each starts at (from
+// kerninstd's plan of the function): the lines a FILE:LINE point can
+// name. The lines come from the debug vmlinux (o).
+func Lines(ctx context.Context, c *api.Client, fn string, o DebugOptions, asJSON bool, env Env) error {
+	cfg, err := c.CFG(ctx, fn)
+	if err != nil {
+		return err
+	}
+	if cfg.Module != "" {
+		return fmt.Errorf("%s is in module %s: lines of module functions need the module's debug file (not read yet)", fn, cfg.Module)
+	}
+	dbg, err := debugForDaemon(ctx, c, o)
+	if err != nil {
+		return fmt.Errorf("lines need the kernel's debug vmlinux: %w", err)
+	}
+	defer dbg.Close()
+	link, err := linkAddr(dbg.Symbols(), cfg)
+	if err != nil {
+		return fmt.Errorf("%s: %w (in %s)", fn, err, dbg.Path)
+	}
+	lines, at, err := dbg.FuncLines(link, link+cfg.Size)
+	if err != nil {
+		return fmt.Errorf("%s: %w (in %s)", fn, err, dbg.Path)
+	}
+	insn := map[uint64]api.CFGInstruction{}
+	for _, b := range cfg.Blocks {
+		for _, in := range b.Instructions {
+			insn[in.Offset] = in
+		}
+	}
+	rep := api.LinesReport{Function: cfg.Function, Address: cfg.Address, Vmlinux: dbg.Path}
+	for i, l := range lines {
+		off := at[i] - link
+		sl := api.SourceLine{File: l.File, Line: l.Line, Offset: off, Point: fmt.Sprintf("%s+%#x", cfg.Function, off)}
+		if in, ok := insn[off]; ok {
+			sl.SpliceClass, sl.Refused = in.SpliceClass, in.Refused
+		} else {
+			sl.SpliceClass, sl.Refused = "refused", "not an instruction of the decoded function"
+		}
+		rep.Lines = append(rep.Lines, sl)
+	}
+	if asJSON {
+		return writeJSON(env.Out, rep)
+	}
+	fmt.Fprintf(env.Out, "%s at %#x (lines from %s)\n\n", rep.Function, uint64(rep.Address), rep.Vmlinux)
+	tw := tabwriter.NewWriter(env.Out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "line\tpoint\tsplice class")
+	for _, l := range rep.Lines {
+		class := l.SpliceClass
+		if l.Refused != "" {
+			class += ": " + l.Refused
+		}
+		fmt.Fprintf(tw, "%s:%d\t%s\t%s\n", l.File, l.Line, l.Point, class)
+	}
+	return tw.Flush()
+}
+
+// linkAddr is the link-time address of the function cfg describes: its
+// symbol in the debug file, the one of its size where several share its
+// name (static functions of different files).
+func linkAddr(syms *elfsym.Table, cfg api.CFG) (uint64, error) {
+	var found []elfsym.Symbol
+	for _, s := range syms.Symbols() {
+		if s.Name == cfg.Function && s.Kind == elfsym.Func {
+			found = append(found, s)
+		}
+	}
+	if len(found) > 1 {
+		var sized []elfsym.Symbol
+		for _, s := range found {
+			if s.Size == cfg.Size {
+				sized = append(sized, s)
+			}
+		}
+		found = sized
+	}
+	switch len(found) {
+	case 0:
+		return 0, fmt.Errorf("no function symbol %s in the debug file (not this kernel's?)", cfg.Function)
+	case 1:
+		return found[0].Addr, nil
+	}
+	return 0, fmt.Errorf("%d functions named %s of %d bytes in the debug file: which one is ambiguous", len(found), cfg.Function, cfg.Size)
+}

@@ -1,0 +1,176 @@
+package debuginfo
+
+import (
+	"debug/dwarf"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/kinst/kinst/internal/elfsym"
+)
+
+// LineAddr is where the code of a source line starts in one function:
+// a link-time address and the function symbol it lies in.
+type LineAddr struct {
+	Addr uint64
+	Func string // the function symbol holding Addr
+	Off  uint64 // Addr's offset in it
+}
+
+// NoCodeError is a source line that exists in the line tables' file but
+// starts no code (a comment, a declaration, a line the compiler merged
+// into another): Near are the closest lines before and after it that
+// do, 0 when there is none.
+type NoCodeError struct {
+	File          string
+	Line          int
+	Before, After int
+}
+
+func (e *NoCodeError) Error() string {
+	var near []string
+	if e.Before > 0 {
+		near = append(near, fmt.Sprint(e.Before))
+	}
+	if e.After > 0 {
+		near = append(near, fmt.Sprint(e.After))
+	}
+	s := fmt.Sprintf("%s:%d starts no code", e.File, e.Line)
+	if len(near) > 0 {
+		s += "; the nearest lines that do: " + strings.Join(near, ", ")
+	}
+	return s
+}
+
+func (e *NoCodeError) Is(target error) bool { return target == ErrNoLine }
+
+// LineAddrs are the places the code of line in the source file named by
+// suffix (MatchFile) starts: in every function whose code holds some of
+// it (a function, and every function a copy of it was inlined into), the
+// lowest address where a run of line-table rows of that line begins. One
+// address per function: where the compiler spread the line over several
+// runs in one function (scheduling, a loop's test), the others are left
+// out, so that a counter there counts the line once per pass through its
+// first run. In address order. A file no line table names gives
+// ErrNoLine; a line of it without code, a *NoCodeError.
+func (f *File) LineAddrs(suffix string, line int) ([]LineAddr, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return nil, errors.New("debuginfo: file closed")
+	}
+	if f.syms == nil {
+		return nil, fmt.Errorf("%s has no symbol table to name functions", f.Path)
+	}
+	first := map[string]LineAddr{} // by function symbol
+	named, before, after := "", 0, 0
+	err := f.eachUnit(func(d *dwarf.Data, cu *dwarf.Entry, hdr dwarf.Offset) (bool, error) {
+		if cu.Tag != dwarf.TagCompileUnit {
+			return true, nil
+		}
+		t, err := f.table(hdr)
+		if err != nil {
+			return true, nil // a unit without a readable table holds nothing of it
+		}
+		match := make([]bool, len(t.files))
+		any := false
+		for i, name := range t.files {
+			if MatchFile(name, suffix) {
+				match[i], any = true, true
+				if named == "" {
+					named = name
+				}
+			}
+		}
+		if !any {
+			return true, nil
+		}
+		for _, s := range t.seqs {
+			for i := 0; i < len(s.rows)-1; i++ {
+				r := s.rows[i]
+				if !match[r.file] || r.line == 0 || s.rows[i+1].addr == r.addr {
+					continue
+				}
+				l := int(r.line)
+				switch {
+				case l < line && l > before:
+					before = l
+				case l > line && (after == 0 || l < after):
+					after = l
+				}
+				if l != line {
+					continue
+				}
+				if i > 0 && s.rows[i-1].file == r.file && int(s.rows[i-1].line) == line && s.rows[i-1].addr < r.addr {
+					continue // the same run goes on
+				}
+				sym, off, ok := f.syms.Lookup(r.addr)
+				if !ok || sym.Kind != elfsym.Func {
+					continue
+				}
+				if a, ok := first[sym.Name]; !ok || r.addr < a.Addr {
+					first[sym.Name] = LineAddr{Addr: r.addr, Func: sym.Name, Off: off}
+				}
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if named == "" {
+		return nil, fmt.Errorf("no line table names %s: %w", suffix, ErrNoLine)
+	}
+	if len(first) == 0 {
+		return nil, &NoCodeError{File: named, Line: line, Before: before, After: after}
+	}
+	out := make([]LineAddr, 0, len(first))
+	for _, a := range first {
+		out = append(out, a)
+	}
+	slices.SortFunc(out, func(a, b LineAddr) int { return cmpU64(a.Addr, b.Addr) })
+	return out, nil
+}
+
+// FuncLines are the lines of the function at link-time address lo, up
+// to hi, and where each starts first in it, by line: what kinst lines
+// lists. Rows of line 0 are left out; lines of inlined code from other
+// files are kept with their file.
+func (f *File) FuncLines(lo, hi uint64) ([]Line, []uint64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	firstAt := map[Line]uint64{}
+	for at := lo; at < hi; {
+		t, s, err := f.seqAt(at)
+		if err != nil {
+			if at == lo {
+				return nil, nil, err
+			}
+			break
+		}
+		i := sort.Search(len(s.rows), func(i int) bool { return s.rows[i].addr > at }) - 1
+		for ; i < len(s.rows)-1 && s.rows[i].addr < hi; i++ {
+			r := s.rows[i]
+			if r.line == 0 || s.rows[i+1].addr == r.addr {
+				continue
+			}
+			l := Line{File: t.files[r.file], Line: int(r.line)}
+			if a, ok := firstAt[l]; !ok || max(r.addr, lo) < a {
+				firstAt[l] = max(r.addr, lo)
+			}
+		}
+		at = s.hi()
+	}
+	lines := make([]Line, 0, len(firstAt))
+	for l := range firstAt {
+		lines = append(lines, l)
+	}
+	SortLines(lines)
+	addrs := make([]uint64, len(lines))
+	for i, l := range lines {
+		addrs[i] = firstAt[l]
+	}
+	return lines, addrs, nil
+}

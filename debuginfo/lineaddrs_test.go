@@ -1,0 +1,118 @@
+package debuginfo
+
+import (
+	"errors"
+	"path"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/kinst/kinst/debuginfo/debuginfotest"
+)
+
+// LineAddrs against addr2line over every byte of every function: for
+// each source line addr2line reports, the functions LineAddrs names are
+// those with a byte of that line, each at its lowest such byte; a line
+// of the file with no byte is a NoCodeError naming lines that have some.
+func TestLineAddrsMatchAddr2line(t *testing.T) {
+	prog := buildProg(t)
+	fns := funcs(t, prog)
+	var addrs []uint64
+	var owner []string
+	for _, s := range fns {
+		for a := s.Addr; a < s.Addr+s.Size; a++ {
+			addrs, owner = append(addrs, a), append(owner, s.Name)
+		}
+	}
+	want := map[string]map[string]uint64{} // "file:line" → function → lowest address
+	for i, l := range debuginfotest.Addr2line(t, prog, addrs) {
+		if debuginfotest.Unknown(l) {
+			continue
+		}
+		if want[l] == nil {
+			want[l] = map[string]uint64{}
+		}
+		if a, ok := want[l][owner[i]]; !ok || addrs[i] < a {
+			want[l][owner[i]] = addrs[i]
+		}
+	}
+	f, err := Open(prog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	checked, maxLine := 0, map[string]int{}
+	for l, byFn := range want {
+		i := strings.LastIndexByte(l, ':')
+		file, n := path.Base(l[:i]), atoi(t, l[i+1:])
+		maxLine[file] = max(maxLine[file], n)
+		got, err := f.LineAddrs(file, n)
+		if err != nil {
+			t.Errorf("%s:%d: %v; addr2line places it in %v", file, n, err, byFn)
+			continue
+		}
+		gotFn := map[string]uint64{}
+		for _, a := range got {
+			gotFn[a.Func] = a.Addr
+			if s, off, ok := f.Symbols().Lookup(a.Addr); !ok || s.Name != a.Func || off != a.Off {
+				t.Errorf("%s:%d: %+v, but the symbol table says %s+%#x", file, n, a, s.Name, off)
+			}
+		}
+		for fn, a := range byFn {
+			if gotFn[fn] != a {
+				t.Errorf("%s:%d in %s: LineAddrs %#x, addr2line's lowest %#x", file, n, fn, gotFn[fn], a)
+			}
+		}
+		if len(gotFn) != len(byFn) {
+			t.Errorf("%s:%d: LineAddrs in %v, addr2line in %v", file, n, gotFn, byFn)
+		}
+		checked++
+	}
+	if checked < 20 {
+		t.Fatalf("only %d lines checked", checked)
+	}
+	t.Logf("%d source lines agree with addr2line", checked)
+	// FuncLines of each function: the lines addr2line gives its bytes,
+	// each at its lowest byte.
+	for _, s := range fns {
+		lines, at, err := f.FuncLines(s.Addr, s.Addr+s.Size)
+		if errors.Is(err, ErrNoLine) {
+			lines, at = nil, nil // crt code: no line table (nor lines from addr2line)
+		} else if err != nil {
+			t.Errorf("%s: %v", s.Name, err)
+			continue
+		}
+		n := 0
+		for i, l := range lines {
+			if want[l.String()][s.Name] != at[i] {
+				t.Errorf("%s: %s first at %#x, addr2line's lowest %#x", s.Name, l, at[i], want[l.String()][s.Name])
+			}
+		}
+		for _, byFn := range want {
+			if _, ok := byFn[s.Name]; ok {
+				n++
+			}
+		}
+		if n != len(lines) {
+			t.Errorf("%s: FuncLines %v; addr2line gives its bytes %d lines", s.Name, lines, n)
+		}
+	}
+	// Line 1 of main.c is an #include: no code, and lines with code
+	// after it named.
+	var nc *NoCodeError
+	if _, err := f.LineAddrs("main.c", 1); !errors.As(err, &nc) || !errors.Is(err, ErrNoLine) || nc.After == 0 || nc.After > maxLine["main.c"] {
+		t.Errorf("main.c:1: %v, want a NoCodeError naming the next line with code", err)
+	}
+	if _, err := f.LineAddrs("nosuch.c", 3); !errors.Is(err, ErrNoLine) || errors.As(err, &nc) {
+		t.Errorf("nosuch.c:3: %v, want ErrNoLine (no such file)", err)
+	}
+}
+
+func atoi(t *testing.T, s string) int {
+	t.Helper()
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		t.Fatalf("line %q: %v", s, err)
+	}
+	return n
+}
