@@ -229,9 +229,12 @@ type BisectReport struct {
 // LinesReport is `kinst lines FUNC --json`: the source lines of a kernel
 // function and whether the instruction where each starts takes a probe.
 type LinesReport struct {
-	Function string       `json:"function"`
-	Address  Addr         `json:"address"`
-	Vmlinux  string       `json:"vmlinux"` // the debug file the lines come from
+	Function string `json:"function"`
+	Address  Addr   `json:"address"`
+	Vmlinux  string `json:"vmlinux"` // the debug file the lines come from
+	// Declared is FILE:LINE of the function's declaration, which FUNC:+N
+	// counts from; "" when the debug file does not say.
+	Declared string       `json:"declared,omitempty"`
 	Lines    []SourceLine `json:"lines"`
 }
 

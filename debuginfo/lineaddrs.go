@@ -174,3 +174,75 @@ func (f *File) FuncLines(lo, hi uint64) ([]Line, []uint64, error) {
 	}
 	return lines, addrs, nil
 }
+
+// DeclLine is the line a function is declared at (DW_AT_decl_file and
+// DW_AT_decl_line of the subprogram whose code starts at the link-time
+// address addr, through its abstract origin or specification where the
+// concrete copy holds only its code): what FUNC:+N counts from, as perf
+// probe's relative lines do.
+func (f *File) DeclLine(addr uint64) (Line, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return Line{}, errors.New("debuginfo: file closed")
+	}
+	off, err := f.unitAt(addr)
+	if err != nil {
+		return Line{}, err
+	}
+	d, cu, _, err := f.unit(off)
+	if err != nil {
+		return Line{}, err
+	}
+	lr, err := d.LineReader(cu)
+	if err != nil || lr == nil {
+		return Line{}, fmt.Errorf("%#x: its unit has no line table: %w", addr, ErrNoLine)
+	}
+	files := lr.Files()
+	compDir, _ := cu.Val(dwarf.AttrCompDir).(string)
+	rd := d.Reader()
+	rd.Next()
+	for {
+		e, err := rd.Next()
+		if err != nil {
+			return Line{}, err
+		}
+		if e == nil || e.Tag == 0 {
+			break
+		}
+		if e.Tag == dwarf.TagSubprogram {
+			if lo, ok := e.Val(dwarf.AttrLowpc).(uint64); ok && lo == addr {
+				return declOf(d, e, files, compDir)
+			}
+		}
+		if e.Children {
+			rd.SkipChildren()
+		}
+	}
+	return Line{}, fmt.Errorf("%#x: no subprogram of its unit starts there: %w", addr, ErrNoLine)
+}
+
+// declOf reads e's declaration, following its abstract origin or
+// specification (at most a few hops).
+func declOf(d *dwarf.Data, e *dwarf.Entry, files []*dwarf.LineFile, compDir string) (Line, error) {
+	for hop := 0; hop < 4; hop++ {
+		line, lok := e.Val(dwarf.AttrDeclLine).(int64)
+		file, fok := e.Val(dwarf.AttrDeclFile).(int64)
+		if lok && fok && file >= 0 && int(file) < len(files) && files[file] != nil {
+			return Line{File: fileName(files[file].Name, compDir), Line: int(line)}, nil
+		}
+		next, ok := e.Val(dwarf.AttrAbstractOrigin).(dwarf.Offset)
+		if !ok {
+			if next, ok = e.Val(dwarf.AttrSpecification).(dwarf.Offset); !ok {
+				break
+			}
+		}
+		rd := d.Reader()
+		rd.Seek(next)
+		var err error
+		if e, err = rd.Next(); err != nil || e == nil {
+			break
+		}
+	}
+	return Line{}, fmt.Errorf("the subprogram has no declaration line: %w", ErrNoLine)
+}

@@ -2,7 +2,10 @@ package debuginfo
 
 import (
 	"errors"
+	"os"
 	"path"
+	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -115,4 +118,48 @@ func atoi(t *testing.T, s string) int {
 		t.Fatalf("line %q: %v", s, err)
 	}
 	return n
+}
+
+// DeclLine of every function of the fixture defined in main.c or table.c
+// is the line of its definition, found in the source text.
+func TestDeclLine(t *testing.T) {
+	prog := buildProg(t)
+	f, err := Open(prog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	defined := map[string]Line{} // from the source: a line "… NAME(" not ending in ';'
+	for _, src := range []string{"main.c", "table.c"} {
+		b, err := os.ReadFile(filepath.Join("testdata/src", src))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, l := range strings.Split(string(b), "\n") {
+			m := regexp.MustCompile(`^[a-z].*\b([a-z_][a-z0-9_]*)\(`).FindStringSubmatch(l)
+			if m != nil && !strings.HasSuffix(strings.TrimSpace(l), ";") {
+				if _, seen := defined[m[1]]; !seen {
+					defined[m[1]] = Line{File: "src/" + src, Line: i + 1}
+				}
+			}
+		}
+	}
+	n := 0
+	for _, s := range funcs(t, prog) {
+		want, ok := defined[s.Name]
+		if !ok {
+			continue
+		}
+		got, err := f.DeclLine(s.Addr)
+		if err != nil || !strings.HasSuffix(got.File, want.File) || got.Line != want.Line {
+			t.Errorf("%s: DeclLine %v (%v), defined at %v", s.Name, got, err, want)
+		}
+		n++
+	}
+	if n < 3 {
+		t.Fatalf("only %d functions checked (%v)", n, defined)
+	}
+	if _, err := f.DeclLine(1); !errors.Is(err, ErrNoLine) {
+		t.Errorf("DeclLine(1): %v, want ErrNoLine", err)
+	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/debuginfo"
+	"github.com/kinst/kinst/internal/elfsym"
 )
 
 // sourceLine matches a point that names a source line, FILE:LINE, as perf
@@ -17,6 +18,31 @@ import (
 // suffix: FUNC:BLOCK is a point too, and function names hold dots
 // (foo.cold:2, bar.isra.0:1).
 var sourceLine = regexp.MustCompile(`^(.+\.(?:c|h|S|s|rs|cc|cpp)):([0-9]+)$`)
+
+// relativeLine matches FUNC:+N, a line counted from the line FUNC is
+// declared at (perf probe's relative line).
+var relativeLine = regexp.MustCompile(`^([A-Za-z_][A-Za-z0-9_.]*):\+([0-9]+)$`)
+
+// ParseRelativeLine splits a FUNC:+N point; ok is false for other points.
+func ParseRelativeLine(point string) (fn string, n int, ok bool) {
+	m := relativeLine.FindStringSubmatch(point)
+	if m == nil {
+		return "", 0, false
+	}
+	n, err := strconv.Atoi(m[2])
+	if err != nil {
+		return "", 0, false
+	}
+	return m[1], n, true
+}
+
+// IsLinePoint reports whether a point names a source line (FILE:LINE or
+// FUNC:+N).
+func IsLinePoint(p string) bool {
+	_, _, a := ParseSourceLine(p)
+	_, _, b := ParseRelativeLine(p)
+	return a || b
+}
 
 // ParseSourceLine splits a FILE:LINE point; ok is false for other points.
 func ParseSourceLine(point string) (file string, line int, ok bool) {
@@ -52,8 +78,7 @@ func expandSourceLines(ctx context.Context, c *api.Client, points []string, o De
 		}
 	}()
 	for _, p := range points {
-		file, line, ok := ParseSourceLine(p)
-		if !ok {
+		if !IsLinePoint(p) {
 			lp.points, lp.labels = append(lp.points, p), append(lp.labels, p)
 			continue
 		}
@@ -63,7 +88,7 @@ func expandSourceLines(ctx context.Context, c *api.Client, points []string, o De
 				return lp, fmt.Errorf("%s: a source line needs the kernel's debug vmlinux: %w", p, err)
 			}
 		}
-		addrs, err := dbg.LineAddrs(file, line)
+		addrs, err := lineAddrs(dbg, p)
 		if err != nil {
 			return lp, fmt.Errorf("%s: %w (in %s)", p, err, dbg.Path)
 		}
@@ -76,4 +101,45 @@ func expandSourceLines(ctx context.Context, c *api.Client, points []string, o De
 		fmt.Fprintf(w, "kinst: %s starts at %s\n", p, strings.Join(at, ", "))
 	}
 	return lp, nil
+}
+
+// lineAddrs are the places a line point's code starts: FILE:LINE's in
+// every function holding it; FUNC:+N's in FUNC only, N lines after the
+// line FUNC is declared at.
+func lineAddrs(dbg *debuginfo.File, p string) ([]debuginfo.LineAddr, error) {
+	if file, line, ok := ParseSourceLine(p); ok {
+		return dbg.LineAddrs(file, line)
+	}
+	fn, n, _ := ParseRelativeLine(p)
+	var at []uint64
+	for _, s := range dbg.Symbols().Symbols() {
+		if s.Name == fn && s.Kind == elfsym.Func {
+			at = append(at, s.Addr)
+		}
+	}
+	switch {
+	case len(at) == 0:
+		return nil, fmt.Errorf("no function %s in the debug vmlinux", fn)
+	case len(at) > 1:
+		return nil, fmt.Errorf("%d functions are named %s: name the line as FILE:LINE", len(at), fn)
+	}
+	decl, err := dbg.DeclLine(at[0])
+	if err != nil {
+		return nil, err
+	}
+	line := decl.Line + n
+	all, err := dbg.LineAddrs(decl.File, line)
+	if err != nil {
+		return nil, fmt.Errorf("%s is declared at %s, so the line is %s:%d: %w", fn, decl, decl.File, line, err)
+	}
+	var in []debuginfo.LineAddr
+	for _, a := range all {
+		if a.Func == fn {
+			in = append(in, a)
+		}
+	}
+	if len(in) == 0 {
+		return nil, fmt.Errorf("%s is declared at %s; line %d starts no code in %s itself (only in %d functions it was inlined into: name it as FILE:LINE for those)", fn, decl, line, fn, len(all))
+	}
+	return in, nil
 }

@@ -32,3 +32,29 @@ func TestParseSourceLine(t *testing.T) {
 		}
 	}
 }
+
+func TestParseRelativeLine(t *testing.T) {
+	for _, tc := range []struct {
+		in string
+		fn string
+		n  int
+		ok bool
+	}{
+		{"vfs_statx:+7", "vfs_statx", 7, true},
+		{"vfs_statx:+0", "vfs_statx", 0, true},
+		{"evdev_connect.cold:+2", "evdev_connect.cold", 2, true},
+		{"vfs_statx:7", "", 0, false},
+		{"vfs_statx+7", "", 0, false},
+		{"vfs_statx:+", "", 0, false},
+		{"fs/stat.c:+3", "", 0, false},
+		{":+3", "", 0, false},
+	} {
+		fn, n, ok := ParseRelativeLine(tc.in)
+		if fn != tc.fn || n != tc.n || ok != tc.ok {
+			t.Errorf("%q: %q %d %v, want %q %d %v", tc.in, fn, n, ok, tc.fn, tc.n, tc.ok)
+		}
+		if IsLinePoint(tc.in) != tc.ok {
+			t.Errorf("IsLinePoint(%q) = %v", tc.in, !tc.ok)
+		}
+	}
+}

@@ -41,6 +41,9 @@ func Lines(ctx context.Context, c *api.Client, fn string, o DebugOptions, asJSON
 		}
 	}
 	rep := api.LinesReport{Function: cfg.Function, Address: cfg.Address, Vmlinux: dbg.Path}
+	if decl, err := dbg.DeclLine(link); err == nil {
+		rep.Declared = decl.String()
+	}
 	for i, l := range lines {
 		off := at[i] - link
 		sl := api.SourceLine{File: l.File, Line: l.Line, Offset: off, Point: fmt.Sprintf("%s+%#x", cfg.Function, off)}
@@ -54,7 +57,11 @@ func Lines(ctx context.Context, c *api.Client, fn string, o DebugOptions, asJSON
 	if asJSON {
 		return writeJSON(env.Out, rep)
 	}
-	fmt.Fprintf(env.Out, "%s at %#x (lines from %s)\n\n", rep.Function, uint64(rep.Address), rep.Vmlinux)
+	fmt.Fprintf(env.Out, "%s at %#x (lines from %s)\n", rep.Function, uint64(rep.Address), rep.Vmlinux)
+	if rep.Declared != "" {
+		fmt.Fprintf(env.Out, "declared at %s (FUNC:+N counts from there)\n", rep.Declared)
+	}
+	fmt.Fprintln(env.Out)
 	tw := tabwriter.NewWriter(env.Out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "line\tpoint\tsplice class")
 	for _, l := range rep.Lines {

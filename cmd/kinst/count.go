@@ -23,8 +23,10 @@ kinst count also takes FILE:LINE (fs/stat.c:192, matched by path suffix),
 as perf probe does: the line's code is found in the debug vmlinux
 (--vmlinux PATH, else the running kernel's under /usr/lib/debug), one
 counter where it starts in each function that holds it (its inlined
-copies included), each row named by the line. A line that starts no code
-is refused with the nearest lines that do; kinst lines FUNC lists them.
+copies included), each row named by the line. FUNC:+N is the line N after
+FUNC's declaration, in FUNC only (perf probe's relative lines). A line that
+starts no code is refused with the nearest lines that do; kinst lines FUNC
+lists them, and FUNC's declaration.
 
 Counts print every --interval until --duration ends, CMD exits (kinst then
 exits with its status) or Ctrl-C; then the totals, and the splices are removed.
@@ -46,7 +48,7 @@ Live rows and CMD's output share stdout: -o FILE keeps the report apart.`,
 			}
 			if fs.Changed("pid") {
 				for _, p := range o.Points {
-					if _, _, ok := cli.ParseSourceLine(p); ok {
+					if cli.IsLinePoint(p) {
 						return 2, usagef("%s: source-line points are for the kernel only so far (in a process, name FUNC+0xOFF)", p)
 					}
 				}

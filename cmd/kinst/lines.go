@@ -16,7 +16,8 @@ PATH, else the running kernel's under /usr/lib/debug), as perf probe -L does:
 each line where its code starts first in FUNC, as FUNC+0xOFF, and the splice
 class of the instruction there or why it is refused. These are the lines a
 FILE:LINE point (kinst count fs/stat.c:192) can name; lines inlined into FUNC
-from other files (headers) are listed with their file.`,
+from other files (headers) are listed with their file. The function's
+declaration is printed too: FUNC:+N counts from it.`,
 	daemon: true, report: true,
 	setup: func(fs *pflag.FlagSet) runFunc {
 		var o cli.DebugOptions

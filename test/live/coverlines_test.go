@@ -258,8 +258,16 @@ func TestSourceLinePoints(t *testing.T) {
 			t.Errorf("%s: %s, addr2line %s", rep.Lines[i].Point, got, w)
 		}
 	}
-	// A line of fs/stat.c that starts in the entry block, past the entry
-	// instruction, and takes a probe.
+	// vfs_statx's declaration, which FUNC:+N counts from (perf probe's
+	// relative lines).
+	i := strings.LastIndexByte(rep.Declared, ':')
+	decl, err := strconv.Atoi(rep.Declared[i+1:])
+	if i < 0 || err != nil || !strings.HasSuffix(rep.Declared[:i], "fs/stat.c") {
+		t.Fatalf("vfs_statx declared at %q; want a line of fs/stat.c", rep.Declared)
+	}
+	// A line of vfs_statx's own (after its declaration: lines before it
+	// are of helpers inlined into it) that starts in the entry block,
+	// past the entry instruction, and takes a probe.
 	cfg, err := client.CFG(ctx, "vfs_statx")
 	if err != nil {
 		t.Fatal(err)
@@ -270,18 +278,19 @@ func TestSourceLinePoints(t *testing.T) {
 	}
 	var pick *api.SourceLine
 	for i, l := range rep.Lines {
-		if strings.HasSuffix(l.File, "fs/stat.c") && l.Offset > 0 && l.Offset < entryEnd && l.Refused == "" {
+		if strings.HasSuffix(l.File, "fs/stat.c") && l.Line > decl && l.Offset > 0 && l.Offset < entryEnd && l.Refused == "" {
 			pick = &rep.Lines[i]
 			break
 		}
 	}
 	if pick == nil {
-		t.Fatalf("no line of fs/stat.c starts in vfs_statx's entry block [0, %#x) and takes a probe: %+v", entryEnd, rep.Lines)
+		t.Fatalf("no line of vfs_statx's own starts in its entry block [0, %#x) and takes a probe: %+v", entryEnd, rep.Lines)
 	}
 	point := fmt.Sprintf("fs/stat.c:%d", pick.Line)
-	t.Logf("%s starts at %s (%s)", point, pick.Point, pick.SpliceClass)
+	t.Logf("%s (vfs_statx declared at line %d) starts at %s (%s)", point, decl, pick.Point, pick.SpliceClass)
+	relative := fmt.Sprintf("vfs_statx:+%d", pick.Line-decl)
 
-	cmd := exec.Command(filepath.Join(live.Bin, "kinst"), append([]string{"count", "vfs_statx", point, "--duration", "6s", "--json", "--name", "linecount"}, remote...)...)
+	cmd := exec.Command(filepath.Join(live.Bin, "kinst"), append([]string{"count", "vfs_statx", point, relative, "--duration", "6s", "--json", "--name", "linecount"}, remote...)...)
 	var outb, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &outb, &errb
 	if err := cmd.Start(); err != nil {
@@ -302,25 +311,32 @@ func TestSourceLinePoints(t *testing.T) {
 		t.Fatalf("%v\n%s", err, outb.String())
 	}
 	t.Logf("%s", errb.String())
-	var entry, line *api.CountProbe
+	var entry, line, rel *api.CountProbe
 	for i, p := range crep.Probes {
 		switch {
 		case p.Point == "vfs_statx":
 			entry = &crep.Probes[i]
 		case p.Point == point && p.Function == "vfs_statx":
 			line = &crep.Probes[i]
+		case p.Point == relative:
+			if rel != nil || p.Function != "vfs_statx" {
+				t.Errorf("%s: probe %+v, want one, in vfs_statx", relative, p)
+			}
+			rel = &crep.Probes[i]
 		case p.Point != point:
-			t.Errorf("probe %+v: neither point asked", p)
+			t.Errorf("probe %+v: no point asked", p)
 		}
 	}
-	if entry == nil || line == nil {
-		t.Fatalf("probes %+v: want vfs_statx and %s (in vfs_statx)", crep.Probes, point)
+	if entry == nil || line == nil || rel == nil {
+		t.Fatalf("probes %+v: want vfs_statx, %s (in vfs_statx) and %s", crep.Probes, point, relative)
 	}
-	if line.Offset != pick.Offset {
-		t.Errorf("%s counted at vfs_statx+%#x, kinst lines says +%#x", point, line.Offset, pick.Offset)
-	}
-	if entry.Count < 300 || line.Count != entry.Count {
-		t.Errorf("vfs_statx entry counted %d, %s %d: want equal and at least 300 (the stat loop)", entry.Count, point, line.Count)
+	for _, p := range []*api.CountProbe{line, rel} {
+		if p.Offset != pick.Offset {
+			t.Errorf("%s counted at vfs_statx+%#x, kinst lines says +%#x", p.Point, p.Offset, pick.Offset)
+		}
+		if entry.Count < 300 || p.Count != entry.Count {
+			t.Errorf("vfs_statx entry counted %d, %s %d: want equal and at least 300 (the stat loop)", entry.Count, p.Point, p.Count)
+		}
 	}
 	// A line without code, and a file no line table names: refused, and
 	// nothing installed.
