@@ -249,3 +249,36 @@ type SourceLine struct {
 	SpliceClass string `json:"splice_class"`
 	Refused     string `json:"refused,omitempty"`
 }
+
+// AnnotateReport is `kinst annotate FUNC --json`: a kernel function's
+// blocks and instructions with the source line of each and, per block,
+// its count over a live run or its coverage from a saved report.
+type AnnotateReport struct {
+	Function string `json:"function"`
+	Address  Addr   `json:"address"`
+	// From is "live" (counted over DurationNS) or the coverage report
+	// read.
+	From       string          `json:"from"`
+	DurationNS int64           `json:"duration_ns,omitempty"`
+	Vmlinux    string          `json:"vmlinux,omitempty"` // where the lines come from; "" without
+	Blocks     []AnnotateBlock `json:"blocks"`
+}
+
+// AnnotateBlock is one basic block of an AnnotateReport.
+type AnnotateBlock struct {
+	Index int  `json:"index"`
+	Start Addr `json:"start"`
+	// Count is the block's executions (a live run); Covered its coverage
+	// (a report); nil when not known (no probe: Refused says why).
+	Count        *uint64        `json:"count,omitempty"`
+	Covered      *bool          `json:"covered,omitempty"`
+	Refused      string         `json:"refused,omitempty"`
+	Instructions []AnnotateInsn `json:"instructions"`
+}
+
+// AnnotateInsn is one instruction and its source line.
+type AnnotateInsn struct {
+	Offset uint64 `json:"offset"`
+	Text   string `json:"text"`
+	Line   string `json:"line,omitempty"` // file:line; "" without debug information
+}

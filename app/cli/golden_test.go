@@ -415,3 +415,52 @@ func TestGoldenBenchArm(t *testing.T) {
 		f.checkNormalized(map[bool]string{false: "bench-arm", true: "bench-arm-json"}[asJSON])
 	}
 }
+
+// kinst annotate: a counter at every block that takes one, each block
+// run a known number of times while CMD runs (its probe's instruction,
+// found from the session kerninstd lists); the counts land on the right
+// blocks, the counters are gone after; then the same function marked
+// from a saved coverage report, nothing installed.
+func TestGoldenAnnotate(t *testing.T) {
+	for _, asJSON := range []bool{false, true} {
+		t.Run(fmt.Sprint("json=", asJSON), func(t *testing.T) {
+			f := newFixture(t, asJSON)
+			ran := map[uint64]uint64{} // probe address → executions
+			f.workloads["lookups"] = func(stdout io.Writer) int {
+				f.streaming(1)
+				list, err := f.c.Sessions(context.Background())
+				if err != nil || len(list) != 1 {
+					t.Errorf("sessions %v, %v", list, err)
+					return 1
+				}
+				for i, p := range list[0].Probes {
+					ran[uint64(p.Address)] = uint64(10 * (i + 1))
+					f.must(f.s.Kernel.Count(uint64(p.Address), uint64(10*(i+1))))
+				}
+				f.tick(time.Second)
+				return 0
+			}
+			status, err := AnnotateFunction(context.Background(), f.c, AnnotateOptions{Function: "filename_lookup", JSON: asJSON,
+				Command: []string{"lookups"}}, f.env)
+			if err != nil || status != 0 {
+				t.Fatalf("status %d, %v", status, err)
+			}
+			if info, err := f.c.Info(context.Background()); err != nil || info.Sessions != 0 || info.Splices != 0 {
+				t.Errorf("after annotate: %+v, %v", info, err)
+			}
+			if len(ran) < 2 {
+				t.Fatalf("%d blocks counted", len(ran))
+			}
+			f.check(map[bool]string{false: "annotate", true: "annotate-json"}[asJSON], nil)
+		})
+	}
+	f := newFixture(t, false)
+	status, err := AnnotateFunction(context.Background(), f.c, AnnotateOptions{Function: "filename_lookup", From: "testdata/cover-a.json"}, f.env)
+	if err != nil || status != 0 {
+		t.Fatalf("--from: status %d, %v", status, err)
+	}
+	f.check("annotate-from", nil)
+	if _, err := AnnotateFunction(context.Background(), f.c, AnnotateOptions{Function: "do_sys_openat2", From: "testdata/cover-a.json"}, f.env); err == nil {
+		t.Error("--from a report without the function succeeded")
+	}
+}

@@ -148,7 +148,7 @@ var commands []*command
 func init() {
 	commands = []*command{
 		countCommand, coverCommand, timeCommand, waitersCommand, drilldownCommand, watchCommand, lsCommand, detachCommand,
-		rdCommand, cfgCommand, linesCommand, benchCommand, offcpuCommand, unwindCommand, coreCommand, vmCommand, driverCommand,
+		rdCommand, cfgCommand, linesCommand, annotateCommand, benchCommand, offcpuCommand, unwindCommand, coreCommand, vmCommand, driverCommand,
 		versionCommand, completionCommand, workloadCommand, helpCommand, gendocsCommand,
 	}
 }

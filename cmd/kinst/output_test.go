@@ -32,6 +32,7 @@ func TestOutputKeptOnFailure(t *testing.T) {
 		"rd":                {"jiffies"},
 		"cfg":               {"vfs_read"},
 		"lines":             {"vfs_read"},
+		"annotate":          {"vfs_read", "-d", "1s"},
 		"bench splice":      {"vfs_read"},
 		"bench hit":         nil,
 		"bench churn":       {"vfs_read", "-n", "1"},

@@ -338,6 +338,50 @@ func TestSourceLinePoints(t *testing.T) {
 			t.Errorf("vfs_statx entry counted %d, %s %d: want equal and at least 300 (the stat loop)", entry.Count, p.Point, p.Count)
 		}
 	}
+	// kinst annotate vfs_statx: the entry block counts the stat loop; the
+	// instructions carry lines that addr2line confirms.
+	cmd = exec.Command(filepath.Join(live.Bin, "kinst"), append([]string{"annotate", "vfs_statx", "--duration", "6s", "--json"}, remote...)...)
+	outb.Reset()
+	errb.Reset()
+	cmd.Stdout, cmd.Stderr = &outb, &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if list, err := client.Sessions(ctx); err == nil && len(list) > 0 {
+			gsh(t, ctx, "kinst workload stat 300 / >/dev/null 2>&1")
+			break
+		}
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("kinst annotate: %v\n%s", err, errb.String())
+	}
+	var arep api.AnnotateReport
+	if err := json.Unmarshal(outb.Bytes(), &arep); err != nil || len(arep.Blocks) == 0 {
+		t.Fatalf("kinst annotate --json: %v\n%.2000s", err, outb.String())
+	}
+	if b := arep.Blocks[0]; b.Count == nil || *b.Count < 300 {
+		t.Errorf("kinst annotate vfs_statx: entry block %+v, want a count of at least 300", b)
+	}
+	var aaddrs []uint64
+	var alines []string
+	for _, b := range arep.Blocks {
+		for _, in := range b.Instructions {
+			if in.Line != "" {
+				aaddrs, alines = append(aaddrs, uint64(arep.Address)+in.Offset-slide), append(alines, in.Line)
+			}
+		}
+	}
+	if len(aaddrs) == 0 {
+		t.Fatal("kinst annotate: no instruction has a line")
+	}
+	for i, w := range debuginfotest.Addr2line(t, vmlinux, aaddrs) {
+		if alines[i] != w {
+			t.Errorf("kinst annotate: %#x at %s, addr2line %s", aaddrs[i], alines[i], w)
+		}
+	}
+	t.Logf("kinst annotate vfs_statx: %d blocks, entry counted %d, %d instructions with lines", len(arep.Blocks), *arep.Blocks[0].Count, len(aaddrs))
+
 	// A line without code, and a file no line table names: refused, and
 	// nothing installed.
 	for _, bad := range []string{"fs/stat.c:1", "fs/no_such_file.c:10"} {

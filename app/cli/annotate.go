@@ -1,0 +1,240 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/kinst/kinst/api"
+)
+
+// AnnotateOptions are the flags of kinst annotate.
+type AnnotateOptions struct {
+	Function string
+	Duration time.Duration // the live run; 0: until Ctrl-C or CMD exits
+	Command  []string
+	From     string // a kinst cover --json report: its coverage instead of a live run
+	JSON     bool
+	Debug    DebugOptions
+}
+
+// AnnotateFunction prints a kernel function's instructions block by
+// block, each with its source line where the line changes (from the
+// debug vmlinux, when found), and per block its count over a live run
+// (a counter at every block that takes one, removed at the end) or its
+// coverage from a saved kinst cover --json report: perf annotate's view,
+// by basic block.
+func AnnotateFunction(ctx context.Context, c *api.Client, o AnnotateOptions, env Env) (int, error) {
+	cfg, err := c.CFG(ctx, o.Function)
+	if err != nil {
+		return 1, err
+	}
+	rep := api.AnnotateReport{Function: cfg.Function, Address: cfg.Address, From: "live"}
+	var cov *api.CoverFunction
+	if o.From != "" {
+		saved, err := readCoverReport(o.From)
+		if err != nil {
+			return 1, err
+		}
+		if cov, err = savedFunction(saved, cfg); err != nil {
+			return 1, fmt.Errorf("%s: %w", o.From, err)
+		}
+		rep.From = o.From
+	}
+	lineOf := func(uint64) string { return "" }
+	if dbg, err := debugForDaemon(ctx, c, o.Debug); err != nil {
+		if o.Debug.Vmlinux != "" {
+			return 1, err
+		}
+		sayNoLines(env.Err, err)
+	} else {
+		defer dbg.Close()
+		if link, err := linkAddr(dbg.Symbols(), cfg); err == nil && cfg.Module == "" {
+			rep.Vmlinux = dbg.Path
+			lineOf = func(off uint64) string {
+				l, err := dbg.LineAt(link + off)
+				if err != nil || l.Line == 0 {
+					return ""
+				}
+				return l.String()
+			}
+		} else if err != nil {
+			fmt.Fprintf(env.Err, "kinst: no source lines: %v\n", err)
+		}
+	}
+	status := 0
+	var counts map[int]uint64
+	var probed map[int]bool
+	if cov == nil {
+		counts, probed, status, rep.DurationNS, err = countBlocks(ctx, c, cfg, o, env)
+		if err != nil {
+			return max(status, 1), err
+		}
+	}
+	for _, b := range cfg.Blocks {
+		if b.Padding {
+			continue
+		}
+		ab := api.AnnotateBlock{Index: b.Index, Start: b.Start}
+		switch {
+		case cov != nil:
+			for _, cb := range cov.Blocks {
+				if cb.Index != b.Index {
+					continue
+				}
+				covered := cb.Covered
+				ab.Covered = &covered
+				if cb.Refused != nil {
+					ab.Covered, ab.Refused = nil, *cb.Refused
+				}
+			}
+		case probed[b.Index]:
+			n := counts[b.Index]
+			ab.Count = &n
+		default:
+			ab.Refused = blockRefusal(b)
+		}
+		for _, in := range b.Instructions {
+			ab.Instructions = append(ab.Instructions, api.AnnotateInsn{Offset: in.Offset, Text: in.Text, Line: lineOf(in.Offset)})
+		}
+		rep.Blocks = append(rep.Blocks, ab)
+	}
+	if o.JSON {
+		return status, writeJSON(env.Out, rep)
+	}
+	return status, writeAnnotate(env, rep)
+}
+
+// blockRefusal is why no instruction of b takes a probe: the first
+// refusal.
+func blockRefusal(b api.CFGBlock) string {
+	for _, in := range b.Instructions {
+		if in.Refused != "" {
+			return in.Refused
+		}
+	}
+	return "no instruction takes a probe"
+}
+
+// countBlocks counts every block of cfg that takes a probe (one session,
+// FUNC:BLOCK points) for the run o bounds; it returns the counts by block
+// index and which blocks had a counter.
+func countBlocks(ctx context.Context, c *api.Client, cfg api.CFG, o AnnotateOptions, env Env) (map[int]uint64, map[int]bool, int, int64, error) {
+	var points []string
+	var index []int
+	for _, b := range cfg.Blocks {
+		if b.Padding {
+			continue
+		}
+		for _, in := range b.Instructions {
+			if in.SpliceClass != "" && in.SpliceClass != "refused" {
+				points, index = append(points, fmt.Sprintf("%s:%d", cfg.Function, b.Index)), append(index, b.Index)
+				break
+			}
+		}
+	}
+	if len(points) == 0 {
+		return nil, nil, 1, 0, errors.New("no block of " + cfg.Function + " takes a probe")
+	}
+	sess, err := c.CreateSession(ctx, api.SessionRequest{Points: points, Tied: true})
+	if err != nil {
+		return nil, nil, 1, 0, err
+	}
+	fmt.Fprintf(env.Err, "kinst: counting %d of %d blocks of %s\n", len(points), nonPadding(cfg), cfg.Function)
+	res, err := runSession(ctx, c, sess, runOptions{Duration: o.Duration, Interval: time.Second, Command: o.Command,
+		Waiting: "kinst: counting; Ctrl-C to stop"}, env, func(time.Duration, api.Sample) {})
+	status := 0
+	if res.ExitStatus != nil {
+		status = *res.ExitStatus
+	}
+	if err != nil {
+		return nil, nil, status, 0, err
+	}
+	counts, probed := map[int]uint64{}, map[int]bool{}
+	for i, p := range res.Final.Probes {
+		if i < len(index) {
+			counts[index[i]], probed[index[i]] = p.Count, true
+		}
+	}
+	return counts, probed, status, int64(res.Duration), nil
+}
+
+// writeAnnotate prints the report: a block header with its count or
+// coverage, then its instructions, a source line above each instruction
+// whose line differs from the one before.
+func writeAnnotate(env Env, rep api.AnnotateReport) error {
+	w := env.Out
+	from := rep.From
+	if from == "live" {
+		from = fmt.Sprintf("counted over %.3f s", time.Duration(rep.DurationNS).Seconds())
+	} else {
+		from = "coverage from " + from
+	}
+	fmt.Fprintf(w, "%s at %#x: %s\n", rep.Function, uint64(rep.Address), from)
+	last := ""
+	for _, b := range rep.Blocks {
+		mark := ""
+		switch {
+		case b.Count != nil:
+			mark = fmt.Sprintf("%d", *b.Count)
+		case b.Covered != nil && *b.Covered:
+			mark = "covered"
+		case b.Covered != nil:
+			mark = "not covered"
+		default:
+			mark = "no probe: " + b.Refused
+		}
+		fmt.Fprintf(w, "\nblock %d  %s\n", b.Index, mark)
+		for _, in := range b.Instructions {
+			if in.Line != "" && in.Line != last {
+				fmt.Fprintf(w, "  %s\n", in.Line)
+				last = in.Line
+			}
+			fmt.Fprintf(w, "    %+#6x  %s\n", in.Offset, strings.TrimSpace(in.Text))
+		}
+	}
+	return nil
+}
+
+// nonPadding is the number of cfg's blocks that are the function's (not
+// the padding after it).
+func nonPadding(cfg api.CFG) int {
+	n := 0
+	for _, b := range cfg.Blocks {
+		if !b.Padding {
+			n++
+		}
+	}
+	return n
+}
+
+// savedFunction is cfg's function in a saved coverage report: at the same
+// address, else (a report of an earlier boot: KASLR moved it) the one
+// function of that name and module. Its blocks must be cfg's.
+func savedFunction(rep api.CoverReport, cfg api.CFG) (*api.CoverFunction, error) {
+	var named []*api.CoverFunction
+	for i := range rep.Functions {
+		f := &rep.Functions[i]
+		if f.Function != cfg.Function || f.Module != cfg.Module {
+			continue
+		}
+		if f.Address == cfg.Address {
+			named = []*api.CoverFunction{f}
+			break
+		}
+		named = append(named, f)
+	}
+	switch {
+	case len(named) == 0:
+		return nil, fmt.Errorf("no coverage of %s in it", cfg.Function)
+	case len(named) > 1:
+		return nil, fmt.Errorf("%d functions named %s in it, none at %#x", len(named), cfg.Function, uint64(cfg.Address))
+	}
+	f := named[0]
+	if len(f.Blocks) != nonPadding(cfg) {
+		return nil, fmt.Errorf("its %s has %d blocks, this kernel's %d: a report of another build?", cfg.Function, len(f.Blocks), nonPadding(cfg))
+	}
+	return f, nil
+}
