@@ -145,10 +145,7 @@ func countBlocks(ctx context.Context, c *api.Client, cfg api.CFG, o AnnotateOpti
 	fmt.Fprintf(env.Err, "kinst: counting %d of %d blocks of %s\n", len(points), nonPadding(cfg), cfg.Function)
 	res, err := runSession(ctx, c, sess, runOptions{Duration: o.Duration, Interval: time.Second, Command: o.Command,
 		Waiting: "kinst: counting; Ctrl-C to stop"}, env, func(time.Duration, api.Sample) {})
-	status := 0
-	if res.ExitStatus != nil {
-		status = *res.ExitStatus
-	}
+	status := res.status()
 	if err != nil {
 		return nil, nil, status, 0, err
 	}

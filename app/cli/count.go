@@ -85,10 +85,7 @@ func Count(ctx context.Context, c *api.Client, o CountOptions, env Env) (int, er
 			}
 		})
 	report.ExitStatus = res.ExitStatus
-	exitStatus := 0
-	if res.ExitStatus != nil {
-		exitStatus = *res.ExitStatus
-	}
+	exitStatus := res.status()
 	if err != nil {
 		return max(exitStatus, 1), err
 	}

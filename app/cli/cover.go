@@ -81,10 +81,7 @@ func Cover(ctx context.Context, c *api.Client, o CoverOptions, env Env) (int, er
 	fmt.Fprintln(env.Err)
 	res, err := runSession(ctx, c, sess, runOptions{Duration: o.Duration, Interval: time.Second, Command: o.Command,
 		Waiting: "kinst: covering; Ctrl-C to stop"}, env, func(time.Duration, api.Sample) {})
-	exitStatus := 0
-	if res.ExitStatus != nil {
-		exitStatus = *res.ExitStatus
-	}
+	exitStatus := res.status()
 	if err != nil {
 		return max(exitStatus, 1), err
 	}

@@ -27,6 +27,15 @@ type runResult struct {
 	Detach     time.Duration // how long the removal took
 }
 
+// status is the command's exit status, 0 when none ran: what kinst exits
+// with after a run.
+func (r runResult) status() int {
+	if r.ExitStatus != nil {
+		return *r.ExitStatus
+	}
+	return 0
+}
+
 // runSession streams the session's samples to onSample until the
 // duration ends, the command exits or a signal arrives, then removes the
 // session. The sample stream ties the session to this process: if kinst

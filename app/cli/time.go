@@ -99,10 +99,7 @@ func Time(ctx context.Context, c *api.Client, o TimeOptions, env Env) (int, erro
 			report.Intervals = append(report.Intervals, iv)
 		})
 	report.ExitStatus = res.ExitStatus
-	status := 0
-	if res.ExitStatus != nil {
-		status = *res.ExitStatus
-	}
+	status := res.status()
 	if err != nil {
 		return max(status, 1), err
 	}

@@ -173,24 +173,8 @@ func TestCoverSourceLines(t *testing.T) {
 	// before a slow host had opened the debug vmlinux and armed, and the
 	// session then covered nothing (seen once in CI).
 	start = time.Now()
-	cmd := exec.Command(filepath.Join(live.Bin, "kinst"), "cover", "--addr", guest.KerninstdAddr(), "--token-file", guest.TokenFile(),
+	out, stderr := hostUnderStats(t, ctx, "filecov", "cover", "--addr", guest.KerninstdAddr(), "--token-file", guest.TokenFile(),
 		"--file", "fs/stat.c", "--vmlinux", vmlinux, "--duration", "8s", "--json", "--lcov", filepath.Join(dir, "stat.info"), "--name", "filecov")
-	var outb, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &outb, &errb
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	armed := waitArmed(ctx, "filecov")
-	if armed {
-		gsh(t, ctx, "kinst workload stat 300 / >/dev/null 2>&1")
-	}
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("kinst cover --file: %v\n%s", err, errb.String())
-	}
-	if !armed {
-		t.Fatalf("session filecov never listed while kinst cover --file ran\n%s", errb.String())
-	}
-	out, stderr := outb.String(), errb.String()
 	t.Logf("kinst cover --file fs/stat.c: %v\n%s", time.Since(start), stderr)
 	var frep api.CoverReport
 	if err := json.Unmarshal([]byte(out), &frep); err != nil {
@@ -214,15 +198,16 @@ func TestCoverSourceLines(t *testing.T) {
 	noOops(t, ctx, "kinst cover --file")
 }
 
-// waitArmed reports whether a session called name is listed by kerninstd
-// within a minute: kerninstd lists a session once its probes are armed.
+// waitArmed reports whether a session called name ("": any) is listed by
+// kerninstd within a minute: kerninstd lists a session once its probes
+// are armed.
 func waitArmed(ctx context.Context, name string) bool {
 	deadline := time.Now().Add(time.Minute)
 	for time.Now().Before(deadline) {
 		list, err := client.Sessions(ctx)
 		if err == nil {
 			for _, s := range list {
-				if s.Name == name {
+				if s.Name == name || name == "" {
 					return true
 				}
 			}
@@ -290,27 +275,12 @@ func TestSourceLinePoints(t *testing.T) {
 	t.Logf("%s (vfs_statx declared at line %d) starts at %s (%s)", point, decl, pick.Point, pick.SpliceClass)
 	relative := fmt.Sprintf("vfs_statx:+%d", pick.Line-decl)
 
-	cmd := exec.Command(filepath.Join(live.Bin, "kinst"), append([]string{"count", "vfs_statx", point, relative, "--duration", "6s", "--json", "--name", "linecount"}, remote...)...)
-	var outb, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &outb, &errb
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	armed := waitArmed(ctx, "linecount")
-	if armed {
-		gsh(t, ctx, "kinst workload stat 300 / >/dev/null 2>&1")
-	}
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("kinst count %s: %v\n%s", point, err, errb.String())
-	}
-	if !armed {
-		t.Fatalf("session linecount never listed\n%s", errb.String())
-	}
+	out, stderr := hostUnderStats(t, ctx, "linecount", append([]string{"count", "vfs_statx", point, relative, "--duration", "6s", "--json", "--name", "linecount"}, remote...)...)
 	var crep api.CountReport
-	if err := json.Unmarshal(outb.Bytes(), &crep); err != nil {
-		t.Fatalf("%v\n%s", err, outb.String())
+	if err := json.Unmarshal([]byte(out), &crep); err != nil {
+		t.Fatalf("%v\n%s", err, out)
 	}
-	t.Logf("%s", errb.String())
+	t.Logf("%s", stderr)
 	var entry, line, rel *api.CountProbe
 	for i, p := range crep.Probes {
 		switch {
@@ -340,25 +310,10 @@ func TestSourceLinePoints(t *testing.T) {
 	}
 	// kinst annotate vfs_statx: the entry block counts the stat loop; the
 	// instructions carry lines that addr2line confirms.
-	cmd = exec.Command(filepath.Join(live.Bin, "kinst"), append([]string{"annotate", "vfs_statx", "--duration", "6s", "--json"}, remote...)...)
-	outb.Reset()
-	errb.Reset()
-	cmd.Stdout, cmd.Stderr = &outb, &errb
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		if list, err := client.Sessions(ctx); err == nil && len(list) > 0 {
-			gsh(t, ctx, "kinst workload stat 300 / >/dev/null 2>&1")
-			break
-		}
-	}
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("kinst annotate: %v\n%s", err, errb.String())
-	}
+	out, _ = hostUnderStats(t, ctx, "", append([]string{"annotate", "vfs_statx", "--duration", "6s", "--json"}, remote...)...)
 	var arep api.AnnotateReport
-	if err := json.Unmarshal(outb.Bytes(), &arep); err != nil || len(arep.Blocks) == 0 {
-		t.Fatalf("kinst annotate --json: %v\n%.2000s", err, outb.String())
+	if err := json.Unmarshal([]byte(out), &arep); err != nil || len(arep.Blocks) == 0 {
+		t.Fatalf("kinst annotate --json: %v\n%.2000s", err, out)
 	}
 	if b := arep.Blocks[0]; b.Count == nil || *b.Count < 300 {
 		t.Errorf("kinst annotate vfs_statx: entry block %+v, want a count of at least 300", b)
@@ -396,4 +351,30 @@ func TestSourceLinePoints(t *testing.T) {
 	if info, err := client.Info(ctx); err != nil || info.Splices != 0 || info.Sessions != 0 {
 		t.Errorf("after the line counts: %+v, %v", info, err)
 	}
+}
+
+// hostUnderStats runs kinst on the host with args (against the guest's
+// kerninstd: the caller gives --addr), runs the guest's 300-stat loop
+// once kerninstd lists the session named name ("": any), and returns
+// kinst's stdout and stderr. A session never listed, or kinst failing,
+// fails the test.
+func hostUnderStats(t *testing.T, ctx context.Context, name string, args ...string) (string, string) {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(live.Bin, "kinst"), args...)
+	var outb, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &outb, &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	armed := waitArmed(ctx, name)
+	if armed {
+		gsh(t, ctx, "kinst workload stat 300 / >/dev/null 2>&1")
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("kinst %s: %v\n%s", strings.Join(args, " "), err, errb.String())
+	}
+	if !armed {
+		t.Fatalf("kinst %s: session %q never listed\n%s", strings.Join(args, " "), name, errb.String())
+	}
+	return outb.String(), errb.String()
 }
