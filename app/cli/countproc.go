@@ -17,6 +17,7 @@ import (
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/debuginfo"
 	"github.com/kinst/kinst/engine"
 	"github.com/kinst/kinst/metrics"
 	"github.com/kinst/kinst/process"
@@ -220,11 +221,31 @@ func CountProcess(ctx context.Context, pid int, o CountOptions, env Env) (int, e
 		return 1, err
 	}
 	tg := r.tg
-	sites := make([]*splice.Site, len(o.Points))
-	reqs := make([]*engine.Request, len(o.Points))
+	// Source lines, from the executable's DWARF: its functions only.
+	var exeDebug *debuginfo.File
+	lp, err := expandLines(o.Points, stderr, func() (*debuginfo.File, error) {
+		var err error
+		if exeDebug == nil {
+			if exeDebug, err = debuginfo.Open(fmt.Sprintf("/proc/%d/exe", r.pid)); err != nil {
+				err = fmt.Errorf("a source line in a process needs the executable's DWARF (build it with -g): %w", err)
+			}
+		}
+		return exeDebug, err
+	})
+	if exeDebug != nil {
+		exeDebug.Close()
+	}
+	if err != nil {
+		tg.Close()
+		r.kill()
+		return 1, err
+	}
+	points, labels := lp.points, lp.labels
+	sites := make([]*splice.Site, len(points))
+	reqs := make([]*engine.Request, len(points))
 	pending := map[int]bool{} // points whose library is not loaded yet
 	var now []int
-	for i, p := range o.Points {
+	for i, p := range points {
 		sites[i], err = tg.Resolve(p)
 		if errors.Is(err, process.ErrNoLibrary) {
 			pending[i] = true
@@ -251,7 +272,7 @@ func CountProcess(ctx context.Context, pid int, o CountOptions, env Env) (int, e
 		for k, i := range idx {
 			reqs[i] = rs[k]
 			in := tg.Installed(rs[k])
-			fmt.Fprintf(stderr, "kinst: spliced %s in process %d at %s (%#x): %q, %s splice\n", o.Points[i], r.pid, sites[i].Where(), sites[i].Addr(), sites[i].Insn().String(), in.Class)
+			fmt.Fprintf(stderr, "kinst: spliced %s in process %d at %s (%#x): %q, %s splice\n", labels[i], r.pid, sites[i].Where(), sites[i].Addr(), sites[i].Insn().String(), in.Class)
 		}
 		return nil
 	}
@@ -266,7 +287,7 @@ func CountProcess(ctx context.Context, pid int, o CountOptions, env Env) (int, e
 			return
 		}
 		for i := range pending {
-			s, err := tg.Resolve(o.Points[i])
+			s, err := tg.Resolve(points[i])
 			if errors.Is(err, process.ErrNoLibrary) {
 				continue
 			}
@@ -276,10 +297,10 @@ func CountProcess(ctx context.Context, pid int, o CountOptions, env Env) (int, e
 				err = count([]int{i})
 			}
 			if err != nil {
-				fmt.Fprintf(stderr, "kinst: %s: %v\n", o.Points[i], err)
+				fmt.Fprintf(stderr, "kinst: %s: %v\n", labels[i], err)
 				continue
 			}
-			fmt.Fprintf(stderr, "kinst: %s: its library was loaded %s after the start\n", o.Points[i], time.Since(start).Round(time.Millisecond))
+			fmt.Fprintf(stderr, "kinst: %s: its library was loaded %s after the start\n", labels[i], time.Since(start).Round(time.Millisecond))
 		}
 	}
 	counter := func(i int) uint64 {
@@ -296,7 +317,7 @@ func CountProcess(ctx context.Context, pid int, o CountOptions, env Env) (int, e
 	series := make([]metrics.Series, len(reqs))
 	begin := time.Now()
 	for i := range series {
-		series[i].Name = o.Points[i]
+		series[i].Name = labels[i]
 		series[i].Add(metrics.Point{Time: begin})
 	}
 	dur := r.run(ctx, o.Duration, o.Interval, func(el time.Duration) {
@@ -307,7 +328,7 @@ func CountProcess(ctx context.Context, pid int, o CountOptions, env Env) (int, e
 			deltas[i], last[i] = n-last[i], n
 			series[i].Add(metrics.Point{Time: time.Now(), Calls: n})
 			if !o.JSON {
-				fmt.Fprintf(stdout, "%8.3f  %-24s  %12d  %12d\n", el.Seconds(), o.Points[i], deltas[i], n)
+				fmt.Fprintf(stdout, "%8.3f  %-24s  %12d  %12d\n", el.Seconds(), labels[i], deltas[i], n)
 			}
 		}
 		report.Intervals = append(report.Intervals, api.CountSample{ElapsedNS: int64(el), Deltas: deltas})
@@ -316,12 +337,12 @@ func CountProcess(ctx context.Context, pid int, o CountOptions, env Env) (int, e
 	var spliced []*engine.Request
 	for i, q := range reqs {
 		if q == nil { // its library never loaded
-			fmt.Fprintf(stderr, "kinst: %s: the library was not seen loaded: nothing counted\n", o.Points[i])
-			report.Probes = append(report.Probes, api.CountProbe{Point: o.Points[i], Mechanism: "none"})
+			fmt.Fprintf(stderr, "kinst: %s: the library was not seen loaded: nothing counted\n", labels[i])
+			report.Probes = append(report.Probes, api.CountProbe{Point: labels[i], Mechanism: "none"})
 			continue
 		}
 		s := sites[i]
-		report.Probes = append(report.Probes, api.CountProbe{Point: o.Points[i], Function: s.Fn.Name, Offset: s.Addr() - s.Fn.Addr,
+		report.Probes = append(report.Probes, api.CountProbe{Point: labels[i], Function: s.Fn.Name, Offset: s.Addr() - s.Fn.Addr,
 			Address: api.Addr(s.Addr()), Count: tg.Counter(q, 0), Mechanism: "splice"})
 		spliced = append(spliced, q)
 	}

@@ -70,23 +70,35 @@ type linePoints struct {
 // vmlinux of the kernel kerninstd runs (--vmlinux, else found). Without
 // any FILE:LINE it opens nothing. The mapping is said on w.
 func expandSourceLines(ctx context.Context, c *api.Client, points []string, o DebugOptions, w io.Writer) (linePoints, error) {
-	var lp linePoints
 	var dbg *debuginfo.File
 	defer func() {
 		if dbg != nil {
 			dbg.Close()
 		}
 	}()
+	return expandLines(points, w, func() (*debuginfo.File, error) {
+		var err error
+		if dbg == nil {
+			if dbg, err = debugForDaemon(ctx, c, o); err != nil {
+				err = fmt.Errorf("a source line needs the kernel's debug vmlinux: %w", err)
+			}
+		}
+		return dbg, err
+	})
+}
+
+// expandLines expands the line points of points with the debug file
+// open returns (called at the first line point; it keeps the file).
+func expandLines(points []string, w io.Writer, open func() (*debuginfo.File, error)) (linePoints, error) {
+	var lp linePoints
 	for _, p := range points {
 		if !IsLinePoint(p) {
 			lp.points, lp.labels = append(lp.points, p), append(lp.labels, p)
 			continue
 		}
-		if dbg == nil {
-			var err error
-			if dbg, err = debugForDaemon(ctx, c, o); err != nil {
-				return lp, fmt.Errorf("%s: a source line needs the kernel's debug vmlinux: %w", p, err)
-			}
+		dbg, err := open()
+		if err != nil {
+			return lp, fmt.Errorf("%s: %w", p, err)
 		}
 		addrs, err := lineAddrs(dbg, p)
 		if err != nil {

@@ -47,11 +47,6 @@ Live rows and CMD's output share stdout: -o FILE keeps the report apart.`,
 				return 2, usagef("name at least one POINT (FUNC, FUNC+0xOFF, FUNC:BLOCK, FILE:LINE or a classic name such as lookuppn)")
 			}
 			if fs.Changed("pid") {
-				for _, p := range o.Points {
-					if cli.IsLinePoint(p) {
-						return 2, usagef("%s: source-line points are for the kernel only so far (in a process, name FUNC+0xOFF)", p)
-					}
-				}
 				if *pid < 0 || (*pid == 0) == (len(o.Command) == 0) {
 					return 2, usagef("-p PID names a running process, or -p 0 with -- CMD a command to start")
 				}
