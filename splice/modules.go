@@ -16,14 +16,17 @@ type loadedModule struct {
 }
 
 // parseModules reads /proc/modules: "NAME SIZE REFS DEPS STATE ADDR".
-// A module loading or unloading is left out: its text is not (or no
-// longer) a place for a probe. Addresses read as 0 without the right to
-// see them; such a module is listed with addr 0.
+// A module still unloading is listed: it is gone only once it has left
+// the list, since the driver restores its splices in the module notifier
+// that runs after the state turns to unloading; forgetting its points
+// before that would retire patches a splice still jumps to. Addresses
+// read as 0 without the right to see them; such a module is listed with
+// addr 0.
 func parseModules(b []byte) []loadedModule {
 	var ms []loadedModule
 	for _, l := range strings.Split(string(b), "\n") {
 		f := strings.Fields(l)
-		if len(f) < 6 || f[4] != "Live" {
+		if len(f) < 6 {
 			continue
 		}
 		sz, err1 := strconv.ParseUint(f[1], 10, 64)
