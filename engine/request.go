@@ -402,7 +402,7 @@ func (e *Engine) ForgetText(lo, hi uint64) int {
 	defer e.mu.Unlock()
 	gone := map[*point]bool{}
 	for a, pt := range e.points {
-		if a >= lo && a < hi && !pt.pending {
+		if a >= lo && a < hi {
 			gone[pt] = true
 		}
 	}

@@ -48,9 +48,7 @@ func Count(ctx context.Context, c *api.Client, o CountOptions, env Env) (int, er
 	}
 	// A probe of a source line is named by the line it was asked as.
 	for i := range sess.Probes {
-		if i < len(lp.labels) {
-			sess.Probes[i].Resolved.Point = lp.labels[i]
-		}
+		sess.Probes[i].Resolved.Point = lp.label(i, sess.Probes[i].Resolved.Point)
 	}
 	for _, p := range sess.Probes {
 		describeProbe(stderr, p.Resolved, p.Mechanism)
@@ -98,9 +96,7 @@ func Count(ctx context.Context, c *api.Client, o CountOptions, env Env) (int, er
 		fmt.Fprintf(stderr, "kinst: wrote %s\n", o.SVG)
 	}
 	for i, p := range final.Probes {
-		if i < len(lp.labels) {
-			p.Point = lp.labels[i]
-		}
+		p.Point = lp.label(i, p.Point)
 		cp := api.CountProbe{Point: p.Point, Function: p.Function, Offset: p.Offset, Address: p.Address, Count: p.Count, Mechanism: p.Mechanism}
 		if p.Classic != nil {
 			cp.Classic = p.Classic.Solaris

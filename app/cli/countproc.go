@@ -222,19 +222,13 @@ func CountProcess(ctx context.Context, pid int, o CountOptions, env Env) (int, e
 	}
 	tg := r.tg
 	// Source lines, from the executable's DWARF: its functions only.
-	var exeDebug *debuginfo.File
 	lp, err := expandLines(o.Points, stderr, func() (*debuginfo.File, error) {
-		var err error
-		if exeDebug == nil {
-			if exeDebug, err = debuginfo.Open(fmt.Sprintf("/proc/%d/exe", r.pid)); err != nil {
-				err = fmt.Errorf("a source line in a process needs the executable's DWARF (build it with -g): %w", err)
-			}
+		dbg, err := debuginfo.Open(fmt.Sprintf("/proc/%d/exe", r.pid))
+		if err != nil {
+			return nil, fmt.Errorf("a source line in a process needs the executable's DWARF (build it with -g): %w", err)
 		}
-		return exeDebug, err
+		return dbg, nil
 	})
-	if exeDebug != nil {
-		exeDebug.Close()
-	}
 	if err != nil {
 		tg.Close()
 		r.kill()

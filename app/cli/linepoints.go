@@ -70,35 +70,35 @@ type linePoints struct {
 // vmlinux of the kernel kerninstd runs (--vmlinux, else found). Without
 // any FILE:LINE it opens nothing. The mapping is said on w.
 func expandSourceLines(ctx context.Context, c *api.Client, points []string, o DebugOptions, w io.Writer) (linePoints, error) {
+	return expandLines(points, w, func() (*debuginfo.File, error) {
+		dbg, err := debugForDaemon(ctx, c, o)
+		if err != nil {
+			return nil, fmt.Errorf("a source line needs the kernel's debug vmlinux: %w", err)
+		}
+		return dbg, nil
+	})
+}
+
+// expandLines expands the line points of points with the debug file
+// open returns, opened at the first line point and closed at the end.
+func expandLines(points []string, w io.Writer, open func() (*debuginfo.File, error)) (linePoints, error) {
+	var lp linePoints
 	var dbg *debuginfo.File
 	defer func() {
 		if dbg != nil {
 			dbg.Close()
 		}
 	}()
-	return expandLines(points, w, func() (*debuginfo.File, error) {
-		var err error
-		if dbg == nil {
-			if dbg, err = debugForDaemon(ctx, c, o); err != nil {
-				err = fmt.Errorf("a source line needs the kernel's debug vmlinux: %w", err)
-			}
-		}
-		return dbg, err
-	})
-}
-
-// expandLines expands the line points of points with the debug file
-// open returns (called at the first line point; it keeps the file).
-func expandLines(points []string, w io.Writer, open func() (*debuginfo.File, error)) (linePoints, error) {
-	var lp linePoints
 	for _, p := range points {
 		if !IsLinePoint(p) {
 			lp.points, lp.labels = append(lp.points, p), append(lp.labels, p)
 			continue
 		}
-		dbg, err := open()
-		if err != nil {
-			return lp, fmt.Errorf("%s: %w", p, err)
+		if dbg == nil {
+			var err error
+			if dbg, err = open(); err != nil {
+				return lp, fmt.Errorf("%s: %w", p, err)
+			}
 		}
 		addrs, err := lineAddrs(dbg, p)
 		if err != nil {
@@ -115,6 +115,26 @@ func expandLines(points []string, w io.Writer, open func() (*debuginfo.File, err
 	return lp, nil
 }
 
+// label is what the i-th point was asked as: its source line, or the
+// point itself (asked) when it was not a line.
+func (lp linePoints) label(i int, asked string) string {
+	if i < len(lp.labels) {
+		return lp.labels[i]
+	}
+	return asked
+}
+
+// funcsNamed are the function symbols called name.
+func funcsNamed(syms *elfsym.Table, name string) []elfsym.Symbol {
+	var out []elfsym.Symbol
+	for _, s := range syms.Symbols() {
+		if s.Name == name && s.Kind == elfsym.Func {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
 // lineAddrs are the places a line point's code starts: FILE:LINE's in
 // every function holding it; FUNC:+N's in FUNC only, N lines after the
 // line FUNC is declared at.
@@ -123,19 +143,14 @@ func lineAddrs(dbg *debuginfo.File, p string) ([]debuginfo.LineAddr, error) {
 		return dbg.LineAddrs(file, line)
 	}
 	fn, n, _ := ParseRelativeLine(p)
-	var at []uint64
-	for _, s := range dbg.Symbols().Symbols() {
-		if s.Name == fn && s.Kind == elfsym.Func {
-			at = append(at, s.Addr)
-		}
-	}
+	at := funcsNamed(dbg.Symbols(), fn)
 	switch {
 	case len(at) == 0:
-		return nil, fmt.Errorf("no function %s in the debug vmlinux", fn)
+		return nil, fmt.Errorf("no function %s in the debug file", fn)
 	case len(at) > 1:
 		return nil, fmt.Errorf("%d functions are named %s: name the line as FILE:LINE", len(at), fn)
 	}
-	decl, err := dbg.DeclLine(at[0])
+	decl, err := dbg.DeclLine(at[0].Addr)
 	if err != nil {
 		return nil, err
 	}

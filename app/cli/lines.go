@@ -78,12 +78,7 @@ func Lines(ctx context.Context, c *api.Client, fn string, o DebugOptions, asJSON
 // symbol in the debug file, the one of its size where several share its
 // name (static functions of different files).
 func linkAddr(syms *elfsym.Table, cfg api.CFG) (uint64, error) {
-	var found []elfsym.Symbol
-	for _, s := range syms.Symbols() {
-		if s.Name == cfg.Function && s.Kind == elfsym.Func {
-			found = append(found, s)
-		}
-	}
+	found := funcsNamed(syms, cfg.Function)
 	if len(found) > 1 {
 		var sized []elfsym.Symbol
 		for _, s := range found {
