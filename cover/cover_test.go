@@ -38,9 +38,12 @@ func newFixture(t *testing.T) *fixture {
 	return &fixture{k: k, e: e, p: p}
 }
 
+// set plans a probe at every block of fns (none inferred: the tests of
+// pruning are prune_test.go's).
 func (f *fixture) set(t *testing.T, fns ...string) *Set {
 	t.Helper()
 	s := New("")
+	s.AllBlocks()
 	for _, name := range fns {
 		fn, _, err := f.p.Func(name)
 		if err != nil {

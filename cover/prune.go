@@ -28,14 +28,17 @@ import (
 //     changes B's successors), and ends in a branch or falls through into
 //     the function: once B starts, a successor starts a few instructions
 //     later, without a call;
-//   - every successor has B as its only predecessor and is entered no
-//     other way (not the function's entry, a fixup's landing, or another
-//     symbol's start), so it runs only after B;
+//   - B dominates every successor: each runs only after B, even where it
+//     has other predecessors (the join of an if without an else). The
+//     dominators are computed from every way into the function: its
+//     entry, a fixup's landing, another symbol's start, and, where a
+//     block leaves by an unresolved indirect jump (a computed goto), every
+//     block;
 //   - every successor is probed, or inferred in turn.
 //
-// Blocks are decided after their successors (a postorder from the entry),
-// so a chain of inferences always ends at probed blocks. A block no path
-// from the entry reaches keeps its probe.
+// Each block is inferred only from blocks it dominates, decided first (a
+// postorder), so a chain of inferences always ends at probed blocks. A
+// block no way into the function reaches keeps its probe.
 func Inferable(f *splice.Func, probed func(b int) bool) map[int][]int {
 	blocks := f.Blocks
 	if len(blocks) == 0 {
@@ -52,20 +55,11 @@ func Inferable(f *splice.Func, probed func(b int) bool) map[int][]int {
 		}
 		syms = k.Symbols
 	}
-	entered := func(s int) bool { // entered otherwise than from its predecessor
-		if s == 0 || blocks[s].Padding || blocks[s].N == 0 {
-			return true
+	enteredElsewhere := func(b int) bool { // other than through the function's CFG
+		if blocks[b].Padding || blocks[b].N == 0 {
+			return false
 		}
-		preds := 0
-		for _, p := range blocks[s].Preds {
-			if !blocks[p].Padding { // padding never runs into it
-				preds++
-			}
-		}
-		if preds != 1 {
-			return true
-		}
-		start := blocks[s].Start(f.Fn)
+		start := blocks[b].Start(f.Fn)
 		if owned != nil && owned.Landing(start) {
 			return true
 		}
@@ -87,32 +81,43 @@ func Inferable(f *splice.Func, probed func(b int) bool) map[int][]int {
 		}
 		return true
 	}
-	out := map[int][]int{}
-	seen := make([]bool, len(blocks))
-	var visit func(b int)
-	visit = func(b int) {
-		seen[b] = true
-		for _, e := range blocks[b].Succs {
-			if !seen[e.To] {
-				visit(e.To)
+	// Roots: the entry, and every block entered otherwise. An unresolved
+	// indirect jump (a computed goto: the BPF interpreter's, an
+	// interpreter's in a process) may enter any block.
+	entries := []int{0}
+	for b := range blocks {
+		if blocks[b].Exit == cfg.IndirectJump {
+			entries = entries[:0]
+			for b := range blocks {
+				entries = append(entries, b)
 			}
+			break
 		}
+		if b != 0 && enteredElsewhere(b) {
+			entries = append(entries, b)
+		}
+	}
+	idom, post := cfg.Dominators(blocks, entries)
+	out := map[int][]int{}
+	for _, b := range post { // successors it dominates first
 		blk := &blocks[b]
 		if !quiet(blk) {
-			return
+			continue
 		}
 		var from []int
 		for _, e := range blk.Succs {
 			s := e.To
-			if _, inferred := out[s]; entered(s) || !inferred && !probed(s) {
-				return
+			if _, inferred := out[s]; idom[s] != b || !inferred && !probed(s) {
+				from = nil
+				break
 			}
 			if !slices.Contains(from, s) {
 				from = append(from, s)
 			}
 		}
-		out[b] = from
+		if from != nil {
+			out[b] = from
+		}
 	}
-	visit(0)
 	return out
 }

@@ -19,7 +19,7 @@ const pruneBase = 0x401000
 // pruneFuncs are hand-assembled functions, their blocks noted.
 var pruneFuncs = map[string][]byte{
 	// B0 test/je → B1 (mov, jmp) or B2 (mov), both into B3 (ret): B0 is
-	// known from B1 and B2, each entered only from it.
+	// known from B1 and B2, each entered only from it (it dominates them).
 	"diamond": {
 		0x85, 0xff, // 0x00 test %edi,%edi   B0
 		0x74, 0x07, // 0x02 je 0x0b
@@ -53,7 +53,37 @@ var pruneFuncs = map[string][]byte{
 		0xc3, // 0x0d ret                 B4 (pred B1)
 		0xc3, // 0x0e ret                 B5 (pred B0)
 	},
+	// B0 je → B2, or on into B1, which falls into B2: B2 has two
+	// predecessors, but every path to it runs B0 (B0 dominates it), so
+	// B0 is known from B1 and B2.
+	"ifthen": {
+		0x85, 0xff, // 0x00 test %edi,%edi   B0
+		0x74, 0x05, // 0x02 je 0x09
+		0xb8, 0x01, 0x00, 0x00, 0x00, // 0x04 mov $1,%eax  B1
+		0xc3, // 0x09 ret                 B2
+	},
+	// The same, where another symbol starts at B2 (a jump from another
+	// function may enter there): B0 no longer dominates it.
+	"ifthen-sym": {
+		0x85, 0xff, // 0x00 test %edi,%edi   B0
+		0x74, 0x05, // 0x02 je 0x09
+		0xb8, 0x01, 0x00, 0x00, 0x00, // 0x04 mov $1,%eax  B1
+		0xc3, // 0x09 ret                 B2, also ifthen_tail
+	},
+	// A diamond whose B1 leaves by a computed goto (jmp *%rax, as the BPF
+	// interpreter does): it may enter any block, B2 included, so nothing
+	// is inferred.
+	"goto": {
+		0x85, 0xff, // 0x00 test %edi,%edi   B0
+		0x74, 0x07, // 0x02 je 0x0b
+		0xb8, 0x01, 0x00, 0x00, 0x00, // 0x04 mov $1,%eax  B1
+		0xff, 0xe0, // 0x09 jmp *%rax
+		0xc3, // 0x0b ret                 B2
+	},
 }
+
+// pruneSyms are the fixtures' other symbols: name → offset.
+var pruneSyms = map[string]map[string]uint64{"ifthen-sym": {"ifthen_tail": 0x09}}
 
 func pruneFunc(t *testing.T, name string) *splice.Func {
 	t.Helper()
@@ -61,7 +91,11 @@ func pruneFunc(t *testing.T, name string) *splice.Func {
 	if err != nil {
 		t.Fatal(err)
 	}
-	syms := kernel.NewSymbols([]kernel.Symbol{{Name: name, Addr: pruneBase, Type: 'T'}})
+	ks := []kernel.Symbol{{Name: name, Addr: pruneBase, Type: 'T'}}
+	for n, off := range pruneSyms[name] {
+		ks = append(ks, kernel.Symbol{Name: n, Addr: pruneBase + off, Type: 'T'})
+	}
+	syms := kernel.NewSymbols(ks)
 	return (&splice.Facts{Symbols: syms, Text: memText(pruneFuncs[name]), Process: true}).Func(fn, nil)
 }
 
@@ -85,6 +119,9 @@ func TestInferable(t *testing.T) {
 		{"diamond", all, map[int][]int{0: {1, 2}}},
 		{"chain", all, map[int][]int{0: {1, 5}, 1: {2, 4}}},
 		{"calls", all, map[int][]int{}},
+		{"ifthen", all, map[int][]int{0: {1, 2}}},
+		{"ifthen-sym", all, map[int][]int{}},
+		{"goto", all, map[int][]int{}},
 		// A successor with no probe of its own: nothing to infer from.
 		{"diamond", func(b int) bool { return b != 2 }, map[int][]int{}},
 	} {
@@ -185,6 +222,9 @@ func TestPrunedEqualsAllBlocks(t *testing.T) {
 		{"diamond", [][]int{{0, 1, 3}, {0, 2, 3}, {0, 1}, {0, 2}}, 1},
 		{"calls", [][]int{{0, 1, 3}, {0}}, 0},
 		{"chain", [][]int{{0, 1, 2}, {0, 1, 4}, {0, 5}, {0, 1}, {0}}, 2},
+		{"ifthen", [][]int{{0, 1, 2}, {0, 2}, {0, 1}, {0}}, 1},
+		{"ifthen-sym", [][]int{{0, 1, 2}, {0, 2}, {2}}, 0},
+		{"goto", [][]int{{0, 1}, {0, 2}, {0, 1, 2}, {2}}, 0},
 	} {
 		for _, path := range tc.paths {
 			pruned, prep := covered(t, tc.fn, path, false)

@@ -68,7 +68,7 @@ kinst cover lcov REPORT.json writes a saved report's lcov tracefile.`,
 		lcovFlag(fs, &o.Lcov)
 		vmlinuxFlag(fs, &o.Debug)
 		user := fs.Bool("user", false, "cover TARGET (FUNC, a glob, LIB:FUNC or LIB:glob) in the user process -p PID instead of the kernel, or with -p 0 in -- CMD, started and spliced at its entry point (its libraries mapped, none of its code run); the engine runs in kinst through ptrace (no kerninstd); --file and --lcov read the executable's DWARF")
-		fs.BoolVar(&o.AllBlocks, "all-blocks", false, "probe every block; by default a block whose coverage follows from its successors' (it runs no call and always goes on into one of them, each entered only from it) has no probe and is reported as inferred")
+		fs.BoolVar(&o.AllBlocks, "all-blocks", false, "probe every block; by default a block whose coverage follows from its successors' (it runs no call and always goes on into one of them, each of which runs only after it) has no probe and is reported as inferred")
 		fs.BoolVar(&o.Trap, "trap", false, "with --user: also probe blocks only a trap splice (int3 and a SIGTRAP handler) fits; refused by default, since a thread that reaches one with SIGTRAP blocked (a starting thread, a fork, code that blocks every signal) dies")
 		return func(ctx context.Context, inv invocation) (int, error) {
 			o.Targets, o.Command = inv.args, inv.command
