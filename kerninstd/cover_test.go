@@ -39,7 +39,8 @@ func waitCovered(t *testing.T, d *Daemon, id string, n int) api.CoverReport {
 // session's end removes the rest and every byte is back.
 func TestCoverSession(t *testing.T) {
 	d, k := newTestDaemon(t)
-	s, err := d.CreateSession(api.SessionRequest{Cover: []string{"filename_*"}, Name: "cov"})
+	// Every block probed: pruning's tests are package cover's.
+	s, err := d.CreateSession(api.SessionRequest{Cover: []string{"filename_*"}, CoverAllBlocks: true, Name: "cov"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,7 +192,7 @@ func TestCoverTooManyProbes(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := textNow(t, k)
-	_, err = d.CreateSession(api.SessionRequest{Cover: []string{"filename_*"}})
+	_, err = d.CreateSession(api.SessionRequest{Cover: []string{"filename_*"}, CoverAllBlocks: true})
 	if !errors.Is(err, ErrTooManyProbes) || !strings.Contains(err.Error(), "driver holds 2 splices") {
 		t.Fatalf("3+ probes, room for 2: %v", err)
 	}

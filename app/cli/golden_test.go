@@ -106,7 +106,13 @@ func newFixture(t *testing.T, asJSON bool) *fixture {
 			return nil, fmt.Errorf("no workload %q", argv[0])
 		}
 		p := &inProcess{done: make(chan int, 1)}
-		go func() { p.done <- w(stdout) }()
+		go func() {
+			// A workload that fails its test (Fatal ends its goroutine)
+			// still ends the command, with status -1.
+			status := -1
+			defer func() { p.done <- status }()
+			status = w(stdout)
+		}()
 		return p, nil
 	}
 	f.env = env
