@@ -59,9 +59,12 @@ type Set struct {
 	all bool
 	// from maps an inferred block to the blocks it is inferred from, up
 	// the other way; reserve keeps an inferred block's site, armed if a
-	// block it is inferred from cannot be.
+	// block it is inferred from cannot be. They and noProbe are of the
+	// blocks planned since the last Arm (nil after it); upArmed is up's
+	// edges of the blocks armed, sorted by from.
 	from    map[blockRef][]blockRef
 	up      map[blockRef][]blockRef
+	upArmed []inference
 	reserve map[blockRef]*splice.Site
 	noProbe map[blockRef]int32 // why an inferred block could take no probe (a reason index + 1)
 }
@@ -180,7 +183,7 @@ func (s *Set) Add(f *splice.Func) {
 	if !s.all {
 		inf = Inferable(f, func(b int) bool { return sites[b] != nil })
 	}
-	if len(inf) > 0 && s.from == nil {
+	if len(inf) > 0 && s.from == nil { // none since the last Arm
 		s.from, s.up, s.reserve, s.noProbe = map[blockRef][]blockRef{}, map[blockRef][]blockRef{}, map[blockRef]*splice.Site{}, map[blockRef]int32{}
 	}
 	for b := range f.Blocks {
@@ -281,6 +284,11 @@ func (s *Set) Arm(eng Engine, owner string, snippet engine.SnippetFunc, now func
 		failed = s.refusedRefs(more, errs)
 		armed = s.keepArmed(armed, more, reqs, errs)
 	}
+	// Every block planned so far is armed or refused, so no inference is
+	// taken back any more: what is left of up goes into upArmed (to mark
+	// inferred blocks covered), the rest goes. A whole kernel's reserve
+	// alone is 100,000 sites.
+	s.settleInferences()
 	end := now()
 	first := s.armed.IsZero()
 	if first {
@@ -433,11 +441,41 @@ func (s *Set) markCovered(ref blockRef) {
 			s.coveredInferred++
 		}
 	}
-	for _, p := range s.up[ref] {
-		if s.fns[p.f].blocks[p.b].flags&blockCovered == 0 {
+	i, _ := slices.BinarySearchFunc(s.upArmed, ref, func(e inference, r blockRef) int { return e.from.cmp(r) })
+	for ; i < len(s.upArmed) && s.upArmed[i].from == ref; i++ {
+		if p := s.upArmed[i].to; s.fns[p.f].blocks[p.b].flags&blockCovered == 0 {
 			s.markCovered(p)
 		}
 	}
+}
+
+// inference is one edge of upArmed: block to is inferred from block from.
+type inference struct{ from, to blockRef }
+
+func (r blockRef) cmp(o blockRef) int {
+	if r.f != o.f {
+		return int(r.f - o.f)
+	}
+	return int(r.b - o.b)
+}
+
+// settleInferences ends the inferences' planning at Arm: up's edges join
+// upArmed, sorted, and the maps go (16 bytes an edge, where the maps
+// took about 180 a block).
+func (s *Set) settleInferences() {
+	for from, tos := range s.up {
+		for _, to := range tos {
+			s.upArmed = append(s.upArmed, inference{from, to})
+		}
+	}
+	slices.SortFunc(s.upArmed, func(a, b inference) int {
+		if c := a.from.cmp(b.from); c != 0 {
+			return c
+		}
+		return a.to.cmp(b.to)
+	})
+	s.upArmed = slices.Clip(s.upArmed)
+	s.from, s.up, s.reserve, s.noProbe = nil, nil, nil, nil
 }
 
 // refusedRefs is the blocks of probes whose arming failed.

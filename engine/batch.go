@@ -110,7 +110,7 @@ func (e *Engine) prepare(pt *point, s *splice.Site, sp Spec) (pendingSplice, err
 	if err != nil {
 		return pendingSplice{}, err
 	}
-	patch, code, err := e.makePatch(pt, []*Request{r}, r.hooks)
+	patch, code, err := e.makePatch(pt, []*Request{r}, r.hooks())
 	if err != nil {
 		e.freeSlots(r)
 		return pendingSplice{}, err
@@ -390,16 +390,16 @@ func (e *Engine) retirePoint(r *Request) {
 	pt := r.pt
 	old := pt.patch
 	pt.reqs, pt.patch = nil, 0
-	e.retire(old, pt.slot, pt.site.Addr(), r.hooks)
+	e.retire(old, pt.slot, pt.site.Addr(), r.hooks())
 	pt.slot = 0
-	e.retireCounters(r.slots)
+	e.retireCounters(r.Slots())
 	e.dropPoint(pt)
 }
 
 // Hit reports whether r's first counter slot is non-zero: for a request
 // whose snippet is a codegen.HitFlag, whether its point has run since the
 // request was made. A load from the counter heap; no lock.
-func (e *Engine) Hit(r *Request) bool { return e.dev.Counter(r.slots[0]) != 0 }
+func (e *Engine) Hit(r *Request) bool { return e.dev.Counter(r.Slots()[0]) != 0 }
 
 // goneIsRemoved is err, or nil when err says the driver has no such
 // splice any more: it put the bytes back itself when the module whose text

@@ -24,7 +24,6 @@ type point struct {
 	reqs []*Request
 	// The installed patch; 0 when not spliced.
 	patch uint64
-	class springboard.Class
 	// A springboard splice's slot (a jmp rel32 to the patch, in padding)
 	// and the driver's splice id of the slot.
 	slot       uint64
@@ -32,6 +31,7 @@ type point struct {
 	splice     uint32 // the driver's splice id at the instruction
 	// redZone is codegen.PatchSpec.RedZone for its patches (the engine's).
 	redZone int32
+	class   springboard.Class
 	// pending: an AddEach batch has written the point's patch and will
 	// splice it with the rest of the batch.
 	pending bool
@@ -39,7 +39,8 @@ type point struct {
 	// back as the module was unloaded); its requests only wait to be
 	// removed (pointGone).
 	gone bool
-	// (Fields ordered to pack: a coverage session has one per probe.)
+	// (Fields ordered to pack into 64 bytes: a coverage session has one
+	// per probe.)
 }
 
 // covered: for a covering splice, the instructions after site that its
@@ -73,12 +74,29 @@ type Request struct {
 	pt      *point
 	site    *splice.Site // the instruction instrumented: the point's, or one it covers
 	owner   string
-	slots   []int // counter slots, zeroed when the request was made
 	snippet codegen.Snippet
-	hooks   Hooks
-	// slot0 holds slots when there is one (a coverage probe or a
-	// counter): no allocation of its own for half a million probes.
+	// x holds what few requests have: hooks, or other than one counter
+	// slot. nil for a coverage probe or a counter, which so take 64
+	// bytes: a whole-kernel session has 440,000.
+	x *requestExtra
+	// slot0 is the counter slot, zeroed when the request was made, when x
+	// is nil.
 	slot0 [1]int
+}
+
+// requestExtra is a Request's hooks and counter slots, where it has
+// hooks or other than one slot.
+type requestExtra struct {
+	hooks Hooks
+	slots []int
+}
+
+// hooks are the request's hooks, nil when none.
+func (r *Request) hooks() Hooks {
+	if r.x != nil {
+		return r.x.hooks
+	}
+	return nil
 }
 
 // Site is the instruction the request instruments.
@@ -89,10 +107,15 @@ func (r *Request) Owner() string { return r.owner }
 
 // Slots are the request's counter slots, in the order its snippet got
 // their addresses.
-func (r *Request) Slots() []int { return r.slots }
+func (r *Request) Slots() []int {
+	if r.x != nil {
+		return r.x.slots
+	}
+	return r.slot0[:]
+}
 
 // Counter is the first counter slot: a counting request's count.
-func (r *Request) Counter() int { return r.slots[0] }
+func (r *Request) Counter() int { return r.Slots()[0] }
 
 // SnippetFunc makes a request's snippet from the kernel addresses of its
 // counter slots.
@@ -135,7 +158,7 @@ func (e *Engine) addLocked(s *splice.Site, sp Spec) (*Request, error) {
 		return nil, err
 	}
 	reqs := append(append([]*Request(nil), pt.reqs...), r)
-	if err := e.install(pt, reqs, r.hooks); err != nil {
+	if err := e.install(pt, reqs, r.hooks()); err != nil {
 		e.freeSlots(r)
 		if errors.Is(err, errPointGone) {
 			// The point's module went (and may be back at the same
@@ -156,8 +179,12 @@ func (e *Engine) addLocked(s *splice.Site, sp Spec) (*Request, error) {
 // counter slots, zeroed, and the snippet made from their addresses. The
 // caller holds e.mu.
 func (e *Engine) newRequest(pt *point, s *splice.Site, sp Spec) (*Request, error) {
-	r := &Request{pt: pt, site: s, owner: sp.Owner, hooks: sp.Hooks}
-	r.slots = r.slot0[:0]
+	r := &Request{pt: pt, site: s, owner: sp.Owner}
+	slots := r.slot0[:0]
+	if sp.Hooks != nil || sp.Slots != 1 {
+		r.x = &requestExtra{hooks: sp.Hooks}
+		slots = nil
+	}
 	for i := 0; i < sp.Slots; i++ {
 		slot, err := e.slots.alloc()
 		if err != nil && e.retiredCounters() {
@@ -174,13 +201,18 @@ func (e *Engine) newRequest(pt *point, s *splice.Site, sp Spec) (*Request, error
 			}
 		}
 		if err != nil {
-			e.freeSlots(r)
+			for _, sl := range slots {
+				e.slots.free(sl)
+			}
 			return nil, err
 		}
-		r.slots = append(r.slots, slot)
+		slots = append(slots, slot)
 	}
-	addrs := make([]uint64, len(r.slots))
-	for i, sl := range r.slots {
+	if r.x != nil {
+		r.x.slots = slots
+	}
+	addrs := make([]uint64, len(slots))
+	for i, sl := range slots {
 		addrs[i] = e.dev.CounterAddr(sl)
 	}
 	r.snippet = sp.Snippet(addrs)
@@ -189,7 +221,7 @@ func (e *Engine) newRequest(pt *point, s *splice.Site, sp Spec) (*Request, error
 
 // freeSlots gives back the slots of a request that was never installed.
 func (e *Engine) freeSlots(r *Request) {
-	for _, sl := range r.slots {
+	for _, sl := range r.Slots() {
 		e.slots.free(sl)
 	}
 }
@@ -251,13 +283,13 @@ func (e *Engine) removeLocked(r *Request) error {
 	if len(reqs) == len(pt.reqs) {
 		return fmt.Errorf("%s: request of %s not installed", r.site.Where(), r.owner)
 	}
-	if err := e.install(pt, reqs, r.hooks); err != nil && !errors.Is(err, errPointGone) {
+	if err := e.install(pt, reqs, r.hooks()); err != nil && !errors.Is(err, errPointGone) {
 		return err
 	}
 	// A task preempted in the old patch may still write the slots: they
 	// go back after the grace period that frees the patch, never to a
 	// new request before it.
-	e.retireCounters(r.slots)
+	e.retireCounters(r.Slots())
 	if len(pt.reqs) == 0 {
 		e.dropPoint(pt)
 	}

@@ -767,11 +767,12 @@ func (t *Target) Time(owner, spec string) (*Timer, error) {
 // touches memory through %rsp but the stack adjustment an epilogue
 // makes: leaving the timer there is leaving the function. Otherwise x.
 func earlierExit(f *splice.Func, x *splice.Site) *splice.Site {
+	xi := int(x.Index)
 	for _, b := range f.Blocks {
-		if x.Index < b.First || x.Index >= b.First+b.N {
+		if xi < b.First || xi >= b.First+b.N {
 			continue
 		}
-		for j := x.Index - 1; j >= b.First; j-- {
+		for j := xi - 1; j >= b.First; j-- {
 			in := f.Fn.Insns[j]
 			text := in.String()
 			if strings.HasPrefix(text, "call") || strings.HasPrefix(text, "j") || strings.HasPrefix(text, "push") {

@@ -131,7 +131,7 @@ func (f *Func) Exits(entry *Site) ([]*Site, error) {
 			continue
 		}
 		i := b.First + b.N - 1
-		if i == entry.Index {
+		if i == int(entry.Index) {
 			out = append(out, entry)
 			continue
 		}
@@ -494,7 +494,8 @@ func (f *Func) At(i int) (*Site, error) {
 // Whether a patch can reproduce the instruction is codegen's to say when
 // the patch is built.
 func (f *Func) Site(p Point, i int) (*Site, error) {
-	s := &Site{Point: p, Fn: f.Fn, Index: i, Ambiguous: int32(f.Ambiguous)}
+	pp := &p // shared by the covered instructions' sites
+	s := &Site{Point: pp, Fn: f.Fn, Index: int32(i), Ambiguous: int32(f.Ambiguous)}
 	if why := f.NoSplice(i); why != "" {
 		return nil, &NoSpliceError{Where: s.Where(), Reason: why}
 	}
@@ -506,7 +507,7 @@ func (f *Func) Site(p Point, i int) (*Site, error) {
 	if s.Class == springboard.Cover {
 		n, _ := f.CoverRun(i)
 		for j := i + 1; j < i+n; j++ {
-			s.Cover = append(s.Cover, &Site{Point: p, Fn: f.Fn, Index: j, Ambiguous: int32(f.Ambiguous),
+			s.Cover = append(s.Cover, &Site{Point: pp, Fn: f.Fn, Index: int32(j), Ambiguous: int32(f.Ambiguous),
 				Class: springboard.Cover, Live: f.Live(j)})
 		}
 	}

@@ -16,27 +16,30 @@ import (
 // function's symbol is Fn's name, module and address; Func.Sym has the
 // rest.)
 type Site struct {
-	Point Point // the point it was resolved from
+	// Point is the point it was resolved from; nil for a detached site
+	// (a coverage probe's, which needs none).
+	Point *Point
 	Fn    *cfg.Function
-	Index int // of the instruction in Fn.Insns; 0 for a detached site
-	// Class is how the splice reaches the patch, as planned.
-	Class springboard.Class
 	// Cover: for a covering splice, the instructions after this one that
 	// its jmp overwrites, in order, each planned on its own (the patch runs
 	// them all).
-	Cover     []*Site
-	Ambiguous int32 // other symbols of the function's name
-	// Live: registers and flags that may be live before the instruction
-	// (Func.Live).
-	Live cfg.LiveSet
+	Cover []*Site
 
 	// raw: a detached site's instruction (Detached; raw.n == 0 for a
 	// site of a decoded function).
 	raw rawInsn
+
+	Index     int32 // of the instruction in Fn.Insns; 0 for a detached site
+	Ambiguous int32 // other symbols of the function's name
+	// Live: registers and flags that may be live before the instruction
+	// (Func.Live).
+	Live cfg.LiveSet
+	// Class is how the splice reaches the patch, as planned.
+	Class springboard.Class
 }
 
-// Detached returns a copy of s that keeps, of its function, only the
-// name and bounds, and of its instructions (its own and those a covering
+// Detached returns a copy of s that keeps no Point and, of its function,
+// only the name and bounds, and of its instructions (its own and those a covering
 // splice runs over) only their addresses and bytes: a coverage session
 // holds a site for every block of the kernel, a whole function's decoded
 // instructions are about 230 bytes each, and the engine reads no more than
@@ -61,7 +64,7 @@ func (s *Site) Detached(fn *cfg.Function) *Site {
 // detach is Detached without the covered sites.
 func (s *Site) detach(fn *cfg.Function) *Site {
 	d := *s
-	d.Fn, d.Index, d.Cover = fn, 0, nil
+	d.Point, d.Fn, d.Index, d.Cover = nil, fn, 0, nil
 	d.raw.addr, d.raw.n = s.Addr(), uint8(copy(d.raw.bytes[:], s.Bytes()))
 	return &d
 }

@@ -11,7 +11,7 @@ import (
 )
 
 // Class is how a splice of one instruction reaches its patch.
-type Class int
+type Class uint8
 
 const (
 	// Direct: the instruction is at least 5 bytes, room for jmp rel32.
