@@ -262,6 +262,9 @@ func (s *Set) Arm(eng Engine, owner string, snippet engine.SnippetFunc, now func
 	// the engine's per-site answers, at the moment memory peaks.
 	pending := s.pending
 	s.pending = nil
+	if r, ok := eng.(interface{ Reserve(int) }); ok {
+		r.Reserve(len(pending)) // the kernel's engine: its maps sized once
+	}
 	var armed []Probe
 	if len(s.live) == 0 {
 		armed = pending[:0] // written at or before the index being read
@@ -296,7 +299,9 @@ func (s *Set) Arm(eng Engine, owner string, snippet engine.SnippetFunc, now func
 	}
 	s.armNS += int64(end.Sub(start))
 	if len(s.live) == 0 {
-		s.live = slices.Clip(armed)
+		// Copied out of pending's array, which append grew by doubling:
+		// a whole kernel's spare capacity is 10 MB.
+		s.live = slices.Clone(armed)
 	} else {
 		s.live = append(s.live, armed...)
 	}

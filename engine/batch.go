@@ -416,3 +416,30 @@ func (e *Engine) goneIsRemoved(err error, addr uint64) error {
 	e.ov.forget(addr)
 	return nil
 }
+
+// Reserve makes room for n more points, and their original bytes, at
+// once: a coverage session about to arm n probes calls it, so that
+// neither map grows by doubling as the chunks come (a map made for its
+// size holds half a million entries in about half the memory of one grown
+// to it, and is never rehashed). Small n are left to the maps.
+func (e *Engine) Reserve(n int) {
+	if n < reserveMin {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.points = resized(e.points, n)
+	e.ov.reserve(n)
+}
+
+// reserveMin is the fewest new points Reserve makes room for.
+const reserveMin = 4096
+
+// resized is m copied into a map with room for n more entries.
+func resized[K comparable, V any](m map[K]V, n int) map[K]V {
+	g := make(map[K]V, len(m)+n)
+	for k, v := range m {
+		g[k] = v
+	}
+	return g
+}

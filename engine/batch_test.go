@@ -538,3 +538,39 @@ func TestForgetText(t *testing.T) {
 	h.remove(out...)
 	h.restored()
 }
+
+// Reserve between batches keeps every point and original byte: the
+// engine's view of the text is still the kernel's own, a request at an
+// armed point joins it, and removing everything restores every byte.
+func TestReserveKeepsState(t *testing.T) {
+	h := newHarness(t)
+	sites := h.blockSites("filename_lookup")
+	reqs, errs := h.e.AddEach(sites[:1], Spec{Owner: "cover", Slots: 1, Snippet: hitFlag})
+	if errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	before := h.e.State()
+	h.e.Reserve(reserveMin)
+	if st := h.e.State(); st != before {
+		t.Fatalf("state after Reserve %+v, before %+v", st, before)
+	}
+	got := make([]byte, len(text))
+	if err := h.e.Text().Read(textAddr, got); err != nil || !bytes.Equal(got, text) {
+		t.Fatalf("text view after Reserve: %v\n% x\nwant\n% x", err, got, text)
+	}
+	more, errs := h.e.AddEach(sites, Spec{Owner: "cover2", Slots: 1, Snippet: hitFlag})
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("%s: %v", sites[i].Where(), err)
+		}
+	}
+	if st := h.e.State(); st.Points != len(sites) {
+		t.Errorf("%d points for %d sites (one shared)", st.Points, len(sites))
+	}
+	for _, err := range h.e.RemoveEach(append(reqs, more...)) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.restored()
+}

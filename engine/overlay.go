@@ -57,6 +57,13 @@ func (o *overlay) splicedMany(addrs []uint64, origs [][]byte, write func() error
 	return err
 }
 
+// reserve makes room for n more entries.
+func (o *overlay) reserve(n int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.orig = resized(o.orig, n)
+}
+
 // restored runs restore (an unsplice at addr) and drops addr's entry if
 // it succeeds.
 func (o *overlay) restored(addr uint64, restore func() error) error {

@@ -44,12 +44,12 @@ type point struct {
 }
 
 // covered: for a covering splice, the instructions after site that its
-// jmp overwrites (site.Cover); the patch runs each, with its own
+// jmp overwrites (site.Covered()); the patch runs each, with its own
 // requests' snippets before it. Engine.points maps their addresses to
 // this point too. A point is covering from newPoint on or never.
 func (pt *point) covered() []*splice.Site {
 	if pt.class == springboard.Cover {
-		return pt.site.Cover
+		return pt.site.Covered()
 	}
 	return nil
 }
@@ -235,10 +235,10 @@ func (e *Engine) newPoint(s *splice.Site) *point {
 		return pt
 	}
 	pt.class = springboard.Trap
-	if len(s.Cover) == 0 {
+	if len(s.Covered()) == 0 {
 		return pt
 	}
-	for _, c := range s.Cover {
+	for _, c := range s.Covered() {
 		if _, taken := e.points[c.Addr()]; taken {
 			return pt
 		}

@@ -94,7 +94,7 @@ func (d *Daemon) BenchSplice(ctx context.Context, req api.BenchRequest) (api.Ben
 		}
 	}
 	res.Point = resolved(s)
-	sites := append([]*splice.Site{s}, s.Cover...)
+	sites := append([]*splice.Site{s}, s.Covered()...)
 	for _, c := range sites {
 		if owner, ok := d.eng.Owner(c.Addr()); ok {
 			return res, fmt.Errorf("%s is instrumented by session %s; bench needs it free", c.Where(), owner)

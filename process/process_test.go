@@ -453,7 +453,7 @@ func classSites(t *testing.T, tg *Target, fn string, taken []*splice.Site) (poin
 	used := map[uint64]bool{}
 	for _, s := range taken {
 		used[s.Addr()] = true
-		for _, c := range s.Cover {
+		for _, c := range s.Covered() {
 			used[c.Addr()] = true
 		}
 	}
@@ -465,14 +465,14 @@ func classSites(t *testing.T, tg *Target, fn string, taken []*splice.Site) (poin
 				continue
 			}
 			clash := false
-			for _, x := range s.Cover {
+			for _, x := range s.Covered() {
 				clash = clash || used[x.Addr()]
 			}
 			if clash {
 				continue
 			}
 			used[in.Addr] = true
-			for _, x := range s.Cover {
+			for _, x := range s.Covered() {
 				used[x.Addr()] = true
 			}
 			points, sites, classes = append(points, spec), append(sites, s), append(classes, c.String())

@@ -402,7 +402,7 @@ func (t *Target) ResolveAs(spec string, c springboard.Class) (*splice.Site, erro
 		return nil, err
 	}
 	if c == springboard.Trap {
-		s.Class, s.Cover = springboard.Trap, nil
+		s.PlanTrap()
 	}
 	if s.Class != c {
 		return nil, fmt.Errorf("%s: a %s splice, not %s", spec, s.Class, c)

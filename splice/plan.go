@@ -506,9 +506,13 @@ func (f *Func) Site(p Point, i int) (*Site, error) {
 	s.Live = f.Live(i)
 	if s.Class == springboard.Cover {
 		n, _ := f.CoverRun(i)
+		cs := make([]*Site, 0, max(n-1, 0))
 		for j := i + 1; j < i+n; j++ {
-			s.Cover = append(s.Cover, &Site{Point: pp, Fn: f.Fn, Index: int32(j), Ambiguous: int32(f.Ambiguous),
+			cs = append(cs, &Site{Point: pp, Fn: f.Fn, Index: int32(j), Ambiguous: int32(f.Ambiguous),
 				Class: springboard.Cover, Live: f.Live(j)})
+		}
+		if len(cs) > 0 {
+			s.cover = &cs
 		}
 	}
 	return s, nil

@@ -314,7 +314,7 @@ func TestClass(t *testing.T) {
 	// With the slots gone, the entry's cheapest is a covering splice:
 	// the first one.
 	if s, err := p.Resolve("f"); err != nil || s.Addr() != base+0x05 || s.Class != springboard.Cover ||
-		len(s.Cover) != 2 || s.Cover[0].Addr() != base+0x06 || s.Cover[1].Addr() != base+0x09 {
+		len(s.Covered()) != 2 || s.Covered()[0].Addr() != base+0x06 || s.Covered()[1].Addr() != base+0x09 {
 		t.Errorf("entry with no slot free: %+v, %v; want push covering mov and test", s, err)
 	} else {
 		// Detached keeps what the engine reads: the same instructions,
@@ -322,13 +322,13 @@ func TestClass(t *testing.T) {
 		d := s.Detached(nil)
 		if d.Fn.Insns != nil || d.Where() != s.Where() || d.Class != s.Class || d.Live != s.Live ||
 			!bytes.Equal(d.Insn().Bytes, s.Insn().Bytes) || !bytes.Equal(d.Bytes(), s.Insn().Bytes) || !bytes.Equal(s.Bytes(), s.Insn().Bytes) ||
-			d.Insn().Inst.Op != s.Insn().Inst.Op || len(d.Cover) != 2 {
+			d.Insn().Inst.Op != s.Insn().Inst.Op || len(d.Covered()) != 2 {
 			t.Fatalf("detached %+v, from %+v", d, s)
 		}
-		for i, c := range d.Cover {
-			if c.Addr() != s.Cover[i].Addr() || c.Where() != s.Cover[i].Where() || c.Live != s.Cover[i].Live ||
-				!bytes.Equal(c.Insn().Bytes, s.Cover[i].Insn().Bytes) {
-				t.Errorf("detached covered %d: %s %x, want %s %x", i, c.Where(), c.Insn().Bytes, s.Cover[i].Where(), s.Cover[i].Insn().Bytes)
+		for i, c := range d.Covered() {
+			if c.Addr() != s.Covered()[i].Addr() || c.Where() != s.Covered()[i].Where() || c.Live != s.Covered()[i].Live ||
+				!bytes.Equal(c.Insn().Bytes, s.Covered()[i].Insn().Bytes) {
+				t.Errorf("detached covered %d: %s %x, want %s %x", i, c.Where(), c.Insn().Bytes, s.Covered()[i].Where(), s.Covered()[i].Insn().Bytes)
 			}
 		}
 	}
@@ -398,8 +398,8 @@ func TestLiveAtSite(t *testing.T) {
 	}
 	// je after test reads ZF: the flags are dead before test (it writes
 	// them), so dead at push and mov too.
-	if s.FlagsLive() || s.Cover[0].FlagsLive() || s.Cover[1].FlagsLive() {
-		t.Errorf("flags live at %v / %v / %v", s.Live, s.Cover[0].Live, s.Cover[1].Live)
+	if s.FlagsLive() || s.Covered()[0].FlagsLive() || s.Covered()[1].FlagsLive() {
+		t.Errorf("flags live at %v / %v / %v", s.Live, s.Covered()[0].Live, s.Covered()[1].Live)
 	}
 	if got := p.Liveness(s); got != s.Live {
 		t.Errorf("liveness alone %v, at resolve %v", got, s.Live)

@@ -20,10 +20,10 @@ type Site struct {
 	// (a coverage probe's, which needs none).
 	Point *Point
 	Fn    *cfg.Function
-	// Cover: for a covering splice, the instructions after this one that
-	// its jmp overwrites, in order, each planned on its own (the patch runs
-	// them all).
-	Cover []*Site
+	// cover: Covered's sites; nil for a site of another class (by
+	// pointer: a coverage session holds a site per probe, and most are
+	// not covering).
+	cover *[]*Site
 
 	// raw: a detached site's instruction (Detached; raw.n == 0 for a
 	// site of a decoded function).
@@ -52,11 +52,12 @@ func (s *Site) Detached(fn *cfg.Function) *Site {
 		fn = s.Fn.Header()
 	}
 	d := s.detach(fn)
-	if len(s.Cover) > 0 {
-		d.Cover = make([]*Site, len(s.Cover))
-		for i, c := range s.Cover {
-			d.Cover[i] = c.detach(fn)
+	if cs := s.Covered(); len(cs) > 0 {
+		dc := make([]*Site, len(cs))
+		for i, c := range cs {
+			dc[i] = c.detach(fn)
 		}
+		d.cover = &dc
 	}
 	return d
 }
@@ -64,10 +65,23 @@ func (s *Site) Detached(fn *cfg.Function) *Site {
 // detach is Detached without the covered sites.
 func (s *Site) detach(fn *cfg.Function) *Site {
 	d := *s
-	d.Point, d.Fn, d.Index, d.Cover = nil, fn, 0, nil
+	d.Point, d.Fn, d.Index, d.cover = nil, fn, 0, nil
 	d.raw.addr, d.raw.n = s.Addr(), uint8(copy(d.raw.bytes[:], s.Bytes()))
 	return &d
 }
+
+// Covered is, for a covering splice, the instructions after this one
+// that its jmp overwrites, in order, each planned on its own (the patch
+// runs them all); nil for a splice of another class.
+func (s *Site) Covered() []*Site {
+	if s.cover == nil {
+		return nil
+	}
+	return *s.cover
+}
+
+// PlanTrap makes s a trap splice, whatever it was planned as.
+func (s *Site) PlanTrap() { s.Class, s.cover = springboard.Trap, nil }
 
 // rawInsn is a detached site's instruction: its address and bytes.
 type rawInsn struct {
