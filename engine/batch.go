@@ -110,16 +110,41 @@ func (e *Engine) prepare(pt *point, s *splice.Site, sp Spec) (pendingSplice, err
 	if err != nil {
 		return pendingSplice{}, err
 	}
-	patch, code, err := e.makePatch(pt, []*Request{r}, r.hooks())
+	p := pendingSplice{pt: pt, r: r}
+	if pt.class == springboard.Springboard {
+		// The slot is taken now, before the patch is built: where none
+		// is left the point becomes a covering splice (whose patch runs
+		// the covered instructions too) or a trap splice.
+		if p.slot, p.reused, err = e.takeSlot(s.Addr()); err != nil {
+			switch {
+			case !errors.Is(err, springboard.ErrNoSlot):
+			case e.coverInstead(pt):
+				err = nil
+			default:
+				if err = e.trapRefused(s); err == nil {
+					e.log.Info("no springboard slot left; trap splice", "at", s.Where())
+					pt.class = springboard.Trap
+				}
+			}
+			if err != nil {
+				e.freeSlots(r)
+				return pendingSplice{}, err
+			}
+		}
+	}
+	p.patch, p.code, err = e.makePatch(pt, []*Request{r}, r.hooks())
 	if err != nil {
 		e.freeSlots(r)
+		if p.slot != 0 {
+			e.releaseSlot(p.slot, p.reused, s.Addr())
+		}
 		return pendingSplice{}, err
 	}
 	pt.pending = true
 	for _, ps := range pt.sites() {
 		e.points[ps.Addr()] = pt
 	}
-	return pendingSplice{pt: pt, r: r, patch: patch, code: code}, nil
+	return p, nil
 }
 
 // abandon undoes prepare (and gives back the slot, which nothing was
@@ -140,9 +165,9 @@ func (e *Engine) abandon(p pendingSplice) {
 // batches: every direct, trap and covering splice and every springboard
 // slot, then the jmp rel8 of each springboard point to its slot. A point
 // whose op the driver refuses fails alone (the rest of its batch is tried
-// again); a springboard point that finds no slot left gets a trap
-// splice. It returns the error of a driver with no room left, if any.
-// The caller holds e.mu.
+// again). (A springboard point took its slot in prepare, or became a
+// covering or trap splice there.) It returns the error of a driver with
+// no room left, if any. The caller holds e.mu.
 func (e *Engine) spliceBatch(batch []pendingSplice, reqs []*Request, errs []error) (full error) {
 	fail := func(p pendingSplice, err error) {
 		errs[p.i] = fmt.Errorf("splice %s: %w", p.pt.site.Where(), err)
@@ -151,21 +176,6 @@ func (e *Engine) spliceBatch(batch []pendingSplice, reqs []*Request, errs []erro
 	var first []pendingSplice
 	var ops []driver.SpliceOp
 	for _, p := range batch {
-		if p.pt.class == springboard.Springboard {
-			var err error
-			if p.slot, p.reused, err = e.takeSlot(p.pt.site.Addr()); err != nil {
-				if !errors.Is(err, springboard.ErrNoSlot) {
-					fail(p, err)
-					continue
-				}
-				if err := e.trapRefused(p.pt.site); err != nil {
-					fail(p, err)
-					continue
-				}
-				e.log.Info("no springboard slot left; trap splice", "at", p.pt.site.Where())
-				p.pt.class = springboard.Trap
-			}
-		}
 		var op driver.SpliceOp
 		var err error
 		if p.slot != 0 {

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"slices"
 	"syscall"
 	"testing"
 
+	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/codegen"
 	"github.com/kinst/kinst/splice"
 	"github.com/kinst/kinst/springboard"
@@ -573,4 +575,63 @@ func TestReserveKeepsState(t *testing.T) {
 		}
 	}
 	h.restored()
+}
+
+// Where traps are refused (a process), a springboard point whose slot is
+// gone falls back on the covering splice its site was planned with, not
+// on a trap splice (which would be refused): in AddEach and in Add.
+func TestNoSlotCoversWhereTrapsRefused(t *testing.T) {
+	for _, batched := range []bool{true, false} {
+		t.Run(fmt.Sprint("batched=", batched), func(t *testing.T) {
+			h := newHarness(t)
+			const why = "traps refused in this test"
+			h.e.SetNoTrap(why)
+			g, _, err := h.p.Func("filename_lookup")
+			if err != nil {
+				t.Fatal(err)
+			}
+			k := *h.p.Facts()
+			k.NoTrap = why
+			f := k.Func(g.Fn, nil)
+			f.UseSpringboards(h.e.Springboards())
+			var sites []*splice.Site
+			for _, off := range []uint64{0x9, 0x12, 0x1c} {
+				i := slices.IndexFunc(f.Fn.Insns, func(in cfg.Instruction) bool { return in.Addr == textAddr+off })
+				s, err := f.At(i)
+				if err != nil {
+					t.Fatal(err)
+				}
+				sites = append(sites, s)
+			}
+			if sites[2].Class != springboard.Springboard || len(sites[2].Covered()) == 0 {
+				t.Fatalf("+0x1c planned %s with %d covered: the test wants a springboard site with a covering run", sites[2].Class, len(sites[2].Covered()))
+			}
+			sp := Spec{Owner: "cover", Slots: 1, Snippet: hitFlag}
+			reqs, errs := make([]*Request, len(sites)), make([]error, len(sites))
+			if batched {
+				reqs, errs = h.e.AddEach(sites, sp)
+			} else {
+				for i, s := range sites {
+					reqs[i], errs[i] = h.e.Add(s, sp)
+				}
+			}
+			for i, want := range []springboard.Class{springboard.Springboard, springboard.Springboard, springboard.Cover} {
+				if errs[i] != nil {
+					t.Fatalf("%s: %v", sites[i].Where(), errs[i])
+				}
+				if in := h.e.Installed(reqs[i]); in.Class != want {
+					t.Errorf("%s: class %s, want %s", sites[i].Where(), in.Class, want)
+				}
+				if err := h.k.Count(sites[i].Addr(), 1); err != nil || !h.e.Hit(reqs[i]) {
+					t.Errorf("%s: not hit through its splice (%v)", sites[i].Where(), err)
+				}
+			}
+			for i, err := range h.e.RemoveEach(reqs) {
+				if err != nil {
+					t.Fatalf("%s: %v", sites[i].Where(), err)
+				}
+			}
+			h.restored()
+		})
+	}
 }

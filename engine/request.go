@@ -147,6 +147,9 @@ func (e *Engine) addLocked(s *splice.Site, sp Spec) (*Request, error) {
 	pt := e.points[s.Addr()]
 	if pt == nil {
 		pt = e.newPoint(s)
+		if pt.class == springboard.Springboard && e.noTrap != "" && !e.slotFree(s.Addr()) {
+			e.coverInstead(pt)
+		}
 		if pt.class == springboard.Trap {
 			if err := e.trapRefused(s); err != nil {
 				return nil, err
@@ -245,6 +248,37 @@ func (e *Engine) newPoint(s *splice.Site) *point {
 	}
 	pt.class = springboard.Cover
 	return pt
+}
+
+// coverInstead makes the new springboard point pt a covering splice, when
+// a trap splice, the fallback for a point whose slot is gone, would be
+// refused (SetNoTrap) and its site has a covering run (planned for that:
+// splice.Site.Covered) whose instructions no other point has. It reports
+// whether it did. The caller holds e.mu.
+func (e *Engine) coverInstead(pt *point) bool {
+	if e.noTrap == "" || pt.class != springboard.Springboard || len(pt.site.Covered()) == 0 {
+		return false
+	}
+	for _, c := range pt.site.Covered() {
+		if _, taken := e.points[c.Addr()]; taken {
+			return false
+		}
+	}
+	pt.class = springboard.Cover
+	e.log.Info("no springboard slot left; covering splice", "at", pt.site.Where())
+	return true
+}
+
+// slotFree: a springboard slot for a jmp at addr can be taken now (one
+// retired for it, or a free one in reach). The caller holds e.mu.
+func (e *Engine) slotFree(addr uint64) bool {
+	for i := range e.retired {
+		if r := &e.retired[i]; r.slot != 0 && r.slotFor == addr {
+			return true
+		}
+	}
+	_, ok := e.spring.Find(addr)
+	return ok
 }
 
 // dropPoint takes pt's instructions out of points. The map is made anew

@@ -504,8 +504,14 @@ func (f *Func) Site(p Point, i int) (*Site, error) {
 		return nil, &NoSpliceError{Where: s.Where(), Reason: f.facts.NoTrap}
 	}
 	s.Live = f.Live(i)
-	if s.Class == springboard.Cover {
-		n, _ := f.CoverRun(i)
+	// A covering splice's run; where traps are refused, a springboard
+	// site's too, for the engine to fall back on if its slot is gone at
+	// install (engine.Engine.SetNoTrap).
+	if s.Class == springboard.Cover || s.Class == springboard.Springboard && f.facts.NoTrap != "" {
+		n, ok := f.CoverRun(i)
+		if !ok {
+			n = 0
+		}
 		cs := make([]*Site, 0, max(n-1, 0))
 		for j := i + 1; j < i+n; j++ {
 			cs = append(cs, &Site{Point: pp, Fn: f.Fn, Index: int32(j), Ambiguous: int32(f.Ambiguous),

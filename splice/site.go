@@ -72,7 +72,9 @@ func (s *Site) detach(fn *cfg.Function) *Site {
 
 // Covered is, for a covering splice, the instructions after this one
 // that its jmp overwrites, in order, each planned on its own (the patch
-// runs them all); nil for a splice of another class.
+// runs them all). A springboard splice planned where traps are refused
+// has them too: the covering splice the engine falls back on when its
+// slot is gone at install. nil otherwise.
 func (s *Site) Covered() []*Site {
 	if s.cover == nil {
 		return nil
