@@ -161,7 +161,7 @@ type durationRow struct {
 // writeDurations prints rows under a header whose first column is title:
 // n, median, p90, min and max of each.
 func writeDurations(w io.Writer, title string, rows []durationRow) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	tw := newTable(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "%s\tn\tmedian\tp90\tmin\tmax\t\n", title)
 	for _, r := range rows {
 		d := r.d

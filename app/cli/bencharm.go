@@ -59,7 +59,7 @@ func BenchArm(ctx context.Context, c *api.Client, o ArmOptions, env Env) error {
 
 // writeArm prints the runs of kinst bench arm and the refusals.
 func writeArm(w io.Writer, rep api.ArmReport) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	tw := newTable(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "mode\tblocks\tfunctions\tarmed\trefused\tplan\tarm\tper probe\tarm syncs\tremove\tremove syncs\tpatch KiB\tkerninstd peak MiB\t")
 	for _, r := range rep.Runs {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%d\t%s\t%d\t%d\t%d\t\n", r.Mode, r.Blocks, r.Functions, r.Armed, r.Refused,

@@ -197,7 +197,7 @@ func writeDecayReport(w io.Writer, r api.DecayReport, asJSON bool) error {
 	fmt.Fprintf(w, "uninstrumented: %.0f calls/s (median of %s steps; steps from %.3f to %.3f of it); after the session: %.3f\n",
 		r.Baseline, fmtNS(float64(r.StepNS)), r.BaselineMin, r.BaselineMax, r.After)
 	fmt.Fprintf(w, "each step: the median over %d runs, each relative to its own uninstrumented median\n\n", r.Runs)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	tw := newTable(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "after arming s\tcalls/s\tratio\tlive probes\tcovered\t")
 	for _, s := range r.Steps {
 		fmt.Fprintf(tw, "%.3f\t%.0f\t%.3f\t%d\t%d\t\n", time.Duration(s.ElapsedNS).Seconds(), s.CallsPerSec, s.Ratio, s.LiveProbes, s.Covered)

@@ -11,7 +11,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -174,7 +173,7 @@ func writeHitReport(w io.Writer, rep api.HitReport, asJSON bool) error {
 	} else {
 		fmt.Fprintf(w, "per-call cost of getppid(2) with a counter at %s (guest time under emulation: compare ratios;\neach ratio is the median over runs of mechanism / the bare loop timed just before it)\n", rep.Function)
 	}
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	tw := newTable(w, 0, 0, 2, ' ', 0)
 	if rep.User {
 		fmt.Fprintln(tw, "mechanism\tpoint\tns/call\tratio\toverhead\thits\tattach\tdetach\t")
 	} else {

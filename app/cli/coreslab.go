@@ -175,7 +175,7 @@ func CoreSlabsReport(k *core.Kernel, asJSON bool, w io.Writer) error {
 	sort.SliceStable(sorted, func(i, j int) bool {
 		return sorted[i].Objects*int(sorted[i].Size) > sorted[j].Objects*int(sorted[j].Size)
 	})
-	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', tabwriter.AlignRight)
+	tw := newTable(w, 0, 0, 1, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "CACHE\tOBJSIZE\tSIZE\tSLABS\tORDER\tOBJECTS\tALLOCATED\tFREE\tKiB\t NAME (ALIASES)\n")
 	for _, c := range sorted {
 		name := c.Name

@@ -103,7 +103,7 @@ func printTypeGraph(g *typegraph.Graph, hand []typegraph.ByHand, before int, sta
 	fmt.Fprintf(w, "%d objects: %d typed (%.1f%%), %d by their cache, %d by the graph; %d untyped; %d with conflicts\n",
 		r.Objects, r.Typed, pct(r.Typed, r.Objects), r.ByCache, r.Propagated, r.Untyped, r.Conflicts)
 	fmt.Fprintf(w, "%d variables read, %d pointers into objects of unknown type, %d arrays; %.2fs\n\n", r.Roots, r.Claims, r.Arrays, time.Since(start).Seconds())
-	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', tabwriter.AlignRight)
+	tw := newTable(w, 0, 0, 1, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "PASS\tOBJECTS\tKNOWN\tCONJECTURED\tCONFLICTS\tUNMARKED\tMS\t\n")
 	for _, p := range r.Passes {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%.1f\t\n", p.Pass, r.Objects, p.Known, p.Conjectured, p.Conflicts, p.Unmarked, float64(p.NS)/1e6)
@@ -351,7 +351,7 @@ func CoreFindFalse(k *core.Kernel, graphFile string, asJSON bool, w io.Writer) e
 		}
 		count[k]++
 	}
-	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
+	tw := newTable(w, 0, 0, 1, ' ', 0)
 	fmt.Fprintf(tw, "ADDRESS\tCOUNT\tELEMENT\tTOTAL\tTYPE\tPRIMITIVE\tIN\n")
 	for _, k := range keys {
 		f := first[k]

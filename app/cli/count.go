@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"text/tabwriter"
 	"time"
 
 	"github.com/kinst/kinst/api"
@@ -107,7 +106,7 @@ func Count(ctx context.Context, c *api.Client, o CountOptions, env Env) (int, er
 		return exitStatus, writeJSON(stdout, report)
 	}
 	fmt.Fprintf(stdout, "\ncounts over %.3f s (%s removed):\n", time.Duration(report.DurationNS).Seconds(), removedWhat(final.Probes))
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	tw := newTable(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "count\tpoint\tlocation\taddress")
 	for _, p := range report.Probes {
 		fmt.Fprintf(tw, "%d\t%s\t%s+%#x\t%#x\n", p.Count, p.Point, p.Function, p.Offset, uint64(p.Address))

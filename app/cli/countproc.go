@@ -356,7 +356,7 @@ func CountProcess(ctx context.Context, pid int, o CountOptions, env Env) (int, e
 		return exit, writeJSON(stdout, report)
 	}
 	fmt.Fprintf(stdout, "\ncounts over %.3f s in process %d (%s):\n", dur.Seconds(), r.pid, r.ended())
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	tw := newTable(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "count\tpoint\tlocation\taddress")
 	for _, p := range report.Probes {
 		fmt.Fprintf(tw, "%d\t%s\t%s+%#x\t%#x\n", p.Count, p.Point, unwind.Demangle(p.Function), p.Offset, uint64(p.Address))
@@ -476,7 +476,7 @@ func TimeProcess(ctx context.Context, pid int, o TimeOptions, env Env) (int, err
 		return exit, writeJSON(stdout, report)
 	}
 	fmt.Fprintf(stdout, "\ntotals over %.3f s in process %d (%s):\n", dur.Seconds(), r.pid, r.ended())
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	tw := newTable(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "calls\tcalls/s\ttotal wall\tavg wall\tconcurrency\tfunction\t")
 	for _, f := range report.Functions {
 		fmt.Fprintf(tw, "%d\t%.0f\t%s\t%s\t%.3f\t%s\t\n", f.Calls, f.CallsPerSec, fmtNS(f.WallNS), fmtNS(f.AvgWallNS), f.Concurrency, f.Function)

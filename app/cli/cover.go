@@ -127,7 +127,7 @@ func writeCover(w io.Writer, r api.CoverReport) error {
 	}
 	fmt.Fprintf(w, "\n%d probes armed in %s, %d removed after their first hit, %d blocks inferred from their successors (%d of them covered), %d blocks refused\n\n",
 		r.Armed, fmtNS(float64(r.ArmNS)), r.Removed, r.Inferred, r.CoveredInferred, refusedBlocks(&r))
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	tw := newTable(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "function\taddress\tblocks\tcovered\trefused\tcoverage\t")
 	for _, f := range r.Functions {
 		fmt.Fprintf(tw, "%s\t%#x\t%d\t%d\t%d\t%s\t\n", unwind.Demangle(f.Function), uint64(f.Address), f.Total, f.Covered, f.Refused, percent(f.Covered, f.Total))
@@ -141,7 +141,7 @@ func writeCover(w io.Writer, r api.CoverReport) error {
 			fmt.Fprintf(w, "  not read: %s\n", f.Error)
 			continue
 		}
-		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		tw := newTable(w, 0, 0, 2, ' ', 0)
 		withLines := hasLines(f)
 		if withLines {
 			fmt.Fprintln(tw, "  block\tstart\tcovered\tprobe\tline")
@@ -173,7 +173,7 @@ func writeCover(w io.Writer, r api.CoverReport) error {
 		}
 	}
 	fmt.Fprintln(w, "\ntimeline:")
-	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	tw = newTable(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "elapsed s\tlive probes\tcovered\t")
 	for _, s := range r.Timeline {
 		fmt.Fprintf(tw, "%.3f\t%d\t%d\t\n", time.Duration(s.ElapsedNS).Seconds(), s.LiveProbes, s.Covered)

@@ -166,7 +166,7 @@ func writeCoverDiff(w io.Writer, d api.CoverDiff) error {
 		return nil
 	}
 	fmt.Fprintln(w)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	tw := newTable(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "function\tA only\tB only\tnot compared\t")
 	for _, f := range d.Functions {
 		name := f.Function
@@ -184,7 +184,7 @@ func writeCoverDiff(w io.Writer, d api.CoverDiff) error {
 		}
 		fmt.Fprintf(w, "\n%s:\n", f.Function)
 		var tab bytes.Buffer
-		tw := tabwriter.NewWriter(&tab, 0, 0, 2, ' ', 0)
+		tw := newTable(&tab, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "  covered in\tblock\tstart\tline\tnote")
 		for _, side := range []struct {
 			tag, other string

@@ -162,7 +162,7 @@ func without(s []string, x string) []string {
 
 func printLevel(w io.Writer, depth int, l api.DrillLevel) {
 	fmt.Fprintf(w, "\nlevel %d: %s\n", depth, l.Function)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	tw := newTable(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "calls\ttotal wall\tavg wall\tshare\tfunction\t")
 	for _, r := range l.Rows {
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%.1f%%\t%s\t\n", r.Calls, fmtNS(r.WallNS), fmtNS(r.AvgWallNS), 100*r.Share, r.Function)

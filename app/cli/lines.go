@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"fmt"
-	"text/tabwriter"
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/internal/elfsym"
@@ -62,7 +61,7 @@ func Lines(ctx context.Context, c *api.Client, fn string, o DebugOptions, asJSON
 		fmt.Fprintf(env.Out, "declared at %s (FUNC:+N counts from there)\n", rep.Declared)
 	}
 	fmt.Fprintln(env.Out)
-	tw := tabwriter.NewWriter(env.Out, 0, 0, 2, ' ', 0)
+	tw := newTable(env.Out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "line\tpoint\tsplice class")
 	for _, l := range rep.Lines {
 		class := l.SpliceClass

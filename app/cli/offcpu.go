@@ -10,7 +10,6 @@ import (
 	"os/signal"
 	"slices"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/kinst/kinst/api"
@@ -194,7 +193,7 @@ func writeSVG(o OffCPUOptions, p *offcpu.Profile, f *folded.Profile) error {
 // BCC's offcputime does without -f.
 func writeOffCPUText(w io.Writer, p *offcpu.Profile, o OffCPUOptions) error {
 	top := p.Top(o.Top)
-	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	tw := newTable(w, 0, 8, 2, ' ', 0)
 	for _, s := range top {
 		if !o.Fold.UserOnly {
 			for _, k := range s.Kernel {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/kinst/kinst/api"
@@ -25,7 +24,7 @@ func Ls(ctx context.Context, c *api.Client, asJSON bool, env Env) error {
 		fmt.Fprintln(stdout, "no sessions")
 		return nil
 	}
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	tw := newTable(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tID\tAGE\tEXPIRES IN\tTIED\tINSTRUMENTS")
 	now := env.now()
 	for _, s := range list {

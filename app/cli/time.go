@@ -141,7 +141,7 @@ func Time(ctx context.Context, c *api.Client, o TimeOptions, env Env) (int, erro
 		}
 	}
 	fmt.Fprintf(stdout, "\ntotals over %.3f s (%s removed)%s:\n", res.Duration.Seconds(), removed, filterNote(report.Filter))
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	tw := newTable(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "calls\tcalls/s\ttotal wall\tavg wall\ttotal virtual\tavg virtual\tconcurrency\tfunction\t")
 	for _, f := range report.Functions {
 		tv, av := "-", "-"

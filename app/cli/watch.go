@@ -6,7 +6,6 @@ import (
 	"io"
 	"sort"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/kinst/kinst/api"
@@ -123,7 +122,7 @@ func Watch(ctx context.Context, c *api.Client, o WatchOptions, env Env) error {
 func drawWatch(w io.Writer, now time.Time, sessions int, rows []api.WatchRow) {
 	fmt.Fprint(w, "\x1b[H\x1b[2J") // home, clear
 	fmt.Fprintf(w, "kinst watch — %s — %d session(s), %d metric(s); Ctrl-C to quit\n\n", now.Format("15:04:05"), sessions, len(rows))
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	tw := newTable(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "SESSION\tMETRIC\tTOTAL\tPER SEC\tAVG WALL\tCONC\tINSIDE\tHISTORY")
 	for _, r := range rows {
 		wall, conc, inside := "", "", ""

@@ -15,6 +15,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 
@@ -24,7 +25,30 @@ import (
 )
 
 func main() {
-	os.Exit(run(os.Args[1:], stdio{os.Stdin, os.Stdout, os.Stderr}))
+	stop := profileCPU(os.Getenv("KINST_CPUPROFILE"))
+	status := run(os.Args[1:], stdio{os.Stdin, os.Stdout, os.Stderr})
+	stop()
+	os.Exit(status)
+}
+
+// profileCPU writes a CPU profile of the command to path (for `go tool
+// pprof`), when set: where a slow command's time goes.
+func profileCPU(path string) (stop func()) {
+	if path == "" {
+		return func() {}
+	}
+	f, err := os.Create(path)
+	if err == nil {
+		err = pprof.StartCPUProfile(f)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "kinst: KINST_CPUPROFILE: %v\n", err)
+		return func() {}
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}
 }
 
 // stdio are the streams kinst runs with.
