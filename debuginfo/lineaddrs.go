@@ -26,6 +26,7 @@ type LineAddr struct {
 type NoCodeError struct {
 	File          string
 	Line          int
+	To            int // a range's last line (LineRangeAddrs); 0 for one line
 	Before, After int
 }
 
@@ -38,6 +39,9 @@ func (e *NoCodeError) Error() string {
 		near = append(near, fmt.Sprint(e.After))
 	}
 	s := fmt.Sprintf("%s:%d starts no code", e.File, e.Line)
+	if e.To > e.Line {
+		s = fmt.Sprintf("%s:%d-%d start no code", e.File, e.Line, e.To)
+	}
 	if len(near) > 0 {
 		s += "; the nearest lines that do: " + strings.Join(near, ", ")
 	}
@@ -56,6 +60,14 @@ func (e *NoCodeError) Is(target error) bool { return target == ErrNoLine }
 // first run. In address order. A file no line table names gives
 // ErrNoLine; a line of it without code, a *NoCodeError.
 func (f *File) LineAddrs(suffix string, line int) ([]LineAddr, error) {
+	return f.LineRangeAddrs(suffix, line, line)
+}
+
+// LineRangeAddrs is LineAddrs for the lines lo to hi of the file: in
+// every function whose code holds some of them, the lowest address where
+// a run of one of them begins, in address order (kinst cover --lines).
+// A range without code gives a *NoCodeError naming lo.
+func (f *File) LineRangeAddrs(suffix string, lo, hi int) ([]LineAddr, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.closed {
@@ -95,15 +107,15 @@ func (f *File) LineAddrs(suffix string, line int) ([]LineAddr, error) {
 				}
 				l := int(r.line)
 				switch {
-				case l < line && l > before:
+				case l < lo && l > before:
 					before = l
-				case l > line && (after == 0 || l < after):
+				case l > hi && (after == 0 || l < after):
 					after = l
 				}
-				if l != line {
+				if l < lo || l > hi {
 					continue
 				}
-				if i > 0 && s.rows[i-1].file == r.file && int(s.rows[i-1].line) == line && s.rows[i-1].addr < r.addr {
+				if i > 0 && s.rows[i-1].file == r.file && int(s.rows[i-1].line) == l && s.rows[i-1].addr < r.addr {
 					continue // the same run goes on
 				}
 				sym, off, ok := f.syms.Lookup(r.addr)
@@ -124,7 +136,11 @@ func (f *File) LineAddrs(suffix string, line int) ([]LineAddr, error) {
 		return nil, fmt.Errorf("no line table names %s: %w", suffix, ErrNoLine)
 	}
 	if len(first) == 0 {
-		return nil, &NoCodeError{File: named, Line: line, Before: before, After: after}
+		e := &NoCodeError{File: named, Line: lo, Before: before, After: after}
+		if hi > lo {
+			e.To = hi
+		}
+		return nil, e
 	}
 	out := make([]LineAddr, 0, len(first))
 	for _, a := range first {

@@ -2,6 +2,7 @@ package debuginfo
 
 import (
 	"errors"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
@@ -75,6 +76,45 @@ func TestLineAddrsMatchAddr2line(t *testing.T) {
 		t.Fatalf("only %d lines checked", checked)
 	}
 	t.Logf("%d source lines agree with addr2line", checked)
+	// Ranges of lines: every function any line of the range is in, at
+	// its lowest address among them.
+	ranges := 0
+	for file, last := range maxLine {
+		for lo := 1; lo <= last; lo += 4 {
+			hi := lo + 6
+			wantFn := map[string]uint64{}
+			for l, byFn := range want {
+				i := strings.LastIndexByte(l, ':')
+				if n := atoi(t, l[i+1:]); path.Base(l[:i]) != file || n < lo || n > hi {
+					continue
+				}
+				for fn, a := range byFn {
+					if b, ok := wantFn[fn]; !ok || a < b {
+						wantFn[fn] = a
+					}
+				}
+			}
+			got, err := f.LineRangeAddrs(file, lo, hi)
+			var nc *NoCodeError
+			if len(wantFn) == 0 {
+				if !errors.As(err, &nc) || nc.Line != lo || nc.To != hi {
+					t.Errorf("%s:%d-%d: %v, %v; addr2line places no byte there", file, lo, hi, got, err)
+				}
+				continue
+			}
+			gotFn := map[string]uint64{}
+			for _, a := range got {
+				gotFn[a.Func] = a.Addr
+			}
+			if err != nil || !maps.Equal(gotFn, wantFn) {
+				t.Errorf("%s:%d-%d: %v, %v; addr2line's lowest %v", file, lo, hi, gotFn, err, wantFn)
+			}
+			ranges++
+		}
+	}
+	if ranges < 10 {
+		t.Errorf("only %d line ranges checked", ranges)
+	}
 	// FuncLines of each function: the lines addr2line gives its bytes,
 	// each at its lowest byte.
 	for _, s := range fns {

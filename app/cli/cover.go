@@ -26,6 +26,7 @@ type CoverOptions struct {
 	TTL      time.Duration // remove the probes after this long even if kinst is gone
 	Command  []string      // run this and cover for its lifetime
 	Files    []string      // --file: every function whose code comes from these source files
+	Lines    string        // --lines A-B: only the blocks of these lines of the one --file
 	Lcov     string        // --lcov: write an lcov tracefile here
 	Debug    DebugOptions  // where source lines come from
 	// Trap lets --user coverage use trap splices (process.TrapHazard
@@ -47,6 +48,9 @@ func Cover(ctx context.Context, c *api.Client, o CoverOptions, env Env) (int, er
 		if err := checkOutputDir("cover", path); err != nil {
 			return 2, err
 		}
+	}
+	if _, err := parseLineRange(o); err != nil {
+		return 2, err
 	}
 	dbg, err := coverDebug(ctx, c, &o, env)
 	if err != nil {
@@ -99,6 +103,9 @@ func Cover(ctx context.Context, c *api.Client, o CoverOptions, env Env) (int, er
 // lcov tracefile, the chart, then the report itself (JSON or text). It
 // returns the exit status, raised to 1 when a file could not be written.
 func writeCoverOutputs(o CoverOptions, report api.CoverReport, exitStatus int, env Env) (int, error) {
+	if r, _ := parseLineRange(o); r != nil {
+		report = r.keep(report)
+	}
 	if o.Lcov != "" {
 		if err := writeLcovFile(o.Lcov, report); err != nil {
 			fmt.Fprintf(env.Err, "kinst: %v\n", err)

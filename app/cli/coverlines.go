@@ -442,18 +442,40 @@ func coverDebug(ctx context.Context, c *api.Client, o *CoverOptions, env Env) (*
 		sayNoLines(env.Err, err)
 		return nil, nil
 	}
+	if err := fileTargets(o, dbg, env); err != nil {
+		dbg.Close()
+		return nil, fmt.Errorf("%w (in %s)", err, dbg.Path)
+	}
+	return dbg, nil
+}
+
+// fileTargets adds to o's targets the functions of its --file sources
+// (and, with --lines, only those holding a line of the range), from dbg.
+func fileTargets(o *CoverOptions, dbg *debuginfo.File, env Env) error {
+	r, err := parseLineRange(*o)
+	if err != nil {
+		return err
+	}
+	if r != nil {
+		fns, err := r.funcs(dbg)
+		if err != nil {
+			return fmt.Errorf("--file %s --lines %s: %w", r.file, o.Lines, err)
+		}
+		o.Targets = append(o.Targets, fns...)
+		fmt.Fprintf(env.Err, "kinst: %s: %d functions\n", r, len(fns))
+		return nil
+	}
 	for _, file := range o.Files {
 		fns, err := dbg.FuncsInFile(file)
 		if err != nil {
-			dbg.Close()
-			return nil, fmt.Errorf("--file %s: %w (in %s)", file, err, dbg.Path)
+			return fmt.Errorf("--file %s: %w", file, err)
 		}
 		for _, f := range fns {
 			o.Targets = append(o.Targets, f.Name)
 		}
 		fmt.Fprintf(env.Err, "kinst: %s: %d functions\n", file, len(fns))
 	}
-	return dbg, nil
+	return nil
 }
 
 // hasLines reports whether any block of f has source lines.

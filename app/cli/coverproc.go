@@ -38,6 +38,9 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 			return 2, err
 		}
 	}
+	if _, err := parseLineRange(o); err != nil {
+		return 2, err
+	}
 	r, err := openProcess(pid, o.Command, env)
 	if err != nil {
 		return 1, err
@@ -61,15 +64,8 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 			return fail(fmt.Errorf("--lcov and --file need the executable's DWARF (build it with -g): %w", err))
 		}
 		defer dbg.Close()
-		for _, file := range o.Files {
-			fns, err := dbg.FuncsInFile(file)
-			if err != nil {
-				return fail(fmt.Errorf("--file %s: %w", file, err))
-			}
-			for _, f := range fns {
-				o.Targets = append(o.Targets, f.Name)
-			}
-			fmt.Fprintf(env.Err, "kinst: %s: %d functions\n", file, len(fns))
+		if err := fileTargets(&o, dbg, env); err != nil {
+			return fail(err)
 		}
 	} else if d, err := debuginfo.Open(fmt.Sprintf("/proc/%d/exe", r.pid)); err == nil {
 		dbg = d // lines when the executable has them; silent when not

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -53,5 +54,56 @@ func TestCountProcessSourceLines(t *testing.T) {
 	errb.Reset()
 	if _, err := CountProcess(context.Background(), 0, CountOptions{Points: []string{"lines.c:9"}, Command: []string{bin}}, env); err == nil || !strings.Contains(err.Error(), "starts no code") {
 		t.Errorf("lines.c:9 (a blank line): %v, want a no-code refusal", err)
+	}
+}
+
+// kinst cover --user --file lines.c --lines 6-7 -- CMD: only work holds
+// lines 6 and 7, and only their blocks are reported, each covered or
+// refused (line 6's 4-byte addl takes only a trap splice); the whole
+// function has more. A bad range, or --lines
+// without one --file, is refused before anything starts; a range
+// without code names the nearest lines that have some.
+func TestCoverProcessLineRange(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("kinst cover --user runs as root")
+	}
+	bin := filepath.Join(t.TempDir(), "lines")
+	if out, err := exec.Command("gcc", "-O0", "-g", "-o", bin, "testdata/lines.c").CombinedOutput(); err != nil {
+		t.Skipf("gcc: %v\n%s", err, out)
+	}
+	want, err := exec.Command(bin).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole := coverCommand(t, CoverOptions{Targets: []string{"work"}, Command: []string{bin}, AllBlocks: true}, "", string(want))
+	rep := coverCommand(t, CoverOptions{Files: []string{"lines.c"}, Lines: "6-7", Command: []string{bin}, AllBlocks: true}, "", string(want))
+	if len(rep.Functions) != 1 || rep.Functions[0].Function != "work" || rep.FunctionCount != 1 {
+		t.Fatalf("functions %+v, want work alone", rep.Functions)
+	}
+	f := rep.Functions[0]
+	if f.Total < 2 || f.Total >= whole.Functions[0].Total || rep.TotalBlocks != f.Total || f.Covered == 0 ||
+		f.Covered+f.Refused != f.Total || rep.CoveredBlocks != f.Covered || rep.RefusedBlocks != f.Refused {
+		t.Errorf("lines 6-7: %d of %d blocks covered, %d refused (report %d, %d of %d); the whole of work has %d blocks",
+			f.Covered, f.Total, f.Refused, rep.CoveredBlocks, rep.RefusedBlocks, rep.TotalBlocks, whole.Functions[0].Total)
+	}
+	for _, b := range f.Blocks {
+		if !slices.ContainsFunc(b.Lines, func(l string) bool { return strings.HasSuffix(l, "lines.c:6") || strings.HasSuffix(l, "lines.c:7") }) {
+			t.Errorf("block %d has lines %v: neither 6 nor 7", b.Index, b.Lines)
+		}
+	}
+	for _, tc := range []struct {
+		o      CoverOptions
+		status int
+		err    string
+	}{
+		{CoverOptions{Lines: "6", Targets: []string{"work"}}, 2, "name the one source file"},
+		{CoverOptions{Lines: "7-5", Files: []string{"lines.c"}}, 2, "want A-B"},
+		{CoverOptions{Lines: "9", Files: []string{"lines.c"}}, 1, "lines.c:9 starts no code; the nearest lines that do: 8, 11"},
+	} {
+		tc.o.Command = []string{bin}
+		status, err := CoverProcess(context.Background(), 0, tc.o, Env{Out: io.Discard, Err: io.Discard, CmdIn: strings.NewReader(""), CmdOut: io.Discard, CmdErr: io.Discard})
+		if status != tc.status || err == nil || !strings.Contains(err.Error(), tc.err) {
+			t.Errorf("--lines %s %v: status %d, %v; want %d and %q", tc.o.Lines, tc.o.Files, status, err, tc.status, tc.err)
+		}
 	}
 }

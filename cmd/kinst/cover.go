@@ -40,6 +40,9 @@ linux-image-RELEASE-dbg installs it (/usr/lib/debug/boot/vmlinux-RELEASE,
 A block's lines are the line of its first instruction (as addr2line prints
 it), then every line of its bytes, sorted. Functions of modules get no lines
 yet.
+--file fs/namei.c --lines 2450-2480 covers the functions holding those lines
+and reports only the blocks that hold one of them, as perf probe users name a
+source range.
 
 With --user, TARGET names functions of a user process instead (-p PID, or -p 0
 -- CMD to start one): FUNC, a glob, LIB:FUNC or LIB:glob (libc:str*); kinst
@@ -65,6 +68,7 @@ kinst cover lcov REPORT.json writes a saved report's lcov tracefile.`,
 		svgFlag(fs, &o.SVG, "a chart of live probes and covered blocks over time")
 		jsonCmdFlag(fs, &o.JSON, "the report")
 		fs.StringArrayVar(&o.Files, "file", nil, "cover every function whose code comes from this source `FILE` (fs/namei.c: matched by path suffix; needs the debug vmlinux); repeatable")
+		fs.StringVar(&o.Lines, "lines", "", "with one --file, cover only the source lines `A-B` of it (or one line A): the functions whose code holds any of them, inlined copies included, reported by the blocks of those lines")
 		lcovFlag(fs, &o.Lcov)
 		vmlinuxFlag(fs, &o.Debug)
 		user := fs.Bool("user", false, "cover TARGET (FUNC, a glob, LIB:FUNC or LIB:glob) in the user process -p PID instead of the kernel, or with -p 0 in -- CMD, started and spliced at its entry point (its libraries mapped, none of its code run); the engine runs in kinst through ptrace (no kerninstd); --file and --lcov read the executable's DWARF")

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -336,6 +337,38 @@ func TestSourceLinePoints(t *testing.T) {
 		}
 	}
 	t.Logf("kinst annotate vfs_statx: %d blocks, entry counted %d, %d instructions with lines", len(arep.Blocks), *arep.Blocks[0].Count, len(aaddrs))
+
+	// kinst cover --file fs/stat.c --lines L-L+3: vfs_statx among the
+	// functions holding those lines, only blocks of those lines reported,
+	// and the one of the line picked above covered by the stat loop.
+	rng := fmt.Sprintf("%d-%d", pick.Line, pick.Line+3)
+	out, _ = hostUnderStats(t, ctx, "linecover", append([]string{"cover", "--file", "fs/stat.c", "--lines", rng, "--duration", "6s", "--json", "--name", "linecover"}, remote...)...)
+	var lrep api.CoverReport
+	if err := json.Unmarshal([]byte(out), &lrep); err != nil {
+		t.Fatalf("kinst cover --lines: %v\n%.2000s", err, out)
+	}
+	inRange := func(l string) bool {
+		i := strings.LastIndexByte(l, ':')
+		n, err := strconv.Atoi(l[i+1:])
+		return err == nil && strings.HasSuffix(l[:i], "fs/stat.c") && n >= pick.Line && n <= pick.Line+3
+	}
+	var statx *api.CoverFunction
+	for i, f := range lrep.Functions {
+		if f.Function == "vfs_statx" {
+			statx = &lrep.Functions[i]
+		}
+		for _, b := range f.Blocks {
+			if !slices.ContainsFunc(b.Lines, inRange) {
+				t.Errorf("kinst cover --lines %s: %s block %d has lines %v, none in the range", rng, f.Function, b.Index, b.Lines)
+			}
+		}
+	}
+	if statx == nil || !slices.ContainsFunc(statx.Blocks, func(b api.CoverBlock) bool {
+		return b.Covered && uint64(b.Start) <= uint64(statx.Address)+pick.Offset && uint64(statx.Address)+pick.Offset < uint64(b.End)
+	}) {
+		t.Errorf("kinst cover --lines %s: vfs_statx %+v, want the block of %s (+%#x) covered", rng, statx, point, pick.Offset)
+	}
+	t.Logf("kinst cover --file fs/stat.c --lines %s: %d functions, %d of %d blocks covered", rng, lrep.FunctionCount, lrep.CoveredBlocks, lrep.TotalBlocks)
 
 	// A line without code, and a file no line table names: refused, and
 	// nothing installed.
