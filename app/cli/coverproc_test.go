@@ -640,13 +640,7 @@ func TestCoverProcessDlopen(t *testing.T) {
 // only an int3 fits are refused, at planning and at install alike, and
 // the program runs to its end with its output.
 func TestCoverProcessThreads(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("kinst cover --user runs as root")
-	}
-	bin := filepath.Join(t.TempDir(), "threads")
-	if out, err := exec.Command("gcc", "-O2", "-pthread", "-o", bin, "testdata/threads.c").CombinedOutput(); err != nil {
-		t.Skipf("gcc: %v\n%s", err, out)
-	}
+	bin := rootAndGCC(t, "threads", "-O2", "-pthread")
 	want, err := exec.Command(bin).Output()
 	if err != nil {
 		t.Fatal(err)

@@ -21,13 +21,7 @@ import (
 // (work is declared at line 2) both count 500, named by the line; a line
 // without code is refused before anything is spliced.
 func TestCountProcessSourceLines(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("kinst count -p runs as root")
-	}
-	bin := filepath.Join(t.TempDir(), "lines")
-	if out, err := exec.Command("gcc", "-O0", "-g", "-o", bin, "testdata/lines.c").CombinedOutput(); err != nil {
-		t.Skipf("gcc: %v\n%s", err, out)
-	}
+	bin := rootAndGCC(t, "lines", "-O0", "-g")
 	var out, errb bytes.Buffer
 	env := Env{Out: &out, Err: &errb, CmdIn: strings.NewReader(""), CmdOut: io.Discard, CmdErr: io.Discard}
 	status, err := CountProcess(context.Background(), 0, CountOptions{Points: []string{"lines.c:6", "work:+4", "work"},
@@ -60,17 +54,11 @@ func TestCountProcessSourceLines(t *testing.T) {
 // kinst cover --user --file lines.c --lines 6-7 -- CMD: only work holds
 // lines 6 and 7, and only their blocks are reported, each covered or
 // refused (line 6's 4-byte addl takes only a trap splice); the whole
-// function has more. A bad range, or --lines
-// without one --file, is refused before anything starts; a range
-// without code names the nearest lines that have some.
+// function has more. A bad range, or --lines without one --file, is
+// refused before anything starts; a range without code names the
+// nearest lines that have some.
 func TestCoverProcessLineRange(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("kinst cover --user runs as root")
-	}
-	bin := filepath.Join(t.TempDir(), "lines")
-	if out, err := exec.Command("gcc", "-O0", "-g", "-o", bin, "testdata/lines.c").CombinedOutput(); err != nil {
-		t.Skipf("gcc: %v\n%s", err, out)
-	}
+	bin := rootAndGCC(t, "lines", "-O0", "-g")
 	want, err := exec.Command(bin).Output()
 	if err != nil {
 		t.Fatal(err)
@@ -106,4 +94,19 @@ func TestCoverProcessLineRange(t *testing.T) {
 			t.Errorf("--lines %s %v: status %d, %v; want %d and %q", tc.o.Lines, tc.o.Files, status, err, tc.status, tc.err)
 		}
 	}
+}
+
+// rootAndGCC skips the test unless it runs as root (kinst splices a
+// process through ptrace) and gcc builds testdata/NAME.c with flags; it
+// returns the program.
+func rootAndGCC(t *testing.T, name string, flags ...string) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("kinst splices a process as root")
+	}
+	bin := filepath.Join(t.TempDir(), name)
+	if out, err := exec.Command("gcc", append(flags, "-o", bin, "testdata/"+name+".c")...).CombinedOutput(); err != nil {
+		t.Skipf("gcc: %v\n%s", err, out)
+	}
+	return bin
 }
