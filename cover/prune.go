@@ -84,16 +84,10 @@ func Inferable(f *splice.Func, probed func(b int) bool) map[int][]int {
 	// Roots: the entry, and every block entered otherwise. An unresolved
 	// indirect jump (a computed goto: the BPF interpreter's, an
 	// interpreter's in a process) may enter any block.
+	computedGoto := slices.ContainsFunc(blocks, func(b cfg.Block) bool { return b.Exit == cfg.IndirectJump })
 	entries := []int{0}
-	for b := range blocks {
-		if blocks[b].Exit == cfg.IndirectJump {
-			entries = entries[:0]
-			for b := range blocks {
-				entries = append(entries, b)
-			}
-			break
-		}
-		if b != 0 && enteredElsewhere(b) {
+	for b := 1; b < len(blocks); b++ {
+		if computedGoto || enteredElsewhere(b) {
 			entries = append(entries, b)
 		}
 	}

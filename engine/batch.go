@@ -121,10 +121,7 @@ func (e *Engine) prepare(pt *point, s *splice.Site, sp Spec) (pendingSplice, err
 			case e.coverInstead(pt):
 				err = nil
 			default:
-				if err = e.trapRefused(s); err == nil {
-					e.log.Info("no springboard slot left; trap splice", "at", s.Where())
-					pt.class = springboard.Trap
-				}
+				err = e.trapInstead(pt)
 			}
 			if err != nil {
 				e.freeSlots(r)

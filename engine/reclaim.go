@@ -83,14 +83,23 @@ func (e *Engine) armReclaim() {
 // instruction as the old one did (another instruction's patch would not).
 // reused says which it was. The caller holds e.mu.
 func (e *Engine) takeSlot(addr uint64) (slot uint64, reused bool, err error) {
-	for i := range e.retired {
-		if r := &e.retired[i]; r.slot != 0 && r.slotFor == addr {
-			slot, r.slot = r.slot, 0
-			return slot, true, nil
-		}
+	if r := e.retiredSlot(addr); r != nil {
+		slot, r.slot = r.slot, 0
+		return slot, true, nil
 	}
 	slot, err = e.spring.Alloc(addr)
 	return slot, false, err
+}
+
+// retiredSlot is the retired entry whose slot a jmp at addr led to and
+// that still holds it, or nil. The caller holds e.mu.
+func (e *Engine) retiredSlot(addr uint64) *retired {
+	for i := range e.retired {
+		if r := &e.retired[i]; r.slot != 0 && r.slotFor == addr {
+			return r
+		}
+	}
+	return nil
 }
 
 // Reclaim frees every retired patch and returns the slots now, rather

@@ -269,13 +269,23 @@ func (e *Engine) coverInstead(pt *point) bool {
 	return true
 }
 
+// trapInstead makes the springboard point pt, whose slot is gone, a trap
+// splice, or says why it may not be one (SetNoTrap). The caller holds
+// e.mu.
+func (e *Engine) trapInstead(pt *point) error {
+	if err := e.trapRefused(pt.site); err != nil {
+		return err
+	}
+	e.log.Info("no springboard slot left; trap splice", "at", pt.site.Where())
+	pt.class = springboard.Trap
+	return nil
+}
+
 // slotFree: a springboard slot for a jmp at addr can be taken now (one
 // retired for it, or a free one in reach). The caller holds e.mu.
 func (e *Engine) slotFree(addr uint64) bool {
-	for i := range e.retired {
-		if r := &e.retired[i]; r.slot != 0 && r.slotFor == addr {
-			return true
-		}
+	if e.retiredSlot(addr) != nil {
+		return true
 	}
 	_, ok := e.spring.Find(addr)
 	return ok
@@ -375,11 +385,9 @@ func (e *Engine) install(pt *point, reqs []*Request, h Hooks) error {
 				return fail(fmt.Errorf("springboard splice %s: %w", s.Where(), err))
 			}
 			// The slot went to another point meanwhile: trap instead.
-			if err := e.trapRefused(s); err != nil {
+			if err := e.trapInstead(pt); err != nil {
 				return fail(err)
 			}
-			e.log.Info("no springboard slot left; trap splice", "at", s.Where())
-			pt.class = springboard.Trap
 		}
 	}
 	if pt.splice == 0 {
