@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
+	"sync"
 
 	"golang.org/x/arch/x86/x86asm"
 
@@ -191,8 +193,16 @@ func Decode(name, module string, addr uint64, code []byte) (*Function, error) {
 // averages about 4 bytes an instruction.
 const avgInsnLen = 4
 
-func decode(name, module string, addr uint64, code []byte, buf *DecodeBuf) (*Function, error) {
-	f := &Function{Name: name, Module: module, Addr: addr, End: addr + uint64(len(code))}
+// maxScratch bounds the functions decoded through scratchInsns: a buffer
+// for one instruction a byte of 16 KiB is 3 MB.
+const maxScratch = 16 << 10
+
+// scratchInsns are decode's buffers when the caller gives none, for
+// functions of up to maxScratch bytes.
+var scratchInsns = sync.Pool{New: func() any { return new([]Instruction) }}
+
+func decode(name, module string, addr uint64, code []byte, buf *DecodeBuf) (f *Function, err error) {
+	f = &Function{Name: name, Module: module, Addr: addr, End: addr + uint64(len(code))}
 	if buf != nil {
 		// Room for the worst case, one instruction a byte, so the
 		// loop below never grows the slice.
@@ -200,8 +210,27 @@ func decode(name, module string, addr uint64, code []byte, buf *DecodeBuf) (*Fun
 			buf.insns = make([]Instruction, 0, max(len(code), 2*cap(buf.insns)))
 		}
 		f.Insns = buf.insns[:0]
-	} else {
+	} else if len(code) > maxScratch {
 		f.Insns = make([]Instruction, 0, len(code)/avgInsnLen+4)
+	} else {
+		// Decoded into scratch, then copied out at its exact length:
+		// sized up front from the bytes, a function with int3 padding
+		// (1-byte instructions) grew its slice, and one without
+		// wasted room; either way a whole-kernel plan allocated
+		// gigabytes (an Instruction is about 200 bytes).
+		sc := scratchInsns.Get().(*[]Instruction)
+		defer func() {
+			if f != nil {
+				n := len(f.Insns)
+				f.Insns = slices.Clone(f.Insns)
+				clear((*sc)[:n]) // let go of the code and operands
+			}
+			scratchInsns.Put(sc)
+		}()
+		if cap(*sc) < len(code) {
+			*sc = make([]Instruction, 0, len(code))
+		}
+		f.Insns = (*sc)[:0]
 	}
 	for off := 0; off < len(code); {
 		inst, err := decodeInst(code[off:])
@@ -217,6 +246,7 @@ func decode(name, module string, addr uint64, code []byte, buf *DecodeBuf) (*Fun
 		off += inst.Len
 	}
 	if len(f.Insns) == 0 {
+		f = nil
 		return nil, fmt.Errorf("%s at %#x: no decodable instruction", name, addr)
 	}
 	return f, nil

@@ -1,6 +1,7 @@
 package cfg
 
 import (
+	"fmt"
 	"strings"
 
 	"golang.org/x/arch/x86/x86asm"
@@ -451,17 +452,23 @@ func (lv *Liveness) Before(b, i int) LiveSet {
 // pushfq … popfq pair restores the flags; push/pop of a register restores
 // it. Instructions it does not understand clobber everything.
 func Clobbers(code []byte, addr uint64) (LiveSet, error) {
-	fn, err := Decode("patch", "", addr, code)
-	if err != nil {
-		return 0, err
-	}
-	if fn.Truncated {
-		return allLive, nil
+	if len(code) == 0 {
+		return 0, fmt.Errorf("patch at %#x: no decodable instruction", addr)
 	}
 	var clobbered, savedFlags LiveSet
 	var stack []LiveSet // registers pushed, innermost last
-	for i := range fn.Insns {
-		in := &fn.Insns[i]
+	// One instruction at a time, not a Function: this runs for every
+	// patch, half a million in a whole-kernel session.
+	for off := 0; off < len(code); {
+		inst, err := decodeInst(code[off:])
+		if err != nil || inst.Op == 0 {
+			if off == 0 {
+				return 0, fmt.Errorf("patch at %#x: no decodable instruction", addr)
+			}
+			return allLive, nil
+		}
+		in := &Instruction{Addr: addr + uint64(off), Bytes: code[off : off+inst.Len : off+inst.Len], Inst: inst}
+		off += inst.Len
 		switch in.Inst.Op {
 		case x86asm.PUSHFQ, x86asm.PUSHF:
 			savedFlags = clobbered & FlagBits

@@ -147,12 +147,12 @@ func (m *analysisMemo) get(s Site) *insn {
 	return nil
 }
 
-// put keeps in, its site's bytes copied: the caller's may change.
+// put keeps in, its site's bytes copied first: the caller's may change.
+// An analysis is not changed once made, so in itself is shared.
 func (m *analysisMemo) put(in *insn) {
-	c := *in
-	c.site.Bytes = bytes.Clone(in.site.Bytes)
+	in.site.Bytes = bytes.Clone(in.site.Bytes)
 	m.mu.Lock()
-	m.in = &c
+	m.in = in
 	m.mu.Unlock()
 }
 
@@ -228,57 +228,65 @@ var rcxOps = map[x86asm.Op]bool{
 // does.
 func analyzeDecoded(s Site, inst x86asm.Inst, strict bool) (*insn, error) {
 	in := &insn{site: s, inst: inst}
+	if err := in.analyze(strict); err != nil {
+		return nil, err
+	}
+	return in, nil
+}
+
+// analyze fills in the layout and kind of in's site and inst, or refuses
+// them: analyzeDecoded into memory of the caller's (the census and the
+// planner's per-instruction checks keep nothing of it).
+func (in *insn) analyze(strict bool) error {
+	s, inst := in.site, in.inst
 	if inst.Len != len(s.Bytes) {
-		return nil, in.refuse("the site has %d bytes but the instruction is %d", len(s.Bytes), inst.Len)
+		return in.refuse("the site has %d bytes but the instruction is %d", len(s.Bytes), inst.Len)
 	}
 	if inst.Op == x86asm.INT {
 		if len(s.Bytes) == 1 && s.Bytes[0] == 0xcc {
 			// Most common by far (padding between functions): no
 			// formatting.
-			return nil, &UnsupportedError{Addr: s.Addr, Inst: "int3", Reason: "a breakpoint, maybe another tool's (kprobe, debugger)"}
+			return &UnsupportedError{Addr: s.Addr, Inst: "int3", Reason: "a breakpoint, maybe another tool's (kprobe, debugger)"}
 		}
-		return nil, in.refuse("a software interrupt: the handler would see the patch's address")
+		return in.refuse("a software interrupt: the handler would see the patch's address")
 	}
 	if why, ok := refusedOps[inst.Op]; ok {
-		return nil, in.refuse("%s", why)
+		return in.refuse("%s", why)
 	}
 	if inst.Op == x86asm.MOV && inst.Args[0] == x86asm.SS {
-		return nil, in.refuse("a load of ss: its interrupt shadow would cover the jump back")
+		return in.refuse("a load of ss: its interrupt shadow would cover the jump back")
 	}
 	nrel := 0
 	for i, a := range inst.Args {
 		switch a := a.(type) {
 		case x86asm.Reg:
 			if a == x86asm.RIP || a == x86asm.EIP || a == x86asm.IP {
-				return nil, in.refuse("uses the instruction pointer as a register")
+				return in.refuse("uses the instruction pointer as a register")
 			}
 		case x86asm.Mem:
 			if a.Index == x86asm.RIP || a.Index == x86asm.EIP {
-				return nil, in.refuse("uses the instruction pointer as an index")
+				return in.refuse("uses the instruction pointer as an index")
 			}
 		case x86asm.Rel:
 			if i != 0 {
-				return nil, in.refuse("a relative operand of unknown meaning")
+				return in.refuse("a relative operand of unknown meaning")
 			}
 			nrel++
 		}
 	}
 	l, err := parseLayout(s.Bytes)
 	if err != nil {
-		return nil, in.refuse("cannot locate its operands: %v", err)
+		return in.refuse("cannot locate its operands: %v", err)
 	}
 	in.l = l
 	if (strict || l.vex) && x86dec.VzeroLen(s.Bytes) != len(s.Bytes) && !stableDecode(s.Bytes, inst, l.vex) {
-		return nil, in.refuse("x86asm decodes it differently when other bytes follow: not a well-formed instruction")
+		return in.refuse("x86asm decodes it differently when other bytes follow: not a well-formed instruction")
 	}
 	if err := in.checkRIP(); err != nil {
-		return nil, err
+		return err
 	}
 	in.kind, err = in.classify(nrel > 0)
-	if err != nil {
-		return nil, err
-	}
-	return in, nil
+	return err
 }
 
 // checkRIP cross-checks our own ModRM walk against x86asm about the
@@ -384,18 +392,28 @@ func usesRSP(a x86asm.Arg) bool {
 // test that analysis runs over every instruction of the kernel. Reach is
 // not checked: it depends on where the patch goes.
 func CheckRelocatable(addr uint64, inst x86asm.Inst, b []byte) error {
-	_, err := analyzeInst(addr, inst, b)
+	_, err := checkInst(addr, inst, b)
 	return err
 }
 
-// analyzeInst analyses an instruction already decoded (inst), decoding it
-// again only where x86asm's first answer is not trusted.
-func analyzeInst(addr uint64, inst x86asm.Inst, b []byte) (*insn, error) {
+// checkInst analyses an instruction already decoded (inst), decoding it
+// again only where x86asm's first answer is not trusted, and returns its
+// kind. Nothing of the analysis escapes: this runs on every instruction
+// of the kernel.
+func checkInst(addr uint64, inst x86asm.Inst, b []byte) (kind, error) {
 	s := Site{Addr: addr, Bytes: b}
 	if inst.Op == 0 || len(b) == 0 || len(b) > 15 || bytes.Equal(b, endbr64) || bytes.Equal(b, endbr32) {
-		return analyze(s)
+		in, err := analyze(s)
+		if err != nil {
+			return 0, err
+		}
+		return in.kind, nil
 	}
-	return analyzeDecoded(s, inst, false)
+	in := insn{site: s, inst: inst}
+	if err := in.analyze(false); err != nil {
+		return 0, err
+	}
+	return in.kind, nil
 }
 
 // FallsThrough reports whether execution may continue at
@@ -422,6 +440,6 @@ func CanFallThrough(site Site) bool {
 // CanFallThroughInst is CanFallThrough for an instruction already decoded
 // (the whole-kernel census's cheap form, like CheckRelocatable).
 func CanFallThroughInst(addr uint64, inst x86asm.Inst, b []byte) bool {
-	in, err := analyzeInst(addr, inst, b)
-	return err == nil && in.kind == kindPlain
+	k, err := checkInst(addr, inst, b)
+	return err == nil && k == kindPlain
 }

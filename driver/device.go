@@ -331,6 +331,67 @@ func (d *Device) PatchFree(addr uint64) error {
 	return err
 }
 
+// PatchFreeMany is PatchFree of each of addrs, with one system call for
+// each run of adjacent allocations (a whole-kernel session frees half a
+// million patches). Where a run's refill is refused, each of its patches
+// is freed alone, so errs[i] is addrs[i]'s own answer.
+func (d *Device) PatchFreeMany(addrs []uint64) []error {
+	errs := make([]error, len(addrs))
+	order := make([]int, len(addrs))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(addrs[a], addrs[b]) })
+	free1 := func(i int) { errs[i] = d.PatchFree(addrs[i]) }
+	var run []int // indexes into addrs of adjacent allocations
+	var end uint64
+	flush := func() {
+		if len(run) == 0 {
+			return
+		}
+		if len(run) == 1 {
+			free1(run[0])
+			run = run[:0]
+			return
+		}
+		start := addrs[run[0]]
+		d.mu.RLock()
+		d.heapMu.Lock()
+		err := d.patchWrite("patch free", start, bytes.Repeat([]byte{0xcc}, int(end-start)))
+		if err == nil {
+			for _, i := range run {
+				_, errs[i] = d.heap.Free(addrs[i])
+			}
+		}
+		d.heapMu.Unlock()
+		d.mu.RUnlock()
+		if err != nil {
+			for _, i := range run {
+				free1(i)
+			}
+		}
+		run = run[:0]
+	}
+	for _, i := range order {
+		d.heapMu.Lock()
+		n, ok := d.heap.Len(addrs[i])
+		d.heapMu.Unlock()
+		if !ok || len(run) > 0 && (addrs[i] != end || end-addrs[run[0]] >= maxFreeRun) {
+			flush()
+		}
+		if !ok {
+			errs[i] = fmt.Errorf("kerninst patch free: %w: %#x (%w)", patchheap.ErrNotAllocated, addrs[i], unix.EINVAL)
+			continue
+		}
+		run, end = append(run, i), addrs[i]+n
+	}
+	flush()
+	return errs
+}
+
+// maxFreeRun bounds the bytes one PatchFreeMany system call refills.
+const maxFreeRun = 1 << 20
+
 // patchLen is the length of the allocation that starts at patch, or 0:
 // the bytes the driver keeps from being rewritten while a splice leads
 // there. The driver refuses 0 for a splice to the patch heap, and any

@@ -170,8 +170,8 @@ func (e *Engine) spliceBatch(batch []pendingSplice, reqs []*Request, errs []erro
 		errs[p.i] = fmt.Errorf("splice %s: %w", p.pt.site.Where(), err)
 		e.abandon(p)
 	}
-	var first []pendingSplice
-	var ops []driver.SpliceOp
+	first := make([]pendingSplice, 0, len(batch))
+	ops := make([]driver.SpliceOp, 0, len(batch))
 	for _, p := range batch {
 		var op driver.SpliceOp
 		var err error

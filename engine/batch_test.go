@@ -635,3 +635,25 @@ func TestNoSlotCoversWhereTrapsRefused(t *testing.T) {
 		})
 	}
 }
+
+// Reclaim frees the retired patches of a removal in one batched call
+// where the device has one, and every allocation is gone after it.
+func TestReclaimFreesInOneCall(t *testing.T) {
+	h := newHarness(t)
+	reqs := h.count("a", nil, "filename_lookup+0x9", "filename_lookup+0x12", "filename_lookup+0x1c")
+	if len(h.k.AllocsNow()) == 0 {
+		t.Fatal("no patch allocated")
+	}
+	for _, err := range h.e.RemoveEach(reqs) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.e.Reclaim()
+	h.k.Mu.Lock()
+	calls := h.k.FreeManyCalls
+	h.k.Mu.Unlock()
+	if calls != 1 || len(h.k.AllocsNow()) != 0 {
+		t.Errorf("%d batched frees, allocations left %v; want 1 and none", calls, h.k.AllocsNow())
+	}
+}

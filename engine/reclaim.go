@@ -116,13 +116,21 @@ func (e *Engine) Reclaim() {
 // it: only then do the slots go back to the heap. The caller holds e.mu.
 func (e *Engine) reclaimLocked() {
 	e.reclaimArmed = false
-	var kept []retired
+	// Kept entries move down in place: the queue refills to maxRetired
+	// many times over while a whole-kernel session is removed.
+	kept := e.retired[:0]
+	// The patches first, in as few driver calls as the device allows;
+	// one wait for RCU-tasks (at the first free) covers every entry.
+	freed := e.freeRetired()
 	waited := false // a patch was freed this round: the driver waited for RCU-tasks
-	for _, r := range e.retired {
+	for _, ok := range freed {
+		waited = waited || ok
+	}
+	for i, r := range e.retired {
 		if r.counters != nil {
-			// Retired after their patch, which an earlier entry (or an
-			// earlier round) freed; without a free this round there
-			// has been no wait since: keep them for the next.
+			// Retired after their patch, which an earlier round or this
+			// one freed; without a free this round there has been no
+			// wait since: keep them for the next.
 			if !waited {
 				kept = append(kept, r)
 				continue
@@ -132,17 +140,56 @@ func (e *Engine) reclaimLocked() {
 			}
 			continue
 		}
-		if r.patch != 0 {
-			if err := timed(r.hooks, StepFree, func() error { return e.freePatch(r.patch) }); err != nil {
-				e.log.Error("free retired patch", "patch", hex(r.patch), "err", err)
-				kept = append(kept, r)
-				continue
-			}
-			waited = true
+		if r.patch != 0 && !freed[i] {
+			kept = append(kept, r)
+			continue
 		}
 		if r.slot != 0 {
 			e.spring.Release(r.slot)
 		}
 	}
+	clear(e.retired[len(kept):])
 	e.retired = kept
+}
+
+// freeMany is a device that frees many patches in one call
+// (driver.Device); others free them one at a time.
+type freeMany interface {
+	PatchFreeMany(addrs []uint64) []error
+}
+
+// freeRetired frees the patch of every retired entry that has one;
+// freed[i] reports whether e.retired[i]'s was. Entries whose request
+// has hooks are freed alone, timed. The caller holds e.mu.
+func (e *Engine) freeRetired() (freed []bool) {
+	freed = make([]bool, len(e.retired))
+	var batch []uint64
+	var at []int
+	for i, r := range e.retired {
+		if r.patch == 0 {
+			continue
+		}
+		if _, ok := e.dev.(freeMany); !ok || r.hooks != nil {
+			err := timed(r.hooks, StepFree, func() error { return e.freePatch(r.patch) })
+			e.noteFree(r.patch, err)
+			freed[i] = err == nil
+			continue
+		}
+		batch, at = append(batch, r.patch), append(at, i)
+	}
+	if len(batch) > 0 {
+		for j, err := range e.dev.(freeMany).PatchFreeMany(batch) {
+			e.noteFree(batch[j], err)
+			freed[at[j]] = err == nil
+		}
+	}
+	return freed
+}
+
+// noteFree logs a retired patch that could not be freed (it is kept for
+// the next round).
+func (e *Engine) noteFree(patch uint64, err error) {
+	if err != nil {
+		e.log.Error("free retired patch", "patch", hex(patch), "err", err)
+	}
 }

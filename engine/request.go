@@ -265,7 +265,7 @@ func (e *Engine) coverInstead(pt *point) bool {
 		}
 	}
 	pt.class = springboard.Cover
-	e.log.Info("no springboard slot left; covering splice", "at", pt.site.Where())
+	e.log.Debug("no springboard slot left; covering splice", "at", pt.site.Where())
 	return true
 }
 
@@ -276,7 +276,7 @@ func (e *Engine) trapInstead(pt *point) error {
 	if err := e.trapRefused(pt.site); err != nil {
 		return err
 	}
-	e.log.Info("no springboard slot left; trap splice", "at", pt.site.Where())
+	e.log.Debug("no springboard slot left; trap splice", "at", pt.site.Where())
 	pt.class = springboard.Trap
 	return nil
 }

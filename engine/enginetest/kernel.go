@@ -11,6 +11,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"sort"
 	"sync"
 	"syscall"
 
@@ -25,7 +26,7 @@ import (
 // read or change its fields while an engine uses it.
 type Kernel struct {
 	Mu       sync.Mutex
-	text     map[uint64]byte
+	text     memory
 	heapBase uint64
 	heapNext uint64
 	// Allocs are the patch heap's allocations (address: size), Splices
@@ -34,6 +35,13 @@ type Kernel struct {
 	Splices  map[uint32]Splice
 	nextID   uint32
 	Counters []uint64
+	// at indexes Splices by address, uses counts the splices to each
+	// patch, allocOrder is the allocations in address order (the heap
+	// only grows; freed ones stay until skipped): a whole vmlinux's
+	// half a million probes must not scan every splice for each.
+	at         map[uint64]uint32
+	uses       map[uint64]int
+	allocOrder []uint64
 	// FailSplice makes every splice fail.
 	FailSplice bool
 	// MaxSplices > 0 fails a splice with ENOSPC when that many are
@@ -42,6 +50,7 @@ type Kernel struct {
 	// SpliceCalls and Resplices count successful driver calls; Covering
 	// counts the covering splices among SpliceCalls.
 	SpliceCalls, Resplices int
+	FreeManyCalls          int
 	Covering               int
 	// Batches counts successful SpliceBatch and UnspliceBatch calls;
 	// MaxBatch > 0 is the most ops one takes (default 4096).
@@ -66,13 +75,24 @@ var errNoSplice = fmt.Errorf("no such splice: %w", syscall.ENOENT)
 // New returns a kernel whose text at textAddr is text, with 64 counters
 // and a patch heap 1 GiB above the text.
 func New(textAddr uint64, text []byte) *Kernel {
-	k := &Kernel{text: make(map[uint64]byte), heapBase: textAddr + 0x40000000, Allocs: map[uint64]int{},
-		Splices: map[uint32]Splice{}, Counters: make([]uint64, 64)}
-	k.heapNext = k.heapBase
-	for i, b := range text {
-		k.text[textAddr+uint64(i)] = b
-	}
+	k := NewSpans(textAddr + 0x40000000)
+	k.AddText(textAddr, bytes.Clone(text))
 	return k
+}
+
+// NewSpans returns a kernel with no text yet (AddText maps it), 64
+// counters and its patch heap at heapBase.
+func NewSpans(heapBase uint64) *Kernel {
+	return &Kernel{text: newMemory(), heapBase: heapBase, heapNext: heapBase, Allocs: map[uint64]int{},
+		Splices: map[uint32]Splice{}, Counters: make([]uint64, 64), at: map[uint64]uint32{}, uses: map[uint64]int{}}
+}
+
+// AddText maps text at addr, which the kernel then owns; it must not
+// overlap text already mapped or the patch heap.
+func (k *Kernel) AddText(addr uint64, text []byte) {
+	k.Mu.Lock()
+	defer k.Mu.Unlock()
+	k.text.addSpan(addr, text)
 }
 
 func (k *Kernel) Read(addr uint64, b []byte) error {
@@ -82,12 +102,12 @@ func (k *Kernel) Read(addr uint64, b []byte) error {
 }
 
 func (k *Kernel) readLocked(addr uint64, b []byte) error {
-	for i := range b {
-		v, ok := k.text[addr+uint64(i)]
-		if !ok {
-			return fmt.Errorf("read %#x: %w", addr+uint64(i), errFault)
+	if !k.text.read(addr, b) {
+		for i := range b {
+			if _, ok := k.text.get(addr + uint64(i)); !ok {
+				return fmt.Errorf("read %#x: %w", addr+uint64(i), errFault)
+			}
 		}
-		b[i] = v
 	}
 	return nil
 }
@@ -99,10 +119,9 @@ func (k *Kernel) PatchAlloc(size int) (uint64, error) {
 	n := uint64(size+63) &^ 63
 	k.heapNext += n
 	k.Allocs[a] = size
+	k.allocOrder = append(k.allocOrder, a)
 	// The heap is readable (int3) to its end, as the driver's is.
-	for i := uint64(0); i < n; i++ {
-		k.text[a+i] = 0xcc
-	}
+	k.text.extend(k.heapBase, int(n), 0xcc)
 	return a, nil
 }
 
@@ -113,18 +132,19 @@ func (k *Kernel) PatchWrite(addr uint64, code []byte) error {
 		return errors.New("write outside an allocation")
 	}
 	for i, b := range code {
-		k.text[addr+uint64(i)] = b
+		k.text.set(addr+uint64(i), b)
 	}
 	return nil
 }
 
 func (k *Kernel) inAlloc(addr uint64, n int) bool {
-	for a, sz := range k.Allocs {
-		if addr >= a && addr+uint64(n) <= a+uint64(sz) {
-			return true
-		}
+	i := sort.Search(len(k.allocOrder), func(i int) bool { return k.allocOrder[i] > addr }) - 1
+	if i < 0 {
+		return false
 	}
-	return false
+	a := k.allocOrder[i]
+	sz, ok := k.Allocs[a]
+	return ok && addr+uint64(n) <= a+uint64(sz)
 }
 
 func (k *Kernel) PatchFree(addr uint64) error {
@@ -133,13 +153,24 @@ func (k *Kernel) PatchFree(addr uint64) error {
 	if _, ok := k.Allocs[addr]; !ok {
 		return errors.New("free of unallocated patch")
 	}
-	for _, s := range k.Splices {
-		if s.Patch == addr {
-			return errors.New("busy")
-		}
+	if k.uses[addr] > 0 {
+		return errors.New("busy")
 	}
 	delete(k.Allocs, addr)
 	return nil
+}
+
+// PatchFreeMany is PatchFree of each, as the driver's batched form
+// answers it; FreeManyCalls counts its calls.
+func (k *Kernel) PatchFreeMany(addrs []uint64) []error {
+	errs := make([]error, len(addrs))
+	for i, a := range addrs {
+		errs[i] = k.PatchFree(a)
+	}
+	k.Mu.Lock()
+	k.FreeManyCalls++
+	k.Mu.Unlock()
+	return errs
 }
 
 func (k *Kernel) Splice(addr, patch uint64, orig, new []byte) (uint32, error) {
@@ -195,31 +226,30 @@ func (k *Kernel) splice(addr, patch uint64, orig, new []byte, slot bool) (uint32
 		return 0, fmt.Errorf("bad splice arguments % x", new)
 	}
 	if kind == "short" {
-		ok := false
-		for _, s := range k.Splices {
-			ok = ok || s.Kind == "slot" && s.Addr == patch
-		}
-		if !ok {
+		id, ok := k.at[patch]
+		if !ok || k.Splices[id].Kind != "slot" {
 			return 0, errors.New("jmp rel8 not to a slot")
 		}
 	} else if _, ok := k.Allocs[patch]; !ok {
 		return 0, errors.New("patch not allocated")
 	}
-	for _, s := range k.Splices {
-		if addr < s.Addr+uint64(len(s.Orig)) && addr+uint64(len(orig)) > s.Addr {
+	for a := addr - maxSpliceLen + 1; a < addr+uint64(len(orig)); a++ {
+		if id, ok := k.at[a]; ok && addr < a+uint64(len(k.Splices[id].Orig)) {
 			return 0, errors.New("overlaps a splice")
 		}
 	}
 	for i, b := range orig {
-		if k.text[addr+uint64(i)] != b {
+		if v, _ := k.text.get(addr + uint64(i)); v != b {
 			return 0, errors.New("stale")
 		}
 	}
 	for i, b := range new {
-		k.text[addr+uint64(i)] = b
+		k.text.set(addr+uint64(i), b)
 	}
 	k.nextID++
 	k.Splices[k.nextID] = Splice{Addr: addr, Patch: patch, Orig: bytes.Clone(orig), Kind: kind}
+	k.at[addr] = k.nextID
+	k.uses[patch]++
 	k.SpliceCalls++
 	k.Syncs += 3
 	return k.nextID, nil
@@ -316,9 +346,11 @@ func (k *Kernel) Resplice(id uint32, patch uint64) error {
 		var b [4]byte
 		binary.LittleEndian.PutUint32(b[:], uint32(d))
 		for i := 0; i < 4; i++ {
-			k.text[s.Addr+1+uint64(i)] = b[i]
+			k.text.set(s.Addr+1+uint64(i), b[i])
 		}
 	}
+	k.unuse(s.Patch)
+	k.uses[patch]++
 	s.Patch = patch
 	k.Splices[id] = s
 	k.Resplices++
@@ -342,9 +374,22 @@ func (k *Kernel) Unsplice(id uint32) error {
 // caller holds Mu.
 func (k *Kernel) undoLocked(id uint32, s Splice) {
 	for i, b := range s.Orig {
-		k.text[s.Addr+uint64(i)] = b
+		k.text.set(s.Addr+uint64(i), b)
 	}
 	delete(k.Splices, id)
+	delete(k.at, s.Addr)
+	k.unuse(s.Patch)
+}
+
+// maxSpliceLen bounds a splice's original bytes (a covering run of
+// instructions included), for the overlap check.
+const maxSpliceLen = 16
+
+// unuse drops one splice's use of patch.
+func (k *Kernel) unuse(patch uint64) {
+	if k.uses[patch]--; k.uses[patch] <= 0 {
+		delete(k.uses, patch)
+	}
 }
 
 func (k *Kernel) Counter(slot int) uint64 {
@@ -533,7 +578,7 @@ func (k *Kernel) Unload(lo, hi uint64) int {
 
 // Poke changes one byte of text behind the engine's back, as another
 // tool patching the kernel would. The caller holds Mu.
-func (k *Kernel) Poke(addr uint64, b byte) { k.text[addr] = b }
+func (k *Kernel) Poke(addr uint64, b byte) { k.text.set(addr, b) }
 
 // AllocBytes is the patch heap in use, in bytes.
 func (k *Kernel) AllocBytes() uint64 {
