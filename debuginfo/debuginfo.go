@@ -587,16 +587,7 @@ func (f *File) FuncsInFile(suffix string) ([]Func, error) {
 			return true, nil
 		}
 		// The unit's subprograms with code: direct children of the unit.
-		rd := d.Reader()
-		rd.Next()
-		for {
-			e, err := rd.Next()
-			if err != nil {
-				return false, err
-			}
-			if e == nil || e.Tag == 0 {
-				return true, nil
-			}
+		return topLevel(d, func(e *dwarf.Entry) (bool, error) {
 			if e.Tag == dwarf.TagSubprogram {
 				if lo, ok := e.Val(dwarf.AttrLowpc).(uint64); ok && lo != 0 && !seen[lo] {
 					seen[lo] = true
@@ -605,10 +596,8 @@ func (f *File) FuncsInFile(suffix string) ([]Func, error) {
 					}
 				}
 			}
-			if e.Children {
-				rd.SkipChildren()
-			}
-		}
+			return true, nil
+		})
 	})
 	if err != nil {
 		return nil, err
@@ -772,4 +761,98 @@ func (f *File) Check(want string) error {
 		return &BuildIDMismatchError{Path: f.Path, Have: f.BuildID, Want: want}
 	}
 	return nil
+}
+
+// ErrNoVariable is matched by Variable's error for a name no unit
+// defines.
+var ErrNoVariable = errors.New("no such variable in the DWARF")
+
+// Variable is the declared type of the global variable name, from the
+// unit that defines it, else from a declaration (an alias the linker
+// script makes, as jiffies, is never defined in C): where the
+// kernel's BTF, which types per-CPU variables only, cannot say. It scans
+// every unit's top-level entries, a few seconds for a kernel's.
+func (f *File) Variable(name string) (dwarf.Type, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return nil, errors.New("debuginfo: file closed")
+	}
+	var found, declared dwarf.Type
+	err := f.eachUnit(func(d *dwarf.Data, cu *dwarf.Entry, _ dwarf.Offset) (bool, error) {
+		if !cu.Children {
+			return true, nil
+		}
+		// A definition of a variable declared extern in the same unit
+		// names its declaration (DW_AT_specification), which has the
+		// name and the type.
+		decls := map[dwarf.Offset]*dwarf.Entry{}
+		return topLevel(d, func(e *dwarf.Entry) (bool, error) {
+			if e.Tag != dwarf.TagVariable {
+				return true, nil
+			}
+			n, _ := e.Val(dwarf.AttrName).(string)
+			def := e
+			if spec, ok := e.Val(dwarf.AttrSpecification).(dwarf.Offset); ok && decls[spec] != nil {
+				def, n = decls[spec], name
+			}
+			switch {
+			case n != name:
+			case e.Val(dwarf.AttrDeclaration) != nil:
+				decls[e.Offset] = e
+				if declared == nil {
+					// Kept in case no unit defines it: a linker
+					// script's alias (jiffies) has declarations only.
+					if off, ok := e.Val(dwarf.AttrType).(dwarf.Offset); ok {
+						declared, _ = d.Type(off)
+					}
+				}
+			case e.Val(dwarf.AttrLocation) != nil:
+				off, ok := def.Val(dwarf.AttrType).(dwarf.Offset)
+				if !ok {
+					return false, fmt.Errorf("variable %s has no type in its DWARF", name)
+				}
+				t, err := d.Type(off)
+				if err != nil {
+					return false, fmt.Errorf("variable %s: %w", name, err)
+				}
+				found = t
+				return false, nil
+			}
+			return true, nil
+		})
+	})
+	if err != nil {
+		return nil, err
+	}
+	if found == nil {
+		found = declared
+	}
+	if found == nil {
+		return nil, fmt.Errorf("%w: %s", ErrNoVariable, name)
+	}
+	return found, nil
+}
+
+// topLevel calls fn with each entry directly under d's unit, until fn
+// returns false or an error; it returns fn's last answer (true when the
+// unit ran out).
+func topLevel(d *dwarf.Data, fn func(e *dwarf.Entry) (bool, error)) (bool, error) {
+	rd := d.Reader()
+	rd.Next()
+	for {
+		e, err := rd.Next()
+		if err != nil {
+			return false, err
+		}
+		if e == nil || e.Tag == 0 {
+			return true, nil
+		}
+		if more, err := fn(e); err != nil || !more {
+			return more, err
+		}
+		if e.Children {
+			rd.SkipChildren()
+		}
+	}
 }

@@ -343,3 +343,33 @@ func TestVmlinux(t *testing.T) {
 	}
 	checkAgainstAddr2line(t, path, fns, 7)
 }
+
+// With KINST_VMLINUX (a kernel's debug vmlinux): global variables' types
+// from the units that define them, as the kernel's sources declare them.
+func TestVariable(t *testing.T) {
+	path := os.Getenv("KINST_VMLINUX")
+	if path == "" {
+		t.Skip("KINST_VMLINUX is not set (a kernel's debug vmlinux)")
+	}
+	f, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for name, want := range map[string]string{
+		"init_task":   "struct task_struct",
+		"jiffies":     "volatile long unsigned int",
+		"init_uts_ns": "struct uts_namespace",
+		"nr_cpu_ids":  "unsigned int",
+	} {
+		start := time.Now()
+		typ, err := f.Variable(name)
+		if err != nil || typ.String() != want {
+			t.Errorf("%s: %v, %v; want %s", name, typ, err, want)
+		}
+		t.Logf("%s: %v in %v", name, typ, time.Since(start))
+	}
+	if _, err := f.Variable("no_such_variable_anywhere"); !errors.Is(err, ErrNoVariable) {
+		t.Errorf("an unknown name: %v", err)
+	}
+}

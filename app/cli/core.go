@@ -19,7 +19,7 @@ import (
 // already checked by the command line.
 type CoreRequest struct {
 	Dump     string // path of the dump
-	Command  string // info, ps, bt, log, rd, sym, dis, slabs, whattype, typegraph, istype, findlocks or findfalse
+	Command  string // info, ps, bt, log, rd, sym, dis, slabs, whattype, typegraph, istype, findlocks, findfalse, p, struct or list
 	Arg      string // rd, whattype, istype: ADDR|SYM[+0xOFF]; sym: ADDR|NAME; dis: FUNC
 	Which    uint64 // bt: PID or task_struct address
 	All      bool   // bt -a
@@ -35,6 +35,12 @@ type CoreRequest struct {
 	// findlocks, findfalse, shell).
 	GraphFile string
 	In        io.Reader // shell: the commands
+	// p: Arg is the expression; struct: TypeName the struct and Arg its
+	// address, Members the members to print (all when empty); list:
+	// TypeName is STRUCT.MEMBER, Head the list head, Members those to
+	// print of each entry.
+	Members []string
+	Head    string
 }
 
 // Core opens the dump, decides from its format which kernel it came
@@ -85,6 +91,12 @@ func Core(req CoreRequest, w io.Writer) error {
 		return CoreFindLocks(k, req.GraphFile, req.JSON, w)
 	case "findfalse":
 		return CoreFindFalse(k, req.GraphFile, req.JSON, w)
+	case "p":
+		return CorePrint(k, req.Options.Vmlinux, req.Arg, req.JSON, w)
+	case "struct":
+		return CoreStruct(k, req.Options.Vmlinux, req.TypeName, req.Arg, req.Members, req.JSON, w)
+	case "list":
+		return CoreList(k, req.Options.Vmlinux, req.TypeName, req.Head, req.Members, req.JSON, w)
 	case "shell":
 		return CoreShell(k, req.HoldOut, req.GraphFile, req.In, req.JSON, w)
 	}

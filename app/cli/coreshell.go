@@ -17,6 +17,9 @@ const coreShellHelp = `commands (one a line):
   whattype ADDR|SYM[+0xOFF]   what the address is, typed by the graph
   istype ADDR TYPE            set the object at ADDR to struct TYPE and
                               reprocess from it alone (incremental)
+  p EXPR                      a C expression's value (kinst core p)
+  struct T ADDR [-m M,…]      the struct T at ADDR (kinst core struct)
+  list T.MEMBER HEAD [-s M,…] the structs on the list_head HEAD
   reach                       the untyped object of greatest reach
   typegraph                   the graph's report
   save FILE                   write the graph (load it with --graph-file)
@@ -116,6 +119,42 @@ func CoreShell(k *core.Kernel, holdOut []string, graphFile string, in io.Reader,
 			} else {
 				printIsType(w, res)
 			}
+		case cmd == "p" && len(args) > 0:
+			expr := strings.Join(args, " ")
+			n, err := printValue(k, "", expr)
+			switch {
+			case err != nil:
+				fail(err)
+			case asJSON:
+				writeJSON(w, n)
+			default:
+				writePrint(w, expr, n)
+			}
+		case cmd == "struct" && len(args) >= 2:
+			at, ms := cutFlag(args[1:], "-m")
+			n, err := structValue(k, "", args[0], at, ms)
+			switch {
+			case err != nil:
+				fail(err)
+			case asJSON:
+				writeJSON(w, n)
+			default:
+				writeStruct(w, n)
+			}
+		case cmd == "list" && len(args) >= 2:
+			head, show := cutFlag(args[1:], "-s")
+			out, err := listValue(k, "", args[0], head, show)
+			if asJSON {
+				if out == nil {
+					out = []ListEntry{}
+				}
+				writeJSON(w, out)
+			} else {
+				writeList(w, out)
+			}
+			if err != nil {
+				fail(err)
+			}
 		case cmd == "reach" && len(args) == 0:
 			r := g.Report().GreatestReach
 			switch {
@@ -143,4 +182,15 @@ func CoreShell(k *core.Kernel, holdOut []string, graphFile string, in io.Reader,
 		}
 	}
 	return sc.Err()
+}
+
+// cutFlag splits a shell command's words into the expression before
+// flag and the comma-separated values after it.
+func cutFlag(words []string, flag string) (string, []string) {
+	for i, w := range words {
+		if w == flag && i+1 < len(words) {
+			return strings.Join(words[:i], " "), strings.Split(strings.Join(words[i+1:], ""), ",")
+		}
+	}
+	return strings.Join(words, " "), nil
 }

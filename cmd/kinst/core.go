@@ -53,9 +53,26 @@ Commands:
                   with the owner task and the waiters
   findfalse       arrays of structs smaller than a cache line holding a
                   lock, seqlock or wait queue head (false sharing)
+  p EXPR          the value of a C expression, as crash's print: globals,
+                  per-CPU variables (per_cpu(VAR, CPU); alone, CPU 0's),
+                  members (. ->), [i], * and &, casts ((struct T *)ADDR;
+                  (struct T)ADDR is the struct at ADDR), container_of(P,
+                  struct T, MEMBER), sizeof, + and -. Structs print
+                  nested, enums by name, char arrays as strings, pointers
+                  with the symbol they point to. BTF types per-CPU
+                  variables only: other globals need a cast, or
+                  --vmlinux with the debug vmlinux (its DWARF)
+  struct T ADDR   the struct T at ADDR (an address, a symbol or an
+                  expression), every member or -m M,… (T.M,… as crash)
+  list T.MEMBER -H HEAD
+                  the structs T on the list_head HEAD (an expression:
+                  init_task.tasks), linked through MEMBER, one address a
+                  line, with -s M,… their members; a list that loops or
+                  breaks is reported where it does
   shell           the type graph built (or loaded) once, then commands
                   from stdin, one a line: whattype ADDR, istype ADDR TYPE,
-                  reach, typegraph, save FILE, quit (--json: one JSON
+                  reach, typegraph, p EXPR, struct T ADDR [-m M,…],
+                  list T.MEMBER HEAD [-s M,…], save FILE, quit (--json: one JSON
                   value a line)
 
 A saved graph (--graph-file FILE) is the type graph in a compact binary
@@ -82,10 +99,10 @@ kernel's symbols and types, which are not read yet.`
 
 var coreCommand = &command{
 	name:    "core",
-	args:    "DUMP info|ps|bt PID|TASK|-a|log|rd ADDR [N]|sym ADDR|NAME|dis FUNC|slabs|whattype ADDR|typegraph|istype ADDR TYPE|findlocks|findfalse|shell",
+	args:    "DUMP info|ps|bt PID|TASK|-a|log|rd ADDR [N]|sym ADDR|NAME|dis FUNC|slabs|whattype ADDR|typegraph|istype ADDR TYPE|findlocks|findfalse|p EXPR|struct T ADDR|list T.MEMBER -H HEAD|shell",
 	summary: "postmortem analysis of a kernel crash dump",
 	help:    coreHelp,
-	report:  true, files: true, words: []string{"info", "ps", "bt", "log", "rd", "sym", "dis", "slabs", "whattype", "typegraph", "istype", "findlocks", "findfalse", "shell"},
+	report:  true, files: true, words: []string{"info", "ps", "bt", "log", "rd", "sym", "dis", "slabs", "whattype", "typegraph", "istype", "findlocks", "findfalse", "p", "struct", "list", "shell"},
 	setup: func(fs *pflag.FlagSet) runFunc {
 		var asJSON bool
 		jsonFlag(fs, &asJSON, "the result")
@@ -97,6 +114,9 @@ var coreCommand = &command{
 		graphFile := fs.String("graph-file", "", "typegraph, istype, whattype, findlocks, findfalse, shell: the type graph saved in `FILE`: loaded when it is this dump's (else refused), built and written there when FILE does not exist; istype changes it incrementally and writes it back")
 		live := fs.Bool("live", false, "read the running kernel's memory (/proc/kcore, as root) instead of a dump: DUMP is left out")
 		maxFrames := fs.Int("max-frames", 0, "bt: stop a stack after `N` frames (0: no limit; a cycle of frames still ends it)")
+		members := fs.StringSliceP("members", "m", nil, "struct: print only the members `M,…` (paths such as se.vruntime)")
+		head := fs.StringP("head", "H", "", "list: the list_head the list starts at: an `EXPR` (init_task.tasks, a symbol, an address)")
+		show := fs.StringSliceP("show", "s", nil, "list: print the members `M,…` of each entry")
 		graph := fs.Bool("graph", true, "whattype: type an object its cache does not by the type graph (kmalloc and merged caches); --graph=false: the cache's type only")
 		return func(ctx context.Context, inv invocation) (int, error) {
 			args := inv.args
@@ -154,6 +174,24 @@ var coreCommand = &command{
 					return 2, err
 				}
 				req.Arg, req.TypeName = rest[0], strings.TrimPrefix(rest[1], "struct ")
+			case "p":
+				if len(rest) == 0 {
+					return 2, usagef("core p: want an expression")
+				}
+				req.Arg = strings.Join(rest, " ")
+			case "struct":
+				if err := nargs(2, 2); err != nil {
+					return 2, err
+				}
+				req.TypeName, req.Arg, req.Members = rest[0], rest[1], *members
+			case "list":
+				if err := nargs(1, 1); err != nil {
+					return 2, err
+				}
+				if *head == "" {
+					return 2, usagef("core list: -H HEAD names the list_head to start at")
+				}
+				req.TypeName, req.Head, req.Members = rest[0], *head, *show
 			case "sym", "dis", "whattype":
 				if err := nargs(1, 1); err != nil {
 					return 2, err
@@ -170,6 +208,12 @@ var coreCommand = &command{
 			}
 			if fs.Changed("graph") && cmd != "whattype" {
 				return 2, usagef("core %s: --graph is a whattype flag", cmd)
+			}
+			if len(*members) > 0 && cmd != "struct" {
+				return 2, usagef("core %s: -m/--members is a struct flag", cmd)
+			}
+			if (*head != "" || len(*show) > 0) && cmd != "list" {
+				return 2, usagef("core %s: -H/--head and -s/--show are list flags", cmd)
 			}
 			if *phys && cmd != "rd" {
 				return 2, usagef("core %s: --phys is an rd flag", cmd)

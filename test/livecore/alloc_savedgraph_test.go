@@ -73,7 +73,9 @@ func TestSavedGraph(t *testing.T) {
 	}
 	// The shell, on the saved graph: one JSON value a line per command.
 	sh := exec.Command(filepath.Join(bin, "kinst"), "core", path, "shell", "--graph-file", g, "--json")
-	sh.Stdin = strings.NewReader("whattype " + obj + "\nreach\nbogus\nquit\nwhattype " + obj + "\n")
+	sh.Stdin = strings.NewReader("whattype " + obj + "\nreach\nbogus\n" +
+		"p ((struct task_struct *)&init_task)->comm\nstruct task_struct init_task -m pid,comm\n" +
+		"list task_struct.tasks ((struct task_struct *)&init_task)->tasks -s pid\nquit\nwhattype " + obj + "\n")
 	so, err := sh.Output()
 	if err != nil {
 		t.Fatalf("shell: %v\n%s", err, so)
@@ -86,9 +88,23 @@ func TestSavedGraph(t *testing.T) {
 		} `json:"greatest_reach"`
 	}
 	var bad struct{ Error string }
-	if len(lines) != 3 || json.Unmarshal([]byte(lines[0]), &sw) != nil || json.Unmarshal([]byte(lines[1]), &reach) != nil ||
-		json.Unmarshal([]byte(lines[2]), &bad) != nil {
+	var comm struct{ Value string }
+	var task struct {
+		Members []struct {
+			Name  string
+			Value any
+		}
+	}
+	var list []struct {
+		Members []struct{ Value float64 }
+	}
+	if len(lines) != 6 || json.Unmarshal([]byte(lines[0]), &sw) != nil || json.Unmarshal([]byte(lines[1]), &reach) != nil ||
+		json.Unmarshal([]byte(lines[2]), &bad) != nil || json.Unmarshal([]byte(lines[3]), &comm) != nil ||
+		json.Unmarshal([]byte(lines[4]), &task) != nil || json.Unmarshal([]byte(lines[5]), &list) != nil {
 		t.Fatalf("shell output: %s", so)
+	}
+	if comm.Value != "swapper/0" || len(task.Members) != 2 || task.Members[1].Value != "swapper/0" || len(list) < 10 || list[0].Members[0].Value != 1 {
+		t.Errorf("shell: p %+v, struct %+v, list of %d (first %+v)", comm, task, len(list), list[:min(len(list), 1)])
 	}
 	if sw.Type == nil || *sw.Type != "sock" || reach.GreatestReach == nil || reach.GreatestReach.Object == obj || bad.Error == "" {
 		t.Errorf("shell: whattype %+v, reach %+v, bogus %+v", sw, reach.GreatestReach, bad)

@@ -140,6 +140,54 @@ sleep 0.5; cat /tmp/kinst-slabtest.pid`)))
 	checkAliases(t, &sl, sysfs)
 	checkWhatType(t, path, pid, &sl)
 	t.Run("crash", func(t *testing.T) { checkCrashKmem(t, path, &sl) })
+	t.Run("crash-print", func(t *testing.T) { checkCrashPrint(t, path) })
+}
+
+// checkCrashPrint: kinst's p, with variable types from the debug
+// vmlinux's DWARF, prints what crash's p prints on the same dump, for a
+// number, a string member of a nested struct and a task's comm.
+func checkCrashPrint(t *testing.T, path string) {
+	crash, err := exec.LookPath("crash")
+	if err != nil {
+		t.Skip("crash is not installed (apt-get install crash)")
+	}
+	if rel := guest.KernelRelease(); !strings.HasPrefix(rel, "6.1.") {
+		t.Skipf("Debian 12's crash 8.0.2 does not read %s dumps", rel)
+	}
+	vmlinux := guest.DebugVmlinux(t)
+	exprs := []string{"jiffies", "init_uts_ns.name.release", "init_task.comm", "init_task.se.load.weight"}
+	cmds := filepath.Join(t.TempDir(), "cmds")
+	var script strings.Builder
+	for _, e := range exprs {
+		script.WriteString("p " + e + "\n")
+	}
+	script.WriteString("quit\n")
+	os.WriteFile(cmds, []byte(script.String()), 0o600)
+	out, err := exec.Command(crash, "-s", vmlinux, path, "-i", cmds).CombinedOutput()
+	if err != nil {
+		t.Fatalf("crash: %v\n%s", err, out)
+	}
+	// crash: "$1 = 4294892296", "$2 = \"6.1.0-56-amd64\\000…\"".
+	// gdb shortens a run of NULs: "6.1.0-56-amd64", '\000' <repeats 50 times>.
+	re := regexp.MustCompile(`(?m)\$\d+ = (.*)$`)
+	got := re.FindAllStringSubmatch(string(out), -1)
+	if len(got) != len(exprs) {
+		t.Fatalf("crash printed %d values for %d expressions:\n%s", len(got), len(exprs), out)
+	}
+	for i, e := range exprs {
+		want := got[i][1]
+		if strings.HasPrefix(want, `"`) {
+			text, _, _ := strings.Cut(want[1:], `"`)
+			text, _, _ = strings.Cut(text, `\000`)
+			want = `"` + text + `"`
+		}
+		start := time.Now()
+		line := strings.TrimSpace(string(kinst(t, "core", path, "--vmlinux", vmlinux, "p", e)))
+		if line != e+" = "+want {
+			t.Errorf("kinst core p %s: %q; crash: %q", e, line, want)
+		}
+		t.Logf("p %s = %s (kinst %.2fs)", e, want, time.Since(start).Seconds())
+	}
 }
 
 // checkCrashKmem: crash's `kmem -s`, with types from the debug vmlinux,

@@ -95,6 +95,7 @@ sleep 0.5; cat /tmp/kinst-kcore.pid`)))
 		t.Logf("typegraph: %d objects, %d typed, %d by their cache", tg.Objects, tg.Typed, tg.ByCache)
 	})
 	t.Run("findlocks", func(t *testing.T) { checkLiveFindLocks(t, ctx, gk) })
+	t.Run("typed", func(t *testing.T) { checkLiveTyped(t, ctx, gk, pid) })
 	t.Run("log", func(t *testing.T) {
 		var lg struct {
 			Records []struct {
@@ -416,5 +417,101 @@ setsid /tmp/kinst-lockhold /tmp/kinst-lock2/f </dev/null >/dev/null 2>&1 & p2=$!
 	}
 	if !found {
 		t.Errorf("no rwsem held by pid %d among %d held locks: %+v", p1, len(fl.Locks), fl.Locks)
+	}
+}
+
+// checkLiveTyped: p, struct and list over the running kernel's memory,
+// against /proc: the task list walked from init_task holds every process
+// /proc lists before and after (the known sleep among them, with its
+// comm), a task's struct read at the address the list gave has its pid,
+// and each CPU's runqueue names its CPU. A global BTF does not type is
+// refused with the way to name its type; a wrong member is named.
+func checkLiveTyped(t *testing.T, ctx context.Context, gk func(*testing.T, ...string) []byte, pid int) {
+	var comm struct {
+		Value string `json:"value"`
+		Type  string `json:"type"`
+	}
+	if err := json.Unmarshal(gk(t, "p", "((struct task_struct *)&init_task)->comm", "--json"), &comm); err != nil {
+		t.Fatal(err)
+	}
+	if comm.Value != "swapper/0" || comm.Type != "char [16]" {
+		t.Errorf("p init_task's comm: %+v; want swapper/0, char [16]", comm)
+	}
+	procPIDs := func() map[int]bool {
+		m := map[int]bool{}
+		for _, f := range strings.Fields(gsh(t, ctx, "cd /proc && ls -d [0-9]*")) {
+			if n, err := strconv.Atoi(f); err == nil {
+				m[n] = true
+			}
+		}
+		return m
+	}
+	before := procPIDs()
+	var entries []struct {
+		Address string `json:"address"`
+		Members []struct {
+			Name  string `json:"name"`
+			Value any    `json:"value"`
+		} `json:"members"`
+	}
+	if err := json.Unmarshal(gk(t, "list", "task_struct.tasks", "-H", "((struct task_struct *)&init_task)->tasks", "-s", "pid,comm", "--json"), &entries); err != nil {
+		t.Fatal(err)
+	}
+	after := procPIDs()
+	listed := map[int]string{}
+	addrOf := map[int]string{}
+	for _, e := range entries {
+		if len(e.Members) != 2 || e.Members[0].Name != "pid" || e.Members[1].Name != "comm" {
+			t.Fatalf("list -s pid,comm entry: %+v", e)
+		}
+		p, _ := e.Members[0].Value.(float64)
+		c, _ := e.Members[1].Value.(string)
+		listed[int(p)], addrOf[int(p)] = c, e.Address
+	}
+	for p := range before {
+		if after[p] && listed[p] == "" {
+			t.Errorf("pid %d is in /proc before and after, not on init_task's task list", p)
+		}
+	}
+	if listed[pid] != "sleep" || listed[1] == "" {
+		t.Errorf("the list: pid %d is %q (want sleep), pid 1 is %q", pid, listed[pid], listed[1])
+	}
+	if want := strings.TrimSpace(gsh(t, ctx, "cat /proc/1/comm")); listed[1] != want {
+		t.Errorf("pid 1's comm on the list %q, /proc/1/comm %q", listed[1], want)
+	}
+	t.Logf("list: %d tasks; /proc lists %d before, %d after", len(entries), len(before), len(after))
+	var st struct {
+		Members []struct {
+			Name  string `json:"name"`
+			Value any    `json:"value"`
+		} `json:"members"`
+	}
+	if err := json.Unmarshal(gk(t, "struct", "task_struct", addrOf[pid], "-m", "pid,tgid,comm", "--json"), &st); err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Members) != 3 || st.Members[0].Value != float64(pid) || st.Members[1].Value != float64(pid) || st.Members[2].Value != "sleep" {
+		t.Errorf("struct task_struct %s -m pid,tgid,comm: %+v; want %d, %d, sleep", addrOf[pid], st.Members, pid, pid)
+	}
+	for cpu := range 2 {
+		out := strings.TrimSpace(string(gk(t, "p", fmt.Sprintf("per_cpu(runqueues, %d).cpu", cpu))))
+		if want := fmt.Sprintf("per_cpu(runqueues, %d).cpu = %d", cpu, cpu); out != want {
+			t.Errorf("%q; want %q", out, want)
+		}
+	}
+	for _, bad := range []struct {
+		args   []string
+		saying string
+	}{
+		{[]string{"p", "init_task.comm"}, "init_task"},
+		{[]string{"p", "((struct task_struct *)&init_task)->no_such_member"}, "struct task_struct has no member no_such_member"},
+		{[]string{"struct", "task_struct", "init_task", "-m", "pid,nosuch"}, "no member nosuch"},
+		{[]string{"list", "task_struct.comm", "-H", "((struct task_struct *)&init_task)->tasks"}, "not a struct list_head"},
+		{[]string{"p", "((struct task_struct *)&init_task"}, `want ")"`},
+	} {
+		var out, errb bytes.Buffer
+		code, err := guest.Instance.Exec(ctx, append([]string{"kinst", "core", "/proc/kcore"}, bad.args...), &out, &errb)
+		if err != nil || code != 1 || !strings.Contains(errb.String(), bad.saying) {
+			t.Errorf("kinst core /proc/kcore %s: status %d, %v, %q; want status 1 saying %q", strings.Join(bad.args, " "), code, err, errb.String(), bad.saying)
+		}
 	}
 }

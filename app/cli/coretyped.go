@@ -1,0 +1,271 @@
+package cli
+
+import (
+	"debug/elf"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/cilium/ebpf/btf"
+
+	"github.com/kinst/kinst/core"
+	"github.com/kinst/kinst/debuginfo"
+	"github.com/kinst/kinst/kernel/typed"
+)
+
+// maxListEntries bounds `list`: a corrupt list ends there with an error.
+const maxListEntries = 1 << 20
+
+// typedEnv is the typed view of k: its BTF and symbols, its per-CPU
+// areas, and the variables' types from vmlinux's DWARF when vmlinux (a
+// debug vmlinux) is given and has any.
+func typedEnv(k *core.Kernel, vmlinux string) (*typed.Env, func(), error) {
+	types, err := k.Types()
+	if err != nil {
+		return nil, nil, err
+	}
+	syms, err := k.Symbols()
+	if err != nil {
+		return nil, nil, err
+	}
+	e := &typed.Env{
+		Mem:    k,
+		Spec:   types.Spec,
+		Symbol: syms.Address,
+		SymbolAt: func(a uint64) (string, bool) {
+			s, off, ok := k.SymbolAt(a)
+			if !ok {
+				return "", false
+			}
+			name := fmt.Sprintf("%s+%#x", s.Name, off)
+			if s.Module != "" {
+				name += " [" + s.Module + "]"
+			}
+			return name, true
+		},
+		PerCPU: k.PerCPUAddr,
+	}
+	done := func() {}
+	if vmlinux != "" && hasDWARF(vmlinux) {
+		f, err := debuginfo.Open(vmlinux)
+		if err != nil {
+			return nil, nil, err
+		}
+		done = func() { f.Close() }
+		e.VarType = func(name string) (btf.Type, error) {
+			t, err := f.Variable(name)
+			if errors.Is(err, debuginfo.ErrNoVariable) {
+				return nil, fmt.Errorf("%w: %v", typed.ErrNoType, err)
+			}
+			if err != nil {
+				return nil, err
+			}
+			return e.FromDWARF(t)
+		}
+	}
+	return e, done, nil
+}
+
+// hasDWARF says whether the ELF file at path has a .debug_info section.
+func hasDWARF(path string) bool {
+	f, err := elf.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	return f.Section(".debug_info") != nil
+}
+
+// address is where expr says an object is: a bare symbol's address, an
+// object's in memory, or the value of a number or pointer.
+func address(e *typed.Env, expr string) (uint64, error) {
+	if a, ok := e.Symbol(expr); ok {
+		return a, nil
+	}
+	v, err := e.Eval(expr)
+	if err != nil {
+		return 0, err
+	}
+	return e.Address(v)
+}
+
+// CorePrint is `kinst core DUMP p EXPR`: the value of a C expression over
+// the kernel's variables and addresses, as crash's print shows it.
+func CorePrint(k *core.Kernel, vmlinux, expr string, asJSON bool, w io.Writer) error {
+	n, err := printValue(k, vmlinux, expr)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return writeJSON(w, n)
+	}
+	writePrint(w, expr, n)
+	return nil
+}
+
+// printValue is p's answer.
+func printValue(k *core.Kernel, vmlinux, expr string) (typed.Node, error) {
+	e, done, err := typedEnv(k, vmlinux)
+	if err != nil {
+		return typed.Node{}, err
+	}
+	defer done()
+	v, err := e.Eval(expr)
+	if err != nil {
+		return typed.Node{}, err
+	}
+	return e.Tree(expr, v), nil
+}
+
+// CoreStruct is `kinst core DUMP struct T ADDR [-m MEMBER,…]`: the struct
+// of type T at ADDR, every member or the ones named, as crash's struct
+// command prints it. T may carry the members after a dot, as crash
+// spells it: task_struct.pid,comm.
+func CoreStruct(k *core.Kernel, vmlinux, typ, at string, members []string, asJSON bool, w io.Writer) error {
+	n, err := structValue(k, vmlinux, typ, at, members)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return writeJSON(w, n)
+	}
+	writeStruct(w, n)
+	return nil
+}
+
+// structValue is struct's answer.
+func structValue(k *core.Kernel, vmlinux, typ, at string, members []string) (typed.Node, error) {
+	e, done, err := typedEnv(k, vmlinux)
+	if err != nil {
+		return typed.Node{}, err
+	}
+	defer done()
+	typ, ms := splitMembers(typ)
+	members = append(ms, members...)
+	t, err := lookupStruct(e, typ)
+	if err != nil {
+		return typed.Node{}, err
+	}
+	a, err := address(e, at)
+	if err != nil {
+		return typed.Node{}, err
+	}
+	n := e.Tree("", typed.Value{Type: t, Addr: a, InMem: true})
+	if len(members) > 0 {
+		return typed.Select(n, members)
+	}
+	return n, nil
+}
+
+// splitMembers splits crash's "T.m1,m2" into T and the members.
+func splitMembers(typ string) (string, []string) {
+	typ = strings.TrimPrefix(strings.TrimSpace(typ), "struct ")
+	t, ms, ok := strings.Cut(typ, ".")
+	if !ok {
+		return typ, nil
+	}
+	return t, strings.Split(ms, ",")
+}
+
+// lookupStruct finds a struct or union by name (with or without its
+// keyword).
+func lookupStruct(e *typed.Env, name string) (btf.Type, error) {
+	if strings.HasPrefix(name, "union ") {
+		return e.LookupType(name)
+	}
+	t, err := e.LookupType("struct " + strings.TrimPrefix(name, "struct "))
+	if err != nil {
+		if u, uerr := e.LookupType("union " + name); uerr == nil {
+			return u, nil
+		}
+	}
+	return t, err
+}
+
+// ListEntry is one entry of `kinst core DUMP list … --json`.
+type ListEntry struct {
+	Address string       `json:"address"`
+	Members []typed.Node `json:"members,omitempty"`
+}
+
+// CoreList is `kinst core DUMP list STRUCT.MEMBER -H HEAD [-s MEMBER,…]`:
+// the structs on the list_head at HEAD (an expression: an object in
+// memory, or a pointer or address), linked through MEMBER, in order;
+// with -s, the named members of each, as crash's list prints them. A
+// list that breaks or loops is printed up to there, then the error.
+func CoreList(k *core.Kernel, vmlinux, spec, head string, show []string, asJSON bool, w io.Writer) error {
+	out, walkErr := listValue(k, vmlinux, spec, head, show)
+	if asJSON {
+		if out == nil {
+			out = []ListEntry{}
+		}
+		if err := writeJSON(w, out); err != nil {
+			return err
+		}
+		return walkErr
+	}
+	writeList(w, out)
+	return walkErr
+}
+
+// writeList prints list's entries as crash does: an address a line, the
+// members asked for under it.
+func writeList(w io.Writer, out []ListEntry) {
+	for _, le := range out {
+		fmt.Fprintln(w, le.Address)
+		for _, m := range le.Members {
+			fmt.Fprintf(w, "  %s = ", m.Name)
+			typed.Write(w, m)
+		}
+	}
+}
+
+// writeStruct prints struct's answer: the type and address, then the
+// members.
+func writeStruct(w io.Writer, n typed.Node) {
+	fmt.Fprintf(w, "%s %s ", n.Type, n.Address)
+	typed.Write(w, n)
+}
+
+// writePrint prints p's answer: EXPR = VALUE.
+func writePrint(w io.Writer, expr string, n typed.Node) {
+	fmt.Fprintf(w, "%s = ", expr)
+	typed.Write(w, n)
+}
+
+// listValue is list's answer: the entries read, and why the walk
+// stopped short, if it did.
+func listValue(k *core.Kernel, vmlinux, spec, head string, show []string) ([]ListEntry, error) {
+	e, done, err := typedEnv(k, vmlinux)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	typ, path, ok := strings.Cut(strings.TrimPrefix(spec, "struct "), ".")
+	if !ok || path == "" {
+		return nil, fmt.Errorf("list %s: want STRUCT.MEMBER, the member that links the entries", spec)
+	}
+	t, err := lookupStruct(e, typ)
+	if err != nil {
+		return nil, err
+	}
+	h, err := address(e, head)
+	if err != nil {
+		return nil, fmt.Errorf("list head %s: %w", head, err)
+	}
+	addrs, walkErr := e.ListEntries(h, t, path, maxListEntries)
+	var out []ListEntry
+	for _, a := range addrs {
+		le := ListEntry{Address: fmt.Sprintf("%#x", a)}
+		if len(show) > 0 {
+			n, err := typed.Select(e.Tree("", typed.Value{Type: t, Addr: a, InMem: true}), show)
+			if err != nil {
+				return out, err
+			}
+			le.Members = n.Members
+		}
+		out = append(out, le)
+	}
+	return out, walkErr
+}

@@ -1,0 +1,342 @@
+package typed
+
+import (
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+
+	"github.com/cilium/ebpf/btf"
+
+	"github.com/kinst/kinst/internal/kbtf"
+)
+
+// MaxElements bounds the elements of one array that Tree expands; the
+// rest are counted in Node.More.
+const MaxElements = 256
+
+// Node is a value as a tree: its JSON is `kinst core … p EXPR --json`.
+// A struct or union has Members, an array Elements; a scalar has Value
+// (a number, a string for a char array, a bool, an enumerator's name).
+type Node struct {
+	Name     string `json:"name,omitempty"`
+	Type     string `json:"type"`
+	Address  string `json:"address,omitempty"` // where it is in memory
+	Value    any    `json:"value,omitempty"`
+	Pointer  string `json:"pointer,omitempty"` // a pointer's value, hex
+	Symbol   string `json:"symbol,omitempty"`  // what a pointer points to, SYM+0xOFF
+	Members  []Node `json:"members,omitempty"`
+	Elements []Node `json:"elements,omitempty"`
+	More     int    `json:"more,omitempty"`  // elements left out (MaxElements)
+	Error    string `json:"error,omitempty"` // why its memory could not be read
+}
+
+// Tree reads v and everything it holds (not what its pointers point to).
+func (e *Env) Tree(name string, v Value) Node {
+	n := Node{Name: name, Type: TypeString(v.Type)}
+	if v.InMem && v.Bitfield == nil {
+		n.Address = fmt.Sprintf("%#x", v.Addr)
+	}
+	switch t := btf.UnderlyingType(v.Type).(type) {
+	case *btf.Struct, *btf.Union:
+		var members []btf.Member
+		if s, ok := t.(*btf.Struct); ok {
+			members = s.Members
+		} else {
+			members = t.(*btf.Union).Members
+		}
+		for _, m := range members {
+			mv, err := e.memberOf(v, m)
+			if err != nil {
+				n.Members = append(n.Members, Node{Name: m.Name, Type: TypeString(m.Type), Error: err.Error()})
+				continue
+			}
+			n.Members = append(n.Members, e.Tree(m.Name, mv))
+		}
+	case *btf.Array:
+		if isChar(t.Type) {
+			b := make([]byte, t.Nelems)
+			if err := e.Mem.Read(v.Addr, b); err != nil {
+				n.Error = err.Error()
+				return n
+			}
+			n.Value = cString(b)
+			return n
+		}
+		size, err := btf.Sizeof(t.Type)
+		if err != nil {
+			n.Error = err.Error()
+			return n
+		}
+		for i := uint32(0); i < t.Nelems; i++ {
+			if i == MaxElements {
+				n.More = int(t.Nelems - i)
+				break
+			}
+			n.Elements = append(n.Elements, e.Tree("", Value{Type: t.Type, Addr: v.Addr + uint64(i)*uint64(size), InMem: true}))
+		}
+	default:
+		e.scalarNode(&n, v)
+	}
+	return n
+}
+
+// memberOf is v's member m (m as BTF lists it, anonymous ones included).
+func (e *Env) memberOf(v Value, m btf.Member) (Value, error) {
+	if !v.InMem {
+		return Value{}, fmt.Errorf("%w: not in memory", ErrBadOperand)
+	}
+	mv := Value{Type: m.Type, Addr: v.Addr + uint64(m.Offset/8), InMem: true}
+	if m.BitfieldSize != 0 || m.Offset%8 != 0 {
+		mv.Addr, mv.Bitfield = v.Addr, &bitfield{offset: uint32(m.Offset), size: uint32(m.BitfieldSize)}
+	}
+	return mv, nil
+}
+
+// scalarNode fills in n for a scalar value.
+func (e *Env) scalarNode(n *Node, v Value) {
+	switch t := btf.UnderlyingType(v.Type).(type) {
+	case *btf.Int, *btf.Enum, *btf.Pointer:
+		x, err := e.scalar(v)
+		if err != nil {
+			n.Error = err.Error()
+			return
+		}
+		switch t := t.(type) {
+		case *btf.Int:
+			switch {
+			case t.Encoding&btf.Bool != 0:
+				n.Value = x != 0
+			case t.Encoding&btf.Signed != 0:
+				n.Value = int64(x)
+			default:
+				n.Value = x
+			}
+		case *btf.Enum:
+			n.Value = enumName(t, x)
+		case *btf.Pointer:
+			n.Pointer = fmt.Sprintf("%#x", x)
+			if x != 0 && e.SymbolAt != nil {
+				if s, ok := e.SymbolAt(x); ok {
+					n.Symbol = s
+				}
+			}
+		}
+	case *btf.FuncProto, *btf.Func:
+		n.Address = fmt.Sprintf("%#x", v.Addr)
+	case *btf.Void, *btf.Fwd:
+		n.Error = "an incomplete type: cast it"
+	case *btf.Float:
+		n.Error = "a floating-point value (the kernel holds none kinst prints)"
+	default:
+		n.Error = fmt.Sprintf("cannot print a %T", t)
+	}
+}
+
+// enumName is x as its enumerator's name, else the number.
+func enumName(t *btf.Enum, x uint64) any {
+	for _, v := range t.Values {
+		if v.Value == x || t.Size < 8 && v.Value == x&(1<<(8*t.Size)-1) {
+			return v.Name
+		}
+	}
+	if t.Signed {
+		return int64(x)
+	}
+	return x
+}
+
+func isChar(t btf.Type) bool {
+	i, ok := btf.UnderlyingType(t).(*btf.Int)
+	return ok && i.Size == 1 && (i.Encoding&btf.Char != 0 || i.Name == "char" || i.Name == "unsigned char" || i.Name == "signed char")
+}
+
+// cString is a char array's text up to its first NUL.
+func cString(b []byte) string {
+	if i := strings.IndexByte(string(b), 0); i >= 0 {
+		b = b[:i]
+	}
+	return string(b)
+}
+
+// Write prints n as crash's print and struct commands do: members one
+// per line, nested structs indented, char arrays as strings, enums by
+// name, pointers in hex with what they point to.
+func Write(w io.Writer, n Node) {
+	var b strings.Builder
+	writeNode(&b, n, 0)
+	b.WriteByte('\n')
+	io.WriteString(w, b.String())
+}
+
+func writeNode(b *strings.Builder, n Node, depth int) {
+	pad := strings.Repeat("  ", depth+1)
+	switch {
+	case n.Error != "":
+		fmt.Fprintf(b, "<%s>", n.Error)
+	case n.Members != nil:
+		b.WriteString("{\n")
+		for _, m := range n.Members {
+			b.WriteString(pad)
+			if m.Name != "" {
+				b.WriteString(m.Name + " = ")
+			}
+			writeNode(b, m, depth+1)
+			b.WriteString(",\n")
+		}
+		b.WriteString(strings.Repeat("  ", depth) + "}")
+	case n.Elements != nil:
+		multi := len(n.Elements) > 0 && (n.Elements[0].Members != nil || n.Elements[0].Elements != nil)
+		b.WriteByte('{')
+		for i, el := range n.Elements {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			if multi {
+				b.WriteString("\n" + pad)
+			}
+			writeNode(b, el, depth+1)
+		}
+		if n.More > 0 {
+			fmt.Fprintf(b, ", …%d more", n.More)
+		}
+		if multi {
+			b.WriteString("\n" + strings.Repeat("  ", depth))
+		}
+		b.WriteByte('}')
+	case n.Pointer != "":
+		b.WriteString(n.Pointer)
+		if n.Symbol != "" {
+			b.WriteString(" <" + n.Symbol + ">")
+		}
+	case n.Value != nil:
+		switch v := n.Value.(type) {
+		case string:
+			if strings.HasPrefix(n.Type, "enum ") {
+				b.WriteString(v)
+			} else {
+				b.WriteString(strconv.Quote(v))
+			}
+		default:
+			fmt.Fprint(b, v)
+		}
+	case n.Address != "":
+		b.WriteString(n.Address)
+	default:
+		b.WriteString("{}")
+	}
+}
+
+// Select keeps only the named members of a struct's tree, in the order
+// given; a path (a.b) picks a nested member and names it by the path.
+func Select(n Node, paths []string) (Node, error) {
+	out := n
+	out.Members = nil
+	for _, p := range paths {
+		cur := n
+		for _, part := range strings.Split(p, ".") {
+			found := false
+			for _, m := range flatten(cur.Members) {
+				if m.Name == part {
+					cur, found = m, true
+					break
+				}
+			}
+			if !found {
+				return Node{}, &NoMemberError{Type: cur.Type, Member: part}
+			}
+		}
+		cur.Name = p
+		out.Members = append(out.Members, cur)
+	}
+	return out, nil
+}
+
+// flatten lists members with those of anonymous structs and unions
+// lifted, as C names them.
+func flatten(ms []Node) []Node {
+	var out []Node
+	for _, m := range ms {
+		if m.Name == "" && m.Members != nil {
+			out = append(out, flatten(m.Members)...)
+			continue
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// ListEntries walks the list_head at head (its address) and returns the
+// address of each struct of type t whose member path holds the entry,
+// in list order: at most limit entries, and a loop that does not come
+// back to head is an error that says where it closed.
+func (e *Env) ListEntries(head uint64, t btf.Type, path string, limit int) ([]uint64, error) {
+	off, err := offsetOf(t, path)
+	if err != nil {
+		return nil, err
+	}
+	if m, err := memberType(t, path); err == nil {
+		if s, ok := btf.UnderlyingType(m).(*btf.Struct); !ok || s.Name != "list_head" {
+			return nil, fmt.Errorf("%s.%s is a %s, not a struct list_head", TypeString(t), path, TypeString(m))
+		}
+	}
+	seen := map[uint64]bool{head: true}
+	var out []uint64
+	b := make([]byte, 8)
+	for at := head; ; {
+		if err := e.Mem.Read(at, b); err != nil {
+			return out, fmt.Errorf("list entry %d: next at %#x: %w", len(out), at, err)
+		}
+		next := leUint64(b)
+		if next == head {
+			return out, nil
+		}
+		if next == 0 {
+			return out, fmt.Errorf("list entry %d at %#x: next is NULL", len(out), at)
+		}
+		if seen[next] {
+			return out, fmt.Errorf("the list loops back to %#x after %d entries without returning to the head", next, len(out))
+		}
+		if len(out) == limit {
+			return out, fmt.Errorf("more than %d entries: stopped", limit)
+		}
+		seen[next] = true
+		out = append(out, next-off)
+		at = next
+	}
+}
+
+func memberType(t btf.Type, path string) (btf.Type, error) {
+	for _, name := range strings.Split(path, ".") {
+		m, ok := kbtf.Member(t, name)
+		if !ok {
+			return nil, &NoMemberError{Type: TypeString(t), Member: name}
+		}
+		t = m.Type
+	}
+	return t, nil
+}
+
+func leUint64(b []byte) uint64 {
+	return uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
+		uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56
+}
+
+// LookupType finds a type written as C writes it ("struct task_struct",
+// "u64", "struct page *").
+func (e *Env) LookupType(s string) (btf.Type, error) {
+	p := &parser{expr: s}
+	toks, err := lex(s)
+	if err != nil {
+		return nil, err
+	}
+	p.toks = toks
+	tn, err := p.parseType()
+	if err != nil {
+		return nil, err
+	}
+	if p.i < len(p.toks) {
+		return nil, p.errorf("unexpected %q after the type", p.peek())
+	}
+	return e.lookupType(tn)
+}
