@@ -10,6 +10,7 @@ import (
 	"github.com/cilium/ebpf/btf"
 
 	"github.com/kinst/kinst/core"
+	"github.com/kinst/kinst/core/vfs"
 	"github.com/kinst/kinst/debuginfo"
 	"github.com/kinst/kinst/kernel/typed"
 )
@@ -268,4 +269,121 @@ func listValue(k *core.Kernel, vmlinux, spec, head string, show []string) ([]Lis
 		out = append(out, le)
 	}
 	return out, walkErr
+}
+
+// FilesReport is `kinst core DUMP files PID --json`.
+type FilesReport struct {
+	PID   int        `json:"pid"`
+	Task  string     `json:"task"`
+	Comm  string     `json:"comm"`
+	Files []vfs.File `json:"files"`
+}
+
+// CoreFiles is `kinst core DUMP files PID|TASK`: a task's open files,
+// as crash's files prints them.
+func CoreFiles(k *core.Kernel, which uint64, asJSON bool, w io.Writer) error {
+	t, err := findTask(k, which)
+	if err != nil {
+		return err
+	}
+	r, err := vfsReader(k)
+	if err != nil {
+		return err
+	}
+	fs, err := r.Files(t.Addr)
+	if err != nil {
+		return fmt.Errorf("files of pid %d: %w", t.PID, err)
+	}
+	rep := FilesReport{PID: t.PID, Task: t.Address, Comm: t.Comm, Files: fs}
+	if rep.Files == nil {
+		rep.Files = []vfs.File{}
+	}
+	if asJSON {
+		return writeJSON(w, rep)
+	}
+	fmt.Fprintf(w, "PID: %d  TASK: %s  COMMAND: %q\n", t.PID, t.Address, t.Comm)
+	tw := newTable(w, 0, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, " FD\tFILE\tDENTRY\tINODE\tTYPE\tPATH")
+	for _, f := range fs {
+		p := f.Path
+		if f.Error != "" {
+			p += " <" + f.Error + ">"
+		}
+		fmt.Fprintf(tw, "%3d\t%s\t%s\t%s\t%s\t%s\n", f.FD, f.File, f.Dentry, f.Inode, f.Type, p)
+	}
+	return tw.Flush()
+}
+
+// CoreMount is `kinst core DUMP mount`: the mounts of init's mount
+// namespace (the first task's, else init_task's), as crash's mount
+// prints them.
+func CoreMount(k *core.Kernel, asJSON bool, w io.Writer) error {
+	r, err := vfsReader(k)
+	if err != nil {
+		return err
+	}
+	e, done, err := typedEnv(k, "")
+	if err != nil {
+		return err
+	}
+	defer done()
+	var nsExpr string
+	if t, err := findTask(k, 1); err == nil {
+		nsExpr = fmt.Sprintf("((struct task_struct *)%#x)->nsproxy->mnt_ns", t.Addr)
+	} else if a, ok := e.Symbol("init_task"); ok {
+		nsExpr = fmt.Sprintf("((struct task_struct *)%#x)->nsproxy->mnt_ns", a)
+	} else {
+		return errors.New("mount: neither pid 1 nor init_task to take the mount namespace from")
+	}
+	nsv, err := e.Eval(nsExpr)
+	if err != nil {
+		return fmt.Errorf("mount namespace: %w", err)
+	}
+	ns, err := e.Uint(nsv)
+	if err != nil {
+		return err
+	}
+	ms, err := r.Mounts(ns)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		if ms == nil {
+			ms = []vfs.Mount{}
+		}
+		return writeJSON(w, ms)
+	}
+	tw := newTable(w, 0, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "MOUNT\tSUPERBLK\tTYPE\tDEVNAME\tDIRNAME")
+	for _, m := range ms {
+		dir := m.Dir
+		if m.Error != "" {
+			dir += " <" + m.Error + ">"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", m.Mount, m.SuperBlock, m.Type, m.Device, dir)
+	}
+	return tw.Flush()
+}
+
+// vfsReader is the file and mount reader of k.
+func vfsReader(k *core.Kernel) (*vfs.Reader, error) {
+	e, _, err := typedEnv(k, "")
+	if err != nil {
+		return nil, err
+	}
+	return vfs.New(e)
+}
+
+// findTask is the task with pid which, or whose task_struct is at which.
+func findTask(k *core.Kernel, which uint64) (core.Task, error) {
+	tasks, err := k.Tasks()
+	if err != nil {
+		return core.Task{}, err
+	}
+	for _, t := range tasks {
+		if uint64(t.PID) == which || t.Addr == which {
+			return t, nil
+		}
+	}
+	return core.Task{}, fmt.Errorf("no task has pid or address %d (%#x)", which, which)
 }

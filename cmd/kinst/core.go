@@ -38,6 +38,7 @@ Commands:
                   an object of a kmalloc or merged cache is typed by the
                   type graph, with the chain of pointers that did it
                   (--graph=false: only by its cache)
+  kmem ADDR       whattype, as crash spells it
   typegraph       every heap object's type, propagated from the caches
                   that hold one struct and the per-CPU variables through
                   pointer members (passes: conservative, arrays,
@@ -65,10 +66,16 @@ Commands:
   struct T ADDR   the struct T at ADDR (an address, a symbol or an
                   expression), every member or -m M,… (T.M,… as crash)
   list T.MEMBER -H HEAD
-                  the structs T on the list_head HEAD (an expression:
-                  init_task.tasks), linked through MEMBER, one address a
-                  line, with -s M,… their members; a list that loops or
-                  breaks is reported where it does
+                  the structs T linked through MEMBER from HEAD (an
+                  expression: init_task.tasks), one address a line, with
+                  -s M,… their members. MEMBER's type says what HEAD is:
+                  a list_head (back to HEAD), an hlist_node (from an
+                  hlist_head, to NULL), an rb_node (an rb_root, in
+                  order); a list that loops or breaks is reported where
+  files PID|TASK  a task's open files: fd, struct file, dentry, inode,
+                  type and path (through the mounts, as d_path)
+  mount           the mounts of init's namespace: struct mount, super
+                  block, file system type, device and mount point
   shell           the type graph built (or loaded) once, then commands
                   from stdin, one a line: whattype ADDR, istype ADDR TYPE,
                   reach, typegraph, p EXPR, struct T ADDR [-m M,…],
@@ -99,10 +106,10 @@ kernel's symbols and types, which are not read yet.`
 
 var coreCommand = &command{
 	name:    "core",
-	args:    "DUMP info|ps|bt PID|TASK|-a|log|rd ADDR [N]|sym ADDR|NAME|dis FUNC|slabs|whattype ADDR|typegraph|istype ADDR TYPE|findlocks|findfalse|p EXPR|struct T ADDR|list T.MEMBER -H HEAD|shell",
+	args:    "DUMP info|ps|bt PID|TASK|-a|log|rd ADDR [N]|sym ADDR|NAME|dis FUNC|slabs|whattype ADDR|typegraph|istype ADDR TYPE|findlocks|findfalse|p EXPR|struct T ADDR|list T.MEMBER -H HEAD|files PID|mount|kmem ADDR|shell",
 	summary: "postmortem analysis of a kernel crash dump",
 	help:    coreHelp,
-	report:  true, files: true, words: []string{"info", "ps", "bt", "log", "rd", "sym", "dis", "slabs", "whattype", "typegraph", "istype", "findlocks", "findfalse", "p", "struct", "list", "shell"},
+	report:  true, files: true, words: []string{"info", "ps", "bt", "log", "rd", "sym", "dis", "slabs", "whattype", "typegraph", "istype", "findlocks", "findfalse", "p", "struct", "list", "files", "mount", "kmem", "shell"},
 	setup: func(fs *pflag.FlagSet) runFunc {
 		var asJSON bool
 		jsonFlag(fs, &asJSON, "the result")
@@ -137,7 +144,7 @@ var coreCommand = &command{
 				Options: core.Options{BTF: *btfFile, Vmlinux: *vmlinux, MaxFrames: *maxFrames}, HoldOut: *holdOut, Graph: *graph,
 				GraphFile: *graphFile, In: os.Stdin}
 			switch cmd {
-			case "info", "ps", "log", "slabs", "typegraph", "findlocks", "findfalse", "shell":
+			case "info", "ps", "log", "slabs", "typegraph", "findlocks", "findfalse", "mount", "shell":
 				if err := nargs(0, 0); err != nil {
 					return 2, err
 				}
@@ -174,6 +181,15 @@ var coreCommand = &command{
 					return 2, err
 				}
 				req.Arg, req.TypeName = rest[0], strings.TrimPrefix(rest[1], "struct ")
+			case "files":
+				if err := nargs(1, 1); err != nil {
+					return 2, err
+				}
+				v, err := strconv.ParseUint(rest[0], 0, 64)
+				if err != nil {
+					return 2, usagef("core files: %q is neither a PID nor a task_struct address", rest[0])
+				}
+				req.Which = v
 			case "p":
 				if len(rest) == 0 {
 					return 2, usagef("core p: want an expression")
@@ -192,6 +208,13 @@ var coreCommand = &command{
 					return 2, usagef("core list: -H HEAD names the list_head to start at")
 				}
 				req.TypeName, req.Head, req.Members = rest[0], *head, *show
+			case "kmem":
+				// crash's spelling of whattype.
+				cmd, req.Command = "whattype", "whattype"
+				if err := nargs(1, 1); err != nil {
+					return 2, err
+				}
+				req.Arg = rest[0]
 			case "sym", "dis", "whattype":
 				if err := nargs(1, 1); err != nil {
 					return 2, err

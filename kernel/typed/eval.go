@@ -1,6 +1,7 @@
 package typed
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -649,4 +650,55 @@ func TypeString(t btf.Type) string {
 		return n
 	}
 	return fmt.Sprintf("%T", t)
+}
+
+// Object is the object of type t at addr: what Member, Deref and the
+// readers below take, for Go code that walks kernel structures.
+func Object(t btf.Type, addr uint64) Value { return Value{Type: t, Addr: addr, InMem: true} }
+
+// Member is v's member at path (a.b.c), through anonymous members.
+func (e *Env) Member(v Value, path string) (Value, error) {
+	for _, name := range strings.Split(path, ".") {
+		var err error
+		if v, err = e.member(v, name, ident{name: TypeString(v.Type)}); err != nil {
+			return Value{}, err
+		}
+	}
+	return v, nil
+}
+
+// Deref is *v for a pointer v (an error for NULL).
+func (e *Env) Deref(v Value) (Value, error) {
+	return e.deref(v, ident{name: TypeString(v.Type)})
+}
+
+// Uint is v's value as a number: an integer, enum, bool or pointer.
+func (e *Env) Uint(v Value) (uint64, error) { return e.scalar(v) }
+
+// String is the NUL-terminated string v points to or holds (a char
+// array, or a char pointer), at most max bytes.
+func (e *Env) String(v Value, max int) (string, error) {
+	a, err := e.Address(v)
+	if err != nil {
+		return "", err
+	}
+	if arr, ok := btf.UnderlyingType(v.Type).(*btf.Array); ok && int(arr.Nelems) < max {
+		max = int(arr.Nelems)
+	}
+	var out []byte
+	buf := make([]byte, 64)
+	for len(out) < max {
+		// Up to the page's end at most: a short string may end just
+		// before an unmapped page.
+		at := a + uint64(len(out))
+		n := min(len(buf), max-len(out), int(4096-at%4096))
+		if err := e.Mem.Read(at, buf[:n]); err != nil {
+			return string(out), err
+		}
+		if i := bytes.IndexByte(buf[:n], 0); i >= 0 {
+			return string(append(out, buf[:i]...)), nil
+		}
+		out = append(out, buf[:n]...)
+	}
+	return string(out), nil
 }

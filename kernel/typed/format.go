@@ -266,28 +266,61 @@ func flatten(ms []Node) []Node {
 	return out
 }
 
-// ListEntries walks the list_head at head (its address) and returns the
-// address of each struct of type t whose member path holds the entry,
-// in list order: at most limit entries, and a loop that does not come
-// back to head is an error that says where it closed.
+// ListEntries walks the list at head (its address) and returns the
+// address of each struct of type t whose member path links it, in list
+// order. What head is follows from the member's type: a struct
+// list_head member is linked from a list_head (the walk ends back at
+// head), an hlist_node from an hlist_head (it ends at NULL), an rb_node
+// from an rb_root or rb_root_cached (in order). At most limit entries;
+// a list that loops or breaks is an error that says where, with the
+// entries read before it.
 func (e *Env) ListEntries(head uint64, t btf.Type, path string, limit int) ([]uint64, error) {
 	off, err := offsetOf(t, path)
 	if err != nil {
 		return nil, err
 	}
-	if m, err := memberType(t, path); err == nil {
-		if s, ok := btf.UnderlyingType(m).(*btf.Struct); !ok || s.Name != "list_head" {
-			return nil, fmt.Errorf("%s.%s is a %s, not a struct list_head", TypeString(t), path, TypeString(m))
-		}
+	m, err := memberType(t, path)
+	if err != nil {
+		return nil, err
 	}
+	var nodes []uint64
+	switch s, _ := btf.UnderlyingType(m).(*btf.Struct); {
+	case s != nil && s.Name == "list_head":
+		nodes, err = e.listNodes(head, limit)
+	case s != nil && s.Name == "hlist_node":
+		nodes, err = e.hlistNodes(head, limit)
+	case s != nil && s.Name == "rb_node":
+		var root uint64
+		if root, err = e.readPtr(head); err == nil {
+			nodes, err = e.RBNodes(root, limit)
+		}
+	default:
+		return nil, fmt.Errorf("%s.%s is a %s, not a struct list_head, hlist_node or rb_node", TypeString(t), path, TypeString(m))
+	}
+	out := make([]uint64, len(nodes))
+	for i, n := range nodes {
+		out[i] = n - off
+	}
+	return out, err
+}
+
+func (e *Env) readPtr(a uint64) (uint64, error) {
+	b := make([]byte, 8)
+	if err := e.Mem.Read(a, b); err != nil {
+		return 0, err
+	}
+	return leUint64(b), nil
+}
+
+// listNodes are the list_heads after head, up to head again.
+func (e *Env) listNodes(head uint64, limit int) ([]uint64, error) {
 	seen := map[uint64]bool{head: true}
 	var out []uint64
-	b := make([]byte, 8)
 	for at := head; ; {
-		if err := e.Mem.Read(at, b); err != nil {
+		next, err := e.readPtr(at)
+		if err != nil {
 			return out, fmt.Errorf("list entry %d: next at %#x: %w", len(out), at, err)
 		}
-		next := leUint64(b)
 		if next == head {
 			return out, nil
 		}
@@ -301,9 +334,63 @@ func (e *Env) ListEntries(head uint64, t btf.Type, path string, limit int) ([]ui
 			return out, fmt.Errorf("more than %d entries: stopped", limit)
 		}
 		seen[next] = true
-		out = append(out, next-off)
+		out = append(out, next)
 		at = next
 	}
+}
+
+// hlistNodes are the hlist_nodes from the hlist_head at head (first),
+// each's next up to NULL.
+func (e *Env) hlistNodes(head uint64, limit int) ([]uint64, error) {
+	seen := map[uint64]bool{}
+	var out []uint64
+	next, err := e.readPtr(head)
+	for ; err == nil && next != 0; next, err = e.readPtr(next) {
+		if seen[next] {
+			return out, fmt.Errorf("the hlist loops back to %#x after %d entries", next, len(out))
+		}
+		if len(out) == limit {
+			return out, fmt.Errorf("more than %d entries: stopped", limit)
+		}
+		seen[next] = true
+		out = append(out, next)
+	}
+	if err != nil {
+		return out, fmt.Errorf("hlist entry %d: %w", len(out), err)
+	}
+	return out, nil
+}
+
+// RBNodes are the nodes of the rb-tree whose root node is root, in
+// order (struct rb_node: __rb_parent_color, rb_right, rb_left); at most
+// limit, and a node met twice is an error.
+func (e *Env) RBNodes(root uint64, limit int) ([]uint64, error) {
+	var out, stack []uint64
+	seen := map[uint64]bool{}
+	b := make([]byte, 24)
+	for n := root; n != 0 || len(stack) > 0; {
+		for n != 0 {
+			if seen[n] {
+				return out, fmt.Errorf("rb-tree node %#x seen twice: not a tree", n)
+			}
+			if len(seen) == limit {
+				return out, fmt.Errorf("more than %d nodes: stopped", limit)
+			}
+			seen[n] = true
+			stack = append(stack, n)
+			if err := e.Mem.Read(n, b); err != nil {
+				return out, err
+			}
+			n = leUint64(b[16:]) // rb_left
+		}
+		n, stack = stack[len(stack)-1], stack[:len(stack)-1]
+		out = append(out, n)
+		if err := e.Mem.Read(n, b); err != nil {
+			return out, err
+		}
+		n = leUint64(b[8:]) // rb_right
+	}
+	return out, nil
 }
 
 func memberType(t btf.Type, path string) (btf.Type, error) {

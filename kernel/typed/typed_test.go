@@ -296,3 +296,64 @@ func TestListEntries(t *testing.T) {
 		t.Errorf("a loop: %v", err)
 	}
 }
+
+// node writes an rb_node at a: parent-color, right, left.
+func (m memory) node(a, right, left uint64) {
+	var b [24]byte
+	binary.LittleEndian.PutUint64(b[8:], right)
+	binary.LittleEndian.PutUint64(b[16:], left)
+	for i, v := range b {
+		m[a+uint64(i)] = v
+	}
+}
+
+// The tree
+//
+//	        0x400
+//	       /     \
+//	    0x200   0x500
+//	   /     \
+//	0x100   0x300
+//
+// in order is 0x100 … 0x500; a node that points back up is refused.
+func TestRBNodes(t *testing.T) {
+	m := memory{}
+	m.node(0x400, 0x500, 0x200)
+	m.node(0x200, 0x300, 0x100)
+	m.node(0x100, 0, 0)
+	m.node(0x300, 0, 0)
+	m.node(0x500, 0, 0)
+	e := &Env{Mem: m}
+	got, err := e.RBNodes(0x400, 100)
+	if err != nil || fmt.Sprint(got) != "[256 512 768 1024 1280]" {
+		t.Errorf("in order: %v, %v", got, err)
+	}
+	if got, err := e.RBNodes(0, 100); err != nil || len(got) != 0 {
+		t.Errorf("empty tree: %v, %v", got, err)
+	}
+	m.node(0x300, 0, 0x400) // 0x300's left is the root: a cycle
+	if _, err := e.RBNodes(0x400, 100); err == nil || !strings.Contains(err.Error(), "seen twice") {
+		t.Errorf("a cycle: %v", err)
+	}
+	delete(m, 0x500)
+	m.node(0x300, 0, 0)
+	if _, err := e.RBNodes(0x400, 100); err == nil || !strings.Contains(err.Error(), "not in the dump") {
+		t.Errorf("an unreadable node: %v", err)
+	}
+}
+
+// An hlist: head → 0x100 → 0x200 → NULL; a loop is refused.
+func TestHlistNodes(t *testing.T) {
+	m := memory{}
+	m.u64(0x10, 0x100)
+	m.u64(0x100, 0x200)
+	m.u64(0x200, 0)
+	e := &Env{Mem: m}
+	if got, err := e.hlistNodes(0x10, 10); err != nil || fmt.Sprint(got) != "[256 512]" {
+		t.Errorf("hlist: %v, %v", got, err)
+	}
+	m.u64(0x200, 0x100)
+	if _, err := e.hlistNodes(0x10, 10); err == nil || !strings.Contains(err.Error(), "loops back to 0x100") {
+		t.Errorf("a loop: %v", err)
+	}
+}

@@ -41,7 +41,7 @@ func TestKcoreLive(t *testing.T) {
 		return out.Bytes()
 	}
 	pid, err := strconv.Atoi(strings.TrimSpace(gsh(t, ctx, `mkdir -p /tmp/kinst-kcore-dir && cd /tmp/kinst-kcore-dir &&
-setsid sh -c 'echo $$ > /tmp/kinst-kcore.pid; exec 3>held; exec sleep 3000' </dev/null >/dev/null 2>&1 &
+setsid sh -c 'echo $$ > /tmp/kinst-kcore.pid; exec 3>held; rm -f fifo; mkfifo fifo; exec 4<>fifo; exec sleep 3000' </dev/null >/dev/null 2>&1 &
 sleep 0.5; cat /tmp/kinst-kcore.pid`)))
 	if err != nil {
 		t.Fatal(err)
@@ -96,6 +96,8 @@ sleep 0.5; cat /tmp/kinst-kcore.pid`)))
 	})
 	t.Run("findlocks", func(t *testing.T) { checkLiveFindLocks(t, ctx, gk) })
 	t.Run("typed", func(t *testing.T) { checkLiveTyped(t, ctx, gk, pid) })
+	t.Run("files", func(t *testing.T) { checkLiveFiles(t, ctx, gk, pid) })
+	t.Run("mount", func(t *testing.T) { checkLiveMount(t, ctx, gk) })
 	t.Run("log", func(t *testing.T) {
 		var lg struct {
 			Records []struct {
@@ -498,6 +500,55 @@ func checkLiveTyped(t *testing.T, ctx context.Context, gk func(*testing.T, ...st
 			t.Errorf("%q; want %q", out, want)
 		}
 	}
+	// An rb-tree: the busy vmap areas, which /proc/vmallocinfo lists
+	// (its addresses hidden from the agent: compared by size, each size
+	// as often in the tree as in the file before and after).
+	vmalloc := func() map[string]int {
+		m := map[string]int{}
+		for _, line := range strings.Split(gsh(t, ctx, "cat /proc/vmallocinfo"), "\n") {
+			// Lazily freed areas ("unpurged vm_area") wait in
+			// another tree.
+			if f := strings.Fields(line); len(f) >= 2 && strings.HasPrefix(f[0], "0x") && !strings.Contains(line, "unpurged") {
+				m[f[1]]++
+			}
+		}
+		return m
+	}
+	v1 := vmalloc()
+	var areas []struct {
+		Members []struct {
+			Value uint64 `json:"value"`
+		} `json:"members"`
+	}
+	if err := json.Unmarshal(gk(t, "list", "vmap_area.rb_node", "-H", "vmap_area_root", "-s", "va_start,va_end", "--json"), &areas); err != nil {
+		t.Fatal(err)
+	}
+	v2 := vmalloc()
+	inTree := map[string]int{}
+	var last uint64
+	for _, a := range areas {
+		if len(a.Members) != 2 {
+			t.Fatalf("list -s va_start,va_end: %+v", a)
+		}
+		lo, hi := a.Members[0].Value, a.Members[1].Value
+		if lo <= last || hi <= lo {
+			t.Errorf("vmap area [%#x, %#x) after one at %#x: not in order", lo, hi, last)
+		}
+		last = lo
+		inTree[strconv.FormatUint(hi-lo, 10)]++
+	}
+	short, total := 0, 0
+	for size, n := range v1 {
+		n = min(n, v2[size])
+		total += n
+		if inTree[size] < n {
+			short += n - inTree[size]
+		}
+	}
+	if short > 0 || total == 0 {
+		t.Errorf("vmap_area_root: %d areas; %d of /proc/vmallocinfo's %d (by size, there before and after) not in it", len(areas), short, total)
+	}
+	t.Logf("rb-tree vmap_area_root: %d areas in order; /proc/vmallocinfo lists %d", len(areas), total)
 	for _, bad := range []struct {
 		args   []string
 		saying string
@@ -513,5 +564,69 @@ func checkLiveTyped(t *testing.T, ctx context.Context, gk func(*testing.T, ...st
 		if err != nil || code != 1 || !strings.Contains(errb.String(), bad.saying) {
 			t.Errorf("kinst core /proc/kcore %s: status %d, %v, %q; want status 1 saying %q", strings.Join(bad.args, " "), code, err, errb.String(), bad.saying)
 		}
+	}
+}
+
+// checkLiveFiles: files of a process with /dev/null, a file and a FIFO
+// held open lists each descriptor with the target /proc/PID/fd gives,
+// the held file as a regular file and the FIFO as one.
+func checkLiveFiles(t *testing.T, ctx context.Context, gk func(*testing.T, ...string) []byte, pid int) {
+	want := map[int]string{}
+	for _, line := range strings.Split(strings.TrimSpace(gsh(t, ctx, fmt.Sprintf(`for f in /proc/%d/fd/*; do echo "${f##*/} $(readlink $f)"; done`, pid))), "\n") {
+		fd, target, _ := strings.Cut(line, " ")
+		n, err := strconv.Atoi(fd)
+		if err != nil {
+			t.Fatalf("/proc/%d/fd: %q", pid, line)
+		}
+		want[n] = target
+	}
+	var rep struct {
+		PID   int `json:"pid"`
+		Files []struct {
+			FD   int    `json:"fd"`
+			Type string `json:"type"`
+			Path string `json:"path"`
+		} `json:"files"`
+	}
+	if err := json.Unmarshal(gk(t, "files", strconv.Itoa(pid), "--json"), &rep); err != nil {
+		t.Fatal(err)
+	}
+	got := map[int]string{}
+	for _, f := range rep.Files {
+		got[f.FD] = f.Path
+		if f.FD == 3 && f.Type != "REG" || f.FD == 4 && f.Type != "FIFO" {
+			t.Errorf("fd %d: type %q, want REG for 3, FIFO for 4", f.FD, f.Type)
+		}
+	}
+	if rep.PID != pid || fmt.Sprint(got) != fmt.Sprint(want) || want[3] != "/tmp/kinst-kcore-dir/held" {
+		t.Errorf("files %d: %v\n/proc/%d/fd: %v", pid, got, pid, want)
+	}
+}
+
+// checkLiveMount: mount lists the mounts of /proc/mounts: device, mount
+// point and file system type, in the same order.
+func checkLiveMount(t *testing.T, ctx context.Context, gk func(*testing.T, ...string) []byte) {
+	var want []string
+	for _, line := range strings.Split(strings.TrimSpace(gsh(t, ctx, "cat /proc/mounts")), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 3 {
+			want = append(want, f[0]+" "+f[1]+" "+f[2])
+		}
+	}
+	var ms []struct {
+		Type   string `json:"type"`
+		Device string `json:"device"`
+		Dir    string `json:"dir"`
+		Error  string `json:"error"`
+	}
+	if err := json.Unmarshal(gk(t, "mount", "--json"), &ms); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, m := range ms {
+		got = append(got, m.Device+" "+m.Dir+" "+m.Type)
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("mount:\n%s\n/proc/mounts:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
