@@ -305,11 +305,7 @@ func CoreFiles(k *core.Kernel, which uint64, asJSON bool, w io.Writer) error {
 	tw := newTable(w, 0, 8, 2, ' ', 0)
 	fmt.Fprintln(tw, " FD\tFILE\tDENTRY\tINODE\tTYPE\tPATH")
 	for _, f := range fs {
-		p := f.Path
-		if f.Error != "" {
-			p += " <" + f.Error + ">"
-		}
-		fmt.Fprintf(tw, "%3d\t%s\t%s\t%s\t%s\t%s\n", f.FD, f.File, f.Dentry, f.Inode, f.Type, p)
+		fmt.Fprintf(tw, "%3d\t%s\t%s\t%s\t%s\t%s\n", f.FD, f.File, f.Dentry, f.Inode, f.Type, withError(f.Path, f.Error))
 	}
 	return tw.Flush()
 }
@@ -356,11 +352,7 @@ func CoreMount(k *core.Kernel, asJSON bool, w io.Writer) error {
 	tw := newTable(w, 0, 8, 2, ' ', 0)
 	fmt.Fprintln(tw, "MOUNT\tSUPERBLK\tTYPE\tDEVNAME\tDIRNAME")
 	for _, m := range ms {
-		dir := m.Dir
-		if m.Error != "" {
-			dir += " <" + m.Error + ">"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", m.Mount, m.SuperBlock, m.Type, m.Device, dir)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", m.Mount, m.SuperBlock, m.Type, m.Device, withError(m.Dir, m.Error))
 	}
 	return tw.Flush()
 }
@@ -386,4 +378,13 @@ func findTask(k *core.Kernel, which uint64) (core.Task, error) {
 		}
 	}
 	return core.Task{}, fmt.Errorf("no task has pid or address %d (%#x)", which, which)
+}
+
+// withError is s, then why it is incomplete in angle brackets, as crash
+// marks what it could not read.
+func withError(s, why string) string {
+	if why == "" {
+		return s
+	}
+	return s + " <" + why + ">"
 }

@@ -219,6 +219,7 @@ func checkCore(t *testing.T, ctx context.Context, g *livetest.VM) {
 		name, _, _ := strings.Cut(f[1], "+")
 		want = append(want, name)
 	}
+	mounts := g.Sh(t, ctx, "cat /proc/mounts")
 	path := filepath.Join(g.Scratch, "compat.elf")
 	if err := g.Dump(path, "elf"); err != nil {
 		t.Fatalf("dump: %v", err)
@@ -246,6 +247,27 @@ func checkCore(t *testing.T, ctx context.Context, g *livetest.VM) {
 	p, _ := strconv.Atoi(pid)
 	if comms[p] != "sleep" || comms[1] != "init" || comms[2] != "kthreadd" {
 		t.Errorf("core ps: pid %d is %q, 1 is %q, 2 is %q; want sleep, init, kthreadd (%d tasks)", p, comms[p], comms[1], comms[2], len(ps.Tasks))
+	}
+	// The mount table: mnt_namespace.list before 6.8, an rb-tree after.
+	out, err = exec.CommandContext(ctx, kinst, "core", path, "mount", "--json").Output()
+	if err != nil {
+		t.Fatalf("core mount: %v", err)
+	}
+	var ms []struct{ Type, Device, Dir string }
+	if err := json.Unmarshal(out, &ms); err != nil {
+		t.Fatal(err)
+	}
+	var gotMounts, wantMounts []string
+	for _, m := range ms {
+		gotMounts = append(gotMounts, m.Device+" "+m.Dir+" "+m.Type)
+	}
+	for _, l := range strings.Split(strings.TrimSpace(mounts), "\n") {
+		if f := strings.Fields(l); len(f) >= 3 {
+			wantMounts = append(wantMounts, f[0]+" "+f[1]+" "+f[2])
+		}
+	}
+	if strings.Join(gotMounts, "\n") != strings.Join(wantMounts, "\n") {
+		t.Errorf("core mount:\n%s\n/proc/mounts:\n%s", strings.Join(gotMounts, "\n"), strings.Join(wantMounts, "\n"))
 	}
 	out, err = exec.CommandContext(ctx, kinst, "core", path, "bt", pid, "--json").Output()
 	if err != nil {
