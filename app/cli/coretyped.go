@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 
 	"github.com/cilium/ebpf/btf"
 
 	"github.com/kinst/kinst/core"
+	"github.com/kinst/kinst/core/typeid"
 	"github.com/kinst/kinst/core/vfs"
 	"github.com/kinst/kinst/debuginfo"
 	"github.com/kinst/kinst/kernel/typed"
@@ -45,7 +47,8 @@ func typedEnv(k *core.Kernel, vmlinux string) (*typed.Env, func(), error) {
 			}
 			return name, true
 		},
-		PerCPU: k.PerCPUAddr,
+		PerCPU:   k.PerCPUAddr,
+		Describe: describer(k),
 	}
 	done := func() {}
 	if vmlinux != "" && hasDWARF(vmlinux) {
@@ -387,4 +390,51 @@ func withError(s, why string) string {
 		return s
 	}
 	return s + " <" + why + ">"
+}
+
+// describer says what a heap address is, as whattype does from its cache
+// alone (no type graph): "task_struct+0x10", "kmalloc-64 object+0x8",
+// "stack of pid 42". The heap is walked on the first pointer that needs
+// it, once.
+func describer(k *core.Kernel) func(uint64) (string, bool) {
+	var once sync.Once
+	var id *typeid.Identifier
+	return func(a uint64) (string, bool) {
+		if a < kernelHalf {
+			return "", false
+		}
+		once.Do(func() {
+			if h, err := openHeap(k); err == nil {
+				id, _ = typeid.New(kernelView{k}, h)
+			}
+		})
+		if id == nil {
+			return "", false
+		}
+		r, err := id.WhatType(a)
+		if err != nil {
+			return "", false
+		}
+		switch {
+		case r.Kind == typeid.KindStack && r.Task != nil:
+			return fmt.Sprintf("stack of pid %d", r.Task.PID), true
+		case r.Kind != typeid.KindSlab || r.Cache == nil:
+			return "", false
+		}
+		off := int64(0)
+		if r.Offset != nil {
+			off = *r.Offset
+		}
+		what := *r.Cache + " object"
+		if r.Type != nil {
+			what = *r.Type
+		}
+		if off != 0 {
+			what += fmt.Sprintf("+%#x", off)
+		}
+		if r.State != nil && *r.State == "free" {
+			what += ", free"
+		}
+		return what, true
+	}
 }

@@ -28,6 +28,9 @@ type Env struct {
 	Symbol func(name string) (uint64, bool)
 	// SymbolAt names an address as SYM+0xOFF, for pointers; nil: none.
 	SymbolAt func(addr uint64) (string, bool)
+	// Describe says what a pointer that names no symbol points to (a
+	// heap object, a task's stack: whattype's answer); nil: nothing.
+	Describe func(addr uint64) (string, bool)
 	// VarType is the declared type of a global variable that BTF does not
 	// describe (BTF gives the types of per-CPU variables only): from a
 	// debug vmlinux's DWARF. Nil: such variables need a cast.

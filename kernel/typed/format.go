@@ -25,6 +25,7 @@ type Node struct {
 	Value    any    `json:"value,omitempty"`
 	Pointer  string `json:"pointer,omitempty"` // a pointer's value, hex
 	Symbol   string `json:"symbol,omitempty"`  // what a pointer points to, SYM+0xOFF
+	What     string `json:"what,omitempty"`    // else what it points to: whattype's answer
 	Members  []Node `json:"members,omitempty"`
 	Elements []Node `json:"elements,omitempty"`
 	More     int    `json:"more,omitempty"`  // elements left out (MaxElements)
@@ -121,6 +122,9 @@ func (e *Env) scalarNode(n *Node, v Value) {
 					n.Symbol = s
 				}
 			}
+			if x != 0 && n.Symbol == "" && e.Describe != nil {
+				n.What, _ = e.Describe(x)
+			}
 		}
 	case *btf.FuncProto, *btf.Func:
 		n.Address = fmt.Sprintf("%#x", v.Addr)
@@ -208,6 +212,9 @@ func writeNode(b *strings.Builder, n Node, depth int) {
 		b.WriteString(n.Pointer)
 		if n.Symbol != "" {
 			b.WriteString(" <" + n.Symbol + ">")
+		}
+		if n.What != "" {
+			b.WriteString(" [" + n.What + "]")
 		}
 	case n.Value != nil:
 		switch v := n.Value.(type) {

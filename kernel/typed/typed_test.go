@@ -265,6 +265,17 @@ func TestWrite(t *testing.T) {
 	if want := "{\n  comm = \"task0\",\n  tasks.next = 0x2018,\n  pid = 0,\n}\n"; b.String() != want {
 		t.Errorf("-m comm,tasks.next,pid:\n%s\nwant\n%s", b.String(), want)
 	}
+	// A pointer that names no symbol says what it points to.
+	e.Describe = func(a uint64) (string, bool) { return fmt.Sprintf("task+%#x", a&0xfff), a&0xfff != 0 }
+	b.Reset()
+	Write(&b, e.Tree("", mustEval(t, e, "init_task.tasks")))
+	if want := "{\n  next = 0x2018 [task+0x18],\n  prev = 0x3018 [task+0x18],\n}\n"; b.String() != want {
+		t.Errorf("described pointers:\n%s\nwant\n%s", b.String(), want)
+	}
+	if p := e.Tree("", mustEval(t, e, "init_task.parent")); p.Symbol != "init_task+0x0" || p.What != "" {
+		t.Errorf("a pointer to a symbol: %+v; want the symbol only", p)
+	}
+	e.Describe = nil
 	if _, err := Select(e.Tree("", v), []string{"tasks.nope"}); err == nil || !strings.Contains(err.Error(), "struct list_head has no member nope") {
 		t.Errorf("bad -m path: %v", err)
 	}
@@ -356,4 +367,13 @@ func TestHlistNodes(t *testing.T) {
 	if _, err := e.hlistNodes(0x10, 10); err == nil || !strings.Contains(err.Error(), "loops back to 0x100") {
 		t.Errorf("a loop: %v", err)
 	}
+}
+
+func mustEval(t *testing.T, e *Env, expr string) Value {
+	t.Helper()
+	v, err := e.Eval(expr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
 }

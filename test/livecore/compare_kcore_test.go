@@ -494,6 +494,20 @@ func checkLiveTyped(t *testing.T, ctx context.Context, gk func(*testing.T, ...st
 	if len(st.Members) != 3 || st.Members[0].Value != float64(pid) || st.Members[1].Value != float64(pid) || st.Members[2].Value != "sleep" {
 		t.Errorf("struct task_struct %s -m pid,tgid,comm: %+v; want %d, %d, sleep", addrOf[pid], st.Members, pid, pid)
 	}
+	// A pointer into the heap says what it points to: the parent's
+	// task_struct, from its cache.
+	var parent struct {
+		Members []struct {
+			Pointer string `json:"pointer"`
+			What    string `json:"what"`
+		} `json:"members"`
+	}
+	if err := json.Unmarshal(gk(t, "struct", "task_struct", addrOf[pid], "-m", "real_parent", "--json"), &parent); err != nil {
+		t.Fatal(err)
+	}
+	if len(parent.Members) != 1 || parent.Members[0].What != "task_struct" {
+		t.Errorf("struct task_struct %s -m real_parent: %+v; want a pointer to a task_struct", addrOf[pid], parent.Members)
+	}
 	for cpu := range 2 {
 		out := strings.TrimSpace(string(gk(t, "p", fmt.Sprintf("per_cpu(runqueues, %d).cpu", cpu))))
 		if want := fmt.Sprintf("per_cpu(runqueues, %d).cpu = %d", cpu, cpu); out != want {
