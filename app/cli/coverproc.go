@@ -78,11 +78,19 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 	seen := map[uint64]bool{}
 	var lists [][]process.CoverTarget
 	var pending []string // LIB:… targets whose library is not loaded yet
+	var unmatched []error // globs that matched nothing, beside other targets
 	for _, target := range o.Targets {
 		fns, err := tg.Functions(target)
 		if errors.Is(err, process.ErrNoLibrary) {
 			pending = append(pending, target)
 			fmt.Fprintf(env.Err, "kinst: %s: the library is not loaded yet; its probes are armed when the process loads it (kinst looks every %s: what runs before is not seen)\n", target, cover.Poll)
+			continue
+		}
+		if errors.Is(err, process.ErrNoFunction) && strings.ContainsAny(target, "*?[") && len(o.Targets)+len(o.Callees) > 1 {
+			// A glob over one object (the executable's '*' when it is
+			// stripped) matching nothing does not stop the others.
+			unmatched = append(unmatched, err)
+			fmt.Fprintf(env.Err, "kinst: warning: %v\n", err)
 			continue
 		}
 		if err != nil {
@@ -96,6 +104,9 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 			return fail(err)
 		}
 		lists = append(lists, fns)
+	}
+	if len(lists) == 0 && len(pending) == 0 && len(unmatched) > 0 {
+		return fail(errors.Join(unmatched...))
 	}
 	add := func(fns []process.CoverTarget) (n int) {
 		for _, ct := range fns {

@@ -206,6 +206,16 @@ func TestCoverProcessBadInput(t *testing.T) {
 	if _, err := CoverProcess(context.Background(), 0, CoverOptions{Targets: []string{"wo[rk"}, Command: []string{bin}}, env); err == nil || !strings.Contains(err.Error(), "pattern") {
 		t.Errorf("bad glob: %v", err)
 	}
+	// A glob matching nothing beside a target that matches is a warning;
+	// every glob matching nothing is still an error.
+	errb.Reset()
+	if _, err := CoverProcess(context.Background(), 0, CoverOptions{Targets: []string{"no_such_*", "work"}, Command: []string{bin}}, env); err != nil ||
+		!strings.Contains(errb.String(), "warning: no such function in the process: no_such_*") {
+		t.Errorf("a glob matching nothing beside work: %v, %q; want a warning", err, errb.String())
+	}
+	if _, err := CoverProcess(context.Background(), 0, CoverOptions{Targets: []string{"no_such_*", "nor_this_*"}, Command: []string{bin}}, env); !errors.Is(err, process.ErrNoFunction) {
+		t.Errorf("two globs matching nothing: %v, want ErrNoFunction", err)
+	}
 }
 
 // TestCoverProcessGo covers a Go program started with -- CMD: its
