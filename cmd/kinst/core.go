@@ -122,7 +122,7 @@ var coreCommand = &command{
 		live := fs.Bool("live", false, "read the running kernel's memory (/proc/kcore, as root) instead of a dump: DUMP is left out")
 		maxFrames := fs.Int("max-frames", 0, "bt: stop a stack after `N` frames (0: no limit; a cycle of frames still ends it)")
 		members := fs.StringSliceP("members", "m", nil, "struct: print only the members `M,…` (paths such as se.vruntime)")
-		head := fs.StringP("head", "H", "", "list: the list_head the list starts at: an `EXPR` (init_task.tasks, a symbol, an address)")
+		head := fs.StringP("head", "H", "", "list: where the list starts (a list_head, hlist_head or rb_root, as MEMBER's type says): an `EXPR` (init_task.tasks, a symbol, an address)")
 		show := fs.StringSliceP("show", "s", nil, "list: print the members `M,…` of each entry")
 		graph := fs.Bool("graph", true, "whattype: type an object its cache does not by the type graph (kmalloc and merged caches); --graph=false: the cache's type only")
 		return func(ctx context.Context, inv invocation) (int, error) {
