@@ -77,7 +77,7 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 	}
 	seen := map[uint64]bool{}
 	var lists [][]process.CoverTarget
-	var pending []string // LIB:… targets whose library is not loaded yet
+	var pending []string  // LIB:… targets whose library is not loaded yet
 	var unmatched []error // globs that matched nothing, beside other targets
 	for _, target := range o.Targets {
 		fns, err := tg.Functions(target)
