@@ -163,13 +163,14 @@ type freeMany interface {
 // has hooks are freed alone, timed. The caller holds e.mu.
 func (e *Engine) freeRetired() (freed []bool) {
 	freed = make([]bool, len(e.retired))
+	fm, many := e.dev.(freeMany)
 	var batch []uint64
 	var at []int
 	for i, r := range e.retired {
 		if r.patch == 0 {
 			continue
 		}
-		if _, ok := e.dev.(freeMany); !ok || r.hooks != nil {
+		if !many || r.hooks != nil {
 			err := timed(r.hooks, StepFree, func() error { return e.freePatch(r.patch) })
 			e.noteFree(r.patch, err)
 			freed[i] = err == nil
@@ -178,7 +179,7 @@ func (e *Engine) freeRetired() (freed []bool) {
 		batch, at = append(batch, r.patch), append(at, i)
 	}
 	if len(batch) > 0 {
-		for j, err := range e.dev.(freeMany).PatchFreeMany(batch) {
+		for j, err := range fm.PatchFreeMany(batch) {
 			e.noteFree(batch[j], err)
 			freed[at[j]] = err == nil
 		}

@@ -289,10 +289,11 @@ func CoreFiles(k *core.Kernel, which uint64, asJSON bool, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	r, err := vfsReader(k)
+	r, _, done, err := vfsReader(k)
 	if err != nil {
 		return err
 	}
+	defer done()
 	fs, err := r.Files(t.Addr)
 	if err != nil {
 		return fmt.Errorf("files of pid %d: %w", t.PID, err)
@@ -317,11 +318,7 @@ func CoreFiles(k *core.Kernel, which uint64, asJSON bool, w io.Writer) error {
 // namespace (the first task's, else init_task's), as crash's mount
 // prints them.
 func CoreMount(k *core.Kernel, asJSON bool, w io.Writer) error {
-	r, err := vfsReader(k)
-	if err != nil {
-		return err
-	}
-	e, done, err := typedEnv(k, "")
+	r, e, done, err := vfsReader(k)
 	if err != nil {
 		return err
 	}
@@ -360,13 +357,19 @@ func CoreMount(k *core.Kernel, asJSON bool, w io.Writer) error {
 	return tw.Flush()
 }
 
-// vfsReader is the file and mount reader of k.
-func vfsReader(k *core.Kernel) (*vfs.Reader, error) {
-	e, _, err := typedEnv(k, "")
+// vfsReader is the file and mount reader of k, and the typed view it
+// reads through.
+func vfsReader(k *core.Kernel) (*vfs.Reader, *typed.Env, func(), error) {
+	e, done, err := typedEnv(k, "")
 	if err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
-	return vfs.New(e)
+	r, err := vfs.New(e)
+	if err != nil {
+		done()
+		return nil, nil, nil, err
+	}
+	return r, e, done, nil
 }
 
 // findTask is the task with pid which, or whose task_struct is at which.

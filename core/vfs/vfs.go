@@ -14,6 +14,7 @@
 package vfs
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -60,6 +61,7 @@ type Reader struct {
 	e                                 *typed.Env
 	task, file, mount, ns, dentry, sb btf.Type
 	fdtable                           btf.Type
+	mntOff                            uint64 // of the vfsmount in struct mount
 }
 
 // New prepares a reader over e; it fails if BTF lacks the structs.
@@ -74,7 +76,28 @@ func New(e *typed.Env) (*Reader, error) {
 			return nil, err
 		}
 	}
+	var err error
+	if r.mntOff, err = typed.OffsetOf(r.mount, "mnt"); err != nil {
+		return nil, err
+	}
 	return r, nil
+}
+
+// follow is the member path of v, each "->" a pointer followed on the
+// way: "f_inode->i_mode".
+func (r *Reader) follow(v typed.Value, path string) (typed.Value, error) {
+	for i, part := range strings.Split(path, "->") {
+		var err error
+		if i > 0 {
+			if v, err = r.e.Deref(v); err != nil {
+				return typed.Value{}, err
+			}
+		}
+		if v, err = r.e.Member(v, part); err != nil {
+			return typed.Value{}, err
+		}
+	}
+	return v, nil
 }
 
 // ptr is the pointer at path in v.
@@ -122,7 +145,7 @@ func (r *Reader) Files(task uint64) ([]File, error) {
 	}
 	var out []File
 	for i := range int(n) {
-		f := le64(ptrs[8*i:])
+		f := binary.LittleEndian.Uint64(ptrs[8*i:])
 		if f == 0 {
 			continue
 		}
@@ -143,11 +166,9 @@ func (r *Reader) fileAt(fd int, f uint64) File {
 		return out
 	}
 	out.Dentry, out.Inode = hex(dentry), hex(inode)
-	if inode != 0 {
-		if mode, err := r.e.Eval(fmt.Sprintf("((struct inode *)%#x)->i_mode", inode)); err == nil {
-			if m, err := r.e.Uint(mode); err == nil {
-				out.Type = fileType(m)
-			}
+	if mode, err := r.follow(fv, "f_inode->i_mode"); err == nil {
+		if m, err := r.e.Uint(mode); err == nil {
+			out.Type = fileType(m)
 		}
 	}
 	p, err := r.Path(mnt, dentry)
@@ -182,11 +203,7 @@ func fileType(mode uint64) string {
 // Path is the path of dentry in the vfsmount mnt, from the root of the
 // mount tree mnt is in, as d_path writes it (without a chroot's root).
 func (r *Reader) Path(mnt, dentry uint64) (string, error) {
-	off, err := offsetOf(r.e, r.mount, "mnt")
-	if err != nil {
-		return "", err
-	}
-	mount := mnt - off
+	mount := mnt - r.mntOff
 	var parts []string
 	for range maxDepth {
 		mv := typed.Object(r.mount, mount)
@@ -236,11 +253,11 @@ func (r *Reader) pseudoName(mount, dentry uint64) (string, error) {
 		return "", err
 	}
 	fs := ""
-	if t, err := r.e.Eval(fmt.Sprintf("((struct mount *)%#x)->mnt.mnt_sb->s_type->name", mount)); err == nil {
+	if t, err := r.follow(typed.Object(r.mount, mount), "mnt.mnt_sb->s_type->name"); err == nil {
 		fs, _ = r.e.String(t, 64)
 	}
 	ino := func() uint64 {
-		v, err := r.e.Eval(fmt.Sprintf("((struct dentry *)%#x)->d_inode->i_ino", dentry))
+		v, err := r.follow(typed.Object(r.dentry, dentry), "d_inode->i_ino")
 		if err != nil {
 			return 0
 		}
@@ -285,7 +302,7 @@ func (r *Reader) Mounts(ns uint64) ([]Mount, error) {
 		if err != nil {
 			return nil, fmt.Errorf("mnt_namespace has neither list nor mounts: %w", err)
 		}
-		off, err := offsetOf(r.e, r.mount, "mnt_node")
+		off, err := typed.OffsetOf(r.mount, "mnt_node")
 		if err != nil {
 			return nil, err
 		}
@@ -314,35 +331,21 @@ func (r *Reader) mountAt(m uint64) Mount {
 		return out
 	}
 	out.SuperBlock = hex(sb)
-	if t, err := r.e.Eval(fmt.Sprintf("((struct super_block *)%#x)->s_type->name", sb)); err == nil {
+	if t, err := r.follow(mv, "mnt.mnt_sb->s_type->name"); err == nil {
 		out.Type, _ = r.e.String(t, 64)
 	}
 	if d, err := r.e.Member(mv, "mnt_devname"); err == nil {
 		out.Device, _ = r.e.String(d, 256)
 	}
 	root, err := r.ptr(mv, "mnt.mnt_root")
-	off, err2 := offsetOf(r.e, r.mount, "mnt")
-	if err := errors.Join(err, err2); err != nil {
+	if err != nil {
 		out.Error = err.Error()
 		return out
 	}
-	if out.Dir, err = r.Path(m+off, root); err != nil {
+	if out.Dir, err = r.Path(m+r.mntOff, root); err != nil {
 		out.Error = err.Error()
 	}
 	return out
 }
 
-func offsetOf(e *typed.Env, t btf.Type, path string) (uint64, error) {
-	v, err := e.Member(typed.Object(t, 0), path)
-	if err != nil {
-		return 0, err
-	}
-	return v.Addr, nil
-}
-
 func hex(a uint64) string { return fmt.Sprintf("%#x", a) }
-
-func le64(b []byte) uint64 {
-	return uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
-		uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56
-}

@@ -1,6 +1,9 @@
 package enginetest
 
-import "sort"
+import (
+	"bytes"
+	"sort"
+)
 
 // memory is the in-memory kernel's address space: the text it was made
 // with in flat spans (a whole vmlinux is tens of megabytes: a byte map
@@ -75,8 +78,5 @@ func (m *memory) extend(addr uint64, n int, fill byte) {
 	if i == len(m.spans) || m.spans[i].addr != addr {
 		m.addSpan(addr, nil)
 	}
-	s := &m.spans[i]
-	for range n {
-		s.b = append(s.b, fill)
-	}
+	m.spans[i].b = append(m.spans[i].b, bytes.Repeat([]byte{fill}, n)...)
 }

@@ -186,7 +186,7 @@ func (e *Env) eval(n node) (Value, error) {
 		if err != nil {
 			return Value{}, err
 		}
-		off, err := offsetOf(t, n.member)
+		off, err := OffsetOf(t, n.member)
 		if err != nil {
 			return Value{}, err
 		}
@@ -596,18 +596,25 @@ func (e *Env) namedType(kind, name string) (btf.Type, error) {
 	return nil, fmt.Errorf("%w: %s", ErrNoType, what)
 }
 
-// offsetOf is the byte offset of the member path in t.
-func offsetOf(t btf.Type, path string) (uint64, error) {
+// OffsetOf is the byte offset of the member path (a.b.c) in t.
+func OffsetOf(t btf.Type, path string) (uint64, error) {
+	off, _, err := memberAt(t, path)
+	return off, err
+}
+
+// memberAt is the byte offset and type of the member path in t, through
+// anonymous members.
+func memberAt(t btf.Type, path string) (uint64, btf.Type, error) {
 	var off uint64
 	for _, name := range strings.Split(path, ".") {
 		m, ok := kbtf.Member(t, name)
 		if !ok {
-			return 0, &NoMemberError{Type: TypeString(t), Member: name}
+			return 0, nil, &NoMemberError{Type: TypeString(t), Member: name}
 		}
 		off += uint64(m.Offset / 8)
 		t = m.Type
 	}
-	return off, nil
+	return off, t, nil
 }
 
 // TypeString is t as C writes it: "struct task_struct", "char [16]",

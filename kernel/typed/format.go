@@ -1,6 +1,7 @@
 package typed
 
 import (
+	"encoding/binary"
 	"fmt"
 	"io"
 	"strconv"
@@ -8,7 +9,7 @@ import (
 
 	"github.com/cilium/ebpf/btf"
 
-	"github.com/kinst/kinst/internal/kbtf"
+	"github.com/kinst/kinst/kernel"
 )
 
 // MaxElements bounds the elements of one array that Tree expands; the
@@ -282,18 +283,17 @@ func flatten(ms []Node) []Node {
 // a list that loops or breaks is an error that says where, with the
 // entries read before it.
 func (e *Env) ListEntries(head uint64, t btf.Type, path string, limit int) ([]uint64, error) {
-	off, err := offsetOf(t, path)
-	if err != nil {
-		return nil, err
-	}
-	m, err := memberType(t, path)
+	off, m, err := memberAt(t, path)
 	if err != nil {
 		return nil, err
 	}
 	var nodes []uint64
 	switch s, _ := btf.UnderlyingType(m).(*btf.Struct); {
 	case s != nil && s.Name == "list_head":
-		nodes, err = e.listNodes(head, limit)
+		err = kernel.WalkList(e.Mem, head, 0, limit, func(n uint64) error {
+			nodes = append(nodes, n)
+			return nil
+		})
 	case s != nil && s.Name == "hlist_node":
 		nodes, err = e.hlistNodes(head, limit)
 	case s != nil && s.Name == "rb_node":
@@ -316,34 +316,7 @@ func (e *Env) readPtr(a uint64) (uint64, error) {
 	if err := e.Mem.Read(a, b); err != nil {
 		return 0, err
 	}
-	return leUint64(b), nil
-}
-
-// listNodes are the list_heads after head, up to head again.
-func (e *Env) listNodes(head uint64, limit int) ([]uint64, error) {
-	seen := map[uint64]bool{head: true}
-	var out []uint64
-	for at := head; ; {
-		next, err := e.readPtr(at)
-		if err != nil {
-			return out, fmt.Errorf("list entry %d: next at %#x: %w", len(out), at, err)
-		}
-		if next == head {
-			return out, nil
-		}
-		if next == 0 {
-			return out, fmt.Errorf("list entry %d at %#x: next is NULL", len(out), at)
-		}
-		if seen[next] {
-			return out, fmt.Errorf("the list loops back to %#x after %d entries without returning to the head", next, len(out))
-		}
-		if len(out) == limit {
-			return out, fmt.Errorf("more than %d entries: stopped", limit)
-		}
-		seen[next] = true
-		out = append(out, next)
-		at = next
-	}
+	return binary.LittleEndian.Uint64(b), nil
 }
 
 // hlistNodes are the hlist_nodes from the hlist_head at head (first),
@@ -372,7 +345,9 @@ func (e *Env) hlistNodes(head uint64, limit int) ([]uint64, error) {
 // order (struct rb_node: __rb_parent_color, rb_right, rb_left); at most
 // limit, and a node met twice is an error.
 func (e *Env) RBNodes(root uint64, limit int) ([]uint64, error) {
-	var out, stack []uint64
+	type pending struct{ node, right uint64 } // right: read on the way down
+	var out []uint64
+	var stack []pending
 	seen := map[uint64]bool{}
 	b := make([]byte, 24)
 	for n := root; n != 0 || len(stack) > 0; {
@@ -384,36 +359,18 @@ func (e *Env) RBNodes(root uint64, limit int) ([]uint64, error) {
 				return out, fmt.Errorf("more than %d nodes: stopped", limit)
 			}
 			seen[n] = true
-			stack = append(stack, n)
 			if err := e.Mem.Read(n, b); err != nil {
 				return out, err
 			}
-			n = leUint64(b[16:]) // rb_left
+			stack = append(stack, pending{n, binary.LittleEndian.Uint64(b[8:])})
+			n = binary.LittleEndian.Uint64(b[16:]) // rb_left
 		}
-		n, stack = stack[len(stack)-1], stack[:len(stack)-1]
-		out = append(out, n)
-		if err := e.Mem.Read(n, b); err != nil {
-			return out, err
-		}
-		n = leUint64(b[8:]) // rb_right
+		top := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		out = append(out, top.node)
+		n = top.right
 	}
 	return out, nil
-}
-
-func memberType(t btf.Type, path string) (btf.Type, error) {
-	for _, name := range strings.Split(path, ".") {
-		m, ok := kbtf.Member(t, name)
-		if !ok {
-			return nil, &NoMemberError{Type: TypeString(t), Member: name}
-		}
-		t = m.Type
-	}
-	return t, nil
-}
-
-func leUint64(b []byte) uint64 {
-	return uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
-		uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56
 }
 
 // LookupType finds a type written as C writes it ("struct task_struct",

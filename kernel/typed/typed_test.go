@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf/btf"
+
+	"github.com/kinst/kinst/kernel"
 )
 
 // memory is a fake kernel memory: bytes at addresses.
@@ -303,7 +305,9 @@ func TestListEntries(t *testing.T) {
 	}
 	// A loop that never returns to the head: 0x3000 → 0x2000.
 	m.u64(0x3000+24, 0x2000+24)
-	if _, err := e.ListEntries(0x1000+24, task, "tasks", 10); err == nil || !strings.Contains(err.Error(), "loops back to 0x2018") {
+	// (kernel.WalkList's error: where the loop closed.)
+	var le *kernel.ListError
+	if _, err := e.ListEntries(0x1000+24, task, "tasks", 10); !errors.As(err, &le) || le.At != 0x2018 || !strings.Contains(err.Error(), "loops back") {
 		t.Errorf("a loop: %v", err)
 	}
 }
