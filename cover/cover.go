@@ -144,7 +144,27 @@ func (s *Set) refuse(ref blockRef, why string) {
 // coverage follows from their successors' (Inferable), unless AllBlocks.
 // A block with no spliceable instruction is listed with the planner's
 // reason; padding is not a block of the function and is left out.
-func (s *Set) Add(f *splice.Func) {
+// Add is AddPlan(s.Plan(f)).
+func (s *Set) Add(f *splice.Func) { s.AddPlan(s.Plan(f)) }
+
+// FuncPlan is one function's blocks and probes, planned (Set.Plan) but
+// not yet part of a Set (Set.AddPlan).
+type FuncPlan struct {
+	fn    function
+	whys  []string       // per kept block: the refusal, "" if none
+	sites []*splice.Site // per kept block: its detached site, nil if refused
+	// inf: Inferable's answer, by kept block (not cfg block).
+	inf map[int32][]int32
+}
+
+// Plan is the costly half of Add: every block of f resolved to a probe
+// site (detached, so the function's decoded instructions go once the
+// plan is made) and the inferable blocks found. It reads only the Set's
+// AllBlocks choice, so Plans of functions that share no splice.Verdicts
+// (the kernel planner's share none; a process target's share one) may run
+// at once beside each other, not beside AddPlan or AllBlocks; AddPlan
+// takes them in order.
+func (s *Set) Plan(f *splice.Func) *FuncPlan {
 	fn := f.Fn
 	n := 0
 	for b := range f.Blocks {
@@ -154,11 +174,13 @@ func (s *Set) Add(f *splice.Func) {
 	}
 	// Exactly as many blocks as are kept: a whole kernel's are half a
 	// million, held for the session's life.
-	cf := function{name: fn.Name, module: fn.Module, addr: fn.Addr, blocks: make([]block, 0, n)}
-	at := int32(len(s.fns))
-	pos := make(map[int]int32, len(f.Blocks)) // cfg block → its place in cf.blocks
-	sites := make(map[int]*splice.Site, len(f.Blocks))
-	hdr := fn.Header() // shared by the function's detached sites
+	p := &FuncPlan{
+		fn:    function{name: fn.Name, module: fn.Module, addr: fn.Addr, blocks: make([]block, 0, n)},
+		whys:  make([]string, n),
+		sites: make([]*splice.Site, n),
+	}
+	pos := make(map[int]int32, n) // cfg block → its place in fn.blocks
+	hdr := fn.Header()            // shared by the function's detached sites
 	for b := range f.Blocks {
 		blk := &f.Blocks[b]
 		if blk.Padding || blk.N == 0 {
@@ -166,34 +188,57 @@ func (s *Set) Add(f *splice.Func) {
 		}
 		last := blk.Last(fn)
 		start := blk.Start(fn)
-		cb := block{start: start, size: uint32(last.Addr + uint64(last.Len()) - start), index: int32(b)}
+		k := int32(len(p.fn.blocks))
 		site, err := f.Resolve(splice.Point{Function: fn.Name, Block: b, HasBlock: true})
 		if err != nil {
-			cb.why = s.reason(Refusal(err))
-			cf.refused++
+			p.whys[k] = Refusal(err)
 		} else {
 			// Detached: the session holds a site for every block, so the
 			// function's decoded instructions go once it is planned.
-			sites[b] = site.Detached(hdr)
+			p.sites[k] = site.Detached(hdr)
 		}
-		pos[b] = int32(len(cf.blocks))
-		cf.blocks = append(cf.blocks, cb)
+		pos[b] = k
+		p.fn.blocks = append(p.fn.blocks, block{start: start, size: uint32(last.Addr + uint64(last.Len()) - start), index: int32(b)})
 	}
-	var inf map[int][]int
 	if !s.all {
-		inf = Inferable(f, func(b int) bool { return sites[b] != nil })
+		inf := Inferable(f, func(b int) bool {
+			k, ok := pos[b]
+			return ok && p.sites[k] != nil
+		})
+		if len(inf) > 0 {
+			p.inf = make(map[int32][]int32, len(inf))
+			for b, succs := range inf {
+				if _, ok := pos[b]; !ok {
+					continue
+				}
+				ks := make([]int32, len(succs))
+				for i, sb := range succs {
+					ks[i] = pos[sb]
+				}
+				p.inf[pos[b]] = ks
+			}
+		}
 	}
-	if len(inf) > 0 && s.from == nil { // none since the last Arm
+	return p
+}
+
+// AddPlan makes p's function the Set's next, its probes planned for the
+// next Arm.
+func (s *Set) AddPlan(p *FuncPlan) {
+	cf := p.fn
+	at := int32(len(s.fns))
+	if len(p.inf) > 0 && s.from == nil { // none since the last Arm
 		s.from, s.up, s.reserve, s.noProbe = map[blockRef][]blockRef{}, map[blockRef][]blockRef{}, map[blockRef]*splice.Site{}, map[blockRef]int32{}
 	}
-	for b := range f.Blocks {
-		p, ok := pos[b]
-		if !ok {
-			continue
+	for k := range cf.blocks {
+		ref := blockRef{at, int32(k)}
+		cb := &cf.blocks[k]
+		if why := p.whys[k]; why != "" {
+			cb.why = s.reason(why)
+			cf.refused++
 		}
-		ref := blockRef{at, p}
-		if succs, ok := inf[b]; ok {
-			cb := &cf.blocks[p]
+		site := p.sites[k]
+		if succs, ok := p.inf[int32(k)]; ok {
 			cb.flags |= blockInferred
 			s.inferred++
 			if cb.why != 0 {
@@ -202,21 +247,20 @@ func (s *Set) Add(f *splice.Func) {
 				cf.refused--
 				s.noProbe[ref], cb.why = cb.why, 0
 			}
-			for _, sb := range succs {
-				sr := blockRef{at, pos[sb]}
+			for _, sk := range succs {
+				sr := blockRef{at, sk}
 				s.from[ref] = append(s.from[ref], sr)
 				s.up[sr] = append(s.up[sr], ref)
 			}
-			if site := sites[b]; site != nil {
+			if site != nil {
 				s.reserve[ref] = site
 			}
 			continue
 		}
-		if site := sites[b]; site != nil {
-			s.pending = append(s.pending, Probe{Function: at, Block: p, site: site})
+		if site != nil {
+			s.pending = append(s.pending, Probe{Function: at, Block: int32(k), site: site})
 		}
 	}
-	cf.blocks = slices.Clip(cf.blocks)
 	s.fns = append(s.fns, cf)
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/kinst/kinst/cover"
 	"github.com/kinst/kinst/engine"
 	"github.com/kinst/kinst/engine/enginetest"
+	"github.com/kinst/kinst/internal/parallel"
 	"github.com/kinst/kinst/splice"
 )
 
@@ -42,16 +43,21 @@ func BenchmarkArmKernel(b *testing.B) {
 		runtime.GC()
 		start := time.Now()
 		var sites []*splice.Site
-		for _, sym := range syms.All() {
-			if !sym.IsText() {
-				continue
+		all := syms.All()
+		// On every CPU, as kerninstd plans a session.
+		parallel.Map(len(all), func(i int) []*splice.Site {
+			if !all[i].IsText() {
+				return nil
 			}
-			f, err := p.FuncOf(syms, sym)
+			f, err := p.FuncOf(syms, all[i])
 			if err != nil {
-				continue
+				return nil
 			}
-			sites = append(sites, cover.Sites(f)...)
-		}
+			return cover.Sites(f)
+		}, func(_ int, fs []*splice.Site) bool {
+			sites = append(sites, fs...)
+			return true
+		})
 		plan := time.Since(start)
 		start = time.Now()
 		reqs, errs := e.AddEach(sites, engine.Spec{Owner: "bench", Slots: 1, Snippet: cover.Flag(nil)})

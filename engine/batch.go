@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"syscall"
 
+	"github.com/kinst/kinst/codegen"
 	"github.com/kinst/kinst/driver"
+	"github.com/kinst/kinst/internal/parallel"
 	"github.com/kinst/kinst/splice"
 	"github.com/kinst/kinst/springboard"
 )
@@ -38,6 +40,7 @@ func (e *Engine) AddEach(sites []*splice.Site, sp Spec) (reqs []*Request, errs [
 		}
 	}
 	flush := func() {
+		batch = e.buildBatch(batch, errs)
 		codes := make([]driver.PatchCode, len(batch))
 		for j, p := range batch {
 			codes[j] = driver.PatchCode{Addr: p.patch, Code: p.code}
@@ -96,13 +99,14 @@ type pendingSplice struct {
 	pt     *point
 	r      *Request
 	patch  uint64
-	code   []byte // the patch, written with the batch's others
+	specs  []codegen.PatchSpec
+	code   []byte // the patch, built and written with the batch's others
 	slot   uint64 // a springboard point's slot, taken for the batch
 	reused bool   // the slot was taken back from reclaim
 }
 
-// prepare makes the request of a new point and allocates and builds its
-// patch (written with the rest of the batch), and enters the point as
+// prepare makes the request of a new point and allocates its patch (built
+// and written with the rest of the batch), and enters the point as
 // pending (a later site at one of its instructions must wait for the
 // batch). The caller holds e.mu.
 func (e *Engine) prepare(pt *point, s *splice.Site, sp Spec) (pendingSplice, error) {
@@ -129,7 +133,8 @@ func (e *Engine) prepare(pt *point, s *splice.Site, sp Spec) (pendingSplice, err
 			}
 		}
 	}
-	p.patch, p.code, err = e.makePatch(pt, []*Request{r}, r.hooks())
+	p.specs = pt.patchSpecs([]*Request{r})
+	p.patch, err = e.allocPatchFor(pt, p.specs, r.hooks())
 	if err != nil {
 		e.freeSlots(r)
 		if p.slot != 0 {
@@ -142,6 +147,46 @@ func (e *Engine) prepare(pt *point, s *splice.Site, sp Spec) (pendingSplice, err
 		e.points[ps.Addr()] = pt
 	}
 	return p, nil
+}
+
+// buildBatch builds the patches of batch, on every CPU (code generation
+// and its three checks are most of arming's work), and returns the
+// pending splices whose patch was built; the others get their error in
+// errs and are abandoned. Requests with hooks, which need not be safe
+// for concurrent use, are built one at a time. The caller holds e.mu.
+func (e *Engine) buildBatch(batch []pendingSplice, errs []error) []pendingSplice {
+	type built struct {
+		code []byte
+		err  error
+	}
+	hooked := false
+	for _, p := range batch {
+		hooked = hooked || p.r.hooks() != nil
+	}
+	build := func(i int) built {
+		p := &batch[i]
+		code, err := p.pt.buildPatchTimed(p.patch, p.specs, p.r.hooks())
+		return built{code, err}
+	}
+	res := make([]built, len(batch))
+	if hooked {
+		for i := range batch {
+			res[i] = build(i)
+		}
+	} else {
+		parallel.Map(len(batch), build, func(i int, b built) bool { res[i] = b; return true })
+	}
+	kept := batch[:0]
+	for i, p := range batch {
+		if res[i].err != nil {
+			errs[p.i] = res[i].err
+			e.abandon(p)
+			continue
+		}
+		p.code, p.specs = res[i].code, nil
+		kept = append(kept, p)
+	}
+	return kept
 }
 
 // abandon undoes prepare (and gives back the slot, which nothing was

@@ -657,3 +657,53 @@ func TestReclaimFreesInOneCall(t *testing.T) {
 		t.Errorf("%d batched frees, allocations left %v; want 1 and none", calls, h.k.AllocsNow())
 	}
 }
+
+// clobberRAX says it overwrites nothing and zeroes %eax (and the flags):
+// the clobber check, which runs when AddEach builds its batch's patches
+// (on every CPU), refuses it wherever %rax or the flags are live.
+type clobberRAX struct{}
+
+func (clobberRAX) Needs() codegen.Needs                  { return codegen.Needs{} }
+func (clobberRAX) Emit(a *codegen.Asm, _ []codegen.Reg) { a.Raw(0x31, 0xc0) } // xor %eax,%eax
+
+// A patch that fails its checks when the batch is built fails its site
+// alone: the others are armed, and the failed ones leave no point,
+// patch or slot behind.
+func TestAddEachBuildFailsAlone(t *testing.T) {
+	h := newHarness(t)
+	var sites []*splice.Site
+	for _, fn := range []string{"filename_lookup"} {
+		sites = append(sites, h.blockSites(fn)...)
+	}
+	reqs, errs := h.e.AddEach(sites, Spec{Owner: "cover", Slots: 1, Snippet: func([]uint64) codegen.Snippet { return clobberRAX{} }})
+	var armed []*Request
+	for i, s := range sites {
+		live := s.Live&(cfg.LiveSet(1)<<codegen.RAX) != 0 || s.FlagsLive()
+		switch {
+		case errs[i] != nil && !errors.Is(errs[i], ErrClobber):
+			t.Errorf("%s: %v; want a clobber refusal or none", s.Where(), errs[i])
+		case live != (errs[i] != nil):
+			t.Errorf("%s: %%rax or flags live %v, error %v", s.Where(), live, errs[i])
+		case errs[i] == nil:
+			armed = append(armed, reqs[i])
+		}
+	}
+	if len(armed) == 0 || len(armed) == len(sites) {
+		t.Fatalf("%d of %d armed; the test wants some of each", len(armed), len(sites))
+	}
+	if st := h.e.State(); st.Splices != len(armed) || st.Counters != len(armed) {
+		t.Errorf("%d armed, engine holds %+v", len(armed), st)
+	}
+	for _, err := range h.e.RemoveEach(armed) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.e.Reclaim()
+	if st := h.e.State(); st != (State{}) {
+		t.Errorf("left after removal: %+v", st)
+	}
+	if !bytes.Equal(h.k.TextNow(), text) {
+		t.Error("text not restored")
+	}
+}

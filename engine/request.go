@@ -514,26 +514,47 @@ func (e *Engine) writePatch(pt *point, reqs []*Request, h Hooks) (uint64, error)
 // and builds (and verifies) the code for that address. On error nothing
 // is left allocated. The caller holds e.mu.
 func (e *Engine) makePatch(pt *point, reqs []*Request, h Hooks) (uint64, []byte, error) {
-	s := pt.site
 	specs := pt.patchSpecs(reqs)
+	patch, err := e.allocPatchFor(pt, specs, h)
+	if err != nil {
+		return 0, nil, err
+	}
+	code, err := pt.buildPatchTimed(patch, specs, h)
+	if err != nil {
+		e.dropPatch(patch)
+		return 0, nil, err
+	}
+	return patch, code, nil
+}
+
+// allocPatchFor allocates patch heap memory for the point's patch of
+// specs, sized before it is built (codegen.PatchLen). The caller holds
+// e.mu.
+func (e *Engine) allocPatchFor(pt *point, specs []codegen.PatchSpec, h Hooks) (uint64, error) {
 	n := 0
 	for _, spec := range specs {
 		k, err := codegen.PatchLen(e.patchHeapBase(), spec)
 		if err != nil {
-			return 0, nil, fmt.Errorf("%s: %w", s.Where(), err)
+			return 0, fmt.Errorf("%s: %w", pt.site.Where(), err)
 		}
 		n += k
 	}
 	var patch uint64
 	if err := timed(h, StepPatchAlloc, func() (err error) { patch, err = e.allocPatch(n); return err }); err != nil {
-		return 0, nil, fmt.Errorf("allocate patch: %w", err)
+		return 0, fmt.Errorf("allocate patch: %w", err)
 	}
+	return patch, nil
+}
+
+// buildPatchTimed is buildPatch, timed as StepCodegen, with the site in
+// its error. It reads only the point and specs: the patches of an AddEach
+// batch are built at once on every CPU.
+func (pt *point) buildPatchTimed(patch uint64, specs []codegen.PatchSpec, h Hooks) ([]byte, error) {
 	var code []byte
 	if err := timed(h, StepCodegen, func() (err error) { code, err = pt.buildPatch(patch, specs); return err }); err != nil {
-		e.dropPatch(patch)
-		return 0, nil, fmt.Errorf("%s: %w", s.Where(), err)
+		return nil, fmt.Errorf("%s: %w", pt.site.Where(), err)
 	}
-	return patch, code, nil
+	return code, nil
 }
 
 // writePatches writes patches into the patch heap, then reads them back

@@ -11,6 +11,7 @@ import (
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/cover"
 	"github.com/kinst/kinst/engine"
+	"github.com/kinst/kinst/internal/parallel"
 	"github.com/kinst/kinst/splice"
 )
 
@@ -51,18 +52,17 @@ func (d *Daemon) BenchArm(ctx context.Context, req api.ArmRequest) (api.ArmResul
 	}
 	var sites []*splice.Site
 	skip := req.Skip
-	for _, fn := range fns {
-		if len(sites) >= req.Blocks {
-			break
-		}
-		if err := ctx.Err(); err != nil {
-			return res, err
-		}
-		f, err := d.coverFunc(fn)
+	// Planned on every CPU, taken in order (as a coverage session is).
+	parallel.Map(len(fns), func(i int) []*splice.Site {
+		f, err := d.coverFunc(fns[i])
 		if err != nil {
-			continue // not a function kinst can read
+			return nil // not a function kinst can read
 		}
-		fs := cover.Sites(f)
+		return cover.Sites(f)
+	}, func(_ int, fs []*splice.Site) bool {
+		if len(sites) >= req.Blocks || ctx.Err() != nil {
+			return false
+		}
 		took := false
 		for _, s := range fs {
 			if _, owned := d.eng.Owner(s.Addr()); owned || len(sites) >= req.Blocks {
@@ -77,6 +77,10 @@ func (d *Daemon) BenchArm(ctx context.Context, req api.ArmRequest) (api.ArmResul
 		if took {
 			res.Functions++
 		}
+		return true
+	})
+	if err := ctx.Err(); err != nil {
+		return res, err
 	}
 	if req.All {
 		req.Blocks, res.Blocks = len(sites), len(sites)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/cover"
+	"github.com/kinst/kinst/internal/parallel"
 	"github.com/kinst/kinst/report"
 )
 
@@ -53,20 +54,33 @@ func (d *Daemon) createCover(req api.SessionRequest) (api.Session, error) {
 	if in.MaxSplices > 0 {
 		room = in.MaxSplices - in.DriverSplices
 	}
-	for i, t := range targets {
-		f, err := d.coverFunc(t)
+	// Functions are planned on every CPU (planning is most of a big
+	// session's creation), and added to the set in target order.
+	var tooMany error
+	parallel.Map(len(targets), func(i int) funcPlan {
+		f, err := d.coverFunc(targets[i])
 		if err != nil {
+			return funcPlan{err: err}
+		}
+		return funcPlan{plan: set.Plan(f)}
+	}, func(i int, p funcPlan) bool {
+		if p.err != nil {
 			// A glob, module or call graph reached a symbol kinst
 			// cannot read as a function. (A function named alone failed
 			// the request.)
-			set.AddUnreadable(t.sym, err)
-			continue
+			set.AddUnreadable(targets[i].sym, p.err)
+			return true
 		}
-		set.Add(f)
+		set.AddPlan(p.plan)
 		if room >= 0 && set.Planned() > room {
-			return api.Session{}, badRequest(fmt.Errorf("%w: the first %d of the targets' %d functions already have %d blocks that take a probe, and the driver holds %d splices (%d in use): cover fewer functions at once (a module, globs, --callees), one session after another",
+			tooMany = badRequest(fmt.Errorf("%w: the first %d of the targets' %d functions already have %d blocks that take a probe, and the driver holds %d splices (%d in use): cover fewer functions at once (a module, globs, --callees), one session after another",
 				ErrTooManyProbes, i+1, len(targets), set.Planned(), in.MaxSplices, in.DriverSplices))
+			return false
 		}
+		return true
+	})
+	if tooMany != nil {
+		return api.Session{}, tooMany
 	}
 
 	d.mu.Lock()
@@ -92,6 +106,13 @@ func (d *Daemon) createCover(req api.SessionRequest) (api.Session, error) {
 	d.log.Info("coverage armed", "session", ss.id, "functions", sum.Functions, "blocks", sum.TotalBlocks,
 		"probes", sum.Armed, "arm", sum.Arm, "filter", desc)
 	return d.describe(ss), nil
+}
+
+// funcPlan is a coverage target planned: its blocks' probes, or why it
+// could not be read.
+type funcPlan struct {
+	plan *cover.FuncPlan
+	err  error
 }
 
 // pollCover sweeps ss every tick until the session is removed.
