@@ -663,7 +663,7 @@ func TestReclaimFreesInOneCall(t *testing.T) {
 // (on every CPU), refuses it wherever %rax or the flags are live.
 type clobberRAX struct{}
 
-func (clobberRAX) Needs() codegen.Needs                  { return codegen.Needs{} }
+func (clobberRAX) Needs() codegen.Needs                 { return codegen.Needs{} }
 func (clobberRAX) Emit(a *codegen.Asm, _ []codegen.Reg) { a.Raw(0x31, 0xc0) } // xor %eax,%eax
 
 // A patch that fails its checks when the batch is built fails its site
