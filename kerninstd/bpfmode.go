@@ -147,7 +147,7 @@ func (d *Daemon) createBPFSession(req api.SessionRequest) (api.Session, error) {
 			err = badRequest(fmt.Errorf("%s named twice", f.Fn.Name))
 		}
 		if err != nil {
-			return api.Session{}, &PointError{Point: name, Err: err}
+			return api.Session{}, &splice.PointError{Point: name, Err: err}
 		}
 		seen[f.Fn.Name] = true
 		timers = append(timers, &timedFunc{function: f.Fn.Name, entry: entry, calls: -1, word: -1})
@@ -162,7 +162,7 @@ func (d *Daemon) createBPFSession(req api.SessionRequest) (api.Session, error) {
 		if rerr := d.removeLocked(ss); rerr != nil {
 			d.log.Error("roll back session", "err", rerr)
 		}
-		return api.Session{}, &PointError{Point: point, Err: err}
+		return api.Session{}, &splice.PointError{Point: point, Err: err}
 	}
 	for _, t := range timers {
 		base, err := d.eng.ReserveCounters(2)

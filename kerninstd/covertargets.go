@@ -9,6 +9,7 @@ import (
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/census"
 	"github.com/kinst/kinst/kernel"
+	"github.com/kinst/kinst/kerninstd/bench"
 	"github.com/kinst/kinst/splice"
 )
 
@@ -63,7 +64,7 @@ func (d *Daemon) coverTargets(req api.SessionRequest) ([]coverTarget, error) {
 			err = badRequest(fmt.Errorf("%s %q: name a function, not an instruction or block", what, name))
 		}
 		if err != nil {
-			return nil, &PointError{Point: name, Err: err}
+			return nil, &splice.PointError{Point: name, Err: err}
 		}
 		return f, nil
 	}
@@ -168,4 +169,25 @@ func (d *Daemon) coverFunc(t coverTarget) (*splice.Func, error) {
 		return t.f, t.err
 	}
 	return d.plan.FuncOf(t.syms, t.sym)
+}
+
+// benchKernel is what the benches (package bench) drive: the engine and
+// planner sessions use, the driver's reads, and coverage targets as a
+// session resolves them.
+func (d *Daemon) benchKernel() bench.Kernel {
+	return bench.Kernel{
+		Engine:  d.eng,
+		Planner: d.plan,
+		Read:    d.dev.Read,
+		Info:    d.Info,
+		Log:     d.log,
+		Now:     d.clock.Now,
+		Targets: func(globs []string) (int, func(int) (*splice.Func, error), error) {
+			ts, err := d.coverTargets(api.SessionRequest{Cover: globs})
+			if err != nil {
+				return 0, nil, err
+			}
+			return len(ts), func(i int) (*splice.Func, error) { return d.coverFunc(ts[i]) }, nil
+		},
+	}
 }

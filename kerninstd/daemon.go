@@ -16,6 +16,7 @@ import (
 	"github.com/kinst/kinst/engine"
 	"github.com/kinst/kinst/kernel"
 	"github.com/kinst/kinst/metrics"
+	"github.com/kinst/kinst/report"
 	"github.com/kinst/kinst/splice"
 )
 
@@ -213,17 +214,8 @@ func (d *Daemon) Resolve(point string) (api.Resolved, error) {
 	if err != nil {
 		return api.Resolved{}, err
 	}
-	return resolved(s), nil
+	return report.Resolved(s), nil
 }
-
-// PointError ties an error to the point that caused it.
-type PointError struct {
-	Point string
-	Err   error
-}
-
-func (e *PointError) Error() string { return fmt.Sprintf("%s: %v", e.Point, e.Err) }
-func (e *PointError) Unwrap() error { return e.Err }
 
 // resolvePoints checks a request's shape and resolves its points, each
 // also passing check if set. It changes nothing.
@@ -241,7 +233,7 @@ func (d *Daemon) resolvePoints(req api.SessionRequest, check func(*splice.Site) 
 			err = check(s)
 		}
 		if err != nil {
-			return nil, &PointError{Point: p, Err: err}
+			return nil, &splice.PointError{Point: p, Err: err}
 		}
 		sites[i] = s
 	}
@@ -276,7 +268,7 @@ func (d *Daemon) CreateSession(req api.SessionRequest) (api.Session, error) {
 			if rerr := d.removeLocked(ss); rerr != nil {
 				d.log.Error("roll back session", "err", rerr)
 			}
-			return api.Session{}, &PointError{Point: t.function, Err: err}
+			return api.Session{}, &splice.PointError{Point: t.function, Err: err}
 		}
 		ss.timers = append(ss.timers, t)
 		d.log.Info("timing", "session", ss.id, "function", t.function, "exits", len(t.exits), "filter", t.filter)
@@ -295,7 +287,7 @@ func (d *Daemon) CreateSession(req api.SessionRequest) (api.Session, error) {
 			if rerr := d.removeLocked(ss); rerr != nil {
 				d.log.Error("roll back session", "err", rerr)
 			}
-			return api.Session{}, &PointError{Point: sites[i].Point.Spec, Err: err}
+			return api.Session{}, &splice.PointError{Point: sites[i].Point.Spec, Err: err}
 		}
 	}
 	for i, r := range ss.reqs {
@@ -333,14 +325,14 @@ func (d *Daemon) describe(ss *session) api.Session {
 		out.Expires = &e
 	}
 	for _, r := range ss.reqs {
-		res := resolved(r.Site())
+		res := report.Resolved(r.Site())
 		in := d.eng.Installed(r)
 		res.SpliceClass = in.Class.String() // as installed
 		out.Probes = append(out.Probes, api.Probe{Resolved: res, Count: d.eng.Counter(r.Counter()),
 			Patch: api.Addr(in.Patch), Springboard: api.Addr(in.Springboard), Mechanism: MechanismSplice})
 	}
 	for _, c := range ss.bpf {
-		res := resolved(c.site)
+		res := report.Resolved(c.site)
 		res.SpliceClass = ""
 		out.Probes = append(out.Probes, api.Probe{Resolved: res, Count: d.eng.Counter(c.slot), Mechanism: c.probe.Mechanism()})
 	}

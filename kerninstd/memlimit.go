@@ -2,8 +2,11 @@ package kerninstd
 
 import (
 	"context"
+	"os"
 	"runtime/debug"
 	"runtime/metrics"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -59,4 +62,23 @@ func releaseHeapAfter(n int) {
 	if n >= bigSession {
 		time.AfterFunc(time.Second, debug.FreeOSMemory)
 	}
+}
+
+// PeakRSS is this process's peak resident set (VmHWM of
+// /proc/self/status) in bytes, or 0: what Config.Info reports as
+// api.Info.PeakRSS.
+func PeakRSS() uint64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseUint(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err == nil {
+				return kb << 10
+			}
+		}
+	}
+	return 0
 }

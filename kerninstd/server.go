@@ -15,6 +15,7 @@ import (
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/kernel"
+	"github.com/kinst/kinst/kerninstd/bench"
 	"github.com/kinst/kinst/metrics"
 	"github.com/kinst/kinst/splice"
 	"github.com/kinst/kinst/springboard"
@@ -32,7 +33,7 @@ func (d *Daemon) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/resolve", postJSON(http.StatusOK, func(_ *http.Request, req api.ResolveRequest) (api.Resolved, error) {
 		res, err := d.Resolve(req.Point)
 		if err != nil {
-			return res, &PointError{Point: req.Point, Err: err}
+			return res, &splice.PointError{Point: req.Point, Err: err}
 		}
 		return res, nil
 	}))
@@ -87,13 +88,16 @@ func (d *Daemon) Handler() http.Handler {
 		writeJSON(w, http.StatusOK, c)
 	})
 	mux.HandleFunc("POST /v1/bench/splice", postJSON(http.StatusOK, func(r *http.Request, req api.BenchRequest) (api.BenchResult, error) {
-		return d.BenchSplice(r.Context(), req)
+		return bench.Splice(r.Context(), d.benchKernel(), req)
 	}))
 	mux.HandleFunc("POST /v1/bench/arm", postJSON(http.StatusOK, func(r *http.Request, req api.ArmRequest) (api.ArmResult, error) {
-		return d.BenchArm(r.Context(), req)
+		res, err := bench.Arm(r.Context(), d.benchKernel(), req)
+		// Planning and arming leave as much garbage as they held.
+		releaseHeapAfter(res.Armed)
+		return res, err
 	}))
 	mux.HandleFunc("POST /v1/bench/churn", postJSON(http.StatusOK, func(r *http.Request, req api.ChurnRequest) (api.ChurnResult, error) {
-		return d.BenchChurn(r.Context(), req)
+		return bench.Churn(r.Context(), d.benchKernel(), req)
 	}))
 	return mux
 }
@@ -263,7 +267,7 @@ func errorCode(err error) (int, string) {
 		return http.StatusUnprocessableEntity, api.CodeNoSplice
 	case errors.Is(err, ErrNoSession):
 		return http.StatusNotFound, api.CodeNoSession
-	case errors.As(err, &br), errors.Is(err, splice.ErrBadPoint):
+	case errors.As(err, &br), errors.Is(err, splice.ErrBadPoint), errors.Is(err, bench.ErrBadRequest):
 		return http.StatusBadRequest, api.CodeBadRequest
 	case errors.Is(err, syscall.EFAULT):
 		return http.StatusUnprocessableEntity, api.CodeFault
@@ -274,7 +278,7 @@ func errorCode(err error) (int, string) {
 func writeError(w http.ResponseWriter, err error) {
 	status, code := errorCode(err)
 	resp := api.ErrorResponse{Error: err.Error(), Code: code}
-	var pe *PointError
+	var pe *splice.PointError
 	if errors.As(err, &pe) {
 		resp.Point = pe.Point
 	}

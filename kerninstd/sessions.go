@@ -8,6 +8,7 @@ import (
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/codegen"
+	"github.com/kinst/kinst/report"
 	"github.com/kinst/kinst/splice"
 )
 
@@ -74,7 +75,7 @@ func (d *Daemon) Sessions() []api.Session {
 
 // timerInfo describes a timed function with its totals at now.
 func (d *Daemon) timerInfo(t *timedFunc, now time.Time) api.TimerInfo {
-	ti := api.TimerInfo{Function: t.function, Filter: t.filter, Virtual: t.virtual != nil, Entry: resolved(t.entry), Totals: api.Totals(d.timerPoint(t, now)),
+	ti := api.TimerInfo{Function: t.function, Filter: t.filter, Virtual: t.virtual != nil, Entry: report.Resolved(t.entry), Totals: api.Totals(d.timerPoint(t, now)),
 		Mechanism: MechanismSplice}
 	if t.bpf != nil {
 		ti.Mechanism = t.bpf.Mechanism()
@@ -82,7 +83,7 @@ func (d *Daemon) timerInfo(t *timedFunc, now time.Time) api.TimerInfo {
 		ti.Exits = []api.Resolved{}
 	}
 	for _, s := range t.exits {
-		ti.Exits = append(ti.Exits, resolved(s))
+		ti.Exits = append(ti.Exits, report.Resolved(s))
 	}
 	return ti
 }
@@ -117,10 +118,10 @@ func (d *Daemon) resolveTimers(req api.SessionRequest) ([]*timedFunc, codegen.Pr
 	for _, name := range req.Timers {
 		t, err := d.resolveTimed(name)
 		if err != nil {
-			return nil, nil, &PointError{Point: name, Err: err}
+			return nil, nil, &splice.PointError{Point: name, Err: err}
 		}
 		if seen[t.function] {
-			return nil, nil, &PointError{Point: name, Err: badRequest(fmt.Errorf("%s named twice", t.function))}
+			return nil, nil, &splice.PointError{Point: name, Err: badRequest(fmt.Errorf("%s named twice", t.function))}
 		}
 		seen[t.function] = true
 		t.filter = desc

@@ -10,6 +10,7 @@ import (
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/codegen"
 	"github.com/kinst/kinst/kernel"
+	"github.com/kinst/kinst/splice"
 )
 
 // Waiters on a kernel mutex (KernInst's "average number of waiting
@@ -117,7 +118,7 @@ func (d *Daemon) resolveWaiters(req api.SessionRequest) ([]*timedFunc, codegen.P
 	}
 	t, err := d.resolveTimed(name)
 	if err != nil {
-		return nil, nil, &PointError{Point: name, Err: err}
+		return nil, nil, &splice.PointError{Point: name, Err: err}
 	}
 	t.filter = "lock " + desc
 	t.virtual = &virtualState{sw: sw, base: -1}

@@ -133,6 +133,17 @@ func (s *Site) Where() string {
 	return fmt.Sprintf("%s+%#x", s.Fn.Name, s.Addr()-s.Fn.Addr)
 }
 
+// PointError ties an error to the point spec that caused it: what
+// kerninstd answers a request whose point failed to resolve or splice
+// with (api.ErrorResponse.Point).
+type PointError struct {
+	Point string
+	Err   error
+}
+
+func (e *PointError) Error() string { return fmt.Sprintf("%s: %v", e.Point, e.Err) }
+func (e *PointError) Unwrap() error { return e.Err }
+
 // ErrBadPoint is matched by errors for a point spec that does not parse
 // or names no block of its function: the caller's mistake.
 var ErrBadPoint = errors.New("bad point")

@@ -1,4 +1,4 @@
-package kerninstd
+package bench
 
 import (
 	"bytes"
@@ -11,6 +11,7 @@ import (
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/codegen"
 	"github.com/kinst/kinst/engine"
+	"github.com/kinst/kinst/report"
 	"github.com/kinst/kinst/splice"
 )
 
@@ -66,7 +67,7 @@ const stepRelocate = "relocate"
 // engine's hooks: patch alloc, codegen, patch write, slot find and
 // springboard (springboard splices), splice, unsplice, and the batched
 // free of each replaced patch. The point is left as it was.
-func (d *Daemon) BenchSplice(ctx context.Context, req api.BenchRequest) (api.BenchResult, error) {
+func Splice(ctx context.Context, k Kernel, req api.BenchRequest) (api.BenchResult, error) {
 	if req.Cycles <= 0 || req.Cycles > maxBenchCycles {
 		return api.BenchResult{}, badRequest(fmt.Errorf("cycles %d: want 1..%d", req.Cycles, maxBenchCycles))
 	}
@@ -76,13 +77,13 @@ func (d *Daemon) BenchSplice(ctx context.Context, req api.BenchRequest) (api.Ben
 
 	var s *splice.Site
 	for i := 0; i < light; i++ {
-		if err := st.time(engine.StepResolve.String(), func() (err error) { s, err = d.resolve(req.Point); return err }); err != nil {
-			return res, &PointError{Point: req.Point, Err: err}
+		if err := st.time(engine.StepResolve.String(), func() (err error) { s, err = k.Planner.Resolve(req.Point); return err }); err != nil {
+			return res, &splice.PointError{Point: req.Point, Err: err}
 		}
 	}
 	// Liveness alone (resolve includes it): the same computation again.
 	for i := 0; i < light; i++ {
-		st.time(engine.StepLiveness.String(), func() error { d.plan.Liveness(s); return nil })
+		st.time(engine.StepLiveness.String(), func() error { k.Planner.Liveness(s); return nil })
 	}
 	in := s.Insn()
 	for i := 0; i < light; i++ {
@@ -93,41 +94,41 @@ func (d *Daemon) BenchSplice(ctx context.Context, req api.BenchRequest) (api.Ben
 			return res, err
 		}
 	}
-	res.Point = resolved(s)
+	res.Point = report.Resolved(s)
 	sites := append([]*splice.Site{s}, s.Covered()...)
 	for _, c := range sites {
-		if owner, ok := d.eng.Owner(c.Addr()); ok {
+		if owner, ok := k.Engine.Owner(c.Addr()); ok {
 			return res, fmt.Errorf("%s is instrumented by session %s; bench needs it free", c.Where(), owner)
 		}
 	}
 	var left *engine.Request // a request whose removal failed
 	defer func() {
 		if left != nil {
-			if err := d.eng.Remove(left); err != nil {
-				d.log.Error("remove bench request", "at", s.Where(), "err", err)
+			if err := k.Engine.Remove(left); err != nil {
+				k.Log.Error("remove bench request", "at", s.Where(), "err", err)
 			}
 		}
 	}()
 	for i := 0; i < req.Cycles && ctx.Err() == nil; i++ {
-		r, err := d.eng.Add(s, engine.Spec{Owner: benchOwner, Slots: 1, Snippet: engine.CounterSnippet, Hooks: st})
+		r, err := k.Engine.Add(s, engine.Spec{Owner: benchOwner, Slots: 1, Snippet: engine.CounterSnippet, Hooks: st})
 		if err != nil {
 			return res, fmt.Errorf("cycle %d: %w", i, err)
 		}
 		if i == 0 {
-			res.Point.SpliceClass = d.eng.Installed(r).Class.String() // as installed
+			res.Point.SpliceClass = k.Engine.Installed(r).Class.String() // as installed
 		}
-		if err := d.eng.Remove(r); err != nil {
+		if err := k.Engine.Remove(r); err != nil {
 			left = r
 			return res, fmt.Errorf("cycle %d: %w", i, err)
 		}
 		res.Cycles++
 	}
 	// The frees still waiting for the batched reclaim, timed too.
-	d.eng.Reclaim()
+	k.Engine.Reclaim()
 	for _, c := range sites {
 		ci := c.Insn()
 		now := make([]byte, len(ci.Bytes))
-		if err := d.dev.Read(ci.Addr, now); err != nil {
+		if err := k.Read(ci.Addr, now); err != nil {
 			return res, err
 		}
 		res.Restored = bytes.Equal(now, ci.Bytes)

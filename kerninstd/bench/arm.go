@@ -1,11 +1,9 @@
-package kerninstd
+package bench
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"strconv"
 	"strings"
 
 	"github.com/kinst/kinst/api"
@@ -26,7 +24,7 @@ const armOwner = "bench-arm"
 // all, and reports the time and the driver's CPU synchronisation rounds
 // of each half. Blocks are taken in order from the targets' functions;
 // blocks already instrumented are skipped.
-func (d *Daemon) BenchArm(ctx context.Context, req api.ArmRequest) (api.ArmResult, error) {
+func Arm(ctx context.Context, k Kernel, req api.ArmRequest) (api.ArmResult, error) {
 	if req.All {
 		req.Blocks = maxArmBlocks
 	}
@@ -36,7 +34,9 @@ func (d *Daemon) BenchArm(ctx context.Context, req api.ArmRequest) (api.ArmResul
 	if req.Blocks <= 0 || req.Blocks > maxArmBlocks {
 		return api.ArmResult{}, badRequest(fmt.Errorf("blocks %d: want 1..%d", req.Blocks, maxArmBlocks))
 	}
-	d.refresh()
+	if err := k.Planner.Refresh(); err != nil {
+		k.Log.Warn("module list unreadable; symbols as last read", "err", err)
+	}
 	targets := req.Targets
 	if len(targets) == 0 {
 		targets = []string{"*"}
@@ -45,16 +45,16 @@ func (d *Daemon) BenchArm(ctx context.Context, req api.ArmRequest) (api.ArmResul
 	if req.Single {
 		res.Mode = "single"
 	}
-	start := d.clock.Now()
-	fns, err := d.coverTargets(api.SessionRequest{Cover: targets})
+	start := k.now()
+	nfns, fn, err := k.Targets(targets)
 	if err != nil {
 		return res, err
 	}
 	var sites []*splice.Site
 	skip := req.Skip
 	// Planned on every CPU, taken in order (as a coverage session is).
-	parallel.Map(len(fns), func(i int) []*splice.Site {
-		f, err := d.coverFunc(fns[i])
+	parallel.Map(nfns, func(i int) []*splice.Site {
+		f, err := fn(i)
 		if err != nil {
 			return nil // not a function kinst can read
 		}
@@ -65,7 +65,7 @@ func (d *Daemon) BenchArm(ctx context.Context, req api.ArmRequest) (api.ArmResul
 		}
 		took := false
 		for _, s := range fs {
-			if _, owned := d.eng.Owner(s.Addr()); owned || len(sites) >= req.Blocks {
+			if _, owned := k.Engine.Owner(s.Addr()); owned || len(sites) >= req.Blocks {
 				continue
 			}
 			if skip > 0 {
@@ -88,28 +88,28 @@ func (d *Daemon) BenchArm(ctx context.Context, req api.ArmRequest) (api.ArmResul
 	if len(sites) < req.Blocks {
 		return res, badRequest(fmt.Errorf("the targets have %d blocks that take a probe, fewer than %d", len(sites), req.Blocks))
 	}
-	res.PlanNS = int64(d.clock.Now().Sub(start))
+	res.PlanNS = int64(k.now().Sub(start))
 	if len(sites) > 0 {
 		res.First, res.Last = sites[0].Where(), sites[len(sites)-1].Where()
 	}
 	spec := engine.Spec{Owner: armOwner, Slots: 1, Snippet: cover.Flag(nil)}
 
-	syncs := func() uint64 { return d.Info().DriverSyncs }
-	s0, t0 := syncs(), d.clock.Now()
+	syncs := func() uint64 { return k.Info().DriverSyncs }
+	s0, t0 := syncs(), k.now()
 	var reqs []*engine.Request
 	var errs []error
 	if req.Single {
 		reqs, errs = make([]*engine.Request, len(sites)), make([]error, len(sites))
 		for i, s := range sites {
-			reqs[i], errs[i] = d.eng.Add(s, spec)
+			reqs[i], errs[i] = k.Engine.Add(s, spec)
 		}
 	} else {
-		reqs, errs = d.eng.AddEach(sites, spec)
+		reqs, errs = k.Engine.AddEach(sites, spec)
 	}
-	res.ArmNS = int64(d.clock.Now().Sub(t0))
+	res.ArmNS = int64(k.now().Sub(t0))
 	s1 := syncs()
 	res.ArmSyncs = s1 - s0
-	res.PatchBytes = d.Info().PatchHeapUsed
+	res.PatchBytes = k.Info().PatchHeapUsed
 	var armed []*engine.Request
 	for i, r := range reqs {
 		if errs[i] != nil {
@@ -120,19 +120,18 @@ func (d *Daemon) BenchArm(ctx context.Context, req api.ArmRequest) (api.ArmResul
 		armed = append(armed, r)
 	}
 	res.Armed = len(armed)
-	t1 := d.clock.Now()
+	t1 := k.now()
 	var rerrs []error
 	if req.Single {
 		for _, r := range armed {
-			rerrs = append(rerrs, d.eng.Remove(r))
+			rerrs = append(rerrs, k.Engine.Remove(r))
 		}
 	} else {
-		rerrs = d.eng.RemoveEach(armed)
+		rerrs = k.Engine.RemoveEach(armed)
 	}
-	res.RemoveNS = int64(d.clock.Now().Sub(t1))
-	res.PeakRSS = d.Info().PeakRSS
+	res.RemoveNS = int64(k.now().Sub(t1))
+	res.PeakRSS = k.Info().PeakRSS
 	res.RemoveSyncs = syncs() - s1
-	releaseHeapAfter(len(armed))
 	if err := errors.Join(rerrs...); err != nil {
 		return res, fmt.Errorf("remove bench probes: %w", err)
 	}
@@ -147,23 +146,4 @@ func refusalKind(err error) string {
 		why = why[k+2:]
 	}
 	return why
-}
-
-// PeakRSS is this process's peak resident set (VmHWM of
-// /proc/self/status) in bytes, or 0: what Config.Info reports as
-// api.Info.PeakRSS.
-func PeakRSS() uint64 {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			kb, err := strconv.ParseUint(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			if err == nil {
-				return kb << 10
-			}
-		}
-	}
-	return 0
 }

@@ -1,4 +1,4 @@
-package kerninstd
+package bench
 
 import (
 	"context"
@@ -31,12 +31,12 @@ const maxChurnPool = 4096
 // a re-splice or an unsplice). The engine's lock is taken per change, so
 // sessions, sampling and reclaim go on between them. The requests are
 // removed on every exit, error or cancellation included.
-func (d *Daemon) BenchChurn(ctx context.Context, req api.ChurnRequest) (api.ChurnResult, error) {
+func Churn(ctx context.Context, k Kernel, req api.ChurnRequest) (api.ChurnResult, error) {
 	var res api.ChurnResult
 	if req.Cycles <= 0 || req.Cycles > maxBenchCycles {
 		return res, badRequest(fmt.Errorf("cycles %d: want 1..%d", req.Cycles, maxBenchCycles))
 	}
-	pool, err := d.churnPool(req)
+	pool, err := churnPool(k, req)
 	if err != nil {
 		return res, err
 	}
@@ -79,14 +79,14 @@ func (d *Daemon) BenchChurn(ctx context.Context, req api.ChurnRequest) (api.Chur
 	var live []*engine.Request // this run's requests still installed
 	defer func() {
 		for _, r := range live {
-			if err := d.eng.Remove(r); err != nil {
-				d.log.Error("remove churn request", "at", r.Site().Where(), "err", err)
+			if err := k.Engine.Remove(r); err != nil {
+				k.Log.Error("remove churn request", "at", r.Site().Where(), "err", err)
 			}
 		}
 	}()
 	add := func(s *splice.Site) error {
 		return change("add", s, func() error {
-			r, err := d.eng.Add(s, engine.Spec{Owner: churnOwner, Slots: 1, Snippet: engine.CounterSnippet, Hooks: hooks})
+			r, err := k.Engine.Add(s, engine.Spec{Owner: churnOwner, Slots: 1, Snippet: engine.CounterSnippet, Hooks: hooks})
 			if err == nil {
 				live = append(live, r)
 			}
@@ -95,7 +95,7 @@ func (d *Daemon) BenchChurn(ctx context.Context, req api.ChurnRequest) (api.Chur
 	}
 	remove := func(i int) error {
 		r := live[i]
-		if err := change("remove", r.Site(), func() error { return d.eng.Remove(r) }); err != nil {
+		if err := change("remove", r.Site(), func() error { return k.Engine.Remove(r) }); err != nil {
 			return err
 		}
 		live = append(live[:i], live[i+1:]...)
@@ -130,11 +130,11 @@ func (d *Daemon) BenchChurn(ctx context.Context, req api.ChurnRequest) (api.Chur
 	res.Restored = true
 	for _, s := range pool {
 		in := s.Insn()
-		if _, ok := d.eng.Owner(in.Addr); ok {
+		if _, ok := k.Engine.Owner(in.Addr); ok {
 			continue
 		}
 		now := make([]byte, len(in.Bytes))
-		if err := d.dev.Read(in.Addr, now); err != nil {
+		if err := k.Read(in.Addr, now); err != nil {
 			return res, err
 		}
 		if string(now) != string(in.Bytes) {
@@ -148,7 +148,7 @@ func (d *Daemon) BenchChurn(ctx context.Context, req api.ChurnRequest) (api.Chur
 // churnPool resolves the run's points: the listed ones, and every
 // instruction of the listed functions that may be spliced (the refused
 // ones are skipped). A bad point is an error; nothing is changed.
-func (d *Daemon) churnPool(req api.ChurnRequest) ([]*splice.Site, error) {
+func churnPool(k Kernel, req api.ChurnRequest) ([]*splice.Site, error) {
 	var pool []*splice.Site
 	seen := map[uint64]bool{}
 	keep := func(s *splice.Site) {
@@ -158,16 +158,16 @@ func (d *Daemon) churnPool(req api.ChurnRequest) ([]*splice.Site, error) {
 		}
 	}
 	for _, p := range req.Points {
-		s, err := d.resolve(p)
+		s, err := k.Planner.Resolve(p)
 		if err != nil {
-			return nil, &PointError{Point: p, Err: err}
+			return nil, &splice.PointError{Point: p, Err: err}
 		}
 		keep(s)
 	}
 	for _, name := range req.Functions {
-		f, _, err := d.plan.Func(name)
+		f, _, err := k.Planner.Func(name)
 		if err != nil {
-			return nil, &PointError{Point: name, Err: err}
+			return nil, &splice.PointError{Point: name, Err: err}
 		}
 		n := 0
 		for i := range f.Fn.Insns {
@@ -176,13 +176,13 @@ func (d *Daemon) churnPool(req api.ChurnRequest) ([]*splice.Site, error) {
 			}
 			s, err := f.At(i)
 			if err != nil {
-				return nil, &PointError{Point: name, Err: err}
+				return nil, &splice.PointError{Point: name, Err: err}
 			}
 			keep(s)
 			n++
 		}
 		if n == 0 {
-			return nil, &PointError{Point: name, Err: errors.New("no instruction may be spliced")}
+			return nil, &splice.PointError{Point: name, Err: errors.New("no instruction may be spliced")}
 		}
 	}
 	if len(pool) == 0 {
