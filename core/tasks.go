@@ -27,6 +27,10 @@ type Task struct {
 	hasStack bool   // BTF has task_struct.stack, so stack is meaningful
 }
 
+// Stack is the base of the task's kernel stack (task_struct.stack), if
+// BTF has the member and the task still has a stack.
+func (t *Task) Stack() (uint64, bool) { return t.stack, t.hasStack && t.stack != 0 }
+
 // taskLayout holds the task_struct offsets used here, from BTF.
 type taskLayout struct {
 	tasks, pid, tgid, comm, state, exitState, cpu, threadSP, signal, threadNode uint64

@@ -19,7 +19,7 @@ import (
 // already checked by the command line.
 type CoreRequest struct {
 	Dump     string // path of the dump
-	Command  string // info, ps, bt, log, rd, sym, dis, slabs, whattype, typegraph, istype, findlocks, findfalse, p, struct, list, files or mount
+	Command  string // info, ps, bt, log, rd, sym, dis, slabs, whattype, typegraph, istype, findlocks, findfalse, findleaks, p, struct, list, files or mount
 	Arg      string // rd, whattype, istype: ADDR|SYM[+0xOFF]; sym: ADDR|NAME; dis: FUNC
 	Which    uint64 // bt, files: PID or task_struct address
 	All      bool   // bt -a
@@ -41,6 +41,7 @@ type CoreRequest struct {
 	// print of each entry.
 	Members []string
 	Head    string
+	Verbose bool // findleaks: every leak
 }
 
 // Core opens the dump, decides from its format which kernel it came
@@ -91,6 +92,8 @@ func Core(req CoreRequest, w io.Writer) error {
 		return CoreFindLocks(k, req.GraphFile, req.JSON, w)
 	case "findfalse":
 		return CoreFindFalse(k, req.GraphFile, req.JSON, w)
+	case "findleaks":
+		return CoreFindLeaks(k, req.Options.Vmlinux, req.GraphFile, req.Verbose, req.JSON, w)
 	case "files":
 		return CoreFiles(k, req.Which, req.JSON, w)
 	case "mount":

@@ -20,6 +20,8 @@ const coreShellHelp = `commands (one a line):
   p EXPR                      a C expression's value (kinst core p)
   struct T ADDR [-m M,…]      the struct T at ADDR (kinst core struct)
   list T.MEMBER HEAD [-s M,…] the structs on the list_head HEAD
+  findleaks [-v]              slab objects no root reaches (kinst core
+                              findleaks), -v: each one
   reach                       the untyped object of greatest reach
   typegraph                   the graph's report
   save FILE                   write the graph (load it with --graph-file)
@@ -154,6 +156,12 @@ func CoreShell(k *core.Kernel, holdOut []string, graphFile string, in io.Reader,
 			}
 			if err != nil {
 				fail(err)
+			}
+		case cmd == "findleaks" && (len(args) == 0 || len(args) == 1 && (args[0] == "-v" || args[0] == "--verbose")):
+			if r, err := findLeaks(k, "", g); err != nil {
+				fail(err)
+			} else {
+				writeLeaks(r, len(args) == 1, asJSON, w)
 			}
 		case cmd == "reach" && len(args) == 0:
 			r := g.Report().GreatestReach

@@ -54,6 +54,17 @@ Commands:
                   with the owner task and the waiters
   findfalse       arrays of structs smaller than a cache line holding a
                   lock, seqlock or wait queue head (false sharing)
+  findleaks       slab objects no pointer reaches (mdb's ::findleaks):
+                  every word of the kernel's data, each CPU's per-CPU
+                  area, each task's stack and each vmalloc area (modules
+                  among them) marks the object it points into, and each
+                  marked object's words mark further; the allocated
+                  objects left are leaks, grouped by cache and type, each
+                  counted once at the object that hides the others
+                  (--verbose lists each). Conservative: a stale word keeps
+                  an object, so a leak is missed rather than invented,
+                  except for objects only memory outside the heap,
+                  vmalloc and those roots points at (boot-time tables)
   p EXPR          the value of a C expression, as crash's print: globals,
                   per-CPU variables (per_cpu(VAR, CPU); alone, CPU 0's),
                   members (. ->), [i], * and &, casts ((struct T *)ADDR;
@@ -78,7 +89,7 @@ Commands:
                   block, file system type, device and mount point
   shell           the type graph built (or loaded) once, then commands
                   from stdin, one a line: whattype ADDR, istype ADDR TYPE,
-                  reach, typegraph, p EXPR, struct T ADDR [-m M,…],
+                  reach, typegraph, findleaks [-v], p EXPR, struct T ADDR [-m M,…],
                   list T.MEMBER HEAD [-s M,…], save FILE, quit (--json: one JSON
                   value a line)
 
@@ -106,10 +117,10 @@ kernel's symbols and types, which are not read yet.`
 
 var coreCommand = &command{
 	name:    "core",
-	args:    "DUMP info|ps|bt PID|TASK|-a|log|rd ADDR [N]|sym ADDR|NAME|dis FUNC|slabs|whattype ADDR|typegraph|istype ADDR TYPE|findlocks|findfalse|p EXPR|struct T ADDR|list T.MEMBER -H HEAD|files PID|mount|kmem ADDR|shell",
+	args:    "DUMP info|ps|bt PID|TASK|-a|log|rd ADDR [N]|sym ADDR|NAME|dis FUNC|slabs|whattype ADDR|typegraph|istype ADDR TYPE|findlocks|findfalse|findleaks|p EXPR|struct T ADDR|list T.MEMBER -H HEAD|files PID|mount|kmem ADDR|shell",
 	summary: "postmortem analysis of a kernel crash dump",
 	help:    coreHelp,
-	report:  true, files: true, words: []string{"info", "ps", "bt", "log", "rd", "sym", "dis", "slabs", "whattype", "typegraph", "istype", "findlocks", "findfalse", "p", "struct", "list", "files", "mount", "kmem", "shell"},
+	report:  true, files: true, words: []string{"info", "ps", "bt", "log", "rd", "sym", "dis", "slabs", "whattype", "typegraph", "istype", "findlocks", "findfalse", "findleaks", "p", "struct", "list", "files", "mount", "kmem", "shell"},
 	setup: func(fs *pflag.FlagSet) runFunc {
 		var asJSON bool
 		jsonFlag(fs, &asJSON, "the result")
@@ -118,12 +129,13 @@ var coreCommand = &command{
 		vmlinux := fs.String("vmlinux", "", "take types (.BTF) and unwind tables (.orc_unwind*) from the kernel image `FILE` instead of the dump")
 		phys := fs.Bool("phys", false, "rd: ADDR is a physical address")
 		holdOut := fs.StringSlice("hold-out", nil, "typegraph: treat the caches `CACHE,…` as untyped and measure how the inference types their objects")
-		graphFile := fs.String("graph-file", "", "typegraph, istype, whattype, findlocks, findfalse, shell: the type graph saved in `FILE`: loaded when it is this dump's (else refused), built and written there when FILE does not exist; istype changes it incrementally and writes it back")
+		graphFile := fs.String("graph-file", "", "typegraph, istype, whattype, findlocks, findfalse, findleaks, shell: the type graph saved in `FILE`: loaded when it is this dump's (else refused), built and written there when FILE does not exist; istype changes it incrementally and writes it back")
 		live := fs.Bool("live", false, "read the running kernel's memory (/proc/kcore, as root) instead of a dump: DUMP is left out")
 		maxFrames := fs.Int("max-frames", 0, "bt: stop a stack after `N` frames (0: no limit; a cycle of frames still ends it)")
 		members := fs.StringSliceP("members", "m", nil, "struct: print only the members `M,…` (paths such as se.vruntime)")
 		head := fs.StringP("head", "H", "", "list: where the list starts (a list_head, hlist_head or rb_root, as MEMBER's type says): an `EXPR` (init_task.tasks, a symbol, an address)")
 		show := fs.StringSliceP("show", "s", nil, "list: print the members `M,…` of each entry")
+		verbose := fs.BoolP("verbose", "v", false, "findleaks: list every leak, not only the totals of each cache and type")
 		graph := fs.Bool("graph", true, "whattype: type an object its cache does not by the type graph (kmalloc and merged caches); --graph=false: the cache's type only")
 		return func(ctx context.Context, inv invocation) (int, error) {
 			args := inv.args
@@ -142,9 +154,9 @@ var coreCommand = &command{
 			}
 			req := cli.CoreRequest{Dump: path, Command: cmd, Length: 64, Phys: *phys, JSON: asJSON,
 				Options: core.Options{BTF: *btfFile, Vmlinux: *vmlinux, MaxFrames: *maxFrames}, HoldOut: *holdOut, Graph: *graph,
-				GraphFile: *graphFile, In: os.Stdin}
+				GraphFile: *graphFile, In: os.Stdin, Verbose: *verbose}
 			switch cmd {
-			case "info", "ps", "log", "slabs", "typegraph", "findlocks", "findfalse", "mount", "shell":
+			case "info", "ps", "log", "slabs", "typegraph", "findlocks", "findfalse", "findleaks", "mount", "shell":
 				if err := nargs(0, 0); err != nil {
 					return 2, err
 				}
@@ -223,8 +235,11 @@ var coreCommand = &command{
 			default:
 				return 2, usagef("unknown command %q", cmd)
 			}
-			if *graphFile != "" && !strings.Contains(" typegraph istype whattype findlocks findfalse shell ", " "+cmd+" ") {
-				return 2, usagef("core %s: --graph-file is a typegraph, istype, whattype, findlocks, findfalse and shell flag", cmd)
+			if *graphFile != "" && !strings.Contains(" typegraph istype whattype findlocks findfalse findleaks shell ", " "+cmd+" ") {
+				return 2, usagef("core %s: --graph-file is a typegraph, istype, whattype, findlocks, findfalse, findleaks and shell flag", cmd)
+			}
+			if *verbose && cmd != "findleaks" {
+				return 2, usagef("core %s: --verbose is a findleaks flag", cmd)
 			}
 			if len(*holdOut) > 0 && cmd != "typegraph" && cmd != "istype" && cmd != "shell" {
 				return 2, usagef("core %s: --hold-out is a typegraph flag", cmd)

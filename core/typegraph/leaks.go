@@ -1,0 +1,252 @@
+package typegraph
+
+import (
+	"encoding/binary"
+	"sort"
+)
+
+// Leaks: mdb's ::findleaks over the graph's heap. Every allocated slab
+// object is a node; a node is reached when an aligned word of a root or
+// of a reached node holds an address inside it (conservatively: any
+// word, whatever its type, so a stale value keeps an object alive and a
+// leak is never reported wrongly for want of a type). The allocated
+// objects left unreached are the leaks. A leaked object that another
+// leaked object points at is part of that leak, not one of its own: each
+// leak is reported once, at its root, with the objects only it reaches.
+
+// Range is memory whose words are roots: a CPU's per-CPU area, a task's
+// stack, a module's or a vmalloc area's memory.
+type Range struct {
+	Lo, Hi uint64
+	What   string
+}
+
+// Leak is one unreached object that no other unreached object points at.
+type Leak struct {
+	Addr  uint64 `json:"addr"`
+	Size  uint32 `json:"size"`
+	Cache string `json:"cache"`
+	// Type is the graph's type for it, "" if untyped.
+	Type string `json:"type,omitempty"`
+	// Hidden is the unreached objects reachable only through it.
+	Hidden int `json:"hidden"`
+}
+
+// LeakGroup is the leaks of one cache and type.
+type LeakGroup struct {
+	Cache string `json:"cache"`
+	Type  string `json:"type,omitempty"`
+	Count int    `json:"count"`
+	// Bytes is the leaks' sizes and their hidden objects'.
+	Bytes  uint64 `json:"bytes"`
+	Hidden int    `json:"hidden"`
+	Leaks  []Leak `json:"leaks,omitempty"`
+}
+
+// LeakReport is `kinst core DUMP findleaks --json`.
+type LeakReport struct {
+	Objects int `json:"objects"` // allocated objects
+	Reached int `json:"reached"`
+	// Leaked is every unreached object; Leaks, the ones reported (the
+	// rest are reachable from them).
+	Leaked     int    `json:"leaked"`
+	Leaks      int    `json:"leaks"`
+	LeakedSize uint64 `json:"leaked_bytes"`
+	// RootBytes is the memory read as roots; Unreadable, the root bytes
+	// the dump does not hold (whole pages, skipped).
+	RootBytes  uint64 `json:"root_bytes"`
+	Unreadable uint64 `json:"unreadable_bytes"`
+	// RootRanges counts the roots by what they are.
+	RootRanges map[string]int `json:"root_ranges"`
+	// ReadFails counts slabs whose memory could not be read: their
+	// objects are neither scanned nor trusted as leaks.
+	ReadFails int         `json:"read_fails,omitempty"`
+	Groups    []LeakGroup `json:"groups"`
+}
+
+// leakChunk is how much root memory is read at a time.
+const leakChunk = 1 << 20
+
+// FindLeaks marks every allocated object reachable from the kernel
+// image's data, read-only data and bss, every CPU's per-CPU area (the
+// static variables and the first chunk's dynamic part), and roots (the
+// caller's: tasks' stacks, vmalloc areas, modules' memory), and reports
+// the allocated objects left unreached, grouped by cache and type,
+// largest groups first. Objects of slabs the dump could not read are
+// counted as reached (nothing can be said of them).
+func (g *Graph) FindLeaks(roots []Range) *LeakReport {
+	n := int32(len(g.typ))
+	reached := make([]bool, n)
+	var work []int32
+	reach := func(b []byte) {
+		for i := 0; i+8 <= len(b); i += 8 {
+			v := binary.LittleEndian.Uint64(b[i:])
+			if v < g.pfnBase {
+				continue
+			}
+			if t, _, ok := g.node(v); ok && !reached[t] {
+				reached[t] = true
+				work = append(work, t)
+			}
+		}
+	}
+	rep := &LeakReport{RootRanges: map[string]int{}}
+	all := append(g.builtinRoots(), roots...)
+	buf := make([]byte, leakChunk)
+	for _, r := range all {
+		rep.RootRanges[r.What]++
+		for a := r.Lo &^ 7; a < r.Hi; {
+			m := min(r.Hi-a, leakChunk)
+			b := buf[:m]
+			if g.k.ReadVirt(b, a) == nil {
+				rep.RootBytes += m
+				reach(b)
+				a += m
+				continue
+			}
+			// Page by page: a guard page or a hole in the dump.
+			next := min((a|4095)+1, r.Hi)
+			b = buf[:next-a]
+			if g.k.ReadVirt(b, a) == nil {
+				rep.RootBytes += next - a
+				reach(b)
+			} else {
+				rep.Unreadable += next - a
+			}
+			a = next
+		}
+	}
+	for len(work) > 0 {
+		t := work[len(work)-1]
+		work = work[:len(work)-1]
+		if b := g.bytes(t); b != nil {
+			reach(b)
+		}
+	}
+	// Unreadable slabs: their objects are not accused.
+	unread := make([]bool, n)
+	for t := int32(0); t < n; t++ {
+		if g.isFree(t) {
+			continue
+		}
+		rep.Objects++
+		if reached[t] {
+			rep.Reached++
+		} else if g.bytes(t) == nil {
+			unread[t] = true
+			rep.ReadFails++
+			rep.Reached++
+		}
+	}
+	rep.Leaked = rep.Objects - rep.Reached
+	// Leaked objects that other leaked objects point at belong to those.
+	leaked := func(t int32) bool { return !reached[t] && !unread[t] && !g.isFree(t) }
+	pointed := make([]bool, n)
+	for t := int32(0); t < n; t++ {
+		if !leaked(t) {
+			continue
+		}
+		b := g.bytes(t)
+		for i := 0; i+8 <= len(b); i += 8 {
+			if u, _, ok := g.node(binary.LittleEndian.Uint64(b[i:])); ok && u != t && leaked(u) {
+				pointed[u] = true
+			}
+		}
+	}
+	// Each leak root takes the leaked objects it reaches that no earlier
+	// root took; objects left over lie on cycles that no root reaches:
+	// the first of each cycle (by address) is taken as its root.
+	taken := make([]bool, n)
+	groups := map[[2]string]*LeakGroup{}
+	take := func(root int32) {
+		taken[root] = true
+		hidden, bytes := 0, uint64(g.slabs[g.nodeSlab[root]].Cache.ObjectSize)
+		stack := []int32{root}
+		for len(stack) > 0 {
+			t := stack[len(stack)-1]
+			stack = stack[:len(stack)-1]
+			b := g.bytes(t)
+			for i := 0; i+8 <= len(b); i += 8 {
+				if u, _, ok := g.node(binary.LittleEndian.Uint64(b[i:])); ok && leaked(u) && !taken[u] {
+					taken[u] = true
+					hidden++
+					bytes += uint64(g.slabs[g.nodeSlab[u]].Cache.ObjectSize)
+					stack = append(stack, u)
+				}
+			}
+		}
+		c := g.slabs[g.nodeSlab[root]].Cache
+		typ := ""
+		if g.mark[root] != Unmarked {
+			typ = g.typeName(root)
+		}
+		k := [2]string{c.Name, typ}
+		acc := groups[k]
+		if acc == nil {
+			acc = &LeakGroup{Cache: c.Name, Type: typ}
+			groups[k] = acc
+		}
+		acc.Count++
+		acc.Bytes += bytes
+		acc.Hidden += hidden
+		acc.Leaks = append(acc.Leaks, Leak{Addr: g.addr(root), Size: c.ObjectSize, Cache: c.Name, Type: typ, Hidden: hidden})
+		rep.Leaks++
+		rep.LeakedSize += bytes
+	}
+	for t := int32(0); t < n; t++ {
+		if leaked(t) && !pointed[t] {
+			take(t)
+		}
+	}
+	for t := int32(0); t < n; t++ {
+		if leaked(t) && !taken[t] {
+			take(t)
+		}
+	}
+	for _, acc := range groups {
+		rep.Groups = append(rep.Groups, *acc)
+	}
+	sort.Slice(rep.Groups, func(i, j int) bool {
+		a, b := rep.Groups[i], rep.Groups[j]
+		if a.Bytes != b.Bytes {
+			return a.Bytes > b.Bytes
+		}
+		if a.Cache != b.Cache {
+			return a.Cache < b.Cache
+		}
+		return a.Type < b.Type
+	})
+	return rep
+}
+
+// builtinRoots are the roots the graph finds itself: the image's data
+// ranges and every CPU's per-CPU area. A CPU's area runs from
+// __per_cpu_start for pcpu_unit_size bytes (the static variables, then
+// the first chunk's reserved and dynamic parts, where alloc_percpu's
+// early allocations live), or to __per_cpu_end where the unit size
+// cannot be read.
+func (g *Graph) builtinRoots() []Range {
+	var rs []Range
+	for _, r := range g.static.ranges {
+		rs = append(rs, Range{Lo: r[0], Hi: r[1], What: "kernel data"})
+	}
+	lo, err1 := g.k.SymbolAddr("__per_cpu_start")
+	hi, err2 := g.k.SymbolAddr("__per_cpu_end")
+	if err1 != nil || err2 != nil || hi <= lo {
+		return rs
+	}
+	size := hi - lo
+	if a, err := g.k.SymbolAddr("pcpu_unit_size"); err == nil {
+		var b [4]byte
+		if g.k.ReadVirt(b[:], a) == nil {
+			if u := uint64(binary.LittleEndian.Uint32(b[:])); u >= size && u <= 64<<20 {
+				size = u
+			}
+		}
+	}
+	offs, _ := g.k.PerCPUOffsets()
+	for _, off := range offs {
+		rs = append(rs, Range{Lo: lo + off, Hi: lo + off + size, What: "per-CPU area"})
+	}
+	return rs
+}

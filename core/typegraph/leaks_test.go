@@ -1,0 +1,82 @@
+package typegraph
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/kinst/kinst/core/slab"
+	"github.com/kinst/kinst/core/slab/slabtest"
+	"github.com/kinst/kinst/core/typeid"
+)
+
+// FindLeaks over a heap whose reachability is known: a variable reaches
+// a chain of objects and a caller's root range reaches one more; of the
+// rest, one object hides another behind it, two point at each other (a
+// cycle no root reaches), and one stands alone. Free objects are never
+// leaks, and a pointer into the middle of an object keeps it alive.
+func TestFindLeaks(t *testing.T) {
+	im := slabtest.NewImage(t, false)
+	c := im.AddCache("kmalloc-64", 64, 64, 0, 0)
+	const used = 10
+	var free []int
+	for i := used; i < c.PerSlab; i++ {
+		free = append(free, i)
+	}
+	s := im.AddSlab(c, c.PerSlab, free)
+	im.Finish()
+	obj := func(i int) uint64 { return c.Obj(s, i) }
+
+	// Kernel data: a variable pointing at object 0.
+	lo := im.Alloc(64)
+	im.U64(lo+8, obj(0))
+	im.Syms["_sdata"], im.Syms["_edata"] = lo, lo+64
+	im.U64(obj(0)+16, obj(1)+24) // into the middle of 1
+	im.U64(obj(1)+56, obj(2))
+	im.U64(obj(2), obj(c.PerSlab-1)) // a free object: not a node
+	// A stack range the caller gives reaches 3.
+	const stack = 0xffffc90000010000
+	im.U64(stack+4096-8, obj(3))
+	// Leaks: 4 hides 5; 6 and 7 point at each other; 8 alone; 9 is
+	// pointed at by 8.
+	im.U64(obj(4)+8, obj(5))
+	im.U64(obj(6), obj(7))
+	im.U64(obj(7), obj(6))
+	im.U64(obj(8)+32, obj(9))
+
+	h, err := slab.Open(im)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := Build(im, h, typeid.CacheTypes(im.Spec, h), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := g.FindLeaks([]Range{{Lo: stack, Hi: stack + 4096, What: "stack"}, {Lo: 0xffffc90000100000, Hi: 0xffffc90000102000, What: "hole"}})
+	var got []uint64
+	hidden := map[uint64]int{}
+	for _, gr := range r.Groups {
+		for _, l := range gr.Leaks {
+			got = append(got, l.Addr)
+			hidden[l.Addr] = l.Hidden
+		}
+	}
+	slices.Sort(got)
+	want := []uint64{obj(4), obj(6), obj(8)}
+	if !slices.Equal(got, want) {
+		t.Errorf("leaks %#x, want %#x", got, want)
+	}
+	for a, n := range map[uint64]int{obj(4): 1, obj(6): 1, obj(8): 1} {
+		if hidden[a] != n {
+			t.Errorf("%#x hides %d, want %d", a, hidden[a], n)
+		}
+	}
+	if r.Objects != used || r.Reached != 4 || r.Leaked != 6 || r.Leaks != 3 || r.LeakedSize != 6*64 {
+		t.Errorf("report %+v; want %d objects, 4 reached, 6 leaked in 3 leaks of 384 bytes", r, used)
+	}
+	if r.Unreadable != 0x2000 || r.RootRanges["stack"] != 1 || r.RootRanges["kernel data"] != 1 {
+		t.Errorf("roots: %v, %d unreadable bytes; want the stack, the data and the 8 KiB hole", r.RootRanges, r.Unreadable)
+	}
+	if len(r.Groups) != 1 || r.Groups[0].Cache != "kmalloc-64" || r.Groups[0].Count != 3 || r.Groups[0].Bytes != 6*64 || r.Groups[0].Hidden != 3 {
+		t.Errorf("groups %+v", r.Groups)
+	}
+}
