@@ -139,6 +139,10 @@ sleep 0.5; cat /tmp/kinst-slabtest.pid`)))
 	checkSlabinfo(t, &sl, parseSlabinfo(t, s1), parseSlabinfo(t, s2))
 	checkAliases(t, &sl, sysfs)
 	checkWhatType(t, path, pid, &sl)
+	t.Run("findleaks", func(t *testing.T) {
+		dumped := func(t *testing.T, args ...string) []byte { return kinst(t, append([]string{"core", path}, args...)...) }
+		checkFindLeaks(t, dumped, taskAddress(t, path, pid), 2, 5, true)
+	})
 	t.Run("crash", func(t *testing.T) { checkCrashKmem(t, path, &sl) })
 	t.Run("crash-print", func(t *testing.T) { checkCrashPrint(t, path) })
 }

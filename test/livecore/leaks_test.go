@@ -1,0 +1,76 @@
+package livecore
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// leaksJSON is `kinst core findleaks --json --verbose`.
+type leaksJSON struct {
+	Objects    int            `json:"objects"`
+	Reached    int            `json:"reached"`
+	Leaked     int            `json:"leaked"`
+	Leaks      int            `json:"leaks"`
+	RootRanges map[string]int `json:"root_ranges"`
+	Groups     []struct {
+		Cache string `json:"cache"`
+		Count int    `json:"count"`
+		Leaks []struct {
+			Addr  uint64 `json:"addr"`
+			Cache string `json:"cache"`
+		} `json:"leaks"`
+	} `json:"groups"`
+}
+
+// anchored are caches whose every object the kernel keeps on a list or
+// tree that a root reaches (the task list, a task's files table, the
+// dentry tree, a super block's inodes, the pid idr): none may be a leak.
+var anchored = map[string]bool{"task_struct": true, "filp": true, "dentry": true, "inode_cache": true,
+	"mm_struct": true, "signal_cache": true, "files_cache": true, "sighand_cache": true, "pid": true}
+
+// checkFindLeaks runs findleaks on a dump (or /proc/kcore through run)
+// of the healthy guest, which has no known leak: nearly every object is
+// reached; no object of an anchored cache, and not the task_struct of
+// the test's own process (task), is a leak; the roots include every
+// CPU's per-CPU area, the tasks' stacks and the vmalloc areas; and each
+// leak reported in a frozen dump is, by whattype (a separate lookup), an
+// allocated object of the cache findleaks names. maxLeaked is the share of objects
+// (per mille) allowed unreached: a frozen dump's are the kernel's own
+// (objects held only from memory outside the roots: boot-time tables);
+// a live kernel's also those allocated while it was read.
+func checkFindLeaks(t *testing.T, run func(t *testing.T, args ...string) []byte, task uint64, cpus, maxLeaked int, frozen bool) {
+	var r leaksJSON
+	if err := json.Unmarshal(run(t, "findleaks", "--json", "--verbose"), &r); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("findleaks: %d objects, %d reached, %d unreached in %d leaks; roots %v", r.Objects, r.Reached, r.Leaked, r.Leaks, r.RootRanges)
+	if r.Objects < 1000 || r.Reached+r.Leaked != r.Objects || r.Leaked*1000 > r.Objects*maxLeaked {
+		t.Errorf("findleaks: %d objects, %d reached, %d leaked; want at most %d‰ unreached", r.Objects, r.Reached, r.Leaked, maxLeaked)
+	}
+	if r.RootRanges["per-CPU area"] != cpus || r.RootRanges["kernel data"] < 2 || r.RootRanges["task stack"] < 20 || r.RootRanges["vmalloc area"] < 10 {
+		t.Errorf("findleaks roots %v; want %d per-CPU areas, the kernel's data, the tasks' stacks and the vmalloc areas", r.RootRanges, cpus)
+	}
+	checked := 0
+	for _, g := range r.Groups {
+		if anchored[g.Cache] {
+			t.Errorf("findleaks: %d leaks in %s, whose objects the kernel keeps reachable", g.Count, g.Cache)
+		}
+		for _, l := range g.Leaks {
+			if l.Addr == task {
+				t.Errorf("findleaks: the test's own task_struct %#x is a leak", task)
+			}
+			if frozen && checked < 5 {
+				checked++
+				var w whatJSON
+				if err := json.Unmarshal(run(t, "whattype", fmt.Sprintf("%#x", l.Addr), "--json", "--graph=false"), &w); err != nil {
+					t.Fatal(err)
+				}
+				if w.Kind != "slab object" || w.State == nil || *w.State != "allocated" || w.Cache == nil || !strings.Contains(*w.Cache, l.Cache) {
+					t.Errorf("leak %#x of %s: whattype says %+v", l.Addr, l.Cache, w)
+				}
+			}
+		}
+	}
+}
