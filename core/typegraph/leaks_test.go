@@ -43,14 +43,7 @@ func TestFindLeaks(t *testing.T) {
 	im.U64(obj(7), obj(6))
 	im.U64(obj(8)+32, obj(9))
 
-	h, err := slab.Open(im)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := Build(im, h, typeid.CacheTypes(im.Spec, h), Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := buildImageGraph(t, im)
 	r := g.FindLeaks([]Range{{Lo: stack, Hi: stack + 4096, What: "stack"}, {Lo: 0xffffc90000100000, Hi: 0xffffc90000102000, What: "hole"}})
 	var got []uint64
 	hidden := map[uint64]int{}
@@ -79,4 +72,19 @@ func TestFindLeaks(t *testing.T) {
 	if len(r.Groups) != 1 || r.Groups[0].Cache != "kmalloc-64" || r.Groups[0].Count != 3 || r.Groups[0].Bytes != 6*64 || r.Groups[0].Hidden != 3 {
 		t.Errorf("groups %+v", r.Groups)
 	}
+}
+
+// buildImageGraph walks a synthetic image's heap and builds its graph,
+// the caches' types from typeid.
+func buildImageGraph(t *testing.T, im *slabtest.Image) *Graph {
+	t.Helper()
+	h, err := slab.Open(im)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := Build(im, h, typeid.CacheTypes(im.Spec, h), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
 }

@@ -5,9 +5,7 @@ import (
 
 	"github.com/cilium/ebpf/btf"
 
-	"github.com/kinst/kinst/core/slab"
 	"github.com/kinst/kinst/core/slab/slabtest"
-	"github.com/kinst/kinst/core/typeid"
 )
 
 // lockTypes are 6.1's lock structs, reduced to the members findlocks
@@ -74,14 +72,7 @@ func TestFindLocks(t *testing.T) {
 	im.U64(h0+56, h0+56)
 	im.U64(h0+64, h0+56)
 
-	h, err := slab.Open(im)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := Build(im, h, typeid.CacheTypes(im.Spec, h), Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := buildImageGraph(t, im)
 	locks, implausible, err := g.FindLocks()
 	if err != nil {
 		t.Fatal(err)

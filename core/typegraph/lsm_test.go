@@ -6,9 +6,7 @@ import (
 
 	"github.com/cilium/ebpf/btf"
 
-	"github.com/kinst/kinst/core/slab"
 	"github.com/kinst/kinst/core/slab/slabtest"
-	"github.com/kinst/kinst/core/typeid"
 )
 
 // TestLSMBlobs: the inode's security blob (a void *) is typed as the
@@ -66,14 +64,7 @@ func TestLSMBlobs(t *testing.T) {
 				im.Syms[sym] = a
 				im.Write(a+8, []byte{byte(tc.inode[key]), 0, 0, 0})
 			}
-			h, err := slab.Open(im)
-			if err != nil {
-				t.Fatal(err)
-			}
-			g, err := Build(im, h, typeid.CacheTypes(im.Spec, h), Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
+			g := buildImageGraph(t, im)
 			at, ok := g.TypeAt(blob + 24)
 			if tc.want == "" {
 				if ok {
@@ -137,14 +128,7 @@ func TestLSMBlobsIntegrity(t *testing.T) {
 				im.Syms[sym] = a
 				im.Write(a+8, []byte{v, 0, 0, 0})
 			}
-			h, err := slab.Open(im)
-			if err != nil {
-				t.Fatal(err)
-			}
-			g, err := Build(im, h, typeid.CacheTypes(im.Spec, h), Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
+			g := buildImageGraph(t, im)
 			at, ok := g.TypeAt(cache)
 			if !tc.typed {
 				if ok {

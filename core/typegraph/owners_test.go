@@ -5,9 +5,7 @@ import (
 
 	"github.com/cilium/ebpf/btf"
 
-	"github.com/kinst/kinst/core/slab"
 	"github.com/kinst/kinst/core/slab/slabtest"
-	"github.com/kinst/kinst/core/typeid"
 )
 
 // TestListOwners: a vm_area_struct's anon_vma_chain head points at the
@@ -50,14 +48,7 @@ func TestListOwners(t *testing.T) {
 				im.U64(l, ring[(i+1)%len(ring)])
 				im.U64(l+8, ring[(i+len(ring)-1)%len(ring)])
 			}
-			h, err := slab.Open(im)
-			if err != nil {
-				t.Fatal(err)
-			}
-			g, err := Build(im, h, typeid.CacheTypes(im.Spec, h), Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
+			g := buildImageGraph(t, im)
 			for k, want := range tc.want {
 				at, ok := g.TypeAt(objs[k])
 				switch {
@@ -107,14 +98,7 @@ func TestXArray(t *testing.T) {
 			im.U64(mc.Obj(sm, 0)+16, tc.head(n0))
 			im.U64(n0+40+3*8, tc.slot(n1))
 			im.U64(n1+8, n0) // the child's parent: a typed pointer, but from an untyped object
-			h, err := slab.Open(im)
-			if err != nil {
-				t.Fatal(err)
-			}
-			g, err := Build(im, h, typeid.CacheTypes(im.Spec, h), Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
+			g := buildImageGraph(t, im)
 			for a, want := range map[uint64]string{n0: tc.want0, n1: tc.wan} {
 				at, ok := g.TypeAt(a)
 				switch {

@@ -5,9 +5,7 @@ import (
 
 	"github.com/cilium/ebpf/btf"
 
-	"github.com/kinst/kinst/core/slab"
 	"github.com/kinst/kinst/core/slab/slabtest"
-	"github.com/kinst/kinst/core/typeid"
 )
 
 // TestPointerArrays: a member S ** (fdtable.fd) types the object it
@@ -64,14 +62,7 @@ func TestPointerArrays(t *testing.T) {
 			}
 			off := map[string]uint64{"fd": 0, "pp": 8}[tc.member]
 			im.U64(fc.Obj(sf, 0)+off, arr)
-			h, err := slab.Open(im)
-			if err != nil {
-				t.Fatal(err)
-			}
-			g, err := Build(im, h, typeid.CacheTypes(im.Spec, h), Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
+			g := buildImageGraph(t, im)
 			at, ok := g.TypeAt(arr + 8)
 			switch {
 			case tc.arr == "" && ok:

@@ -5,9 +5,7 @@ import (
 
 	"github.com/cilium/ebpf/btf"
 
-	"github.com/kinst/kinst/core/slab"
 	"github.com/kinst/kinst/core/slab/slabtest"
-	"github.com/kinst/kinst/core/typeid"
 )
 
 // TestStaticData: a typed pointer from a heap object into the kernel
@@ -51,14 +49,7 @@ func TestStaticData(t *testing.T) {
 			it := k96.Obj(s96, 0)
 			im.U64(st+8, it)
 			im.U64(oc.Obj(so, 0)+8, st)
-			h, err := slab.Open(im)
-			if err != nil {
-				t.Fatal(err)
-			}
-			g, err := Build(im, h, typeid.CacheTypes(im.Spec, h), Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
+			g := buildImageGraph(t, im)
 			at, ok := g.TypeAt(it)
 			switch {
 			case tc.want == "" && ok:
