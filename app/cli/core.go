@@ -19,9 +19,9 @@ import (
 // already checked by the command line.
 type CoreRequest struct {
 	Dump     string // path of the dump
-	Command  string // info, ps, bt, log, rd, sym, dis, slabs, whattype, typegraph, istype, findlocks, findfalse, findleaks, p, struct, list, files or mount
+	Command  string // info, ps, bt, log, rd, sym, dis, slabs, whattype, typegraph, istype, findlocks, findfalse, findleaks, p, struct, list, files, vm or mount
 	Arg      string // rd, whattype, istype: ADDR|SYM[+0xOFF]; sym: ADDR|NAME; dis: FUNC
-	Which    uint64 // bt, files: PID or task_struct address
+	Which    uint64 // bt, files, vm: PID or task_struct address
 	All      bool   // bt -a
 	Length   int    // rd: bytes
 	Phys     bool   // rd: ADDR is physical
@@ -98,6 +98,8 @@ func Core(req CoreRequest, w io.Writer) error {
 		return CoreFiles(k, req.Which, req.JSON, w)
 	case "mount":
 		return CoreMount(k, req.JSON, w)
+	case "vm":
+		return CoreVM(k, req.Which, req.JSON, w)
 	case "p":
 		return CorePrint(k, req.Options.Vmlinux, req.Arg, req.JSON, w)
 	case "struct":

@@ -85,6 +85,10 @@ Commands:
                   order); a list that loops or breaks is reported where
   files PID|TASK  a task's open files: fd, struct file, dentry, inode,
                   type and path (through the mounts, as d_path)
+  vm PID|TASK     a task's address space, as crash's vm: its mm_struct and
+                  each VMA (struct, range, permissions and file offset as
+                  /proc/PID/maps, the mapped file's path), from the maple
+                  tree mm_mt (6.1+) or the mmap list before it
   mount           the mounts of init's namespace: struct mount, super
                   block, file system type, device and mount point
   shell           the type graph built (or loaded) once, then commands
@@ -117,10 +121,10 @@ kernel's symbols and types, which are not read yet.`
 
 var coreCommand = &command{
 	name:    "core",
-	args:    "DUMP info|ps|bt PID|TASK|-a|log|rd ADDR [N]|sym ADDR|NAME|dis FUNC|slabs|whattype ADDR|typegraph|istype ADDR TYPE|findlocks|findfalse|findleaks|p EXPR|struct T ADDR|list T.MEMBER -H HEAD|files PID|mount|kmem ADDR|shell",
+	args:    "DUMP info|ps|bt PID|TASK|-a|log|rd ADDR [N]|sym ADDR|NAME|dis FUNC|slabs|whattype ADDR|typegraph|istype ADDR TYPE|findlocks|findfalse|findleaks|p EXPR|struct T ADDR|list T.MEMBER -H HEAD|files PID|vm PID|mount|kmem ADDR|shell",
 	summary: "postmortem analysis of a kernel crash dump",
 	help:    coreHelp,
-	report:  true, files: true, words: []string{"info", "ps", "bt", "log", "rd", "sym", "dis", "slabs", "whattype", "typegraph", "istype", "findlocks", "findfalse", "findleaks", "p", "struct", "list", "files", "mount", "kmem", "shell"},
+	report:  true, files: true, words: []string{"info", "ps", "bt", "log", "rd", "sym", "dis", "slabs", "whattype", "typegraph", "istype", "findlocks", "findfalse", "findleaks", "p", "struct", "list", "files", "vm", "mount", "kmem", "shell"},
 	setup: func(fs *pflag.FlagSet) runFunc {
 		var asJSON bool
 		jsonFlag(fs, &asJSON, "the result")
@@ -193,13 +197,13 @@ var coreCommand = &command{
 					return 2, err
 				}
 				req.Arg, req.TypeName = rest[0], strings.TrimPrefix(rest[1], "struct ")
-			case "files":
+			case "files", "vm":
 				if err := nargs(1, 1); err != nil {
 					return 2, err
 				}
 				v, err := strconv.ParseUint(rest[0], 0, 64)
 				if err != nil {
-					return 2, usagef("core files: %q is neither a PID nor a task_struct address", rest[0])
+					return 2, usagef("core %s: %q is neither a PID nor a task_struct address", cmd, rest[0])
 				}
 				req.Which = v
 			case "p":

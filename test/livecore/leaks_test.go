@@ -1,8 +1,10 @@
 package livecore
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -72,5 +74,62 @@ func checkFindLeaks(t *testing.T, run func(t *testing.T, args ...string) []byte,
 				}
 			}
 		}
+	}
+}
+
+// checkLiveVM compares `vm PID` with the guest's /proc/PID/maps: the same
+// mappings in the same order, each with its range, permissions, and for
+// a file its offset and path; and a kernel thread (kthreadd, pid 2) has
+// no mm.
+func checkLiveVM(t *testing.T, ctx context.Context, gk func(*testing.T, ...string) []byte, pid int) {
+	maps := strings.TrimSpace(gsh(t, ctx, fmt.Sprintf("cat /proc/%d/maps", pid)))
+	var rep struct {
+		PID  int    `json:"pid"`
+		MM   string `json:"mm"`
+		VMAs []struct {
+			Start  uint64 `json:"start"`
+			End    uint64 `json:"end"`
+			Perms  string `json:"perms"`
+			Offset uint64 `json:"offset"`
+			File   string `json:"file"`
+		} `json:"vmas"`
+		Dropped int `json:"dropped"`
+	}
+	if err := json.Unmarshal(gk(t, "vm", strconv.Itoa(pid), "--json"), &rep); err != nil {
+		t.Fatal(err)
+	}
+	var want, got []string
+	for _, line := range strings.Split(maps, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			t.Fatalf("/proc/%d/maps: %q", pid, line)
+		}
+		path := ""
+		if len(f) >= 6 && strings.HasPrefix(f[5], "/") {
+			path = f[5]
+		}
+		off := f[2]
+		if path == "" {
+			off = "0" // an anonymous or special mapping
+		}
+		o, _ := strconv.ParseUint(off, 16, 64)
+		want = append(want, fmt.Sprintf("%s %s %x %s", f[0], f[1], o, path))
+	}
+	for _, v := range rep.VMAs {
+		off := v.Offset
+		if v.File == "" {
+			off = 0
+		}
+		got = append(got, fmt.Sprintf("%x-%x %s %x %s", v.Start, v.End, v.Perms, off, v.File))
+	}
+	if rep.PID != pid || rep.Dropped != 0 || strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("vm %d (%d dropped):\n%s\n/proc/%d/maps:\n%s", pid, rep.Dropped, strings.Join(got, "\n"), pid, strings.Join(want, "\n"))
+	}
+	t.Logf("vm %d: %d VMAs, as /proc/%d/maps", pid, len(rep.VMAs), pid)
+	if err := json.Unmarshal(gk(t, "vm", "2", "--json"), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.MM != "0x0" || len(rep.VMAs) != 0 {
+		t.Errorf("vm 2 (kthreadd): mm %s, %d VMAs; want none", rep.MM, len(rep.VMAs))
 	}
 }
