@@ -72,6 +72,7 @@ type Reader struct {
 	task, mm, vma   btf.Type
 	listed          bool   // mm_struct.mmap: the VMAs are a list (before 6.1)
 	r64Slot, a64Off uint64 // maple_range_64.slot, maple_arange_64.slot
+	r64Pivot        uint64 // maple_range_64.pivot: 15 pivots, the last slot's end implied
 	rootOff         uint64 // mm_struct.mm_mt.ma_root
 }
 
@@ -104,6 +105,9 @@ func New(e *typed.Env, fs *vfs.Reader) (*Reader, error) {
 		return nil, err
 	}
 	if r.a64Off, err = typed.OffsetOf(a64, "slot"); err != nil {
+		return nil, err
+	}
+	if r.r64Pivot, err = typed.OffsetOf(r64, "pivot"); err != nil {
 		return nil, err
 	}
 	return r, nil
@@ -186,8 +190,13 @@ func (r *Reader) tree(mm uint64) ([]uint64, error) {
 	}
 	var out []uint64
 	nodes := 0
-	var walk func(enc uint64, depth int) error
-	walk = func(enc uint64, depth int) error {
+	// max is the last address the node covers (its parent's pivot for
+	// it): a range node's data ends at slot 14 when pivot[14] is max,
+	// and before it, as its metadata says, when pivot[14] is 0; only a
+	// node whose 15 pivots all end before max uses slot 15 (ma_data_end).
+	// The slots past the end hold the metadata, not entries.
+	var walk func(enc uint64, depth int, max uint64) error
+	walk = func(enc uint64, depth int, max uint64) error {
 		if depth == 0 && (enc&3 != 2 || enc < 4096) { // the root is an entry, not a node
 			if enc != 0 {
 				out = append(out, enc)
@@ -206,7 +215,7 @@ func (r *Reader) tree(mm uint64) ([]uint64, error) {
 			off, n, leaf = r.r64Slot, 16, true
 		case 2: // maple_range_64
 			off, n = r.r64Slot, 16
-		case 3: // maple_arange_64
+		case 3: // maple_arange_64: its metadata lies apart from its slots
 			off, n = r.a64Off, 10
 		default:
 			return fmt.Errorf("maple node %#x: type %d not read", addr, (enc>>3)&0xf)
@@ -215,6 +224,19 @@ func (r *Reader) tree(mm uint64) ([]uint64, error) {
 		if err := r.e.Mem.Read(addr+off, b); err != nil {
 			return fmt.Errorf("maple node %#x: %w", addr, err)
 		}
+		var piv []uint64
+		if n == 16 {
+			pb := make([]byte, 15*8)
+			if err := r.e.Mem.Read(addr+r.r64Pivot, pb); err != nil {
+				return fmt.Errorf("maple node %#x: %w", addr, err)
+			}
+			for i := range 15 {
+				piv = append(piv, binary.LittleEndian.Uint64(pb[8*i:]))
+			}
+			if piv[14] == 0 || piv[14] == max {
+				n = 15
+			}
+		}
 		for i := range n {
 			v := binary.LittleEndian.Uint64(b[8*i:])
 			switch {
@@ -222,14 +244,18 @@ func (r *Reader) tree(mm uint64) ([]uint64, error) {
 			case leaf:
 				out = append(out, v)
 			default:
-				if err := walk(v, depth+1); err != nil {
+				cmax := max
+				if int(i) < len(piv) && piv[i] != 0 {
+					cmax = piv[i]
+				}
+				if err := walk(v, depth+1, cmax); err != nil {
 					return err
 				}
 			}
 		}
 		return nil
 	}
-	return out, walk(root, 0)
+	return out, walk(root, 0, ^uint64(0))
 }
 
 // vmaAt reads the vm_area_struct at a, if it is one of mm's.

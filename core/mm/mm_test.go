@@ -121,6 +121,7 @@ func TestSpace(t *testing.T) {
 				m.u64(leaf2+120, vmas[2].at)
 				m.u64(leaf2+120+16, vmas[3].at)
 				m.u64(leaf2+120+24, 0x10400)
+				m.u64(leaf2+120+15*8, 0x0f02) // metadata in the last slot: pivot[14] is 0
 			}
 			e := env(t, listed)
 			e.Mem = m

@@ -113,7 +113,10 @@ func checkLiveVM(t *testing.T, ctx context.Context, gk func(*testing.T, ...strin
 			off = "0" // an anonymous or special mapping
 		}
 		o, _ := strconv.ParseUint(off, 16, 64)
-		want = append(want, fmt.Sprintf("%s %s %x %s", f[0], f[1], o, path))
+		lo, hi, _ := strings.Cut(f[0], "-")
+		a, _ := strconv.ParseUint(lo, 16, 64)
+		b, _ := strconv.ParseUint(hi, 16, 64)
+		want = append(want, fmt.Sprintf("%x-%x %s %x %s", a, b, f[1], o, path))
 	}
 	for _, v := range rep.VMAs {
 		off := v.Offset
