@@ -241,18 +241,21 @@ type ArmRequest struct {
 
 // ArmResult is one arm-and-remove run of kinst bench arm.
 type ArmResult struct {
-	Mode        string         `json:"mode"` // "batched" or "single"
-	Blocks      int            `json:"blocks"`
-	Functions   int            `json:"functions"` // functions the blocks were taken from
-	Armed       int            `json:"armed"`
-	Refused     int            `json:"refused"` // blocks planned that the engine or driver refused
-	Refusals    map[string]int `json:"refusals,omitempty"`
-	PlanNS      int64          `json:"plan_ns"`
-	ArmNS       int64          `json:"arm_ns"`
-	ArmSyncs    uint64         `json:"arm_syncs"` // driver CPU sync rounds while arming
-	RemoveNS    int64          `json:"remove_ns"`
-	RemoveSyncs uint64         `json:"remove_syncs"`
-	PatchBytes  uint64         `json:"patch_bytes"` // patch heap in use with every probe armed
+	Mode      string         `json:"mode"` // "batched" or "single"
+	Blocks    int            `json:"blocks"`
+	Functions int            `json:"functions"` // functions the blocks were taken from
+	Armed     int            `json:"armed"`
+	Refused   int            `json:"refused"` // blocks planned that the engine or driver refused
+	Refusals  map[string]int `json:"refusals,omitempty"`
+	// RefusedAt is, for each kind of refusal, the first block refused so
+	// (FUNC+0xOFF): where to start looking.
+	RefusedAt   map[string]string `json:"refused_at,omitempty"`
+	PlanNS      int64             `json:"plan_ns"`
+	ArmNS       int64             `json:"arm_ns"`
+	ArmSyncs    uint64            `json:"arm_syncs"` // driver CPU sync rounds while arming
+	RemoveNS    int64             `json:"remove_ns"`
+	RemoveSyncs uint64            `json:"remove_syncs"`
+	PatchBytes  uint64            `json:"patch_bytes"` // patch heap in use with every probe armed
 	// First and Last are the first and last blocks taken (FUNC+0xOFF),
 	// the ends of the range a bisection narrows.
 	First string `json:"first,omitempty"`

@@ -61,6 +61,13 @@ var noinstrSections = [][2]string{
 	{"__indirect_thunk_start", "__indirect_thunk_end"},
 }
 
+// textBounds is [_stext, _etext), when kallsyms has both.
+func textBounds(s *kernel.Symbols) (lo, hi uint64, ok bool) {
+	lo, ok1 := s.Address("_stext")
+	hi, ok2 := s.Address("_etext")
+	return lo, hi, ok1 && ok2 && lo < hi
+}
+
 // isMitigation reports the helpers the return thunks call (SRSO's and
 // retbleed's), which may lie outside the thunk section.
 func isMitigation(name string) bool {
@@ -125,6 +132,13 @@ func FunctionNoSplice(s *kernel.Symbols, f *cfg.Function, driverModule string, b
 	case cfg.IsIndirectThunk(f.Name) || cfg.IsReturnThunk(f.Name) || isMitigation(f.Name):
 		// The die notifier is called indirectly, through the thunk.
 		return "a retpoline or return thunk: every indirect call or return runs it, the int3 path's included"
+	}
+	if lo, hi, ok := textBounds(s); f.Module == "" && ok && (f.Addr < lo || f.Addr >= hi) {
+		// _etext itself, and what lies past it (init text the kernel
+		// freed, alternatives it only copies from), is typed as text in
+		// kallsyms but not run in place: its pages need not be
+		// executable (the driver refuses them).
+		return "outside the kernel's text (_stext…_etext): a section marker, or code the kernel frees or only copies"
 	}
 	for _, sec := range noinstrSections {
 		if f.Module == "" && s.InRange(f.Addr, sec[0], sec[1]) {

@@ -92,6 +92,26 @@ func TestFunctionNoSpliceLists(t *testing.T) {
 			t.Errorf("%s (blacklist %v): %q, want %q", c.fn.Name, c.bl != nil, got, c.want)
 		}
 	}
+	// With the text's bounds known, a "function" at or past _etext (the
+	// marker itself, freed init text) is refused; one inside, and a
+	// module's, are not. (A whole-kernel bench planned _etext+0x2ce, in
+	// a page the driver found not executable: EPERM.)
+	bounded := kernel.NewSymbols([]kernel.Symbol{{Name: "_stext", Addr: 0xffffffff81000000, Type: 'T'}, {Name: "foo", Addr: 0xffffffff81000000, Type: 't'},
+		{Name: "_etext", Addr: 0xffffffff82000000, Type: 'T'}, {Name: "init_fn", Addr: 0xffffffff83000000, Type: 't'}})
+	for _, c := range []struct {
+		fn   cfg.Function
+		want string
+	}{
+		{cfg.Function{Name: "foo", Addr: 0xffffffff81000000}, ""},
+		{cfg.Function{Name: "_etext", Addr: 0xffffffff82000000}, "outside the kernel's text"},
+		{cfg.Function{Name: "init_fn", Addr: 0xffffffff83000000}, "outside the kernel's text"},
+		{cfg.Function{Name: "modfn", Module: "virtio_net", Addr: 0xffffffffc0001100}, ""},
+	} {
+		got := FunctionNoSplice(bounded, &c.fn, DriverModule, nil, nil)
+		if c.want == "" && got != "" || c.want != "" && !strings.Contains(got, c.want) {
+			t.Errorf("%s: %q, want %q", c.fn.Name, got, c.want)
+		}
+	}
 }
 
 // On IBT kernels (6.12) a function starts with endbr64, or the osp-nop3

@@ -88,7 +88,7 @@ func writeArm(w io.Writer, rep api.ArmReport) error {
 		})
 		fmt.Fprintf(w, "\nrefused (%s, %d blocks):\n", r.Mode, r.Blocks)
 		for _, k := range ks {
-			fmt.Fprintf(w, "%8d  %s\n", r.Refusals[k], k)
+			fmt.Fprintf(w, "%8d  %s (first at %s)\n", r.Refusals[k], k, r.RefusedAt[k])
 		}
 	}
 	return nil

@@ -41,7 +41,7 @@ func Arm(ctx context.Context, k Kernel, req api.ArmRequest) (api.ArmResult, erro
 	if len(targets) == 0 {
 		targets = []string{"*"}
 	}
-	res := api.ArmResult{Mode: "batched", Blocks: req.Blocks, Refusals: map[string]int{}}
+	res := api.ArmResult{Mode: "batched", Blocks: req.Blocks, Refusals: map[string]int{}, RefusedAt: map[string]string{}}
 	if req.Single {
 		res.Mode = "single"
 	}
@@ -114,7 +114,10 @@ func Arm(ctx context.Context, k Kernel, req api.ArmRequest) (api.ArmResult, erro
 	for i, r := range reqs {
 		if errs[i] != nil {
 			res.Refused++
-			res.Refusals[refusalKind(errs[i])]++
+			kind := refusalKind(errs[i])
+			if res.Refusals[kind]++; res.Refusals[kind] == 1 {
+				res.RefusedAt[kind] = sites[i].Where()
+			}
 			continue
 		}
 		armed = append(armed, r)
