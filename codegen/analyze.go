@@ -93,18 +93,56 @@ var (
 // analyze decodes the site and decides how to relocate it, or why not.
 // Building one patch asks about its site four or five times (PatchLen,
 // BuildPatch, the relocation, VerifyPatch), and each answer decodes the
-// instruction with trailers too: the last answer is kept (analysis is a
+// instruction with trailers too: recent answers are kept (analysis is a
 // function of the address and bytes alone, and an insn is not changed
-// once made), which took a fifth off arming a whole-kernel session.
+// once made). A batch of splices sizes every patch first and builds them
+// later, on every CPU, so the cache holds a batch's sites, not the last
+// one: a single kept answer missed every time and analysed each site
+// three times.
 func analyze(s Site) (*insn, error) {
-	if in := lastAnalysis.get(s); in != nil {
+	if in := analyses.get(s); in != nil {
 		return in, nil
 	}
 	in, err := analyzeSite(s)
 	if err == nil {
-		lastAnalysis.put(in)
+		analyses.put(in)
 	}
 	return in, err
+}
+
+// analyses are analyze's recent answers.
+var analyses analysisCache
+
+// analysisSlots is the cache's size: more than a driver batch (4,096).
+const analysisSlots = 1 << 13
+
+// analysisCache keeps analyses by address, direct mapped, each with a
+// copy of its site's bytes.
+type analysisCache struct {
+	mu   sync.Mutex
+	slot [analysisSlots]*insn
+}
+
+func analysisSlot(addr uint64) uint64 { return (addr ^ addr>>13) % analysisSlots }
+
+// get is the kept analysis of s, or nil.
+func (c *analysisCache) get(s Site) *insn {
+	c.mu.Lock()
+	in := c.slot[analysisSlot(s.Addr)]
+	c.mu.Unlock()
+	if in != nil && in.site.Addr == s.Addr && bytes.Equal(in.site.Bytes, s.Bytes) {
+		return in
+	}
+	return nil
+}
+
+// put keeps in, its site's bytes copied first: the caller's may change.
+// An analysis is not changed once made, so in itself is shared.
+func (c *analysisCache) put(in *insn) {
+	in.site.Bytes = bytes.Clone(in.site.Bytes)
+	c.mu.Lock()
+	c.slot[analysisSlot(in.site.Addr)] = in
+	c.mu.Unlock()
 }
 
 // analyzeSite is analyze, always afresh.
@@ -126,34 +164,6 @@ func analyzeSite(s Site) (*insn, error) {
 		return nil, &UnsupportedError{Addr: s.Addr, Inst: hex(), Reason: "x86asm cannot decode it: " + err.Error()}
 	}
 	return analyzeDecoded(s, inst, true)
-}
-
-// lastAnalysis is analyze's last successful answer.
-var lastAnalysis analysisMemo
-
-// analysisMemo holds one analysis, with a copy of its site's bytes.
-type analysisMemo struct {
-	mu sync.Mutex
-	in *insn // nil: none
-}
-
-// get is the kept analysis of s, or nil.
-func (m *analysisMemo) get(s Site) *insn {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.in != nil && m.in.site.Addr == s.Addr && bytes.Equal(m.in.site.Bytes, s.Bytes) {
-		return m.in
-	}
-	return nil
-}
-
-// put keeps in, its site's bytes copied first: the caller's may change.
-// An analysis is not changed once made, so in itself is shared.
-func (m *analysisMemo) put(in *insn) {
-	in.site.Bytes = bytes.Clone(in.site.Bytes)
-	m.mu.Lock()
-	m.in = in
-	m.mu.Unlock()
 }
 
 // trailers are byte sequences that can follow an instruction in a patch

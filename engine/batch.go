@@ -174,7 +174,7 @@ func (e *Engine) buildBatch(batch []pendingSplice, errs []error) []pendingSplice
 			res[i] = build(i)
 		}
 	} else {
-		parallel.Map(len(batch), build, func(i int, b built) bool { res[i] = b; return true })
+		parallel.For(len(batch), func(i int) { res[i] = build(i) })
 	}
 	kept := batch[:0]
 	for i, p := range batch {
