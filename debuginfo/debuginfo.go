@@ -16,6 +16,7 @@
 package debuginfo
 
 import (
+	"cmp"
 	"debug/dwarf"
 	"debug/elf"
 	"encoding/binary"
@@ -238,18 +239,8 @@ func parseAranges(b []byte, bo binary.ByteOrder) []arange {
 			}
 		}
 	}
-	slices.SortFunc(out, func(a, b arange) int { return cmpU64(a.lo, b.lo) })
+	slices.SortFunc(out, func(a, b arange) int { return cmp.Compare(a.lo, b.lo) })
 	return out
-}
-
-func cmpU64(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // find is the range of rs containing addr. Ranges do not overlap in a
@@ -350,7 +341,7 @@ func (f *File) unitAt(addr uint64) (dwarf.Offset, error) {
 		if err != nil {
 			return 0, err
 		}
-		slices.SortFunc(f.cus, func(a, b arange) int { return cmpU64(a.lo, b.lo) })
+		slices.SortFunc(f.cus, func(a, b arange) int { return cmp.Compare(a.lo, b.lo) })
 	}
 	if r, ok := find(f.cus, addr); ok {
 		return r.cu, nil
@@ -429,7 +420,7 @@ func (f *File) table(off dwarf.Offset) (*lineTable, error) {
 			cur = nil
 		}
 	}
-	slices.SortFunc(t.seqs, func(a, b sequence) int { return cmpU64(a.lo(), b.lo()) })
+	slices.SortFunc(t.seqs, func(a, b sequence) int { return cmp.Compare(a.lo(), b.lo()) })
 	return t, nil
 }
 
@@ -605,7 +596,7 @@ func (f *File) FuncsInFile(suffix string) ([]Func, error) {
 	if len(out) == 0 {
 		return nil, fmt.Errorf("no function's code comes from %s: %w", suffix, ErrNoLine)
 	}
-	slices.SortFunc(out, func(a, b Func) int { return cmpU64(a.Addr, b.Addr) })
+	slices.SortFunc(out, func(a, b Func) int { return cmp.Compare(a.Addr, b.Addr) })
 	return out, nil
 }
 

@@ -15,6 +15,7 @@
 package mm
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -146,18 +147,8 @@ func (r *Reader) Space(task uint64) (*Space, error) {
 		}
 		sp.VMAs = append(sp.VMAs, v)
 	}
-	slices.SortFunc(sp.VMAs, func(a, b VMA) int { return cmpU64(a.Start, b.Start) })
+	slices.SortFunc(sp.VMAs, func(a, b VMA) int { return cmp.Compare(a.Start, b.Start) })
 	return sp, err
-}
-
-func cmpU64(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // list follows mm->mmap through vm_next (kernels before 6.1).

@@ -1,13 +1,13 @@
 package mm
 
 import (
-	"bytes"
 	"encoding/binary"
 	"fmt"
 	"testing"
 
 	"github.com/cilium/ebpf/btf"
 
+	"github.com/kinst/kinst/internal/btftest"
 	"github.com/kinst/kinst/kernel/typed"
 )
 
@@ -32,11 +32,11 @@ func (m memory) u64(a, v uint64) {
 }
 
 func u64m(name string, off uint32) btf.Member {
-	return btf.Member{Name: name, Type: &btf.Int{Name: "long unsigned int", Size: 8}, Offset: btf.Bits(8 * off)}
+	return btftest.Member(name, &btf.Int{Name: "long unsigned int", Size: 8}, off)
 }
 
 func ptrm(name string, t btf.Type, off uint32) btf.Member {
-	return btf.Member{Name: name, Type: &btf.Pointer{Target: t}, Offset: btf.Bits(8 * off)}
+	return btftest.Member(name, &btf.Pointer{Target: t}, off)
 }
 
 // env is a kernel whose mm_struct keeps its VMAs in a maple tree
@@ -66,18 +66,7 @@ func env(t *testing.T, listed bool) *typed.Env {
 	r64 := &btf.Struct{Name: "maple_range_64", Size: 256, Members: []btf.Member{{Name: "pivot", Type: arr(15, u)}, {Name: "slot", Type: arr(16, &btf.Pointer{Target: void}), Offset: 120 * 8}}}
 	a64 := &btf.Struct{Name: "maple_arange_64", Size: 240, Members: []btf.Member{{Name: "pivot", Type: arr(9, u)}, {Name: "slot", Type: arr(10, &btf.Pointer{Target: void}), Offset: 72 * 8}}}
 	task := &btf.Struct{Name: "task_struct", Size: 8, Members: []btf.Member{ptrm("mm", mm, 0)}}
-	b, err := btf.NewBuilder([]btf.Type{task, r64, a64, vma}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := b.Marshal(nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	spec, err := btf.LoadSpecFromReader(bytes.NewReader(raw))
-	if err != nil {
-		t.Fatal(err)
-	}
+	spec := btftest.Spec(t, task, r64, a64, vma)
 	return &typed.Env{Spec: spec, Symbol: func(string) (uint64, bool) { return 0, false }}
 }
 

@@ -1,7 +1,6 @@
 package typed
 
 import (
-	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/cilium/ebpf/btf"
 
+	"github.com/kinst/kinst/internal/btftest"
 	"github.com/kinst/kinst/kernel"
 )
 
@@ -81,18 +81,7 @@ func fixture(t *testing.T) (*Env, memory) {
 	}
 	cpuTask := &btf.Var{Name: "cpu_task", Type: task, Linkage: btf.GlobalVar}
 	ds := &btf.Datasec{Name: ".data..percpu", Size: 0x80, Vars: []btf.VarSecinfo{{Type: cpuTask, Offset: 0x40, Size: 64}}}
-	b, err := btf.NewBuilder([]btf.Type{task, ds, u64}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := b.Marshal(nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	spec, err := btf.LoadSpecFromReader(bytes.NewReader(raw))
-	if err != nil {
-		t.Fatal(err)
-	}
+	spec := btftest.Spec(t, task, ds, u64)
 	m := memory{}
 	tasks := []uint64{0x1000, 0x2000, 0x3000}
 	for i, a := range tasks {
@@ -139,6 +128,7 @@ func fixture(t *testing.T) (*Env, memory) {
 			return uint64(0x10000*(cpu+1)) + off, nil
 		},
 	}
+	var err error
 	if taskT, err = env.LookupType("struct task"); err != nil {
 		t.Fatal(err)
 	}
