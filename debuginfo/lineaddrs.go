@@ -1,6 +1,7 @@
 package debuginfo
 
 import (
+	"cmp"
 	"debug/dwarf"
 	"errors"
 	"fmt"
@@ -146,7 +147,7 @@ func (f *File) LineRangeAddrs(suffix string, lo, hi int) ([]LineAddr, error) {
 	for _, a := range first {
 		out = append(out, a)
 	}
-	slices.SortFunc(out, func(a, b LineAddr) int { return cmpU64(a.Addr, b.Addr) })
+	slices.SortFunc(out, func(a, b LineAddr) int { return cmp.Compare(a.Addr, b.Addr) })
 	return out, nil
 }
 
