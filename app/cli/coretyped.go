@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"debug/elf"
 	"errors"
 	"fmt"
 	"io"
@@ -13,7 +12,6 @@ import (
 	"github.com/kinst/kinst/core"
 	"github.com/kinst/kinst/core/typeid"
 	"github.com/kinst/kinst/core/vfs"
-	"github.com/kinst/kinst/debuginfo"
 	"github.com/kinst/kinst/kernel/typed"
 )
 
@@ -24,61 +22,12 @@ const maxListEntries = 1 << 20
 // areas, and the variables' types from vmlinux's DWARF when vmlinux (a
 // debug vmlinux) is given and has any.
 func typedEnv(k *core.Kernel, vmlinux string) (*typed.Env, func(), error) {
-	types, err := k.Types()
+	e, done, err := k.TypedEnv(vmlinux)
 	if err != nil {
 		return nil, nil, err
 	}
-	syms, err := k.Symbols()
-	if err != nil {
-		return nil, nil, err
-	}
-	e := &typed.Env{
-		Mem:    k,
-		Spec:   types.Spec,
-		Symbol: syms.Address,
-		SymbolAt: func(a uint64) (string, bool) {
-			s, off, ok := k.SymbolAt(a)
-			if !ok {
-				return "", false
-			}
-			name := fmt.Sprintf("%s+%#x", s.Name, off)
-			if s.Module != "" {
-				name += " [" + s.Module + "]"
-			}
-			return name, true
-		},
-		PerCPU:   k.PerCPUAddr,
-		Describe: describer(k),
-	}
-	done := func() {}
-	if vmlinux != "" && hasDWARF(vmlinux) {
-		f, err := debuginfo.Open(vmlinux)
-		if err != nil {
-			return nil, nil, err
-		}
-		done = func() { f.Close() }
-		e.VarType = func(name string) (btf.Type, error) {
-			t, err := f.Variable(name)
-			if errors.Is(err, debuginfo.ErrNoVariable) {
-				return nil, fmt.Errorf("%w: %v", typed.ErrNoType, err)
-			}
-			if err != nil {
-				return nil, err
-			}
-			return e.FromDWARF(t)
-		}
-	}
+	e.Describe = describer(k)
 	return e, done, nil
-}
-
-// hasDWARF says whether the ELF file at path has a .debug_info section.
-func hasDWARF(path string) bool {
-	f, err := elf.Open(path)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	return f.Section(".debug_info") != nil
 }
 
 // address is where expr says an object is: a bare symbol's address, an
