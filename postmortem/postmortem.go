@@ -147,6 +147,22 @@ func (k *Kernel) Entries(head uint64, typ, member string) ([]Object, error) {
 	return out, err
 }
 
+// XArray are the structs of type typ an xarray points to, in index
+// order (xa_for_each): xa is the address of a struct xarray (an IDR's
+// idr_rt, a radix tree's root). Value and internal entries are left out.
+func (k *Kernel) XArray(xa uint64, typ string) ([]Object, error) {
+	t, err := k.lookup(typ)
+	if err != nil {
+		return nil, err
+	}
+	addrs, err := k.env.XArrayEntries(xa, maxEntries)
+	out := make([]Object, len(addrs))
+	for i, a := range addrs {
+		out[i] = Object{k: k, v: typed.Object(t, a)}
+	}
+	return out, err
+}
+
 // Object is a typed value in the kernel's memory (or, for the result of
 // arithmetic, a computed scalar).
 type Object struct {

@@ -195,19 +195,31 @@ func listValue(k *core.Kernel, vmlinux, spec, head string, show []string) ([]Lis
 		return nil, err
 	}
 	defer done()
-	typ, path, ok := strings.Cut(strings.TrimPrefix(spec, "struct "), ".")
-	if !ok || path == "" {
+	typ, path, linked := strings.Cut(strings.TrimPrefix(spec, "struct "), ".")
+	if linked && path == "" {
 		return nil, fmt.Errorf("list %s: want STRUCT.MEMBER, the member that links the entries", spec)
 	}
 	t, err := lookupStruct(e, typ)
 	if err != nil {
 		return nil, err
 	}
-	h, err := address(e, head)
-	if err != nil {
-		return nil, fmt.Errorf("list head %s: %w", head, err)
+	var addrs []uint64
+	var walkErr error
+	if linked {
+		h, err := address(e, head)
+		if err != nil {
+			return nil, fmt.Errorf("list head %s: %w", head, err)
+		}
+		addrs, walkErr = e.ListEntries(h, t, path, maxListEntries)
+	} else {
+		// No member: HEAD is an xarray (or an IDR, whose root is one)
+		// holding pointers to STRUCT.
+		xa, err := xarrayOf(e, head)
+		if err != nil {
+			return nil, fmt.Errorf("list %s: %w (list STRUCT.MEMBER walks a linked list)", spec, err)
+		}
+		addrs, walkErr = e.XArrayEntries(xa, maxListEntries)
 	}
-	addrs, walkErr := e.ListEntries(h, t, path, maxListEntries)
 	var out []ListEntry
 	for _, a := range addrs {
 		le := ListEntry{Address: fmt.Sprintf("%#x", a)}
@@ -221,6 +233,24 @@ func listValue(k *core.Kernel, vmlinux, spec, head string, show []string) ([]Lis
 		out = append(out, le)
 	}
 	return out, walkErr
+}
+
+// xarrayOf is the address of the struct xarray expr names: an xarray, or
+// an IDR's root (idr_rt).
+func xarrayOf(e *typed.Env, expr string) (uint64, error) {
+	v, err := e.Eval(expr)
+	if err != nil {
+		return 0, fmt.Errorf("-H %s: %w", expr, err)
+	}
+	if s, ok := btf.UnderlyingType(v.Type).(*btf.Struct); ok && s.Name == "idr" {
+		if v, err = e.Member(v, "idr_rt"); err != nil {
+			return 0, err
+		}
+	}
+	if s, ok := btf.UnderlyingType(v.Type).(*btf.Struct); !ok || s.Name != "xarray" {
+		return 0, fmt.Errorf("-H %s is a %s, not a struct xarray or idr", expr, typed.TypeString(v.Type))
+	}
+	return e.Address(v)
 }
 
 // FilesReport is `kinst core DUMP files PID --json`.

@@ -82,7 +82,10 @@ Commands:
                   -s M,… their members. MEMBER's type says what HEAD is:
                   a list_head (back to HEAD), an hlist_node (from an
                   hlist_head, to NULL), an rb_node (an rb_root, in
-                  order); a list that loops or breaks is reported where
+                  order); a list that loops or breaks is reported where.
+  list T -H XA    the structs T an xarray (or an IDR) points to, in index
+                  order: -H names the struct xarray or idr
+                  (init_pid_ns.idr: every struct pid)
   files PID|TASK  a task's open files: fd, struct file, dentry, inode,
                   type and path (through the mounts, as d_path)
   vm PID|TASK     a task's address space, as crash's vm: its mm_struct and
@@ -221,7 +224,7 @@ var coreCommand = &command{
 					return 2, err
 				}
 				if *head == "" {
-					return 2, usagef("core list: -H HEAD names the list_head to start at")
+					return 2, usagef("core list: -H HEAD names the list_head (or xarray) to start at")
 				}
 				req.TypeName, req.Head, req.Members = rest[0], *head, *show
 			case "kmem":

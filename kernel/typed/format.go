@@ -311,6 +311,80 @@ func (e *Env) ListEntries(head uint64, t btf.Type, path string, limit int) ([]ui
 	return out, err
 }
 
+// XArrayEntries walks the xarray at xa (a struct xarray, which is also
+// the radix tree and IDR's root) and returns its pointer entries in index
+// order: value entries (tagged integers) and the array's own internal
+// entries (siblings, retry and zero entries) are left out. Node pointers
+// are internal entries above 4096 (include/linux/xarray.h); a node's
+// slots are read as many as BTF's xa_node.slots holds. At most limit
+// entries and nodes; a node met twice is an error.
+func (e *Env) XArrayEntries(xa uint64, limit int) ([]uint64, error) {
+	xt, err := e.LookupType("struct xarray")
+	if err != nil {
+		return nil, err
+	}
+	nt, err := e.LookupType("struct xa_node")
+	if err != nil {
+		return nil, err
+	}
+	headOff, _, err := memberAt(xt, "xa_head")
+	if err != nil {
+		return nil, err
+	}
+	slotsOff, st, err := memberAt(nt, "slots")
+	if err != nil {
+		return nil, err
+	}
+	arr, ok := btf.UnderlyingType(st).(*btf.Array)
+	if !ok || arr.Nelems == 0 || arr.Nelems > 256 {
+		return nil, fmt.Errorf("xa_node.slots is a %s, not an array of entries", TypeString(st))
+	}
+	head, err := e.readPtr(xa + headOff)
+	if err != nil {
+		return nil, err
+	}
+	var out []uint64
+	seen := map[uint64]bool{}
+	buf := make([]byte, 8*arr.Nelems)
+	var walk func(entry uint64, depth int) error
+	walk = func(entry uint64, depth int) error {
+		switch {
+		case entry == 0, entry&1 == 1: // empty, or a value entry
+			return nil
+		case entry&3 == 2 && entry <= 4096: // sibling, retry or zero entry
+			return nil
+		case entry&3 == 2: // a node
+			node := entry - 2
+			if seen[node] || depth > 16 {
+				return fmt.Errorf("xarray %#x: node %#x met twice or too deep", xa, node)
+			}
+			seen[node] = true
+			if len(seen)+len(out) > limit {
+				return fmt.Errorf("xarray %#x: more than %d entries and nodes", xa, limit)
+			}
+			if err := e.Mem.Read(node+slotsOff, buf); err != nil {
+				return fmt.Errorf("xa_node %#x: %w", node, err)
+			}
+			slots := make([]uint64, arr.Nelems)
+			for i := range slots {
+				slots[i] = binary.LittleEndian.Uint64(buf[8*i:])
+			}
+			for _, s := range slots {
+				if err := walk(s, depth+1); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		if len(out) == limit {
+			return fmt.Errorf("xarray %#x: more than %d entries", xa, limit)
+		}
+		out = append(out, entry)
+		return nil
+	}
+	return out, walk(head, 0)
+}
+
 func (e *Env) readPtr(a uint64) (uint64, error) {
 	b := make([]byte, 8)
 	if err := e.Mem.Read(a, b); err != nil {

@@ -371,3 +371,38 @@ func mustEval(t *testing.T, e *Env, expr string) Value {
 	}
 	return v
 }
+
+// An xarray of two levels: pointer entries in index order, value,
+// sibling and empty entries left out, a single entry at the root read as
+// itself, and a node met twice an error.
+func TestXArrayEntries(t *testing.T) {
+	ptr := &btf.Pointer{Target: &btf.Void{}}
+	u8 := &btf.Int{Name: "unsigned char", Size: 1}
+	u32 := &btf.Int{Name: "unsigned int", Size: 4}
+	xa := &btf.Struct{Name: "xarray", Size: 16, Members: []btf.Member{btftest.Member("xa_flags", u32, 4), btftest.Member("xa_head", ptr, 8)}}
+	node := &btf.Struct{Name: "xa_node", Size: 8 + 64*8, Members: []btf.Member{btftest.Member("shift", u8, 0),
+		btftest.Member("slots", &btf.Array{Type: ptr, Index: u32, Nelems: 64}, 8)}}
+	m := memory{}
+	for _, a := range []uint64{0x2000, 0x4000} {
+		m.put(a, make([]byte, 8+64*8))
+	}
+	m.put(0x1000, make([]byte, 16))
+	m.u64(0x1008, 0x2000|2)
+	m.u64(0x2008, 0x3000)
+	m.u64(0x2008+8, 0x7)       // a value entry
+	m.u64(0x2008+16, 0<<2|2)   // a sibling
+	m.u64(0x2008+24, 0x4000|2) // a node
+	m.u64(0x4008, 0x5000)
+	e := &Env{Mem: m, Spec: btftest.Spec(t, xa, node)}
+	if got, err := e.XArrayEntries(0x1000, 100); err != nil || fmt.Sprintf("%#x", got) != "[0x3000 0x5000]" {
+		t.Errorf("entries %#x, %v", got, err)
+	}
+	m.u64(0x4008+8, 0x2000|2) // back to the first node
+	if _, err := e.XArrayEntries(0x1000, 100); err == nil || !strings.Contains(err.Error(), "met twice") {
+		t.Errorf("a loop: %v", err)
+	}
+	m.u64(0x1008, 0x6000)
+	if got, err := e.XArrayEntries(0x1000, 100); err != nil || fmt.Sprintf("%#x", got) != "[0x6000]" {
+		t.Errorf("a single entry: %#x, %v", got, err)
+	}
+}

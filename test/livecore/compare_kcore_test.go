@@ -101,6 +101,7 @@ sleep 0.5; cat /tmp/kinst-kcore.pid`)))
 	t.Run("typed", func(t *testing.T) { checkLiveTyped(t, ctx, gk, pid) })
 	t.Run("files", func(t *testing.T) { checkLiveFiles(t, ctx, gk, pid) })
 	t.Run("vm", func(t *testing.T) { checkLiveVM(t, ctx, gk, pid) })
+	t.Run("xarray", func(t *testing.T) { checkLiveXArray(t, ctx, gk, pid) })
 	t.Run("mount", func(t *testing.T) { checkLiveMount(t, ctx, gk) })
 	t.Run("log", func(t *testing.T) {
 		var lg struct {

@@ -136,3 +136,46 @@ func checkLiveVM(t *testing.T, ctx context.Context, gk func(*testing.T, ...strin
 		t.Errorf("vm 2 (kthreadd): mm %s, %d VMAs; want none", rep.MM, len(rep.VMAs))
 	}
 }
+
+// checkLiveXArray walks init_pid_ns's IDR (an xarray of struct pid): one
+// struct pid per pid in use, so the test's own pid among them, and about
+// as many as the guest has threads (pids also name process groups and
+// sessions, whose leaders are threads too).
+func checkLiveXArray(t *testing.T, ctx context.Context, gk func(*testing.T, ...string) []byte, pid int) {
+	var entries []struct {
+		Address string `json:"address"`
+		Members []struct {
+			Name  string `json:"name"`
+			Value any    `json:"value"`
+		} `json:"members"`
+	}
+	out := gk(t, "list", "pid", "-H", "((struct pid_namespace *)&init_pid_ns)->idr", "-s", "level", "--json")
+	if err := json.Unmarshal(out, &entries); err != nil {
+		t.Fatal(err)
+	}
+	threads, _ := strconv.Atoi(strings.TrimSpace(gsh(t, ctx, "ls -d /proc/[0-9]*/task/[0-9]* | wc -l")))
+	t.Logf("init_pid_ns.idr: %d struct pid; %d threads in /proc", len(entries), threads)
+	if len(entries) < threads-10 || len(entries) > threads+10 {
+		t.Errorf("init_pid_ns.idr: %d struct pid, /proc has %d threads", len(entries), threads)
+	}
+	for _, e := range entries {
+		if len(e.Members) != 1 || e.Members[0].Name != "level" || fmt.Sprint(e.Members[0].Value) != "0" {
+			t.Errorf("struct pid %s: %+v; want level 0 (the initial namespace)", e.Address, e.Members)
+			break
+		}
+	}
+	// The pid's own entry, by its address from the task.
+	var ptr struct {
+		Pointer string `json:"pointer"`
+	}
+	if err := json.Unmarshal(gk(t, "p", fmt.Sprintf("((struct task_struct *)%#x)->thread_pid", taskFromPS(t, gk(t, "ps", "--json"), pid)), "--json"), &ptr); err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, e := range entries {
+		found = found || e.Address == ptr.Pointer
+	}
+	if !found {
+		t.Errorf("pid %d's struct pid %s is not in init_pid_ns.idr", pid, ptr.Pointer)
+	}
+}
