@@ -220,6 +220,7 @@ func checkCore(t *testing.T, ctx context.Context, g *livetest.VM) {
 		want = append(want, name)
 	}
 	mounts := g.Sh(t, ctx, "cat /proc/mounts")
+	maps := g.Sh(t, ctx, "cat /proc/"+pid+"/maps")
 	path := filepath.Join(g.Scratch, "compat.elf")
 	if err := g.Dump(path, "elf"); err != nil {
 		t.Fatalf("dump: %v", err)
@@ -268,6 +269,53 @@ func checkCore(t *testing.T, ctx context.Context, g *livetest.VM) {
 	}
 	if strings.Join(gotMounts, "\n") != strings.Join(wantMounts, "\n") {
 		t.Errorf("core mount:\n%s\n/proc/mounts:\n%s", strings.Join(gotMounts, "\n"), strings.Join(wantMounts, "\n"))
+	}
+	// The sleeper's VMAs: the maple tree (6.1 on), as /proc/PID/maps.
+	out, err = exec.CommandContext(ctx, kinst, "core", path, "vm", pid, "--json").Output()
+	if err != nil {
+		t.Fatalf("core vm: %v", err)
+	}
+	var vm struct {
+		VMAs []struct {
+			Start, End uint64
+			Perms      string
+		}
+		Dropped int
+	}
+	if err := json.Unmarshal(out, &vm); err != nil {
+		t.Fatal(err)
+	}
+	var gotVMAs, wantVMAs []string
+	for _, v := range vm.VMAs {
+		gotVMAs = append(gotVMAs, fmt.Sprintf("%x-%x %s", v.Start, v.End, v.Perms))
+	}
+	for _, l := range strings.Split(strings.TrimSpace(maps), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 {
+			lo, hi, _ := strings.Cut(f[0], "-")
+			a, _ := strconv.ParseUint(lo, 16, 64)
+			b, _ := strconv.ParseUint(hi, 16, 64)
+			wantVMAs = append(wantVMAs, fmt.Sprintf("%x-%x %s", a, b, f[1]))
+		}
+	}
+	if vm.Dropped != 0 || strings.Join(gotVMAs, "\n") != strings.Join(wantVMAs, "\n") {
+		t.Errorf("core vm %s (%d dropped):\n%s\n/proc/%s/maps:\n%s", pid, vm.Dropped, strings.Join(gotVMAs, "\n"), pid, strings.Join(wantVMAs, "\n"))
+	}
+	// findleaks on each kernel's heap (6.9 moved the vmalloc areas into
+	// per-node trees): a healthy guest's objects nearly all reached.
+	out, err = exec.CommandContext(ctx, kinst, "core", path, "findleaks", "--json").Output()
+	if err != nil {
+		t.Fatalf("core findleaks: %v", err)
+	}
+	var leaks struct {
+		Objects, Reached, Leaked int
+		RootRanges               map[string]int `json:"root_ranges"`
+	}
+	if err := json.Unmarshal(out, &leaks); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("findleaks: %d objects, %d unreached; roots %v", leaks.Objects, leaks.Leaked, leaks.RootRanges)
+	if leaks.Objects < 1000 || leaks.Leaked*200 > leaks.Objects || leaks.RootRanges["vmalloc area"] < 10 {
+		t.Errorf("findleaks: %d objects, %d unreached (want under 0.5%%), roots %v", leaks.Objects, leaks.Leaked, leaks.RootRanges)
 	}
 	out, err = exec.CommandContext(ctx, kinst, "core", path, "bt", pid, "--json").Output()
 	if err != nil {
