@@ -1,6 +1,7 @@
 package typegraph
 
 import (
+	"encoding/binary"
 	"fmt"
 
 	"github.com/cilium/ebpf/btf"
@@ -18,6 +19,50 @@ var listOwners = []struct{ owner, member, entry, node string }{
 	{"anon_vma", "rb_root", "anon_vma_chain", "rb"},                    // mm/interval_tree.c: anon_vma_interval_tree_insert
 	{"vmap_block_queue", "free", "vmap_block", "free_list"},            // mm/vmalloc.c: new_vmap_block
 	{"trace_event_class", "fields", "ftrace_event_field", "link"},      // kernel/trace/trace_events.c: __trace_define_field
+	{"trace_array", "events", "trace_event_file", "list"},              // kernel/trace/trace_events.c: trace_create_new_event
+	// 6.9+: the busy and lazily freed areas of each vmap_node, its pools
+	// of free ones (mm/vmalloc.c: struct rb_list, struct vmap_pool).
+	{"rb_list", "root", "vmap_area", "rb_node"},
+	{"rb_list", "head", "vmap_area", "list"},
+	{"vmap_pool", "head", "vmap_area", "list"},
+}
+
+// knownStatics are static variables whose type the kernel's source
+// fixes but which BTF may not type (6.1's BTF types only per-CPU
+// variables): read as roots, as BTF's variables are. count, when set, is
+// an int variable saying how many structs lie behind the pointer name
+// holds (an array allocated at boot: above two nodes 6.9's vmap_nodes is
+// a large kmalloc, pages no slab object holds).
+var knownStatics = []struct{ name, typ, count string }{
+	{"global_trace", "trace_array", ""},          // kernel/trace/trace.c
+	{"vmap_nodes", "vmap_node", "nr_vmap_nodes"}, // mm/vmalloc.c, 6.9+
+}
+
+// staticRoots are the knownStatics this kernel has, each a root.
+func (g *Graph) staticRoots() []root {
+	var out []root
+	for _, v := range knownStatics {
+		var st *btf.Struct
+		a, err := g.k.SymbolAddr(v.name)
+		if err != nil || g.structByName(v.typ, &st) != nil {
+			continue
+		}
+		if v.count == "" {
+			out = append(out, root{name: v.name, addr: a, typ: st})
+			continue
+		}
+		ca, err1 := g.k.SymbolAddr(v.count)
+		base, ok := g.readU64(a)
+		var nb [4]byte
+		if err1 != nil || !ok || g.k.ReadVirt(nb[:], ca) != nil {
+			continue
+		}
+		n := binary.LittleEndian.Uint32(nb[:])
+		for i := uint32(0); i < n && i < 1024; i++ {
+			out = append(out, root{name: fmt.Sprintf("%s[%d]", v.name, i), addr: base + uint64(i)*uint64(st.Size), typ: st})
+		}
+	}
+	return out
 }
 
 // initOwners resolves listOwners and struct xa_node in the BTF.

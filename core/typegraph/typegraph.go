@@ -446,8 +446,8 @@ func (g *Graph) seed(t0 time.Time, hand []ByHand) error {
 	return nil
 }
 
-// findRoots lists the per-CPU variables (each CPU's copy) and the other
-// variables BTF's data sections type.
+// findRoots lists the per-CPU variables (each CPU's copy), the other
+// variables BTF's data sections type, and the knownStatics.
 func (g *Graph) findRoots() {
 	offs, _ := g.k.PerCPUOffsets()
 	pstart, perr := g.k.SymbolAddr("__per_cpu_start")
@@ -478,6 +478,15 @@ func (g *Graph) findRoots() {
 				continue
 			}
 			g.roots = append(g.roots, root{name: v.Name, addr: a, typ: v.Type})
+		}
+	}
+	seen := map[uint64]bool{}
+	for _, r := range g.roots {
+		seen[r.addr] = true
+	}
+	for _, r := range g.staticRoots() {
+		if !seen[r.addr] {
+			g.roots = append(g.roots, r)
 		}
 	}
 }
