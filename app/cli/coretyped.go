@@ -248,7 +248,7 @@ func xarrayOf(e *typed.Env, expr string) (uint64, error) {
 		}
 	}
 	if s, ok := btf.UnderlyingType(v.Type).(*btf.Struct); !ok || s.Name != "xarray" {
-		return 0, fmt.Errorf("-H %s is a %s, not a struct xarray or idr", expr, typed.TypeString(v.Type))
+		return 0, fmt.Errorf("-H %s has type %s, not struct xarray or idr", expr, typed.TypeString(v.Type))
 	}
 	return e.Address(v)
 }
