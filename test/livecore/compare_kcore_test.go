@@ -454,13 +454,7 @@ func checkLiveTyped(t *testing.T, ctx context.Context, gk func(*testing.T, ...st
 		return m
 	}
 	before := procPIDs()
-	var entries []struct {
-		Address string `json:"address"`
-		Members []struct {
-			Name  string `json:"name"`
-			Value any    `json:"value"`
-		} `json:"members"`
-	}
+	var entries listJSON
 	if err := json.Unmarshal(gk(t, "list", "task_struct.tasks", "-H", "((struct task_struct *)&init_task)->tasks", "-s", "pid,comm", "--json"), &entries); err != nil {
 		t.Fatal(err)
 	}

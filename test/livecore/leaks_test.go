@@ -137,18 +137,21 @@ func checkLiveVM(t *testing.T, ctx context.Context, gk func(*testing.T, ...strin
 	}
 }
 
+// listJSON is `kinst core list … -s … --json`.
+type listJSON []struct {
+	Address string `json:"address"`
+	Members []struct {
+		Name  string `json:"name"`
+		Value any    `json:"value"`
+	} `json:"members"`
+}
+
 // checkLiveXArray walks init_pid_ns's IDR (an xarray of struct pid): one
 // struct pid per pid in use, so the test's own pid among them, and about
 // as many as the guest has threads (pids also name process groups and
 // sessions, whose leaders are threads too).
 func checkLiveXArray(t *testing.T, ctx context.Context, gk func(*testing.T, ...string) []byte, pid int) {
-	var entries []struct {
-		Address string `json:"address"`
-		Members []struct {
-			Name  string `json:"name"`
-			Value any    `json:"value"`
-		} `json:"members"`
-	}
+	var entries listJSON
 	out := gk(t, "list", "pid", "-H", "((struct pid_namespace *)&init_pid_ns)->idr", "-s", "level", "--json")
 	if err := json.Unmarshal(out, &entries); err != nil {
 		t.Fatal(err)
