@@ -3,6 +3,8 @@ package typegraph
 import (
 	"encoding/binary"
 	"sort"
+
+	"github.com/cilium/ebpf/btf"
 )
 
 // Leaks: mdb's ::findleaks over the graph's heap. Every allocated slab
@@ -68,7 +70,8 @@ type LeakReport struct {
 const leakChunk = 1 << 20
 
 // FindLeaks marks every allocated object reachable from the kernel
-// image's data, read-only data and bss, every CPU's per-CPU area (the
+// image's data, read-only data and bss, the memory map (struct pages),
+// every CPU's per-CPU area (the
 // static variables and the first chunk's dynamic part), and roots (the
 // caller's: tasks' stacks, vmalloc areas, modules' memory), and reports
 // the allocated objects left unreached, grouped by cache and type,
@@ -220,7 +223,8 @@ func (g *Graph) FindLeaks(roots []Range) *LeakReport {
 }
 
 // builtinRoots are the roots the graph finds itself: the image's data
-// ranges and every CPU's per-CPU area. A CPU's area runs from
+// ranges, the memory map (every struct page) and every CPU's per-CPU
+// area. A CPU's area runs from
 // __per_cpu_start for pcpu_unit_size bytes (the static variables, then
 // the first chunk's reserved and dynamic parts, where alloc_percpu's
 // early allocations live), or to __per_cpu_end where the unit size
@@ -229,6 +233,13 @@ func (g *Graph) builtinRoots() []Range {
 	var rs []Range
 	for _, r := range g.static.ranges {
 		rs = append(rs, Range{Lo: r[0], Hi: r[1], What: "kernel data"})
+	}
+	// The memory map: struct pages point into the heap too (a page
+	// table's split lock, page->ptl, is a slab object only it points at
+	// where spinlock_t is large, as on PREEMPT_RT; page->mapping).
+	var page *btf.Struct
+	if h := g.heap; h.Vmemmap != 0 && h.MaxPFN > 0 && g.structByName("page", &page) == nil && page.Size > 0 {
+		rs = append(rs, Range{Lo: h.Vmemmap, Hi: h.Vmemmap + h.MaxPFN*uint64(page.Size), What: "memory map"})
 	}
 	lo, err1 := g.k.SymbolAddr("__per_cpu_start")
 	hi, err2 := g.k.SymbolAddr("__per_cpu_end")
