@@ -43,8 +43,17 @@ func portTaken(out []byte) bool {
 // appendLine is the guest kernel's command line; kinst.nodriver tells
 // /init not to load kerninst.ko (the kernel passes the unknown word on to
 // /init, which reads it from /proc/cmdline).
+//
+// trace_event=sched:sched_switch enables that tracepoint's static key
+// during boot, before the second CPU is up. Attaching to it later (kinst
+// offcpu's BPF program) then only takes a reference, and the kernel never
+// patches the jump in __schedule under load: under QEMU 7.2's
+// multi-threaded TCG its text_poke_bp left both vCPUs looping on a stale
+// translation of its int3 (exc_int3 → kprobe_int3_handler → the same
+// int3, at __schedule+0x1bc, while memory held the jump), the hazard the
+// driver avoids for its own writes but the kernel cannot for its own.
 func appendLine(c Config) string {
-	s := "console=ttyS0 panic=-1 kaslr"
+	s := "console=ttyS0 panic=-1 kaslr trace_event=sched:sched_switch"
 	if c.NoDriver {
 		s += " kinst.nodriver"
 	}
