@@ -249,13 +249,15 @@ type ArmResult struct {
 	Refusals  map[string]int `json:"refusals,omitempty"`
 	// RefusedAt is, for each kind of refusal, the first block refused so
 	// (FUNC+0xOFF): where to start looking.
-	RefusedAt   map[string]string `json:"refused_at,omitempty"`
-	PlanNS      int64             `json:"plan_ns"`
-	ArmNS       int64             `json:"arm_ns"`
-	ArmSyncs    uint64            `json:"arm_syncs"` // driver CPU sync rounds while arming
-	RemoveNS    int64             `json:"remove_ns"`
-	RemoveSyncs uint64            `json:"remove_syncs"`
-	PatchBytes  uint64            `json:"patch_bytes"` // patch heap in use with every probe armed
+	RefusedAt map[string]string `json:"refused_at,omitempty"`
+	PlanNS    int64             `json:"plan_ns"`
+	ArmNS     int64             `json:"arm_ns"`
+	ArmSyncs  uint64            `json:"arm_syncs"` // driver CPU sync rounds while arming
+	// ArmStages is where a batched arm's time went; nil for single.
+	ArmStages   *ArmStages `json:"arm_stages,omitempty"`
+	RemoveNS    int64      `json:"remove_ns"`
+	RemoveSyncs uint64     `json:"remove_syncs"`
+	PatchBytes  uint64     `json:"patch_bytes"` // patch heap in use with every probe armed
 	// First and Last are the first and last blocks taken (FUNC+0xOFF),
 	// the ends of the range a bisection narrows.
 	First string `json:"first,omitempty"`
@@ -263,6 +265,15 @@ type ArmResult struct {
 	// PeakRSS is kerninstd's peak resident memory after the run
 	// (api.Info.PeakRSS); 0 where the daemon does not say.
 	PeakRSS uint64 `json:"peak_rss_bytes,omitempty"`
+}
+
+// ArmStages splits a batched arm's time by stage (engine.ArmTimes).
+type ArmStages struct {
+	PrepareNS int64 `json:"prepare_ns"` // points, requests and slots: one CPU
+	BuildNS   int64 `json:"build_ns"`   // patches sized, allocated, generated and verified: every CPU
+	WriteNS   int64 `json:"write_ns"`   // patches written and read back
+	SpliceNS  int64 `json:"splice_ns"`  // splicing, the engine's books included
+	DriverNS  int64 `json:"driver_ns"`  // of SpliceNS, inside the driver: checks, writes, CPU syncs
 }
 
 // Durations summarises a set of measured durations, in nanoseconds.

@@ -114,7 +114,7 @@ func analyze(s Site) (*insn, error) {
 var analyses analysisCache
 
 // analysisSlots is the cache's size: more than a driver batch (4,096).
-const analysisSlots = 1 << 13
+const analysisSlots = 1 << 15
 
 // analysisCache keeps analyses by address, direct mapped, each with a
 // copy of its site's bytes.

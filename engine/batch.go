@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"syscall"
+	"time"
 
 	"github.com/kinst/kinst/codegen"
 	"github.com/kinst/kinst/driver"
@@ -39,19 +40,37 @@ func (e *Engine) AddEach(sites []*splice.Site, sp Spec) (reqs []*Request, errs [
 			full = err
 		}
 	}
+	// Clocks are read per batch, not per site: under an emulator a read
+	// can cost microseconds (a guest on the HPET).
+	t, start, before := &e.armTimes, time.Now(), e.armTimes
+	defer func() {
+		flushed := t.Build + t.Write + t.Splice - before.Build - before.Write - before.Splice
+		t.Prepare += time.Since(start) - flushed
+	}()
+	since := func(d *time.Duration, start time.Time) time.Time {
+		now := time.Now()
+		*d += now.Sub(start)
+		return now
+	}
 	flush := func() {
-		batch = e.buildBatch(batch, errs)
+		t0 := time.Now()
+		var err error
+		batch, err = e.buildBatch(batch, errs)
+		noRoom(err)
 		codes := make([]driver.PatchCode, len(batch))
 		for j, p := range batch {
 			codes[j] = driver.PatchCode{Addr: p.patch, Code: p.code}
 		}
+		t0 = since(&t.Build, t0)
 		if err := e.writePatches(codes); err != nil {
 			for _, p := range batch {
 				errs[p.i] = fmt.Errorf("%s: %w", p.pt.site.Where(), err)
 				e.abandon(p)
 			}
 		} else {
+			t0 = since(&t.Write, t0)
 			noRoom(e.spliceBatch(batch, reqs, errs))
+			since(&t.Splice, t0)
 		}
 		batch = batch[:0]
 	}
@@ -105,8 +124,8 @@ type pendingSplice struct {
 	reused bool   // the slot was taken back from reclaim
 }
 
-// prepare makes the request of a new point and allocates its patch (built
-// and written with the rest of the batch), and enters the point as
+// prepare makes the request of a new point (its patch is sized, allocated,
+// built and written with the rest of the batch), and enters the point as
 // pending (a later site at one of its instructions must wait for the
 // batch). The caller holds e.mu.
 func (e *Engine) prepare(pt *point, s *splice.Site, sp Spec) (pendingSplice, error) {
@@ -134,14 +153,6 @@ func (e *Engine) prepare(pt *point, s *splice.Site, sp Spec) (pendingSplice, err
 		}
 	}
 	p.specs = pt.patchSpecs([]*Request{r})
-	p.patch, err = e.allocPatchFor(pt, p.specs, r.hooks())
-	if err != nil {
-		e.freeSlots(r)
-		if p.slot != 0 {
-			e.releaseSlot(p.slot, p.reused, s.Addr())
-		}
-		return pendingSplice{}, err
-	}
 	pt.pending = true
 	for _, ps := range pt.sites() {
 		e.points[ps.Addr()] = pt
@@ -149,44 +160,70 @@ func (e *Engine) prepare(pt *point, s *splice.Site, sp Spec) (pendingSplice, err
 	return p, nil
 }
 
-// buildBatch builds the patches of batch, on every CPU (code generation
-// and its three checks are most of arming's work), and returns the
-// pending splices whose patch was built; the others get their error in
-// errs and are abandoned. Requests with hooks, which need not be safe
-// for concurrent use, are built one at a time. The caller holds e.mu.
-func (e *Engine) buildBatch(batch []pendingSplice, errs []error) []pendingSplice {
-	type built struct {
-		code []byte
-		err  error
-	}
+// buildBatch sizes, allocates and builds the patches of batch (sizing
+// and building on every CPU: code generation and its three checks are
+// most of arming's work), and returns the pending splices whose patch was
+// built; the others get their error in errs and are abandoned. full is
+// the error of a patch heap with no room left, if any: the allocations
+// after it are not tried. Requests with hooks, which need not be safe for
+// concurrent use, are sized and built one at a time. The caller holds
+// e.mu.
+func (e *Engine) buildBatch(batch []pendingSplice, errs []error) (kept []pendingSplice, full error) {
 	hooked := false
 	for _, p := range batch {
 		hooked = hooked || p.r.hooks() != nil
 	}
-	build := func(i int) built {
-		p := &batch[i]
-		code, err := p.pt.buildPatchTimed(p.patch, p.specs, p.r.hooks())
-		return built{code, err}
-	}
-	res := make([]built, len(batch))
-	if hooked {
-		for i := range batch {
-			res[i] = build(i)
+	each := func(f func(i int)) {
+		if hooked {
+			for i := range batch {
+				f(i)
+			}
+		} else {
+			parallel.For(len(batch), f)
 		}
-	} else {
-		parallel.For(len(batch), func(i int) { res[i] = build(i) })
 	}
-	kept := batch[:0]
+	fail := make([]error, len(batch))
+	// Sizes first (a patch's length does not depend on where in the heap
+	// it lies), then the allocations in order, then the code at its
+	// address. The analysis of each instruction, most of the sizing, is
+	// kept for the build (codegen's cache).
+	sizes, near := make([]int, len(batch)), e.patchHeapBase()
+	each(func(i int) {
+		p := &batch[i]
+		sizes[i], fail[i] = p.pt.patchLen(near, p.specs)
+	})
+	for i := range batch {
+		p := &batch[i]
+		if fail[i] != nil {
+			continue
+		}
+		if full != nil {
+			fail[i] = fmt.Errorf("not tried: no room for an earlier probe (%w)", full)
+			continue
+		}
+		p.patch, fail[i] = e.allocPatchTimed(sizes[i], p.r.hooks())
+		if errors.Is(fail[i], syscall.ENOSPC) {
+			full = fail[i]
+		}
+	}
+	code := make([][]byte, len(batch))
+	each(func(i int) {
+		if fail[i] == nil {
+			p := &batch[i]
+			code[i], fail[i] = p.pt.buildPatchTimed(p.patch, p.specs, p.r.hooks())
+		}
+	})
+	kept = batch[:0]
 	for i, p := range batch {
-		if res[i].err != nil {
-			errs[p.i] = res[i].err
+		if fail[i] != nil {
+			errs[p.i] = fail[i]
 			e.abandon(p)
 			continue
 		}
-		p.code, p.specs = res[i].code, nil
+		p.code, p.specs = code[i], nil
 		kept = append(kept, p)
 	}
-	return kept
+	return kept, full
 }
 
 // abandon undoes prepare (and gives back the slot, which nothing was
@@ -196,7 +233,9 @@ func (e *Engine) abandon(p pendingSplice) {
 	e.dropPoint(p.pt)
 	// The patch is freed first: the driver waits until no task can
 	// still be in it, so none is left on the slot's jmp either.
-	e.dropPatch(p.patch)
+	if p.patch != 0 {
+		e.dropPatch(p.patch)
+	}
 	e.freeSlots(p.r)
 	if p.slot != 0 {
 		e.releaseSlot(p.slot, p.reused, p.pt.site.Addr())
@@ -294,7 +333,9 @@ func (e *Engine) spliceEach(ops []driver.SpliceOp) (ids []uint32, errs []error, 
 			batch[j], addrs[j], origs[j] = ops[i], ops[i].Addr, ops[i].Orig
 		}
 		return e.ov.splicedMany(addrs, origs, func() error {
+			t0 := time.Now()
 			got, err := e.dev.SpliceBatch(batch)
+			e.armTimes.Driver += time.Since(t0)
 			for j, i := range live[:len(got)] {
 				ids[i] = got[j]
 			}

@@ -231,6 +231,44 @@ func TestAddEachStopsWhenFull(t *testing.T) {
 	}
 }
 
+// A patch heap that fills in the middle of a batch: the sites whose
+// patch was allocated are spliced, the first without room and every site
+// after it get ENOSPC without a patch, and removing what was installed
+// leaves the text and the heap as they were. (Patches are sized on every
+// CPU, then allocated in site order.)
+func TestAddEachHeapFull(t *testing.T) {
+	h := newHarness(t)
+	sites := h.blockSites("filename_lookup")
+	if len(sites) < 3 {
+		t.Fatalf("%d sites, want 3 or more", len(sites))
+	}
+	h.k.Mu.Lock()
+	h.k.MaxAllocs = 2
+	h.k.Mu.Unlock()
+	reqs, errs := h.e.AddEach(sites, Spec{Owner: "cover", Slots: 1, Snippet: hitFlag})
+	var armed []*Request
+	for i := range sites {
+		if i < 2 {
+			if errs[i] != nil || reqs[i] == nil {
+				t.Errorf("%s: %v, want armed", sites[i].Point.Spec, errs[i])
+			}
+			armed = append(armed, reqs[i])
+			continue
+		}
+		if !errors.Is(errs[i], syscall.ENOSPC) || reqs[i] != nil {
+			t.Errorf("%s: %v, want ENOSPC", sites[i].Point.Spec, errs[i])
+		}
+	}
+	if n := len(h.k.AllocsNow()); n != 2 {
+		t.Errorf("%d patches allocated, want 2", n)
+	}
+	h.e.RemoveEach(armed)
+	h.e.Reclaim()
+	if !bytes.Equal(h.k.TextNow(), text) || len(h.k.AllocsNow()) != 0 {
+		t.Error("not restored")
+	}
+}
+
 // Batching: AddEach splices new points MaxBatch at a time, one driver
 // batch each, and RemoveEach unsplices them the same way; the bytes are
 // the original ones afterwards.

@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/splice"
@@ -76,6 +77,26 @@ type Engine struct {
 	reclaimArmed bool
 	// +checklocks:mu
 	slots slotAllocator
+	// armTimes is where AddEach's time went, summed over every call.
+	// +checklocks:mu
+	armTimes ArmTimes
+}
+
+// ArmTimes is where batched arming (AddEach) spent its time, summed over
+// every batch: what a bench reports beside the total.
+type ArmTimes struct {
+	Prepare time.Duration // new points and requests made, slots taken (one CPU)
+	Build   time.Duration // patches sized, allocated, generated and verified (every CPU)
+	Write   time.Duration // patches written into the heap and read back
+	Splice  time.Duration // splicing: the driver's batches and the engine's books
+	Driver  time.Duration // of Splice, inside the driver (checks, writes, CPU synchronisations)
+}
+
+// ArmTimes is AddEach's time so far, by stage.
+func (e *Engine) ArmTimes() ArmTimes {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.armTimes
 }
 
 // New returns an engine over c.Device with nothing installed.

@@ -531,14 +531,30 @@ func (e *Engine) makePatch(pt *point, reqs []*Request, h Hooks) (uint64, []byte,
 // specs, sized before it is built (codegen.PatchLen). The caller holds
 // e.mu.
 func (e *Engine) allocPatchFor(pt *point, specs []codegen.PatchSpec, h Hooks) (uint64, error) {
+	n, err := pt.patchLen(e.patchHeapBase(), specs)
+	if err != nil {
+		return 0, err
+	}
+	return e.allocPatchTimed(n, h)
+}
+
+// patchLen is the length of the point's patch for specs anywhere near
+// the heap at near. It reads only the point and specs.
+func (pt *point) patchLen(near uint64, specs []codegen.PatchSpec) (int, error) {
 	n := 0
 	for _, spec := range specs {
-		k, err := codegen.PatchLen(e.patchHeapBase(), spec)
+		k, err := codegen.PatchLen(near, spec)
 		if err != nil {
 			return 0, fmt.Errorf("%s: %w", pt.site.Where(), err)
 		}
 		n += k
 	}
+	return n, nil
+}
+
+// allocPatchTimed allocates n bytes of patch heap, timed as
+// StepPatchAlloc. The caller holds e.mu.
+func (e *Engine) allocPatchTimed(n int, h Hooks) (uint64, error) {
 	var patch uint64
 	if err := timed(h, StepPatchAlloc, func() (err error) { patch, err = e.allocPatch(n); return err }); err != nil {
 		return 0, fmt.Errorf("allocate patch: %w", err)

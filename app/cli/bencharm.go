@@ -73,6 +73,10 @@ func writeArm(w io.Writer, rep api.ArmReport) error {
 		if r.First != "" {
 			fmt.Fprintf(w, "%s: blocks %s … %s\n", r.Mode, r.First, r.Last)
 		}
+		if st := r.ArmStages; st != nil {
+			fmt.Fprintf(w, "%s: arm %s = prepare %s + build %s + write %s + splice %s (%s in the driver)\n", r.Mode, fmtNS(float64(r.ArmNS)),
+				fmtNS(float64(st.PrepareNS)), fmtNS(float64(st.BuildNS)), fmtNS(float64(st.WriteNS)), fmtNS(float64(st.SpliceNS)), fmtNS(float64(st.DriverNS)))
+		}
 	}
 	for _, r := range rep.Runs {
 		if len(r.Refusals) == 0 {

@@ -5,6 +5,7 @@ package workload
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -13,6 +14,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -342,4 +344,24 @@ func moduleCycle(ko string) (cycle func() error, restore func(), err error) {
 		}
 	}
 	return cycle, restore, nil
+}
+
+// Nice sets the nice value of every thread of this process (Linux keeps
+// it per thread; threads and children made later inherit it from the
+// thread that makes them).
+func Nice(n int) error {
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		return fmt.Errorf("nice: %w", err)
+	}
+	for _, t := range tasks {
+		tid, err := strconv.Atoi(t.Name())
+		if err != nil {
+			continue
+		}
+		if err := unix.Setpriority(unix.PRIO_PROCESS, tid, n); err != nil && !errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("nice %d: %w", n, err)
+		}
+	}
+	return nil
 }

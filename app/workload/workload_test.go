@@ -1,8 +1,10 @@
 package workload
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -30,5 +32,28 @@ func TestCountedWorkloadsStop(t *testing.T) {
 	}
 	if err := Stat(context.Background(), "/", 3); err != nil {
 		t.Errorf("stat: %v", err)
+	}
+}
+
+// Nice reaches every thread: each task's nice value (field 19 of
+// /proc/self/task/TID/stat) is the one set.
+func TestNice(t *testing.T) {
+	if err := Nice(3); err != nil {
+		t.Fatal(err)
+	}
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, task := range tasks {
+		b, err := os.ReadFile("/proc/self/task/" + task.Name() + "/stat")
+		if err != nil {
+			continue // gone since
+		}
+		// Fields after the command, which is in parentheses and may hold spaces.
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) < 17 || f[16] != "3" {
+			t.Errorf("task %s: nice %v, want 3", task.Name(), f[16:17])
+		}
 	}
 }

@@ -154,7 +154,11 @@ block that takes a probe: with no TARGET, the whole kernel (about 540,000
 blocks of 6.1), the whole-kernel session the live tests soak. --skip K
 passes over the first K of those blocks, so that a bisection of a
 failing run can drop blocks from the front while keeping its last one
-(the report names the first and last block armed).`,
+(the report names the first and last block armed). A batched arm's time
+is split by stage: prepare (points, requests and springboard slots, on
+one CPU), build (patches sized, allocated, generated and verified, on
+every CPU), write (patches into the heap, read back) and splice (the
+driver's batches, of which the time inside the driver is given too).`,
 	daemon: true, report: true,
 	setup: func(fs *pflag.FlagSet) runFunc {
 		var o cli.ArmOptions

@@ -21,7 +21,13 @@ var workloadCommand = &command{
 	hidden:  true,
 	words:   []string{"stat", "files", "syscalls", "creat", "spin", "mixed"},
 	setup: func(fs *pflag.FlagSet) runFunc {
+		nice := fs.Int("nice", 0, "run at this nice value (19: only on cycles nothing else wants)")
 		return func(ctx context.Context, inv invocation) (int, error) {
+			if *nice != 0 {
+				if err := workload.Nice(*nice); err != nil {
+					return 1, err
+				}
+			}
 			return 0, runWorkload(ctx, inv)
 		}
 	},

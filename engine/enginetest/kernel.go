@@ -47,6 +47,9 @@ type Kernel struct {
 	// MaxSplices > 0 fails a splice with ENOSPC when that many are
 	// installed, as the driver's full splice table does.
 	MaxSplices int
+	// MaxAllocs > 0 fails a patch allocation with ENOSPC while that many
+	// patches are allocated (a full patch heap).
+	MaxAllocs int
 	// SpliceCalls and Resplices count successful driver calls; Covering
 	// counts the covering splices among SpliceCalls.
 	SpliceCalls, Resplices int
@@ -117,6 +120,9 @@ func (k *Kernel) PatchAlloc(size int) (uint64, error) {
 	defer k.Mu.Unlock()
 	a := k.heapNext
 	n := uint64(size+63) &^ 63
+	if k.MaxAllocs > 0 && len(k.Allocs) >= k.MaxAllocs {
+		return 0, fmt.Errorf("patch heap full: %w", syscall.ENOSPC)
+	}
 	k.heapNext += n
 	k.Allocs[a] = size
 	k.allocOrder = append(k.allocOrder, a)

@@ -104,7 +104,16 @@ func Arm(ctx context.Context, k Kernel, req api.ArmRequest) (api.ArmResult, erro
 			reqs[i], errs[i] = k.Engine.Add(s, spec)
 		}
 	} else {
+		before := k.Engine.ArmTimes()
 		reqs, errs = k.Engine.AddEach(sites, spec)
+		after := k.Engine.ArmTimes()
+		res.ArmStages = &api.ArmStages{
+			PrepareNS: int64(after.Prepare - before.Prepare),
+			BuildNS:   int64(after.Build - before.Build),
+			WriteNS:   int64(after.Write - before.Write),
+			SpliceNS:  int64(after.Splice - before.Splice),
+			DriverNS:  int64(after.Driver - before.Driver),
+		}
 	}
 	res.ArmNS = int64(k.now().Sub(t0))
 	s1 := syncs()
