@@ -114,7 +114,7 @@ func analyze(s Site) (*insn, error) {
 var analyses analysisCache
 
 // analysisSlots is the cache's size: more than a driver batch (4,096).
-const analysisSlots = 1 << 15
+const analysisSlots = 1 << 13
 
 // analysisCache keeps analyses by address, direct mapped, each with a
 // copy of its site's bytes.
@@ -140,6 +140,14 @@ func (c *analysisCache) get(s Site) *insn {
 // An analysis is not changed once made, so in itself is shared.
 func (c *analysisCache) put(in *insn) {
 	in.site.Bytes = bytes.Clone(in.site.Bytes)
+	c.mu.Lock()
+	c.slot[analysisSlot(in.site.Addr)] = in
+	c.mu.Unlock()
+}
+
+// keep enters in again, an analysis put before (whose bytes are already
+// its own): in is shared and not changed.
+func (c *analysisCache) keep(in *insn) {
 	c.mu.Lock()
 	c.slot[analysisSlot(in.site.Addr)] = in
 	c.mu.Unlock()

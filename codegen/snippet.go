@@ -77,6 +77,32 @@ type PatchSpec struct {
 	// first moves %rsp below it (lea -RedZone(%rsp),%rsp) and back after;
 	// lea leaves the flags alone.
 	RedZone int32
+
+	// in is Site's analysis, made by Analyze and kept with the spec so
+	// that sizing a patch and building it, possibly far apart, analyse
+	// the instruction once (the shared cache may have let it go).
+	in *insn
+}
+
+// Analyze analyses the spec's instruction now and keeps the answer with
+// the spec, for PatchLen and BuildPatch; it returns the error they would.
+func (spec *PatchSpec) Analyze() error {
+	in, err := analyze(spec.Site)
+	if err == nil {
+		spec.in = in
+	}
+	return err
+}
+
+// analysis is the spec's instruction analysed: the one Analyze kept
+// (entered in the shared cache again, for the checks after the build),
+// or the cache's.
+func (spec *PatchSpec) analysis() (*insn, error) {
+	if in := spec.in; in != nil && in.site.Addr == spec.Site.Addr && bytes.Equal(in.site.Bytes, spec.Site.Bytes) {
+		analyses.keep(in)
+		return in, nil
+	}
+	return analyze(spec.Site)
 }
 
 // Patch is generated code for one point:
@@ -113,7 +139,7 @@ var scratchOrder = []Reg{RAX, RCX, RDX, RSI, RDI, R8, R9, R10, R11, RBX, R12, R1
 // BuildPatch generates the patch for spec placed at addr. With no
 // snippets the patch is the relocated instruction alone.
 func BuildPatch(addr uint64, spec PatchSpec) (*Patch, error) {
-	in, err := analyze(spec.Site)
+	in, err := spec.analysis()
 	if err != nil {
 		return nil, err
 	}

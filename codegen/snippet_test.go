@@ -1,6 +1,7 @@
 package codegen
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os/exec"
@@ -381,5 +382,38 @@ func TestFallThroughPatches(t *testing.T) {
 		if want := len(b) == 1 && b[0] == 0x55 || b[0] == 0x48; CanFallThrough(site) != want {
 			t.Errorf("% x: CanFallThrough %v, want %v", b, !want, want)
 		}
+	}
+}
+
+// A spec analysed once (Analyze) is built from that analysis even after
+// the shared cache let it go, and the build enters it again for the
+// checks that follow; a spec whose site changed since is analysed afresh.
+func TestAnalyzeKeptWithSpec(t *testing.T) {
+	spec := PatchSpec{Site: movSite, Snippets: []Snippet{Counter{testBase + 0x8000}}}
+	if err := spec.Analyze(); err != nil {
+		t.Fatal(err)
+	}
+	kept := spec.in
+	want, err := BuildPatch(testBase, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	analyses.mu.Lock()
+	analyses.slot = [analysisSlots]*insn{}
+	analyses.mu.Unlock()
+	p, err := BuildPatch(testBase, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(p.Code, want.Code) {
+		t.Errorf("built from the kept analysis: % x, want % x", p.Code, want.Code)
+	}
+	if got := analyses.get(spec.Site); got != kept {
+		t.Errorf("cache after the build holds %p, want the kept analysis %p", got, kept)
+	}
+	other := spec
+	other.Site.Addr += 0x100
+	if in, err := other.analysis(); err != nil || in == kept || in.site.Addr != other.Site.Addr {
+		t.Errorf("a moved site: analysis %p (%v) at %#x, want a fresh one", in, err, in.site.Addr)
 	}
 }

@@ -57,14 +57,16 @@ type Set struct {
 	// all: probe every block (AllBlocks); otherwise a block whose
 	// coverage follows from its successors' has none (Inferable).
 	all bool
-	// from maps an inferred block to the blocks it is inferred from, up
-	// the other way; reserve keeps an inferred block's site, armed if a
-	// block it is inferred from cannot be. They and noProbe are of the
-	// blocks planned since the last Arm (nil after it); upArmed is up's
-	// edges of the blocks armed, sorted by from.
-	from    map[blockRef][]blockRef
-	up      map[blockRef][]blockRef
-	upArmed []inference
+	// up is every inference of the blocks planned since the last Arm
+	// (block to is inferred from block from; sorted by from once Arm
+	// needs it, nil after it); reserve keeps an inferred block's site,
+	// armed if a block it is inferred from cannot be. They and noProbe
+	// are of the blocks planned since the last Arm; upArmed is up's edges
+	// of the blocks armed, sorted by from. (Edges in one slice, not maps
+	// of slices: a whole kernel's took 25 MB of small objects that way.)
+	up       []inference
+	upSorted bool
+	upArmed  []inference
 	reserve map[blockRef]*splice.Site
 	noProbe map[blockRef]int32 // why an inferred block could take no probe (a reason index + 1)
 }
@@ -227,8 +229,8 @@ func (s *Set) Plan(f *splice.Func) *FuncPlan {
 func (s *Set) AddPlan(p *FuncPlan) {
 	cf := p.fn
 	at := int32(len(s.fns))
-	if len(p.inf) > 0 && s.from == nil { // none since the last Arm
-		s.from, s.up, s.reserve, s.noProbe = map[blockRef][]blockRef{}, map[blockRef][]blockRef{}, map[blockRef]*splice.Site{}, map[blockRef]int32{}
+	if len(p.inf) > 0 && s.reserve == nil { // none since the last Arm
+		s.reserve, s.noProbe = map[blockRef]*splice.Site{}, map[blockRef]int32{}
 	}
 	for k := range cf.blocks {
 		ref := blockRef{at, int32(k)}
@@ -248,10 +250,9 @@ func (s *Set) AddPlan(p *FuncPlan) {
 				s.noProbe[ref], cb.why = cb.why, 0
 			}
 			for _, sk := range succs {
-				sr := blockRef{at, sk}
-				s.from[ref] = append(s.from[ref], sr)
-				s.up[sr] = append(s.up[sr], ref)
+				s.up = append(s.up, inference{from: blockRef{at, sk}, to: ref})
 			}
+			s.upSorted = false
 			if site != nil {
 				s.reserve[ref] = site
 			}
@@ -508,23 +509,39 @@ func (r blockRef) cmp(o blockRef) int {
 	return int(r.b - o.b)
 }
 
-// settleInferences ends the inferences' planning at Arm: up's edges join
-// upArmed, sorted, and the maps go (16 bytes an edge, where the maps
-// took about 180 a block).
+// settleInferences ends the inferences' planning at Arm: up's edges to
+// blocks still inferred join upArmed, sorted, and the rest goes (16 bytes
+// an edge).
 func (s *Set) settleInferences() {
-	for from, tos := range s.up {
-		for _, to := range tos {
-			s.upArmed = append(s.upArmed, inference{from, to})
+	for _, e := range s.up {
+		if s.fns[e.to.f].blocks[e.to.b].flags&blockInferred != 0 {
+			s.upArmed = append(s.upArmed, e)
 		}
 	}
-	slices.SortFunc(s.upArmed, func(a, b inference) int {
-		if c := a.from.cmp(b.from); c != 0 {
-			return c
-		}
-		return a.to.cmp(b.to)
-	})
+	slices.SortFunc(s.upArmed, inference.cmp)
 	s.upArmed = slices.Clip(s.upArmed)
-	s.from, s.up, s.reserve, s.noProbe = nil, nil, nil, nil
+	s.up, s.upSorted, s.reserve, s.noProbe = nil, false, nil, nil
+}
+
+func (a inference) cmp(b inference) int {
+	if c := a.from.cmp(b.from); c != 0 {
+		return c
+	}
+	return a.to.cmp(b.to)
+}
+
+// inferredFrom is the edges of up from block from (up sorted first).
+func (s *Set) inferredFrom(from blockRef) []inference {
+	if !s.upSorted {
+		slices.SortFunc(s.up, inference.cmp)
+		s.upSorted = true
+	}
+	i, _ := slices.BinarySearchFunc(s.up, from, func(e inference, r blockRef) int { return e.from.cmp(r) })
+	j := i
+	for j < len(s.up) && s.up[j].from == from {
+		j++
+	}
+	return s.up[i:j]
 }
 
 // refusedRefs is the blocks of probes whose arming failed.
@@ -547,17 +564,14 @@ func (s *Set) uninfer(failed []blockRef) []Probe {
 	for len(failed) > 0 {
 		ref := failed[0]
 		failed = failed[1:]
-		for _, p := range s.up[ref] {
+		for _, e := range s.inferredFrom(ref) {
+			p := e.to
 			cb := &s.fns[p.f].blocks[p.b]
 			if cb.flags&blockInferred == 0 {
-				continue
+				continue // taken back already, its edges with it
 			}
 			cb.flags &^= blockInferred
 			s.inferred--
-			for _, sr := range s.from[p] {
-				s.up[sr] = slices.DeleteFunc(s.up[sr], func(x blockRef) bool { return x == p })
-			}
-			delete(s.from, p)
 			if site := s.reserve[p]; site != nil {
 				more = append(more, Probe{Function: p.f, Block: p.b, site: site})
 			} else {
@@ -566,7 +580,6 @@ func (s *Set) uninfer(failed []blockRef) []Probe {
 			}
 			delete(s.reserve, p)
 		}
-		delete(s.up, ref)
 	}
 	return more
 }

@@ -186,10 +186,13 @@ func (e *Engine) buildBatch(batch []pendingSplice, errs []error) (kept []pending
 	// Sizes first (a patch's length does not depend on where in the heap
 	// it lies), then the allocations in order, then the code at its
 	// address. The analysis of each instruction, most of the sizing, is
-	// kept for the build (codegen's cache).
+	// kept with its spec for the build.
 	sizes, near := make([]int, len(batch)), e.patchHeapBase()
 	each(func(i int) {
 		p := &batch[i]
+		for j := range p.specs {
+			p.specs[j].Analyze() // an error is PatchLen's to say
+		}
 		sizes[i], fail[i] = p.pt.patchLen(near, p.specs)
 	})
 	for i := range batch {
