@@ -67,8 +67,8 @@ type Set struct {
 	up       []inference
 	upSorted bool
 	upArmed  []inference
-	reserve map[blockRef]*splice.Site
-	noProbe map[blockRef]int32 // why an inferred block could take no probe (a reason index + 1)
+	reserve  map[blockRef]*splice.Site
+	noProbe  map[blockRef]int32 // why an inferred block could take no probe (a reason index + 1)
 }
 
 // function is one function of the run (Function without the per-block
