@@ -305,7 +305,10 @@ func (s *Set) Arm(eng Engine, owner string, snippet engine.SnippetFunc, now func
 	// over the planned ones they came from: a whole kernel's half a
 	// million would otherwise be held twice (planned and live) beside
 	// the engine's per-site answers, at the moment memory peaks.
-	pending := s.pending
+	// Copied out of the array append grew by doubling (a whole kernel's
+	// spare capacity is 10 MB) now, while the engine holds little, not at
+	// the end beside all it holds.
+	pending := slices.Clone(s.pending)
 	s.pending = nil
 	if r, ok := eng.(interface{ Reserve(int) }); ok {
 		r.Reserve(len(pending)) // the kernel's engine: its maps sized once
@@ -344,9 +347,7 @@ func (s *Set) Arm(eng Engine, owner string, snippet engine.SnippetFunc, now func
 	}
 	s.armNS += int64(end.Sub(start))
 	if len(s.live) == 0 {
-		// Copied out of pending's array, which append grew by doubling:
-		// a whole kernel's spare capacity is 10 MB.
-		s.live = slices.Clone(armed)
+		s.live = armed // pending's array, exactly sized
 	} else {
 		s.live = append(s.live, armed...)
 	}
