@@ -178,11 +178,17 @@ func (d *Daemon) loadAnalysis() (census.Stats, bool, error) {
 	return a.Stats, true, nil
 }
 
-// Prepare loads the cached whole-kernel analysis, or, if compute is set,
-// computes it (with one worker, so the daemon stays responsive) and saves
-// it. Without it the analysis runs on the first census request.
+// Prepare reads what the planner knows of the kernel (its prototypes from
+// BTF, the instructions the kernel owns, its blacklist and die notifiers)
+// so that the first request does not wait for it, then loads the cached
+// whole-kernel analysis, or, if compute is set, computes it (with one
+// worker, so the daemon stays responsive) and saves it. Without it the
+// analysis runs on the first census request.
 func (d *Daemon) Prepare(ctx context.Context, compute bool) {
 	start := time.Now()
+	d.plan.Facts()
+	d.log.Info("read the kernel's facts for planning", "took", time.Since(start))
+	start = time.Now()
 	if st, ok, err := d.loadAnalysis(); err != nil {
 		d.log.Warn("analysis cache unreadable", "err", err)
 	} else if ok {
