@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -152,8 +153,8 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 		}
 		return fail(fmt.Errorf("cover --user: no probe could be armed over %d blocks: %s", armed.TotalBlocks, why))
 	}
-	fmt.Fprintf(env.Err, "kinst: %d probes armed in process %d in %s over %d blocks of %d functions (%d blocks refused)\n",
-		armed.Armed, r.pid, fmtNS(float64(armed.ArmNS)), armed.TotalBlocks, len(armed.Functions), armed.TotalBlocks-armed.Armed)
+	fmt.Fprintf(env.Err, "kinst: %d probes armed in process %d in %s over %d blocks of %d functions (%d inferred from their successors, %d refused)\n",
+		armed.Armed, r.pid, fmtNS(float64(armed.ArmNS)), armed.TotalBlocks, len(armed.Functions), armed.Inferred, armed.RefusedBlocks)
 	writeRefusals(env.Err, armed, 3)
 	start := time.Now()
 	// load arms the pending targets whose library the process has
@@ -291,7 +292,7 @@ func writeRefusals(w io.Writer, rep *api.CoverReport, top int) {
 	for _, f := range rep.Functions {
 		for _, b := range f.Blocks {
 			if b.Refused != nil {
-				why[*b.Refused]++
+				why[refusalKind(*b.Refused)]++
 			}
 		}
 	}
@@ -307,9 +308,26 @@ func writeRefusals(w io.Writer, rep *api.CoverReport, top int) {
 	})
 	for i, r := range reasons {
 		if i == top {
-			fmt.Fprintf(w, "kinst:   … %d more reasons (the report names each block's)\n", len(reasons)-top)
+			fmt.Fprintf(w, "kinst:   … %d more kinds of reason (the report names each block's)\n", len(reasons)-top)
 			break
 		}
 		fmt.Fprintf(w, "kinst:   %d blocks refused: %s\n", why[r], r)
 	}
+}
+
+// blockInsn is an instruction a block refusal names before its reason
+// ("+0x12 retq: "): the same reason at another offset is the same kind.
+var blockInsn = regexp.MustCompile(`(^|; )\+0x[0-9a-f]+ .*?: `)
+
+// refusalKind is a block's refusal without the offsets and instructions
+// of "no instruction of the block may be spliced: +0xOFF INSN: WHY; …"
+// (each reason once per block already), so the summary counts blocks by
+// why, not by where.
+func refusalKind(why string) string {
+	const none = "no instruction of the block may be spliced: "
+	rest, ok := strings.CutPrefix(why, none)
+	if !ok {
+		return why
+	}
+	return none + blockInsn.ReplaceAllString(rest, "$1")
 }

@@ -707,3 +707,22 @@ func TestCoverProcessPrunedOracle(t *testing.T) {
 	t.Logf("%d blocks covered either way; %d probes pruned, %d with --all-blocks (%d inferred, %d of them covered)",
 		len(pruned), prep.Armed, wrep.Armed, prep.Inferred, prep.CoveredInferred)
 }
+
+// The refusal summary counts blocks by reason, not by where in the
+// block the refused instructions are.
+func TestRefusalKind(t *testing.T) {
+	const none = "no instruction of the block may be spliced: "
+	trap := "only a trap splice (int3) fits here, and a thread that reaches one dies; --trap allows it"
+	for _, tc := range []struct{ in, want string }{
+		{"an indirect-branch landing pad (endbr) must stay in place", "an indirect-branch landing pad (endbr) must stay in place"},
+		{none + "+0xf retq: " + trap, none + trap},
+		{none + "+0x12 retq: " + trap, none + trap},
+		{none + "+0x3 endbr64: landing pad; +0x1a jmp *%rax: " + trap, none + "landing pad; " + trap},
+		{none + "none takes a splice of any class", none + "none takes a splice of any class"},
+		{none + "+0x278 mov %fs:(%r9),%rsi: " + trap, none + trap}, // a colon in the instruction
+	} {
+		if got := refusalKind(tc.in); got != tc.want {
+			t.Errorf("refusalKind(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}
