@@ -2,8 +2,10 @@ package cli
 
 import (
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -23,6 +25,7 @@ type CoreRequest struct {
 	Arg      string // rd, whattype, istype: ADDR|SYM[+0xOFF]; sym: ADDR|NAME; dis: FUNC
 	Which    uint64 // bt, files, vm: PID or task_struct address
 	All      bool   // bt -a
+	Panicked bool   // bt with no task: the tasks with panic on their stacks
 	Length   int    // rd: bytes
 	Phys     bool   // rd: ADDR is physical
 	JSON     bool
@@ -70,6 +73,9 @@ func Core(req CoreRequest, w io.Writer) error {
 	case "log":
 		return CoreLog(k, req.JSON, w)
 	case "bt":
+		if req.Panicked {
+			return CorePanicBacktrace(k, req.JSON, w)
+		}
 		return CoreBacktrace(k, req.Which, req.All, req.JSON, w)
 	case "rd":
 		if req.Phys {
@@ -222,27 +228,46 @@ func CorePS(k *core.Kernel, asJSON bool, w io.Writer) error {
 // `{"frames":[{"address":"0x…","function":…,"offset":…}]}` for one,
 // `{"stacks":[{"task":…,"frames":[…]}]}` for all.
 func CoreBacktrace(k *core.Kernel, which uint64, all, asJSON bool, w io.Writer) error {
-	if !all {
-		var t core.Task
-		var err error
-		if which >= kernelHalf {
-			t, err = k.TaskAt(which)
-		} else {
-			t, err = k.Task(int(which))
-		}
-		if err != nil {
-			return err
-		}
-		st, err := k.Backtrace(t)
-		if err != nil {
-			return err
-		}
-		if asJSON {
-			return writeJSON(w, coreStack(st))
-		}
-		printStack(w, st)
-		return nil
+	if all {
+		return writeStacks(k, func(*core.Stack) bool { return true }, asJSON, w)
 	}
+	var t core.Task
+	var err error
+	if which >= kernelHalf {
+		t, err = k.TaskAt(which)
+	} else {
+		t, err = k.Task(int(which))
+	}
+	if err != nil {
+		return err
+	}
+	st, err := k.Backtrace(t)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return writeJSON(w, coreStack(st))
+	}
+	printStack(w, st)
+	return nil
+}
+
+// panicFrames are the functions a kernel that panicked or oopsed leaves on
+// the stack of the task that did it (vpanic since 6.10).
+var panicFrames = map[string]bool{"panic": true, "vpanic": true, "nmi_panic": true, "__crash_kexec": true, "crash_kexec": true, "oops_end": true}
+
+// CorePanicBacktrace is bt with no task, as crash's bt shows the panic
+// task: the stack of every task with panic (or crash_kexec, or oops_end)
+// on it, or an error saying none has.
+func CorePanicBacktrace(k *core.Kernel, asJSON bool, w io.Writer) error {
+	return writeStacks(k, func(st *core.Stack) bool {
+		return slices.ContainsFunc(st.Frames, func(f core.Frame) bool { return panicFrames[f.Function] })
+	}, asJSON, w)
+}
+
+// writeStacks prints the stacks of every task keep accepts; when keep
+// is not everything's and accepts none, it is an error.
+func writeStacks(k *core.Kernel, keep func(*core.Stack) bool, asJSON bool, w io.Writer) error {
 	tasks, err := k.Tasks()
 	if err != nil {
 		return err
@@ -253,7 +278,12 @@ func CoreBacktrace(k *core.Kernel, which uint64, all, asJSON bool, w io.Writer) 
 		if err != nil {
 			st = &core.Stack{Task: t, Frames: []core.Frame{}, Stop: err.Error()}
 		}
-		out = append(out, st)
+		if keep(st) {
+			out = append(out, st)
+		}
+	}
+	if len(out) == 0 && len(tasks) > 0 {
+		return errors.New("no task has panic, crash_kexec or oops_end on its stack (a dump of a running kernel?): name a PID or task_struct address, or -a for every task")
 	}
 	if asJSON {
 		return writeJSON(w, api.CoreStacks{Stacks: mapSlice(out, coreStack)})

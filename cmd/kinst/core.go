@@ -22,8 +22,12 @@ Commands:
                   CPUs, panic message; if the tasks or the log cannot be read
                   it lists why ("errors" in JSON) and exits 1
   ps              every task: pid, tgid, cpu, state, comm ('>' marks running)
-  bt PID|TASK|-a  kernel stack of a task (by pid or task_struct address),
-                  or of every task (ORC unwinding)
+  bt [PID|TASK|-a]
+                  kernel stack of a task (by pid or task_struct address),
+                  or of every task (ORC unwinding); with neither, the
+                  tasks that panicked or oopsed (panic, crash_kexec or
+                  oops_end on their stacks), as crash's bt shows the panic
+                  task
   log             the printk ring buffer (dmesg)
   rd ADDR|SYM[+0xOFF] [N]
                   hex dump of N bytes (default 64) of kernel virtual memory
@@ -124,7 +128,7 @@ kernel's symbols and types, which are not read yet.`
 
 var coreCommand = &command{
 	name:    "core",
-	args:    "DUMP info|ps|bt PID|TASK|-a|log|rd ADDR [N]|sym ADDR|NAME|dis FUNC|slabs|whattype ADDR|typegraph|istype ADDR TYPE|findlocks|findfalse|findleaks|p EXPR|struct T ADDR|list T.MEMBER -H HEAD|files PID|vm PID|mount|kmem ADDR|shell",
+	args:    "DUMP info|ps|bt [PID|TASK|-a]|log|rd ADDR [N]|sym ADDR|NAME|dis FUNC|slabs|whattype ADDR|typegraph|istype ADDR TYPE|findlocks|findfalse|findleaks|p EXPR|struct T ADDR|list T.MEMBER -H HEAD|files PID|vm PID|mount|kmem ADDR|shell",
 	summary: "postmortem analysis of a kernel crash dump",
 	help:    coreHelp,
 	report:  true, files: true, words: []string{"info", "ps", "bt", "log", "rd", "sym", "dis", "slabs", "whattype", "typegraph", "istype", "findlocks", "findfalse", "findleaks", "p", "struct", "list", "files", "vm", "mount", "kmem", "shell"},
@@ -168,15 +172,16 @@ var coreCommand = &command{
 					return 2, err
 				}
 			case "bt":
-				lo := 1
+				hi := 1
 				if *all {
-					lo = 0
+					hi = 0
 				}
-				if err := nargs(lo, lo); err != nil {
+				if err := nargs(0, hi); err != nil {
 					return 2, err
 				}
 				req.All = *all
-				if !*all {
+				req.Panicked = !*all && len(rest) == 0
+				if !*all && len(rest) == 1 {
 					v, err := strconv.ParseUint(rest[0], 0, 64)
 					if err != nil || (v > 1<<31 && v < 0xffff800000000000) {
 						return 2, usagef("core bt: %q is neither a PID nor a task_struct address", rest[0])

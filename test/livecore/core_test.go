@@ -504,6 +504,7 @@ func checkErrors(t *testing.T, path string) {
 		{[]string{"core", "/etc/hostname", "ps"}, "not a kernel dump"},
 		{[]string{"core", truncated, "ps"}, "truncated dump"},
 		{[]string{"core", path, "bt", "999999"}, "no task with pid 999999"},
+		{[]string{"core", path, "bt"}, "no task has panic"}, // a dump of a running guest
 		{[]string{"core", path, "sym", "no_such_symbol_xyz"}, "no such kernel symbol"},
 		{[]string{"core", path, "rd", "0x10", "8"}, "not mapped"},
 		{[]string{"core", path, "frobnicate"}, "unknown command"},
@@ -603,6 +604,16 @@ func testPanic(t *testing.T) {
 			t.Errorf("crash stack %v (stop %q)\nconsole trace %v", fns, st.Stop, want)
 		}
 		t.Logf("panic: %q; cpu %d task %d (%s): %s", info.Panic, st.Task.CPU, st.Task.PID, st.Task.Comm, strings.Join(fns, " < "))
+		// bt with no task, as crash's: the task that panicked, alone.
+		var panicked struct {
+			Stacks []stackJSON `json:"stacks"`
+		}
+		if err := json.Unmarshal(kinst(t, "core", path, "bt", "--json"), &panicked); err != nil {
+			t.Fatal(err)
+		}
+		if len(panicked.Stacks) != 1 || panicked.Stacks[0].Task.Address != st.Task.Address {
+			t.Errorf("bt with no task: %d stacks %+v; want the crashing task %s (pid %d) alone", len(panicked.Stacks), panicked.Stacks, st.Task.Address, st.Task.PID)
+		}
 		return
 	}
 	t.Fatalf("no stack in the panic dump passes through panic; info %+v", info)
