@@ -18,6 +18,7 @@ import (
 	"runtime/pprof"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -100,6 +101,10 @@ func run(args []string, s stdio) int {
 		fmt.Fprintf(s.err, "kinst %s: %v (see kinst %s --help)\n", path, err, path)
 		return 2
 	}
+	if err := negativeDuration(fs); err != nil {
+		fmt.Fprintf(s.err, "kinst %s: %v (see kinst %s --help)\n", path, err, path)
+		return 2
+	}
 	if g.tokenFile != "" {
 		tok, err := api.ReadToken(g.tokenFile)
 		if err != nil {
@@ -170,4 +175,16 @@ func envOr(k, def string) string {
 		return v
 	}
 	return def
+}
+
+// negativeDuration refuses a negative value for any duration flag given
+// (-d -1s would otherwise mean "until interrupted" for some commands and
+// "at once" for others).
+func negativeDuration(fs *pflag.FlagSet) (err error) {
+	fs.Visit(func(f *pflag.Flag) {
+		if d, e := time.ParseDuration(f.Value.String()); err == nil && f.Value.Type() == "duration" && e == nil && d < 0 {
+			err = fmt.Errorf("--%s %s: want a duration of zero or more", f.Name, f.Value)
+		}
+	})
+	return err
 }

@@ -169,6 +169,9 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"core", "dump", "nosuch"}, `unknown command "nosuch"`},
 		{[]string{"unwind", "stack", "x"}, "not a process id"},
 		{[]string{"completion", "tcsh"}, `no shell "tcsh"`},
+		{[]string{"count", "-d", "-1s", "f"}, "--duration -1s: want a duration of zero or more"},
+		{[]string{"cover", "--user", "-p", "0", "--ttl", "-5m", "libc:*", "--", "true"}, "--ttl -5m0s: want a duration of zero or more"},
+		{[]string{"count", "--interval", "-1s", "f"}, "--interval -1s: want a duration"},
 	} {
 		status, _, errOut := kinst(t, tc.args...)
 		if status != 2 && !(len(tc.args) > 0 && tc.args[0] == "completion") || !strings.Contains(errOut, tc.want) {
