@@ -2,10 +2,7 @@ package live
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
@@ -99,9 +96,7 @@ func moduleTexts(t *testing.T, ctx context.Context, skip ...string) []moduleText
 		if last := lastFn[name]; last >= m.lo {
 			m.hi = min(m.hi, last|4095+1)
 		}
-		// The kernel's own rewrites: struct jump_entry (s32 code, ...; 16
-		// bytes) and struct static_call_site (s32 addr, s32 key; 8), each
-		// relative to itself, as in kernelPatched.
+		// The kernel's own rewrites, as in kernelPatched.
 		for _, tab := range []struct {
 			name  string
 			entry uint64
@@ -119,15 +114,9 @@ func moduleTexts(t *testing.T, ctx context.Context, skip ...string) []moduleText
 			if end == 0 || end-at > 1<<20 {
 				continue
 			}
-			b := saveReadable(t, at, end, name+tab.name)
-			for off := uint64(0); off+tab.entry <= uint64(len(b)); off += tab.entry {
-				site := at + off + uint64(int64(int32(binary.LittleEndian.Uint32(b[off:]))))
-				for k := uint64(0); k < 5; k++ {
-					m.kernel[site+k] = true
-				}
-			}
+			markPatched(m.kernel, saveReadable(t, at, end), at, tab.entry)
 		}
-		m.text = saveReadable(t, m.lo, m.hi, "mod-"+name)
+		m.text = saveReadable(t, m.lo, m.hi)
 		m.hi = m.lo + uint64(len(m.text))
 		mods = append(mods, m)
 	}
@@ -142,25 +131,18 @@ func moduleTexts(t *testing.T, ctx context.Context, skip ...string) []moduleText
 // from lo on: since 6.4 a module's text, rodata and data are separate
 // allocations, so the section after the last text one can lie beyond a
 // hole.
-func saveReadable(t *testing.T, lo, hi uint64, name string) []byte {
+func saveReadable(t *testing.T, lo, hi uint64) []byte {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), name)
-	if err := guest.SaveVirt(lo, int(hi-lo), path); err == nil {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatal(err)
-		}
+	dir := t.TempDir()
+	if b, err := readVirt(t, dir, lo, hi); err == nil {
 		return b
 	}
 	var out []byte
 	for a := lo; a < hi; {
 		end := min(hi, (a|4095)+1)
-		if err := guest.SaveVirt(a, int(end-a), path); err != nil {
-			break
-		}
-		b, err := os.ReadFile(path)
+		b, err := readVirt(t, dir, a, end)
 		if err != nil {
-			t.Fatal(err)
+			break
 		}
 		out, a = append(out, b...), end
 	}

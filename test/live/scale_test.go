@@ -71,22 +71,48 @@ func kernelText(t *testing.T, ctx context.Context) (lo, hi uint64) {
 	return lo, hi
 }
 
-// saveText reads [lo, hi) through QEMU (not the driver) into a file and
-// returns its bytes.
-func saveText(t *testing.T, lo, hi uint64, name string) []byte {
+// readVirt reads [lo, hi) of guest virtual memory through QEMU (not the
+// driver), by way of a file under dir; the error is QEMU's (memory not
+// mapped, say).
+func readVirt(t *testing.T, dir string, lo, hi uint64) ([]byte, error) {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), name)
+	path := filepath.Join(dir, "memsave")
 	if err := guest.SaveVirt(lo, int(hi-lo), path); err != nil {
-		t.Fatalf("QEMU memsave of the kernel text: %v", err)
+		return nil, err
 	}
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return b, nil
+}
+
+// saveText reads [lo, hi) through QEMU (not the driver) and returns its
+// bytes.
+func saveText(t *testing.T, lo, hi uint64, name string) []byte {
+	t.Helper()
+	b, err := readVirt(t, t.TempDir(), lo, hi)
+	if err != nil {
+		t.Fatalf("QEMU memsave of [%#x, %#x) (%s): %v", lo, hi, name, err)
+	}
 	if len(b) != int(hi-lo) {
-		t.Fatalf("QEMU saved %d bytes of text, want %d", len(b), hi-lo)
+		t.Fatalf("QEMU saved %d bytes of [%#x, %#x) (%s), want %d", len(b), lo, hi, name, hi-lo)
 	}
 	return b
+}
+
+// markPatched marks in sites the 5 bytes the kernel rewrites for each
+// entry of table, a copy of __jump_table (struct jump_entry: s32 code,
+// s32 target, long key: 16 bytes) or .static_call_sites (struct
+// static_call_site: s32 addr, s32 key: 8) read at lo: each entry's first
+// s32 is relative to itself.
+func markPatched(sites map[uint64]bool, table []byte, lo, entry uint64) {
+	for off := uint64(0); off+entry <= uint64(len(table)); off += entry {
+		at := lo + off + uint64(int64(int32(binary.LittleEndian.Uint32(table[off:]))))
+		for k := uint64(0); k < 5; k++ {
+			sites[at+k] = true
+		}
+	}
 }
 
 // kernelPatched is the kernel text the kernel itself rewrites at run
@@ -107,14 +133,7 @@ func kernelPatched(t *testing.T, ctx context.Context) map[uint64]bool {
 		if hi <= lo {
 			continue
 		}
-		b := saveText(t, lo, hi, tab.start)
-		for off := uint64(0); off+tab.entry <= uint64(len(b)); off += tab.entry {
-			rel := int32(binary.LittleEndian.Uint32(b[off:]))
-			at := lo + off + uint64(int64(rel))
-			for k := uint64(0); k < 5; k++ {
-				sites[at+k] = true
-			}
-		}
+		markPatched(sites, saveText(t, lo, hi, tab.start), lo, tab.entry)
 	}
 	if len(sites) == 0 {
 		t.Fatal("no jump labels or static calls read from the kernel's tables")
