@@ -18,7 +18,6 @@ import (
 	"runtime/pprof"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/spf13/pflag"
 
@@ -182,7 +181,10 @@ func envOr(k, def string) string {
 // "at once" for others).
 func negativeDuration(fs *pflag.FlagSet) (err error) {
 	fs.Visit(func(f *pflag.Flag) {
-		if d, e := time.ParseDuration(f.Value.String()); err == nil && f.Value.Type() == "duration" && e == nil && d < 0 {
+		if f.Value.Type() != "duration" || err != nil {
+			return
+		}
+		if d, e := fs.GetDuration(f.Name); e == nil && d < 0 {
 			err = fmt.Errorf("--%s %s: want a duration of zero or more", f.Name, f.Value)
 		}
 	})
