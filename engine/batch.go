@@ -409,9 +409,14 @@ func (e *Engine) RemoveEach(rs []*Request) (errs []error) {
 		last = last[:0]
 		clear(queued)
 	}
+	// A flush at every removeChunk keeps queued and last small: a
+	// whole-kernel session's were 27 MB at the moment its removal began,
+	// kerninstd's peak. A chunk of several driver batches costs at most
+	// one round more (its springboard slots) than one flush at the end.
+	chunk := removeChunk * max(e.dev.BatchMax(), 1)
 	for i, r := range rs {
 		pt := r.pt
-		if queued[pt] {
+		if queued[pt] || len(last) >= chunk {
 			flush()
 		}
 		if len(pt.reqs) == 1 && pt.reqs[0] == r && pt.splice != 0 {
@@ -424,6 +429,10 @@ func (e *Engine) RemoveEach(rs []*Request) (errs []error) {
 	flush()
 	return errs
 }
+
+// removeChunk is how many driver batches RemoveEach unsplices per flush
+// (a variable for tests).
+var removeChunk = 8
 
 // unspliceBatch unsplices the points of rs[idx...] (each its point's
 // last request) and retires their patches, slots and counters; a point

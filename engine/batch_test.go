@@ -745,3 +745,45 @@ func TestAddEachBuildFailsAlone(t *testing.T) {
 		t.Error("text not restored")
 	}
 }
+
+// RemoveEach unsplices in chunks of removeChunk driver batches (so a
+// whole-kernel session's removal holds a chunk's bookkeeping, not the
+// session's): with chunks of one batch of one splice, every point is
+// removed, one driver batch per splice, and every byte is back.
+func TestRemoveEachInChunks(t *testing.T) {
+	h := newHarness(t)
+	sites := h.blockSites("filename_lookup")
+	defer func(c int) { removeChunk = c }(removeChunk)
+	removeChunk = 1
+	reqs, errs := h.e.AddEach(sites, Spec{Owner: "cover", Slots: 1, Snippet: hitFlag})
+	springboards := 0
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("%s: %v", sites[i].Point.Spec, err)
+		}
+		if h.e.points[sites[i].Addr()].class == springboard.Springboard {
+			springboards++
+		}
+	}
+	h.k.Mu.Lock()
+	h.k.MaxBatch = 1
+	before := h.k.Batches
+	h.k.Mu.Unlock()
+	for i, err := range h.e.RemoveEach(reqs) {
+		if err != nil {
+			t.Fatalf("%s: %v", sites[i].Point.Spec, err)
+		}
+	}
+	h.e.Reclaim()
+	h.k.Mu.Lock()
+	if got, want := h.k.Batches-before, len(sites)+springboards; got != want {
+		t.Errorf("%d driver batches to remove %d probes (%d springboard) one at a time, want %d", got, len(sites), springboards, want)
+	}
+	h.k.Mu.Unlock()
+	if !bytes.Equal(h.k.TextNow(), text) {
+		t.Error("text not restored")
+	}
+	if st := h.e.State(); st.Splices != 0 || st.Points != 0 || st.Retired != 0 {
+		t.Errorf("left installed: %+v", st)
+	}
+}
