@@ -9,16 +9,20 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/kinst/kinst/census"
 	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/engine"
 	"github.com/kinst/kinst/internal/elfsym"
 	"github.com/kinst/kinst/kernel"
+	"github.com/kinst/kinst/splice"
 )
 
 // kernelAnalysis is what the whole-kernel pass produces: the census and
@@ -70,46 +74,63 @@ func buildID(notes []byte) (string, error) {
 	return "", elfsym.ErrNoBuildID
 }
 
+// kernelCensus is the daemon's whole-kernel analysis: the census and the
+// call graph, computed on request or at start-up (Prepare) with one
+// worker, or read from the cache, and what it tells the planner (the
+// functions that never return, the callee summaries, springboard runs).
+type kernelCensus struct {
+	plan *splice.Planner
+	eng  *engine.Engine
+	log  *slog.Logger
+
+	cacheDir, notesPath, modulesPath string
+
+	mu       sync.Mutex        // protects stats, calls and callSyms
+	stats    *census.Stats     // the whole-kernel census
+	calls    *census.CallGraph // its call graph (not cached on disk)
+	callSyms *kernel.Symbols   // the symbols the graph's addresses belong to
+}
+
 // analyze runs the whole-kernel analysis (package census) and gives its
 // results to the planner. workers bounds the CPU it takes; progress may
 // be nil.
-func (d *Daemon) analyze(ctx context.Context, workers int, progress func(done, total int)) (census.Stats, error) {
-	syms, err := d.plan.ReloadSymbols()
+func (c *kernelCensus) analyze(ctx context.Context, workers int, progress func(done, total int)) (census.Stats, error) {
+	syms, err := c.plan.ReloadSymbols()
 	if err != nil {
 		return census.Stats{}, err
 	}
-	k, err := census.Analyze(ctx, d.eng.Text(), syms, census.Options{
-		Prototypes: d.plan.Prototypes(),
-		Owned:      d.plan.Owned(),
+	k, err := census.Analyze(ctx, c.eng.Text(), syms, census.Options{
+		Prototypes: c.plan.Prototypes(),
+		Owned:      c.plan.Owned(),
 		Progress:   progress,
 		Workers:    workers,
 	})
 	if err != nil {
 		return census.Stats{}, err
 	}
-	d.plan.SetAnalysis(k.NoReturn, k.Reads)
-	d.eng.Springboards().Add(k.SpringboardRuns...)
-	d.anMu.Lock()
-	d.calls, d.callSyms = &k.Calls, syms
-	d.anMu.Unlock()
-	if d.cacheDir != "" {
-		if err := d.saveAnalysis(syms, k.Stats, k.NoReturn, k.Reads); err != nil {
-			d.log.Warn("analysis cache not saved", "err", err)
+	c.plan.SetAnalysis(k.NoReturn, k.Reads)
+	c.eng.Springboards().Add(k.SpringboardRuns...)
+	c.mu.Lock()
+	c.calls, c.callSyms = &k.Calls, syms
+	c.mu.Unlock()
+	if c.cacheDir != "" {
+		if err := c.saveAnalysis(syms, k.Stats, k.NoReturn, k.Reads); err != nil {
+			c.log.Warn("analysis cache not saved", "err", err)
 		}
 	}
 	return k.Stats, nil
 }
 
-func (d *Daemon) cachePath() (string, error) {
-	key, err := analysisKey(d.notesPath, d.modulesPath)
+func (c *kernelCensus) cachePath() (string, error) {
+	key, err := analysisKey(c.notesPath, c.modulesPath)
 	if err != nil {
 		return "", err
 	}
-	return filepath.Join(d.cacheDir, "analysis-"+key+".json"), nil
+	return filepath.Join(c.cacheDir, "analysis-"+key+".json"), nil
 }
 
-func (d *Daemon) saveAnalysis(syms *kernel.Symbols, st census.Stats, noret cfg.NoReturnSet, reads cfg.CalleeReads) error {
-	path, err := d.cachePath()
+func (c *kernelCensus) saveAnalysis(syms *kernel.Symbols, st census.Stats, noret cfg.NoReturnSet, reads cfg.CalleeReads) error {
+	path, err := c.cachePath()
 	if err != nil {
 		return err
 	}
@@ -130,7 +151,7 @@ func (d *Daemon) saveAnalysis(syms *kernel.Symbols, st census.Stats, noret cfg.N
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(d.cacheDir, 0o700); err != nil {
+	if err := os.MkdirAll(c.cacheDir, 0o700); err != nil {
 		return err
 	}
 	tmp := path + ".tmp"
@@ -142,11 +163,11 @@ func (d *Daemon) saveAnalysis(syms *kernel.Symbols, st census.Stats, noret cfg.N
 
 // loadAnalysis restores a saved analysis for this kernel build and module
 // set; false if there is none.
-func (d *Daemon) loadAnalysis() (census.Stats, bool, error) {
-	if d.cacheDir == "" {
+func (c *kernelCensus) loadAnalysis() (census.Stats, bool, error) {
+	if c.cacheDir == "" {
 		return census.Stats{}, false, nil
 	}
-	path, err := d.cachePath()
+	path, err := c.cachePath()
 	if err != nil {
 		return census.Stats{}, false, err
 	}
@@ -161,7 +182,7 @@ func (d *Daemon) loadAnalysis() (census.Stats, bool, error) {
 	if err := json.Unmarshal(b, &a); err != nil {
 		return census.Stats{}, false, fmt.Errorf("%s: %w", path, err)
 	}
-	syms := d.symbols()
+	syms := c.plan.Symbols()
 	s := cfg.NoReturnSet{}
 	for _, name := range a.NoReturn {
 		if addr, ok := syms.FromPortable(name); ok {
@@ -174,7 +195,7 @@ func (d *Daemon) loadAnalysis() (census.Stats, bool, error) {
 			reads[addr] = cfg.LiveSet(r)
 		}
 	}
-	d.plan.SetAnalysis(s, reads)
+	c.plan.SetAnalysis(s, reads)
 	return a.Stats, true, nil
 }
 
@@ -184,32 +205,35 @@ func (d *Daemon) loadAnalysis() (census.Stats, bool, error) {
 // whole-kernel analysis, or, if compute is set, computes it (with one
 // worker, so the daemon stays responsive) and saves it. Without it the
 // analysis runs on the first census request.
-func (d *Daemon) Prepare(ctx context.Context, compute bool) {
+func (d *Daemon) Prepare(ctx context.Context, compute bool) { d.an.prepare(ctx, compute) }
+
+// prepare is Daemon.Prepare.
+func (c *kernelCensus) prepare(ctx context.Context, compute bool) {
 	start := time.Now()
-	d.plan.Facts()
-	d.log.Info("read the kernel's facts for planning", "took", time.Since(start))
+	c.plan.Facts()
+	c.log.Info("read the kernel's facts for planning", "took", time.Since(start))
 	start = time.Now()
-	if st, ok, err := d.loadAnalysis(); err != nil {
-		d.log.Warn("analysis cache unreadable", "err", err)
+	if st, ok, err := c.loadAnalysis(); err != nil {
+		c.log.Warn("analysis cache unreadable", "err", err)
 	} else if ok {
-		d.setStats(st)
-		d.log.Info("loaded kernel analysis from cache", "noreturn", st.NoReturn, "took", time.Since(start))
+		c.setStats(st)
+		c.log.Info("loaded kernel analysis from cache", "noreturn", st.NoReturn, "took", time.Since(start))
 		return
 	}
 	if !compute {
 		return
 	}
-	st, err := d.analyze(ctx, 1, nil)
+	st, err := c.analyze(ctx, 1, nil)
 	if err != nil {
-		d.log.Warn("kernel analysis failed", "err", err)
+		c.log.Warn("kernel analysis failed", "err", err)
 		return
 	}
-	d.setStats(st)
-	d.log.Info("analysed the kernel", "functions", st.Functions, "noreturn", st.NoReturn, "took", time.Since(start))
+	c.setStats(st)
+	c.log.Info("analysed the kernel", "functions", st.Functions, "noreturn", st.NoReturn, "took", time.Since(start))
 }
 
-func (d *Daemon) setStats(st census.Stats) {
-	d.anMu.Lock()
-	d.stats = &st
-	d.anMu.Unlock()
+func (c *kernelCensus) setStats(st census.Stats) {
+	c.mu.Lock()
+	c.stats = &st
+	c.mu.Unlock()
 }

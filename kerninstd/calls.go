@@ -8,19 +8,19 @@ import (
 	"github.com/kinst/kinst/api"
 )
 
-// FunctionCalls returns the callers and callees of a function from the
+// functionCalls returns the callers and callees of a function from the
 // whole-kernel call graph, running the analysis first if it has not run.
-func (d *Daemon) FunctionCalls(ctx context.Context, name string) (api.Calls, error) {
-	d.anMu.Lock()
-	g, syms := d.calls, d.callSyms
-	d.anMu.Unlock()
+func (c *kernelCensus) functionCalls(ctx context.Context, name string) (api.Calls, error) {
+	c.mu.Lock()
+	g, syms := c.calls, c.callSyms
+	c.mu.Unlock()
 	if g == nil {
-		if _, err := d.analyze(ctx, 0, nil); err != nil {
+		if _, err := c.analyze(ctx, 0, nil); err != nil {
 			return api.Calls{}, err
 		}
-		d.anMu.Lock()
-		g, syms = d.calls, d.callSyms
-		d.anMu.Unlock()
+		c.mu.Lock()
+		g, syms = c.calls, c.callSyms
+		c.mu.Unlock()
 	}
 	sym, _, err := syms.Lookup(name)
 	if err != nil {

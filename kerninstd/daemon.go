@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/kinst/kinst/api"
-	"github.com/kinst/kinst/census"
 	"github.com/kinst/kinst/engine"
 	"github.com/kinst/kinst/kernel"
 	"github.com/kinst/kinst/metrics"
@@ -70,12 +69,7 @@ type Daemon struct {
 	// reads the same view.
 	view *kernel.Program
 
-	cacheDir, notesPath, modulesPath string
-
-	anMu     sync.Mutex        // protects stats, calls and callSyms
-	stats    *census.Stats     // the whole-kernel census
-	calls    *census.CallGraph // its call graph (not cached on disk)
-	callSyms *kernel.Symbols   // the symbols the graph's addresses belong to
+	an *kernelCensus // the whole-kernel analysis; has its own lock
 
 	clock Clock // session times, sampling ticks; converts the timers' TSC ticks
 
@@ -117,9 +111,6 @@ func New(c Config) (*Daemon, error) {
 		dev:         c.Device,
 		log:         c.Log,
 		info:        c.Info,
-		cacheDir:    c.CacheDir,
-		notesPath:   c.Notes,
-		modulesPath: c.Modules,
 		sessions:    make(map[string]*session),
 		clock:       c.Clock,
 		loadTask:    c.TaskLayout,
@@ -135,11 +126,12 @@ func New(c Config) (*Daemon, error) {
 	if d.log == nil {
 		d.log = slog.Default()
 	}
-	if d.notesPath == "" {
-		d.notesPath = "/sys/kernel/notes"
+	d.an = &kernelCensus{log: d.log, cacheDir: c.CacheDir, notesPath: c.Notes, modulesPath: c.Modules}
+	if d.an.notesPath == "" {
+		d.an.notesPath = "/sys/kernel/notes"
 	}
-	if d.modulesPath == "" {
-		d.modulesPath = "/proc/modules"
+	if d.an.modulesPath == "" {
+		d.an.modulesPath = "/proc/modules"
 	}
 	d.eng = engine.New(engine.Config{Device: c.Device, Log: d.log, PatchHeap: func() uint64 {
 		if d.info != nil {
@@ -162,7 +154,7 @@ func New(c Config) (*Daemon, error) {
 	}
 	pc := splice.Config{Kernel: view, Springboards: d.eng.Springboards(), Log: d.log, KprobeBlacklist: bl}
 	if liveKernel { // watch its modules come and go
-		pc.Modules = d.modulesPath
+		pc.Modules = d.an.modulesPath
 		pc.TextGone = func(lo, hi uint64) { d.eng.ForgetText(lo, hi) }
 	}
 	p, err := splice.New(pc)
@@ -170,6 +162,7 @@ func New(c Config) (*Daemon, error) {
 		return nil, err
 	}
 	d.plan = p
+	d.an.plan, d.an.eng = p, d.eng
 	return d, nil
 }
 

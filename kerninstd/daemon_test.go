@@ -356,10 +356,10 @@ func TestAnalysisCache(t *testing.T) {
 	}
 
 	d, _ := newTestDaemon(t)
-	d.cacheDir, d.notesPath, d.modulesPath = filepath.Join(dir, "cache"), notes, mods
+	d.an.cacheDir, d.an.notesPath, d.an.modulesPath = filepath.Join(dir, "cache"), notes, mods
 	d.Prepare(context.Background(), true)
-	if d.stats == nil || d.stats.Functions == 0 {
-		t.Fatalf("Prepare computed no census: %+v", d.stats)
+	if d.an.stats == nil || d.an.stats.Functions == 0 {
+		t.Fatalf("Prepare computed no census: %+v", d.an.stats)
 	}
 	files, _ := filepath.Glob(filepath.Join(dir, "cache", "analysis-deadbeef-*.json"))
 	if len(files) != 1 {
@@ -367,14 +367,14 @@ func TestAnalysisCache(t *testing.T) {
 	}
 	// A restarted daemon loads it instead of analysing again.
 	d2, _ := newTestDaemon(t)
-	d2.cacheDir, d2.notesPath, d2.modulesPath = d.cacheDir, notes, mods
-	st, ok, err := d2.loadAnalysis()
-	if err != nil || !ok || st.Functions != d.stats.Functions {
+	d2.an.cacheDir, d2.an.notesPath, d2.an.modulesPath = d.an.cacheDir, notes, mods
+	st, ok, err := d2.an.loadAnalysis()
+	if err != nil || !ok || st.Functions != d.an.stats.Functions {
 		t.Errorf("loadAnalysis = %+v, %v, %v", st, ok, err)
 	}
 	// Another module set is another cache entry.
 	os.WriteFile(mods, []byte("virtio_net 1 0 - Live 0x0\nnf_tables 1 0 - Live 0x0\n"), 0o600)
-	if _, ok, _ := d2.loadAnalysis(); ok {
+	if _, ok, _ := d2.an.loadAnalysis(); ok {
 		t.Error("cache hit for a different module set")
 	}
 }
@@ -409,12 +409,12 @@ func BenchmarkLoadAnalysis(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := d.saveAnalysis(d.symbols(), census.Stats{Functions: 47166}, noret, reads); err != nil {
+	if err := d.an.saveAnalysis(d.symbols(), census.Stats{Functions: 47166}, noret, reads); err != nil {
 		b.Fatal(err)
 	}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if _, ok, err := d.loadAnalysis(); !ok || err != nil {
+		if _, ok, err := d.an.loadAnalysis(); !ok || err != nil {
 			b.Fatal(ok, err)
 		}
 	}

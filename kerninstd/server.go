@@ -70,9 +70,9 @@ func (d *Daemon) Handler() http.Handler {
 	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
 	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("GET /v1/read", d.serveRead)
-	mux.HandleFunc("GET /v1/cfg/stats", d.serveStats)
+	mux.HandleFunc("GET /v1/cfg/stats", d.an.serveStats)
 	mux.HandleFunc("GET /v1/cfg/calls", func(w http.ResponseWriter, r *http.Request) {
-		c, err := d.FunctionCalls(r.Context(), r.URL.Query().Get("func"))
+		c, err := d.an.functionCalls(r.Context(), r.URL.Query().Get("func"))
 		if err != nil {
 			writeError(w, err)
 			return

@@ -11,7 +11,7 @@ import (
 // serveStats returns the whole-kernel census: the one computed at start-up
 // or loaded from the cache, or (with ?fresh=1, or if there is none yet) a
 // new analysis, streaming progress as NDJSON.
-func (d *Daemon) serveStats(w http.ResponseWriter, r *http.Request) {
+func (c *kernelCensus) serveStats(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
 	fl, _ := w.(http.Flusher)
@@ -22,9 +22,9 @@ func (d *Daemon) serveStats(w http.ResponseWriter, r *http.Request) {
 			fl.Flush()
 		}
 	}
-	d.anMu.Lock()
-	cached := d.stats
-	d.anMu.Unlock()
+	c.mu.Lock()
+	cached := c.stats
+	c.mu.Unlock()
 	if cached != nil && r.URL.Query().Get("fresh") == "" {
 		send(api.StatsEvent{Stats: censusReport(cached)})
 		return
@@ -37,7 +37,7 @@ func (d *Daemon) serveStats(w http.ResponseWriter, r *http.Request) {
 			send(ev)
 		}
 	}()
-	st, err := d.analyze(r.Context(), 0, func(n, total int) {
+	st, err := c.analyze(r.Context(), 0, func(n, total int) {
 		select {
 		case progress <- api.StatsEvent{Done: n, Total: total}:
 		default: // the client is slow; skip a tick
@@ -49,7 +49,7 @@ func (d *Daemon) serveStats(w http.ResponseWriter, r *http.Request) {
 		send(api.StatsEvent{Error: err.Error()})
 		return
 	}
-	d.setStats(st)
+	c.setStats(st)
 	send(api.StatsEvent{Stats: censusReport(&st)})
 }
 
