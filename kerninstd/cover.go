@@ -34,7 +34,7 @@ func (d *Daemon) createCover(req api.SessionRequest) (api.Session, error) {
 	if req.TTLNS < 0 {
 		return api.Session{}, badRequest(errors.New("negative time-to-live"))
 	}
-	pred, desc, err := d.predicate(req.Filter)
+	pred, desc, err := d.tm.predicate(req.Filter)
 	if err != nil {
 		return api.Session{}, err
 	}

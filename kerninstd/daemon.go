@@ -77,10 +77,7 @@ type Daemon struct {
 	// noSplice is why there is no driver (Config.NoSplice); may be nil.
 	noSplice error
 
-	taskOnce sync.Once
-	loadTask func(*kernel.Symbols) (kernel.TaskLayout, error)
-	task     kernel.TaskLayout // where current's pid, tgid and comm are
-	taskErr  error
+	tm *timing // timers: resolution, attachment, task layout
 
 	// mu serialises sessions' changes (a session's requests are made
 	// and removed together); it protects sessions and every session's
@@ -108,17 +105,13 @@ type session struct {
 // New loads the symbol table and returns a daemon ready to serve.
 func New(c Config) (*Daemon, error) {
 	d := &Daemon{
-		dev:         c.Device,
-		log:         c.Log,
-		info:        c.Info,
-		sessions:    make(map[string]*session),
-		clock:       c.Clock,
-		loadTask:    c.TaskLayout,
-		bpf:         c.BPF,
-		noSplice:    c.NoSplice,
-	}
-	if d.loadTask == nil {
-		d.loadTask = func(*kernel.Symbols) (kernel.TaskLayout, error) { return d.view.TaskLayout() }
+		dev:      c.Device,
+		log:      c.Log,
+		info:     c.Info,
+		sessions: make(map[string]*session),
+		clock:    c.Clock,
+		bpf:      c.BPF,
+		noSplice: c.NoSplice,
 	}
 	if d.clock == nil {
 		d.clock = systemClock{metrics.NewClock()}
@@ -163,6 +156,10 @@ func New(c Config) (*Daemon, error) {
 	}
 	d.plan = p
 	d.an.plan, d.an.eng = p, d.eng
+	d.tm = &timing{eng: d.eng, plan: p, clock: d.clock, loadTask: c.TaskLayout}
+	if d.tm.loadTask == nil {
+		d.tm.loadTask = func(*kernel.Symbols) (kernel.TaskLayout, error) { return view.TaskLayout() }
+	}
 	return d, nil
 }
 
@@ -246,7 +243,7 @@ func (d *Daemon) CreateSession(req api.SessionRequest) (api.Session, error) {
 	if err != nil {
 		return api.Session{}, err
 	}
-	timers, pred, err := d.resolveTimers(req)
+	timers, pred, err := d.tm.resolveTimers(req)
 	if err != nil {
 		return api.Session{}, err
 	}
@@ -257,7 +254,7 @@ func (d *Daemon) CreateSession(req api.SessionRequest) (api.Session, error) {
 		return api.Session{}, err
 	}
 	for _, t := range timers {
-		if err := d.attachTimed(ss.id, t, pred); err != nil {
+		if err := d.tm.attachTimed(ss.id, t, pred); err != nil {
 			if rerr := d.removeLocked(ss); rerr != nil {
 				d.log.Error("roll back session", "err", rerr)
 			}
@@ -331,7 +328,7 @@ func (d *Daemon) describe(ss *session) api.Session {
 	}
 	now := d.clock.Now()
 	for _, t := range ss.timers {
-		out.Timers = append(out.Timers, d.timerInfo(t, now))
+		out.Timers = append(out.Timers, d.tm.timerInfo(t, now))
 	}
 	if ss.cover != nil {
 		out.Cover = d.coverSummary(ss)
@@ -384,7 +381,7 @@ func (d *Daemon) removeLocked(ss *session) error {
 			keptTimers = append(keptTimers, t)
 			continue
 		}
-		if err := d.detachTimed(t); err != nil {
+		if err := d.tm.detachTimed(t); err != nil {
 			errs = append(errs, err)
 			keptTimers = append(keptTimers, t)
 			continue

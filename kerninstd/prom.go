@@ -55,7 +55,7 @@ func (c promCollector) Collect(ch chan<- prometheus.Metric) {
 				ss.name, c.site.Point.Spec, c.site.Where())
 		}
 		for _, t := range ss.timers {
-			pt := d.timerPoint(t, now)
+			pt := d.tm.timerPoint(t, now)
 			ch <- prometheus.MustNewConstMetric(promCalls, prometheus.CounterValue, float64(pt.Calls), ss.name, t.function, t.filter)
 			ch <- prometheus.MustNewConstMetric(promWall, prometheus.CounterValue, pt.WallNS/1e9, ss.name, t.function, t.filter)
 			ch <- prometheus.MustNewConstMetric(promInside, prometheus.GaugeValue, float64(pt.Inside), ss.name, t.function, t.filter)

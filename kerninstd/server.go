@@ -186,7 +186,7 @@ func (d *Daemon) serveSamples(w http.ResponseWriter, r *http.Request) {
 			s := set.Sample(now)
 			out := api.Sample{Time: s.Time, Totals: s.Totals, Deltas: s.Deltas}
 			for _, t := range timers {
-				out.Timers = append(out.Timers, api.Totals(d.timerPoint(t, now)))
+				out.Timers = append(out.Timers, api.Totals(d.tm.timerPoint(t, now)))
 			}
 			if err := enc.Encode(out); err != nil {
 				return

@@ -6,10 +6,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/bpfprobe"
 	"github.com/kinst/kinst/codegen"
 	"github.com/kinst/kinst/engine"
+	"github.com/kinst/kinst/kernel"
 	"github.com/kinst/kinst/metrics"
+	"github.com/kinst/kinst/report"
 	"github.com/kinst/kinst/splice"
 )
 
@@ -36,13 +39,28 @@ type timedFunc struct {
 	offAcc metrics.TimerAcc // off-CPU thread-time of a virtual timer
 }
 
+// timing resolves, attaches and reads the daemon's timers: wall and
+// virtual timers of functions and lock-wait timers, with their filters.
+// It holds no session state (Daemon.mu protects the sessions' timers);
+// taskOnce guards task and taskErr.
+type timing struct {
+	eng   *engine.Engine
+	plan  *splice.Planner
+	clock Clock
+
+	taskOnce sync.Once
+	loadTask func(*kernel.Symbols) (kernel.TaskLayout, error)
+	task     kernel.TaskLayout // where current's pid, tgid and comm are
+	taskErr  error
+}
+
 // ErrExitNotSpliceable is returned when a function exit cannot be spliced
 // yet, so the function cannot be timed.
 var ErrExitNotSpliceable = errors.New("function exit cannot be spliced")
 
 // resolveTimed finds a function's entry and every exit.
-func (d *Daemon) resolveTimed(name string) (*timedFunc, error) {
-	f, p, err := d.plan.Func(name)
+func (tm *timing) resolveTimed(name string) (*timedFunc, error) {
+	f, p, err := tm.plan.Func(name)
 	if err != nil {
 		return nil, err
 	}
@@ -68,10 +86,10 @@ func (d *Daemon) resolveTimed(name string) (*timedFunc, error) {
 // nil, guards both. The first exit's request owns the two counter slots
 // (calls, timer word), so they are reclaimed with its patch after every
 // other request is gone. On error nothing stays installed. The caller
-// holds d.mu.
-func (d *Daemon) attachTimed(owner string, t *timedFunc, pred codegen.Predicate) error {
+// holds Daemon.mu.
+func (tm *timing) attachTimed(owner string, t *timedFunc, pred codegen.Predicate) error {
 	if t.virtual != nil {
-		return d.attachVirtual(owner, t, pred)
+		return tm.attachVirtual(owner, t, pred)
 	}
 	guard := func(sn ...codegen.Snippet) codegen.Snippet {
 		if pred == nil {
@@ -105,9 +123,9 @@ func (d *Daemon) attachTimed(owner string, t *timedFunc, pred codegen.Predicate)
 		if len(t.reqs) == 0 {
 			nslots = 2
 		}
-		r, err := d.eng.Add(s, engine.Spec{Owner: owner, Slots: nslots, Snippet: mk(nslots, exit)})
+		r, err := tm.eng.Add(s, engine.Spec{Owner: owner, Slots: nslots, Snippet: mk(nslots, exit)})
 		if err != nil {
-			d.detachTimed(t)
+			tm.detachTimed(t)
 			return err
 		}
 		t.reqs = append(t.reqs, r)
@@ -120,9 +138,9 @@ func (d *Daemon) attachTimed(owner string, t *timedFunc, pred codegen.Predicate)
 	if entryIsExit {
 		build = func() codegen.Snippet { return codegen.Seq{enter(), exit()} }
 	}
-	r, err := d.eng.Add(t.entry, engine.Spec{Owner: owner, Slots: nslots, Snippet: mk(nslots, build)})
+	r, err := tm.eng.Add(t.entry, engine.Spec{Owner: owner, Slots: nslots, Snippet: mk(nslots, build)})
 	if err != nil {
-		d.detachTimed(t)
+		tm.detachTimed(t)
 		return err
 	}
 	t.reqs = append(t.reqs, r)
@@ -133,20 +151,20 @@ func (d *Daemon) attachTimed(owner string, t *timedFunc, pred codegen.Predicate)
 
 // detachTimed removes the entry first (it was attached last), then the
 // exits; the slots go with the last. Requests that cannot be removed
-// stay listed. The caller holds d.mu.
-func (d *Daemon) detachTimed(t *timedFunc) error {
+// stay listed. The caller holds Daemon.mu.
+func (tm *timing) detachTimed(t *timedFunc) error {
 	var errs []error
 	var kept []*engine.Request
 	for i := len(t.reqs) - 1; i >= 0; i-- {
 		r := t.reqs[i]
-		if err := d.eng.Remove(r); err != nil {
+		if err := tm.eng.Remove(r); err != nil {
 			errs = append(errs, err)
 			kept = append([]*engine.Request{r}, kept...)
 		}
 	}
 	t.reqs = kept
 	if len(kept) == 0 && t.virtual != nil && t.virtual.base >= 0 {
-		d.freeVirtualSlots(t)
+		tm.freeVirtualSlots(t)
 		t.virtual.base = -1
 	}
 	return errors.Join(errs...)
@@ -155,26 +173,128 @@ func (d *Daemon) detachTimed(t *timedFunc) error {
 // timerPoint reads the timed function's totals now. The point is stamped
 // with the time of the reading, not the caller's (a sampling tick may be
 // late by then), since rates divide by the time between points.
-func (d *Daemon) timerPoint(t *timedFunc, _ time.Time) metrics.Point {
+func (tm *timing) timerPoint(t *timedFunc, _ time.Time) metrics.Point {
 	if t.bpf != nil {
-		calls, ns := d.eng.Counter(t.calls), d.eng.Counter(t.word)
-		return metrics.Point{Time: d.clock.Now(), Calls: calls, WallNS: float64(ns), Inside: t.bpf.Inside()}
+		calls, ns := tm.eng.Counter(t.calls), tm.eng.Counter(t.word)
+		return metrics.Point{Time: tm.clock.Now(), Calls: calls, WallNS: float64(ns), Inside: t.bpf.Inside()}
 	}
-	calls := d.eng.Counter(t.calls)
-	w := d.eng.Counter(t.word)
+	calls := tm.eng.Counter(t.calls)
+	w := tm.eng.Counter(t.word)
 	var off uint64
 	if t.virtual != nil {
-		off = d.eng.Counter(t.virtual.off)
+		off = tm.eng.Counter(t.virtual.off)
 	}
 	tsc := metrics.TSC() // after the words: every event in them happened before
-	now := d.clock.Now()
+	now := tm.clock.Now()
 	t.mu.Lock()
 	ticks := t.acc.Add(w, tsc)
 	offTicks := t.offAcc.Add(off, tsc)
 	t.mu.Unlock()
-	p := metrics.Point{Time: now, Calls: calls, WallNS: d.clock.Nanos(ticks), Inside: metrics.TimerInside(w)}
+	p := metrics.Point{Time: now, Calls: calls, WallNS: tm.clock.Nanos(ticks), Inside: metrics.TimerInside(w)}
 	if t.virtual != nil {
-		p.VirtualNS = d.clock.Nanos(ticks - min(offTicks, ticks))
+		p.VirtualNS = tm.clock.Nanos(ticks - min(offTicks, ticks))
 	}
 	return p
+}
+
+// timerInfo describes a timed function with its totals at now.
+func (tm *timing) timerInfo(t *timedFunc, now time.Time) api.TimerInfo {
+	ti := api.TimerInfo{Function: t.function, Filter: t.filter, Virtual: t.virtual != nil, Entry: report.Resolved(t.entry), Totals: api.Totals(tm.timerPoint(t, now)),
+		Mechanism: MechanismSplice}
+	if t.bpf != nil {
+		ti.Mechanism = t.bpf.Mechanism()
+		ti.Entry.SpliceClass = ""
+		ti.Exits = []api.Resolved{}
+	}
+	for _, s := range t.exits {
+		ti.Exits = append(ti.Exits, report.Resolved(s))
+	}
+	return ti
+}
+
+// resolveTimers resolves every function of a request and builds the
+// filter's predicate. It changes nothing.
+func (tm *timing) resolveTimers(req api.SessionRequest) ([]*timedFunc, codegen.Predicate, error) {
+	if req.Lock != "" {
+		return tm.resolveWaiters(req)
+	}
+	if len(req.Timers) == 0 {
+		if req.Filter != nil {
+			return nil, nil, badRequest(errors.New("a filter applies to timed functions; none given"))
+		}
+		return nil, nil, nil
+	}
+	pred, desc, err := tm.predicate(req.Filter)
+	if err != nil {
+		return nil, nil, err
+	}
+	var sw *splice.Site
+	if req.Virtual {
+		if err := tm.loadTaskLayout(); err != nil {
+			return nil, nil, fmt.Errorf("virtual timers need the task layout: %w", err)
+		}
+		if sw, err = tm.resolveSwitch(); err != nil {
+			return nil, nil, err
+		}
+	}
+	seen := map[string]bool{}
+	var out []*timedFunc
+	for _, name := range req.Timers {
+		t, err := tm.resolveTimed(name)
+		if err != nil {
+			return nil, nil, &splice.PointError{Point: name, Err: err}
+		}
+		if seen[t.function] {
+			return nil, nil, &splice.PointError{Point: name, Err: badRequest(fmt.Errorf("%s named twice", t.function))}
+		}
+		seen[t.function] = true
+		t.filter = desc
+		if sw != nil {
+			t.virtual = &virtualState{sw: sw, base: -1}
+		}
+		out = append(out, t)
+	}
+	return out, pred, nil
+}
+
+// predicate builds the guard of a filter, with task_struct offsets from
+// the kernel's BTF.
+func (tm *timing) predicate(f *api.Filter) (codegen.Predicate, string, error) {
+	if f == nil || (f.PID == 0 && f.TID == 0 && f.Comm == "") {
+		return nil, "", nil
+	}
+	set := 0
+	for _, b := range []bool{f.PID != 0, f.TID != 0, f.Comm != ""} {
+		if b {
+			set++
+		}
+	}
+	if set > 1 {
+		return nil, "", badRequest(errors.New("filter on one of pid, tid or comm"))
+	}
+	if f.PID < 0 || f.TID < 0 {
+		return nil, "", badRequest(errors.New("pid and tid are positive"))
+	}
+	if len(f.Comm) >= codegen.TaskCommLen {
+		return nil, "", badRequest(fmt.Errorf("comm %q is longer than the kernel keeps (%d bytes); give the first %d", f.Comm, codegen.TaskCommLen-1, codegen.TaskCommLen-1))
+	}
+	if err := tm.loadTaskLayout(); err != nil {
+		return nil, "", fmt.Errorf("filters need the task layout: %w", err)
+	}
+	l := tm.task
+	switch {
+	case f.PID != 0:
+		return codegen.TaskField32{CurrentTask: int32(l.CurrentTask), Offset: int32(l.TGID), Value: int32(f.PID)}, fmt.Sprintf("pid %d", f.PID), nil
+	case f.TID != 0:
+		return codegen.TaskField32{CurrentTask: int32(l.CurrentTask), Offset: int32(l.PID), Value: int32(f.TID)}, fmt.Sprintf("tid %d", f.TID), nil
+	}
+	p := codegen.TaskComm{CurrentTask: int32(l.CurrentTask), Offset: int32(l.Comm)}
+	copy(p.Comm[:], f.Comm)
+	return p, fmt.Sprintf("comm %s", f.Comm), nil
+}
+
+// loadTaskLayout loads where current's pid, tgid and comm are, once.
+func (tm *timing) loadTaskLayout() error {
+	tm.taskOnce.Do(func() { tm.task, tm.taskErr = tm.loadTask(tm.plan.Symbols()) })
+	return tm.taskErr
 }

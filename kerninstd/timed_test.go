@@ -23,7 +23,7 @@ import (
 
 func TestTimedSessionLifecycle(t *testing.T) {
 	d, k := newTestDaemon(t)
-	d.loadTask = func(*kernel.Symbols) (kernel.TaskLayout, error) {
+	d.tm.loadTask = func(*kernel.Symbols) (kernel.TaskLayout, error) {
 		return kernel.TaskLayout{CurrentTask: 0x1fb80, PID: 0x5c8, TGID: 0x5cc, Comm: 0x7c0}, nil
 	}
 	s, err := d.CreateSession(api.SessionRequest{Name: "incident", Timers: []string{"filename_lookup"}, Filter: &api.Filter{PID: 4242}})
@@ -149,7 +149,7 @@ func TestSessionTTL(t *testing.T) {
 
 func TestTimedRefusals(t *testing.T) {
 	d, k := newTestDaemon(t)
-	d.loadTask = func(*kernel.Symbols) (kernel.TaskLayout, error) { return kernel.TaskLayout{}, errors.New("no BTF") }
+	d.tm.loadTask = func(*kernel.Symbols) (kernel.TaskLayout, error) { return kernel.TaskLayout{}, errors.New("no BTF") }
 	for _, req := range []api.SessionRequest{
 		{Timers: []string{"filename_lookup+0xb"}},
 		{Timers: []string{"no_such_function"}},
@@ -218,7 +218,7 @@ func BenchmarkSample1000(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		now := time.Now()
 		for _, t := range timers {
-			d.timerPoint(t, now)
+			d.tm.timerPoint(t, now)
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)*10/1e9*100, "cpu_%_at_10Hz")

@@ -48,8 +48,8 @@ var ErrSwitchHook = errors.New("cannot instrument the context switch for virtual
 
 // resolveSwitch finds the switch hook's instruction and checks that
 // %rdi and %rsi still hold the tasks there: only pushes come before it.
-func (d *Daemon) resolveSwitch() (*splice.Site, error) {
-	f, p, err := d.plan.Func(SwitchFunction)
+func (tm *timing) resolveSwitch() (*splice.Site, error) {
+	f, p, err := tm.plan.Func(SwitchFunction)
 	var s *splice.Site
 	if err == nil {
 		s, err = f.Resolve(p)
@@ -68,23 +68,23 @@ func (d *Daemon) resolveSwitch() (*splice.Site, error) {
 
 // attachVirtual installs a virtual timer: the switch hook first, then the
 // exits, then the entry, so no task is in the table while the hook is
-// missing. The caller holds d.mu.
-func (d *Daemon) attachVirtual(owner string, t *timedFunc, pred codegen.Predicate) error {
+// missing. The caller holds Daemon.mu.
+func (tm *timing) attachVirtual(owner string, t *timedFunc, pred codegen.Predicate) error {
 	v := t.virtual
-	base, err := d.eng.ReserveCounters(virtualSlots)
+	base, err := tm.eng.ReserveCounters(virtualSlots)
 	if err != nil {
 		return err
 	}
 	v.base = base
 	t.calls, t.word, v.off, v.dropped = base+vCalls, base+vWall, base+vOff, base+vDropped
-	addr := d.eng.CounterAddr
+	addr := tm.eng.CounterAddr
 	v.table = codegen.TaskTable{Addr: addr(base + vTable), Entries: virtualEntries}
-	ct := int32(d.task.CurrentTask)
+	ct := int32(tm.task.CurrentTask)
 	fixed := func(sn codegen.Snippet) engine.SnippetFunc { return func([]uint64) codegen.Snippet { return sn } }
 	add := func(s *splice.Site, sn codegen.Snippet) error {
-		r, err := d.eng.Add(s, engine.Spec{Owner: owner, Snippet: fixed(sn)})
+		r, err := tm.eng.Add(s, engine.Spec{Owner: owner, Snippet: fixed(sn)})
 		if err != nil {
-			d.detachTimed(t)
+			tm.detachTimed(t)
 			return err
 		}
 		t.reqs = append(t.reqs, r)
@@ -119,4 +119,6 @@ func (d *Daemon) attachVirtual(owner string, t *timedFunc, pred codegen.Predicat
 var virtualSlots = vTable + codegen.TaskTableSlots(virtualEntries)
 
 // freeVirtualSlots returns a virtual timer's block of slots.
-func (d *Daemon) freeVirtualSlots(t *timedFunc) { d.eng.ReleaseCounters(t.virtual.base, virtualSlots) }
+func (tm *timing) freeVirtualSlots(t *timedFunc) {
+	tm.eng.ReleaseCounters(t.virtual.base, virtualSlots)
+}

@@ -31,7 +31,7 @@ const MutexSlowPath = "__mutex_lock_slowpath"
 var ErrNoLock = errors.New("no such lock")
 
 // lockAddress resolves 0xADDR or a data symbol from kallsyms.
-func (d *Daemon) lockAddress(spec string) (uint64, string, error) {
+func (tm *timing) lockAddress(spec string) (uint64, string, error) {
 	if v, ok := strings.CutPrefix(spec, "0x"); ok {
 		a, err := strconv.ParseUint(v, 16, 64)
 		if err != nil || a < 1<<63 {
@@ -39,10 +39,10 @@ func (d *Daemon) lockAddress(spec string) (uint64, string, error) {
 		}
 		return a, spec, nil
 	}
-	sym, ok := dataSymbol(d.symbols(), spec)
+	sym, ok := dataSymbol(tm.plan.Symbols(), spec)
 	if !ok {
 		// Maybe a module loaded since the snapshot.
-		if syms, err := d.plan.ReloadSymbols(); err == nil {
+		if syms, err := tm.plan.ReloadSymbols(); err == nil {
 			sym, ok = dataSymbol(syms, spec)
 		}
 	}
@@ -74,8 +74,8 @@ func dataSymbol(syms *kernel.Symbols, name string) (kernel.Symbol, bool) {
 
 // lockWaitFunction is the function a task waits for a mutex in: the
 // slow path, or the function it tail-calls.
-func (d *Daemon) lockWaitFunction() (string, error) {
-	f, p, err := d.plan.Func(MutexSlowPath)
+func (tm *timing) lockWaitFunction() (string, error) {
+	f, p, err := tm.plan.Func(MutexSlowPath)
 	if err == nil {
 		_, err = f.Resolve(p)
 	}
@@ -97,26 +97,26 @@ func (d *Daemon) lockWaitFunction() (string, error) {
 }
 
 // resolveWaiters builds the timer of a waiters request.
-func (d *Daemon) resolveWaiters(req api.SessionRequest) ([]*timedFunc, codegen.Predicate, error) {
+func (tm *timing) resolveWaiters(req api.SessionRequest) ([]*timedFunc, codegen.Predicate, error) {
 	if len(req.Timers) > 0 || req.Filter != nil {
 		return nil, nil, badRequest(errors.New("a lock request takes no functions or filter"))
 	}
-	addr, desc, err := d.lockAddress(req.Lock)
+	addr, desc, err := tm.lockAddress(req.Lock)
 	if err != nil {
 		return nil, nil, err
 	}
-	name, err := d.lockWaitFunction()
+	name, err := tm.lockWaitFunction()
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := d.loadTaskLayout(); err != nil {
+	if err := tm.loadTaskLayout(); err != nil {
 		return nil, nil, fmt.Errorf("waiters need the task layout: %w", err)
 	}
-	sw, err := d.resolveSwitch()
+	sw, err := tm.resolveSwitch()
 	if err != nil {
 		return nil, nil, err
 	}
-	t, err := d.resolveTimed(name)
+	t, err := tm.resolveTimed(name)
 	if err != nil {
 		return nil, nil, &splice.PointError{Point: name, Err: err}
 	}
