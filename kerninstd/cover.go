@@ -38,7 +38,7 @@ func (d *Daemon) createCover(req api.SessionRequest) (api.Session, error) {
 	if err != nil {
 		return api.Session{}, err
 	}
-	targets, err := d.coverTargets(req)
+	targets, err := coverTargets(d.plan, req)
 	if err != nil {
 		return api.Session{}, err
 	}
@@ -58,7 +58,7 @@ func (d *Daemon) createCover(req api.SessionRequest) (api.Session, error) {
 	// session's creation), and added to the set in target order.
 	var tooMany error
 	parallel.Map(len(targets), func(i int) funcPlan {
-		f, err := d.coverFunc(targets[i])
+		f, err := coverFunc(d.plan, targets[i])
 		if err != nil {
 			return funcPlan{err: err}
 		}

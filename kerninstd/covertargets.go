@@ -37,7 +37,7 @@ func isCover(req api.SessionRequest) bool {
 // fails the request; a function reached otherwise is listed with the
 // reason. Bad input changes nothing: nothing is spliced before this
 // returns.
-func (d *Daemon) coverTargets(req api.SessionRequest) ([]coverTarget, error) {
+func coverTargets(plan *splice.Planner, req api.SessionRequest) ([]coverTarget, error) {
 	if req.CoverDepth < 0 {
 		return nil, badRequest(fmt.Errorf("negative call depth %d", req.CoverDepth))
 	}
@@ -59,7 +59,7 @@ func (d *Daemon) coverTargets(req api.SessionRequest) ([]coverTarget, error) {
 	// named reads a function given by name, failing the request if it
 	// cannot be read.
 	named := func(name, what string) (*splice.Func, error) {
-		f, pt, err := d.plan.Func(name)
+		f, pt, err := plan.Func(name)
 		if err == nil && (pt.HasOffset || pt.HasBlock) {
 			err = badRequest(fmt.Errorf("%s %q: name a function, not an instruction or block", what, name))
 		}
@@ -74,13 +74,13 @@ func (d *Daemon) coverTargets(req api.SessionRequest) ([]coverTarget, error) {
 			if err != nil {
 				return nil, err
 			}
-			add(coverTarget{syms: d.symbols(), sym: f.Sym, f: f})
+			add(coverTarget{syms: plan.Symbols(), sym: f.Sym, f: f})
 			continue
 		}
 		if _, err := path.Match(t, ""); err != nil {
 			return nil, badRequest(fmt.Errorf("target %q: %w", t, err))
 		}
-		syms, n := d.symbols(), 0
+		syms, n := plan.Symbols(), 0
 		for _, s := range syms.All() {
 			if ok, _ := path.Match(t, s.Name); ok && !s.IsPrefix() {
 				n++
@@ -92,7 +92,7 @@ func (d *Daemon) coverTargets(req api.SessionRequest) ([]coverTarget, error) {
 		}
 	}
 	for _, m := range req.CoverModules {
-		fns, err := d.moduleFunctions(m)
+		fns, err := moduleFunctions(plan, m)
 		if err != nil {
 			return nil, err
 		}
@@ -105,7 +105,7 @@ func (d *Daemon) coverTargets(req api.SessionRequest) ([]coverTarget, error) {
 		if err != nil {
 			return nil, err
 		}
-		syms := d.symbols()
+		syms := plan.Symbols()
 		add(coverTarget{syms: syms, sym: f.Sym, f: f})
 		visited := map[uint64]bool{f.Sym.Addr: true}
 		level := []*splice.Func{f}
@@ -118,7 +118,7 @@ func (d *Daemon) coverTargets(req api.SessionRequest) ([]coverTarget, error) {
 						continue
 					}
 					visited[e.Callee] = true
-					cf, err := d.plan.FuncOf(syms, at[0])
+					cf, err := plan.FuncOf(syms, at[0])
 					add(coverTarget{syms: syms, sym: at[0], f: cf, err: err})
 					if err == nil {
 						next = append(next, cf)
@@ -136,7 +136,7 @@ func (d *Daemon) coverTargets(req api.SessionRequest) ([]coverTarget, error) {
 // (it may have been loaded since). Module names are spelled as the kernel
 // spells them (ext4, virtio_net; a dash is taken for an underscore, as
 // modprobe does).
-func (d *Daemon) moduleFunctions(name string) ([]coverTarget, error) {
+func moduleFunctions(plan *splice.Planner, name string) ([]coverTarget, error) {
 	if name == "" || strings.ContainsAny(name, " \t/[]*?") {
 		return nil, badRequest(fmt.Errorf("module %q: want a module name as lsmod prints it", name))
 	}
@@ -150,10 +150,10 @@ func (d *Daemon) moduleFunctions(name string) ([]coverTarget, error) {
 		}
 		return out
 	}
-	if fns := of(d.symbols()); len(fns) > 0 {
+	if fns := of(plan.Symbols()); len(fns) > 0 {
 		return fns, nil
 	}
-	syms, err := d.plan.ReloadSymbols()
+	syms, err := plan.ReloadSymbols()
 	if err != nil {
 		return nil, err
 	}
@@ -164,11 +164,11 @@ func (d *Daemon) moduleFunctions(name string) ([]coverTarget, error) {
 }
 
 // coverFunc is t's function, read and planned.
-func (d *Daemon) coverFunc(t coverTarget) (*splice.Func, error) {
+func coverFunc(plan *splice.Planner, t coverTarget) (*splice.Func, error) {
 	if t.f != nil || t.err != nil {
 		return t.f, t.err
 	}
-	return d.plan.FuncOf(t.syms, t.sym)
+	return plan.FuncOf(t.syms, t.sym)
 }
 
 // benchKernel is what the benches (package bench) drive: the engine and
@@ -183,11 +183,11 @@ func (d *Daemon) benchKernel() bench.Kernel {
 		Log:     d.log,
 		Now:     d.clock.Now,
 		Targets: func(globs []string) (int, func(int) (*splice.Func, error), error) {
-			ts, err := d.coverTargets(api.SessionRequest{Cover: globs})
+			ts, err := coverTargets(d.plan, api.SessionRequest{Cover: globs})
 			if err != nil {
 				return 0, nil, err
 			}
-			return len(ts), func(i int) (*splice.Func, error) { return d.coverFunc(ts[i]) }, nil
+			return len(ts), func(i int) (*splice.Func, error) { return coverFunc(d.plan, ts[i]) }, nil
 		},
 	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/engine"
 	"github.com/kinst/kinst/kernel"
 	"github.com/kinst/kinst/kerninstd/bench"
 	"github.com/kinst/kinst/metrics"
@@ -69,7 +70,7 @@ func (d *Daemon) Handler() http.Handler {
 	// the same token as the rest: how a planner's memory or time is found.
 	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
 	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("GET /v1/read", d.serveRead)
+	mux.HandleFunc("GET /v1/read", serveRead(d.dev, d.symbols))
 	mux.HandleFunc("GET /v1/cfg/stats", d.an.serveStats)
 	mux.HandleFunc("GET /v1/cfg/calls", func(w http.ResponseWriter, r *http.Request) {
 		c, err := d.an.functionCalls(r.Context(), r.URL.Query().Get("func"))
@@ -198,35 +199,37 @@ func (d *Daemon) serveSamples(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func (d *Daemon) serveRead(w http.ResponseWriter, r *http.Request) {
-	at := r.URL.Query().Get("at")
-	n := 64
-	if v := r.URL.Query().Get("len"); v != "" {
-		var err error
-		if n, err = strconv.Atoi(v); err != nil || n <= 0 || n > maxRead {
-			writeError(w, badRequest(fmt.Errorf("len %q: want 1..%d", v, maxRead)))
+func serveRead(dev engine.Device, syms func() *kernel.Symbols) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		at := r.URL.Query().Get("at")
+		n := 64
+		if v := r.URL.Query().Get("len"); v != "" {
+			var err error
+			if n, err = strconv.Atoi(v); err != nil || n <= 0 || n > maxRead {
+				writeError(w, badRequest(fmt.Errorf("len %q: want 1..%d", v, maxRead)))
+				return
+			}
+		}
+		addr, err := parseLocation(syms(), at)
+		if err != nil {
+			writeError(w, err)
 			return
 		}
+		b := make([]byte, n)
+		if err := dev.Read(addr, b); err != nil {
+			writeError(w, err)
+			return
+		}
+		m := api.Memory{Address: api.Addr(addr), Bytes: hex.EncodeToString(b)}
+		if sym, off, ok := syms().At(addr); ok {
+			m.Symbol = fmt.Sprintf("%s+%#x", sym.Name, off)
+		}
+		writeJSON(w, http.StatusOK, m)
 	}
-	addr, err := d.parseLocation(at)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	b := make([]byte, n)
-	if err := d.dev.Read(addr, b); err != nil {
-		writeError(w, err)
-		return
-	}
-	m := api.Memory{Address: api.Addr(addr), Bytes: hex.EncodeToString(b)}
-	if sym, off, ok := d.symbols().At(addr); ok {
-		m.Symbol = fmt.Sprintf("%s+%#x", sym.Name, off)
-	}
-	writeJSON(w, http.StatusOK, m)
 }
 
 // parseLocation accepts 0xADDR, a hex address without 0x, or SYM[+OFF].
-func (d *Daemon) parseLocation(at string) (uint64, error) {
+func parseLocation(syms *kernel.Symbols, at string) (uint64, error) {
 	if at == "" {
 		return 0, badRequest(errors.New("missing address: want ADDR or SYM[+0xOFF]"))
 	}
@@ -237,10 +240,10 @@ func (d *Daemon) parseLocation(at string) (uint64, error) {
 	if err != nil {
 		return 0, badRequest(err)
 	}
-	if a, ok := d.symbols().Address(p.Function); ok {
+	if a, ok := syms.Address(p.Function); ok {
 		return a + p.Offset, nil // includes kept data markers such as __start___ex_table
 	}
-	sym, _, err := d.symbols().Lookup(p.Function)
+	sym, _, err := syms.Lookup(p.Function)
 	if err != nil {
 		return 0, err
 	}
