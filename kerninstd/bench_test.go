@@ -24,7 +24,7 @@ func TestBenchChurn(t *testing.T) {
 		t.Fatal(err)
 	}
 	withSteady := textNow(t, k)
-	res, err := bench.Churn(context.Background(), d.benchKernel(), api.ChurnRequest{Functions: []string{"filename_lookup"}, Points: []string{"lookuppn"}, Cycles: 40, Seed: 3})
+	res, err := bench.Churn(context.Background(), benchKernel(d), api.ChurnRequest{Functions: []string{"filename_lookup"}, Points: []string{"lookuppn"}, Cycles: 40, Seed: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +75,7 @@ func TestBenchChurnBadRequests(t *testing.T) {
 		{api.ChurnRequest{Functions: []string{"nosuch"}, Cycles: 5}, kernel.ErrUnknownFunction},
 		{api.ChurnRequest{Points: []string{"filename_lookup+0x1"}, Cycles: 5}, nil}, // mid-instruction
 	} {
-		_, err := bench.Churn(context.Background(), d.benchKernel(), tc.req)
+		_, err := bench.Churn(context.Background(), benchKernel(d), tc.req)
 		if err == nil || (tc.want != nil && !errors.Is(err, tc.want)) {
 			t.Errorf("%+v: err %v, want %v", tc.req, err, tc.want)
 		}

@@ -3,11 +3,13 @@ package kerninstd
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime"
 	"time"
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/cover"
+	"github.com/kinst/kinst/engine"
 	"github.com/kinst/kinst/internal/parallel"
 	"github.com/kinst/kinst/report"
 )
@@ -127,43 +129,43 @@ func (d *Daemon) pollCover(ss *session, tick <-chan time.Time, stop func()) {
 			select {
 			case <-ss.cover.quit:
 			default:
-				d.sweepCover(ss, now)
+				ss.cover.sweep(d.eng, d.log, ss.id, now)
 			}
 			d.mu.Unlock()
 		}
 	}
 }
 
-// sweepCover marks the blocks whose probe has run as covered and removes
-// those probes in one batch. The caller holds d.mu.
-func (d *Daemon) sweepCover(ss *session, now time.Time) {
-	for r, err := range ss.cover.set.Sweep(d.eng, now) {
-		d.log.Error("remove covered probe", "session", ss.id, "at", r.Site().Where(), "err", err)
+// sweep marks the blocks whose probe has run as covered and removes
+// those probes in one batch. The caller holds Daemon.mu.
+func (cs *coverState) sweep(eng *engine.Engine, log *slog.Logger, id string, now time.Time) {
+	for r, err := range cs.set.Sweep(eng, now) {
+		log.Error("remove covered probe", "session", id, "at", r.Site().Where(), "err", err)
 	}
 }
 
-// coverReport is the session's coverage as of now, every block; the
-// caller holds d.mu. A session's description carries only the summary
-// (coverSummary): a whole-kernel session's blocks are half a million.
-func (d *Daemon) coverReport(ss *session) *api.CoverReport {
-	return report.Cover(ss.cover.set, ss.name, d.clock.Now())
+// report is the session's coverage as of now, every block; the caller
+// holds Daemon.mu. A session's description carries only the summary: a
+// whole-kernel session's blocks are half a million.
+func (cs *coverState) report(name string, now time.Time) *api.CoverReport {
+	return report.Cover(cs.set, name, now)
 }
 
-// coverSummary is the session's coverage totals as of now. The caller
-// holds d.mu.
-func (d *Daemon) coverSummary(ss *session) *api.CoverReport {
-	return report.CoverSummary(ss.cover.set, ss.name, d.clock.Now())
+// summary is the session's coverage totals as of now. The caller holds
+// Daemon.mu.
+func (cs *coverState) summary(name string, now time.Time) *api.CoverReport {
+	return report.CoverSummary(cs.set, name, now)
 }
 
-// finalCoverReport is the report of a session whose probes removeCover
-// has removed. After a big session the engine's records of its probes
-// are collected first, so that the report takes their place rather than
-// adding to them. The caller holds d.mu.
-func (d *Daemon) finalCoverReport(ss *session) *api.CoverReport {
-	if ss.cover.set.Armed() >= bigSession {
+// final is the report of a session whose probes remove has removed.
+// After a big session the engine's records of its probes are collected
+// first, so that the report takes their place rather than adding to
+// them. The caller holds Daemon.mu.
+func (cs *coverState) final(name string, now time.Time) *api.CoverReport {
+	if cs.set.Armed() >= bigSession {
 		runtime.GC()
 	}
-	return d.coverReport(ss)
+	return cs.report(name, now)
 }
 
 // CoverReport is the coverage of the session named or numbered id, as of
@@ -178,23 +180,22 @@ func (d *Daemon) CoverReport(id string) (*api.CoverReport, error) {
 	if ss.cover == nil {
 		return nil, badRequest(fmt.Errorf("session %s is not a coverage session", id))
 	}
-	return d.coverReport(ss), nil
+	return ss.cover.report(ss.name, d.clock.Now()), nil
 }
 
-// removeCover stops the poller and removes every probe still live; it
-// reports whether none is left. The caller holds d.mu and has swept the
-// session last.
-func (d *Daemon) removeCover(ss *session) (bool, error) {
-	cs := ss.cover
+// remove stops the poller and removes every probe still live; it
+// reports whether none is left. The caller holds Daemon.mu and has swept
+// the session last.
+func (cs *coverState) remove(eng *engine.Engine, log *slog.Logger, id string, now time.Time) (bool, error) {
 	select {
 	case <-cs.quit:
 	default:
 		close(cs.quit)
 	}
-	gone, err := cs.set.Remove(d.eng)
-	rep := cs.set.Summary(d.clock.Now())
+	gone, err := cs.set.Remove(eng)
+	rep := cs.set.Summary(now)
 	releaseHeapAfter(rep.Armed)
-	d.log.Info("coverage removed", "session", ss.id, "covered", rep.CoveredBlocks, "blocks", rep.TotalBlocks,
+	log.Info("coverage removed", "session", id, "covered", rep.CoveredBlocks, "blocks", rep.TotalBlocks,
 		"left", len(cs.set.Live()))
 	return gone, err
 }

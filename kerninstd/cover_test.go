@@ -21,7 +21,7 @@ func waitCovered(t *testing.T, d *Daemon, id string, n int) api.CoverReport {
 	for {
 		d.mu.Lock()
 		ss := d.sessions[id]
-		rep := d.coverReport(ss)
+		rep := ss.cover.report(ss.name, d.clock.Now())
 		d.mu.Unlock()
 		if rep.CoveredBlocks >= n || time.Now().After(deadline) {
 			if rep.CoveredBlocks != n {

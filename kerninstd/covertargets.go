@@ -172,9 +172,10 @@ func coverFunc(plan *splice.Planner, t coverTarget) (*splice.Func, error) {
 }
 
 // benchKernel is what the benches (package bench) drive: the engine and
-// planner sessions use, the driver's reads, and coverage targets as a
-// session resolves them.
-func (d *Daemon) benchKernel() bench.Kernel {
+// planner d's sessions use, the driver's reads, and coverage targets as a
+// session resolves them. The benches run beside the sessions, not in
+// them: they take no lock of d's.
+func benchKernel(d *Daemon) bench.Kernel {
 	return bench.Kernel{
 		Engine:  d.eng,
 		Planner: d.plan,

@@ -163,8 +163,6 @@ func New(c Config) (*Daemon, error) {
 	return d, nil
 }
 
-func (d *Daemon) symbols() *kernel.Symbols { return d.plan.Symbols() }
-
 // Info reports the daemon's state.
 func (d *Daemon) Info() api.Info {
 	var in api.Info
@@ -179,7 +177,7 @@ func (d *Daemon) Info() api.Info {
 			in.NoSplice = d.noSplice.Error()
 		}
 	}
-	in.Symbols = d.symbols().Len()
+	in.Symbols = d.plan.Symbols().Len()
 	d.mu.Lock()
 	in.Sessions = len(d.sessions)
 	d.mu.Unlock()
@@ -200,7 +198,7 @@ func (d *Daemon) refresh() {
 // Resolve maps a point to its instruction without changing anything.
 func (d *Daemon) Resolve(point string) (api.Resolved, error) {
 	d.refresh()
-	s, err := d.resolve(point)
+	s, err := d.plan.Resolve(point)
 	if err != nil {
 		return api.Resolved{}, err
 	}
@@ -218,7 +216,7 @@ func (d *Daemon) resolvePoints(req api.SessionRequest, check func(*splice.Site) 
 	}
 	sites := make([]*splice.Site, len(req.Points))
 	for i, p := range req.Points {
-		s, err := d.resolve(p)
+		s, err := d.plan.Resolve(p)
 		if err == nil && check != nil {
 			err = check(s)
 		}
@@ -331,7 +329,7 @@ func (d *Daemon) describe(ss *session) api.Session {
 		out.Timers = append(out.Timers, d.tm.timerInfo(t, now))
 	}
 	if ss.cover != nil {
-		out.Cover = d.coverSummary(ss)
+		out.Cover = ss.cover.summary(ss.name, d.clock.Now())
 	}
 	return out
 }
@@ -349,14 +347,14 @@ func (d *Daemon) RemoveSession(id string) (api.Session, error) {
 		return api.Session{}, fmt.Errorf("%w %q", ErrNoSession, id)
 	}
 	if ss.cover != nil {
-		d.sweepCover(ss, d.clock.Now()) // the last hits count
+		ss.cover.sweep(d.eng, d.log, ss.id, d.clock.Now()) // the last hits count
 	}
 	final := d.describe(ss)
 	err := d.removeLocked(ss)
 	if ss.cover != nil {
 		// The final state, every block, made once the probes are gone:
 		// a whole kernel's report is 100 MB, its probes as much again.
-		final.Cover = d.finalCoverReport(ss)
+		final.Cover = ss.cover.final(ss.name, d.clock.Now())
 	}
 	delete(d.sessions, ss.id)
 	return final, err
@@ -413,7 +411,7 @@ func (d *Daemon) removeLocked(ss *session) error {
 	coverGone := true
 	if ss.cover != nil {
 		var err error
-		if coverGone, err = d.removeCover(ss); err != nil {
+		if coverGone, err = ss.cover.remove(d.eng, d.log, ss.id, d.clock.Now()); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -200,14 +200,14 @@ func TestAPIAndTiedSession(t *testing.T) {
 
 func TestBenchSpliceFake(t *testing.T) {
 	d, k := newTestDaemon(t)
-	res, err := bench.Splice(context.Background(), d.benchKernel(), api.BenchRequest{Point: "lookuppn", Cycles: 50})
+	res, err := bench.Splice(context.Background(), benchKernel(d), api.BenchRequest{Point: "lookuppn", Cycles: 50})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if res.Cycles != 50 || res.Splice.N != 50 || !res.Restored || len(k.Allocs) != 0 {
 		t.Errorf("bench = %+v, allocs %v", res, k.Allocs)
 	}
-	if _, err := bench.Splice(context.Background(), d.benchKernel(), api.BenchRequest{Point: "lookuppn", Cycles: 0}); err == nil {
+	if _, err := bench.Splice(context.Background(), benchKernel(d), api.BenchRequest{Point: "lookuppn", Cycles: 0}); err == nil {
 		t.Error("zero cycles accepted")
 	}
 }
@@ -231,7 +231,7 @@ func TestBenchSpliceSteps(t *testing.T) {
 		t.Run(tc.class, func(t *testing.T) {
 			d, k := newTestDaemon(t)
 			before := textNow(t, k)
-			res, err := bench.Splice(context.Background(), d.benchKernel(), api.BenchRequest{Point: tc.point, Cycles: cycles})
+			res, err := bench.Splice(context.Background(), benchKernel(d), api.BenchRequest{Point: tc.point, Cycles: cycles})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -267,7 +267,7 @@ func TestBenchSpliceSteps(t *testing.T) {
 		t.Fatal(err)
 	}
 	withSession := textNow(t, k)
-	if _, err := bench.Splice(context.Background(), d.benchKernel(), api.BenchRequest{Point: "filename_lookup+0x6", Cycles: 2}); err == nil || !strings.Contains(err.Error(), s.ID) {
+	if _, err := bench.Splice(context.Background(), benchKernel(d), api.BenchRequest{Point: "filename_lookup+0x6", Cycles: 2}); err == nil || !strings.Contains(err.Error(), s.ID) {
 		t.Errorf("bench at a session's point: %v", err)
 	}
 	if !bytes.Equal(textNow(t, k), withSession) {
@@ -409,7 +409,7 @@ func BenchmarkLoadAnalysis(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := d.an.saveAnalysis(d.symbols(), census.Stats{Functions: 47166}, noret, reads); err != nil {
+	if err := d.an.saveAnalysis(d.plan.Symbols(), census.Stats{Functions: 47166}, noret, reads); err != nil {
 		b.Fatal(err)
 	}
 	b.ResetTimer()

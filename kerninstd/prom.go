@@ -63,9 +63,9 @@ func (c promCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// MetricsHandler serves every live session's metrics in the Prometheus
-// exposition format.
-func (d *Daemon) MetricsHandler() http.Handler {
+// metricsHandler serves every live session of d's metrics in the
+// Prometheus exposition format.
+func metricsHandler(d *Daemon) http.Handler {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(promCollector{d})
 	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
@@ -75,7 +75,7 @@ func (d *Daemon) MetricsHandler() http.Handler {
 // and nothing else (the instrumentation API stays on the unix socket).
 func (d *Daemon) MetricsOnlyHandler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", d.MetricsHandler())
+	mux.Handle("GET /metrics", metricsHandler(d))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("kerninstd serves only /metrics here, not %s", r.URL.Path), http.StatusNotFound)
 	})

@@ -65,12 +65,12 @@ func (d *Daemon) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/sessions", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, d.Sessions())
 	})
-	mux.Handle("GET /metrics", d.MetricsHandler())
+	mux.Handle("GET /metrics", metricsHandler(d))
 	// Go's profiles of kerninstd itself (heap, CPU, goroutines), behind
 	// the same token as the rest: how a planner's memory or time is found.
 	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
 	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("GET /v1/read", serveRead(d.dev, d.symbols))
+	mux.HandleFunc("GET /v1/read", serveRead(d.dev, d.plan.Symbols))
 	mux.HandleFunc("GET /v1/cfg/stats", d.an.serveStats)
 	mux.HandleFunc("GET /v1/cfg/calls", func(w http.ResponseWriter, r *http.Request) {
 		c, err := d.an.functionCalls(r.Context(), r.URL.Query().Get("func"))
@@ -89,16 +89,16 @@ func (d *Daemon) Handler() http.Handler {
 		writeJSON(w, http.StatusOK, c)
 	})
 	mux.HandleFunc("POST /v1/bench/splice", postJSON(http.StatusOK, func(r *http.Request, req api.BenchRequest) (api.BenchResult, error) {
-		return bench.Splice(r.Context(), d.benchKernel(), req)
+		return bench.Splice(r.Context(), benchKernel(d), req)
 	}))
 	mux.HandleFunc("POST /v1/bench/arm", postJSON(http.StatusOK, func(r *http.Request, req api.ArmRequest) (api.ArmResult, error) {
-		res, err := bench.Arm(r.Context(), d.benchKernel(), req)
+		res, err := bench.Arm(r.Context(), benchKernel(d), req)
 		// Planning and arming leave as much garbage as they held.
 		releaseHeapAfter(res.Armed)
 		return res, err
 	}))
 	mux.HandleFunc("POST /v1/bench/churn", postJSON(http.StatusOK, func(r *http.Request, req api.ChurnRequest) (api.ChurnResult, error) {
-		return bench.Churn(r.Context(), d.benchKernel(), req)
+		return bench.Churn(r.Context(), benchKernel(d), req)
 	}))
 	return mux
 }
