@@ -173,6 +173,12 @@ func (c *Client) CFG(ctx context.Context, function string) (CFG, error) {
 	return v, c.do(ctx, "GET", "/v1/cfg?"+url.Values{"func": {function}}.Encode(), nil, &v)
 }
 
+// Functions finds up to limit functions whose names contain q.
+func (c *Client) Functions(ctx context.Context, q string, limit int) (Functions, error) {
+	var v Functions
+	return v, c.do(ctx, "GET", "/v1/functions?"+url.Values{"q": {q}, "limit": {fmt.Sprint(limit)}}.Encode(), nil, &v)
+}
+
 // Calls returns a function's callers and callees; the first call may
 // analyse the whole kernel.
 func (c *Client) Calls(ctx context.Context, function string) (Calls, error) {

@@ -423,3 +423,23 @@ type CallRef struct {
 	At       string `json:"site_at"` // sym+0xoff of the site
 	Kind     string `json:"kind"`    // call or tail-call
 }
+
+// FunctionRef is one function of GET /v1/functions: a kernel function
+// whose name matched the query, or a classic name (Classic set) that
+// stands for one.
+type FunctionRef struct {
+	Name    string       `json:"name"`
+	Module  string       `json:"module,omitempty"`
+	Address Addr         `json:"address"`
+	Classic *ClassicName `json:"classic,omitempty"`
+}
+
+// Functions is GET /v1/functions?q=TEXT&limit=N: the functions whose
+// names contain TEXT (case-insensitive), names starting with it first,
+// then shorter names; Total counts every match, of which Functions has
+// the first N.
+type Functions struct {
+	Query     string        `json:"query"`
+	Total     int           `json:"total"`
+	Functions []FunctionRef `json:"functions"`
+}

@@ -71,6 +71,7 @@ func (d *Daemon) Handler() http.Handler {
 	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
 	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("GET /v1/read", serveRead(d.dev, d.plan.Symbols))
+	mux.HandleFunc("GET /v1/functions", serveFunctions(d.plan.Symbols))
 	mux.HandleFunc("GET /v1/cfg/stats", d.an.serveStats)
 	mux.HandleFunc("GET /v1/cfg/calls", func(w http.ResponseWriter, r *http.Request) {
 		c, err := d.an.functionCalls(r.Context(), r.URL.Query().Get("func"))

@@ -147,7 +147,7 @@ var commands []*command
 
 func init() {
 	commands = []*command{
-		countCommand, coverCommand, timeCommand, waitersCommand, drilldownCommand, watchCommand, lsCommand, detachCommand,
+		countCommand, coverCommand, timeCommand, waitersCommand, drilldownCommand, watchCommand, lsCommand, detachCommand, webCommand,
 		rdCommand, cfgCommand, linesCommand, annotateCommand, benchCommand, offcpuCommand, unwindCommand, coreCommand, vmCommand, driverCommand,
 		versionCommand, completionCommand, workloadCommand, helpCommand, gendocsCommand,
 	}

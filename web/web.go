@@ -1,0 +1,251 @@
+// Package web serves kinst's web view: a page of the running kernel's
+// code (modules and functions, a function's control-flow graph with its
+// instructions) on which counters, timers and coverage sessions are put
+// by clicking, with their values drawn live. The page's assets are
+// embedded (the layout and plot libraries vendored from npm, see
+// assets/vendor/MANIFEST); everything it knows comes from kerninstd's
+// public API through this server, so a session made on the page is a
+// session like the CLI's (kinst ls lists it, kinst detach ends it).
+package web
+
+import (
+	"context"
+	"crypto/subtle"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kinst/kinst/api"
+)
+
+//go:embed assets
+var assets embed.FS
+
+// Server is the web view's HTTP server.
+type Server struct {
+	// Client reaches kerninstd.
+	Client *api.Client
+	// Token, when set, is required of every request: as the cookie the
+	// page's first URL (?token=) sets, or as a bearer token. kinst web
+	// sets it when it listens beyond loopback.
+	Token string
+	// Interval is how often /api/events sends the sessions; default 1s.
+	Interval time.Duration
+	Log      *slog.Logger
+}
+
+// tokenCookie carries Token once the page's first URL has given it.
+const tokenCookie = "kinst_token"
+
+// Handler serves the page, its assets and its API.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	static, err := fs.Sub(assets, "assets")
+	if err != nil {
+		panic(err) // the embedded tree is fixed at build time
+	}
+	page := func(w http.ResponseWriter, r *http.Request) {
+		b, err := fs.ReadFile(static, "index.html")
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.Write(b)
+	}
+	mux.HandleFunc("GET /{$}", page)
+	mux.HandleFunc("GET /fn/{name...}", page)
+	mux.Handle("GET /assets/", http.StripPrefix("/assets/", http.FileServerFS(static)))
+
+	mux.HandleFunc("GET /api/info", s.get(func(ctx context.Context, r *http.Request) (any, error) {
+		return s.Client.Info(ctx)
+	}))
+	mux.HandleFunc("GET /api/functions", s.get(func(ctx context.Context, r *http.Request) (any, error) {
+		limit := 50
+		if v := r.URL.Query().Get("limit"); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				return nil, badRequest(fmt.Errorf("limit %q: not a number", v))
+			}
+			limit = n
+		}
+		return s.Client.Functions(ctx, r.URL.Query().Get("q"), limit)
+	}))
+	mux.HandleFunc("GET /api/cfg", s.get(func(ctx context.Context, r *http.Request) (any, error) {
+		name := r.URL.Query().Get("func")
+		if name == "" {
+			return nil, badRequest(errors.New("which function? (?func=NAME)"))
+		}
+		return s.Client.CFG(ctx, name)
+	}))
+	mux.HandleFunc("GET /api/sessions", s.get(func(ctx context.Context, r *http.Request) (any, error) {
+		return s.Client.Sessions(ctx)
+	}))
+	mux.HandleFunc("POST /api/sessions", func(w http.ResponseWriter, r *http.Request) {
+		var req api.SessionRequest
+		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&req); err != nil {
+			writeError(w, badRequest(fmt.Errorf("session request: %w", err)))
+			return
+		}
+		if req.Tied {
+			// A tied session ends with its sample stream, which the page
+			// does not hold: it would be removed at once.
+			writeError(w, badRequest(errors.New("the page makes untied sessions (it ends them with DELETE)")))
+			return
+		}
+		ss, err := s.Client.CreateSession(r.Context(), req)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		s.log().Info("session made from the page", "session", ss.ID, "name", ss.Name)
+		writeJSON(w, http.StatusCreated, ss)
+	})
+	mux.HandleFunc("DELETE /api/sessions/{id}", func(w http.ResponseWriter, r *http.Request) {
+		ss, err := s.Client.RemoveSession(r.Context(), r.PathValue("id"))
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, ss)
+	})
+	mux.HandleFunc("GET /api/sessions/{id}/cover", s.get(func(ctx context.Context, r *http.Request) (any, error) {
+		return s.Client.CoverReport(ctx, r.PathValue("id"))
+	}))
+	mux.HandleFunc("GET /api/events", s.serveEvents)
+	return s.authorize(mux)
+}
+
+func (s *Server) log() *slog.Logger {
+	if s.Log != nil {
+		return s.Log
+	}
+	return slog.Default()
+}
+
+// authorize lets a request through when no token is set, or when it
+// carries the token (cookie or bearer); a page URL with ?token= sets the
+// cookie.
+func (s *Server) authorize(next http.Handler) http.Handler {
+	if s.Token == "" {
+		return next
+	}
+	ok := func(got string) bool { return subtle.ConstantTimeCompare([]byte(got), []byte(s.Token)) == 1 }
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if t := r.URL.Query().Get("token"); t != "" && ok(t) {
+			http.SetCookie(w, &http.Cookie{Name: tokenCookie, Value: t, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
+			next.ServeHTTP(w, r)
+			return
+		}
+		if c, err := r.Cookie(tokenCookie); err == nil && ok(c.Value) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if b, found := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); found && ok(b) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		http.Error(w, "kinst web: this address needs kerninstd's token (open the URL kinst web printed)", http.StatusUnauthorized)
+	})
+}
+
+// get serves f's answer as JSON.
+func (s *Server) get(f func(ctx context.Context, r *http.Request) (any, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		v, err := f(r.Context(), r)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, v)
+	}
+}
+
+// Event is what /api/events sends each interval: every session (its
+// probes' counts, timers' totals and coverage totals), and, when the page
+// asked for one (?cover=ID), that coverage session's blocks.
+type Event struct {
+	Time     time.Time        `json:"time"`
+	Sessions []api.Session    `json:"sessions"`
+	Cover    *api.CoverReport `json:"cover,omitempty"`
+	Error    string           `json:"error,omitempty"`
+}
+
+// serveEvents streams an Event every interval as server-sent events,
+// until the page goes.
+func (s *Server) serveEvents(w http.ResponseWriter, r *http.Request) {
+	fl, ok := w.(http.Flusher)
+	if !ok {
+		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
+		return
+	}
+	cover := r.URL.Query().Get("cover")
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	interval := s.Interval
+	if interval <= 0 {
+		interval = time.Second
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		ev := Event{Time: time.Now()}
+		ss, err := s.Client.Sessions(r.Context())
+		if err != nil {
+			ev.Error = err.Error()
+		}
+		ev.Sessions = ss
+		if cover != "" && err == nil {
+			if rep, err := s.Client.CoverReport(r.Context(), cover); err == nil {
+				ev.Cover = rep
+			} else {
+				ev.Error = err.Error()
+			}
+		}
+		b, _ := json.Marshal(ev)
+		if _, err := fmt.Fprintf(w, "data: %s\n\n", b); err != nil {
+			return
+		}
+		fl.Flush()
+		select {
+		case <-r.Context().Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// badRequestError is an error of the page's request itself.
+type badRequestError struct{ error }
+
+func badRequest(err error) error { return badRequestError{err} }
+
+// writeError answers with err as api.ErrorResponse, with kerninstd's
+// status where it gave one.
+func writeError(w http.ResponseWriter, err error) {
+	status := http.StatusBadGateway
+	var ae *api.APIError
+	var br badRequestError
+	switch {
+	case errors.As(err, &ae):
+		writeJSON(w, ae.Status, ae.ErrorResponse)
+		return
+	case errors.As(err, &br):
+		status = http.StatusBadRequest
+	}
+	writeJSON(w, status, api.ErrorResponse{Error: err.Error()})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(v)
+}

@@ -1,0 +1,139 @@
+// Package webtest drives kinst's web view in headless Chromium, as a
+// user would (real mouse events on the drawn graph), and reads back what
+// the page shows: for the web package's tests over an in-memory kerninstd
+// and the live tests against the test VM.
+package webtest
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+)
+
+// FindChromium returns Debian's chromium (or another Chrome) on PATH, or
+// "".
+func FindChromium() string {
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	return ""
+}
+
+// Block is a drawn block as the page shows it.
+type Block struct {
+	Index   int    `json:"index"`
+	Count   string `json:"count"`   // data-count: "" when not counted
+	Covered string `json:"covered"` // data-covered: covered, uncovered, refused or ""
+	Insns   int    `json:"insns"`   // instructions drawn
+}
+
+// Page is one browser tab on the web view.
+type Page struct {
+	t   testing.TB
+	ctx context.Context
+}
+
+// Open starts a headless Chromium (the test skips without one) and loads
+// url; the browser stops with the test.
+func Open(t testing.TB, url string) *Page {
+	t.Helper()
+	chrome := FindChromium()
+	if chrome == "" {
+		t.Skip("chromium not installed (scripts/deps.sh installs it): cannot test the web view in a browser")
+	}
+	actx, cancel := chromedp.NewExecAllocator(context.Background(),
+		chromedp.ExecPath(chrome),
+		chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
+		chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.UserDataDir(filepath.Join(t.TempDir(), "profile")),
+		chromedp.WindowSize(1400, 1000),
+	)
+	t.Cleanup(cancel)
+	ctx, cancel2 := chromedp.NewContext(actx)
+	t.Cleanup(cancel2)
+	if err := chromedp.Do(ctx); err != nil {
+		t.Fatalf("starting %s: %v", chrome, err)
+	}
+	p := &Page{t: t, ctx: ctx}
+	p.Do("load "+url, chromedp.Navigate(url))
+	return p
+}
+
+// Do runs actions with a deadline, failing the test on error.
+func (p *Page) Do(what string, actions ...chromedp.Action[chromedp.Void]) {
+	p.t.Helper()
+	ctx, cancel := context.WithTimeout(p.ctx, 60*time.Second)
+	defer cancel()
+	if err := chromedp.Do(ctx, actions...); err != nil {
+		p.t.Fatalf("%s: %v", what, err)
+	}
+}
+
+// Eval evaluates js in the page.
+func Eval[T any](p *Page, js string) T {
+	p.t.Helper()
+	ctx, cancel := context.WithTimeout(p.ctx, 60*time.Second)
+	defer cancel()
+	v, err := chromedp.Run(ctx, chromedp.Evaluate[T](js))
+	if err != nil {
+		p.t.Fatalf("evaluating %s: %v", js, err)
+	}
+	return v
+}
+
+// WaitFunction waits until the page shows function name's graph.
+func (p *Page) WaitFunction(name string) {
+	p.t.Helper()
+	p.Do("wait for "+name+"'s graph", chromedp.WaitVisible(fmt.Sprintf(`body[data-ready=%q] #graph .block`, name)))
+}
+
+// Blocks reads every drawn block.
+func (p *Page) Blocks() []Block {
+	p.t.Helper()
+	return Eval[[]Block](p, `[...document.querySelectorAll('#graph .block')].map(g => ({
+		index: Number(g.dataset.block), count: g.dataset.count || '', covered: g.dataset.covered || '',
+		insns: g.querySelectorAll('text.insn').length }))`)
+}
+
+// ClickBlock clicks block i's header line (a mouse click at its place on
+// the screen, scrolled into view).
+func (p *Page) ClickBlock(i int) {
+	p.t.Helper()
+	p.Do(fmt.Sprintf("click block %d", i), chromedp.Click(fmt.Sprintf(`#graph .block[data-block="%d"] text.hdr`, i)))
+}
+
+// Click clicks the element sel selects.
+func (p *Page) Click(sel string) {
+	p.t.Helper()
+	p.Do("click "+sel, chromedp.Click(sel))
+}
+
+// Until polls cond (JavaScript returning a boolean) every 200 ms until it
+// holds or timeout passes; false if it never did.
+func (p *Page) Until(cond string, timeout time.Duration) bool {
+	p.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if Eval[bool](p, cond) {
+			return true
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return false
+}
+
+// Status is the page's status line.
+func (p *Page) Status() string {
+	p.t.Helper()
+	return Eval[string](p, `document.getElementById('status').textContent`)
+}
