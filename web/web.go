@@ -9,15 +9,20 @@
 package web
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
 	"crypto/subtle"
 	"embed"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -36,16 +41,34 @@ type Server struct {
 	// page's first URL (?token=) sets, or as a bearer token. kinst web
 	// sets it when it listens beyond loopback.
 	Token string
+	// Hosts, when set, are the only Host headers served (the listening
+	// address by IP and as localhost): a page of another site whose name
+	// was made to resolve to 127.0.0.1 (DNS rebinding) is refused.
+	Hosts []string
 	// Interval is how often /api/events sends the sessions; default 1s.
 	Interval time.Duration
 	Log      *slog.Logger
 }
 
+// csrfHeader carries the page's token on every request that changes the
+// kernel; csrfMeta is where the page finds it.
+const (
+	csrfHeader = "X-Kinst-Csrf"
+	csrfMeta   = `<meta name="kinst-csrf" content="">`
+)
+
 // tokenCookie carries Token once the page's first URL has given it.
 const tokenCookie = "kinst_token"
 
 // Handler serves the page, its assets and its API.
+//
+// A request that changes the kernel (POST, DELETE) must carry the token
+// written into the page (a fresh one per Handler: only a page read from
+// this server, which another site's script cannot read, has it), send
+// JSON, and come from this server's origin, so that no other site can
+// splice through a user's browser.
 func (s *Server) Handler() http.Handler {
+	csrf := randomToken()
 	mux := http.NewServeMux()
 	static, err := fs.Sub(assets, "assets")
 	if err != nil {
@@ -57,7 +80,9 @@ func (s *Server) Handler() http.Handler {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}
+		b = bytes.Replace(b, []byte(csrfMeta), []byte(`<meta name="kinst-csrf" content="`+csrf+`">`), 1)
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.Header().Set("Cache-Control", "no-store")
 		w.Write(b)
 	}
 	mux.HandleFunc("GET /{$}", page)
@@ -120,7 +145,65 @@ func (s *Server) Handler() http.Handler {
 		return s.Client.CoverReport(ctx, r.PathValue("id"))
 	}))
 	mux.HandleFunc("GET /api/events", s.serveEvents)
-	return s.authorize(mux)
+	return s.checkHost(s.authorize(sameOrigin(csrf, mux)))
+}
+
+// randomToken is 128 random bits in hex.
+func randomToken() string {
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		panic(err) // crypto/rand does not fail on Linux
+	}
+	return hex.EncodeToString(b)
+}
+
+// checkHost refuses a Host header not in s.Hosts (when set).
+func (s *Server) checkHost(next http.Handler) http.Handler {
+	if len(s.Hosts) == 0 {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !slices.Contains(s.Hosts, strings.ToLower(r.Host)) {
+			http.Error(w, fmt.Sprintf("kinst web: host %q is not this server's (%s)", r.Host, strings.Join(s.Hosts, ", ")), http.StatusMisdirectedRequest)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// sameOrigin lets a request that changes something (any method but GET
+// and HEAD) through only with the page's token, a JSON body (for POST)
+// and, where the browser says where it comes from, this origin.
+func sameOrigin(csrf string, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet || r.Method == http.MethodHead {
+			next.ServeHTTP(w, r)
+			return
+		}
+		refuse := func(why string) {
+			writeJSON(w, http.StatusForbidden, api.ErrorResponse{Error: "kinst web: " + why})
+		}
+		if o := r.Header.Get("Origin"); o != "" {
+			u, err := url.Parse(o)
+			if err != nil || u.Host != r.Host {
+				refuse(fmt.Sprintf("a request from %s, not this page", o))
+				return
+			}
+		}
+		if site := r.Header.Get("Sec-Fetch-Site"); site != "" && site != "same-origin" {
+			refuse("a request from another site (" + site + ")")
+			return
+		}
+		if subtle.ConstantTimeCompare([]byte(r.Header.Get(csrfHeader)), []byte(csrf)) != 1 {
+			refuse("a change without the page's token (" + csrfHeader + ")")
+			return
+		}
+		if r.Method == http.MethodPost && !strings.HasPrefix(r.Header.Get("Content-Type"), "application/json") {
+			refuse("a change must send application/json")
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 func (s *Server) log() *slog.Logger {

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -146,15 +147,10 @@ func TestAPI(t *testing.T) {
 	if code := getJSON(t, h.URL+"/api/cfg", &e); code != http.StatusBadRequest {
 		t.Errorf("no function: %d %+v", code, e)
 	}
-	for _, body := range []string{`{"points":["lookuppn"],"tied":true}`, `{"points":[`, `{"points":["filename_lookup+0x1"]}`} {
-		r, err := http.Post(h.URL+"/api/sessions", "application/json", strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		io.Copy(io.Discard, r.Body)
-		r.Body.Close()
-		if r.StatusCode/100 != 4 {
-			t.Errorf("POST %s: %d, want a 4xx", body, r.StatusCode)
+	tok := pageToken(t, h.URL)
+	for _, body := range []string{`{"points":["lookuppn"],"tied":true}`, `{"points":[`, `{"points":["filename_lookup+0x1"]}`, `{"points":["no_such_function"]}`} {
+		if code := post(t, h.URL, body, map[string]string{"X-Kinst-Csrf": tok}); code/100 != 4 || code == http.StatusForbidden {
+			t.Errorf("POST %s: %d, want a 4xx from its checks", body, code)
 		}
 	}
 	var ss []api.Session
@@ -165,6 +161,98 @@ func TestAPI(t *testing.T) {
 		if code := getJSON(t, h.URL+path, nil); code != 200 {
 			t.Errorf("GET %s: %d", path, code)
 		}
+	}
+}
+
+// pageToken is the token the page at url carries for its changes.
+func pageToken(t *testing.T, url string) string {
+	t.Helper()
+	r, err := http.Get(url + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Body.Close()
+	b, _ := io.ReadAll(r.Body)
+	_, rest, ok := strings.Cut(string(b), `<meta name="kinst-csrf" content="`)
+	tok, _, _ := strings.Cut(rest, `"`)
+	if !ok || len(tok) != 32 {
+		t.Fatalf("no token in the page: %q", tok)
+	}
+	return tok
+}
+
+// post sends body to /api/sessions with headers (Content-Type JSON unless
+// given) and returns the status.
+func post(t *testing.T, base, body string, headers map[string]string) int {
+	t.Helper()
+	req, _ := http.NewRequest("POST", base+"/api/sessions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
+	r, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, r.Body)
+	r.Body.Close()
+	return r.StatusCode
+}
+
+// No other site can splice through the user's browser: a change without
+// the page's token, from another origin or site, or not JSON (a form's
+// "simple" request) is refused and changes nothing; a name other than
+// this server's (DNS rebinding) is refused outright.
+func TestSameOrigin(t *testing.T) {
+	k := kerninstdtest.New(t)
+	s := &Server{Client: k.Client, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	h := httptest.NewServer(s.Handler())
+	defer h.Close()
+	host := strings.TrimPrefix(h.URL, "http://")
+	s.Hosts = []string{host}
+	h.Config.Handler = s.Handler() // a new page token: read it again
+	tok := pageToken(t, h.URL)
+	good := `{"points":["lookuppn"]}`
+	for _, tc := range []struct {
+		what    string
+		headers map[string]string
+	}{
+		{"no token", nil},
+		{"a wrong token", map[string]string{"X-Kinst-Csrf": "0123456789abcdef0123456789abcdef"}},
+		{"another origin", map[string]string{"X-Kinst-Csrf": tok, "Origin": "http://evil.example"}},
+		{"another site", map[string]string{"X-Kinst-Csrf": tok, "Sec-Fetch-Site": "cross-site"}},
+		{"a form", map[string]string{"X-Kinst-Csrf": tok, "Content-Type": "text/plain"}},
+	} {
+		if code := post(t, h.URL, good, tc.headers); code != http.StatusForbidden {
+			t.Errorf("%s: %d, want 403", tc.what, code)
+		}
+	}
+	if ss, _ := k.Client.Sessions(context.Background()); len(ss) != 0 {
+		t.Fatalf("a refused change made %+v", ss)
+	}
+	if code := post(t, h.URL, good, map[string]string{"X-Kinst-Csrf": tok, "Origin": h.URL, "Sec-Fetch-Site": "same-origin"}); code != http.StatusCreated {
+		t.Errorf("the page's own request: %d", code)
+	}
+	req, _ := http.NewRequest("GET", h.URL+"/", nil)
+	req.Host = "rebound.example:80"
+	if r, err := http.DefaultClient.Do(req); err != nil || r.StatusCode != http.StatusMisdirectedRequest {
+		t.Errorf("a foreign Host: %v %v", r, err)
+	}
+}
+
+// The page and its assets stay small: under 1 MB in all.
+func TestAssetsSize(t *testing.T) {
+	var total int64
+	fs.WalkDir(assets, "assets", func(path string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			info, _ := d.Info()
+			total += info.Size()
+		}
+		return err
+	})
+	t.Logf("page and assets: %d bytes", total)
+	if total >= 1<<20 {
+		t.Errorf("page and assets: %d bytes, want under 1 MB", total)
 	}
 }
 
@@ -362,5 +450,23 @@ func TestPage(t *testing.T) {
 	}
 	if !bytes.Equal(textNow(), orig) {
 		t.Errorf("text not restored after the coverage session")
+	}
+
+	// The sidebar's form: coverage of a glob, drawn on the function's page.
+	webtest.Eval[bool](p, `document.getElementById('cover-kind').value = 'glob', document.getElementById('cover-what').value = 'filename_*', true`)
+	p.Click("#cover-form button")
+	if !p.Until(`!!document.querySelector('#graph .block[data-covered]')`, 20*time.Second) {
+		t.Fatalf("the glob's coverage is not drawn (status %q)", p.Status())
+	}
+	ss, err = k.Client.Sessions(ctx)
+	if err != nil || len(ss) != 1 || ss[0].Name != "web-cover-glob-filename_*" || ss[0].Cover == nil || ss[0].Cover.FunctionCount == 0 {
+		t.Fatalf("sessions after the form: %+v %v", ss, err)
+	}
+	p.Click(fmt.Sprintf(`#sessions li[data-session=%q] button`, ss[0].ID))
+	if !p.Until(`document.querySelectorAll('#sessions li[data-session]').length === 0`, 20*time.Second) {
+		t.Errorf("the glob's session stayed listed after detach")
+	}
+	if !bytes.Equal(textNow(), orig) {
+		t.Errorf("text not restored after the glob's coverage session")
 	}
 }

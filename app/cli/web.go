@@ -55,6 +55,12 @@ func Web(ctx context.Context, c *api.Client, o WebOptions, env Env) error {
 	if err != nil {
 		return err
 	}
+	if loopback {
+		// Only this address by its own names: a page of another site
+		// whose name resolves here (DNS rebinding) is refused.
+		_, port, _ := net.SplitHostPort(ln.Addr().String())
+		s.Hosts = []string{ln.Addr().String(), "localhost:" + port, "127.0.0.1:" + port, "[::1]:" + port}
+	}
 	u := url.URL{Scheme: "http", Host: ln.Addr().String(), Path: "/"}
 	if s.Token != "" {
 		u.RawQuery = url.Values{"token": {s.Token}}.Encode()

@@ -305,3 +305,13 @@ func (g *VM) DebugVmlinux(t testing.TB) string {
 	t.Logf("debug vmlinux of %s fetched in %.0fs", rel, time.Since(start).Seconds())
 	return out
 }
+
+// ArtifactDir is where a live test keeps what a person may want to look
+// at after the run (screenshots): $KINST_ARTIFACTS/name, else
+// .cache/artifacts/name under the repository (git-ignored).
+func ArtifactDir(name string) string {
+	if d := os.Getenv("KINST_ARTIFACTS"); d != "" {
+		return filepath.Join(d, name)
+	}
+	return filepath.Join(RepoRoot(), ".cache", "artifacts", name)
+}

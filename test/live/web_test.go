@@ -1,11 +1,9 @@
 package live
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -14,33 +12,14 @@ import (
 	"time"
 
 	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/app/livetest"
+	"github.com/kinst/kinst/kernel"
 	"github.com/kinst/kinst/web/webtest"
 )
 
-// startWeb runs kinst web on the host against the guest's kerninstd and
-// returns the URL it prints first.
+// startWeb runs kinst web on the host against the guest's kerninstd.
 func startWeb(t *testing.T) string {
-	t.Helper()
-	cmd := exec.Command(filepath.Join(live.Bin, "kinst"), "web", "--listen", "127.0.0.1:0",
-		"--addr", guest.KerninstdAddr(), "--token-file", guest.TokenFile())
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil || !strings.HasPrefix(line, "http://127.0.0.1:") {
-		t.Fatalf("kinst web's first line %q (%v); stderr: %s", line, err, stderr.String())
-	}
-	return strings.TrimSpace(line)
+	return webtest.Start(t, filepath.Join(live.Bin, "kinst"), guest.KerninstdAddr(), guest.TokenFile())
 }
 
 // TestWeb works the web view in headless Chromium against the real
@@ -62,7 +41,7 @@ func TestWeb(t *testing.T) {
 	}
 	orig := live.QEMUBytes(t, uint64(cfg.Address), int(cfg.Size))
 	url := startWeb(t)
-	p := webtest.Open(t, strings.TrimSuffix(url, "/")+"/fn/lookuppn")
+	p := webtest.Open(t, url+"/fn/lookuppn")
 	p.WaitFunction("filename_lookup")
 
 	var want, got []int
@@ -120,6 +99,7 @@ func TestWeb(t *testing.T) {
 	if c := webtest.Eval[string](p, `document.querySelector('#graph .block[data-block="0"]').dataset.count`); c != strconv.FormatUint(count, 10) {
 		t.Errorf("the page shows %q, kerninstd %d", c, count)
 	}
+	p.Screenshot(filepath.Join(livetest.ArtifactDir("web"), "counter.png"))
 	p.Click(fmt.Sprintf(`#sessions li[data-session=%q] button`, sess.ID))
 	if !p.Until(`!document.querySelector('#graph .block[data-count]')`, time.Minute) {
 		t.Errorf("the count stayed drawn after detach on the page")
@@ -170,6 +150,7 @@ func TestWeb(t *testing.T) {
 	if !same() {
 		t.Errorf("the page's colours %+v differ from the coverage report", p.Blocks())
 	}
+	p.Screenshot(filepath.Join(livetest.ArtifactDir("web"), "coverage.png"))
 	p.Click("#cover")
 	if !p.Until(`!document.querySelector('#graph .block[data-covered]')`, time.Minute) {
 		t.Errorf("coverage colours stayed after ending the session on the page")
@@ -179,5 +160,98 @@ func TestWeb(t *testing.T) {
 	}
 	if now := live.QEMUBytes(t, uint64(cfg.Address), int(cfg.Size)); !bytes.Equal(now, orig) {
 		t.Errorf("filename_lookup's bytes differ after the coverage session")
+	}
+}
+
+// TestWebScale measures the page on the kernel's largest function (of
+// the 40 largest by bytes, the one with the most blocks) and with 1,000 live counters: how long the layout
+// and drawing take, and whether an update a second arrives with none
+// dropped. Figures are logged, not asserted (the page's own benchmark);
+// the test fails only if the page cannot show them at all.
+func TestWebScale(t *testing.T) {
+	if webtest.FindChromium() == "" {
+		t.Skip("chromium not installed (scripts/deps.sh installs it)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	syms, err := kernel.ParseKallsyms(strings.NewReader(gsh(t, ctx, "cat /proc/kallsyms")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The 40 largest functions by bytes (to the next symbol), then the
+	// one of them with the most blocks.
+	type cand struct {
+		name   string
+		size   uint64
+		blocks []api.CFGBlock
+	}
+	var cands []cand
+	fns := syms.All()
+	for i := 0; i+1 < len(fns); i++ {
+		s, next := fns[i], fns[i+1]
+		if s.Module == "" && next.Module == "" && !s.IsPrefix() {
+			cands = append(cands, cand{name: s.Name, size: next.Addr - s.Addr})
+		}
+	}
+	slices.SortFunc(cands, func(a, b cand) int { return int(b.size) - int(a.size) })
+	cands = cands[:40]
+	nblocks := func(c cand) int {
+		n := 0
+		for _, b := range c.blocks {
+			if !b.Padding {
+				n++
+			}
+		}
+		return n
+	}
+	for i := range cands {
+		if cfg, err := client.CFG(ctx, cands[i].name); err == nil {
+			cands[i].blocks = cfg.Blocks
+		}
+	}
+	slices.SortStableFunc(cands, func(a, b cand) int { return nblocks(b) - nblocks(a) })
+	largest, size := cands[0].name, cands[0].size
+	url := startWeb(t)
+	p := webtest.Open(t, url+"/fn/"+largest)
+	p.WaitFunction(largest)
+	blocks := len(p.Blocks())
+	t.Logf("largest function %s: %d bytes, %d blocks drawn in %s ms (layout and SVG, headless Chromium)",
+		largest, size, blocks, webtest.Eval[string](p, `document.body.dataset.drawMs`))
+	p.Screenshot(filepath.Join(livetest.ArtifactDir("web"), "largest.png"))
+
+	// 1,000 counters: every block of the largest function that takes one,
+	// then blocks of the next largest until there are 1,000.
+	var points []string
+	for _, c := range cands {
+		for _, b := range c.blocks {
+			if len(points) < 1000 && !b.Padding && slices.ContainsFunc(b.Instructions, func(i api.CFGInstruction) bool { return i.SpliceClass != "refused" }) {
+				points = append(points, fmt.Sprintf("%s:%d", c.name, b.Index))
+			}
+		}
+	}
+	start := time.Now()
+	sess, err := client.CreateSession(ctx, api.SessionRequest{Points: points, Name: "web-scale"})
+	if err != nil {
+		t.Fatalf("%d counters: %v", len(points), err)
+	}
+	t.Logf("%d counters armed in %s", len(sess.Probes), time.Since(start).Round(time.Millisecond))
+	defer client.RemoveSession(context.Background(), sess.ID)
+	p.Navigate(url + "/fn/" + largest)
+	p.WaitFunction(largest)
+	if !p.Until(`Number(document.body.dataset.events || 0) >= 2`, time.Minute) {
+		t.Fatalf("no updates with %d counters live", len(points))
+	}
+	e0 := webtest.Eval[string](p, `document.body.dataset.events`)
+	gsh(t, ctx, "kinst workload stat 3000 / >/dev/null; sleep 5")
+	e1 := webtest.Eval[string](p, `document.body.dataset.events`)
+	counted := webtest.Eval[int](p, `document.querySelectorAll('#graph .block[data-count]').length`)
+	t.Logf("with %d counters live: updates %s -> %s over the workload, longest gap %s ms; %d blocks of %s show a count",
+		len(points), e0, e1, webtest.Eval[string](p, `document.body.dataset.maxGapMs`), counted, largest)
+	if counted == 0 {
+		t.Errorf("no block of %s shows a count", largest)
+	}
+	p.Screenshot(filepath.Join(livetest.ArtifactDir("web"), "counters.png"))
+	if _, err := client.RemoveSession(ctx, sess.ID); err != nil {
+		t.Fatal(err)
 	}
 }

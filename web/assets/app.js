@@ -21,8 +21,12 @@ const state = {
   plotKey: '',
 };
 
+// csrf is the token the server wrote into the page: every change sends it.
+const csrf = document.querySelector('meta[name="kinst-csrf"]').content;
+
 async function api(method, path, body) {
   const opt = { method, headers: {} };
+  if (method !== 'GET') opt.headers['X-Kinst-Csrf'] = csrf;
   if (body !== undefined) {
     opt.headers['Content-Type'] = 'application/json';
     opt.body = JSON.stringify(body);
@@ -151,9 +155,11 @@ async function openFunction(name) {
     const last = b.instructions[b.instructions.length - 1];
     return { index: b.index, start: BigInt(b.start), end: BigInt(last.address) + BigInt(last.length) };
   }).sort((a, b) => (a.start < b.start ? -1 : 1));
+  const t0 = performance.now();
   draw(cfg);
-  const saved = sessionStorage.getItem('cover:' + cfg.function);
-  state.cover = saved || null;
+  // How long the layout and drawing took, for tests and benchmarks.
+  document.body.dataset.drawMs = (performance.now() - t0).toFixed(1);
+  state.cover = sessionStorage.getItem('cover') || null;
   status('');
   document.body.dataset.ready = cfg.function;
   listen();
@@ -325,20 +331,44 @@ $('cover').addEventListener('click', async () => {
     try {
       status('arming coverage of ' + fn + '…');
       const s = await api('POST', '/api/sessions', { name, cover: [fn] });
-      state.cover = s.id;
-      sessionStorage.setItem('cover:' + fn, s.id);
+      showCover(s.id);
       status(`coverage of ${fn}: ${s.cover.armed} probes armed (session ${s.id})`);
-      listen();
     } catch (e) {
       status(e.message, true);
     }
     return;
   }
   await toggle(name, null, 'the coverage session');
-  state.cover = null;
-  sessionStorage.removeItem('cover:' + fn);
+  showCover(null);
+});
+
+// showCover draws coverage session id's blocks on every page (null: none).
+function showCover(id) {
+  state.cover = id;
+  if (id) sessionStorage.setItem('cover', id); else sessionStorage.removeItem('cover');
   clearCover();
   listen();
+}
+
+// The sidebar's coverage form: a glob, a module, or a function and its
+// callees, in one session whose colours every function's page shows.
+$('cover-form').addEventListener('submit', async (e) => {
+  e.preventDefault();
+  const what = $('cover-what').value.trim(), kind = $('cover-kind').value;
+  if (!what) return;
+  const req = { name: `web-cover-${kind}-${what}` };
+  if (kind === 'module') req.cover_modules = [what];
+  else if (kind === 'callees') { req.cover_callees = [what]; req.cover_depth = 1; }
+  else req.cover = [what];
+  try {
+    status(`arming coverage of ${kind} ${what}…`);
+    const s = await api('POST', '/api/sessions', req);
+    showCover(s.id);
+    status(`coverage of ${kind} ${what}: ${s.cover.armed} probes armed over ${s.cover.function_count} functions (session ${s.id}); open a function to see its blocks`);
+  } catch (err) {
+    status(err.message, true);
+  }
+  refresh();
 });
 
 function clearCover() {
@@ -358,7 +388,19 @@ function refresh() {
   api('GET', '/api/sessions').then((ss) => update({ sessions: ss, time: new Date().toISOString(), partial: true })).catch(() => {});
 }
 
+// events counts the updates received and the longest gap between two
+// (data-events, data-max-gap-ms on <body>), so a test can tell whether
+// updates were dropped.
+let events = 0, lastEvent = 0, maxGap = 0;
+
 function update(ev) {
+  if (!ev.partial) {
+    const now = performance.now();
+    if (lastEvent) maxGap = Math.max(maxGap, now - lastEvent);
+    lastEvent = now;
+    document.body.dataset.events = ++events;
+    document.body.dataset.maxGapMs = maxGap.toFixed(0);
+  }
   state.sessions = ev.sessions || [];
   drawSessions();
   if (!state.cfg) return;
@@ -380,6 +422,7 @@ function update(ev) {
       if (t.function !== fn) continue;
       series.set(`${s.name}: calls`, t.calls);
     }
+    if (s.cover && s.id === state.cover) series.set(`${s.name}: live probes`, s.cover.armed - s.cover.removed);
   }
   for (const g of document.querySelectorAll('#graph .block')) {
     const i = Number(g.dataset.block);
@@ -401,7 +444,7 @@ function update(ev) {
     // The coverage session went (kinst detach, its TTL): the colours stay
     // as its last report left them.
     state.cover = null;
-    sessionStorage.removeItem('cover:' + fn);
+    sessionStorage.removeItem('cover');
     listen();
   }
   drawTimers(fn);
@@ -473,35 +516,43 @@ function plot(time, series) {
   }
 }
 
+// drawSessions updates the sessions list in place (a session's row, and
+// its detach button, stay the same element from one update to the next).
 function drawSessions() {
   const ul = $('sessions');
-  ul.replaceChildren();
+  const none = ul.querySelector('.none');
   if (!state.sessions.length) {
-    ul.innerHTML = '<li class="none">none</li>';
+    if (!none) ul.replaceChildren(Object.assign(document.createElement('li'), { className: 'none', textContent: 'none' }));
     return;
   }
+  if (none) none.remove();
+  const live = new Set(state.sessions.map((s) => s.id));
+  for (const li of [...ul.querySelectorAll('li[data-session]')]) if (!live.has(li.dataset.session)) li.remove();
   for (const s of state.sessions) {
-    const li = document.createElement('li');
-    li.dataset.session = s.id;
-    const b = document.createElement('button');
-    b.textContent = 'detach';
-    b.addEventListener('click', async () => {
-      try {
-        await api('DELETE', '/api/sessions/' + encodeURIComponent(s.id));
-        status('detached ' + s.name);
-      } catch (e) { status(e.message, true); }
-      refresh();
-    });
-    const what = document.createElement('div');
-    what.className = 'what';
+    let li = ul.querySelector(`li[data-session="${CSS.escape(s.id)}"]`);
+    if (!li) {
+      li = document.createElement('li');
+      li.dataset.session = s.id;
+      const b = document.createElement('button');
+      b.textContent = 'detach';
+      b.addEventListener('click', async () => {
+        try {
+          await api('DELETE', '/api/sessions/' + encodeURIComponent(s.id));
+          status('detached ' + s.name);
+        } catch (e) { status(e.message, true); }
+        refresh();
+      });
+      const what = document.createElement('div');
+      what.className = 'what';
+      li.append(b, what);
+      ul.append(li);
+    }
     let desc = s.name + (s.name !== s.id ? ' (' + s.id + ')' : '');
     if (s.cover) desc += ` · cover ${s.cover.covered_blocks}/${s.cover.total_blocks}`;
     const probes = s.probes || [];
     if (probes.length) desc += ` · ${probes.length} probe${probes.length > 1 ? 's' : ''}: ${probes.reduce((a, p) => a + p.count, 0).toLocaleString()}`;
     for (const t of s.timers || []) desc += ` · ${t.function} ${t.calls.toLocaleString()} calls`;
-    what.textContent = desc;
-    li.append(b, what);
-    ul.append(li);
+    li.querySelector('.what').textContent = desc;
   }
 }
 
@@ -512,7 +563,7 @@ api('GET', '/api/info').then((i) => {
   if (i.mechanism === 'bpf') {
     // Without the driver there are no block counters inside a function
     // or coverage: BPF probes function entries.
-    for (const id of ['cover', 'time-virtual']) {
+    for (const id of ['cover', 'time-virtual', 'cover-go']) {
       $(id).disabled = true;
       $(id).title = 'not without the driver (kerninstd runs on BPF: ' + (i.no_splice || 'no driver') + ')';
     }

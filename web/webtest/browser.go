@@ -5,10 +5,14 @@
 package webtest
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -136,4 +140,57 @@ func (p *Page) Until(cond string, timeout time.Duration) bool {
 func (p *Page) Status() string {
 	p.t.Helper()
 	return Eval[string](p, `document.getElementById('status').textContent`)
+}
+
+// Screenshot writes a PNG of the page's viewport to path.
+func (p *Page) Screenshot(path string) {
+	p.t.Helper()
+	ctx, cancel := context.WithTimeout(p.ctx, 60*time.Second)
+	defer cancel()
+	b, err := chromedp.Run(ctx, chromedp.CaptureScreenshot())
+	if err != nil {
+		p.t.Errorf("screenshot: %v", err)
+		return
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		p.t.Errorf("screenshot: %v", err)
+		return
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		p.t.Errorf("screenshot: %v", err)
+		return
+	}
+	p.t.Logf("screenshot: %s", path)
+}
+
+// Navigate loads url in the tab.
+func (p *Page) Navigate(url string) {
+	p.t.Helper()
+	p.Do("load "+url, chromedp.Navigate(url))
+}
+
+// Start runs `kinst web` (the binary at kinst) on a free loopback port
+// against kerninstd at addr, with its token file, and returns the URL it
+// prints first; it stops with the test.
+func Start(t testing.TB, kinst, addr, tokenFile string) string {
+	t.Helper()
+	cmd := exec.Command(kinst, "web", "--listen", "127.0.0.1:0", "--addr", addr, "--token-file", tokenFile)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "http://127.0.0.1:") {
+		t.Fatalf("kinst web's first line %q (%v); stderr: %s", line, err, stderr.String())
+	}
+	return strings.TrimSuffix(strings.TrimSpace(line), "/")
 }
