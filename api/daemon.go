@@ -403,6 +403,9 @@ type CFGInstruction struct {
 	SpliceClass string   `json:"splice_class"`      // direct, springboard, trap, refused
 	Refused     string   `json:"refused,omitempty"` // why, when refused
 	Target      string   `json:"target,omitempty"`  // symbol a call or jump goes to
+	// Line is the instruction's source line (file:line), filled by the
+	// client from a debug vmlinux (kinst web); empty otherwise.
+	Line string `json:"line,omitempty"`
 }
 
 // Calls is GET /v1/cfg/calls?func=NAME: a function's place in the call

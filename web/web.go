@@ -45,6 +45,9 @@ type Server struct {
 	// address by IP and as localhost): a page of another site whose name
 	// was made to resolve to 127.0.0.1 (DNS rebinding) is refused.
 	Hosts []string
+	// Lines, when set, fills the source lines of a function's
+	// instructions (api.CFGInstruction.Line) before the page gets it.
+	Lines func(cfg *api.CFG)
 	// Interval is how often /api/events sends the sessions; default 1s.
 	Interval time.Duration
 	Log      *slog.Logger
@@ -108,7 +111,11 @@ func (s *Server) Handler() http.Handler {
 		if name == "" {
 			return nil, badRequest(errors.New("which function? (?func=NAME)"))
 		}
-		return s.Client.CFG(ctx, name)
+		cfg, err := s.Client.CFG(ctx, name)
+		if err == nil && s.Lines != nil {
+			s.Lines(&cfg)
+		}
+		return cfg, err
 	}))
 	mux.HandleFunc("GET /api/sessions", s.get(func(ctx context.Context, r *http.Request) (any, error) {
 		return s.Client.Sessions(ctx)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/debuginfo"
 	"github.com/kinst/kinst/web"
 )
 
@@ -20,6 +21,9 @@ type WebOptions struct {
 	// Token is kerninstd's token: required to listen beyond loopback,
 	// where every request must then carry it.
 	Token string
+	// Debug says where source lines come from (--vmlinux; "" looks the
+	// running kernel's debug vmlinux up).
+	Debug DebugOptions
 }
 
 // ErrWebNeedsToken is matched when kinst web is asked to listen beyond
@@ -51,6 +55,18 @@ func Web(ctx context.Context, c *api.Client, o WebOptions, env Env) error {
 	if err != nil {
 		return err
 	}
+	if lines, err := webLines(ctx, c, o.Debug); err != nil {
+		if o.Debug.Vmlinux != "" {
+			return err
+		}
+		var nf *debuginfo.NotFoundError
+		if errors.As(err, &nf) {
+			err = errors.New(nf.Brief())
+		}
+		fmt.Fprintf(env.Err, "kinst web: no source lines beside the instructions: %v\n", err)
+	} else {
+		s.Lines = lines
+	}
 	ln, err := net.Listen("tcp", o.Listen)
 	if err != nil {
 		return err
@@ -79,4 +95,59 @@ func Web(ctx context.Context, c *api.Client, o WebOptions, env Env) error {
 		srv.Shutdown(sctx)
 		return nil
 	}
+}
+
+// webLines returns what fills a kernel function's source lines from the
+// debug vmlinux of the kernel kerninstd runs: a runtime address less the
+// KASLR slide is the vmlinux's. The slide is the one most of a few
+// well-known functions agree on (runtime address from kerninstd, link-time
+// from the vmlinux). Functions of modules get none.
+func webLines(ctx context.Context, c *api.Client, o DebugOptions) (func(*api.CFG), error) {
+	dbg, err := debugForDaemon(ctx, c, o)
+	if err != nil {
+		return nil, err
+	}
+	votes := map[uint64]int{}
+	for _, name := range []string{"start_kernel", "schedule", "do_exit", "vfs_read", "filename_lookup"} {
+		link, ok := dbg.Symbols().Addr(name)
+		if !ok {
+			continue
+		}
+		fns, err := c.Functions(ctx, name, 10)
+		if err != nil {
+			return nil, err
+		}
+		for _, f := range fns.Functions {
+			if f.Name == name && f.Module == "" && f.Classic == nil {
+				votes[uint64(f.Address)-link]++
+			}
+		}
+	}
+	var slide uint64
+	best := 0
+	for s, n := range votes {
+		if n > best {
+			slide, best = s, n
+		}
+	}
+	if best < 2 {
+		return nil, fmt.Errorf("%s does not match the running kernel (its functions are not where kerninstd finds them)", dbg.Path)
+	}
+	return func(cfg *api.CFG) {
+		if cfg.Module != "" {
+			return
+		}
+		// The vmlinux must have the function where the slide puts it.
+		if s, off, ok := dbg.Symbols().Lookup(uint64(cfg.Address) - slide); !ok || off != 0 || s.Name != cfg.Function {
+			return
+		}
+		for i := range cfg.Blocks {
+			for j := range cfg.Blocks[i].Instructions {
+				in := &cfg.Blocks[i].Instructions[j]
+				if l, err := dbg.LineAt(uint64(in.Address) - slide); err == nil && l.Line != 0 {
+					in.Line = l.String()
+				}
+			}
+		}
+	}, nil
 }

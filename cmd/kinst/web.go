@@ -30,6 +30,7 @@ Beyond loopback (--listen 0.0.0.0:PORT) the page needs kerninstd's token
 	setup: func(fs *pflag.FlagSet) runFunc {
 		var o cli.WebOptions
 		fs.StringVar(&o.Listen, "listen", "127.0.0.1:7654", "serve on this `HOST:PORT` (port 0: any free port)")
+		fs.StringVar(&o.Debug.Vmlinux, "vmlinux", "", "source lines beside the instructions from this debug vmlinux (default: the running kernel's, looked up as kinst cover does; without one, none)")
 		return func(ctx context.Context, inv invocation) (int, error) {
 			if len(inv.args) != 0 {
 				return 2, usagef("web takes no arguments (a function's page is /fn/NAME)")

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/app/livetest"
+	"github.com/kinst/kinst/debuginfo/debuginfotest"
 	"github.com/kinst/kinst/kernel"
 	"github.com/kinst/kinst/web/webtest"
 )
@@ -254,4 +255,47 @@ func TestWebScale(t *testing.T) {
 	if _, err := client.RemoveSession(ctx, sess.ID); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestWebSourceLines: with Debian's debug vmlinux, the page shows each
+// instruction's source line above it where the line changes, and each
+// such line is addr2line's at the instruction's link-time address (the
+// KASLR slide from the guest's kallsyms and nm).
+func TestWebSourceLines(t *testing.T) {
+	if webtest.FindChromium() == "" {
+		t.Skip("chromium not installed (scripts/deps.sh installs it)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	vmlinux := live.DebugVmlinux(t)
+	slide := kaslrSlide(t, ctx, vmlinux)
+	cfg, err := client.CFG(ctx, "vfs_statx")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := webtest.Start(t, filepath.Join(live.Bin, "kinst"), guest.KerninstdAddr(), guest.TokenFile(), "--vmlinux", vmlinux)
+	p := webtest.Open(t, url+"/fn/vfs_statx")
+	p.WaitFunction("vfs_statx")
+	type row struct {
+		Offset int    `json:"offset"`
+		Src    string `json:"src"`
+	}
+	// Every instruction that has a source row right above it.
+	rows := webtest.Eval[[]row](p, `[...document.querySelectorAll('#graph text.insn')].filter(t => t.previousElementSibling && t.previousElementSibling.classList.contains('src')).map(t => ({offset: Number(t.dataset.offset), src: t.previousElementSibling.textContent.replace(/^\/\/ /, '')}))`)
+	if len(rows) == 0 {
+		t.Fatal("no source line drawn")
+	}
+	addrs := make([]uint64, len(rows))
+	for i, r := range rows {
+		addrs[i] = uint64(cfg.Address) + uint64(r.Offset) - slide
+	}
+	want := debuginfotest.Addr2line(t, vmlinux, addrs)
+	for i, r := range rows {
+		// The page drops the build directory (debian/build/build_…/).
+		if !strings.HasSuffix(want[i], "/"+r.Src) && want[i] != r.Src {
+			t.Errorf("vfs_statx+%#x: the page says %s, addr2line %s", r.Offset, r.Src, want[i])
+		}
+	}
+	t.Logf("%d source lines drawn in vfs_statx, each addr2line's", len(rows))
+	p.Screenshot(filepath.Join(livetest.ArtifactDir("web"), "lines.png"))
 }

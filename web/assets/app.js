@@ -194,10 +194,18 @@ function draw(cfg) {
   const drawn = cfg.blocks.filter((b) => !b.padding);
   const shown = new Set(drawn.map((b) => b.index));
   for (const b of drawn) {
-    const lines = b.instructions.map(insnLine);
+    // Rows: each instruction, and its source line (from a debug vmlinux)
+    // above it where the line changes, as perf annotate shows them.
+    const rows = [];
+    let prev = '';
+    for (const ins of b.instructions) {
+      if (ins.line && ins.line !== prev) rows.push({ src: ins.line });
+      prev = ins.line || prev;
+      rows.push({ ins, text: insnLine(ins) });
+    }
     const head = headLine(b, 0);
-    const w = Math.max(head.length + 12, ...lines.map((l) => l.length)) * CHAR_W + 2 * PAD;
-    g.setNode(String(b.index), { width: w, height: (lines.length + 1) * LINE_H + PAD, block: b, lines });
+    const w = Math.max(head.length + 12, ...rows.map((r) => (r.src ? shortPath(r.src).length + 3 : r.text.length))) * CHAR_W + 2 * PAD;
+    g.setNode(String(b.index), { width: w, height: (rows.length + 1) * LINE_H + PAD, block: b, rows });
   }
   for (const b of drawn) {
     for (const s of b.succs || []) if (shown.has(s.to)) g.setEdge(String(b.index), String(s.to), { kind: s.kind }, s.kind);
@@ -227,11 +235,17 @@ function draw(cfg) {
     grp.append(el('rect', { class: 'box', width: n.width, height: n.height, rx: 3 }));
     grp.append(el('text', { class: 'hdr', x: PAD, y: LINE_H }, headLine(b, 0)));
     grp.append(el('text', { class: 'count', x: n.width - PAD, y: LINE_H, 'text-anchor': 'end' }, ''));
-    b.instructions.forEach((ins, k) => {
+    n.rows.forEach((r, k) => {
+      const y = (k + 2) * LINE_H;
+      if (r.src) {
+        grp.append(el('text', { class: 'src', x: PAD, y }, '// ' + shortPath(r.src)));
+        return;
+      }
+      const ins = r.ins;
       let cls = 'insn';
       if (ins.splice_class === 'refused') cls += ' refused-insn';
       if (ins.target && callTarget(ins)) cls += ' call';
-      const t = el('text', { class: cls, x: PAD, y: (k + 2) * LINE_H, 'data-offset': ins.offset }, n.lines[k]);
+      const t = el('text', { class: cls, x: PAD, y, 'data-offset': ins.offset }, r.text);
       t.addEventListener('mousemove', (ev) => tip(ev, insnTip(ins)));
       t.addEventListener('mouseleave', () => tip(null));
       grp.append(t);
@@ -239,6 +253,20 @@ function draw(cfg) {
     grp.addEventListener('click', (ev) => clickBlock(ev, b));
     svg.append(grp);
   }
+  // Start with the entry block in view.
+  const entry = g.node(String(cfg.blocks[0].index));
+  if (entry) {
+    const wrap = $('graph-wrap');
+    wrap.scrollLeft = Math.max(0, entry.x - wrap.clientWidth / 2);
+    wrap.scrollTop = 0;
+  }
+}
+
+// shortPath drops the build directory before a source path (Debian's
+// debian/build/build_amd64_none_amd64/fs/stat.c is fs/stat.c); the
+// tooltip keeps the whole.
+function shortPath(line) {
+  return line.replace(/^(.*\/)?build_[^/]+\//, '');
 }
 
 function headLine(b, count) {
@@ -258,6 +286,7 @@ function insnTip(ins) {
   if (ins.refused) s += `\nrefused: ${ins.refused}`;
   s += `\nlive in: ${(ins.live_in || []).join(' ') || '(none)'}`;
   if (ins.target) s += `\ntarget: ${ins.target}`;
+  if (ins.line) s += `\nsource: ${ins.line}`;
   return s;
 }
 

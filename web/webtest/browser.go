@@ -170,11 +170,11 @@ func (p *Page) Navigate(url string) {
 }
 
 // Start runs `kinst web` (the binary at kinst) on a free loopback port
-// against kerninstd at addr, with its token file, and returns the URL it
-// prints first; it stops with the test.
-func Start(t testing.TB, kinst, addr, tokenFile string) string {
+// against kerninstd at addr, with its token file and args, and returns
+// the URL it prints first; it stops with the test.
+func Start(t testing.TB, kinst, addr, tokenFile string, args ...string) string {
 	t.Helper()
-	cmd := exec.Command(kinst, "web", "--listen", "127.0.0.1:0", "--addr", addr, "--token-file", tokenFile)
+	cmd := exec.Command(kinst, append([]string{"web", "--listen", "127.0.0.1:0", "--addr", addr, "--token-file", tokenFile}, args...)...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
