@@ -278,16 +278,7 @@ func TestAddEachBatches(t *testing.T) {
 	h.k.Mu.Lock()
 	h.k.MaxBatch = 2
 	h.k.Mu.Unlock()
-	reqs, errs := h.e.AddEach(sites, Spec{Owner: "cover", Slots: 1, Snippet: hitFlag})
-	springboards := 0
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("%s: %v", sites[i].Point.Spec, err)
-		}
-		if h.e.points[sites[i].Addr()].class == springboard.Springboard {
-			springboards++
-		}
-	}
+	reqs, springboards := h.coverAll(sites)
 	h.k.Mu.Lock()
 	batches, calls := h.k.Batches, h.k.SpliceCalls
 	h.k.Mu.Unlock()
@@ -746,6 +737,22 @@ func TestAddEachBuildFailsAlone(t *testing.T) {
 	}
 }
 
+// coverAll adds a hit-flag request at every site in one AddEach, failing
+// the test on any error, and counts the springboard points among them.
+func (h *harness) coverAll(sites []*splice.Site) (reqs []*Request, springboards int) {
+	h.t.Helper()
+	reqs, errs := h.e.AddEach(sites, Spec{Owner: "cover", Slots: 1, Snippet: hitFlag})
+	for i, err := range errs {
+		if err != nil {
+			h.t.Fatalf("%s: %v", sites[i].Point.Spec, err)
+		}
+		if h.e.points[sites[i].Addr()].class == springboard.Springboard {
+			springboards++
+		}
+	}
+	return reqs, springboards
+}
+
 // RemoveEach unsplices in chunks of removeChunk driver batches (so a
 // whole-kernel session's removal holds a chunk's bookkeeping, not the
 // session's): with chunks of one batch of one splice, every point is
@@ -755,16 +762,7 @@ func TestRemoveEachInChunks(t *testing.T) {
 	sites := h.blockSites("filename_lookup")
 	defer func(c int) { removeChunk = c }(removeChunk)
 	removeChunk = 1
-	reqs, errs := h.e.AddEach(sites, Spec{Owner: "cover", Slots: 1, Snippet: hitFlag})
-	springboards := 0
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("%s: %v", sites[i].Point.Spec, err)
-		}
-		if h.e.points[sites[i].Addr()].class == springboard.Springboard {
-			springboards++
-		}
-	}
+	reqs, springboards := h.coverAll(sites)
 	h.k.Mu.Lock()
 	h.k.MaxBatch = 1
 	before := h.k.Batches

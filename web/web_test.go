@@ -407,39 +407,13 @@ func TestPage(t *testing.T) {
 	if rep.CoveredBlocks == 0 {
 		t.Fatalf("no block covered after %d hits", hit)
 	}
-	colours := func() map[int]string {
-		m := map[int]string{}
-		for _, b := range p.Blocks() {
-			m[b.Index] = b.Covered
-		}
-		return m
-	}
-	wantColour := map[int]string{}
-	for _, b := range rep.Functions[0].Blocks {
-		switch {
-		case b.Covered:
-			wantColour[b.Index] = "covered"
-		case b.Refused != nil:
-			wantColour[b.Index] = "refused"
-		default:
-			wantColour[b.Index] = "uncovered"
-		}
-	}
-	same := func() bool {
-		got := colours()
-		for i, c := range wantColour {
-			if g, drawn := got[i]; drawn && g != c {
-				return false
-			}
-		}
-		return true
-	}
+	wantColours := webtest.CoverColours(rep, "filename_lookup")
 	deadline = time.Now().Add(20 * time.Second)
-	for !same() && time.Now().Before(deadline) {
+	for !webtest.SameColours(p.Colours(), wantColours) && time.Now().Before(deadline) {
 		time.Sleep(200 * time.Millisecond)
 	}
-	if !same() {
-		t.Errorf("colours %v, the report's %v", colours(), wantColour)
+	if !webtest.SameColours(p.Colours(), wantColours) {
+		t.Errorf("colours %v, the report's %v", p.Colours(), wantColours)
 	}
 	p.Click("#cover") // on: ends the session
 	if !p.Until(`!document.querySelector('#graph .block[data-covered]')`, 20*time.Second) {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -16,6 +15,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/kinst/kinst/unwind/folded"
+	"github.com/kinst/kinst/web/webtest"
 )
 
 // browserFrame is one frame as the browser lays it out and paints it.
@@ -51,16 +51,6 @@ const snapshotJS = `(() => {
 		details: document.getElementById("details").textContent };
 })()`
 
-// findChromium returns Debian's chromium (or another Chrome) on PATH.
-func findChromium() string {
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	return ""
-}
-
 // TestBrowser loads a flame graph rendered from known folded stacks in
 // headless Chromium and works it as a user would, with real mouse events
 // on the page: clicking a frame zooms into it (ancestors span the width,
@@ -70,10 +60,6 @@ func findChromium() string {
 // DevTools protocol) paints the matching frames and prints their share
 // of the total, which is checked against the folded stacks themselves.
 func TestBrowser(t *testing.T) {
-	chrome := findChromium()
-	if chrome == "" {
-		t.Skip("chromium not installed (apt-get install chromium, or scripts/deps.sh): cannot test the flame graph in a browser")
-	}
 	const width = 410 // 390 px for 120 samples: futex_wait_[k] is too narrow for its name
 	svg := render(t, Options{Width: width})
 	dir := t.TempDir()
@@ -86,25 +72,7 @@ func TestBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	actx, cancel := chromedp.NewExecAllocator(context.Background(),
-		chromedp.ExecPath(chrome),
-		chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
-		chromedp.NoDefaultBrowserCheck,
-		chromedp.Flag("disable-quic", true),
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.UserDataDir(filepath.Join(dir, "profile")),
-		chromedp.WindowSize(width+100, 400),
-	)
-	defer cancel()
-	ctx, cancel := chromedp.NewContext(actx)
-	defer cancel()
-	// Start the browser on the context without a deadline (a deadline
-	// there would stop the browser); every step below has one.
-	if err := chromedp.Do(ctx); err != nil {
-		t.Fatalf("starting %s: %v", chrome, err)
-	}
+	ctx := webtest.Browser(t, width+100, 400)
 	step := func(what string, steps ...chromedp.Action[chromedp.Void]) {
 		t.Helper()
 		sctx, scancel := context.WithTimeout(ctx, 30*time.Second)

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+
+	"github.com/kinst/kinst/api"
 )
 
 // FindChromium returns Debian's chromium (or another Chrome) on PATH, or
@@ -44,31 +46,41 @@ type Page struct {
 	ctx context.Context
 }
 
-// Open starts a headless Chromium (the test skips without one) and loads
-// url; the browser stops with the test.
-func Open(t testing.TB, url string) *Page {
+// Browser starts a headless Chromium (the test skips without one) with a
+// window of width×height and returns its context, on which chromedp runs
+// actions; the browser stops with the test.
+func Browser(t testing.TB, width, height int) context.Context {
 	t.Helper()
 	chrome := FindChromium()
 	if chrome == "" {
-		t.Skip("chromium not installed (scripts/deps.sh installs it): cannot test the web view in a browser")
+		t.Skip("chromium not installed (scripts/deps.sh installs it): cannot test in a browser")
 	}
 	actx, cancel := chromedp.NewExecAllocator(context.Background(),
 		chromedp.ExecPath(chrome),
 		chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
 		chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-quic", true),
 		chromedp.Flag("disable-background-networking", true),
 		chromedp.Flag("disable-component-update", true),
 		chromedp.Flag("disable-sync", true),
 		chromedp.UserDataDir(filepath.Join(t.TempDir(), "profile")),
-		chromedp.WindowSize(1400, 1000),
+		chromedp.WindowSize(width, height),
 	)
 	t.Cleanup(cancel)
 	ctx, cancel2 := chromedp.NewContext(actx)
 	t.Cleanup(cancel2)
+	// Start the browser on the context without a deadline (a deadline
+	// there would stop the browser); every step on it has one.
 	if err := chromedp.Do(ctx); err != nil {
 		t.Fatalf("starting %s: %v", chrome, err)
 	}
-	p := &Page{t: t, ctx: ctx}
+	return ctx
+}
+
+// Open starts a browser (Browser) and loads url.
+func Open(t testing.TB, url string) *Page {
+	t.Helper()
+	p := &Page{t: t, ctx: Browser(t, 1400, 1000)}
 	p.Do("load "+url, chromedp.Navigate(url))
 	return p
 }
@@ -193,4 +205,47 @@ func Start(t testing.TB, kinst, addr, tokenFile string, args ...string) string {
 		t.Fatalf("kinst web's first line %q (%v); stderr: %s", line, err, stderr.String())
 	}
 	return strings.TrimSuffix(strings.TrimSpace(line), "/")
+}
+
+// Colours reads every drawn block's coverage colour (data-covered).
+func (p *Page) Colours() map[int]string {
+	p.t.Helper()
+	m := map[int]string{}
+	for _, b := range p.Blocks() {
+		m[b.Index] = b.Covered
+	}
+	return m
+}
+
+// CoverColours is the colour the page must draw for each block of
+// function fn in rep: covered, refused (no probe) or uncovered.
+func CoverColours(rep *api.CoverReport, fn string) map[int]string {
+	m := map[int]string{}
+	for _, f := range rep.Functions {
+		if f.Function != fn {
+			continue
+		}
+		for _, b := range f.Blocks {
+			switch {
+			case b.Covered:
+				m[b.Index] = "covered"
+			case b.Refused != nil:
+				m[b.Index] = "refused"
+			default:
+				m[b.Index] = "uncovered"
+			}
+		}
+	}
+	return m
+}
+
+// SameColours reports whether every drawn block shows want's colour
+// (blocks not drawn, such as padding, are not compared).
+func SameColours(drawn, want map[int]string) bool {
+	for i, c := range want {
+		if d, ok := drawn[i]; ok && d != c {
+			return false
+		}
+	}
+	return len(want) > 0
 }
