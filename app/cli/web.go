@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"syscall"
 	"time"
 
 	"github.com/kinst/kinst/api"
@@ -68,6 +69,9 @@ func Web(ctx context.Context, c *api.Client, o WebOptions, env Env) error {
 		s.Lines = lines
 	}
 	ln, err := net.Listen("tcp", o.Listen)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("%w (another kinst web? --listen HOST:0 takes any free port)", err)
+	}
 	if err != nil {
 		return err
 	}

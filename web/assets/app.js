@@ -430,6 +430,12 @@ function update(ev) {
     document.body.dataset.events = ++events;
     document.body.dataset.maxGapMs = maxGap.toFixed(0);
   }
+  if (ev.error) {
+    // kerninstd stopped answering (restarted, killed): said, and the
+    // values stay as last drawn until it answers again.
+    status('kerninstd: ' + ev.error, true);
+    return;
+  }
   state.sessions = ev.sessions || [];
   drawSessions();
   if (!state.cfg) return;
