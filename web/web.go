@@ -33,10 +33,24 @@ import (
 //go:embed assets
 var assets embed.FS
 
+// Backend is what the page's API asks: kerninstd's client (*api.Client)
+// for the kernel, or sessions kinst hosts itself over a user process
+// (procsession.Host). Errors that carry an HTTP status (api.APIError, or
+// an HTTPStatus method) answer with it.
+type Backend interface {
+	Info(ctx context.Context) (api.Info, error)
+	Functions(ctx context.Context, q string, limit int) (api.Functions, error)
+	CFG(ctx context.Context, function string) (api.CFG, error)
+	Sessions(ctx context.Context) ([]api.Session, error)
+	CreateSession(ctx context.Context, req api.SessionRequest) (api.Session, error)
+	RemoveSession(ctx context.Context, id string) (api.Session, error)
+	CoverReport(ctx context.Context, id string) (*api.CoverReport, error)
+}
+
 // Server is the web view's HTTP server.
 type Server struct {
-	// Client reaches kerninstd.
-	Client *api.Client
+	// Client answers the page's API: kerninstd, or a process's sessions.
+	Client Backend
 	// Token, when set, is required of every request: as the cookie the
 	// page's first URL (?token=) sets, or as a bearer token. kinst web
 	// sets it when it listens beyond loopback.
@@ -324,12 +338,15 @@ func writeError(w http.ResponseWriter, err error) {
 	status := http.StatusBadGateway
 	var ae *api.APIError
 	var br badRequestError
+	var se interface{ HTTPStatus() int }
 	switch {
 	case errors.As(err, &ae):
 		writeJSON(w, ae.Status, ae.ErrorResponse)
 		return
 	case errors.As(err, &br):
 		status = http.StatusBadRequest
+	case errors.As(err, &se):
+		status = se.HTTPStatus()
 	}
 	writeJSON(w, status, api.ErrorResponse{Error: err.Error()})
 }

@@ -22,6 +22,8 @@ import (
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/kerninstd/kerninstdtest"
+	"github.com/kinst/kinst/procsession"
+	"github.com/kinst/kinst/procsession/proctest"
 	"github.com/kinst/kinst/web/webtest"
 )
 
@@ -443,4 +445,69 @@ func TestPage(t *testing.T) {
 	if !bytes.Equal(textNow(), orig) {
 		t.Errorf("text not restored after the glob's coverage session")
 	}
+}
+
+// The same page over a user process (kinst web -p): a function of the
+// executable opened at /fn/NAME, a click's counter counts exactly the
+// program's calls, detaching on the page puts the bytes back; a
+// library's function opens at /fn/LIB:NAME.
+func TestPageProcess(t *testing.T) {
+	if webtest.FindChromium() == "" {
+		t.Skip("chromium not installed")
+	}
+	prog := proctest.Start(t)
+	host, err := procsession.Open(prog.Cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer host.Close()
+	s := &Server{Client: host, Interval: 100 * time.Millisecond, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	h := httptest.NewServer(s.Handler())
+	t.Cleanup(h.Close) // after the browser's (cleanups run last first): its event stream ends first
+	ctx := context.Background()
+	cfg, err := host.CFG(ctx, "work")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem := func() []byte {
+		f, err := os.Open(fmt.Sprintf("/proc/%d/mem", prog.Cmd.Process.Pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		b := make([]byte, cfg.Size)
+		f.ReadAt(b, int64(cfg.Address))
+		return b
+	}
+	orig := mem()
+	p := webtest.Open(t, h.URL+"/fn/work")
+	p.WaitFunction("work")
+	if !p.Until(`document.getElementById('kernel').textContent.includes('process')`, 10*time.Second) {
+		t.Errorf("the page does not say it shows a process")
+	}
+	p.ClickBlock(0)
+	if !p.Until(`document.querySelectorAll('#sessions li[data-session]').length === 1`, 20*time.Second) {
+		t.Fatalf("no session after the click (status %q)", p.Status())
+	}
+	prog.Round(t)
+	want := fmt.Sprint(proctest.CallsPerRound)
+	if !p.Until(`document.querySelector('#graph .block[data-block="0"]').dataset.count === "`+want+`"`, 20*time.Second) {
+		t.Errorf("block 0 shows %q, the program made %s calls", webtest.Eval[string](p, `document.querySelector('#graph .block[data-block="0"]').dataset.count || ''`), want)
+	}
+	p.Click(`#sessions li[data-session] button`)
+	if !p.Until(`document.querySelectorAll('#sessions li[data-session]').length === 0`, 20*time.Second) {
+		t.Fatalf("the session stayed after detach")
+	}
+	if !bytes.Equal(mem(), orig) {
+		t.Errorf("work's bytes differ after detach on the page")
+	}
+	var lib string
+	fns, _ := host.Functions(ctx, "malloc", 50)
+	for _, f := range fns.Functions {
+		if strings.HasSuffix(f.Name, ":malloc") {
+			lib = f.Name
+		}
+	}
+	p.Navigate(h.URL + "/fn/" + lib)
+	p.WaitFunction(lib)
 }

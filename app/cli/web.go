@@ -12,6 +12,7 @@ import (
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/debuginfo"
+	"github.com/kinst/kinst/procsession"
 	"github.com/kinst/kinst/web"
 )
 
@@ -25,6 +26,10 @@ type WebOptions struct {
 	// Debug says where source lines come from (--vmlinux; "" looks the
 	// running kernel's debug vmlinux up).
 	Debug DebugOptions
+	// PID, when set, serves that user process instead of the kernel: kinst
+	// attaches to it and hosts its sessions itself (package procsession),
+	// removing them all when it stops.
+	PID int
 }
 
 // ErrWebNeedsToken is matched when kinst web is asked to listen beyond
@@ -44,6 +49,19 @@ func Web(ctx context.Context, c *api.Client, o WebOptions, env Env) error {
 		loopback = true
 	}
 	s := &web.Server{Client: c}
+	var backend web.Backend = c
+	if o.PID != 0 {
+		h, err := procsession.Open(o.PID)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if err := h.Close(); err != nil {
+				fmt.Fprintf(env.Err, "kinst web: removing the process's sessions: %v\n", err)
+			}
+		}()
+		s.Client, backend = h, h
+	}
 	if !loopback {
 		if o.Token == "" {
 			return fmt.Errorf("--listen %s: %w", o.Listen, ErrWebNeedsToken)
@@ -51,12 +69,14 @@ func Web(ctx context.Context, c *api.Client, o WebOptions, env Env) error {
 		s.Token = o.Token
 	}
 	ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	info, err := c.Info(ictx)
+	info, err := backend.Info(ictx)
 	cancel()
 	if err != nil {
 		return err
 	}
-	if lines, err := webLines(ctx, c, o.Debug); err != nil {
+	if o.PID != 0 {
+		// No source lines for a process yet.
+	} else if lines, err := webLines(ctx, c, o.Debug); err != nil {
 		if o.Debug.Vmlinux != "" {
 			return err
 		}
@@ -86,7 +106,11 @@ func Web(ctx context.Context, c *api.Client, o WebOptions, env Env) error {
 		u.RawQuery = url.Values{"token": {s.Token}}.Encode()
 	}
 	fmt.Fprintln(env.Out, u.String())
-	fmt.Fprintf(env.Err, "kinst web: serving kerninstd at %s (kernel %s, %s) until Ctrl-C\n", c.Addr(), info.KernelRelease, info.Mechanism)
+	if o.PID != 0 {
+		fmt.Fprintf(env.Err, "kinst web: serving %s until Ctrl-C (its sessions are removed then)\n", info.Target)
+	} else {
+		fmt.Fprintf(env.Err, "kinst web: serving kerninstd at %s (kernel %s, %s) until Ctrl-C\n", c.Addr(), info.KernelRelease, info.Mechanism)
+	}
 	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ln) }()

@@ -594,7 +594,15 @@ function drawSessions() {
 // ---- start -----------------------------------------------------------
 
 api('GET', '/api/info').then((i) => {
-  $('kernel').textContent = `${i.kernel_release || ''} · ${i.mechanism || ''}${i.no_splice ? ' (' + i.no_splice + ')' : ''}`;
+  $('kernel').textContent = `${i.target || i.kernel_release || ''} · ${i.mechanism || ''}${i.no_splice ? ' (' + i.no_splice + ')' : ''}`;
+  if (i.mechanism === 'process') {
+    // One process: no on-CPU time of its own threads here, no kernel
+    // modules (a library's functions are covered as LIB:*).
+    $('time-virtual').disabled = true;
+    $('time-virtual').title = 'not for a process';
+    $('cover-kind').querySelector('option[value="module"]').disabled = true;
+    $('cover-what').placeholder = 'parse_*, libc.so.6:str*, main';
+  }
   if (i.mechanism === 'bpf') {
     // Without the driver there are no block counters inside a function
     // or coverage: BPF probes function entries.

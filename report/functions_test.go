@@ -1,4 +1,4 @@
-package kerninstd
+package report
 
 import (
 	"slices"
@@ -33,7 +33,7 @@ func TestFindFunctions(t *testing.T) {
 		{"evdev:lookup", 10, nil, 0},
 		{"nomodule:", 10, nil, 0},
 	} {
-		got := findFunctions(syms, tc.q, tc.limit)
+		got := FindFunctions(syms, tc.q, tc.limit, FindOptions{Classic: true})
 		var names []string
 		for _, f := range got.Functions {
 			names = append(names, f.Name)
@@ -42,11 +42,11 @@ func TestFindFunctions(t *testing.T) {
 			t.Errorf("%q limit %d: %v (total %d), want %v (total %d)", tc.q, tc.limit, names, got.Total, tc.want, tc.total)
 		}
 	}
-	got := findFunctions(syms, "lookuppn", 5)
+	got := FindFunctions(syms, "lookuppn", 5, FindOptions{Classic: true})
 	if len(got.Functions) != 1 || got.Functions[0].Classic == nil || got.Functions[0].Classic.Linux != "filename_lookup" || got.Functions[0].Address != 0x1000 {
 		t.Errorf("classic name: %+v", got.Functions)
 	}
-	if got := findFunctions(syms, "evdev_read", 5); got.Functions[0].Module != "evdev" {
+	if got := FindFunctions(syms, "evdev_read", 5, FindOptions{Classic: true}); got.Functions[0].Module != "evdev" {
 		t.Errorf("module function: %+v", got.Functions)
 	}
 }

@@ -1,0 +1,461 @@
+// Package procsession hosts sessions over a user process in kinst
+// itself, behind the same API types kerninstd serves for the kernel
+// (api.Session, api.CFG, api.CoverReport): counters, timers and coverage
+// spliced through the process engine (package process), so that what is
+// built on kerninstd's API (the web view) works on a process too.
+//
+// A Host holds the process attached (ptrace) for its life; Close removes
+// every session's splices and lets the process go, every byte of its
+// text as it was.
+package procsession
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/cover"
+	"github.com/kinst/kinst/engine"
+	"github.com/kinst/kinst/kernel"
+	"github.com/kinst/kinst/metrics"
+	"github.com/kinst/kinst/process"
+	"github.com/kinst/kinst/report"
+	"github.com/kinst/kinst/splice"
+)
+
+// ErrNoSession is matched when no session has the ID or name given.
+var ErrNoSession = errors.New("no such session")
+
+// ErrProcessGone is matched once the process has exited or run exec: its
+// splices went with its program.
+var ErrProcessGone = errors.New("the process has exited or run exec")
+
+// Host is the sessions over one process.
+type Host struct {
+	// mu serialises every use of tg (the process engine is not safe for
+	// concurrent use) and protects sessions, next and gone.
+	mu       sync.Mutex
+	tg       *process.Target
+	pid      int
+	comm     string
+	clock    *metrics.Clock
+	sessions map[string]*session // by ID
+	next     int
+	gone     bool
+	done     chan struct{} // closed by Close: the pollers stop
+}
+
+// session is one request's instrumentation.
+type session struct {
+	id, name string
+	created  time.Time
+	reqs     []*engine.Request // counters, in the order of the points
+	timers   []*timer
+	cover    *cover.Set
+}
+
+// timer is a process.Timer and its accumulated totals.
+type timer struct {
+	*process.Timer
+	acc   metrics.TimerAcc
+	wall  float64
+	calls uint64
+}
+
+// Open attaches to process pid.
+func Open(pid int) (*Host, error) {
+	tg, err := process.Attach(pid)
+	if err != nil {
+		return nil, err
+	}
+	comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+	h := &Host{tg: tg, pid: tg.PID, comm: strings.TrimSpace(string(comm)), clock: metrics.NewClock(),
+		sessions: map[string]*session{}, done: make(chan struct{})}
+	go h.poll()
+	return h, nil
+}
+
+// Close removes every session and lets the process go.
+func (h *Host) Close() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	select {
+	case <-h.done:
+		return nil
+	default:
+		close(h.done)
+	}
+	if h.gone || !h.alive() {
+		h.tg.Abandon()
+		return nil
+	}
+	var errs []error
+	for _, s := range h.sessions {
+		errs = append(errs, h.removeLocked(s))
+	}
+	h.sessions = map[string]*session{}
+	errs = append(errs, h.tg.Close())
+	return errors.Join(errs...)
+}
+
+// alive reports whether the process still runs the program attached to.
+// The caller holds h.mu.
+func (h *Host) alive() bool {
+	if h.gone {
+		return false
+	}
+	if _, err := os.Stat(fmt.Sprintf("/proc/%d", h.pid)); err != nil {
+		h.gone = true
+	} else if _, ex := h.tg.Exec(); ex {
+		h.gone = true
+	}
+	return !h.gone
+}
+
+// check is ErrProcessGone once the process is. The caller holds h.mu.
+func (h *Host) check() error {
+	if !h.alive() {
+		return fmt.Errorf("process %d: %w", h.pid, ErrProcessGone)
+	}
+	return nil
+}
+
+// poll sweeps the coverage sessions every cover.Poll: probes that ran
+// mark their blocks covered and are removed.
+func (h *Host) poll() {
+	t := time.NewTicker(cover.Poll)
+	defer t.Stop()
+	for {
+		select {
+		case <-h.done:
+			return
+		case now := <-t.C:
+			h.mu.Lock()
+			if h.alive() {
+				for _, s := range h.sessions {
+					if s.cover != nil {
+						s.cover.Sweep(h.tg, now)
+					}
+				}
+			}
+			h.mu.Unlock()
+		}
+	}
+}
+
+// Info describes the process as kerninstd's Info describes the kernel.
+func (h *Host) Info(context.Context) (api.Info, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return api.Info{Mechanism: "process", Target: fmt.Sprintf("process %d (%s)", h.pid, h.comm),
+		Sessions: len(h.sessions), Splices: h.tg.Splices()}, nil
+}
+
+// qualified is how a point names a function of module: LIB:NAME for a
+// library's, NAME for the executable's.
+func qualified(module, name string) string {
+	if module == "" {
+		return name
+	}
+	return module + ":" + name
+}
+
+// Functions finds the process's functions as kerninstd's /v1/functions
+// finds the kernel's (LIB: keeps one library's); their names are
+// qualified (LIB:NAME), as points and /fn/ take them.
+func (h *Host) Functions(_ context.Context, q string, limit int) (api.Functions, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return report.FindFunctions(h.tg.Syms, q, limit, report.FindOptions{Name: func(s kernel.Symbol) string { return qualified(s.Module, s.Name) }}), nil
+}
+
+// CFG is a function's control-flow graph (spec: FUNC or LIB:FUNC), its
+// Function qualified as spec names it.
+func (h *Host) CFG(_ context.Context, spec string) (api.CFG, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err := h.check(); err != nil {
+		return api.CFG{}, err
+	}
+	f, err := h.tg.Func(spec)
+	if err != nil {
+		return api.CFG{}, badRequest(err)
+	}
+	g := report.CFG(f)
+	g.Function = qualified(g.Module, g.Function)
+	return g, nil
+}
+
+// CreateSession installs a session: counters at Points, timers of
+// Timers, or coverage of Cover (functions or globs, LIB: for a library)
+// and CoverCallees. What a process cannot take (filters, virtual time,
+// lock waits, modules, TTLs, tied sessions) is refused; on error nothing
+// stays installed.
+func (h *Host) CreateSession(_ context.Context, req api.SessionRequest) (api.Session, error) {
+	switch {
+	case req.Filter != nil, req.Virtual, req.Lock != "":
+		return api.Session{}, badRequest(errors.New("a process session takes no filter, virtual time or lock: it is one process"))
+	case len(req.CoverModules) > 0:
+		return api.Session{}, badRequest(errors.New("cover a library's functions with LIB:* (cover_modules names kernel modules)"))
+	case req.TTLNS != 0 || req.Tied:
+		return api.Session{}, badRequest(errors.New("a process session lives until it is removed (no TTL, not tied)"))
+	}
+	cov := len(req.Cover) > 0 || len(req.CoverCallees) > 0
+	if cov && (len(req.Points) > 0 || len(req.Timers) > 0) {
+		return api.Session{}, badRequest(errors.New("a coverage session takes functions and callees only"))
+	}
+	if !cov && len(req.Points) == 0 && len(req.Timers) == 0 {
+		return api.Session{}, badRequest(errors.New("nothing to instrument: give points, timers or functions to cover"))
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err := h.check(); err != nil {
+		return api.Session{}, err
+	}
+	h.next++
+	s := &session{id: strconv.Itoa(h.next), name: req.Name, created: time.Now()}
+	if s.name == "" {
+		s.name = s.id
+	}
+	if h.findLocked(s.name) != nil {
+		return api.Session{}, badRequest(fmt.Errorf("session name in use: %q", s.name))
+	}
+	var err error
+	switch {
+	case cov:
+		err = h.armCover(s, req)
+	default:
+		err = h.install(s, req)
+	}
+	if err != nil {
+		h.removeLocked(s)
+		return api.Session{}, err
+	}
+	h.sessions[s.id] = s
+	return h.describe(s, false), nil
+}
+
+// install resolves and splices a session's counters and timers.
+func (h *Host) install(s *session, req api.SessionRequest) error {
+	sites := make([]*splice.Site, len(req.Points))
+	for i, p := range req.Points {
+		site, err := h.tg.Resolve(p)
+		if err != nil {
+			return badRequest(&splice.PointError{Point: p, Err: err})
+		}
+		sites[i] = site
+	}
+	if len(sites) > 0 {
+		reqs, err := h.tg.Count(s.id, sites)
+		if err != nil {
+			return err
+		}
+		s.reqs = reqs
+	}
+	for _, name := range req.Timers {
+		tm, err := h.tg.Time(s.id, name)
+		if err != nil {
+			return badRequest(&splice.PointError{Point: name, Err: err})
+		}
+		t := &timer{Timer: tm}
+		_, w := tm.Read()
+		t.acc.Add(w, metrics.TSC())
+		s.timers = append(s.timers, t)
+	}
+	return nil
+}
+
+// armCover plans and arms a coverage session. Traps are refused (a probe
+// at every block reaches code that runs with signals blocked).
+func (h *Host) armCover(s *session, req api.SessionRequest) error {
+	h.tg.NoTraps(process.TrapHazard)
+	set := cover.New("")
+	if req.CoverAllBlocks {
+		set.AllBlocks()
+	}
+	seen := map[uint64]bool{}
+	add := func(fns []process.CoverTarget) {
+		for _, ct := range fns {
+			if seen[ct.Sym.Addr] {
+				continue
+			}
+			seen[ct.Sym.Addr] = true
+			if ct.Err != nil {
+				set.AddUnreadable(ct.Sym, ct.Err)
+				continue
+			}
+			set.Add(ct.Func)
+		}
+	}
+	for _, target := range req.Cover {
+		fns, err := h.tg.Functions(target)
+		if err != nil {
+			return badRequest(err)
+		}
+		add(fns)
+	}
+	for _, root := range req.CoverCallees {
+		fns, err := h.tg.Callees(root, max(req.CoverDepth, 1))
+		if err != nil {
+			return badRequest(err)
+		}
+		add(fns)
+	}
+	set.Arm(h.tg, s.id, cover.Flag(nil), time.Now)
+	s.cover = set
+	return nil
+}
+
+// findLocked finds a session by ID, then by name. The caller holds h.mu.
+func (h *Host) findLocked(idOrName string) *session {
+	if s, ok := h.sessions[idOrName]; ok {
+		return s
+	}
+	for _, s := range h.sessions {
+		if s.name == idOrName {
+			return s
+		}
+	}
+	return nil
+}
+
+// describe is a session as kerninstd describes one; with all, a
+// coverage session's blocks too. The caller holds h.mu.
+func (h *Host) describe(s *session, all bool) api.Session {
+	out := api.Session{ID: s.id, Name: s.name, Created: s.created, Probes: []api.Probe{}}
+	live := h.alive()
+	for _, r := range s.reqs {
+		p := api.Probe{Resolved: report.Resolved(r.Site()), Mechanism: "splice"}
+		p.Function = qualified(p.Module, p.Function)
+		if live {
+			p.Count = h.tg.Counter(r, 0)
+		}
+		out.Probes = append(out.Probes, p)
+	}
+	now := time.Now()
+	for _, t := range s.timers {
+		if live {
+			calls, w := t.Read()
+			t.calls, t.wall = calls, h.clock.Nanos(t.acc.Add(w, metrics.TSC()))
+		}
+		ti := api.TimerInfo{Function: qualified(t.Entry.Fn.Module, t.Function), Entry: report.Resolved(t.Entry),
+			Mechanism: "splice", Totals: api.Totals{Time: now, Calls: t.calls, WallNS: t.wall}}
+		for _, x := range t.Exits {
+			ti.Exits = append(ti.Exits, report.Resolved(x))
+		}
+		out.Timers = append(out.Timers, ti)
+	}
+	if s.cover != nil {
+		var rep *api.CoverReport
+		if all {
+			rep = report.Cover(s.cover, s.name, now)
+			for i := range rep.Functions {
+				f := &rep.Functions[i]
+				f.Function = qualified(f.Module, f.Function)
+			}
+		} else {
+			rep = report.CoverSummary(s.cover, s.name, now)
+		}
+		out.Cover = rep
+	}
+	return out
+}
+
+// Sessions lists every session with its counts as of now.
+func (h *Host) Sessions(context.Context) ([]api.Session, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := []api.Session{}
+	for _, s := range h.sessions {
+		out = append(out, h.describe(s, false))
+	}
+	sortSessions(out)
+	if !h.alive() {
+		return out, fmt.Errorf("process %d: %w (the counts are its last)", h.pid, ErrProcessGone)
+	}
+	return out, nil
+}
+
+// CoverReport is a coverage session's every block.
+func (h *Host) CoverReport(_ context.Context, id string) (*api.CoverReport, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s := h.findLocked(id)
+	if s == nil {
+		return nil, &noSession{id}
+	}
+	if s.cover == nil {
+		return nil, badRequest(fmt.Errorf("session %s is not a coverage session", id))
+	}
+	return h.describe(s, true).Cover, nil
+}
+
+// RemoveSession removes a session's splices and returns its final
+// totals.
+func (h *Host) RemoveSession(_ context.Context, id string) (api.Session, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s := h.findLocked(id)
+	if s == nil {
+		return api.Session{}, &noSession{id}
+	}
+	if s.cover != nil && h.alive() {
+		s.cover.Sweep(h.tg, time.Now()) // the last hits count
+	}
+	final := h.describe(s, false)
+	err := h.removeLocked(s)
+	delete(h.sessions, s.id)
+	return final, err
+}
+
+// removeLocked removes s's splices (nothing once the process is gone:
+// they went with it). The caller holds h.mu.
+func (h *Host) removeLocked(s *session) error {
+	if !h.alive() {
+		return nil
+	}
+	var errs []error
+	if len(s.reqs) > 0 {
+		errs = append(errs, h.tg.RemoveEach(s.reqs)...)
+	}
+	for _, t := range s.timers {
+		errs = append(errs, h.tg.Untime(t.Timer))
+	}
+	if s.cover != nil {
+		_, err := s.cover.Remove(h.tg)
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// BadRequestError is an error of the request itself (HTTP 400).
+type BadRequestError struct{ Err error }
+
+func (e *BadRequestError) Error() string   { return e.Err.Error() }
+func (e *BadRequestError) Unwrap() error   { return e.Err }
+func (e *BadRequestError) HTTPStatus() int { return 400 }
+
+// noSession is ErrNoSession for one ID or name (HTTP 404).
+type noSession struct{ id string }
+
+func (e *noSession) Error() string        { return fmt.Sprintf("%v %q", ErrNoSession, e.id) }
+func (e *noSession) Is(target error) bool { return target == ErrNoSession }
+func (e *noSession) HTTPStatus() int      { return 404 }
+
+func badRequest(err error) error { return &BadRequestError{err} }
+
+// sortSessions orders sessions by creation, then ID, as kinst ls lists
+// kerninstd's.
+func sortSessions(ss []api.Session) {
+	slices.SortFunc(ss, func(a, b api.Session) int {
+		return cmp.Or(a.Created.Compare(b.Created), cmp.Compare(len(a.ID), len(b.ID)), strings.Compare(a.ID, b.ID))
+	})
+}

@@ -1,0 +1,158 @@
+package procsession
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/procsession/proctest"
+)
+
+// textOf reads a function's bytes through /proc/PID/mem.
+func textOf(t *testing.T, pid int, addr api.Addr, n uint64) []byte {
+	t.Helper()
+	f, err := os.Open(fmt.Sprintf("/proc/%d/mem", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b := make([]byte, n)
+	if _, err := f.ReadAt(b, int64(addr)); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// A process's sessions through the API types kerninstd serves: a counter
+// counts exactly the program's calls, a timer its calls, coverage marks
+// the blocks that ran; removing each puts every byte back; bad requests
+// change nothing; Close leaves the program running, unspliced.
+func TestHost(t *testing.T) {
+	p := proctest.Start(t)
+	h, err := Open(p.Cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	ctx := context.Background()
+	info, _ := h.Info(ctx)
+	if info.Mechanism != "process" || !strings.Contains(info.Target, fmt.Sprint(p.Cmd.Process.Pid)) {
+		t.Errorf("info %+v", info)
+	}
+	fns, _ := h.Functions(ctx, "work", 10)
+	if len(fns.Functions) == 0 || fns.Functions[0].Name != "work" {
+		t.Errorf("functions: %+v", fns)
+	}
+	// A library's function is named LIB:NAME, and that name opens it.
+	lib := ""
+	if fns, _ := h.Functions(ctx, "malloc", 50); true {
+		for _, f := range fns.Functions {
+			if strings.HasSuffix(f.Name, ":malloc") && f.Module != "" {
+				lib = f.Name
+			}
+		}
+	}
+	if lib == "" {
+		t.Fatalf("malloc of a library not found as LIB:malloc")
+	}
+	if g, err := h.CFG(ctx, lib); err != nil || g.Function != lib || len(g.Blocks) == 0 {
+		t.Errorf("CFG(%s): %s, %d blocks, %v", lib, g.Function, len(g.Blocks), err)
+	}
+	if fns, _ := h.Functions(ctx, strings.TrimSuffix(lib, "malloc")+"*alloc", 50); fns.Total == 0 {
+		t.Errorf("LIB:GLOB found nothing")
+	}
+	cfg, err := h.CFG(ctx, "work")
+	if err != nil {
+		t.Fatal(err)
+	}
+	orig := textOf(t, p.Cmd.Process.Pid, cfg.Address, cfg.Size)
+
+	for _, req := range []api.SessionRequest{
+		{Points: []string{"no_such_function"}},
+		{Points: []string{"work+0x1"}},
+		{Points: []string{"work"}, Virtual: true},
+		{Cover: []string{"work"}, Points: []string{"work"}},
+		{CoverModules: []string{"ext4"}},
+		{},
+	} {
+		_, err := h.CreateSession(ctx, req)
+		var br *BadRequestError
+		if !errors.As(err, &br) {
+			t.Errorf("%+v: %v, want a bad request", req, err)
+		}
+	}
+	if ss, _ := h.Sessions(ctx); len(ss) != 0 {
+		t.Fatalf("bad requests left %+v", ss)
+	}
+
+	_, err = h.CreateSession(ctx, api.SessionRequest{Points: []string{"work", "work:0"}, Name: "c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	timed, err := h.CreateSession(ctx, api.SessionRequest{Timers: []string{"mix"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.CreateSession(ctx, api.SessionRequest{Points: []string{"work"}, Name: "c"}); err == nil {
+		t.Errorf("a second session named c")
+	}
+	p.Round(t)
+	ss, err := h.Sessions(ctx)
+	if err != nil || len(ss) != 2 {
+		t.Fatalf("sessions %+v %v", ss, err)
+	}
+	for _, pr := range ss[0].Probes {
+		if pr.Count != proctest.CallsPerRound || pr.Function != "work" {
+			t.Errorf("probe %s: %d calls of %s, the program made %d", pr.Point, pr.Count, pr.Function, proctest.CallsPerRound)
+		}
+	}
+	if tm := ss[1].Timers; len(tm) != 1 || tm[0].Calls != proctest.CallsPerRound || tm[0].WallNS <= 0 {
+		t.Errorf("timer %+v, want %d calls", tm, proctest.CallsPerRound)
+	}
+	for _, id := range []string{"c", timed.ID} {
+		if _, err := h.RemoveSession(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := h.RemoveSession(ctx, "c"); !errors.Is(err, ErrNoSession) {
+		t.Errorf("removing a removed session: %v", err)
+	}
+	if now := textOf(t, p.Cmd.Process.Pid, cfg.Address, cfg.Size); string(now) != string(orig) {
+		t.Errorf("work's bytes differ after removal")
+	}
+
+	cov, err := h.CreateSession(ctx, api.SessionRequest{Cover: []string{"work", "mix"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cov.Cover == nil || cov.Cover.Armed == 0 {
+		t.Fatalf("coverage armed nothing: %+v", cov.Cover)
+	}
+	p.Round(t)
+	h.mu.Lock()
+	for _, s := range h.sessions {
+		s.cover.Sweep(h.tg, s.created)
+	}
+	h.mu.Unlock()
+	rep, err := h.CoverReport(ctx, cov.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.CoveredBlocks == 0 || len(rep.Functions) != 2 {
+		t.Errorf("coverage after a round: %d of %d blocks covered, %d functions", rep.CoveredBlocks, rep.TotalBlocks, len(rep.Functions))
+	}
+	if _, err := h.CoverReport(ctx, "nope"); !errors.Is(err, ErrNoSession) {
+		t.Errorf("report of no session: %v", err)
+	}
+	if err := h.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if now := textOf(t, p.Cmd.Process.Pid, cfg.Address, cfg.Size); string(now) != string(orig) {
+		t.Errorf("work's bytes differ after Close")
+	}
+	p.Round(t) // still runs, unspliced
+}
