@@ -36,7 +36,7 @@ type Info struct {
 	KernelRelease string `json:"kernel_release"`
 	// Target, for sessions kinst hosts itself over a user process
 	// (mechanism "process"), names it: "process PID (COMM)".
-	Target string `json:"target,omitempty"`
+	Target        string `json:"target,omitempty"`
 	ABIVersion    uint32 `json:"abi_version"` // the loaded driver's
 	PatchHeap     Addr   `json:"patch_heap"`
 	PatchHeapSize uint64 `json:"patch_heap_size"`
