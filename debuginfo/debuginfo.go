@@ -847,3 +847,26 @@ func topLevel(d *dwarf.Data, fn func(e *dwarf.Entry) (bool, error)) (bool, error
 		}
 	}
 }
+
+// OpenOrFind opens the DWARF of the ELF file at path: its own, else its
+// separate debug file by build id (Find, which checks the id): a user
+// binary or library as a distribution ships it.
+func OpenOrFind(path string) (*File, error) {
+	dbg, err := Open(path)
+	if err == nil || !errors.Is(err, ErrNoDebugInfo) {
+		return dbg, err
+	}
+	f, ferr := elfsym.OpenFile(path)
+	if ferr != nil {
+		return nil, ferr
+	}
+	id, _ := elfsym.BuildID(f)
+	f.Close()
+	if id == "" {
+		return nil, fmt.Errorf("%w, and no build id to find a separate debug file by", err)
+	}
+	if dbg, ferr := Find(Search{BuildID: id}); ferr == nil {
+		return dbg, nil
+	}
+	return nil, fmt.Errorf("%w, and no %s of build id %s (install the library's -dbg or -dbgsym package)", err, BuildIDPath(id), id)
+}

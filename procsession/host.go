@@ -23,6 +23,7 @@ import (
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/cover"
+	"github.com/kinst/kinst/debuginfo"
 	"github.com/kinst/kinst/engine"
 	"github.com/kinst/kinst/kernel"
 	"github.com/kinst/kinst/metrics"
@@ -51,6 +52,9 @@ type Host struct {
 	next     int
 	gone     bool
 	done     chan struct{} // closed by Close: the pollers stop
+	// debug is each module's DWARF for Lines ("" the executable), nil
+	// where it has none; opened on first use.
+	debug map[string]*debuginfo.File
 }
 
 // session is one request's instrumentation.
@@ -78,7 +82,7 @@ func Open(pid int) (*Host, error) {
 	}
 	comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
 	h := &Host{tg: tg, pid: tg.PID, comm: strings.TrimSpace(string(comm)), clock: metrics.NewClock(),
-		sessions: map[string]*session{}, done: make(chan struct{})}
+		sessions: map[string]*session{}, done: make(chan struct{}), debug: map[string]*debuginfo.File{}}
 	go h.poll()
 	return h, nil
 }
@@ -92,6 +96,11 @@ func (h *Host) Close() error {
 		return nil
 	default:
 		close(h.done)
+	}
+	for _, d := range h.debug {
+		if d != nil {
+			d.Close()
+		}
 	}
 	if h.gone || !h.alive() {
 		h.tg.Abandon()
@@ -192,6 +201,40 @@ func (h *Host) CFG(_ context.Context, spec string) (api.CFG, error) {
 	g := report.CFG(f)
 	g.Function = qualified(g.Module, g.Function)
 	return g, nil
+}
+
+// Lines fills the source lines of a function's instructions from its
+// module's DWARF (the executable's, or a library's own or its separate
+// debug file by build id): runtime addresses less the module's load
+// slide (the function's address less its symbol's in the file). Nothing
+// where the module has none.
+func (h *Host) Lines(cfg *api.CFG) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	dbg, ok := h.debug[cfg.Module]
+	if !ok {
+		d, err := debuginfo.OpenOrFind(h.tg.Path(cfg.Module))
+		if err == nil {
+			dbg = d
+		}
+		h.debug[cfg.Module] = dbg
+	}
+	if dbg == nil {
+		return
+	}
+	link, ok := dbg.Symbols().Addr(strings.TrimPrefix(cfg.Function, cfg.Module+":"))
+	if !ok {
+		return
+	}
+	slide := uint64(cfg.Address) - link
+	for i := range cfg.Blocks {
+		for j := range cfg.Blocks[i].Instructions {
+			in := &cfg.Blocks[i].Instructions[j]
+			if l, err := dbg.LineAt(uint64(in.Address) - slide); err == nil && l.Line != 0 {
+				in.Line = l.String()
+			}
+		}
+	}
 }
 
 // CreateSession installs a session: counters at Points, timers of

@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/debuginfo/debuginfotest"
 	"github.com/kinst/kinst/procsession/proctest"
 )
 
@@ -155,4 +158,50 @@ func TestHost(t *testing.T) {
 		t.Errorf("work's bytes differ after Close")
 	}
 	p.Round(t) // still runs, unspliced
+}
+
+// Source lines of the executable's functions, from its DWARF: each
+// instruction's line is addr2line's at its link-time address (the
+// function's offset added to its symbol's value, from nm).
+func TestLines(t *testing.T) {
+	p := proctest.Start(t)
+	h, err := Open(p.Cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	cfg, err := h.CFG(context.Background(), "mix")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Lines(&cfg)
+	out, err := exec.Command("nm", p.Bin).Output()
+	if err != nil {
+		t.Skipf("nm: %v", err)
+	}
+	var sym uint64
+	for _, l := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(l); len(f) == 3 && f[2] == "mix" {
+			sym, _ = strconv.ParseUint(f[0], 16, 64)
+		}
+	}
+	var addrs []uint64
+	var got []string
+	for _, b := range cfg.Blocks {
+		for _, in := range b.Instructions {
+			if in.Line != "" {
+				addrs = append(addrs, sym+in.Offset)
+				got = append(got, in.Line)
+			}
+		}
+	}
+	if len(addrs) == 0 {
+		t.Fatal("no instruction of mix has a source line")
+	}
+	want := debuginfotest.Addr2line(t, p.Bin, addrs)
+	for i := range addrs {
+		if got[i] != want[i] {
+			t.Errorf("mix at %#x: line %s, addr2line %s", addrs[i], got[i], want[i])
+		}
+	}
 }

@@ -13,7 +13,6 @@ import (
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/cover"
 	"github.com/kinst/kinst/debuginfo"
-	"github.com/kinst/kinst/internal/elfsym"
 	"github.com/kinst/kinst/process"
 	"github.com/kinst/kinst/report"
 )
@@ -246,7 +245,7 @@ func librariesDebug(rep *api.CoverReport, tg *process.Target, env Env, out map[s
 			continue
 		}
 		seen[f.Module] = true
-		dbg, err := libraryDebug(tg.Path(f.Module))
+		dbg, err := debuginfo.OpenOrFind(tg.Path(f.Module))
 		if errors.Is(err, debuginfo.ErrNoDebugInfo) {
 			none = append(none, f.Module)
 			continue
@@ -260,28 +259,6 @@ func librariesDebug(rep *api.CoverReport, tg *process.Target, env Env, out map[s
 	if len(none) > 0 {
 		fmt.Fprintf(env.Err, "kinst: no source lines for %s: no DWARF, nor a debug file by build id under /usr/lib/debug (install the -dbg or -dbgsym package)\n", strings.Join(none, ", "))
 	}
-}
-
-// libraryDebug opens the DWARF of the ELF file at path: its own, else its
-// separate debug file by build id (debuginfo.Find, which checks the id).
-func libraryDebug(path string) (*debuginfo.File, error) {
-	dbg, err := debuginfo.Open(path)
-	if err == nil || !errors.Is(err, debuginfo.ErrNoDebugInfo) {
-		return dbg, err
-	}
-	f, ferr := elfsym.OpenFile(path)
-	if ferr != nil {
-		return nil, ferr
-	}
-	id, _ := elfsym.BuildID(f)
-	f.Close()
-	if id == "" {
-		return nil, fmt.Errorf("%w, and no build id to find a separate debug file by", err)
-	}
-	if dbg, ferr := debuginfo.Find(debuginfo.Search{BuildID: id}); ferr == nil {
-		return dbg, nil
-	}
-	return nil, fmt.Errorf("%w, and no %s of build id %s (install the library's -dbg or -dbgsym package)", err, debuginfo.BuildIDPath(id), id)
 }
 
 // writeRefusals prints the most common reasons blocks were refused, at

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/debuginfo"
 	"github.com/kinst/kinst/process"
 	"github.com/kinst/kinst/springboard"
 )
@@ -428,7 +429,7 @@ func TestCoverProcessLibraryLines(t *testing.T) {
 	}
 	if lines == 0 {
 		// Without libc's debug file there are none to give.
-		if _, derr := libraryDebug("/lib/x86_64-linux-gnu/libc.so.6"); derr != nil {
+		if _, derr := debuginfo.OpenOrFind("/lib/x86_64-linux-gnu/libc.so.6"); derr != nil {
 			t.Skipf("no debug file for libc (%v)", derr)
 		}
 		t.Errorf("libc:nanosleep: no source lines, and libc has a debug file")

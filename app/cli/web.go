@@ -60,7 +60,7 @@ func Web(ctx context.Context, c *api.Client, o WebOptions, env Env) error {
 				fmt.Fprintf(env.Err, "kinst web: removing the process's sessions: %v\n", err)
 			}
 		}()
-		s.Client, backend = h, h
+		s.Client, backend, s.Lines = h, h, h.Lines
 	}
 	if !loopback {
 		if o.Token == "" {
@@ -75,7 +75,7 @@ func Web(ctx context.Context, c *api.Client, o WebOptions, env Env) error {
 		return err
 	}
 	if o.PID != 0 {
-		// No source lines for a process yet.
+		// Lines from the process's own files (Host.Lines).
 	} else if lines, err := webLines(ctx, c, o.Debug); err != nil {
 		if o.Debug.Vmlinux != "" {
 			return err

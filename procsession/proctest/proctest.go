@@ -24,6 +24,7 @@ func RepoRoot() string {
 // each.
 type Program struct {
 	Cmd *exec.Cmd
+	Bin string // the executable, built with -g
 	in  *os.File
 	out *bufio.Reader
 }
@@ -42,7 +43,7 @@ func Start(t testing.TB) *Program {
 		t.Skip("no gcc")
 	}
 	bin := filepath.Join(t.TempDir(), "work")
-	if out, err := exec.Command("gcc", "-O2", "-pthread", "-o", bin, filepath.Join(RepoRoot(), "process/testdata/work.c")).CombinedOutput(); err != nil {
+	if out, err := exec.Command("gcc", "-O2", "-g", "-pthread", "-o", bin, filepath.Join(RepoRoot(), "process/testdata/work.c")).CombinedOutput(); err != nil {
 		t.Fatalf("gcc: %v\n%s", err, out)
 	}
 	cmd := exec.Command(bin)
@@ -53,7 +54,7 @@ func Start(t testing.TB) *Program {
 		t.Fatal(err)
 	}
 	in.Close()
-	p := &Program{Cmd: cmd, in: w, out: bufio.NewReader(out)}
+	p := &Program{Cmd: cmd, Bin: bin, in: w, out: bufio.NewReader(out)}
 	t.Cleanup(func() { w.Close(); cmd.Process.Kill(); cmd.Wait() })
 	if l, _ := p.out.ReadString('\n'); l != "ready\n" {
 		t.Fatalf("the program said %q", l)
