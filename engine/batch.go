@@ -438,7 +438,7 @@ var removeChunk = 8
 // last request) and retires their patches, slots and counters; a point
 // the driver refuses fails alone. The caller holds e.mu.
 func (e *Engine) unspliceBatch(rs []*Request, idx []int, errs []error) {
-	fail := func(i int, err error) { errs[i] = fmt.Errorf("unsplice %s: %w", rs[i].site.Where(), err) }
+	fail := func(i int, err error) { errs[i] = fmt.Errorf("unsplice %s: %w", rs[i].Site().Where(), err) }
 	ids, addrs := make([]uint32, len(idx)), make([]uint64, len(idx))
 	for j, i := range idx {
 		ids[j], addrs[j] = rs[i].pt.splice, rs[i].pt.site.Addr()

@@ -80,6 +80,10 @@ type Engine struct {
 	// armTimes is where AddEach's time went, summed over every call.
 	// +checklocks:mu
 	armTimes ArmTimes
+	// counterAddrs is newRequest's buffer of a request's counter
+	// addresses, handed to its SnippetFunc.
+	// +checklocks:mu
+	counterAddrs []uint64
 }
 
 // ArmTimes is where batched arming (AddEach) spent its time, summed over
@@ -189,7 +193,7 @@ func (e *Engine) Owner(addr uint64) (string, bool) {
 	if !ok || len(pt.reqs) == 0 {
 		return "", false
 	}
-	return pt.reqs[0].owner, true
+	return pt.reqs[0].Owner(), true
 }
 
 // Installed describes how a request's point is spliced now.

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/arch/x86/x86asm"
 
@@ -589,4 +590,45 @@ func TestSlotTakenBack(t *testing.T) {
 	}
 	h.remove(other)
 	h.restored()
+}
+
+// A request keeps the site as it resolved it (its own Point spec) when
+// another request made the point, and its owner; a coverage probe's or a
+// counter's record stays at 48 bytes (a whole-kernel session has half a
+// million).
+func TestRequestKeepsItsSite(t *testing.T) {
+	h := newHarness(t)
+	s1, err := h.p.Resolve("filename_lookup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2, err := h.p.Resolve("lookuppn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s1 == s2 || s1.Addr() != s2.Addr() {
+		t.Fatalf("want two resolutions of one instruction: %p %p %#x %#x", s1, s2, s1.Addr(), s2.Addr())
+	}
+	r1, err := h.e.Add(s1, Spec{Owner: "one", Slots: 1, Snippet: CounterSnippet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := h.e.Add(s2, Spec{Owner: "two", Slots: 1, Snippet: CounterSnippet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r1.Site() != s1 || r2.Site() != s2 || r2.Site().Point.Spec != "lookuppn" {
+		t.Errorf("sites: %p %p, want %p %p", r1.Site(), r2.Site(), s1, s2)
+	}
+	if r1.Owner() != "one" || r2.Owner() != "two" {
+		t.Errorf("owners %q %q", r1.Owner(), r2.Owner())
+	}
+	if n := unsafe.Sizeof(Request{}); n > 48 {
+		t.Errorf("a Request takes %d bytes, want 48 at most", n)
+	}
+	for _, r := range []*Request{r2, r1} {
+		if err := h.e.Remove(r); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

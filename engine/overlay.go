@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"bytes"
 	"sync"
 )
 
@@ -15,20 +16,47 @@ type overlay struct {
 	// entry is added before a splice is written and dropped after the
 	// bytes are back) and for reading around every analysis read, so a
 	// read never sees a spliced byte without its original.
-	mu   sync.RWMutex
-	orig map[uint64]origBytes // by address; protected by mu
+	mu sync.RWMutex
+	// short holds the entries of up to shortOrig bytes in the map itself
+	// (a coverage session keeps one per block: an int3, a jmp rel8, a
+	// jmp rel32); long the rare longer ones. An address is in one at
+	// most. Protected by mu.
+	short map[uint64]shortBytes
+	long  map[uint64][]byte
 }
 
-// origBytes is an entry's bytes, held in the map itself: a coverage
-// session keeps one per block.
-type origBytes struct {
+// shortOrig is the most bytes an entry of overlay.short holds: every
+// splice the engine writes (5 bytes at most) fits, in a 16-byte map slot.
+const shortOrig = 7
+
+// shortBytes is an entry of overlay.short.
+type shortBytes struct {
 	n uint8
-	b [maxOrig]byte
+	b [shortOrig]byte
 }
 
 // maxOrig bounds the length of one entry: an instruction (15 bytes at
 // most), or the 5 bytes of a covering splice or a springboard slot.
 const maxOrig = 15
+
+// putLocked enters orig at addr. The caller holds o.mu for writing.
+func (o *overlay) putLocked(addr uint64, orig []byte) {
+	if len(orig) <= shortOrig {
+		if o.short == nil {
+			o.short = make(map[uint64]shortBytes)
+		}
+		var e shortBytes
+		e.n = uint8(copy(e.b[:], orig))
+		o.short[addr] = e
+		delete(o.long, addr)
+		return
+	}
+	if o.long == nil {
+		o.long = make(map[uint64][]byte)
+	}
+	o.long[addr] = bytes.Clone(orig[:min(len(orig), maxOrig)])
+	delete(o.short, addr)
+}
 
 // spliced runs write (a splice of orig's bytes at addr) with addr's
 // original bytes in the overlay; they stay only if write succeeds.
@@ -40,28 +68,21 @@ func (o *overlay) spliced(addr uint64, orig []byte, write func() error) error {
 func (o *overlay) splicedMany(addrs []uint64, origs [][]byte, write func() error) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.orig == nil {
-		o.orig = make(map[uint64]origBytes)
-	}
 	for i, a := range addrs {
-		var e origBytes
-		e.n = uint8(copy(e.b[:], origs[i]))
-		o.orig[a] = e
+		o.putLocked(a, origs[i])
 	}
 	err := write()
 	if err != nil {
-		for _, a := range addrs {
-			delete(o.orig, a)
-		}
+		o.dropLocked(addrs...)
 	}
 	return err
 }
 
-// reserve makes room for n more entries.
+// reserve makes room for n more short entries.
 func (o *overlay) reserve(n int) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.orig = resized(o.orig, n)
+	o.short = resized(o.short, n)
 }
 
 // restored runs restore (an unsplice at addr) and drops addr's entry if
@@ -93,12 +114,20 @@ func (o *overlay) forget(addr uint64) {
 // writing.
 func (o *overlay) dropLocked(addrs ...uint64) {
 	for _, a := range addrs {
-		delete(o.orig, a)
+		delete(o.short, a)
+		delete(o.long, a)
 	}
-	if len(o.orig) == 0 {
-		o.orig = nil // a map never shrinks: a whole-kernel session's kept 48 MB
+	// A map never shrinks: a whole-kernel session's kept 48 MB.
+	if len(o.short) == 0 {
+		o.short = nil
+	}
+	if len(o.long) == 0 {
+		o.long = nil
 	}
 }
+
+// lenLocked is the number of entries. The caller holds o.mu.
+func (o *overlay) lenLocked() int { return len(o.short) + len(o.long) }
 
 // textView reads kernel memory as the kernel's own code: live bytes with
 // the engine's splices replaced by the original bytes.
@@ -124,16 +153,21 @@ func (v textView) Read(addr uint64, b []byte) error {
 	}
 	// With many splices (a coverage session has one per block), look up
 	// the few addresses an entry overlapping b can start at instead.
-	if len(v.ov.orig) > len(b)+maxOrig {
+	if v.ov.lenLocked() > len(b)+maxOrig {
 		for a := max(addr, maxOrig) - maxOrig; a < end; a++ {
-			if e, ok := v.ov.orig[a]; ok {
+			if e, ok := v.ov.short[a]; ok {
 				put(a, e.b[:e.n])
+			} else if l, ok := v.ov.long[a]; ok {
+				put(a, l)
 			}
 		}
 		return nil
 	}
-	for a, e := range v.ov.orig {
+	for a, e := range v.ov.short {
 		put(a, e.b[:e.n])
+	}
+	for a, l := range v.ov.long {
+		put(a, l)
 	}
 	return nil
 }
@@ -142,5 +176,5 @@ func (v textView) Read(addr uint64, b []byte) error {
 func (o *overlay) len() int {
 	o.mu.RLock()
 	defer o.mu.RUnlock()
-	return len(o.orig)
+	return o.lenLocked()
 }

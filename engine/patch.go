@@ -36,7 +36,7 @@ func (pt *point) patchSpecs(reqs []*Request) []codegen.PatchSpec {
 	for k, ps := range sites {
 		var at []*Request
 		for _, r := range reqs {
-			if r.site.Addr() == ps.Addr() {
+			if r.Site().Addr() == ps.Addr() {
 				at = append(at, r)
 			}
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"syscall"
+	"unique"
 
 	"github.com/kinst/kinst/codegen"
 	"github.com/kinst/kinst/driver"
@@ -71,13 +72,14 @@ func (pt *point) coverBytes() []byte {
 // a snippet and the counter slots it writes. Its fields do not change
 // once it is made.
 type Request struct {
-	pt      *point
-	site    *splice.Site // the instruction instrumented: the point's, or one it covers
-	owner   string
+	pt *point
+	// owner is interned: a session's requests share one copy (a
+	// whole-kernel coverage session has half a million).
+	owner   unique.Handle[string]
 	snippet codegen.Snippet
-	// x holds what few requests have: hooks, or other than one counter
-	// slot. nil for a coverage probe or a counter, which so take 64
-	// bytes: a whole-kernel session has 440,000.
+	// x holds what few requests have: hooks, other than one counter
+	// slot, or a site other than the point's. nil for a coverage probe
+	// or a counter, which so take 48 bytes.
 	x *requestExtra
 	// slot0 is the counter slot, zeroed when the request was made, when x
 	// is nil.
@@ -85,10 +87,15 @@ type Request struct {
 }
 
 // requestExtra is a Request's hooks and counter slots, where it has
-// hooks or other than one slot.
+// hooks or other than one slot, and its site where that is not its
+// point's.
 type requestExtra struct {
 	hooks Hooks
 	slots []int
+	// site is the instruction instrumented when it is not the point's
+	// own object: one a covering splice overwrites, or the point's
+	// instruction as another request resolved it (its own Point spec).
+	site *splice.Site
 }
 
 // hooks are the request's hooks, nil when none.
@@ -99,11 +106,17 @@ func (r *Request) hooks() Hooks {
 	return nil
 }
 
-// Site is the instruction the request instruments.
-func (r *Request) Site() *splice.Site { return r.site }
+// Site is the instruction the request instruments, as the request
+// resolved it.
+func (r *Request) Site() *splice.Site {
+	if r.x != nil && r.x.site != nil {
+		return r.x.site
+	}
+	return r.pt.site
+}
 
 // Owner is who made the request (a session's ID).
-func (r *Request) Owner() string { return r.owner }
+func (r *Request) Owner() string { return r.owner.Value() }
 
 // Slots are the request's counter slots, in the order its snippet got
 // their addresses.
@@ -118,7 +131,7 @@ func (r *Request) Slots() []int {
 func (r *Request) Counter() int { return r.Slots()[0] }
 
 // SnippetFunc makes a request's snippet from the kernel addresses of its
-// counter slots.
+// counter slots. It must not keep the slice: the engine reuses it.
 type SnippetFunc func(counters []uint64) codegen.Snippet
 
 // CounterSnippet counts executions in the request's only slot.
@@ -182,10 +195,13 @@ func (e *Engine) addLocked(s *splice.Site, sp Spec) (*Request, error) {
 // counter slots, zeroed, and the snippet made from their addresses. The
 // caller holds e.mu.
 func (e *Engine) newRequest(pt *point, s *splice.Site, sp Spec) (*Request, error) {
-	r := &Request{pt: pt, site: s, owner: sp.Owner}
+	r := &Request{pt: pt, owner: unique.Make(sp.Owner)}
 	slots := r.slot0[:0]
-	if sp.Hooks != nil || sp.Slots != 1 {
+	if sp.Hooks != nil || sp.Slots != 1 || s != pt.site {
 		r.x = &requestExtra{hooks: sp.Hooks}
+		if s != pt.site {
+			r.x.site = s
+		}
 		slots = nil
 	}
 	for i := 0; i < sp.Slots; i++ {
@@ -214,10 +230,13 @@ func (e *Engine) newRequest(pt *point, s *splice.Site, sp Spec) (*Request, error
 	if r.x != nil {
 		r.x.slots = slots
 	}
-	addrs := make([]uint64, len(slots))
-	for i, sl := range slots {
-		addrs[i] = e.dev.CounterAddr(sl)
+	// The addresses go in a buffer the engine reuses (a SnippetFunc keeps
+	// none of them): one allocation less a probe.
+	addrs := e.counterAddrs[:0]
+	for _, sl := range slots {
+		addrs = append(addrs, e.dev.CounterAddr(sl))
 	}
+	e.counterAddrs = addrs
 	r.snippet = sp.Snippet(addrs)
 	return r, nil
 }
@@ -325,7 +344,7 @@ func (e *Engine) removeLocked(r *Request) error {
 		}
 	}
 	if len(reqs) == len(pt.reqs) {
-		return fmt.Errorf("%s: request of %s not installed", r.site.Where(), r.owner)
+		return fmt.Errorf("%s: request of %s not installed", r.Site().Where(), r.Owner())
 	}
 	if err := e.install(pt, reqs, r.hooks()); err != nil && !errors.Is(err, errPointGone) {
 		return err
