@@ -106,6 +106,13 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /fn/{name...}", page)
 	mux.Handle("GET /assets/", http.StripPrefix("/assets/", http.FileServerFS(static)))
 
+	s.routeAPI(mux)
+	mux.HandleFunc("GET /api/events", s.serveEvents)
+	return s.checkHost(s.authorize(sameOrigin(csrf, mux)))
+}
+
+// routeAPI adds the page's API: each answer is the backend's, as JSON.
+func (s *Server) routeAPI(mux *http.ServeMux) {
 	mux.HandleFunc("GET /api/info", s.get(func(ctx context.Context, r *http.Request) (any, error) {
 		return s.Client.Info(ctx)
 	}))
@@ -165,8 +172,6 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /api/sessions/{id}/cover", s.get(func(ctx context.Context, r *http.Request) (any, error) {
 		return s.Client.CoverReport(ctx, r.PathValue("id"))
 	}))
-	mux.HandleFunc("GET /api/events", s.serveEvents)
-	return s.checkHost(s.authorize(sameOrigin(csrf, mux)))
 }
 
 // randomToken is 128 random bits in hex.

@@ -49,7 +49,6 @@ func Web(ctx context.Context, c *api.Client, o WebOptions, env Env) error {
 		loopback = true
 	}
 	s := &web.Server{Client: c}
-	var backend web.Backend = c
 	if o.PID != 0 {
 		h, err := procsession.Open(o.PID)
 		if err != nil {
@@ -60,7 +59,7 @@ func Web(ctx context.Context, c *api.Client, o WebOptions, env Env) error {
 				fmt.Fprintf(env.Err, "kinst web: removing the process's sessions: %v\n", err)
 			}
 		}()
-		s.Client, backend, s.Lines = h, h, h.Lines
+		s.Client, s.Lines = h, h.Lines
 	}
 	if !loopback {
 		if o.Token == "" {
@@ -69,24 +68,15 @@ func Web(ctx context.Context, c *api.Client, o WebOptions, env Env) error {
 		s.Token = o.Token
 	}
 	ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	info, err := backend.Info(ictx)
+	info, err := s.Client.Info(ictx)
 	cancel()
 	if err != nil {
 		return err
 	}
-	if o.PID != 0 {
-		// Lines from the process's own files (Host.Lines).
-	} else if lines, err := webLines(ctx, c, o.Debug); err != nil {
-		if o.Debug.Vmlinux != "" {
+	if o.PID == 0 { // a process's lines come from its own files (Host.Lines)
+		if err := kernelLines(ctx, c, s, o.Debug, env); err != nil {
 			return err
 		}
-		var nf *debuginfo.NotFoundError
-		if errors.As(err, &nf) {
-			err = errors.New(nf.Brief())
-		}
-		fmt.Fprintf(env.Err, "kinst web: no source lines beside the instructions: %v\n", err)
-	} else {
-		s.Lines = lines
 	}
 	ln, err := net.Listen("tcp", o.Listen)
 	if errors.Is(err, syscall.EADDRINUSE) {
@@ -123,6 +113,26 @@ func Web(ctx context.Context, c *api.Client, o WebOptions, env Env) error {
 		srv.Shutdown(sctx)
 		return nil
 	}
+}
+
+// kernelLines sets s.Lines from the running kernel's debug vmlinux, or
+// says on env.Err why there are none (an error only when --vmlinux named
+// one that does not serve).
+func kernelLines(ctx context.Context, c *api.Client, s *web.Server, o DebugOptions, env Env) error {
+	lines, err := webLines(ctx, c, o)
+	if err == nil {
+		s.Lines = lines
+		return nil
+	}
+	if o.Vmlinux != "" {
+		return err
+	}
+	var nf *debuginfo.NotFoundError
+	if errors.As(err, &nf) {
+		err = errors.New(nf.Brief())
+	}
+	fmt.Fprintf(env.Err, "kinst web: no source lines beside the instructions: %v\n", err)
+	return nil
 }
 
 // webLines returns what fills a kernel function's source lines from the
