@@ -456,20 +456,29 @@ function update(ev) {
     for (const t of s.timers || []) {
       if (t.function !== fn) continue;
       series.set(`${s.name}: calls`, t.calls);
+      series.set(`${s.name}: wall ms`, Math.round(t.wall_ns / 1e6));
     }
     if (s.cover && s.id === state.cover) series.set(`${s.name}: live probes`, s.cover.armed - s.cover.removed);
   }
+  // Heat: a counted block's fill goes from pale to deep orange with the
+  // logarithm of its count against the function's largest.
+  const top = Math.max(1, ...byBlock.values());
   for (const g of document.querySelectorAll('#graph .block')) {
     const i = Number(g.dataset.block);
     const label = g.querySelector('text.count');
+    const box = g.querySelector('rect.box');
     if (byBlock.has(i)) {
+      const n = byBlock.get(i);
       g.setAttribute('data-counted', '');
-      g.setAttribute('data-count', byBlock.get(i));
-      label.textContent = byBlock.get(i).toLocaleString();
+      g.setAttribute('data-count', n);
+      label.textContent = n.toLocaleString();
+      const heat = n > 0 ? Math.log1p(n) / Math.log1p(top) : 0;
+      box.style.fill = `hsl(28, 90%, ${(96 - 36 * heat).toFixed(0)}%)`;
     } else {
       g.removeAttribute('data-counted');
       g.removeAttribute('data-count');
       label.textContent = '';
+      box.style.fill = '';
     }
     for (const t of g.querySelectorAll('text.insn')) t.classList.toggle('counted', byInsn.has(Number(t.dataset.offset)));
   }
