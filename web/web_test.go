@@ -510,4 +510,29 @@ func TestPageProcess(t *testing.T) {
 	}
 	p.Navigate(h.URL + "/fn/" + lib)
 	p.WaitFunction(lib)
+
+	// A jump table: its block says so, an edge to each case.
+	dcfg, err := host.CFG(ctx, "dispatch")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := 0
+	for _, b := range dcfg.Blocks {
+		for _, e := range b.Succs {
+			if e.Kind == "table" {
+				cases++
+			}
+		}
+	}
+	if cases == 0 {
+		t.Fatalf("gcc made no jump table of dispatch's switch")
+	}
+	p.Navigate(h.URL + "/fn/dispatch")
+	p.WaitFunction("dispatch")
+	if n := webtest.Eval[int](p, `document.querySelectorAll('#graph path.edge.table').length`); n != cases {
+		t.Errorf("%d table edges drawn, the CFG has %d", n, cases)
+	}
+	if !webtest.Eval[bool](p, `[...document.querySelectorAll('#graph text.hdr')].some(t => t.textContent.includes('jump table'))`) {
+		t.Errorf("no block says it ends in a jump table")
+	}
 }

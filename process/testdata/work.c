@@ -32,6 +32,25 @@ __attribute__((noinline)) long mix(long x)
 	return y ^ (y >> 11);
 }
 
+/* dispatch: a switch dense enough that gcc -O2 jumps through a table
+ * (for the web view's drawing of jump tables); never called. */
+__attribute__((noinline)) long dispatch(long x, long y)
+{
+	switch (x) {
+	case 0: return y + 11;
+	case 1: return y * 13;
+	case 2: return y - 17;
+	case 3: return y ^ 19;
+	case 4: return y << 3;
+	case 5: return y >> 2;
+	case 6: return y | 0x55;
+	case 7: return y & 0x77;
+	case 8: return ~y;
+	case 9: return -y;
+	}
+	return 0;
+}
+
 /* nap sleeps 2 ms: a known wall time per call. */
 __attribute__((noinline)) void nap(void)
 {

@@ -208,7 +208,8 @@ function draw(cfg) {
     g.setNode(String(b.index), { width: w, height: (rows.length + 1) * LINE_H + PAD, block: b, rows });
   }
   for (const b of drawn) {
-    for (const s of b.succs || []) if (shown.has(s.to)) g.setEdge(String(b.index), String(s.to), { kind: s.kind }, s.kind);
+    // Named by kind and position: a table's cases to one block stay apart.
+    (b.succs || []).forEach((s, k) => { if (shown.has(s.to)) g.setEdge(String(b.index), String(s.to), { kind: s.kind }, s.kind + k); });
   }
   dagre.layout(g);
   const svg = $('graph');
@@ -270,7 +271,8 @@ function shortPath(line) {
 }
 
 function headLine(b, count) {
-  return '#' + b.index + (b.exit ? '  ' + b.exit : '') + (b.padding ? '  padding' : '');
+  const table = (b.succs || []).filter((s) => s.kind === 'table').length;
+  return '#' + b.index + (b.exit ? '  ' + b.exit : '') + (table ? `  jump table: ${table} cases` : '') + (b.padding ? '  padding' : '');
 }
 
 // callTarget is the function a call or jump instruction names, if it
