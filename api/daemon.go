@@ -16,6 +16,8 @@ import (
 //	DELETE /v1/sessions/{id|name}            → Session with final counts
 //	GET    /metrics                          Prometheus exposition of every session
 //	GET    /v1/read?at=ADDR|SYM[+OFF]&len=N  → Memory
+//	GET    /v1/functions?q=TEXT&limit=N      → Functions
+//	GET    /v1/sessions/{id}/cover           → CoverReport
 //	POST   /v1/bench/splice   BenchRequest   → BenchResult
 //	POST   /v1/bench/arm      ArmRequest     → ArmResult
 //	POST   /v1/bench/churn    ChurnRequest   → ChurnResult
