@@ -168,6 +168,9 @@ func (h *Host) Info(context.Context) (api.Info, error) {
 		Sessions: len(h.sessions), Splices: h.tg.Splices()}, nil
 }
 
+// MaxFunctions bounds one Functions answer, as kerninstd's.
+const MaxFunctions = 1000
+
 // qualified is how a point names a function of module: LIB:NAME for a
 // library's, NAME for the executable's.
 func qualified(module, name string) string {
@@ -181,6 +184,9 @@ func qualified(module, name string) string {
 // finds the kernel's (LIB: keeps one library's); their names are
 // qualified (LIB:NAME), as points and /fn/ take them.
 func (h *Host) Functions(_ context.Context, q string, limit int) (api.Functions, error) {
+	if limit < 1 || limit > MaxFunctions {
+		return api.Functions{}, badRequest(fmt.Errorf("limit %d: want 1..%d", limit, MaxFunctions))
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return report.FindFunctions(h.tg.Syms, q, limit, report.FindOptions{Name: func(s kernel.Symbol) string { return qualified(s.Module, s.Name) }}), nil

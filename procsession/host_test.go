@@ -68,6 +68,12 @@ func TestHost(t *testing.T) {
 	if fns, _ := h.Functions(ctx, strings.TrimSuffix(lib, "malloc")+"*alloc", 50); fns.Total == 0 {
 		t.Errorf("LIB:GLOB found nothing")
 	}
+	for _, limit := range []int{0, -5, MaxFunctions + 1} {
+		var br *BadRequestError
+		if _, err := h.Functions(ctx, "work", limit); !errors.As(err, &br) {
+			t.Errorf("limit %d: %v, want a bad request", limit, err)
+		}
+	}
 	cfg, err := h.CFG(ctx, "work")
 	if err != nil {
 		t.Fatal(err)

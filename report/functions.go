@@ -80,6 +80,6 @@ func FindFunctions(syms *kernel.Symbols, q string, limit int, o FindOptions) api
 			strings.Compare(a.Name, b.Name), cmp.Compare(a.Address, b.Address))
 	})
 	out.Total = len(refs)
-	out.Functions = append(out.Functions, refs[:min(limit, len(refs))]...)
+	out.Functions = append(out.Functions, refs[:max(0, min(limit, len(refs)))]...)
 	return out
 }

@@ -26,6 +26,8 @@ func TestFindFunctions(t *testing.T) {
 		{"read", 10, []string{"vfs_read", "evdev_read"}, 2},
 		{"vfs_", 10, []string{"vfs_read"}, 1},
 		{"nothing", 10, nil, 0},
+		{"lookup", 0, nil, 3},
+		{"lookup", -1, nil, 3},
 		{"", 10, []string{"lookuppn"}, 1},
 		{"*_read", 10, []string{"vfs_read", "evdev_read"}, 2},
 		{"evdev:", 10, []string{"evdev_read"}, 1},
