@@ -232,15 +232,7 @@ func (h *Host) Lines(cfg *api.CFG) {
 	if !ok {
 		return
 	}
-	slide := uint64(cfg.Address) - link
-	for i := range cfg.Blocks {
-		for j := range cfg.Blocks[i].Instructions {
-			in := &cfg.Blocks[i].Instructions[j]
-			if l, err := dbg.LineAt(uint64(in.Address) - slide); err == nil && l.Line != 0 {
-				in.Line = l.String()
-			}
-		}
-	}
+	report.CFGLines(cfg, dbg, uint64(cfg.Address)-link)
 }
 
 // CreateSession installs a session: counters at Points, timers of

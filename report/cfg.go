@@ -10,6 +10,7 @@ import (
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/debuginfo"
 	"github.com/kinst/kinst/splice"
 )
 
@@ -64,4 +65,18 @@ func describeInstruction(f *splice.Func, i int) api.CFGInstruction {
 		ci.SpliceClass = f.Class(i).String()
 	}
 	return ci
+}
+
+// CFGLines fills the source line of each of g's instructions from dbg:
+// the line of its address less slide (the module's load or KASLR slide),
+// where dbg has one.
+func CFGLines(g *api.CFG, dbg *debuginfo.File, slide uint64) {
+	for i := range g.Blocks {
+		for j := range g.Blocks[i].Instructions {
+			in := &g.Blocks[i].Instructions[j]
+			if l, err := dbg.LineAt(uint64(in.Address) - slide); err == nil && l.Line != 0 {
+				in.Line = l.String()
+			}
+		}
+	}
 }

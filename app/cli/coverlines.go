@@ -89,12 +89,8 @@ func AnnotateModule(rep *api.CoverReport, dbg *debuginfo.File, module string) (A
 			votes[uint64(f.Address)-link]++
 		}
 	}
-	best := 0
-	for s, n := range votes {
-		if n > best || n == best && s < a.Slide {
-			a.Slide, best = s, n
-		}
-	}
+	var best int
+	a.Slide, best = mostVoted(votes)
 	if best == 0 {
 		return a, fmt.Errorf("%s has none of the report's kernel functions: not this kernel's debug vmlinux", dbg.Path)
 	}
@@ -132,6 +128,17 @@ func AnnotateModule(rep *api.CoverReport, dbg *debuginfo.File, module string) (A
 			dbg.Path, len(a.Unmatched))
 	}
 	return a, nil
+}
+
+// mostVoted is the slide most functions agree on (the smallest of a
+// tie, so the answer does not depend on map order) and how many do.
+func mostVoted(votes map[uint64]int) (slide uint64, n int) {
+	for s, v := range votes {
+		if v > n || v == n && s < slide {
+			slide, n = s, v
+		}
+	}
+	return slide, n
 }
 
 // blockLines are a block's lines: its first byte's, then the rest of

@@ -13,6 +13,7 @@ import (
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/debuginfo"
 	"github.com/kinst/kinst/procsession"
+	"github.com/kinst/kinst/report"
 	"github.com/kinst/kinst/web"
 )
 
@@ -161,13 +162,7 @@ func webLines(ctx context.Context, c *api.Client, o DebugOptions) (func(*api.CFG
 			}
 		}
 	}
-	var slide uint64
-	best := 0
-	for s, n := range votes {
-		if n > best {
-			slide, best = s, n
-		}
-	}
+	slide, best := mostVoted(votes)
 	if best < 2 {
 		return nil, fmt.Errorf("%s does not match the running kernel (its functions are not where kerninstd finds them)", dbg.Path)
 	}
@@ -179,13 +174,6 @@ func webLines(ctx context.Context, c *api.Client, o DebugOptions) (func(*api.CFG
 		if s, off, ok := dbg.Symbols().Lookup(uint64(cfg.Address) - slide); !ok || off != 0 || s.Name != cfg.Function {
 			return
 		}
-		for i := range cfg.Blocks {
-			for j := range cfg.Blocks[i].Instructions {
-				in := &cfg.Blocks[i].Instructions[j]
-				if l, err := dbg.LineAt(uint64(in.Address) - slide); err == nil && l.Line != 0 {
-					in.Line = l.String()
-				}
-			}
-		}
+		report.CFGLines(cfg, dbg, slide)
 	}, nil
 }
