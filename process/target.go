@@ -260,6 +260,17 @@ func kernelThread(pid int) bool {
 	return err == nil && flags&0x00200000 != 0
 }
 
+// Alive reports whether process pid exists and has not exited (a zombie
+// has: its text is gone).
+func Alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	_, rest, _ := strings.Cut(string(b), ") ")
+	return !strings.HasPrefix(rest, "Z") && !strings.HasPrefix(rest, "X")
+}
+
 // ThreadGroup is the process a thread ID belongs to (its Tgid), so that
 // -p takes a thread's ID as top and ps -L show it; pid itself when it is
 // a process or cannot be read.

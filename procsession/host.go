@@ -121,7 +121,7 @@ func (h *Host) alive() bool {
 	if h.gone {
 		return false
 	}
-	if _, err := os.Stat(fmt.Sprintf("/proc/%d", h.pid)); err != nil {
+	if !process.Alive(h.pid) {
 		h.gone = true
 	} else if _, ex := h.tg.Exec(); ex {
 		h.gone = true

@@ -69,7 +69,7 @@ func (r *procRun) loaded(waiting int) bool {
 // live: the process runs the program kinst attached to (it has neither
 // exited nor run exec).
 func (r *procRun) live() bool {
-	if !alive(r.pid) || r.execed.Load() {
+	if !process.Alive(r.pid) || r.execed.Load() {
 		return false
 	}
 	_, ex := r.tg.Exec()
@@ -126,7 +126,7 @@ func (r *procRun) run(ctx context.Context, duration, interval time.Duration, sam
 	stop := make(chan struct{})
 	defer close(stop)
 	go func() {
-		for alive(r.pid) {
+		for process.Alive(r.pid) {
 			if exe, ok := r.tg.Exec(); ok && !r.execed.Load() {
 				r.execed.Store(true)
 				execed <- exe
@@ -172,7 +172,7 @@ func (r *procRun) finish(remove func() []error, stderr interface{ Write([]byte) 
 	switch {
 	case r.execed.Load():
 		r.end = "exec"
-	case !alive(r.pid):
+	case !process.Alive(r.pid):
 		r.end = "exited"
 	default:
 		r.end = "removed"
@@ -192,7 +192,7 @@ func (r *procRun) finish(remove func() []error, stderr interface{ Write([]byte) 
 	if r.cmd == nil {
 		return nil
 	}
-	if alive(r.pid) {
+	if process.Alive(r.pid) {
 		r.cmd.Process.Signal(os.Interrupt)
 	}
 	err := r.cmd.Wait()
@@ -482,16 +482,6 @@ func TimeProcess(ctx context.Context, pid int, o TimeOptions, env Env) (int, err
 		fmt.Fprintf(tw, "%d\t%.0f\t%s\t%s\t%.3f\t%s\t\n", f.Calls, f.CallsPerSec, fmtNS(f.WallNS), fmtNS(f.AvgWallNS), f.Concurrency, f.Function)
 	}
 	return exit, tw.Flush()
-}
-
-// alive: the process exists and has not exited (a zombie has).
-func alive(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	_, rest, _ := strings.Cut(string(b), ") ")
-	return !strings.HasPrefix(rest, "Z") && !strings.HasPrefix(rest, "X")
 }
 
 // callsItself: fn has a direct call to its own entry, recursion a timer
