@@ -84,7 +84,7 @@ type function struct {
 // block is one block's state: 32 bytes, where its Block (or
 // api.CoverBlock) with its point's string takes about 130.
 type block struct {
-	start uint64
+	start uint32 // offset in the function (24 bytes a block: a whole kernel has half a million)
 	size  uint32
 	index int32  // in the function's CFG (kinst cfg)
 	probe uint32 // offset in the function of the instruction probed, + 1; 0: none
@@ -108,7 +108,6 @@ type Probe struct {
 	Request         *engine.Request
 	Function, Block int32
 	site            *splice.Site
-	covered         bool // seen hit; its removal failed and is retried
 }
 
 // New starts a Set; filter describes whose execution covers ("pid 42"),
@@ -200,7 +199,7 @@ func (s *Set) Plan(f *splice.Func) *FuncPlan {
 			p.sites[k] = site.Detached(hdr)
 		}
 		pos[b] = k
-		p.fn.blocks = append(p.fn.blocks, block{start: start, size: uint32(last.Addr + uint64(last.Len()) - start), index: int32(b)})
+		p.fn.blocks = append(p.fn.blocks, block{start: uint32(start - p.fn.addr), size: uint32(last.Addr + uint64(last.Len()) - start), index: int32(b)})
 	}
 	if !s.all {
 		inf := Inferable(f, func(b int) bool {
@@ -310,16 +309,13 @@ func (s *Set) Arm(eng Engine, owner string, snippet engine.SnippetFunc, now func
 	// the end beside all it holds.
 	pending := slices.Clone(s.pending)
 	s.pending = nil
-	if r, ok := eng.(interface{ Reserve(int) }); ok {
-		r.Reserve(len(pending)) // the kernel's engine: its maps sized once
-	}
 	var armed []Probe
 	if len(s.live) == 0 {
 		armed = pending[:0] // written at or before the index being read
 	}
 	var failed []blockRef
-	for lo := 0; lo < len(pending); lo += armChunk {
-		chunk := pending[lo:min(lo+armChunk, len(pending))]
+	for lo := 0; lo < len(pending); lo += ArmChunk {
+		chunk := pending[lo:min(lo+ArmChunk, len(pending))]
 		reqs, errs := s.armEach(eng, spec, chunk)
 		failed = append(failed, s.refusedRefs(chunk, errs)...)
 		armed = s.keepArmed(armed, chunk, reqs, errs)
@@ -359,9 +355,11 @@ func (s *Set) Arm(eng Engine, owner string, snippet engine.SnippetFunc, now func
 	s.timeline = append(s.timeline, sample)
 }
 
-// armChunk is how many probes Arm hands the engine at once (a variable
-// for the tests).
-var armChunk = 16384
+// ArmChunk is how many probes Arm hands the engine at once, so that the
+// engine's answers for a whole kernel are never held together;
+// kerninstd's arm bench arms in the same chunks. A variable for the
+// tests.
+var ArmChunk = 16384
 
 // armEach hands ps's sites to the engine.
 func (s *Set) armEach(eng Engine, spec engine.Spec, ps []Probe) ([]*engine.Request, []error) {
@@ -414,11 +412,7 @@ func (s *Set) Sweep(eng Engine, now time.Time) map[*engine.Request]error {
 	rs := make([]*engine.Request, len(hit))
 	for i, p := range hit {
 		rs[i] = p.Request
-		if p.covered {
-			continue
-		}
-		hit[i].covered = true
-		s.markCovered(blockRef{p.Function, p.Block})
+		s.markCovered(blockRef{p.Function, p.Block}) // once: it checks
 	}
 	var failed map[*engine.Request]error
 	for i, err := range eng.RemoveEach(rs) {
@@ -443,10 +437,9 @@ func (s *Set) Sweep(eng Engine, now time.Time) map[*engine.Request]error {
 func (s *Set) Mark(eng Engine, now time.Time) {
 	for i := range s.live {
 		p := &s.live[i]
-		if p.covered || !eng.Hit(p.Request) {
+		if s.fns[p.Function].blocks[p.Block].flags&blockCovered != 0 || !eng.Hit(p.Request) {
 			continue
 		}
-		p.covered = true
 		s.markCovered(blockRef{p.Function, p.Block})
 	}
 	s.timeline = append(s.timeline, Sample{Elapsed: now.Sub(s.armed),
@@ -456,15 +449,15 @@ func (s *Set) Mark(eng Engine, now time.Time) {
 // Remove removes every probe still live; it reports whether none is
 // left. Sweep first: the last hits count.
 //
-// The probes go in chunks of armChunk, as Arm splices them: one batch of
+// The probes go in chunks of ArmChunk, as Arm splices them: one batch of
 // a whole kernel's probes held the engine's per-batch bookkeeping for all
 // of them at once, on top of the session, and was kerninstd's peak.
 func (s *Set) Remove(eng Engine) (bool, error) {
 	var kept []Probe
 	var errs []error
-	rs := make([]*engine.Request, 0, min(len(s.live), armChunk))
-	for lo := 0; lo < len(s.live); lo += armChunk {
-		chunk := s.live[lo:min(lo+armChunk, len(s.live))]
+	rs := make([]*engine.Request, 0, min(len(s.live), ArmChunk))
+	for lo := 0; lo < len(s.live); lo += ArmChunk {
+		chunk := s.live[lo:min(lo+ArmChunk, len(s.live))]
 		rs = rs[:0]
 		for _, p := range chunk {
 			rs = append(rs, p.Request)
@@ -664,8 +657,8 @@ func (f *function) state(reasons []string) Function {
 	out := Function{Name: f.name, Module: f.module, Addr: f.addr, Covered: int(f.covered), Refused: int(f.refused),
 		Error: f.err, Blocks: make([]Block, len(f.blocks))}
 	for i, b := range f.blocks {
-		cb := Block{Index: int(b.index), Inferred: b.flags&blockInferred != 0, Start: b.start,
-			End: b.start + uint64(b.size), Covered: b.flags&blockCovered != 0}
+		cb := Block{Index: int(b.index), Inferred: b.flags&blockInferred != 0, Start: f.addr + uint64(b.start),
+			End: f.addr + uint64(b.start) + uint64(b.size), Covered: b.flags&blockCovered != 0}
 		if b.probe != 0 {
 			cb.Point = fmt.Sprintf("%s+%#x", f.name, b.probe-1)
 		}

@@ -261,10 +261,10 @@ func TestPrunedEqualsAllBlocks(t *testing.T) {
 // when Arm hands the engine one probe, or two, at a time (its chunks
 // write the armed probes back over the planned ones).
 func TestInferenceFallsBack(t *testing.T) {
-	for _, chunk := range []int{armChunk, 1, 2} {
+	for _, chunk := range []int{ArmChunk, 1, 2} {
 		t.Run(fmt.Sprintf("chunk=%d", chunk), func(t *testing.T) {
-			defer func(n int) { armChunk = n }(armChunk)
-			armChunk = chunk
+			defer func(n int) { ArmChunk = n }(ArmChunk)
+			ArmChunk = chunk
 			inferenceFallsBack(t)
 		})
 	}
@@ -310,10 +310,10 @@ func inferenceFallsBack(t *testing.T) {
 // is asked for once, a probe that cannot be removed stays live with its
 // error and the others go, whatever the chunk size.
 func TestRemoveInChunks(t *testing.T) {
-	for _, chunk := range []int{armChunk, 1, 2} {
+	for _, chunk := range []int{ArmChunk, 1, 2} {
 		t.Run(fmt.Sprintf("chunk=%d", chunk), func(t *testing.T) {
-			defer func(n int) { armChunk = n }(armChunk)
-			armChunk = chunk
+			defer func(n int) { ArmChunk = n }(ArmChunk)
+			ArmChunk = chunk
 			f := pruneFunc(t, "chain")
 			s := New("")
 			s.AllBlocks()

@@ -75,10 +75,10 @@ func (e *Engine) AddEach(sites []*splice.Site, sp Spec) (reqs []*Request, errs [
 		batch = batch[:0]
 	}
 	for i, s := range sites {
-		pt := e.points[s.Addr()]
+		pt, _ := e.points.get(s.Addr())
 		if pt != nil && pt.pending {
 			flush() // it joins a point of this batch: splice that first
-			pt = e.points[s.Addr()]
+			pt, _ = e.points.get(s.Addr())
 		}
 		if full != nil {
 			errs[i] = fmt.Errorf("not tried: no room for an earlier probe (%w)", full)
@@ -155,7 +155,7 @@ func (e *Engine) prepare(pt *point, s *splice.Site, sp Spec) (pendingSplice, err
 	p.specs = pt.patchSpecs([]*Request{r})
 	pt.pending = true
 	for _, ps := range pt.sites() {
-		e.points[ps.Addr()] = pt
+		e.points.set(ps.Addr(), pt)
 	}
 	return p, nil
 }
@@ -520,31 +520,4 @@ func (e *Engine) goneIsRemoved(err error, addr uint64) error {
 	e.log.Debug("splice already removed by the driver (its module was unloaded)", "at", hex(addr))
 	e.ov.forget(addr)
 	return nil
-}
-
-// Reserve makes room for n more points, and their original bytes, at
-// once: a coverage session about to arm n probes calls it, so that
-// neither map grows by doubling as the chunks come (a map made for its
-// size holds half a million entries in about half the memory of one grown
-// to it, and is never rehashed). Small n are left to the maps.
-func (e *Engine) Reserve(n int) {
-	if n < reserveMin {
-		return
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.points = resized(e.points, n)
-	e.ov.reserve(n)
-}
-
-// reserveMin is the fewest new points Reserve makes room for.
-const reserveMin = 4096
-
-// resized is m copied into a map with room for n more entries.
-func resized[K comparable, V any](m map[K]V, n int) map[K]V {
-	g := make(map[K]V, len(m)+n)
-	for k, v := range m {
-		g[k] = v
-	}
-	return g
 }

@@ -57,7 +57,7 @@ func TestCoverProbesRemoveThemselves(t *testing.T) {
 	reqs, errs := h.e.AddEach(sites, Spec{Owner: "cover", Slots: 1, Snippet: hitFlag})
 	for i, err := range errs {
 		if err != nil {
-			t.Fatalf("%s: %v", sites[i].Point.Spec, err)
+			t.Fatalf("%s: %v", sites[i].Point().Spec, err)
 		}
 	}
 	if st := h.e.State(); st.Splices != len(sites) {
@@ -65,7 +65,7 @@ func TestCoverProbesRemoveThemselves(t *testing.T) {
 	}
 	for _, r := range reqs {
 		if h.e.Hit(r) {
-			t.Fatalf("%s hit before it ran", r.Site().Point.Spec)
+			t.Fatalf("%s hit before it ran", r.Site().Point().Spec)
 		}
 	}
 	// The first block and the last run; the others do not.
@@ -81,10 +81,10 @@ func TestCoverProbesRemoveThemselves(t *testing.T) {
 	var hit, live []*Request
 	for _, r := range reqs {
 		if h.e.Hit(r) != ran[r] {
-			t.Errorf("%s: hit %v, ran %v", r.Site().Point.Spec, h.e.Hit(r), ran[r])
+			t.Errorf("%s: hit %v, ran %v", r.Site().Point().Spec, h.e.Hit(r), ran[r])
 		}
 		if h.e.Counter(r.Counter()) > 1 {
-			t.Errorf("%s: flag %#x, want 1", r.Site().Point.Spec, h.e.Counter(r.Counter()))
+			t.Errorf("%s: flag %#x, want 1", r.Site().Point().Spec, h.e.Counter(r.Counter()))
 		}
 		if ran[r] {
 			hit = append(hit, r)
@@ -94,7 +94,7 @@ func TestCoverProbesRemoveThemselves(t *testing.T) {
 	}
 	for i, err := range h.e.RemoveEach(hit) {
 		if err != nil {
-			t.Fatalf("%s: %v", hit[i].Site().Point.Spec, err)
+			t.Fatalf("%s: %v", hit[i].Site().Point().Spec, err)
 		}
 	}
 	now := h.k.TextNow()
@@ -110,12 +110,12 @@ func TestCoverProbesRemoveThemselves(t *testing.T) {
 	}
 	for _, r := range live {
 		if err := h.k.Count(h.e.Installed(r).Site.Addr(), 1); err != nil {
-			t.Errorf("%s no longer spliced: %v", r.Site().Point.Spec, err)
+			t.Errorf("%s no longer spliced: %v", r.Site().Point().Spec, err)
 		}
 	}
 	for i, err := range h.e.RemoveEach(live) {
 		if err != nil {
-			t.Fatalf("%s: %v", live[i].Site().Point.Spec, err)
+			t.Fatalf("%s: %v", live[i].Site().Point().Spec, err)
 		}
 	}
 	if !bytes.Equal(h.k.TextNow(), text) {
@@ -147,7 +147,7 @@ func TestAddEachFailsAlone(t *testing.T) {
 	reqs, errs := h.e.AddEach(sites, Spec{Owner: "cover", Slots: 1, Snippet: hitFlag})
 	for i := range sites {
 		if errs[i] == nil || reqs[i] != nil {
-			t.Errorf("%s: request %v, error %v; want none and an error", sites[i].Point.Spec, reqs[i], errs[i])
+			t.Errorf("%s: request %v, error %v; want none and an error", sites[i].Point().Spec, reqs[i], errs[i])
 		}
 	}
 	h.e.Reclaim()
@@ -160,7 +160,7 @@ func TestAddEachFailsAlone(t *testing.T) {
 	reqs, errs = h.e.AddEach(sites, Spec{Owner: "cover", Slots: 1, Snippet: hitFlag})
 	for i := range sites {
 		if errs[i] != nil {
-			t.Fatalf("%s: %v", sites[i].Point.Spec, errs[i])
+			t.Fatalf("%s: %v", sites[i].Point().Spec, errs[i])
 		}
 	}
 	h.e.RemoveEach(reqs)
@@ -221,7 +221,7 @@ func TestAddEachStopsWhenFull(t *testing.T) {
 	}
 	for i := 1; i < len(sites); i++ {
 		if !errors.Is(errs[i], syscall.ENOSPC) || reqs[i] != nil {
-			t.Errorf("%s: %v, want ENOSPC", sites[i].Point.Spec, errs[i])
+			t.Errorf("%s: %v, want ENOSPC", sites[i].Point().Spec, errs[i])
 		}
 	}
 	h.e.RemoveEach(reqs[:1])
@@ -250,13 +250,13 @@ func TestAddEachHeapFull(t *testing.T) {
 	for i := range sites {
 		if i < 2 {
 			if errs[i] != nil || reqs[i] == nil {
-				t.Errorf("%s: %v, want armed", sites[i].Point.Spec, errs[i])
+				t.Errorf("%s: %v, want armed", sites[i].Point().Spec, errs[i])
 			}
 			armed = append(armed, reqs[i])
 			continue
 		}
 		if !errors.Is(errs[i], syscall.ENOSPC) || reqs[i] != nil {
-			t.Errorf("%s: %v, want ENOSPC", sites[i].Point.Spec, errs[i])
+			t.Errorf("%s: %v, want ENOSPC", sites[i].Point().Spec, errs[i])
 		}
 	}
 	if n := len(h.k.AllocsNow()); n != 2 {
@@ -293,7 +293,7 @@ func TestAddEachBatches(t *testing.T) {
 	}
 	for i, err := range h.e.RemoveEach(reqs) {
 		if err != nil {
-			t.Fatalf("%s: %v", sites[i].Point.Spec, err)
+			t.Fatalf("%s: %v", sites[i].Point().Spec, err)
 		}
 	}
 	h.k.Mu.Lock()
@@ -320,12 +320,12 @@ func TestAddEachRefusedOpFailsAlone(t *testing.T) {
 	for i, err := range errs {
 		if sites[i] == bad {
 			if err == nil || reqs[i] != nil {
-				t.Errorf("%s: stale site installed", bad.Point.Spec)
+				t.Errorf("%s: stale site installed", bad.Point().Spec)
 			}
 			continue
 		}
 		if err != nil {
-			t.Errorf("%s: %v", sites[i].Point.Spec, err)
+			t.Errorf("%s: %v", sites[i].Point().Spec, err)
 			continue
 		}
 		ok = append(ok, reqs[i])
@@ -425,20 +425,20 @@ func TestAddEachSpringboards(t *testing.T) {
 	want := []string{"springboard", "springboard", "trap"}
 	for i, r := range reqs {
 		if errs[i] != nil {
-			t.Fatalf("%s: %v", sites[i].Point.Spec, errs[i])
+			t.Fatalf("%s: %v", sites[i].Point().Spec, errs[i])
 		}
 		in := h.e.Installed(r)
 		if in.Class.String() != want[i] {
-			t.Errorf("%s: class %s, want %s", sites[i].Point.Spec, in.Class, want[i])
+			t.Errorf("%s: class %s, want %s", sites[i].Point().Spec, in.Class, want[i])
 		}
 		if in.Class.String() == "springboard" {
 			so := in.Springboard - textAddr
 			if jmp, _ := codegen.JmpRel32(in.Springboard, in.Patch); !bytes.Equal(h.k.TextNow()[so:so+5], jmp) {
-				t.Errorf("%s: slot %#x does not jump to the patch", sites[i].Point.Spec, in.Springboard)
+				t.Errorf("%s: slot %#x does not jump to the patch", sites[i].Point().Spec, in.Springboard)
 			}
 		}
 		if err := h.k.Count(sites[i].Addr(), 1); err != nil || !h.e.Hit(r) {
-			t.Errorf("%s: not hit through its splice (%v)", sites[i].Point.Spec, err)
+			t.Errorf("%s: not hit through its splice (%v)", sites[i].Point().Spec, err)
 		}
 	}
 	h.k.Mu.Lock()
@@ -448,7 +448,7 @@ func TestAddEachSpringboards(t *testing.T) {
 	h.k.Mu.Unlock()
 	for i, err := range h.e.RemoveEach(reqs) {
 		if err != nil {
-			t.Fatalf("%s: %v", sites[i].Point.Spec, err)
+			t.Fatalf("%s: %v", sites[i].Point().Spec, err)
 		}
 	}
 	h.e.Reclaim()
@@ -567,42 +567,6 @@ func TestForgetText(t *testing.T) {
 	}
 	h.remove(in...)
 	h.remove(out...)
-	h.restored()
-}
-
-// Reserve between batches keeps every point and original byte: the
-// engine's view of the text is still the kernel's own, a request at an
-// armed point joins it, and removing everything restores every byte.
-func TestReserveKeepsState(t *testing.T) {
-	h := newHarness(t)
-	sites := h.blockSites("filename_lookup")
-	reqs, errs := h.e.AddEach(sites[:1], Spec{Owner: "cover", Slots: 1, Snippet: hitFlag})
-	if errs[0] != nil {
-		t.Fatal(errs[0])
-	}
-	before := h.e.State()
-	h.e.Reserve(reserveMin)
-	if st := h.e.State(); st != before {
-		t.Fatalf("state after Reserve %+v, before %+v", st, before)
-	}
-	got := make([]byte, len(text))
-	if err := h.e.Text().Read(textAddr, got); err != nil || !bytes.Equal(got, text) {
-		t.Fatalf("text view after Reserve: %v\n% x\nwant\n% x", err, got, text)
-	}
-	more, errs := h.e.AddEach(sites, Spec{Owner: "cover2", Slots: 1, Snippet: hitFlag})
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("%s: %v", sites[i].Where(), err)
-		}
-	}
-	if st := h.e.State(); st.Points != len(sites) {
-		t.Errorf("%d points for %d sites (one shared)", st.Points, len(sites))
-	}
-	for _, err := range h.e.RemoveEach(append(reqs, more...)) {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
 	h.restored()
 }
 
@@ -744,9 +708,9 @@ func (h *harness) coverAll(sites []*splice.Site) (reqs []*Request, springboards 
 	reqs, errs := h.e.AddEach(sites, Spec{Owner: "cover", Slots: 1, Snippet: hitFlag})
 	for i, err := range errs {
 		if err != nil {
-			h.t.Fatalf("%s: %v", sites[i].Point.Spec, err)
+			h.t.Fatalf("%s: %v", sites[i].Point().Spec, err)
 		}
-		if h.e.points[sites[i].Addr()].class == springboard.Springboard {
+		if pt, _ := h.e.points.get(sites[i].Addr()); pt.class == springboard.Springboard {
 			springboards++
 		}
 	}
@@ -769,7 +733,7 @@ func TestRemoveEachInChunks(t *testing.T) {
 	h.k.Mu.Unlock()
 	for i, err := range h.e.RemoveEach(reqs) {
 		if err != nil {
-			t.Fatalf("%s: %v", sites[i].Point.Spec, err)
+			t.Fatalf("%s: %v", sites[i].Point().Spec, err)
 		}
 	}
 	h.e.Reclaim()

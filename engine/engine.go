@@ -68,7 +68,7 @@ type Engine struct {
 	// points are the instrumented instructions (covered ones too) by
 	// address.
 	// +checklocks:mu
-	points map[uint64]*point
+	points addrMap[*point]
 	// retired are patches and slots waiting for reclaim.
 	// +checklocks:mu
 	retired []retired
@@ -107,7 +107,6 @@ func (e *Engine) ArmTimes() ArmTimes {
 func New(c Config) *Engine {
 	e := &Engine{dev: c.Device, log: c.Log, patchHeap: c.PatchHeap, redZone: c.RedZone,
 		spring: springboard.NewHeap(),
-		points: make(map[uint64]*point),
 		slots:  newSlotAllocator(c.Device.NumCounters()),
 	}
 	if e.log == nil {
@@ -166,12 +165,12 @@ type State struct {
 func (e *Engine) State() State {
 	e.mu.Lock()
 	var st State
-	for addr, pt := range e.points {
+	for addr, pt := range e.points.all() {
 		if pt.site.Addr() == addr {
 			st.Splices++
 		}
 	}
-	st.Points, st.Counters = len(e.points), e.slots.used
+	st.Points, st.Counters = e.points.len(), e.slots.used
 	for _, r := range e.retired {
 		if r.counters == nil {
 			st.Retired++
@@ -189,7 +188,7 @@ func (e *Engine) State() State {
 func (e *Engine) Owner(addr uint64) (string, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	pt, ok := e.points[addr]
+	pt, ok := e.points.get(addr)
 	if !ok || len(pt.reqs) == 0 {
 		return "", false
 	}

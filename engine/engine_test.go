@@ -64,7 +64,7 @@ func (h *harness) count(owner string, hooks Hooks, points ...string) []*Request 
 	for _, s := range sites {
 		r, err := h.e.Add(s, Spec{Owner: owner, Slots: 1, Snippet: CounterSnippet, Hooks: hooks})
 		if err != nil {
-			h.t.Fatalf("%s: %v", s.Point.Spec, err)
+			h.t.Fatalf("%s: %v", s.Point().Spec, err)
 		}
 		out = append(out, r)
 	}
@@ -617,7 +617,7 @@ func TestRequestKeepsItsSite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r1.Site() != s1 || r2.Site() != s2 || r2.Site().Point.Spec != "lookuppn" {
+	if r1.Site() != s1 || r2.Site() != s2 || r2.Site().Point().Spec != "lookuppn" {
 		t.Errorf("sites: %p %p, want %p %p", r1.Site(), r2.Site(), s1, s2)
 	}
 	if r1.Owner() != "one" || r2.Owner() != "two" {

@@ -17,16 +17,16 @@ type overlay struct {
 	// bytes are back) and for reading around every analysis read, so a
 	// read never sees a spliced byte without its original.
 	mu sync.RWMutex
-	// short holds the entries of up to shortOrig bytes in the map itself
-	// (a coverage session keeps one per block: an int3, a jmp rel8, a
-	// jmp rel32); long the rare longer ones. An address is in one at
-	// most. Protected by mu.
-	short map[uint64]shortBytes
+	// short holds the entries of up to shortOrig bytes (a coverage
+	// session keeps one per block: an int3, a jmp rel8, a jmp rel32);
+	// long the rare longer ones. An address is in one at most. Protected
+	// by mu.
+	short addrMap[shortBytes]
 	long  map[uint64][]byte
 }
 
 // shortOrig is the most bytes an entry of overlay.short holds: every
-// splice the engine writes (5 bytes at most) fits, in a 16-byte map slot.
+// splice the engine writes (5 bytes at most) fits, in 8 bytes.
 const shortOrig = 7
 
 // shortBytes is an entry of overlay.short.
@@ -42,12 +42,9 @@ const maxOrig = 15
 // putLocked enters orig at addr. The caller holds o.mu for writing.
 func (o *overlay) putLocked(addr uint64, orig []byte) {
 	if len(orig) <= shortOrig {
-		if o.short == nil {
-			o.short = make(map[uint64]shortBytes)
-		}
 		var e shortBytes
 		e.n = uint8(copy(e.b[:], orig))
-		o.short[addr] = e
+		o.short.set(addr, e)
 		delete(o.long, addr)
 		return
 	}
@@ -55,7 +52,7 @@ func (o *overlay) putLocked(addr uint64, orig []byte) {
 		o.long = make(map[uint64][]byte)
 	}
 	o.long[addr] = bytes.Clone(orig[:min(len(orig), maxOrig)])
-	delete(o.short, addr)
+	o.short.del(addr)
 }
 
 // spliced runs write (a splice of orig's bytes at addr) with addr's
@@ -76,13 +73,6 @@ func (o *overlay) splicedMany(addrs []uint64, origs [][]byte, write func() error
 		o.dropLocked(addrs...)
 	}
 	return err
-}
-
-// reserve makes room for n more short entries.
-func (o *overlay) reserve(n int) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.short = resized(o.short, n)
 }
 
 // restored runs restore (an unsplice at addr) and drops addr's entry if
@@ -114,20 +104,17 @@ func (o *overlay) forget(addr uint64) {
 // writing.
 func (o *overlay) dropLocked(addrs ...uint64) {
 	for _, a := range addrs {
-		delete(o.short, a)
+		o.short.del(a)
 		delete(o.long, a)
 	}
-	// A map never shrinks: a whole-kernel session's kept 48 MB.
-	if len(o.short) == 0 {
-		o.short = nil
-	}
+	// A map never shrinks.
 	if len(o.long) == 0 {
 		o.long = nil
 	}
 }
 
 // lenLocked is the number of entries. The caller holds o.mu.
-func (o *overlay) lenLocked() int { return len(o.short) + len(o.long) }
+func (o *overlay) lenLocked() int { return o.short.len() + len(o.long) }
 
 // textView reads kernel memory as the kernel's own code: live bytes with
 // the engine's splices replaced by the original bytes.
@@ -155,7 +142,7 @@ func (v textView) Read(addr uint64, b []byte) error {
 	// the few addresses an entry overlapping b can start at instead.
 	if v.ov.lenLocked() > len(b)+maxOrig {
 		for a := max(addr, maxOrig) - maxOrig; a < end; a++ {
-			if e, ok := v.ov.short[a]; ok {
+			if e, ok := v.ov.short.get(a); ok {
 				put(a, e.b[:e.n])
 			} else if l, ok := v.ov.long[a]; ok {
 				put(a, l)
@@ -163,7 +150,7 @@ func (v textView) Read(addr uint64, b []byte) error {
 		}
 		return nil
 	}
-	for a, e := range v.ov.short {
+	for a, e := range v.ov.short.all() {
 		put(a, e.b[:e.n])
 	}
 	for a, l := range v.ov.long {

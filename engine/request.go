@@ -157,7 +157,7 @@ func (e *Engine) Add(s *splice.Site, sp Spec) (*Request, error) {
 
 // addLocked is Add; the caller holds e.mu.
 func (e *Engine) addLocked(s *splice.Site, sp Spec) (*Request, error) {
-	pt := e.points[s.Addr()]
+	pt, _ := e.points.get(s.Addr())
 	if pt == nil {
 		pt = e.newPoint(s)
 		if pt.class == springboard.Springboard && e.noTrap != "" && !e.slotFree(s.Addr()) {
@@ -186,7 +186,7 @@ func (e *Engine) addLocked(s *splice.Site, sp Spec) (*Request, error) {
 		return nil, err
 	}
 	for _, ps := range pt.sites() {
-		e.points[ps.Addr()] = pt
+		e.points.set(ps.Addr(), pt)
 	}
 	return r, nil
 }
@@ -261,7 +261,7 @@ func (e *Engine) newPoint(s *splice.Site) *point {
 		return pt
 	}
 	for _, c := range s.Covered() {
-		if _, taken := e.points[c.Addr()]; taken {
+		if _, taken := e.points.get(c.Addr()); taken {
 			return pt
 		}
 	}
@@ -279,7 +279,7 @@ func (e *Engine) coverInstead(pt *point) bool {
 		return false
 	}
 	for _, c := range pt.site.Covered() {
-		if _, taken := e.points[c.Addr()]; taken {
+		if _, taken := e.points.get(c.Addr()); taken {
 			return false
 		}
 	}
@@ -310,17 +310,13 @@ func (e *Engine) slotFree(addr uint64) bool {
 	return ok
 }
 
-// dropPoint takes pt's instructions out of points. The map is made anew
-// once empty: a map never shrinks, and a whole-kernel session's held
-// about 20 MB after its last probe was gone. The caller holds e.mu.
+// dropPoint takes pt's instructions out of points. The caller holds
+// e.mu.
 func (e *Engine) dropPoint(pt *point) {
 	for _, ps := range pt.sites() {
-		if e.points[ps.Addr()] == pt { // a gone point's address may have a new one
-			delete(e.points, ps.Addr())
+		if at, _ := e.points.get(ps.Addr()); at == pt { // a gone point's address may have a new one
+			e.points.del(ps.Addr())
 		}
-	}
-	if len(e.points) == 0 {
-		e.points = make(map[uint64]*point)
 	}
 }
 
@@ -494,10 +490,8 @@ func (e *Engine) ForgetText(lo, hi uint64) int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	gone := map[*point]bool{}
-	for a, pt := range e.points {
-		if a >= lo && a < hi {
-			gone[pt] = true
-		}
+	for _, pt := range e.points.within(lo, hi) {
+		gone[pt] = true
 	}
 	for pt := range gone {
 		e.pointGone(pt)

@@ -76,10 +76,10 @@ type bpfCount struct {
 // the offset of the instruction (0: the function's entry, whatever the
 // first instruction is, such as endbr64).
 func bpfTarget(s *splice.Site) (string, uint64, error) {
-	if s.Ambiguous > 1 {
-		return "", 0, badRequest(fmt.Errorf("%s names %d functions and BPF attaches by name: %w", s.Fn.Name, s.Ambiguous, ErrNoDriver))
+	if s.Ambiguous() > 1 {
+		return "", 0, badRequest(fmt.Errorf("%s names %d functions and BPF attaches by name: %w", s.Fn.Name, s.Ambiguous(), ErrNoDriver))
 	}
-	if !s.Point.HasOffset && !s.Point.HasBlock {
+	if !s.Point().HasOffset && !s.Point().HasBlock {
 		return s.Fn.Name, 0, nil
 	}
 	return s.Fn.Name, s.Addr() - s.Fn.Addr, nil
@@ -182,15 +182,15 @@ func (d *Daemon) createBPFSession(req api.SessionRequest) (api.Session, error) {
 		fn, off, _ := bpfTarget(s)
 		slot, err := d.eng.ReserveCounters(1)
 		if err != nil {
-			return fail(s.Point.Spec, err)
+			return fail(s.Point().Spec, err)
 		}
 		p, err := d.bpf.Count(fn, off, slot)
 		if err != nil {
 			d.eng.ReleaseCounters(slot, 1)
-			return fail(s.Point.Spec, badRequest(err))
+			return fail(s.Point().Spec, badRequest(err))
 		}
 		ss.bpf = append(ss.bpf, &bpfCount{site: s, slot: slot, probe: p})
-		d.log.Info("probed", "session", ss.id, "point", s.Point.Spec, "at", s.Where(), "mechanism", p.Mechanism(), "slot", slot)
+		d.log.Info("probed", "session", ss.id, "point", s.Point().Spec, "at", s.Where(), "mechanism", p.Mechanism(), "slot", slot)
 	}
 	d.sessions[ss.id] = ss
 	d.startTTL(ss, time.Duration(req.TTLNS))

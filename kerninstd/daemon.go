@@ -275,13 +275,13 @@ func (d *Daemon) CreateSession(req api.SessionRequest) (api.Session, error) {
 			if rerr := d.removeLocked(ss); rerr != nil {
 				d.log.Error("roll back session", "err", rerr)
 			}
-			return api.Session{}, &splice.PointError{Point: sites[i].Point.Spec, Err: err}
+			return api.Session{}, &splice.PointError{Point: sites[i].Point().Spec, Err: err}
 		}
 	}
 	for i, r := range ss.reqs {
 		s := sites[i]
 		in := d.eng.Installed(r)
-		d.log.Debug("spliced", "session", ss.id, "point", s.Point.Spec, "at", s.Where(), "class", in.Class,
+		d.log.Debug("spliced", "session", ss.id, "point", s.Point().Spec, "at", s.Where(), "class", in.Class,
 			"addr", fmt.Sprintf("%#x", s.Addr()), "patch", fmt.Sprintf("%#x", in.Patch),
 			"requests", in.Requests, "slot", r.Counter())
 	}

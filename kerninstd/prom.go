@@ -48,11 +48,11 @@ func (c promCollector) Collect(ch chan<- prometheus.Metric) {
 		for _, r := range ss.reqs {
 			at := d.eng.Installed(r).Site
 			ch <- prometheus.MustNewConstMetric(promProbeCount, prometheus.CounterValue, float64(d.eng.Counter(r.Counter())),
-				ss.name, at.Point.Spec, at.Where())
+				ss.name, at.Point().Spec, at.Where())
 		}
 		for _, c := range ss.bpf {
 			ch <- prometheus.MustNewConstMetric(promProbeCount, prometheus.CounterValue, float64(d.eng.Counter(c.slot)),
-				ss.name, c.site.Point.Spec, c.site.Where())
+				ss.name, c.site.Point().Spec, c.site.Where())
 		}
 		for _, t := range ss.timers {
 			pt := d.tm.timerPoint(t, now)

@@ -58,7 +58,7 @@ func (tm *timing) resolveSwitch() (*splice.Site, error) {
 		return nil, fmt.Errorf("%w: %v", ErrSwitchHook, err)
 	}
 	owned := f.Facts().Owned
-	for i := 0; i < int(s.Index); i++ {
+	for i := 0; i < s.Index(); i++ {
 		if op := s.Fn.Insns[i].Inst.Op; op != x86asm.PUSH && !splice.IsFtraceSite(owned, s.Fn, i) {
 			return nil, fmt.Errorf("%w: %s before %s may change %%rdi or %%rsi", ErrSwitchHook, s.Fn.Insns[i].String(), s.Where())
 		}

@@ -371,7 +371,7 @@ func (t *Target) Resolve(spec string) (*splice.Site, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.Point.Spec = spec
+	s.Point().Spec = spec
 	return s, nil
 }
 
@@ -418,7 +418,7 @@ func (t *Target) ResolveAs(spec string, c springboard.Class) (*splice.Site, erro
 	if s.Class != c {
 		return nil, fmt.Errorf("%s: a %s splice, not %s", spec, s.Class, c)
 	}
-	s.Point.Spec = spec
+	s.Point().Spec = spec
 	return s, nil
 }
 
@@ -655,7 +655,7 @@ func (t *Target) Count(owner string, sites []*splice.Site) ([]*engine.Request, e
 				}
 			}
 			t.RemoveEach(ok)
-			return nil, fmt.Errorf("%s: %w", sites[i].Point.Spec, err)
+			return nil, fmt.Errorf("%s: %w", sites[i].Point().Spec, err)
 		}
 	}
 	return reqs, nil
@@ -778,7 +778,7 @@ func (t *Target) Time(owner, spec string) (*Timer, error) {
 // touches memory through %rsp but the stack adjustment an epilogue
 // makes: leaving the timer there is leaving the function. Otherwise x.
 func earlierExit(f *splice.Func, x *splice.Site) *splice.Site {
-	xi := int(x.Index)
+	xi := x.Index()
 	for _, b := range f.Blocks {
 		if xi < b.First || xi >= b.First+b.N {
 			continue

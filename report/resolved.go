@@ -21,10 +21,10 @@ func Resolved(s *splice.Site) api.Resolved {
 		Instruction: in.String(),
 		SpliceClass: s.Class.String(),
 		FlagsLive:   s.FlagsLive(),
-		Ambiguous:   int(s.Ambiguous),
+		Ambiguous:   s.Ambiguous(),
 	}
-	if s.Point != nil {
-		r.Point, r.Classic = s.Point.Spec, (*api.ClassicName)(s.Point.Classic)
+	if s.Point() != nil {
+		r.Point, r.Classic = s.Point().Spec, (*api.ClassicName)(s.Point().Classic)
 	}
 	return r
 }

@@ -131,7 +131,7 @@ func (f *Func) Exits(entry *Site) ([]*Site, error) {
 			continue
 		}
 		i := b.First + b.N - 1
-		if i == int(entry.Index) {
+		if i == entry.Index() {
 			out = append(out, entry)
 			continue
 		}
@@ -495,7 +495,7 @@ func (f *Func) At(i int) (*Site, error) {
 // the patch is built.
 func (f *Func) Site(p Point, i int) (*Site, error) {
 	pp := &p // shared by the covered instructions' sites
-	s := &Site{Point: pp, Fn: f.Fn, Index: int32(i), Ambiguous: int32(f.Ambiguous)}
+	s := &Site{Fn: f.Fn, x: &siteExtra{point: pp, index: int32(i), ambiguous: int32(f.Ambiguous)}}
 	if why := f.NoSplice(i); why != "" {
 		return nil, &NoSpliceError{Where: s.Where(), Reason: why}
 	}
@@ -514,11 +514,11 @@ func (f *Func) Site(p Point, i int) (*Site, error) {
 		}
 		cs := make([]*Site, 0, max(n-1, 0))
 		for j := i + 1; j < i+n; j++ {
-			cs = append(cs, &Site{Point: pp, Fn: f.Fn, Index: int32(j), Ambiguous: int32(f.Ambiguous),
+			cs = append(cs, &Site{Fn: f.Fn, x: &siteExtra{point: pp, index: int32(j), ambiguous: int32(f.Ambiguous)},
 				Class: springboard.Cover, Live: f.Live(j)})
 		}
 		if len(cs) > 0 {
-			s.cover = &cs
+			s.x.cover = cs
 		}
 	}
 	return s, nil

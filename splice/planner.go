@@ -265,7 +265,7 @@ func (p *Planner) Resolve(spec string) (*Site, error) {
 // Liveness computes what is live at s's instruction afresh, as Resolve
 // does (blocks and the block data-flow): step 2 of a request, alone.
 func (p *Planner) Liveness(s *Site) cfg.LiveSet {
-	return p.factsFor(p.Symbols()).Func(s.Fn, nil).Live(int(s.Index))
+	return p.factsFor(p.Symbols()).Func(s.Fn, nil).Live(s.Index())
 }
 
 // addSpringboardSpace makes sure the springboard space of every function

@@ -12,30 +12,56 @@ import (
 // splice there reaches its patch, and what the patch must preserve. A
 // Site does not change once planned.
 //
-// (Fields ordered to pack: a coverage session holds one per probe. The
-// function's symbol is Fn's name, module and address; Func.Sym has the
-// rest.)
+// (Kept small: a coverage session holds one per probe. The function's
+// symbol is Fn's name, module and address; Func.Sym has the rest.)
 type Site struct {
-	// Point is the point it was resolved from; nil for a detached site
-	// (a coverage probe's, which needs none).
-	Point *Point
-	Fn    *cfg.Function
-	// cover: Covered's sites; nil for a site of another class (by
-	// pointer: a coverage session holds a site per probe, and most are
-	// not covering).
-	cover *[]*Site
-
+	Fn *cfg.Function
+	// x is what a site of a decoded function has beyond a detached one
+	// (its point and index) and a covering site's run; nil for a
+	// detached site that covers nothing and has an unambiguous name: a
+	// coverage session's probes, which so take 48 bytes each.
+	x *siteExtra
 	// raw: a detached site's instruction (Detached; raw.n == 0 for a
 	// site of a decoded function).
 	raw rawInsn
-
-	Index     int32 // of the instruction in Fn.Insns; 0 for a detached site
-	Ambiguous int32 // other symbols of the function's name
 	// Live: registers and flags that may be live before the instruction
 	// (Func.Live).
 	Live cfg.LiveSet
 	// Class is how the splice reaches the patch, as planned.
 	Class springboard.Class
+}
+
+// siteExtra is the part of a Site most probes do without.
+type siteExtra struct {
+	point     *Point
+	index     int32 // of the instruction in Fn.Insns
+	ambiguous int32 // other symbols of the function's name
+	cover     []*Site
+}
+
+// Point is the point the site was resolved from; nil for a detached
+// site (a coverage probe's, which needs none).
+func (s *Site) Point() *Point {
+	if s.x == nil {
+		return nil
+	}
+	return s.x.point
+}
+
+// Index is the instruction's index in Fn.Insns; 0 for a detached site.
+func (s *Site) Index() int {
+	if s.x == nil {
+		return 0
+	}
+	return int(s.x.index)
+}
+
+// Ambiguous is the number of other symbols of the function's name.
+func (s *Site) Ambiguous() int {
+	if s.x == nil {
+		return 0
+	}
+	return int(s.x.ambiguous)
 }
 
 // Detached returns a copy of s that keeps no Point and, of its function,
@@ -57,17 +83,22 @@ func (s *Site) Detached(fn *cfg.Function) *Site {
 		for i, c := range cs {
 			dc[i] = c.detach(fn)
 		}
-		d.cover = &dc
+		if d.x == nil {
+			d.x = &siteExtra{}
+		}
+		d.x.cover = dc
 	}
 	return d
 }
 
 // detach is Detached without the covered sites.
 func (s *Site) detach(fn *cfg.Function) *Site {
-	d := *s
-	d.Point, d.Fn, d.Index, d.cover = nil, fn, 0, nil
+	d := &Site{Fn: fn, Live: s.Live, Class: s.Class}
+	if n := s.Ambiguous(); n != 0 {
+		d.x = &siteExtra{ambiguous: int32(n)}
+	}
 	d.raw.addr, d.raw.n = s.Addr(), uint8(copy(d.raw.bytes[:], s.Bytes()))
-	return &d
+	return d
 }
 
 // Covered is, for a covering splice, the instructions after this one
@@ -76,14 +107,19 @@ func (s *Site) detach(fn *cfg.Function) *Site {
 // has them too: the covering splice the engine falls back on when its
 // slot is gone at install. nil otherwise.
 func (s *Site) Covered() []*Site {
-	if s.cover == nil {
+	if s.x == nil {
 		return nil
 	}
-	return *s.cover
+	return s.x.cover
 }
 
 // PlanTrap makes s a trap splice, whatever it was planned as.
-func (s *Site) PlanTrap() { s.Class, s.cover = springboard.Trap, nil }
+func (s *Site) PlanTrap() {
+	s.Class = springboard.Trap
+	if s.x != nil {
+		s.x.cover = nil
+	}
+}
 
 // rawInsn is a detached site's instruction: its address and bytes.
 type rawInsn struct {
@@ -96,7 +132,7 @@ type rawInsn struct {
 // bytes at each call: read it once where it is needed.
 func (s *Site) Insn() *cfg.Instruction {
 	if s.raw.n == 0 {
-		return &s.Fn.Insns[s.Index]
+		return &s.Fn.Insns[s.x.index]
 	}
 	r := &s.raw
 	in, err := cfg.DecodeAt(r.addr, r.bytes[:r.n:r.n])
@@ -114,7 +150,7 @@ func (s *Site) Bytes() []byte {
 		r := &s.raw
 		return r.bytes[:r.n:r.n]
 	}
-	return s.Fn.Insns[s.Index].Bytes
+	return s.Fn.Insns[s.x.index].Bytes
 }
 
 // Addr is the instruction's address.
@@ -122,7 +158,7 @@ func (s *Site) Addr() uint64 {
 	if s.raw.n != 0 {
 		return s.raw.addr
 	}
-	return s.Fn.Insns[s.Index].Addr
+	return s.Fn.Insns[s.x.index].Addr
 }
 
 // FlagsLive: a patch here must preserve RFLAGS.

@@ -96,16 +96,38 @@ func Arm(ctx context.Context, k Kernel, req api.ArmRequest) (api.ArmResult, erro
 
 	syncs := func() uint64 { return k.Info().DriverSyncs }
 	s0, t0 := syncs(), k.now()
-	var reqs []*engine.Request
-	var errs []error
+	var armed []*engine.Request
+	refuse := func(i int, err error) {
+		res.Refused++
+		kind := refusalKind(err)
+		if res.Refusals[kind]++; res.Refusals[kind] == 1 {
+			res.RefusedAt[kind] = sites[i].Where()
+		}
+	}
 	if req.Single {
-		reqs, errs = make([]*engine.Request, len(sites)), make([]error, len(sites))
 		for i, s := range sites {
-			reqs[i], errs[i] = k.Engine.Add(s, spec)
+			if r, err := k.Engine.Add(s, spec); err != nil {
+				refuse(i, err)
+			} else {
+				armed = append(armed, r)
+			}
 		}
 	} else {
+		// As a coverage session arms: the sites handed over in chunks
+		// (so the engine's answers for the whole kernel are never held
+		// at once).
 		before := k.Engine.ArmTimes()
-		reqs, errs = k.Engine.AddEach(sites, spec)
+		armed = make([]*engine.Request, 0, len(sites))
+		for lo := 0; lo < len(sites); lo += cover.ArmChunk {
+			reqs, errs := k.Engine.AddEach(sites[lo:min(lo+cover.ArmChunk, len(sites))], spec)
+			for i, r := range reqs {
+				if errs[i] != nil {
+					refuse(lo+i, errs[i])
+				} else {
+					armed = append(armed, r)
+				}
+			}
+		}
 		after := k.Engine.ArmTimes()
 		res.ArmStages = &api.ArmStages{
 			PrepareNS: int64(after.Prepare - before.Prepare),
@@ -119,18 +141,6 @@ func Arm(ctx context.Context, k Kernel, req api.ArmRequest) (api.ArmResult, erro
 	s1 := syncs()
 	res.ArmSyncs = s1 - s0
 	res.PatchBytes = k.Info().PatchHeapUsed
-	var armed []*engine.Request
-	for i, r := range reqs {
-		if errs[i] != nil {
-			res.Refused++
-			kind := refusalKind(errs[i])
-			if res.Refusals[kind]++; res.Refusals[kind] == 1 {
-				res.RefusedAt[kind] = sites[i].Where()
-			}
-			continue
-		}
-		armed = append(armed, r)
-	}
 	res.Armed = len(armed)
 	t1 := k.now()
 	var rerrs []error
