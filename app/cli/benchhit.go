@@ -48,15 +48,7 @@ func BenchHit(ctx context.Context, c *api.Client, o HitOptions, env Env) error {
 	if len(g.Blocks) == 0 {
 		return fmt.Errorf("bench hit: %s has no blocks", o.Function)
 	}
-	// The first instruction of each splice class in the entry block; the
-	// kprobes go where the direct splice does.
-	byClass := map[string]api.CFGInstruction{}
-	for _, in := range g.Blocks[0].Instructions {
-		// Not a call: an optimized kprobe would refuse or emulate it.
-		if _, ok := byClass[in.SpliceClass]; !ok && in.SpliceClass != "refused" && !strings.HasPrefix(in.Text, "call") {
-			byClass[in.SpliceClass] = in
-		}
-	}
+	byClass := entryByClass(g)
 	// One OS thread for the whole benchmark: the BPF rows count this
 	// thread's calls only.
 	runtime.LockOSThread()
@@ -76,33 +68,9 @@ func BenchHit(ctx context.Context, c *api.Client, o HitOptions, env Env) error {
 	// Untimed first: the emulator translates the path once, and the
 	// first timed loop would pay for it.
 	loop()
-	// The guest's clock drifts under emulation (other VMs share the
-	// host): every timed run with a mechanism is paired with a bare run
-	// just before it, and the ratio is the median of the pairs'.
-	var bases []float64
+	m := &hitMeasure{loop: loop, runs: o.Runs}
 	measure := func(name, point string, attach func() (func() (uint64, error), error)) {
-		var ratios, nss []float64
-		var hits uint64
-		for r := 0; r < o.Runs; r++ {
-			base := loop()
-			bases = append(bases, base)
-			detach, err := attach()
-			if err != nil {
-				rep.Rows = append(rep.Rows, api.HitRow{Mechanism: name, Point: point, Skipped: err.Error()})
-				return
-			}
-			ns := loop()
-			h, err := detach()
-			if err != nil {
-				rep.Rows = append(rep.Rows, api.HitRow{Mechanism: name, Point: point, Skipped: err.Error()})
-				return
-			}
-			hits += h
-			nss = append(nss, ns)
-			ratios = append(ratios, ns/base)
-		}
-		ratio := median(ratios)
-		rep.Rows = append(rep.Rows, api.HitRow{Mechanism: name, Point: point, NsPerCall: median(nss), Ratio: ratio, Overhead: ratio - 1, Hits: hits})
+		rep.Rows = append(rep.Rows, m.row(name, point, attach))
 	}
 	for _, class := range []string{"direct", "springboard", "covering", "trap"} {
 		in, ok := byClass[class]
@@ -111,29 +79,7 @@ func BenchHit(ctx context.Context, c *api.Client, o HitOptions, env Env) error {
 			continue
 		}
 		point := fmt.Sprintf("%s+%#x", o.Function, in.Offset)
-		measure(class+" splice", point, func() (func() (uint64, error), error) {
-			s, err := c.CreateSession(ctx, api.SessionRequest{Points: []string{point}})
-			if err != nil {
-				return nil, err
-			}
-			if got := s.Probes[0].SpliceClass; got != class {
-				c.RemoveSession(ctx, s.ID)
-				return nil, fmt.Errorf("spliced as %s", got)
-			}
-			// A covering splice runs as a trap splice until the
-			// driver's grace period lets its jmp in: time the jmp.
-			if err := waitCoveringFinished(ctx, c); err != nil {
-				c.RemoveSession(ctx, s.ID)
-				return nil, err
-			}
-			return func() (uint64, error) {
-				final, err := c.RemoveSession(ctx, s.ID)
-				if err != nil {
-					return 0, err
-				}
-				return final.Probes[0].Count, nil
-			}, nil
-		})
+		measure(class+" splice", point, func() (func() (uint64, error), error) { return attachSplice(ctx, c, point, class) })
 	}
 	if in, ok := byClass["direct"]; ok {
 		point := fmt.Sprintf("%s+%#x", o.Function, in.Offset)
@@ -159,8 +105,83 @@ func BenchHit(ctx context.Context, c *api.Client, o HitOptions, env Env) error {
 		const fn = "__task_pid_nr_ns"
 		measure("bpf "+mech, fn+" (this thread)", func() (func() (uint64, error), error) { return attachBPF(mech, fn, 0, tid) })
 	}
-	rep.Rows = append([]api.HitRow{{Mechanism: "none", NsPerCall: median(bases), Ratio: 1}}, rep.Rows...)
+	rep.Rows = append([]api.HitRow{{Mechanism: "none", NsPerCall: median(m.bases), Ratio: 1}}, rep.Rows...)
 	return writeHitReport(w, rep, o.JSON)
+}
+
+// entryByClass is the first instruction of each splice class in g's
+// entry block, calls left out (an optimized kprobe would refuse or
+// emulate one): the kprobes go where the direct splice does.
+func entryByClass(g api.CFG) map[string]api.CFGInstruction {
+	byClass := map[string]api.CFGInstruction{}
+	for _, in := range g.Blocks[0].Instructions {
+		if _, ok := byClass[in.SpliceClass]; !ok && in.SpliceClass != "refused" && !strings.HasPrefix(in.Text, "call") {
+			byClass[in.SpliceClass] = in
+		}
+	}
+	return byClass
+}
+
+// hitMeasure times mechanisms over a loop. The guest's clock drifts
+// under emulation (other VMs share the host): every timed run with a
+// mechanism is paired with a bare run just before it, and the ratio is
+// the median of the pairs'.
+type hitMeasure struct {
+	loop  func() float64 // ns a call
+	runs  int
+	bases []float64 // every bare run's
+}
+
+// row times the loop under attach's mechanism; a mechanism that cannot
+// be attached or detached is a skipped row, with the reason.
+func (m *hitMeasure) row(name, point string, attach func() (func() (uint64, error), error)) api.HitRow {
+	var ratios, nss []float64
+	var hits uint64
+	for r := 0; r < m.runs; r++ {
+		base := m.loop()
+		m.bases = append(m.bases, base)
+		detach, err := attach()
+		if err != nil {
+			return api.HitRow{Mechanism: name, Point: point, Skipped: err.Error()}
+		}
+		ns := m.loop()
+		h, err := detach()
+		if err != nil {
+			return api.HitRow{Mechanism: name, Point: point, Skipped: err.Error()}
+		}
+		hits += h
+		nss = append(nss, ns)
+		ratios = append(ratios, ns/base)
+	}
+	ratio := median(ratios)
+	return api.HitRow{Mechanism: name, Point: point, NsPerCall: median(nss), Ratio: ratio, Overhead: ratio - 1, Hits: hits}
+}
+
+// attachSplice counts at point through a kerninstd session, which must
+// splice it as class; the function it returns ends the session and
+// gives the count.
+func attachSplice(ctx context.Context, c *api.Client, point, class string) (func() (uint64, error), error) {
+	s, err := c.CreateSession(ctx, api.SessionRequest{Points: []string{point}})
+	if err != nil {
+		return nil, err
+	}
+	if got := s.Probes[0].SpliceClass; got != class {
+		c.RemoveSession(ctx, s.ID)
+		return nil, fmt.Errorf("spliced as %s", got)
+	}
+	// A covering splice runs as a trap splice until the driver's grace
+	// period lets its jmp in: time the jmp.
+	if err := waitCoveringFinished(ctx, c); err != nil {
+		c.RemoveSession(ctx, s.ID)
+		return nil, err
+	}
+	return func() (uint64, error) {
+		final, err := c.RemoveSession(ctx, s.ID)
+		if err != nil {
+			return 0, err
+		}
+		return final.Probes[0].Count, nil
+	}, nil
 }
 
 // writeHitReport prints bench hit's table, or its JSON.

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/bpfprobe"
+	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/process"
 	"github.com/kinst/kinst/splice"
 	"github.com/kinst/kinst/springboard"
@@ -64,25 +65,12 @@ func BenchHitUser(ctx context.Context, o HitOptions, env Env) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	src, bin := filepath.Join(dir, "hitloop.c"), filepath.Join(dir, "hitloop")
-	if err := os.WriteFile(src, hitLoopSource, 0o644); err != nil {
+	h, bin, err := startHitLoop(ctx, dir)
+	if err != nil {
 		return err
 	}
-	if out, err := exec.CommandContext(ctx, "gcc", "-O2", "-fno-PIE", "-no-pie", "-o", bin, src).CombinedOutput(); err != nil {
-		return fmt.Errorf("bench hit --user builds its workload with gcc: %v\n%s", err, out)
-	}
-	cmd := exec.CommandContext(ctx, bin)
-	in, _ := cmd.StdinPipe()
-	out, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	defer func() { in.Close(); cmd.Wait() }()
-	h := &hitLoop{cmd: cmd, in: in, out: bufio.NewReader(out)}
-	if l, _ := h.out.ReadString('\n'); l != "ready\n" {
-		return fmt.Errorf("workload said %q", l)
-	}
-	tg, err := process.Attach(cmd.Process.Pid)
+	defer h.stop()
+	tg, err := process.Attach(h.cmd.Process.Pid)
 	if err != nil {
 		return err
 	}
@@ -91,46 +79,74 @@ func BenchHitUser(ctx context.Context, o HitOptions, env Env) error {
 	if err != nil {
 		return err
 	}
-	// Each class at the first instruction of hit() that takes it (a
-	// trap splice at the entry).
-	byClass := map[springboard.Class]*splice.Site{}
-	f := entry.Fn
-	for _, c := range []springboard.Class{springboard.Direct, springboard.Springboard, springboard.Cover, springboard.Trap} {
-		for i := range f.Insns {
-			if s, err := tg.ResolveAs(fmt.Sprintf("hit+%#x", f.Insns[i].Addr-f.Addr), c); err == nil {
-				byClass[c] = s
-				break
-			}
-			if strings.HasPrefix(f.Insns[i].String(), "ret") {
-				break
-			}
-		}
-	}
 	rep := api.HitReport{Function: "hit()", Calls: o.Calls, Runs: o.Runs, Expected: uint64(o.Calls) * uint64(o.Runs), User: true}
 	fmt.Fprintf(env.Err, "kinst: timing %d×%d calls of hit() per mechanism, interleaved with bare runs…\n", o.Runs, o.Calls)
 	h.run(o.Calls) // warm up
-	type mech struct {
-		name, point string
-		calls       int // per run, if fewer than o.Calls
-		attach      func() (func() (uint64, error), error)
-		skipped     string
+	mechs := userMechs(tg, entry.Fn, bin, o.Calls)
+	rows, err := h.time(mechs, o)
+	if err != nil {
+		return err
 	}
-	var mechs []mech
+	rep.Rows = rows
+	return writeHitReport(env.Out, rep, o.JSON)
+}
+
+// startHitLoop builds the workload in dir and starts it, ready to run.
+func startHitLoop(ctx context.Context, dir string) (h *hitLoop, bin string, err error) {
+	src, bin := filepath.Join(dir, "hitloop.c"), filepath.Join(dir, "hitloop")
+	if err := os.WriteFile(src, hitLoopSource, 0o644); err != nil {
+		return nil, "", err
+	}
+	if out, err := exec.CommandContext(ctx, "gcc", "-O2", "-fno-PIE", "-no-pie", "-o", bin, src).CombinedOutput(); err != nil {
+		return nil, "", fmt.Errorf("bench hit --user builds its workload with gcc: %v\n%s", err, out)
+	}
+	cmd := exec.CommandContext(ctx, bin)
+	in, _ := cmd.StdinPipe()
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		return nil, "", err
+	}
+	h = &hitLoop{cmd: cmd, in: in, out: bufio.NewReader(out)}
+	if l, _ := h.out.ReadString('\n'); l != "ready\n" {
+		h.stop()
+		return nil, "", fmt.Errorf("workload said %q", l)
+	}
+	return h, bin, nil
+}
+
+// stop ends the workload.
+func (h *hitLoop) stop() { h.in.Close(); h.cmd.Wait() }
+
+// userMech is one mechanism `bench hit --user` times.
+type userMech struct {
+	name, point string
+	calls       int // per run, if fewer than HitOptions.Calls
+	// attach puts the mechanism on; the function it returns takes it
+	// off and says how many hits it counted.
+	attach  func() (func() (uint64, error), error)
+	skipped string
+}
+
+// userMechs are the mechanisms timed on hit() (f): each splice class at
+// the first instruction that takes it (a trap splice at the entry), a
+// tracefs uprobe and a BPF uprobe.
+func userMechs(tg *process.Target, f *cfg.Function, bin string, calls int) []userMech {
+	var mechs []userMech
 	// A trap into the kernel and back costs microseconds: the trap
 	// splice and uprobe rows time fewer calls.
-	trapCalls := min(o.Calls, 100_000)
+	trapCalls := min(calls, 100_000)
 	for _, class := range []springboard.Class{springboard.Direct, springboard.Springboard, springboard.Cover, springboard.Trap} {
-		s := byClass[class]
 		name := class.String() + " splice"
+		s := firstOfClass(tg, f, class)
 		if s == nil {
-			mechs = append(mechs, mech{name: name, skipped: "no instruction of hit() takes this class"})
+			mechs = append(mechs, userMech{name: name, skipped: "no instruction of hit() takes this class"})
 			continue
 		}
-		calls := 0
+		n := 0
 		if class == springboard.Trap {
-			calls = trapCalls
+			n = trapCalls
 		}
-		mechs = append(mechs, mech{name: name, point: s.Where(), calls: calls, attach: func() (func() (uint64, error), error) {
+		mechs = append(mechs, userMech{name: name, point: s.Where(), calls: n, attach: func() (func() (uint64, error), error) {
 			reqs, err := tg.Count("bench", []*splice.Site{s})
 			if err != nil {
 				return nil, err
@@ -142,13 +158,13 @@ func BenchHitUser(ctx context.Context, o HitOptions, env Env) error {
 		}})
 	}
 	off, err := fileOffset(bin, f.Addr)
-	mechs = append(mechs, mech{name: "uprobe (tracefs)", point: "hit", calls: trapCalls, attach: func() (func() (uint64, error), error) {
+	mechs = append(mechs, userMech{name: "uprobe (tracefs)", point: "hit", calls: trapCalls, attach: func() (func() (uint64, error), error) {
 		if err != nil {
 			return nil, err
 		}
 		return attachUprobe(bin, off)
 	}})
-	mechs = append(mechs, mech{name: "bpf uprobe", point: "hit", calls: trapCalls, attach: func() (func() (uint64, error), error) {
+	mechs = append(mechs, userMech{name: "bpf uprobe", point: "hit", calls: trapCalls, attach: func() (func() (uint64, error), error) {
 		set, err := bpfprobe.NewSet(1)
 		if err != nil {
 			return nil, err
@@ -159,6 +175,26 @@ func BenchHitUser(ctx context.Context, o HitOptions, env Env) error {
 		}
 		return func() (uint64, error) { n := set.Counter(0); return n, set.Close() }, nil
 	}})
+	return mechs
+}
+
+// firstOfClass is the first instruction of f (up to its first ret) that
+// takes a splice of class c, nil if none does.
+func firstOfClass(tg *process.Target, f *cfg.Function, c springboard.Class) *splice.Site {
+	for i := range f.Insns {
+		if s, err := tg.ResolveAs(fmt.Sprintf("%s+%#x", f.Name, f.Insns[i].Addr-f.Addr), c); err == nil {
+			return s
+		}
+		if strings.HasPrefix(f.Insns[i].String(), "ret") {
+			break
+		}
+	}
+	return nil
+}
+
+// time runs the workload under each mechanism o.Runs times, each run
+// beside a bare one, and gives the report's rows: the medians.
+func (h *hitLoop) time(mechs []userMech, o HitOptions) ([]api.HitRow, error) {
 	ratios := make([][]float64, len(mechs))
 	nss := make([][]float64, len(mechs))
 	hits := make([]uint64, len(mechs))
@@ -176,7 +212,7 @@ func BenchHitUser(ctx context.Context, o HitOptions, env Env) error {
 			}
 			base, err := h.run(calls)
 			if err != nil {
-				return err
+				return nil, err
 			}
 			bases = append(bases, base)
 			t0 := time.Now()
@@ -191,7 +227,7 @@ func BenchHitUser(ctx context.Context, o HitOptions, env Env) error {
 			n, derr := detach()
 			detachNS[i] = append(detachNS[i], float64(time.Since(t1)))
 			if err != nil {
-				return err
+				return nil, err
 			}
 			if derr != nil {
 				skipped[i] = derr.Error()
@@ -202,13 +238,13 @@ func BenchHitUser(ctx context.Context, o HitOptions, env Env) error {
 			ratios[i] = append(ratios[i], ns/base)
 		}
 	}
-	rep.Rows = append(rep.Rows, api.HitRow{Mechanism: "none", NsPerCall: median(bases), Ratio: 1})
+	rows := []api.HitRow{{Mechanism: "none", NsPerCall: median(bases), Ratio: 1}}
 	for i, m := range mechs {
 		switch {
 		case m.skipped != "":
-			rep.Rows = append(rep.Rows, api.HitRow{Mechanism: m.name, Point: m.point, Skipped: m.skipped})
+			rows = append(rows, api.HitRow{Mechanism: m.name, Point: m.point, Skipped: m.skipped})
 		case skipped[i] != "":
-			rep.Rows = append(rep.Rows, api.HitRow{Mechanism: m.name, Point: m.point, Skipped: skipped[i]})
+			rows = append(rows, api.HitRow{Mechanism: m.name, Point: m.point, Skipped: skipped[i]})
 		default:
 			ratio := median(ratios[i])
 			row := api.HitRow{Mechanism: m.name, Point: m.point, NsPerCall: median(nss[i]), Ratio: ratio, Overhead: ratio - 1, Hits: hits[i],
@@ -216,10 +252,10 @@ func BenchHitUser(ctx context.Context, o HitOptions, env Env) error {
 			if m.calls != 0 {
 				row.Calls = uint64(m.calls) * uint64(o.Runs)
 			}
-			rep.Rows = append(rep.Rows, row)
+			rows = append(rows, row)
 		}
 	}
-	return writeHitReport(env.Out, rep, o.JSON)
+	return rows, nil
 }
 
 // fileOffset is the file offset of vaddr in the ELF file at path, as

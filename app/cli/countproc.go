@@ -204,158 +204,191 @@ func (r *procRun) finish(remove func() []error, stderr interface{ Write([]byte) 
 	return &s
 }
 
-// CountProcess is `kinst count -p PID` (or -p 0 -- CMD).
-func CountProcess(ctx context.Context, pid int, o CountOptions, env Env) (int, error) {
-	stdout, stderr := env.Out, env.Err
+// procCounters are `kinst count -p`'s counters in a process: one per
+// point, spliced now or, for a point in a library not loaded yet, when
+// the process loads it.
+type procCounters struct {
+	r              *procRun
+	interval       time.Duration
+	points, labels []string
+	sites          []*splice.Site
+	reqs           []*engine.Request // nil: not spliced (yet)
+	pending        map[int]bool      // points whose library is not loaded yet
+	start          time.Time
+}
+
+// resolve resolves every point, and splices those whose code is mapped:
+// all or none.
+func (c *procCounters) resolve() error {
+	n := len(c.points)
+	c.sites, c.reqs, c.pending = make([]*splice.Site, n), make([]*engine.Request, n), map[int]bool{}
+	var now []int
+	for i, p := range c.points {
+		s, err := c.r.tg.Resolve(p)
+		if errors.Is(err, process.ErrNoLibrary) {
+			c.pending[i] = true
+			fmt.Fprintf(c.r.stderr, "kinst: %s: the library is not loaded yet; the counter is spliced when the process loads it (kinst looks every %s: calls before that are not counted)\n", p, c.interval)
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", p, err)
+		}
+		c.sites[i] = s
+		now = append(now, i)
+	}
+	c.start = time.Now()
+	return c.count(now)
+}
+
+// count splices the points idx names, all or none.
+func (c *procCounters) count(idx []int) error {
+	ss := make([]*splice.Site, len(idx))
+	for k, i := range idx {
+		ss[k] = c.sites[i]
+	}
+	rs, err := c.r.tg.Count("kinst", ss)
+	if err != nil {
+		return err
+	}
+	for k, i := range idx {
+		c.reqs[i] = rs[k]
+		s, in := c.sites[i], c.r.tg.Installed(rs[k])
+		fmt.Fprintf(c.r.stderr, "kinst: spliced %s in process %d at %s (%#x): %q, %s splice\n", c.labels[i], c.r.pid, s.Where(), s.Addr(), s.Insn().String(), in.Class)
+	}
+	return nil
+}
+
+// load splices the pending points whose library the process has loaded
+// since the last look.
+func (c *procCounters) load() {
+	if !c.r.loaded(len(c.pending)) {
+		return
+	}
+	for i := range c.pending {
+		s, err := c.r.tg.Resolve(c.points[i])
+		if errors.Is(err, process.ErrNoLibrary) {
+			continue
+		}
+		delete(c.pending, i)
+		if err == nil {
+			c.sites[i] = s
+			err = c.count([]int{i})
+		}
+		if err != nil {
+			fmt.Fprintf(c.r.stderr, "kinst: %s: %v\n", c.labels[i], err)
+			continue
+		}
+		fmt.Fprintf(c.r.stderr, "kinst: %s: its library was loaded %s after the start\n", c.labels[i], time.Since(c.start).Round(time.Millisecond))
+	}
+}
+
+// counter is point i's count so far.
+func (c *procCounters) counter(i int) uint64 {
+	if c.reqs[i] == nil {
+		return 0
+	}
+	return c.r.tg.Counter(c.reqs[i], 0)
+}
+
+// probes are the report's probes, and the requests to remove.
+func (c *procCounters) probes() ([]api.CountProbe, []*engine.Request) {
+	var probes []api.CountProbe
+	var spliced []*engine.Request
+	for i, q := range c.reqs {
+		if q == nil { // its library never loaded
+			fmt.Fprintf(c.r.stderr, "kinst: %s: the library was not seen loaded: nothing counted\n", c.labels[i])
+			probes = append(probes, api.CountProbe{Point: c.labels[i], Mechanism: "none"})
+			continue
+		}
+		s := c.sites[i]
+		probes = append(probes, api.CountProbe{Point: c.labels[i], Function: s.Fn.Name, Offset: s.Addr() - s.Fn.Addr,
+			Address: api.Addr(s.Addr()), Count: c.r.tg.Counter(q, 0), Mechanism: "splice"})
+		spliced = append(spliced, q)
+	}
+	return probes, spliced
+}
+
+// openCountProcess checks o, opens the process (or starts -- CMD) and
+// resolves and splices o's points. On error it gives the exit status:
+// 2 for a usage error.
+func openCountProcess(pid int, o *CountOptions, env Env) (*procCounters, int, error) {
 	if o.Interval <= 0 {
 		o.Interval = time.Second
 	}
 	if o.Name != "" || o.TTL != 0 {
-		return 2, errors.New("count -p: --name and --ttl name kerninstd sessions; a process's counters live as long as kinst does")
+		return nil, 2, errors.New("count -p: --name and --ttl name kerninstd sessions; a process's counters live as long as kinst does")
 	}
 	if err := checkOutputDir("count", o.SVG); err != nil {
-		return 2, err
+		return nil, 2, err
 	}
 	r, err := openProcess(pid, o.Command, env)
 	if err != nil {
-		return 1, err
+		return nil, 1, err
 	}
-	tg := r.tg
 	// Source lines, from the executable's DWARF: its functions only.
-	lp, err := expandLines(o.Points, stderr, func() (*debuginfo.File, error) {
+	lp, err := expandLines(o.Points, env.Err, func() (*debuginfo.File, error) {
 		dbg, err := debuginfo.Open(fmt.Sprintf("/proc/%d/exe", r.pid))
 		if err != nil {
 			return nil, fmt.Errorf("a source line in a process needs the executable's DWARF (build it with -g): %w", err)
 		}
 		return dbg, nil
 	})
+	c := &procCounters{r: r, interval: o.Interval, points: lp.points, labels: lp.labels}
+	if err == nil {
+		err = c.resolve()
+	}
 	if err != nil {
-		tg.Close()
+		r.tg.Close()
 		r.kill()
-		return 1, err
+		return nil, 1, err
 	}
-	points, labels := lp.points, lp.labels
-	sites := make([]*splice.Site, len(points))
-	reqs := make([]*engine.Request, len(points))
-	pending := map[int]bool{} // points whose library is not loaded yet
-	var now []int
-	for i, p := range points {
-		sites[i], err = tg.Resolve(p)
-		if errors.Is(err, process.ErrNoLibrary) {
-			pending[i] = true
-			fmt.Fprintf(stderr, "kinst: %s: the library is not loaded yet; the counter is spliced when the process loads it (kinst looks every %s: calls before that are not counted)\n", p, o.Interval)
-			continue
-		}
-		if err != nil {
-			tg.Close()
-			r.kill()
-			return 1, fmt.Errorf("%s: %w", p, err)
-		}
-		now = append(now, i)
-	}
-	// count splices the points idx names, all or none.
-	count := func(idx []int) error {
-		ss := make([]*splice.Site, len(idx))
-		for k, i := range idx {
-			ss[k] = sites[i]
-		}
-		rs, err := tg.Count("kinst", ss)
-		if err != nil {
-			return err
-		}
-		for k, i := range idx {
-			reqs[i] = rs[k]
-			in := tg.Installed(rs[k])
-			fmt.Fprintf(stderr, "kinst: spliced %s in process %d at %s (%#x): %q, %s splice\n", labels[i], r.pid, sites[i].Where(), sites[i].Addr(), sites[i].Insn().String(), in.Class)
-		}
-		return nil
-	}
-	if err := count(now); err != nil {
-		tg.Close()
-		r.kill()
-		return 1, err
-	}
-	start := time.Now()
-	load := func() {
-		if !r.loaded(len(pending)) {
-			return
-		}
-		for i := range pending {
-			s, err := tg.Resolve(points[i])
-			if errors.Is(err, process.ErrNoLibrary) {
-				continue
-			}
-			delete(pending, i)
-			if err == nil {
-				sites[i] = s
-				err = count([]int{i})
-			}
-			if err != nil {
-				fmt.Fprintf(stderr, "kinst: %s: %v\n", labels[i], err)
-				continue
-			}
-			fmt.Fprintf(stderr, "kinst: %s: its library was loaded %s after the start\n", labels[i], time.Since(start).Round(time.Millisecond))
-		}
-	}
-	counter := func(i int) uint64 {
-		if reqs[i] == nil {
-			return 0
-		}
-		return tg.Counter(reqs[i], 0)
+	return c, 0, nil
+}
+
+// CountProcess is `kinst count -p PID` (or -p 0 -- CMD).
+func CountProcess(ctx context.Context, pid int, o CountOptions, env Env) (int, error) {
+	stdout, stderr := env.Out, env.Err
+	c, code, err := openCountProcess(pid, &o, env)
+	if err != nil {
+		return code, err
 	}
 	report := api.CountReport{IntervalNS: int64(o.Interval)}
-	last := make([]uint64, len(reqs))
+	last := make([]uint64, len(c.reqs))
 	if !o.JSON {
 		fmt.Fprintf(stdout, "%8s  %-24s  %12s  %12s\n", "time", "location", "+interval", "total")
 	}
-	series := make([]metrics.Series, len(reqs))
+	series := make([]metrics.Series, len(c.reqs))
 	begin := time.Now()
 	for i := range series {
-		series[i].Name = labels[i]
+		series[i].Name = c.labels[i]
 		series[i].Add(metrics.Point{Time: begin})
 	}
-	dur := r.run(ctx, o.Duration, o.Interval, func(el time.Duration) {
-		load()
-		deltas := make([]uint64, len(reqs))
-		for i := range reqs {
-			n := counter(i)
+	dur := c.r.run(ctx, o.Duration, o.Interval, func(el time.Duration) {
+		c.load()
+		deltas := make([]uint64, len(c.reqs))
+		for i := range c.reqs {
+			n := c.counter(i)
 			deltas[i], last[i] = n-last[i], n
 			series[i].Add(metrics.Point{Time: time.Now(), Calls: n})
 			if !o.JSON {
-				fmt.Fprintf(stdout, "%8.3f  %-24s  %12d  %12d\n", el.Seconds(), labels[i], deltas[i], n)
+				fmt.Fprintf(stdout, "%8.3f  %-24s  %12d  %12d\n", el.Seconds(), c.labels[i], deltas[i], n)
 			}
 		}
 		report.Intervals = append(report.Intervals, api.CountSample{ElapsedNS: int64(el), Deltas: deltas})
 	})
 	report.DurationNS = int64(dur)
-	var spliced []*engine.Request
-	for i, q := range reqs {
-		if q == nil { // its library never loaded
-			fmt.Fprintf(stderr, "kinst: %s: the library was not seen loaded: nothing counted\n", labels[i])
-			report.Probes = append(report.Probes, api.CountProbe{Point: labels[i], Mechanism: "none"})
-			continue
-		}
-		s := sites[i]
-		report.Probes = append(report.Probes, api.CountProbe{Point: labels[i], Function: s.Fn.Name, Offset: s.Addr() - s.Fn.Addr,
-			Address: api.Addr(s.Addr()), Count: tg.Counter(q, 0), Mechanism: "splice"})
-		spliced = append(spliced, q)
-	}
-	report.ExitStatus = r.finish(func() []error { return tg.RemoveEach(spliced) }, stderr)
-	report.Ended = r.end
-	exit := 0
-	if report.ExitStatus != nil {
-		exit = *report.ExitStatus
-	}
-	if o.SVG != "" {
-		if err := writePlot(o.SVG, "kinst count", series); err != nil {
-			return max(exit, 1), err
-		}
-		fmt.Fprintf(stderr, "kinst: wrote %s\n", o.SVG)
+	probes, spliced := c.probes()
+	report.Probes = probes
+	report.ExitStatus = c.r.finish(func() []error { return c.r.tg.RemoveEach(spliced) }, stderr)
+	report.Ended = c.r.end
+	exit, err := plotAfter(report.ExitStatus, o.SVG, "kinst count", series, stderr)
+	if err != nil {
+		return exit, err
 	}
 	if o.JSON {
 		return exit, writeJSON(stdout, report)
 	}
-	fmt.Fprintf(stdout, "\ncounts over %.3f s in process %d (%s):\n", dur.Seconds(), r.pid, r.ended())
+	fmt.Fprintf(stdout, "\ncounts over %.3f s in process %d (%s):\n", dur.Seconds(), c.r.pid, c.r.ended())
 	tw := newTable(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "count\tpoint\tlocation\taddress")
 	for _, p := range report.Probes {
@@ -382,42 +415,21 @@ func TimeProcess(ctx context.Context, pid int, o TimeOptions, env Env) (int, err
 	if err != nil {
 		return 1, err
 	}
-	tg := r.tg
-	clock := metrics.NewClock()
-	var timers []*process.Timer
+	timers, err := r.time(o.Functions)
+	if err != nil {
+		r.tg.Close()
+		r.kill()
+		return 1, err
+	}
 	untime := func() []error {
 		var errs []error
 		for _, tm := range timers {
-			errs = append(errs, tg.Untime(tm))
+			errs = append(errs, r.tg.Untime(tm))
 		}
 		return errs
 	}
-	for _, fn := range o.Functions {
-		tm, err := tg.Time("kinst", fn)
-		if err != nil {
-			untime()
-			tg.Close()
-			r.kill()
-			return 1, err
-		}
-		timers = append(timers, tm)
-		var exits []string
-		for _, x := range tm.Exits {
-			exits = append(exits, fmt.Sprintf("+%#x", x.Addr()-x.Fn.Addr))
-		}
-		fmt.Fprintf(stderr, "kinst: timing %s in process %d: entry at +%#x, %d exit(s) at %s\n", tm.Function, r.pid,
-			tm.Entry.Addr()-tm.Entry.Fn.Addr, len(tm.Exits), strings.Join(exits, " "))
-		if callsItself(tm.Entry.Fn) {
-			fmt.Fprintf(stderr, "kinst: %s calls itself: every active frame is timed, so total wall counts nested calls again and concurrency is the average depth\n", tm.Function)
-		}
-	}
-	accs := make([]metrics.TimerAcc, len(timers))
+	read := timerReader(timers)
 	points := make([]metrics.Point, len(timers))
-	read := func(i int) metrics.Point {
-		calls, w := timers[i].Read()
-		ticks := accs[i].Add(w, metrics.TSC())
-		return metrics.Point{Time: time.Now(), Calls: calls, WallNS: clock.Nanos(ticks), Inside: metrics.TimerInside(w)}
-	}
 	series := make([]metrics.Series, len(timers))
 	for i := range timers {
 		points[i] = read(i)
@@ -451,37 +463,95 @@ func TimeProcess(ctx context.Context, pid int, o TimeOptions, env Env) (int, err
 	})
 	report.DurationNS = int64(dur)
 	for i, tm := range timers {
-		last := read(i)
-		d := metrics.Derive(first[i], last)
-		tf := api.TimedFunction{Function: tm.Function, Entry: at(api.Resolved{Function: tm.Entry.Fn.Name, Offset: tm.Entry.Addr() - tm.Entry.Fn.Addr}),
-			Calls: last.Calls, CallsPerSec: d.CallsPerSec, WallNS: last.WallNS, AvgWallNS: d.AvgWallNS, Concurrency: d.Concurrency, Mechanism: "splice"}
-		for _, x := range tm.Exits {
-			tf.Exits = append(tf.Exits, fmt.Sprintf("%s+%#x", x.Fn.Name, x.Addr()-x.Fn.Addr))
-		}
-		report.Functions = append(report.Functions, tf)
+		report.Functions = append(report.Functions, timedFunction(tm, first[i], read(i)))
 	}
 	report.ExitStatus = r.finish(untime, stderr)
 	report.Ended = r.end
-	exit := 0
-	if report.ExitStatus != nil {
-		exit = *report.ExitStatus
-	}
-	if o.SVG != "" {
-		if err := writePlot(o.SVG, "kinst time", series); err != nil {
-			return max(exit, 1), err
-		}
-		fmt.Fprintf(stderr, "kinst: wrote %s\n", o.SVG)
+	exit, err := plotAfter(report.ExitStatus, o.SVG, "kinst time", series, stderr)
+	if err != nil {
+		return exit, err
 	}
 	if o.JSON {
 		return exit, writeJSON(stdout, report)
 	}
 	fmt.Fprintf(stdout, "\ntotals over %.3f s in process %d (%s):\n", dur.Seconds(), r.pid, r.ended())
-	tw := newTable(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	return exit, printTimeTotals(stdout, report.Functions)
+}
+
+// printTimeTotals is the table of `kinst time -p`'s totals.
+func printTimeTotals(w io.Writer, fns []api.TimedFunction) error {
+	tw := newTable(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "calls\tcalls/s\ttotal wall\tavg wall\tconcurrency\tfunction\t")
-	for _, f := range report.Functions {
+	for _, f := range fns {
 		fmt.Fprintf(tw, "%d\t%.0f\t%s\t%s\t%.3f\t%s\t\n", f.Calls, f.CallsPerSec, fmtNS(f.WallNS), fmtNS(f.AvgWallNS), f.Concurrency, f.Function)
 	}
-	return exit, tw.Flush()
+	return tw.Flush()
+}
+
+// time puts timers on fns, all or none, saying where on stderr.
+func (r *procRun) time(fns []string) ([]*process.Timer, error) {
+	var timers []*process.Timer
+	for _, fn := range fns {
+		tm, err := r.tg.Time("kinst", fn)
+		if err != nil {
+			for _, t := range timers {
+				r.tg.Untime(t)
+			}
+			return nil, err
+		}
+		timers = append(timers, tm)
+		var exits []string
+		for _, x := range tm.Exits {
+			exits = append(exits, fmt.Sprintf("+%#x", x.Addr()-x.Fn.Addr))
+		}
+		fmt.Fprintf(r.stderr, "kinst: timing %s in process %d: entry at +%#x, %d exit(s) at %s\n", tm.Function, r.pid,
+			tm.Entry.Addr()-tm.Entry.Fn.Addr, len(tm.Exits), strings.Join(exits, " "))
+		if callsItself(tm.Entry.Fn) {
+			fmt.Fprintf(r.stderr, "kinst: %s calls itself: every active frame is timed, so total wall counts nested calls again and concurrency is the average depth\n", tm.Function)
+		}
+	}
+	return timers, nil
+}
+
+// timerReader reads process timers as metrics points: read(i) is
+// timers[i]'s calls and wall time so far.
+func timerReader(timers []*process.Timer) (read func(i int) metrics.Point) {
+	clock := metrics.NewClock()
+	accs := make([]metrics.TimerAcc, len(timers))
+	return func(i int) metrics.Point {
+		calls, w := timers[i].Read()
+		ticks := accs[i].Add(w, metrics.TSC())
+		return metrics.Point{Time: time.Now(), Calls: calls, WallNS: clock.Nanos(ticks), Inside: metrics.TimerInside(w)}
+	}
+}
+
+// timedFunction is a timer's line of the report, from its first and
+// last reads.
+func timedFunction(tm *process.Timer, first, last metrics.Point) api.TimedFunction {
+	d := metrics.Derive(first, last)
+	tf := api.TimedFunction{Function: tm.Function, Entry: at(api.Resolved{Function: tm.Entry.Fn.Name, Offset: tm.Entry.Addr() - tm.Entry.Fn.Addr}),
+		Calls: last.Calls, CallsPerSec: d.CallsPerSec, WallNS: last.WallNS, AvgWallNS: d.AvgWallNS, Concurrency: d.Concurrency, Mechanism: "splice"}
+	for _, x := range tm.Exits {
+		tf.Exits = append(tf.Exits, fmt.Sprintf("%s+%#x", x.Fn.Name, x.Addr()-x.Fn.Addr))
+	}
+	return tf
+}
+
+// plotAfter is the exit status of a process run (0 when it goes on)
+// and, with svg, its plot written.
+func plotAfter(status *int, svg, title string, series []metrics.Series, stderr io.Writer) (int, error) {
+	exit := 0
+	if status != nil {
+		exit = *status
+	}
+	if svg == "" {
+		return exit, nil
+	}
+	if err := writePlot(svg, title, series); err != nil {
+		return max(exit, 1), err
+	}
+	fmt.Fprintf(stderr, "kinst: wrote %s\n", svg)
+	return exit, nil
 }
 
 // callsItself: fn has a direct call to its own entry, recursion a timer

@@ -24,122 +24,196 @@ import (
 // executable's own DWARF when it has some, and a library's from its DWARF
 // or its separate debug file.
 func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, error) {
-	if len(o.Modules) > 0 || o.Filter != (api.Filter{}) || o.Name != "" || o.TTL != 0 || o.Debug.Vmlinux != "" {
-		return 2, errors.New("cover --user: --module, --comm, --name, --ttl and --vmlinux are for the kernel")
-	}
-	if len(o.Targets) == 0 && len(o.Files) == 0 && len(o.Callees) == 0 {
-		return 2, errors.New("cover --user: name at least one function or glob (parse_*, libc:str*), --callees FUNC or --file")
-	}
-	if o.Depth < 1 {
-		o.Depth = 1
-	}
-	for _, path := range []string{o.SVG, o.Lcov} {
-		if err := checkOutputDir("cover", path); err != nil {
-			return 2, err
-		}
-	}
-	if _, err := parseLineRange(o); err != nil {
+	if err := checkCoverProcess(&o); err != nil {
 		return 2, err
 	}
 	r, err := openProcess(pid, o.Command, env)
 	if err != nil {
 		return 1, err
 	}
-	tg := r.tg
 	if !o.Trap {
 		// A probe at every block reaches code that runs with signals
 		// blocked (thread start, fork) far more often than a point named
 		// on purpose: blocks only an int3 fits are refused instead.
-		tg.NoTraps(process.TrapHazard + "; --trap allows it")
+		r.tg.NoTraps(process.TrapHazard + "; --trap allows it")
 	}
+	c := &procCoverage{r: r, env: env, set: cover.New(""), seen: map[uint64]bool{}, libDebug: map[string]*debuginfo.File{}}
+	defer c.close()
 	fail := func(err error) (int, error) {
-		tg.Close()
+		r.tg.Close()
 		r.kill()
 		return 1, err
 	}
-	var dbg *debuginfo.File
-	if o.Lcov != "" || len(o.Files) > 0 {
-		exe := fmt.Sprintf("/proc/%d/exe", r.pid)
-		if dbg, err = debuginfo.Open(exe); err != nil {
-			return fail(fmt.Errorf("--lcov and --file need the executable's DWARF (build it with -g): %w", err))
-		}
-		defer dbg.Close()
-		if err := fileTargets(&o, dbg, env); err != nil {
-			return fail(err)
-		}
-	} else if d, err := debuginfo.Open(fmt.Sprintf("/proc/%d/exe", r.pid)); err == nil {
-		dbg = d // lines when the executable has them; silent when not
-		defer dbg.Close()
+	if err := c.openDebug(&o); err != nil {
+		return fail(err)
 	}
-	set := cover.New("")
 	if o.AllBlocks {
-		set.AllBlocks()
+		c.set.AllBlocks()
 	}
-	seen := map[uint64]bool{}
+	if err := c.plan(o); err != nil {
+		return fail(err)
+	}
+	// The libraries' debug files are opened now: the process (and its
+	// /proc/PID/root) may be gone when the report is made.
+	librariesDebug(report.Cover(c.set, "", time.Now()), r.tg, env, c.libDebug)
+	c.set.Arm(r.tg, "kinst", cover.Flag(nil), time.Now)
+	if err := c.armed(); err != nil {
+		return fail(err)
+	}
+	c.start = time.Now()
+	if o.Duration == 0 && r.cmd == nil {
+		fmt.Fprintln(env.Err, "kinst: covering; Ctrl-C to stop")
+	}
+	dur := r.run(ctx, o.Duration, cover.Poll, func(time.Duration) { c.sweep() })
+	if r.live() {
+		c.sweep() // the last hits count
+	} else {
+		// The process has gone, and its text with it: its flags are
+		// still in kinst's mapping, nothing is left to remove.
+		c.set.Mark(r.tg, time.Now())
+	}
+	for _, target := range c.pending {
+		fmt.Fprintf(env.Err, "kinst: %s: the library was not seen loaded (kinst looks every %s): nothing of it was covered\n", target, cover.Poll)
+	}
+	status := r.finish(func() []error {
+		_, err := c.set.Remove(r.tg)
+		return []error{err}
+	}, env.Err)
+	rep := c.report(dur, status, o.Lcov != "")
+	exit := 0
+	if status != nil {
+		exit = *status
+	}
+	return writeCoverOutputs(o, rep, exit, env)
+}
+
+// checkCoverProcess checks `kinst cover --user`'s options.
+func checkCoverProcess(o *CoverOptions) error {
+	if len(o.Modules) > 0 || o.Filter != (api.Filter{}) || o.Name != "" || o.TTL != 0 || o.Debug.Vmlinux != "" {
+		return errors.New("cover --user: --module, --comm, --name, --ttl and --vmlinux are for the kernel")
+	}
+	if len(o.Targets) == 0 && len(o.Files) == 0 && len(o.Callees) == 0 {
+		return errors.New("cover --user: name at least one function or glob (parse_*, libc:str*), --callees FUNC or --file")
+	}
+	if o.Depth < 1 {
+		o.Depth = 1
+	}
+	for _, path := range []string{o.SVG, o.Lcov} {
+		if err := checkOutputDir("cover", path); err != nil {
+			return err
+		}
+	}
+	_, err := parseLineRange(*o)
+	return err
+}
+
+// procCoverage is a coverage session over a process, run by kinst
+// itself.
+type procCoverage struct {
+	r   *procRun
+	env Env
+	set *cover.Set
+	// seen are the functions planned, by address: a function two
+	// targets name is planned once.
+	seen map[uint64]bool
+	// pending are LIB:… targets whose library is not loaded yet.
+	pending []string
+	// dbg is the executable's debug information, nil without; libDebug
+	// the libraries', by module.
+	dbg      *debuginfo.File
+	libDebug map[string]*debuginfo.File
+	start    time.Time
+}
+
+func (c *procCoverage) close() {
+	if c.dbg != nil {
+		c.dbg.Close()
+	}
+	for _, d := range c.libDebug {
+		d.Close()
+	}
+}
+
+// openDebug opens the executable's DWARF: required by --lcov and --file
+// (whose targets it adds to o), taken when there otherwise.
+func (c *procCoverage) openDebug(o *CoverOptions) error {
+	exe := fmt.Sprintf("/proc/%d/exe", c.r.pid)
+	if o.Lcov == "" && len(o.Files) == 0 {
+		if d, err := debuginfo.Open(exe); err == nil {
+			c.dbg = d // lines when the executable has them; silent when not
+		}
+		return nil
+	}
+	d, err := debuginfo.Open(exe)
+	if err != nil {
+		return fmt.Errorf("--lcov and --file need the executable's DWARF (build it with -g): %w", err)
+	}
+	c.dbg = d
+	return fileTargets(o, d, c.env)
+}
+
+// plan plans o's targets and callees; a library's not loaded yet waits
+// in pending.
+func (c *procCoverage) plan(o CoverOptions) error {
 	var lists [][]process.CoverTarget
-	var pending []string  // LIB:… targets whose library is not loaded yet
 	var unmatched []error // globs that matched nothing, beside other targets
 	for _, target := range o.Targets {
-		fns, err := tg.Functions(target)
+		fns, err := c.r.tg.Functions(target)
 		if errors.Is(err, process.ErrNoLibrary) {
-			pending = append(pending, target)
-			fmt.Fprintf(env.Err, "kinst: %s: the library is not loaded yet; its probes are armed when the process loads it (kinst looks every %s: what runs before is not seen)\n", target, cover.Poll)
+			c.pending = append(c.pending, target)
+			fmt.Fprintf(c.env.Err, "kinst: %s: the library is not loaded yet; its probes are armed when the process loads it (kinst looks every %s: what runs before is not seen)\n", target, cover.Poll)
 			continue
 		}
 		if errors.Is(err, process.ErrNoFunction) && strings.ContainsAny(target, "*?[") && len(o.Targets)+len(o.Callees) > 1 {
 			// A glob over one object (the executable's '*' when it is
 			// stripped) matching nothing does not stop the others.
 			unmatched = append(unmatched, err)
-			fmt.Fprintf(env.Err, "kinst: warning: %v\n", err)
+			fmt.Fprintf(c.env.Err, "kinst: warning: %v\n", err)
 			continue
 		}
 		if err != nil {
-			return fail(err)
+			return err
 		}
 		lists = append(lists, fns)
 	}
 	for _, root := range o.Callees {
-		fns, err := tg.Callees(root, o.Depth)
+		fns, err := c.r.tg.Callees(root, o.Depth)
 		if err != nil {
-			return fail(err)
+			return err
 		}
 		lists = append(lists, fns)
 	}
-	if len(lists) == 0 && len(pending) == 0 && len(unmatched) > 0 {
-		return fail(errors.Join(unmatched...))
-	}
-	add := func(fns []process.CoverTarget) (n int) {
-		for _, ct := range fns {
-			if seen[ct.Sym.Addr] {
-				continue
-			}
-			seen[ct.Sym.Addr] = true
-			n++
-			if ct.Err != nil {
-				set.AddUnreadable(ct.Sym, ct.Err)
-				continue
-			}
-			set.Add(ct.Func)
-		}
-		return n
+	if len(lists) == 0 && len(c.pending) == 0 && len(unmatched) > 0 {
+		return errors.Join(unmatched...)
 	}
 	for _, fns := range lists {
-		add(fns)
+		c.add(fns)
 	}
-	// The libraries' debug files are opened now: the process (and its
-	// /proc/PID/root) may be gone when the report is made.
-	libDebug := map[string]*debuginfo.File{}
-	librariesDebug(report.Cover(set, "", time.Now()), tg, env, libDebug)
-	defer func() {
-		for _, d := range libDebug {
-			d.Close()
+	return nil
+}
+
+// add plans the functions not planned yet, and says how many.
+func (c *procCoverage) add(fns []process.CoverTarget) (n int) {
+	for _, ct := range fns {
+		if c.seen[ct.Sym.Addr] {
+			continue
 		}
-	}()
-	set.Arm(tg, "kinst", cover.Flag(nil), time.Now)
-	armed := report.Cover(set, "", time.Now())
-	if armed.Armed == 0 && armed.TotalBlocks > 0 && len(pending) == 0 {
-		// Nothing to measure: say why, rather than report 0% after the
-		// whole duration.
+		c.seen[ct.Sym.Addr] = true
+		n++
+		if ct.Err != nil {
+			c.set.AddUnreadable(ct.Sym, ct.Err)
+			continue
+		}
+		c.set.Add(ct.Func)
+	}
+	return n
+}
+
+// armed says what the first arming did, or why nothing could be
+// measured (rather than report 0% after the whole duration).
+func (c *procCoverage) armed() error {
+	armed := report.Cover(c.set, "", time.Now())
+	if armed.Armed == 0 && armed.TotalBlocks > 0 && len(c.pending) == 0 {
 		why := "every block was refused"
 	first:
 		for _, f := range armed.Functions {
@@ -150,86 +224,72 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 				}
 			}
 		}
-		return fail(fmt.Errorf("cover --user: no probe could be armed over %d blocks: %s", armed.TotalBlocks, why))
+		return fmt.Errorf("cover --user: no probe could be armed over %d blocks: %s", armed.TotalBlocks, why)
 	}
-	fmt.Fprintf(env.Err, "kinst: %d probes armed in process %d in %s over %d blocks of %d functions (%d inferred from their successors, %d refused)\n",
-		armed.Armed, r.pid, fmtNS(float64(armed.ArmNS)), armed.TotalBlocks, len(armed.Functions), armed.Inferred, armed.RefusedBlocks)
-	writeRefusals(env.Err, armed, 3)
-	start := time.Now()
-	// load arms the pending targets whose library the process has
-	// loaded since (dlopen).
-	load := func() {
-		if !r.loaded(len(pending)) {
-			return
+	fmt.Fprintf(c.env.Err, "kinst: %d probes armed in process %d in %s over %d blocks of %d functions (%d inferred from their successors, %d refused)\n",
+		armed.Armed, c.r.pid, fmtNS(float64(armed.ArmNS)), armed.TotalBlocks, len(armed.Functions), armed.Inferred, armed.RefusedBlocks)
+	writeRefusals(c.env.Err, armed, 3)
+	return nil
+}
+
+// load arms the pending targets whose library the process has loaded
+// since (dlopen).
+func (c *procCoverage) load() {
+	if !c.r.loaded(len(c.pending)) {
+		return
+	}
+	var still []string
+	for _, target := range c.pending {
+		fns, err := c.r.tg.Functions(target)
+		if errors.Is(err, process.ErrNoLibrary) {
+			still = append(still, target)
+			continue
 		}
-		var still []string
-		for _, target := range pending {
-			fns, err := tg.Functions(target)
-			if errors.Is(err, process.ErrNoLibrary) {
-				still = append(still, target)
-				continue
-			}
-			if err != nil {
-				fmt.Fprintf(env.Err, "kinst: %s: %v\n", target, err)
-				continue
-			}
-			before := set.Summary(time.Now()).Armed
-			n := add(fns)
-			set.Arm(tg, "kinst", cover.Flag(nil), time.Now)
-			now := report.Cover(set, "", time.Now())
-			fmt.Fprintf(env.Err, "kinst: %s: loaded %s after the start: %d probes armed over %d functions (%d named by other targets)\n",
-				target, time.Since(start).Round(time.Millisecond), now.Armed-before, n, len(fns)-n)
-			librariesDebug(now, tg, Env{Err: io.Discard}, libDebug)
+		if err != nil {
+			fmt.Fprintf(c.env.Err, "kinst: %s: %v\n", target, err)
+			continue
 		}
-		pending = still
+		before := c.set.Summary(time.Now()).Armed
+		n := c.add(fns)
+		c.set.Arm(c.r.tg, "kinst", cover.Flag(nil), time.Now)
+		now := report.Cover(c.set, "", time.Now())
+		fmt.Fprintf(c.env.Err, "kinst: %s: loaded %s after the start: %d probes armed over %d functions (%d named by other targets)\n",
+			target, time.Since(c.start).Round(time.Millisecond), now.Armed-before, n, len(fns)-n)
+		librariesDebug(now, c.r.tg, Env{Err: io.Discard}, c.libDebug)
 	}
-	sweep := func() {
-		load()
-		failed := set.Sweep(tg, time.Now())
-		if len(failed) > 0 && !r.live() {
-			return // it exited meanwhile: nothing is left to remove
-		}
-		for req, err := range failed {
-			fmt.Fprintf(env.Err, "kinst: remove the covered probe at %s: %v\n", req.Site().Where(), err)
-		}
+	c.pending = still
+}
+
+// sweep arms what was loaded, then removes the probes that ran.
+func (c *procCoverage) sweep() {
+	c.load()
+	failed := c.set.Sweep(c.r.tg, time.Now())
+	if len(failed) > 0 && !c.r.live() {
+		return // it exited meanwhile: nothing is left to remove
 	}
-	if o.Duration == 0 && r.cmd == nil {
-		fmt.Fprintln(env.Err, "kinst: covering; Ctrl-C to stop")
+	for req, err := range failed {
+		fmt.Fprintf(c.env.Err, "kinst: remove the covered probe at %s: %v\n", req.Site().Where(), err)
 	}
-	dur := r.run(ctx, o.Duration, cover.Poll, func(time.Duration) { sweep() })
-	if r.live() {
-		sweep() // the last hits count
-	} else {
-		// The process has gone, and its text with it: its flags are
-		// still in kinst's mapping, nothing is left to remove.
-		set.Mark(tg, time.Now())
-	}
-	for _, target := range pending {
-		fmt.Fprintf(env.Err, "kinst: %s: the library was not seen loaded (kinst looks every %s): nothing of it was covered\n", target, cover.Poll)
-	}
-	status := r.finish(func() []error {
-		_, err := set.Remove(tg)
-		return []error{err}
-	}, env.Err)
-	rep := *report.Cover(set, fmt.Sprintf("process %d", r.pid), time.Now())
+}
+
+// report is the final report, with source lines where there is debug
+// information (a failure said when lines were asked for: lcov).
+func (c *procCoverage) report(dur time.Duration, status *int, lines bool) api.CoverReport {
+	rep := *report.Cover(c.set, fmt.Sprintf("process %d", c.r.pid), time.Now())
 	rep.DurationNS = int64(dur)
 	rep.ExitStatus = status
-	rep.Ended = r.end
-	exit := 0
-	if status != nil {
-		exit = *status
-	}
-	if dbg != nil {
-		if _, err := Annotate(&rep, dbg); err != nil && o.Lcov != "" {
-			fmt.Fprintf(env.Err, "kinst: no source lines: %v\n", err)
+	rep.Ended = c.r.end
+	if c.dbg != nil {
+		if _, err := Annotate(&rep, c.dbg); err != nil && lines {
+			fmt.Fprintf(c.env.Err, "kinst: no source lines: %v\n", err)
 		}
 	}
-	for mod, dbg := range libDebug {
+	for mod, dbg := range c.libDebug {
 		if _, err := AnnotateModule(&rep, dbg, mod); err != nil {
-			fmt.Fprintf(env.Err, "kinst: no source lines for %s: %v\n", mod, err)
+			fmt.Fprintf(c.env.Err, "kinst: no source lines for %s: %v\n", mod, err)
 		}
 	}
-	return writeCoverOutputs(o, rep, exit, env)
+	return rep
 }
 
 // librariesDebug opens into out the DWARF of each library the report has

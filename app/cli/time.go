@@ -38,14 +38,7 @@ func Time(ctx context.Context, c *api.Client, o TimeOptions, env Env) (int, erro
 	if o.Interval <= 0 {
 		o.Interval = time.Second
 	}
-	req := api.SessionRequest{Timers: o.Functions, Tied: true, Name: o.Name, TTLNS: int64(o.TTL), Virtual: o.Virtual, Lock: o.Lock}
-	if o.Lock != "" {
-		o.Virtual = true // the daemon splits each wait into spinning and sleeping
-	}
-	if o.Filter != (api.Filter{}) {
-		f := o.Filter
-		req.Filter = &f
-	}
+	req := timeRequest(&o)
 	asked := env.now()
 	sess, err := c.CreateSession(ctx, req)
 	if err != nil {
@@ -54,20 +47,10 @@ func Time(ctx context.Context, c *api.Client, o TimeOptions, env Env) (int, erro
 	for _, t := range sess.Timers {
 		describeTimer(stderr, t)
 	}
-	series := make([]metrics.Series, len(sess.Timers))
-	for i, t := range sess.Timers {
-		series[i].Name = t.Function
-		p := metrics.Point(t.Totals)
-		p.Time = sess.Created
-		series[i].Add(p)
-	}
+	series, width := timerSeries(sess)
 	report := api.TimeReport{Session: sess.Name, IntervalNS: int64(o.Interval)}
 	if len(sess.Timers) > 0 {
 		report.Filter = sess.Timers[0].Filter
-	}
-	width := 8
-	for _, t := range sess.Timers {
-		width = max(width, len(t.Function))
 	}
 	if !o.JSON {
 		fmt.Fprintf(stdout, "%8s  %-*s  %10s  %12s  %12s  %11s  %6s\n", "time", width, "function", "calls/s", "avg wall", "avg virtual", "concurrency", "inside")
@@ -106,20 +89,7 @@ func Time(ctx context.Context, c *api.Client, o TimeOptions, env Env) (int, erro
 	report.DurationNS = int64(res.Duration)
 	report.DetachNS = int64(res.Detach)
 	for i, t := range res.Final.Timers {
-		// Totals over the session's whole life, as the daemon saw it.
-		last := metrics.Point(t.Totals)
-		first := last
-		first.Calls, first.WallNS, first.VirtualNS, first.Time = 0, 0, 0, sess.Created
-		r := metrics.Derive(first, last)
-		tf := api.TimedFunction{Function: t.Function, Entry: at(t.Entry), Calls: t.Calls, CallsPerSec: r.CallsPerSec,
-			WallNS: t.WallNS, AvgWallNS: r.AvgWallNS, Concurrency: r.Concurrency, Mechanism: t.Mechanism}
-		for _, e := range t.Exits {
-			tf.Exits = append(tf.Exits, at(e))
-		}
-		if t.Virtual {
-			v, avg := t.VirtualNS, r.AvgVirtualNS
-			tf.VirtualNS, tf.AvgVirtual = &v, &avg
-		}
+		tf, last := sessionTotals(t, sess.Created)
 		report.Functions = append(report.Functions, tf)
 		if i < len(series) {
 			series[i].Add(last)
@@ -134,14 +104,65 @@ func Time(ctx context.Context, c *api.Client, o TimeOptions, env Env) (int, erro
 	if o.JSON {
 		return status, writeJSON(stdout, report)
 	}
+	return status, printTimeReport(stdout, report, res.Duration)
+}
+
+// timeRequest is the session o asks for.
+func timeRequest(o *TimeOptions) api.SessionRequest {
+	req := api.SessionRequest{Timers: o.Functions, Tied: true, Name: o.Name, TTLNS: int64(o.TTL), Virtual: o.Virtual, Lock: o.Lock}
+	if o.Lock != "" {
+		o.Virtual = true // the daemon splits each wait into spinning and sleeping
+	}
+	if o.Filter != (api.Filter{}) {
+		f := o.Filter
+		req.Filter = &f
+	}
+	return req
+}
+
+// timerSeries starts a plot series for each of the session's timers at
+// its creation, and gives the width of the longest function's name.
+func timerSeries(sess api.Session) (series []metrics.Series, width int) {
+	series, width = make([]metrics.Series, len(sess.Timers)), 8
+	for i, t := range sess.Timers {
+		series[i].Name = t.Function
+		p := metrics.Point(t.Totals)
+		p.Time = sess.Created
+		series[i].Add(p)
+		width = max(width, len(t.Function))
+	}
+	return series, width
+}
+
+// sessionTotals is a timer's totals over its session's whole life, as
+// the daemon saw it, and its last point.
+func sessionTotals(t api.TimerInfo, created time.Time) (api.TimedFunction, metrics.Point) {
+	last := metrics.Point(t.Totals)
+	first := last
+	first.Calls, first.WallNS, first.VirtualNS, first.Time = 0, 0, 0, created
+	r := metrics.Derive(first, last)
+	tf := api.TimedFunction{Function: t.Function, Entry: at(t.Entry), Calls: t.Calls, CallsPerSec: r.CallsPerSec,
+		WallNS: t.WallNS, AvgWallNS: r.AvgWallNS, Concurrency: r.Concurrency, Mechanism: t.Mechanism}
+	for _, e := range t.Exits {
+		tf.Exits = append(tf.Exits, at(e))
+	}
+	if t.Virtual {
+		v, avg := t.VirtualNS, r.AvgVirtualNS
+		tf.VirtualNS, tf.AvgVirtual = &v, &avg
+	}
+	return tf, last
+}
+
+// printTimeReport is `kinst time`'s table of totals.
+func printTimeReport(w io.Writer, report api.TimeReport, dur time.Duration) error {
 	removed := "splices"
 	for _, f := range report.Functions {
 		if viaBPF(f.Mechanism) {
 			removed = "BPF probes"
 		}
 	}
-	fmt.Fprintf(stdout, "\ntotals over %.3f s (%s removed)%s:\n", res.Duration.Seconds(), removed, filterNote(report.Filter))
-	tw := newTable(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(w, "\ntotals over %.3f s (%s removed)%s:\n", dur.Seconds(), removed, filterNote(report.Filter))
+	tw := newTable(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "calls\tcalls/s\ttotal wall\tavg wall\ttotal virtual\tavg virtual\tconcurrency\tfunction\t")
 	for _, f := range report.Functions {
 		tv, av := "-", "-"
@@ -150,7 +171,7 @@ func Time(ctx context.Context, c *api.Client, o TimeOptions, env Env) (int, erro
 		}
 		fmt.Fprintf(tw, "%d\t%.0f\t%s\t%s\t%s\t%s\t%.3f\t%s\t\n", f.Calls, f.CallsPerSec, fmtNS(f.WallNS), fmtNS(f.AvgWallNS), tv, av, f.Concurrency, f.Function)
 	}
-	return status, tw.Flush()
+	return tw.Flush()
 }
 
 func filterNote(f string) string {

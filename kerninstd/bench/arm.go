@@ -50,35 +50,8 @@ func Arm(ctx context.Context, k Kernel, req api.ArmRequest) (api.ArmResult, erro
 	if err != nil {
 		return res, err
 	}
-	var sites []*splice.Site
-	skip := req.Skip
-	// Planned on every CPU, taken in order (as a coverage session is).
-	parallel.Map(nfns, func(i int) []*splice.Site {
-		f, err := fn(i)
-		if err != nil {
-			return nil // not a function kinst can read
-		}
-		return cover.Sites(f)
-	}, func(_ int, fs []*splice.Site) bool {
-		if len(sites) >= req.Blocks || ctx.Err() != nil {
-			return false
-		}
-		took := false
-		for _, s := range fs {
-			if _, owned := k.Engine.Owner(s.Addr()); owned || len(sites) >= req.Blocks {
-				continue
-			}
-			if skip > 0 {
-				skip--
-				continue
-			}
-			sites, took = append(sites, s), true
-		}
-		if took {
-			res.Functions++
-		}
-		return true
-	})
+	sites, functions := planArm(ctx, k, nfns, fn, req.Blocks, req.Skip)
+	res.Functions = functions
 	if err := ctx.Err(); err != nil {
 		return res, err
 	}
@@ -96,6 +69,79 @@ func Arm(ctx context.Context, k Kernel, req api.ArmRequest) (api.ArmResult, erro
 
 	syncs := func() uint64 { return k.Info().DriverSyncs }
 	s0, t0 := syncs(), k.now()
+	armed := armSites(k, sites, spec, req.Single, &res)
+	res.ArmNS = int64(k.now().Sub(t0))
+	s1 := syncs()
+	res.ArmSyncs = s1 - s0
+	res.PatchBytes = k.Info().PatchHeapUsed
+	res.Armed = len(armed)
+	t1 := k.now()
+	var rerrs []error
+	if req.Single {
+		for _, r := range armed {
+			rerrs = append(rerrs, k.Engine.Remove(r))
+		}
+	} else {
+		rerrs = k.Engine.RemoveEach(armed)
+	}
+	res.RemoveNS = int64(k.now().Sub(t1))
+	res.PeakRSS = k.Info().PeakRSS
+	res.RemoveSyncs = syncs() - s1
+	if err := errors.Join(rerrs...); err != nil {
+		return res, fmt.Errorf("remove bench probes: %w", err)
+	}
+	return res, nil
+}
+
+// refusalKind is an engine or driver error without its addresses, to
+// count refusals by kind.
+func refusalKind(err error) string {
+	why := err.Error()
+	if k := strings.LastIndex(why, ": "); k >= 0 {
+		why = why[k+2:]
+	}
+	return why
+}
+
+// planArm plans the targets' functions (nfns of them, fn(i) the i-th) on
+// every CPU, taken in order as a coverage session is, and gives the
+// first n blocks that take a probe and are not instrumented, after
+// skipping skip of them, and how many functions they are in.
+func planArm(ctx context.Context, k Kernel, nfns int, fn func(int) (*splice.Func, error), n, skip int) (sites []*splice.Site, functions int) {
+	// Planned on every CPU, taken in order (as a coverage session is).
+	parallel.Map(nfns, func(i int) []*splice.Site {
+		f, err := fn(i)
+		if err != nil {
+			return nil // not a function kinst can read
+		}
+		return cover.Sites(f)
+	}, func(_ int, fs []*splice.Site) bool {
+		if len(sites) >= n || ctx.Err() != nil {
+			return false
+		}
+		took := false
+		for _, s := range fs {
+			if _, owned := k.Engine.Owner(s.Addr()); owned || len(sites) >= n {
+				continue
+			}
+			if skip > 0 {
+				skip--
+				continue
+			}
+			sites, took = append(sites, s), true
+		}
+		if took {
+			functions++
+		}
+		return true
+	})
+	return sites, functions
+}
+
+// armSites arms a probe of spec at each site, batched (in chunks, as a
+// coverage session arms) or one at a time, counting refusals in res, and
+// gives the requests armed.
+func armSites(k Kernel, sites []*splice.Site, spec engine.Spec, single bool, res *api.ArmResult) []*engine.Request {
 	var armed []*engine.Request
 	refuse := func(i int, err error) {
 		res.Refused++
@@ -104,7 +150,7 @@ func Arm(ctx context.Context, k Kernel, req api.ArmRequest) (api.ArmResult, erro
 			res.RefusedAt[kind] = sites[i].Where()
 		}
 	}
-	if req.Single {
+	if single {
 		for i, s := range sites {
 			if r, err := k.Engine.Add(s, spec); err != nil {
 				refuse(i, err)
@@ -137,35 +183,5 @@ func Arm(ctx context.Context, k Kernel, req api.ArmRequest) (api.ArmResult, erro
 			DriverNS:  int64(after.Driver - before.Driver),
 		}
 	}
-	res.ArmNS = int64(k.now().Sub(t0))
-	s1 := syncs()
-	res.ArmSyncs = s1 - s0
-	res.PatchBytes = k.Info().PatchHeapUsed
-	res.Armed = len(armed)
-	t1 := k.now()
-	var rerrs []error
-	if req.Single {
-		for _, r := range armed {
-			rerrs = append(rerrs, k.Engine.Remove(r))
-		}
-	} else {
-		rerrs = k.Engine.RemoveEach(armed)
-	}
-	res.RemoveNS = int64(k.now().Sub(t1))
-	res.PeakRSS = k.Info().PeakRSS
-	res.RemoveSyncs = syncs() - s1
-	if err := errors.Join(rerrs...); err != nil {
-		return res, fmt.Errorf("remove bench probes: %w", err)
-	}
-	return res, nil
-}
-
-// refusalKind is an engine or driver error without its addresses, to
-// count refusals by kind.
-func refusalKind(err error) string {
-	why := err.Error()
-	if k := strings.LastIndex(why, ": "); k >= 0 {
-		why = why[k+2:]
-	}
-	return why
+	return armed
 }
