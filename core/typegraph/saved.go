@@ -246,18 +246,9 @@ func Load(r io.Reader, k slab.Kernel, h *slab.Heap, ctypes map[*slab.Cache]typei
 	}
 	g := &Graph{k: k, spec: spec, heap: h, ts: newTypes(), cacheIdx: map[*slab.Cache]int{},
 		conf: map[int32][]int32{}, held: map[*slab.Cache]typeid.CacheType{}, trueType: map[*slab.Cache]int32{}}
-	d := &dec{b: data[len(savedMagic)+1+32 : len(data)-4]}
-	nh := d.count(maxSavedHeld, "held-out caches")
-	for i := 0; i < nh && d.err == nil; i++ {
-		name := d.s()
-		c, ok := h.Cache(name)
-		if !ok {
-			return nil, corruptf("held-out cache %q is not in the heap", name)
-		}
-		g.held[c] = ctypes[c]
-	}
-	if d.err != nil {
-		return nil, d.err
+	l := &loader{g: g, d: &dec{b: data[len(savedMagic)+1+32 : len(data)-4]}}
+	if err := l.held(h, ctypes); err != nil {
+		return nil, err
 	}
 	// As Build prepares it: the types the graph makes from the dump.
 	g.initLSM()
@@ -265,136 +256,210 @@ func Load(r io.Reader, k slab.Kernel, h *slab.Heap, ctypes map[*slab.Cache]typei
 	g.initStatic()
 	g.index(ctypes)
 	g.initMaple()
-	// Types: saved index → this graph's id.
-	nt := d.count(maxSavedTypes, "types")
-	remap := make([]int32, 0, min(nt, 1<<16))
-	for i := 0; i < nt && d.err == nil; i++ {
-		switch kind := d.u(); kind {
-		case savedTypeBTF:
-			id := btf.TypeID(d.u())
-			t, err := spec.TypeByID(id)
-			st, ok := t.(*btf.Struct)
-			if err != nil || !ok {
-				return nil, corruptf("type %d: BTF id %d is no struct", i, id)
-			}
-			remap = append(remap, g.ts.id(st))
-		case savedTypePtr:
-			e := d.u()
-			if e >= uint64(len(remap)) {
-				return nil, corruptf("type %d: pointer to type %d, not saved before it", i, e)
-			}
-			remap = append(remap, g.ts.ptrID(g.ts.infos[remap[e]].t))
-		case savedTypeLSM:
-			name := d.s()
-			id, ok := g.lsmType(name)
-			if !ok {
-				return nil, corruptf("type %d: %q is no LSM blob of this dump", i, name)
-			}
-			remap = append(remap, id)
-		default:
-			return nil, corruptf("type %d: kind %d", i, kind)
+	for _, step := range []func() error{l.types, l.roots, l.nodes, l.claims, l.conflicts, l.report} {
+		if err := step(); err != nil {
+			return nil, err
 		}
-	}
-	typeOf := func(v int64, what string) int32 {
-		if v == -1 {
-			return -1
+		if l.d.err != nil {
+			return nil, l.d.err
 		}
-		if v < 0 || v >= int64(len(remap)) {
-			d.fail("%s: type %d of %d", what, v, len(remap))
-			return -1
-		}
-		return remap[v]
-	}
-	nr := d.count(maxSavedRoots, "roots")
-	g.roots = make([]root, 0, min(nr, 1<<16))
-	for i := 0; i < nr && d.err == nil; i++ {
-		name, addr, id := d.s(), d.u(), btf.TypeID(d.u())
-		t, err := spec.TypeByID(id)
-		if err != nil {
-			return nil, corruptf("variable %s: BTF id %d: %v", name, id, err)
-		}
-		g.roots = append(g.roots, root{name: name, addr: addr, typ: t})
-	}
-	nn := d.count(maxSavedNodes, "nodes")
-	if d.err == nil && nn != len(g.typ) {
-		return nil, corruptf("%d nodes, the heap has %d", nn, len(g.typ))
-	}
-	g.objects = d.count(maxSavedNodes, "objects")
-	g.readFails = d.count(maxSavedNodes, "read failures")
-	g.curPass = uint8(d.count(len(passNames)-1, "pass"))
-	g.chase = d.bool()
-	froms := make([]int64, 0, min(nn, 1<<20))
-	heads := make([]int64, 0, min(nn, 1<<20))
-	for n := 0; n < nn && d.err == nil; n++ {
-		g.typ[n] = typeOf(d.i(), "node")
-		g.arr[n] = int32(d.count(1<<24, "array length"))
-		g.mark[n] = Mark(d.count(int(Hand), "mark"))
-		g.pass[n] = uint8(d.count(len(passNames)-1, "pass"))
-		froms, heads = append(froms, d.i()), append(heads, d.i())
-		if (g.typ[n] < 0) != (g.mark[n] == Unmarked) {
-			d.fail("node %d: mark %d with type %d", n, g.mark[n], g.typ[n])
-		}
-	}
-	nc := d.count(maxSavedClaims, "claims")
-	g.claims = make([]claim, 0, min(nc, 1<<20))
-	node := func(v int64, what string) int32 {
-		if v < -int64(len(g.roots)) || v >= int64(nn) {
-			d.fail("%s %d out of range", what, v)
-			return 0
-		}
-		return int32(v)
-	}
-	claimIdx := func(v int64, what string) int32 {
-		if v < -1 || v >= int64(nc) {
-			d.fail("%s: claim %d of %d", what, v, nc)
-			return -1
-		}
-		return int32(v)
-	}
-	for i := 0; i < nc && d.err == nil; i++ {
-		var c claim
-		c.tgt = node(d.i(), "claim target")
-		c.src = node(d.i(), "claim source")
-		c.srcOff = uint32(d.count(1<<30, "offset"))
-		c.toff = uint32(d.count(1<<30, "offset"))
-		c.typ = typeOf(d.i(), "claim")
-		c.flags = uint8(d.count(int(flagLink|flagUnion), "flags"))
-		c.next = claimIdx(d.i(), "next claim")
-		if c.tgt < 0 || c.typ < 0 {
-			d.fail("claim %d: target %d, type %d", i, c.tgt, c.typ)
-		}
-		g.claims = append(g.claims, c)
-	}
-	for n := 0; n < len(froms) && d.err == nil; n++ {
-		g.from[n] = claimIdx(froms[n], "node's claim")
-		g.head[n] = claimIdx(heads[n], "node's first claim")
-	}
-	ncf := d.count(nn, "conflicts")
-	for i := 0; i < ncf && d.err == nil; i++ {
-		n := node(int64(d.u()), "conflict node")
-		k := d.count(nc, "conflict claims")
-		for j := 0; j < k && d.err == nil; j++ {
-			g.conf[n] = append(g.conf[n], claimIdx(int64(d.u()), "conflict"))
-		}
-	}
-	nrep := d.count(maxSavedReport, "report")
-	rb := d.bytes(nrep)
-	if d.err == nil {
-		if err := json.Unmarshal(rb, &g.rep); err != nil {
-			return nil, corruptf("report: %v", err)
-		}
-	}
-	if d.err == nil && len(d.b) != 0 {
-		d.fail("%d bytes after the report", len(d.b))
-	}
-	if d.err != nil {
-		return nil, d.err
 	}
 	// A claim chain must end: a loop of next links would hang a walk.
 	if err := g.checkChains(); err != nil {
 		return nil, err
 	}
 	return g, nil
+}
+
+// loader reads a saved graph's sections into g, in order, each checked
+// against what came before it.
+type loader struct {
+	g     *Graph
+	d     *dec
+	remap []int32 // saved type index → g's type id
+	nn    int     // nodes
+	nc    int     // claims
+	// froms and heads are each node's claim indexes, read with the nodes
+	// and checked once the claims are.
+	froms, heads []int64
+}
+
+// held reads the held-out caches.
+func (l *loader) held(h *slab.Heap, ctypes map[*slab.Cache]typeid.CacheType) error {
+	d := l.d
+	nh := d.count(maxSavedHeld, "held-out caches")
+	for i := 0; i < nh && d.err == nil; i++ {
+		name := d.s()
+		c, ok := h.Cache(name)
+		if !ok {
+			return corruptf("held-out cache %q is not in the heap", name)
+		}
+		l.g.held[c] = ctypes[c]
+	}
+	return d.err
+}
+
+// types reads the types: saved index → this graph's id.
+func (l *loader) types() error {
+	d, g := l.d, l.g
+	nt := d.count(maxSavedTypes, "types")
+	l.remap = make([]int32, 0, min(nt, 1<<16))
+	for i := 0; i < nt && d.err == nil; i++ {
+		switch kind := d.u(); kind {
+		case savedTypeBTF:
+			id := btf.TypeID(d.u())
+			t, err := g.spec.TypeByID(id)
+			st, ok := t.(*btf.Struct)
+			if err != nil || !ok {
+				return corruptf("type %d: BTF id %d is no struct", i, id)
+			}
+			l.remap = append(l.remap, g.ts.id(st))
+		case savedTypePtr:
+			e := d.u()
+			if e >= uint64(len(l.remap)) {
+				return corruptf("type %d: pointer to type %d, not saved before it", i, e)
+			}
+			l.remap = append(l.remap, g.ts.ptrID(g.ts.infos[l.remap[e]].t))
+		case savedTypeLSM:
+			name := d.s()
+			id, ok := g.lsmType(name)
+			if !ok {
+				return corruptf("type %d: %q is no LSM blob of this dump", i, name)
+			}
+			l.remap = append(l.remap, id)
+		default:
+			return corruptf("type %d: kind %d", i, kind)
+		}
+	}
+	return nil
+}
+
+// typeOf is saved type index v as this graph's id; -1 is none.
+func (l *loader) typeOf(v int64, what string) int32 {
+	if v == -1 {
+		return -1
+	}
+	if v < 0 || v >= int64(len(l.remap)) {
+		l.d.fail("%s: type %d of %d", what, v, len(l.remap))
+		return -1
+	}
+	return l.remap[v]
+}
+
+// roots reads the static roots.
+func (l *loader) roots() error {
+	d, g := l.d, l.g
+	nr := d.count(maxSavedRoots, "roots")
+	g.roots = make([]root, 0, min(nr, 1<<16))
+	for i := 0; i < nr && d.err == nil; i++ {
+		name, addr, id := d.s(), d.u(), btf.TypeID(d.u())
+		t, err := g.spec.TypeByID(id)
+		if err != nil {
+			return corruptf("variable %s: BTF id %d: %v", name, id, err)
+		}
+		g.roots = append(g.roots, root{name: name, addr: addr, typ: t})
+	}
+	return nil
+}
+
+// nodes reads the graph's counters and each heap object's node.
+func (l *loader) nodes() error {
+	d, g := l.d, l.g
+	l.nn = d.count(maxSavedNodes, "nodes")
+	if d.err == nil && l.nn != len(g.typ) {
+		return corruptf("%d nodes, the heap has %d", l.nn, len(g.typ))
+	}
+	g.objects = d.count(maxSavedNodes, "objects")
+	g.readFails = d.count(maxSavedNodes, "read failures")
+	g.curPass = uint8(d.count(len(passNames)-1, "pass"))
+	g.chase = d.bool()
+	l.froms = make([]int64, 0, min(l.nn, 1<<20))
+	l.heads = make([]int64, 0, min(l.nn, 1<<20))
+	for n := 0; n < l.nn && d.err == nil; n++ {
+		g.typ[n] = l.typeOf(d.i(), "node")
+		g.arr[n] = int32(d.count(1<<24, "array length"))
+		g.mark[n] = Mark(d.count(int(Hand), "mark"))
+		g.pass[n] = uint8(d.count(len(passNames)-1, "pass"))
+		l.froms, l.heads = append(l.froms, d.i()), append(l.heads, d.i())
+		if (g.typ[n] < 0) != (g.mark[n] == Unmarked) {
+			d.fail("node %d: mark %d with type %d", n, g.mark[n], g.typ[n])
+		}
+	}
+	return nil
+}
+
+// node is a saved node index, a root's when negative.
+func (l *loader) node(v int64, what string) int32 {
+	if v < -int64(len(l.g.roots)) || v >= int64(l.nn) {
+		l.d.fail("%s %d out of range", what, v)
+		return 0
+	}
+	return int32(v)
+}
+
+// claimIdx is a saved claim index; -1 is none.
+func (l *loader) claimIdx(v int64, what string) int32 {
+	if v < -1 || v >= int64(l.nc) {
+		l.d.fail("%s: claim %d of %d", what, v, l.nc)
+		return -1
+	}
+	return int32(v)
+}
+
+// claims reads the claims, then the nodes' links into them.
+func (l *loader) claims() error {
+	d, g := l.d, l.g
+	l.nc = d.count(maxSavedClaims, "claims")
+	g.claims = make([]claim, 0, min(l.nc, 1<<20))
+	for i := 0; i < l.nc && d.err == nil; i++ {
+		var c claim
+		c.tgt = l.node(d.i(), "claim target")
+		c.src = l.node(d.i(), "claim source")
+		c.srcOff = uint32(d.count(1<<30, "offset"))
+		c.toff = uint32(d.count(1<<30, "offset"))
+		c.typ = l.typeOf(d.i(), "claim")
+		c.flags = uint8(d.count(int(flagLink|flagUnion), "flags"))
+		c.next = l.claimIdx(d.i(), "next claim")
+		if c.tgt < 0 || c.typ < 0 {
+			d.fail("claim %d: target %d, type %d", i, c.tgt, c.typ)
+		}
+		g.claims = append(g.claims, c)
+	}
+	for n := 0; n < len(l.froms) && d.err == nil; n++ {
+		g.from[n] = l.claimIdx(l.froms[n], "node's claim")
+		g.head[n] = l.claimIdx(l.heads[n], "node's first claim")
+	}
+	return nil
+}
+
+// conflicts reads the nodes' conflicting claims.
+func (l *loader) conflicts() error {
+	d, g := l.d, l.g
+	ncf := d.count(l.nn, "conflicts")
+	for i := 0; i < ncf && d.err == nil; i++ {
+		n := l.node(int64(d.u()), "conflict node")
+		k := d.count(l.nc, "conflict claims")
+		for j := 0; j < k && d.err == nil; j++ {
+			g.conf[n] = append(g.conf[n], l.claimIdx(int64(d.u()), "conflict"))
+		}
+	}
+	return nil
+}
+
+// report reads the graph's report, the last section.
+func (l *loader) report() error {
+	d := l.d
+	nrep := d.count(maxSavedReport, "report")
+	rb := d.bytes(nrep)
+	if d.err == nil {
+		if err := json.Unmarshal(rb, &l.g.rep); err != nil {
+			return corruptf("report: %v", err)
+		}
+	}
+	if d.err == nil && len(d.b) != 0 {
+		d.fail("%d bytes after the report", len(d.b))
+	}
+	return nil
 }
 
 // checkChains refuses claim lists that loop.

@@ -106,31 +106,7 @@ func isKernel(addr uint64) bool { return addr >= 0xffff800000000000 }
 // "end" entry, or pt_regs from user mode). The frames found are returned
 // with an error when the walk could not finish cleanly.
 func Unwind(f Finder, mem Memory, st State) ([]Frame, error) {
-	ip, sp, bp, signal := st.IP, st.SP, st.BP, st.Signal
-	var regs *Regs = st.Regs // registers known for the current frame
-	var regsAddr uint64      // address of the current pt_regs in memory
-	var fullRegs bool
-	getReg := func(off uint64) (uint64, bool) {
-		if regs != nil {
-			switch off {
-			case ptDX:
-				return regs.DX, true
-			case ptDI:
-				return regs.DI, true
-			case ptR10:
-				return regs.R10, true
-			case ptR13:
-				return regs.R13, true
-			case ptBP:
-				return regs.BP, true
-			}
-		}
-		if regsAddr != 0 && (fullRegs || off >= ptIRET) {
-			v, err := mem.ReadU64(regsAddr + off)
-			return v, err == nil
-		}
-		return 0, false
-	}
+	w := &walker{mem: mem, ip: st.IP, sp: st.SP, bp: st.BP, signal: st.Signal, regs: st.Regs}
 	var frames []Frame
 	limit := MaxFrames
 	if st.MaxFrames > 0 && st.MaxFrames < limit {
@@ -142,126 +118,45 @@ func Unwind(f Finder, mem Memory, st State) ([]Frame, error) {
 	// back into frames the walk has already passed.
 	type ipsp struct{ ip, sp uint64 }
 	seen := map[ipsp]bool{}
-	stop := func(reason error, format string, a ...any) ([]Frame, error) {
-		return frames, &StopError{IP: ip, Reason: reason, Detail: fmt.Sprintf(format, a...)}
-	}
 	for {
-		if !isKernel(ip) {
+		if !isKernel(w.ip) {
 			if len(frames) == 0 {
-				return stop(ErrUserMode, "")
+				return frames, w.stop(ErrUserMode, "")
 			}
-			return stop(ErrNotKernel, "from the frame at sp %#x", frames[len(frames)-1].SP)
+			return frames, w.stop(ErrNotKernel, "from the frame at sp %#x", frames[len(frames)-1].SP)
 		}
-		if seen[ipsp{ip, sp}] {
-			return stop(ErrLoop, "the frame at sp %#x comes round again", sp)
+		if seen[ipsp{w.ip, w.sp}] {
+			return frames, w.stop(ErrLoop, "the frame at sp %#x comes round again", w.sp)
 		}
-		seen[ipsp{ip, sp}] = true
-		frames = append(frames, Frame{IP: ip, SP: sp, Signal: signal})
+		seen[ipsp{w.ip, w.sp}] = true
+		frames = append(frames, Frame{IP: w.ip, SP: w.sp, Signal: w.signal})
 		if len(frames) >= limit {
-			return stop(ErrTooDeep, "%d frames", limit)
+			return frames, w.stop(ErrTooDeep, "%d frames", limit)
 		}
-		look := ip
-		if !signal {
+		look := w.ip
+		if !w.signal {
 			look--
 		}
 		e, ok := f.Lookup(look)
 		if !ok {
-			return stop(ErrNoEntry, "")
+			return frames, w.stop(ErrNoEntry, "")
 		}
 		if e.SPReg == RegUndefined {
 			if e.End {
 				return frames, nil
 			}
-			return stop(ErrBadEntry, "undefined stack pointer")
+			return frames, w.stop(ErrBadEntry, "undefined stack pointer")
 		}
-		var cfa uint64
-		indirect := false
-		switch e.SPReg {
-		case RegSP:
-			cfa = sp + uint64(int64(e.SPOffset))
-		case RegBP:
-			cfa = bp + uint64(int64(e.SPOffset))
-		case RegSPIndirect:
-			cfa, indirect = sp, true
-		case RegBPIndirect:
-			cfa, indirect = bp+uint64(int64(e.SPOffset)), true
-		case RegR10, RegR13, RegDI, RegDX:
-			off := map[uint8]uint64{RegR10: ptR10, RegR13: ptR13, RegDI: ptDI, RegDX: ptDX}[e.SPReg]
-			v, ok := getReg(off)
-			if !ok {
-				return stop(ErrBadEntry, "stack pointer based on register %d, which is not known here", e.SPReg)
-			}
-			cfa = v
-		default:
-			return stop(ErrBadEntry, "stack pointer register %d", e.SPReg)
+		cfa, indirect, err := w.cfa(e)
+		if err != nil {
+			return frames, err
 		}
-		if indirect {
-			v, err := mem.ReadU64(cfa)
-			if err != nil {
-				return stop(ErrRead, "%v", err)
-			}
-			cfa = v
-			if e.SPReg == RegSPIndirect {
-				cfa += uint64(int64(e.SPOffset))
-			}
+		prevSP := w.sp
+		if done, err := w.caller(e, cfa); done || err != nil {
+			return frames, err
 		}
-		prevSP := sp
-		switch e.Type {
-		case TypeCall:
-			ret, err := mem.ReadU64(cfa - 8)
-			if err != nil {
-				return stop(ErrRead, "return address at %#x: %v", cfa-8, err)
-			}
-			ip, sp, signal = ret, cfa, false
-			regs, regsAddr, fullRegs = nil, 0, false
-		case TypeRegs:
-			nip, err1 := mem.ReadU64(cfa + ptIP)
-			nsp, err2 := mem.ReadU64(cfa + ptSP)
-			cs, err3 := mem.ReadU64(cfa + ptCS)
-			if err := errors.Join(err1, err2, err3); err != nil {
-				return stop(ErrRead, "pt_regs at %#x: %v", cfa, err)
-			}
-			if cs&3 != 0 { // interrupted user mode: the kernel stack ends here
-				return frames, nil
-			}
-			ip, sp, signal = nip, nsp, true
-			regs, regsAddr, fullRegs = nil, cfa, true
-		case TypeRegsPartial:
-			nip, err1 := mem.ReadU64(cfa)
-			nsp, err2 := mem.ReadU64(cfa + ptSP - ptIRET)
-			cs, err3 := mem.ReadU64(cfa + ptCS - ptIRET)
-			if err := errors.Join(err1, err2, err3); err != nil {
-				return stop(ErrRead, "iret frame at %#x: %v", cfa, err)
-			}
-			if cs&3 != 0 {
-				return frames, nil
-			}
-			ip, sp, signal = nip, nsp, true
-			regs, regsAddr, fullRegs = nil, cfa-ptIRET, false
-		default:
-			return stop(ErrBadEntry, "type %d", e.Type)
-		}
-		switch e.BPReg {
-		case RegUndefined:
-			if e.Type == TypeRegs {
-				if v, err := mem.ReadU64(regsAddr + ptBP); err == nil {
-					bp = v
-				}
-			}
-		case RegPrevSP:
-			v, err := mem.ReadU64(cfa + uint64(int64(e.BPOffset)))
-			if err != nil {
-				return stop(ErrRead, "saved frame pointer: %v", err)
-			}
-			bp = v
-		case RegBP:
-			v, err := mem.ReadU64(bp + uint64(int64(e.BPOffset)))
-			if err != nil {
-				return stop(ErrRead, "saved frame pointer: %v", err)
-			}
-			bp = v
-		default:
-			return stop(ErrBadEntry, "frame pointer register %d", e.BPReg)
+		if err := w.callerBP(e, cfa); err != nil {
+			return frames, err
 		}
 		// Within one stack the caller's frame is above the callee's. Two
 		// kinds of frame switch stacks: pt_regs (an exception or NMI stack
@@ -269,8 +164,149 @@ func Unwind(f Finder, mem Memory, st State) ([]Frame, error) {
 		// saved sp at the top of an IRQ stack that call_on_irqstack leaves
 		// (a CPU caught inside an interrupt handler returns to its task
 		// stack, lower in memory than the IRQ stack).
-		if !signal && !indirect && sp <= prevSP {
-			return stop(ErrLoop, "sp %#x after %#x", sp, prevSP)
+		if !w.signal && !indirect && w.sp <= prevSP {
+			return frames, w.stop(ErrLoop, "sp %#x after %#x", w.sp, prevSP)
 		}
 	}
+}
+
+// walker is Unwind's state: the frame being unwound.
+type walker struct {
+	mem        Memory
+	ip, sp, bp uint64
+	signal     bool
+	regs       *Regs  // registers known for the current frame
+	regsAddr   uint64 // address of the current pt_regs in memory
+	fullRegs   bool   // regsAddr holds a whole pt_regs, not only its iret frame
+}
+
+// stop is why the walk ends at the current ip.
+func (w *walker) stop(reason error, format string, a ...any) error {
+	return &StopError{IP: w.ip, Reason: reason, Detail: fmt.Sprintf(format, a...)}
+}
+
+// reg is the register at pt_regs offset off, where it is known.
+func (w *walker) reg(off uint64) (uint64, bool) {
+	if w.regs != nil {
+		switch off {
+		case ptDX:
+			return w.regs.DX, true
+		case ptDI:
+			return w.regs.DI, true
+		case ptR10:
+			return w.regs.R10, true
+		case ptR13:
+			return w.regs.R13, true
+		case ptBP:
+			return w.regs.BP, true
+		}
+	}
+	if w.regsAddr != 0 && (w.fullRegs || off >= ptIRET) {
+		v, err := w.mem.ReadU64(w.regsAddr + off)
+		return v, err == nil
+	}
+	return 0, false
+}
+
+// cfa is the frame's canonical frame address as e computes it, and
+// whether it was read from memory (a stack switch).
+func (w *walker) cfa(e Entry) (cfa uint64, indirect bool, err error) {
+	switch e.SPReg {
+	case RegSP:
+		cfa = w.sp + uint64(int64(e.SPOffset))
+	case RegBP:
+		cfa = w.bp + uint64(int64(e.SPOffset))
+	case RegSPIndirect:
+		cfa, indirect = w.sp, true
+	case RegBPIndirect:
+		cfa, indirect = w.bp+uint64(int64(e.SPOffset)), true
+	case RegR10, RegR13, RegDI, RegDX:
+		off := map[uint8]uint64{RegR10: ptR10, RegR13: ptR13, RegDI: ptDI, RegDX: ptDX}[e.SPReg]
+		v, ok := w.reg(off)
+		if !ok {
+			return 0, false, w.stop(ErrBadEntry, "stack pointer based on register %d, which is not known here", e.SPReg)
+		}
+		cfa = v
+	default:
+		return 0, false, w.stop(ErrBadEntry, "stack pointer register %d", e.SPReg)
+	}
+	if indirect {
+		v, err := w.mem.ReadU64(cfa)
+		if err != nil {
+			return 0, false, w.stop(ErrRead, "%v", err)
+		}
+		cfa = v
+		if e.SPReg == RegSPIndirect {
+			cfa += uint64(int64(e.SPOffset))
+		}
+	}
+	return cfa, indirect, nil
+}
+
+// caller moves to the caller's ip and sp, by a return address or a
+// pt_regs; done: the kernel stack ends here (it interrupted user mode).
+func (w *walker) caller(e Entry, cfa uint64) (done bool, err error) {
+	switch e.Type {
+	case TypeCall:
+		ret, err := w.mem.ReadU64(cfa - 8)
+		if err != nil {
+			return false, w.stop(ErrRead, "return address at %#x: %v", cfa-8, err)
+		}
+		w.ip, w.sp, w.signal = ret, cfa, false
+		w.regs, w.regsAddr, w.fullRegs = nil, 0, false
+	case TypeRegs:
+		nip, err1 := w.mem.ReadU64(cfa + ptIP)
+		nsp, err2 := w.mem.ReadU64(cfa + ptSP)
+		cs, err3 := w.mem.ReadU64(cfa + ptCS)
+		if err := errors.Join(err1, err2, err3); err != nil {
+			return false, w.stop(ErrRead, "pt_regs at %#x: %v", cfa, err)
+		}
+		if cs&3 != 0 { // interrupted user mode: the kernel stack ends here
+			return true, nil
+		}
+		w.ip, w.sp, w.signal = nip, nsp, true
+		w.regs, w.regsAddr, w.fullRegs = nil, cfa, true
+	case TypeRegsPartial:
+		nip, err1 := w.mem.ReadU64(cfa)
+		nsp, err2 := w.mem.ReadU64(cfa + ptSP - ptIRET)
+		cs, err3 := w.mem.ReadU64(cfa + ptCS - ptIRET)
+		if err := errors.Join(err1, err2, err3); err != nil {
+			return false, w.stop(ErrRead, "iret frame at %#x: %v", cfa, err)
+		}
+		if cs&3 != 0 {
+			return true, nil
+		}
+		w.ip, w.sp, w.signal = nip, nsp, true
+		w.regs, w.regsAddr, w.fullRegs = nil, cfa-ptIRET, false
+	default:
+		return false, w.stop(ErrBadEntry, "type %d", e.Type)
+	}
+	return false, nil
+}
+
+// callerBP restores the caller's frame pointer as e says.
+func (w *walker) callerBP(e Entry, cfa uint64) error {
+	switch e.BPReg {
+	case RegUndefined:
+		if e.Type == TypeRegs {
+			if v, err := w.mem.ReadU64(w.regsAddr + ptBP); err == nil {
+				w.bp = v
+			}
+		}
+	case RegPrevSP:
+		v, err := w.mem.ReadU64(cfa + uint64(int64(e.BPOffset)))
+		if err != nil {
+			return w.stop(ErrRead, "saved frame pointer: %v", err)
+		}
+		w.bp = v
+	case RegBP:
+		v, err := w.mem.ReadU64(w.bp + uint64(int64(e.BPOffset)))
+		if err != nil {
+			return w.stop(ErrRead, "saved frame pointer: %v", err)
+		}
+		w.bp = v
+	default:
+		return w.stop(ErrBadEntry, "frame pointer register %d", e.BPReg)
+	}
+	return nil
 }
