@@ -126,30 +126,61 @@ const maxListLen = 1 << 24
 // walkCache classifies the cache's slabs by the lists that hold them,
 // walks every freelist and adds up the counts.
 func (h *Heap) walkCache(c *Cache) {
-	l := h.l
 	st := &c.Stats
 	st.NodeSlabs, st.NodeObjects, st.NodePartial = -1, -1, 0
-	if l.nrSlabs.OK {
+	if h.l.nrSlabs.OK {
 		st.NodeSlabs, st.NodeObjects = 0, 0
 	}
-	mine := map[uint64]*Slab{}
+	w := &cacheWalk{h: h, c: c, mine: map[uint64]*Slab{}, lockless: map[*Slab][]cpuFree{}}
 	for _, s := range c.Slabs {
-		mine[s.Addr] = s
+		w.mine[s.Addr] = s
 	}
-	place := func(s *Slab, kind ListKind, where int) {
-		if s.List != Unlisted {
-			h.cacheAnomaly(c, s, "on the %s list of %d and on the %s list of %d", s.List, s.Where, kind, where)
-			return
+	w.cpus()
+	w.nodes()
+	// Every slab's own freelist, and the lockless freelist of the CPU
+	// that allocates from it.
+	for _, s := range c.Slabs {
+		var mem []byte
+		n := h.walkFreelist(s, s.Freelist, "freelist", &mem)
+		if want := s.Objects - s.Inuse; n >= 0 && n != want {
+			h.cacheAnomaly(c, s, "inuse %d of %d objects says %d free, its freelist holds %d", s.Inuse, s.Objects, want, n)
 		}
-		s.List, s.Where = kind, where
+		for _, f := range w.lockless[s] {
+			h.walkFreelist(s, f.head, fmt.Sprintf("cpu %d lockless freelist", f.cpu), &mem)
+		}
+		s.walked = true
 	}
-	// Per-CPU: the CPU slab with its lockless freelist, and the partial
-	// chain (slab->next).
-	type cpuFree struct {
-		head uint64
-		cpu  int
+	h.countSlabs(c)
+}
+
+// cacheWalk is walkCache's state: the cache's slabs by address, and the
+// lockless freelists the CPUs hold on them.
+type cacheWalk struct {
+	h        *Heap
+	c        *Cache
+	mine     map[uint64]*Slab
+	lockless map[*Slab][]cpuFree
+}
+
+// cpuFree is a CPU's lockless freelist.
+type cpuFree struct {
+	head uint64
+	cpu  int
+}
+
+// place puts s on a list, or reports it on two.
+func (w *cacheWalk) place(s *Slab, kind ListKind, where int) {
+	if s.List != Unlisted {
+		w.h.cacheAnomaly(w.c, s, "on the %s list of %d and on the %s list of %d", s.List, s.Where, kind, where)
+		return
 	}
-	lockless := map[*Slab][]cpuFree{}
+	s.List, s.Where = kind, where
+}
+
+// cpus walks the per-CPU state: the CPU slab with its lockless freelist,
+// and the partial chain (slab->next).
+func (w *cacheWalk) cpus() {
+	h, c, l := w.h, w.c, w.h.l
 	cb := make([]byte, l.cpuSize)
 	for cpu, off := range h.cpuOffs {
 		pc := c.cpuSlab + off
@@ -159,41 +190,50 @@ func (h *Heap) walkCache(c *Cache) {
 		}
 		sa, fl := l.cpuSlabSlab.U64(cb), l.cpuFreelist.U64(cb)
 		if sa != 0 {
-			if s, ok := mine[sa]; ok {
-				place(s, CPUSlab, cpu)
-				lockless[s] = append(lockless[s], cpuFree{fl, cpu})
+			if s, ok := w.mine[sa]; ok {
+				w.place(s, CPUSlab, cpu)
+				w.lockless[s] = append(w.lockless[s], cpuFree{fl, cpu})
 			} else {
 				h.cacheAnomaly(c, nil, "cpu %d slab %#x is not a slab of this cache", cpu, sa)
 			}
 		} else if fl != 0 {
 			h.cacheAnomaly(c, nil, "cpu %d has a freelist %#x but no slab", cpu, fl)
 		}
-		if !l.cpuPartialSl.OK || !l.slabNext.OK {
-			continue
-		}
-		seen := map[uint64]bool{}
-		for p := l.cpuPartialSl.U64(cb); p != 0; {
-			if seen[p] || len(seen) > len(c.Slabs) {
-				h.cacheAnomaly(c, nil, "cpu %d partial chain loops at %#x", cpu, p)
-				break
-			}
-			seen[p] = true
-			s, ok := mine[p]
-			if !ok {
-				h.cacheAnomaly(c, nil, "cpu %d partial chain reaches %#x, not a slab of this cache", cpu, p)
-				break
-			}
-			place(s, CPUPartial, cpu)
-			next, err := h.readU64(p + uint64(l.slabNext.Off))
-			if err != nil {
-				h.cacheAnomaly(c, s, "cpu %d partial chain: %v", cpu, err)
-				break
-			}
-			p = next
+		if l.cpuPartialSl.OK && l.slabNext.OK {
+			w.cpuPartial(cpu, l.cpuPartialSl.U64(cb))
 		}
 	}
-	// Per node: the partial list and, with slub_debug, the full list;
-	// and the node's counters.
+}
+
+// cpuPartial walks a CPU's partial chain from p.
+func (w *cacheWalk) cpuPartial(cpu int, p uint64) {
+	h, c := w.h, w.c
+	seen := map[uint64]bool{}
+	for p != 0 {
+		if seen[p] || len(seen) > len(c.Slabs) {
+			h.cacheAnomaly(c, nil, "cpu %d partial chain loops at %#x", cpu, p)
+			return
+		}
+		seen[p] = true
+		s, ok := w.mine[p]
+		if !ok {
+			h.cacheAnomaly(c, nil, "cpu %d partial chain reaches %#x, not a slab of this cache", cpu, p)
+			return
+		}
+		w.place(s, CPUPartial, cpu)
+		next, err := h.readU64(p + uint64(h.l.slabNext.Off))
+		if err != nil {
+			h.cacheAnomaly(c, s, "cpu %d partial chain: %v", cpu, err)
+			return
+		}
+		p = next
+	}
+}
+
+// nodes walks each node's partial list and, with slub_debug, its full
+// list, and adds up the nodes' counters.
+func (w *cacheWalk) nodes() {
+	h, c, l, st := w.h, w.c, w.h.l, &w.c.Stats
 	nb := make([]byte, l.nodeSize)
 	for node, na := range c.nodes {
 		if na == 0 {
@@ -209,27 +249,20 @@ func (h *Heap) walkCache(c *Cache) {
 			st.NodeSlabs += int(l.nrSlabs.I64(nb))
 			st.NodeObjects += int(l.totalObjects.I64(nb))
 		}
-		n := h.walkSlabList(c, mine, na+uint64(l.partial.Off), fmt.Sprintf("node %d partial", node), func(s *Slab) { place(s, NodePartial, node) })
+		n := h.walkSlabList(c, w.mine, na+uint64(l.partial.Off), fmt.Sprintf("node %d partial", node), func(s *Slab) { w.place(s, NodePartial, node) })
 		if n >= 0 && n != nrPartial {
 			h.cacheAnomaly(c, nil, "node %d: nr_partial is %d, its partial list holds %d slabs", node, nrPartial, n)
 		}
 		if l.full.OK {
-			h.walkSlabList(c, mine, na+uint64(l.full.Off), fmt.Sprintf("node %d full", node), func(s *Slab) { place(s, NodeFull, node) })
+			h.walkSlabList(c, w.mine, na+uint64(l.full.Off), fmt.Sprintf("node %d full", node), func(s *Slab) { w.place(s, NodeFull, node) })
 		}
 	}
-	// Every slab's own freelist, and the lockless freelist of the CPU
-	// that allocates from it.
-	for _, s := range c.Slabs {
-		var mem []byte
-		n := h.walkFreelist(s, s.Freelist, "freelist", &mem)
-		if want := s.Objects - s.Inuse; n >= 0 && n != want {
-			h.cacheAnomaly(c, s, "inuse %d of %d objects says %d free, its freelist holds %d", s.Inuse, s.Objects, want, n)
-		}
-		for _, f := range lockless[s] {
-			h.walkFreelist(s, f.head, fmt.Sprintf("cpu %d lockless freelist", f.cpu), &mem)
-		}
-		s.walked = true
-	}
+}
+
+// countSlabs adds up c's slabs by list, and checks them against the
+// nodes' counters.
+func (h *Heap) countSlabs(c *Cache) {
+	st := &c.Stats
 	for _, s := range c.Slabs {
 		st.Slabs++
 		st.Objects += s.Objects

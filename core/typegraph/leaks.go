@@ -79,134 +79,47 @@ const leakChunk = 1 << 20
 // counted as reached (nothing can be said of them).
 func (g *Graph) FindLeaks(roots []Range) *LeakReport {
 	n := int32(len(g.typ))
-	reached := make([]bool, n)
-	var work []int32
-	reach := func(b []byte) {
-		for i := 0; i+8 <= len(b); i += 8 {
-			v := binary.LittleEndian.Uint64(b[i:])
-			if v < g.pfnBase {
-				continue
-			}
-			if t, _, ok := g.node(v); ok && !reached[t] {
-				reached[t] = true
-				work = append(work, t)
-			}
-		}
-	}
-	rep := &LeakReport{RootRanges: map[string]int{}}
-	all := append(g.builtinRoots(), roots...)
-	buf := make([]byte, leakChunk)
-	for _, r := range all {
-		rep.RootRanges[r.What]++
-		for a := r.Lo &^ 7; a < r.Hi; {
-			m := min(r.Hi-a, leakChunk)
-			b := buf[:m]
-			if g.k.ReadVirt(b, a) == nil {
-				rep.RootBytes += m
-				reach(b)
-				a += m
-				continue
-			}
-			// Page by page: a guard page or a hole in the dump.
-			next := min((a|4095)+1, r.Hi)
-			b = buf[:next-a]
-			if g.k.ReadVirt(b, a) == nil {
-				rep.RootBytes += next - a
-				reach(b)
-			} else {
-				rep.Unreadable += next - a
-			}
-			a = next
-		}
-	}
-	for len(work) > 0 {
-		t := work[len(work)-1]
-		work = work[:len(work)-1]
+	ls := &leakSearch{g: g, reached: make([]bool, n), unread: make([]bool, n), taken: make([]bool, n),
+		groups: map[[2]string]*LeakGroup{}, rep: &LeakReport{RootRanges: map[string]int{}}}
+	ls.scanRoots(append(g.builtinRoots(), roots...))
+	for len(ls.work) > 0 {
+		t := ls.work[len(ls.work)-1]
+		ls.work = ls.work[:len(ls.work)-1]
 		if b := g.bytes(t); b != nil {
-			reach(b)
+			ls.reach(b)
 		}
 	}
+	rep := ls.rep
 	// Unreadable slabs: their objects are not accused.
-	unread := make([]bool, n)
 	for t := int32(0); t < n; t++ {
 		if g.isFree(t) {
 			continue
 		}
 		rep.Objects++
-		if reached[t] {
+		if ls.reached[t] {
 			rep.Reached++
 		} else if g.bytes(t) == nil {
-			unread[t] = true
+			ls.unread[t] = true
 			rep.ReadFails++
 			rep.Reached++
 		}
 	}
 	rep.Leaked = rep.Objects - rep.Reached
-	// Leaked objects that other leaked objects point at belong to those.
-	leaked := func(t int32) bool { return !reached[t] && !unread[t] && !g.isFree(t) }
-	pointed := make([]bool, n)
-	for t := int32(0); t < n; t++ {
-		if !leaked(t) {
-			continue
-		}
-		b := g.bytes(t)
-		for i := 0; i+8 <= len(b); i += 8 {
-			if u, _, ok := g.node(binary.LittleEndian.Uint64(b[i:])); ok && u != t && leaked(u) {
-				pointed[u] = true
-			}
-		}
-	}
 	// Each leak root takes the leaked objects it reaches that no earlier
 	// root took; objects left over lie on cycles that no root reaches:
 	// the first of each cycle (by address) is taken as its root.
-	taken := make([]bool, n)
-	groups := map[[2]string]*LeakGroup{}
-	take := func(root int32) {
-		taken[root] = true
-		hidden, bytes := 0, uint64(g.slabs[g.nodeSlab[root]].Cache.ObjectSize)
-		stack := []int32{root}
-		for len(stack) > 0 {
-			t := stack[len(stack)-1]
-			stack = stack[:len(stack)-1]
-			b := g.bytes(t)
-			for i := 0; i+8 <= len(b); i += 8 {
-				if u, _, ok := g.node(binary.LittleEndian.Uint64(b[i:])); ok && leaked(u) && !taken[u] {
-					taken[u] = true
-					hidden++
-					bytes += uint64(g.slabs[g.nodeSlab[u]].Cache.ObjectSize)
-					stack = append(stack, u)
-				}
-			}
-		}
-		c := g.slabs[g.nodeSlab[root]].Cache
-		typ := ""
-		if g.mark[root] != Unmarked {
-			typ = g.typeName(root)
-		}
-		k := [2]string{c.Name, typ}
-		acc := groups[k]
-		if acc == nil {
-			acc = &LeakGroup{Cache: c.Name, Type: typ}
-			groups[k] = acc
-		}
-		acc.Count++
-		acc.Bytes += bytes
-		acc.Hidden += hidden
-		acc.Leaks = append(acc.Leaks, Leak{Addr: g.addr(root), Size: c.ObjectSize, Cache: c.Name, Type: typ, Hidden: hidden})
-		rep.Leaks++
-		rep.LeakedSize += bytes
-	}
+	pointed := ls.pointedAt()
 	for t := int32(0); t < n; t++ {
-		if leaked(t) && !pointed[t] {
-			take(t)
+		if ls.leaked(t) && !pointed[t] {
+			ls.take(t)
 		}
 	}
 	for t := int32(0); t < n; t++ {
-		if leaked(t) && !taken[t] {
-			take(t)
+		if ls.leaked(t) && !ls.taken[t] {
+			ls.take(t)
 		}
 	}
-	for _, acc := range groups {
+	for _, acc := range ls.groups {
 		rep.Groups = append(rep.Groups, *acc)
 	}
 	sort.Slice(rep.Groups, func(i, j int) bool {
@@ -220,6 +133,125 @@ func (g *Graph) FindLeaks(roots []Range) *LeakReport {
 		return a.Type < b.Type
 	})
 	return rep
+}
+
+// leakSearch is FindLeaks' state, by node.
+type leakSearch struct {
+	g       *Graph
+	reached []bool  // a root reaches it
+	work    []int32 // reached, its words not yet scanned
+	unread  []bool  // unreadable: not accused
+	taken   []bool  // in a leak's group
+	groups  map[[2]string]*LeakGroup
+	rep     *LeakReport
+}
+
+// reach marks the objects b's words point at reached.
+func (ls *leakSearch) reach(b []byte) {
+	g := ls.g
+	for i := 0; i+8 <= len(b); i += 8 {
+		v := binary.LittleEndian.Uint64(b[i:])
+		if v < g.pfnBase {
+			continue
+		}
+		if t, _, ok := g.node(v); ok && !ls.reached[t] {
+			ls.reached[t] = true
+			ls.work = append(ls.work, t)
+		}
+	}
+}
+
+// scanRoots reaches from every root range, a chunk at a time, page by
+// page where a chunk cannot be read (a guard page or a hole in the
+// dump).
+func (ls *leakSearch) scanRoots(all []Range) {
+	rep := ls.rep
+	buf := make([]byte, leakChunk)
+	for _, r := range all {
+		rep.RootRanges[r.What]++
+		for a := r.Lo &^ 7; a < r.Hi; {
+			m := min(r.Hi-a, leakChunk)
+			b := buf[:m]
+			if ls.g.k.ReadVirt(b, a) == nil {
+				rep.RootBytes += m
+				ls.reach(b)
+				a += m
+				continue
+			}
+			next := min((a|4095)+1, r.Hi)
+			b = buf[:next-a]
+			if ls.g.k.ReadVirt(b, a) == nil {
+				rep.RootBytes += next - a
+				ls.reach(b)
+			} else {
+				rep.Unreadable += next - a
+			}
+			a = next
+		}
+	}
+}
+
+// leaked: t is allocated, readable, and no root reaches it.
+func (ls *leakSearch) leaked(t int32) bool {
+	return !ls.reached[t] && !ls.unread[t] && !ls.g.isFree(t)
+}
+
+// pointedAt marks the leaked objects that other leaked objects point
+// at: they belong to those.
+func (ls *leakSearch) pointedAt() []bool {
+	g := ls.g
+	pointed := make([]bool, len(g.typ))
+	for t := int32(0); t < int32(len(g.typ)); t++ {
+		if !ls.leaked(t) {
+			continue
+		}
+		b := g.bytes(t)
+		for i := 0; i+8 <= len(b); i += 8 {
+			if u, _, ok := g.node(binary.LittleEndian.Uint64(b[i:])); ok && u != t && ls.leaked(u) {
+				pointed[u] = true
+			}
+		}
+	}
+	return pointed
+}
+
+// take makes root a leak, with the leaked objects it reaches that are
+// not taken yet, in its group by cache and type.
+func (ls *leakSearch) take(root int32) {
+	g := ls.g
+	ls.taken[root] = true
+	hidden, bytes := 0, uint64(g.slabs[g.nodeSlab[root]].Cache.ObjectSize)
+	stack := []int32{root}
+	for len(stack) > 0 {
+		t := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		b := g.bytes(t)
+		for i := 0; i+8 <= len(b); i += 8 {
+			if u, _, ok := g.node(binary.LittleEndian.Uint64(b[i:])); ok && ls.leaked(u) && !ls.taken[u] {
+				ls.taken[u] = true
+				hidden++
+				bytes += uint64(g.slabs[g.nodeSlab[u]].Cache.ObjectSize)
+				stack = append(stack, u)
+			}
+		}
+	}
+	c := g.slabs[g.nodeSlab[root]].Cache
+	typ := ""
+	if g.mark[root] != Unmarked {
+		typ = g.typeName(root)
+	}
+	k := [2]string{c.Name, typ}
+	acc := ls.groups[k]
+	if acc == nil {
+		acc = &LeakGroup{Cache: c.Name, Type: typ}
+		ls.groups[k] = acc
+	}
+	acc.Count++
+	acc.Bytes += bytes
+	acc.Hidden += hidden
+	acc.Leaks = append(acc.Leaks, Leak{Addr: g.addr(root), Size: c.ObjectSize, Cache: c.Name, Type: typ, Hidden: hidden})
+	ls.rep.Leaks++
+	ls.rep.LeakedSize += bytes
 }
 
 // builtinRoots are the roots the graph finds itself: the image's data
