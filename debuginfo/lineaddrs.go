@@ -87,18 +87,12 @@ func (f *File) LineRangeAddrs(suffix string, lo, hi int) ([]LineAddr, error) {
 		if err != nil {
 			return true, nil // a unit without a readable table holds nothing of it
 		}
-		match := make([]bool, len(t.files))
-		any := false
-		for i, name := range t.files {
-			if MatchFile(name, suffix) {
-				match[i], any = true, true
-				if named == "" {
-					named = name
-				}
-			}
-		}
-		if !any {
+		match, name := matchFiles(t.files, suffix)
+		if name == "" {
 			return true, nil
+		}
+		if named == "" {
+			named = name
 		}
 		for _, s := range t.seqs {
 			for i := 0; i < len(s.rows)-1; i++ {
@@ -262,4 +256,19 @@ func declOf(d *dwarf.Data, e *dwarf.Entry, files []*dwarf.LineFile, compDir stri
 		}
 	}
 	return Line{}, fmt.Errorf("the subprogram has no declaration line: %w", ErrNoLine)
+}
+
+// matchFiles marks the files of a line table that suffix names, and
+// gives the first of them ("" when none).
+func matchFiles(files []string, suffix string) (match []bool, first string) {
+	match = make([]bool, len(files))
+	for i, name := range files {
+		if MatchFile(name, suffix) {
+			match[i] = true
+			if first == "" {
+				first = name
+			}
+		}
+	}
+	return match, first
 }

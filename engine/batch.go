@@ -47,31 +47,8 @@ func (e *Engine) AddEach(sites []*splice.Site, sp Spec) (reqs []*Request, errs [
 		flushed := t.Build + t.Write + t.Splice - before.Build - before.Write - before.Splice
 		t.Prepare += time.Since(start) - flushed
 	}()
-	since := func(d *time.Duration, start time.Time) time.Time {
-		now := time.Now()
-		*d += now.Sub(start)
-		return now
-	}
 	flush := func() {
-		t0 := time.Now()
-		var err error
-		batch, err = e.buildBatch(batch, errs)
-		noRoom(err)
-		codes := make([]driver.PatchCode, len(batch))
-		for j, p := range batch {
-			codes[j] = driver.PatchCode{Addr: p.patch, Code: p.code}
-		}
-		t0 = since(&t.Build, t0)
-		if err := e.writePatches(codes); err != nil {
-			for _, p := range batch {
-				errs[p.i] = fmt.Errorf("%s: %w", p.pt.site.Where(), err)
-				e.abandon(p)
-			}
-		} else {
-			t0 = since(&t.Write, t0)
-			noRoom(e.spliceBatch(batch, reqs, errs))
-			since(&t.Splice, t0)
-		}
+		e.flushBatch(batch, reqs, errs, noRoom)
 		batch = batch[:0]
 	}
 	for i, s := range sites {
@@ -158,6 +135,36 @@ func (e *Engine) prepare(pt *point, s *splice.Site, sp Spec) (pendingSplice, err
 		e.points.set(ps.Addr(), pt)
 	}
 	return p, nil
+}
+
+// flushBatch builds, writes and splices an AddEach batch, each site's
+// answer in reqs and errs, timing the stages in e.armTimes; noRoom sees
+// the errors that may say the driver is full. The caller holds e.mu.
+func (e *Engine) flushBatch(batch []pendingSplice, reqs []*Request, errs []error, noRoom func(error)) {
+	t := &e.armTimes
+	since := func(d *time.Duration, start time.Time) time.Time {
+		now := time.Now()
+		*d += now.Sub(start)
+		return now
+	}
+	t0 := time.Now()
+	batch, err := e.buildBatch(batch, errs)
+	noRoom(err)
+	codes := make([]driver.PatchCode, len(batch))
+	for j, p := range batch {
+		codes[j] = driver.PatchCode{Addr: p.patch, Code: p.code}
+	}
+	t0 = since(&t.Build, t0)
+	if err := e.writePatches(codes); err != nil {
+		for _, p := range batch {
+			errs[p.i] = fmt.Errorf("%s: %w", p.pt.site.Where(), err)
+			e.abandon(p)
+		}
+		return
+	}
+	t0 = since(&t.Write, t0)
+	noRoom(e.spliceBatch(batch, reqs, errs))
+	since(&t.Splice, t0)
 }
 
 // buildBatch sizes, allocates and builds the patches of batch (sizing

@@ -260,6 +260,23 @@ func (r *cfiReader) encoded(enc byte, addrSize int, funcBase uint64) uint64 {
 	return v
 }
 
+// cieAt parses the CIE at cieOff, which the FDE at off names before the
+// linear walk has reached it.
+func cieAt(sec *cfiSection, b bases, cieOff, off int) (*cie, error) {
+	data := sec.data
+	if cieOff < 0 || cieOff >= len(data) {
+		return nil, &FormatError{sec.name, off, fmt.Sprintf("FDE's CIE pointer %#x is outside the section", cieOff)}
+	}
+	cr := &cfiReader{sec: sec, b: b, pos: cieOff, end: len(data)}
+	l, co := cr.initialLength()
+	if cr.err != nil || l > uint64(len(data)-cr.pos) {
+		return nil, &FormatError{sec.name, off, fmt.Sprintf("FDE's CIE at %#x is malformed", cieOff)}
+	}
+	cr.end = cr.pos + int(l)
+	cr.pos += co // the CIE id
+	return parseCIE(cr, cieOff)
+}
+
 // parseCFI reads every FDE of a section, with its CIE.
 func parseCFI(sec *cfiSection, b bases) ([]fde, error) {
 	cies := map[int]*cie{}
@@ -305,18 +322,8 @@ func parseCFI(sec *cfiSection, b bases) ([]fde, error) {
 		}
 		c, ok := cies[cieOff]
 		if !ok {
-			if cieOff < 0 || cieOff >= len(data) {
-				return nil, &FormatError{sec.name, off, fmt.Sprintf("FDE's CIE pointer %#x is outside the section", cieOff)}
-			}
-			cr := &cfiReader{sec: sec, b: b, pos: cieOff, end: len(data)}
-			l, co := cr.initialLength()
-			if cr.err != nil || l > uint64(len(data)-cr.pos) {
-				return nil, &FormatError{sec.name, off, fmt.Sprintf("FDE's CIE at %#x is malformed", cieOff)}
-			}
-			cr.end = cr.pos + int(l)
-			cr.pos += co // the CIE id
 			var err error
-			if c, err = parseCIE(cr, cieOff); err != nil {
+			if c, err = cieAt(sec, b, cieOff, off); err != nil {
 				return nil, err
 			}
 			cies[cieOff] = c

@@ -53,18 +53,9 @@ func Count(ctx context.Context, c *api.Client, o CountOptions, env Env) (int, er
 		describeProbe(stderr, p.Resolved, p.Mechanism)
 	}
 	report := api.CountReport{IntervalNS: int64(o.Interval)}
-	// Live rows use fixed widths: each is printed as its sample arrives.
-	locWidth := 8
-	for _, p := range sess.Probes {
-		locWidth = max(locWidth, len(location(p.Resolved)))
-	}
+	series, locWidth := probeSeries(sess)
 	if !o.JSON {
 		fmt.Fprintf(stdout, "%8s  %-*s  %12s  %12s\n", "time", locWidth, "location", "+interval", "total")
-	}
-	series := make([]metrics.Series, len(sess.Probes))
-	for i, p := range sess.Probes {
-		series[i].Name = location(p.Resolved)
-		series[i].Add(metrics.Point{Time: sess.Created})
 	}
 	res, err := runSession(ctx, c, sess, runOptions{Duration: o.Duration, Interval: o.Interval, Command: o.Command,
 		Waiting: "kinst: counting; Ctrl-C to stop"}, env,
@@ -106,12 +97,31 @@ func Count(ctx context.Context, c *api.Client, o CountOptions, env Env) (int, er
 		return exitStatus, writeJSON(stdout, report)
 	}
 	fmt.Fprintf(stdout, "\ncounts over %.3f s (%s removed):\n", time.Duration(report.DurationNS).Seconds(), removedWhat(final.Probes))
-	tw := newTable(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "count\tpoint\tlocation\taddress")
-	for _, p := range report.Probes {
-		fmt.Fprintf(tw, "%d\t%s\t%s+%#x\t%#x\n", p.Count, p.Point, p.Function, p.Offset, uint64(p.Address))
+	return exitStatus, printCounts(stdout, report.Probes, func(s string) string { return s })
+}
+
+// probeSeries starts a plot series for each of the session's probes at
+// its creation, and gives the width of the longest location: live rows
+// use fixed widths, each printed as its sample arrives.
+func probeSeries(sess api.Session) (series []metrics.Series, width int) {
+	series, width = make([]metrics.Series, len(sess.Probes)), 8
+	for i, p := range sess.Probes {
+		series[i].Name = location(p.Resolved)
+		series[i].Add(metrics.Point{Time: sess.Created})
+		width = max(width, len(series[i].Name))
 	}
-	return exitStatus, tw.Flush()
+	return series, width
+}
+
+// printCounts is the table of final counts, function names as name
+// gives them.
+func printCounts(w io.Writer, probes []api.CountProbe, name func(string) string) error {
+	tw := newTable(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "count\tpoint\tlocation\taddress")
+	for _, p := range probes {
+		fmt.Fprintf(tw, "%d\t%s\t%s+%#x\t%#x\n", p.Count, p.Point, name(p.Function), p.Offset, uint64(p.Address))
+	}
+	return tw.Flush()
 }
 
 // location is how a probe is named in live rows: the point as asked, and

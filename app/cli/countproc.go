@@ -389,12 +389,7 @@ func CountProcess(ctx context.Context, pid int, o CountOptions, env Env) (int, e
 		return exit, writeJSON(stdout, report)
 	}
 	fmt.Fprintf(stdout, "\ncounts over %.3f s in process %d (%s):\n", dur.Seconds(), c.r.pid, c.r.ended())
-	tw := newTable(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "count\tpoint\tlocation\taddress")
-	for _, p := range report.Probes {
-		fmt.Fprintf(tw, "%d\t%s\t%s+%#x\t%#x\n", p.Count, p.Point, unwind.Demangle(p.Function), p.Offset, uint64(p.Address))
-	}
-	return exit, tw.Flush()
+	return exit, printCounts(stdout, report.Probes, unwind.Demangle)
 }
 
 // TimeProcess is `kinst time -p PID FUNC…` (or -p 0 -- CMD): calls, wall
