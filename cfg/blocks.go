@@ -192,6 +192,14 @@ func (f *Function) BlocksOpt(o BlockOptions) []Block {
 		f.succs(b, bi, len(blocks), tables, byAddr, names, noReturn, &edges)
 		b.Succs = edges[first:len(edges):len(edges)]
 	}
+	fillPreds(blocks)
+	markPadding(f, blocks)
+	return blocks
+}
+
+// fillPreds sets every block's predecessors from the successors, in one
+// backing array.
+func fillPreds(blocks []Block) {
 	npred := make([]int, len(blocks))
 	total := 0
 	for bi := range blocks {
@@ -210,8 +218,6 @@ func (f *Function) BlocksOpt(o BlockOptions) []Block {
 			blocks[e.To].Preds = append(blocks[e.To].Preds, bi)
 		}
 	}
-	markPadding(f, blocks)
-	return blocks
 }
 
 // succs appends block bi's successor edges to edges and sets its exit

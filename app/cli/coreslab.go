@@ -135,32 +135,7 @@ func CoreSlabsReport(k *core.Kernel, asJSON bool, w io.Writer) error {
 	}
 	out := CoreSlabs{AliasSource: h.AliasSource, PagesScanned: h.PagesScanned, VmemmapHoles: h.VmemmapHoles, Notes: h.Notes}
 	for _, c := range h.Caches {
-		st := c.Stats
-		cc := CoreSlabCache{Name: c.Name, Aliases: c.Aliases, ObjectSize: c.ObjectSize, Size: c.Size,
-			Slabs: st.Slabs, Allocated: st.Allocated, Free: st.Free, Objects: st.Objects, FreePerCPU: st.FreePerCPU,
-			Address: fmt.Sprintf("%#x", c.Addr), Refcount: c.Refcount, Sysfs: c.SysfsName, Flags: slab.FlagNames(c.Flags),
-			Offset: c.Offset, Inuse: c.Inuse, Align: c.Align, RedLeftPad: c.RedLeftPad, Order: c.Order, PerSlab: c.PerSlab,
-			CPUSlabs: st.CPUSlabs, CPUPartial: st.CPUPartial, Partial: st.Partial, Full: st.Full, Unlisted: st.Unlisted,
-			Anomalies: st.Anomalies, NodeSlabs: st.NodeSlabs, NodeObjects: st.NodeObjects, NodePartial: st.NodePartial}
-		if cc.Aliases == nil {
-			cc.Aliases = []string{}
-		}
-		if cc.Flags == nil {
-			cc.Flags = []string{}
-		}
-		if t := c.TrackOffset(); t >= 0 {
-			cc.Tracks = t
-		}
-		if c.Ctor != 0 {
-			cc.Ctor = symbolize(k, c.Ctor)
-			if cc.Ctor == "" {
-				cc.Ctor = fmt.Sprintf("%#x", c.Ctor)
-			}
-		}
-		if c.Hardened {
-			cc.Random = fmt.Sprintf("%#x", c.Random)
-		}
-		out.Caches = append(out.Caches, cc)
+		out.Caches = append(out.Caches, slabCacheReport(k, c))
 	}
 	anoms, n := h.Anomalies()
 	out.AnomalyCount = n
@@ -171,6 +146,43 @@ func CoreSlabsReport(k *core.Kernel, asJSON bool, w io.Writer) error {
 	if asJSON {
 		return writeJSON(w, out)
 	}
+	printSlabs(w, out)
+	return nil
+}
+
+// slabCacheReport is a cache's line of `kinst core slabs`.
+func slabCacheReport(k *core.Kernel, c *slab.Cache) CoreSlabCache {
+	st := c.Stats
+	cc := CoreSlabCache{Name: c.Name, Aliases: c.Aliases, ObjectSize: c.ObjectSize, Size: c.Size,
+		Slabs: st.Slabs, Allocated: st.Allocated, Free: st.Free, Objects: st.Objects, FreePerCPU: st.FreePerCPU,
+		Address: fmt.Sprintf("%#x", c.Addr), Refcount: c.Refcount, Sysfs: c.SysfsName, Flags: slab.FlagNames(c.Flags),
+		Offset: c.Offset, Inuse: c.Inuse, Align: c.Align, RedLeftPad: c.RedLeftPad, Order: c.Order, PerSlab: c.PerSlab,
+		CPUSlabs: st.CPUSlabs, CPUPartial: st.CPUPartial, Partial: st.Partial, Full: st.Full, Unlisted: st.Unlisted,
+		Anomalies: st.Anomalies, NodeSlabs: st.NodeSlabs, NodeObjects: st.NodeObjects, NodePartial: st.NodePartial}
+	if cc.Aliases == nil {
+		cc.Aliases = []string{}
+	}
+	if cc.Flags == nil {
+		cc.Flags = []string{}
+	}
+	if t := c.TrackOffset(); t >= 0 {
+		cc.Tracks = t
+	}
+	if c.Ctor != 0 {
+		cc.Ctor = symbolize(k, c.Ctor)
+		if cc.Ctor == "" {
+			cc.Ctor = fmt.Sprintf("%#x", c.Ctor)
+		}
+	}
+	if c.Hardened {
+		cc.Random = fmt.Sprintf("%#x", c.Random)
+	}
+	return cc
+}
+
+// printSlabs is `kinst core slabs` as text: the caches by memory held,
+// the totals, notes and anomalies.
+func printSlabs(w io.Writer, out CoreSlabs) {
 	sorted := append([]CoreSlabCache(nil), out.Caches...)
 	sort.SliceStable(sorted, func(i, j int) bool {
 		return sorted[i].Objects*int(sorted[i].Size) > sorted[j].Objects*int(sorted[j].Size)
@@ -208,7 +220,6 @@ func CoreSlabsReport(k *core.Kernel, asJSON bool, w io.Writer) error {
 			fmt.Fprintf(w, "  … and %d more\n", out.AnomalyCount-len(out.Anomalies))
 		}
 	}
-	return nil
 }
 
 // CoreWhatType says what an address of the dump is: a slab object with

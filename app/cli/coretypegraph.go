@@ -94,12 +94,6 @@ func printTypeGraph(g *typegraph.Graph, hand []typegraph.ByHand, before int, sta
 	if len(hand) > 0 {
 		fmt.Fprintf(w, "%#x is a struct %s: %d objects typed, %d more than without it\n", hand[0].Addr, hand[0].Type, r.Typed, r.Typed-before)
 	}
-	pct := func(a, b int) float64 {
-		if b == 0 {
-			return 0
-		}
-		return 100 * float64(a) / float64(b)
-	}
 	fmt.Fprintf(w, "%d objects: %d typed (%.1f%%), %d by their cache, %d by the graph; %d untyped; %d with conflicts\n",
 		r.Objects, r.Typed, pct(r.Typed, r.Objects), r.ByCache, r.Propagated, r.Untyped, r.Conflicts)
 	fmt.Fprintf(w, "%d variables read, %d pointers into objects of unknown type, %d arrays; %.2fs\n\n", r.Roots, r.Claims, r.Arrays, time.Since(start).Seconds())
@@ -114,52 +108,12 @@ func printTypeGraph(g *typegraph.Graph, hand []typegraph.ByHand, before int, sta
 	}
 	fmt.Fprintf(w, "\ncaches whose objects the graph typed:\n")
 	for _, c := range r.Caches {
-		if c.Typed == 0 {
-			continue
-		}
-		var byN []string
-		for t, n := range c.Types {
-			byN = append(byN, fmt.Sprintf("%d\x00%s", n, t))
-		}
-		sort.Slice(byN, func(i, j int) bool {
-			var a, b int
-			fmt.Sscan(strings.Split(byN[i], "\x00")[0], &a)
-			fmt.Sscan(strings.Split(byN[j], "\x00")[0], &b)
-			return a > b || a == b && byN[i] < byN[j]
-		})
-		if c.ByCache == c.Objects {
+		if c.Typed == 0 || c.ByCache == c.Objects {
 			continue // typed by the cache: nothing the graph found
 		}
-		parts := []string{}
-		for i, s := range byN {
-			if i == 5 {
-				parts = append(parts, fmt.Sprintf("… %d more", len(byN)-5))
-				break
-			}
-			f := strings.Split(s, "\x00")
-			parts = append(parts, f[1]+" "+f[0])
-		}
-		fmt.Fprintf(w, "  %-24s %6d of %6d: %s\n", c.Name, c.Typed, c.Objects, strings.Join(parts, ", "))
+		fmt.Fprintf(w, "  %-24s %6d of %6d: %s\n", c.Name, c.Typed, c.Objects, topTypes(c.Types, 5))
 	}
-	if len(r.HeldOut) > 0 {
-		fmt.Fprintf(w, "\nheld out (typed by inference only, checked against the cache's type):\n")
-		for _, ho := range r.HeldOut {
-			if ho.Type == "" {
-				fmt.Fprintf(w, "  %-20s %6d objects, %6d typed: the cache holds no one known type to check against (merged, or no struct fits)\n", ho.Cache, ho.Objects, ho.Typed)
-				continue
-			}
-			fmt.Fprintf(w, "  %-20s %-16s %6d objects, %6d typed, %6d right: precision %.1f%%, recall %.1f%%", ho.Cache, ho.Type, ho.Objects, ho.Typed, ho.Correct, pct(ho.Correct, ho.Typed), pct(ho.Correct, ho.Objects))
-			if len(ho.Wrong) > 0 {
-				var ws []string
-				for t, n := range ho.Wrong {
-					ws = append(ws, fmt.Sprintf("%s %d", t, n))
-				}
-				sort.Strings(ws)
-				fmt.Fprintf(w, "; wrong: %s", strings.Join(ws, ", "))
-			}
-			fmt.Fprintln(w)
-		}
-	}
+	printHeldOut(w, r.HeldOut)
 	if cs := g.Conflicts(3); len(cs) > 0 {
 		fmt.Fprintf(w, "\nconflicts (first %d of %d):\n", len(cs), r.Conflicts)
 		for _, c := range cs {
@@ -360,4 +314,57 @@ func CoreFindFalse(k *core.Kernel, graphFile string, asJSON bool, w io.Writer) e
 	tw.Flush()
 	fmt.Fprintf(w, "%d arrays (%d kinds); ADDRESS is the first of COUNT\n", len(fs), len(keys))
 	return nil
+}
+
+// pct is a as a percentage of b, 0 when b is.
+func pct(a, b int) float64 {
+	if b == 0 {
+		return 0
+	}
+	return 100 * float64(a) / float64(b)
+}
+
+// topTypes names the n types with the most objects, most first ("task_struct 12, …").
+func topTypes(types map[string]int, n int) string {
+	names := make([]string, 0, len(types))
+	for t := range types {
+		names = append(names, t)
+	}
+	sort.Slice(names, func(i, j int) bool {
+		a, b := types[names[i]], types[names[j]]
+		return a > b || a == b && names[i] < names[j]
+	})
+	parts := []string{}
+	for i, t := range names {
+		if i == n {
+			parts = append(parts, fmt.Sprintf("… %d more", len(names)-n))
+			break
+		}
+		parts = append(parts, fmt.Sprintf("%s %d", t, types[t]))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// printHeldOut is the held-out caches' precision and recall.
+func printHeldOut(w io.Writer, held []typegraph.HeldOut) {
+	if len(held) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nheld out (typed by inference only, checked against the cache's type):\n")
+	for _, ho := range held {
+		if ho.Type == "" {
+			fmt.Fprintf(w, "  %-20s %6d objects, %6d typed: the cache holds no one known type to check against (merged, or no struct fits)\n", ho.Cache, ho.Objects, ho.Typed)
+			continue
+		}
+		fmt.Fprintf(w, "  %-20s %-16s %6d objects, %6d typed, %6d right: precision %.1f%%, recall %.1f%%", ho.Cache, ho.Type, ho.Objects, ho.Typed, ho.Correct, pct(ho.Correct, ho.Typed), pct(ho.Correct, ho.Objects))
+		if len(ho.Wrong) > 0 {
+			var ws []string
+			for t, n := range ho.Wrong {
+				ws = append(ws, fmt.Sprintf("%s %d", t, n))
+			}
+			sort.Strings(ws)
+			fmt.Fprintf(w, "; wrong: %s", strings.Join(ws, ", "))
+		}
+		fmt.Fprintln(w)
+	}
 }
