@@ -27,6 +27,68 @@ type watched struct {
 	seen bool
 }
 
+// watchRows are Watch's rows by metric, across refreshes.
+type watchRows struct {
+	rows    map[string]*watched
+	history int // rates kept a row
+	live    map[string]bool
+}
+
+// refresh updates the rows from the sessions' totals, drops those of
+// sessions gone, and gives them, busiest first.
+func (wr *watchRows) refresh(list []api.Session, now time.Time) []api.WatchRow {
+	wr.live = map[string]bool{}
+	for _, s := range list {
+		for _, t := range s.Timers {
+			metric := "time " + t.Function
+			if t.Filter != "" {
+				metric += " (" + t.Filter + ")"
+			}
+			wr.update(s.ID+"/t/"+t.Function, api.WatchRow{Session: s.Name, Metric: metric}, metrics.Point(t.Totals))
+		}
+		for _, p := range s.Probes {
+			wr.update(s.ID+"/c/"+location(p.Resolved), api.WatchRow{Session: s.Name, Metric: "count " + location(p.Resolved)},
+				metrics.Point{Time: now, Calls: p.Count})
+		}
+	}
+	for k := range wr.rows {
+		if !wr.live[k] {
+			delete(wr.rows, k)
+		}
+	}
+	sorted := make([]api.WatchRow, 0, len(wr.rows))
+	for _, w := range wr.rows {
+		sorted = append(sorted, w.row)
+	}
+	sort.Slice(sorted, func(i, j int) bool {
+		if sorted[i].PerSec != sorted[j].PerSec {
+			return sorted[i].PerSec > sorted[j].PerSec
+		}
+		return sorted[i].Session+sorted[i].Metric < sorted[j].Session+sorted[j].Metric
+	})
+	return sorted
+}
+
+// update takes a metric's new point: its rate since the last one.
+func (wr *watchRows) update(key string, row api.WatchRow, p metrics.Point) {
+	wr.live[key] = true
+	w := wr.rows[key]
+	if w == nil {
+		w = &watched{row: row}
+		wr.rows[key] = w
+	}
+	if w.seen {
+		r := metrics.Derive(w.last, p)
+		w.row.PerSec, w.row.AvgWallNS, w.row.Concurrency = r.CallsPerSec, r.AvgWallNS, r.Concurrency
+		w.row.History = append(w.row.History, r.CallsPerSec)
+		if len(w.row.History) > wr.history {
+			w.row.History = w.row.History[len(w.row.History)-wr.history:]
+		}
+	}
+	w.row.Total, w.row.Inside = p.Calls, p.Inside
+	w.last, w.seen = p, true
+}
+
 // Watch shows every active metric of every session, refreshed like top:
 // sorted by rate, with a sparkline of the recent rates per row.
 func Watch(ctx context.Context, c *api.Client, o WatchOptions, env Env) error {
@@ -37,7 +99,7 @@ func Watch(ctx context.Context, c *api.Client, o WatchOptions, env Env) error {
 	if o.History <= 0 {
 		o.History = 30
 	}
-	rows := map[string]*watched{}
+	rows := watchRows{rows: map[string]*watched{}, history: o.History}
 	next := env.now()
 	for i := 0; o.Iterations == 0 || i <= o.Iterations; i++ {
 		list, err := c.Sessions(ctx)
@@ -45,53 +107,7 @@ func Watch(ctx context.Context, c *api.Client, o WatchOptions, env Env) error {
 			return err
 		}
 		now := env.now()
-		live := map[string]bool{}
-		update := func(key string, row api.WatchRow, p metrics.Point) {
-			live[key] = true
-			w := rows[key]
-			if w == nil {
-				w = &watched{row: row}
-				rows[key] = w
-			}
-			if w.seen {
-				r := metrics.Derive(w.last, p)
-				w.row.PerSec, w.row.AvgWallNS, w.row.Concurrency = r.CallsPerSec, r.AvgWallNS, r.Concurrency
-				w.row.History = append(w.row.History, r.CallsPerSec)
-				if len(w.row.History) > o.History {
-					w.row.History = w.row.History[len(w.row.History)-o.History:]
-				}
-			}
-			w.row.Total, w.row.Inside = p.Calls, p.Inside
-			w.last, w.seen = p, true
-		}
-		for _, s := range list {
-			for _, t := range s.Timers {
-				metric := "time " + t.Function
-				if t.Filter != "" {
-					metric += " (" + t.Filter + ")"
-				}
-				update(s.ID+"/t/"+t.Function, api.WatchRow{Session: s.Name, Metric: metric}, metrics.Point(t.Totals))
-			}
-			for _, p := range s.Probes {
-				update(s.ID+"/c/"+location(p.Resolved), api.WatchRow{Session: s.Name, Metric: "count " + location(p.Resolved)},
-					metrics.Point{Time: now, Calls: p.Count})
-			}
-		}
-		for k := range rows {
-			if !live[k] {
-				delete(rows, k)
-			}
-		}
-		sorted := make([]api.WatchRow, 0, len(rows))
-		for _, w := range rows {
-			sorted = append(sorted, w.row)
-		}
-		sort.Slice(sorted, func(i, j int) bool {
-			if sorted[i].PerSec != sorted[j].PerSec {
-				return sorted[i].PerSec > sorted[j].PerSec
-			}
-			return sorted[i].Session+sorted[i].Metric < sorted[j].Session+sorted[j].Metric
-		})
+		sorted := rows.refresh(list, now)
 		last := o.Iterations != 0 && i == o.Iterations
 		if o.JSON {
 			if last {

@@ -141,35 +141,8 @@ func (g *Graph) Save(w io.Writer, vmcoreinfo string) error {
 	for _, h := range held {
 		e.s(h)
 	}
-	// Types: the BTF id of each type the graph numbered, or how to make
-	// it again.
-	e.u(uint64(len(g.ts.infos)))
-	for _, ti := range g.ts.infos {
-		if ti.ptrTo >= 0 {
-			e.u(savedTypePtr)
-			e.u(uint64(ti.ptrTo))
-			continue
-		}
-		if id, err := g.spec.TypeID(ti.t); err == nil {
-			e.u(savedTypeBTF)
-			e.u(uint64(id))
-			continue
-		}
-		if !g.isLSMType(ti.name) {
-			return fmt.Errorf("save: type %s is neither in BTF nor one the graph makes", ti.name)
-		}
-		e.u(savedTypeLSM)
-		e.s(ti.name)
-	}
-	e.u(uint64(len(g.roots)))
-	for _, r := range g.roots {
-		id, err := g.spec.TypeID(r.typ)
-		if err != nil {
-			return fmt.Errorf("save: variable %s: %w", r.name, err)
-		}
-		e.s(r.name)
-		e.u(r.addr)
-		e.u(uint64(id))
+	if err := g.saveTypes(e); err != nil {
+		return err
 	}
 	e.u(uint64(len(g.typ)))
 	e.u(uint64(g.objects))
@@ -194,19 +167,7 @@ func (g *Graph) Save(w io.Writer, vmcoreinfo string) error {
 		e.u(uint64(c.flags))
 		e.i(int64(c.next))
 	}
-	conf := make([]int32, 0, len(g.conf))
-	for n := range g.conf {
-		conf = append(conf, n)
-	}
-	sort.Slice(conf, func(i, j int) bool { return conf[i] < conf[j] })
-	e.u(uint64(len(conf)))
-	for _, n := range conf {
-		e.u(uint64(n))
-		e.u(uint64(len(g.conf[n])))
-		for _, c := range g.conf[n] {
-			e.u(uint64(c))
-		}
-	}
+	g.saveConflicts(e)
 	rep, err := json.Marshal(&g.rep)
 	if err != nil {
 		return err
@@ -269,6 +230,57 @@ func Load(r io.Reader, k slab.Kernel, h *slab.Heap, ctypes map[*slab.Cache]typei
 		return nil, err
 	}
 	return g, nil
+}
+
+// saveTypes writes the types, the BTF id of each type the graph
+// numbered or how to make it again, then the roots.
+func (g *Graph) saveTypes(e *enc) error {
+	e.u(uint64(len(g.ts.infos)))
+	for _, ti := range g.ts.infos {
+		if ti.ptrTo >= 0 {
+			e.u(savedTypePtr)
+			e.u(uint64(ti.ptrTo))
+			continue
+		}
+		if id, err := g.spec.TypeID(ti.t); err == nil {
+			e.u(savedTypeBTF)
+			e.u(uint64(id))
+			continue
+		}
+		if !g.isLSMType(ti.name) {
+			return fmt.Errorf("save: type %s is neither in BTF nor one the graph makes", ti.name)
+		}
+		e.u(savedTypeLSM)
+		e.s(ti.name)
+	}
+	e.u(uint64(len(g.roots)))
+	for _, r := range g.roots {
+		id, err := g.spec.TypeID(r.typ)
+		if err != nil {
+			return fmt.Errorf("save: variable %s: %w", r.name, err)
+		}
+		e.s(r.name)
+		e.u(r.addr)
+		e.u(uint64(id))
+	}
+	return nil
+}
+
+// saveConflicts writes the nodes' conflicting claims, by node.
+func (g *Graph) saveConflicts(e *enc) {
+	conf := make([]int32, 0, len(g.conf))
+	for n := range g.conf {
+		conf = append(conf, n)
+	}
+	sort.Slice(conf, func(i, j int) bool { return conf[i] < conf[j] })
+	e.u(uint64(len(conf)))
+	for _, n := range conf {
+		e.u(uint64(n))
+		e.u(uint64(len(g.conf[n])))
+		for _, c := range g.conf[n] {
+			e.u(uint64(c))
+		}
+	}
 }
 
 // loader reads a saved graph's sections into g, in order, each checked

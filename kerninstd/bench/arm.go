@@ -19,7 +19,7 @@ const maxArmBlocks = 1 << 20
 // armOwner owns the probes bench arm makes; no session has this ID.
 const armOwner = "bench-arm"
 
-// BenchArm arms a hit-flag probe at req.Blocks basic blocks, as a
+// Arm arms a hit-flag probe at req.Blocks basic blocks, as a
 // coverage session does, batched or one at a time, then removes them
 // all, and reports the time and the driver's CPU synchronisation rounds
 // of each half. Blocks are taken in order from the targets' functions;
