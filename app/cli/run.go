@@ -36,6 +36,23 @@ func (r runResult) status() int {
 	return 0
 }
 
+// sampleChan delivers stream's samples; it is closed when the stream
+// ends.
+func sampleChan(stream interface{ Next() (api.Sample, error) }) <-chan api.Sample {
+	samples := make(chan api.Sample)
+	go func() {
+		defer close(samples)
+		for {
+			s, err := stream.Next()
+			if err != nil {
+				return
+			}
+			samples <- s
+		}
+	}()
+	return samples
+}
+
 // runSession streams the session's samples to onSample until the
 // duration ends, the command exits or a signal arrives, then removes the
 // session. The sample stream ties the session to this process: if kinst
@@ -50,17 +67,7 @@ func runSession(ctx context.Context, c *api.Client, sess api.Session, o runOptio
 		return res, err
 	}
 	defer stream.Close()
-	samples := make(chan api.Sample)
-	go func() {
-		defer close(samples)
-		for {
-			s, err := stream.Next()
-			if err != nil {
-				return
-			}
-			samples <- s
-		}
-	}()
+	samples := sampleChan(stream)
 
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
@@ -122,8 +129,14 @@ loop:
 		exited(<-cmdDone)
 	}
 	res.Duration = env.since(start)
+	return detachRun(ctx, c, sess.ID, env, res)
+}
+
+// detachRun removes a run's session, timing it: res with its final
+// state.
+func detachRun(ctx context.Context, c *api.Client, id string, env Env, res runResult) (runResult, error) {
 	detach := env.now()
-	final, err := c.RemoveSession(context.WithoutCancel(ctx), sess.ID)
+	final, err := c.RemoveSession(context.WithoutCancel(ctx), id)
 	res.Detach = env.since(detach)
 	if err != nil {
 		return res, fmt.Errorf("remove instrumentation: %w", err)
