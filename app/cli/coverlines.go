@@ -213,20 +213,50 @@ func splitLine(s string) (string, int, bool) {
 // cannot say whether they ran. Functions without lines (modules) are
 // left out. Files, functions and lines are sorted.
 func WriteLcov(w io.Writer, rep api.CoverReport) error {
-	type fn struct {
-		name string
-		line int
-		hit  bool
+	files := lcovFiles(rep)
+	if len(files) == 0 {
+		return errors.New("lcov: the report has no source lines (no debug vmlinux, or only functions of modules)")
 	}
-	type file struct {
-		fns   []fn
-		lines map[int]bool // line → covered
+	bw := bufio.NewWriter(w)
+	names := make([]string, 0, len(files))
+	for n := range files {
+		names = append(names, n)
 	}
-	files := map[string]*file{}
-	get := func(name string) *file {
+	slices.Sort(names)
+	tn := strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' {
+			return r
+		}
+		return '_'
+	}, rep.Session)
+	for _, name := range names {
+		fmt.Fprintf(bw, "TN:%s\nSF:%s\n", tn, name)
+		files[name].write(bw)
+	}
+	return bw.Flush()
+}
+
+// lcovFunc is a function of an lcov record: its first line, and whether
+// any of its blocks ran.
+type lcovFunc struct {
+	name string
+	line int
+	hit  bool
+}
+
+// lcovFile is one source file's lcov record.
+type lcovFile struct {
+	fns   []lcovFunc
+	lines map[int]bool // line → covered
+}
+
+// lcovFiles gathers the report's functions and lines by source file.
+func lcovFiles(rep api.CoverReport) map[string]*lcovFile {
+	files := map[string]*lcovFile{}
+	get := func(name string) *lcovFile {
 		f := files[name]
 		if f == nil {
-			f = &file{lines: map[int]bool{}}
+			f = &lcovFile{lines: map[int]bool{}}
 			files[name] = f
 		}
 		return f
@@ -259,56 +289,41 @@ func WriteLcov(w io.Writer, rep api.CoverReport) error {
 		}
 		if name, n, ok := splitLine(first); ok {
 			lf := get(name)
-			lf.fns = append(lf.fns, fn{name: f.Function, line: n, hit: hit})
+			lf.fns = append(lf.fns, lcovFunc{name: f.Function, line: n, hit: hit})
 		}
 	}
-	if len(files) == 0 {
-		return errors.New("lcov: the report has no source lines (no debug vmlinux, or only functions of modules)")
+	return files
+}
+
+// write writes the record's functions and lines, after its TN and SF.
+func (f *lcovFile) write(bw *bufio.Writer) {
+	slices.SortFunc(f.fns, func(a, b lcovFunc) int { return cmp.Or(a.line-b.line, strings.Compare(a.name, b.name)) })
+	hit := 0
+	for _, x := range f.fns {
+		fmt.Fprintf(bw, "FN:%d,%s\n", x.line, x.name)
 	}
-	bw := bufio.NewWriter(w)
-	names := make([]string, 0, len(files))
-	for n := range files {
-		names = append(names, n)
+	for _, x := range f.fns {
+		n := 0
+		if x.hit {
+			n, hit = 1, hit+1
+		}
+		fmt.Fprintf(bw, "FNDA:%d,%s\n", n, x.name)
 	}
-	slices.Sort(names)
-	tn := strings.Map(func(r rune) rune {
-		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' {
-			return r
-		}
-		return '_'
-	}, rep.Session)
-	for _, name := range names {
-		f := files[name]
-		fmt.Fprintf(bw, "TN:%s\nSF:%s\n", tn, name)
-		slices.SortFunc(f.fns, func(a, b fn) int { return cmp.Or(a.line-b.line, strings.Compare(a.name, b.name)) })
-		hit := 0
-		for _, x := range f.fns {
-			fmt.Fprintf(bw, "FN:%d,%s\n", x.line, x.name)
-		}
-		for _, x := range f.fns {
-			n := 0
-			if x.hit {
-				n, hit = 1, hit+1
-			}
-			fmt.Fprintf(bw, "FNDA:%d,%s\n", n, x.name)
-		}
-		fmt.Fprintf(bw, "FNF:%d\nFNH:%d\n", len(f.fns), hit)
-		lines := make([]int, 0, len(f.lines))
-		for l := range f.lines {
-			lines = append(lines, l)
-		}
-		slices.Sort(lines)
-		covered := 0
-		for _, l := range lines {
-			n := 0
-			if f.lines[l] {
-				n, covered = 1, covered+1
-			}
-			fmt.Fprintf(bw, "DA:%d,%d\n", l, n)
-		}
-		fmt.Fprintf(bw, "LF:%d\nLH:%d\nend_of_record\n", len(lines), covered)
+	fmt.Fprintf(bw, "FNF:%d\nFNH:%d\n", len(f.fns), hit)
+	lines := make([]int, 0, len(f.lines))
+	for l := range f.lines {
+		lines = append(lines, l)
 	}
-	return bw.Flush()
+	slices.Sort(lines)
+	covered := 0
+	for _, l := range lines {
+		n := 0
+		if f.lines[l] {
+			n, covered = 1, covered+1
+		}
+		fmt.Fprintf(bw, "DA:%d,%d\n", l, n)
+	}
+	fmt.Fprintf(bw, "LF:%d\nLH:%d\nend_of_record\n", len(lines), covered)
 }
 
 // writeLcovFile writes the lcov tracefile to path.
