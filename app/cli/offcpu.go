@@ -45,23 +45,8 @@ type OffCPUOptions struct {
 // OffCPU profiles where threads wait, by sampling /proc or by tracing
 // sched_switch, and writes the reports o asks for.
 func OffCPU(ctx context.Context, o OffCPUOptions, stdout, stderr io.Writer) error {
-	if o.Folded && o.JSON {
-		return errors.New("offcpu: --folded and --json both want stdout; pick one")
-	}
-	if !o.Trace && (o.MinBlock > 0 || o.MaxBlock > 0) {
-		return errors.New("offcpu: --min-block and --max-block measure blocks: they need --trace")
-	}
-	if !o.Trace && (o.Frequency <= 0 || o.Frequency > 1000) {
-		return fmt.Errorf("offcpu: -F %d: want 1 to 1000 passes per second", o.Frequency)
-	}
-	if !o.Trace && strings.Contains(string(o.States), "R") {
-		return errors.New("offcpu: state R (preempted) is only visible with --trace: a sample cannot tell a runnable thread from a running one")
-	}
-	// Find a bad output path now, not after a long profile.
-	for _, path := range []string{o.SVG, o.Pprof} {
-		if err := checkOutputDir("offcpu", path); err != nil {
-			return err
-		}
+	if err := checkOffCPU(o); err != nil {
+		return err
 	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt)
 	defer stop()
@@ -70,48 +55,15 @@ func OffCPU(ctx context.Context, o OffCPUOptions, stdout, stderr io.Writer) erro
 		until = "for " + o.Duration.String()
 	}
 	var p *offcpu.Profile
+	var err error
 	attach := ""
 	if o.Trace {
-		t, err := offcpu.NewTracer(offcpu.TraceOptions{Options: o.Options, MinBlock: o.MinBlock, MaxBlock: o.MaxBlock, StackEntries: o.StackStorage})
-		if err != nil {
-			return err
-		}
-		defer t.Close()
-		attach = t.Attach
-		fmt.Fprintf(stderr, "kinst: tracing sched_switch (%s) %s\n", t.Attach, until)
-		if err := traceBeside(ctx, o, t); err != nil {
-			return err
-		}
-		if p, err = t.Profile(); err != nil {
-			return err
-		}
+		p, attach, err = traceOffCPU(ctx, o, until, stderr)
 	} else {
-		period := time.Second / time.Duration(o.Frequency)
-		s, err := offcpu.NewSampler(o.Options, period)
-		if err != nil {
-			return err
-		}
-		defer s.Close()
-		fmt.Fprintf(stderr, "kinst: sampling off-CPU threads at %d Hz %s\n", o.Frequency, until)
-		tty := isTerminal(stderr)
-		began, last := time.Now(), time.Now()
-		err = s.Run(ctx, o.Duration, func(pass, visited int) {
-			if pass == 1 && time.Since(began) > time.Second {
-				// Opening every thread and every binary's unwind table.
-				fmt.Fprintf(stderr, "kinst: first pass over %d threads took %v\n", visited, time.Since(began).Round(time.Millisecond))
-			}
-			if tty && time.Since(last) >= time.Second {
-				last = time.Now()
-				fmt.Fprintf(stderr, "\r  %d passes, %d threads in the last pass", pass, visited)
-			}
-		})
-		if tty {
-			fmt.Fprint(stderr, "\r\033[K")
-		}
-		if err != nil {
-			return err
-		}
-		p = s.Profile()
+		p, err = sampleOffCPU(ctx, o, until, stderr)
+	}
+	if err != nil {
+		return err
 	}
 	if !o.NoDemangle {
 		p.Demangle()
@@ -144,6 +96,76 @@ func OffCPU(ctx context.Context, o OffCPUOptions, stdout, stderr io.Writer) erro
 		return nil
 	}
 	return writeOffCPUText(stdout, p, o)
+}
+
+// checkOffCPU checks o's flags together, and its output paths now rather
+// than after a long profile.
+func checkOffCPU(o OffCPUOptions) error {
+	if o.Folded && o.JSON {
+		return errors.New("offcpu: --folded and --json both want stdout; pick one")
+	}
+	if !o.Trace && (o.MinBlock > 0 || o.MaxBlock > 0) {
+		return errors.New("offcpu: --min-block and --max-block measure blocks: they need --trace")
+	}
+	if !o.Trace && (o.Frequency <= 0 || o.Frequency > 1000) {
+		return fmt.Errorf("offcpu: -F %d: want 1 to 1000 passes per second", o.Frequency)
+	}
+	if !o.Trace && strings.Contains(string(o.States), "R") {
+		return errors.New("offcpu: state R (preempted) is only visible with --trace: a sample cannot tell a runnable thread from a running one")
+	}
+	for _, path := range []string{o.SVG, o.Pprof} {
+		if err := checkOutputDir("offcpu", path); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// traceOffCPU profiles by tracing sched_switch with BPF; it gives the
+// profile and how the tracer attached.
+func traceOffCPU(ctx context.Context, o OffCPUOptions, until string, stderr io.Writer) (*offcpu.Profile, string, error) {
+	t, err := offcpu.NewTracer(offcpu.TraceOptions{Options: o.Options, MinBlock: o.MinBlock, MaxBlock: o.MaxBlock, StackEntries: o.StackStorage})
+	if err != nil {
+		return nil, "", err
+	}
+	defer t.Close()
+	fmt.Fprintf(stderr, "kinst: tracing sched_switch (%s) %s\n", t.Attach, until)
+	if err := traceBeside(ctx, o, t); err != nil {
+		return nil, "", err
+	}
+	p, err := t.Profile()
+	return p, t.Attach, err
+}
+
+// sampleOffCPU profiles by sampling every thread's state and stack,
+// with progress on a terminal.
+func sampleOffCPU(ctx context.Context, o OffCPUOptions, until string, stderr io.Writer) (*offcpu.Profile, error) {
+	period := time.Second / time.Duration(o.Frequency)
+	s, err := offcpu.NewSampler(o.Options, period)
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	fmt.Fprintf(stderr, "kinst: sampling off-CPU threads at %d Hz %s\n", o.Frequency, until)
+	tty := isTerminal(stderr)
+	began, last := time.Now(), time.Now()
+	err = s.Run(ctx, o.Duration, func(pass, visited int) {
+		if pass == 1 && time.Since(began) > time.Second {
+			// Opening every thread and every binary's unwind table.
+			fmt.Fprintf(stderr, "kinst: first pass over %d threads took %v\n", visited, time.Since(began).Round(time.Millisecond))
+		}
+		if tty && time.Since(last) >= time.Second {
+			last = time.Now()
+			fmt.Fprintf(stderr, "\r  %d passes, %d threads in the last pass", pass, visited)
+		}
+	})
+	if tty {
+		fmt.Fprint(stderr, "\r\033[K")
+	}
+	if err != nil {
+		return nil, err
+	}
+	return s.Profile(), nil
 }
 
 func summary(p *offcpu.Profile, f *folded.Profile) string {
