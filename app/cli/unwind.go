@@ -158,27 +158,7 @@ func ShowUnwindStack(pid, tid int, usePtrace, asJSON bool, w io.Writer, opts ...
 			out = append(out, th)
 			continue
 		}
-		p.Mem.Reset()
-		pcs, methods := unwind.StackMethods(regs, p.Mem, p, 0)
-		for i, pc := range pcs {
-			f := api.UnwindFrame{PC: fmt.Sprintf("%#x", pc)}
-			// A return address may be the first byte after a call to a
-			// function that never returns: name the call's last byte.
-			at := pc
-			if i > 0 {
-				at--
-			}
-			if s, ok := p.Symbolize(at); ok {
-				f.File, f.Symbol, f.Offset = s.File, so.name(s.Name), fmt.Sprintf("%#x", s.Offset+(pc-at))
-			}
-			if l, ok := p.SourceLine(at); ok {
-				f.Source = l.String()
-			}
-			if i > 0 {
-				f.Method = methods[i-1].String()
-			}
-			th.Frames = append(th.Frames, f)
-		}
+		th.Frames = userFrames(p, regs, so)
 		out = append(out, th)
 	}
 	notes := p.DebugNotes()
@@ -192,40 +172,72 @@ func ShowUnwindStack(pid, tid int, usePtrace, asJSON bool, w io.Writer, opts ...
 		fmt.Fprintf(w, "note: %s: %s\n", name, note)
 	}
 	for _, th := range out {
-		fmt.Fprintf(w, "thread %d (%s)", th.TID, th.Comm)
-		if th.KernelThread {
-			fmt.Fprint(w, ": a kernel thread, no user stack")
-			if th.Error != "" {
-				fmt.Fprintf(w, " (%s)\n", th.Error)
-				continue
-			}
-			fmt.Fprintln(w, "; its kernel stack:")
-			for i, f := range th.KernelStack {
-				fmt.Fprintf(w, "  #%-2d %s\n", i, f)
-			}
-			continue
-		}
-		if th.Syscall != nil {
-			fmt.Fprintf(w, " in system call %d", *th.Syscall)
-		}
-		if th.Error != "" {
-			fmt.Fprintf(w, ": %s\n", th.Error)
-			continue
-		}
-		fmt.Fprintln(w)
-		for i, f := range th.Frames {
-			where := f.File
-			if f.Symbol != "" {
-				where = f.Symbol
-			}
-			src := ""
-			if f.Source != "" {
-				src = " at " + f.Source
-			}
-			fmt.Fprintf(w, "  #%-2d %-18s %s+%s %s%s\n", i, f.PC, where, f.Offset, f.Method, src)
-		}
+		printUnwindThread(w, th)
 	}
 	return nil
+}
+
+// userFrames unwinds a thread's user stack from regs, each frame named.
+func userFrames(p *unwind.Process, regs unwind.Regs, so SymbolOptions) []api.UnwindFrame {
+	frames := []api.UnwindFrame{}
+	p.Mem.Reset()
+	pcs, methods := unwind.StackMethods(regs, p.Mem, p, 0)
+	for i, pc := range pcs {
+		f := api.UnwindFrame{PC: fmt.Sprintf("%#x", pc)}
+		// A return address may be the first byte after a call to a
+		// function that never returns: name the call's last byte.
+		at := pc
+		if i > 0 {
+			at--
+		}
+		if s, ok := p.Symbolize(at); ok {
+			f.File, f.Symbol, f.Offset = s.File, so.name(s.Name), fmt.Sprintf("%#x", s.Offset+(pc-at))
+		}
+		if l, ok := p.SourceLine(at); ok {
+			f.Source = l.String()
+		}
+		if i > 0 {
+			f.Method = methods[i-1].String()
+		}
+		frames = append(frames, f)
+	}
+	return frames
+}
+
+// printUnwindThread is one thread of `kinst unwind stack` as text.
+func printUnwindThread(w io.Writer, th api.UnwindThread) {
+	fmt.Fprintf(w, "thread %d (%s)", th.TID, th.Comm)
+	if th.KernelThread {
+		fmt.Fprint(w, ": a kernel thread, no user stack")
+		if th.Error != "" {
+			fmt.Fprintf(w, " (%s)\n", th.Error)
+			return
+		}
+		fmt.Fprintln(w, "; its kernel stack:")
+		for i, f := range th.KernelStack {
+			fmt.Fprintf(w, "  #%-2d %s\n", i, f)
+		}
+		return
+	}
+	if th.Syscall != nil {
+		fmt.Fprintf(w, " in system call %d", *th.Syscall)
+	}
+	if th.Error != "" {
+		fmt.Fprintf(w, ": %s\n", th.Error)
+		return
+	}
+	fmt.Fprintln(w)
+	for i, f := range th.Frames {
+		where := f.File
+		if f.Symbol != "" {
+			where = f.Symbol
+		}
+		src := ""
+		if f.Source != "" {
+			src = " at " + f.Source
+		}
+		fmt.Fprintf(w, "  #%-2d %-18s %s+%s %s%s\n", i, f.PC, where, f.Offset, f.Method, src)
+	}
 }
 
 func threads(pid int) ([]int, error) {
