@@ -42,65 +42,9 @@ func Churn(ctx context.Context, k Kernel, req api.ChurnRequest) (api.ChurnResult
 	}
 	res.Pool = len(pool)
 	rng := rand.New(rand.NewSource(req.Seed))
-	st := newStepTimer()
-	// kind is what the change being made did to the point, as the
-	// engine's hooks report it (frees come later, from the reclaim).
-	var (
-		kindMu sync.Mutex
-		kind   engine.Step
-		seen   bool
-	)
-	hooks := engine.HookFunc(func(s engine.Step, _ time.Duration) {
-		if s == engine.StepSplice || s == engine.StepResplice || s == engine.StepUnsplice {
-			kindMu.Lock()
-			kind, seen = s, true
-			kindMu.Unlock()
-		}
-	})
-	change := func(what string, s *splice.Site, f func() error) error {
-		kindMu.Lock()
-		seen = false
-		kindMu.Unlock()
-		t := time.Now()
-		err := f()
-		took := time.Since(t)
-		if err != nil {
-			return fmt.Errorf("%s at %s: %w", what, s.Where(), err)
-		}
-		kindMu.Lock()
-		k, ok := kind, seen
-		kindMu.Unlock()
-		if !ok {
-			return fmt.Errorf("%s at %s: the engine reported no splice, re-splice or unsplice", what, s.Where())
-		}
-		st.Step(k, took)
-		return nil
-	}
-	var live []*engine.Request // this run's requests still installed
-	defer func() {
-		for _, r := range live {
-			if err := k.Engine.Remove(r); err != nil {
-				k.Log.Error("remove churn request", "at", r.Site().Where(), "err", err)
-			}
-		}
-	}()
-	add := func(s *splice.Site) error {
-		return change("add", s, func() error {
-			r, err := k.Engine.Add(s, engine.Spec{Owner: churnOwner, Slots: 1, Snippet: engine.CounterSnippet, Hooks: hooks})
-			if err == nil {
-				live = append(live, r)
-			}
-			return err
-		})
-	}
-	remove := func(i int) error {
-		r := live[i]
-		if err := change("remove", r.Site(), func() error { return k.Engine.Remove(r) }); err != nil {
-			return err
-		}
-		live = append(live[:i], live[i+1:]...)
-		return nil
-	}
+	ch := &churner{k: k, st: newStepTimer()}
+	ch.hooks = engine.HookFunc(ch.hook)
+	defer ch.removeAll()
 	start := time.Now()
 	for c := 0; c < req.Cycles && ctx.Err() == nil; c++ {
 		var first []*splice.Site
@@ -109,14 +53,14 @@ func Churn(ctx context.Context, k Kernel, req api.ChurnRequest) (api.ChurnResult
 		}
 		second := []*splice.Site{first[rng.Intn(3)], first[rng.Intn(3)], pool[rng.Intn(len(pool))]}
 		for _, s := range append(first, second...) {
-			if err := add(s); err != nil {
+			if err := ch.add(s); err != nil {
 				return res, fmt.Errorf("cycle %d: %w", c, err)
 			}
 		}
 		// The first three out in a random order, then the rest.
 		for _, n := range []int{3, 3} {
 			for k := n; k > 0; k-- {
-				if err := remove(rng.Intn(k)); err != nil {
+				if err := ch.remove(rng.Intn(k)); err != nil {
 					return res, fmt.Errorf("cycle %d: %w", c, err)
 				}
 			}
@@ -124,10 +68,91 @@ func Churn(ctx context.Context, k Kernel, req api.ChurnRequest) (api.ChurnResult
 		res.Cycles++
 	}
 	res.Seconds = time.Since(start).Seconds()
+	st := ch.st
 	res.Splice, res.Resplice, res.Unsplice = st.summary(engine.StepSplice), st.summary(engine.StepResplice), st.summary(engine.StepUnsplice)
-	// Every pool point nobody else instruments must read back as the
-	// kernel's own bytes (the driver's read, not the overlay).
-	res.Restored = true
+	res.NotRestored, err = notRestored(k, pool)
+	res.Restored = len(res.NotRestored) == 0
+	if err != nil {
+		return res, err
+	}
+	return res, ctx.Err()
+}
+
+// churner makes Churn's changes, timing each by the kind of change the
+// engine's hooks say it was (frees come later, from the reclaim).
+type churner struct {
+	k     Kernel
+	st    *stepTimer
+	hooks engine.Hooks
+	live  []*engine.Request // this run's requests still installed
+
+	mu   sync.Mutex
+	kind engine.Step // protected by mu
+	seen bool        // protected by mu
+}
+
+func (ch *churner) hook(s engine.Step, _ time.Duration) {
+	if s == engine.StepSplice || s == engine.StepResplice || s == engine.StepUnsplice {
+		ch.mu.Lock()
+		ch.kind, ch.seen = s, true
+		ch.mu.Unlock()
+	}
+}
+
+// change times f, a change at s.
+func (ch *churner) change(what string, s *splice.Site, f func() error) error {
+	ch.mu.Lock()
+	ch.seen = false
+	ch.mu.Unlock()
+	t := time.Now()
+	err := f()
+	took := time.Since(t)
+	if err != nil {
+		return fmt.Errorf("%s at %s: %w", what, s.Where(), err)
+	}
+	ch.mu.Lock()
+	k, ok := ch.kind, ch.seen
+	ch.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("%s at %s: the engine reported no splice, re-splice or unsplice", what, s.Where())
+	}
+	ch.st.Step(k, took)
+	return nil
+}
+
+func (ch *churner) add(s *splice.Site) error {
+	return ch.change("add", s, func() error {
+		r, err := ch.k.Engine.Add(s, engine.Spec{Owner: churnOwner, Slots: 1, Snippet: engine.CounterSnippet, Hooks: ch.hooks})
+		if err == nil {
+			ch.live = append(ch.live, r)
+		}
+		return err
+	})
+}
+
+func (ch *churner) remove(i int) error {
+	r := ch.live[i]
+	if err := ch.change("remove", r.Site(), func() error { return ch.k.Engine.Remove(r) }); err != nil {
+		return err
+	}
+	ch.live = append(ch.live[:i], ch.live[i+1:]...)
+	return nil
+}
+
+// removeAll removes what a failed run left installed.
+func (ch *churner) removeAll() {
+	for _, r := range ch.live {
+		if err := ch.k.Engine.Remove(r); err != nil {
+			ch.k.Log.Error("remove churn request", "at", r.Site().Where(), "err", err)
+		}
+	}
+}
+
+// notRestored are the pool's points, of those nobody else instruments,
+// whose bytes do not read back as the kernel's own (the driver's read,
+// not the overlay).
+func notRestored(k Kernel, pool []*splice.Site) ([]string, error) {
+	var bad []string
 	for _, s := range pool {
 		in := s.Insn()
 		if _, ok := k.Engine.Owner(in.Addr); ok {
@@ -135,14 +160,13 @@ func Churn(ctx context.Context, k Kernel, req api.ChurnRequest) (api.ChurnResult
 		}
 		now := make([]byte, len(in.Bytes))
 		if err := k.Read(in.Addr, now); err != nil {
-			return res, err
+			return bad, err
 		}
 		if string(now) != string(in.Bytes) {
-			res.Restored = false
-			res.NotRestored = append(res.NotRestored, s.Where())
+			bad = append(bad, s.Where())
 		}
 	}
-	return res, ctx.Err()
+	return bad, nil
 }
 
 // churnPool resolves the run's points: the listed ones, and every
