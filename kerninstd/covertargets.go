@@ -56,18 +56,7 @@ func coverTargets(plan *splice.Planner, req api.SessionRequest) ([]coverTarget, 
 			out = append(out, t)
 		}
 	}
-	// named reads a function given by name, failing the request if it
-	// cannot be read.
-	named := func(name, what string) (*splice.Func, error) {
-		f, pt, err := plan.Func(name)
-		if err == nil && (pt.HasOffset || pt.HasBlock) {
-			err = badRequest(fmt.Errorf("%s %q: name a function, not an instruction or block", what, name))
-		}
-		if err != nil {
-			return nil, &splice.PointError{Point: name, Err: err}
-		}
-		return f, nil
-	}
+	named := func(name, what string) (*splice.Func, error) { return namedFunc(plan, name, what) }
 	for _, t := range req.Cover {
 		if !strings.ContainsAny(t, "*?[") {
 			f, err := named(t, "target")
@@ -105,30 +94,49 @@ func coverTargets(plan *splice.Planner, req api.SessionRequest) ([]coverTarget, 
 		if err != nil {
 			return nil, err
 		}
-		syms := plan.Symbols()
-		add(coverTarget{syms: syms, sym: f.Sym, f: f})
-		visited := map[uint64]bool{f.Sym.Addr: true}
-		level := []*splice.Func{f}
-		for l := 0; l < depth && len(level) > 0; l++ {
-			var next []*splice.Func
-			for _, f := range level {
-				for _, e := range census.Callees(f.Fn, f.Blocks) {
-					at := syms.FunctionsAt(e.Callee)
-					if len(at) == 0 || visited[e.Callee] {
-						continue
-					}
-					visited[e.Callee] = true
-					cf, err := plan.FuncOf(syms, at[0])
-					add(coverTarget{syms: syms, sym: at[0], f: cf, err: err})
-					if err == nil {
-						next = append(next, cf)
-					}
-				}
-			}
-			level = next
-		}
+		calleeTargets(plan, f, depth, add)
 	}
 	return out, nil
+}
+
+// namedFunc reads a function given by name, failing the request if it
+// cannot be read or names an instruction or block.
+func namedFunc(plan *splice.Planner, name, what string) (*splice.Func, error) {
+	f, pt, err := plan.Func(name)
+	if err == nil && (pt.HasOffset || pt.HasBlock) {
+		err = badRequest(fmt.Errorf("%s %q: name a function, not an instruction or block", what, name))
+	}
+	if err != nil {
+		return nil, &splice.PointError{Point: name, Err: err}
+	}
+	return f, nil
+}
+
+// calleeTargets adds f and the functions it calls, depth levels down,
+// each once.
+func calleeTargets(plan *splice.Planner, f *splice.Func, depth int, add func(coverTarget)) {
+	syms := plan.Symbols()
+	add(coverTarget{syms: syms, sym: f.Sym, f: f})
+	visited := map[uint64]bool{f.Sym.Addr: true}
+	level := []*splice.Func{f}
+	for l := 0; l < depth && len(level) > 0; l++ {
+		var next []*splice.Func
+		for _, f := range level {
+			for _, e := range census.Callees(f.Fn, f.Blocks) {
+				at := syms.FunctionsAt(e.Callee)
+				if len(at) == 0 || visited[e.Callee] {
+					continue
+				}
+				visited[e.Callee] = true
+				cf, err := plan.FuncOf(syms, at[0])
+				add(coverTarget{syms: syms, sym: at[0], f: cf, err: err})
+				if err == nil {
+					next = append(next, cf)
+				}
+			}
+		}
+		level = next
+	}
 }
 
 // moduleFunctions is every function of a loaded module's text, in
