@@ -72,6 +72,46 @@ type Mark struct {
 	Label string
 }
 
+// plotScales gives each curve's colour in order of appearance (the
+// legend), and the time axis's and each panel's y axis's maximum.
+func plotScales(panels []Panel, palette []string) (legend []string, colour map[string]string, tmax float64, ymax []float64) {
+	colour = map[string]string{}
+	ymax = make([]float64, len(panels))
+	for i, pn := range panels {
+		for _, c := range pn.Curves {
+			if _, ok := colour[c.Name]; !ok {
+				colour[c.Name] = palette[len(legend)%len(palette)]
+				legend = append(legend, c.Name)
+			}
+			for j := range c.X {
+				tmax, ymax[i] = math.Max(tmax, c.X[j]), math.Max(ymax[i], c.Y[j])
+			}
+		}
+		ymax[i] = niceMax(ymax[i])
+		if pn.YMax > 0 {
+			ymax[i] = pn.YMax
+		}
+	}
+	return legend, colour, niceMax(tmax), ymax
+}
+
+// curvePath is an SVG path of c's points; step: a staircase.
+func curvePath(c Curve, step bool, xAt, yAt func(float64) float64) string {
+	var d strings.Builder
+	for j := range c.X {
+		x, y := xAt(c.X[j]), yAt(c.Y[j])
+		switch {
+		case j == 0:
+			fmt.Fprintf(&d, "M%.1f,%.1f ", x, y)
+		case step:
+			fmt.Fprintf(&d, "L%.1f,%.1f L%.1f,%.1f ", x, yAt(c.Y[j-1]), x, y)
+		default:
+			fmt.Fprintf(&d, "L%.1f,%.1f ", x, y)
+		}
+	}
+	return strings.TrimSpace(d.String())
+}
+
 // PlotPanels draws panels stacked over one time axis (0 to the last X of
 // any curve), each with its own value axis from 0, and a legend of the
 // curves' names.
@@ -93,26 +133,7 @@ func PlotPanels(w io.Writer, title string, panels []Panel) error {
 	}
 	// Two panels share the height as Figure 11's do; more divide it.
 	panelH := (height - top - bottom - gap*(max(len(panels), 2)-1)) / max(len(panels), 2)
-	var legend []string
-	colour := map[string]string{}
-	var tmax float64
-	ymax := make([]float64, len(panels))
-	for i, pn := range panels {
-		for _, c := range pn.Curves {
-			if _, ok := colour[c.Name]; !ok {
-				colour[c.Name] = palette[len(legend)%len(palette)]
-				legend = append(legend, c.Name)
-			}
-			for j := range c.X {
-				tmax, ymax[i] = math.Max(tmax, c.X[j]), math.Max(ymax[i], c.Y[j])
-			}
-		}
-		ymax[i] = niceMax(ymax[i])
-		if pn.YMax > 0 {
-			ymax[i] = pn.YMax
-		}
-	}
-	tmax = niceMax(tmax)
+	legend, colour, tmax, ymax := plotScales(panels, palette)
 
 	bw := bufio.NewWriter(w)
 	p := func(format string, args ...any) { fmt.Fprintf(bw, format, args...) }
@@ -157,20 +178,8 @@ func PlotPanels(w io.Writer, title string, panels []Panel) error {
 			if len(c.X) == 0 {
 				continue
 			}
-			var d strings.Builder
-			for j := range c.X {
-				x, y := xAt(c.X[j]), yAt(c.Y[j])
-				switch {
-				case j == 0:
-					fmt.Fprintf(&d, "M%.1f,%.1f ", x, y)
-				case pn.Step:
-					fmt.Fprintf(&d, "L%.1f,%.1f L%.1f,%.1f ", x, yAt(c.Y[j-1]), x, y)
-				default:
-					fmt.Fprintf(&d, "L%.1f,%.1f ", x, y)
-				}
-			}
 			p(`<path class="series" data-series="%s" d="%s" fill="none" stroke="%s" stroke-width="%g"/>`+"\n",
-				html.EscapeString(c.Name), strings.TrimSpace(d.String()), colour[c.Name], strokeWidth)
+				html.EscapeString(c.Name), curvePath(c, pn.Step, xAt, yAt), colour[c.Name], strokeWidth)
 		}
 		p("</g>\n")
 	}
