@@ -31,37 +31,19 @@ const (
 // Linux 5.10 and later), oldest record first, using the layout VMCOREINFO
 // describes. Records that the dump caught half-written are skipped.
 func (k *Kernel) Log() ([]LogRecord, error) {
-	v := k.Info
-	prbSym, ok := v.Symbols["prb"]
+	prbSym, ok := k.Info.Symbols["prb"]
 	if !ok {
 		return nil, &dumpview.MissingError{What: "SYMBOL(prb) (the lockless printk ring buffer of Linux 5.10+)", Where: "VMCOREINFO"}
 	}
-	var errs []error
-	off := func(name string) uint64 {
-		o, err := v.Offset(name)
-		if err != nil {
-			errs = append(errs, err)
-		}
-		return uint64(o)
-	}
-	descRing, textRing := off("printk_ringbuffer.desc_ring"), off("printk_ringbuffer.text_data_ring")
-	countBits, descsOff, infosOff := off("prb_desc_ring.count_bits"), off("prb_desc_ring.descs"), off("prb_desc_ring.infos")
-	headID, tailID := off("prb_desc_ring.head_id"), off("prb_desc_ring.tail_id")
-	stateVar, textLpos := off("prb_desc.state_var"), off("prb_desc.text_blk_lpos")
-	lposBegin, lposNext := off("prb_data_blk_lpos.begin"), off("prb_data_blk_lpos.next")
-	sizeBits, dataOff := off("prb_data_ring.size_bits"), off("prb_data_ring.data")
-	infoSeq, infoTS, infoLen := off("printk_info.seq"), off("printk_info.ts_nsec"), off("printk_info.text_len")
-	descSize, infoSize := uint64(v.Sizes["prb_desc"]), uint64(v.Sizes["printk_info"])
-	if len(errs) > 0 || descSize == 0 || infoSize == 0 {
-		return nil, fmt.Errorf("printk: VMCOREINFO lacks the ring buffer layout: %v", errs)
-	}
-	if max(stateVar+8, textLpos+max(lposBegin, lposNext)+8) > descSize || max(infoSeq+8, infoTS+8, infoLen+4) > infoSize {
-		return nil, fmt.Errorf("printk: VMCOREINFO's ring buffer layout does not fit its own sizes (prb_desc %d, printk_info %d bytes)", descSize, infoSize)
+	l, err := prbLayoutOf(k.Info)
+	if err != nil {
+		return nil, err
 	}
 	prb, err := k.ReadU64(prbSym)
 	if err != nil {
 		return nil, fmt.Errorf("printk: prb: %w", err)
 	}
+	var errs []error
 	rd := func(a uint64) uint64 {
 		x, e := k.ReadU64(a)
 		if e != nil {
@@ -69,10 +51,10 @@ func (k *Kernel) Log() ([]LogRecord, error) {
 		}
 		return x
 	}
-	dr, tr := prb+descRing, prb+textRing
-	cbits, sbits := uint(rd(dr+countBits)&0xffffffff), uint(rd(tr+sizeBits)&0xffffffff)
-	descs, infos, data := rd(dr+descsOff), rd(dr+infosOff), rd(tr+dataOff)
-	head, tail := rd(dr+headID), rd(dr+tailID)
+	dr, tr := prb+l.descRing, prb+l.textRing
+	cbits, sbits := uint(rd(dr+l.countBits)&0xffffffff), uint(rd(tr+l.sizeBits)&0xffffffff)
+	descs, infos, data := rd(dr+l.descsOff), rd(dr+l.infosOff), rd(tr+l.dataOff)
+	head, tail := rd(dr+l.headID), rd(dr+l.tailID)
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("printk: %v", errs[0])
 	}
@@ -80,14 +62,14 @@ func (k *Kernel) Log() ([]LogRecord, error) {
 		return nil, fmt.Errorf("printk: ring sizes 2^%d descriptors, 2^%d text bytes are not plausible", cbits, sbits)
 	}
 	count, size := uint64(1)<<cbits, uint64(1)<<sbits
-	if total := count*(descSize+infoSize) + size; total > maxRingBytes {
+	if total := count*(l.descSize+l.infoSize) + size; total > maxRingBytes {
 		return nil, fmt.Errorf("printk: a ring of %d descriptors and %d text bytes (%d MiB) is not plausible", count, size, total>>20)
 	}
-	db, err := k.ReadBytes(descs, int(count*descSize))
+	db, err := k.ReadBytes(descs, int(count*l.descSize))
 	if err != nil {
 		return nil, fmt.Errorf("printk: descriptors: %w", err)
 	}
-	ib, err := k.ReadBytes(infos, int(count*infoSize))
+	ib, err := k.ReadBytes(infos, int(count*l.infoSize))
 	if err != nil {
 		return nil, fmt.Errorf("printk: infos: %w", err)
 	}
@@ -99,19 +81,16 @@ func (k *Kernel) Log() ([]LogRecord, error) {
 	var out []LogRecord
 	for id := tail & descIDMask; ; id = (id + 1) & descIDMask {
 		i := id & (count - 1)
-		d := db[i*descSize:]
-		sv := le.Uint64(d[stateVar:])
+		d := db[i*l.descSize:]
+		sv := le.Uint64(d[l.stateVar:])
 		state := sv >> descStateBits
 		if sv&descIDMask == id && (state == descCommitted || state == descFinalized) {
-			begin, next := le.Uint64(d[textLpos+lposBegin:]), le.Uint64(d[textLpos+lposNext:])
-			info := ib[i*infoSize:]
+			begin, next := le.Uint64(d[l.textLpos+l.lposBegin:]), le.Uint64(d[l.textLpos+l.lposNext:])
+			info := ib[i*l.infoSize:]
 			if body, ok := blockData(text, sbits, begin, next); ok {
-				n := int(le.Uint16(info[infoLen:]))
-				if n > len(body) {
-					n = len(body)
-				}
-				out = append(out, LogRecord{Seq: le.Uint64(info[infoSeq:]), TimeNS: le.Uint64(info[infoTS:]),
-					Level: int(info[infoLen+3] >> 5), Text: string(body[:n])})
+				n := min(int(le.Uint16(info[l.infoLen:])), len(body))
+				out = append(out, LogRecord{Seq: le.Uint64(info[l.infoSeq:]), TimeNS: le.Uint64(info[l.infoTS:]),
+					Level: int(info[l.infoLen+3] >> 5), Text: string(body[:n])})
 			}
 		}
 		if id == head&descIDMask || len(out) > int(count) {
@@ -119,6 +98,42 @@ func (k *Kernel) Log() ([]LogRecord, error) {
 		}
 	}
 	return out, nil
+}
+
+// prbLayout is the printk ring buffer's layout, as VMCOREINFO gives it.
+type prbLayout struct {
+	descRing, textRing, countBits, descsOff, infosOff, headID, tailID uint64
+	stateVar, textLpos, lposBegin, lposNext, sizeBits, dataOff        uint64
+	infoSeq, infoTS, infoLen, descSize, infoSize                      uint64
+}
+
+// prbLayoutOf reads the layout from VMCOREINFO and checks it fits its
+// own sizes.
+func prbLayoutOf(v *dumpview.VMCoreInfo) (prbLayout, error) {
+	var errs []error
+	off := func(name string) uint64 {
+		o, err := v.Offset(name)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		return uint64(o)
+	}
+	var l prbLayout
+	l.descRing, l.textRing = off("printk_ringbuffer.desc_ring"), off("printk_ringbuffer.text_data_ring")
+	l.countBits, l.descsOff, l.infosOff = off("prb_desc_ring.count_bits"), off("prb_desc_ring.descs"), off("prb_desc_ring.infos")
+	l.headID, l.tailID = off("prb_desc_ring.head_id"), off("prb_desc_ring.tail_id")
+	l.stateVar, l.textLpos = off("prb_desc.state_var"), off("prb_desc.text_blk_lpos")
+	l.lposBegin, l.lposNext = off("prb_data_blk_lpos.begin"), off("prb_data_blk_lpos.next")
+	l.sizeBits, l.dataOff = off("prb_data_ring.size_bits"), off("prb_data_ring.data")
+	l.infoSeq, l.infoTS, l.infoLen = off("printk_info.seq"), off("printk_info.ts_nsec"), off("printk_info.text_len")
+	l.descSize, l.infoSize = uint64(v.Sizes["prb_desc"]), uint64(v.Sizes["printk_info"])
+	if len(errs) > 0 || l.descSize == 0 || l.infoSize == 0 {
+		return l, fmt.Errorf("printk: VMCOREINFO lacks the ring buffer layout: %v", errs)
+	}
+	if max(l.stateVar+8, l.textLpos+max(l.lposBegin, l.lposNext)+8) > l.descSize || max(l.infoSeq+8, l.infoTS+8, l.infoLen+4) > l.infoSize {
+		return l, fmt.Errorf("printk: VMCOREINFO's ring buffer layout does not fit its own sizes (prb_desc %d, printk_info %d bytes)", l.descSize, l.infoSize)
+	}
+	return l, nil
 }
 
 // blockData returns a record's text from the data ring: a block is an
