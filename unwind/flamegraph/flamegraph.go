@@ -58,8 +58,8 @@ func (n *node) child(name string) *node {
 	return c
 }
 
-// Render writes the SVG for stacks to w.
-func Render(w io.Writer, stacks []folded.Stack, o Options) error {
+// withDefaults is o with its zero fields given their defaults.
+func (o Options) withDefaults() Options {
 	if o.Title == "" {
 		o.Title = "Flame Graph"
 	}
@@ -75,8 +75,12 @@ func Render(w io.Writer, stacks []folded.Stack, o Options) error {
 	if o.MinWidth <= 0 {
 		o.MinWidth = 0.1
 	}
-	root := &node{name: "all"}
-	depth := 0
+	return o
+}
+
+// mergeStacks merges the stacks into one tree, and gives its depth.
+func mergeStacks(stacks []folded.Stack) (root *node, depth int) {
+	root = &node{name: "all"}
 	for _, s := range stacks {
 		if s.Value <= 0 {
 			continue
@@ -89,6 +93,13 @@ func Render(w io.Writer, stacks []folded.Stack, o Options) error {
 		}
 		depth = max(depth, len(s.Frames))
 	}
+	return root, depth
+}
+
+// Render writes the SVG for stacks to w.
+func Render(w io.Writer, stacks []folded.Stack, o Options) error {
+	o = o.withDefaults()
+	root, depth := mergeStacks(stacks)
 	if root.value == 0 {
 		return ErrEmpty
 	}
