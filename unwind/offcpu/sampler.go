@@ -329,6 +329,25 @@ func trimNL(b []byte) []byte {
 	return b
 }
 
+// kernelStack reads t's kernel stack as /proc gives it, nil when it
+// may not be read (not root): the profile goes on with user stacks.
+func (s *Sampler) kernelStack(t *thread) ([]byte, error) {
+	if t.stack < 0 {
+		return nil, nil
+	}
+	kstack, err := preadAll(t.stack, s.stackBuf)
+	if errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) {
+		unix.Close(t.stack)
+		t.stack = -1
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	s.stackBuf = kstack[:cap(kstack)]
+	return kstack, nil
+}
+
 // sampleThread reads one thread. schedstat comes first: while the thread
 // has not been scheduled in since its last sample, that sample still holds
 // (blocked all along, or woken and still waiting for a CPU, which is
@@ -385,21 +404,11 @@ func (s *Sampler) sampleThread(t *thread) error {
 	// The raw key: pid/tid as grouped, group name, state, kernel stack
 	// text, user frames. Symbolisation waits until a key is new.
 	key := s.keyHead(t, st.comm, st.state)
-	var kstack []byte
-	if t.stack >= 0 {
-		kstack, err = preadAll(t.stack, s.stackBuf)
-		if errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) {
-			// Not allowed (not root): go on with user stacks only.
-			unix.Close(t.stack)
-			t.stack, kstack, err = -1, nil, nil
-		}
-		if err != nil {
-			return err
-		}
-		s.stackBuf = kstack[:cap(kstack)]
-		key = append(key, kstack...)
+	kstack, err := s.kernelStack(t)
+	if err != nil {
+		return err
 	}
-	key = append(key, 0)
+	key = append(append(key, kstack...), 0)
 	// A thread blocked outside a system call (nr -1: a page fault, say)
 	// still has its user sp and pc in the syscall file.
 	key, frames, uproc, uerr := s.appendUser(key, t, sc.PC, sc.SP)
