@@ -38,7 +38,7 @@ func CoreFindLeaks(k *core.Kernel, vmlinux, graphFile string, verbose, asJSON bo
 
 // findLeaks runs findleaks on a built graph.
 func findLeaks(k *core.Kernel, vmlinux string, g *typegraph.Graph) (*typegraph.LeakReport, error) {
-	roots, err := leakRoots(k, vmlinux)
+	roots, err := leakRoots(k, vmlinux, g)
 	if err != nil {
 		return nil, fmt.Errorf("findleaks: %w", err)
 	}
@@ -101,9 +101,9 @@ func writeLeaks(r *typegraph.LeakReport, verbose, asJSON bool, w io.Writer) erro
 }
 
 // busyVmapAreas are the busy vmap areas: the rb-tree vmap_area_root
-// before 6.9, then one busy tree per vmap_node (the nr_vmap_nodes of the
-// array vmap_nodes, whose memory is returned as a root too).
-func busyVmapAreas(e *typed.Env, va btf.Type) (areas []uint64, nodes *typegraph.Range, err error) {
+// before 6.9, then one busy tree per vmap_node (the graph's VmapNodes,
+// whose memory is returned as a root too).
+func busyVmapAreas(e *typed.Env, va btf.Type, g *typegraph.Graph) (areas []uint64, nodes *typegraph.Range, err error) {
 	if head, ok := e.Symbol("vmap_area_root"); ok {
 		areas, err := e.ListEntries(head, va, "rb_node", maxListEntries)
 		if err != nil {
@@ -111,31 +111,18 @@ func busyVmapAreas(e *typed.Env, va btf.Type) (areas []uint64, nodes *typegraph.
 		}
 		return areas, nil, nil
 	}
-	vnodes, ok1 := e.Symbol("vmap_nodes")
-	count, ok2 := e.Symbol("nr_vmap_nodes")
+	r, n, ok := g.VmapNodes()
 	vn, err := lookupStruct(e, "vmap_node")
-	if !ok1 || !ok2 || err != nil {
-		return nil, nil, errors.New("neither vmap_area_root nor vmap_nodes: the kernel's vmalloc areas cannot be found")
-	}
-	var b [8]byte
-	if err := e.Mem.Read(vnodes, b[:]); err != nil {
-		return nil, nil, fmt.Errorf("vmap_nodes: %w", err)
-	}
-	base := binary.LittleEndian.Uint64(b[:])
-	if err := e.Mem.Read(count, b[:4]); err != nil {
-		return nil, nil, fmt.Errorf("nr_vmap_nodes: %w", err)
-	}
-	n := binary.LittleEndian.Uint32(b[:4])
-	size, err := btf.Sizeof(vn)
-	if err != nil || n == 0 || n > 1024 {
-		return nil, nil, fmt.Errorf("vmap_nodes: %d nodes of %d bytes (%v)", n, size, err)
+	if !ok || err != nil {
+		return nil, nil, errors.New("neither vmap_area_root nor a readable vmap_nodes: the kernel's vmalloc areas cannot be found")
 	}
 	root, err := typed.OffsetOf(vn, "busy.root")
 	if err != nil {
 		return nil, nil, err
 	}
+	size := (r.Hi - r.Lo) / uint64(n)
 	for i := range uint64(n) {
-		as, err := e.ListEntries(base+i*uint64(size)+root, va, "rb_node", maxListEntries)
+		as, err := e.ListEntries(r.Lo+i*size+root, va, "rb_node", maxListEntries)
 		if err != nil {
 			return nil, nil, fmt.Errorf("vmap_nodes[%d].busy: %w", i, err)
 		}
@@ -144,13 +131,13 @@ func busyVmapAreas(e *typed.Env, va btf.Type) (areas []uint64, nodes *typegraph.
 	// The node array itself is a root: above two nodes it is a large
 	// kmalloc, pages that are neither a slab object nor a vmalloc area,
 	// and it holds the free and lazily freed areas' lists.
-	return areas, &typegraph.Range{Lo: base, Hi: base + uint64(n)*uint64(size), What: "vmap nodes"}, nil
+	return areas, &r, nil
 }
 
 // leakRoots are findleaks' roots beyond the graph's own: each task's
 // kernel stack and each busy vmalloc area (busyVmapAreas), whose
 // unmapped guard pages are skipped as they are read.
-func leakRoots(k *core.Kernel, vmlinux string) ([]typegraph.Range, error) {
+func leakRoots(k *core.Kernel, vmlinux string, g *typegraph.Graph) ([]typegraph.Range, error) {
 	tasks, err := k.Tasks()
 	if err != nil {
 		return nil, err
@@ -170,7 +157,7 @@ func leakRoots(k *core.Kernel, vmlinux string) ([]typegraph.Range, error) {
 	if err != nil {
 		return nil, err
 	}
-	areas, vnodes, err := busyVmapAreas(e, va)
+	areas, vnodes, err := busyVmapAreas(e, va, g)
 	if err != nil {
 		return nil, err
 	}

@@ -51,18 +51,49 @@ func (g *Graph) staticRoots() []root {
 			out = append(out, root{name: v.name, addr: a, typ: st})
 			continue
 		}
-		ca, err1 := g.k.SymbolAddr(v.count)
-		base, ok := g.readU64(a)
-		var nb [4]byte
-		if err1 != nil || !ok || g.k.ReadVirt(nb[:], ca) != nil {
+		base, n, ok := g.countedArray(a, v.count)
+		if !ok {
 			continue
 		}
-		n := binary.LittleEndian.Uint32(nb[:])
-		for i := uint32(0); i < n && i < 1024; i++ {
+		for i := range n {
 			out = append(out, root{name: fmt.Sprintf("%s[%d]", v.name, i), addr: base + uint64(i)*uint64(st.Size), typ: st})
 		}
 	}
 	return out
+}
+
+// countedArray reads an array allocated at boot: the pointer at ptr, and
+// the int variable count that says how many elements it has (at most
+// maxCounted: more is not plausible).
+func (g *Graph) countedArray(ptr uint64, count string) (base uint64, n uint32, ok bool) {
+	ca, err := g.k.SymbolAddr(count)
+	base, ok = g.readU64(ptr)
+	var nb [4]byte
+	if err != nil || !ok || g.k.ReadVirt(nb[:], ca) != nil {
+		return 0, 0, false
+	}
+	n = binary.LittleEndian.Uint32(nb[:])
+	return base, n, n > 0 && n <= maxCounted
+}
+
+// maxCounted bounds a countedArray.
+const maxCounted = 1024
+
+// VmapNodes is the range of 6.9+'s array of struct vmap_node
+// (mm/vmalloc.c: vmap_nodes, nr_vmap_nodes of them), and how many it
+// holds; ok is false on a kernel without it, or where it cannot be read.
+// The graph reads it as roots; findleaks walks each node's busy tree.
+func (g *Graph) VmapNodes() (r Range, n int, ok bool) {
+	var st *btf.Struct
+	a, err := g.k.SymbolAddr("vmap_nodes")
+	if err != nil || g.structByName("vmap_node", &st) != nil {
+		return Range{}, 0, false
+	}
+	base, nn, ok := g.countedArray(a, "nr_vmap_nodes")
+	if !ok {
+		return Range{}, 0, false
+	}
+	return Range{Lo: base, Hi: base + uint64(nn)*uint64(st.Size), What: "vmap nodes"}, int(nn), true
 }
 
 // initOwners resolves listOwners and struct xa_node in the BTF.
