@@ -19,6 +19,8 @@ var listOwners = []struct{ owner, member, entry, node string }{
 	{"anon_vma", "rb_root", "anon_vma_chain", "rb"},                    // mm/interval_tree.c: anon_vma_interval_tree_insert
 	{"vmap_block_queue", "free", "vmap_block", "free_list"},            // mm/vmalloc.c: new_vmap_block
 	{"trace_event_class", "fields", "ftrace_event_field", "link"},      // kernel/trace/trace_events.c: __trace_define_field
+	{"syscall_metadata", "enter_fields", "ftrace_event_field", "link"}, // kernel/trace/trace_syscalls.c: syscall_get_enter_fields
+	{"syscall_metadata", "exit_fields", "ftrace_event_field", "link"},  // (6.1 has none: the exit fields are the class's)
 	{"trace_array", "events", "trace_event_file", "list"},              // kernel/trace/trace_events.c: trace_create_new_event
 	// 6.9+: the busy and lazily freed areas of each vmap_node, its pools
 	// of free ones (mm/vmalloc.c: struct rb_list, struct vmap_pool).
@@ -59,8 +61,66 @@ func (g *Graph) staticRoots() []root {
 			out = append(out, root{name: fmt.Sprintf("%s[%d]", v.name, i), addr: base + uint64(i)*uint64(st.Size), typ: st})
 		}
 	}
+	return append(out, g.eventClassRoots()...)
+}
+
+// eventClassRoots are the trace event classes in the kernel's data, each
+// a root. Their fields lists hold the ftrace_event_field objects, about
+// 3,800 on a stock kernel, whose cache 6.12 merges with others (so they
+// are not typed by their cache); the classes are static
+// (event_class_*), variables no stock BTF types. They are found through
+// the list of every event (ftrace_events, of struct trace_event_call by
+// their list member); a class inside a heap object (a dynamic event's)
+// is the graph's to type as any object.
+func (g *Graph) eventClassRoots() []root {
+	var call, class, meta *btf.Struct
+	head, err := g.k.SymbolAddr("ftrace_events")
+	if err != nil || g.structByName("trace_event_call", &call) != nil || g.structByName("trace_event_class", &class) != nil {
+		return nil
+	}
+	b := btflayout.New(g.spec)
+	listF, _, err1 := b.Lookup("trace_event_call", "list")
+	classF, _, err2 := b.Lookup("trace_event_call", "class")
+	dataF, _, err3 := b.Lookup("trace_event_call", "data")
+	if err1 != nil || err2 != nil {
+		return nil
+	}
+	// A system call's event keeps its fields in its struct
+	// syscall_metadata (call->data, static too), not in the class that
+	// every system call's enter (or exit) event shares.
+	sysClass := map[uint64]bool{}
+	if err3 == nil && g.structByName("syscall_metadata", &meta) == nil {
+		for _, name := range []string{"event_class_syscall_enter", "event_class_syscall_exit"} {
+			if a, err := g.k.SymbolAddr(name); err == nil {
+				sysClass[a] = true
+			}
+		}
+	}
+	var out []root
+	seen := map[uint64]bool{}
+	add := func(a uint64, t *btf.Struct) {
+		if _, _, inHeap := g.node(a); a != 0 && !inHeap && !seen[a] {
+			seen[a] = true
+			out = append(out, root{name: fmt.Sprintf("%s at %#x", t.Name, a), addr: a, typ: t})
+		}
+	}
+	next, ok := g.readU64(head)
+	for n := 0; ok && next != head && n < maxEventCalls; n++ {
+		ca := next - uint64(listF.Off)
+		if c, ok := g.readU64(ca + uint64(classF.Off)); ok {
+			add(c, class)
+			if d, ok := g.readU64(ca + uint64(dataF.Off)); ok && sysClass[c] {
+				add(d, meta)
+			}
+		}
+		next, ok = g.readU64(next)
+	}
 	return out
 }
+
+// maxEventCalls bounds the walk of ftrace_events (a stock kernel has
+// about 2,000 events).
+const maxEventCalls = 1 << 16
 
 // countedArray reads an array allocated at boot: the pointer at ptr, and
 // the int variable count that says how many elements it has (at most
