@@ -315,3 +315,24 @@ func ArtifactDir(name string) string {
 	}
 	return filepath.Join(RepoRoot(), ".cache", "artifacts", name)
 }
+
+// FillHeap fills the guest's heap as a busy machine's: 100,000 files in
+// a fresh tmpfs (dentries, inodes, LSM blobs, a tmpfs directory's offset
+// tree) and 200 sleeping processes, so that a type graph's share typed
+// measures a heap of known objects rather than boot-time leftovers.
+// EmptyHeap undoes it.
+func (g *VM) FillHeap(t testing.TB, ctx context.Context) {
+	t.Helper()
+	n := strings.TrimSpace(g.Sh(t, ctx, `mkdir -p /tmp/kinst-tgb && mount -t tmpfs none /tmp/kinst-tgb && cd /tmp/kinst-tgb &&
+seq 1 100000 | sed s/^/f/ | xargs touch && ls | wc -l`))
+	if n != "100000" {
+		t.Fatalf("the guest made %s files, not 100000", n)
+	}
+	t.Logf("sleeping processes: %s", g.Sh(t, ctx, `cd / && for i in $(seq 200); do setsid sh -c 'exec sleep 3001' </dev/null >/dev/null 2>&1 & done;
+sleep 1; ps | grep -c '[s]leep 3001'`))
+}
+
+// EmptyHeap undoes FillHeap.
+func (g *VM) EmptyHeap(t testing.TB, ctx context.Context) {
+	g.Sh(t, ctx, `umount /tmp/kinst-tgb; for p in $(ps | grep '[s]leep 3001' | awk '{print $1}'); do kill $p; done; true`)
+}

@@ -13,6 +13,9 @@ import (
 // 6.1 keeps VMAs on no list any more, so the tree is their only link.
 var mapleOwners = []struct{ owner, member, entry string }{
 	{"mm_struct", "mm_mt.ma_root", "vm_area_struct"},
+	// 6.9+: a tmpfs directory's stable offsets (fs/libfs.c:
+	// simple_offset_add), a tree of its children's dentries.
+	{"shmem_inode_info", "dir_offsets.mt.ma_root", "dentry"},
 }
 
 // maple is what reading a maple tree needs (lib/maple_tree.c, 6.1).

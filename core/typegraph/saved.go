@@ -655,8 +655,11 @@ func (g *Graph) isLSMType(name string) bool {
 	return ok
 }
 
-// lsmType finds the LSM blob type called name.
+// lsmType finds the LSM blob type called name, or the string type.
 func (g *Graph) lsmType(name string) (int32, bool) {
+	if name == stringTypeName {
+		return g.ts.strID(), true
+	}
 	for _, l := range g.lsm {
 		if g.ts.infos[l.typ].name == name {
 			return l.typ, true

@@ -383,6 +383,9 @@ func (g *Graph) bytes(n int32) []byte {
 
 // fits says whether struct t can be the type of node n's object.
 func (g *Graph) fits(ci *cacheInfo, t int32) bool {
+	if t == g.ts.str {
+		return false // only by its bytes: isString
+	}
 	ti := g.ts.info(t)
 	if ti.ptrTo >= 0 {
 		return false // a pointer array: the arrays pass decides
@@ -566,7 +569,7 @@ func (g *Graph) scanSlots(src int32, b []byte, sl []slot, base uint32, srcType i
 		default:
 			tn, toff, ok = g.node(v)
 		}
-		if !ok && !s.owned && !s.xa && !s.link && !s.union {
+		if !ok && !s.owned && !s.xa && !s.link && !s.union && s.target != g.ts.str {
 			g.staticRoot(v, s.target, src, o, m)
 		}
 		if !ok || tn == src {
@@ -589,7 +592,9 @@ func (g *Graph) claim(c claim, srcType int32, m Mark) {
 	n := c.tgt
 	decisive := c.flags == 0
 	if g.mark[n] != Unmarked {
-		if decisive && !g.consistent(n, c.typ, c.toff) {
+		// A char * may point at any bytes (a char array member, a
+		// buffer): it contradicts no type.
+		if decisive && c.typ != g.ts.str && !g.consistent(n, c.typ, c.toff) {
 			ci := int32(len(g.claims))
 			c.next = -1
 			g.claims = append(g.claims, c)
@@ -605,6 +610,10 @@ func (g *Graph) claim(c claim, srcType int32, m Mark) {
 		g.set(n, c.typ, 0, m, ci)
 		return
 	}
+	if decisive && c.toff == 0 && c.typ == g.ts.str && g.isString(n) {
+		g.set(n, c.typ, int32(g.cacheOf(n).c.ObjectSize), m, ci)
+		return
+	}
 	// Once the inference follows lists, a list of the pointing object's
 	// own struct is followed to its end at once (a directory's 100,000
 	// dentries are not 100,000 rounds).
@@ -614,6 +623,23 @@ func (g *Graph) claim(c claim, srcType int32, m Mark) {
 			g.set(n, srcType, 0, Conjectured, ci)
 		}
 	}
+}
+
+// isString says whether node n holds a C string from its start: at
+// least one printable character, then a NUL within the object. A char *
+// at a heap object points at a string (a name kstrdup made) or at a
+// byte buffer; only the first is typed.
+func (g *Graph) isString(n int32) bool {
+	b := g.bytes(n)
+	for i, c := range b {
+		switch {
+		case c == 0:
+			return i > 0
+		case c < 0x20 && c != '\t' && c != '\n', c > 0x7e:
+			return false
+		}
+	}
+	return false
 }
 
 // consistent says whether node n's type holds struct t at off.

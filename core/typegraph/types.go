@@ -79,6 +79,9 @@ type types struct {
 	owned map[memberKey]ownedHead
 	// xaNode is struct xa_node, -1 if the BTF has none.
 	xaNode int32
+	// str is the pseudo type of a C string (a char array), -1 until a
+	// char * member is met (strID).
+	str int32
 }
 
 // ownedHead is a head's entry struct and the offset of the node the
@@ -99,7 +102,7 @@ type holdKey struct {
 }
 
 func newTypes() *types {
-	return &types{ids: map[*btf.Struct]int32{}, holds: map[holdKey]bool{}, ptrs: map[int32]int32{}, voids: map[memberKey]int32{}, owned: map[memberKey]ownedHead{}, xaNode: -1}
+	return &types{ids: map[*btf.Struct]int32{}, holds: map[holdKey]bool{}, ptrs: map[int32]int32{}, voids: map[memberKey]int32{}, owned: map[memberKey]ownedHead{}, xaNode: -1, str: -1}
 }
 
 // structOf strips typedefs and qualifiers down to a struct, nil if t is
@@ -117,6 +120,25 @@ func (ts *types) id(s *btf.Struct) int32 {
 	ts.ids[s] = id
 	ts.infos = append(ts.infos, &tinfo{t: s, name: s.Name, size: s.Size, link: linkTypes[s.Name], ptrTo: -1})
 	return id
+}
+
+// stringTypeName names the pseudo type of a C string; an object of it
+// is reported as char[N], N its size.
+const stringTypeName = "char"
+
+// strID is the pseudo type of a C string: what a char * member points
+// at, where the object holds a string (Graph.isString).
+func (ts *types) strID() int32 {
+	if ts.str < 0 {
+		ts.str = ts.id(&btf.Struct{Name: stringTypeName, Size: 1})
+	}
+	return ts.str
+}
+
+// isChar says whether t is a byte: char, signed or unsigned, or u8.
+func isChar(t btf.Type) bool {
+	i, ok := btf.UnderlyingType(t).(*btf.Int)
+	return ok && i.Size == 1
 }
 
 // ptrID is the pseudo struct "S *" for struct S: one pointer, the
@@ -227,6 +249,10 @@ func (ts *types) flatten(t btf.Type, base uint32, union bool, depth int, out *[]
 			}
 		}
 	case *btf.Pointer:
+		if isChar(c.Target) {
+			*out = append(*out, slot{off: base, target: ts.strID(), union: union})
+			return
+		}
 		st := structOf(c.Target)
 		if st == nil {
 			// S **: a pointer to an array of pointers to S. The back

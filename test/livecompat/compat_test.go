@@ -92,6 +92,7 @@ func compat(t *testing.T, kernel string) {
 	t.Run("stress", func(t *testing.T) { checkStress(t, ctx, g) })
 	t.Run("core", func(t *testing.T) { checkCore(t, ctx, g) })
 	t.Run("slub-counters", func(t *testing.T) { checkSLUBCounters(t, ctx, g) })
+	t.Run("typegraph", func(t *testing.T) { checkTypegraph(t, ctx, g) })
 	if oops := g.Sh(t, ctx, "dmesg | grep -E 'Oops|BUG:|WARNING:|general protection|RIP:' || true"); oops != "" {
 		t.Errorf("kernel complained:\n%s", oops)
 	}
@@ -343,5 +344,45 @@ func checkCore(t *testing.T, ctx context.Context, g *livetest.VM) {
 	}
 	if len(want) == 0 || i != len(want) {
 		t.Errorf("core bt %s: %v; want /proc/%s/stack's %v in order", pid, got, pid, want)
+	}
+}
+
+// checkTypegraph types the heap of the guest filled as livecore's
+// TestTypegraph fills it: on every kernel at least the share that test
+// asks of the default one (95 %), and the trace events' fields (a cache
+// 6.12 merges with others) nearly all.
+func checkTypegraph(t *testing.T, ctx context.Context, g *livetest.VM) {
+	g.FillHeap(t, ctx)
+	defer g.EmptyHeap(t, ctx)
+	path := filepath.Join(g.Scratch, "typegraph.elf")
+	if err := g.Dump(path, "elf"); err != nil {
+		t.Fatalf("dump: %v", err)
+	}
+	defer os.Remove(path)
+	out, err := exec.CommandContext(ctx, filepath.Join(g.Bin, "kinst"), "core", path, "typegraph", "--json").Output()
+	if err != nil {
+		t.Fatalf("core typegraph: %v", err)
+	}
+	var r struct {
+		Objects int `json:"objects"`
+		Typed   int `json:"typed"`
+		Caches  []struct {
+			Name    string         `json:"name"`
+			Objects int            `json:"objects"`
+			Types   map[string]int `json:"types"`
+		} `json:"caches"`
+	}
+	if err := json.Unmarshal(out, &r); err != nil {
+		t.Fatal(err)
+	}
+	share := float64(r.Typed) / float64(max(r.Objects, 1))
+	t.Logf("typegraph: %d objects, %d typed (%.1f %%)", r.Objects, r.Typed, 100*share)
+	if r.Objects < 100000 || share < 0.95 {
+		t.Errorf("typegraph: %d of %d objects typed (%.1f %%), want at least 95 %%", r.Typed, r.Objects, 100*share)
+	}
+	for _, c := range r.Caches {
+		if c.Name == "ftrace_event_field" && c.Types["ftrace_event_field"] < c.Objects*95/100 {
+			t.Errorf("%d of %d objects of %s typed as ftrace_event_field", c.Types["ftrace_event_field"], c.Objects, c.Name)
+		}
 	}
 }

@@ -56,7 +56,7 @@ type typegraphJSON struct {
 // heldOut are caches of the guest whose struct is known (the kernel
 // creates each with sizeof the struct), with the least share of their
 // objects the inference must type right (recall), measured on the
-// filled guest (fillHeap) with margin. The precision floor is the same
+// filled guest (livetest.VM.FillHeap) with margin. The precision floor is the same
 // for all.
 var heldOut = []struct {
 	cache, typ string
@@ -94,11 +94,11 @@ sleep 0.5; cat /tmp/kinst-tg.pid`)))
 		t.Fatal(err)
 	}
 	defer gsh(t, ctx, fmt.Sprintf("kill %d", pid))
-	fillHeap(t, ctx)
+	guest.FillHeap(t, ctx)
 	inodes := strings.Fields(gsh(t, ctx, "cat /proc/sys/fs/inode-nr"))
 	path := dumpGuest(t, "typegraph.elf", "elf")
 	inodesAfter := strings.Fields(gsh(t, ctx, "cat /proc/sys/fs/inode-nr"))
-	emptyHeap(t, ctx)
+	guest.EmptyHeap(t, ctx)
 	keepDump(t, path)
 
 	var sl slabsJSON
@@ -292,28 +292,9 @@ func checkTypegraphAccount(t *testing.T, tg *typegraphJSON, alloc map[string]int
 		100*float64(tg.Typed)/float64(tg.Objects), tg.ByCache, tg.Propagated, tg.Conflicts)
 }
 
-// fillHeap fills the guest's heap: 100,000 files in a tmpfs (a dentry
-// and a shmem inode each, one directory's list of 100,000 dentries) and
-// 200 sleeping processes (tasks, mms, VMAs, files, creds in kmalloc and
-// merged caches).
-func fillHeap(t testing.TB, ctx context.Context) {
-	n := strings.TrimSpace(gsh(t, ctx, `mkdir -p /tmp/kinst-tgb && mount -t tmpfs none /tmp/kinst-tgb && cd /tmp/kinst-tgb &&
-seq 1 100000 | sed s/^/f/ | xargs touch && ls | wc -l`))
-	if n != "100000" {
-		t.Fatalf("the guest made %s files, not 100000", n)
-	}
-	t.Logf("sleeping processes: %s", gsh(t, ctx, `cd / && for i in $(seq 200); do setsid sh -c 'exec sleep 3001' </dev/null >/dev/null 2>&1 & done;
-sleep 1; ps | grep -c '[s]leep 3001'`))
-}
-
-// emptyHeap undoes fillHeap.
-func emptyHeap(t testing.TB, ctx context.Context) {
-	gsh(t, ctx, `umount /tmp/kinst-tgb; for p in $(ps | grep '[s]leep 3001' | awk '{print $1}'); do kill $p; done; true`)
-}
-
 // BenchmarkCoreTypegraph times `kinst core DUMP typegraph` end to end
 // (open, slab walk, every pass) on TestTypegraph's dump of the 1 GiB
-// guest, its heap filled (fillHeap), with the process's CPU time
+// guest, its heap filled (livetest.VM.FillHeap), with the process's CPU time
 // (cpu-ms/op), its peak resident memory (maxrss-MiB), the objects and
 // the share typed. (Benchmarks run after the test that panics the
 // guest: without TestTypegraph's dump, the panicked guest is dumped as
