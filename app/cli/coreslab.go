@@ -358,6 +358,15 @@ func markWord(m typegraph.Mark) string {
 
 func printChain(w io.Writer, indent string, c []typeid.Step) {
 	for _, s := range c {
-		fmt.Fprintf(w, "%s%s: %s -> %s (struct %s *)\n", indent, s.From, s.Member, s.To, s.Type)
+		fmt.Fprintf(w, "%s%s: %s -> %s (%s *)\n", indent, s.From, s.Member, s.To, pointeeName(s.Type))
 	}
+}
+
+// pointeeName is how a chain's step names what its pointer points at:
+// struct S, a pointer (S *), or a string's char.
+func pointeeName(t string) string {
+	if t == "char" || strings.HasSuffix(t, "*") {
+		return t
+	}
+	return "struct " + t
 }

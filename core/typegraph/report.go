@@ -242,10 +242,13 @@ func (g *Graph) TypeAt(addr uint64) (*Typing, bool) {
 	}
 	ti := g.ts.info(g.typ[n])
 	mo := uint64(off)
-	if g.arr[n] > 0 && ti.size > 0 {
+	switch {
+	case g.typ[n] == g.ts.str:
+		t.Member = fmt.Sprintf("%s[%d]", ti.name, mo) // a character of the string
+	case g.arr[n] > 0 && ti.size > 0:
 		t.Member = fmt.Sprintf("%s[%d]", ti.name, mo/uint64(ti.size))
 		t.Member += typeid.MemberPath(ti.t, mo%uint64(ti.size))[len(ti.name):]
-	} else {
+	default:
 		t.Member = typeid.MemberPath(ti.t, mo)
 	}
 	t.Chain = g.chain(g.from[n])
