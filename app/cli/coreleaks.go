@@ -23,7 +23,8 @@ const kernelStackSize = 16 << 10
 // ::findleaks): the type graph's heap, marked conservatively from the
 // kernel's data, every CPU's per-CPU area, every task's kernel stack,
 // and every vmalloc area (modules' memory among them); the objects left
-// unreached, grouped by cache and type. verbose lists each leak.
+// unreached, grouped by cache, type and, where slub_debug=U records
+// owners, allocating function. verbose lists each leak.
 func CoreFindLeaks(k *core.Kernel, vmlinux, graphFile string, verbose, asJSON bool, w io.Writer) error {
 	g, err := buildGraph(k, graphFile)
 	if err != nil {
@@ -42,7 +43,15 @@ func findLeaks(k *core.Kernel, vmlinux string, g *typegraph.Graph) (*typegraph.L
 	if err != nil {
 		return nil, fmt.Errorf("findleaks: %w", err)
 	}
-	return g.FindLeaks(roots), nil
+	r := g.FindLeaks(roots)
+	for i := range r.Groups {
+		gr := &r.Groups[i]
+		gr.AllocFunction = symbolize(k, gr.AllocCaller)
+		for j := range gr.Leaks {
+			gr.Leaks[j].AllocFunction = gr.AllocFunction
+		}
+	}
+	return r, nil
 }
 
 // writeLeaks prints findleaks' report: the totals, a line per cache and
@@ -76,13 +85,19 @@ func writeLeaks(r *typegraph.LeakReport, verbose, asJSON bool, w io.Writer) erro
 	}
 	fmt.Fprintln(w)
 	tw := newTable(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "LEAKS\tHIDDEN\tBYTES\tCACHE\tTYPE\t\n")
+	fmt.Fprintf(tw, "LEAKS\tHIDDEN\tBYTES\tCACHE\tTYPE\tALLOCATED BY\t\n")
 	for _, gr := range r.Groups {
-		typ := gr.Type
+		typ, by := gr.Type, gr.AllocFunction
 		if typ == "" {
 			typ = "?"
 		}
-		fmt.Fprintf(tw, "%d\t%d\t%d\t%s\t%s\t\n", gr.Count, gr.Hidden, gr.Bytes, gr.Cache, typ)
+		switch {
+		case by == "" && gr.AllocCaller != 0:
+			by = fmt.Sprintf("%#x", gr.AllocCaller)
+		case by == "":
+			by = "-" // the cache keeps no owners (slub_debug=U)
+		}
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%s\t%s\t%s\t\n", gr.Count, gr.Hidden, gr.Bytes, gr.Cache, typ, by)
 	}
 	tw.Flush()
 	for _, gr := range r.Groups {

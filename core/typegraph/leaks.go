@@ -32,13 +32,23 @@ type Leak struct {
 	Type string `json:"type,omitempty"`
 	// Hidden is the unreached objects reachable only through it.
 	Hidden int `json:"hidden"`
+	// AllocCaller is the address that allocated it, where slub_debug
+	// records owners (SLAB_STORE_USER: slub_debug=U); 0 elsewhere.
+	// AllocFunction is it symbolized, by the caller of FindLeaks.
+	AllocCaller   uint64 `json:"alloc_caller,omitempty"`
+	AllocFunction string `json:"alloc_function,omitempty"`
 }
 
-// LeakGroup is the leaks of one cache and type.
+// LeakGroup is the leaks of one cache, type and, where slub_debug
+// records owners, allocating caller (mdb's ::findleaks groups by the
+// allocating stack; a stock kernel's struct track keeps the caller, and
+// the whole stack only in the stack depot).
 type LeakGroup struct {
-	Cache string `json:"cache"`
-	Type  string `json:"type,omitempty"`
-	Count int    `json:"count"`
+	Cache         string `json:"cache"`
+	Type          string `json:"type,omitempty"`
+	AllocCaller   uint64 `json:"alloc_caller,omitempty"`
+	AllocFunction string `json:"alloc_function,omitempty"`
+	Count         int    `json:"count"`
 	// Bytes is the leaks' sizes and their hidden objects'.
 	Bytes  uint64 `json:"bytes"`
 	Hidden int    `json:"hidden"`
@@ -80,7 +90,7 @@ const leakChunk = 1 << 20
 func (g *Graph) FindLeaks(roots []Range) *LeakReport {
 	n := int32(len(g.typ))
 	ls := &leakSearch{g: g, reached: make([]bool, n), unread: make([]bool, n), taken: make([]bool, n),
-		groups: map[[2]string]*LeakGroup{}, rep: &LeakReport{RootRanges: map[string]int{}}}
+		groups: map[leakKey]*LeakGroup{}, rep: &LeakReport{RootRanges: map[string]int{}}}
 	ls.scanRoots(append(g.builtinRoots(), roots...))
 	for len(ls.work) > 0 {
 		t := ls.work[len(ls.work)-1]
@@ -130,7 +140,10 @@ func (g *Graph) FindLeaks(roots []Range) *LeakReport {
 		if a.Cache != b.Cache {
 			return a.Cache < b.Cache
 		}
-		return a.Type < b.Type
+		if a.Type != b.Type {
+			return a.Type < b.Type
+		}
+		return a.AllocCaller < b.AllocCaller
 	})
 	return rep
 }
@@ -142,7 +155,7 @@ type leakSearch struct {
 	work    []int32 // reached, its words not yet scanned
 	unread  []bool  // unreadable: not accused
 	taken   []bool  // in a leak's group
-	groups  map[[2]string]*LeakGroup
+	groups  map[leakKey]*LeakGroup
 	rep     *LeakReport
 }
 
@@ -189,6 +202,30 @@ func (ls *leakSearch) scanRoots(all []Range) {
 			a = next
 		}
 	}
+}
+
+// leakKey groups leaks: cache, type, allocating caller.
+type leakKey struct {
+	cache, typ string
+	caller     uint64
+}
+
+// allocCaller is the address that allocated node t, where its cache
+// keeps slub_debug's tracks; 0 otherwise.
+func (ls *leakSearch) allocCaller(t int32) uint64 {
+	g := ls.g
+	if g.slabs[g.nodeSlab[t]].Cache.TrackOffset() < 0 {
+		return 0
+	}
+	o, err := g.heap.Lookup(g.addr(t))
+	if err != nil {
+		return 0
+	}
+	a, _, err := g.heap.Tracks(o)
+	if err != nil {
+		return 0
+	}
+	return a.Addr
 }
 
 // leaked: t is allocated, readable, and no root reaches it.
@@ -240,16 +277,17 @@ func (ls *leakSearch) take(root int32) {
 	if g.mark[root] != Unmarked {
 		typ = g.typeName(root)
 	}
-	k := [2]string{c.Name, typ}
+	caller := ls.allocCaller(root)
+	k := leakKey{c.Name, typ, caller}
 	acc := ls.groups[k]
 	if acc == nil {
-		acc = &LeakGroup{Cache: c.Name, Type: typ}
+		acc = &LeakGroup{Cache: c.Name, Type: typ, AllocCaller: caller}
 		ls.groups[k] = acc
 	}
 	acc.Count++
 	acc.Bytes += bytes
 	acc.Hidden += hidden
-	acc.Leaks = append(acc.Leaks, Leak{Addr: g.addr(root), Size: c.ObjectSize, Cache: c.Name, Type: typ, Hidden: hidden})
+	acc.Leaks = append(acc.Leaks, Leak{Addr: g.addr(root), Size: c.ObjectSize, Cache: c.Name, Type: typ, Hidden: hidden, AllocCaller: caller})
 	ls.rep.Leaks++
 	ls.rep.LeakedSize += bytes
 }

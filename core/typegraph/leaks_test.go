@@ -1,6 +1,8 @@
 package typegraph
 
 import (
+	"fmt"
+	"maps"
 	"slices"
 	"testing"
 
@@ -88,4 +90,37 @@ func buildImageGraph(t *testing.T, im *slabtest.Image) *Graph {
 		t.Fatal(err)
 	}
 	return g
+}
+
+// A cache with slub_debug's owner tracks (SLAB_STORE_USER): its leaks
+// carry the allocating caller and are grouped by it; a leak of a cache
+// without tracks has none.
+func TestFindLeaksByCaller(t *testing.T) {
+	im := slabtest.NewImage(t, false)
+	dbg := im.AddCache("debugged", 64, 96, slab.FlagRedZone|slab.FlagStoreUser, 0)
+	plain := im.AddCache("kmalloc-64", 64, 64, 0, 0)
+	sd := im.AddSlab(dbg, 3, nil)
+	sp := im.AddSlab(plain, 1, nil)
+	im.Finish()
+	// inuse 64 with the free pointer inside: the alloc track at 64.
+	callers := []uint64{0xffffffff81000100, 0xffffffff81000200, 0xffffffff81000100}
+	for i, c := range callers {
+		im.U64(dbg.Obj(sd, i)+64, c)
+	}
+	g := buildImageGraph(t, im)
+	r := g.FindLeaks(nil)
+	got := map[string]int{}
+	for _, gr := range r.Groups {
+		got[fmt.Sprintf("%s %#x", gr.Cache, gr.AllocCaller)] = gr.Count
+		for _, l := range gr.Leaks {
+			if l.AllocCaller != gr.AllocCaller {
+				t.Errorf("leak %#x: caller %#x in the group of %#x", l.Addr, l.AllocCaller, gr.AllocCaller)
+			}
+		}
+	}
+	want := map[string]int{"debugged 0xffffffff81000100": 2, "debugged 0xffffffff81000200": 1, "kmalloc-64 0x0": 1}
+	if !maps.Equal(got, want) {
+		t.Errorf("groups %v, want %v", got, want)
+	}
+	_ = plain.Obj(sp, 0)
 }
