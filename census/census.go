@@ -232,6 +232,31 @@ func callGraph(sums map[uint64]*summary) CallGraph {
 	return g
 }
 
+// WalkCallees visits the functions root calls, breadth first, depth
+// levels down: visit gets each callee address not met before (root's
+// own included as met) and gives the function to descend into, nil to
+// go no further along it. Calls through a PLT or a register are not
+// followed (Callees has only direct ones).
+func WalkCallees(root *splice.Func, depth int, visit func(callee uint64) *splice.Func) {
+	seen := map[uint64]bool{root.Sym.Addr: true}
+	level := []*splice.Func{root}
+	for l := 0; l < depth && len(level) > 0; l++ {
+		var next []*splice.Func
+		for _, f := range level {
+			for _, e := range Callees(f.Fn, f.Blocks) {
+				if seen[e.Callee] {
+					continue
+				}
+				seen[e.Callee] = true
+				if cf := visit(e.Callee); cf != nil {
+					next = append(next, cf)
+				}
+			}
+		}
+		level = next
+	}
+}
+
 // Callees are the call graph's edges from fn (split into blocks as
 // splice.Facts.Func splits it): each block's direct calls, then its tail
 // call, in block order. Indirect calls are not edges.

@@ -117,26 +117,18 @@ func namedFunc(plan *splice.Planner, name, what string) (*splice.Func, error) {
 func calleeTargets(plan *splice.Planner, f *splice.Func, depth int, add func(coverTarget)) {
 	syms := plan.Symbols()
 	add(coverTarget{syms: syms, sym: f.Sym, f: f})
-	visited := map[uint64]bool{f.Sym.Addr: true}
-	level := []*splice.Func{f}
-	for l := 0; l < depth && len(level) > 0; l++ {
-		var next []*splice.Func
-		for _, f := range level {
-			for _, e := range census.Callees(f.Fn, f.Blocks) {
-				at := syms.FunctionsAt(e.Callee)
-				if len(at) == 0 || visited[e.Callee] {
-					continue
-				}
-				visited[e.Callee] = true
-				cf, err := plan.FuncOf(syms, at[0])
-				add(coverTarget{syms: syms, sym: at[0], f: cf, err: err})
-				if err == nil {
-					next = append(next, cf)
-				}
-			}
+	census.WalkCallees(f, depth, func(callee uint64) *splice.Func {
+		at := syms.FunctionsAt(callee)
+		if len(at) == 0 {
+			return nil
 		}
-		level = next
-	}
+		cf, err := plan.FuncOf(syms, at[0])
+		add(coverTarget{syms: syms, sym: at[0], f: cf, err: err})
+		if err != nil {
+			return nil
+		}
+		return cf
+	})
 }
 
 // moduleFunctions is every function of a loaded module's text, in

@@ -578,26 +578,18 @@ func (t *Target) Callees(root string, depth int) ([]CoverTarget, error) {
 		return nil, fmt.Errorf("callees of %s: name a function, not an instruction or block", root)
 	}
 	out := []CoverTarget{{Sym: f.Sym, Func: f}}
-	seen := map[uint64]bool{f.Sym.Addr: true}
-	level := []*splice.Func{f}
-	for l := 0; l < depth && len(level) > 0; l++ {
-		var next []*splice.Func
-		for _, f := range level {
-			for _, e := range census.Callees(f.Fn, f.Blocks) {
-				at := t.Syms.FunctionsAt(e.Callee)
-				if len(at) == 0 || seen[at[0].Addr] {
-					continue
-				}
-				seen[at[0].Addr] = true
-				cf, err := t.funcOf(at[0], at[0].Name)
-				out = append(out, CoverTarget{Sym: at[0], Func: cf, Err: err})
-				if err == nil {
-					next = append(next, cf)
-				}
-			}
+	census.WalkCallees(f, depth, func(callee uint64) *splice.Func {
+		at := t.Syms.FunctionsAt(callee)
+		if len(at) == 0 {
+			return nil
 		}
-		level = next
-	}
+		cf, err := t.funcOf(at[0], at[0].Name)
+		out = append(out, CoverTarget{Sym: at[0], Func: cf, Err: err})
+		if err != nil {
+			return nil
+		}
+		return cf
+	})
 	return out, nil
 }
 

@@ -249,25 +249,31 @@ func (ts *types) flatten(t btf.Type, base uint32, union bool, depth int, out *[]
 			}
 		}
 	case *btf.Pointer:
-		if isChar(c.Target) {
-			*out = append(*out, slot{off: base, target: ts.strID(), union: union})
-			return
-		}
-		st := structOf(c.Target)
-		if st == nil {
-			// S **: a pointer to an array of pointers to S. The back
-			// pointers of lists (hlist_node **pprev) point at the next
-			// member of whatever holds the previous node: no array.
-			if pt := structOf(pointee(c.Target)); pt != nil && pt.Name != "" && pt.Size > 0 && !ignoredTargets[pt.Name] && !linkTypes[pt.Name] {
-				*out = append(*out, slot{off: base, target: ts.ptrID(pt), union: union})
-			}
-			return
-		}
-		if st.Name == "" || st.Size == 0 || ignoredTargets[st.Name] {
-			return
-		}
-		*out = append(*out, slot{off: base, target: ts.id(st), link: linkTypes[st.Name], union: union})
+		ts.flattenPointer(c, base, union, out)
 	}
+}
+
+// flattenPointer is flatten's pointer: a slot for a pointer to a
+// struct, to an array of pointers to one (S **), or to a string.
+func (ts *types) flattenPointer(c *btf.Pointer, base uint32, union bool, out *[]slot) {
+	if isChar(c.Target) {
+		*out = append(*out, slot{off: base, target: ts.strID(), union: union})
+		return
+	}
+	st := structOf(c.Target)
+	if st == nil {
+		// S **: a pointer to an array of pointers to S. The back
+		// pointers of lists (hlist_node **pprev) point at the next
+		// member of whatever holds the previous node: no array.
+		if pt := structOf(pointee(c.Target)); pt != nil && pt.Name != "" && pt.Size > 0 && !ignoredTargets[pt.Name] && !linkTypes[pt.Name] {
+			*out = append(*out, slot{off: base, target: ts.ptrID(pt), union: union})
+		}
+		return
+	}
+	if st.Name == "" || st.Size == 0 || ignoredTargets[st.Name] {
+		return
+	}
+	*out = append(*out, slot{off: base, target: ts.id(st), link: linkTypes[st.Name], union: union})
 }
 
 // flexTail finds a struct's last member when it is a flexible array
