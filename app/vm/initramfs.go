@@ -14,6 +14,8 @@ import (
 	"strings"
 
 	"github.com/cavaliergopher/cpio"
+
+	"github.com/kinst/kinst/driver/linux"
 )
 
 // busyboxPath is where busybox-static installs its binary.
@@ -88,6 +90,11 @@ func buildInitramfs(cache string, k *Kernel, ko, kinst, kerninstd string) (strin
 		{name: "bin/kinst", src: kinst, mode: 0o755},
 		{name: "bin/kerninstd", src: kerninstd, mode: 0o755},
 		{name: "lib/modules/kerninst.ko", src: ko, mode: 0o644},
+	}
+	// The findleaks test module, built beside the driver: there for the
+	// live tests to load, never loaded at boot.
+	if leak := filepath.Join(filepath.Dir(ko), linux.LeakModule); statOK(leak) {
+		files = append(files, file{name: "lib/modules/" + linux.LeakModule, src: leak, mode: 0o644})
 	}
 	var names []string
 	for _, m := range mods {
@@ -317,4 +324,10 @@ func topoOrder(roots []string, lookup func(string) (module, error)) ([]module, e
 		}
 	}
 	return out, nil
+}
+
+// statOK says whether path exists.
+func statOK(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }

@@ -12,6 +12,10 @@ import (
 	"path/filepath"
 )
 
+// LeakModule is the name of the test module Build builds beside
+// kerninst.ko, in the same directory: findleaks' oracle (kinst_leak.c).
+const LeakModule = "kinst_leak.ko"
+
 // ErrNoHeaders is returned by Build when the headers directory holds no
 // kernel build tree (no Makefile).
 var ErrNoHeaders = errors.New("no kernel headers")

@@ -5,7 +5,8 @@ package linux
 
 import "embed"
 
-// Sources is the module's Kbuild tree: Kbuild, kerninst.c, kerninst_uapi.h.
+// Sources is the module's Kbuild tree: Kbuild, kerninst.c, kerninst_uapi.h,
+// and kinst_leak.c, a test module built beside it (LeakModule).
 //
-//go:embed Kbuild kerninst.c kerninst_uapi.h
+//go:embed Kbuild kerninst.c kerninst_uapi.h kinst_leak.c
 var Sources embed.FS
