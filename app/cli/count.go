@@ -79,11 +79,8 @@ func Count(ctx context.Context, c *api.Client, o CountOptions, env Env) (int, er
 	}
 	report.DurationNS = int64(res.Duration)
 	final := res.Final
-	if o.SVG != "" {
-		if err := writePlot(o.SVG, "kinst count", series); err != nil {
-			return max(exitStatus, 1), err
-		}
-		fmt.Fprintf(stderr, "kinst: wrote %s\n", o.SVG)
+	if err := writePlot(o.SVG, "kinst count", series, stderr); err != nil {
+		return max(exitStatus, 1), err
 	}
 	for i, p := range final.Probes {
 		p.Point = lp.label(i, p.Point)

@@ -539,13 +539,9 @@ func plotAfter(status *int, svg, title string, series []metrics.Series, stderr i
 	if status != nil {
 		exit = *status
 	}
-	if svg == "" {
-		return exit, nil
-	}
-	if err := writePlot(svg, title, series); err != nil {
+	if err := writePlot(svg, title, series, stderr); err != nil {
 		return max(exit, 1), err
 	}
-	fmt.Fprintf(stderr, "kinst: wrote %s\n", svg)
 	return exit, nil
 }
 

@@ -95,11 +95,8 @@ func Time(ctx context.Context, c *api.Client, o TimeOptions, env Env) (int, erro
 			series[i].Add(last)
 		}
 	}
-	if o.SVG != "" {
-		if err := writePlot(o.SVG, "kinst time", series); err != nil {
-			return max(status, 1), err
-		}
-		fmt.Fprintf(stderr, "kinst: wrote %s\n", o.SVG)
+	if err := writePlot(o.SVG, "kinst time", series, stderr); err != nil {
+		return max(status, 1), err
 	}
 	if o.JSON {
 		return status, writeJSON(stdout, report)
@@ -212,7 +209,15 @@ func fmtNS(ns float64) string {
 	return fmt.Sprintf("%.3fs", ns/1e9)
 }
 
-// writePlot writes series as an SVG chart to path.
-func writePlot(path, title string, series []metrics.Series) error {
-	return outfile.Write(path, func(w io.Writer) error { return metrics.PlotSVG(w, title, series) })
+// writePlot writes series as an SVG chart to path, when there is one,
+// and says so on stderr.
+func writePlot(path, title string, series []metrics.Series, stderr io.Writer) error {
+	if path == "" {
+		return nil
+	}
+	if err := outfile.Write(path, func(w io.Writer) error { return metrics.PlotSVG(w, title, series) }); err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "kinst: wrote %s\n", path)
+	return nil
 }
