@@ -22,7 +22,7 @@ type overlay struct {
 	// long the rare longer ones. An address is in one at most. Protected
 	// by mu.
 	short addrMap[shortBytes]
-	long  map[uint64][]byte
+	long  addrMap[[]byte]
 }
 
 // shortOrig is the most bytes an entry of overlay.short holds: every
@@ -45,13 +45,10 @@ func (o *overlay) putLocked(addr uint64, orig []byte) {
 		var e shortBytes
 		e.n = uint8(copy(e.b[:], orig))
 		o.short.set(addr, e)
-		delete(o.long, addr)
+		o.long.del(addr)
 		return
 	}
-	if o.long == nil {
-		o.long = make(map[uint64][]byte)
-	}
-	o.long[addr] = bytes.Clone(orig[:min(len(orig), maxOrig)])
+	o.long.set(addr, bytes.Clone(orig[:min(len(orig), maxOrig)]))
 	o.short.del(addr)
 }
 
@@ -105,16 +102,12 @@ func (o *overlay) forget(addr uint64) {
 func (o *overlay) dropLocked(addrs ...uint64) {
 	for _, a := range addrs {
 		o.short.del(a)
-		delete(o.long, a)
-	}
-	// A map never shrinks.
-	if len(o.long) == 0 {
-		o.long = nil
+		o.long.del(a)
 	}
 }
 
 // lenLocked is the number of entries. The caller holds o.mu.
-func (o *overlay) lenLocked() int { return o.short.len() + len(o.long) }
+func (o *overlay) lenLocked() int { return o.short.len() + o.long.len() }
 
 // textView reads kernel memory as the kernel's own code: live bytes with
 // the engine's splices replaced by the original bytes.
@@ -138,22 +131,13 @@ func (v textView) Read(addr uint64, b []byte) error {
 		lo, hi := max(a, addr), min(oe, end)
 		copy(b[lo-addr:hi-addr], orig[lo-a:hi-a])
 	}
-	// With many splices (a coverage session has one per block), look up
-	// the few addresses an entry overlapping b can start at instead.
-	if v.ov.lenLocked() > len(b)+maxOrig {
-		for a := max(addr, maxOrig) - maxOrig; a < end; a++ {
-			if e, ok := v.ov.short.get(a); ok {
-				put(a, e.b[:e.n])
-			} else if l, ok := v.ov.long[a]; ok {
-				put(a, l)
-			}
-		}
-		return nil
-	}
-	for a, e := range v.ov.short.all() {
+	// Only the entries that can overlap b: those starting up to
+	// maxOrig bytes before it (a coverage session has one per block).
+	lo := max(addr, maxOrig) - maxOrig
+	for a, e := range v.ov.short.within(lo, end) {
 		put(a, e.b[:e.n])
 	}
-	for a, l := range v.ov.long {
+	for a, l := range v.ov.long.within(lo, end) {
 		put(a, l)
 	}
 	return nil

@@ -21,11 +21,10 @@ func (m memText) Read(addr uint64, b []byte) error {
 	return nil
 }
 
-// The overlay gives back every entry's original bytes, short (in the map
-// itself) and long (an instruction kept whole) alike, over reads that
-// start before, inside and after them, through both of textView's ways
-// of looking (few entries: all of them; many: by address); a failed
-// write keeps nothing; dropped entries are gone.
+// The overlay gives back every entry's original bytes, short (8 bytes
+// an entry) and long (an instruction kept whole) alike, over reads that
+// start before, inside and after them, with few entries and with many;
+// a failed write keeps nothing; dropped entries are gone.
 func TestOverlayShortAndLong(t *testing.T) {
 	orig := []byte("0123456789abcdefghijklmnopqrstuvwxyz")
 	live := memText{base: 0x1000, b: bytes.Clone(orig)}
@@ -48,8 +47,8 @@ func TestOverlayShortAndLong(t *testing.T) {
 	if err := ov.spliced(0x1020, orig[32:34], func() error { return errors.New("refused") }); err == nil {
 		t.Fatal("a failed write succeeded")
 	}
-	if n := ov.len(); n != 2 || ov.short.len() != 1 || len(ov.long) != 1 {
-		t.Fatalf("%d entries (%d short, %d long), want one of each", n, ov.short.len(), len(ov.long))
+	if n := ov.len(); n != 2 || ov.short.len() != 1 || ov.long.len() != 1 {
+		t.Fatalf("%d entries (%d short, %d long), want one of each", n, ov.short.len(), ov.long.len())
 	}
 	for _, r := range [][2]int{{0, 36}, {1, 3}, {2, 1}, {15, 4}, {20, 10}, {24, 1}} {
 		b := make([]byte, r[1])
@@ -57,7 +56,7 @@ func TestOverlayShortAndLong(t *testing.T) {
 			t.Errorf("read [%d, +%d): %q, want %q (%v)", r[0], r[1], b, orig[r[0]:r[0]+r[1]], err)
 		}
 	}
-	// Many entries: the lookup by address.
+	// Many entries.
 	for a := 0; a < 36; a += 2 {
 		if a != 2 && a != 16 && a != 18 && a != 20 && a != 22 && a != 24 {
 			ov.spliced(0x1000+uint64(a), orig[a:a+1], write(a, 1))
@@ -68,7 +67,7 @@ func TestOverlayShortAndLong(t *testing.T) {
 		t.Errorf("with many entries: %q, want %q", b, orig[16:22])
 	}
 	ov.forget(0x1010)
-	if _, ok := ov.long[0x1010]; ok || ov.long != nil {
+	if _, ok := ov.long.get(0x1010); ok || ov.long.pages != nil {
 		t.Errorf("a forgotten long entry stayed")
 	}
 }
