@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"strconv"
@@ -51,7 +52,12 @@ type Host struct {
 	sessions map[string]*session // by ID
 	next     int
 	gone     bool
-	done     chan struct{} // closed by Close: the pollers stop
+	// ended is how the process went: "exec" or "exited" once gone.
+	ended  string
+	closed bool          // by Close: the counters are unmapped
+	done   chan struct{} // closed by Close: the pollers stop
+	log    io.Writer     // what kinst says as it goes (a library loaded, an exec)
+	opened time.Time
 	// debug is each module's DWARF for Lines ("" the executable), nil
 	// where it has none; opened on first use.
 	debug map[string]*debuginfo.File
@@ -61,9 +67,15 @@ type Host struct {
 type session struct {
 	id, name string
 	created  time.Time
-	reqs     []*engine.Request // counters, in the order of the points
-	timers   []*timer
-	cover    *cover.Set
+	// points are the counters' points as asked, sites where each
+	// resolved and reqs its splice: nil for a point in a library the
+	// process has not loaded yet (pending), spliced when it does.
+	points  []string
+	sites   []*splice.Site
+	reqs    []*engine.Request
+	pending map[int]bool
+	timers  []*timer
+	cover   *cover.Set
 }
 
 // timer is a process.Timer and its accumulated totals.
@@ -74,17 +86,41 @@ type timer struct {
 	calls uint64
 }
 
+// Options are how a Host reports as it goes.
+type Options struct {
+	// Log gets a line for each event a user should know of: a pending
+	// point's library loaded, the process's exec. Nil: io.Discard.
+	Log io.Writer
+}
+
 // Open attaches to process pid.
-func Open(pid int) (*Host, error) {
+func Open(pid int, o Options) (*Host, error) {
 	tg, err := process.Attach(pid)
 	if err != nil {
 		return nil, err
 	}
+	if o.Log == nil {
+		o.Log = io.Discard
+	}
 	comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
 	h := &Host{tg: tg, pid: tg.PID, comm: strings.TrimSpace(string(comm)), clock: metrics.NewClock(),
-		sessions: map[string]*session{}, done: make(chan struct{}), debug: map[string]*debuginfo.File{}}
+		sessions: map[string]*session{}, done: make(chan struct{}), debug: map[string]*debuginfo.File{},
+		log: o.Log, opened: time.Now()}
 	go h.poll()
 	return h, nil
+}
+
+// PID is the process's ID (its thread group's, when Open was given a
+// thread's).
+func (h *Host) PID() int { return h.pid }
+
+// Ended is how the process went: "exec" (its splices went with its old
+// program), "exited", or "" while it runs the program attached to.
+func (h *Host) Ended() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.alive()
+	return h.ended
 }
 
 // Close removes every session and lets the process go.
@@ -97,6 +133,7 @@ func (h *Host) Close() error {
 	default:
 		close(h.done)
 	}
+	defer func() { h.closed = true }()
 	for _, d := range h.debug {
 		if d != nil {
 			d.Close()
@@ -122,9 +159,11 @@ func (h *Host) alive() bool {
 		return false
 	}
 	if !process.Alive(h.pid) {
-		h.gone = true
-	} else if _, ex := h.tg.Exec(); ex {
-		h.gone = true
+		h.gone, h.ended = true, "exited"
+	} else if exe, ex := h.tg.Exec(); ex {
+		h.gone, h.ended = true, "exec"
+		fmt.Fprintf(h.log, "kinst: process %d ran exec (now %s) %s after the start: kinst's probes went with the program it attached to, and the report covers what ran before; to measure the new program, attach to it (-p %d) or run it directly after --\n",
+			h.pid, exe, time.Since(h.opened).Round(time.Millisecond), h.pid)
 	}
 	return !h.gone
 }
@@ -137,8 +176,9 @@ func (h *Host) check() error {
 	return nil
 }
 
-// poll sweeps the coverage sessions every cover.Poll: probes that ran
-// mark their blocks covered and are removed.
+// poll sweeps the coverage sessions every cover.Poll (probes that ran
+// mark their blocks covered and are removed), splices the pending points
+// whose library the process has loaded, and notices its exit or exec.
 func (h *Host) poll() {
 	t := time.NewTicker(cover.Poll)
 	defer t.Stop()
@@ -149,6 +189,7 @@ func (h *Host) poll() {
 		case now := <-t.C:
 			h.mu.Lock()
 			if h.alive() {
+				h.loadPending()
 				for _, s := range h.sessions {
 					if s.cover != nil {
 						s.cover.Sweep(h.tg, now)
@@ -261,6 +302,9 @@ func (h *Host) CreateSession(_ context.Context, req api.SessionRequest) (api.Ses
 	if err := h.check(); err != nil {
 		return api.Session{}, err
 	}
+	if len(req.Timers) > 0 {
+		h.clock.TicksPerNS() // calibrated before the session's life starts
+	}
 	h.next++
 	s := &session{id: strconv.Itoa(h.next), name: req.Name, created: time.Now()}
 	if s.name == "" {
@@ -284,22 +328,27 @@ func (h *Host) CreateSession(_ context.Context, req api.SessionRequest) (api.Ses
 	return h.describe(s, false), nil
 }
 
-// install resolves and splices a session's counters and timers.
+// install resolves and splices a session's counters and timers, all or
+// none; a point in a library not loaded yet waits for it (pending).
 func (h *Host) install(s *session, req api.SessionRequest) error {
-	sites := make([]*splice.Site, len(req.Points))
+	n := len(req.Points)
+	s.points, s.sites, s.reqs, s.pending = req.Points, make([]*splice.Site, n), make([]*engine.Request, n), map[int]bool{}
+	var now []int
 	for i, p := range req.Points {
 		site, err := h.tg.Resolve(p)
+		if errors.Is(err, process.ErrNoLibrary) {
+			s.pending[i] = true
+			fmt.Fprintf(h.log, "kinst: %s: the library is not loaded yet; the counter is spliced when the process loads it (kinst looks every %s: calls before that are not counted)\n", p, cover.Poll)
+			continue
+		}
 		if err != nil {
 			return badRequest(&splice.PointError{Point: p, Err: err})
 		}
-		sites[i] = site
+		s.sites[i] = site
+		now = append(now, i)
 	}
-	if len(sites) > 0 {
-		reqs, err := h.tg.Count(s.id, sites)
-		if err != nil {
-			return err
-		}
-		s.reqs = reqs
+	if err := h.count(s, now); err != nil {
+		return err
 	}
 	for _, name := range req.Timers {
 		tm, err := h.tg.Time(s.id, name)
@@ -312,6 +361,59 @@ func (h *Host) install(s *session, req api.SessionRequest) error {
 		s.timers = append(s.timers, t)
 	}
 	return nil
+}
+
+// count splices the counters of s's points idx names, all or none. The
+// caller holds h.mu.
+func (h *Host) count(s *session, idx []int) error {
+	if len(idx) == 0 {
+		return nil
+	}
+	ss := make([]*splice.Site, len(idx))
+	for k, i := range idx {
+		ss[k] = s.sites[i]
+	}
+	rs, err := h.tg.Count(s.id, ss)
+	if err != nil {
+		return err
+	}
+	for k, i := range idx {
+		s.reqs[i] = rs[k]
+	}
+	return nil
+}
+
+// loadPending splices the pending points whose library the process has
+// loaded since the last look. The caller holds h.mu.
+func (h *Host) loadPending() {
+	waiting := 0
+	for _, s := range h.sessions {
+		waiting += len(s.pending)
+	}
+	if waiting == 0 {
+		return
+	}
+	if mods, err := h.tg.Refresh(); err != nil || len(mods) == 0 {
+		return
+	}
+	for _, s := range h.sessions {
+		for i := range s.pending {
+			site, err := h.tg.Resolve(s.points[i])
+			if errors.Is(err, process.ErrNoLibrary) {
+				continue
+			}
+			delete(s.pending, i)
+			if err == nil {
+				s.sites[i] = site
+				err = h.count(s, []int{i})
+			}
+			if err != nil {
+				fmt.Fprintf(h.log, "kinst: %s: %v\n", s.points[i], err)
+				continue
+			}
+			fmt.Fprintf(h.log, "kinst: %s: its library was loaded %s after the start\n", s.points[i], time.Since(s.created).Round(time.Millisecond))
+		}
+	}
 }
 
 // armCover plans and arms a coverage session. Traps are refused (a probe
@@ -372,10 +474,18 @@ func (h *Host) findLocked(idOrName string) *session {
 // coverage session's blocks too. The caller holds h.mu.
 func (h *Host) describe(s *session, all bool) api.Session {
 	out := api.Session{ID: s.id, Name: s.name, Created: s.created, Probes: []api.Probe{}}
-	live := h.alive()
-	for _, r := range s.reqs {
+	// The counters and timer words are kinst's own memory (shared with
+	// the process): they keep the last counts after it exits or execs,
+	// until Close unmaps them.
+	live := !h.closed
+	h.alive()
+	for i, r := range s.reqs {
+		if r == nil { // its library never loaded
+			out.Probes = append(out.Probes, api.Probe{Resolved: api.Resolved{Point: s.points[i]}, Mechanism: "none"})
+			continue
+		}
 		p := api.Probe{Resolved: report.Resolved(r.Site()), Mechanism: "splice"}
-		p.Function = qualified(p.Module, p.Function)
+		p.Function, p.Point = qualified(p.Module, p.Function), s.points[i]
 		if live {
 			p.Count = h.tg.Counter(r, 0)
 		}
@@ -464,8 +574,14 @@ func (h *Host) removeLocked(s *session) error {
 		return nil
 	}
 	var errs []error
-	if len(s.reqs) > 0 {
-		errs = append(errs, h.tg.RemoveEach(s.reqs)...)
+	var spliced []*engine.Request
+	for _, r := range s.reqs {
+		if r != nil {
+			spliced = append(spliced, r)
+		}
+	}
+	if len(spliced) > 0 {
+		errs = append(errs, h.tg.RemoveEach(spliced)...)
 	}
 	for _, t := range s.timers {
 		errs = append(errs, h.tg.Untime(t.Timer))
@@ -475,6 +591,66 @@ func (h *Host) removeLocked(s *session) error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// SampleStream is a session's totals every interval, as kerninstd
+// streams a kernel session's (api.Client.Samples).
+type SampleStream struct {
+	h    *Host
+	id   string
+	tick *time.Ticker
+	ctx  context.Context
+	last []uint64
+}
+
+// Samples streams session id's totals every interval. The stream ends
+// (io.EOF) when the session is removed, the process exits or runs exec,
+// or ctx is done.
+func (h *Host) Samples(ctx context.Context, id string, interval time.Duration) (*SampleStream, error) {
+	if interval <= 0 {
+		return nil, badRequest(fmt.Errorf("interval %v: want more than 0", interval))
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s := h.findLocked(id)
+	if s == nil {
+		return nil, &noSession{id}
+	}
+	return &SampleStream{h: h, id: s.id, tick: time.NewTicker(interval), ctx: ctx, last: make([]uint64, len(s.points))}, nil
+}
+
+// Next blocks for the next sample; io.EOF once the stream has ended.
+func (st *SampleStream) Next() (api.Sample, error) {
+	select {
+	case <-st.tick.C:
+	case <-st.ctx.Done():
+		return api.Sample{}, io.EOF
+	case <-st.h.done:
+		return api.Sample{}, io.EOF
+	}
+	h := st.h
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s := h.sessions[st.id]
+	if s == nil || !h.alive() {
+		return api.Sample{}, io.EOF
+	}
+	d := h.describe(s, false)
+	out := api.Sample{Time: time.Now(), Totals: make([]uint64, len(d.Probes)), Deltas: make([]uint64, len(d.Probes))}
+	for i, p := range d.Probes {
+		out.Totals[i], out.Deltas[i] = p.Count, p.Count-st.last[i]
+		st.last[i] = p.Count
+	}
+	for _, t := range d.Timers {
+		out.Timers = append(out.Timers, t.Totals)
+	}
+	return out, nil
+}
+
+// Close stops the stream.
+func (st *SampleStream) Close() error {
+	st.tick.Stop()
+	return nil
 }
 
 // BadRequestError is an error of the request itself (HTTP 400).

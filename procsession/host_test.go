@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/debuginfo/debuginfotest"
@@ -36,7 +38,7 @@ func textOf(t *testing.T, pid int, addr api.Addr, n uint64) []byte {
 // change nothing; Close leaves the program running, unspliced.
 func TestHost(t *testing.T) {
 	p := proctest.Start(t)
-	h, err := Open(p.Cmd.Process.Pid)
+	h, err := Open(p.Cmd.Process.Pid, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +173,7 @@ func TestHost(t *testing.T) {
 // function's offset added to its symbol's value, from nm).
 func TestLines(t *testing.T) {
 	p := proctest.Start(t)
-	h, err := Open(p.Cmd.Process.Pid)
+	h, err := Open(p.Cmd.Process.Pid, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,5 +211,78 @@ func TestLines(t *testing.T) {
 		if got[i] != want[i] {
 			t.Errorf("mix at %#x: line %s, addr2line %s", addrs[i], got[i], want[i])
 		}
+	}
+}
+
+// A session's samples stream its totals as kerninstd's do; a point in a
+// library the process has not loaded waits for it (mechanism "none")
+// while the others count; the stream ends when the process exits, and
+// the session's last counts are still there to remove.
+func TestSamples(t *testing.T) {
+	p := proctest.Start(t)
+	var log strings.Builder
+	h, err := Open(p.Cmd.Process.Pid, Options{Log: &log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	ctx := context.Background()
+	sess, err := h.CreateSession(ctx, api.SessionRequest{Points: []string{"work", "libm:cbrt"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sess.Probes) != 2 || sess.Probes[0].Mechanism != "splice" || sess.Probes[1].Mechanism != "none" || sess.Probes[1].Point != "libm:cbrt" {
+		t.Fatalf("probes %+v, want work spliced and libm:cbrt waiting", sess.Probes)
+	}
+	if !strings.Contains(log.String(), "libm:cbrt: the library is not loaded yet") {
+		t.Errorf("the wait is not said: %q", log.String())
+	}
+	st, err := h.Samples(ctx, sess.ID, 20*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if _, err := h.Samples(ctx, "nope", time.Second); !errors.Is(err, ErrNoSession) {
+		t.Errorf("samples of no session: %v", err)
+	}
+	p.Round(t)
+	var total, deltas uint64
+	for total < proctest.CallsPerRound {
+		s, err := st.Next()
+		if err != nil {
+			t.Fatalf("next: %v", err)
+		}
+		if len(s.Totals) != 2 || len(s.Deltas) != 2 || s.Totals[1] != 0 {
+			t.Fatalf("sample %+v", s)
+		}
+		total, deltas = s.Totals[0], deltas+s.Deltas[0]
+	}
+	if total != proctest.CallsPerRound || deltas != total {
+		t.Errorf("work: total %d, deltas summing to %d; want %d both", total, deltas, proctest.CallsPerRound)
+	}
+	p.Cmd.Process.Kill()
+	done := make(chan error, 1)
+	go func() {
+		for {
+			if _, err := st.Next(); err != nil {
+				done <- err
+				return
+			}
+		}
+	}()
+	select {
+	case err := <-done:
+		if err != io.EOF {
+			t.Errorf("the stream ended with %v, want io.EOF", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the stream did not end when the process did")
+	}
+	if e := h.Ended(); e != "exited" {
+		t.Errorf("ended %q, want exited", e)
+	}
+	final, err := h.RemoveSession(ctx, sess.ID)
+	if err != nil || final.Probes[0].Count != proctest.CallsPerRound {
+		t.Errorf("final %+v, %v; want work's last count %d", final.Probes, err, proctest.CallsPerRound)
 	}
 }

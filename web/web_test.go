@@ -456,7 +456,7 @@ func TestPageProcess(t *testing.T) {
 		t.Skip("chromium not installed")
 	}
 	prog := proctest.Start(t)
-	host, err := procsession.Open(prog.Cmd.Process.Pid)
+	host, err := procsession.Open(prog.Cmd.Process.Pid, procsession.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -143,7 +143,7 @@ func countBlocks(ctx context.Context, c *api.Client, cfg api.CFG, o AnnotateOpti
 		return nil, nil, 1, 0, err
 	}
 	fmt.Fprintf(env.Err, "kinst: counting %d of %d blocks of %s\n", len(points), nonPadding(cfg), cfg.Function)
-	res, err := runSession(ctx, c, sess, runOptions{Duration: o.Duration, Interval: time.Second, Command: o.Command,
+	res, err := runSession(ctx, daemonHost{c}, sess, runOptions{Duration: o.Duration, Interval: time.Second, Command: o.Command,
 		Waiting: "kinst: counting; Ctrl-C to stop"}, env, func(time.Duration, api.Sample) {})
 	status := res.status()
 	if err != nil {

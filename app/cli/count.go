@@ -26,25 +26,52 @@ type CountOptions struct {
 	Debug DebugOptions
 }
 
-// Count attaches a counter at every point, reports live, and removes the
-// counters when the duration ends, the command exits or a signal arrives.
-// It returns the exit status kinst should exit with.
+// Count attaches a counter at every point of the kernel, reports live,
+// and removes the counters when the duration ends, the command exits or
+// a signal arrives. It returns the exit status kinst should exit with.
 func Count(ctx context.Context, c *api.Client, o CountOptions, env Env) (int, error) {
-	stdout, stderr := env.Out, env.Err
 	if len(o.Points) == 0 {
 		return 2, errors.New("count: name at least one POINT (FUNC, FUNC+0xOFF, FILE:LINE or a classic name such as lookuppn)")
 	}
+	return count(ctx, kernelTarget(ctx, c, o.Debug, env.Err), o, env)
+}
+
+// CountProcess is `kinst count -p PID` (or -p 0 -- CMD): the same
+// session as the kernel's, hosted by kinst over the process.
+func CountProcess(ctx context.Context, pid int, o CountOptions, env Env) (int, error) {
+	if len(o.Points) == 0 {
+		return 2, errors.New("count -p: name at least one POINT (FUNC, LIB:FUNC, FUNC+0xOFF or FILE:LINE)")
+	}
+	if o.Name != "" || o.TTL != 0 {
+		return 2, fmt.Errorf("count -p: %w", errProcessFlags)
+	}
+	if err := checkOutputDir("count", o.SVG); err != nil {
+		return 2, err
+	}
+	t, err := processTarget(pid, o.Command, env)
+	if err != nil {
+		return 1, err
+	}
+	return count(ctx, t, o, env)
+}
+
+// count is `kinst count` on a target.
+func count(ctx context.Context, t sessionTarget, o CountOptions, env Env) (int, error) {
 	if o.Interval <= 0 {
 		o.Interval = time.Second
 	}
-	lp, err := expandSourceLines(ctx, c, o.Points, o.Debug, stderr)
+	lp, err := t.lines(o.Points)
+	var sess api.Session
+	if err == nil {
+		sess, err = t.host.CreateSession(ctx, t.request(api.SessionRequest{Points: lp.points, Name: o.Name, TTLNS: int64(o.TTL)}))
+	}
 	if err != nil {
+		if t.proc != nil {
+			t.proc.abort()
+		}
 		return 1, err
 	}
-	sess, err := c.CreateSession(ctx, api.SessionRequest{Points: lp.points, Tied: true, Name: o.Name, TTLNS: int64(o.TTL)})
-	if err != nil {
-		return 1, err
-	}
+	stdout, stderr := env.Out, env.Err
 	// A probe of a source line is named by the line it was asked as.
 	for i := range sess.Probes {
 		sess.Probes[i].Resolved.Point = lp.label(i, sess.Probes[i].Resolved.Point)
@@ -57,7 +84,7 @@ func Count(ctx context.Context, c *api.Client, o CountOptions, env Env) (int, er
 	if !o.JSON {
 		fmt.Fprintf(stdout, "%8s  %-*s  %12s  %12s\n", "time", locWidth, "location", "+interval", "total")
 	}
-	res, err := runSession(ctx, c, sess, runOptions{Duration: o.Duration, Interval: o.Interval, Command: o.Command,
+	res, err := t.run(ctx, sess, runOptions{Duration: o.Duration, Interval: o.Interval, Command: o.Command,
 		Waiting: "kinst: counting; Ctrl-C to stop"}, env,
 		func(el time.Duration, s api.Sample) {
 			report.Intervals = append(report.Intervals, api.CountSample{ElapsedNS: int64(el), Deltas: s.Deltas})
@@ -77,6 +104,9 @@ func Count(ctx context.Context, c *api.Client, o CountOptions, env Env) (int, er
 	if err != nil {
 		return max(exitStatus, 1), err
 	}
+	if t.proc != nil {
+		report.Ended = t.proc.end
+	}
 	report.DurationNS = int64(res.Duration)
 	final := res.Final
 	if err := writePlot(o.SVG, "kinst count", series, stderr); err != nil {
@@ -84,6 +114,9 @@ func Count(ctx context.Context, c *api.Client, o CountOptions, env Env) (int, er
 	}
 	for i, p := range final.Probes {
 		p.Point = lp.label(i, p.Point)
+		if p.Mechanism == "none" {
+			fmt.Fprintf(stderr, "kinst: %s: the library was not seen loaded: nothing counted\n", p.Point)
+		}
 		cp := api.CountProbe{Point: p.Point, Function: p.Function, Offset: p.Offset, Address: p.Address, Count: p.Count, Mechanism: p.Mechanism}
 		if p.Classic != nil {
 			cp.Classic = p.Classic.Solaris
@@ -93,8 +126,8 @@ func Count(ctx context.Context, c *api.Client, o CountOptions, env Env) (int, er
 	if o.JSON {
 		return exitStatus, writeJSON(stdout, report)
 	}
-	fmt.Fprintf(stdout, "\ncounts over %.3f s (%s removed):\n", time.Duration(report.DurationNS).Seconds(), removedWhat(final.Probes))
-	return exitStatus, printCounts(stdout, report.Probes, func(s string) string { return s })
+	fmt.Fprintf(stdout, "\ncounts over %.3f s %s:\n", time.Duration(report.DurationNS).Seconds(), t.removed(final.Probes))
+	return exitStatus, printCounts(stdout, report.Probes, t.function)
 }
 
 // probeSeries starts a plot series for each of the session's probes at
@@ -116,6 +149,10 @@ func printCounts(w io.Writer, probes []api.CountProbe, name func(string) string)
 	tw := newTable(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "count\tpoint\tlocation\taddress")
 	for _, p := range probes {
+		if p.Function == "" { // never placed: its library was not loaded
+			fmt.Fprintf(tw, "%d\t%s\t-\t-\n", p.Count, p.Point)
+			continue
+		}
 		fmt.Fprintf(tw, "%d\t%s\t%s+%#x\t%#x\n", p.Count, p.Point, name(p.Function), p.Offset, uint64(p.Address))
 	}
 	return tw.Flush()
@@ -125,14 +162,16 @@ func printCounts(w io.Writer, probes []api.CountProbe, name func(string) string)
 // where it landed when that differs.
 func location(r api.Resolved) string {
 	at := fmt.Sprintf("%s+%#x", r.Function, r.Offset)
-	if r.Point == at {
+	if r.Point == at || r.Function == "" {
 		return at
 	}
 	return r.Point + " (" + at + ")"
 }
 
 // viaBPF says a mechanism is BPF's, not the driver's splice.
-func viaBPF(mechanism string) bool { return mechanism != "" && mechanism != "splice" }
+func viaBPF(mechanism string) bool {
+	return mechanism != "" && mechanism != "splice" && mechanism != "none"
+}
 
 // removedWhat names what a report's end removed: splices, or BPF probes
 // where kerninstd runs without the driver.
@@ -146,7 +185,11 @@ func removedWhat(ps []api.Probe) string {
 }
 
 // describeProbe prints where a point landed, and the classic-name mapping.
+// A point not placed yet (mechanism "none") was described as it waited.
 func describeProbe(w io.Writer, r api.Resolved, mechanism string) {
+	if mechanism == "none" {
+		return
+	}
 	if r.Classic != nil {
 		fmt.Fprintf(w, "kinst: %s → %s (classic name; Linux equivalent: %s)\n", r.Classic.Solaris, r.Classic.Linux, r.Classic.Why)
 	}

@@ -83,7 +83,7 @@ func Cover(ctx context.Context, c *api.Client, o CoverOptions, env Env) (int, er
 		fmt.Fprintf(env.Err, "; %s only", armed.Filter)
 	}
 	fmt.Fprintln(env.Err)
-	res, err := runSession(ctx, c, sess, runOptions{Duration: o.Duration, Interval: time.Second, Command: o.Command,
+	res, err := runSession(ctx, daemonHost{c}, sess, runOptions{Duration: o.Duration, Interval: time.Second, Command: o.Command,
 		Waiting: "kinst: covering; Ctrl-C to stop"}, env, func(time.Duration, api.Sample) {})
 	exitStatus := res.status()
 	if err != nil {

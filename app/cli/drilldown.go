@@ -82,7 +82,7 @@ func drillLevel(ctx context.Context, c *api.Client, fn string, o DrillOptions, e
 		return level, fmt.Errorf("time %s: %w", fn, err)
 	}
 	fmt.Fprintf(env.Err, "kinst: timing %s and %d callee(s) over one run of the workload\n", fn, len(funcs)-1)
-	res, err := runSession(ctx, c, sess, runOptions{Interval: 1e9, Command: o.Command}, env, func(time.Duration, api.Sample) {})
+	res, err := runSession(ctx, daemonHost{c}, sess, runOptions{Interval: 1e9, Command: o.Command}, env, func(time.Duration, api.Sample) {})
 	if err != nil {
 		return level, err
 	}

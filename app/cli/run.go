@@ -16,7 +16,14 @@ type runOptions struct {
 	Duration time.Duration // 0: until Ctrl-C or the command exits
 	Interval time.Duration
 	Command  []string // run this and report for its lifetime
-	Waiting  string   // printed when neither bounds the run
+	// Started is a command already started (a process kinst splices,
+	// started stopped and let go): the run reports for its lifetime.
+	Started Process
+	// RunOn: when the samples end before the command does (a process
+	// that ran exec), the run waits for the command, which is what the
+	// user asked to run.
+	RunOn   bool
+	Waiting string // printed when neither bounds the run
 }
 
 // runResult is how a run ended.
@@ -57,7 +64,7 @@ func sampleChan(stream interface{ Next() (api.Sample, error) }) <-chan api.Sampl
 // duration ends, the command exits or a signal arrives, then removes the
 // session. The sample stream ties the session to this process: if kinst
 // dies, kerninstd removes its splices.
-func runSession(ctx context.Context, c *api.Client, sess api.Session, o runOptions, env Env,
+func runSession(ctx context.Context, c sessionHost, sess api.Session, o runOptions, env Env,
 	onSample func(elapsed time.Duration, s api.Sample)) (runResult, error) {
 	var res runResult
 	remove := func() { c.RemoveSession(context.WithoutCancel(ctx), sess.ID) }
@@ -78,7 +85,10 @@ func runSession(ctx context.Context, c *api.Client, sess api.Session, o runOptio
 	// The run starts before the command does, so the whole of its life
 	// is inside the run, and before the deadline is set.
 	start := env.now()
-	if len(o.Command) > 0 {
+	if o.Started != nil {
+		cmd = o.Started
+		go func() { cmdDone <- cmd.Wait() }()
+	} else if len(o.Command) > 0 {
 		cmd, err = env.start(o.Command)
 		if err != nil {
 			remove()
@@ -100,6 +110,10 @@ loop:
 		select {
 		case s, ok := <-samples:
 			if !ok {
+				if o.RunOn && cmd != nil {
+					samples = nil // no more: wait for the command
+					continue
+				}
 				break loop
 			}
 			onSample(s.Time.Sub(start), s)
@@ -134,7 +148,7 @@ loop:
 
 // detachRun removes a run's session, timing it: res with its final
 // state.
-func detachRun(ctx context.Context, c *api.Client, id string, env Env, res runResult) (runResult, error) {
+func detachRun(ctx context.Context, c sessionHost, id string, env Env, res runResult) (runResult, error) {
 	detach := env.now()
 	final, err := c.RemoveSession(context.WithoutCancel(ctx), id)
 	res.Detach = env.since(detach)

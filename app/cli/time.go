@@ -31,17 +31,48 @@ type TimeOptions struct {
 
 // Time times kernel functions: calls, wall time, concurrency.
 func Time(ctx context.Context, c *api.Client, o TimeOptions, env Env) (int, error) {
-	stdout, stderr := env.Out, env.Err
 	if len(o.Functions) == 0 && o.Lock == "" {
 		return 2, errors.New("time: name at least one kernel function")
 	}
+	return timeOn(ctx, kernelTarget(ctx, c, DebugOptions{}, env.Err), o, env)
+}
+
+// TimeProcess is `kinst time -p PID FUNC…` (or -p 0 -- CMD): calls, wall
+// time and concurrency of functions in a user process, from the same
+// timer words as the kernel's, in the same session.
+func TimeProcess(ctx context.Context, pid int, o TimeOptions, env Env) (int, error) {
+	if len(o.Functions) == 0 {
+		return 2, errors.New("time -p: name at least one function")
+	}
+	if o.Virtual || o.Lock != "" || o.Filter != (api.Filter{}) {
+		return 2, errors.New("time -p: --virtual, --lock and the filters are for the kernel")
+	}
+	if o.Name != "" || o.TTL != 0 {
+		return 2, fmt.Errorf("time -p: %w", errProcessFlags)
+	}
+	if err := checkOutputDir("time", o.SVG); err != nil {
+		return 2, err
+	}
+	t, err := processTarget(pid, o.Command, env)
+	if err != nil {
+		return 1, err
+	}
+	return timeOn(ctx, t, o, env)
+}
+
+// timeOn is `kinst time` on a target.
+func timeOn(ctx context.Context, t sessionTarget, o TimeOptions, env Env) (int, error) {
+	stdout, stderr := env.Out, env.Err
 	if o.Interval <= 0 {
 		o.Interval = time.Second
 	}
-	req := timeRequest(&o)
+	req := t.request(timeRequest(&o))
 	asked := env.now()
-	sess, err := c.CreateSession(ctx, req)
+	sess, err := t.host.CreateSession(ctx, req)
 	if err != nil {
+		if t.proc != nil {
+			t.proc.abort()
+		}
 		return 1, err
 	}
 	for _, t := range sess.Timers {
@@ -49,13 +80,16 @@ func Time(ctx context.Context, c *api.Client, o TimeOptions, env Env) (int, erro
 	}
 	series, width := timerSeries(sess)
 	report := api.TimeReport{Session: sess.Name, IntervalNS: int64(o.Interval)}
+	if t.proc != nil {
+		report.Session = fmt.Sprintf("process %d", t.proc.pid)
+	}
 	if len(sess.Timers) > 0 {
 		report.Filter = sess.Timers[0].Filter
 	}
 	if !o.JSON {
 		fmt.Fprintf(stdout, "%8s  %-*s  %10s  %12s  %12s  %11s  %6s\n", "time", width, "function", "calls/s", "avg wall", "avg virtual", "concurrency", "inside")
 	}
-	res, err := runSession(ctx, c, sess, runOptions{Duration: o.Duration, Interval: o.Interval, Command: o.Command,
+	res, err := t.run(ctx, sess, runOptions{Duration: o.Duration, Interval: o.Interval, Command: o.Command,
 		Waiting: "kinst: timing; Ctrl-C to stop"}, env,
 		func(el time.Duration, s api.Sample) {
 			if report.FirstDataNS == 0 {
@@ -86,6 +120,9 @@ func Time(ctx context.Context, c *api.Client, o TimeOptions, env Env) (int, erro
 	if err != nil {
 		return max(status, 1), err
 	}
+	if t.proc != nil {
+		report.Ended = t.proc.end
+	}
 	report.DurationNS = int64(res.Duration)
 	report.DetachNS = int64(res.Detach)
 	for i, t := range res.Final.Timers {
@@ -101,7 +138,7 @@ func Time(ctx context.Context, c *api.Client, o TimeOptions, env Env) (int, erro
 	if o.JSON {
 		return status, writeJSON(stdout, report)
 	}
-	return status, printTimeReport(stdout, report, res.Duration)
+	return status, printTimeReport(stdout, report, res.Duration, t.removedTimers(report.Functions))
 }
 
 // timeRequest is the session o asks for.
@@ -150,15 +187,10 @@ func sessionTotals(t api.TimerInfo, created time.Time) (api.TimedFunction, metri
 	return tf, last
 }
 
-// printTimeReport is `kinst time`'s table of totals.
-func printTimeReport(w io.Writer, report api.TimeReport, dur time.Duration) error {
-	removed := "splices"
-	for _, f := range report.Functions {
-		if viaBPF(f.Mechanism) {
-			removed = "BPF probes"
-		}
-	}
-	fmt.Fprintf(w, "\ntotals over %.3f s (%s removed)%s:\n", dur.Seconds(), removed, filterNote(report.Filter))
+// printTimeReport is `kinst time`'s table of totals; removed says what
+// became of the splices (sessionTarget.removed).
+func printTimeReport(w io.Writer, report api.TimeReport, dur time.Duration, removed string) error {
+	fmt.Fprintf(w, "\ntotals over %.3f s %s%s:\n", dur.Seconds(), removed, filterNote(report.Filter))
 	tw := newTable(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "calls\tcalls/s\ttotal wall\tavg wall\ttotal virtual\tavg virtual\tconcurrency\tfunction\t")
 	for _, f := range report.Functions {

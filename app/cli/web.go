@@ -51,7 +51,7 @@ func Web(ctx context.Context, c *api.Client, o WebOptions, env Env) error {
 	}
 	s := &web.Server{Client: c}
 	if o.PID != 0 {
-		h, err := procsession.Open(o.PID)
+		h, err := procsession.Open(o.PID, procsession.Options{Log: env.Err})
 		if err != nil {
 			return err
 		}
