@@ -16,6 +16,7 @@ import (
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/debuginfo"
 	"github.com/kinst/kinst/internal/outfile"
+	"github.com/kinst/kinst/report"
 	"golang.org/x/sys/unix"
 )
 
@@ -52,132 +53,22 @@ func openDebugInfo(o DebugOptions, release string) (*debuginfo.File, error) {
 	return debuginfo.Find(s)
 }
 
-// Annotation says what annotating a report did.
-type Annotation struct {
-	Slide     uint64   // runtime − link-time address (KASLR)
-	Functions int      // functions given lines
-	Modules   []string // functions of modules: no lines
-	Unmatched []string // functions the vmlinux does not have at the slid address
-}
-
-// Annotate fills the Lines of every block of the report's kernel
-// functions from dbg: the line of the block's first byte (addr2line's),
-// then every line of its bytes [Start, End), sorted, each once. Runtime
-// addresses become link-time ones by the KASLR slide, the difference
-// between a function's address in the report and its symbol's in the
-// vmlinux, the same for every function of the kernel image (the most
-// common one is taken; a function that disagrees is left without lines
-// and named in Unmatched). Functions of modules get no lines. A vmlinux
-// that has none of the report's functions gives an error.
-func Annotate(rep *api.CoverReport, dbg *debuginfo.File) (Annotation, error) {
-	return AnnotateModule(rep, dbg, "")
-}
-
-// AnnotateModule is Annotate for the functions of one module of the
-// report ("" the kernel image, or a process's executable; a library's
-// base name), from that file's debug information; the functions of
-// other modules are listed in Modules.
-func AnnotateModule(rep *api.CoverReport, dbg *debuginfo.File, module string) (Annotation, error) {
-	var a Annotation
-	syms := dbg.Symbols()
-	votes := map[uint64]int{}
-	for _, f := range rep.Functions {
-		if f.Module != module || f.Error != "" {
-			continue
-		}
-		if link, ok := syms.Addr(f.Function); ok {
-			votes[uint64(f.Address)-link]++
-		}
-	}
-	var best int
-	a.Slide, best = mostVoted(votes)
-	if best == 0 {
-		return a, fmt.Errorf("%s has none of the report's kernel functions: not this kernel's debug vmlinux", dbg.Path)
-	}
-	for i := range rep.Functions {
-		f := &rep.Functions[i]
-		if f.Error != "" {
-			continue
-		}
-		if f.Module != module {
-			a.Modules = append(a.Modules, f.Function+" ["+f.Module+"]")
-			continue
-		}
-		// The vmlinux must have a symbol of the function's name at the
-		// slid address (of several static functions of one name, the
-		// one there is the report's).
-		link := uint64(f.Address) - a.Slide
-		if at, ok := syms.Addr(f.Function); !ok || at != link {
-			if s, off, ok := syms.Lookup(link); !ok || off != 0 || s.Name != f.Function {
-				a.Unmatched = append(a.Unmatched, f.Function)
-				continue
-			}
-		}
-		a.Functions++
-		for j := range f.Blocks {
-			b := &f.Blocks[j]
-			lo, hi := uint64(b.Start)-a.Slide, uint64(b.End)-a.Slide
-			if b.End == 0 { // a report of a kerninstd that did not give ends
-				hi = lo
-			}
-			b.Lines = blockLines(dbg, lo, hi)
-		}
-	}
-	if a.Functions == 0 && len(a.Unmatched) > 0 {
-		return a, fmt.Errorf("%s does not match the report's kernel: %d functions are not where the report puts them",
-			dbg.Path, len(a.Unmatched))
-	}
-	return a, nil
-}
-
-// mostVoted is the slide most functions agree on (the smallest of a
-// tie, so the answer does not depend on map order) and how many do.
-func mostVoted(votes map[uint64]int) (slide uint64, n int) {
-	for s, v := range votes {
-		if v > n || v == n && s < slide {
-			slide, n = s, v
-		}
-	}
-	return slide, n
-}
-
-// blockLines are a block's lines: its first byte's, then the rest of
-// [lo, hi) (a block without an end: its first byte's only).
-func blockLines(dbg *debuginfo.File, lo, hi uint64) []string {
-	out := []string{}
-	first, err := dbg.LineAt(lo)
-	if err != nil || first.Line == 0 {
-		return out
-	}
-	out = append(out, first.String())
-	if hi <= lo {
-		return out
-	}
-	rest, _ := dbg.Lines(lo, hi)
-	for _, l := range rest {
-		if l != first {
-			out = append(out, l.String())
-		}
-	}
-	return out
-}
-
 // annotateOrSay annotates the report when debug information is at hand
 // and says on w what it did or why it could not; lines then stay empty.
 func annotateOrSay(w io.Writer, rep *api.CoverReport, dbg *debuginfo.File) {
 	if dbg == nil {
 		return
 	}
-	a, err := Annotate(rep, dbg)
+	a, err := report.Annotate(rep, dbg)
 	if err != nil {
 		fmt.Fprintf(w, "kinst: no source lines: %v\n", err)
 		return
 	}
-	a.say(w, dbg.Path)
+	sayAnnotation(a, w, dbg.Path)
 }
 
 // say tells on w which functions got no lines, and why.
-func (a Annotation) say(w io.Writer, vmlinux string) {
+func sayAnnotation(a report.Annotation, w io.Writer, vmlinux string) {
 	if len(a.Modules) > 0 {
 		fmt.Fprintf(w, "kinst: no source lines for %d functions of modules (not read yet): %s\n", len(a.Modules), short(a.Modules))
 	}
@@ -365,11 +256,11 @@ func CoverLcov(o CoverLcovOptions, env Env) error {
 		return fmt.Errorf("lcov needs source lines: %w", err)
 	}
 	defer dbg.Close()
-	a, err := Annotate(&rep, dbg)
+	a, err := report.Annotate(&rep, dbg)
 	if err != nil {
 		return err
 	}
-	a.say(env.Err, dbg.Path)
+	sayAnnotation(a, env.Err, dbg.Path)
 	return WriteLcov(env.Out, rep)
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/kinst/kinst/debuginfo/debuginfotest"
 	"github.com/kinst/kinst/internal/elfsym"
 	"github.com/kinst/kinst/kerninstd/kerninstdtest"
+	"github.com/kinst/kinst/report"
 )
 
 // testdata/cover-a.json and cover-b.json are two saved reports of the
@@ -196,7 +197,7 @@ func TestAnnotateAgainstAddr2line(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dbg.Close()
-	a, err := Annotate(&rep, dbg)
+	a, err := report.Annotate(&rep, dbg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,13 +244,13 @@ func TestAnnotateAgainstAddr2line(t *testing.T) {
 	// A block without an end (an older kerninstd): its first line only.
 	step := rep.Functions[2]
 	old := &api.CoverReport{Functions: []api.CoverFunction{{Function: "step", Address: step.Address, Blocks: []api.CoverBlock{{Start: step.Address}}}}}
-	if _, err := Annotate(old, dbg); err != nil || !slices.Equal(old.Functions[0].Blocks[0].Lines, step.Blocks[0].Lines[:1]) {
+	if _, err := report.Annotate(old, dbg); err != nil || !slices.Equal(old.Functions[0].Blocks[0].Lines, step.Blocks[0].Lines[:1]) {
 		t.Errorf("a block without an end: %v, %v (want %v)", old.Functions[0].Blocks[0].Lines, err, step.Blocks[0].Lines[:1])
 	}
 
 	// Another program's debug information has none of these functions.
 	other := &api.CoverReport{Functions: []api.CoverFunction{{Function: "no_such_function", Address: 0x1000}}}
-	if _, err := Annotate(other, dbg); err == nil {
+	if _, err := report.Annotate(other, dbg); err == nil {
 		t.Error("a report of other functions annotated")
 	}
 

@@ -280,12 +280,12 @@ func (c *procCoverage) report(dur time.Duration, status *int, lines bool) api.Co
 	rep.ExitStatus = status
 	rep.Ended = c.r.end
 	if c.dbg != nil {
-		if _, err := Annotate(&rep, c.dbg); err != nil && lines {
+		if _, err := report.Annotate(&rep, c.dbg); err != nil && lines {
 			fmt.Fprintf(c.env.Err, "kinst: no source lines: %v\n", err)
 		}
 	}
 	for mod, dbg := range c.libDebug {
-		if _, err := AnnotateModule(&rep, dbg, mod); err != nil {
+		if _, err := report.AnnotateModule(&rep, dbg, mod); err != nil {
 			fmt.Fprintf(c.env.Err, "kinst: no source lines for %s: %v\n", mod, err)
 		}
 	}

@@ -162,7 +162,7 @@ func webLines(ctx context.Context, c *api.Client, o DebugOptions) (func(*api.CFG
 			}
 		}
 	}
-	slide, best := mostVoted(votes)
+	slide, best := report.MostVoted(votes)
 	if best < 2 {
 		return nil, fmt.Errorf("%s does not match the running kernel (its functions are not where kerninstd finds them)", dbg.Path)
 	}
