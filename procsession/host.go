@@ -56,8 +56,11 @@ type Host struct {
 	ended  string
 	closed bool          // by Close: the counters are unmapped
 	done   chan struct{} // closed by Close: the pollers stop
+	goneC  chan struct{} // closed when gone is set: the sample streams end
 	log    io.Writer     // what kinst says as it goes (a library loaded, an exec)
 	opened time.Time
+	// coverTraps: coverage may use trap splices (Options.CoverTraps).
+	coverTraps bool
 	// debug is each module's DWARF for Lines ("" the executable), nil
 	// where it has none; opened on first use.
 	debug map[string]*debuginfo.File
@@ -76,6 +79,12 @@ type session struct {
 	pending map[int]bool
 	timers  []*timer
 	cover   *cover.Set
+	// coverSeen are the functions covered, by address; coverModules
+	// their modules ("" the executable); coverPending the LIB: targets
+	// whose library is not loaded yet.
+	coverSeen    map[uint64]bool
+	coverModules map[string]bool
+	coverPending []string
 }
 
 // timer is a process.Timer and its accumulated totals.
@@ -91,6 +100,9 @@ type Options struct {
 	// Log gets a line for each event a user should know of: a pending
 	// point's library loaded, the process's exec. Nil: io.Discard.
 	Log io.Writer
+	// CoverTraps lets coverage use trap splices (process.TrapHazard
+	// says why they are refused by default).
+	CoverTraps bool
 }
 
 // Open attaches to process pid.
@@ -104,8 +116,8 @@ func Open(pid int, o Options) (*Host, error) {
 	}
 	comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
 	h := &Host{tg: tg, pid: tg.PID, comm: strings.TrimSpace(string(comm)), clock: metrics.NewClock(),
-		sessions: map[string]*session{}, done: make(chan struct{}), debug: map[string]*debuginfo.File{},
-		log: o.Log, opened: time.Now()}
+		sessions: map[string]*session{}, done: make(chan struct{}), goneC: make(chan struct{}), debug: map[string]*debuginfo.File{},
+		log: o.Log, opened: time.Now(), coverTraps: o.CoverTraps}
 	go h.poll()
 	return h, nil
 }
@@ -164,6 +176,9 @@ func (h *Host) alive() bool {
 		h.gone, h.ended = true, "exec"
 		fmt.Fprintf(h.log, "kinst: process %d ran exec (now %s) %s after the start: kinst's probes went with the program it attached to, and the report covers what ran before; to measure the new program, attach to it (-p %d) or run it directly after --\n",
 			h.pid, exe, time.Since(h.opened).Round(time.Millisecond), h.pid)
+	}
+	if h.gone {
+		close(h.goneC)
 	}
 	return !h.gone
 }
@@ -258,14 +273,7 @@ func (h *Host) CFG(_ context.Context, spec string) (api.CFG, error) {
 func (h *Host) Lines(cfg *api.CFG) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	dbg, ok := h.debug[cfg.Module]
-	if !ok {
-		d, err := debuginfo.OpenOrFind(h.tg.Path(cfg.Module))
-		if err == nil {
-			dbg = d
-		}
-		h.debug[cfg.Module] = dbg
-	}
+	dbg := h.openDebug(cfg.Module)
 	if dbg == nil {
 		return
 	}
@@ -325,7 +333,7 @@ func (h *Host) CreateSession(_ context.Context, req api.SessionRequest) (api.Ses
 		return api.Session{}, err
 	}
 	h.sessions[s.id] = s
-	return h.describe(s, false), nil
+	return h.describe(s, false, false), nil
 }
 
 // install resolves and splices a session's counters and timers, all or
@@ -388,7 +396,7 @@ func (h *Host) count(s *session, idx []int) error {
 func (h *Host) loadPending() {
 	waiting := 0
 	for _, s := range h.sessions {
-		waiting += len(s.pending)
+		waiting += len(s.pending) + len(s.coverPending)
 	}
 	if waiting == 0 {
 		return
@@ -397,6 +405,9 @@ func (h *Host) loadPending() {
 		return
 	}
 	for _, s := range h.sessions {
+		if len(s.coverPending) > 0 {
+			h.loadCover(s)
+		}
 		for i := range s.pending {
 			site, err := h.tg.Resolve(s.points[i])
 			if errors.Is(err, process.ErrNoLibrary) {
@@ -416,45 +427,168 @@ func (h *Host) loadPending() {
 	}
 }
 
-// armCover plans and arms a coverage session. Traps are refused (a probe
-// at every block reaches code that runs with signals blocked).
+// armCover plans and arms a coverage session. Traps are refused unless
+// the host was opened with CoverTraps (a probe at every block reaches
+// code that runs with signals blocked). A LIB: target whose library is
+// not loaded yet waits for it; a glob that matches nothing beside other
+// targets is a warning.
 func (h *Host) armCover(s *session, req api.SessionRequest) error {
-	h.tg.NoTraps(process.TrapHazard)
+	if !h.coverTraps {
+		h.tg.NoTraps(process.TrapHazard + "; kinst cover --user --trap allows it")
+	}
 	set := cover.New("")
 	if req.CoverAllBlocks {
 		set.AllBlocks()
 	}
-	seen := map[uint64]bool{}
-	add := func(fns []process.CoverTarget) {
-		for _, ct := range fns {
-			if seen[ct.Sym.Addr] {
-				continue
-			}
-			seen[ct.Sym.Addr] = true
-			if ct.Err != nil {
-				set.AddUnreadable(ct.Sym, ct.Err)
-				continue
-			}
-			set.Add(ct.Func)
-		}
-	}
+	s.cover, s.coverSeen, s.coverModules = set, map[uint64]bool{}, map[string]bool{}
+	var lists [][]process.CoverTarget
+	var unmatched []error
 	for _, target := range req.Cover {
 		fns, err := h.tg.Functions(target)
-		if err != nil {
+		switch {
+		case errors.Is(err, process.ErrNoLibrary):
+			s.coverPending = append(s.coverPending, target)
+			fmt.Fprintf(h.log, "kinst: %s: the library is not loaded yet; its probes are armed when the process loads it (kinst looks every %s: what runs before is not seen)\n", target, cover.Poll)
+			continue
+		case errors.Is(err, process.ErrNoFunction) && strings.ContainsAny(target, "*?[") && len(req.Cover)+len(req.CoverCallees) > 1:
+			// A glob over one object (the executable's '*' when it is
+			// stripped) matching nothing does not stop the others.
+			unmatched = append(unmatched, err)
+			fmt.Fprintf(h.log, "kinst: warning: %v\n", err)
+			continue
+		case err != nil:
 			return badRequest(err)
 		}
-		add(fns)
+		lists = append(lists, fns)
 	}
 	for _, root := range req.CoverCallees {
 		fns, err := h.tg.Callees(root, max(req.CoverDepth, 1))
 		if err != nil {
 			return badRequest(err)
 		}
-		add(fns)
+		lists = append(lists, fns)
 	}
+	if len(lists) == 0 && len(s.coverPending) == 0 && len(unmatched) > 0 {
+		return badRequest(errors.Join(unmatched...))
+	}
+	for _, fns := range lists {
+		h.addCover(s, fns)
+	}
+	h.coverDebug(s)
 	set.Arm(h.tg, s.id, cover.Flag(nil), time.Now)
-	s.cover = set
+	armed := report.Cover(set, "", time.Now())
+	if armed.Armed == 0 && armed.TotalBlocks > 0 && len(s.coverPending) == 0 {
+		return badRequest(fmt.Errorf("no probe could be armed over %d blocks: %s", armed.TotalBlocks, firstRefusal(armed)))
+	}
 	return nil
+}
+
+// firstRefusal is why a report's first refused block was refused.
+func firstRefusal(rep *api.CoverReport) string {
+	for _, f := range rep.Functions {
+		for _, b := range f.Blocks {
+			if b.Refused != nil {
+				return *b.Refused
+			}
+		}
+	}
+	return "every block was refused"
+}
+
+// addCover plans the functions s has not planned yet (a function two
+// targets name is planned once) and says how many. The caller holds
+// h.mu.
+func (h *Host) addCover(s *session, fns []process.CoverTarget) (n int) {
+	for _, ct := range fns {
+		if s.coverSeen[ct.Sym.Addr] {
+			continue
+		}
+		s.coverSeen[ct.Sym.Addr] = true
+		s.coverModules[ct.Sym.Module] = true
+		n++
+		if ct.Err != nil {
+			s.cover.AddUnreadable(ct.Sym, ct.Err)
+			continue
+		}
+		s.cover.Add(ct.Func)
+	}
+	return n
+}
+
+// loadCover arms the pending coverage targets of s whose library the
+// process has loaded (dlopen). The caller holds h.mu.
+func (h *Host) loadCover(s *session) {
+	var still []string
+	for _, target := range s.coverPending {
+		fns, err := h.tg.Functions(target)
+		if errors.Is(err, process.ErrNoLibrary) {
+			still = append(still, target)
+			continue
+		}
+		if err != nil {
+			fmt.Fprintf(h.log, "kinst: %s: %v\n", target, err)
+			continue
+		}
+		before := s.cover.Armed()
+		n := h.addCover(s, fns)
+		h.coverDebug(s)
+		s.cover.Arm(h.tg, s.id, cover.Flag(nil), time.Now)
+		fmt.Fprintf(h.log, "kinst: %s: loaded %s after the start: %d probes armed over %d functions (%d named by other targets)\n",
+			target, time.Since(s.created).Round(time.Millisecond), s.cover.Armed()-before, n, len(fns)-n)
+	}
+	s.coverPending = still
+}
+
+// coverDebug opens the debug information of every module s covers, now:
+// the process (and its /proc/PID/root) may be gone when the report is
+// made. The caller holds h.mu.
+func (h *Host) coverDebug(s *session) {
+	var none []string
+	for mod := range s.coverModules {
+		if _, ok := h.debug[mod]; !ok && h.openDebug(mod) == nil && mod != "" {
+			none = append(none, mod)
+		}
+	}
+	if len(none) > 0 {
+		slices.Sort(none)
+		fmt.Fprintf(h.log, "kinst: no source lines for %s: no DWARF, nor a debug file by build id under /usr/lib/debug (install the -dbg or -dbgsym package)\n", strings.Join(none, ", "))
+	}
+}
+
+// openDebug is module's DWARF ("" the executable): its own, or its
+// separate debug file by build id (Debian's -dbg and -dbgsym packages);
+// nil where it has none. Opened once. The caller holds h.mu.
+func (h *Host) openDebug(module string) *debuginfo.File {
+	dbg, ok := h.debug[module]
+	if !ok {
+		if d, err := debuginfo.OpenOrFind(h.tg.Path(module)); err == nil {
+			dbg = d
+		}
+		h.debug[module] = dbg
+	}
+	return dbg
+}
+
+// coverLines fills the source lines of a coverage report's blocks, each
+// module's from its debug information. The caller holds h.mu.
+func (h *Host) coverLines(rep *api.CoverReport) {
+	mods := map[string]bool{}
+	for _, f := range rep.Functions {
+		mods[f.Module] = true
+	}
+	for mod := range mods {
+		dbg := h.debug[mod]
+		if dbg == nil {
+			continue
+		}
+		if _, err := report.AnnotateModule(rep, dbg, mod); err != nil {
+			name := mod
+			if name == "" {
+				name = "the executable"
+			}
+			fmt.Fprintf(h.log, "kinst: no source lines for %s: %v\n", name, err)
+		}
+	}
 }
 
 // findLocked finds a session by ID, then by name. The caller holds h.mu.
@@ -471,8 +605,12 @@ func (h *Host) findLocked(idOrName string) *session {
 }
 
 // describe is a session as kerninstd describes one; with all, a
-// coverage session's blocks too. The caller holds h.mu.
-func (h *Host) describe(s *session, all bool) api.Session {
+// coverage session's blocks too. A final description (the one removal
+// gives) has its blocks' source lines and names each function as its
+// module does, Module apart, as kerninstd's final report does; the others
+// qualify a library's functions (LIB:NAME), as the web view opens them.
+// The caller holds h.mu.
+func (h *Host) describe(s *session, all, final bool) api.Session {
 	out := api.Session{ID: s.id, Name: s.name, Created: s.created, Probes: []api.Probe{}}
 	// The counters and timer words are kinst's own memory (shared with
 	// the process): they keep the last counts after it exits or execs,
@@ -508,9 +646,13 @@ func (h *Host) describe(s *session, all bool) api.Session {
 		var rep *api.CoverReport
 		if all {
 			rep = report.Cover(s.cover, s.name, now)
-			for i := range rep.Functions {
-				f := &rep.Functions[i]
-				f.Function = qualified(f.Module, f.Function)
+			if final {
+				h.coverLines(rep)
+			} else {
+				for i := range rep.Functions {
+					f := &rep.Functions[i]
+					f.Function = qualified(f.Module, f.Function)
+				}
 			}
 		} else {
 			rep = report.CoverSummary(s.cover, s.name, now)
@@ -526,7 +668,7 @@ func (h *Host) Sessions(context.Context) ([]api.Session, error) {
 	defer h.mu.Unlock()
 	out := []api.Session{}
 	for _, s := range h.sessions {
-		out = append(out, h.describe(s, false))
+		out = append(out, h.describe(s, false, false))
 	}
 	sortSessions(out)
 	if !h.alive() {
@@ -546,7 +688,7 @@ func (h *Host) CoverReport(_ context.Context, id string) (*api.CoverReport, erro
 	if s.cover == nil {
 		return nil, badRequest(fmt.Errorf("session %s is not a coverage session", id))
 	}
-	return h.describe(s, true).Cover, nil
+	return h.describe(s, true, false).Cover, nil
 }
 
 // RemoveSession removes a session's splices and returns its final
@@ -558,10 +700,19 @@ func (h *Host) RemoveSession(_ context.Context, id string) (api.Session, error) 
 	if s == nil {
 		return api.Session{}, &noSession{id}
 	}
-	if s.cover != nil && h.alive() {
-		s.cover.Sweep(h.tg, time.Now()) // the last hits count
+	if s.cover != nil {
+		if h.alive() {
+			s.cover.Sweep(h.tg, time.Now()) // the last hits count
+		} else {
+			// The process has gone, and its text with it: its flags are
+			// still in kinst's mapping, nothing is left to remove.
+			s.cover.Mark(h.tg, time.Now())
+		}
+		for _, target := range s.coverPending {
+			fmt.Fprintf(h.log, "kinst: %s: the library was not seen loaded (kinst looks every %s): nothing of it was covered\n", target, cover.Poll)
+		}
 	}
-	final := h.describe(s, false)
+	final := h.describe(s, true, true)
 	err := h.removeLocked(s)
 	delete(h.sessions, s.id)
 	return final, err
@@ -627,6 +778,8 @@ func (st *SampleStream) Next() (api.Sample, error) {
 		return api.Sample{}, io.EOF
 	case <-st.h.done:
 		return api.Sample{}, io.EOF
+	case <-st.h.goneC: // seen by the poller within cover.Poll
+		return api.Sample{}, io.EOF
 	}
 	h := st.h
 	h.mu.Lock()
@@ -635,7 +788,7 @@ func (st *SampleStream) Next() (api.Sample, error) {
 	if s == nil || !h.alive() {
 		return api.Sample{}, io.EOF
 	}
-	d := h.describe(s, false)
+	d := h.describe(s, false, false)
 	out := api.Sample{Time: time.Now(), Totals: make([]uint64, len(d.Probes)), Deltas: make([]uint64, len(d.Probes))}
 	for i, p := range d.Probes {
 		out.Totals[i], out.Deltas[i] = p.Count, p.Count-st.last[i]

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/metrics"
+	"github.com/kinst/kinst/procsession"
 )
 
 // CountOptions are the flags of `kinst count`.
@@ -48,7 +49,7 @@ func CountProcess(ctx context.Context, pid int, o CountOptions, env Env) (int, e
 	if err := checkOutputDir("count", o.SVG); err != nil {
 		return 2, err
 	}
-	t, err := processTarget(pid, o.Command, env)
+	t, err := processTarget(pid, o.Command, env, procsession.Options{})
 	if err != nil {
 		return 1, err
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/debuginfo"
 	"github.com/kinst/kinst/unwind"
 )
 
@@ -72,18 +73,34 @@ func Cover(ctx context.Context, c *api.Client, o CoverOptions, env Env) (int, er
 	if err != nil {
 		return 1, err
 	}
+	t := kernelTarget(ctx, c, o.Debug, env.Err)
 	if sess.Cover == nil {
 		c.RemoveSession(context.WithoutCancel(ctx), sess.ID)
 		return 1, errors.New("cover: kerninstd made no coverage session (an older kerninstd?)")
 	}
-	armed := sess.Cover
-	fmt.Fprintf(env.Err, "kinst: %d probes armed in %s over %d blocks of %d functions (%d inferred from their successors, %d refused)",
-		armed.Armed, fmtNS(float64(armed.ArmNS)), armed.TotalBlocks, armed.FunctionCount, armed.Inferred, armed.RefusedBlocks)
+	return coverOn(ctx, t, sess, o, env, dbg)
+}
+
+// coverOn runs a coverage session made on a target until the duration
+// ends, the command exits or a signal arrives, and writes its report:
+// source lines from dbg for the kernel (a process's host gives its own).
+func coverOn(ctx context.Context, t sessionTarget, sess api.Session, o CoverOptions, env Env, dbg *debuginfo.File) (int, error) {
+	armed, where := sess.Cover, ""
+	if t.proc != nil {
+		where = fmt.Sprintf(" in process %d", t.proc.pid)
+	}
+	fmt.Fprintf(env.Err, "kinst: %d probes armed%s in %s over %d blocks of %d functions (%d inferred from their successors, %d refused)",
+		armed.Armed, where, fmtNS(float64(armed.ArmNS)), armed.TotalBlocks, armed.FunctionCount, armed.Inferred, armed.RefusedBlocks)
 	if armed.Filter != "" {
 		fmt.Fprintf(env.Err, "; %s only", armed.Filter)
 	}
 	fmt.Fprintln(env.Err)
-	res, err := runSession(ctx, daemonHost{c}, sess, runOptions{Duration: o.Duration, Interval: time.Second, Command: o.Command,
+	if t.proc != nil && armed.RefusedBlocks > 0 {
+		if all, err := t.proc.host.CoverReport(ctx, sess.ID); err == nil {
+			writeRefusals(env.Err, all, 3)
+		}
+	}
+	res, err := t.run(ctx, sess, runOptions{Duration: o.Duration, Interval: time.Second, Command: o.Command,
 		Waiting: "kinst: covering; Ctrl-C to stop"}, env, func(time.Duration, api.Sample) {})
 	exitStatus := res.status()
 	if err != nil {
@@ -95,7 +112,11 @@ func Cover(ctx context.Context, c *api.Client, o CoverOptions, env Env) (int, er
 	report := *res.Final.Cover
 	report.DurationNS = int64(res.Duration)
 	report.ExitStatus = res.ExitStatus
-	annotateOrSay(env.Err, &report, dbg)
+	if t.proc != nil {
+		report.Session, report.Ended = fmt.Sprintf("process %d", t.proc.pid), t.proc.end
+	} else {
+		annotateOrSay(env.Err, &report, dbg)
+	}
 	return writeCoverOutputs(o, report, exitStatus, env)
 }
 

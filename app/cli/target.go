@@ -136,7 +136,7 @@ type procTarget struct {
 
 // processTarget attaches to pid, or starts command stopped and attaches
 // to it.
-func processTarget(pid int, command []string, env Env) (sessionTarget, error) {
+func processTarget(pid int, command []string, env Env, o procsession.Options) (sessionTarget, error) {
 	p := &procTarget{pid: process.ThreadGroup(pid)}
 	if p.pid != pid && pid != 0 {
 		fmt.Fprintf(env.Err, "kinst: %d is a thread of process %d: splicing the process (its threads share its text)\n", pid, p.pid)
@@ -149,7 +149,8 @@ func processTarget(pid int, command []string, env Env) (sessionTarget, error) {
 		}
 		p.pid = p.cmd.Process.Pid
 	}
-	h, err := procsession.Open(p.pid, procsession.Options{Log: env.Err})
+	o.Log = env.Err
+	h, err := procsession.Open(p.pid, o)
 	if err != nil {
 		p.kill()
 		return sessionTarget{}, err

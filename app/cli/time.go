@@ -12,6 +12,7 @@ import (
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/internal/outfile"
 	"github.com/kinst/kinst/metrics"
+	"github.com/kinst/kinst/procsession"
 )
 
 // TimeOptions are the flags of `kinst time`.
@@ -53,7 +54,7 @@ func TimeProcess(ctx context.Context, pid int, o TimeOptions, env Env) (int, err
 	if err := checkOutputDir("time", o.SVG); err != nil {
 		return 2, err
 	}
-	t, err := processTarget(pid, o.Command, env)
+	t, err := processTarget(pid, o.Command, env, procsession.Options{})
 	if err != nil {
 		return 1, err
 	}
