@@ -16,9 +16,9 @@ import (
 	"time"
 
 	"github.com/kinst/kinst/api"
-	"github.com/kinst/kinst/app/cli"
 	"github.com/kinst/kinst/debuginfo"
 	"github.com/kinst/kinst/debuginfo/debuginfotest"
+	"github.com/kinst/kinst/report"
 )
 
 // hostKinst runs the host's kinst and returns its stdout and stderr; it
@@ -161,7 +161,7 @@ func TestCoverSourceLines(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := cli.Annotate(&rep, dbg)
+	a, err := report.Annotate(&rep, dbg)
 	dbg.Close()
 	if err != nil || a.Slide != slide || len(a.Unmatched) > 0 {
 		t.Errorf("Annotate: slide %#x (kallsyms says %#x), unmatched %v, %v", a.Slide, slide, a.Unmatched, err)
