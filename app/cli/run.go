@@ -60,6 +60,27 @@ func sampleChan(stream interface{ Next() (api.Sample, error) }) <-chan api.Sampl
 	return samples
 }
 
+// command starts the run's command, or takes the one started, and
+// delivers its exit status; with neither, it says how the run ends.
+func (o runOptions) command(env Env) (Process, <-chan int, error) {
+	cmd := o.Started
+	if cmd == nil && len(o.Command) > 0 {
+		var err error
+		if cmd, err = env.start(o.Command); err != nil {
+			return nil, nil, fmt.Errorf("start %s: %w", o.Command[0], err)
+		}
+	}
+	done := make(chan int, 1)
+	if cmd == nil {
+		if o.Duration == 0 && o.Waiting != "" {
+			fmt.Fprintln(env.Err, o.Waiting)
+		}
+		return nil, done, nil
+	}
+	go func() { done <- cmd.Wait() }()
+	return cmd, done, nil
+}
+
 // runSession streams the session's samples to onSample until the
 // duration ends, the command exits or a signal arrives, then removes the
 // session. The sample stream ties the session to this process: if kinst
@@ -80,25 +101,15 @@ func runSession(ctx context.Context, c sessionHost, sess api.Session, o runOptio
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 	defer signal.Stop(sig)
 
-	var cmd Process
-	cmdDone := make(chan int, 1)
 	// The run starts before the command does, so the whole of its life
 	// is inside the run, and before the deadline is set.
 	start := env.now()
-	if o.Started != nil {
-		cmd = o.Started
-		go func() { cmdDone <- cmd.Wait() }()
-	} else if len(o.Command) > 0 {
-		cmd, err = env.start(o.Command)
-		if err != nil {
-			remove()
-			st := 127
-			res.ExitStatus = &st
-			return res, fmt.Errorf("start %s: %w", o.Command[0], err)
-		}
-		go func() { cmdDone <- cmd.Wait() }()
-	} else if o.Duration == 0 && o.Waiting != "" {
-		fmt.Fprintln(env.Err, o.Waiting)
+	cmd, cmdDone, err := o.command(env)
+	if err != nil {
+		remove()
+		st := 127
+		res.ExitStatus = &st
+		return res, err
 	}
 	var deadline <-chan time.Time
 	if o.Duration > 0 {
