@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/output"
 )
 
 // AnnotateOptions are the flags of kinst annotate.
@@ -31,7 +32,7 @@ func AnnotateFunction(ctx context.Context, c *api.Client, o AnnotateOptions, env
 	if err != nil {
 		return 1, err
 	}
-	rep := api.AnnotateReport{Function: cfg.Function, Address: cfg.Address, From: "live"}
+	rep := output.AnnotateReport{Function: cfg.Function, Address: cfg.Address, From: "live"}
 	var cov *api.CoverFunction
 	if o.From != "" {
 		saved, err := readCoverReport(o.From)
@@ -77,7 +78,7 @@ func AnnotateFunction(ctx context.Context, c *api.Client, o AnnotateOptions, env
 		if b.Padding {
 			continue
 		}
-		ab := api.AnnotateBlock{Index: b.Index, Start: b.Start}
+		ab := output.AnnotateBlock{Index: b.Index, Start: b.Start}
 		switch {
 		case cov != nil:
 			for _, cb := range cov.Blocks {
@@ -97,7 +98,7 @@ func AnnotateFunction(ctx context.Context, c *api.Client, o AnnotateOptions, env
 			ab.Refused = blockRefusal(b)
 		}
 		for _, in := range b.Instructions {
-			ab.Instructions = append(ab.Instructions, api.AnnotateInsn{Offset: in.Offset, Text: in.Text, Line: lineOf(in.Offset)})
+			ab.Instructions = append(ab.Instructions, output.AnnotateInsn{Offset: in.Offset, Text: in.Text, Line: lineOf(in.Offset)})
 		}
 		rep.Blocks = append(rep.Blocks, ab)
 	}
@@ -161,7 +162,7 @@ func countBlocks(ctx context.Context, c *api.Client, cfg api.CFG, o AnnotateOpti
 // writeAnnotate prints the report: a block header with its count or
 // coverage, then its instructions, a source line above each instruction
 // whose line differs from the one before.
-func writeAnnotate(env Env, rep api.AnnotateReport) error {
+func writeAnnotate(env Env, rep output.AnnotateReport) error {
 	w := env.Out
 	from := rep.From
 	if from == "live" {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/output"
 )
 
 // BenchSplice runs `kinst bench splice`.
@@ -27,7 +28,7 @@ func BenchSplice(ctx context.Context, c *api.Client, point string, cycles int, k
 	if err != nil {
 		return err
 	}
-	kp := api.KprobeRequest{Point: fmt.Sprintf("%s+%#x", r0.Function, r0.Offset)}
+	kp := output.KprobeRequest{Point: fmt.Sprintf("%s+%#x", r0.Function, r0.Offset)}
 	if kprobe {
 		fmt.Fprintf(stderr, "kinst: %d tracefs kprobe requests at %s…\n", min(cycles, 100), kp.Point)
 		if err := timeKprobeRequests(&kp, min(cycles, 100)); err != nil {
@@ -48,7 +49,7 @@ func BenchSplice(ctx context.Context, c *api.Client, point string, cycles int, k
 		kp.Ratio = float64(kp.Attach.Median) / float64(ours)
 	}
 	if asJSON {
-		return writeJSON(w, api.BenchSpliceReport{BenchResult: res, Request: ours, Kprobe: kp})
+		return writeJSON(w, output.BenchSpliceReport{BenchResult: res, Request: ours, Kprobe: kp})
 	}
 	r := res.Point
 	fmt.Fprintf(w, "%s at %s+%#x (%#x): %d-byte %q, %d cycles, text restored: %v\n",
@@ -87,7 +88,7 @@ func BenchSplice(ctx context.Context, c *api.Client, point string, cycles int, k
 	return nil
 }
 
-func timeKprobeRequests(kp *api.KprobeRequest, n int) error {
+func timeKprobeRequests(kp *output.KprobeRequest, n int) error {
 	events := filepath.Join(tracefs, "kprobe_events")
 	if _, err := os.Stat(events); err != nil {
 		return fmt.Errorf("no tracefs at %s", tracefs)

@@ -8,6 +8,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/output"
 )
 
 // ArmOptions are the flags of `kinst bench arm`.
@@ -24,7 +25,7 @@ type ArmOptions struct {
 // probes armed in driver batches (and, with Single, one at a time), then
 // removed; the time and CPU synchronisation rounds of each half.
 func BenchArm(ctx context.Context, c *api.Client, o ArmOptions, env Env) error {
-	var rep api.ArmReport
+	var rep output.ArmReport
 	counts := o.Blocks
 	if o.All {
 		counts = []int{0}
@@ -58,7 +59,7 @@ func BenchArm(ctx context.Context, c *api.Client, o ArmOptions, env Env) error {
 }
 
 // writeArm prints the runs of kinst bench arm and the refusals.
-func writeArm(w io.Writer, rep api.ArmReport) error {
+func writeArm(w io.Writer, rep output.ArmReport) error {
 	tw := newTable(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "mode\tblocks\tfunctions\tarmed\trefused\tplan\tarm\tper probe\tarm syncs\tremove\tremove syncs\tpatch KiB\tkerninstd peak MiB\t")
 	for _, r := range rep.Runs {

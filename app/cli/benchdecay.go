@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/output"
 )
 
 // DecayOptions configure `kinst bench cover-decay`.
@@ -135,8 +136,8 @@ type decayRun struct {
 // taken relative to its own uninstrumented median, and each step's
 // figures are the median over runs (the live probes at a step's end from
 // each session's timeline).
-func decayReport(o DecayOptions, runs []decayRun) api.DecayReport {
-	rep := api.DecayReport{Callees: o.Callees, Depth: o.Depth, Runs: len(runs), StepNS: int64(o.Step), Steps: []api.DecayStep{}}
+func decayReport(o DecayOptions, runs []decayRun) output.DecayReport {
+	rep := output.DecayReport{Callees: o.Callees, Depth: o.Depth, Runs: len(runs), StepNS: int64(o.Step), Steps: []output.DecayStep{}}
 	if len(runs) == 0 {
 		return rep
 	}
@@ -172,7 +173,7 @@ func decayReport(o DecayOptions, runs []decayRun) api.DecayReport {
 			}
 			live, covered = append(live, float64(l)), append(covered, float64(c))
 		}
-		rep.Steps = append(rep.Steps, api.DecayStep{ElapsedNS: end, CallsPerSec: median(cps), Ratio: median(ratio),
+		rep.Steps = append(rep.Steps, output.DecayStep{ElapsedNS: end, CallsPerSec: median(cps), Ratio: median(ratio),
 			LiveProbes: int(median(live)), Covered: int(median(covered))})
 	}
 	for i := len(rep.Steps) - 1; i >= 0 && rep.Steps[i].Ratio >= decayRecovered; i-- {
@@ -187,7 +188,7 @@ func decayReport(o DecayOptions, runs []decayRun) api.DecayReport {
 }
 
 // writeDecayReport prints bench cover-decay's table, or its JSON.
-func writeDecayReport(w io.Writer, r api.DecayReport, asJSON bool) error {
+func writeDecayReport(w io.Writer, r output.DecayReport, asJSON bool) error {
 	if asJSON {
 		return writeJSON(w, r)
 	}

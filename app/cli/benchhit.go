@@ -17,6 +17,7 @@ import (
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/bpfprobe"
+	"github.com/kinst/kinst/output"
 )
 
 // HitOptions configure `kinst bench hit`.
@@ -63,7 +64,7 @@ func BenchHit(ctx context.Context, c *api.Client, o HitOptions, env Env) error {
 		}
 		return float64(time.Since(start).Nanoseconds()) / float64(o.Calls)
 	}
-	rep := api.HitReport{Function: o.Function, Calls: o.Calls, Runs: o.Runs, Expected: uint64(o.Calls) * uint64(o.Runs)}
+	rep := output.HitReport{Function: o.Function, Calls: o.Calls, Runs: o.Runs, Expected: uint64(o.Calls) * uint64(o.Runs)}
 	fmt.Fprintf(stderr, "kinst: timing %d×%d getppid calls per mechanism…\n", o.Runs, o.Calls)
 	// Untimed first: the emulator translates the path once, and the
 	// first timed loop would pay for it.
@@ -75,7 +76,7 @@ func BenchHit(ctx context.Context, c *api.Client, o HitOptions, env Env) error {
 	for _, class := range []string{"direct", "springboard", "covering", "trap"} {
 		in, ok := byClass[class]
 		if !ok {
-			rep.Rows = append(rep.Rows, api.HitRow{Mechanism: class + " splice", Skipped: "no instruction of this class in the entry block"})
+			rep.Rows = append(rep.Rows, output.HitRow{Mechanism: class + " splice", Skipped: "no instruction of this class in the entry block"})
 			continue
 		}
 		point := fmt.Sprintf("%s+%#x", o.Function, in.Offset)
@@ -105,7 +106,7 @@ func BenchHit(ctx context.Context, c *api.Client, o HitOptions, env Env) error {
 		const fn = "__task_pid_nr_ns"
 		measure("bpf "+mech, fn+" (this thread)", func() (func() (uint64, error), error) { return attachBPF(mech, fn, 0, tid) })
 	}
-	rep.Rows = append([]api.HitRow{{Mechanism: "none", NsPerCall: median(m.bases), Ratio: 1}}, rep.Rows...)
+	rep.Rows = append([]output.HitRow{{Mechanism: "none", NsPerCall: median(m.bases), Ratio: 1}}, rep.Rows...)
 	return writeHitReport(w, rep, o.JSON)
 }
 
@@ -134,7 +135,7 @@ type hitMeasure struct {
 
 // row times the loop under attach's mechanism; a mechanism that cannot
 // be attached or detached is a skipped row, with the reason.
-func (m *hitMeasure) row(name, point string, attach func() (func() (uint64, error), error)) api.HitRow {
+func (m *hitMeasure) row(name, point string, attach func() (func() (uint64, error), error)) output.HitRow {
 	var ratios, nss []float64
 	var hits uint64
 	for r := 0; r < m.runs; r++ {
@@ -142,19 +143,19 @@ func (m *hitMeasure) row(name, point string, attach func() (func() (uint64, erro
 		m.bases = append(m.bases, base)
 		detach, err := attach()
 		if err != nil {
-			return api.HitRow{Mechanism: name, Point: point, Skipped: err.Error()}
+			return output.HitRow{Mechanism: name, Point: point, Skipped: err.Error()}
 		}
 		ns := m.loop()
 		h, err := detach()
 		if err != nil {
-			return api.HitRow{Mechanism: name, Point: point, Skipped: err.Error()}
+			return output.HitRow{Mechanism: name, Point: point, Skipped: err.Error()}
 		}
 		hits += h
 		nss = append(nss, ns)
 		ratios = append(ratios, ns/base)
 	}
 	ratio := median(ratios)
-	return api.HitRow{Mechanism: name, Point: point, NsPerCall: median(nss), Ratio: ratio, Overhead: ratio - 1, Hits: hits}
+	return output.HitRow{Mechanism: name, Point: point, NsPerCall: median(nss), Ratio: ratio, Overhead: ratio - 1, Hits: hits}
 }
 
 // attachSplice counts at point through a kerninstd session, which must
@@ -185,7 +186,7 @@ func attachSplice(ctx context.Context, c *api.Client, point, class string) (func
 }
 
 // writeHitReport prints bench hit's table, or its JSON.
-func writeHitReport(w io.Writer, rep api.HitReport, asJSON bool) error {
+func writeHitReport(w io.Writer, rep output.HitReport, asJSON bool) error {
 	if asJSON {
 		return writeJSON(w, rep)
 	}
@@ -219,7 +220,7 @@ func writeHitReport(w io.Writer, rep api.HitReport, asJSON bool) error {
 }
 
 // hitNote flags a row whose hits are not the calls it timed.
-func hitNote(rep api.HitReport, r api.HitRow) string {
+func hitNote(rep output.HitReport, r output.HitRow) string {
 	want := rep.Expected
 	if r.Calls != 0 {
 		want = r.Calls

@@ -16,9 +16,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/bpfprobe"
 	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/output"
 	"github.com/kinst/kinst/process"
 	"github.com/kinst/kinst/splice"
 	"github.com/kinst/kinst/springboard"
@@ -79,7 +79,7 @@ func BenchHitUser(ctx context.Context, o HitOptions, env Env) error {
 	if err != nil {
 		return err
 	}
-	rep := api.HitReport{Function: "hit()", Calls: o.Calls, Runs: o.Runs, Expected: uint64(o.Calls) * uint64(o.Runs), User: true}
+	rep := output.HitReport{Function: "hit()", Calls: o.Calls, Runs: o.Runs, Expected: uint64(o.Calls) * uint64(o.Runs), User: true}
 	fmt.Fprintf(env.Err, "kinst: timing %d×%d calls of hit() per mechanism, interleaved with bare runs…\n", o.Runs, o.Calls)
 	h.run(o.Calls) // warm up
 	mechs := userMechs(tg, entry.Fn, bin, o.Calls)
@@ -194,7 +194,7 @@ func firstOfClass(tg *process.Target, f *cfg.Function, c springboard.Class) *spl
 
 // time runs the workload under each mechanism o.Runs times, each run
 // beside a bare one, and gives the report's rows: the medians.
-func (h *hitLoop) time(mechs []userMech, o HitOptions) ([]api.HitRow, error) {
+func (h *hitLoop) time(mechs []userMech, o HitOptions) ([]output.HitRow, error) {
 	ratios := make([][]float64, len(mechs))
 	nss := make([][]float64, len(mechs))
 	hits := make([]uint64, len(mechs))
@@ -238,16 +238,16 @@ func (h *hitLoop) time(mechs []userMech, o HitOptions) ([]api.HitRow, error) {
 			ratios[i] = append(ratios[i], ns/base)
 		}
 	}
-	rows := []api.HitRow{{Mechanism: "none", NsPerCall: median(bases), Ratio: 1}}
+	rows := []output.HitRow{{Mechanism: "none", NsPerCall: median(bases), Ratio: 1}}
 	for i, m := range mechs {
 		switch {
 		case m.skipped != "":
-			rows = append(rows, api.HitRow{Mechanism: m.name, Point: m.point, Skipped: m.skipped})
+			rows = append(rows, output.HitRow{Mechanism: m.name, Point: m.point, Skipped: m.skipped})
 		case skipped[i] != "":
-			rows = append(rows, api.HitRow{Mechanism: m.name, Point: m.point, Skipped: skipped[i]})
+			rows = append(rows, output.HitRow{Mechanism: m.name, Point: m.point, Skipped: skipped[i]})
 		default:
 			ratio := median(ratios[i])
-			row := api.HitRow{Mechanism: m.name, Point: m.point, NsPerCall: median(nss[i]), Ratio: ratio, Overhead: ratio - 1, Hits: hits[i],
+			row := output.HitRow{Mechanism: m.name, Point: m.point, NsPerCall: median(nss[i]), Ratio: ratio, Overhead: ratio - 1, Hits: hits[i],
 				AttachNS: median(attachNS[i]), DetachNS: median(detachNS[i])}
 			if m.calls != 0 {
 				row.Calls = uint64(m.calls) * uint64(o.Runs)

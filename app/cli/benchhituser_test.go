@@ -8,7 +8,7 @@ import (
 	"os/exec"
 	"testing"
 
-	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/output"
 )
 
 func TestParseUprobeProfile(t *testing.T) {
@@ -41,7 +41,7 @@ func TestBenchHitUser(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, errb.String())
 	}
-	var rep api.HitReport
+	var rep output.HitReport
 	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
 		t.Fatal(err)
 	}

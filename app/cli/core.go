@@ -9,12 +9,12 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/core"
 	"github.com/kinst/kinst/core/dump"
 	"github.com/kinst/kinst/internal/att"
 	"github.com/kinst/kinst/kernel"
+	"github.com/kinst/kinst/output"
 )
 
 // CoreRequest is one `kinst core DUMP COMMAND [ARGS]`, its arguments
@@ -121,7 +121,7 @@ func Core(req CoreRequest, w io.Writer) error {
 // CoreInfoReport prints what the dump is: format, kernel, CPUs, memory,
 // and the panic message if the kernel panicked.
 func CoreInfoReport(k *core.Kernel, asJSON bool, w io.Writer) error {
-	inf := api.CoreInfo{Format: k.Dump.Format(), Release: k.Release(),
+	inf := output.CoreInfo{Format: k.Dump.Format(), Release: k.Release(),
 		KernelOffset: fmt.Sprintf("%#x", k.Info.KernelOffset), PhysBase: fmt.Sprintf("%#x", k.Info.Numbers["phys_base"]),
 		PageTableLevels: 4, KernelOffsetProblem: k.KernelOffsetProblem()}
 	if k.Info.Numbers["pgtable_l5_enabled"] == 1 {
@@ -144,7 +144,7 @@ func CoreInfoReport(k *core.Kernel, asJSON bool, w io.Writer) error {
 		inf.Errors = append(inf.Errors, "tasks: "+err.Error())
 	}
 	for _, c := range k.Dump.CPUs() {
-		ci := api.CoreCPUInfo{CPU: c.Index, RIP: fmt.Sprintf("%#x", c.Regs.RIP), PID: -1}
+		ci := output.CoreCPUInfo{CPU: c.Index, RIP: fmt.Sprintf("%#x", c.Regs.RIP), PID: -1}
 		for _, t := range tasks {
 			if t.Active && t.CPU == c.Index {
 				ci.PID, ci.Comm = t.PID, t.Comm
@@ -205,7 +205,7 @@ func CorePS(k *core.Kernel, asJSON bool, w io.Writer) error {
 		return err
 	}
 	if asJSON {
-		return writeJSON(w, api.CoreTasks{Tasks: mapSlice(tasks, coreTask), Anomalies: k.TaskAnomalies()})
+		return writeJSON(w, output.CoreTasks{Tasks: mapSlice(tasks, coreTask), Anomalies: k.TaskAnomalies()})
 	}
 	defer func() {
 		for _, a := range k.TaskAnomalies() {
@@ -286,7 +286,7 @@ func writeStacks(k *core.Kernel, keep func(*core.Stack) bool, asJSON bool, w io.
 		return errors.New("no task has panic, crash_kexec or oops_end on its stack (a dump of a running kernel?): name a PID or task_struct address, or -a for every task")
 	}
 	if asJSON {
-		return writeJSON(w, api.CoreStacks{Stacks: mapSlice(out, coreStack)})
+		return writeJSON(w, output.CoreStacks{Stacks: mapSlice(out, coreStack)})
 	}
 	for i, st := range out {
 		if i > 0 {
@@ -367,7 +367,7 @@ func CoreLog(k *core.Kernel, asJSON bool, w io.Writer) error {
 		return err
 	}
 	if asJSON {
-		return writeJSON(w, api.CoreLog{Records: mapSlice(recs, func(r core.LogRecord) api.CoreLogRecord { return api.CoreLogRecord(r) })})
+		return writeJSON(w, output.CoreLog{Records: mapSlice(recs, func(r core.LogRecord) output.CoreLogRecord { return output.CoreLogRecord(r) })})
 	}
 	for _, r := range recs {
 		for _, line := range strings.Split(r.Text, "\n") {
@@ -378,7 +378,7 @@ func CoreLog(k *core.Kernel, asJSON bool, w io.Writer) error {
 }
 
 // printMemory prints what rd read.
-func printMemory(w io.Writer, m api.CoreMemory, a uint64, b []byte, asJSON bool) error {
+func printMemory(w io.Writer, m output.CoreMemory, a uint64, b []byte, asJSON bool) error {
 	if asJSON {
 		return writeJSON(w, m)
 	}
@@ -410,7 +410,7 @@ func corePhysRead(d dump.Dump, at string, n int, asJSON bool, w io.Writer) error
 	if _, err := d.ReadPhys(b, a); err != nil {
 		return err
 	}
-	return printMemory(w, api.CoreMemory{Address: fmt.Sprintf("%#x", a), Physical: true, Bytes: hex.EncodeToString(b)}, a, b, asJSON)
+	return printMemory(w, output.CoreMemory{Address: fmt.Sprintf("%#x", a), Physical: true, Bytes: hex.EncodeToString(b)}, a, b, asJSON)
 }
 
 // resolveAddr parses ADDR (hex or decimal) or SYM[+0xOFF].
@@ -471,7 +471,7 @@ func CoreRead(k *core.Kernel, at string, n int, asJSON bool, w io.Writer) error 
 	if err != nil {
 		return err
 	}
-	return printMemory(w, api.CoreMemory{Address: fmt.Sprintf("%#x", a), Symbol: symbolize(k, a), Bytes: hex.EncodeToString(b)}, a, b, asJSON)
+	return printMemory(w, output.CoreMemory{Address: fmt.Sprintf("%#x", a), Symbol: symbolize(k, a), Bytes: hex.EncodeToString(b)}, a, b, asJSON)
 }
 
 // CoreSym resolves an address to SYM+OFF, or a name to its address.
@@ -479,19 +479,19 @@ func CoreSym(k *core.Kernel, arg string, asJSON bool, w io.Writer) error {
 	if _, err := k.Symbols(); err != nil {
 		return err
 	}
-	var out api.CoreSymbol
+	var out output.CoreSymbol
 	if a, perr := strconv.ParseUint(arg, 0, 64); perr == nil {
 		s, off, ok := k.SymbolAt(a)
 		if !ok {
 			return fmt.Errorf("%#x: %w", a, kernel.ErrNoSymbol)
 		}
-		out = api.CoreSymbol{Name: s.Name, Module: s.Module, Address: fmt.Sprintf("%#x", s.Addr), Type: string(s.Type), Offset: off, Size: k.SymbolSize(s)}
+		out = output.CoreSymbol{Name: s.Name, Module: s.Module, Address: fmt.Sprintf("%#x", s.Addr), Type: string(s.Type), Offset: off, Size: k.SymbolSize(s)}
 	} else {
 		s, err := k.LookupSymbol(arg)
 		if err != nil {
 			return err
 		}
-		out = api.CoreSymbol{Name: s.Name, Module: s.Module, Address: fmt.Sprintf("%#x", s.Addr), Type: string(s.Type), Size: k.SymbolSize(s)}
+		out = output.CoreSymbol{Name: s.Name, Module: s.Module, Address: fmt.Sprintf("%#x", s.Addr), Type: string(s.Type), Size: k.SymbolSize(s)}
 	}
 	if asJSON {
 		return writeJSON(w, out)
@@ -542,13 +542,13 @@ func CoreDis(k *core.Kernel, fn string, asJSON bool, w io.Writer) error {
 		}
 		return "", 0
 	}
-	var out []api.CoreInstruction
+	var out []output.CoreInstruction
 	for _, in := range f.Insns {
-		out = append(out, api.CoreInstruction{Address: fmt.Sprintf("%#x", in.Addr), Offset: in.Addr - s.Addr,
+		out = append(out, output.CoreInstruction{Address: fmt.Sprintf("%#x", in.Addr), Offset: in.Addr - s.Addr,
 			Bytes: hex.EncodeToString(in.Bytes), Text: att.Syntax(in.Inst, in.Addr, symname)})
 	}
 	if asJSON {
-		return writeJSON(w, api.CoreDisassembly{Function: s.Name, Address: fmt.Sprintf("%#x", s.Addr), Instructions: out, Truncated: f.Truncated})
+		return writeJSON(w, output.CoreDisassembly{Function: s.Name, Address: fmt.Sprintf("%#x", s.Addr), Instructions: out, Truncated: f.Truncated})
 	}
 	fmt.Fprintf(w, "%s at %#x (%d bytes):\n", s.Name, s.Addr, size)
 	for _, in := range out {
@@ -576,15 +576,15 @@ func spaced(h string) string {
 }
 
 // coreTask is a task as the reports show it.
-func coreTask(t core.Task) api.CoreTask {
-	return api.CoreTask{Address: t.Address, PID: t.PID, TGID: t.TGID, Comm: t.Comm, State: t.State, CPU: t.CPU, Active: t.Active}
+func coreTask(t core.Task) output.CoreTask {
+	return output.CoreTask{Address: t.Address, PID: t.PID, TGID: t.TGID, Comm: t.Comm, State: t.State, CPU: t.CPU, Active: t.Active}
 }
 
 // coreStack is a stack as the reports show it.
-func coreStack(st *core.Stack) api.CoreStack {
-	out := api.CoreStack{Task: coreTask(st.Task), Stop: st.Stop, UserMode: st.UserMode, Frames: []api.CoreFrame{}}
+func coreStack(st *core.Stack) output.CoreStack {
+	out := output.CoreStack{Task: coreTask(st.Task), Stop: st.Stop, UserMode: st.UserMode, Frames: []output.CoreFrame{}}
 	for _, f := range st.Frames {
-		out.Frames = append(out.Frames, api.CoreFrame{Address: f.AddrHex, Function: f.Function, Offset: f.Offset, Module: f.Module, Exception: f.Exception})
+		out.Frames = append(out.Frames, output.CoreFrame{Address: f.AddrHex, Function: f.Function, Offset: f.Offset, Module: f.Module, Exception: f.Exception})
 	}
 	return out
 }

@@ -6,10 +6,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/core"
 	"github.com/kinst/kinst/internal/btftest"
 	"github.com/kinst/kinst/internal/dumpgen"
+	"github.com/kinst/kinst/output"
 )
 
 // TestCoreStackJSON: a stack without frames has "frames":[], never null,
@@ -68,7 +68,7 @@ func TestCoreInfo(t *testing.T) {
 				}
 				continue
 			}
-			var inf api.CoreInfo
+			var inf output.CoreInfo
 			if err := json.Unmarshal(b.Bytes(), &inf); err != nil {
 				t.Fatalf("%s: %v\n%s", tc.name, err, b.String())
 			}

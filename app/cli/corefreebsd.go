@@ -7,8 +7,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/core"
+	"github.com/kinst/kinst/output"
 )
 
 // coreFreeBSD runs a `kinst core` request on a FreeBSD minidump: info,
@@ -37,7 +37,7 @@ func coreFreeBSD(f *core.FreeBSD, req CoreRequest, w io.Writer) error {
 // version and kernel address layout, memory, pages, message buffer.
 func CoreFreeBSDInfoReport(f *core.FreeBSD, asJSON bool, w io.Writer) error {
 	m := f.Dump
-	inf := api.CoreFreeBSDInfo{Format: m.Format(), Version: m.Version,
+	inf := output.CoreFreeBSDInfo{Format: m.Format(), Version: m.Version,
 		KernBase: fmt.Sprintf("%#x", m.KernBase), DmapBase: fmt.Sprintf("%#x", m.DmapBase), DmapEnd: fmt.Sprintf("%#x", m.DmapEnd),
 		MemoryBytes: f.MemoryBytes(), BitmapPages: m.BitmapPages(), DumpedPages: m.DumpedPages(),
 		PmapEntries: m.PmapEntries(), PmapEntry: "pde", MsgbufBytes: len(m.MessageBuffer())}
@@ -45,7 +45,7 @@ func CoreFreeBSDInfoReport(f *core.FreeBSD, asJSON bool, w io.Writer) error {
 		inf.PmapEntry = "pte"
 	}
 	for _, r := range m.DumpAvail() {
-		inf.DumpAvail = append(inf.DumpAvail, api.CoreRange{Start: fmt.Sprintf("%#x", r.Start), End: fmt.Sprintf("%#x", r.End)})
+		inf.DumpAvail = append(inf.DumpAvail, output.CoreRange{Start: fmt.Sprintf("%#x", r.Start), End: fmt.Sprintf("%#x", r.End)})
 	}
 	for _, l := range f.MessageBuffer().Lines() {
 		if p, ok := strings.CutPrefix(l.Text, "panic: "); ok {
@@ -85,7 +85,7 @@ func CoreFreeBSDLog(f *core.FreeBSD, asJSON bool, w io.Writer) error {
 	mb := f.MessageBuffer()
 	lines := mb.Lines()
 	if asJSON {
-		return writeJSON(w, api.CoreFreeBSDMessages{Ordered: mb.Ordered, Size: mb.Size, WriteSeq: mb.WriteSeq, Lines: mapSlice(lines, func(l core.MessageLine) api.CoreMessageLine { return api.CoreMessageLine(l) })})
+		return writeJSON(w, output.CoreFreeBSDMessages{Ordered: mb.Ordered, Size: mb.Size, WriteSeq: mb.WriteSeq, Lines: mapSlice(lines, func(l core.MessageLine) output.CoreMessageLine { return output.CoreMessageLine(l) })})
 	}
 	if !mb.Ordered {
 		fmt.Fprintln(w, "(write position unknown: no struct msgbuf after the buffer; shown from after its last NUL, oldest first only if the ring never wrapped)")
@@ -114,5 +114,5 @@ func CoreFreeBSDRead(f *core.FreeBSD, at string, n int, phys, asJSON bool, w io.
 	if err != nil {
 		return err
 	}
-	return printMemory(w, api.CoreMemory{Address: fmt.Sprintf("%#x", a), Bytes: hex.EncodeToString(b)}, a, b, asJSON)
+	return printMemory(w, output.CoreMemory{Address: fmt.Sprintf("%#x", a), Bytes: hex.EncodeToString(b)}, a, b, asJSON)
 }

@@ -12,10 +12,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/core"
 	"github.com/kinst/kinst/core/dump"
 	"github.com/kinst/kinst/internal/dumpgen"
+	"github.com/kinst/kinst/output"
 )
 
 const (
@@ -106,12 +106,12 @@ func TestCoreFreeBSDInfo(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var got api.CoreFreeBSDInfo
+			var got output.CoreFreeBSDInfo
 			if err := json.Unmarshal([]byte(out), &got); err != nil {
 				t.Fatalf("%v in %s", err, out)
 			}
 			// Expected from the fixture's description.
-			want := api.CoreFreeBSDInfo{Format: "freebsd-minidump", Version: version,
+			want := output.CoreFreeBSDInfo{Format: "freebsd-minidump", Version: version,
 				KernBase: "0xffffffff80000000", DmapBase: "0xfffff80000000000", DmapEnd: "0xfffffc0000000000",
 				MemoryBytes: 0x800000, BitmapPages: 0x800, DumpedPages: 16 + 512,
 				PmapEntries: 16, PmapEntry: "pte", MsgbufBytes: bsdMsgTotal - dumpgen.MsgbufHdrSize, Panic: "page fault"}
@@ -123,7 +123,7 @@ func TestCoreFreeBSDInfo(t *testing.T) {
 				want.MemoryBytes = 0x2ff000 + 0x400000
 				want.BitmapPages = want.MemoryBytes / 4096
 				want.BitmapPages = (want.BitmapPages + 63) &^ 63 // the bitmap is whole words
-				want.DumpAvail = []api.CoreRange{{Start: "0x1000", End: "0x300000"}, {Start: "0x400000", End: "0x800000"}}
+				want.DumpAvail = []output.CoreRange{{Start: "0x1000", End: "0x300000"}, {Start: "0x400000", End: "0x800000"}}
 			}
 			if fmt.Sprintf("%+v", got) != fmt.Sprintf("%+v", want) {
 				t.Errorf("info:\n got %+v\nwant %+v", got, want)
@@ -163,7 +163,7 @@ func TestCoreFreeBSDLog(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var msgs api.CoreFreeBSDMessages
+			var msgs output.CoreFreeBSDMessages
 			if err := json.Unmarshal([]byte(out), &msgs); err != nil {
 				t.Fatal(err)
 			}
@@ -204,7 +204,7 @@ func TestCoreFreeBSDRead(t *testing.T) {
 					t.Errorf("rd %s: %v", r.addr, err)
 					continue
 				}
-				var m api.CoreMemory
+				var m output.CoreMemory
 				if err := json.Unmarshal([]byte(out), &m); err != nil {
 					t.Fatal(err)
 				}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/metrics"
+	"github.com/kinst/kinst/output"
 	"github.com/kinst/kinst/procsession"
 )
 
@@ -80,7 +81,7 @@ func count(ctx context.Context, t sessionTarget, o CountOptions, env Env) (int, 
 	for _, p := range sess.Probes {
 		describeProbe(stderr, p.Resolved, p.Mechanism)
 	}
-	report := api.CountReport{IntervalNS: int64(o.Interval)}
+	report := output.CountReport{IntervalNS: int64(o.Interval)}
 	series, locWidth := probeSeries(sess)
 	if !o.JSON {
 		fmt.Fprintf(stdout, "%8s  %-*s  %12s  %12s\n", "time", locWidth, "location", "+interval", "total")
@@ -88,7 +89,7 @@ func count(ctx context.Context, t sessionTarget, o CountOptions, env Env) (int, 
 	res, err := t.run(ctx, sess, runOptions{Duration: o.Duration, Interval: o.Interval, Command: o.Command,
 		Waiting: "kinst: counting; Ctrl-C to stop"}, env,
 		func(el time.Duration, s api.Sample) {
-			report.Intervals = append(report.Intervals, api.CountSample{ElapsedNS: int64(el), Deltas: s.Deltas})
+			report.Intervals = append(report.Intervals, output.CountSample{ElapsedNS: int64(el), Deltas: s.Deltas})
 			for i := range series {
 				if i < len(s.Totals) {
 					series[i].Add(metrics.Point{Time: s.Time, Calls: s.Totals[i]})
@@ -118,7 +119,7 @@ func count(ctx context.Context, t sessionTarget, o CountOptions, env Env) (int, 
 		if p.Mechanism == "none" {
 			fmt.Fprintf(stderr, "kinst: %s: the library was not seen loaded: nothing counted\n", p.Point)
 		}
-		cp := api.CountProbe{Point: p.Point, Function: p.Function, Offset: p.Offset, Address: p.Address, Count: p.Count, Mechanism: p.Mechanism}
+		cp := output.CountProbe{Point: p.Point, Function: p.Function, Offset: p.Offset, Address: p.Address, Count: p.Count, Mechanism: p.Mechanism}
 		if p.Classic != nil {
 			cp.Classic = p.Classic.Solaris
 		}
@@ -146,7 +147,7 @@ func probeSeries(sess api.Session) (series []metrics.Series, width int) {
 
 // printCounts is the table of final counts, function names as name
 // gives them.
-func printCounts(w io.Writer, probes []api.CountProbe, name func(string) string) error {
+func printCounts(w io.Writer, probes []output.CountProbe, name func(string) string) error {
 	tw := newTable(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "count\tpoint\tlocation\taddress")
 	for _, p := range probes {

@@ -8,6 +8,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/output"
 )
 
 // CoverDiff compares two saved kinst cover --json reports (kinst cover
@@ -42,8 +43,8 @@ type blockKey struct {
 // DiffCover compares two coverage reports. Functions are matched by
 // name, blocks by index and offset; reports that share no function are
 // an error.
-func DiffCover(a, b api.CoverReport) (api.CoverDiff, error) {
-	d := api.CoverDiff{A: diffRun(a), B: diffRun(b), Functions: []api.CoverDiffFunction{}}
+func DiffCover(a, b api.CoverReport) (output.CoverDiff, error) {
+	d := output.CoverDiff{A: diffRun(a), B: diffRun(b), Functions: []output.CoverDiffFunction{}}
 	inB := map[string]*api.CoverFunction{}
 	for i := range b.Functions {
 		inB[b.Functions[i].Function] = &b.Functions[i]
@@ -62,7 +63,7 @@ func DiffCover(a, b api.CoverReport) (api.CoverDiff, error) {
 			continue
 		}
 		shared++
-		df := api.CoverDiffFunction{Function: fa.Function, OnlyA: []api.CoverDiffBlock{}, OnlyB: []api.CoverDiffBlock{}}
+		df := output.CoverDiffFunction{Function: fa.Function, OnlyA: []output.CoverDiffBlock{}, OnlyB: []output.CoverDiffBlock{}}
 		blocksB := map[blockKey]*api.CoverBlock{}
 		for j := range fb.Blocks {
 			bb := &fb.Blocks[j]
@@ -116,21 +117,21 @@ func DiffCover(a, b api.CoverReport) (api.CoverDiff, error) {
 	return d, nil
 }
 
-func diffRun(r api.CoverReport) api.CoverDiffRun {
-	return api.CoverDiffRun{Session: r.Session, Functions: len(r.Functions), TotalBlocks: r.TotalBlocks, CoveredBlocks: r.CoveredBlocks}
+func diffRun(r api.CoverReport) output.CoverDiffRun {
+	return output.CoverDiffRun{Session: r.Session, Functions: len(r.Functions), TotalBlocks: r.TotalBlocks, CoveredBlocks: r.CoveredBlocks}
 }
 
-func diffBlock(b *api.CoverBlock, k blockKey, otherRefused *string) api.CoverDiffBlock {
+func diffBlock(b *api.CoverBlock, k blockKey, otherRefused *string) output.CoverDiffBlock {
 	lines := b.Lines
 	if lines == nil {
 		lines = []string{}
 	}
-	return api.CoverDiffBlock{Index: k.index, Offset: k.offset, Refused: otherRefused, Lines: lines}
+	return output.CoverDiffBlock{Index: k.index, Offset: k.offset, Refused: otherRefused, Lines: lines}
 }
 
 // oneSided is a function only one run has: its covered blocks.
-func oneSided(f *api.CoverFunction, in string) api.CoverDiffFunction {
-	df := api.CoverDiffFunction{Function: f.Function, In: in, OnlyA: []api.CoverDiffBlock{}, OnlyB: []api.CoverDiffBlock{}}
+func oneSided(f *api.CoverFunction, in string) output.CoverDiffFunction {
+	df := output.CoverDiffFunction{Function: f.Function, In: in, OnlyA: []output.CoverDiffBlock{}, OnlyB: []output.CoverDiffBlock{}}
 	for j := range f.Blocks {
 		b := &f.Blocks[j]
 		if !b.Covered {
@@ -148,10 +149,10 @@ func oneSided(f *api.CoverFunction, in string) api.CoverDiffFunction {
 
 // writeCoverDiff prints a diff: the two runs, totals, a row per function
 // with differences, then each function's blocks.
-func writeCoverDiff(w io.Writer, d api.CoverDiff) error {
+func writeCoverDiff(w io.Writer, d output.CoverDiff) error {
 	for _, r := range []struct {
 		tag string
-		run api.CoverDiffRun
+		run output.CoverDiffRun
 	}{{"A", d.A}, {"B", d.B}} {
 		fmt.Fprintf(w, "%s: %s (session %s): %d of %d blocks covered in %d functions\n", r.tag, r.run.File, r.run.Session,
 			r.run.CoveredBlocks, r.run.TotalBlocks, r.run.Functions)
@@ -188,7 +189,7 @@ func writeCoverDiff(w io.Writer, d api.CoverDiff) error {
 		fmt.Fprintln(tw, "  covered in\tblock\tstart\tline\tnote")
 		for _, side := range []struct {
 			tag, other string
-			bs         []api.CoverDiffBlock
+			bs         []output.CoverDiffBlock
 		}{{"A", "B", f.OnlyA}, {"B", "A", f.OnlyB}} {
 			for _, b := range side.bs {
 				line, note := "", ""

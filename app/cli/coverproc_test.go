@@ -21,6 +21,7 @@ import (
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/debuginfo"
+	"github.com/kinst/kinst/output"
 	"github.com/kinst/kinst/process"
 	"github.com/kinst/kinst/springboard"
 )
@@ -449,7 +450,7 @@ func TestTimeProcessCommand(t *testing.T) {
 	if err != nil || status != 0 {
 		t.Fatalf("status %d, %v\n%s", status, err, errb.String())
 	}
-	var rep api.TimeReport
+	var rep output.TimeReport
 	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
 		t.Fatal(err)
 	}
@@ -634,7 +635,7 @@ func TestCoverProcessDlopen(t *testing.T) {
 	if err != nil || status != 0 {
 		t.Fatalf("count: status %d, %v\n%s", status, err, errb.String())
 	}
-	var cr api.CountReport
+	var cr output.CountReport
 	if err := json.Unmarshal(out.Bytes(), &cr); err != nil {
 		t.Fatal(err)
 	}

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/internal/elfsym"
+	"github.com/kinst/kinst/output"
 )
 
 // TestUnwindTableNamesFromDebugPackage: with Debian's libc6-dbg, the rows
@@ -35,11 +35,11 @@ func TestUnwindTableNamesFromDebugPackage(t *testing.T) {
 	if err := ShowUnwindTable(libc, nil, true, &out, SymbolOptions{NoDemangle: true}); err != nil {
 		t.Fatal(err)
 	}
-	var rep api.UnwindTable
+	var rep output.UnwindTable
 	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
 		t.Fatal(err)
 	}
-	var fresh []api.UnwindRow
+	var fresh []output.UnwindRow
 	for _, r := range rep.Rows {
 		var pc uint64
 		fmt.Sscanf(r.PC, "0x%x", &pc)
@@ -56,7 +56,7 @@ func TestUnwindTableNamesFromDebugPackage(t *testing.T) {
 	}
 	args := []string{"-batch", "-nx", "-iex", "set debuginfod enabled off"}
 	step := len(fresh) / 20
-	var picked []api.UnwindRow
+	var picked []output.UnwindRow
 	for i := 0; i < len(fresh); i += step {
 		picked = append(picked, fresh[i])
 		args = append(args, "-ex", "info symbol "+fresh[i].PC)

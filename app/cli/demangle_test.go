@@ -16,7 +16,7 @@ import (
 	"github.com/google/pprof/profile"
 	"golang.org/x/sys/unix"
 
-	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/output"
 	"github.com/kinst/kinst/unwind"
 	"github.com/kinst/kinst/unwind/offcpu"
 )
@@ -88,7 +88,7 @@ func TestUnwindStackDemangles(t *testing.T) {
 		if err := ShowUnwindStack(pid, pid, false, true, &out, so); err != nil {
 			t.Fatal(err)
 		}
-		var rep api.UnwindStacks
+		var rep output.UnwindStacks
 		if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
 			t.Fatal(err)
 		}
@@ -111,12 +111,12 @@ func TestUnwindStackDemangles(t *testing.T) {
 // TestUnwindTableDemangles: the symbols of `kinst unwind table`.
 func TestUnwindTableDemangles(t *testing.T) {
 	path, _ := startCxxBlocker(t)
-	rows := func(so SymbolOptions) []api.UnwindRow {
+	rows := func(so SymbolOptions) []output.UnwindRow {
 		var out bytes.Buffer
 		if err := ShowUnwindTable(path, nil, true, &out, so); err != nil {
 			t.Fatal(err)
 		}
-		var rep api.UnwindTable
+		var rep output.UnwindTable
 		if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
 			t.Fatal(err)
 		}
@@ -164,7 +164,7 @@ func TestOffCPUDemangles(t *testing.T) {
 		return out.String()
 	}
 	user := func(js string) []string {
-		var r api.OffCPUReport
+		var r output.OffCPUReport
 		if err := json.Unmarshal([]byte(js), &r); err != nil || len(r.Top) != 1 {
 			t.Fatalf("JSON %v: %s", err, js)
 		}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/output"
 )
 
 // DrillOptions are the flags of `kinst drilldown`.
@@ -32,7 +33,7 @@ func DrillDown(ctx context.Context, c *api.Client, o DrillOptions, env Env) erro
 	if o.Root == "" || len(o.Command) == 0 {
 		return errors.New("drilldown: name a function and a workload: drilldown FUNC -- CMD…")
 	}
-	var report api.DrillReport
+	var report output.DrillReport
 	fn := o.Root
 	for d := 0; d < o.Depth; d++ {
 		level, err := drillLevel(ctx, c, fn, o, env)
@@ -58,8 +59,8 @@ func DrillDown(ctx context.Context, c *api.Client, o DrillOptions, env Env) erro
 
 // drillLevel times fn and its direct callees over one run of the
 // workload. Callees that cannot be timed are dropped with the reason.
-func drillLevel(ctx context.Context, c *api.Client, fn string, o DrillOptions, env Env) (api.DrillLevel, error) {
-	level := api.DrillLevel{Function: fn}
+func drillLevel(ctx context.Context, c *api.Client, fn string, o DrillOptions, env Env) (output.DrillLevel, error) {
+	level := output.DrillLevel{Function: fn}
 	callees, err := directCallees(ctx, c, fn)
 	if err != nil {
 		return level, err
@@ -96,7 +97,7 @@ func drillLevel(ctx context.Context, c *api.Client, fn string, o DrillOptions, e
 		}
 	}
 	for _, t := range res.Final.Timers {
-		row := api.DrillRow{Function: t.Function, Calls: t.Calls, WallNS: t.WallNS}
+		row := output.DrillRow{Function: t.Function, Calls: t.Calls, WallNS: t.WallNS}
 		if t.Calls > 0 {
 			row.AvgWallNS = t.WallNS / float64(t.Calls)
 		}
@@ -160,7 +161,7 @@ func without(s []string, x string) []string {
 	return out
 }
 
-func printLevel(w io.Writer, depth int, l api.DrillLevel) {
+func printLevel(w io.Writer, depth int, l output.DrillLevel) {
 	fmt.Fprintf(w, "\nlevel %d: %s\n", depth, l.Function)
 	tw := newTable(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "calls\ttotal wall\tavg wall\tshare\tfunction\t")

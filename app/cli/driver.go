@@ -6,11 +6,11 @@ import (
 	"io"
 	"strings"
 
-	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/output"
 )
 
 // DriverStatus writes `kinst driver status`.
-func DriverStatus(st api.DriverStatus, asJSON bool, w io.Writer) error {
+func DriverStatus(st output.DriverStatus, asJSON bool, w io.Writer) error {
 	if asJSON {
 		return json.NewEncoder(w).Encode(st)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/internal/buildinfo"
+	"github.com/kinst/kinst/output"
 )
 
 func TestNewEnvRouting(t *testing.T) {
@@ -108,7 +109,7 @@ func TestVersionText(t *testing.T) {
 }
 
 func TestVMStatusReport(t *testing.T) {
-	st := api.VMStatus{KernelRelease: "6.1.0-26-amd64", Accel: "tcg", Kerninstd: "127.0.0.1:7070", Agent: "127.0.0.1:7071",
+	st := output.VMStatus{KernelRelease: "6.1.0-26-amd64", Accel: "tcg", Kerninstd: "127.0.0.1:7070", Agent: "127.0.0.1:7071",
 		SerialLog: "/c/vm/serial.log", QMP: "/c/vm/qmp.sock"}
 	var text, js bytes.Buffer
 	if err := writeVMStatus(&text, st, false); err != nil {

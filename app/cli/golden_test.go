@@ -16,6 +16,7 @@ import (
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/kerninstd/kerninstdtest"
+	"github.com/kinst/kinst/output"
 )
 
 // The reports are compared with golden files in testdata/, written
@@ -398,7 +399,7 @@ func TestGoldenBenchChurn(t *testing.T) {
 // bench hit times system calls and tracefs and BPF kprobes where it
 // runs: its table is rendered from a report of known figures.
 func TestGoldenBenchHit(t *testing.T) {
-	rep := api.HitReport{Function: "__x64_sys_getppid", Calls: 1000, Runs: 3, Expected: 3000, Rows: []api.HitRow{
+	rep := output.HitReport{Function: "__x64_sys_getppid", Calls: 1000, Runs: 3, Expected: 3000, Rows: []output.HitRow{
 		{Mechanism: "none", NsPerCall: 812, Ratio: 1},
 		{Mechanism: "direct splice", Point: "__x64_sys_getppid+0x5", NsPerCall: 830, Ratio: 1.022, Overhead: 0.022, Hits: 3000},
 		{Mechanism: "springboard splice", Skipped: "no instruction of this class in the entry block"},

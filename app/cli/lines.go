@@ -6,6 +6,7 @@ import (
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/internal/elfsym"
+	"github.com/kinst/kinst/output"
 )
 
 // Lines lists the source lines of the kernel function fn, as perf probe
@@ -39,13 +40,13 @@ func Lines(ctx context.Context, c *api.Client, fn string, o DebugOptions, asJSON
 			insn[in.Offset] = in
 		}
 	}
-	rep := api.LinesReport{Function: cfg.Function, Address: cfg.Address, Vmlinux: dbg.Path}
+	rep := output.LinesReport{Function: cfg.Function, Address: cfg.Address, Vmlinux: dbg.Path}
 	if decl, err := dbg.DeclLine(link); err == nil {
 		rep.Declared = decl.String()
 	}
 	for i, l := range lines {
 		off := at[i] - link
-		sl := api.SourceLine{File: l.File, Line: l.Line, Offset: off, Point: fmt.Sprintf("%s+%#x", cfg.Function, off)}
+		sl := output.SourceLine{File: l.File, Line: l.Line, Offset: off, Point: fmt.Sprintf("%s+%#x", cfg.Function, off)}
 		if in, ok := insn[off]; ok {
 			sl.SpliceClass, sl.Refused = in.SpliceClass, in.Refused
 		} else {

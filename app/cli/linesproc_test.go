@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/output"
 )
 
 // Source lines as points in a process, from the executable's DWARF:
@@ -29,7 +29,7 @@ func TestCountProcessSourceLines(t *testing.T) {
 	if err != nil || status != 0 {
 		t.Fatalf("status %d, %v\n%s", status, err, errb.String())
 	}
-	var rep api.CountReport
+	var rep output.CountReport
 	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
 		t.Fatal(err)
 	}

@@ -12,8 +12,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/internal/outfile"
+	"github.com/kinst/kinst/output"
 	"github.com/kinst/kinst/unwind/flamegraph"
 	"github.com/kinst/kinst/unwind/folded"
 	"github.com/kinst/kinst/unwind/offcpu"
@@ -267,9 +267,9 @@ func isTerminal(w io.Writer) bool {
 
 // offCPUReport is the JSON report of p, with its top stacks: every key
 // present, null where it does not apply to the mode or the grouping (see
-// api.OffCPUReport).
-func offCPUReport(p *offcpu.Profile, attach string, g offcpu.Group, top int) api.OffCPUReport {
-	r := api.OffCPUReport{Mode: p.Mode, DurationNS: int64(p.Duration), Stacks: len(p.Stacks), Top: []api.OffCPUStack{}}
+// output.OffCPUReport).
+func offCPUReport(p *offcpu.Profile, attach string, g offcpu.Group, top int) output.OffCPUReport {
+	r := output.OffCPUReport{Mode: p.Mode, DurationNS: int64(p.Duration), Stacks: len(p.Stacks), Top: []output.OffCPUStack{}}
 	if p.Mode == "trace" {
 		r.Attach, r.Lost = &attach, &p.Lost
 		r.UserCut, r.UserCompleted = &p.UserCut, &p.UserCompleted
@@ -282,7 +282,7 @@ func offCPUReport(p *offcpu.Profile, attach string, g offcpu.Group, top int) api
 		r.TotalNS += int64(s.OffCPU)
 	}
 	for _, s := range p.Top(top) {
-		j := api.OffCPUStack{Group: s.Group, State: s.State, Wchan: s.Wchan, Kernel: s.Kernel, User: s.User,
+		j := output.OffCPUStack{Group: s.Group, State: s.State, Wchan: s.Wchan, Kernel: s.Kernel, User: s.User,
 			UserError: s.UserError, Samples: s.Samples, OffCPUNS: int64(s.OffCPU)}
 		switch g {
 		case offcpu.ByTID:

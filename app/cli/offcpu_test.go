@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/output"
 	"github.com/kinst/kinst/unwind/folded"
 	"github.com/kinst/kinst/unwind/offcpu"
 )
@@ -40,7 +40,7 @@ func TestOffCPUReports(t *testing.T) {
 	if err := OffCPU(context.Background(), o, &out, &errOut); err != nil {
 		t.Fatalf("%v\n%s", err, errOut.String())
 	}
-	var r api.OffCPUReport
+	var r output.OffCPUReport
 	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
 		t.Fatalf("JSON: %v\n%s", err, out.String())
 	}

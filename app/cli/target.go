@@ -14,6 +14,7 @@ import (
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/debuginfo"
+	"github.com/kinst/kinst/output"
 	"github.com/kinst/kinst/process"
 	"github.com/kinst/kinst/procsession"
 	"github.com/kinst/kinst/unwind"
@@ -114,7 +115,7 @@ func (t sessionTarget) removed(probes []api.Probe) string {
 }
 
 // removedTimers is removed for a time report's functions.
-func (t sessionTarget) removedTimers(fns []api.TimedFunction) string {
+func (t sessionTarget) removedTimers(fns []output.TimedFunction) string {
 	probes := make([]api.Probe, len(fns))
 	for i, f := range fns {
 		probes[i].Mechanism = f.Mechanism

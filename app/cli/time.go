@@ -12,6 +12,7 @@ import (
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/internal/outfile"
 	"github.com/kinst/kinst/metrics"
+	"github.com/kinst/kinst/output"
 	"github.com/kinst/kinst/procsession"
 )
 
@@ -80,7 +81,7 @@ func timeOn(ctx context.Context, t sessionTarget, o TimeOptions, env Env) (int, 
 		describeTimer(stderr, t)
 	}
 	series, width := timerSeries(sess)
-	report := api.TimeReport{Session: sess.Name, IntervalNS: int64(o.Interval)}
+	report := output.TimeReport{Session: sess.Name, IntervalNS: int64(o.Interval)}
 	if t.proc != nil {
 		report.Session = fmt.Sprintf("process %d", t.proc.pid)
 	}
@@ -96,7 +97,7 @@ func timeOn(ctx context.Context, t sessionTarget, o TimeOptions, env Env) (int, 
 			if report.FirstDataNS == 0 {
 				report.FirstDataNS = int64(env.since(asked))
 			}
-			iv := api.TimeInterval{ElapsedNS: int64(el)}
+			iv := output.TimeInterval{ElapsedNS: int64(el)}
 			for i, p := range s.Timers {
 				if i >= len(series) {
 					break
@@ -104,7 +105,7 @@ func timeOn(ctx context.Context, t sessionTarget, o TimeOptions, env Env) (int, 
 				prev := series[i].Points[len(series[i].Points)-1]
 				series[i].Add(metrics.Point(p))
 				r := metrics.Derive(prev, metrics.Point(p))
-				iv.Functions = append(iv.Functions, api.Rates(r))
+				iv.Functions = append(iv.Functions, output.Rates(r))
 				if !o.JSON {
 					virt := "-"
 					if o.Virtual {
@@ -171,12 +172,12 @@ func timerSeries(sess api.Session) (series []metrics.Series, width int) {
 
 // sessionTotals is a timer's totals over its session's whole life, as
 // the daemon saw it, and its last point.
-func sessionTotals(t api.TimerInfo, created time.Time) (api.TimedFunction, metrics.Point) {
+func sessionTotals(t api.TimerInfo, created time.Time) (output.TimedFunction, metrics.Point) {
 	last := metrics.Point(t.Totals)
 	first := last
 	first.Calls, first.WallNS, first.VirtualNS, first.Time = 0, 0, 0, created
 	r := metrics.Derive(first, last)
-	tf := api.TimedFunction{Function: t.Function, Entry: at(t.Entry), Calls: t.Calls, CallsPerSec: r.CallsPerSec,
+	tf := output.TimedFunction{Function: t.Function, Entry: at(t.Entry), Calls: t.Calls, CallsPerSec: r.CallsPerSec,
 		WallNS: t.WallNS, AvgWallNS: r.AvgWallNS, Concurrency: r.Concurrency, Mechanism: t.Mechanism}
 	for _, e := range t.Exits {
 		tf.Exits = append(tf.Exits, at(e))
@@ -190,7 +191,7 @@ func sessionTotals(t api.TimerInfo, created time.Time) (api.TimedFunction, metri
 
 // printTimeReport is `kinst time`'s table of totals; removed says what
 // became of the splices (sessionTarget.removed).
-func printTimeReport(w io.Writer, report api.TimeReport, dur time.Duration, removed string) error {
+func printTimeReport(w io.Writer, report output.TimeReport, dur time.Duration, removed string) error {
 	fmt.Fprintf(w, "\ntotals over %.3f s %s%s:\n", dur.Seconds(), removed, filterNote(report.Filter))
 	tw := newTable(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "calls\tcalls/s\ttotal wall\tavg wall\ttotal virtual\tavg virtual\tconcurrency\tfunction\t")

@@ -11,8 +11,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/internal/elfsym"
+	"github.com/kinst/kinst/output"
 	"github.com/kinst/kinst/unwind"
 )
 
@@ -48,8 +48,8 @@ func ShowUnwindTable(path string, pc *uint64, asJSON bool, w io.Writer, opts ...
 	}
 	took := time.Since(t0)
 	syms, _ := elfsym.Open(path) // symbols are optional
-	rep := api.UnwindTable{File: path, Sections: tab.Sections, FDEs: tab.FDEs, SkippedFDEs: tab.Skipped,
-		BytesPerRow: unwind.RowBytes, TableBytes: tab.Bytes(), CompileNs: took.Nanoseconds(), Rows: []api.UnwindRow{}}
+	rep := output.UnwindTable{File: path, Sections: tab.Sections, FDEs: tab.FDEs, SkippedFDEs: tab.Skipped,
+		BytesPerRow: unwind.RowBytes, TableBytes: tab.Bytes(), CompileNs: took.Nanoseconds(), Rows: []output.UnwindRow{}}
 	if syms != nil {
 		rep.BuildID = syms.BuildID()
 	}
@@ -65,7 +65,7 @@ func ShowUnwindTable(path string, pc *uint64, asJSON bool, w io.Writer, opts ...
 		lookup = func(pc uint64) (elfsym.Symbol, uint64, bool) { return f.LookupSymbol(path, pc) }
 	}
 	addRow := func(r unwind.Row) {
-		j := api.UnwindRow{PC: fmt.Sprintf("%#x", r.PC), CFA: r.CFA.String(), RBP: r.RBP.String(), RA: r.RA.String()}
+		j := output.UnwindRow{PC: fmt.Sprintf("%#x", r.PC), CFA: r.CFA.String(), RBP: r.RBP.String(), RA: r.RA.String()}
 		switch r.CFA.Kind {
 		case unwind.CFAPLT:
 			j.CFAExpr = "plt"
@@ -133,9 +133,9 @@ func ShowUnwindStack(pid, tid int, usePtrace, asJSON bool, w io.Writer, opts ...
 			return err
 		}
 	}
-	var out []api.UnwindThread
+	var out []output.UnwindThread
 	for _, t := range tids {
-		th := api.UnwindThread{TID: t, Comm: comm(pid, t), Frames: []api.UnwindFrame{}}
+		th := output.UnwindThread{TID: t, Comm: comm(pid, t), Frames: []output.UnwindFrame{}}
 		if kernelThread(pid, t) {
 			// No user stack, and /proc/…/syscall shows zeros: its kernel
 			// stack instead.
@@ -163,7 +163,7 @@ func ShowUnwindStack(pid, tid int, usePtrace, asJSON bool, w io.Writer, opts ...
 	}
 	notes := p.DebugNotes()
 	if asJSON {
-		return writeJSON(w, api.UnwindStacks{PID: pid, Threads: out, DebugNotes: notes})
+		return writeJSON(w, output.UnwindStacks{PID: pid, Threads: out, DebugNotes: notes})
 	}
 	for name, err := range p.Missing {
 		fmt.Fprintf(w, "warning: %s: %v\n", name, err)
@@ -178,12 +178,12 @@ func ShowUnwindStack(pid, tid int, usePtrace, asJSON bool, w io.Writer, opts ...
 }
 
 // userFrames unwinds a thread's user stack from regs, each frame named.
-func userFrames(p *unwind.Process, regs unwind.Regs, so SymbolOptions) []api.UnwindFrame {
-	frames := []api.UnwindFrame{}
+func userFrames(p *unwind.Process, regs unwind.Regs, so SymbolOptions) []output.UnwindFrame {
+	frames := []output.UnwindFrame{}
 	p.Mem.Reset()
 	pcs, methods := unwind.StackMethods(regs, p.Mem, p, 0)
 	for i, pc := range pcs {
-		f := api.UnwindFrame{PC: fmt.Sprintf("%#x", pc)}
+		f := output.UnwindFrame{PC: fmt.Sprintf("%#x", pc)}
 		// A return address may be the first byte after a call to a
 		// function that never returns: name the call's last byte.
 		at := pc
@@ -205,7 +205,7 @@ func userFrames(p *unwind.Process, regs unwind.Regs, so SymbolOptions) []api.Unw
 }
 
 // printUnwindThread is one thread of `kinst unwind stack` as text.
-func printUnwindThread(w io.Writer, th api.UnwindThread) {
+func printUnwindThread(w io.Writer, th output.UnwindThread) {
 	fmt.Fprintf(w, "thread %d (%s)", th.TID, th.Comm)
 	if th.KernelThread {
 		fmt.Fprint(w, ": a kernel thread, no user stack")

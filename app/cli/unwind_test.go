@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/output"
 	"github.com/kinst/kinst/unwind"
 )
 
@@ -31,7 +31,7 @@ func TestUnwindTableJSON(t *testing.T) {
 	if err := ShowUnwindTable(libc, nil, true, &out); err != nil {
 		t.Fatal(err)
 	}
-	var rep api.UnwindTable
+	var rep output.UnwindTable
 	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
 		t.Fatal(err)
 	}
@@ -91,8 +91,8 @@ func TestUnwindStack(t *testing.T) {
 	defer cmd.Process.Kill()
 	pid := cmd.Process.Pid
 	var rep struct {
-		PID     int                `json:"pid"`
-		Threads []api.UnwindThread `json:"threads"`
+		PID     int                   `json:"pid"`
+		Threads []output.UnwindThread `json:"threads"`
 	}
 	// Wait for the sleep first: mappings read while the dynamic loader
 	// is still at work would lack libc.

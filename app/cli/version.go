@@ -9,6 +9,7 @@ import (
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/driver"
 	"github.com/kinst/kinst/internal/buildinfo"
+	"github.com/kinst/kinst/output"
 )
 
 // Version prints this build, the driver ABI it speaks, and, when
@@ -22,18 +23,18 @@ func Version(ctx context.Context, c *api.Client, asJSON bool, env Env) error {
 	return writeVersion(env.Out, versionReport(buildinfo.Read(), driver.ABIVersion, c.Addr(), info, err), asJSON)
 }
 
-func versionReport(b buildinfo.Build, abi uint32, addr string, info api.Info, err error) api.Version {
-	v := api.Version{Module: b.Module, Revision: b.Revision, Time: b.Time, Modified: b.Modified, GoVersion: b.GoVersion,
+func versionReport(b buildinfo.Build, abi uint32, addr string, info api.Info, err error) output.Version {
+	v := output.Version{Module: b.Module, Revision: b.Revision, Time: b.Time, Modified: b.Modified, GoVersion: b.GoVersion,
 		DriverABI: abi, DaemonAddr: addr}
 	if err != nil {
 		v.DaemonError = err.Error()
 	} else {
-		v.Daemon = &api.DaemonVersion{Version: info.Version, DriverABI: info.ABIVersion, KernelRelease: info.KernelRelease}
+		v.Daemon = &output.DaemonVersion{Version: info.Version, DriverABI: info.ABIVersion, KernelRelease: info.KernelRelease}
 	}
 	return v
 }
 
-func writeVersion(w io.Writer, v api.Version, asJSON bool) error {
+func writeVersion(w io.Writer, v output.Version, asJSON bool) error {
 	if asJSON {
 		return writeJSON(w, v)
 	}

@@ -7,8 +7,8 @@ import (
 	"io"
 	"time"
 
-	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/app/vm"
+	"github.com/kinst/kinst/output"
 )
 
 // VMUp boots the test VM and says how to reach it.
@@ -27,11 +27,11 @@ func VMUp(ctx context.Context, c vm.Config, w io.Writer) error {
 
 // VMStatus describes the running VM (`kinst vm status`).
 func VMStatus(in *vm.Instance, asJSON bool, w io.Writer) error {
-	return writeVMStatus(w, api.VMStatus{KernelRelease: in.KernelRelease(), Accel: in.Accel(), Kerninstd: in.KerninstdAddr(),
+	return writeVMStatus(w, output.VMStatus{KernelRelease: in.KernelRelease(), Accel: in.Accel(), Kerninstd: in.KerninstdAddr(),
 		Agent: in.AgentAddr(), SerialLog: in.SerialLog(), QMP: in.QMPSocket()}, asJSON)
 }
 
-func writeVMStatus(w io.Writer, st api.VMStatus, asJSON bool) error {
+func writeVMStatus(w io.Writer, st output.VMStatus, asJSON bool) error {
 	if asJSON {
 		return json.NewEncoder(w).Encode(st)
 	}

@@ -8,8 +8,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/app/bisect"
+	"github.com/kinst/kinst/output"
 )
 
 // BisectOptions are the flags of `kinst vm bisect`.
@@ -57,7 +57,7 @@ func VMBisect(ctx context.Context, o BisectOptions, env Env) error {
 	if err != nil {
 		return err
 	}
-	out := api.BisectReport{Points: len(pts), Minimal: rep.Minimal, Outcome: rep.Failure.Outcome.String(),
+	out := output.BisectReport{Points: len(pts), Minimal: rep.Minimal, Outcome: rep.Failure.Outcome.String(),
 		Detail: rep.Failure.Detail, Tries: rep.Tries, ElapsedNS: int64(rep.Elapsed)}
 	if o.JSON {
 		return writeJSON(env.Out, out)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/metrics"
+	"github.com/kinst/kinst/output"
 )
 
 // WatchOptions are the flags of `kinst watch`.
@@ -22,7 +23,7 @@ type WatchOptions struct {
 
 // watched is one metric across refreshes.
 type watched struct {
-	row  api.WatchRow
+	row  output.WatchRow
 	last metrics.Point
 	seen bool
 }
@@ -36,7 +37,7 @@ type watchRows struct {
 
 // refresh updates the rows from the sessions' totals, drops those of
 // sessions gone, and gives them, busiest first.
-func (wr *watchRows) refresh(list []api.Session, now time.Time) []api.WatchRow {
+func (wr *watchRows) refresh(list []api.Session, now time.Time) []output.WatchRow {
 	wr.live = map[string]bool{}
 	for _, s := range list {
 		for _, t := range s.Timers {
@@ -44,10 +45,10 @@ func (wr *watchRows) refresh(list []api.Session, now time.Time) []api.WatchRow {
 			if t.Filter != "" {
 				metric += " (" + t.Filter + ")"
 			}
-			wr.update(s.ID+"/t/"+t.Function, api.WatchRow{Session: s.Name, Metric: metric}, metrics.Point(t.Totals))
+			wr.update(s.ID+"/t/"+t.Function, output.WatchRow{Session: s.Name, Metric: metric}, metrics.Point(t.Totals))
 		}
 		for _, p := range s.Probes {
-			wr.update(s.ID+"/c/"+location(p.Resolved), api.WatchRow{Session: s.Name, Metric: "count " + location(p.Resolved)},
+			wr.update(s.ID+"/c/"+location(p.Resolved), output.WatchRow{Session: s.Name, Metric: "count " + location(p.Resolved)},
 				metrics.Point{Time: now, Calls: p.Count})
 		}
 	}
@@ -56,7 +57,7 @@ func (wr *watchRows) refresh(list []api.Session, now time.Time) []api.WatchRow {
 			delete(wr.rows, k)
 		}
 	}
-	sorted := make([]api.WatchRow, 0, len(wr.rows))
+	sorted := make([]output.WatchRow, 0, len(wr.rows))
 	for _, w := range wr.rows {
 		sorted = append(sorted, w.row)
 	}
@@ -70,7 +71,7 @@ func (wr *watchRows) refresh(list []api.Session, now time.Time) []api.WatchRow {
 }
 
 // update takes a metric's new point: its rate since the last one.
-func (wr *watchRows) update(key string, row api.WatchRow, p metrics.Point) {
+func (wr *watchRows) update(key string, row output.WatchRow, p metrics.Point) {
 	wr.live[key] = true
 	w := wr.rows[key]
 	if w == nil {
@@ -135,7 +136,7 @@ func Watch(ctx context.Context, c *api.Client, o WatchOptions, env Env) error {
 }
 
 // drawWatch redraws the screen.
-func drawWatch(w io.Writer, now time.Time, sessions int, rows []api.WatchRow) {
+func drawWatch(w io.Writer, now time.Time, sessions int, rows []output.WatchRow) {
 	fmt.Fprint(w, "\x1b[H\x1b[2J") // home, clear
 	fmt.Fprintf(w, "kinst watch — %s — %d session(s), %d metric(s); Ctrl-C to quit\n\n", now.Format("15:04:05"), sessions, len(rows))
 	tw := newTable(w, 0, 0, 2, ' ', 0)

@@ -11,7 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/output"
 )
 
 // Config is a kernel configuration: CONFIG_ name to value ("y", "m", a
@@ -73,7 +73,7 @@ func (c Config) on(name string) bool { v := c[name]; return v == "y" || v == "m"
 
 // requirement is a kernel option kinst needs, when it needs it.
 type requirement struct {
-	api.KernelOption
+	output.KernelOption
 	// when, if set, limits the requirement to configurations it accepts.
 	when func(Config) bool
 }
@@ -82,29 +82,29 @@ type requirement struct {
 // kinst cannot splice safely; recommended, those some commands need.
 var (
 	required = []requirement{
-		{KernelOption: api.KernelOption{Name: "CONFIG_X86_64", Why: "kinst splices x86-64 machine code"}},
-		{KernelOption: api.KernelOption{Name: "CONFIG_MODULES", Why: "kerninst.ko is a loadable module"}},
-		{KernelOption: api.KernelOption{Name: "CONFIG_MODULE_UNLOAD", Why: "`kinst driver unload` removes the module"}},
-		{KernelOption: api.KernelOption{Name: "CONFIG_KALLSYMS", Why: "kerninstd finds functions in /proc/kallsyms"}},
-		{KernelOption: api.KernelOption{Name: "CONFIG_KALLSYMS_ALL", Why: "kerninstd reads data symbols (module list, per-CPU areas) from /proc/kallsyms"}},
+		{KernelOption: output.KernelOption{Name: "CONFIG_X86_64", Why: "kinst splices x86-64 machine code"}},
+		{KernelOption: output.KernelOption{Name: "CONFIG_MODULES", Why: "kerninst.ko is a loadable module"}},
+		{KernelOption: output.KernelOption{Name: "CONFIG_MODULE_UNLOAD", Why: "`kinst driver unload` removes the module"}},
+		{KernelOption: output.KernelOption{Name: "CONFIG_KALLSYMS", Why: "kerninstd finds functions in /proc/kallsyms"}},
+		{KernelOption: output.KernelOption{Name: "CONFIG_KALLSYMS_ALL", Why: "kerninstd reads data symbols (module list, per-CPU areas) from /proc/kallsyms"}},
 		// Without TASKS_RCU, synchronize_rcu_tasks() is synchronize_rcu(),
 		// which proves nothing about a task preempted inside a patch on a
 		// preemptible kernel.
-		{KernelOption: api.KernelOption{Name: "CONFIG_TASKS_RCU", Why: "a preemptible kernel needs RCU-tasks before a patch may be freed"},
+		{KernelOption: output.KernelOption{Name: "CONFIG_TASKS_RCU", Why: "a preemptible kernel needs RCU-tasks before a patch may be freed"},
 			when: func(c Config) bool { return c.on("CONFIG_PREEMPTION") }},
 	}
 	recommended = []requirement{
-		{KernelOption: api.KernelOption{Name: "CONFIG_DEBUG_INFO_BTF", Why: "types for `kinst time` arguments and `kinst core --live`"}},
-		{KernelOption: api.KernelOption{Name: "CONFIG_UNWINDER_ORC", Why: "kernel stacks in `kinst offcpu` and `kinst core bt`"}},
-		{KernelOption: api.KernelOption{Name: "CONFIG_KPROBES", Why: "kprobe counts as an oracle and the BPF mechanisms of `kinst bench hit`"}},
-		{KernelOption: api.KernelOption{Name: "CONFIG_BPF_SYSCALL", Why: "BPF task iterators for `kinst offcpu` sampling"}},
+		{KernelOption: output.KernelOption{Name: "CONFIG_DEBUG_INFO_BTF", Why: "types for `kinst time` arguments and `kinst core --live`"}},
+		{KernelOption: output.KernelOption{Name: "CONFIG_UNWINDER_ORC", Why: "kernel stacks in `kinst offcpu` and `kinst core bt`"}},
+		{KernelOption: output.KernelOption{Name: "CONFIG_KPROBES", Why: "kprobe counts as an oracle and the BPF mechanisms of `kinst bench hit`"}},
+		{KernelOption: output.KernelOption{Name: "CONFIG_BPF_SYSCALL", Why: "BPF task iterators for `kinst offcpu` sampling"}},
 	}
 )
 
 // Missing returns the required and the recommended options c lacks.
-func Missing(c Config) (req, rec []api.KernelOption) {
-	pick := func(rs []requirement) []api.KernelOption {
-		out := []api.KernelOption{}
+func Missing(c Config) (req, rec []output.KernelOption) {
+	pick := func(rs []requirement) []output.KernelOption {
+		out := []output.KernelOption{}
 		for _, r := range rs {
 			if (r.when == nil || r.when(c)) && !c.on(r.Name) {
 				out = append(out, r.KernelOption)

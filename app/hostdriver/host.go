@@ -23,6 +23,7 @@ import (
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/debuginfo"
 	"github.com/kinst/kinst/driver/linux"
+	"github.com/kinst/kinst/output"
 	"golang.org/x/sys/unix"
 )
 
@@ -95,9 +96,9 @@ func (h *Host) logFile() string {
 }
 
 // Status reads what the host has of kinst and what it lacks.
-func (h *Host) Status(ctx context.Context) api.DriverStatus {
-	st := api.DriverStatus{KernelRelease: h.release(), Socket: h.socket(), Missing: []api.KernelOption{},
-		Recommended: []api.KernelOption{}, Problems: []string{}}
+func (h *Host) Status(ctx context.Context) output.DriverStatus {
+	st := output.DriverStatus{KernelRelease: h.release(), Socket: h.socket(), Missing: []output.KernelOption{},
+		Recommended: []output.KernelOption{}, Problems: []string{}}
 	st.BuildID, _ = debuginfo.KernelBuildID(h.path("/sys/kernel/notes"))
 	st.ModuleLoaded = h.moduleLoaded()
 	_, err := os.Stat(h.path("/dev/kerninst"))

@@ -18,6 +18,7 @@ import (
 	"github.com/kinst/kinst/app/cli"
 	"github.com/kinst/kinst/driver"
 	"github.com/kinst/kinst/kerninstd/kerninstdtest"
+	"github.com/kinst/kinst/output"
 	"github.com/spf13/pflag"
 )
 
@@ -192,7 +193,7 @@ func TestVersion(t *testing.T) {
 		t.Errorf("kinst --version:\n%s", out)
 	}
 	status, out, _ = kinst(t, "version", "--json", "--addr", s.Addr)
-	var v api.Version
+	var v output.Version
 	if err := json.Unmarshal([]byte(out), &v); status != 0 || err != nil {
 		t.Fatalf("version --json: %d, %v\n%s", status, err, out)
 	}
@@ -219,8 +220,8 @@ func TestOutputRouting(t *testing.T) {
 	count := func(args ...string) (int, string, string) {
 		return kinst(t, append(append([]string{"count", "lookuppn", "--addr", s.Addr}, args...), cmd...)...)
 	}
-	decode := func(what, s string) api.CountReport {
-		var r api.CountReport
+	decode := func(what, s string) output.CountReport {
+		var r output.CountReport
 		if err := json.Unmarshal([]byte(s), &r); err != nil {
 			t.Fatalf("%s is not the JSON report alone: %v\n%s", what, err, s)
 		}

@@ -180,3 +180,21 @@ func TestFloorOf(t *testing.T) {
 		}
 	}
 }
+
+// The public contract stands alone: api imports none of the module's
+// packages and output only api, so a program can drive kerninstd or read
+// kinst's reports without the rest of kinst.
+func TestContractStandsAlone(t *testing.T) {
+	graph := imports(t)
+	for pkg, allowed := range map[string][]string{"api": nil, "output": {"api"}} {
+		deps, ok := graph[pkg]
+		if !ok {
+			t.Errorf("no package %s", pkg)
+		}
+		for _, dep := range deps {
+			if !slices.Contains(allowed, dep) {
+				t.Errorf("%s imports %s: it may import only %v of the module", pkg, dep, allowed)
+			}
+		}
+	}
+}

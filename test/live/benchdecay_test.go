@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/output"
 )
 
 // kinst bench cover-decay in the guest: a stat(2) loop under a coverage
@@ -27,7 +27,7 @@ func benchCoverDecay(t *testing.T, depth string) {
 	if code != 0 {
 		t.Fatalf("bench cover-decay: status %d\n%s", code, errOut)
 	}
-	var r api.DecayReport
+	var r output.DecayReport
 	if err := json.Unmarshal([]byte(out), &r); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/cfg"
+	"github.com/kinst/kinst/output"
 )
 
 // statCalls is the number of stat(2) calls the workload makes; each enters
@@ -255,7 +256,7 @@ func TestSpliceStressUnderLoad(t *testing.T) {
 	}
 	// The kernel still works, and a count still counts exactly.
 	out := gsh(t, ctx, "kinst count lookuppn --json -- kinst workload stat 1000 /")
-	var rep api.CountReport
+	var rep output.CountReport
 	if err := json.Unmarshal([]byte(out), &rep); err != nil || len(rep.Probes) != 1 || rep.Probes[0].Count < 1000 || rep.Probes[0].Count > 1000+slack {
 		t.Errorf("count after the burst: %v %+v", err, rep)
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/output"
 )
 
 // resolvable is the functions of fns this kernel has (a compiler may
@@ -140,7 +141,7 @@ func TestCoverErrorPath(t *testing.T) {
 	}
 	// The block's own counter: it runs once per failed open.
 	out := gsh(t, ctx, fmt.Sprintf("kinst count %s --json -- sh -c 'for i in 1 2 3; do cat /nonexistent/kinst-oracle2; done; true' 2>/dev/null", key))
-	var cr api.CountReport
+	var cr output.CountReport
 	if err := json.Unmarshal([]byte(out), &cr); err != nil {
 		t.Fatalf("%v:\n%s", err, out)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/debuginfo"
 	"github.com/kinst/kinst/debuginfo/debuginfotest"
+	"github.com/kinst/kinst/output"
 	"github.com/kinst/kinst/report"
 )
 
@@ -231,7 +232,7 @@ func TestSourceLinePoints(t *testing.T) {
 	slide := kaslrSlide(t, ctx, vmlinux)
 	remote := []string{"--addr", guest.KerninstdAddr(), "--token-file", guest.TokenFile(), "--vmlinux", vmlinux}
 	out, _ := hostKinst(t, append([]string{"lines", "vfs_statx", "--json"}, remote...)...)
-	var rep api.LinesReport
+	var rep output.LinesReport
 	if err := json.Unmarshal([]byte(out), &rep); err != nil || len(rep.Lines) < 5 {
 		t.Fatalf("kinst lines vfs_statx: %v, %d lines\n%.2000s", err, len(rep.Lines), out)
 	}
@@ -262,7 +263,7 @@ func TestSourceLinePoints(t *testing.T) {
 	for _, in := range cfg.Blocks[0].Instructions {
 		entryEnd = max(entryEnd, in.Offset+uint64(in.Length))
 	}
-	var pick *api.SourceLine
+	var pick *output.SourceLine
 	for i, l := range rep.Lines {
 		if strings.HasSuffix(l.File, "fs/stat.c") && l.Line > decl && l.Offset > 0 && l.Offset < entryEnd && l.Refused == "" {
 			pick = &rep.Lines[i]
@@ -277,12 +278,12 @@ func TestSourceLinePoints(t *testing.T) {
 	relative := fmt.Sprintf("vfs_statx:+%d", pick.Line-decl)
 
 	out, stderr := hostUnderStats(t, ctx, "linecount", append([]string{"count", "vfs_statx", point, relative, "--duration", "6s", "--json", "--name", "linecount"}, remote...)...)
-	var crep api.CountReport
+	var crep output.CountReport
 	if err := json.Unmarshal([]byte(out), &crep); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
 	t.Logf("%s", stderr)
-	var entry, line, rel *api.CountProbe
+	var entry, line, rel *output.CountProbe
 	for i, p := range crep.Probes {
 		switch {
 		case p.Point == "vfs_statx":
@@ -301,7 +302,7 @@ func TestSourceLinePoints(t *testing.T) {
 	if entry == nil || line == nil || rel == nil {
 		t.Fatalf("probes %+v: want vfs_statx, %s (in vfs_statx) and %s", crep.Probes, point, relative)
 	}
-	for _, p := range []*api.CountProbe{line, rel} {
+	for _, p := range []*output.CountProbe{line, rel} {
 		if p.Offset != pick.Offset {
 			t.Errorf("%s counted at vfs_statx+%#x, kinst lines says +%#x", p.Point, p.Offset, pick.Offset)
 		}
@@ -312,7 +313,7 @@ func TestSourceLinePoints(t *testing.T) {
 	// kinst annotate vfs_statx: the entry block counts the stat loop; the
 	// instructions carry lines that addr2line confirms.
 	out, _ = hostUnderStats(t, ctx, "", append([]string{"annotate", "vfs_statx", "--duration", "6s", "--json"}, remote...)...)
-	var arep api.AnnotateReport
+	var arep output.AnnotateReport
 	if err := json.Unmarshal([]byte(out), &arep); err != nil || len(arep.Blocks) == 0 {
 		t.Fatalf("kinst annotate --json: %v\n%.2000s", err, out)
 	}

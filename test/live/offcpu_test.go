@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/output"
 )
 
 // guestPut copies data into the guest at path (mode 0755): the exec agent
@@ -164,7 +164,7 @@ func TestGuestOffCPU(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("kinst unwind stack in the guest: status %d\n%s%s", code, out, errs)
 	}
-	var us api.UnwindStacks
+	var us output.UnwindStacks
 	if err := json.Unmarshal([]byte(out), &us); err != nil || len(us.Threads) != 1 {
 		t.Fatalf("kinst unwind stack --json: %v %s", err, out)
 	}
@@ -181,7 +181,7 @@ func TestGuestOffCPU(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("kinst offcpu in the guest: status %d\n%s%s", code, out, errs)
 	}
-	var rep api.OffCPUReport
+	var rep output.OffCPUReport
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatalf("kinst offcpu --json: %v\n%s", err, out)
 	}
@@ -204,7 +204,7 @@ func TestGuestOffCPU(t *testing.T) {
 	// builds. BPF alone (-F 0) follows the frame pointers of kblock-fp;
 	// kblock's stack stops short. With the sampler beside the
 	// tracer (-F 19), kblock's is completed with the CFI-unwound callers.
-	trace := func(freq string) (api.OffCPUReport, map[string][]api.OffCPUStack) {
+	trace := func(freq string) (output.OffCPUReport, map[string][]output.OffCPUStack) {
 		t.Helper()
 		// The blockers start once the tracer says it is attached (loading
 		// the kernel's BTF takes seconds under emulation).
@@ -236,12 +236,12 @@ func TestGuestOffCPU(t *testing.T) {
 		if code != 0 {
 			t.Fatalf("kinst offcpu --trace in the guest: status %d\n%s%s", code, out, errs)
 		}
-		var rep api.OffCPUReport
+		var rep output.OffCPUReport
 		if err := json.Unmarshal([]byte(out), &rep); err != nil {
 			t.Fatalf("kinst offcpu --trace --json: %v\n%s", err, out)
 		}
 		t.Logf("trace -F %s: %s", freq, strings.TrimSpace(errs))
-		byBuild := map[string][]api.OffCPUStack{}
+		byBuild := map[string][]output.OffCPUStack{}
 		for _, s := range rep.Top {
 			dash := strings.LastIndexByte(s.Group, '-')
 			build := s.Group[:max(dash, 0)]
@@ -259,7 +259,7 @@ func TestGuestOffCPU(t *testing.T) {
 		for _, b := range []string{"kblock", "kblock-fp"} {
 			if len(byBuild[b]) != 1 {
 				t.Errorf("trace -F %s: %d stacks of %s blocked in read, want one (%d stacks in all)\n%s", freq, len(byBuild[b]), b, len(rep.Top), errs)
-				byBuild[b] = append(byBuild[b], api.OffCPUStack{})
+				byBuild[b] = append(byBuild[b], output.OffCPUStack{})
 			}
 		}
 		return rep, byBuild

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/output"
 )
 
 func le64(b []byte) uint64 { return binary.LittleEndian.Uint64(b) }
@@ -229,7 +230,7 @@ func TestArmAtScale(t *testing.T) {
 	// emulator's two vCPUs, so the whole kernel fits the suite's budget.
 	out := gsh(t, ctx, fmt.Sprintf("kinst workload --nice 19 mixed /tmp 30m /lib/modules/evdev.ko 2>/tmp/mixed.log & m=$!; kinst workload --nice 19 syscalls 30m >/dev/null 2>/tmp/syscalls.log & s=$!; "+
 		"kinst bench arm %s --json; kill -INT $m $s; wait", arm))
-	var rep api.ArmReport
+	var rep output.ArmReport
 	if err := json.Unmarshal([]byte(out), &rep); err != nil || len(rep.Runs) != 1 {
 		t.Fatalf("kinst bench arm --json: %v\n%s", err, out)
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/output"
 )
 
 func TestNoDriver(t *testing.T) {
@@ -31,7 +32,7 @@ func TestNoDriver(t *testing.T) {
 
 // countWithOracle counts point over statCalls stat(2) calls and a tracefs
 // kprobe on filename_lookup over a slightly wider window.
-func countWithOracle(t *testing.T, ctx context.Context, point string) (api.CountProbe, uint64) {
+func countWithOracle(t *testing.T, ctx context.Context, point string) (output.CountProbe, uint64) {
 	t.Helper()
 	out := gsh(t, ctx, fmt.Sprintf(`T=/sys/kernel/tracing
 echo 'p:kinst/oracle filename_lookup' >> $T/kprobe_events
@@ -48,7 +49,7 @@ cat /tmp/count.json`, point, statCalls))
 	if _, err := fmt.Sscan(first, &before, &after); err != nil {
 		t.Fatalf("kprobe_profile readings %q: %v", first, err)
 	}
-	var rep api.CountReport
+	var rep output.CountReport
 	if err := json.Unmarshal([]byte(rest), &rep); err != nil {
 		t.Fatalf("count --json: %v\n%s", err, rest)
 	}
@@ -110,7 +111,7 @@ func TestTimeByBPF(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	out := gsh(t, ctx, `kinst time --json __x64_sys_clock_nanosleep -- sh -c 'i=0; while [ $i -lt 20 ]; do usleep 50000; i=$((i+1)); done'`)
-	var rep api.TimeReport
+	var rep output.TimeReport
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatalf("time --json: %v\n%s", err, out)
 	}

@@ -24,6 +24,7 @@ import (
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/app/livetest"
+	"github.com/kinst/kinst/output"
 )
 
 // Kernels are the supported kernels: the default ("", what
@@ -108,7 +109,7 @@ func checkCount(t *testing.T, ctx context.Context, g *livetest.VM) {
 		t.Fatal(err)
 	}
 	out := g.Sh(t, ctx, fmt.Sprintf("kinst count lookuppn --json -- kinst workload stat %d /", statCalls))
-	var rep api.CountReport
+	var rep output.CountReport
 	if err := json.Unmarshal([]byte(out), &rep); err != nil || len(rep.Probes) != 1 {
 		t.Fatalf("count --json: %v\n%s", err, out)
 	}
@@ -124,7 +125,7 @@ func checkCount(t *testing.T, ctx context.Context, g *livetest.VM) {
 
 func checkTime(t *testing.T, ctx context.Context, g *livetest.VM) {
 	out := g.Sh(t, ctx, fmt.Sprintf(`kinst time --json __x64_sys_clock_nanosleep -- sh -c 'i=0; while [ $i -lt %d ]; do usleep 50000; i=$((i+1)); done'`, sleeps))
-	var rep api.TimeReport
+	var rep output.TimeReport
 	if err := json.Unmarshal([]byte(out), &rep); err != nil || len(rep.Functions) != 1 {
 		t.Fatalf("time --json: %v\n%s", err, out)
 	}

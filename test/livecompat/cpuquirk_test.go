@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/app/livetest"
+	"github.com/kinst/kinst/output"
 )
 
 // slubFunctions are SLUB's allocation entry points, whose lockless fast
@@ -48,7 +48,7 @@ func checkSLUBCounters(t *testing.T, ctx context.Context, g *livetest.VM) {
 		t.Fatalf("only %d blocks of %v take a splice", len(points), slubFunctions)
 	}
 	out := g.Sh(t, ctx, fmt.Sprintf("kinst count %s --json -- kinst workload stat %d /", strings.Join(points, " "), 5*statCalls))
-	var rep api.CountReport
+	var rep output.CountReport
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatalf("count report: %v\n%s", err, out)
 	}
@@ -103,7 +103,7 @@ func TestCPUQuirk(t *testing.T) {
 		t.Fatalf("kinst cover on an affected CPU: status %d, stderr %q; want a refusal that names the quirk", code, errs)
 	}
 	out := g.Sh(t, ctx, "kinst count vfs_read --json -- kinst workload stat 100 /")
-	var rep api.CountReport
+	var rep output.CountReport
 	if err := json.Unmarshal([]byte(out), &rep); err != nil || len(rep.Probes) != 1 || rep.Probes[0].Count == 0 {
 		t.Fatalf("count through BPF: %v\n%s", err, out)
 	}

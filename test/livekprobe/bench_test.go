@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/app/livetest"
+	"github.com/kinst/kinst/output"
 )
 
 // TestBenchHit runs `kinst bench hit` in the guest: every mechanism's
@@ -23,14 +23,14 @@ func TestBenchHit(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("bench hit: status %d\n%s", code, errOut)
 	}
-	var rep api.HitReport
+	var rep output.HitReport
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatalf("bench hit --json: %v\n%s", err, out)
 	}
 	if rep.Expected != 20000*3 {
 		t.Errorf("expected_hits %d, want %d", rep.Expected, 20000*3)
 	}
-	rows := map[string]api.HitRow{}
+	rows := map[string]output.HitRow{}
 	for _, r := range rep.Rows {
 		rows[r.Mechanism] = r
 		t.Logf("%-20s %-28s ratio %.3f hits %d %s", r.Mechanism, r.Point, r.Ratio, r.Hits, r.Skipped)
@@ -66,7 +66,7 @@ func TestBenchSpliceAgainstKprobe(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("bench splice: status %d\n%s", code, errOut)
 	}
-	var res api.BenchSpliceReport
+	var res output.BenchSpliceReport
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
 		t.Fatalf("bench splice --json: %v\n%s", err, out)
 	}
@@ -116,7 +116,7 @@ cat /tmp/waiters.json`)
 	if _, err := fmt.Sscanf(first, "kprobe %d", &oracle); err != nil {
 		t.Fatalf("%q: %v", first, err)
 	}
-	var r api.TimeReport
+	var r output.TimeReport
 	if err := json.Unmarshal([]byte(rest), &r); err != nil {
 		t.Fatalf("%v\n%s", err, rest)
 	}

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/output"
 )
 
 // TestCountAgreesWithKprobe: kinst's count of filename_lookup (through
@@ -43,7 +43,7 @@ cat /tmp/count.json`, statCalls))
 	if _, err := fmt.Sscan(first, &before, &after); err != nil {
 		t.Fatalf("kprobe_profile readings %q: %v", first, err)
 	}
-	var rep api.CountReport
+	var rep output.CountReport
 	if err := json.Unmarshal([]byte(rest), &rep); err != nil {
 		t.Fatalf("count --json: %v\n%s", err, rest)
 	}

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/output"
 )
 
 // BenchmarkTimeToFirstData runs `kinst time FUNC` in the guest with a
@@ -27,7 +27,7 @@ func BenchmarkTimeToFirstData(b *testing.B) {
 		if code != 0 {
 			b.Fatalf("status %d: %s", code, errs)
 		}
-		var r api.TimeReport
+		var r output.TimeReport
 		if err := json.Unmarshal([]byte(out), &r); err != nil {
 			b.Fatal(err)
 		}

@@ -17,19 +17,20 @@ import (
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/app/livetest"
+	"github.com/kinst/kinst/output"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 )
 
 // timeJSON runs kinst time in the guest and decodes its report.
-func timeJSON(t *testing.T, ctx context.Context, args ...string) api.TimeReport {
+func timeJSON(t *testing.T, ctx context.Context, args ...string) output.TimeReport {
 	t.Helper()
 	argv := append([]string{"kinst", "time", "--json"}, args...)
 	out, errs, code := guest.Exec(t, ctx, argv...)
 	if code != 0 {
 		t.Fatalf("%q: status %d\n%s\n%s", argv, code, out, errs)
 	}
-	var r api.TimeReport
+	var r output.TimeReport
 	if err := json.Unmarshal([]byte(out), &r); err != nil {
 		t.Fatalf("%q: %v\n%s", argv, err, out)
 	}
@@ -41,7 +42,7 @@ func timeJSON(t *testing.T, ctx context.Context, args ...string) api.TimeReport 
 // end in /proc/uptime (10 ms resolution) on stderr, and returns the
 // report and the sleeps' durations as the guest saw them: an oracle for
 // the time spent inside do_nanosleep, which is slightly less.
-func sleeps(t *testing.T, ctx context.Context, script string, args ...string) (api.TimeReport, []float64) {
+func sleeps(t *testing.T, ctx context.Context, script string, args ...string) (output.TimeReport, []float64) {
 	t.Helper()
 	argv := append([]string{"kinst", "time", "--json", "do_nanosleep", "--comm", "sleep"}, args...)
 	argv = append(argv, "--", "sh", "-c", script)
@@ -49,7 +50,7 @@ func sleeps(t *testing.T, ctx context.Context, script string, args ...string) (a
 	if code != 0 {
 		t.Fatalf("%q: status %d\n%s\n%s", argv, code, out, errs)
 	}
-	var r api.TimeReport
+	var r output.TimeReport
 	if err := json.Unmarshal([]byte(out), &r); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
@@ -135,7 +136,7 @@ A=$!
 kinst time filename_lookup --pid $A --json -- sh -c "echo go > /tmp/go-a & kinst workload stat 5000 /
 while [ -e /proc/$A ] && [ \"\$(cut -d' ' -f3 /proc/$A/stat)\" != Z ]; do sleep 0.1; done"`
 	out := guest.Sh(t, ctx, script)
-	var r api.TimeReport
+	var r output.TimeReport
 	if err := json.Unmarshal([]byte(out), &r); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
@@ -208,7 +209,7 @@ func TestMetricsEndpointAndSessions(t *testing.T) {
 	// kinst watch sees the session's timer, with a rate while files are
 	// opened.
 	w := guest.Sh(t, ctx, "kinst workload files /tmp 300 & kinst watch --json --iterations 2 --interval 300ms; wait")
-	var rows []api.WatchRow
+	var rows []output.WatchRow
 	if err := json.Unmarshal([]byte(w), &rows); err != nil || len(rows) != 1 || rows[0].Metric != "time do_sys_openat2" ||
 		rows[0].Session != "scrape" || rows[0].Total < uint64(calls) || len(rows[0].History) != 2 {
 		t.Errorf("kinst watch: %v %s", err, w)
@@ -322,7 +323,7 @@ func TestVirtualTimeOfCPUBound(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("status %d\n%s\n%s", code, out, errs)
 	}
-	var r api.TimeReport
+	var r output.TimeReport
 	if err := json.Unmarshal([]byte(out), &r); err != nil {
 		t.Fatal(err)
 	}
@@ -346,7 +347,7 @@ func TestDrillDown(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	out := guest.Sh(t, ctx, "kinst drilldown do_sys_openat2 --depth 2 --callees 8 --json -- kinst workload creat /tmp 1000")
-	var r api.DrillReport
+	var r output.DrillReport
 	if err := json.Unmarshal([]byte(out), &r); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}

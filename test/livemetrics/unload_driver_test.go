@@ -11,14 +11,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/output"
 )
 
 // guestDriverStatus runs `kinst driver status --json` in the guest.
-func guestDriverStatus(t *testing.T, ctx context.Context) api.DriverStatus {
+func guestDriverStatus(t *testing.T, ctx context.Context) output.DriverStatus {
 	t.Helper()
 	out := guest.Sh(t, ctx, "kinst driver status --json")
-	var st api.DriverStatus
+	var st output.DriverStatus
 	if err := json.Unmarshal([]byte(out), &st); err != nil {
 		t.Fatalf("driver status --json: %v\n%s", err, out)
 	}

@@ -1,4 +1,4 @@
-package api
+package output
 
 // The reports of the commands that run on the host without kerninstd.
 

@@ -1,4 +1,6 @@
-package api
+package output
+
+import "github.com/kinst/kinst/api"
 
 // The reports of the commands that instrument the live kernel, as their
 // --json prints them. Durations and times are in nanoseconds.
@@ -18,12 +20,12 @@ type CountReport struct {
 
 // CountProbe is one point's total.
 type CountProbe struct {
-	Point    string `json:"point"`
-	Function string `json:"function"`
-	Offset   uint64 `json:"offset"`
-	Address  Addr   `json:"address"`
-	Count    uint64 `json:"count"`
-	Classic  string `json:"classic,omitempty"` // the Solaris name asked for
+	Point    string   `json:"point"`
+	Function string   `json:"function"`
+	Offset   uint64   `json:"offset"`
+	Address  api.Addr `json:"address"`
+	Count    uint64   `json:"count"`
+	Classic  string   `json:"classic,omitempty"` // the Solaris name asked for
 	// Mechanism: "splice", or without the driver the BPF mechanism
 	// ("fentry", "kprobe.multi", "kprobe").
 	Mechanism string `json:"mechanism"`
@@ -127,7 +129,7 @@ type WatchRow struct {
 // BenchSpliceReport is `kinst bench splice --json`: the daemon's step
 // timings, the whole request, and the same request as a tracefs kprobe.
 type BenchSpliceReport struct {
-	BenchResult
+	api.BenchResult
 	// Request is resolve + patch alloc + codegen + patch write + slot
 	// find + slot write + splice, medians.
 	Request int64         `json:"request_ns"`
@@ -137,11 +139,11 @@ type BenchSpliceReport struct {
 // KprobeRequest is the cost of the same request made as a kprobe through
 // tracefs.
 type KprobeRequest struct {
-	Point   string    `json:"point"`
-	Attach  Durations `json:"attach"` // write the kprobe_events line, enable
-	Detach  Durations `json:"detach"` // disable, delete
-	Ratio   float64   `json:"ratio"`  // attach median / kinst's request median
-	Skipped string    `json:"skipped,omitempty"`
+	Point   string        `json:"point"`
+	Attach  api.Durations `json:"attach"` // write the kprobe_events line, enable
+	Detach  api.Durations `json:"detach"` // disable, delete
+	Ratio   float64       `json:"ratio"`  // attach median / kinst's request median
+	Skipped string        `json:"skipped,omitempty"`
 }
 
 // HitReport is `kinst bench hit --json`.
@@ -212,7 +214,7 @@ type DaemonVersion struct {
 // ArmReport is `kinst bench arm --json`: one run per block count and
 // mode.
 type ArmReport struct {
-	Runs []ArmResult `json:"runs"`
+	Runs []api.ArmResult `json:"runs"`
 }
 
 // BisectReport is `kinst vm bisect --json`: the minimal failing set of
@@ -229,9 +231,9 @@ type BisectReport struct {
 // LinesReport is `kinst lines FUNC --json`: the source lines of a kernel
 // function and whether the instruction where each starts takes a probe.
 type LinesReport struct {
-	Function string `json:"function"`
-	Address  Addr   `json:"address"`
-	Vmlinux  string `json:"vmlinux"` // the debug file the lines come from
+	Function string   `json:"function"`
+	Address  api.Addr `json:"address"`
+	Vmlinux  string   `json:"vmlinux"` // the debug file the lines come from
 	// Declared is FILE:LINE of the function's declaration, which FUNC:+N
 	// counts from; "" when the debug file does not say.
 	Declared string       `json:"declared,omitempty"`
@@ -254,8 +256,8 @@ type SourceLine struct {
 // blocks and instructions with the source line of each and, per block,
 // its count over a live run or its coverage from a saved report.
 type AnnotateReport struct {
-	Function string `json:"function"`
-	Address  Addr   `json:"address"`
+	Function string   `json:"function"`
+	Address  api.Addr `json:"address"`
 	// From is "live" (counted over DurationNS) or the coverage report
 	// read.
 	From       string          `json:"from"`
@@ -266,8 +268,8 @@ type AnnotateReport struct {
 
 // AnnotateBlock is one basic block of an AnnotateReport.
 type AnnotateBlock struct {
-	Index int  `json:"index"`
-	Start Addr `json:"start"`
+	Index int      `json:"index"`
+	Start api.Addr `json:"start"`
 	// Count is the block's executions (a live run); Covered its coverage
 	// (a report); nil when not known (no probe: Refused says why).
 	Count        *uint64        `json:"count,omitempty"`

@@ -1,4 +1,4 @@
-package api
+package output
 
 // The reports of `kinst core DUMP COMMAND --json`. Addresses are "0x…"
 // strings.

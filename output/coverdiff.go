@@ -1,4 +1,4 @@
-package api
+package output
 
 // CoverDiff is `kinst cover diff A.json B.json --json`: the blocks one
 // coverage run covered and the other did not. Blocks are matched by

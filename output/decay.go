@@ -1,4 +1,4 @@
-package api
+package output
 
 // DecayReport is `kinst bench cover-decay --json`: a system-call loop's
 // throughput, per step after a coverage session over the call's path was
