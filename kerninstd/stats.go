@@ -5,7 +5,7 @@ import (
 	"net/http"
 
 	"github.com/kinst/kinst/api"
-	"github.com/kinst/kinst/census"
+	"github.com/kinst/kinst/report"
 )
 
 // serveStats returns the whole-kernel census: the one computed at start-up
@@ -26,7 +26,7 @@ func (c *kernelCensus) serveStats(w http.ResponseWriter, r *http.Request) {
 	cached := c.stats
 	c.mu.Unlock()
 	if cached != nil && r.URL.Query().Get("fresh") == "" {
-		send(api.StatsEvent{Stats: censusReport(cached)})
+		send(api.StatsEvent{Stats: report.Census(cached)})
 		return
 	}
 	progress := make(chan api.StatsEvent, 1)
@@ -50,30 +50,5 @@ func (c *kernelCensus) serveStats(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.setStats(st)
-	send(api.StatsEvent{Stats: censusReport(&st)})
-}
-
-// censusReport is the census as the API reports it.
-func censusReport(st *census.Stats) *api.CFGStats {
-	return &api.CFGStats{
-		Modules:          st.Modules,
-		Functions:        st.Functions,
-		BasicBlocks:      st.BasicBlocks,
-		Instructions:     st.Instructions,
-		InstructionBytes: st.InstructionBytes,
-		PaddingBytes:     st.PaddingBytes,
-		UnanalysableJump: st.UnanalysableJump,
-		JumpTables:       st.JumpTables,
-		TailCalls:        st.TailCalls,
-		Returns:          st.Returns,
-		Truncated:        st.Truncated,
-		FreedInit:        st.FreedInit,
-		NoReturn:         st.NoReturn,
-		Unreadable:       st.Unreadable,
-		SpliceClasses:    st.SpliceClasses,
-		Coverable:        st.Coverable,
-		Springboard:      (*api.SpringboardStats)(st.Springboard),
-		NoSpliceSites:    (*api.OwnedCounts)(st.NoSpliceSites),
-		Seconds:          st.Seconds,
-	}
+	send(api.StatsEvent{Stats: report.Census(&st)})
 }
