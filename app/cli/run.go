@@ -60,6 +60,11 @@ func sampleChan(stream interface{ Next() (api.Sample, error) }) <-chan api.Sampl
 	return samples
 }
 
+// interruptGrace is how long a command has to end after the SIGINT that
+// stopped kinst before kinst passes it on: a terminal's Ctrl-C reaches
+// both, and a second SIGINT could cut short what the first began.
+const interruptGrace = time.Second
+
 // command starts the run's command, or takes the one started, and
 // delivers its exit status; with neither, it says how the run ends.
 func (o runOptions) command(env Env) (Process, <-chan int, error) {
@@ -139,11 +144,19 @@ loop:
 		case sg := <-sig:
 			if cmd != nil {
 				// The terminal sent the command the same SIGINT; a
-				// SIGTERM is passed on. Report until it is gone.
+				// SIGTERM is passed on, and so is a SIGINT sent to kinst
+				// alone (kill -INT, timeout -s INT) when the command is
+				// still there a moment later. Report until it is gone.
 				if sg == syscall.SIGTERM {
 					cmd.Signal(sg)
 				}
-				exited(<-cmdDone)
+				select {
+				case st := <-cmdDone:
+					exited(st)
+				case <-env.after(interruptGrace):
+					cmd.Signal(sg)
+					exited(<-cmdDone)
+				}
 			}
 			break loop
 		}
