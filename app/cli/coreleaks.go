@@ -47,6 +47,9 @@ func findLeaks(k *core.Kernel, vmlinux string, g *typegraph.Graph) (*typegraph.L
 	for i := range r.Groups {
 		gr := &r.Groups[i]
 		gr.AllocFunction = symbolize(k, gr.AllocCaller)
+		for _, f := range gr.AllocStack {
+			gr.AllocFrames = append(gr.AllocFrames, symbolize(k, f))
+		}
 		for j := range gr.Leaks {
 			gr.Leaks[j].AllocFunction = gr.AllocFunction
 		}
@@ -101,6 +104,9 @@ func writeLeaks(r *typegraph.LeakReport, verbose, asJSON bool, w io.Writer) erro
 	}
 	tw.Flush()
 	for _, gr := range r.Groups {
+		writeLeakStack(w, gr)
+	}
+	for _, gr := range r.Groups {
 		for _, l := range gr.Leaks {
 			fmt.Fprintf(w, "%#x %s", l.Addr, l.Cache)
 			if l.Type != "" {
@@ -113,6 +119,26 @@ func writeLeaks(r *typegraph.LeakReport, verbose, asJSON bool, w io.Writer) erro
 		}
 	}
 	return nil
+}
+
+// writeLeakStack prints the allocating stack of a group's leaks, where
+// the stack depot kept it (slub_debug=U), innermost frame first.
+func writeLeakStack(w io.Writer, gr typegraph.LeakGroup) {
+	if len(gr.AllocStack) == 0 {
+		return
+	}
+	typ := gr.Type
+	if typ == "" {
+		typ = "?"
+	}
+	fmt.Fprintf(w, "\n%d leaks of %s (%s) allocated at:\n", gr.Count, gr.Cache, typ)
+	for i, f := range gr.AllocStack {
+		name := fmt.Sprintf("%#x", f)
+		if i < len(gr.AllocFrames) && gr.AllocFrames[i] != "" {
+			name = gr.AllocFrames[i]
+		}
+		fmt.Fprintf(w, "    %s\n", name)
+	}
 }
 
 // busyVmapAreas are the busy vmap areas: the rb-tree vmap_area_root

@@ -52,6 +52,8 @@ type Options struct {
 	// CPU is vm.Config.CPU: the guest CPU model under TCG ("": the default,
 	// without cx16).
 	CPU string
+	// Append is vm.Config.Append: more of the guest kernel's command line.
+	Append string
 }
 
 // Enabled reports whether live-VM tests run: only when KINST_LIVE=1.
@@ -128,6 +130,7 @@ func Boot(name string, o Options) (*VM, func(), error) {
 		KerninstdBin:  filepath.Join(bin, "kerninstd"),
 		Accel:         o.Accel,
 		NoDriver:      o.NoDriver,
+		Append:        o.Append,
 		CPU:           o.CPU,
 		KernelPackage: kernel,
 		Progress:      os.Stderr,

@@ -57,6 +57,9 @@ func appendLine(c Config) string {
 	if c.NoDriver {
 		s += " kinst.nodriver"
 	}
+	if c.Append != "" {
+		s += " " + c.Append
+	}
 	return s
 }
 

@@ -56,7 +56,9 @@ type Config struct {
 	NoDriver bool
 	// CPU is QEMU's -cpu under TCG; default DefaultCPU. KVM always runs
 	// the host's CPU.
-	CPU      string
+	CPU string
+	// Append is more of the guest kernel's command line (slub_debug=…).
+	Append   string
 	Progress io.Writer // human progress lines; nil for none
 	// Ready, if set, is called once the agent answers; Up returns when it
 	// does (e.g. kerninstd in the guest answers its API).

@@ -39,6 +39,7 @@ var vmUpCommand = &command{
 		fs.StringVar(&c.CPU, "cpu", vm.DefaultCPU, "QEMU's guest CPU `model` under TCG; the default has no cmpxchg16b, whose flags QEMU before 8.0 computes wrongly (qemu64 brings it back, and kerninstd then does not splice)")
 		kd := fs.String("kerninstd", "", "the static kerninstd binary at `path` for the guest (default: next to kinst)")
 		fs.BoolVar(&c.NoDriver, "no-driver", false, "boot without loading kerninst.ko: kerninstd serves count and time with BPF (fentry, kprobe.multi, kprobe), as on a host that refuses modules")
+		fs.StringVar(&c.Append, "append", "", "more of the guest kernel's command `line`, e.g. slub_debug=U,kmalloc-64 to record the owners of one cache's objects (kinst core … findleaks groups leaks by allocating stack)")
 		fs.StringVar(&c.KernelPackage, "kernel", os.Getenv("KINST_KERNEL"), "the Debian kernel to boot: a package (linux-image-6.12.117+deb12-amd64) or its release (6.12.117+deb12-amd64, 6.12.117+deb12-rt-amd64, …); default: what linux-image-amd64 depends on (env KINST_KERNEL)")
 		return func(ctx context.Context, inv invocation) (int, error) {
 			self, err := os.Executable()

@@ -29,6 +29,7 @@ package slab
 import (
 	"encoding/binary"
 	"fmt"
+	"sync"
 
 	"github.com/cilium/ebpf/btf"
 )
@@ -258,6 +259,11 @@ const maxAnomalies = 1000
 type Heap struct {
 	k       Kernel
 	l       *layout
+	// depot is the stack depot, found by the first Stack (depotOnce);
+	// depotErr why not.
+	depotOnce sync.Once
+	depot     *StackDepot
+	depotErr  error
 	Caches  []*Cache
 	byAddr  map[uint64]*Cache
 	cpuOffs []uint64

@@ -2,6 +2,8 @@ package typegraph
 
 import (
 	"encoding/binary"
+	"fmt"
+	"slices"
 	"sort"
 
 	"github.com/cilium/ebpf/btf"
@@ -40,14 +42,19 @@ type Leak struct {
 }
 
 // LeakGroup is the leaks of one cache, type and, where slub_debug
-// records owners, allocating caller (mdb's ::findleaks groups by the
-// allocating stack; a stock kernel's struct track keeps the caller, and
-// the whole stack only in the stack depot).
+// records owners, allocating stack, as mdb's ::findleaks groups them:
+// struct track keeps the caller, and the whole stack in the stack depot
+// (its handle), which the group has when the depot could be read.
 type LeakGroup struct {
 	Cache         string `json:"cache"`
 	Type          string `json:"type,omitempty"`
 	AllocCaller   uint64 `json:"alloc_caller,omitempty"`
 	AllocFunction string `json:"alloc_function,omitempty"`
+	// AllocStack is the allocating stack, innermost frame first;
+	// AllocFrames it symbolized (FUNC+0xOFF), by the caller of
+	// FindLeaks.
+	AllocStack  []uint64 `json:"alloc_stack,omitempty"`
+	AllocFrames []string `json:"alloc_frames,omitempty"`
 	Count         int    `json:"count"`
 	// Bytes is the leaks' sizes and their hidden objects'.
 	Bytes  uint64 `json:"bytes"`
@@ -143,7 +150,10 @@ func (g *Graph) FindLeaks(roots []Range) *LeakReport {
 		if a.Type != b.Type {
 			return a.Type < b.Type
 		}
-		return a.AllocCaller < b.AllocCaller
+		if a.AllocCaller != b.AllocCaller {
+			return a.AllocCaller < b.AllocCaller
+		}
+		return slices.Compare(a.AllocStack, b.AllocStack) < 0
 	})
 	return rep
 }
@@ -204,28 +214,32 @@ func (ls *leakSearch) scanRoots(all []Range) {
 	}
 }
 
-// leakKey groups leaks: cache, type, allocating caller.
+// leakKey groups leaks: cache, type, allocating caller and stack (its
+// frames as a string: a comparable key).
 type leakKey struct {
 	cache, typ string
 	caller     uint64
+	stack      string
 }
 
-// allocCaller is the address that allocated node t, where its cache
-// keeps slub_debug's tracks; 0 otherwise.
-func (ls *leakSearch) allocCaller(t int32) uint64 {
+// allocTrack is the address that allocated node t and the whole stack
+// that did, where its cache keeps slub_debug's tracks (the stack where
+// the depot can be read); 0 and nil otherwise.
+func (ls *leakSearch) allocTrack(t int32) (uint64, []uint64) {
 	g := ls.g
 	if g.slabs[g.nodeSlab[t]].Cache.TrackOffset() < 0 {
-		return 0
+		return 0, nil
 	}
 	o, err := g.heap.Lookup(g.addr(t))
 	if err != nil {
-		return 0
+		return 0, nil
 	}
 	a, _, err := g.heap.Tracks(o)
 	if err != nil {
-		return 0
+		return 0, nil
 	}
-	return a.Addr
+	stack, _ := g.heap.Stack(a.Handle)
+	return a.Addr, stack
 }
 
 // leaked: t is allocated, readable, and no root reaches it.
@@ -277,11 +291,11 @@ func (ls *leakSearch) take(root int32) {
 	if g.mark[root] != Unmarked {
 		typ = g.typeName(root)
 	}
-	caller := ls.allocCaller(root)
-	k := leakKey{c.Name, typ, caller}
+	caller, frames := ls.allocTrack(root)
+	k := leakKey{c.Name, typ, caller, fmt.Sprint(frames)}
 	acc := ls.groups[k]
 	if acc == nil {
-		acc = &LeakGroup{Cache: c.Name, Type: typ, AllocCaller: caller}
+		acc = &LeakGroup{Cache: c.Name, Type: typ, AllocCaller: caller, AllocStack: frames}
 		ls.groups[k] = acc
 	}
 	acc.Count++

@@ -1,6 +1,7 @@
 package typegraph
 
 import (
+	"encoding/binary"
 	"fmt"
 	"maps"
 	"slices"
@@ -123,4 +124,34 @@ func TestFindLeaksByCaller(t *testing.T) {
 		t.Errorf("groups %v, want %v", got, want)
 	}
 	_ = plain.Obj(sp, 0)
+}
+
+// Where the stack depot holds the tracks' stacks, a group is one
+// allocating stack: two objects of one caller reached by different
+// paths are two groups, each with its frames; one without a handle
+// keeps its caller alone.
+func TestFindLeaksByStack(t *testing.T) {
+	im := slabtest.NewImageTypes(t, false, append(slabtest.Types(false), slabtest.DepotTypes()...))
+	dbg := im.AddCache("debugged", 64, 96, slab.FlagRedZone|slab.FlagStoreUser, 0)
+	sd := im.AddSlab(dbg, 4, nil)
+	im.Finish()
+	const caller = 0xffffffff81000100
+	a := []uint64{caller, 0xffffffff81000a00, 0xffffffff81000b00}
+	b := []uint64{caller, 0xffffffff81000c00}
+	handles := []uint32{im.AddStack(a), im.AddStack(b), im.AddStack(a), 0}
+	for i, h := range handles {
+		o := dbg.Obj(sd, i) + 64
+		im.U64(o, caller)
+		im.Write(o+8, binary.LittleEndian.AppendUint32(nil, h))
+	}
+	g := buildImageGraph(t, im)
+	r := g.FindLeaks(nil)
+	got := map[string]int{}
+	for _, gr := range r.Groups {
+		got[fmt.Sprintf("%#x", gr.AllocStack)] = gr.Count
+	}
+	want := map[string]int{fmt.Sprintf("%#x", a): 2, fmt.Sprintf("%#x", b): 1, fmt.Sprintf("%#x", []uint64(nil)): 1}
+	if !maps.Equal(got, want) {
+		t.Errorf("groups by stack %v, want %v", got, want)
+	}
 }

@@ -3,6 +3,7 @@ package livecore
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,7 +17,11 @@ import (
 // objects of its own cache and holds fifteen, five each from a global
 // array, a global list and its kernel thread's stack, and logs every
 // address. findleaks on a dump lists each leaked one in that cache, and
-// none held.
+// none held; the guest records the cache's owners (slub_debug=U), so the
+// ten are one group, leak_some's allocating stack from the stack depot.
+// leakCache is kinst_leak.ko's cache.
+const leakCache = "kinst_leak"
+
 func TestFindLeaksKnown(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -48,13 +53,23 @@ func TestFindLeaksKnown(t *testing.T) {
 	}
 	found := map[uint64]bool{}
 	for _, g := range r.Groups {
+		if g.Cache == leakCache {
+			// slub_debug=U: the leaks are grouped by allocating stack,
+			// leak_some's (through the allocator's frames).
+			if !slices.ContainsFunc(g.AllocFrames, func(f string) bool { return strings.HasPrefix(f, "leak_some+") }) {
+				t.Errorf("%d leaks of %s allocated at %q: want leak_some's stack", g.Count, g.Cache, g.AllocFrames)
+			} else if g.Count != len(leaked) {
+				t.Errorf("leak_some's stack groups %d leaks, want %d", g.Count, len(leaked))
+			}
+			t.Logf("%d leaks allocated at %s", g.Count, strings.Join(g.AllocFrames, " ← "))
+		}
 		for _, l := range g.Leaks {
 			if how, ok := held[l.Addr]; ok {
 				t.Errorf("findleaks lists %#x, held from the module's %s", l.Addr, how)
 			}
 			if leaked[l.Addr] {
 				found[l.Addr] = true
-				if l.Cache != "kinst_leak" {
+				if l.Cache != leakCache {
 					t.Errorf("leak %#x in cache %s, want kinst_leak", l.Addr, l.Cache)
 				}
 			}

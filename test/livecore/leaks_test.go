@@ -17,9 +17,10 @@ type leaksJSON struct {
 	Leaks      int            `json:"leaks"`
 	RootRanges map[string]int `json:"root_ranges"`
 	Groups     []struct {
-		Cache string `json:"cache"`
-		Count int    `json:"count"`
-		Leaks []struct {
+		Cache       string   `json:"cache"`
+		Count       int      `json:"count"`
+		AllocFrames []string `json:"alloc_frames"`
+		Leaks       []struct {
 			Addr  uint64 `json:"addr"`
 			Cache string `json:"cache"`
 		} `json:"leaks"`

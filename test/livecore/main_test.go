@@ -30,7 +30,10 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(livetest.Main(m, "livecore", func(g *livetest.VM) {
+	// The known-leaks module's cache records its objects' owners, as
+	// slub_debug=U does for a cache a user suspects.
+	o := livetest.Options{Append: "slub_debug=U," + leakCache}
+	os.Exit(livetest.MainWith(m, "livecore", o, func(g *livetest.VM) {
 		guest, bin, tmp, cache = g, g.Bin, g.Scratch, g.Cache
 	}))
 }

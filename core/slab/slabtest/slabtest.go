@@ -134,6 +134,8 @@ type Image struct {
 	metaPFN  uint64
 	slabPFN  uint64
 	strs     map[string]uint64
+	// depotNext is the next free offset of the stack depot's pool.
+	depotNext uint64
 }
 
 var _ slab.Kernel = (*Image)(nil)
@@ -528,4 +530,39 @@ func (im *Image) Clone() *Image {
 	}
 	cp.Reads = 0
 	return &cp
+}
+
+// DepotTypes are the stack depot's types as 6.1 lays them out (union
+// handle_parts, struct stack_record), for an image with a depot.
+func DepotTypes() []btf.Type {
+	bf := func(name string, off, bits uint32) btf.Member {
+		return btf.Member{Name: name, Type: tU32, Offset: btf.Bits(off), BitfieldSize: btf.Bits(bits)}
+	}
+	parts := &btf.Struct{Size: 4, Members: []btf.Member{bf("slabindex", 0, 16), bf("offset", 16, 10), bf("valid", 26, 1), bf("extra", 27, 5)}}
+	hp := &btf.Union{Name: "handle_parts", Size: 4, Members: []btf.Member{{Name: "handle", Type: tU32}, {Type: parts}}}
+	rec := &btf.Struct{Name: "stack_record", Size: 24}
+	rec.Members = []btf.Member{m("next", &btf.Pointer{Target: rec}, 0), m("hash", tU32, 8), m("size", tU32, 12), m("handle", hp, 16),
+		m("entries", &btf.Array{Index: tU32, Type: tU64}, 24)}
+	return []btf.Type{hp, rec}
+}
+
+// AddStack stores frames in the image's stack depot (stack_slabs, made
+// on the first call; the image needs DepotTypes) and gives their handle.
+func (im *Image) AddStack(frames []uint64) uint32 {
+	const pool = 16384
+	if _, ok := im.Syms["stack_slabs"]; !ok {
+		im.Syms["stack_slabs"] = im.Alloc(8)
+		im.U64(im.Syms["stack_slabs"], im.Alloc(pool))
+		im.depotNext = 16 // offset 0 would make handle 0 for pool 0 without the valid bit
+	}
+	off := im.depotNext
+	rec := im.Get64(im.Syms["stack_slabs"]) + off
+	im.depotNext += (24 + 8*uint64(len(frames)) + 15) &^ 15
+	h := uint32(off>>4)<<16 | 1<<26
+	im.Write(rec+16, binary.LittleEndian.AppendUint32(nil, h))
+	im.Write(rec+12, binary.LittleEndian.AppendUint32(nil, uint32(len(frames))))
+	for i, f := range frames {
+		im.U64(rec+24+8*uint64(i), f)
+	}
+	return h
 }
