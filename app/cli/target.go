@@ -184,23 +184,24 @@ func (p *procTarget) kill() {
 	}
 }
 
-// started lets a started command run, and is it as runSession waits for
-// it; nil when kinst attached to a running process.
+// started is a started command as runSession waits for it; nil when
+// kinst attached to a running process.
 func (p *procTarget) started() Process {
 	if p.cmd == nil {
 		return nil
 	}
-	unix.Kill(p.pid, unix.SIGCONT)
 	return tracedChild{p}
 }
 
-// tracedChild is a started command as runSession waits for it. Its exit
-// is seen in /proc, not by waiting: kinst may hold its threads in ptrace
-// stops at any time (a splice, a sweep), and a wait would take those
-// stops. It is reaped by finish, after the host has let it go.
+// tracedChild is a started command as runSession waits for it: Wait lets
+// it run (it was started stopped), within the run. Its exit is seen in
+// /proc, not by waiting: kinst may hold its threads in ptrace stops at
+// any time (a splice, a sweep), and a wait would take those stops. It is
+// reaped by finish, after the host has let it go.
 type tracedChild struct{ p *procTarget }
 
 func (c tracedChild) Wait() int {
+	unix.Kill(c.p.pid, unix.SIGCONT)
 	for process.Alive(c.p.pid) {
 		time.Sleep(5 * time.Millisecond) // the run's end, and a rate's
 	}
