@@ -16,9 +16,12 @@ type layout struct {
 	// struct kmem_cache
 	cacheSize                                                   uint32
 	cpuSlab, flags, size, objectSize, offset, oo, min, refcount field
-	ctor, inuse, align, redLeftPad, name, list, random, node    field
-	cpuPartial, cpuPartialSlabs, kobjSD, useroffset, usersize   field
-	nodeLen                                                     uint32
+	// flagBits maps the flags word's bits to the Flag constants, where
+	// the kernel numbers them (6.10+); nil before.
+	flagBits                                                  map[uint64]uint64
+	ctor, inuse, align, redLeftPad, name, list, random, node  field
+	cpuPartial, cpuPartialSlabs, kobjSD, useroffset, usersize field
+	nodeLen                                                   uint32
 	// struct kmem_cache_cpu
 	cpuSize                                        uint32
 	cpuFreelist, cpuTid, cpuSlabSlab, cpuPartialSl field
@@ -55,6 +58,7 @@ func newLayout(spec *btf.Spec) (*layout, error) {
 	l.cacheSize = lb.Sizeof(kc)
 	l.cpuSlab = lb.Need(kc, "cpu_slab")
 	l.flags = lb.Need(kc, "flags")
+	l.flagBits = flagBits(spec)
 	l.size = lb.Need(kc, "size")
 	l.objectSize = lb.Need(kc, "object_size")
 	l.offset = lb.Need(kc, "offset")

@@ -2,9 +2,13 @@ package slab
 
 import (
 	"encoding/binary"
+	"slices"
 	"testing"
 
+	"github.com/cilium/ebpf/btf"
+
 	"github.com/kinst/kinst/core/internal/btflayout"
+	"github.com/kinst/kinst/internal/btftest"
 )
 
 // How a struct page says it heads a slab, in each kernel's way.
@@ -34,5 +38,41 @@ func TestIsSlabMarks(t *testing.T) {
 		if got := c.l.isSlab(c.b); got != c.want {
 			t.Errorf("%s: isSlab %v, want %v", c.name, got, c.want)
 		}
+	}
+}
+
+// From 6.10 the SLAB_ flags are bits numbered by enum _slab_flag_bits;
+// a cache's flags word is read into the fixed values of the Flag
+// constants (6.1's), so STORE_USER (bit 7 of 6.12's word) finds the
+// tracks and a flag the constants lack prints by name. Without the enum
+// the word is taken as it is.
+func TestFlagBits(t *testing.T) {
+	var vals []btf.EnumValue
+	for i, n := range []string{"CONSISTENCY_CHECKS", "RED_ZONE", "POISON", "KMALLOC", "HWCACHE_ALIGN", "CACHE_DMA", "CACHE_DMA32",
+		"STORE_USER", "PANIC", "TYPESAFE_BY_RCU", "TRACE", "NOLEAKTRACE", "NO_MERGE", "ACCOUNT", "NO_USER_FLAGS", "SKIP_KFENCE",
+		"RECLAIM_ACCOUNT", "OBJECT_POISON", "CMPXCHG_DOUBLE", "NO_OBJ_EXT", "FLAGS_LAST_BIT"} {
+		vals = append(vals, btf.EnumValue{Name: "_SLAB_" + n, Value: uint64(i)})
+	}
+	spec := btftest.Spec(t, &btf.Enum{Name: "_slab_flag_bits", Size: 4, Values: vals})
+	bits := flagBits(spec)
+	for _, tc := range []struct {
+		raw  uint64
+		want []string
+	}{
+		{0x80, []string{"STORE_USER"}},
+		{1<<3 | 1<<12, []string{"KMALLOC", "NO_MERGE"}},
+		{1<<1 | 1<<2 | 1<<7 | 1<<17, []string{"RED_ZONE", "POISON", "STORE_USER", "__OBJECT_POISON"}},
+		{1 << 21, []string{"0x2000000000000000"}}, // a bit the enum does not name
+	} {
+		if got := FlagNames(canonicalFlags(tc.raw, bits)); !slices.Equal(got, tc.want) {
+			t.Errorf("6.12 flags %#x: %v, want %v", tc.raw, got, tc.want)
+		}
+	}
+	c := &Cache{Flags: canonicalFlags(0x80, bits), Offset: 64, Inuse: 64}
+	if c.TrackOffset() != 72 {
+		t.Errorf("STORE_USER by 6.12's numbering: tracks at %d, want 72", c.TrackOffset())
+	}
+	if got := canonicalFlags(FlagStoreUser, flagBits(btftest.Spec(t, &btf.Int{Name: "int", Size: 4}))); got != FlagStoreUser {
+		t.Errorf("6.1's flags %#x read as %#x", FlagStoreUser, got)
 	}
 }

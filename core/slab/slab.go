@@ -29,6 +29,7 @@ package slab
 import (
 	"encoding/binary"
 	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/cilium/ebpf/btf"
@@ -68,6 +69,11 @@ const (
 	FlagNoUserFlags       = 0x10000000
 	flagCmpxchgDouble     = 0x40000000
 	flagObjectPoison      = 0x80000000
+	// Flags of kernels that number them (enum _slab_flag_bits, 6.10+)
+	// and that 6.1 does not have: bits of kinst's own, past 32.
+	flagNoMerge    = 1 << 32
+	flagSkipKfence = 1 << 33
+	flagNoObjExt   = 1 << 34
 
 	// debugFlags is SLAB_DEBUG_FLAGS: caches with any of them keep full
 	// lists and run the debug paths (kmem_cache_debug).
@@ -85,6 +91,50 @@ var flagNames = []struct {
 	{FlagTrace, "TRACE"}, {FlagDebugObjects, "DEBUG_OBJECTS"}, {FlagNoLeakTrace, "NOLEAKTRACE"},
 	{FlagFailSlab, "FAILSLAB"}, {FlagAccount, "ACCOUNT"}, {FlagNoUserFlags, "NO_USER_FLAGS"},
 	{flagCmpxchgDouble, "__CMPXCHG_DOUBLE"}, {flagObjectPoison, "__OBJECT_POISON"},
+	{flagNoMerge, "NO_MERGE"}, {flagSkipKfence, "SKIP_KFENCE"}, {flagNoObjExt, "NO_OBJ_EXT"},
+}
+
+// flagBits maps a kernel's numbered flags (enum _slab_flag_bits: from
+// 6.10 the SLAB_ flags are bits in the order of that enum, no longer
+// the fixed values above) to the Flag constants; nil where the kernel
+// has no such enum and its flags are those values already.
+func flagBits(spec *btf.Spec) map[uint64]uint64 {
+	var e *btf.Enum
+	if spec.TypeByName("_slab_flag_bits", &e) != nil {
+		return nil
+	}
+	out := map[uint64]uint64{}
+	for _, v := range e.Values {
+		name := strings.TrimPrefix(v.Name, "_SLAB_")
+		for _, n := range flagNames {
+			if strings.TrimPrefix(n.name, "__") == name {
+				out[v.Value] = n.bit
+			}
+		}
+	}
+	return out
+}
+
+// canonicalFlags is a kmem_cache's flags word as the Flag constants
+// spell it: bits the kernel's enum numbers, mapped; a bit it does not
+// name moved past the constants (bit 40 on), to print as a number
+// rather than pass for another flag.
+func canonicalFlags(raw uint64, bits map[uint64]uint64) uint64 {
+	if bits == nil {
+		return raw
+	}
+	var out uint64
+	for b := uint64(0); b < 64; b++ {
+		if raw&(1<<b) == 0 {
+			continue
+		}
+		if f, ok := bits[b]; ok {
+			out |= f
+		} else if b < 24 {
+			out |= 1 << (40 + b)
+		}
+	}
+	return out
 }
 
 // FlagNames spells a cache's flags as the kernel's SLAB_ names.
@@ -257,16 +307,16 @@ const maxAnomalies = 1000
 // Heap is the SLUB allocator of one kernel. It is not safe for
 // concurrent use.
 type Heap struct {
-	k       Kernel
-	l       *layout
+	k Kernel
+	l *layout
 	// depot is the stack depot, found by the first Stack (depotOnce);
 	// depotErr why not.
 	depotOnce sync.Once
 	depot     *StackDepot
 	depotErr  error
-	Caches  []*Cache
-	byAddr  map[uint64]*Cache
-	cpuOffs []uint64
+	Caches    []*Cache
+	byAddr    map[uint64]*Cache
+	cpuOffs   []uint64
 
 	PageOffset uint64 // start of the direct map (page_offset_base)
 	Vmemmap    uint64 // the struct page array (vmemmap_base)
@@ -445,7 +495,7 @@ func (h *Heap) readCache(addr uint64, nodes int) (*Cache, error) {
 	}
 	c := &Cache{
 		Addr:       addr,
-		Flags:      l.flags.U64(b),
+		Flags:      canonicalFlags(l.flags.U64(b), l.flagBits),
 		ObjectSize: uint32(l.objectSize.U64(b)),
 		Size:       uint32(l.size.U64(b)),
 		Offset:     uint32(l.offset.U64(b)),

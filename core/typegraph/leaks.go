@@ -55,7 +55,7 @@ type LeakGroup struct {
 	// FindLeaks.
 	AllocStack  []uint64 `json:"alloc_stack,omitempty"`
 	AllocFrames []string `json:"alloc_frames,omitempty"`
-	Count         int    `json:"count"`
+	Count       int      `json:"count"`
 	// Bytes is the leaks' sizes and their hidden objects'.
 	Bytes  uint64 `json:"bytes"`
 	Hidden int    `json:"hidden"`
