@@ -43,6 +43,7 @@ func remoteSyscall(m *memFile, st *stopped, nr uint64, args ...uint64) (uint64, 
 			return 0, err
 		}
 		if ws.Exited() || ws.Signaled() {
+			noteExit(st.tid, ws)
 			return 0, fmt.Errorf("%w: thread %d died during a system call kinst made it run", ErrNoProcess, st.tid)
 		}
 		if ws.Stopped() && ws.StopSignal() == unix.SIGTRAP {

@@ -4,10 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"runtime"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -120,6 +122,42 @@ func stopAll(pid int) (map[int]*stopped, error) {
 	}
 }
 
+// exits are the exit statuses the tracer's waits took (pid → status): a
+// process kinst started is its child, so a wait for a stop of its main
+// thread that finds it exited reaps it, and its parent's own wait then
+// finds nothing. Reaped gives the status back.
+var exits sync.Map
+
+func noteExit(tid int, ws unix.WaitStatus) { exits.Store(tid, ws) }
+
+// Wait waits for a command kinst started (Start) and spliced, and gives
+// its exit status as a shell reports it (128+N when signal N killed it).
+// Where a wait of kinst's as its tracer found it exited and reaped it,
+// cmd.Wait finds no child: the status is the one that wait took.
+func Wait(cmd *exec.Cmd) int {
+	err := cmd.Wait()
+	var ws unix.WaitStatus
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &ee):
+		ws = unix.WaitStatus(ee.Sys().(syscall.WaitStatus))
+	case errors.Is(err, unix.ECHILD):
+		v, ok := exits.Load(cmd.Process.Pid)
+		if !ok {
+			return 1
+		}
+		ws = v.(unix.WaitStatus)
+	default:
+		return 1
+	}
+	if ws.Signaled() {
+		return 128 + int(ws.Signal())
+	}
+	return ws.ExitStatus()
+}
+
 // waitStop waits for the thread's next stop. The interrupt's own stop is
 // a PTRACE_EVENT_STOP; a signal that arrived first stops it as a
 // signal-delivery-stop, which is kept to be given back.
@@ -134,6 +172,7 @@ func waitStop(st *stopped) error {
 			return err
 		}
 		if ws.Exited() || ws.Signaled() {
+			noteExit(st.tid, ws)
 			return unix.ESRCH
 		}
 		if !ws.Stopped() {

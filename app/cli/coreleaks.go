@@ -39,11 +39,11 @@ func CoreFindLeaks(k *core.Kernel, vmlinux, graphFile string, verbose, asJSON bo
 
 // findLeaks runs findleaks on a built graph.
 func findLeaks(k *core.Kernel, vmlinux string, g *typegraph.Graph) (*typegraph.LeakReport, error) {
-	roots, err := leakRoots(k, vmlinux, g)
+	in, err := leakRoots(k, vmlinux, g)
 	if err != nil {
 		return nil, fmt.Errorf("findleaks: %w", err)
 	}
-	r := g.FindLeaks(roots)
+	r := g.FindLeaksIn(in)
 	for i := range r.Groups {
 		gr := &r.Groups[i]
 		gr.AllocFunction = symbolize(k, gr.AllocCaller)
@@ -79,7 +79,10 @@ func writeLeaks(r *typegraph.LeakReport, verbose, asJSON bool, w io.Writer) erro
 	if r.Unreadable > 0 {
 		fmt.Fprintf(w, ", %d KiB not in the dump", r.Unreadable>>10)
 	}
-	fmt.Fprintf(w, "); %d unreached in %d leaks, %d bytes\n", r.Leaked, r.Leaks, r.LeakedSize)
+	fmt.Fprintf(w, "); %d unreached in %d leaks, %d bytes\n", r.Leaked, r.Leaks-r.RegionsLeaked, r.LeakedSize-regionBytes(r))
+	if r.Regions > 0 {
+		fmt.Fprintf(w, "%d vmalloc'd areas judged the same way: %d unreached, %d bytes\n", r.Regions, r.RegionsLeaked, regionBytes(r))
+	}
 	if r.ReadFails > 0 {
 		fmt.Fprintf(w, "%d objects in slabs the dump does not hold: not counted as leaks\n", r.ReadFails)
 	}
@@ -91,7 +94,10 @@ func writeLeaks(r *typegraph.LeakReport, verbose, asJSON bool, w io.Writer) erro
 	fmt.Fprintf(tw, "LEAKS\tHIDDEN\tBYTES\tCACHE\tTYPE\tALLOCATED BY\t\n")
 	for _, gr := range r.Groups {
 		typ, by := gr.Type, gr.AllocFunction
-		if typ == "" {
+		switch {
+		case gr.Cache == "vmalloc":
+			typ = "-" // an area, not an object: no type to infer
+		case typ == "":
 			typ = "?"
 		}
 		switch {
@@ -119,6 +125,17 @@ func writeLeaks(r *typegraph.LeakReport, verbose, asJSON bool, w io.Writer) erro
 		}
 	}
 	return nil
+}
+
+// regionBytes is the bytes of the report's leaked regions.
+func regionBytes(r *typegraph.LeakReport) uint64 {
+	var n uint64
+	for _, gr := range r.Groups {
+		if gr.Cache == "vmalloc" {
+			n += gr.Bytes
+		}
+	}
+	return n
 }
 
 // writeLeakStack prints the allocating stack of a group's leaks, where
@@ -175,43 +192,45 @@ func busyVmapAreas(e *typed.Env, va btf.Type, g *typegraph.Graph) (areas []uint6
 	return areas, &r, nil
 }
 
-// leakRoots are findleaks' roots beyond the graph's own: each task's
-// kernel stack and each busy vmalloc area (busyVmapAreas), whose
-// unmapped guard pages are skipped as they are read.
-func leakRoots(k *core.Kernel, vmlinux string, g *typegraph.Graph) ([]typegraph.Range, error) {
+// leakRoots are findleaks' roots beyond the graph's own, and its
+// candidate regions: each task's kernel stack and each busy vmalloc area
+// (busyVmapAreas), whose unmapped guard pages are skipped as they are
+// read. A vmalloc'd area (VM_ALLOC: vmalloc, module memory) that is no
+// task's stack is a candidate, reached only when a pointer leads to it,
+// and a leak when none does; other areas (ioremap, vmap, vm_map_ram)
+// map memory that others own, and stay roots.
+func leakRoots(k *core.Kernel, vmlinux string, g *typegraph.Graph) (typegraph.LeakInput, error) {
+	var in typegraph.LeakInput
 	tasks, err := k.Tasks()
 	if err != nil {
-		return nil, err
+		return in, err
 	}
-	var roots []typegraph.Range
+	stacks := map[uint64]bool{}
 	for _, t := range tasks {
 		if base, ok := t.Stack(); ok {
-			roots = append(roots, typegraph.Range{Lo: base, Hi: base + kernelStackSize, What: "task stack"})
+			in.Roots = append(in.Roots, typegraph.Range{Lo: base, Hi: base + kernelStackSize, What: "task stack"})
+			stacks[base] = true
 		}
 	}
 	e, done, err := typedEnv(k, vmlinux)
 	if err != nil {
-		return nil, err
+		return in, err
 	}
 	defer done()
 	va, err := lookupStruct(e, "vmap_area")
 	if err != nil {
-		return nil, err
+		return in, err
 	}
 	areas, vnodes, err := busyVmapAreas(e, va, g)
 	if err != nil {
-		return nil, err
+		return in, err
 	}
 	if vnodes != nil {
-		roots = append(roots, *vnodes)
+		in.Roots = append(in.Roots, *vnodes)
 	}
-	lo, err := typed.OffsetOf(va, "va_start")
+	f, err := vmapFields(e, va)
 	if err != nil {
-		return nil, err
-	}
-	hi, err := typed.OffsetOf(va, "va_end")
-	if err != nil {
-		return nil, err
+		return in, err
 	}
 	var b [8]byte
 	word := func(a uint64) (uint64, bool) {
@@ -220,12 +239,137 @@ func leakRoots(k *core.Kernel, vmlinux string, g *typegraph.Graph) ([]typegraph.
 		}
 		return binary.LittleEndian.Uint64(b[:]), true
 	}
+	cached := cachedStacks(e)
+	// Every record of an area, busy or free, names its bounds: a record
+	// whose end is the next area's start must not reach that area.
+	for _, a := range append(areas, otherVmapAreas(e, va, g)...) {
+		in.Metadata = append(in.Metadata, a+f.start, a+f.end)
+	}
 	for _, a := range areas {
-		s, ok1 := word(a + lo)
-		t, ok2 := word(a + hi)
-		if ok1 && ok2 && s < t && t-s <= 1<<32 {
-			roots = append(roots, typegraph.Range{Lo: s, Hi: t, What: "vmalloc area"})
+		s, ok1 := word(a + f.start)
+		t, ok2 := word(a + f.end)
+		if !ok1 || !ok2 || s >= t || t-s > 1<<32 {
+			continue
+		}
+		vm, _ := word(a + f.vm)
+		flags, ok := word(vm + f.flags)
+		if vm == 0 || !ok || flags&vmAlloc == 0 || stacks[s] || cached[vm] {
+			in.Roots = append(in.Roots, typegraph.Range{Lo: s, Hi: t, What: "vmalloc area"})
+			continue
+		}
+		caller, _ := word(vm + f.caller)
+		in.Regions = append(in.Regions, typegraph.Region{Lo: s, Hi: t, What: "vmalloc", Caller: caller})
+		in.Metadata = append(in.Metadata, vm+f.addr)
+	}
+	return in, nil
+}
+
+// cachedStacks are the vm_structs of the task stacks each CPU keeps for
+// the next fork (cached_stacks, with CONFIG_VMAP_STACK): held through
+// the vm_struct alone, whose address field findleaks does not follow.
+func cachedStacks(e *typed.Env) map[uint64]bool {
+	out := map[uint64]bool{}
+	for cpu := 0; cpu < maxCPUs; cpu++ {
+		for i := 0; ; i++ {
+			v, err := e.Eval(fmt.Sprintf("per_cpu(cached_stacks, %d)[%d]", cpu, i))
+			if err != nil {
+				if i == 0 {
+					return out // no such CPU, or no cache of stacks
+				}
+				break
+			}
+			if p, err := e.Uint(v); err == nil && p != 0 {
+				out[p] = true
+			}
+			if i > 16 {
+				break
+			}
 		}
 	}
-	return roots, nil
+	return out
+}
+
+// maxCPUs bounds a walk over CPUs that ends at the first one the dump
+// does not have.
+const maxCPUs = 8192
+
+// otherVmapAreas are the records of the vmalloc space's free and lazily
+// freed areas: the free tree (free_vmap_area_root), the lazy tree
+// before 6.9 (purge_vmap_area_root), and from 6.9 each vmap_node's lazy
+// tree and its pools of free areas by size. A tree or list that cannot
+// be read is skipped: its records then stay references, and at worst a
+// leaked area next to a free one is not reported.
+func otherVmapAreas(e *typed.Env, va btf.Type, g *typegraph.Graph) []uint64 {
+	var out []uint64
+	walk := func(head uint64, member string) {
+		if as, err := e.ListEntries(head, va, member, maxListEntries); err == nil {
+			out = append(out, as...)
+		}
+	}
+	for _, root := range []string{"free_vmap_area_root", "purge_vmap_area_root"} {
+		if head, ok := e.Symbol(root); ok {
+			walk(head, "rb_node")
+		}
+	}
+	r, n, ok := g.VmapNodes()
+	vn, err := lookupStruct(e, "vmap_node")
+	if !ok || err != nil {
+		return out
+	}
+	lazy, err1 := typed.OffsetOf(vn, "lazy.root")
+	pool, err2 := typed.OffsetOf(vn, "pool")
+	vp, err3 := lookupStruct(e, "vmap_pool")
+	if err1 != nil || err2 != nil || err3 != nil {
+		return out
+	}
+	var npools uint32
+	if st, ok := btf.UnderlyingType(vn).(*btf.Struct); ok {
+		for _, m := range st.Members {
+			if a, ok := btf.UnderlyingType(m.Type).(*btf.Array); ok && m.Name == "pool" {
+				npools = a.Nelems
+			}
+		}
+	}
+	psize, _ := btf.Sizeof(vp)
+	size := (r.Hi - r.Lo) / uint64(n)
+	for i := range uint64(n) {
+		node := r.Lo + i*size
+		walk(node+lazy, "rb_node")
+		for j := range uint64(npools) {
+			walk(node+pool+j*uint64(psize), "list")
+		}
+	}
+	return out
+}
+
+// vmAlloc is VM_ALLOC (include/linux/vmalloc.h): the area's pages were
+// allocated for it (vmalloc and its kin), not mapped from elsewhere.
+const vmAlloc = 0x2
+
+// vmapFieldOffsets are where struct vmap_area and struct vm_struct keep
+// what findleaks reads.
+type vmapFieldOffsets struct {
+	start, end, vm      uint64 // vmap_area
+	flags, caller, addr uint64 // vm_struct
+}
+
+func vmapFields(e *typed.Env, va btf.Type) (vmapFieldOffsets, error) {
+	var f vmapFieldOffsets
+	vs, err := lookupStruct(e, "vm_struct")
+	if err != nil {
+		return f, err
+	}
+	for _, m := range []struct {
+		t    btf.Type
+		name string
+		to   *uint64
+	}{{va, "va_start", &f.start}, {va, "va_end", &f.end}, {va, "vm", &f.vm},
+		{vs, "flags", &f.flags}, {vs, "caller", &f.caller}, {vs, "addr", &f.addr}} {
+		off, err := typed.OffsetOf(m.t, m.name)
+		if err != nil {
+			return f, err
+		}
+		*m.to = off
+	}
+	return f, nil
 }

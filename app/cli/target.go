@@ -227,7 +227,7 @@ func (p *procTarget) finish(stderr io.Writer) *int {
 	if process.Alive(p.pid) {
 		p.cmd.Process.Signal(os.Interrupt)
 	}
-	s := exitCode(p.cmd.Wait())
+	s := process.Wait(p.cmd)
 	return &s
 }
 

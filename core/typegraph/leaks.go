@@ -79,8 +79,33 @@ type LeakReport struct {
 	RootRanges map[string]int `json:"root_ranges"`
 	// ReadFails counts slabs whose memory could not be read: their
 	// objects are neither scanned nor trusted as leaks.
-	ReadFails int         `json:"read_fails,omitempty"`
-	Groups    []LeakGroup `json:"groups"`
+	ReadFails int `json:"read_fails,omitempty"`
+	// Regions and RegionsLeaked count the candidate regions beside the
+	// slab objects (vmalloc'd areas) and those no root reaches.
+	Regions       int         `json:"regions"`
+	RegionsLeaked int         `json:"regions_leaked"`
+	Groups        []LeakGroup `json:"groups"`
+}
+
+// Region is memory allocated apart from the slabs (a vmalloc'd area)
+// that findleaks judges as it judges a slab object: reached when a word
+// of a root or of a reached object or region points anywhere into it,
+// its own words read only then, and reported when nothing reaches it.
+type Region struct {
+	Lo, Hi uint64
+	What   string // its group's "cache": "vmalloc"
+	Caller uint64 // who allocated it (vm_struct.caller); 0 unknown
+}
+
+// LeakInput is what findleaks reads beyond the graph: roots, candidate
+// regions, and the allocator's own records of those regions.
+type LeakInput struct {
+	Roots   []Range
+	Regions []Region
+	// Metadata are the addresses of words that record a region for its
+	// allocator (vmap_area.va_start and va_end, vm_struct.addr): they do
+	// not reach it, or every region would be reached by its own record.
+	Metadata []uint64
 }
 
 // leakChunk is how much root memory is read at a time.
@@ -95,18 +120,33 @@ const leakChunk = 1 << 20
 // largest groups first. Objects of slabs the dump could not read are
 // counted as reached (nothing can be said of them).
 func (g *Graph) FindLeaks(roots []Range) *LeakReport {
+	return g.FindLeaksIn(LeakInput{Roots: roots})
+}
+
+// FindLeaksIn is FindLeaks with candidate regions beside the slab
+// objects: those no root reaches are reported too, grouped by what they
+// are and who allocated them.
+func (g *Graph) FindLeaksIn(in LeakInput) *LeakReport {
 	n := int32(len(g.typ))
 	ls := &leakSearch{g: g, reached: make([]bool, n), unread: make([]bool, n), taken: make([]bool, n),
 		groups: map[leakKey]*LeakGroup{}, rep: &LeakReport{RootRanges: map[string]int{}}}
-	ls.scanRoots(append(g.builtinRoots(), roots...))
-	for len(ls.work) > 0 {
+	ls.setRegions(in.Regions, in.Metadata)
+	ls.scanRoots(append(g.builtinRoots(), in.Roots...))
+	for len(ls.work) > 0 || len(ls.rwork) > 0 {
+		if len(ls.rwork) > 0 {
+			r := ls.regions[ls.rwork[len(ls.rwork)-1]]
+			ls.rwork = ls.rwork[:len(ls.rwork)-1]
+			ls.scanRange(Range{Lo: r.Lo, Hi: r.Hi}, false)
+			continue
+		}
 		t := ls.work[len(ls.work)-1]
 		ls.work = ls.work[:len(ls.work)-1]
 		if b := g.bytes(t); b != nil {
-			ls.reach(b)
+			ls.reach(b, g.addr(t))
 		}
 	}
 	rep := ls.rep
+	ls.takeRegions()
 	// Unreadable slabs: their objects are not accused.
 	for t := int32(0); t < n; t++ {
 		if g.isFree(t) {
@@ -167,50 +207,150 @@ type leakSearch struct {
 	taken   []bool  // in a leak's group
 	groups  map[leakKey]*LeakGroup
 	rep     *LeakReport
+	// regions are the candidate regions by address (rlo, rhi their
+	// span), rreached which a word reached, rwork those not yet read;
+	// meta the words that do not reach them.
+	regions  []Region
+	rlo, rhi uint64
+	rreached []bool
+	rwork    []int
+	meta     map[uint64]bool
+	buf      []byte // a chunk of a range being read
 }
 
-// reach marks the objects b's words point at reached.
-func (ls *leakSearch) reach(b []byte) {
+// setRegions takes the candidate regions, sorted, overlapping ones
+// dropped (a region must be one allocation).
+func (ls *leakSearch) setRegions(rs []Region, meta []uint64) {
+	rs = slices.Clone(rs)
+	slices.SortFunc(rs, func(a, b Region) int { return cmpU64(a.Lo, b.Lo) })
+	for _, r := range rs {
+		if r.Hi <= r.Lo || len(ls.regions) > 0 && r.Lo < ls.regions[len(ls.regions)-1].Hi {
+			continue
+		}
+		ls.regions = append(ls.regions, r)
+	}
+	if len(ls.regions) > 0 {
+		ls.rlo, ls.rhi = ls.regions[0].Lo, ls.regions[len(ls.regions)-1].Hi
+	}
+	ls.rreached = make([]bool, len(ls.regions))
+	ls.meta = map[uint64]bool{}
+	for _, a := range meta {
+		ls.meta[a] = true
+	}
+	ls.rep.Regions = len(ls.regions)
+}
+
+func cmpU64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// region is the candidate region holding v, if any.
+func (ls *leakSearch) region(v uint64) (int, bool) {
+	if v < ls.rlo || v >= ls.rhi {
+		return 0, false
+	}
+	i, _ := slices.BinarySearchFunc(ls.regions, v, func(r Region, v uint64) int { return cmpU64(r.Lo, v) })
+	if i < len(ls.regions) && ls.regions[i].Lo == v {
+		return i, true
+	}
+	if i > 0 && v < ls.regions[i-1].Hi {
+		return i - 1, true
+	}
+	return 0, false
+}
+
+// reach marks the objects and regions b's words point at reached; b is
+// the memory at addr.
+func (ls *leakSearch) reach(b []byte, addr uint64) {
 	g := ls.g
 	for i := 0; i+8 <= len(b); i += 8 {
 		v := binary.LittleEndian.Uint64(b[i:])
 		if v < g.pfnBase {
 			continue
 		}
-		if t, _, ok := g.node(v); ok && !ls.reached[t] {
-			ls.reached[t] = true
-			ls.work = append(ls.work, t)
+		if t, _, ok := g.node(v); ok {
+			if !ls.reached[t] {
+				ls.reached[t] = true
+				ls.work = append(ls.work, t)
+			}
+			continue
+		}
+		if r, ok := ls.region(v); ok && !ls.rreached[r] && !ls.meta[addr+uint64(i)] {
+			ls.rreached[r] = true
+			ls.rwork = append(ls.rwork, r)
 		}
 	}
 }
 
-// scanRoots reaches from every root range, a chunk at a time, page by
-// page where a chunk cannot be read (a guard page or a hole in the
-// dump).
-func (ls *leakSearch) scanRoots(all []Range) {
-	rep := ls.rep
-	buf := make([]byte, leakChunk)
-	for _, r := range all {
-		rep.RootRanges[r.What]++
-		for a := r.Lo &^ 7; a < r.Hi; {
-			m := min(r.Hi-a, leakChunk)
-			b := buf[:m]
-			if ls.g.k.ReadVirt(b, a) == nil {
-				rep.RootBytes += m
-				ls.reach(b)
-				a += m
-				continue
-			}
-			next := min((a|4095)+1, r.Hi)
-			b = buf[:next-a]
-			if ls.g.k.ReadVirt(b, a) == nil {
-				rep.RootBytes += next - a
-				ls.reach(b)
-			} else {
-				rep.Unreadable += next - a
-			}
-			a = next
+// takeRegions reports the regions nothing reached, a leak each, grouped
+// by what they are and who allocated them.
+func (ls *leakSearch) takeRegions() {
+	for i, r := range ls.regions {
+		if ls.rreached[i] {
+			continue
 		}
+		ls.rep.RegionsLeaked++
+		k := leakKey{cache: r.What, caller: r.Caller}
+		acc := ls.groups[k]
+		if acc == nil {
+			acc = &LeakGroup{Cache: r.What, AllocCaller: r.Caller}
+			ls.groups[k] = acc
+		}
+		size := r.Hi - r.Lo
+		acc.Count++
+		acc.Bytes += size
+		acc.Leaks = append(acc.Leaks, Leak{Addr: r.Lo, Size: uint32(min(size, 1<<32-1)), Cache: r.What, AllocCaller: r.Caller})
+		ls.rep.Leaks++
+		ls.rep.LeakedSize += size
+	}
+}
+
+// scanRoots reaches from every root range.
+func (ls *leakSearch) scanRoots(all []Range) {
+	for _, r := range all {
+		ls.rep.RootRanges[r.What]++
+		ls.scanRange(r, true)
+	}
+}
+
+// scanRange reaches from the words of r, a chunk at a time, page by page
+// where a chunk cannot be read (a guard page or a hole in the dump); a
+// root's bytes are counted in the report.
+func (ls *leakSearch) scanRange(r Range, root bool) {
+	rep := ls.rep
+	if ls.buf == nil {
+		ls.buf = make([]byte, leakChunk)
+	}
+	count := func(read, unread uint64) {
+		if root {
+			rep.RootBytes += read
+			rep.Unreadable += unread
+		}
+	}
+	for a := r.Lo &^ 7; a < r.Hi; {
+		m := min(r.Hi-a, leakChunk)
+		b := ls.buf[:m]
+		if ls.g.k.ReadVirt(b, a) == nil {
+			count(m, 0)
+			ls.reach(b, a)
+			a += m
+			continue
+		}
+		next := min((a|4095)+1, r.Hi)
+		b = ls.buf[:next-a]
+		if ls.g.k.ReadVirt(b, a) == nil {
+			count(next-a, 0)
+			ls.reach(b, a)
+		} else {
+			count(0, next-a)
+		}
+		a = next
 	}
 }
 

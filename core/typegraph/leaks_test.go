@@ -155,3 +155,60 @@ func TestFindLeaksByStack(t *testing.T) {
 		t.Errorf("groups by stack %v, want %v", got, want)
 	}
 }
+
+// Regions (vmalloc'd areas) are judged as objects are: a root's pointer
+// into the middle of one reaches it, and its words reach further
+// (another region, a slab object); a region that only its allocator's
+// record points at (Metadata), or that only an unreached region points
+// at, is a leak with its allocating caller; an object only an unreached
+// region points at is a leak of its own.
+func TestFindLeaksRegions(t *testing.T) {
+	im := slabtest.NewImage(t, false)
+	c := im.AddCache("kmalloc-64", 64, 64, 0, 0)
+	s := im.AddSlab(c, 4, nil)
+	im.Finish()
+	obj := func(i int) uint64 { return c.Obj(s, i) }
+	const vm = 0xffffc90000200000 // regions A..E, 2 pages each, a guard page between
+	region := func(i int) Region {
+		lo := vm + uint64(i)*0x3000
+		return Region{Lo: lo, Hi: lo + 0x3000, What: "vmalloc", Caller: 0xffffffff81000000 + uint64(i)}
+	}
+	for i := range 5 {
+		im.U64(region(i).Lo+0x1ff8, 0) // map both pages; the guard page stays unmapped
+		im.U64(region(i).Lo, 0)
+	}
+	data := im.Alloc(64)
+	im.Syms["_sdata"], im.Syms["_edata"] = data, data+64
+	im.U64(data, region(0).Lo+0x1234)        // A, reached in its middle
+	im.U64(region(0).Lo+0x1ff8, region(1).Lo) // A → B
+	im.U64(region(1).Lo+8, obj(0))            // B → object 0
+	record := im.Alloc(16)                    // C's allocator record, in the data too
+	im.Syms["_edata"] = record + 16
+	im.U64(record, region(2).Lo)
+	im.U64(region(3).Lo, region(4).Lo) // D → E, nothing → D
+	im.U64(region(4).Lo, obj(1))       // E → object 1
+	im.U64(data+8, obj(2))             // object 2 reached; 3 alone
+
+	g := buildImageGraph(t, im)
+	var regions []Region
+	for i := range 5 {
+		regions = append(regions, region(i))
+	}
+	r := g.FindLeaksIn(LeakInput{Regions: regions, Metadata: []uint64{record}})
+	got := map[uint64]string{}
+	for _, gr := range r.Groups {
+		for _, l := range gr.Leaks {
+			got[l.Addr] = fmt.Sprintf("%s %#x", l.Cache, l.AllocCaller)
+		}
+	}
+	want := map[uint64]string{
+		region(2).Lo: "vmalloc 0xffffffff81000002", region(3).Lo: "vmalloc 0xffffffff81000003", region(4).Lo: "vmalloc 0xffffffff81000004",
+		obj(1): "kmalloc-64 0x0", obj(3): "kmalloc-64 0x0",
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("leaks %v, want %v", got, want)
+	}
+	if r.Regions != 5 || r.RegionsLeaked != 3 || r.Objects != 4 || r.Reached != 2 {
+		t.Errorf("report: %d regions, %d leaked, %d objects, %d reached; want 5, 3, 4, 2", r.Regions, r.RegionsLeaked, r.Objects, r.Reached)
+	}
+}

@@ -9,7 +9,9 @@
  * global list and five from the thread's own stack, and drops the
  * pointers to ten: the leaks. Each object's address and how it is held
  * go to the kernel log ("kinst_leak: leaked ADDR", "array", "list",
- * "stack"). The thread's dead stack is zeroed after the leaks, so no
+ * "stack"). It also vmallocs two areas, keeping one in a global
+ * ("vheld") and dropping the other ("vleaked"): a leak findleaks must
+ * find beside the slabs. The thread's dead stack is zeroed after the leaks, so no
  * stale copy of a leaked pointer stays where a conservative scan would
  * find it. The cache is never destroyed (it holds the leaks): the module
  * is not meant to be unloaded.
@@ -20,6 +22,7 @@
 #include <linux/kthread.h>
 #include <linux/delay.h>
 #include <linux/string.h>
+#include <linux/vmalloc.h>
 
 #define NLEAK 10
 #define NHELD 5
@@ -35,6 +38,7 @@ static struct kmem_cache *leak_cache;
  * into a static array that is never read would be dropped. */
 static struct kinst_leak_obj *held_array[NHELD] __used;
 static LIST_HEAD(held_list);
+static void *vheld __used;
 static struct task_struct *holder;
 
 /* A constructor keeps the cache from being merged with another. */
@@ -76,6 +80,19 @@ static noinline void hold_some(void)
 	}
 }
 
+static noinline void vleak_some(void)
+{
+	void *v = vmalloc(3 * PAGE_SIZE);
+
+	if (v) {
+		memset(v, 0x5a, 3 * PAGE_SIZE);
+		pr_info("kinst_leak: vleaked %px\n", v);
+	}
+	vheld = vmalloc(2 * PAGE_SIZE);
+	if (vheld)
+		pr_info("kinst_leak: vheld %px\n", vheld);
+}
+
 /* Overwrites the stack below the caller's frame, where the callees of
  * leak_some (printk's, the allocator's) left copies of its pointers. */
 static noinline void scrub_stack(void)
@@ -91,6 +108,7 @@ static int leak_thread(void *arg)
 	int i;
 
 	leak_some();
+	vleak_some();
 	scrub_stack();
 	hold_some();
 	for (i = 0; i < NHELD; i++) {

@@ -13,20 +13,22 @@ import (
 // (In a file named to sort before core_test.go: TestCore ends by
 // panicking the guest.)
 
+// leakCache is kinst_leak.ko's cache.
+const leakCache = "kinst_leak"
+
 // TestFindLeaksKnown: kinst_leak.ko (built beside the driver) leaks ten
 // objects of its own cache and holds fifteen, five each from a global
 // array, a global list and its kernel thread's stack, and logs every
 // address. findleaks on a dump lists each leaked one in that cache, and
 // none held; the guest records the cache's owners (slub_debug=U), so the
 // ten are one group, leak_some's allocating stack from the stack depot.
-// leakCache is kinst_leak.ko's cache.
-const leakCache = "kinst_leak"
-
+// Of its two vmalloc'd areas, the dropped one is a leak allocated by
+// vleak_some, the one a global holds is not.
 func TestFindLeaksKnown(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	out := gsh(t, ctx, `insmod /lib/modules/kinst_leak.ko && for i in $(seq 100); do dmesg | grep -q 'kinst_leak: ready' && break; sleep 0.2; done; dmesg | grep 'kinst_leak: '`)
-	leaked, held := map[uint64]bool{}, map[uint64]string{}
+	leaked, vleaked, held := map[uint64]bool{}, map[uint64]bool{}, map[uint64]string{}
 	for _, line := range strings.Split(out, "\n") {
 		_, rest, _ := strings.Cut(line, "kinst_leak: ")
 		f := strings.Fields(rest)
@@ -37,14 +39,17 @@ func TestFindLeaksKnown(t *testing.T) {
 		if err != nil {
 			t.Fatalf("kernel log: %q", line)
 		}
-		if f[0] == "leaked" {
+		switch f[0] {
+		case "leaked":
 			leaked[a] = true
-		} else {
+		case "vleaked":
+			vleaked[a] = true
+		default:
 			held[a] = f[0]
 		}
 	}
-	if len(leaked) != 10 || len(held) != 15 {
-		t.Fatalf("kinst_leak logged %d leaked and %d held objects, want 10 and 15:\n%s", len(leaked), len(held), out)
+	if len(leaked) != 10 || len(vleaked) != 1 || len(held) != 16 {
+		t.Fatalf("kinst_leak logged %d leaked objects, %d leaked areas and %d held, want 10, 1 and 16:\n%s", len(leaked), len(vleaked), len(held), out)
 	}
 	path := dumpGuest(t, "leaks.elf", "elf")
 	var r leaksJSON
@@ -73,12 +78,26 @@ func TestFindLeaksKnown(t *testing.T) {
 					t.Errorf("leak %#x in cache %s, want kinst_leak", l.Addr, l.Cache)
 				}
 			}
+			if vleaked[l.Addr] {
+				found[l.Addr] = true
+				if l.Cache != "vmalloc" || !strings.HasPrefix(g.AllocFunction, "vleak_some+") || l.Size < 3*4096 {
+					t.Errorf("leaked area %#x: %s of %d bytes allocated by %q; want vmalloc, 3 pages or more, vleak_some", l.Addr, l.Cache, l.Size, g.AllocFunction)
+				}
+			}
 		}
 	}
 	for a := range leaked {
 		if !found[a] {
 			t.Errorf("leaked object %#x not listed", a)
 		}
+	}
+	for a := range vleaked {
+		if !found[a] {
+			t.Errorf("leaked vmalloc area %#x not listed", a)
+		}
+	}
+	if r.Regions < 10 {
+		t.Errorf("%d vmalloc'd areas judged; want the guest's (modules' memory among them)", r.Regions)
 	}
 	t.Logf("findleaks: %d of %d leaked objects listed, none of the %d held; %d leaks in all", len(found), len(leaked), len(held), r.Leaks)
 }

@@ -16,13 +16,16 @@ type leaksJSON struct {
 	Leaked     int            `json:"leaked"`
 	Leaks      int            `json:"leaks"`
 	RootRanges map[string]int `json:"root_ranges"`
+	Regions    int            `json:"regions"`
 	Groups     []struct {
-		Cache       string   `json:"cache"`
-		Count       int      `json:"count"`
-		AllocFrames []string `json:"alloc_frames"`
-		Leaks       []struct {
+		Cache         string   `json:"cache"`
+		Count         int      `json:"count"`
+		AllocFunction string   `json:"alloc_function"`
+		AllocFrames   []string `json:"alloc_frames"`
+		Leaks         []struct {
 			Addr  uint64 `json:"addr"`
 			Cache string `json:"cache"`
+			Size  uint64 `json:"size"`
 		} `json:"leaks"`
 	} `json:"groups"`
 }
