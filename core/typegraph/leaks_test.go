@@ -179,7 +179,7 @@ func TestFindLeaksRegions(t *testing.T) {
 	}
 	data := im.Alloc(64)
 	im.Syms["_sdata"], im.Syms["_edata"] = data, data+64
-	im.U64(data, region(0).Lo+0x1234)        // A, reached in its middle
+	im.U64(data, region(0).Lo+0x1234)         // A, reached in its middle
 	im.U64(region(0).Lo+0x1ff8, region(1).Lo) // A → B
 	im.U64(region(1).Lo+8, obj(0))            // B → object 0
 	record := im.Alloc(16)                    // C's allocator record, in the data too
