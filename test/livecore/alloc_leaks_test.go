@@ -99,5 +99,6 @@ func TestFindLeaksKnown(t *testing.T) {
 	if r.Regions < 10 {
 		t.Errorf("%d vmalloc'd areas judged; want the guest's (modules' memory among them)", r.Regions)
 	}
-	t.Logf("findleaks: %d of %d leaked objects listed, none of the %d held; %d leaks in all", len(found), len(leaked), len(held), r.Leaks)
+	t.Logf("findleaks: %d of %d leaks listed (%d objects, %d vmalloc'd area), none of the %d held; %d leaks in all",
+		len(found), len(leaked)+len(vleaked), len(leaked), len(vleaked), len(held), r.Leaks)
 }
