@@ -104,7 +104,7 @@ func (c *command) flagSet(path string, g *globals, stderr io.Writer) (*pflag.Fla
 // everywhere.
 
 func jsonFlag(fs *pflag.FlagSet, p *bool, what string) {
-	fs.BoolVar(p, "json", false, "print "+what+" as JSON (shapes in docs/json.md; types in package api)")
+	fs.BoolVar(p, "json", false, "print "+what+" as JSON (shapes in docs/json.md; types in packages api and output)")
 }
 
 // jsonCmdFlag is --json for commands that run -- CMD.
