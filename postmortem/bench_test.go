@@ -11,8 +11,8 @@ import (
 // opened once (KINST_BENCH_DUMP; KINST_BENCH_VMLINUX for a debug
 // vmlinux), after the first answer has read the types: p of a global's
 // member (cast: BTF types no global but per-CPU ones), struct of a task
-// printed whole, and the task list walked with
-// each task's comm, as `kinst core DUMP shell` answers them.
+// printed whole, and the task list walked with each task's comm, as
+// `kinst core DUMP shell` answers them.
 //
 //	KINST_BENCH_DUMP=guest.elf go test -run - -bench Typed ./postmortem
 func BenchmarkTyped(b *testing.B) {
