@@ -43,7 +43,8 @@ var ErrProcessGone = errors.New("the process has exited or run exec")
 // Host is the sessions over one process.
 type Host struct {
 	// mu serialises every use of tg (the process engine is not safe for
-	// concurrent use) and protects sessions, next and gone.
+	// concurrent use) and protects sessions, next, gone, ended, closed
+	// and debug (and each session's fields). log is written under it.
 	mu       sync.Mutex
 	tg       *process.Target
 	pid      int
@@ -61,8 +62,8 @@ type Host struct {
 	opened time.Time
 	// coverTraps: coverage may use trap splices (Options.CoverTraps).
 	coverTraps bool
-	// debug is each module's DWARF for Lines ("" the executable), nil
-	// where it has none; opened on first use.
+	// debug is each module's DWARF for Lines and coverage reports (""
+	// the executable), nil where it has none; opened on first use.
 	debug map[string]*debuginfo.File
 }
 
