@@ -252,8 +252,15 @@ func leakRoots(k *core.Kernel, vmlinux string, g *typegraph.Graph) (typegraph.Le
 			continue
 		}
 		vm, _ := word(a + f.vm)
+		if cached[vm] {
+			// A stack kept for the next fork holds what its last task
+			// left: stale words that would reach whatever now lies at
+			// the addresses they name (a freed buffer's, reused by a
+			// new area). Held, so no leak, and not read.
+			continue
+		}
 		flags, ok := word(vm + f.flags)
-		if vm == 0 || !ok || flags&vmAlloc == 0 || stacks[s] || cached[vm] {
+		if vm == 0 || !ok || flags&vmAlloc == 0 || stacks[s] {
 			in.Roots = append(in.Roots, typegraph.Range{Lo: s, Hi: t, What: "vmalloc area"})
 			continue
 		}
@@ -266,7 +273,8 @@ func leakRoots(k *core.Kernel, vmlinux string, g *typegraph.Graph) (typegraph.Le
 
 // cachedStacks are the vm_structs of the task stacks each CPU keeps for
 // the next fork (cached_stacks, with CONFIG_VMAP_STACK): held through
-// the vm_struct alone, whose address field findleaks does not follow.
+// the vm_struct alone (whose address field findleaks does not follow),
+// and holding nothing (what they hold is a dead task's).
 func cachedStacks(e *typed.Env) map[uint64]bool {
 	out := map[uint64]bool{}
 	for cpu := 0; cpu < maxCPUs; cpu++ {
