@@ -200,3 +200,28 @@ func (k *Kernel) orcFormat() orc.Format {
 	}
 	return orc.FormatOf(k.Info.OSRelease)
 }
+
+// LiveStack is the live part of a task's kernel stack of size bytes:
+// from its stack pointer (the saved thread.sp of a switched-out task, the
+// CPU's %rsp of one running in a dump) to the top. Below it lie dead
+// frames, stale words that name whatever was there once. The whole stack
+// where the pointer is not known or not on it (a live kernel's running
+// task, a CPU on its interrupt stack); ok is false without a stack.
+func (k *Kernel) LiveStack(t Task, size uint64) (lo, hi uint64, ok bool) {
+	base, ok := t.Stack()
+	if !ok {
+		return 0, 0, false
+	}
+	lo, hi = base, base+size
+	sp := t.threadSP
+	if t.Active {
+		sp = 0
+		if !k.Live() && t.CPU < len(k.Dump.CPUs()) {
+			sp = k.Dump.CPUs()[t.CPU].Regs.RSP
+		}
+	}
+	if sp > base && sp < hi {
+		lo = sp &^ 7
+	}
+	return lo, hi, true
+}

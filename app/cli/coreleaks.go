@@ -207,8 +207,11 @@ func leakRoots(k *core.Kernel, vmlinux string, g *typegraph.Graph) (typegraph.Le
 	}
 	stacks := map[uint64]bool{}
 	for _, t := range tasks {
-		if base, ok := t.Stack(); ok {
-			in.Roots = append(in.Roots, typegraph.Range{Lo: base, Hi: base + kernelStackSize, What: "task stack"})
+		// Only the live part: the dead frames below the stack pointer
+		// hold stale words that would keep alive what they once named.
+		if lo, hi, ok := k.LiveStack(t, kernelStackSize); ok {
+			in.Roots = append(in.Roots, typegraph.Range{Lo: lo, Hi: hi, What: "task stack"})
+			base, _ := t.Stack()
 			stacks[base] = true
 		}
 	}
