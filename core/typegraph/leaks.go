@@ -1,6 +1,7 @@
 package typegraph
 
 import (
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"slices"
@@ -222,7 +223,7 @@ type leakSearch struct {
 // dropped (a region must be one allocation).
 func (ls *leakSearch) setRegions(rs []Region, meta []uint64) {
 	rs = slices.Clone(rs)
-	slices.SortFunc(rs, func(a, b Region) int { return cmpU64(a.Lo, b.Lo) })
+	slices.SortFunc(rs, func(a, b Region) int { return cmp.Compare(a.Lo, b.Lo) })
 	for _, r := range rs {
 		if r.Hi <= r.Lo || len(ls.regions) > 0 && r.Lo < ls.regions[len(ls.regions)-1].Hi {
 			continue
@@ -240,22 +241,12 @@ func (ls *leakSearch) setRegions(rs []Region, meta []uint64) {
 	ls.rep.Regions = len(ls.regions)
 }
 
-func cmpU64(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
-
 // region is the candidate region holding v, if any.
 func (ls *leakSearch) region(v uint64) (int, bool) {
 	if v < ls.rlo || v >= ls.rhi {
 		return 0, false
 	}
-	i, _ := slices.BinarySearchFunc(ls.regions, v, func(r Region, v uint64) int { return cmpU64(r.Lo, v) })
+	i, _ := slices.BinarySearchFunc(ls.regions, v, func(r Region, v uint64) int { return cmp.Compare(r.Lo, v) })
 	if i < len(ls.regions) && ls.regions[i].Lo == v {
 		return i, true
 	}
@@ -296,19 +287,26 @@ func (ls *leakSearch) takeRegions() {
 			continue
 		}
 		ls.rep.RegionsLeaked++
-		k := leakKey{cache: r.What, caller: r.Caller}
-		acc := ls.groups[k]
-		if acc == nil {
-			acc = &LeakGroup{Cache: r.What, AllocCaller: r.Caller}
-			ls.groups[k] = acc
-		}
 		size := r.Hi - r.Lo
-		acc.Count++
-		acc.Bytes += size
-		acc.Leaks = append(acc.Leaks, Leak{Addr: r.Lo, Size: uint32(min(size, 1<<32-1)), Cache: r.What, AllocCaller: r.Caller})
-		ls.rep.Leaks++
-		ls.rep.LeakedSize += size
+		ls.addLeak(Leak{Addr: r.Lo, Size: uint32(min(size, 1<<32-1)), Cache: r.What, AllocCaller: r.Caller}, size, nil)
 	}
+}
+
+// addLeak puts a leak in its group (cache, type, allocating caller and
+// stack); bytes is its size with its hidden objects'.
+func (ls *leakSearch) addLeak(l Leak, bytes uint64, stack []uint64) {
+	k := leakKey{l.Cache, l.Type, l.AllocCaller, fmt.Sprint(stack)}
+	acc := ls.groups[k]
+	if acc == nil {
+		acc = &LeakGroup{Cache: l.Cache, Type: l.Type, AllocCaller: l.AllocCaller, AllocStack: stack}
+		ls.groups[k] = acc
+	}
+	acc.Count++
+	acc.Bytes += bytes
+	acc.Hidden += l.Hidden
+	acc.Leaks = append(acc.Leaks, l)
+	ls.rep.Leaks++
+	ls.rep.LeakedSize += bytes
 }
 
 // scanRoots reaches from every root range.
@@ -432,18 +430,7 @@ func (ls *leakSearch) take(root int32) {
 		typ = g.typeName(root)
 	}
 	caller, frames := ls.allocTrack(root)
-	k := leakKey{c.Name, typ, caller, fmt.Sprint(frames)}
-	acc := ls.groups[k]
-	if acc == nil {
-		acc = &LeakGroup{Cache: c.Name, Type: typ, AllocCaller: caller, AllocStack: frames}
-		ls.groups[k] = acc
-	}
-	acc.Count++
-	acc.Bytes += bytes
-	acc.Hidden += hidden
-	acc.Leaks = append(acc.Leaks, Leak{Addr: g.addr(root), Size: c.ObjectSize, Cache: c.Name, Type: typ, Hidden: hidden, AllocCaller: caller})
-	ls.rep.Leaks++
-	ls.rep.LeakedSize += bytes
+	ls.addLeak(Leak{Addr: g.addr(root), Size: c.ObjectSize, Cache: c.Name, Type: typ, Hidden: hidden, AllocCaller: caller}, bytes, frames)
 }
 
 // builtinRoots are the roots the graph finds itself: the image's data
