@@ -123,10 +123,6 @@ func Open(pid int, o Options) (*Host, error) {
 	return h, nil
 }
 
-// PID is the process's ID (its thread group's, when Open was given a
-// thread's).
-func (h *Host) PID() int { return h.pid }
-
 // Ended is how the process went: "exec" (its splices went with its old
 // program), "exited", or "" while it runs the program attached to.
 func (h *Host) Ended() string {
@@ -477,9 +473,10 @@ func (h *Host) armCover(s *session, req api.SessionRequest) error {
 	}
 	h.coverDebug(s)
 	set.Arm(h.tg, s.id, cover.Flag(nil), time.Now)
-	armed := report.Cover(set, "", time.Now())
-	if armed.Armed == 0 && armed.TotalBlocks > 0 && len(s.coverPending) == 0 {
-		return badRequest(fmt.Errorf("no probe could be armed over %d blocks: %s", armed.TotalBlocks, firstRefusal(armed)))
+	// The summary says whether anything was armed; every block's state
+	// (a full report) only when nothing was, for the reason.
+	if sum := set.Summary(time.Now()); sum.Armed == 0 && sum.TotalBlocks > 0 && len(s.coverPending) == 0 {
+		return badRequest(fmt.Errorf("no probe could be armed over %d blocks: %s", sum.TotalBlocks, firstRefusal(report.Cover(set, "", time.Now()))))
 	}
 	return nil
 }

@@ -20,8 +20,8 @@ import (
 	"github.com/kinst/kinst/unwind"
 )
 
-// sessionHost is where the session of `kinst count` or `kinst time`
-// lives: kerninstd for the kernel (daemonHost), or sessions kinst hosts
+// sessionHost is where the session of `kinst count`, `kinst time` or
+// `kinst cover` lives: kerninstd for the kernel (daemonHost), or sessions kinst hosts
 // itself over a user process (procsession.Host). Both take the same
 // requests and give the same sessions and samples, so one loop reports
 // either.
@@ -123,7 +123,8 @@ func (t sessionTarget) removedTimers(fns []output.TimedFunction) string {
 	return t.removed(probes)
 }
 
-// procTarget is a user process under `kinst count -p` or `kinst time -p`:
+// procTarget is a user process under `kinst count -p`, `kinst time
+// --user` or `kinst cover --user`:
 // its sessions are a procsession.Host in kinst itself, splicing through
 // ptrace and a shared memfd (package process); no kerninstd is involved.
 // With -- CMD the command is started stopped at its entry point (its
