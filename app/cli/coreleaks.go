@@ -11,6 +11,7 @@ import (
 
 	"github.com/kinst/kinst/core"
 	"github.com/kinst/kinst/core/typegraph"
+	"github.com/kinst/kinst/internal/kbtf"
 	"github.com/kinst/kinst/kernel/typed"
 )
 
@@ -178,9 +179,8 @@ func busyVmapAreas(e *typed.Env, va btf.Type, g *typegraph.Graph) (areas []uint6
 	if err != nil {
 		return nil, nil, err
 	}
-	size := (r.Hi - r.Lo) / uint64(n)
-	for i := range uint64(n) {
-		as, err := e.ListEntries(r.Lo+i*size+root, va, "rb_node", maxListEntries)
+	for i, node := range vmapNodeAddrs(r, n) {
+		as, err := e.ListEntries(node+root, va, "rb_node", maxListEntries)
 		if err != nil {
 			return nil, nil, fmt.Errorf("vmap_nodes[%d].busy: %w", i, err)
 		}
@@ -329,26 +329,28 @@ func otherVmapAreas(e *typed.Env, va btf.Type, g *typegraph.Graph) []uint64 {
 	}
 	lazy, err1 := typed.OffsetOf(vn, "lazy.root")
 	pool, err2 := typed.OffsetOf(vn, "pool")
-	vp, err3 := lookupStruct(e, "vmap_pool")
-	if err1 != nil || err2 != nil || err3 != nil {
+	m, _ := kbtf.Member(vn, "pool")
+	pools, ok := btf.UnderlyingType(m.Type).(*btf.Array)
+	if err1 != nil || err2 != nil || !ok {
 		return out
 	}
-	var npools uint32
-	if st, ok := btf.UnderlyingType(vn).(*btf.Struct); ok {
-		for _, m := range st.Members {
-			if a, ok := btf.UnderlyingType(m.Type).(*btf.Array); ok && m.Name == "pool" {
-				npools = a.Nelems
-			}
-		}
-	}
-	psize, _ := btf.Sizeof(vp)
-	size := (r.Hi - r.Lo) / uint64(n)
-	for i := range uint64(n) {
-		node := r.Lo + i*size
+	psize, _ := btf.Sizeof(pools.Type)
+	for _, node := range vmapNodeAddrs(r, n) {
 		walk(node+lazy, "rb_node")
-		for j := range uint64(npools) {
+		for j := range uint64(pools.Nelems) {
 			walk(node+pool+j*uint64(psize), "list")
 		}
+	}
+	return out
+}
+
+// vmapNodeAddrs are the addresses of the n vmap_nodes in r (the graph's
+// VmapNodes).
+func vmapNodeAddrs(r typegraph.Range, n int) []uint64 {
+	out := make([]uint64, n)
+	size := (r.Hi - r.Lo) / uint64(n)
+	for i := range out {
+		out[i] = r.Lo + uint64(i)*size
 	}
 	return out
 }
