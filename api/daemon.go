@@ -368,12 +368,15 @@ const (
 // CFG is GET /v1/cfg?func=NAME: a function's basic blocks, with every
 // instruction's live-in set and splice class. A stable interface.
 type CFG struct {
-	Function  string     `json:"function"`
-	Module    string     `json:"module,omitempty"`
-	Address   Addr       `json:"address"`
-	Size      uint64     `json:"size"`
-	Truncated bool       `json:"truncated,omitempty"` // decoding stopped early
-	Blocks    []CFGBlock `json:"blocks"`
+	Function string `json:"function"`
+	Module   string `json:"module,omitempty"`
+	// ModuleBuildID is the loaded module's GNU build id (hex), from
+	// /sys/module/NAME/notes: which debug file is the module's.
+	ModuleBuildID string     `json:"module_build_id,omitempty"`
+	Address       Addr       `json:"address"`
+	Size          uint64     `json:"size"`
+	Truncated     bool       `json:"truncated,omitempty"` // decoding stopped early
+	Blocks        []CFGBlock `json:"blocks"`
 }
 
 // CFGBlock is one basic block.

@@ -11,8 +11,10 @@
 // covers the address (found through .debug_aranges: debug/dwarf is given
 // that unit's bytes alone) and its line table, which is kept.
 //
-// Only executables (ET_EXEC, ET_DYN) are read: a relocatable file's
-// DWARF (a kernel module's .ko) would need its relocations applied.
+// Executables and shared objects are read as they are; a relocatable
+// file (a kernel module's .ko) is laid out and relocated first
+// (reloc.go), so its addresses are the layout's, one slide per section
+// away from the running module's.
 package debuginfo
 
 import (
@@ -65,7 +67,8 @@ type File struct {
 	info, abbrev, line, str, ranges []byte
 	dwarf5                          map[string][]byte
 	syms                            *elfsym.Table
-	aranges                         []arange // by lo
+	sections                        []Section // a relocatable file's layout (reloc.go)
+	aranges                         []arange  // by lo
 
 	mu      sync.Mutex
 	closed  bool
@@ -101,8 +104,15 @@ func open(name string, osf *os.File) (*File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("not an ELF file (%w)", err)
 	}
-	if ef.Type != elf.ET_EXEC && ef.Type != elf.ET_DYN {
-		return nil, fmt.Errorf("%v: only executables are read (a relocatable file's DWARF needs its relocations)", ef.Type)
+	var rel *relLayout
+	switch ef.Type {
+	case elf.ET_EXEC, elf.ET_DYN:
+	case elf.ET_REL:
+		if rel, err = newRelLayout(ef); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, fmt.Errorf("%v: only executables, shared objects and relocatable files (kernel modules) are read", ef.Type)
 	}
 	f := &File{Path: name, osf: osf, tables: map[dwarf.Offset]*lineTable{}}
 	if st, err := osf.Stat(); err == nil && st.Size() > 0 {
@@ -115,10 +125,16 @@ func open(name string, osf *os.File) (*File, error) {
 		if s == nil || s.Type == elf.SHT_NOBITS {
 			return nil, nil
 		}
+		var b []byte
 		if s.Flags&elf.SHF_COMPRESSED == 0 && f.mapped != nil && s.Offset+s.Size <= uint64(len(f.mapped)) {
-			return f.mapped[s.Offset : s.Offset+s.Size], nil
+			b = f.mapped[s.Offset : s.Offset+s.Size]
+		} else if b, err = s.Data(); err != nil { // compressed, or not mapped: read (and inflate)
+			return nil, err
 		}
-		return s.Data() // compressed, or not mapped: read (and inflate)
+		if rel != nil {
+			return rel.relocate(ef, n, b)
+		}
+		return b, nil
 	}
 	var aranges []byte
 	for _, s := range []struct {
@@ -155,6 +171,9 @@ func open(name string, osf *os.File) (*File, error) {
 	if f.syms, err = elfsym.Read(ef); err != nil && !errors.Is(err, elfsym.ErrNoSymbols) {
 		f.unmap()
 		return nil, err
+	}
+	if rel != nil {
+		f.syms, f.sections = rel.rebased(f.syms), rel.sections
 	}
 	f.BuildID, _ = elfsym.BuildID(ef)
 	return f, nil
@@ -676,10 +695,14 @@ func (s Search) Paths() []string {
 // not taken. It matches ErrNoDebugInfo.
 type NotFoundError struct {
 	Search Search
+	Module string   // FindModule's: the module's name
 	Tried  []string // "path: why"
 }
 
 func (e *NotFoundError) Error() string {
+	if e.Module != "" {
+		return e.moduleMessage()
+	}
 	what := "the running kernel"
 	if e.Search.Release != "" {
 		what = e.Search.Release
@@ -700,6 +723,9 @@ func (e *NotFoundError) Error() string {
 
 // Brief says the same in one short line, without the files tried.
 func (e *NotFoundError) Brief() string {
+	if e.Module != "" {
+		return "no debug file of module " + e.Module + " (install linux-image-" + e.Search.Release + "-dbg, or give --module-debug DIR)"
+	}
 	rel := e.Search.Release
 	if rel == "" {
 		rel = "RELEASE"

@@ -1,6 +1,8 @@
 package debuginfo
 
 import (
+	"debug/elf"
+	"encoding/binary"
 	"errors"
 	"os"
 	"os/exec"
@@ -253,8 +255,28 @@ func TestOpenErrors(t *testing.T) {
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%v %s", err, b)
 	}
-	if _, err := Open(obj); err == nil || !strings.Contains(err.Error(), "relocations") {
-		t.Errorf("relocatable: %v", err)
+	f, err := Open(obj) // a relocatable file is read (reloc.go)
+	if err != nil {
+		t.Fatalf("relocatable: %v", err)
+	}
+	f.Close()
+	// A relocation that points outside its section is refused, not
+	// written past the copy.
+	ef, err := elf.Open(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := ef.Section(".rela.debug_info")
+	ef.Close()
+	if rs == nil {
+		t.Fatal("no .rela.debug_info")
+	}
+	b, _ := os.ReadFile(obj)
+	binary.LittleEndian.PutUint64(b[rs.Offset:], 1<<40)
+	bad := filepath.Join(t.TempDir(), "bad.o")
+	os.WriteFile(bad, b, 0o600)
+	if _, err := Open(bad); err == nil || !strings.Contains(err.Error(), "outside .debug_info") {
+		t.Errorf("a relocation outside its section: %v", err)
 	}
 }
 

@@ -221,16 +221,34 @@ func (f *File) DeclLine(addr uint64) (Line, error) {
 		if e == nil || e.Tag == 0 {
 			break
 		}
-		if e.Tag == dwarf.TagSubprogram {
-			if lo, ok := e.Val(dwarf.AttrLowpc).(uint64); ok && lo == addr {
-				return declOf(d, e, files, compDir)
-			}
+		if e.Tag == dwarf.TagSubprogram && startsAt(d, e, addr) {
+			return declOf(d, e, files, compDir)
 		}
 		if e.Children {
 			rd.SkipChildren()
 		}
 	}
 	return Line{}, fmt.Errorf("%#x: no subprogram of its unit starts there: %w", addr, ErrNoLine)
+}
+
+// startsAt reports whether the subprogram e's code starts at addr: its
+// low_pc, or, for a function split into a hot and a cold part
+// (DW_AT_ranges instead, as gcc gives foo and foo.cold), the start of one
+// of its ranges.
+func startsAt(d *dwarf.Data, e *dwarf.Entry, addr uint64) bool {
+	if lo, ok := e.Val(dwarf.AttrLowpc).(uint64); ok {
+		return lo == addr
+	}
+	if e.Val(dwarf.AttrRanges) == nil {
+		return false
+	}
+	rs, _ := d.Ranges(e)
+	for _, r := range rs {
+		if r[0] == addr {
+			return true
+		}
+	}
+	return false
 }
 
 // declOf reads e's declaration, following its abstract origin or

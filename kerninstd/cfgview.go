@@ -2,6 +2,8 @@ package kerninstd
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/report"
@@ -19,5 +21,15 @@ func (d *Daemon) FunctionCFG(name string) (api.CFG, error) {
 	if err != nil {
 		return api.CFG{}, err
 	}
-	return report.CFG(f), nil
+	g := report.CFG(f)
+	if g.Module != "" {
+		if b, err := os.ReadFile(filepath.Join(sysModule, g.Module, "notes", ".note.gnu.build-id")); err == nil {
+			g.ModuleBuildID, _ = buildID(b)
+		}
+	}
+	return g, nil
 }
+
+// sysModule is where the kernel lists its loaded modules' sections and
+// notes.
+const sysModule = "/sys/module"

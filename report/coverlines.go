@@ -14,7 +14,7 @@ import (
 
 // Annotation says what annotating a report did.
 type Annotation struct {
-	Slide     uint64   // runtime − link-time address (KASLR)
+	Slide     uint64   // runtime − link-time address (KASLR); a module's: its most common section's
 	Functions int      // functions given lines
 	Modules   []string // functions of modules: no lines
 	Unmatched []string // functions the vmlinux does not have at the slid address
@@ -40,19 +40,40 @@ func Annotate(rep *api.CoverReport, dbg *debuginfo.File) (Annotation, error) {
 func AnnotateModule(rep *api.CoverReport, dbg *debuginfo.File, module string) (Annotation, error) {
 	var a Annotation
 	syms := dbg.Symbols()
-	votes := map[uint64]int{}
+	// A relocatable file's sections (a kernel module's) were each placed
+	// by the module loader: one slide per section, voted by the
+	// functions in it. An executable has one slide for all.
+	section := func(link uint64) string {
+		s, _ := dbg.SectionAt(link)
+		return s.Name
+	}
+	votes := map[string]map[uint64]int{}
+	all := map[uint64]int{}
 	for _, f := range rep.Functions {
 		if f.Module != module || f.Error != "" {
 			continue
 		}
 		if link, ok := syms.Addr(f.Function); ok {
-			votes[uint64(f.Address)-link]++
+			sec := section(link)
+			if votes[sec] == nil {
+				votes[sec] = map[uint64]int{}
+			}
+			votes[sec][uint64(f.Address)-link]++
+			all[uint64(f.Address)-link]++
 		}
 	}
 	var best int
-	a.Slide, best = MostVoted(votes)
+	a.Slide, best = MostVoted(all)
 	if best == 0 {
-		return a, fmt.Errorf("%s has none of the report's kernel functions: not this kernel's debug vmlinux", dbg.Path)
+		what := "kernel functions: not this kernel's debug vmlinux"
+		if module != "" {
+			what = module + " functions: not that module's debug file"
+		}
+		return a, fmt.Errorf("%s has none of the report's %s", dbg.Path, what)
+	}
+	slides := map[string]uint64{}
+	for sec, v := range votes {
+		slides[sec], _ = MostVoted(v)
 	}
 	for i := range rep.Functions {
 		f := &rep.Functions[i]
@@ -63,11 +84,16 @@ func AnnotateModule(rep *api.CoverReport, dbg *debuginfo.File, module string) (A
 			a.Modules = append(a.Modules, f.Function+" ["+f.Module+"]")
 			continue
 		}
-		// The vmlinux must have a symbol of the function's name at the
+		// The file must have a symbol of the function's name at the
 		// slid address (of several static functions of one name, the
 		// one there is the report's).
-		link := uint64(f.Address) - a.Slide
-		if at, ok := syms.Addr(f.Function); !ok || at != link {
+		at, named := syms.Addr(f.Function)
+		slide, ok := slides[section(at)]
+		if !named || !ok {
+			slide = a.Slide
+		}
+		link := uint64(f.Address) - slide
+		if !named || at != link {
 			if s, off, ok := syms.Lookup(link); !ok || off != 0 || s.Name != f.Function {
 				a.Unmatched = append(a.Unmatched, f.Function)
 				continue
@@ -76,7 +102,7 @@ func AnnotateModule(rep *api.CoverReport, dbg *debuginfo.File, module string) (A
 		a.Functions++
 		for j := range f.Blocks {
 			b := &f.Blocks[j]
-			lo, hi := uint64(b.Start)-a.Slide, uint64(b.End)-a.Slide
+			lo, hi := uint64(b.Start)-slide, uint64(b.End)-slide
 			if b.End == 0 { // a report of a kerninstd that did not give ends
 				hi = lo
 			}
@@ -84,7 +110,7 @@ func AnnotateModule(rep *api.CoverReport, dbg *debuginfo.File, module string) (A
 		}
 	}
 	if a.Functions == 0 && len(a.Unmatched) > 0 {
-		return a, fmt.Errorf("%s does not match the report's kernel: %d functions are not where the report puts them",
+		return a, fmt.Errorf("%s does not match the report's code: %d functions are not where the report puts them",
 			dbg.Path, len(a.Unmatched))
 	}
 	return a, nil

@@ -45,14 +45,14 @@ func AnnotateFunction(ctx context.Context, c *api.Client, o AnnotateOptions, env
 		rep.From = o.From
 	}
 	lineOf := func(uint64) string { return "" }
-	if dbg, err := debugForDaemon(ctx, c, o.Debug); err != nil {
-		if o.Debug.Vmlinux != "" {
+	if dbg, err := debugForFunction(ctx, c, cfg, o.Debug); err != nil {
+		if o.Debug.Vmlinux != "" && cfg.Module == "" {
 			return 1, err
 		}
 		sayNoLines(env.Err, err)
 	} else {
 		defer dbg.Close()
-		if link, err := linkAddr(dbg.Symbols(), cfg); err == nil && cfg.Module == "" {
+		if link, err := linkAddr(dbg.Symbols(), cfg); err == nil {
 			rep.Vmlinux = dbg.Path
 			lineOf = func(off uint64) string {
 				l, err := dbg.LineAt(link + off)

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/kinst/kinst/api"
-	"github.com/kinst/kinst/debuginfo"
 	"github.com/kinst/kinst/unwind"
 )
 
@@ -78,13 +77,13 @@ func Cover(ctx context.Context, c *api.Client, o CoverOptions, env Env) (int, er
 		c.RemoveSession(context.WithoutCancel(ctx), sess.ID)
 		return 1, errors.New("cover: kerninstd made no coverage session (an older kerninstd?)")
 	}
-	return coverOn(ctx, t, sess, o, env, dbg)
+	return coverOn(ctx, t, sess, o, env, daemonDebug(ctx, c, dbg, o.Debug))
 }
 
 // coverOn runs a coverage session made on a target until the duration
 // ends, the command exits or a signal arrives, and writes its report:
 // source lines from dbg for the kernel (a process's host gives its own).
-func coverOn(ctx context.Context, t sessionTarget, sess api.Session, o CoverOptions, env Env, dbg *debuginfo.File) (int, error) {
+func coverOn(ctx context.Context, t sessionTarget, sess api.Session, o CoverOptions, env Env, dbg kernelDebug) (int, error) {
 	armed, where := sess.Cover, ""
 	if t.proc != nil {
 		where = fmt.Sprintf(" in process %d", t.proc.pid)

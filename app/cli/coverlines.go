@@ -28,6 +28,41 @@ import (
 // DebugOptions say which debug vmlinux gives source lines.
 type DebugOptions struct {
 	Vmlinux string // --vmlinux; "" looks the running kernel's up (debuginfo.Find)
+	// ModuleDirs are searched first for kernel modules' debug files
+	// (--module-debug; debuginfo.FindModule).
+	ModuleDirs []string
+}
+
+// kernelDebug is what gives a kernel report source lines: the debug
+// vmlinux (nil: none at hand) and where each module's debug file is
+// looked up.
+type kernelDebug struct {
+	vmlinux *debuginfo.File
+	modules debuginfo.ModuleSearch
+	// buildID is the build id of the loaded module that holds the
+	// function fn ("" unknown; nil: not asked).
+	buildID func(fn string) string
+}
+
+// daemonDebug is kernelDebug for the kernel kerninstd runs.
+func daemonDebug(ctx context.Context, c *api.Client, vmlinux *debuginfo.File, o DebugOptions) kernelDebug {
+	return kernelDebug{vmlinux: vmlinux, modules: moduleSearch(ctx, c, o), buildID: func(fn string) string {
+		cfg, err := c.CFG(ctx, fn)
+		if err != nil {
+			return ""
+		}
+		return cfg.ModuleBuildID
+	}}
+}
+
+// moduleSearch is where the modules' debug files of the kernel kerninstd
+// runs are looked up.
+func moduleSearch(ctx context.Context, c *api.Client, o DebugOptions) debuginfo.ModuleSearch {
+	s := debuginfo.ModuleSearch{Dirs: o.ModuleDirs}
+	if in, err := c.Info(ctx); err == nil {
+		s.Release = in.KernelRelease
+	}
+	return s
 }
 
 // openDebugInfo opens --vmlinux, else finds the debug vmlinux of the
@@ -38,11 +73,7 @@ func openDebugInfo(o DebugOptions, release string) (*debuginfo.File, error) {
 	if o.Vmlinux != "" {
 		return debuginfo.Open(o.Vmlinux)
 	}
-	var u unix.Utsname
-	local := ""
-	if unix.Uname(&u) == nil {
-		local = unix.ByteSliceToString(u.Release[:])
-	}
+	local := localRelease()
 	s := debuginfo.Search{Release: release}
 	if s.Release == "" {
 		s.Release = local
@@ -53,25 +84,76 @@ func openDebugInfo(o DebugOptions, release string) (*debuginfo.File, error) {
 	return debuginfo.Find(s)
 }
 
-// annotateOrSay annotates the report when debug information is at hand
-// and says on w what it did or why it could not; lines then stay empty.
-func annotateOrSay(w io.Writer, rep *api.CoverReport, dbg *debuginfo.File) {
-	if dbg == nil {
-		return
+// localRelease is this machine's kernel release (uname -r); "" if
+// unknown.
+func localRelease() string {
+	var u unix.Utsname
+	if unix.Uname(&u) != nil {
+		return ""
 	}
-	a, err := report.Annotate(rep, dbg)
-	if err != nil {
-		fmt.Fprintf(w, "kinst: no source lines: %v\n", err)
-		return
+	return unix.ByteSliceToString(u.Release[:])
+}
+
+// annotateOrSay annotates the report's kernel functions when the debug
+// vmlinux is at hand and its modules' functions from each module's debug
+// file, and says on w what it did or why it could not; lines then stay
+// empty.
+func annotateOrSay(w io.Writer, rep *api.CoverReport, d kernelDebug) {
+	if d.vmlinux != nil {
+		a, err := report.Annotate(rep, d.vmlinux)
+		if err != nil {
+			fmt.Fprintf(w, "kinst: no source lines: %v\n", err)
+		} else {
+			sayAnnotation(a, w, d.vmlinux.Path)
+		}
 	}
-	sayAnnotation(a, w, dbg.Path)
+	annotateModules(w, rep, d.modules, d.buildID)
+}
+
+// annotateModules gives the functions of each module of the report
+// source lines from the module's debug file (its DWARF relocated against
+// its sections, whose load addresses the report's functions vote), and
+// says on w which modules it found none for.
+func annotateModules(w io.Writer, rep *api.CoverReport, s debuginfo.ModuleSearch, buildID func(fn string) string) {
+	fnOf := map[string]string{} // a function of each module
+	var mods []string
+	for _, f := range rep.Functions {
+		if f.Module != "" && f.Error == "" && fnOf[f.Module] == "" {
+			fnOf[f.Module] = f.Function
+			mods = append(mods, f.Module)
+		}
+	}
+	slices.Sort(mods)
+	for _, m := range mods {
+		s := s
+		if buildID != nil {
+			s.BuildID = buildID(fnOf[m])
+		}
+		dbg, err := debuginfo.FindModule(m, s)
+		if err != nil {
+			var nf *debuginfo.NotFoundError
+			if errors.As(err, &nf) {
+				fmt.Fprintf(w, "kinst: no source lines for module %s: %s\n", m, nf.Brief())
+			} else {
+				fmt.Fprintf(w, "kinst: no source lines for module %s: %v\n", m, err)
+			}
+			continue
+		}
+		a, err := report.AnnotateModule(rep, dbg, m)
+		dbg.Close()
+		if err != nil {
+			fmt.Fprintf(w, "kinst: no source lines for module %s: %v\n", m, err)
+			continue
+		}
+		if len(a.Unmatched) > 0 {
+			fmt.Fprintf(w, "kinst: no source lines for %d functions %s does not have where the report puts them: %s\n",
+				len(a.Unmatched), dbg.Path, short(a.Unmatched))
+		}
+	}
 }
 
 // say tells on w which functions got no lines, and why.
 func sayAnnotation(a report.Annotation, w io.Writer, vmlinux string) {
-	if len(a.Modules) > 0 {
-		fmt.Fprintf(w, "kinst: no source lines for %d functions of modules (not read yet): %s\n", len(a.Modules), short(a.Modules))
-	}
 	if len(a.Unmatched) > 0 {
 		fmt.Fprintf(w, "kinst: no source lines for %d functions %s does not have where the report puts them: %s\n",
 			len(a.Unmatched), vmlinux, short(a.Unmatched))
@@ -261,6 +343,7 @@ func CoverLcov(o CoverLcovOptions, env Env) error {
 		return err
 	}
 	sayAnnotation(a, env.Err, dbg.Path)
+	annotateModules(env.Err, &rep, debuginfo.ModuleSearch{Dirs: o.Debug.ModuleDirs, Release: localRelease()}, nil)
 	return WriteLcov(env.Out, rep)
 }
 
@@ -306,10 +389,10 @@ func coverLines(ctx context.Context, c *api.Client, rep *api.CoverReport, o Debu
 			return err
 		}
 		sayNoLines(env.Err, err)
-		return nil
+	} else {
+		defer dbg.Close()
 	}
-	defer dbg.Close()
-	annotateOrSay(env.Err, rep, dbg)
+	annotateOrSay(env.Err, rep, daemonDebug(ctx, c, dbg, o))
 	return nil
 }
 

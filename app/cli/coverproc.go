@@ -39,7 +39,7 @@ func CoverProcess(ctx context.Context, pid int, o CoverOptions, env Env) (int, e
 		t.proc.abort()
 		return 1, fmt.Errorf("cover --user: %w", err)
 	}
-	return coverOn(ctx, t, sess, o, env, nil)
+	return coverOn(ctx, t, sess, o, env, kernelDebug{})
 }
 
 // checkCoverProcess checks `kinst cover --user`'s options.

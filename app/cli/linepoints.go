@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"regexp"
@@ -76,17 +77,40 @@ func expandSourceLines(ctx context.Context, c *api.Client, points []string, o De
 			return nil, fmt.Errorf("a source line needs the kernel's debug vmlinux: %w", err)
 		}
 		return dbg, nil
+	}, func(fn string) (*debuginfo.File, error) {
+		// FUNC:+N of a module's function: from the module's debug file.
+		cfg, err := c.CFG(ctx, fn)
+		if err != nil {
+			return nil, err
+		}
+		if cfg.Module == "" {
+			return nil, fmt.Errorf("%s is not in a module", fn)
+		}
+		return debugForFunction(ctx, c, cfg, o)
 	})
 }
 
+// noFunctionError is a FUNC:+N point whose function the debug file does
+// not have.
+type noFunctionError struct{ point, fn string }
+
+func (e *noFunctionError) Error() string {
+	return fmt.Sprintf("no function %s in the debug file", e.fn)
+}
+
 // expandLines expands the line points of points with the debug file
-// open returns, opened at the first line point and closed at the end.
-func expandLines(points []string, w io.Writer, open func() (*debuginfo.File, error)) (linePoints, error) {
+// open returns, opened at the first line point and closed at the end. A
+// FUNC:+N whose function that file does not have is looked up in the
+// file other gives for the function (nil: none), if any.
+func expandLines(points []string, w io.Writer, open func() (*debuginfo.File, error), other func(fn string) (*debuginfo.File, error)) (linePoints, error) {
 	var lp linePoints
 	var dbg *debuginfo.File
+	var others []*debuginfo.File
 	defer func() {
-		if dbg != nil {
-			dbg.Close()
+		for _, f := range append(others, dbg) {
+			if f != nil {
+				f.Close()
+			}
 		}
 	}()
 	for _, p := range points {
@@ -101,7 +125,16 @@ func expandLines(points []string, w io.Writer, open func() (*debuginfo.File, err
 			}
 		}
 		addrs, err := lineAddrs(dbg, p)
-		if err != nil {
+		if nf := (*noFunctionError)(nil); errors.As(err, &nf) && other != nil {
+			f, oerr := other(nf.fn)
+			if oerr != nil {
+				return lp, fmt.Errorf("%s: %w (in %s), and %v", p, err, dbg.Path, oerr)
+			}
+			others = append(others, f)
+			if addrs, err = lineAddrs(f, p); err != nil {
+				return lp, fmt.Errorf("%s: %w (in %s)", p, err, f.Path)
+			}
+		} else if err != nil {
 			return lp, fmt.Errorf("%s: %w (in %s)", p, err, dbg.Path)
 		}
 		var at []string
@@ -146,7 +179,7 @@ func lineAddrs(dbg *debuginfo.File, p string) ([]debuginfo.LineAddr, error) {
 	at := funcsNamed(dbg.Symbols(), fn)
 	switch {
 	case len(at) == 0:
-		return nil, fmt.Errorf("no function %s in the debug file", fn)
+		return nil, &noFunctionError{point: p, fn: fn}
 	case len(at) > 1:
 		return nil, fmt.Errorf("%d functions are named %s: name the line as FILE:LINE", len(at), fn)
 	}

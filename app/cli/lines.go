@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/debuginfo"
 	"github.com/kinst/kinst/internal/elfsym"
 	"github.com/kinst/kinst/output"
 )
@@ -18,12 +19,9 @@ func Lines(ctx context.Context, c *api.Client, fn string, o DebugOptions, asJSON
 	if err != nil {
 		return err
 	}
-	if cfg.Module != "" {
-		return fmt.Errorf("%s is in module %s: lines of module functions need the module's debug file (not read yet)", fn, cfg.Module)
-	}
-	dbg, err := debugForDaemon(ctx, c, o)
+	dbg, err := debugForFunction(ctx, c, cfg, o)
 	if err != nil {
-		return fmt.Errorf("lines need the kernel's debug vmlinux: %w", err)
+		return fmt.Errorf("lines: %w", err)
 	}
 	defer dbg.Close()
 	link, err := linkAddr(dbg.Symbols(), cfg)
@@ -72,6 +70,25 @@ func Lines(ctx context.Context, c *api.Client, fn string, o DebugOptions, asJSON
 		fmt.Fprintf(tw, "%s:%d\t%s\t%s\n", l.File, l.Line, l.Point, class)
 	}
 	return tw.Flush()
+}
+
+// debugForFunction opens the debug file of the kernel function cfg
+// describes: the debug vmlinux, or its module's debug file.
+func debugForFunction(ctx context.Context, c *api.Client, cfg api.CFG, o DebugOptions) (*debuginfo.File, error) {
+	if cfg.Module == "" {
+		dbg, err := debugForDaemon(ctx, c, o)
+		if err != nil {
+			return nil, fmt.Errorf("source lines need the kernel's debug vmlinux: %w", err)
+		}
+		return dbg, nil
+	}
+	s := moduleSearch(ctx, c, o)
+	s.BuildID = cfg.ModuleBuildID
+	dbg, err := debuginfo.FindModule(cfg.Module, s)
+	if err != nil {
+		return nil, fmt.Errorf("%s is in module %s: %w", cfg.Function, cfg.Module, err)
+	}
+	return dbg, nil
 }
 
 // linkAddr is the link-time address of the function cfg describes: its

@@ -166,7 +166,7 @@ func processTarget(pid int, command []string, env Env, o procsession.Options) (s
 				return nil, fmt.Errorf("a source line in a process needs the executable's DWARF (build it with -g): %w", err)
 			}
 			return dbg, nil
-		})
+		}, nil)
 	}
 	return sessionTarget{host: processHost{h}, lines: lines, proc: p}, nil
 }

@@ -38,8 +38,10 @@ found by its build id under /usr/lib/debug/.build-id, or as Debian's
 linux-image-RELEASE-dbg installs it (/usr/lib/debug/boot/vmlinux-RELEASE,
 /usr/lib/debug/lib/modules/RELEASE/vmlinux). Without one the lines stay empty.
 A block's lines are the line of its first instruction (as addr2line prints
-it), then every line of its bytes, sorted. Functions of modules get no lines
-yet.
+it), then every line of its bytes, sorted. A module's functions get theirs
+from the module's debug file (NAME.ko with DWARF, of the loaded module's
+build id): under --module-debug DIR, else Debian's
+/usr/lib/debug/lib/modules/RELEASE, else /lib/modules/RELEASE.
 --file fs/namei.c --lines 2450-2480 covers the functions holding those lines
 and reports only the blocks that hold one of them, as perf probe users name a
 source range.
@@ -112,6 +114,7 @@ func lcovFlag(fs *pflag.FlagSet, p *string) {
 
 func vmlinuxFlag(fs *pflag.FlagSet, o *cli.DebugOptions) {
 	fs.StringVar(&o.Vmlinux, "vmlinux", "", "source lines from this debug vmlinux `PATH` (default: the running kernel's, under /usr/lib/debug)")
+	fs.StringArrayVar(&o.ModuleDirs, "module-debug", nil, "look for kernel modules' debug files (NAME.ko, NAME.ko.debug) under `DIR` first (repeatable; then /usr/lib/debug/lib/modules/RELEASE and /lib/modules/RELEASE)")
 }
 
 var coverReportCommand = &command{

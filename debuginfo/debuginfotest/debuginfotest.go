@@ -16,6 +16,13 @@ import (
 // test when addr2line is not installed.
 func Addr2line(t testing.TB, file string, addrs []uint64) []string {
 	t.Helper()
+	return Addr2lineIn(t, file, "", addrs)
+}
+
+// Addr2lineIn is Addr2line of offsets into one section of a relocatable
+// file (addr2line -j SECTION), or of addresses when section is "".
+func Addr2lineIn(t testing.TB, file, section string, addrs []uint64) []string {
+	t.Helper()
 	if _, err := exec.LookPath("addr2line"); err != nil {
 		t.Skip("addr2line is not installed (binutils)")
 	}
@@ -23,7 +30,11 @@ func Addr2line(t testing.TB, file string, addrs []uint64) []string {
 	for _, a := range addrs {
 		fmt.Fprintf(&in, "%#x\n", a)
 	}
-	cmd := exec.Command("addr2line", "-e", file)
+	args := []string{"-e", file}
+	if section != "" {
+		args = append(args, "-j", section)
+	}
+	cmd := exec.Command("addr2line", args...)
 	cmd.Stdin = &in
 	out, err := cmd.Output()
 	if err != nil {

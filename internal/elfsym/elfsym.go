@@ -466,3 +466,16 @@ func findBuildID(bo interface{ Uint32([]byte) uint32 }, b []byte) ([]byte, bool)
 	}
 	return nil, false
 }
+
+// Rebased is a copy of the table with every symbol moved by base of its
+// section: a relocatable file's symbols (offsets into their sections)
+// placed where a layout of the sections puts them.
+func (t *Table) Rebased(base func(elf.SectionIndex) uint64) *Table {
+	syms := slices.Clone(t.syms)
+	for i := range syms {
+		syms[i].Addr += base(syms[i].Section)
+	}
+	n := New(syms)
+	n.buildID, n.source, n.segs = t.buildID, t.source, t.segs
+	return n
+}

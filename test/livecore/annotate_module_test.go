@@ -1,0 +1,164 @@
+package livecore
+
+import (
+	"bytes"
+	"context"
+	"debug/elf"
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/debuginfo/debuginfotest"
+	"github.com/kinst/kinst/internal/elfsym"
+	"github.com/kinst/kinst/output"
+)
+
+// (In a file named to sort before core_test.go: TestCore ends by
+// panicking the guest.)
+
+// TestModuleSourceLines: coverage of a loaded module (kinst_leak.ko,
+// built with DWARF beside the driver) gets source lines from the
+// module's own file, found by the loaded module's build id among every
+// build in the cache, its DWARF relocated against the module's sections.
+// Oracle: binutils' addr2line -j SECTION at each block's offset into the
+// section its function's symbol lies in, hot and .cold parts alike
+// (.text and .text.unlikely, placed apart by the module loader).
+func TestModuleSourceLines(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	gsh(t, ctx, `grep -q '^kinst_leak ' /proc/modules || insmod /lib/modules/kinst_leak.ko`)
+	notes := strings.Fields(gsh(t, ctx, `od -An -v -tx1 /sys/module/kinst_leak/notes/.note.gnu.build-id`))
+	if len(notes) < 16+20 {
+		t.Fatalf("kinst_leak's build-id note: %q", notes)
+	}
+	id := strings.Join(notes[16:], "")
+	ko := moduleBuild(t, id)
+	remote := []string{"--addr", guest.KerninstdAddr(), "--token-file", guest.TokenFile(), "--module-debug", filepath.Join(cache, "module")}
+
+	out, stderr := kinstErr(t, append([]string{"cover", "--module", "kinst_leak", "--duration", "2s", "--json"}, remote...)...)
+	if strings.Contains(stderr, "no source lines for") {
+		t.Errorf("kinst cover said: %s", stderr)
+	}
+	var rep api.CoverReport
+	if err := json.Unmarshal(out, &rep); err != nil {
+		t.Fatal(err)
+	}
+	ef, err := elf.Open(ko)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ef.Close()
+	raw, err := elfsym.Open(ko) // offsets into the module's sections
+	if err != nil {
+		t.Fatal(err)
+	}
+	type at struct {
+		section string
+		off     uint64
+		want    string
+	}
+	bySection := map[string][]*at{}
+	var blocks []struct {
+		where string
+		got   []string
+		at    *at
+	}
+	for _, f := range rep.Functions {
+		if f.Module != "kinst_leak" || f.Error != "" {
+			continue
+		}
+		var sym *elfsym.Symbol
+		for _, s := range raw.Symbols() {
+			if s.Name == f.Function && s.Kind == elfsym.Func {
+				sym = &s
+				break
+			}
+		}
+		if sym == nil {
+			t.Fatalf("%s: not in %s", f.Function, ko)
+		}
+		sec := ef.Sections[sym.Section].Name
+		for _, b := range f.Blocks {
+			a := &at{section: sec, off: sym.Addr + uint64(b.Start-f.Address)}
+			bySection[sec] = append(bySection[sec], a)
+			blocks = append(blocks, struct {
+				where string
+				got   []string
+				at    *at
+			}{fmt.Sprintf("%s+%#x", f.Function, uint64(b.Start-f.Address)), b.Lines, a})
+		}
+	}
+	for sec, as := range bySection {
+		offs := make([]uint64, len(as))
+		for i, a := range as {
+			offs[i] = a.off
+		}
+		for i, l := range debuginfotest.Addr2lineIn(t, ko, sec, offs) {
+			as[i].want = l
+		}
+	}
+	checked := 0
+	for _, b := range blocks {
+		if debuginfotest.Unknown(b.at.want) {
+			continue
+		}
+		checked++
+		if len(b.got) == 0 || b.got[0] != b.at.want {
+			t.Errorf("block %s (%s+%#x): lines %q, addr2line %s", b.where, b.at.section, b.at.off, b.got, b.at.want)
+		}
+	}
+	if checked < 20 || len(bySection) < 2 {
+		t.Errorf("%d blocks in %d sections checked: want the module's hot and cold code", checked, len(bySection))
+	}
+	t.Logf("%d blocks of kinst_leak in %d sections agree with addr2line -j (debug file %s)", checked, len(bySection), ko)
+
+	// kinst lines of a module function: from the same file, with its
+	// declaration (a split function: DW_AT_ranges, not low_pc).
+	var lr output.LinesReport
+	lo, _ := kinstErr(t, append([]string{"lines", "leak_some", "--json"}, remote...)...)
+	if err := json.Unmarshal(lo, &lr); err != nil {
+		t.Fatal(err)
+	}
+	if lr.Vmlinux != ko || lr.Declared == "" || len(lr.Lines) < 3 {
+		t.Errorf("kinst lines leak_some: from %s, declared at %q, %d lines; want %s, a declaration and its lines", lr.Vmlinux, lr.Declared, len(lr.Lines), ko)
+	}
+}
+
+// moduleBuild is the kinst_leak.ko of build id id among the cache's
+// module builds.
+func moduleBuild(t *testing.T, id string) string {
+	t.Helper()
+	kos, _ := filepath.Glob(filepath.Join(cache, "module", "*", "kinst_leak.ko"))
+	for _, ko := range kos {
+		f, err := elf.Open(ko)
+		if err != nil {
+			continue
+		}
+		have, _ := elfsym.BuildID(f)
+		f.Close()
+		if have == id {
+			return ko
+		}
+	}
+	t.Fatalf("no kinst_leak.ko of build id %s among %v", id, kos)
+	return ""
+}
+
+// kinstErr runs the host's kinst and returns its stdout and stderr; it
+// fails the test on a non-zero status.
+func kinstErr(t testing.TB, args ...string) ([]byte, string) {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(bin, "kinst"), args...)
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("kinst %s: %v\n%s", strings.Join(args, " "), err, errb.String())
+	}
+	return out, errb.String()
+}
