@@ -122,6 +122,10 @@ type SessionRequest struct {
 	TTLNS int64 `json:"ttl_ns,omitempty"`
 	// Timers are functions to time (see TimerInfo).
 	Timers []string `json:"timers,omitempty"`
+	// Regions are parts of functions to time as functions are (kinst
+	// time FILE:A-B): a thread is inside from when control passes into
+	// the region's code until it passes out. Wall time only.
+	Regions []Region `json:"regions,omitempty"`
 	// Cover makes a coverage session: a probe at every basic block of
 	// each function named (or matched by a glob: vfs_*), removed when it
 	// first runs. Not with Points, Timers or Lock. Each function is
@@ -146,6 +150,20 @@ type SessionRequest struct {
 	// Lock times the waits for one kernel mutex (a data symbol or
 	// 0xADDR) in mutex_lock's slow path, instead of Timers.
 	Lock string `json:"lock,omitempty"`
+}
+
+// Region is a part of one function's code to time: the instructions
+// that start in one of Spans.
+type Region struct {
+	Name     string       `json:"name"`     // how reports name it (its timer's Function)
+	Function string       `json:"function"` // the function symbol holding it
+	Spans    []OffsetSpan `json:"spans"`
+}
+
+// OffsetSpan is [Lo, Hi) of offsets into a function.
+type OffsetSpan struct {
+	Lo uint64 `json:"lo"`
+	Hi uint64 `json:"hi"`
 }
 
 // Filter selects the current task a timer counts; at most one field set.

@@ -78,51 +78,29 @@ func (f *File) LineRangeAddrs(suffix string, lo, hi int) ([]LineAddr, error) {
 		return nil, fmt.Errorf("%s has no symbol table to name functions", f.Path)
 	}
 	first := map[string]LineAddr{} // by function symbol
-	named, before, after := "", 0, 0
-	err := f.eachUnit(func(d *dwarf.Data, cu *dwarf.Entry, hdr dwarf.Offset) (bool, error) {
-		if cu.Tag != dwarf.TagCompileUnit {
-			return true, nil
+	before, after := 0, 0
+	named, err := f.eachRow(suffix, func(s *sequence, i int) {
+		r := s.rows[i]
+		l := int(r.line)
+		switch {
+		case l < lo && l > before:
+			before = l
+		case l > hi && (after == 0 || l < after):
+			after = l
 		}
-		t, err := f.table(hdr)
-		if err != nil {
-			return true, nil // a unit without a readable table holds nothing of it
+		if l < lo || l > hi {
+			return
 		}
-		match, name := matchFiles(t.files, suffix)
-		if name == "" {
-			return true, nil
+		if i > 0 && s.rows[i-1].file == r.file && int(s.rows[i-1].line) == l && s.rows[i-1].addr < r.addr {
+			return // the same run goes on
 		}
-		if named == "" {
-			named = name
+		sym, off, ok := f.syms.Lookup(r.addr)
+		if !ok || sym.Kind != elfsym.Func {
+			return
 		}
-		for _, s := range t.seqs {
-			for i := 0; i < len(s.rows)-1; i++ {
-				r := s.rows[i]
-				if !match[r.file] || r.line == 0 || s.rows[i+1].addr == r.addr {
-					continue
-				}
-				l := int(r.line)
-				switch {
-				case l < lo && l > before:
-					before = l
-				case l > hi && (after == 0 || l < after):
-					after = l
-				}
-				if l < lo || l > hi {
-					continue
-				}
-				if i > 0 && s.rows[i-1].file == r.file && int(s.rows[i-1].line) == l && s.rows[i-1].addr < r.addr {
-					continue // the same run goes on
-				}
-				sym, off, ok := f.syms.Lookup(r.addr)
-				if !ok || sym.Kind != elfsym.Func {
-					continue
-				}
-				if a, ok := first[sym.Name]; !ok || r.addr < a.Addr {
-					first[sym.Name] = LineAddr{Addr: r.addr, Func: sym.Name, Off: off}
-				}
-			}
+		if a, ok := first[sym.Name]; !ok || r.addr < a.Addr {
+			first[sym.Name] = LineAddr{Addr: r.addr, Func: sym.Name, Off: off}
 		}
-		return true, nil
 	})
 	if err != nil {
 		return nil, err
@@ -143,6 +121,178 @@ func (f *File) LineRangeAddrs(suffix string, lo, hi int) ([]LineAddr, error) {
 	}
 	slices.SortFunc(out, func(a, b LineAddr) int { return cmp.Compare(a.Addr, b.Addr) })
 	return out, nil
+}
+
+// eachRow calls visit with every row of the line tables that names a
+// line of the source file called suffix (MatchFile) and covers at least
+// one byte (the next row is at a higher address), and gives the file's
+// name as the first table to name it has it ("" when none does). The
+// caller holds f.mu.
+func (f *File) eachRow(suffix string, visit func(s *sequence, i int)) (string, error) {
+	named := ""
+	err := f.eachUnit(func(d *dwarf.Data, cu *dwarf.Entry, hdr dwarf.Offset) (bool, error) {
+		if cu.Tag != dwarf.TagCompileUnit {
+			return true, nil
+		}
+		t, err := f.table(hdr)
+		if err != nil {
+			return true, nil // a unit without a readable table holds nothing of it
+		}
+		match, name := matchFiles(t.files, suffix)
+		if name == "" {
+			return true, nil
+		}
+		if named == "" {
+			named = name
+		}
+		for si := range t.seqs {
+			s := &t.seqs[si]
+			for i := 0; i < len(s.rows)-1; i++ {
+				if r := s.rows[i]; match[r.file] && r.line != 0 && s.rows[i+1].addr != r.addr {
+					visit(s, i)
+				}
+			}
+		}
+		return true, nil
+	})
+	return named, err
+}
+
+// Span is a run of code [Lo, Hi) at link-time addresses.
+type Span struct{ Lo, Hi uint64 }
+
+// FuncSpans is the code of some source lines in one function: where
+// the function starts and the spans of its code the lines' rows cover.
+type FuncSpans struct {
+	Func  string // the function symbol
+	Addr  uint64 // its link-time address
+	Spans []Span // by address, adjacent ones merged
+}
+
+// LineRangeSpans is the code of the lines lo to hi of the source file
+// called suffix, per function holding any of it (inlined copies
+// included), in address order: every byte whose line-table row (the one
+// addr2line reports) names one of those lines, and the code of every
+// function inlined at a call on one of them (whose rows name the inlined
+// function's lines). kinst time times it as a region. No code gives the
+// errors LineRangeAddrs gives.
+func (f *File) LineRangeSpans(suffix string, lo, hi int) (out []FuncSpans, outErr error) {
+	if _, err := f.LineRangeAddrs(suffix, lo, hi); err != nil && !errors.Is(err, ErrNoLine) {
+		return nil, err
+	} else if err != nil {
+		defer func() {
+			if len(out) == 0 && outErr == nil {
+				outErr = err // not even a call inlined on one of the lines
+			}
+		}()
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	by := map[string]*FuncSpans{}
+	_, err := f.eachRow(suffix, func(s *sequence, i int) {
+		r := s.rows[i]
+		if l := int(r.line); l < lo || l > hi {
+			return
+		}
+		sym, _, ok := f.syms.Lookup(r.addr)
+		if !ok || sym.Kind != elfsym.Func {
+			return
+		}
+		fs := by[sym.Name]
+		if fs == nil {
+			fs = &FuncSpans{Func: sym.Name, Addr: sym.Addr}
+			by[sym.Name] = fs
+		}
+		fs.Spans = append(fs.Spans, Span{r.addr, s.rows[i+1].addr})
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := f.inlinedCalls(suffix, lo, hi, func(sp Span) {
+		sym, _, ok := f.syms.Lookup(sp.Lo)
+		if !ok || sym.Kind != elfsym.Func {
+			return
+		}
+		fs := by[sym.Name]
+		if fs == nil {
+			fs = &FuncSpans{Func: sym.Name, Addr: sym.Addr}
+			by[sym.Name] = fs
+		}
+		fs.Spans = append(fs.Spans, sp)
+	}); err != nil {
+		return nil, err
+	}
+	out = make([]FuncSpans, 0, len(by))
+	for _, fs := range by {
+		slices.SortFunc(fs.Spans, func(a, b Span) int { return cmp.Compare(a.Lo, b.Lo) })
+		merged := fs.Spans[:1]
+		for _, sp := range fs.Spans[1:] {
+			if last := &merged[len(merged)-1]; sp.Lo <= last.Hi {
+				last.Hi = max(last.Hi, sp.Hi)
+			} else {
+				merged = append(merged, sp)
+			}
+		}
+		fs.Spans = merged
+		out = append(out, *fs)
+	}
+	slices.SortFunc(out, func(a, b FuncSpans) int { return cmp.Compare(a.Addr, b.Addr) })
+	return out, nil
+}
+
+// inlinedCalls calls add with the code of every function inlined at a
+// call on one of the lines lo to hi of the file called suffix
+// (DW_TAG_inlined_subroutine's call_file and call_line): that code is
+// the line's as a call's callee is, though its rows name the inlined
+// function's own lines. The caller holds f.mu.
+func (f *File) inlinedCalls(suffix string, lo, hi int, add func(Span)) error {
+	return f.eachUnit(func(d *dwarf.Data, cu *dwarf.Entry, hdr dwarf.Offset) (bool, error) {
+		if cu.Tag != dwarf.TagCompileUnit {
+			return true, nil
+		}
+		t, err := f.table(hdr)
+		if err != nil {
+			return true, nil
+		}
+		if _, name := matchFiles(t.files, suffix); name == "" {
+			return true, nil // no line of the file in this unit, so no call
+		}
+		lr, err := d.LineReader(cu)
+		if err != nil || lr == nil {
+			return true, nil
+		}
+		compDir, _ := cu.Val(dwarf.AttrCompDir).(string)
+		files := lr.Files()
+		rd := d.Reader()
+		rd.Next() // the unit
+		for {
+			e, err := rd.Next()
+			if err != nil {
+				return false, err
+			}
+			if e == nil {
+				return true, nil
+			}
+			if e.Tag != dwarf.TagInlinedSubroutine {
+				continue
+			}
+			fi, _ := e.Val(dwarf.AttrCallFile).(int64)
+			line, _ := e.Val(dwarf.AttrCallLine).(int64)
+			if fi < 0 || int(fi) >= len(files) || files[fi] == nil || int(line) < lo || int(line) > hi ||
+				!MatchFile(fileName(files[fi].Name, compDir), suffix) {
+				continue
+			}
+			rs, _ := d.Ranges(e)
+			for _, r := range rs {
+				if r[1] > r[0] {
+					add(Span{r[0], r[1]})
+				}
+			}
+			if e.Children {
+				rd.SkipChildren() // inside the call's code already
+			}
+		}
+	})
 }
 
 // FuncLines are the lines of the function at link-time address lo, up

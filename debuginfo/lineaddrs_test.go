@@ -203,3 +203,74 @@ func TestDeclLine(t *testing.T) {
 		t.Errorf("DeclLine(1): %v, want ErrNoLine", err)
 	}
 }
+
+// LineRangeSpans against addr2line over every byte of every function: a
+// byte is in a function's spans exactly when addr2line -i puts it, or a
+// call it was inlined at, on a line of the range, for ranges of every
+// width over each file.
+func TestLineRangeSpansMatchAddr2line(t *testing.T) {
+	prog := buildProg(t)
+	fns := funcs(t, prog)
+	var addrs []uint64
+	for _, s := range fns {
+		for a := s.Addr; a < s.Addr+s.Size; a++ {
+			addrs = append(addrs, a)
+		}
+	}
+	chains := debuginfotest.Addr2lineChains(t, prog, addrs)
+	f, err := Open(prog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	checked, viaCall := 0, 0
+	for _, file := range []string{"main.c", "table.c", "util.h"} {
+		for lo := 1; lo <= 60; lo += 3 {
+			for _, width := range []int{0, 2, 9} {
+				hi := lo + width
+				got, err := f.LineRangeSpans(file, lo, hi)
+				in := map[uint64]bool{}
+				for _, fs := range got {
+					for _, sp := range fs.Spans {
+						for a := sp.Lo; a < sp.Hi; a++ {
+							in[a] = true
+						}
+					}
+				}
+				want := 0
+				for i, chain := range chains {
+					if len(chain) == 0 || debuginfotest.Unknown(chain[0]) {
+						continue
+					}
+					inRange := false
+					for k, l := range chain {
+						j := strings.LastIndexByte(l, ':')
+						if n := atoi(t, l[j+1:]); path.Base(l[:j]) == file && n >= lo && n <= hi {
+							inRange = true
+							if k > 0 {
+								viaCall++
+							}
+							break
+						}
+					}
+					if inRange {
+						want++
+					}
+					if inRange != in[addrs[i]] {
+						t.Fatalf("%s:%d-%d: %#x (addr2line -i %q) in the spans: %v", file, lo, hi, addrs[i], chain, in[addrs[i]])
+					}
+				}
+				if want == 0 && err == nil {
+					t.Errorf("%s:%d-%d: spans %v where addr2line has no byte", file, lo, hi, got)
+				}
+				if want > 0 {
+					checked++
+				}
+			}
+		}
+	}
+	if checked < 20 || viaCall == 0 {
+		t.Fatalf("%d ranges with code checked, %d bytes in by an inlined call: want both", checked, viaCall)
+	}
+	t.Logf("%d line ranges agree with addr2line -i byte by byte (%d bytes in by the call they were inlined at)", checked, viaCall)
+}

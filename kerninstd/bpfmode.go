@@ -97,6 +97,8 @@ func (d *Daemon) refuseWithoutDriver(req api.SessionRequest) error {
 		what = "filters (--pid, --tid, --comm)"
 	case req.Virtual:
 		what = "virtual (on-CPU) time"
+	case len(req.Regions) > 0:
+		what = "timing a part of a function (a line range)"
 	default:
 		return nil
 	}

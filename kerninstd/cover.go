@@ -30,7 +30,7 @@ type coverState struct {
 // probes in one engine batch. A probe the engine cannot install leaves
 // its block refused with the error; the others stay.
 func (d *Daemon) createCover(req api.SessionRequest) (api.Session, error) {
-	if len(req.Points) > 0 || len(req.Timers) > 0 || req.Lock != "" || req.Virtual {
+	if len(req.Points) > 0 || len(req.Timers) > 0 || len(req.Regions) > 0 || req.Lock != "" || req.Virtual {
 		return api.Session{}, badRequest(errors.New("a coverage session takes functions, modules and callees only (no points, timers or lock)"))
 	}
 	if req.TTLNS < 0 {

@@ -208,7 +208,7 @@ func (d *Daemon) Resolve(point string) (api.Resolved, error) {
 // resolvePoints checks a request's shape and resolves its points, each
 // also passing check if set. It changes nothing.
 func (d *Daemon) resolvePoints(req api.SessionRequest, check func(*splice.Site) error) ([]*splice.Site, error) {
-	if len(req.Points) == 0 && len(req.Timers) == 0 && req.Lock == "" {
+	if len(req.Points) == 0 && len(req.Timers) == 0 && len(req.Regions) == 0 && req.Lock == "" {
 		return nil, badRequest(errors.New("no points or functions given"))
 	}
 	if req.TTLNS < 0 {

@@ -1,19 +1,23 @@
 package kerninstd
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/bpfprobe"
+	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/codegen"
 	"github.com/kinst/kinst/engine"
 	"github.com/kinst/kinst/kernel"
 	"github.com/kinst/kinst/metrics"
 	"github.com/kinst/kinst/report"
 	"github.com/kinst/kinst/splice"
+	"golang.org/x/arch/x86/x86asm"
 )
 
 // A timed function (kinst time): calls counted at the entry, and a timer
@@ -25,11 +29,14 @@ type timedFunc struct {
 	function string
 	entry    *splice.Site
 	exits    []*splice.Site
-	filter   string            // what the predicate selects, "" for everyone
-	calls    int               // counter slot: calls
-	word     int               // counter slot: the timer word
-	reqs     []*engine.Request // exits, then the entry; reqs[0] owns the slots
-	virtual  *virtualState     // nil: wall time only
+	// region, for a timed region (api.Region), is every site with what
+	// it does; entry and exits then only describe it.
+	region  []timerSite
+	filter  string            // what the predicate selects, "" for everyone
+	calls   int               // counter slot: calls
+	word    int               // counter slot: the timer word
+	reqs    []*engine.Request // exits, then the entry; reqs[0] owns the slots
+	virtual *virtualState     // nil: wall time only
 	// bpf, without the driver, is the timer's BPF probe: calls counts
 	// calls and word the nanoseconds inside (not a timer word).
 	bpf *bpfprobe.Probe
@@ -101,52 +108,86 @@ func (tm *timing) attachTimed(owner string, t *timedFunc, pred codegen.Predicate
 		return codegen.Guard{If: pred, Then: sn}
 	}
 	var calls, word uint64
-	mk := func(nslots int, build func() codegen.Snippet) engine.SnippetFunc {
-		return func(c []uint64) codegen.Snippet {
-			if nslots == 2 {
-				calls, word = c[0], c[1]
-			}
-			return build()
-		}
-	}
 	exit := func() codegen.Snippet { return guard(codegen.TimerExit{Word: word}) }
 	enter := func() codegen.Snippet {
 		return guard(codegen.Counter{Addr: calls}, codegen.TimerEnter{Word: word})
 	}
-	entryIsExit := false
-	for _, s := range t.exits {
-		if s == t.entry {
-			entryIsExit = true
-			continue
-		}
+	// The sites that only leave go in first, so that no thread can enter
+	// and then leave unseen; the first request owns the two slots.
+	sites := t.sites()
+	slices.SortStableFunc(sites, func(a, b timerSite) int { return cmp.Compare(b2i(a.enter), b2i(b.enter)) })
+	for _, ts := range sites {
 		nslots := 0
 		if len(t.reqs) == 0 {
 			nslots = 2
 		}
-		r, err := tm.eng.Add(s, engine.Spec{Owner: owner, Slots: nslots, Snippet: mk(nslots, exit)})
+		build := func(c []uint64) codegen.Snippet {
+			if nslots == 2 {
+				calls, word = c[0], c[1]
+			}
+			var sn codegen.Seq
+			switch {
+			case ts.count && ts.enter:
+				sn = append(sn, enter())
+			case ts.count:
+				sn = append(sn, guard(codegen.Counter{Addr: calls}))
+			case ts.enter:
+				sn = append(sn, guard(codegen.TimerEnter{Word: word}))
+			}
+			if ts.exit {
+				sn = append(sn, exit())
+			}
+			if len(sn) == 1 {
+				return sn[0]
+			}
+			return sn
+		}
+		r, err := tm.eng.Add(ts.site, engine.Spec{Owner: owner, Slots: nslots, Snippet: build})
 		if err != nil {
 			tm.detachTimed(t)
 			return err
 		}
 		t.reqs = append(t.reqs, r)
 	}
-	nslots := 0
-	if len(t.reqs) == 0 {
-		nslots = 2 // the entry is the only exit too
-	}
-	build := enter
-	if entryIsExit {
-		build = func() codegen.Snippet { return codegen.Seq{enter(), exit()} }
-	}
-	r, err := tm.eng.Add(t.entry, engine.Spec{Owner: owner, Slots: nslots, Snippet: mk(nslots, build)})
-	if err != nil {
-		tm.detachTimed(t)
-		return err
-	}
-	t.reqs = append(t.reqs, r)
 	owners := t.reqs[0]
 	t.calls, t.word = owners.Slots()[0], owners.Slots()[1]
 	return nil
+}
+
+// timerSite is one site of a timer: where a call is counted, and where
+// a thread enters or leaves.
+type timerSite struct {
+	site               *splice.Site
+	count, enter, exit bool
+}
+
+// sites are the timer's sites: a region's, or a function's entry (which
+// may be an exit too) and exits.
+func (t *timedFunc) sites() []timerSite {
+	if t.region != nil {
+		return slices.Clone(t.region)
+	}
+	var out []timerSite
+	entryIsExit := false
+	for _, s := range t.exits {
+		if s == t.entry {
+			entryIsExit = true
+			continue
+		}
+		out = append(out, timerSite{site: s, exit: true})
+	}
+	if entryIsExit { // a function of one instruction: in and out at once
+		out = append(out, timerSite{site: t.entry, count: true, enter: true, exit: true})
+		return out
+	}
+	return append(out, timerSite{site: t.entry, count: true, enter: true})
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // detachTimed removes the entry first (it was attached last), then the
@@ -218,7 +259,10 @@ func (tm *timing) resolveTimers(req api.SessionRequest) ([]*timedFunc, codegen.P
 	if req.Lock != "" {
 		return tm.resolveWaiters(req)
 	}
-	if len(req.Timers) == 0 {
+	if len(req.Regions) > 0 && req.Virtual {
+		return nil, nil, badRequest(errors.New("a timed region measures wall time only (no --virtual)"))
+	}
+	if len(req.Timers) == 0 && len(req.Regions) == 0 {
 		if req.Filter != nil {
 			return nil, nil, badRequest(errors.New("a filter applies to timed functions; none given"))
 		}
@@ -254,7 +298,94 @@ func (tm *timing) resolveTimers(req api.SessionRequest) ([]*timedFunc, codegen.P
 		}
 		out = append(out, t)
 	}
+	for _, r := range req.Regions {
+		t, err := tm.resolveRegion(r)
+		if err != nil {
+			return nil, nil, &splice.PointError{Point: r.Name, Err: err}
+		}
+		if seen[t.function] {
+			return nil, nil, &splice.PointError{Point: r.Name, Err: badRequest(errors.New("named twice"))}
+		}
+		seen[t.function] = true
+		t.filter = desc
+		out = append(out, t)
+	}
 	return out, pred, nil
+}
+
+// resolveRegion plans a timed region's sites (cfg.Region): where control
+// passes into the region's instructions and out of them.
+func (tm *timing) resolveRegion(r api.Region) (*timedFunc, error) {
+	if r.Name == "" || len(r.Spans) == 0 {
+		return nil, badRequest(errors.New("a region needs a name and spans"))
+	}
+	f, p, err := tm.plan.Func(r.Function)
+	if err != nil {
+		return nil, err
+	}
+	if p.HasOffset || p.HasBlock {
+		return nil, badRequest(fmt.Errorf("region %s: name its function, not a point (%s)", r.Name, r.Function))
+	}
+	fn := f.Fn
+	for _, sp := range r.Spans {
+		if sp.Lo >= sp.Hi || sp.Hi > fn.End-fn.Addr {
+			return nil, badRequest(fmt.Errorf("region %s: span %#x-%#x is not inside %s (%d bytes)", r.Name, sp.Lo, sp.Hi, fn.Name, fn.End-fn.Addr))
+		}
+	}
+	in := func(i int) bool {
+		off := fn.Insns[i].Addr - fn.Addr
+		for _, sp := range r.Spans {
+			if off >= sp.Lo && off < sp.Hi {
+				return true
+			}
+		}
+		return false
+	}
+	plan, err := cfg.Region(fn, f.Blocks, in)
+	if err != nil {
+		return nil, badRequest(fmt.Errorf("cannot time %s in %s exactly: %w", r.Name, fn.Name, err))
+	}
+	t := &timedFunc{function: r.Name}
+	for _, rs := range plan {
+		s, err := regionSite(f, rs.Index, in)
+		if err != nil {
+			return nil, err
+		}
+		t.region = append(t.region, timerSite{site: s, count: rs.Count, enter: rs.Enter, exit: rs.Exit})
+		if (rs.Enter || rs.Count) && t.entry == nil {
+			t.entry = s
+		}
+		if rs.Exit {
+			t.exits = append(t.exits, s)
+		}
+	}
+	return t, nil
+}
+
+// regionSite plans the splice of a region's site at instruction i. One
+// that cannot be spliced (the ftrace nop at a function's entry) hands
+// its work to the next instruction of its block that can, when nothing
+// between them is a call and they are on the same side of the region's
+// edge: the timer then gains or loses those instructions' time only.
+func regionSite(f *splice.Func, i int, in func(int) bool) (*splice.Site, error) {
+	s, err := f.At(i)
+	if err == nil {
+		return s, nil
+	}
+	for _, b := range f.Blocks {
+		if i < b.First || i >= b.First+b.N {
+			continue
+		}
+		for j := i + 1; j < b.First+b.N; j++ {
+			if f.Fn.Insns[j-1].Inst.Op == x86asm.CALL || in(j) != in(i) {
+				break
+			}
+			if s, err := f.At(j); err == nil {
+				return s, nil
+			}
+		}
+	}
+	return nil, err
 }
 
 // predicate builds the guard of a filter, with task_struct offsets from

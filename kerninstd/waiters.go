@@ -98,7 +98,7 @@ func (tm *timing) lockWaitFunction() (string, error) {
 
 // resolveWaiters builds the timer of a waiters request.
 func (tm *timing) resolveWaiters(req api.SessionRequest) ([]*timedFunc, codegen.Predicate, error) {
-	if len(req.Timers) > 0 || req.Filter != nil {
+	if len(req.Timers) > 0 || len(req.Regions) > 0 || req.Filter != nil {
 		return nil, nil, badRequest(errors.New("a lock request takes no functions or filter"))
 	}
 	addr, desc, err := tm.lockAddress(req.Lock)

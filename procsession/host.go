@@ -288,8 +288,8 @@ func (h *Host) Lines(cfg *api.CFG) {
 // stays installed.
 func (h *Host) CreateSession(_ context.Context, req api.SessionRequest) (api.Session, error) {
 	switch {
-	case req.Filter != nil, req.Virtual, req.Lock != "":
-		return api.Session{}, badRequest(errors.New("a process session takes no filter, virtual time or lock: it is one process"))
+	case req.Filter != nil, req.Virtual, req.Lock != "", len(req.Regions) > 0:
+		return api.Session{}, badRequest(errors.New("a process session takes no filter, virtual time, lock or timed region (line range)"))
 	case len(req.CoverModules) > 0:
 		return api.Session{}, badRequest(errors.New("cover a library's functions with LIB:* (cover_modules names kernel modules)"))
 	case req.TTLNS != 0 || req.Tied:

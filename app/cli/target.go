@@ -58,7 +58,9 @@ type sessionTarget struct {
 	host sessionHost
 	// lines expands FILE:LINE and FUNC:+N points from the target's DWARF.
 	lines func(points []string) (linePoints, error)
-	proc  *procTarget
+	// regions are the timed regions of kinst time's line ranges.
+	regions []api.Region
+	proc    *procTarget
 }
 
 // kernelTarget is kerninstd's kernel.

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"regexp"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -29,6 +31,7 @@ type TimeOptions struct {
 	Name      string
 	TTL       time.Duration
 	Command   []string
+	Debug     DebugOptions // the debug vmlinux of FILE:A-B regions
 }
 
 // Time times kernel functions: calls, wall time, concurrency.
@@ -36,7 +39,76 @@ func Time(ctx context.Context, c *api.Client, o TimeOptions, env Env) (int, erro
 	if len(o.Functions) == 0 && o.Lock == "" {
 		return 2, errors.New("time: name at least one kernel function")
 	}
-	return timeOn(ctx, kernelTarget(ctx, c, DebugOptions{}, env.Err), o, env)
+	funcs, ranges := splitLineRanges(o.Functions)
+	var regions []api.Region
+	if len(ranges) > 0 {
+		var err error
+		if regions, err = lineRegions(ctx, c, ranges, o.Debug, env.Err); err != nil {
+			return 1, err
+		}
+	}
+	o.Functions = funcs
+	t := kernelTarget(ctx, c, o.Debug, env.Err)
+	t.regions = regions
+	return timeOn(ctx, t, o, env)
+}
+
+// timedRange matches a source line range, FILE:A-B, or one line FILE:A,
+// as a timer.
+var timedRange = regexp.MustCompile(`^(.+\.(?:c|h|S|s|rs|cc|cpp)):([0-9]+)(?:-([0-9]+))?$`)
+
+// splitLineRanges sets the FILE:A-B (and FILE:LINE) timers apart from
+// the functions.
+func splitLineRanges(timers []string) (funcs, ranges []string) {
+	for _, s := range timers {
+		if timedRange.MatchString(s) {
+			ranges = append(ranges, s)
+		} else {
+			funcs = append(funcs, s)
+		}
+	}
+	return funcs, ranges
+}
+
+// lineRegions are the timed regions of FILE:A-B ranges: the code of the
+// lines in each function holding some (debuginfo.LineRangeSpans), as
+// offsets into the function, which kerninstd plans (cfg.Region).
+func lineRegions(ctx context.Context, c *api.Client, ranges []string, o DebugOptions, w io.Writer) ([]api.Region, error) {
+	dbg, err := debugForDaemon(ctx, c, o)
+	if err != nil {
+		return nil, fmt.Errorf("%s: a source line range needs the kernel's debug vmlinux: %w", ranges[0], err)
+	}
+	defer dbg.Close()
+	var out []api.Region
+	for _, r := range ranges {
+		m := timedRange.FindStringSubmatch(r)
+		lo, _ := strconv.Atoi(m[2])
+		hi := lo
+		if m[3] != "" {
+			hi, _ = strconv.Atoi(m[3])
+		}
+		if lo <= 0 || hi < lo {
+			return nil, fmt.Errorf("%s: want FILE:A-B with 0 < A ≤ B", r)
+		}
+		fss, err := dbg.LineRangeSpans(m[1], lo, hi)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w (in %s)", r, err, dbg.Path)
+		}
+		for _, fs := range fss {
+			reg := api.Region{Name: r, Function: fs.Func}
+			if len(fss) > 1 {
+				reg.Name = r + " in " + fs.Func
+			}
+			var spans []string
+			for _, sp := range fs.Spans {
+				reg.Spans = append(reg.Spans, api.OffsetSpan{Lo: sp.Lo - fs.Addr, Hi: sp.Hi - fs.Addr})
+				spans = append(spans, fmt.Sprintf("+%#x-%#x", sp.Lo-fs.Addr, sp.Hi-fs.Addr))
+			}
+			fmt.Fprintf(w, "kinst: %s is %s of %s\n", r, strings.Join(spans, ", "), fs.Func)
+			out = append(out, reg)
+		}
+	}
+	return out, nil
 }
 
 // TimeProcess is `kinst time -p PID FUNC…` (or -p 0 -- CMD): calls, wall
@@ -45,6 +117,9 @@ func Time(ctx context.Context, c *api.Client, o TimeOptions, env Env) (int, erro
 func TimeProcess(ctx context.Context, pid int, o TimeOptions, env Env) (int, error) {
 	if len(o.Functions) == 0 {
 		return 2, errors.New("time -p: name at least one function")
+	}
+	if _, ranges := splitLineRanges(o.Functions); len(ranges) > 0 {
+		return 2, fmt.Errorf("time -p %s: source line ranges are timed in the kernel only", ranges[0])
 	}
 	if o.Virtual || o.Lock != "" || o.Filter != (api.Filter{}) {
 		return 2, errors.New("time -p: --virtual, --lock and the filters are for the kernel")
@@ -69,6 +144,7 @@ func timeOn(ctx context.Context, t sessionTarget, o TimeOptions, env Env) (int, 
 		o.Interval = time.Second
 	}
 	req := t.request(timeRequest(&o))
+	req.Regions = t.regions
 	asked := env.now()
 	sess, err := t.host.CreateSession(ctx, req)
 	if err != nil {

@@ -14,6 +14,16 @@ calls, indirect jumps) and reports calls/s, total and average wall time, and
 concurrency: the average number of threads inside (KernInst's AOT). --virtual
 adds on-CPU time, through a hook in the context switch.
 
+FILE:A-B (or FILE:LINE) times the code of those source lines as a region, in
+every function holding it (inlined copies included), from the kernel's debug
+vmlinux (--vmlinux): a thread is inside from when control passes into the
+lines' instructions until it passes out, calls they make included. Each edge
+into or out of the region is spliced where only it passes (its target, or its
+source when all of that one's successors are on the other side); a region
+with an edge that can be timed at neither end (a branch that both stays and
+leaves to code also reached from outside) is refused with the address, and
+so is code that branches to a .cold part.
+
 Rates print every --interval until --duration ends, CMD exits (kinst then
 exits with its status) or Ctrl-C; then the totals, and the splices are removed.
 Live rows and CMD's output share stdout: -o FILE keeps the report apart.`
@@ -31,6 +41,7 @@ var timeCommand = &command{
 		fs.StringVar(&o.Filter.Comm, "comm", "", "count only calls made by tasks with this command `name` (up to 15 bytes)")
 		fs.BoolVar(&o.Virtual, "virtual", false, "also measure on-CPU (virtual) time")
 		timeFlags(fs, &o)
+		vmlinuxFlag(fs, &o.Debug)
 		user := fs.Bool("user", false, "time FUNC (FUNC or LIB:FUNC) in the user process -p PID instead of the kernel, or with -p 0 in -- CMD, started and spliced at its entry point (its libraries mapped, none of its code run); the engine runs in kinst through ptrace (no kerninstd)")
 		return func(ctx context.Context, inv invocation) (int, error) {
 			o.Functions, o.Command = inv.args, inv.command

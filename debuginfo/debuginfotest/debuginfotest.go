@@ -59,3 +59,43 @@ func Addr2lineIn(t testing.TB, file, section string, addrs []uint64) []string {
 func Unknown(line string) bool {
 	return strings.HasPrefix(line, "??") || strings.HasSuffix(line, ":0") || strings.HasSuffix(line, ":?")
 }
+
+// Addr2lineChains is `addr2line -a -i -e file` of each address: its line,
+// then the line of each call site it was inlined at, outward (without
+// discriminators).
+func Addr2lineChains(t testing.TB, file string, addrs []uint64) [][]string {
+	t.Helper()
+	if _, err := exec.LookPath("addr2line"); err != nil {
+		t.Skip("addr2line is not installed (binutils)")
+	}
+	var in bytes.Buffer
+	for _, a := range addrs {
+		fmt.Fprintf(&in, "%#x\n", a)
+	}
+	cmd := exec.Command("addr2line", "-a", "-i", "-e", file)
+	cmd.Stdin = &in
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("addr2line -a -i -e %s: %v", file, err)
+	}
+	var chains [][]string
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		l := sc.Text()
+		if strings.HasPrefix(l, "0x") {
+			chains = append(chains, nil)
+			continue
+		}
+		if len(chains) == 0 {
+			t.Fatalf("addr2line -a: %q before an address", l)
+		}
+		if i := strings.Index(l, " (discriminator"); i >= 0 {
+			l = l[:i]
+		}
+		chains[len(chains)-1] = append(chains[len(chains)-1], l)
+	}
+	if len(chains) != len(addrs) {
+		t.Fatalf("addr2line: %d chains for %d addresses", len(chains), len(addrs))
+	}
+	return chains
+}

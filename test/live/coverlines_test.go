@@ -394,6 +394,12 @@ func TestSourceLinePoints(t *testing.T) {
 // fails the test.
 func hostUnderStats(t *testing.T, ctx context.Context, name string, args ...string) (string, string) {
 	t.Helper()
+	return hostUnder(t, ctx, name, "kinst workload stat 300 / >/dev/null 2>&1", args...)
+}
+
+// hostUnder is hostUnderStats with the guest's workload a shell script.
+func hostUnder(t *testing.T, ctx context.Context, name, workload string, args ...string) (string, string) {
+	t.Helper()
 	cmd := exec.Command(filepath.Join(live.Bin, "kinst"), args...)
 	var outb, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &outb, &errb
@@ -402,7 +408,7 @@ func hostUnderStats(t *testing.T, ctx context.Context, name string, args ...stri
 	}
 	armed := waitArmed(ctx, name)
 	if armed {
-		gsh(t, ctx, "kinst workload stat 300 / >/dev/null 2>&1")
+		gsh(t, ctx, workload)
 	}
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("kinst %s: %v\n%s", strings.Join(args, " "), err, errb.String())
