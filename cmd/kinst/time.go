@@ -30,8 +30,8 @@ Live rows and CMD's output share stdout: -o FILE keeps the report apart.`
 
 var timeCommand = &command{
 	name:    "time",
-	args:    "FUNC… [-- CMD…]",
-	summary: "calls/s, average and total wall time and concurrency of kernel functions",
+	args:    "FUNC|FILE:A-B… [-- CMD…]",
+	summary: "calls/s, average and total wall time and concurrency of kernel functions or source line ranges",
 	help:    timeHelp,
 	daemon:  true, report: true,
 	setup: func(fs *pflag.FlagSet) runFunc {
@@ -46,7 +46,7 @@ var timeCommand = &command{
 		return func(ctx context.Context, inv invocation) (int, error) {
 			o.Functions, o.Command = inv.args, inv.command
 			if len(o.Functions) == 0 {
-				return 2, usagef("name at least one kernel function")
+				return 2, usagef("name at least one kernel function or source line range (FILE:A-B)")
 			}
 			if *user {
 				pid := o.Filter.PID
