@@ -710,15 +710,20 @@ func (e *NotFoundError) Error() string {
 	if e.Search.BuildID != "" {
 		what += " (build id " + e.Search.BuildID + ")"
 	}
-	msg := "no debug vmlinux of " + what + " found"
+	return e.message("no debug vmlinux of "+what+" found", "--vmlinux PATH")
+}
+
+// message is what was not found, the files tried, and how to fix it:
+// the release's -dbg package, or the flag flag.
+func (e *NotFoundError) message(what, flag string) string {
 	if len(e.Tried) > 0 {
-		msg += "; tried " + strings.Join(e.Tried, "; ")
+		what += "; tried " + strings.Join(e.Tried, "; ")
 	}
 	rel := e.Search.Release
 	if rel == "" {
 		rel = "RELEASE"
 	}
-	return msg + " (install linux-image-" + rel + "-dbg, or give --vmlinux PATH)"
+	return what + " (install linux-image-" + rel + "-dbg, or give " + flag + ")"
 }
 
 // Brief says the same in one short line, without the files tried.

@@ -189,26 +189,7 @@ func (f *File) LineRangeSpans(suffix string, lo, hi int) (out []FuncSpans, outEr
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	by := map[string]*FuncSpans{}
-	_, err := f.eachRow(suffix, func(s *sequence, i int) {
-		r := s.rows[i]
-		if l := int(r.line); l < lo || l > hi {
-			return
-		}
-		sym, _, ok := f.syms.Lookup(r.addr)
-		if !ok || sym.Kind != elfsym.Func {
-			return
-		}
-		fs := by[sym.Name]
-		if fs == nil {
-			fs = &FuncSpans{Func: sym.Name, Addr: sym.Addr}
-			by[sym.Name] = fs
-		}
-		fs.Spans = append(fs.Spans, Span{r.addr, s.rows[i+1].addr})
-	})
-	if err != nil {
-		return nil, err
-	}
-	if err := f.inlinedCalls(suffix, lo, hi, func(sp Span) {
+	add := func(sp Span) { // to the function holding it
 		sym, _, ok := f.syms.Lookup(sp.Lo)
 		if !ok || sym.Kind != elfsym.Func {
 			return
@@ -219,7 +200,16 @@ func (f *File) LineRangeSpans(suffix string, lo, hi int) (out []FuncSpans, outEr
 			by[sym.Name] = fs
 		}
 		fs.Spans = append(fs.Spans, sp)
-	}); err != nil {
+	}
+	_, err := f.eachRow(suffix, func(s *sequence, i int) {
+		if l := int(s.rows[i].line); l >= lo && l <= hi {
+			add(Span{s.rows[i].addr, s.rows[i+1].addr})
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := f.inlinedCalls(suffix, lo, hi, add); err != nil {
 		return nil, err
 	}
 	out = make([]FuncSpans, 0, len(by))

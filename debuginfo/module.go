@@ -93,15 +93,7 @@ func FindModule(name string, s ModuleSearch) (*File, error) {
 	return nil, nf
 }
 
-// moduleNotFound is NotFoundError's message for a module.
+// moduleMessage is NotFoundError's message for a module.
 func (e *NotFoundError) moduleMessage() string {
-	msg := "no debug file of module " + e.Module + " found"
-	if len(e.Tried) > 0 {
-		msg += "; tried " + strings.Join(e.Tried, "; ")
-	}
-	rel := e.Search.Release
-	if rel == "" {
-		rel = "RELEASE"
-	}
-	return msg + " (install linux-image-" + rel + "-dbg, or give --module-debug DIR)"
+	return e.message("no debug file of module "+e.Module+" found", "--module-debug DIR")
 }

@@ -23,19 +23,13 @@ func Addr2line(t testing.TB, file string, addrs []uint64) []string {
 // file (addr2line -j SECTION), or of addresses when section is "".
 func Addr2lineIn(t testing.TB, file, section string, addrs []uint64) []string {
 	t.Helper()
-	if _, err := exec.LookPath("addr2line"); err != nil {
-		t.Skip("addr2line is not installed (binutils)")
-	}
-	var in bytes.Buffer
-	for _, a := range addrs {
-		fmt.Fprintf(&in, "%#x\n", a)
-	}
+	in := addrInput(t, addrs)
 	args := []string{"-e", file}
 	if section != "" {
 		args = append(args, "-j", section)
 	}
 	cmd := exec.Command("addr2line", args...)
-	cmd.Stdin = &in
+	cmd.Stdin = in
 	out, err := cmd.Output()
 	if err != nil {
 		t.Fatalf("addr2line -e %s: %v", file, err)
@@ -55,6 +49,20 @@ func Addr2lineIn(t testing.TB, file, section string, addrs []uint64) []string {
 	return lines
 }
 
+// addrInput is addr2line's input, one address a line; it skips the test
+// when addr2line is not installed.
+func addrInput(t testing.TB, addrs []uint64) *bytes.Buffer {
+	t.Helper()
+	if _, err := exec.LookPath("addr2line"); err != nil {
+		t.Skip("addr2line is not installed (binutils)")
+	}
+	var in bytes.Buffer
+	for _, a := range addrs {
+		fmt.Fprintf(&in, "%#x\n", a)
+	}
+	return &in
+}
+
 // Unknown reports addr2line's answer for an address of no line.
 func Unknown(line string) bool {
 	return strings.HasPrefix(line, "??") || strings.HasSuffix(line, ":0") || strings.HasSuffix(line, ":?")
@@ -65,15 +73,9 @@ func Unknown(line string) bool {
 // discriminators).
 func Addr2lineChains(t testing.TB, file string, addrs []uint64) [][]string {
 	t.Helper()
-	if _, err := exec.LookPath("addr2line"); err != nil {
-		t.Skip("addr2line is not installed (binutils)")
-	}
-	var in bytes.Buffer
-	for _, a := range addrs {
-		fmt.Fprintf(&in, "%#x\n", a)
-	}
+	in := addrInput(t, addrs)
 	cmd := exec.Command("addr2line", "-a", "-i", "-e", file)
-	cmd.Stdin = &in
+	cmd.Stdin = in
 	out, err := cmd.Output()
 	if err != nil {
 		t.Fatalf("addr2line -a -i -e %s: %v", file, err)
