@@ -77,8 +77,13 @@ func expandSourceLines(ctx context.Context, c *api.Client, points []string, o De
 			return nil, fmt.Errorf("a source line needs the kernel's debug vmlinux: %w", err)
 		}
 		return dbg, nil
-	}, func(fn string) (*debuginfo.File, error) {
-		// FUNC:+N of a module's function: from the module's debug file.
+	}, func(fn, mod string) (*debuginfo.File, error) {
+		// MODULE:FILE:LINE, or FUNC:+N of a module's function: from
+		// the module's debug file.
+		if mod != "" {
+			s := moduleSearch(ctx, c, o)
+			return debuginfo.FindModule(mod, s)
+		}
 		cfg, err := c.CFG(ctx, fn)
 		if err != nil {
 			return nil, err
@@ -88,6 +93,23 @@ func expandSourceLines(ctx context.Context, c *api.Client, points []string, o De
 		}
 		return debugForFunction(ctx, c, cfg, o)
 	})
+}
+
+// modulePrefix matches MODULE: before a kernel module's source line.
+var modulePrefix = regexp.MustCompile(`^([A-Za-z0-9_-]+):(.+)$`)
+
+// splitModule splits MODULE:FILE:LINE into the module and FILE:LINE; mod
+// is "" for a point without one.
+func splitModule(p string) (mod, rest string) {
+	file, _, ok := ParseSourceLine(p)
+	if !ok {
+		return "", p
+	}
+	m := modulePrefix.FindStringSubmatch(file)
+	if m == nil {
+		return "", p
+	}
+	return m[1], p[len(m[1])+1:]
 }
 
 // noFunctionError is a FUNC:+N point whose function the debug file does
@@ -100,9 +122,10 @@ func (e *noFunctionError) Error() string {
 
 // expandLines expands the line points of points with the debug file
 // open returns, opened at the first line point and closed at the end. A
-// FUNC:+N whose function that file does not have is looked up in the
-// file other gives for the function (nil: none), if any.
-func expandLines(points []string, w io.Writer, open func() (*debuginfo.File, error), other func(fn string) (*debuginfo.File, error)) (linePoints, error) {
+// MODULE:FILE:LINE is looked up in the file other gives for the module,
+// and a FUNC:+N whose function open's file does not have in the file it
+// gives for the function (other nil: neither is taken).
+func expandLines(points []string, w io.Writer, open func() (*debuginfo.File, error), other func(fn, mod string) (*debuginfo.File, error)) (linePoints, error) {
 	var lp linePoints
 	var dbg *debuginfo.File
 	var others []*debuginfo.File
@@ -118,6 +141,22 @@ func expandLines(points []string, w io.Writer, open func() (*debuginfo.File, err
 			lp.points, lp.labels = append(lp.points, p), append(lp.labels, p)
 			continue
 		}
+		var addrs []debuginfo.LineAddr
+		if mod, rest := splitModule(p); mod != "" {
+			if other == nil {
+				return lp, fmt.Errorf("%s: a module's source line (MODULE:FILE:LINE) is the kernel's", p)
+			}
+			f, err := other("", mod)
+			if err != nil {
+				return lp, fmt.Errorf("%s: %w", p, err)
+			}
+			others = append(others, f)
+			if addrs, err = lineAddrs(f, rest); err != nil {
+				return lp, fmt.Errorf("%s: %w (in %s)", p, err, f.Path)
+			}
+			lp.add(w, p, addrs)
+			continue
+		}
 		if dbg == nil {
 			var err error
 			if dbg, err = open(); err != nil {
@@ -126,7 +165,7 @@ func expandLines(points []string, w io.Writer, open func() (*debuginfo.File, err
 		}
 		addrs, err := lineAddrs(dbg, p)
 		if nf := (*noFunctionError)(nil); errors.As(err, &nf) && other != nil {
-			f, oerr := other(nf.fn)
+			f, oerr := other(nf.fn, "")
 			if oerr != nil {
 				return lp, fmt.Errorf("%s: %w (in %s), and %v", p, err, dbg.Path, oerr)
 			}
@@ -137,15 +176,21 @@ func expandLines(points []string, w io.Writer, open func() (*debuginfo.File, err
 		} else if err != nil {
 			return lp, fmt.Errorf("%s: %w (in %s)", p, err, dbg.Path)
 		}
-		var at []string
-		for _, a := range addrs {
-			spec := fmt.Sprintf("%s+%#x", a.Func, a.Off)
-			lp.points, lp.labels = append(lp.points, spec), append(lp.labels, p)
-			at = append(at, spec)
-		}
-		fmt.Fprintf(w, "kinst: %s starts at %s\n", p, strings.Join(at, ", "))
+		lp.add(w, p, addrs)
 	}
 	return lp, nil
+}
+
+// add puts the places of line point p in lp as FUNC+0xOFF points named
+// by p, and says them on w.
+func (lp *linePoints) add(w io.Writer, p string, addrs []debuginfo.LineAddr) {
+	var at []string
+	for _, a := range addrs {
+		spec := fmt.Sprintf("%s+%#x", a.Func, a.Off)
+		lp.points, lp.labels = append(lp.points, spec), append(lp.labels, p)
+		at = append(at, spec)
+	}
+	fmt.Fprintf(w, "kinst: %s starts at %s\n", p, strings.Join(at, ", "))
 }
 
 // label is what the i-th point was asked as: its source line, or the

@@ -58,3 +58,19 @@ func TestParseRelativeLine(t *testing.T) {
 		}
 	}
 }
+
+func TestSplitModule(t *testing.T) {
+	for _, c := range []struct{ in, mod, rest string }{
+		{"ext4:fs/ext4/inode.c:120", "ext4", "fs/ext4/inode.c:120"},
+		{"kinst_leak:kinst_leak.c:55", "kinst_leak", "kinst_leak.c:55"},
+		{"fs/stat.c:192", "", "fs/stat.c:192"},
+		{"vfs_statx:+3", "", "vfs_statx:+3"},
+		{"vfs_statx", "", "vfs_statx"},
+		{"a/b:c.c:1", "", "a/b:c.c:1"}, // a directory with a colon is a path, not a module
+	} {
+		mod, rest := splitModule(c.in)
+		if mod != c.mod || rest != c.rest {
+			t.Errorf("splitModule(%q) = %q, %q; want %q, %q", c.in, mod, rest, c.mod, c.rest)
+		}
+	}
+}

@@ -24,8 +24,11 @@ as perf probe does: the line's code is found in the debug vmlinux
 (--vmlinux PATH, else the running kernel's under /usr/lib/debug), one
 counter where it starts in each function that holds it (its inlined
 copies included), each row named by the line. FUNC:+N is the line N after
-FUNC's declaration, in FUNC only (perf probe's relative lines); with -p, lines
-of the executable, from its DWARF (-g). A line that
+FUNC's declaration, in FUNC only (perf probe's relative lines). A module's
+lines are MODULE:FILE:LINE (ext4:fs/ext4/inode.c:120), from the module's debug
+file (--module-debug DIR, else Debian's -dbg tree or /lib/modules), as are a
+module function's FUNC:+N. With -p, lines of the executable, from its DWARF
+(-g). A line that
 starts no code is refused with the nearest lines that do; kinst lines FUNC
 lists them, and FUNC's declaration.
 
