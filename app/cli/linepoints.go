@@ -81,8 +81,7 @@ func expandSourceLines(ctx context.Context, c *api.Client, points []string, o De
 		// MODULE:FILE:LINE, or FUNC:+N of a module's function: from
 		// the module's debug file.
 		if mod != "" {
-			s := moduleSearch(ctx, c, o)
-			return debuginfo.FindModule(mod, s)
+			return findLoadedModule(ctx, c, mod, o)
 		}
 		cfg, err := c.CFG(ctx, fn)
 		if err != nil {

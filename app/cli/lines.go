@@ -91,6 +91,34 @@ func debugForFunction(ctx context.Context, c *api.Client, cfg api.CFG, o DebugOp
 	return dbg, nil
 }
 
+// findLoadedModule opens the debug file of the loaded module mod: of its
+// build id, which kerninstd reports with the CFG of one of its functions
+// (named by the first file of the module's name found; without an
+// answer, that file).
+func findLoadedModule(ctx context.Context, c *api.Client, mod string, o DebugOptions) (*debuginfo.File, error) {
+	s := moduleSearch(ctx, c, o)
+	first, err := debuginfo.FindModule(mod, s)
+	if err != nil {
+		return nil, err
+	}
+	tried := 0
+	for _, sym := range first.Symbols().Symbols() {
+		if sym.Kind != elfsym.Func || sym.Size == 0 || tried == 3 {
+			continue
+		}
+		tried++
+		if cfg, err := c.CFG(ctx, sym.Name); err == nil && cfg.Module == mod && cfg.ModuleBuildID != "" {
+			if first.Check(cfg.ModuleBuildID) == nil {
+				return first, nil
+			}
+			first.Close()
+			s.BuildID = cfg.ModuleBuildID
+			return debuginfo.FindModule(mod, s)
+		}
+	}
+	return first, nil
+}
+
 // linkAddr is the link-time address of the function cfg describes: its
 // symbol in the debug file, the one of its size where several share its
 // name (static functions of different files).

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/debuginfo"
 	"github.com/kinst/kinst/internal/outfile"
 	"github.com/kinst/kinst/metrics"
 	"github.com/kinst/kinst/output"
@@ -74,11 +75,12 @@ func splitLineRanges(timers []string) (funcs, ranges []string) {
 // lines in each function holding some (debuginfo.LineRangeSpans), as
 // offsets into the function, which kerninstd plans (cfg.Region).
 func lineRegions(ctx context.Context, c *api.Client, ranges []string, o DebugOptions, w io.Writer) ([]api.Region, error) {
-	dbg, err := debugForDaemon(ctx, c, o)
-	if err != nil {
-		return nil, fmt.Errorf("%s: a source line range needs the kernel's debug vmlinux: %w", ranges[0], err)
-	}
-	defer dbg.Close()
+	files := map[string]*debuginfo.File{} // by module, "" the vmlinux
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
 	var out []api.Region
 	for _, r := range ranges {
 		m := timedRange.FindStringSubmatch(r)
@@ -90,7 +92,24 @@ func lineRegions(ctx context.Context, c *api.Client, ranges []string, o DebugOpt
 		if lo <= 0 || hi < lo {
 			return nil, fmt.Errorf("%s: want FILE:A-B with 0 < A ≤ B", r)
 		}
-		fss, err := dbg.LineRangeSpans(m[1], lo, hi)
+		mod, file := "", m[1]
+		if mm := modulePrefix.FindStringSubmatch(file); mm != nil {
+			mod, file = mm[1], mm[2]
+		}
+		dbg := files[mod]
+		if dbg == nil {
+			var err error
+			if mod == "" {
+				dbg, err = debugForDaemon(ctx, c, o)
+				if err != nil {
+					return nil, fmt.Errorf("%s: a source line range needs the kernel's debug vmlinux: %w", r, err)
+				}
+			} else if dbg, err = findLoadedModule(ctx, c, mod, o); err != nil {
+				return nil, fmt.Errorf("%s: %w", r, err)
+			}
+			files[mod] = dbg
+		}
+		fss, err := dbg.LineRangeSpans(file, lo, hi)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w (in %s)", r, err, dbg.Path)
 		}

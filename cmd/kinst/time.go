@@ -16,13 +16,16 @@ adds on-CPU time, through a hook in the context switch.
 
 FILE:A-B (or FILE:LINE) times the code of those source lines as a region, in
 every function holding it (inlined copies included), from the kernel's debug
-vmlinux (--vmlinux): a thread is inside from when control passes into the
-lines' instructions until it passes out, calls they make included. Each edge
-into or out of the region is spliced where only it passes (its target, or its
-source when all of that one's successors are on the other side); a region
-with an edge that can be timed at neither end (a branch that both stays and
-leaves to code also reached from outside) is refused with the address, and
-so is code that branches to a .cold part.
+vmlinux (--vmlinux; a module's as MODULE:FILE:A-B, from its debug file): a
+thread is inside from when control passes into the lines' instructions (and
+the code of calls inlined on them) until it passes out, the calls they make
+included. One snippet serves every edge into its instruction, so where the
+range's code and other code lead to one instruction, the few instructions of
+the smaller side go with the larger (the branch that skips a conditional call
+is timed with it; the jmp that ends an if's arm is left out). Calls counts the
+passes into the range from code before it. A range the timer cannot follow (a
+call outside it and the range's code leading to one instruction, or code that
+branches to a .cold part) is refused with the address.
 
 Rates print every --interval until --duration ends, CMD exits (kinst then
 exits with its status) or Ctrl-C; then the totals, and the splices are removed.

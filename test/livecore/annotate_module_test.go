@@ -6,6 +6,7 @@ import (
 	"debug/elf"
 	"encoding/json"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/app/livetest"
 	"github.com/kinst/kinst/debuginfo/debuginfotest"
 	"github.com/kinst/kinst/internal/elfsym"
 	"github.com/kinst/kinst/output"
@@ -127,6 +129,50 @@ func TestModuleSourceLines(t *testing.T) {
 	if lr.Vmlinux != ko || lr.Declared == "" || len(lr.Lines) < 3 {
 		t.Errorf("kinst lines leak_some: from %s, declared at %q, %d lines; want %s, a declaration and its lines", lr.Vmlinux, lr.Declared, len(lr.Lines), ko)
 	}
+
+	// A module's source line as a point and as a timed region: the
+	// module's thread sleeps 200 ms a pass on the line
+	// msleep_interruptible(200) (found in the module's source, the
+	// driver's embedded one).
+	line := sourceLineOf(t, filepath.Join(livetest.RepoRoot(), "driver", "linux", "kinst_leak.c"), "msleep_interruptible(200);")
+	point := fmt.Sprintf("kinst_leak:kinst_leak.c:%d", line)
+	co, _ := kinstErr(t, append([]string{"count", point, "--duration", "3s", "--json"}, remote...)...)
+	var cr output.CountReport
+	if err := json.Unmarshal(co, &cr); err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	for _, p := range cr.Probes {
+		n += p.Count
+	}
+	if n < 8 || n > 16 {
+		t.Errorf("kinst count %s: %d in 3 s, want about 15 (a pass each 200 ms)", point, n)
+	}
+	to, _ := kinstErr(t, append([]string{"time", point, "--duration", "3s", "--json"}, remote...)...)
+	var tr output.TimeReport
+	if err := json.Unmarshal(to, &tr); err != nil {
+		t.Fatal(err)
+	}
+	if len(tr.Functions) != 1 || tr.Functions[0].Calls < 8 || tr.Functions[0].AvgWallNS < 195e6 || tr.Functions[0].AvgWallNS > 300e6 {
+		t.Errorf("kinst time %s: %+v, want about 15 calls of 200 ms", point, tr.Functions)
+	}
+	t.Logf("%s: counted %d in 3 s; timed %d calls of %.1f ms", point, n, tr.Functions[0].Calls, tr.Functions[0].AvgWallNS/1e6)
+}
+
+// sourceLineOf is the number of the line of file holding text.
+func sourceLineOf(t *testing.T, file, text string) int {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatalf("the module's source: %v", err)
+	}
+	for i, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, text) {
+			return i + 1
+		}
+	}
+	t.Fatalf("%s holds no %q", file, text)
+	return 0
 }
 
 // moduleBuild is the kinst_leak.ko of build id id among the cache's
