@@ -27,8 +27,10 @@ import (
 //
 // Calls are counted apart from the switch: at each of the region's
 // instructions that only code outside it leads to, when a path from the
-// function's entry reaches it without passing through the region (not
-// when the thread left for an island of other lines and came back). An
+// function's entry (or from code the entry does not reach, entered from
+// another function: a .cold part's) reaches it without passing through
+// the region (not when the thread left for an island of other lines and
+// came back). An
 // instruction of the region entered both from inside and from outside
 // counts the entries whose branch outside has no other way to go; a
 // branch that may go elsewhere is not counted there (calls then fall
@@ -87,6 +89,17 @@ func Region(f *Function, blocks []Block, in func(i int) bool) ([]RegionSite, err
 	}
 	if !found {
 		return nil, &RegionError{At: f.Addr, Why: "no instruction of " + f.Name + " is in the range"}
+	}
+	// What the entry reaches: other code is entered by jumps from other
+	// functions (a .cold part's loop, entered from the hot part).
+	reached := make([]bool, n)
+	for stack := []int{0}; len(stack) > 0; {
+		i := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		if i < n && !reached[i] && live[i] {
+			reached[i] = true
+			stack = append(stack, succs[i]...)
+		}
 	}
 	preds := make([][]int, n+1)
 	preds[0] = []int{caller}
@@ -203,7 +216,7 @@ func Region(f *Function, blocks []Block, in func(i int) bool) ([]RegionSite, err
 				from = append(from, p)
 			}
 		}
-		if len(from) == 0 || !fromEntry(from, preds, timed, caller) {
+		if len(from) == 0 || !fromEntry(from, preds, timed, caller, reached) {
 			continue
 		}
 		if len(from) == len(preds[s]) {
@@ -240,14 +253,15 @@ func anyTimed(n int, live []bool, in func(int) bool, on func(int) bool) bool {
 }
 
 // fromEntry reports whether some path from the function's entry (the
-// caller) reaches one of from without passing through the region.
-func fromEntry(from []int, preds [][]int, in func(int) bool, caller int) bool {
+// caller), or from code the entry does not reach (entered from another
+// function), reaches one of from without passing through the region.
+func fromEntry(from []int, preds [][]int, in func(int) bool, caller int, reached []bool) bool {
 	seen := map[int]bool{}
 	stack := append([]int(nil), from...)
 	for len(stack) > 0 {
 		i := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
-		if i == caller {
+		if i == caller || !in(i) && !reached[i] {
 			return true
 		}
 		if seen[i] || in(i) {

@@ -40,6 +40,19 @@ var condCall = []byte{
 	0xc3, // c4 0x0b ret
 }
 
+// coldLoop: a .cold part whose loop the hot part jumps into (the entry
+// only returns): while (!stop()) sleep(200);
+var coldLoop = []byte{
+	0xc3,                         // k0 0x00 ret
+	0xe8, 0x00, 0x00, 0x00, 0x00, // k1 0x01 call (stop)
+	0x85, 0xc0, // k2 0x06 test %eax,%eax
+	0x75, 0x0c, // k3 0x08 jne 0x16
+	0xbf, 0xc8, 0x00, 0x00, 0x00, // k4 0x0a mov $200,%edi
+	0xe8, 0x00, 0x00, 0x00, 0x00, // k5 0x0f call (sleep)
+	0xeb, 0xeb, // k6 0x14 jmp 0x01
+	0xe9, 0x00, 0x01, 0x00, 0x00, // k7 0x16 jmp back to the hot part
+}
+
 // toCold: a branch out of the function (to a .cold part).
 var toCold = []byte{
 	0x85, 0xff, // 0x00 test %edi,%edi
@@ -65,6 +78,7 @@ func TestRegion(t *testing.T) {
 		{"a conditional call: the branch timed with it, the call counted", condCall, []int{2}, "1:E 2:C 3:X"},
 		{"a branch that stays and leaves to a shared target: the other branch timed", twoTests, []int{2, 3, 4}, "1:E 2:C 5:X"},
 		{"entered from inside and by a branch", twoTests, []int{3, 4, 5}, "1:E 2:X 3:CE 5:X"},
+		{"a .cold part's loop, entered from the hot part: each pass a call", coldLoop, []int{4, 5}, "4:CE 6:X"},
 		{"only an arm's last instruction", twoTests, []int{1}, "error: each of the range's instructions"},
 		{"a branch out of the function", toCold, []int{0, 1, 2}, "error: code timed with the range branches out of f to 0x108"},
 		{"nothing", twoTests, nil, "error: no instruction"},
