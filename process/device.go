@@ -3,10 +3,12 @@ package process
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -31,7 +33,7 @@ const (
 	NumCounters = 1 << 17
 	regionSize  = HeapSize + NumCounters*8
 	granule     = 16
-	batchMax    = 64
+	batchMax    = 1024
 	retries     = 200 // stop-and-check rounds before ErrBusy
 )
 
@@ -457,36 +459,88 @@ func (d *Device) withStopped(f func(map[int]*stopped) error) error {
 // write replaces the bytes of each op at once, with every thread
 // stopped: each op's current bytes must be its want (else nothing is
 // written), and no thread's pc may be inside any op's bytes past the
-// first (a thread there would resume mid-instruction).
+// first (a thread there would resume mid-instruction). Ops close together
+// are read and written as one run of bytes (opRuns): a batch over libc
+// is tens of thousands of ops, and two syscalls each were most of its
+// time.
 func (d *Device) write(ops []spliced) error {
+	runs := opRuns(ops)
 	return d.withStopped(func(held map[int]*stopped) error {
-		for _, op := range ops {
-			cur := make([]byte, len(op.orig))
-			if err := d.mem.read(op.addr, cur); err != nil {
+		for _, r := range runs {
+			if err := d.mem.read(r.addr, r.buf); err != nil {
 				return err
 			}
-			if !bytes.Equal(cur, op.orig) {
-				return fmt.Errorf("%w: %#x holds %x, not %x", driver.ErrStale, op.addr, cur, op.orig)
-			}
-			for _, st := range held {
-				// A slot's jmp is all a thread there runs: restoring the
-				// padding under it would send it into the next function.
-				lo := op.addr + 1
-				if op.slot {
-					lo = op.addr
+			for _, op := range r.ops {
+				cur := r.buf[op.addr-r.addr:][:len(op.orig)]
+				if !bytes.Equal(cur, op.orig) {
+					return fmt.Errorf("%w: %#x holds %x, not %x", driver.ErrStale, op.addr, cur, op.orig)
 				}
-				if pc := st.regs.Rip; pc >= lo && pc < op.addr+uint64(len(op.new)) {
-					return errRetry
+				for _, st := range held {
+					// A slot's jmp is all a thread there runs: restoring the
+					// padding under it would send it into the next function.
+					lo := op.addr + 1
+					if op.slot {
+						lo = op.addr
+					}
+					if pc := st.regs.Rip; pc >= lo && pc < op.addr+uint64(len(op.new)) {
+						return errRetry
+					}
 				}
 			}
 		}
-		for _, op := range ops {
-			if err := d.mem.write(op.addr, op.new); err != nil {
+		for _, r := range runs {
+			for _, op := range r.ops {
+				copy(r.buf[op.addr-r.addr:], op.new)
+			}
+			if err := d.mem.write(r.addr, r.buf); err != nil {
 				return err
 			}
 		}
 		return nil
 	})
+}
+
+// opRun is ops that lie close together, read and written as the bytes
+// [addr, addr+len(buf)): the bytes between them are written back as they
+// were read, with every thread stopped.
+type opRun struct {
+	addr uint64
+	buf  []byte
+	ops  []spliced
+}
+
+// Ops closer than runGap join one run (less than a page apart, so a run
+// writes no page an op does not: each page written is copied for the
+// process once, and only the ones spliced), up to runMax bytes.
+const (
+	runGap = 4096
+	runMax = 256 << 10
+)
+
+// opRuns groups ops by address into runs. Ops that overlap (never, from
+// the engine) go to runs of their own, so each is checked and written
+// as it alone asks.
+func opRuns(ops []spliced) []opRun {
+	sorted := slices.Clone(ops)
+	slices.SortStableFunc(sorted, func(a, b spliced) int { return cmp.Compare(a.addr, b.addr) })
+	var runs []opRun
+	var end uint64
+	for _, op := range sorted {
+		opEnd := op.addr + uint64(max(len(op.orig), len(op.new)))
+		if n := len(runs); n > 0 && op.addr >= end && op.addr-end < runGap && opEnd-runs[n-1].addr <= runMax {
+			r := &runs[n-1]
+			r.ops = append(r.ops, op)
+			end = opEnd
+			continue
+		}
+		runs = append(runs, opRun{addr: op.addr, ops: []spliced{op}})
+		end = opEnd
+	}
+	for i := range runs {
+		last := runs[i].ops[len(runs[i].ops)-1]
+		runs[i].buf = make([]byte, last.addr+uint64(max(len(last.orig), len(last.new)))-runs[i].addr)
+	}
+	return runs
 }
 
 func (d *Device) splice(op driver.SpliceOp) (uint32, error) {
