@@ -12,6 +12,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -280,11 +281,37 @@ func processAlive(pid int) bool {
 // linux-image-RELEASE-dbg, about 860 MB), downloaded once into the cache.
 func (g *VM) DebugVmlinux(t testing.TB) string {
 	t.Helper()
+	vmlinux, _ := g.debugFiles(t)
+	return vmlinux
+}
+
+// DebugModules is the directory of Debian's debug files of the guest
+// kernel's modules that the guest loads (DebugModuleNames), from the same
+// package, fetched with the vmlinux.
+func (g *VM) DebugModules(t testing.TB) string {
+	t.Helper()
+	_, mods := g.debugFiles(t)
+	return mods
+}
+
+// DebugModuleNames are the modules whose debug files DebugModules keeps:
+// modules the guest loads at boot.
+var DebugModuleNames = []string{"evdev"}
+
+// debugFiles fetches (once) linux-image-RELEASE-dbg and keeps of it the
+// debug vmlinux and DebugModuleNames' debug files.
+func (g *VM) debugFiles(t testing.TB) (vmlinux, mods string) {
+	t.Helper()
 	rel := g.KernelRelease()
 	dir := filepath.Join(g.Cache, "kernel", "linux-image-"+rel+"-dbg")
-	out := filepath.Join(dir, "vmlinux-"+rel)
-	if _, err := os.Stat(out); err == nil {
-		return out
+	vmlinux, mods = filepath.Join(dir, "vmlinux-"+rel), filepath.Join(dir, "modules")
+	have := func(p string) bool { _, err := os.Stat(p); return err == nil }
+	done := have(vmlinux)
+	for _, m := range DebugModuleNames {
+		done = done && have(filepath.Join(mods, m+".ko"))
+	}
+	if done {
+		return vmlinux, mods
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
@@ -299,14 +326,37 @@ func (g *VM) DebugVmlinux(t testing.TB) string {
 	if len(debs) != 1 {
 		t.Skipf("no single .deb in %s: %v", dir, debs)
 	}
-	x := exec.Command("sh", "-c", `dpkg-deb --fsys-tarfile "$1" | tar -xO --wildcards "*/boot/vmlinux-$2" > "$3.tmp" && mv "$3.tmp" "$3"`,
-		"sh", debs[0], rel, out)
+	tmp, err := os.MkdirTemp(dir, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(tmp)
+	patterns := []string{"*/boot/vmlinux-" + rel}
+	for _, m := range DebugModuleNames {
+		patterns = append(patterns, "*/"+m+".ko")
+	}
+	x := exec.Command("sh", append([]string{"-c", `deb="$1" to="$2"; shift 2; dpkg-deb --fsys-tarfile "$deb" | tar -x -C "$to" --wildcards "$@"`,
+		"sh", debs[0], tmp}, patterns...)...)
 	if b, err := x.CombinedOutput(); err != nil {
-		t.Fatalf("extracting vmlinux: %v\n%s", err, b)
+		t.Fatalf("extracting the debug files: %v\n%s", err, b)
+	}
+	os.MkdirAll(mods, 0o755)
+	err = filepath.WalkDir(tmp, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		to := filepath.Join(mods, d.Name())
+		if d.Name() == "vmlinux-"+rel {
+			to = vmlinux
+		}
+		return os.Rename(p, to)
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 	os.Remove(debs[0])
-	t.Logf("debug vmlinux of %s fetched in %.0fs", rel, time.Since(start).Seconds())
-	return out
+	t.Logf("debug files of %s fetched in %.0fs", rel, time.Since(start).Seconds())
+	return vmlinux, mods
 }
 
 // ArtifactDir is where a live test keeps what a person may want to look

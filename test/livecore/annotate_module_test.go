@@ -15,7 +15,6 @@ import (
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/app/livetest"
-	"github.com/kinst/kinst/debuginfo/debuginfotest"
 	"github.com/kinst/kinst/internal/elfsym"
 	"github.com/kinst/kinst/output"
 )
@@ -50,74 +49,11 @@ func TestModuleSourceLines(t *testing.T) {
 	if err := json.Unmarshal(out, &rep); err != nil {
 		t.Fatal(err)
 	}
-	ef, err := elf.Open(ko)
-	if err != nil {
-		t.Fatal(err)
+	checked, sections := livetest.CheckModuleLines(t, rep, "kinst_leak", ko)
+	if checked < 20 || sections < 2 {
+		t.Errorf("%d blocks in %d sections checked: want the module's hot and cold code", checked, sections)
 	}
-	defer ef.Close()
-	raw, err := elfsym.Open(ko) // offsets into the module's sections
-	if err != nil {
-		t.Fatal(err)
-	}
-	type at struct {
-		section string
-		off     uint64
-		want    string
-	}
-	bySection := map[string][]*at{}
-	var blocks []struct {
-		where string
-		got   []string
-		at    *at
-	}
-	for _, f := range rep.Functions {
-		if f.Module != "kinst_leak" || f.Error != "" {
-			continue
-		}
-		var sym *elfsym.Symbol
-		for _, s := range raw.Symbols() {
-			if s.Name == f.Function && s.Kind == elfsym.Func {
-				sym = &s
-				break
-			}
-		}
-		if sym == nil {
-			t.Fatalf("%s: not in %s", f.Function, ko)
-		}
-		sec := ef.Sections[sym.Section].Name
-		for _, b := range f.Blocks {
-			a := &at{section: sec, off: sym.Addr + uint64(b.Start-f.Address)}
-			bySection[sec] = append(bySection[sec], a)
-			blocks = append(blocks, struct {
-				where string
-				got   []string
-				at    *at
-			}{fmt.Sprintf("%s+%#x", f.Function, uint64(b.Start-f.Address)), b.Lines, a})
-		}
-	}
-	for sec, as := range bySection {
-		offs := make([]uint64, len(as))
-		for i, a := range as {
-			offs[i] = a.off
-		}
-		for i, l := range debuginfotest.Addr2lineIn(t, ko, sec, offs) {
-			as[i].want = l
-		}
-	}
-	checked := 0
-	for _, b := range blocks {
-		if debuginfotest.Unknown(b.at.want) {
-			continue
-		}
-		checked++
-		if len(b.got) == 0 || b.got[0] != b.at.want {
-			t.Errorf("block %s (%s+%#x): lines %q, addr2line %s", b.where, b.at.section, b.at.off, b.got, b.at.want)
-		}
-	}
-	if checked < 20 || len(bySection) < 2 {
-		t.Errorf("%d blocks in %d sections checked: want the module's hot and cold code", checked, len(bySection))
-	}
-	t.Logf("%d blocks of kinst_leak in %d sections agree with addr2line -j (debug file %s)", checked, len(bySection), ko)
+	t.Logf("%d blocks of kinst_leak in %d sections agree with addr2line -j (debug file %s)", checked, sections, ko)
 
 	// kinst lines of a module function: from the same file, with its
 	// declaration (a split function: DW_AT_ranges, not low_pc).
