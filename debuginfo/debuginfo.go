@@ -743,14 +743,18 @@ func (e *NotFoundError) Is(target error) bool { return target == ErrNoDebugInfo 
 // BuildIDMismatchError is a debug file of another build than the kernel's.
 type BuildIDMismatchError struct {
 	Path, Have, Want string
+	Whose            string // whose build id Want is; "" the kernel's
 }
 
 func (e *BuildIDMismatchError) Error() string {
-	have := e.Have
+	have, whose := e.Have, e.Whose
 	if have == "" {
 		have = "none"
 	}
-	return fmt.Sprintf("%s: build id %s, the kernel's is %s", e.Path, have, e.Want)
+	if whose == "" {
+		whose = "the kernel's"
+	}
+	return fmt.Sprintf("%s: build id %s, %s is %s", e.Path, have, whose, e.Want)
 }
 
 // Find opens the first of s.Paths() that has DWARF and, when s.BuildID
@@ -762,19 +766,30 @@ func Find(s Search) (*File, error) {
 			nf.Tried = append(nf.Tried, p+": not there")
 			continue
 		}
-		f, err := Open(p)
-		if err != nil {
-			nf.Tried = append(nf.Tried, err.Error())
-			continue
+		if f := nf.open(p, s.BuildID); f != nil {
+			return f, nil
 		}
-		if err := f.Check(s.BuildID); err != nil {
-			f.Close()
-			nf.Tried = append(nf.Tried, err.Error())
-			continue
-		}
-		return f, nil
 	}
 	return nil, nf
+}
+
+// open opens p when it has DWARF and build id id ("": any), else says
+// in e.Tried why not and gives nil.
+func (e *NotFoundError) open(p, id string) *File {
+	f, err := Open(p)
+	if err == nil {
+		if err = f.Check(id); err != nil {
+			f.Close()
+			if m := (*BuildIDMismatchError)(nil); errors.As(err, &m) && e.Module != "" {
+				m.Whose = "the loaded module's"
+			}
+		}
+	}
+	if err != nil {
+		e.Tried = append(e.Tried, err.Error())
+		return nil
+	}
+	return f
 }
 
 // Check compares the file's build id with want (skipped when want is "").

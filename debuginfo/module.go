@@ -77,17 +77,9 @@ func FindModule(name string, s ModuleSearch) (*File, error) {
 			nf.Tried = append(nf.Tried, dir+": no "+name+".ko")
 		}
 		for _, p := range found {
-			f, err := Open(p)
-			if err != nil {
-				nf.Tried = append(nf.Tried, err.Error())
-				continue
+			if f := nf.open(p, s.BuildID); f != nil {
+				return f, nil
 			}
-			if err := f.Check(s.BuildID); err != nil {
-				f.Close()
-				nf.Tried = append(nf.Tried, err.Error()+" (another build)")
-				continue
-			}
-			return f, nil
 		}
 	}
 	return nil, nf

@@ -74,7 +74,7 @@ func TestFindModule(t *testing.T) {
 		t.Fatalf("another build: %v, want a NotFoundError of module snd_foo", err)
 	}
 	msg := err.Error()
-	for _, want := range []string{noDwarf, inA + ": build id " + idA, "another build", "--module-debug"} {
+	for _, want := range []string{noDwarf, inA + ": build id " + idA + ", the loaded module's is 00ff", "--module-debug"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("error %q does not say %q", msg, want)
 		}

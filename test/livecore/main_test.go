@@ -13,9 +13,7 @@ import (
 	"bytes"
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -71,12 +69,6 @@ func dumpGuest(t testing.TB, name, format string) string {
 // on a non-zero status.
 func kinst(t testing.TB, args ...string) []byte {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(bin, "kinst"), args...)
-	var errb bytes.Buffer
-	cmd.Stderr = &errb
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("kinst %s: %v\n%s", strings.Join(args, " "), err, errb.String())
-	}
+	out, _ := kinstErr(t, args...)
 	return out
 }
