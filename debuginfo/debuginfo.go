@@ -596,10 +596,24 @@ func (f *File) FuncsInFile(suffix string) ([]Func, error) {
 		if !named || !cu.Children {
 			return true, nil
 		}
-		// The unit's subprograms with code: direct children of the unit.
+		// The unit's subprograms with code: direct children of the unit,
+		// at their low_pc, or at the start of each of their ranges (a
+		// function split into foo and foo.cold gives DW_AT_ranges).
 		return topLevel(d, func(e *dwarf.Entry) (bool, error) {
-			if e.Tag == dwarf.TagSubprogram {
-				if lo, ok := e.Val(dwarf.AttrLowpc).(uint64); ok && lo != 0 && !seen[lo] {
+			if e.Tag != dwarf.TagSubprogram {
+				return true, nil
+			}
+			var starts []uint64
+			if lo, ok := e.Val(dwarf.AttrLowpc).(uint64); ok {
+				starts = append(starts, lo)
+			} else if e.Val(dwarf.AttrRanges) != nil {
+				rs, _ := d.Ranges(e)
+				for _, r := range rs {
+					starts = append(starts, r[0])
+				}
+			}
+			for _, lo := range starts {
+				if lo != 0 && !seen[lo] {
 					seen[lo] = true
 					if fn, ok := f.funcAt(lo, suffix); ok {
 						out = append(out, fn)

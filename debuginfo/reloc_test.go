@@ -4,6 +4,7 @@ import (
 	"debug/elf"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/kinst/kinst/debuginfo/debuginfotest"
@@ -119,5 +120,13 @@ func TestDeclLineSplitFunction(t *testing.T) {
 	got, err := f.DeclLine(at)
 	if err != nil || filepath.Base(got.File) != "cold.c" || got.Line != 5 {
 		t.Errorf("DeclLine(checked) = %v, %v; want cold.c:5", got, err)
+	}
+	fns, err := f.FuncsInFile("cold.c")
+	var names []string
+	for _, fn := range fns {
+		names = append(names, fn.Name)
+	}
+	if err != nil || !slices.Contains(names, "checked") || !slices.Contains(names, "checked.cold") {
+		t.Errorf("FuncsInFile(cold.c) = %v, %v; want checked and checked.cold", names, err)
 	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/debuginfo"
+	"github.com/kinst/kinst/internal/elfsym"
 	"github.com/kinst/kinst/internal/outfile"
 	"github.com/kinst/kinst/report"
 	"golang.org/x/sys/unix"
@@ -422,12 +423,18 @@ func debugForDaemon(ctx context.Context, c *api.Client, o DebugOptions) (*debugi
 // is an error without one when --vmlinux, --lcov or --file ask for it;
 // else a nil file, said on stderr, and the lines stay empty.
 func coverDebug(ctx context.Context, c *api.Client, o *CoverOptions, env Env) (*debuginfo.File, error) {
-	need := o.Debug.Vmlinux != "" || o.Lcov != "" || len(o.Files) > 0
+	kernelFiles := 0 // --file of the kernel image's sources; MODULE:FILE are a module's
+	for _, f := range o.Files {
+		if mod, _ := splitModuleFile(f); mod == "" {
+			kernelFiles++
+		}
+	}
+	need := o.Debug.Vmlinux != "" || o.Lcov != "" || kernelFiles > 0
 	dbg, err := debugForDaemon(ctx, c, o.Debug)
 	if err != nil {
 		if need {
 			why := "--lcov"
-			if len(o.Files) > 0 {
+			if kernelFiles > 0 {
 				why = "--file"
 			}
 			if o.Debug.Vmlinux != "" {
@@ -436,35 +443,104 @@ func coverDebug(ctx context.Context, c *api.Client, o *CoverOptions, env Env) (*
 			return nil, fmt.Errorf("%s needs source lines: %w", why, err)
 		}
 		sayNoLines(env.Err, err)
-		return nil, nil
+		dbg = nil
 	}
-	if err := fileTargets(o, dbg, env); err != nil {
-		dbg.Close()
-		return nil, fmt.Errorf("%w (in %s)", err, dbg.Path)
+	mods := map[string]*debuginfo.File{}
+	defer func() {
+		for _, f := range mods {
+			f.Close()
+		}
+	}()
+	err = fileTargets(o, func(mod string) (*debuginfo.File, error) {
+		if mod == "" {
+			if dbg == nil {
+				return nil, errors.New("the kernel's sources need its debug vmlinux")
+			}
+			return dbg, nil
+		}
+		if mods[mod] == nil {
+			f, err := findLoadedModule(ctx, c, mod, o.Debug)
+			if err != nil {
+				return nil, err
+			}
+			mods[mod] = f
+		}
+		return mods[mod], nil
+	}, env)
+	if err != nil {
+		if dbg != nil {
+			dbg.Close()
+			err = fmt.Errorf("%w (in %s)", err, dbg.Path)
+		}
+		return nil, err
 	}
 	return dbg, nil
 }
 
+// moduleFuncs are a module's functions of fns that can be covered by
+// name: not those of its init sections (freed once it loaded), and
+// init_module and cleanup_module, which every module has, by another name
+// of the same code when there is one.
+func moduleFuncs(dbg *debuginfo.File, fns []debuginfo.Func) []debuginfo.Func {
+	var out []debuginfo.Func
+	for _, f := range fns {
+		if s, ok := dbg.SectionAt(f.Addr); ok && strings.HasPrefix(s.Name, ".init") {
+			continue
+		}
+		if f.Name == "init_module" || f.Name == "cleanup_module" {
+			for _, s := range dbg.Symbols().Symbols() {
+				if s.Addr == f.Addr && s.Kind == elfsym.Func && s.Name != f.Name {
+					f.Name = s.Name
+					break
+				}
+			}
+		}
+		out = append(out, f)
+	}
+	return out
+}
+
+// splitModuleFile splits --file MODULE:FILE (a kernel module's source
+// file) into the module and the file; mod is "" for a file alone.
+func splitModuleFile(f string) (mod, file string) {
+	if m := modulePrefix.FindStringSubmatch(f); m != nil && !strings.Contains(m[1], "/") {
+		return m[1], m[2]
+	}
+	return "", f
+}
+
 // fileTargets adds to o's targets the functions of its --file sources
 // (and, with --lines, only those holding a line of the range), from dbg.
-func fileTargets(o *CoverOptions, dbg *debuginfo.File, env Env) error {
+func fileTargets(o *CoverOptions, open func(mod string) (*debuginfo.File, error), env Env) error {
 	r, err := parseLineRange(*o)
 	if err != nil {
 		return err
 	}
 	if r != nil {
+		dbg, err := open(r.module)
+		if err != nil {
+			return fmt.Errorf("--file %s: %w", o.Files[0], err)
+		}
 		fns, err := r.funcs(dbg)
 		if err != nil {
-			return fmt.Errorf("--file %s --lines %s: %w", r.file, o.Lines, err)
+			return fmt.Errorf("--file %s --lines %s: %w", o.Files[0], o.Lines, err)
 		}
 		o.Targets = append(o.Targets, fns...)
 		fmt.Fprintf(env.Err, "kinst: %s: %d functions\n", r, len(fns))
 		return nil
 	}
 	for _, file := range o.Files {
-		fns, err := dbg.FuncsInFile(file)
+		mod, name := splitModuleFile(file)
+		dbg, err := open(mod)
 		if err != nil {
 			return fmt.Errorf("--file %s: %w", file, err)
+		}
+		fns, err := dbg.FuncsInFile(name)
+		if err != nil {
+			return fmt.Errorf("--file %s: %w", file, err)
+		}
+		if mod != "" {
+			fns = moduleFuncs(dbg, fns)
 		}
 		for _, f := range fns {
 			o.Targets = append(o.Targets, f.Name)

@@ -12,6 +12,7 @@ import (
 // lineRange is kinst cover --file FILE --lines A-B: the lines A to B of
 // one source file.
 type lineRange struct {
+	module string // a kernel module's source file (--file MODULE:FILE)
 	file   string
 	lo, hi int
 }
@@ -34,7 +35,8 @@ func parseLineRange(o CoverOptions) (*lineRange, error) {
 	if err1 != nil || err2 != nil || lo <= 0 || hi < lo {
 		return nil, fmt.Errorf("--lines %q: want A-B, two line numbers with A ≤ B (or one line)", o.Lines)
 	}
-	return &lineRange{file: o.Files[0], lo: lo, hi: hi}, nil
+	mod, file := splitModuleFile(o.Files[0])
+	return &lineRange{module: mod, file: file, lo: lo, hi: hi}, nil
 }
 
 func (r *lineRange) String() string { return fmt.Sprintf("%s:%d-%d", r.file, r.lo, r.hi) }

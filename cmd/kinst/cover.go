@@ -69,7 +69,7 @@ kinst cover lcov REPORT.json writes a saved report's lcov tracefile.`,
 		sessionFlags(fs, &o.Name, &o.TTL)
 		svgFlag(fs, &o.SVG, "a chart of live probes and covered blocks over time")
 		jsonCmdFlag(fs, &o.JSON, "the report")
-		fs.StringArrayVar(&o.Files, "file", nil, "cover every function whose code comes from this source `FILE` (fs/namei.c: matched by path suffix; needs the debug vmlinux); repeatable")
+		fs.StringArrayVar(&o.Files, "file", nil, "cover every function whose code comes from this source `FILE` (fs/namei.c: matched by path suffix; needs the debug vmlinux; a module's as MODULE:FILE, from its debug file); repeatable")
 		fs.StringVar(&o.Lines, "lines", "", "with one --file, cover only the source lines `A-B` of it (or one line A): the functions whose code holds any of them, inlined copies included, reported by the blocks of those lines")
 		lcovFlag(fs, &o.Lcov)
 		vmlinuxFlag(fs, &o.Debug)

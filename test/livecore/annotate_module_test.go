@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -54,6 +55,29 @@ func TestModuleSourceLines(t *testing.T) {
 		t.Errorf("%d blocks in %d sections checked: want the module's hot and cold code", checked, sections)
 	}
 	t.Logf("%d blocks of kinst_leak in %d sections agree with addr2line -j (debug file %s)", checked, sections, ko)
+
+	// --file MODULE:FILE covers the functions of the module's source
+	// file: here all of the module's (its init code, freed, left out).
+	fo, _ := kinstErr(t, append([]string{"cover", "--file", "kinst_leak:kinst_leak.c", "--duration", "1s", "--json"}, remote...)...)
+	var frep api.CoverReport
+	if err := json.Unmarshal(fo, &frep); err != nil {
+		t.Fatal(err)
+	}
+	names := func(r api.CoverReport) []string {
+		var out []string
+		for _, f := range r.Functions {
+			if f.Module == "kinst_leak" && f.Error == "" {
+				out = append(out, f.Function)
+			} else {
+				out = append(out, f.Function+" ["+f.Module+"]")
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	if got, want := names(frep), names(rep); !slices.Equal(got, want) {
+		t.Errorf("--file kinst_leak:kinst_leak.c covers %v, --module kinst_leak %v", got, want)
+	}
 
 	// kinst lines of a module function: from the same file, with its
 	// declaration (a split function: DW_AT_ranges, not low_pc).
