@@ -40,20 +40,27 @@ type DebugOptions struct {
 type kernelDebug struct {
 	vmlinux *debuginfo.File
 	modules debuginfo.ModuleSearch
-	// buildID is the build id of the loaded module that holds the
+	// buildID is the build id of the loaded module mod, which holds the
 	// function fn ("" unknown; nil: not asked).
-	buildID func(fn string) string
+	buildID func(mod, fn string) string
 }
 
 // daemonDebug is kernelDebug for the kernel kerninstd runs.
 func daemonDebug(ctx context.Context, c *api.Client, vmlinux *debuginfo.File, o DebugOptions) kernelDebug {
-	return kernelDebug{vmlinux: vmlinux, modules: moduleSearch(ctx, c, o), buildID: func(fn string) string {
-		cfg, err := c.CFG(ctx, fn)
-		if err != nil {
-			return ""
-		}
-		return cfg.ModuleBuildID
+	return kernelDebug{vmlinux: vmlinux, modules: moduleSearch(ctx, c, o), buildID: func(mod, fn string) string {
+		return loadedBuildID(ctx, c, mod, fn)
 	}}
+}
+
+// loadedBuildID is the build id of the loaded module mod, which kerninstd
+// reports with the CFG of its function fn; "" when it does not say (or
+// fn is not mod's).
+func loadedBuildID(ctx context.Context, c *api.Client, mod, fn string) string {
+	cfg, err := c.CFG(ctx, fn)
+	if err != nil || cfg.Module != mod {
+		return ""
+	}
+	return cfg.ModuleBuildID
 }
 
 // moduleSearch is where the modules' debug files of the kernel kerninstd
@@ -115,7 +122,7 @@ func annotateOrSay(w io.Writer, rep *api.CoverReport, d kernelDebug) {
 // source lines from the module's debug file (its DWARF relocated against
 // its sections, whose load addresses the report's functions vote), and
 // says on w which modules it found none for.
-func annotateModules(w io.Writer, rep *api.CoverReport, s debuginfo.ModuleSearch, buildID func(fn string) string) {
+func annotateModules(w io.Writer, rep *api.CoverReport, s debuginfo.ModuleSearch, buildID func(mod, fn string) string) {
 	fnOf := map[string]string{} // a function of each module
 	var mods []string
 	for _, f := range rep.Functions {
@@ -128,7 +135,7 @@ func annotateModules(w io.Writer, rep *api.CoverReport, s debuginfo.ModuleSearch
 	for _, m := range mods {
 		s := s
 		if buildID != nil {
-			s.BuildID = buildID(fnOf[m])
+			s.BuildID = buildID(m, fnOf[m])
 		}
 		dbg, err := debuginfo.FindModule(m, s)
 		if err != nil {
@@ -498,15 +505,6 @@ func moduleFuncs(dbg *debuginfo.File, fns []debuginfo.Func) []debuginfo.Func {
 		out = append(out, f)
 	}
 	return out
-}
-
-// splitModuleFile splits --file MODULE:FILE (a kernel module's source
-// file) into the module and the file; mod is "" for a file alone.
-func splitModuleFile(f string) (mod, file string) {
-	if m := modulePrefix.FindStringSubmatch(f); m != nil && !strings.Contains(m[1], "/") {
-		return m[1], m[2]
-	}
-	return "", f
 }
 
 // fileTargets adds to o's targets the functions of its --file sources

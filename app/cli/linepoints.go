@@ -94,21 +94,26 @@ func expandSourceLines(ctx context.Context, c *api.Client, points []string, o De
 	})
 }
 
-// modulePrefix matches MODULE: before a kernel module's source line.
+// modulePrefix matches MODULE: before a kernel module's source file.
 var modulePrefix = regexp.MustCompile(`^([A-Za-z0-9_-]+):(.+)$`)
+
+// splitModuleFile splits MODULE:FILE (a kernel module's source file, in
+// --file, a line point or a timed range) into the module and the rest;
+// mod is "" for a file alone.
+func splitModuleFile(f string) (mod, rest string) {
+	if m := modulePrefix.FindStringSubmatch(f); m != nil {
+		return m[1], m[2]
+	}
+	return "", f
+}
 
 // splitModule splits MODULE:FILE:LINE into the module and FILE:LINE; mod
 // is "" for a point without one.
 func splitModule(p string) (mod, rest string) {
-	file, _, ok := ParseSourceLine(p)
-	if !ok {
+	if _, _, ok := ParseSourceLine(p); !ok {
 		return "", p
 	}
-	m := modulePrefix.FindStringSubmatch(file)
-	if m == nil {
-		return "", p
-	}
-	return m[1], p[len(m[1])+1:]
+	return splitModuleFile(p)
 }
 
 // noFunctionError is a FUNC:+N point whose function the debug file does

@@ -103,16 +103,18 @@ func findLoadedModule(ctx context.Context, c *api.Client, mod string, o DebugOpt
 	}
 	tried := 0
 	for _, sym := range first.Symbols().Symbols() {
-		if sym.Kind != elfsym.Func || sym.Size == 0 || tried == 3 {
+		if sym.Kind != elfsym.Func || sym.Size == 0 {
 			continue
 		}
-		tried++
-		if cfg, err := c.CFG(ctx, sym.Name); err == nil && cfg.Module == mod && cfg.ModuleBuildID != "" {
-			if first.Check(cfg.ModuleBuildID) == nil {
+		if tried++; tried > 3 {
+			break
+		}
+		if id := loadedBuildID(ctx, c, mod, sym.Name); id != "" {
+			if first.Check(id) == nil {
 				return first, nil
 			}
 			first.Close()
-			s.BuildID = cfg.ModuleBuildID
+			s.BuildID = id
 			return debuginfo.FindModule(mod, s)
 		}
 	}

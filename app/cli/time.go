@@ -92,10 +92,7 @@ func lineRegions(ctx context.Context, c *api.Client, ranges []string, o DebugOpt
 		if lo <= 0 || hi < lo {
 			return nil, fmt.Errorf("%s: want FILE:A-B with 0 < A ≤ B", r)
 		}
-		mod, file := "", m[1]
-		if mm := modulePrefix.FindStringSubmatch(file); mm != nil {
-			mod, file = mm[1], mm[2]
-		}
+		mod, file := splitModuleFile(m[1])
 		dbg := files[mod]
 		if dbg == nil {
 			var err error
