@@ -114,8 +114,7 @@ func Region(f *Function, blocks []Block, in func(i int) bool) ([]RegionSite, err
 	for i := range parent {
 		parent[i] = i
 	}
-	var find func(int) int
-	find = func(i int) int {
+	find := func(i int) int {
 		for parent[i] != i {
 			parent[i] = parent[parent[i]]
 			i = parent[i]
@@ -179,6 +178,7 @@ func Region(f *Function, blocks []Block, in func(i int) bool) ([]RegionSite, err
 		on[k] = hon || !hoff && m > outside[k]
 	}
 	state := func(i int) bool { return on[find(i)] }
+	timed := func(i int) bool { return i != caller && in(i) && state(i) } // the region's, timed
 	for i := 0; i < n; i++ {
 		if live[i] && state(i) && !leaves[i] {
 			if t, ok := outsideBranch(f, &f.Insns[i]); ok {
@@ -204,7 +204,6 @@ func Region(f *Function, blocks []Block, in func(i int) bool) ([]RegionSite, err
 		case was && !is:
 			site(s).Exit = true
 		}
-		timed := func(i int) bool { return i != caller && in(i) && state(i) }
 		if !timed(s) {
 			continue
 		}
@@ -229,7 +228,7 @@ func Region(f *Function, blocks []Block, in func(i int) bool) ([]RegionSite, err
 			}
 		}
 	}
-	if len(sites) == 0 || !anyTimed(n, live, in, state) {
+	if len(sites) == 0 || !anyTimed(n, live, timed) {
 		return nil, &RegionError{At: f.Addr, Why: "each of the range's instructions in " + f.Name + " ends an arm of a branch that others join, which a timer cannot tell apart: widen the range"}
 	}
 	out := make([]RegionSite, 0, len(sites))
@@ -241,11 +240,11 @@ func Region(f *Function, blocks []Block, in func(i int) bool) ([]RegionSite, err
 	return out, nil
 }
 
-// anyTimed reports whether the plan times some instruction of the
+// anyTimed reports whether the plan times some live instruction of the
 // region.
-func anyTimed(n int, live []bool, in func(int) bool, on func(int) bool) bool {
+func anyTimed(n int, live []bool, timed func(int) bool) bool {
 	for i := 0; i < n; i++ {
-		if live[i] && in(i) && on(i) {
+		if live[i] && timed(i) {
 			return true
 		}
 	}

@@ -908,6 +908,22 @@ func topLevel(d *dwarf.Data, fn func(e *dwarf.Entry) (bool, error)) (bool, error
 	}
 }
 
+// everyEntry calls fn with each entry of the one unit d holds, the unit's
+// own first, and goes into an entry's children unless fn says to skip
+// them.
+func everyEntry(d *dwarf.Data, fn func(e *dwarf.Entry) (skipChildren bool)) error {
+	rd := d.Reader()
+	for {
+		e, err := rd.Next()
+		if err != nil || e == nil {
+			return err
+		}
+		if fn(e) && e.Children {
+			rd.SkipChildren()
+		}
+	}
+}
+
 // OpenOrFind opens the DWARF of the ELF file at path: its own, else its
 // separate debug file by build id (Find, which checks the id): a user
 // binary or library as a distribution ships it.

@@ -23,32 +23,26 @@ func (f *File) FuncSymbols() (*elfsym.Table, error) {
 	}
 	var syms []elfsym.Symbol
 	err := f.eachUnit(func(d *dwarf.Data, cu *dwarf.Entry, _ dwarf.Offset) (bool, error) {
-		rd := d.Reader()
-		for {
-			e, err := rd.Next()
-			if err != nil {
-				return false, err
-			}
-			if e == nil {
-				return true, nil
-			}
+		err := everyEntry(d, func(e *dwarf.Entry) bool {
 			if e.Tag != dwarf.TagSubprogram {
-				continue
+				return false
 			}
 			name := subprogramName(d, e, 4)
 			if name == "" {
-				continue
+				return false
 			}
 			rs, err := d.Ranges(e)
 			if err != nil {
-				continue
+				return false
 			}
 			for _, r := range rs {
 				if r[1] > r[0] && r[0] != 0 {
 					syms = append(syms, elfsym.Symbol{Name: name, Addr: r[0], Size: r[1] - r[0], Kind: elfsym.Func, Bind: elf.STB_GLOBAL})
 				}
 			}
-		}
+			return false
+		})
+		return err == nil, err
 	})
 	if err != nil {
 		return nil, err

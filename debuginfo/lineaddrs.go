@@ -71,26 +71,10 @@ func (f *File) LineAddrs(suffix string, line int) ([]LineAddr, error) {
 func (f *File) LineRangeAddrs(suffix string, lo, hi int) ([]LineAddr, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.closed {
-		return nil, errors.New("debuginfo: file closed")
-	}
-	if f.syms == nil {
-		return nil, fmt.Errorf("%s has no symbol table to name functions", f.Path)
-	}
 	first := map[string]LineAddr{} // by function symbol
-	before, after := 0, 0
-	named, err := f.eachRow(suffix, func(s *sequence, i int) {
+	noCode, err := f.rangeRows(suffix, lo, hi, func(s *sequence, i int) {
 		r := s.rows[i]
 		l := int(r.line)
-		switch {
-		case l < lo && l > before:
-			before = l
-		case l > hi && (after == 0 || l < after):
-			after = l
-		}
-		if l < lo || l > hi {
-			return
-		}
 		if i > 0 && s.rows[i-1].file == r.file && int(s.rows[i-1].line) == l && s.rows[i-1].addr < r.addr {
 			return // the same run goes on
 		}
@@ -105,15 +89,8 @@ func (f *File) LineRangeAddrs(suffix string, lo, hi int) ([]LineAddr, error) {
 	if err != nil {
 		return nil, err
 	}
-	if named == "" {
-		return nil, fmt.Errorf("no line table names %s: %w", suffix, ErrNoLine)
-	}
 	if len(first) == 0 {
-		e := &NoCodeError{File: named, Line: lo, Before: before, After: after}
-		if hi > lo {
-			e.To = hi
-		}
-		return nil, e
+		return nil, noCode
 	}
 	out := make([]LineAddr, 0, len(first))
 	for _, a := range first {
@@ -121,6 +98,44 @@ func (f *File) LineRangeAddrs(suffix string, lo, hi int) ([]LineAddr, error) {
 	}
 	slices.SortFunc(out, func(a, b LineAddr) int { return cmp.Compare(a.Addr, b.Addr) })
 	return out, nil
+}
+
+// rangeRows calls visit with every row of the file's line tables
+// (eachRow) that names one of the lines lo to hi, and gives the error for
+// a range that turns out to have no code: a *NoCodeError naming the
+// nearest lines that have some. A file no table names is ErrNoLine, at
+// once. The caller holds f.mu.
+func (f *File) rangeRows(suffix string, lo, hi int, visit func(s *sequence, i int)) (noCode, err error) {
+	if f.closed {
+		return nil, errors.New("debuginfo: file closed")
+	}
+	if f.syms == nil {
+		return nil, fmt.Errorf("%s has no symbol table to name functions", f.Path)
+	}
+	before, after := 0, 0
+	named, err := f.eachRow(suffix, func(s *sequence, i int) {
+		switch l := int(s.rows[i].line); {
+		case l < lo:
+			before = max(before, l)
+		case l > hi:
+			if after == 0 || l < after {
+				after = l
+			}
+		default:
+			visit(s, i)
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	if named == "" {
+		return nil, fmt.Errorf("no line table names %s: %w", suffix, ErrNoLine)
+	}
+	e := &NoCodeError{File: named, Line: lo, Before: before, After: after}
+	if hi > lo {
+		e.To = hi
+	}
+	return e, nil
 }
 
 // eachRow calls visit with every row of the line tables that names a
@@ -176,16 +191,7 @@ type FuncSpans struct {
 // function inlined at a call on one of them (whose rows name the inlined
 // function's lines). kinst time times it as a region. No code gives the
 // errors LineRangeAddrs gives.
-func (f *File) LineRangeSpans(suffix string, lo, hi int) (out []FuncSpans, outErr error) {
-	if _, err := f.LineRangeAddrs(suffix, lo, hi); err != nil && !errors.Is(err, ErrNoLine) {
-		return nil, err
-	} else if err != nil {
-		defer func() {
-			if len(out) == 0 && outErr == nil {
-				outErr = err // not even a call inlined on one of the lines
-			}
-		}()
-	}
+func (f *File) LineRangeSpans(suffix string, lo, hi int) ([]FuncSpans, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	by := map[string]*FuncSpans{}
@@ -201,10 +207,8 @@ func (f *File) LineRangeSpans(suffix string, lo, hi int) (out []FuncSpans, outEr
 		}
 		fs.Spans = append(fs.Spans, sp)
 	}
-	_, err := f.eachRow(suffix, func(s *sequence, i int) {
-		if l := int(s.rows[i].line); l >= lo && l <= hi {
-			add(Span{s.rows[i].addr, s.rows[i+1].addr})
-		}
+	noCode, err := f.rangeRows(suffix, lo, hi, func(s *sequence, i int) {
+		add(Span{s.rows[i].addr, s.rows[i+1].addr})
 	})
 	if err != nil {
 		return nil, err
@@ -212,7 +216,10 @@ func (f *File) LineRangeSpans(suffix string, lo, hi int) (out []FuncSpans, outEr
 	if err := f.inlinedCalls(suffix, lo, hi, add); err != nil {
 		return nil, err
 	}
-	out = make([]FuncSpans, 0, len(by))
+	if len(by) == 0 { // not even a call inlined on one of the lines
+		return nil, noCode
+	}
+	out := make([]FuncSpans, 0, len(by))
 	for _, fs := range by {
 		slices.SortFunc(fs.Spans, func(a, b Span) int { return cmp.Compare(a.Lo, b.Lo) })
 		merged := fs.Spans[:1]
@@ -253,24 +260,15 @@ func (f *File) inlinedCalls(suffix string, lo, hi int, add func(Span)) error {
 		}
 		compDir, _ := cu.Val(dwarf.AttrCompDir).(string)
 		files := lr.Files()
-		rd := d.Reader()
-		rd.Next() // the unit
-		for {
-			e, err := rd.Next()
-			if err != nil {
-				return false, err
-			}
-			if e == nil {
-				return true, nil
-			}
+		err = everyEntry(d, func(e *dwarf.Entry) bool {
 			if e.Tag != dwarf.TagInlinedSubroutine {
-				continue
+				return false
 			}
 			fi, _ := e.Val(dwarf.AttrCallFile).(int64)
 			line, _ := e.Val(dwarf.AttrCallLine).(int64)
 			if fi < 0 || int(fi) >= len(files) || files[fi] == nil || int(line) < lo || int(line) > hi ||
 				!MatchFile(fileName(files[fi].Name, compDir), suffix) {
-				continue
+				return false
 			}
 			rs, _ := d.Ranges(e)
 			for _, r := range rs {
@@ -278,10 +276,9 @@ func (f *File) inlinedCalls(suffix string, lo, hi int, add func(Span)) error {
 					add(Span{r[0], r[1]})
 				}
 			}
-			if e.Children {
-				rd.SkipChildren() // inside the call's code already
-			}
-		}
+			return true // its children are inside the call's code already
+		})
+		return err == nil, err
 	})
 }
 
