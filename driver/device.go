@@ -567,6 +567,10 @@ type SpliceOp struct {
 	Addr, Patch    uint64
 	Orig, New      []byte
 	Slot, Covering bool
+	// Inst is a trap splice's whole instruction: a process device may
+	// write a punned jmp over it instead of the int3 (the kernel's
+	// driver only writes the int3).
+	Inst []byte
 }
 
 // BatchError is a batch the driver refused, all of it, because of op
@@ -577,6 +581,10 @@ type BatchError struct {
 	Index int
 	Where string // the op's address or id
 	Err   error
+	// Also are further ops of the batch refused with it, in index order,
+	// where the device checks every op before it writes any (a process's
+	// punned jumps): each is left out of the next try too.
+	Also []*BatchError
 }
 
 func (e *BatchError) Error() string {

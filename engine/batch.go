@@ -341,6 +341,9 @@ func (e *Engine) spliceEach(ops []driver.SpliceOp) (ids []uint32, errs []error, 
 		addrs, origs := make([]uint64, len(live)), make([][]byte, len(live))
 		for j, i := range live {
 			batch[j], addrs[j], origs[j] = ops[i], ops[i].Addr, ops[i].Orig
+			if ops[i].Inst != nil {
+				origs[j] = ops[i].Inst // a punned jmp's bytes run over it all
+			}
 		}
 		return e.ov.splicedMany(addrs, origs, func() error {
 			t0 := time.Now()
@@ -388,8 +391,21 @@ func (e *Engine) inBatches(n int, errs []error, try func(live []int) error) (ful
 				live = live[:be.Index]
 				continue
 			}
+			refused := map[int]bool{be.Index: true}
 			errs[live[be.Index]] = be.Err
-			live = append(live[:be.Index], live[be.Index+1:]...)
+			for _, o := range be.Also {
+				if o.Index >= 0 && o.Index < len(live) {
+					refused[o.Index] = true
+					errs[live[o.Index]] = o.Err
+				}
+			}
+			kept := live[:0]
+			for j, i := range live {
+				if !refused[j] {
+					kept = append(kept, i)
+				}
+			}
+			live = kept
 		}
 	}
 	return full

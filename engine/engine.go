@@ -55,6 +55,11 @@ type Engine struct {
 	// back to a trap splice (its springboard slot or covered instructions
 	// taken): see SetNoTrap. Protected by mu.
 	noTrap string
+	// punned: the device writes a punned jmp for a trap splice (a
+	// process's, SetPunned) and itself refuses, with noTrap's reason, one
+	// it can only make an int3: noTrap refuses no fallback to a trap
+	// splice. Protected by mu.
+	punned bool
 
 	spring *springboard.Heap // springboard space; has its own lock
 	ov     overlay           // original bytes under our splices; has its own lock
@@ -126,10 +131,20 @@ func (e *Engine) SetNoTrap(why string) {
 	e.noTrap = why
 }
 
+// SetPunned says the device makes a trap splice a punned jmp where one
+// fits (a process: process.Device), refusing itself an int3 that
+// SetNoTrap's reason forbids: a point whose springboard slot is gone may
+// fall back to a trap splice (after a covering one).
+func (e *Engine) SetPunned(ok bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.punned = ok
+}
+
 // trapRefused is the error for a point at s that would fall back to a
 // trap splice while SetNoTrap refuses them, or nil. The caller holds mu.
 func (e *Engine) trapRefused(s *splice.Site) error {
-	if e.noTrap == "" || s.Class == springboard.Trap {
+	if e.noTrap == "" || e.punned || s.Class == springboard.Trap {
 		return nil
 	}
 	return &splice.NoSpliceError{Where: s.Where(), Reason: e.noTrap}

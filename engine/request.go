@@ -637,9 +637,16 @@ func (pt *point) spliceOp(patch uint64) (driver.SpliceOp, error) {
 		}
 		return driver.SpliceOp{Addr: addr, Patch: patch, Orig: orig[:len(jmp)], New: jmp}, nil
 	case springboard.Trap:
-		return driver.SpliceOp{Addr: addr, Patch: patch, Orig: orig[:1], New: []byte{0xcc}}, nil
+		return driver.SpliceOp{Addr: addr, Patch: patch, Orig: orig[:1], New: []byte{0xcc}, Inst: orig}, nil
 	}
 	return driver.SpliceOp{}, fmt.Errorf("%v splices go through springboardSplice (a slot first)", pt.class)
+}
+
+// wholeOpSplicer is a device that takes a trap splice's whole op: a
+// process's, which may write a punned jmp over the instruction
+// (driver.SpliceOp.Inst) instead of the int3.
+type wholeOpSplicer interface {
+	SpliceOp(op driver.SpliceOp) (uint32, error)
 }
 
 // splice splices the point to patch (spliceOp) on its own.
@@ -649,8 +656,14 @@ func (e *Engine) splice(pt *point, patch uint64) (uint32, error) {
 		return 0, err
 	}
 	var id uint32
-	err = e.ov.spliced(op.Addr, op.Orig, func() (err error) {
-		if op.Covering {
+	orig := op.Orig
+	if op.Inst != nil {
+		orig = op.Inst // a punned jmp's bytes run over it all
+	}
+	err = e.ov.spliced(op.Addr, orig, func() (err error) {
+		if ws, ok := e.dev.(wholeOpSplicer); ok && op.Inst != nil {
+			id, err = ws.SpliceOp(op)
+		} else if op.Covering {
 			id, err = e.dev.SpliceCovering(op.Addr, op.Patch, op.Orig, op.New)
 		} else {
 			id, err = e.dev.Splice(op.Addr, op.Patch, op.Orig, op.New)

@@ -62,14 +62,42 @@ type Device struct {
 
 	traps *trapSet // shared by the devices of one Target
 
-	mu          sync.Mutex // protects heap, quarantine, quarantined, splices, next, closed and gone
+	mu          sync.Mutex // protects heap, quarantine, quarantined, splices, live, next, closed and gone (splices and live change under punMu too)
 	closed      bool
 	gone        bool            // the process exited or ran exec (Target.Abandon): Close touches nothing
 	quarantine  []uint64        // freed patches not yet given back to heap, oldest first
 	quarantined map[uint64]bool // the same, to refuse a second free
 	heap        *patchheap.Heap
 	splices     map[uint32]*spliced
+	live        map[uint64]uint32 // splices by address
 	next        uint32
+
+	// punMu serialises the splice writes, which plan punned jumps and
+	// their trampolines; it protects punning, noInt3, puns, tramps and
+	// trampsNew.
+	punMu     sync.Mutex
+	punning   bool   // a trap splice becomes a punned jmp where one fits (SetPunning)
+	noInt3    string // a trap splice no pun fits is refused with this reason (SetPunning)
+	puns      map[uint64]*pun
+	tramps    trampSpace
+	trampsNew []uint64 // trampolines reserved, not yet written
+}
+
+// SetPunning makes a trap splice a punned jmp where one fits (pun.go),
+// and where none does an int3 or, when noInt3 is not "", a refusal with
+// that reason (a thread that reaches an int3 with SIGTRAP blocked dies).
+func (d *Device) SetPunning(on bool, noInt3 string) {
+	d.punMu.Lock()
+	defer d.punMu.Unlock()
+	d.punning, d.noInt3 = on, noInt3
+}
+
+// Punned: the splice at addr is a punned jmp.
+func (d *Device) Punned(addr uint64) bool {
+	d.punMu.Lock()
+	defer d.punMu.Unlock()
+	_, ok := d.puns[addr]
+	return ok
 }
 
 // spliced is one splice: the bytes written at addr and those they
@@ -79,6 +107,7 @@ type spliced struct {
 	orig, new []byte
 	patch     uint64 // a trap splice's: where its int3 leads
 	slot      bool   // a springboard slot's jmp, in the padding between functions
+	pun       bool   // a punned jmp (pun.go): orig is the instruction
 }
 
 func (s *spliced) trap() bool { return len(s.new) == 1 && s.new[0] == 0xcc }
@@ -103,7 +132,8 @@ func open(pid int, near uint64, ts *trapSet) (*Device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrNotTraceable, err)
 	}
-	return &Device{pid: pid, near: near, tr: newTracer(), mem: mem, traps: ts, splices: map[uint32]*spliced{}}, nil
+	return &Device{pid: pid, near: near, tr: newTracer(), mem: mem, traps: ts, splices: map[uint32]*spliced{}, live: map[uint64]uint32{},
+		puns: map[uint64]*pun{}, tramps: trampSpace{pages: map[uint64]*trampPage{}, at: map[uint64]tramp{}}}, nil
 }
 
 // region maps the region into the process the first time it is called,
@@ -402,7 +432,8 @@ func (d *Device) releaseQuarantine() error {
 	err := d.withStopped(func(held map[int]*stopped) error {
 		clear(under)
 		for _, st := range held {
-			if d.traps.inHandler(st.regs.Rip) {
+			// A thread on a trampoline is about to enter a patch.
+			if d.traps.inHandler(st.regs.Rip) || d.onTrampoline(st.regs.Rip) {
 				return errRetry
 			}
 		}
@@ -543,6 +574,10 @@ func opRuns(ops []spliced) []opRun {
 	return runs
 }
 
+// SpliceOp splices op on its own: a trap splice's may be a punned jmp
+// (driver.SpliceOp.Inst).
+func (d *Device) SpliceOp(op driver.SpliceOp) (uint32, error) { return d.splice(op) }
+
 func (d *Device) splice(op driver.SpliceOp) (uint32, error) {
 	ids, err := d.SpliceBatch([]driver.SpliceOp{op})
 	if err != nil {
@@ -572,6 +607,8 @@ func (d *Device) FinishCovering() (int, error) { return 0, nil }
 
 // Resplice points splice id's jmp rel32 at patch.
 func (d *Device) Resplice(id uint32, patch uint64) error {
+	d.punMu.Lock()
+	defer d.punMu.Unlock()
 	d.mu.Lock()
 	s := d.splices[id]
 	if s != nil && s.trap() {
@@ -582,6 +619,9 @@ func (d *Device) Resplice(id uint32, patch uint64) error {
 		return d.traps.point(s.addr, patch)
 	}
 	d.mu.Unlock()
+	if s != nil && s.pun {
+		return d.repoint(d.puns[s.addr], s, patch)
+	}
 	if s == nil || len(s.new) != 5 || s.new[0] != 0xe9 {
 		return fmt.Errorf("resplice %d: no jmp rel32 splice", id)
 	}
@@ -591,6 +631,16 @@ func (d *Device) Resplice(id uint32, patch uint64) error {
 	}
 	jmp := []byte{0xe9, 0, 0, 0, 0}
 	binary.LittleEndian.PutUint32(jmp[1:], uint32(int32(rel)))
+	if len(d.puns) > 0 {
+		change := windowChange{windowSplice: windowSplice{addr: s.addr, orig: s.orig, new: jmp}}
+		if _, err := d.planPuns(nil, []windowChange{change}); err != nil {
+			var be *driver.BatchError
+			if errors.As(err, &be) {
+				return be.Err
+			}
+			return err
+		}
+	}
 	if err := d.write([]spliced{{addr: s.addr, orig: s.new, new: jmp}}); err != nil {
 		return err
 	}
@@ -606,6 +656,12 @@ func (d *Device) Unsplice(id uint32) error { return d.UnspliceBatch([]uint32{id}
 // none. A trap splice's int3 is entered in the SIGTRAP handler's table
 // before it is written (the handler is installed with the first).
 func (d *Device) SpliceBatch(ops []driver.SpliceOp) ([]uint32, error) {
+	d.punMu.Lock()
+	defer d.punMu.Unlock()
+	puns, err := d.planPuns(ops, nil)
+	if err != nil {
+		return nil, err
+	}
 	var ws []spliced
 	var traps []uint64
 	untrap := func() {
@@ -614,6 +670,10 @@ func (d *Device) SpliceBatch(ops []driver.SpliceOp) ([]uint32, error) {
 		}
 	}
 	for i, op := range ops {
+		if p := puns[i]; p != nil {
+			ws = append(ws, spliced{addr: op.Addr, orig: p.inst, new: p.code, patch: op.Patch, pun: true})
+			continue
+		}
 		orig := op.Orig
 		if len(orig) < len(op.New) {
 			orig = make([]byte, len(op.New))
@@ -641,12 +701,18 @@ func (d *Device) SpliceBatch(ops []driver.SpliceOp) ([]uint32, error) {
 		return nil, err
 	}
 	d.traps.count(len(traps))
+	for _, p := range puns {
+		if p != nil {
+			d.puns[p.addr] = p
+		}
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	ids := make([]uint32, len(ws))
 	for i, w := range ws {
 		d.next++
-		d.splices[d.next] = &spliced{addr: w.addr, orig: bytes.Clone(w.orig), new: bytes.Clone(w.new), patch: w.patch, slot: w.slot}
+		d.splices[d.next] = &spliced{addr: w.addr, orig: bytes.Clone(w.orig), new: bytes.Clone(w.new), patch: w.patch, slot: w.slot, pun: w.pun}
+		d.live[w.addr] = d.next
 		ids[i] = d.next
 	}
 	return ids, nil
@@ -656,6 +722,8 @@ func (d *Device) SpliceBatch(ops []driver.SpliceOp) ([]uint32, error) {
 // trap splice's table entry leads to its own address first: a SIGTRAP
 // still on its way runs the original instruction once it is back.
 func (d *Device) UnspliceBatch(ids []uint32) error {
+	d.punMu.Lock()
+	defer d.punMu.Unlock()
 	d.mu.Lock()
 	var ws []spliced
 	var traps []*spliced
@@ -665,12 +733,28 @@ func (d *Device) UnspliceBatch(ids []uint32) error {
 			d.mu.Unlock()
 			return &driver.BatchError{Op: "unsplice", Index: i, Where: fmt.Sprint(id), Err: unix.ENOENT}
 		}
-		ws = append(ws, spliced{addr: s.addr, orig: s.new, new: s.orig, patch: s.patch, slot: s.slot})
+		ws = append(ws, spliced{addr: s.addr, orig: s.new, new: s.orig, patch: s.patch, slot: s.slot, pun: s.pun})
 		if s.trap() {
 			traps = append(traps, s)
 		}
 	}
 	d.mu.Unlock()
+	// The puns over whose windows these splices lie get the trampolines of
+	// the states left (reserved when each state became possible: this
+	// only writes what a failed write left unwritten).
+	if len(d.puns) > 0 {
+		changes := make([]windowChange, len(ws))
+		for i, w := range ws {
+			changes[i] = windowChange{windowSplice: windowSplice{addr: w.addr, orig: w.new, new: w.orig}, gone: true}
+		}
+		if _, err := d.planPuns(nil, changes); err != nil {
+			var be *driver.BatchError
+			if errors.As(err, &be) {
+				return be.Err // a state no trampoline was reserved for: kinst's fault
+			}
+			return err
+		}
+	}
 	for _, s := range traps {
 		d.traps.point(s.addr, s.addr)
 	}
@@ -681,8 +765,17 @@ func (d *Device) UnspliceBatch(ids []uint32) error {
 		return err
 	}
 	d.traps.count(-len(traps))
+	for _, w := range ws {
+		if p := d.puns[w.addr]; w.pun && p != nil {
+			d.tramps.retire(p.targets)
+			delete(d.puns, w.addr)
+		}
+	}
 	d.mu.Lock()
 	for _, id := range ids {
+		if s := d.splices[id]; s != nil {
+			delete(d.live, s.addr)
+		}
 		delete(d.splices, id)
 	}
 	d.mu.Unlock()
@@ -732,6 +825,10 @@ func (d *Device) Splices() int {
 // unused: a thread could still be returning through it.
 func (d *Device) Close() error {
 	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
 	var ids []uint32
 	for id := range d.splices {
 		ids = append(ids, id)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/kinst/kinst/engine"
 	"github.com/kinst/kinst/splice"
+	"github.com/kinst/kinst/springboard"
 )
 
 // region is one neighbourhood of the process's text: a Device whose
@@ -56,7 +57,9 @@ func (t *Target) region(module string) (*region, error) {
 	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	eng := engine.New(engine.Config{Device: dev, PatchHeap: dev.Base, RedZone: 128, Log: quiet})
 	eng.SetNoTrap(t.noTrap)
-	r := &region{dev: dev, eng: eng, facts: &splice.Facts{Symbols: t.Syms, Text: eng.Text(), Process: true, NoTrap: t.noTrap}}
+	eng.SetPunned(!t.noPun)
+	dev.SetPunning(!t.noPun, t.noTrap)
+	r := &region{dev: dev, eng: eng, facts: &splice.Facts{Symbols: t.Syms, Text: eng.Text(), Process: true, NoTrap: t.noTrap, Pun: !t.noPun}}
 	t.regions = append(t.regions, r)
 	t.byModule[module] = r
 	return r, nil
@@ -167,7 +170,11 @@ func (t *Target) Counter(q *engine.Request, i int) uint64 {
 // Installed describes the request's point (engine.Engine.Installed).
 func (t *Target) Installed(q *engine.Request) engine.Installed {
 	if r := t.owner[q]; r != nil {
-		return r.eng.Installed(q)
+		in := r.eng.Installed(q)
+		if in.Class == springboard.Trap && r.dev.Punned(in.Site.Addr()) {
+			in.Class = springboard.Pun
+		}
+		return in
 	}
 	return engine.Installed{Site: q.Site()}
 }

@@ -47,6 +47,8 @@ type Target struct {
 	loaded map[string]bool
 	// noTrap refuses trap splices with this reason (NoTraps).
 	noTrap string
+	// noPun: trap splices are int3s, not punned jumps (SetPuns).
+	noPun bool
 	// goRuntime: the executable is a Go program. Its runtime's async
 	// preemption (SIGURG) looks up the pc a signal interrupts in the
 	// executable's pc tables; a pc in a springboard slot, in the padding
@@ -215,6 +217,19 @@ func (t *Target) NoTraps(why string) {
 	for _, r := range t.regions {
 		r.facts.NoTrap = why
 		r.eng.SetNoTrap(why)
+		r.dev.SetPunning(!t.noPun, why)
+	}
+}
+
+// SetPuns says whether trap splices made from now on are punned jumps
+// where one fits (the default) or int3s (to compare the two: kinst bench
+// hit --user).
+func (t *Target) SetPuns(on bool) {
+	t.noPun = !on
+	for _, r := range t.regions {
+		r.facts.Pun = on
+		r.eng.SetPunned(on)
+		r.dev.SetPunning(on, t.noTrap)
 	}
 }
 

@@ -49,6 +49,10 @@ type Facts struct {
 	// NoTrap, when set, refuses trap splices with this reason: an
 	// instruction that takes no other class is not spliceable.
 	NoTrap string
+	// Pun says trap splices are punned jumps the device places (a
+	// process's): NoTrap does not refuse them; the device refuses the
+	// one it can make only an int3.
+	Pun bool
 	// recent: functions decoded lately, shared by the planner's facts
 	// (Planner.FuncOf); nil: none kept.
 	recent *recentFunctions
@@ -244,7 +248,7 @@ func (f *Func) Spliceable(i int) bool {
 // trapRefused: only a trap splice fits instruction i, and Facts.NoTrap
 // refuses those.
 func (f *Func) trapRefused(i int) bool {
-	return f.facts.NoTrap != "" && f.Class(i) == springboard.Trap
+	return f.facts.NoTrap != "" && !f.facts.Pun && f.Class(i) == springboard.Trap
 }
 
 // Refusal says why instruction i cannot be spliced: NoSplice's reasons,
@@ -500,7 +504,7 @@ func (f *Func) Site(p Point, i int) (*Site, error) {
 		return nil, &NoSpliceError{Where: s.Where(), Reason: why}
 	}
 	s.Class = f.Class(i)
-	if s.Class == springboard.Trap && f.facts.NoTrap != "" {
+	if s.Class == springboard.Trap && f.facts.NoTrap != "" && !f.facts.Pun {
 		return nil, &NoSpliceError{Where: s.Where(), Reason: f.facts.NoTrap}
 	}
 	s.Live = f.Live(i)

@@ -25,6 +25,12 @@ const (
 	// too (nothing may jump between them). Chosen by the daemon, which
 	// knows the control flow; Classify never returns it.
 	Cover
+	// Pun: in a process, where a trap splice was asked for, a jmp rel32
+	// written over the instruction whose last bytes are the following
+	// instructions' own, to a trampoline at the address they give
+	// (E9Patch's instruction punning). The process device makes it; the
+	// planner never returns it.
+	Pun
 )
 
 // JmpRel32Len is the length of the jmp rel32 a direct splice writes.
@@ -40,6 +46,8 @@ func (c Class) String() string {
 		return "trap"
 	case Cover:
 		return "covering"
+	case Pun:
+		return "punned"
 	}
 	return fmt.Sprintf("Class(%d)", int(c))
 }

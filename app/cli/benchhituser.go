@@ -147,14 +147,19 @@ func userMechs(tg *process.Target, f *cfg.Function, bin string, calls int) []use
 			n = trapCalls
 		}
 		mechs = append(mechs, userMech{name: name, point: s.Where(), calls: n, attach: func() (func() (uint64, error), error) {
-			reqs, err := tg.Count("bench", []*splice.Site{s})
-			if err != nil {
-				return nil, err
-			}
-			return func() (uint64, error) {
-				n := tg.Counter(reqs[0], 0)
-				return n, errors.Join(tg.RemoveEach(reqs)...)
-			}, nil
+			// The trap row is an int3's: no pun stands in for it.
+			tg.SetPuns(class != springboard.Trap)
+			defer tg.SetPuns(true)
+			return countAt(tg, s, class)
+		}})
+	}
+	// A punned jmp where a trap splice was asked for: the first
+	// instruction too short for a jmp rel32.
+	if s := firstShort(tg, f); s == nil {
+		mechs = append(mechs, userMech{name: "punned splice", skipped: "no instruction of hit() is shorter than a jmp rel32"})
+	} else {
+		mechs = append(mechs, userMech{name: "punned splice", point: s.Where(), attach: func() (func() (uint64, error), error) {
+			return countAt(tg, s, springboard.Pun)
 		}})
 	}
 	off, err := fileOffset(bin, f.Addr)
@@ -176,6 +181,41 @@ func userMechs(tg *process.Target, f *cfg.Function, bin string, calls int) []use
 		return func() (uint64, error) { n := set.Counter(0); return n, set.Close() }, nil
 	}})
 	return mechs
+}
+
+// countAt counts at s, which must be installed as class c; the function
+// it returns takes the count off and says how many hits it counted.
+func countAt(tg *process.Target, s *splice.Site, c springboard.Class) (func() (uint64, error), error) {
+	reqs, err := tg.Count("bench", []*splice.Site{s})
+	if err != nil {
+		return nil, err
+	}
+	remove := func() (uint64, error) {
+		n := tg.Counter(reqs[0], 0)
+		return n, errors.Join(tg.RemoveEach(reqs)...)
+	}
+	if got := tg.Installed(reqs[0]).Class; got != c {
+		remove()
+		return nil, fmt.Errorf("installed as a %v splice, not %v", got, c)
+	}
+	return remove, nil
+}
+
+// firstShort is the first instruction of f (up to its first ret) shorter
+// than a jmp rel32, planned as a trap splice (which a process makes a
+// punned jmp), nil if none is.
+func firstShort(tg *process.Target, f *cfg.Function) *splice.Site {
+	for i := range f.Insns {
+		if f.Insns[i].Len() < springboard.JmpRel32Len {
+			if s, err := tg.ResolveAs(fmt.Sprintf("%s+%#x", f.Name, f.Insns[i].Addr-f.Addr), springboard.Trap); err == nil {
+				return s
+			}
+		}
+		if strings.HasPrefix(f.Insns[i].String(), "ret") {
+			break
+		}
+	}
+	return nil
 }
 
 // firstOfClass is the first instruction of f (up to its first ret) that

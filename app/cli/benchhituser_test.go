@@ -62,7 +62,7 @@ func TestBenchHitUser(t *testing.T) {
 	}
 	// Every class is planned at the first instruction of hit() that
 	// takes it, and hit() has instructions of every length.
-	for _, m := range []string{"direct splice", "springboard splice", "covering splice", "trap splice"} {
+	for _, m := range []string{"direct splice", "springboard splice", "covering splice", "trap splice", "punned splice"} {
 		if !ran[m] {
 			t.Errorf("%s did not run (rows that ran: %v)", m, ran)
 		}

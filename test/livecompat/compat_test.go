@@ -336,6 +336,7 @@ func checkCore(t *testing.T, ctx context.Context, g *livetest.VM) {
 	}
 	if !known {
 		t.Errorf("findleaks: no group of kinst_leak's ten leaks with leak_some's stack: %+v", leaks.Groups)
+		keepEvidence(t, ctx, g, path, "findleaks")
 	}
 	// Of the vmalloc'd areas, the module's dropped one is the leak, and
 	// no other: the allocator's records of an area, busy or free, and the
@@ -425,4 +426,20 @@ func checkTypegraph(t *testing.T, ctx context.Context, g *livetest.VM) {
 			t.Errorf("%d of %d objects of %s typed as ftrace_event_field", c.Types["ftrace_event_field"], c.Objects, c.Name)
 		}
 	}
+}
+
+// keepEvidence keeps the dump and the guest's kernel log of a failed
+// check under the artifact directory, for a failure seen once in many
+// runs to be looked at again.
+func keepEvidence(t *testing.T, ctx context.Context, g *livetest.VM, dump, what string) {
+	dir := filepath.Join(livetest.ArtifactDir("livecompat"), g.KernelRelease()+"-"+what)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Logf("keep evidence: %v", err)
+		return
+	}
+	if err := os.Rename(dump, filepath.Join(dir, "dump.elf")); err != nil {
+		t.Logf("keep dump: %v", err)
+	}
+	os.WriteFile(filepath.Join(dir, "dmesg"), []byte(g.Sh(t, ctx, "dmesg")), 0o644)
+	t.Logf("dump and kernel log kept in %s", dir)
 }

@@ -1,0 +1,844 @@
+package process
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kinst/kinst/driver"
+)
+
+// Punned jumps (E9Patch, Duck et al., PLDI 2020). Where an instruction is
+// too short for a jmp rel32 and the engine asks for a trap splice, the
+// device writes a jmp rel32 over it whose last bytes are the bytes of the
+// instructions after it, left as they are: the rel32 bytes that fall
+// within the instruction (after any padding prefixes, the free bytes)
+// choose among the targets the following bytes allow, and a trampoline
+// there, in a page kinst maps into the process, jumps on to the patch.
+// Nothing after the instruction changes, so code that reaches the next
+// instruction by any other path runs it as before; a hit costs two jumps
+// more than a direct splice, not a signal.
+//
+// The target depends on bytes the pun does not own: the window, from the
+// instruction's end to the jmp's. Other splices may cover them (a
+// springboard's jmp rel8 at the next block, a slot in the padding after a
+// ret). Every state the window can take while the pun is in -- each
+// splice over it in or out -- has its trampoline written before that
+// state can exist: a splice whose writing would move a pun onto memory
+// that cannot hold a trampoline is refused (ErrPunned), and removing one
+// finds the trampoline of the state it leaves already there. Trampolines
+// are never rewritten to lead elsewhere (but on Resplice, to the pun's
+// new patch), nor reused: a thread stopped on one goes where it went.
+
+// ErrPunned refuses a splice that would move a punned jump's target onto
+// memory that cannot hold a trampoline.
+var ErrPunned = errors.New("the bytes are part of a punned jump")
+
+// errNoPun: no padding and free bytes of a punned jump land every state
+// of its window on memory that can hold a trampoline.
+var errNoPun = errors.New("no punned jmp fits: every target its following bytes allow is mapped memory")
+
+const (
+	pagePrefix = 0x26 // an ES segment override: ignored by a near jmp in 64-bit mode
+	trampLen   = 14   // the longest trampoline: jmp [rip]; .quad patch
+	pageSize   = 4096
+	maxStates  = 8 // window states a pun may have (three splices over its window)
+)
+
+// pun is a punned jump the device wrote.
+type pun struct {
+	addr    uint64
+	inst    []byte // the instruction it replaced
+	code    []byte // what it wrote over inst: prefixes, e9, the free rel32 bytes
+	patch   uint64
+	targets []uint64 // its trampolines, one per window state seen
+}
+
+// window is the bytes the jmp reads past the instruction.
+func (p *pun) window() (lo, hi uint64) {
+	k := punPadding(p.code)
+	return p.addr + uint64(len(p.code)), p.addr + uint64(k+5)
+}
+
+func punPadding(code []byte) int {
+	k := 0
+	for k < len(code) && code[k] == pagePrefix {
+		k++
+	}
+	return k
+}
+
+// punCode is the n bytes written over an n-byte instruction: k padding
+// prefixes, the jmp opcode and the low n-1-k bytes of the rel32, x.
+func punCode(n, k int, x uint32) []byte {
+	code := make([]byte, n)
+	for i := 0; i < k; i++ {
+		code[i] = pagePrefix
+	}
+	code[k] = 0xe9
+	for i := k + 1; i < n; i++ {
+		code[i] = byte(x >> (8 * (i - k - 1)))
+	}
+	return code
+}
+
+// punTarget is where the jmp of code at addr, followed by window bytes w
+// (len(code)+len(w) is its length), leads.
+func punTarget(addr uint64, code, w []byte) uint64 {
+	k := punPadding(code)
+	var rel [4]byte
+	n := copy(rel[:], code[k+1:])
+	copy(rel[n:], w)
+	return addr + uint64(k+5) + uint64(int64(int32(binary.LittleEndian.Uint32(rel[:]))))
+}
+
+// trampoline is the jump at a pun's target to its patch: a jmp rel32
+// where the patch is within reach, else an indirect jmp through the
+// quadword after it.
+func trampoline(at, patch uint64) []byte {
+	if rel := int64(patch) - int64(at+5); rel == int64(int32(rel)) {
+		b := []byte{0xe9, 0, 0, 0, 0}
+		binary.LittleEndian.PutUint32(b[1:], uint32(int32(rel)))
+		return b
+	}
+	b := []byte{0xff, 0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+	binary.LittleEndian.PutUint64(b[6:], patch)
+	return b
+}
+
+// span is [lo, hi) of the process's address space.
+type span struct{ lo, hi uint64 }
+
+// Where trampolines may go: user space above mmap_min_addr's default,
+// below the top page.
+const lowest, highest = 1 << 16, 1<<47 - 1<<12
+
+// Room left for the growth of the stack (down) and of the brk heap (up),
+// which a page of kinst's there would stop: the stack's is its usual
+// limit many times over; past the heap's, glibc's malloc goes on with
+// mmap where brk fails.
+const stackRoom, heapRoom = 256 << 20, 32 << 20
+
+// busySpans is what the process has mapped, from /proc/PID/maps, with
+// room left for its stack and brk heap to grow, sorted.
+func busySpans(pid int) ([]span, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrNoProcess, err)
+	}
+	defer f.Close()
+	var used []span
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fs := strings.Fields(sc.Text())
+		if len(fs) == 0 {
+			continue
+		}
+		lo, hi, ok := strings.Cut(fs[0], "-")
+		if !ok {
+			continue
+		}
+		a, err1 := strconv.ParseUint(lo, 16, 64)
+		b, err2 := strconv.ParseUint(hi, 16, 64)
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		if len(fs) >= 6 {
+			switch fs[5] {
+			case "[stack]":
+				a = max(a, stackRoom+lowest) - stackRoom
+			case "[heap]":
+				b += heapRoom
+			}
+		}
+		used = append(used, span{a, b})
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	// The brk heap before its first page: start_brk, /proc/PID/stat's
+	// 47th field.
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
+		s := string(b)
+		if i := strings.LastIndexByte(s, ')'); i >= 0 {
+			if fs := strings.Fields(s[i+1:]); len(fs) > 44 {
+				if brk, err := strconv.ParseUint(fs[44], 10, 64); err == nil && brk != 0 {
+					used = append(used, span{brk, brk + heapRoom})
+				}
+			}
+		}
+	}
+	slices.SortFunc(used, func(x, y span) int {
+		if x.lo != y.lo {
+			if x.lo < y.lo {
+				return -1
+			}
+			return 1
+		}
+		return 0
+	})
+	return used, nil
+}
+
+// trampPage is a page of trampolines kinst mapped into the process.
+type trampPage struct {
+	used   [pageSize / 64]uint64 // a bit per byte taken
+	mapped bool                  // false until the write that needs it maps it
+}
+
+func (p *trampPage) free(off, n int) bool {
+	for i := off; i < off+n; i++ {
+		if p.used[i/64]&(1<<(i%64)) != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func (p *trampPage) mark(off, n int, used bool) {
+	for i := off; i < off+n; i++ {
+		if used {
+			p.used[i/64] |= 1 << (i % 64)
+		} else {
+			p.used[i/64] &^= 1 << (i % 64)
+		}
+	}
+}
+
+// tramp is a trampoline written (or reserved) at an address.
+type tramp struct {
+	patch   uint64
+	n       int  // its bytes
+	retired bool // its pun is gone: reclaimed once no thread is on it
+}
+
+// trampSpace is the device's trampoline pages and, during a write, the
+// process's other mappings. Protected by Device.punMu.
+type trampSpace struct {
+	pages map[uint64]*trampPage
+	busy  []span           // the process's mappings (busySpans), this write's
+	at    map[uint64]tramp // every trampoline, by address
+}
+
+func (ts *trampSpace) inPages(pc uint64) bool {
+	_, ok := ts.pages[pc&^(pageSize-1)]
+	return ok
+}
+
+// isBusy: [lo, hi) meets a mapping of the process's.
+func (ts *trampSpace) isBusy(lo, hi uint64) bool {
+	i := sort.Search(len(ts.busy), func(i int) bool { return ts.busy[i].hi > lo })
+	return i < len(ts.busy) && ts.busy[i].lo < hi
+}
+
+// fits: the n bytes at t are free in kinst's pages or on pages the
+// process has not mapped.
+func (ts *trampSpace) fits(t uint64, n int) bool {
+	if t < lowest || t+uint64(n) > highest {
+		return false
+	}
+	end := t + uint64(n)
+	for a := t; a < end; {
+		pg := a &^ (pageSize - 1)
+		e := min(end, pg+pageSize)
+		if p, ok := ts.pages[pg]; ok {
+			if !p.free(int(a-pg), int(e-a)) {
+				return false
+			}
+		} else if ts.isBusy(pg, pg+pageSize) {
+			return false
+		}
+		a = e
+	}
+	return true
+}
+
+// mark takes (or frees) the n bytes at t, entering new pages unmapped.
+func (ts *trampSpace) mark(t uint64, n int, used bool) {
+	end := t + uint64(n)
+	for a := t; a < end; {
+		pg := a &^ (pageSize - 1)
+		e := min(end, pg+pageSize)
+		p := ts.pages[pg]
+		if p == nil {
+			p = &trampPage{}
+			ts.pages[pg] = p
+		}
+		p.mark(int(a-pg), int(e-a), used)
+		a = e
+	}
+}
+
+// usable: a trampoline to patch may go at t, or a live one already leads
+// there.
+func (ts *trampSpace) usable(t, patch uint64) bool {
+	if tr, ok := ts.at[t]; ok {
+		return tr.patch == patch && !tr.retired
+	}
+	return ts.fits(t, len(trampoline(t, patch)))
+}
+
+// newPages is how many pages a trampoline at t would map.
+func (ts *trampSpace) newPages(t uint64) int {
+	if _, ok := ts.at[t]; ok {
+		return 0
+	}
+	n := 0
+	for pg := t &^ (pageSize - 1); pg < t+5; pg += pageSize {
+		if _, ok := ts.pages[pg]; !ok {
+			n++
+		}
+	}
+	return n
+}
+
+// take reserves a trampoline to patch at t (usable); it reports whether
+// it is new.
+func (ts *trampSpace) take(t, patch uint64) bool {
+	if _, ok := ts.at[t]; ok {
+		return false
+	}
+	n := len(trampoline(t, patch))
+	ts.mark(t, n, true)
+	ts.at[t] = tramp{patch: patch, n: n}
+	return true
+}
+
+// retire marks the trampolines at ts as their pun's no longer.
+func (ts *trampSpace) retire(targets []uint64) {
+	for _, t := range targets {
+		if tr, ok := ts.at[t]; ok {
+			tr.retired = true
+			ts.at[t] = tr
+		}
+	}
+}
+
+// reclaim frees the retired trampolines no stopped thread is on (the
+// caller holds every thread stopped: none can reach one again, their
+// puns being gone).
+func (ts *trampSpace) reclaim(held map[int]*stopped) {
+	for t, tr := range ts.at {
+		if !tr.retired {
+			continue
+		}
+		on := false
+		for _, st := range held {
+			if pc := st.regs.Rip; pc >= t && pc < t+uint64(tr.n) {
+				on = true
+			}
+		}
+		if !on {
+			ts.mark(t, tr.n, false)
+			delete(ts.at, t)
+		}
+	}
+}
+
+// candidates are targets to try in [lo, lo+n) for a trampoline: the
+// first, free places in kinst's pages there, and the first free page.
+func (ts *trampSpace) candidates(lo, n uint64) []uint64 {
+	out := []uint64{lo}
+	if n == 1 {
+		return out
+	}
+	hi := lo + n
+	// kinst's pages in range: their first free place.
+	for pg := lo &^ (pageSize - 1); pg < hi && len(out) < 64; pg += pageSize {
+		p, ok := ts.pages[pg]
+		if !ok {
+			if pg >= lo && !ts.isBusy(pg, pg+pageSize) {
+				out = append(out, pg)
+				break // the first free page in range; kinst's own come first below
+			}
+			if n > 16*pageSize {
+				break // a wide window: the rest is found by its gaps
+			}
+			continue
+		}
+		for off := uint64(0); off+trampLen <= pageSize; off += 16 {
+			if t := pg + off; t >= lo && t < hi && p.free(int(off), 5) {
+				out = append(out, t)
+				break
+			}
+		}
+	}
+	// A wide window (16 MiB): the end of each mapping in it.
+	if n > 16*pageSize {
+		i := sort.Search(len(ts.busy), func(i int) bool { return ts.busy[i].hi > lo })
+		for ; i < len(ts.busy) && ts.busy[i].hi < hi && len(out) < 64; i++ {
+			out = append(out, (ts.busy[i].hi+pageSize-1)&^(pageSize-1))
+		}
+	}
+	return out
+}
+
+// mapPages maps the trampoline pages not yet mapped (runs of adjacent
+// pages as one mapping), with thread st; the caller holds every thread
+// stopped.
+func (d *Device) mapPages(st *stopped) error {
+	var want []uint64
+	for pg, p := range d.tramps.pages {
+		if !p.mapped {
+			want = append(want, pg)
+		}
+	}
+	slices.Sort(want)
+	for i := 0; i < len(want); {
+		j := i + 1
+		for j < len(want) && want[j] == want[j-1]+pageSize {
+			j++
+		}
+		at, size := want[i], uint64(j-i)*pageSize
+		got, err := remoteSyscall(d.mem, st, unix.SYS_MMAP, at, size,
+			unix.PROT_READ|unix.PROT_EXEC, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_FIXED_NOREPLACE, ^uint64(0), 0)
+		if err == nil && got != at {
+			remoteSyscall(d.mem, st, unix.SYS_MUNMAP, got, size)
+			err = fmt.Errorf("mapped at %#x, not %#x", got, at)
+		}
+		if err != nil {
+			return fmt.Errorf("map trampoline pages at %#x into process %d: %w%s", at, d.pid, err, seccompNote(d.pid))
+		}
+		for _, pg := range want[i:j] {
+			d.tramps.pages[pg].mapped = true
+		}
+		i = j
+	}
+	return nil
+}
+
+// windowSplice is a splice over a pun's window, whose being in or out
+// changes the pun's target: orig is the text without it.
+type windowSplice struct {
+	addr      uint64
+	orig, new []byte
+}
+
+// windowChange is a write of the batch being planned: the splice at
+// addr goes in (or changes, Resplice) or, gone, out.
+type windowChange struct {
+	windowSplice
+	gone bool
+}
+
+// maxSpliceLen is the most bytes a splice writes (a jmp rel32): how far
+// before a window a splice over it may start.
+const maxSpliceLen = 5
+
+// punView is the text as a write will leave it, for planning puns and
+// their windows' states. Its user holds Device.punMu.
+type punView struct {
+	d       *Device
+	changes map[uint64]windowChange // the write's, by address
+	cur     map[uint64]byte         // text bytes read, with the write's applied
+}
+
+// spliceAt is the splice at a after the write, if one is.
+func (v *punView) spliceAt(a uint64) (windowSplice, bool) {
+	if c, ok := v.changes[a]; ok {
+		return c.windowSplice, !c.gone
+	}
+	if id, ok := v.d.live[a]; ok {
+		s := v.d.splices[id]
+		return windowSplice{addr: s.addr, orig: s.orig, new: s.new}, true
+	}
+	return windowSplice{}, false
+}
+
+// byteAt is the text at a after the write.
+func (v *punView) byteAt(a uint64) (byte, error) {
+	if b, ok := v.cur[a]; ok {
+		return b, nil
+	}
+	var buf [16]byte
+	lo := a &^ 15
+	if err := v.d.mem.read(lo, buf[:]); err != nil {
+		return 0, err
+	}
+	for i, b := range buf {
+		if _, ok := v.cur[lo+uint64(i)]; !ok {
+			v.cur[lo+uint64(i)] = b
+		}
+	}
+	return v.cur[a], nil
+}
+
+// set records bytes the write leaves at a.
+func (v *punView) set(a uint64, b []byte) {
+	for i, c := range b {
+		v.cur[a+uint64(i)] = c
+	}
+}
+
+// states lists the contents window [lo, hi) may take while the splices
+// over it go in and out, the current one first.
+func (v *punView) states(lo, hi uint64) ([][]byte, error) {
+	w := make([]byte, hi-lo)
+	for i := range w {
+		b, err := v.byteAt(lo + uint64(i))
+		if err != nil {
+			return nil, err
+		}
+		w[i] = b
+	}
+	var over []windowSplice
+	for a := lo - maxSpliceLen + 1; a < hi; a++ {
+		if s, ok := v.spliceAt(a); ok && a+uint64(len(s.new)) > lo {
+			over = append(over, s)
+		}
+	}
+	if 1<<len(over) > maxStates {
+		return nil, fmt.Errorf("%d splices over the bytes a punned jump would read", len(over))
+	}
+	out := [][]byte{w}
+	for mask := 1; mask < 1<<len(over); mask++ {
+		c := slices.Clone(w)
+		for j, s := range over {
+			if mask&(1<<j) == 0 {
+				continue
+			}
+			for i, b := range s.orig {
+				if a := s.addr + uint64(i); a >= lo && a < hi {
+					c[a-lo] = b
+				}
+			}
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// place chooses the code of a new pun over inst at addr leading to
+// patch: the padding and free bytes whose targets, in every state of its
+// window, can hold a trampoline, fewest new pages first; and takes them.
+func (v *punView) place(addr uint64, inst []byte, patch uint64) (*pun, error) {
+	n := len(inst)
+	var lastErr error = errNoPun
+	for k := 0; k < n; k++ {
+		free := n - 1 - k
+		lo, hi := addr+uint64(n), addr+uint64(k+5)
+		states, err := v.states(lo, hi)
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		zero := punCode(n, k, 0)
+		bases := make([]uint64, len(states))
+		for i, w := range states {
+			bases[i] = punTarget(addr, zero, w)
+		}
+		span := uint64(1) << (8 * free)
+		// The free bytes each state's window offers, every state's
+		// targets checked for each.
+		var xs []uint64
+		for _, b := range bases {
+			for _, c := range v.d.tramps.candidates(b, span) {
+				if x := c - b; !slices.Contains(xs, x) {
+					xs = append(xs, x)
+				}
+			}
+		}
+		best, bestPages := uint64(0), -1
+		for _, x := range xs {
+			pages, ok := 0, true
+			for _, b := range bases {
+				t := b + x
+				if !v.d.tramps.usable(t, patch) {
+					ok = false
+					break
+				}
+				pages += v.d.tramps.newPages(t)
+			}
+			if ok && (bestPages < 0 || pages < bestPages) {
+				best, bestPages = x, pages
+				if pages == 0 {
+					break
+				}
+			}
+		}
+		if bestPages < 0 {
+			continue
+		}
+		p := &pun{addr: addr, inst: slices.Clone(inst), code: punCode(n, k, uint32(best)), patch: patch}
+		for _, b := range bases {
+			v.reserve(p, b+best)
+		}
+		return p, nil
+	}
+	return nil, lastErr
+}
+
+// reserve takes a trampoline at t for p (new ones are written by the
+// write, after mapPages).
+func (v *punView) reserve(p *pun, t uint64) {
+	if v.d.tramps.take(t, p.patch) {
+		v.d.trampsNew = append(v.d.trampsNew, t)
+	}
+	if !slices.Contains(p.targets, t) {
+		p.targets = append(p.targets, t)
+	}
+}
+
+// ensure gives live pun p a trampoline in every state its window may take
+// after the write, or says it cannot.
+func (v *punView) ensure(p *pun) error {
+	lo, hi := p.window()
+	states, err := v.states(lo, hi)
+	if err != nil {
+		return err
+	}
+	ts := make([]uint64, len(states))
+	for i, w := range states {
+		ts[i] = punTarget(p.addr, p.code, w)
+		if !v.d.tramps.usable(ts[i], p.patch) {
+			return fmt.Errorf("%w at %#x: its target would move to %#x, which cannot hold a trampoline", ErrPunned, p.addr, ts[i])
+		}
+	}
+	for _, t := range ts {
+		v.reserve(p, t)
+	}
+	return nil
+}
+
+// planPuns plans a write with every thread stopped: it places a punned
+// jmp for each trap op of ops (by its Inst) where punning is on, highest
+// address first (a pun's window may hold the next one's bytes), and
+// gives every live pun whose window the write (ops, and changes: removals
+// and Resplice's) touches a trampoline in each state its window may then
+// take; then maps the new trampoline pages and writes the trampolines.
+// puns[i] is op i's pun, nil where none was asked or none fits (an int3
+// then, unless noInt3 refuses it: the *driver.BatchError names those ops).
+func (d *Device) planPuns(ops []driver.SpliceOp, changes []windowChange) (puns []*pun, err error) {
+	puns = make([]*pun, len(ops))
+	var want []int
+	for i, op := range ops {
+		if d.punning && len(op.New) == 1 && op.New[0] == 0xcc && len(op.Inst) > 0 && len(op.Inst) < 5 {
+			want = append(want, i)
+		}
+	}
+	if len(want) == 0 && !d.touchesPuns(ops, changes) {
+		return puns, nil
+	}
+	if err := d.region(); err != nil {
+		return nil, err
+	}
+	var refused []*driver.BatchError
+	err = d.withStopped(func(held map[int]*stopped) error {
+		clear(puns)
+		refused = refused[:0]
+		d.tramps.reclaim(held)
+		busy, err := busySpans(d.pid)
+		if err != nil {
+			return err
+		}
+		d.tramps.busy = busy
+		refused = d.plan(ops, changes, want, puns)
+		if err := d.mapPages(anyThread(held)); err != nil {
+			return err
+		}
+		for _, t := range d.trampsNew {
+			if err := d.mem.write(t, trampoline(t, d.tramps.at[t].patch)); err != nil {
+				return err
+			}
+		}
+		d.trampsNew = d.trampsNew[:0]
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(refused) > 0 {
+		slices.SortFunc(refused, func(a, b *driver.BatchError) int { return a.Index - b.Index })
+		first := refused[0]
+		first.Also = refused[1:]
+		return nil, first
+	}
+	return puns, nil
+}
+
+func cmpAddr(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// opIndex is the index of the op at addr, or -1 (a removal's).
+func opIndex(ops []driver.SpliceOp, addr uint64) int {
+	for i, op := range ops {
+		if op.Addr == addr {
+			return i
+		}
+	}
+	return -1
+}
+
+// touchesPuns: a write of ops and changes meets a live pun's window.
+func (d *Device) touchesPuns(ops []driver.SpliceOp, changes []windowChange) bool {
+	if len(d.puns) == 0 {
+		return false
+	}
+	meets := func(a uint64, n int) bool {
+		for pa := a - 8; pa < a+uint64(n); pa++ {
+			if p := d.puns[pa]; p != nil && pa != a {
+				if lo, hi := p.window(); lo < a+uint64(n) && a < hi {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	for _, op := range ops {
+		if meets(op.Addr, len(op.New)) {
+			return true
+		}
+	}
+	for _, c := range changes {
+		if meets(c.addr, max(len(c.new), len(c.orig))) {
+			return true
+		}
+	}
+	return false
+}
+
+// plan is planPuns' work on the text as read (and as the write will
+// leave it): puns[i] for each op i of want that takes a pun, highest
+// address first, and the trampolines of the live puns whose windows the
+// write touches; it returns the ops refused.
+func (d *Device) plan(ops []driver.SpliceOp, changes []windowChange, want []int, puns []*pun) (refused []*driver.BatchError) {
+	v := &punView{d: d, changes: map[uint64]windowChange{}, cur: map[uint64]byte{}}
+	for _, c := range changes {
+		v.changes[c.addr] = c
+		if c.gone {
+			v.set(c.addr, c.orig)
+		} else {
+			v.set(c.addr, c.new)
+		}
+	}
+	wanted := map[int]bool{}
+	for _, i := range want {
+		wanted[i] = true
+	}
+	for i, op := range ops {
+		if !wanted[i] {
+			orig := op.Orig
+			if len(orig) > len(op.New) {
+				orig = orig[:len(op.New)]
+			}
+			v.changes[op.Addr] = windowChange{windowSplice: windowSplice{addr: op.Addr, orig: orig, new: op.New}}
+			v.set(op.Addr, op.New)
+		}
+	}
+	slices.SortFunc(want, func(a, b int) int { return cmpAddr(ops[b].Addr, ops[a].Addr) })
+	for _, i := range want {
+		op := ops[i]
+		p, err := v.place(op.Addr, op.Inst, op.Patch)
+		if err != nil {
+			if d.noInt3 != "" {
+				refused = append(refused, &driver.BatchError{Op: "splice", Index: i, Where: fmt.Sprintf("%#x", op.Addr),
+					Err: &NoPunError{Addr: op.Addr, Len: len(op.Inst), Why: err, Reason: d.noInt3}})
+				continue
+			}
+			// Its int3 then: in the window of a pun placed after.
+			v.changes[op.Addr] = windowChange{windowSplice: windowSplice{addr: op.Addr, orig: op.Inst[:1], new: op.New}}
+			v.set(op.Addr, op.New)
+			continue
+		}
+		puns[i] = p
+		v.changes[op.Addr] = windowChange{windowSplice: windowSplice{addr: op.Addr, orig: p.inst, new: p.code}}
+		v.set(op.Addr, p.code)
+	}
+	// The live puns whose windows the write touches.
+	for a, c := range v.changes {
+		n := uint64(max(len(c.new), len(c.orig)))
+		for pa := a - 8; pa < a+n; pa++ {
+			p := d.puns[pa]
+			if p == nil || pa == a {
+				continue
+			}
+			if c, ok := v.changes[pa]; ok && c.gone {
+				continue // out with this write
+			}
+			if lo, hi := p.window(); lo < a+n && a < hi {
+				if err := v.ensure(p); err != nil {
+					refused = append(refused, &driver.BatchError{Op: "splice", Index: opIndex(ops, a), Where: fmt.Sprintf("%#x", a), Err: err})
+				}
+			}
+		}
+	}
+	return refused
+}
+
+// onTrampoline: pc is in a page of trampolines.
+func (d *Device) onTrampoline(pc uint64) bool {
+	d.punMu.Lock()
+	defer d.punMu.Unlock()
+	return d.tramps.inPages(pc)
+}
+
+// NoPunError refuses a trap splice that no punned jmp replaces, where an
+// int3 is refused too.
+type NoPunError struct {
+	Addr   uint64
+	Len    int
+	Why    error  // why no pun fits
+	Reason string // why an int3 is refused (TrapHazard)
+}
+
+func (e *NoPunError) Error() string {
+	return fmt.Sprintf("%s; and no punned jmp replaces it over this %d-byte instruction: %v", e.Reason, e.Len, e.Why)
+}
+
+func (e *NoPunError) Unwrap() error { return e.Why }
+
+// repoint leads pun p (splice s) to patch: each of its trampolines jumps
+// there from now on (a thread stopped on one goes to the new patch; one
+// in the old patch keeps it from being freed).
+func (d *Device) repoint(p *pun, s *spliced, patch uint64) error {
+	if p == nil {
+		return fmt.Errorf("resplice %#x: no punned jmp there", s.addr)
+	}
+	// A longer jump (the patch out of rel32 reach) needs the bytes after
+	// the trampoline free.
+	for _, t := range p.targets {
+		tr := d.tramps.at[t]
+		if n := len(trampoline(t, patch)); n > tr.n && !d.tramps.fits(t+uint64(tr.n), n-tr.n) {
+			return fmt.Errorf("resplice %#x: no room at trampoline %#x for a jump to %#x", s.addr, t, patch)
+		}
+	}
+	err := d.withStopped(func(map[int]*stopped) error {
+		for _, t := range p.targets {
+			if err := d.mem.write(t, trampoline(t, patch)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, t := range p.targets {
+		tr := d.tramps.at[t]
+		if n := len(trampoline(t, patch)); n > tr.n {
+			d.tramps.mark(t+uint64(tr.n), n-tr.n, true)
+			tr.n = n
+		}
+		tr.patch = patch
+		d.tramps.at[t] = tr
+	}
+	d.mu.Lock()
+	p.patch, s.patch = patch, patch
+	d.mu.Unlock()
+	return nil
+}
