@@ -89,7 +89,7 @@ comparison in a user process on this machine (see --user).`,
 		fs.IntVar(&o.Calls, "calls", 100000, "system calls per timed run")
 		fs.IntVar(&o.Runs, "runs", 3, "timed runs per mechanism (the median is kept)")
 		jsonFlag(fs, &o.JSON, "the rows")
-		user := fs.Bool("user", false, "measure in a user process on this machine instead: a tight loop calling a small function (built with gcc), bare, with kinst's splices of each class (ptrace and a shared memfd; no kerninstd), a tracefs uprobe and a BPF uprobe; needs root; real hardware time")
+		user := fs.Bool("user", false, "measure in a user process on this machine instead: a tight loop calling a small function (built with gcc), bare, with kinst's splices of each class, a punned jump among them (ptrace and a shared memfd; no kerninstd), a tracefs uprobe and a BPF uprobe; needs root; real hardware time")
 		return func(ctx context.Context, inv invocation) (int, error) {
 			if *user {
 				if !fs.Changed("calls") {
