@@ -10,14 +10,12 @@ import (
 
 	"github.com/kinst/kinst/api"
 	"github.com/kinst/kinst/bpfprobe"
-	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/codegen"
 	"github.com/kinst/kinst/engine"
 	"github.com/kinst/kinst/kernel"
 	"github.com/kinst/kinst/metrics"
 	"github.com/kinst/kinst/report"
 	"github.com/kinst/kinst/splice"
-	"golang.org/x/arch/x86/x86asm"
 )
 
 // A timed function (kinst time): calls counted at the entry, and a timer
@@ -326,66 +324,25 @@ func (tm *timing) resolveRegion(r api.Region) (*timedFunc, error) {
 	if p.HasOffset || p.HasBlock {
 		return nil, badRequest(fmt.Errorf("region %s: name its function, not a point (%s)", r.Name, r.Function))
 	}
-	fn := f.Fn
-	for _, sp := range r.Spans {
-		if sp.Lo >= sp.Hi || sp.Hi > fn.End-fn.Addr {
-			return nil, badRequest(fmt.Errorf("region %s: span %#x-%#x is not inside %s (%d bytes)", r.Name, sp.Lo, sp.Hi, fn.Name, fn.End-fn.Addr))
-		}
+	spans := make([]splice.Span, len(r.Spans))
+	for i, sp := range r.Spans {
+		spans[i] = splice.Span{Lo: sp.Lo, Hi: sp.Hi}
 	}
-	in := func(i int) bool {
-		off := fn.Insns[i].Addr - fn.Addr
-		for _, sp := range r.Spans {
-			if off >= sp.Lo && off < sp.Hi {
-				return true
-			}
-		}
-		return false
-	}
-	plan, err := cfg.Region(fn, f.Blocks, in)
+	plan, err := f.RegionSites(spans)
 	if err != nil {
-		return nil, badRequest(fmt.Errorf("cannot time %s in %s exactly: %w", r.Name, fn.Name, err))
+		return nil, badRequest(fmt.Errorf("region %s: %w", r.Name, err))
 	}
 	t := &timedFunc{function: r.Name}
 	for _, rs := range plan {
-		s, err := regionSite(f, rs.Index, in)
-		if err != nil {
-			return nil, err
-		}
-		t.region = append(t.region, timerSite{site: s, count: rs.Count, enter: rs.Enter, exit: rs.Exit})
+		t.region = append(t.region, timerSite{site: rs.Site, count: rs.Count, enter: rs.Enter, exit: rs.Exit})
 		if (rs.Enter || rs.Count) && t.entry == nil {
-			t.entry = s
+			t.entry = rs.Site
 		}
 		if rs.Exit {
-			t.exits = append(t.exits, s)
+			t.exits = append(t.exits, rs.Site)
 		}
 	}
 	return t, nil
-}
-
-// regionSite plans the splice of a region's site at instruction i. One
-// that cannot be spliced (the ftrace nop at a function's entry) hands
-// its work to the next instruction of its block that can, when nothing
-// between them is a call and they are on the same side of the region's
-// edge: the timer then gains or loses those instructions' time only.
-func regionSite(f *splice.Func, i int, in func(int) bool) (*splice.Site, error) {
-	s, err := f.At(i)
-	if err == nil {
-		return s, nil
-	}
-	for _, b := range f.Blocks {
-		if i < b.First || i >= b.First+b.N {
-			continue
-		}
-		for j := i + 1; j < b.First+b.N; j++ {
-			if f.Fn.Insns[j-1].Inst.Op == x86asm.CALL || in(j) != in(i) {
-				break
-			}
-			if s, err := f.At(j); err == nil {
-				return s, nil
-			}
-		}
-	}
-	return nil, err
 }
 
 // predicate builds the guard of a filter, with task_struct offsets from

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -728,51 +729,104 @@ func (t *Target) Time(owner, spec string) (*Timer, error) {
 			exits[i] = earlierExit(f, x)
 		}
 	}
-	tm := &Timer{Function: f.Fn.Name, Entry: entry, Exits: exits}
-	var calls, word uint64
-	slots := func(n int, build func() codegen.Snippet) engine.SnippetFunc {
-		return func(c []uint64) codegen.Snippet {
-			if n == 2 {
-				calls, word = c[0], c[1]
-			}
-			return build()
-		}
-	}
-	exit := func() codegen.Snippet { return codegen.TimerExit{Word: word} }
-	enter := func() codegen.Snippet {
-		return codegen.Seq{codegen.Counter{Addr: calls}, codegen.TimerEnter{Word: word}}
-	}
+	var sites []splice.TimerSite
 	entryIsExit := false
-	for _, s := range exits {
-		if s == entry {
+	for _, x := range exits {
+		if x == entry {
 			entryIsExit = true
 			continue
+		}
+		sites = append(sites, splice.TimerSite{Site: x, Exit: true})
+	}
+	sites = append(sites, splice.TimerSite{Site: entry, Count: true, Enter: true, Exit: entryIsExit})
+	tm, err := t.attachTimer(owner, f.Fn.Name, sites)
+	if err != nil {
+		return nil, fmt.Errorf("time %s: %w", spec, err)
+	}
+	return tm, nil
+}
+
+// TimeRegion attaches a timer to the code of function (FUNC or LIB:FUNC)
+// at spans, offsets into it (a range of source lines,
+// debuginfo.LineRangeSpans), named name: calls are counted where control
+// first passes into the code, and the timer runs while a thread is in it
+// (splice.Func.RegionSites). On error nothing stays installed.
+func (t *Target) TimeRegion(owner, name, function string, spans []splice.Span) (*Timer, error) {
+	f, p, err := t.plan(function)
+	if err != nil {
+		return nil, err
+	}
+	if p.HasOffset || p.HasBlock {
+		return nil, fmt.Errorf("time %s: name its function, not an instruction (%s)", name, function)
+	}
+	sites, err := f.RegionSites(spans)
+	if err != nil {
+		return nil, fmt.Errorf("time %s: %w", name, err)
+	}
+	tm, err := t.attachTimer(owner, name, sites)
+	if err != nil {
+		return nil, fmt.Errorf("time %s: %w", name, err)
+	}
+	return tm, nil
+}
+
+// attachTimer splices a timer's sites: those that only leave first, so
+// that no thread enters unseen and leaves counted; the first request owns
+// the two counter slots (calls, timer word). On error nothing stays
+// installed.
+func (t *Target) attachTimer(owner, name string, sites []splice.TimerSite) (*Timer, error) {
+	sites = slices.Clone(sites)
+	slices.SortStableFunc(sites, func(a, b splice.TimerSite) int {
+		switch {
+		case a.Enter == b.Enter:
+			return 0
+		case b.Enter:
+			return -1
+		}
+		return 1
+	})
+	tm := &Timer{Function: name}
+	var calls, word uint64
+	for _, ts := range sites {
+		if (ts.Enter || ts.Count) && tm.Entry == nil {
+			tm.Entry = ts.Site
+		}
+		if ts.Exit {
+			tm.Exits = append(tm.Exits, ts.Site)
 		}
 		n := 0
 		if len(tm.reqs) == 0 {
 			n = 2
 		}
-		r, err := t.Add(s, engine.Spec{Owner: owner, Slots: n, Snippet: slots(n, exit)})
+		build := func(c []uint64) codegen.Snippet {
+			if n == 2 {
+				calls, word = c[0], c[1]
+			}
+			var sn codegen.Seq
+			if ts.Count {
+				sn = append(sn, codegen.Counter{Addr: calls})
+			}
+			if ts.Enter {
+				sn = append(sn, codegen.TimerEnter{Word: word})
+			}
+			if ts.Exit {
+				sn = append(sn, codegen.TimerExit{Word: word})
+			}
+			if len(sn) == 1 {
+				return sn[0]
+			}
+			return sn
+		}
+		r, err := t.Add(ts.Site, engine.Spec{Owner: owner, Slots: n, Snippet: build})
 		if err != nil {
 			t.Untime(tm)
-			return nil, fmt.Errorf("time %s: exit %s: %w", spec, s.Where(), err)
+			return nil, fmt.Errorf("%s: %w", ts.Site.Where(), err)
 		}
 		tm.reqs = append(tm.reqs, r)
 	}
-	n := 0
 	if len(tm.reqs) == 0 {
-		n = 2
+		return nil, errors.New("no site to time")
 	}
-	build := enter
-	if entryIsExit {
-		build = func() codegen.Snippet { return codegen.Seq{enter(), exit()} }
-	}
-	r, err := t.Add(entry, engine.Spec{Owner: owner, Slots: n, Snippet: slots(n, build)})
-	if err != nil {
-		t.Untime(tm)
-		return nil, fmt.Errorf("time %s: entry: %w", spec, err)
-	}
-	tm.reqs = append(tm.reqs, r)
 	tm.Calls, tm.Word = tm.reqs[0].Slots()[0], tm.reqs[0].Slots()[1]
 	tm.dev = t.owner[tm.reqs[0]].dev
 	return tm, nil

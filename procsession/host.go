@@ -288,18 +288,19 @@ func (h *Host) Lines(cfg *api.CFG) {
 // stays installed.
 func (h *Host) CreateSession(_ context.Context, req api.SessionRequest) (api.Session, error) {
 	switch {
-	case req.Filter != nil, req.Virtual, req.Lock != "", len(req.Regions) > 0:
-		return api.Session{}, badRequest(errors.New("a process session takes no filter, virtual time, lock or timed region (line range)"))
+	case req.Filter != nil, req.Virtual, req.Lock != "":
+		return api.Session{}, badRequest(errors.New("a process session takes no filter, virtual time or lock"))
 	case len(req.CoverModules) > 0:
 		return api.Session{}, badRequest(errors.New("cover a library's functions with LIB:* (cover_modules names kernel modules)"))
 	case req.TTLNS != 0 || req.Tied:
 		return api.Session{}, badRequest(errors.New("a process session lives until it is removed (no TTL, not tied)"))
 	}
 	cov := len(req.Cover) > 0 || len(req.CoverCallees) > 0
-	if cov && (len(req.Points) > 0 || len(req.Timers) > 0) {
+	timed := len(req.Timers) > 0 || len(req.Regions) > 0
+	if cov && (len(req.Points) > 0 || timed) {
 		return api.Session{}, badRequest(errors.New("a coverage session takes functions and callees only"))
 	}
-	if !cov && len(req.Points) == 0 && len(req.Timers) == 0 {
+	if !cov && len(req.Points) == 0 && !timed {
 		return api.Session{}, badRequest(errors.New("nothing to instrument: give points, timers or functions to cover"))
 	}
 	h.mu.Lock()
@@ -307,7 +308,7 @@ func (h *Host) CreateSession(_ context.Context, req api.SessionRequest) (api.Ses
 	if err := h.check(); err != nil {
 		return api.Session{}, err
 	}
-	if len(req.Timers) > 0 {
+	if timed {
 		h.clock.TicksPerNS() // calibrated before the session's life starts
 	}
 	h.next++
@@ -360,12 +361,28 @@ func (h *Host) install(s *session, req api.SessionRequest) error {
 		if err != nil {
 			return badRequest(&splice.PointError{Point: name, Err: err})
 		}
-		t := &timer{Timer: tm}
-		_, w := tm.Read()
-		t.acc.Add(w, metrics.TSC())
-		s.timers = append(s.timers, t)
+		s.addTimer(tm)
+	}
+	for _, r := range req.Regions {
+		spans := make([]splice.Span, len(r.Spans))
+		for i, sp := range r.Spans {
+			spans[i] = splice.Span{Lo: sp.Lo, Hi: sp.Hi}
+		}
+		tm, err := h.tg.TimeRegion(s.id, r.Name, r.Function, spans)
+		if err != nil {
+			return badRequest(&splice.PointError{Point: r.Name, Err: err})
+		}
+		s.addTimer(tm)
 	}
 	return nil
+}
+
+// addTimer enters tm among s's timers, its word read as it starts.
+func (s *session) addTimer(tm *process.Timer) {
+	t := &timer{Timer: tm}
+	_, w := tm.Read()
+	t.acc.Add(w, metrics.TSC())
+	s.timers = append(s.timers, t)
 }
 
 // count splices the counters of s's points idx names, all or none. The

@@ -512,6 +512,52 @@ func TestTimeProcessCommand(t *testing.T) {
 	t.Logf("nap: %d calls, %.0f/s, average %.2f ms, concurrency %.3f", f.Calls, f.CallsPerSec, f.AvgWallNS/1e6, f.Concurrency)
 }
 
+// TestTimeProcessLineRange times a source line range of a started
+// command (the line of nap()'s nanosleep, from the executable's DWARF)
+// beside nap() itself: the same 100 calls, and the line's wall time is
+// nearly all of the function's (the 2 ms sleep). A line range in a
+// library is refused, and nothing is started.
+func TestTimeProcessLineRange(t *testing.T) {
+	bin := buildWork(t)
+	src, err := os.ReadFile("../../process/testdata/work.c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	line := 0
+	for i, l := range strings.Split(string(src), "\n") {
+		if strings.Contains(l, "nanosleep(&ts, NULL)") {
+			line = i + 1
+		}
+	}
+	rng := fmt.Sprintf("work.c:%d", line)
+	var out, errb, cmdOut bytes.Buffer
+	env := Env{Out: &out, Err: &errb, CmdIn: strings.NewReader("nap 100\n"), CmdOut: &cmdOut, CmdErr: &cmdOut}
+	status, err := TimeProcess(context.Background(), 0, TimeOptions{Functions: []string{"nap", rng}, Command: []string{bin}, JSON: true}, env)
+	if err != nil || status != 0 {
+		t.Fatalf("status %d, %v\n%s", status, err, errb.String())
+	}
+	var rep output.TimeReport
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Functions) != 2 {
+		t.Fatalf("%d timers reported, want nap and %s\n%s", len(rep.Functions), rng, errb.String())
+	}
+	fn, lr := rep.Functions[0], rep.Functions[1]
+	if lr.Function != rng || fn.Calls != 100 || lr.Calls != 100 {
+		t.Errorf("%s: %d calls, nap %d; want 100 each", lr.Function, lr.Calls, fn.Calls)
+	}
+	if lr.AvgWallNS < 2e6 || lr.AvgWallNS > fn.AvgWallNS*1.01 || lr.AvgWallNS < fn.AvgWallNS*0.9 {
+		t.Errorf("%s: average %.0f ns, nap's %.0f ns; want at least the 2 ms sleep and nearly all of nap's", rng, lr.AvgWallNS, fn.AvgWallNS)
+	}
+	t.Logf("%s: %d calls, average %.3f ms; nap %.3f ms\n%s", rng, lr.Calls, lr.AvgWallNS/1e6, fn.AvgWallNS/1e6, errb.String())
+	errb.Reset()
+	status, err = TimeProcess(context.Background(), 0, TimeOptions{Functions: []string{"libm:e_exp.c:1-2"}, Command: []string{bin}}, env)
+	if err == nil || !strings.Contains(err.Error(), "executable's") {
+		t.Errorf("a library's line range: status %d, %v; want it refused as not the executable's", status, err)
+	}
+}
+
 // TestProcessExec: a command that runs exec (a wrapper script) takes its
 // splices' address space with it. kinst says so once, samples and removes
 // nothing more, lets the new program run to its end and reports what ran

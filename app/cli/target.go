@@ -162,15 +162,19 @@ func processTarget(pid int, command []string, env Env, o procsession.Options) (s
 	p.host = h
 	// Source lines, from the executable's DWARF: its functions only.
 	lines := func(points []string) (linePoints, error) {
-		return expandLines(points, env.Err, func() (*debuginfo.File, error) {
-			dbg, err := debuginfo.Open(fmt.Sprintf("/proc/%d/exe", p.pid))
-			if err != nil {
-				return nil, fmt.Errorf("a source line in a process needs the executable's DWARF (build it with -g): %w", err)
-			}
-			return dbg, nil
-		}, nil)
+		return expandLines(points, env.Err, p.executableDebug, nil)
 	}
 	return sessionTarget{host: processHost{h}, lines: lines, proc: p}, nil
+}
+
+// executableDebug is the process's executable's DWARF, for its source
+// lines.
+func (p *procTarget) executableDebug() (*debuginfo.File, error) {
+	dbg, err := debuginfo.Open(fmt.Sprintf("/proc/%d/exe", p.pid))
+	if err != nil {
+		return nil, fmt.Errorf("a source line in a process needs the executable's DWARF (build it with -g): %w", err)
+	}
+	return dbg, nil
 }
 
 // abort lets the process go when no session could be made: a started

@@ -44,7 +44,17 @@ func Time(ctx context.Context, c *api.Client, o TimeOptions, env Env) (int, erro
 	var regions []api.Region
 	if len(ranges) > 0 {
 		var err error
-		if regions, err = lineRegions(ctx, c, ranges, o.Debug, env.Err); err != nil {
+		regions, err = lineRegions(ranges, env.Err, func(mod string) (*debuginfo.File, error) {
+			if mod == "" {
+				dbg, err := debugForDaemon(ctx, c, o.Debug)
+				if err != nil {
+					return nil, fmt.Errorf("a source line range needs the kernel's debug vmlinux: %w", err)
+				}
+				return dbg, nil
+			}
+			return findLoadedModule(ctx, c, mod, o.Debug)
+		})
+		if err != nil {
 			return 1, err
 		}
 	}
@@ -73,8 +83,10 @@ func splitLineRanges(timers []string) (funcs, ranges []string) {
 
 // lineRegions are the timed regions of FILE:A-B ranges: the code of the
 // lines in each function holding some (debuginfo.LineRangeSpans), as
-// offsets into the function, which kerninstd plans (cfg.Region).
-func lineRegions(ctx context.Context, c *api.Client, ranges []string, o DebugOptions, w io.Writer) ([]api.Region, error) {
+// offsets into the function, which the session's host plans
+// (splice.Func.RegionSites). open opens a module's debug file ("" the
+// kernel's vmlinux, or a process's executable).
+func lineRegions(ranges []string, w io.Writer, open func(mod string) (*debuginfo.File, error)) ([]api.Region, error) {
 	files := map[string]*debuginfo.File{} // by module, "" the vmlinux
 	defer func() {
 		for _, f := range files {
@@ -96,12 +108,7 @@ func lineRegions(ctx context.Context, c *api.Client, ranges []string, o DebugOpt
 		dbg := files[mod]
 		if dbg == nil {
 			var err error
-			if mod == "" {
-				dbg, err = debugForDaemon(ctx, c, o)
-				if err != nil {
-					return nil, fmt.Errorf("%s: a source line range needs the kernel's debug vmlinux: %w", r, err)
-				}
-			} else if dbg, err = findLoadedModule(ctx, c, mod, o); err != nil {
+			if dbg, err = open(mod); err != nil {
 				return nil, fmt.Errorf("%s: %w", r, err)
 			}
 			files[mod] = dbg
@@ -134,9 +141,7 @@ func TimeProcess(ctx context.Context, pid int, o TimeOptions, env Env) (int, err
 	if len(o.Functions) == 0 {
 		return 2, errors.New("time -p: name at least one function")
 	}
-	if _, ranges := splitLineRanges(o.Functions); len(ranges) > 0 {
-		return 2, fmt.Errorf("time -p %s: source line ranges are timed in the kernel only", ranges[0])
-	}
+	funcs, ranges := splitLineRanges(o.Functions)
 	if o.Virtual || o.Lock != "" || o.Filter != (api.Filter{}) {
 		return 2, errors.New("time -p: --virtual, --lock and the filters are for the kernel")
 	}
@@ -150,6 +155,21 @@ func TimeProcess(ctx context.Context, pid int, o TimeOptions, env Env) (int, err
 	if err != nil {
 		return 1, err
 	}
+	if len(ranges) > 0 {
+		// The executable's functions, from its DWARF (a library's lines
+		// are not yet).
+		t.regions, err = lineRegions(ranges, env.Err, func(mod string) (*debuginfo.File, error) {
+			if mod != "" {
+				return nil, fmt.Errorf("a line range in a process is the executable's (FILE:A-B); %s: is not", mod)
+			}
+			return t.proc.executableDebug()
+		})
+		if err != nil {
+			t.proc.abort()
+			return 1, err
+		}
+	}
+	o.Functions = funcs
 	return timeOn(ctx, t, o, env)
 }
 
