@@ -224,8 +224,12 @@ type tramp struct {
 // process's other mappings. Protected by Device.punMu.
 type trampSpace struct {
 	pages map[uint64]*trampPage
-	busy  []span           // the process's mappings (busySpans), this write's
 	at    map[uint64]tramp // every trampoline, by address
+	// busy is the process's mappings (busySpans), read by the first
+	// question of a write that needs them (a removal's seldom does):
+	// loadBusy, when set, reads them.
+	busy     []span
+	loadBusy func() ([]span, error)
 }
 
 func (ts *trampSpace) inPages(pc uint64) bool {
@@ -233,8 +237,10 @@ func (ts *trampSpace) inPages(pc uint64) bool {
 	return ok
 }
 
-// isBusy: [lo, hi) meets a mapping of the process's.
+// isBusy: [lo, hi) meets a mapping of the process's (or they cannot
+// be read).
 func (ts *trampSpace) isBusy(lo, hi uint64) bool {
+	ts.load()
 	i := sort.Search(len(ts.busy), func(i int) bool { return ts.busy[i].hi > lo })
 	return i < len(ts.busy) && ts.busy[i].lo < hi
 }
@@ -343,6 +349,19 @@ func (ts *trampSpace) reclaim(held map[int]*stopped) {
 	}
 }
 
+// load reads the process's mappings if this write has not yet.
+func (ts *trampSpace) load() {
+	if ts.loadBusy == nil {
+		return
+	}
+	busy, err := ts.loadBusy()
+	ts.loadBusy = nil
+	if err != nil {
+		busy = []span{{0, 1<<64 - 1}} // nothing new is placed
+	}
+	ts.busy = busy
+}
+
 // candidates are targets to try in [lo, lo+n) for a trampoline: the
 // first, free places in kinst's pages there, and the first free page.
 func (ts *trampSpace) candidates(lo, n uint64) []uint64 {
@@ -373,6 +392,7 @@ func (ts *trampSpace) candidates(lo, n uint64) []uint64 {
 	}
 	// A wide window (16 MiB): the end of each mapping in it.
 	if n > 16*pageSize {
+		ts.load()
 		i := sort.Search(len(ts.busy), func(i int) bool { return ts.busy[i].hi > lo })
 		for ; i < len(ts.busy) && ts.busy[i].hi < hi && len(out) < 64; i++ {
 			out = append(out, (ts.busy[i].hi+pageSize-1)&^(pageSize-1))
@@ -635,11 +655,7 @@ func (d *Device) planPuns(ops []driver.SpliceOp, changes []windowChange) (puns [
 		clear(puns)
 		refused = refused[:0]
 		d.tramps.reclaim(held)
-		busy, err := busySpans(d.pid)
-		if err != nil {
-			return err
-		}
-		d.tramps.busy = busy
+		d.tramps.busy, d.tramps.loadBusy = nil, func() ([]span, error) { return busySpans(d.pid) }
 		refused = d.plan(ops, changes, want, puns)
 		if err := d.mapPages(anyThread(held)); err != nil {
 			return err
