@@ -21,7 +21,7 @@ import (
 // already checked by the command line.
 type CoreRequest struct {
 	Dump     string // path of the dump
-	Command  string // info, ps, bt, log, rd, sym, dis, slabs, whattype, typegraph, istype, findlocks, findfalse, findleaks, p, struct, list, files, vm or mount
+	Command  string // info, ps, bt, log, rd, sym, dis, slabs, whattype, typegraph, istype, findlocks, findfalse, findleaks, p, struct, list, files, vm, mount or search
 	Arg      string // rd, whattype, istype: ADDR|SYM[+0xOFF]; sym: ADDR|NAME; dis: FUNC
 	Which    uint64 // bt, files, vm: PID or task_struct address
 	All      bool   // bt -a
@@ -45,6 +45,8 @@ type CoreRequest struct {
 	Members []string
 	Head    string
 	Verbose bool // findleaks: every leak
+	// Values are search's quadwords.
+	Values []uint64
 }
 
 // Core opens the dump, decides from its format which kernel it came
@@ -114,6 +116,8 @@ func Core(req CoreRequest, w io.Writer) error {
 		return CoreList(k, req.Options.Vmlinux, req.TypeName, req.Head, req.Members, req.JSON, w)
 	case "shell":
 		return CoreShell(k, req.HoldOut, req.GraphFile, req.In, req.JSON, w)
+	case "search":
+		return CoreSearch(k, req.Values, req.JSON, w)
 	}
 	return fmt.Errorf("core: unknown command %q", req.Command)
 }

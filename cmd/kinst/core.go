@@ -43,6 +43,11 @@ Commands:
                   type graph, with the chain of pointers that did it
                   (--graph=false: only by its cache)
   kmem ADDR       whattype, as crash spells it
+  search VALUE…   every aligned quadword of the dumped memory equal to a
+                  value (crash's search -k), at the kernel address it is
+                  seen at (the kernel image, a task's stack, the direct
+                  map) and what holds it (whattype): who still points at
+                  an object; the first 10,000 hits
   typegraph       every heap object's type, propagated from the caches
                   that hold one struct and the per-CPU variables through
                   pointer members (passes: conservative, arrays,
@@ -128,10 +133,10 @@ kernel's symbols and types, which are not read yet.`
 
 var coreCommand = &command{
 	name:    "core",
-	args:    "DUMP info|ps|bt [PID|TASK|-a]|log|rd ADDR [N]|sym ADDR|NAME|dis FUNC|slabs|whattype ADDR|typegraph|istype ADDR TYPE|findlocks|findfalse|findleaks|p EXPR|struct T ADDR|list T.MEMBER -H HEAD|files PID|vm PID|mount|kmem ADDR|shell",
+	args:    "DUMP info|ps|bt [PID|TASK|-a]|log|rd ADDR [N]|sym ADDR|NAME|dis FUNC|slabs|whattype ADDR|typegraph|istype ADDR TYPE|findlocks|findfalse|findleaks|p EXPR|struct T ADDR|list T.MEMBER -H HEAD|files PID|vm PID|mount|kmem ADDR|search VALUE…|shell",
 	summary: "postmortem analysis of a kernel crash dump",
 	help:    coreHelp,
-	report:  true, files: true, words: []string{"info", "ps", "bt", "log", "rd", "sym", "dis", "slabs", "whattype", "typegraph", "istype", "findlocks", "findfalse", "findleaks", "p", "struct", "list", "files", "vm", "mount", "kmem", "shell"},
+	report:  true, files: true, words: []string{"info", "ps", "bt", "log", "rd", "sym", "dis", "slabs", "whattype", "typegraph", "istype", "findlocks", "findfalse", "findleaks", "p", "struct", "list", "files", "vm", "mount", "kmem", "search", "shell"},
 	setup: func(fs *pflag.FlagSet) runFunc {
 		var asJSON bool
 		jsonFlag(fs, &asJSON, "the result")
@@ -232,6 +237,17 @@ var coreCommand = &command{
 					return 2, usagef("core list: -H HEAD names the list_head (or xarray) to start at")
 				}
 				req.TypeName, req.Head, req.Members = rest[0], *head, *show
+			case "search":
+				if len(rest) == 0 {
+					return 2, usagef("core search: give one or more values (a leaked object's address, say)")
+				}
+				for _, a := range rest {
+					v, err := strconv.ParseUint(strings.TrimPrefix(a, "0x"), 16, 64)
+					if err != nil {
+						return 2, usagef("core search: %q is not a hex value", a)
+					}
+					req.Values = append(req.Values, v)
+				}
 			case "kmem":
 				// crash's spelling of whattype.
 				cmd, req.Command = "whattype", "whattype"

@@ -101,4 +101,60 @@ func TestFindLeaksKnown(t *testing.T) {
 	}
 	t.Logf("findleaks: %d of %d leaks listed (%d objects, %d vmalloc'd area), none of the %d held; %d leaks in all",
 		len(found), len(leaked)+len(vleaked), len(leaked), len(vleaked), len(held), r.Leaks)
+	checkSearch(t, path, held)
+}
+
+// checkSearch: kinst core search finds each held object where the module
+// holds it, as its log says: in the module's memory (the global array),
+// on its thread's stack, or in a neighbour on the global list (whose head
+// is in the module too).
+func checkSearch(t *testing.T, path string, held map[uint64]string) {
+	args := []string{"core", path, "search", "--json"}
+	for a, how := range held {
+		if how != "vheld" {
+			args = append(args, strconv.FormatUint(a, 16))
+		}
+	}
+	var rep struct {
+		Hits []struct {
+			Value, Address, Seen string
+			What                 struct {
+				Kind  string
+				Cache *string
+				Task  *struct{ Comm string }
+			}
+		}
+	}
+	if err := json.Unmarshal(kinst(t, args...), &rep); err != nil {
+		t.Fatal(err)
+	}
+	where := map[uint64][]string{}
+	for _, h := range rep.Hits {
+		v, _ := strconv.ParseUint(strings.TrimPrefix(h.Value, "0x"), 16, 64)
+		w := h.Seen
+		switch {
+		case h.What.Kind == "task stack" && h.What.Task != nil:
+			w = "stack of " + h.What.Task.Comm
+		case h.What.Kind == "slab object" && h.What.Cache != nil:
+			w = "object of " + *h.What.Cache
+		}
+		where[v] = append(where[v], w)
+	}
+	for a, how := range held {
+		var want []string
+		switch how {
+		case "array":
+			want = []string{"module kinst_leak"}
+		case "stack":
+			want = []string{"stack of kinst_leak"}
+		case "list":
+			want = []string{"object of " + leakCache, "module kinst_leak"}
+		default:
+			continue
+		}
+		if !slices.ContainsFunc(where[a], func(w string) bool { return slices.Contains(want, w) }) {
+			t.Errorf("search %#x (held from the %s): found at %q, want one of %q", a, how, where[a], want)
+		}
+	}
+	t.Logf("search: %d hits for the %d held objects", len(rep.Hits), len(held)-1)
 }
