@@ -330,8 +330,11 @@ func (ts *trampSpace) retire(targets []uint64) {
 
 // reclaim frees the retired trampolines no stopped thread is on (the
 // caller holds every thread stopped: none can reach one again, their
-// puns being gone).
-func (ts *trampSpace) reclaim(held map[int]*stopped) {
+// puns being gone), and says how many. Only when a pun finds no room
+// otherwise: like a freed patch, a retired trampoline may still be where
+// a signal handler returns to (the pc on the thread's stack, which kinst
+// does not read), so it is kept as long as it can be.
+func (ts *trampSpace) reclaim(held map[int]*stopped) (n int) {
 	for t, tr := range ts.at {
 		if !tr.retired {
 			continue
@@ -345,8 +348,10 @@ func (ts *trampSpace) reclaim(held map[int]*stopped) {
 		if !on {
 			ts.mark(t, tr.n, false)
 			delete(ts.at, t)
+			n++
 		}
 	}
+	return n
 }
 
 // load reads the process's mappings if this write has not yet.
@@ -457,6 +462,7 @@ const maxSpliceLen = 5
 // their windows' states. Its user holds Device.punMu.
 type punView struct {
 	d       *Device
+	held    map[int]*stopped        // the stopped threads (nil in tests): whose pcs reclaim reads
 	changes map[uint64]windowChange // the write's, by address
 	cur     map[uint64]byte         // text bytes read, with the write's applied
 }
@@ -540,6 +546,15 @@ func (v *punView) states(lo, hi uint64) ([][]byte, error) {
 // patch: the padding and free bytes whose targets, in every state of its
 // window, can hold a trampoline, fewest new pages first; and takes them.
 func (v *punView) place(addr uint64, inst []byte, patch uint64) (*pun, error) {
+	p, err := v.placeOnce(addr, inst, patch)
+	if err != nil && v.held != nil && v.d.tramps.reclaim(v.held) > 0 {
+		return v.placeOnce(addr, inst, patch) // with the retired ones' room
+	}
+	return p, err
+}
+
+// placeOnce is place without reclaiming retired trampolines.
+func (v *punView) placeOnce(addr uint64, inst []byte, patch uint64) (*pun, error) {
 	n := len(inst)
 	var lastErr error = errNoPun
 	for k := 0; k < n; k++ {
@@ -654,9 +669,8 @@ func (d *Device) planPuns(ops []driver.SpliceOp, changes []windowChange) (puns [
 	err = d.withStopped(func(held map[int]*stopped) error {
 		clear(puns)
 		refused = refused[:0]
-		d.tramps.reclaim(held)
 		d.tramps.busy, d.tramps.loadBusy = nil, func() ([]span, error) { return busySpans(d.pid) }
-		refused = d.plan(ops, changes, want, puns)
+		refused = d.plan(ops, changes, want, puns, held)
 		if err := d.mapPages(anyThread(held)); err != nil {
 			return err
 		}
@@ -732,8 +746,8 @@ func (d *Device) touchesPuns(ops []driver.SpliceOp, changes []windowChange) bool
 // leave it): puns[i] for each op i of want that takes a pun, highest
 // address first, and the trampolines of the live puns whose windows the
 // write touches; it returns the ops refused.
-func (d *Device) plan(ops []driver.SpliceOp, changes []windowChange, want []int, puns []*pun) (refused []*driver.BatchError) {
-	v := &punView{d: d, changes: map[uint64]windowChange{}, cur: map[uint64]byte{}}
+func (d *Device) plan(ops []driver.SpliceOp, changes []windowChange, want []int, puns []*pun, held map[int]*stopped) (refused []*driver.BatchError) {
+	v := &punView{d: d, held: held, changes: map[uint64]windowChange{}, cur: map[uint64]byte{}}
 	for _, c := range changes {
 		v.changes[c.addr] = c
 		if c.gone {

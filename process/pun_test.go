@@ -107,6 +107,19 @@ func TestTrampSpace(t *testing.T) {
 	if n := ts.newPages(0x30000ffc); n != 1 {
 		t.Errorf("a trampoline across into a new page maps %d, want 1", n)
 	}
+	// A retired trampoline is kept while a thread is on it, reclaimed
+	// once none is.
+	ts.take(0x30000100, 9)
+	ts.retire([]uint64{0x30000100})
+	on := map[int]*stopped{1: {}}
+	on[1].regs.Rip = 0x30000100
+	if n := ts.reclaim(on); n != 0 || ts.usable(0x30000100, 10) {
+		t.Errorf("reclaimed %d with a thread on it; usable by another: %v", n, ts.usable(0x30000100, 10))
+	}
+	on[1].regs.Rip = 0x1000
+	if n := ts.reclaim(on); n != 1 || !ts.usable(0x30000100, 10) {
+		t.Errorf("reclaimed %d with no thread on it, want 1; usable: %v", n, ts.usable(0x30000100, 10))
+	}
 	// A 256-byte window over kinst's page: a free place in that page
 	// comes before a new page.
 	c := ts.candidates(0x30000000-0x40, 256)
@@ -375,7 +388,7 @@ func TestPunOverFallbackInt3(t *testing.T) {
 		{Addr: 0x500001, Patch: 0x8000, Orig: text[1:2], New: []byte{0xcc}, Inst: text[1:2]},
 	}
 	puns := make([]*pun, 2)
-	if refused := d.plan(ops, nil, []int{0, 1}, puns); len(refused) != 0 {
+	if refused := d.plan(ops, nil, []int{0, 1}, puns, nil); len(refused) != 0 {
 		t.Fatalf("refused %v with int3s allowed", refused)
 	}
 	if puns[1] != nil {
@@ -394,7 +407,7 @@ func TestPunOverFallbackInt3(t *testing.T) {
 	d = fakeText(t, 0x500000, text, []span{{0x400000, 0x1000000}})
 	d.noInt3 = TrapHazard
 	clear(puns)
-	refused := d.plan(ops, nil, []int{0, 1}, puns)
+	refused := d.plan(ops, nil, []int{0, 1}, puns, nil)
 	if len(refused) != 1 || refused[0].Index != 1 || puns[0] == nil {
 		t.Fatalf("with int3s refused: refused %v, push's pun %v", refused, puns[0])
 	}

@@ -19,7 +19,7 @@ type SearchHit struct {
 	Address string `json:"address"` // the kernel address it is seen at
 	// Seen says which mapping Address is in: "kernel image", "stack" (a
 	// task's, through its page tables), "module NAME" or "direct map".
-	Seen string          `json:"seen"`
+	Seen string         `json:"seen"`
 	What *typeid.Result `json:"what"`
 }
 
