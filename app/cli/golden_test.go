@@ -3,12 +3,14 @@ package cli
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -420,6 +422,33 @@ func TestGoldenBenchArm(t *testing.T) {
 		f := newFixture(t, asJSON)
 		f.must(BenchArm(context.Background(), f.c, ArmOptions{Blocks: []int{3}, Single: true, Targets: []string{"filename_lookup"}, JSON: asJSON}, f.env))
 		f.checkNormalized(map[bool]string{false: "bench-arm", true: "bench-arm-json"}[asJSON])
+	}
+}
+
+// TestBenchArmPatchBytes: a bench arm run's patch heap in use is its own
+// probes', whether the run before it was reclaimed yet or not (the second
+// of two runs reported 96 bytes where the first's 48 were still waiting
+// for their batched reclaim, 48 where arming took longer than its delay).
+func TestBenchArmPatchBytes(t *testing.T) {
+	f := newFixture(t, true)
+	var got []uint64
+	for i, single := range []bool{false, true, false} {
+		if i == 2 {
+			time.Sleep(100 * time.Millisecond) // the last run's reclaim is done
+		}
+		before := len(f.stdout.String())
+		f.must(BenchArm(context.Background(), f.c, ArmOptions{Blocks: []int{3}, Single: single, Targets: []string{"filename_lookup"}, JSON: true}, f.env))
+		var rep output.ArmReport
+		if err := json.Unmarshal([]byte(f.stdout.String()[before:]), &rep); err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rep.Runs {
+			got = append(got, r.PatchBytes)
+		}
+	}
+	// (--single runs the batched mode too: four runs.)
+	if len(got) != 4 || got[0] == 0 || slices.ContainsFunc(got, func(n uint64) bool { return n != got[0] }) {
+		t.Errorf("patch heap in use over four runs of three probes: %v, want the same each time", got)
 	}
 }
 

@@ -67,6 +67,12 @@ func Arm(ctx context.Context, k Kernel, req api.ArmRequest) (api.ArmResult, erro
 	}
 	spec := engine.Spec{Owner: armOwner, Slots: 1, Snippet: cover.Flag(nil)}
 
+	// The patches an earlier request retired are freed first (their
+	// batched reclaim may be still to come): the heap in use after
+	// arming is then this run's, whether or not the last run's reclaim
+	// came in between (the second of two runs measured its patches and
+	// the first's, or only its own, depending on how long it armed).
+	k.Engine.Reclaim()
 	syncs := func() uint64 { return k.Info().DriverSyncs }
 	s0, t0 := syncs(), k.now()
 	armed := armSites(k, sites, spec, req.Single, &res)
