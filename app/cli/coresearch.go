@@ -183,12 +183,7 @@ func whatLine(r *typeid.Result) string {
 		return "?"
 	}
 	parts := []string{r.Kind}
-	str := func(p *string) string {
-		if p == nil {
-			return ""
-		}
-		return *p
-	}
+	str := func(p *string) string { return strOr(p, "") }
 	switch r.Kind {
 	case typeid.KindSlab:
 		s := str(r.Cache)

@@ -279,13 +279,16 @@ func typeByGraph(r *typeid.Result, g *typegraph.Graph, a uint64) {
 	}
 }
 
-func printWhatType(w io.Writer, r *typeid.Result) {
-	str := func(p *string) string {
-		if p == nil {
-			return "?"
-		}
-		return *p
+// strOr is *p, or none where p is nil (whattype's optional fields).
+func strOr(p *string, none string) string {
+	if p == nil {
+		return none
 	}
+	return *p
+}
+
+func printWhatType(w io.Writer, r *typeid.Result) {
+	str := func(p *string) string { return strOr(p, "?") }
 	switch r.Kind {
 	case typeid.KindSlab:
 		if r.Object == nil {
