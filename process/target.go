@@ -359,6 +359,22 @@ func (t *Target) Exec() (string, bool) {
 // (through /proc/PID/root); "" for a module the process does not map.
 func (t *Target) Path(module string) string { return t.paths[module] }
 
+// Library is the module (file name) and path of the library the process
+// maps that lib names ("libc" names libc.so.6), if one.
+func (t *Target) Library(lib string) (module, path string, ok bool) {
+	var mods []string
+	for m := range t.paths {
+		if m != "" && libMatches(lib, m) {
+			mods = append(mods, m)
+		}
+	}
+	if len(mods) == 0 {
+		return "", "", false
+	}
+	slices.Sort(mods) // one answer, whichever order the map gives
+	return mods[0], t.paths[mods[0]], true
+}
+
 // libMatches: "libc" names libc.so.6, "libc.so.6" too.
 func libMatches(lib, base string) bool {
 	return base == lib || strings.HasPrefix(base, lib+".") || strings.HasPrefix(base, lib+"-")
@@ -694,6 +710,9 @@ type Timer struct {
 	Calls, Word int // counter slots
 	reqs        []*engine.Request
 	dev         *Device
+	// Region: Function is a source line range's name, as asked (not a
+	// function of the module, to qualify with it).
+	Region bool
 }
 
 // Read reads the timer's calls and its timer word, with the process
@@ -767,6 +786,7 @@ func (t *Target) TimeRegion(owner, name, function string, spans []splice.Span) (
 	if err != nil {
 		return nil, fmt.Errorf("time %s: %w", name, err)
 	}
+	tm.Region = true
 	return tm, nil
 }
 

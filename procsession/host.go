@@ -262,6 +262,19 @@ func (h *Host) CFG(_ context.Context, spec string) (api.CFG, error) {
 	return g, nil
 }
 
+// LibraryDebug opens the debug information of the library lib names
+// ("libc" for libc.so.6): its own DWARF, or its separate debug file by
+// build id. The caller closes it.
+func (h *Host) LibraryDebug(lib string) (*debuginfo.File, error) {
+	h.mu.Lock()
+	_, path, ok := h.tg.Library(lib)
+	h.mu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("%w %s", process.ErrNoLibrary, lib)
+	}
+	return debuginfo.OpenOrFind(path)
+}
+
 // Lines fills the source lines of a function's instructions from its
 // module's DWARF (the executable's, or a library's own or its separate
 // debug file by build id): runtime addresses less the module's load
@@ -650,7 +663,11 @@ func (h *Host) describe(s *session, all, final bool) api.Session {
 			calls, w := t.Read()
 			t.calls, t.wall = calls, h.clock.Nanos(t.acc.Add(w, metrics.TSC()))
 		}
-		ti := api.TimerInfo{Function: qualified(t.Entry.Fn.Module, t.Function), Entry: report.Resolved(t.Entry),
+		name := t.Function
+		if !t.Region {
+			name = qualified(t.Entry.Fn.Module, name)
+		}
+		ti := api.TimerInfo{Function: name, Entry: report.Resolved(t.Entry),
 			Mechanism: "splice", Totals: api.Totals{Time: now, Calls: t.calls, WallNS: t.wall}}
 		for _, x := range t.Exits {
 			ti.Exits = append(ti.Exits, report.Resolved(x))

@@ -551,10 +551,73 @@ func TestTimeProcessLineRange(t *testing.T) {
 		t.Errorf("%s: average %.0f ns, nap's %.0f ns; want at least the 2 ms sleep and nearly all of nap's", rng, lr.AvgWallNS, fn.AvgWallNS)
 	}
 	t.Logf("%s: %d calls, average %.3f ms; nap %.3f ms\n%s", rng, lr.Calls, lr.AvgWallNS/1e6, fn.AvgWallNS/1e6, errb.String())
+}
+
+// TestProcessLibraryLines: a source line of a shared library, from the
+// library's DWARF, as a point (kinst count -p 0 LIB:FILE:LINE) and as a
+// timed range (kinst time --user LIB:FILE:A-B): each counts the 50 calls
+// the program makes, and the range's average holds the 1 ms sleep. A
+// library the process does not map is refused by name.
+func TestProcessLibraryLines(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the process engine runs as root (ptrace, /proc/PID/mem)")
+	}
+	if _, err := exec.LookPath("gcc"); err != nil {
+		t.Skip("no gcc")
+	}
+	dir := t.TempDir()
+	lib, bin := filepath.Join(dir, "libkt.so"), filepath.Join(dir, "ktmain")
+	for _, args := range [][]string{
+		{"-O2", "-g", "-shared", "-fPIC", "-o", lib, "../../process/testdata/ktlib.c"},
+		{"-O2", "-o", bin, "../../process/testdata/ktmain.c", "-L" + dir, "-lkt", "-Wl,-rpath," + dir},
+	} {
+		if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
+			t.Fatalf("gcc %v: %v\n%s", args, err, out)
+		}
+	}
+	src, err := os.ReadFile("../../process/testdata/ktlib.c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	line := 0
+	for i, l := range strings.Split(string(src), "\n") {
+		if strings.Contains(l, "kt_nap's sleep") {
+			line = i + 1
+		}
+	}
+	point := fmt.Sprintf("libkt:ktlib.c:%d", line)
+	var out, errb, cmdOut bytes.Buffer
+	env := Env{Out: &out, Err: &errb, CmdIn: strings.NewReader("nap 50\n"), CmdOut: &cmdOut, CmdErr: &cmdOut}
+	status, err := CountProcess(context.Background(), 0, CountOptions{Points: []string{point}, Interval: time.Second, Command: []string{bin}, JSON: true}, env)
+	if err != nil || status != 0 {
+		t.Fatalf("count %s: status %d, %v\n%s", point, status, err, errb.String())
+	}
+	var cr output.CountReport
+	if err := json.Unmarshal(out.Bytes(), &cr); err != nil {
+		t.Fatal(err)
+	}
+	if len(cr.Probes) != 1 || cr.Probes[0].Count != 50 {
+		t.Errorf("count %s: %+v, want one probe of 50\n%s", point, cr.Probes, errb.String())
+	}
+	rng := point + "-" + strconv.Itoa(line)
+	out.Reset()
 	errb.Reset()
-	status, err = TimeProcess(context.Background(), 0, TimeOptions{Functions: []string{"libm:e_exp.c:1-2"}, Command: []string{bin}}, env)
-	if err == nil || !strings.Contains(err.Error(), "executable's") {
-		t.Errorf("a library's line range: status %d, %v; want it refused as not the executable's", status, err)
+	env.CmdIn = strings.NewReader("nap 50\n")
+	status, err = TimeProcess(context.Background(), 0, TimeOptions{Functions: []string{rng}, Command: []string{bin}, JSON: true}, env)
+	if err != nil || status != 0 {
+		t.Fatalf("time %s: status %d, %v\n%s", rng, status, err, errb.String())
+	}
+	var tr output.TimeReport
+	if err := json.Unmarshal(out.Bytes(), &tr); err != nil {
+		t.Fatal(err)
+	}
+	if len(tr.Functions) != 1 || tr.Functions[0].Function != rng || tr.Functions[0].Calls != 50 || tr.Functions[0].AvgWallNS < 1e6 {
+		t.Errorf("time %s: %+v, want 50 calls of 1 ms or more\n%s", rng, tr.Functions, errb.String())
+	}
+	t.Logf("%s: %d hits; %s: %d calls, %.3f ms each\n%s", point, cr.Probes[0].Count, rng, tr.Functions[0].Calls, tr.Functions[0].AvgWallNS/1e6, errb.String())
+	status, err = TimeProcess(context.Background(), 0, TimeOptions{Functions: []string{"libnothere:x.c:1-2"}, Command: []string{bin}}, env)
+	if err == nil || !strings.Contains(err.Error(), "libnothere") {
+		t.Errorf("a library the process does not map: status %d, %v; want it refused by name", status, err)
 	}
 }
 

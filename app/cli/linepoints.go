@@ -77,20 +77,22 @@ func expandSourceLines(ctx context.Context, c *api.Client, points []string, o De
 			return nil, fmt.Errorf("a source line needs the kernel's debug vmlinux: %w", err)
 		}
 		return dbg, nil
-	}, func(fn, mod string) (*debuginfo.File, error) {
+	}, func(fn, mod string) (*debuginfo.File, string, error) {
 		// MODULE:FILE:LINE, or FUNC:+N of a module's function: from
 		// the module's debug file.
 		if mod != "" {
-			return findLoadedModule(ctx, c, mod, o)
+			f, err := findLoadedModule(ctx, c, mod, o)
+			return f, "", err
 		}
 		cfg, err := c.CFG(ctx, fn)
 		if err != nil {
-			return nil, err
+			return nil, "", err
 		}
 		if cfg.Module == "" {
-			return nil, fmt.Errorf("%s is not in a module", fn)
+			return nil, "", fmt.Errorf("%s is not in a module", fn)
 		}
-		return debugForFunction(ctx, c, cfg, o)
+		f, err := debugForFunction(ctx, c, cfg, o)
+		return f, "", err
 	})
 }
 
@@ -129,7 +131,7 @@ func (e *noFunctionError) Error() string {
 // MODULE:FILE:LINE is looked up in the file other gives for the module,
 // and a FUNC:+N whose function open's file does not have in the file it
 // gives for the function (other nil: neither is taken).
-func expandLines(points []string, w io.Writer, open func() (*debuginfo.File, error), other func(fn, mod string) (*debuginfo.File, error)) (linePoints, error) {
+func expandLines(points []string, w io.Writer, open func() (*debuginfo.File, error), other func(fn, mod string) (*debuginfo.File, string, error)) (linePoints, error) {
 	var lp linePoints
 	var dbg *debuginfo.File
 	var others []*debuginfo.File
@@ -150,7 +152,7 @@ func expandLines(points []string, w io.Writer, open func() (*debuginfo.File, err
 			if other == nil {
 				return lp, fmt.Errorf("%s: a module's source line (MODULE:FILE:LINE) is the kernel's", p)
 			}
-			f, err := other("", mod)
+			f, prefix, err := other("", mod)
 			if err != nil {
 				return lp, fmt.Errorf("%s: %w", p, err)
 			}
@@ -158,7 +160,7 @@ func expandLines(points []string, w io.Writer, open func() (*debuginfo.File, err
 			if addrs, err = lineAddrs(f, rest); err != nil {
 				return lp, fmt.Errorf("%s: %w (in %s)", p, err, f.Path)
 			}
-			lp.add(w, p, addrs)
+			lp.add(w, p, prefix, addrs)
 			continue
 		}
 		if dbg == nil {
@@ -168,8 +170,9 @@ func expandLines(points []string, w io.Writer, open func() (*debuginfo.File, err
 			}
 		}
 		addrs, err := lineAddrs(dbg, p)
+		prefix := ""
 		if nf := (*noFunctionError)(nil); errors.As(err, &nf) && other != nil {
-			f, oerr := other(nf.fn, "")
+			f, pre, oerr := other(nf.fn, "")
 			if oerr != nil {
 				return lp, fmt.Errorf("%s: %w (in %s), and %v", p, err, dbg.Path, oerr)
 			}
@@ -177,20 +180,22 @@ func expandLines(points []string, w io.Writer, open func() (*debuginfo.File, err
 			if addrs, err = lineAddrs(f, p); err != nil {
 				return lp, fmt.Errorf("%s: %w (in %s)", p, err, f.Path)
 			}
+			prefix = pre
 		} else if err != nil {
 			return lp, fmt.Errorf("%s: %w (in %s)", p, err, dbg.Path)
 		}
-		lp.add(w, p, addrs)
+		lp.add(w, p, prefix, addrs)
 	}
 	return lp, nil
 }
 
 // add puts the places of line point p in lp as FUNC+0xOFF points named
-// by p, and says them on w.
-func (lp *linePoints) add(w io.Writer, p string, addrs []debuginfo.LineAddr) {
+// by p (prefix before each: a process's library, LIB:), and says them on
+// w.
+func (lp *linePoints) add(w io.Writer, p, prefix string, addrs []debuginfo.LineAddr) {
 	var at []string
 	for _, a := range addrs {
-		spec := fmt.Sprintf("%s+%#x", a.Func, a.Off)
+		spec := fmt.Sprintf("%s%s+%#x", prefix, a.Func, a.Off)
 		lp.points, lp.labels = append(lp.points, spec), append(lp.labels, p)
 		at = append(at, spec)
 	}

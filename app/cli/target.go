@@ -162,7 +162,13 @@ func processTarget(pid int, command []string, env Env, o procsession.Options) (s
 	p.host = h
 	// Source lines, from the executable's DWARF: its functions only.
 	lines := func(points []string) (linePoints, error) {
-		return expandLines(points, env.Err, p.executableDebug, nil)
+		return expandLines(points, env.Err, p.executableDebug, func(fn, lib string) (*debuginfo.File, string, error) {
+			if lib == "" {
+				return nil, "", fmt.Errorf("%s is not in the executable's DWARF (a library's line: LIB:FILE:LINE)", fn)
+			}
+			f, err := p.host.LibraryDebug(lib)
+			return f, lib + ":", err
+		})
 	}
 	return sessionTarget{host: processHost{h}, lines: lines, proc: p}, nil
 }
@@ -170,9 +176,9 @@ func processTarget(pid int, command []string, env Env, o procsession.Options) (s
 // executableDebug is the process's executable's DWARF, for its source
 // lines.
 func (p *procTarget) executableDebug() (*debuginfo.File, error) {
-	dbg, err := debuginfo.Open(fmt.Sprintf("/proc/%d/exe", p.pid))
+	dbg, err := debuginfo.OpenOrFind(fmt.Sprintf("/proc/%d/exe", p.pid))
 	if err != nil {
-		return nil, fmt.Errorf("a source line in a process needs the executable's DWARF (build it with -g): %w", err)
+		return nil, fmt.Errorf("a source line in a process needs the executable's DWARF (build it with -g) or its debug file: %w", err)
 	}
 	return dbg, nil
 }

@@ -44,15 +44,16 @@ func Time(ctx context.Context, c *api.Client, o TimeOptions, env Env) (int, erro
 	var regions []api.Region
 	if len(ranges) > 0 {
 		var err error
-		regions, err = lineRegions(ranges, env.Err, func(mod string) (*debuginfo.File, error) {
+		regions, err = lineRegions(ranges, env.Err, func(mod string) (*debuginfo.File, string, error) {
 			if mod == "" {
 				dbg, err := debugForDaemon(ctx, c, o.Debug)
 				if err != nil {
-					return nil, fmt.Errorf("a source line range needs the kernel's debug vmlinux: %w", err)
+					return nil, "", fmt.Errorf("a source line range needs the kernel's debug vmlinux: %w", err)
 				}
-				return dbg, nil
+				return dbg, "", nil
 			}
-			return findLoadedModule(ctx, c, mod, o.Debug)
+			f, err := findLoadedModule(ctx, c, mod, o.Debug)
+			return f, "", err
 		})
 		if err != nil {
 			return 1, err
@@ -85,9 +86,11 @@ func splitLineRanges(timers []string) (funcs, ranges []string) {
 // lines in each function holding some (debuginfo.LineRangeSpans), as
 // offsets into the function, which the session's host plans
 // (splice.Func.RegionSites). open opens a module's debug file ("" the
-// kernel's vmlinux, or a process's executable).
-func lineRegions(ranges []string, w io.Writer, open func(mod string) (*debuginfo.File, error)) ([]api.Region, error) {
+// kernel's vmlinux, or a process's executable) and says what goes before
+// its function names (a process's library: LIB:).
+func lineRegions(ranges []string, w io.Writer, open func(mod string) (*debuginfo.File, string, error)) ([]api.Region, error) {
 	files := map[string]*debuginfo.File{} // by module, "" the vmlinux
+	prefixes := map[string]string{}       // before a module's function names: a process's LIB:
 	defer func() {
 		for _, f := range files {
 			f.Close()
@@ -108,7 +111,7 @@ func lineRegions(ranges []string, w io.Writer, open func(mod string) (*debuginfo
 		dbg := files[mod]
 		if dbg == nil {
 			var err error
-			if dbg, err = open(mod); err != nil {
+			if dbg, prefixes[mod], err = open(mod); err != nil {
 				return nil, fmt.Errorf("%s: %w", r, err)
 			}
 			files[mod] = dbg
@@ -118,7 +121,7 @@ func lineRegions(ranges []string, w io.Writer, open func(mod string) (*debuginfo
 			return nil, fmt.Errorf("%s: %w (in %s)", r, err, dbg.Path)
 		}
 		for _, fs := range fss {
-			reg := api.Region{Name: r, Function: fs.Func}
+			reg := api.Region{Name: r, Function: prefixes[mod] + fs.Func}
 			if len(fss) > 1 {
 				reg.Name = r + " in " + fs.Func
 			}
@@ -158,11 +161,13 @@ func TimeProcess(ctx context.Context, pid int, o TimeOptions, env Env) (int, err
 	if len(ranges) > 0 {
 		// The executable's functions, from its DWARF (a library's lines
 		// are not yet).
-		t.regions, err = lineRegions(ranges, env.Err, func(mod string) (*debuginfo.File, error) {
-			if mod != "" {
-				return nil, fmt.Errorf("a line range in a process is the executable's (FILE:A-B); %s: is not", mod)
+		t.regions, err = lineRegions(ranges, env.Err, func(lib string) (*debuginfo.File, string, error) {
+			if lib != "" {
+				f, err := t.proc.host.LibraryDebug(lib)
+				return f, lib + ":", err
 			}
-			return t.proc.executableDebug()
+			f, err := t.proc.executableDebug()
+			return f, "", err
 		})
 		if err != nil {
 			t.proc.abort()

@@ -26,7 +26,8 @@ is timed with it; the jmp that ends an if's arm is left out). Calls counts the
 passes into the range from code before it. A range the timer cannot follow (a
 call outside it and the range's code leading to one instruction, or code that
 branches to a .cold part) is refused with the address. With --user, a line
-range is the executable's, from its own DWARF (build it with -g).
+range is the executable's, from its DWARF (build it with -g) or its debug
+file by build id, or a library's as LIB:FILE:A-B.
 
 Rates print every --interval until --duration ends, CMD exits (kinst then
 exits with its status) or Ctrl-C; then the totals, and the splices are removed.
