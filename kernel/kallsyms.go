@@ -249,6 +249,23 @@ func (s *Symbols) Lookup(name string) (sym Symbol, ambiguous int, err error) {
 	return sym, ambiguous, nil
 }
 
+// LookupModule finds the function name of module (a kernel module's
+// name, as kallsyms gives it), however many others share the name.
+func (s *Symbols) LookupModule(name, module string) (Symbol, error) {
+	weak := false
+	for _, i := range s.named(name) {
+		c := s.all[i]
+		if c.Module != module {
+			continue
+		}
+		if c.isFunction() {
+			return c, nil
+		}
+		weak = weak || c.IsText()
+	}
+	return Symbol{}, &UnknownFunctionError{Name: module + ":" + name, Weak: weak}
+}
+
 // End returns the address where the function starting at sym.Addr ends:
 // the next text symbol at a higher address, capped at maxFunctionSize. A
 // weak definition (kallsyms' W, such as 6.1's kprobe_exceptions_notify)

@@ -140,3 +140,25 @@ func TestEndAtWeakDefinition(t *testing.T) {
 		t.Errorf("the last function ends at %#x: data symbols do not end it", end)
 	}
 }
+
+// TestLookupModule: MODULE:FUNC finds the module's function where the
+// core kernel (and another module) has one of the same name, which
+// Lookup prefers; a name the module lacks is an unknown function.
+func TestLookupModule(t *testing.T) {
+	s, err := ParseKallsyms(strings.NewReader("ffffffff81000000 T _text\nffffffff81001000 t probe\nffffffff81001040 T other\n" +
+		"ffffffffc0001000 t probe\t[evdev]\nffffffffc0001100 t other2\t[evdev]\nffffffffc0002000 t probe\t[psmouse]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sym, amb, err := s.Lookup("probe"); err != nil || sym.Addr != 0xffffffff81001000 || amb != 3 {
+		t.Errorf("Lookup(probe) = %#x (%d named so), %v; want the core kernel's of 3", sym.Addr, amb, err)
+	}
+	for mod, want := range map[string]uint64{"evdev": 0xffffffffc0001000, "psmouse": 0xffffffffc0002000} {
+		if sym, err := s.LookupModule("probe", mod); err != nil || sym.Addr != want || sym.Module != mod {
+			t.Errorf("LookupModule(probe, %s) = %#x [%s], %v; want %#x", mod, sym.Addr, sym.Module, err, want)
+		}
+	}
+	if _, err := s.LookupModule("other", "evdev"); !errors.Is(err, ErrUnknownFunction) {
+		t.Errorf("LookupModule of the core kernel's function in a module: %v, want ErrUnknownFunction", err)
+	}
+}

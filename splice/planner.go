@@ -119,6 +119,19 @@ func (p *Planner) Lookup(name string) (*kernel.Symbols, kernel.Symbol, int, erro
 	return syms, sym, amb, err
 }
 
+// LookupModule is Lookup of a module's function (MODULE:FUNC), with the
+// symbols reloaded once when the module is not known yet.
+func (p *Planner) LookupModule(name, module string) (*kernel.Symbols, kernel.Symbol, error) {
+	syms := p.Symbols()
+	sym, err := syms.LookupModule(name, module)
+	if errors.Is(err, kernel.ErrUnknownFunction) {
+		if syms, err = p.ReloadSymbols(); err == nil {
+			sym, err = syms.LookupModule(name, module)
+		}
+	}
+	return syms, sym, err
+}
+
 // Prototypes returns the kernel's function prototypes from BTF. Without
 // BTF, liveness assumes every call reads all six argument registers.
 func (p *Planner) Prototypes() kernel.Prototypes {
@@ -210,7 +223,14 @@ func (p *Planner) Func(spec string) (*Func, Point, error) {
 	if err != nil {
 		return nil, Point{}, &BadPointError{err}
 	}
-	syms, sym, amb, err := p.Lookup(pt.Function)
+	var syms *kernel.Symbols
+	var sym kernel.Symbol
+	amb := 0
+	if pt.Module != "" {
+		syms, sym, err = p.LookupModule(pt.Function, pt.Module)
+	} else {
+		syms, sym, amb, err = p.Lookup(pt.Function)
+	}
 	if err != nil {
 		return nil, pt, err
 	}

@@ -12,8 +12,12 @@ import (
 // CFG, as kinst cfg numbers them), where FUNC may be a classic Solaris
 // name from the KernInst paper.
 type Point struct {
-	Spec      string // as the user wrote it
-	Function  string // Linux function name, after classic-name mapping
+	Spec     string // as the user wrote it
+	Function string // Linux function name, after classic-name mapping
+	// Module is the kernel module whose function it is (MODULE:FUNC): a
+	// module's static function may share its name with the core
+	// kernel's or another module's. "" takes the core kernel's first.
+	Module    string
 	Offset    uint64
 	Block     int
 	Classic   *ClassicName // set when Spec named a classic function
@@ -59,6 +63,13 @@ func ClassicNames() []string {
 // or "FUNC:BLOCK" (a decimal block index).
 func ParsePoint(spec string) (Point, error) {
 	p := Point{Spec: spec}
+	// MODULE:FUNC…: what follows the colon is a name, not a block.
+	if i := strings.IndexByte(spec, ':'); i > 0 && i+1 < len(spec) && isNameStart(spec[i+1]) {
+		p.Module, spec = spec[:i], spec[i+1:]
+		if strings.ContainsAny(p.Module, " \t/+") {
+			return Point{}, fmt.Errorf("point %q: bad module %q (want MODULE:FUNC)", p.Spec, p.Module)
+		}
+	}
 	name := spec
 	if i := strings.IndexByte(spec, ':'); i >= 0 {
 		name = spec[:i]
@@ -79,9 +90,14 @@ func ParsePoint(spec string) (Point, error) {
 		return Point{}, fmt.Errorf("point %q: want FUNC, FUNC+0xOFF or FUNC:BLOCK", spec)
 	}
 	p.Function = name
-	if c, ok := Classic[name]; ok {
+	if c, ok := Classic[name]; ok && p.Module == "" {
 		p.Function = c.Linux
 		p.Classic = &c
 	}
 	return p, nil
+}
+
+// isNameStart: c may start a C identifier.
+func isNameStart(c byte) bool {
+	return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')
 }

@@ -5,6 +5,7 @@ import "testing"
 func TestParsePoint(t *testing.T) {
 	for _, tc := range []struct {
 		in       string
+		mod      string
 		fn       string
 		off      uint64
 		hasOff   bool
@@ -27,6 +28,12 @@ func TestParsePoint(t *testing.T) {
 		{in: "vfs_read:-1", bad: true},
 		{in: "vfs_read:0x3", bad: true},
 		{in: "vfs_read:1+2", bad: true},
+		{in: "kinst_leak:leak_thread", mod: "kinst_leak", fn: "leak_thread"},
+		{in: "kinst_leak:leak_thread+0x51", mod: "kinst_leak", fn: "leak_thread", off: 0x51, hasOff: true},
+		{in: "evdev:evdev_read:2", mod: "evdev", fn: "evdev_read", block: 2, hasBlock: true},
+		{in: "mod:lookuppn", mod: "mod", fn: "lookuppn"}, // a module's own, not the classic name
+		{in: ":vfs_read", bad: true},
+		{in: "a/b:vfs_read", bad: true},
 	} {
 		p, err := ParsePoint(tc.in)
 		if tc.bad {
@@ -35,7 +42,7 @@ func TestParsePoint(t *testing.T) {
 			}
 			continue
 		}
-		if err != nil || p.Function != tc.fn || p.Offset != tc.off || p.HasOffset != tc.hasOff || (p.Classic != nil) != tc.classic ||
+		if err != nil || p.Module != tc.mod || p.Function != tc.fn || p.Offset != tc.off || p.HasOffset != tc.hasOff || (p.Classic != nil) != tc.classic ||
 			p.Block != tc.block || p.HasBlock != tc.hasBlock {
 			t.Errorf("ParsePoint(%q) = %+v, %v", tc.in, p, err)
 		}

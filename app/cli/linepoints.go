@@ -80,9 +80,11 @@ func expandSourceLines(ctx context.Context, c *api.Client, points []string, o De
 	}, func(fn, mod string) (*debuginfo.File, string, error) {
 		// MODULE:FILE:LINE, or FUNC:+N of a module's function: from
 		// the module's debug file.
+		// Its points name the module (MODULE:FUNC+0xOFF): a static
+		// function's name may be the core kernel's too.
 		if mod != "" {
 			f, err := findLoadedModule(ctx, c, mod, o)
-			return f, "", err
+			return f, kernelModule(mod) + ":", err
 		}
 		cfg, err := c.CFG(ctx, fn)
 		if err != nil {
@@ -92,9 +94,13 @@ func expandSourceLines(ctx context.Context, c *api.Client, points []string, o De
 			return nil, "", fmt.Errorf("%s is not in a module", fn)
 		}
 		f, err := debugForFunction(ctx, c, cfg, o)
-		return f, "", err
+		return f, cfg.Module + ":", err
 	})
 }
+
+// kernelModule is a module's name as the kernel keeps it (kallsyms,
+// /sys/module): dashes are underscores.
+func kernelModule(mod string) string { return strings.ReplaceAll(mod, "-", "_") }
 
 // modulePrefix matches MODULE: before a kernel module's source file.
 var modulePrefix = regexp.MustCompile(`^([A-Za-z0-9_-]+):(.+)$`)

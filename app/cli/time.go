@@ -53,7 +53,7 @@ func Time(ctx context.Context, c *api.Client, o TimeOptions, env Env) (int, erro
 				return dbg, "", nil
 			}
 			f, err := findLoadedModule(ctx, c, mod, o.Debug)
-			return f, "", err
+			return f, kernelModule(mod) + ":", err // MODULE:FUNC: a static name may be the core kernel's too
 		})
 		if err != nil {
 			return 1, err

@@ -27,8 +27,10 @@ copies included), each row named by the line. FUNC:+N is the line N after
 FUNC's declaration, in FUNC only (perf probe's relative lines). A module's
 lines are MODULE:FILE:LINE (ext4:fs/ext4/inode.c:120), from the module's debug
 file (--module-debug DIR, else Debian's -dbg tree or /lib/modules), as are a
-module function's FUNC:+N. With -p, lines of the executable, from its DWARF
-(-g). A line that
+module function's FUNC:+N; their points name the module (MODULE:FUNC+0xOFF,
+a syntax every point takes: a module's static function may share its name
+with the core kernel's). With -p, lines of the executable (its DWARF, -g,
+or its debug file by build id) or a library's as LIB:FILE:LINE. A line that
 starts no code is refused with the nearest lines that do; kinst lines FUNC
 lists them, and FUNC's declaration.
 
