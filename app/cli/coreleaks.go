@@ -322,6 +322,15 @@ func otherVmapAreas(e *typed.Env, va btf.Type, g *typegraph.Graph) []uint64 {
 			walk(head, "rb_node")
 		}
 	}
+	// Areas being purged: before 6.9 on a global list beside the tree,
+	// from 6.9 on each node's purge_list, where a purge moves the lazy
+	// tree's areas (emptying the tree) until its work frees them. A record
+	// there whose end is a new area's start reached that area: a leaked
+	// vmalloc area went unreported when the dump caught a purge (after
+	// executable memory was freed, as a splice's patches are).
+	if head, ok := e.Symbol("purge_vmap_area_list"); ok {
+		walk(head, "list")
+	}
 	r, n, ok := g.VmapNodes()
 	vn, err := lookupStruct(e, "vmap_node")
 	if !ok || err != nil {
@@ -329,6 +338,7 @@ func otherVmapAreas(e *typed.Env, va btf.Type, g *typegraph.Graph) []uint64 {
 	}
 	lazy, err1 := typed.OffsetOf(vn, "lazy.root")
 	pool, err2 := typed.OffsetOf(vn, "pool")
+	purge, perr := typed.OffsetOf(vn, "purge_list")
 	m, _ := kbtf.Member(vn, "pool")
 	pools, ok := btf.UnderlyingType(m.Type).(*btf.Array)
 	if err1 != nil || err2 != nil || !ok {
@@ -337,6 +347,9 @@ func otherVmapAreas(e *typed.Env, va btf.Type, g *typegraph.Graph) []uint64 {
 	psize, _ := btf.Sizeof(pools.Type)
 	for _, node := range vmapNodeAddrs(r, n) {
 		walk(node+lazy, "rb_node")
+		if perr == nil {
+			walk(node+purge, "list")
+		}
 		for j := range uint64(pools.Nelems) {
 			walk(node+pool+j*uint64(psize), "list")
 		}

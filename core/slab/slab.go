@@ -490,7 +490,17 @@ const maxObjectsPerSlab = 1<<15 - 1
 func (h *Heap) readCache(addr uint64, nodes int) (*Cache, error) {
 	l := h.l
 	b := make([]byte, l.cacheSize)
-	if err := h.k.ReadVirt(b, addr); err != nil {
+	// Only the nodes' pointers that exist: the kernel sizes a kmem_cache
+	// to nr_node_ids of them (kmem_cache's own cache), not the type's
+	// MAX_NUMNODES (1024 in Debian's kernels, 8 KiB), so a cache in the
+	// last bytes before a page the direct map lacks (the top of memory)
+	// was unreadable, and with it every object of its cache (a leak of
+	// kinst_leak's unreported, on 6.12, after a burst of splices).
+	have := uint32(l.cacheSize)
+	if l.node.OK {
+		have = min(have, l.node.Off+8*uint32(max(nodes, 1)))
+	}
+	if err := h.k.ReadVirt(b[:have], addr); err != nil {
 		return nil, err
 	}
 	c := &Cache{

@@ -431,3 +431,46 @@ func TestLayoutErrors(t *testing.T) {
 		t.Errorf("layout without kmem_cache: %v", err)
 	}
 }
+
+// TestCacheBeforeUnmappedMemory: a kmem_cache is as long as the nodes the
+// kernel has (nr_node_ids pointers), not its type's MAX_NUMNODES (1024 in
+// Debian's kernels). One in the last bytes before a page the direct map
+// lacks (the top of memory, below firmware's reserved range) was read
+// whole, failed, and every object of its cache went unseen: on 6.12,
+// after a burst of splices, kinst_leak's cache, so findleaks missed its
+// ten leaks.
+func TestCacheBeforeUnmappedMemory(t *testing.T) {
+	types := slabtest.Types(false)
+	for _, typ := range types {
+		s, ok := typ.(*btf.Struct)
+		if !ok || s.Name != "kmem_cache" {
+			continue
+		}
+		for i := range s.Members {
+			if s.Members[i].Name == "node" {
+				arr := *s.Members[i].Type.(*btf.Array)
+				arr.Nelems = 1024
+				s.Members[i].Type = &arr
+				s.Size = uint32(s.Members[i].Offset.Bytes()) + 8*1024
+			}
+		}
+	}
+	im := slabtest.NewImageTypes(t, false, types)
+	c := im.AddCache("top_of_memory", 64, 64, 0, 0)
+	next := c.Addr + slabtest.PageSize
+	if c.CPUSlab&^(slabtest.PageSize-1) == next || c.Node&^(slabtest.PageSize-1) == next {
+		t.Fatalf("the cache's own data is on the page after it, %#x", next)
+	}
+	delete(im.Pages, next) // the top of memory
+	h, err := slab.Open(im)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, x := range h.Caches {
+		found = found || x.Name == "top_of_memory"
+	}
+	if an, _ := h.Anomalies(); !found || len(an) > 0 {
+		t.Errorf("cache read: %v; anomalies %v", found, an)
+	}
+}
