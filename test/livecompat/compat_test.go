@@ -232,6 +232,14 @@ func checkCore(t *testing.T, ctx context.Context, g *livetest.VM) {
 		t.Fatalf("dump: %v", err)
 	}
 	defer os.Remove(path)
+	// A check that fails only now and then keeps the dump and the kernel
+	// log, after the checks that read it.
+	var keep []string
+	defer func() {
+		if len(keep) > 0 {
+			keepEvidence(t, ctx, g, path, strings.Join(keep, "+"))
+		}
+	}()
 	g.Sh(t, ctx, "kill "+pid)
 	kinst := filepath.Join(g.Bin, "kinst")
 	out, err := exec.CommandContext(ctx, kinst, "core", path, "ps", "--json").Output()
@@ -336,7 +344,7 @@ func checkCore(t *testing.T, ctx context.Context, g *livetest.VM) {
 	}
 	if !known {
 		t.Errorf("findleaks: no group of kinst_leak's ten leaks with leak_some's stack: %+v", leaks.Groups)
-		keepEvidence(t, ctx, g, path, "findleaks")
+		keep = append(keep, "findleaks")
 	}
 	// Of the vmalloc'd areas, the module's dropped one is the leak, and
 	// no other: the allocator's records of an area, busy or free, and the
@@ -354,6 +362,7 @@ func checkCore(t *testing.T, ctx context.Context, g *livetest.VM) {
 	}
 	if vleaks != 1 {
 		t.Errorf("findleaks: vleak_some's dropped area not reported")
+		keep = append(keep, "vmalloc")
 	}
 	t.Logf("findleaks: %d objects, %d unreached; roots %v", leaks.Objects, leaks.Leaked, leaks.RootRanges)
 	if leaks.Objects < 1000 || leaks.Leaked*200 > leaks.Objects || leaks.RootRanges["vmalloc area"] < 10 {
@@ -438,7 +447,10 @@ func keepEvidence(t *testing.T, ctx context.Context, g *livetest.VM, dump, what 
 		return
 	}
 	if err := os.Rename(dump, filepath.Join(dir, "dump.elf")); err != nil {
-		t.Logf("keep dump: %v", err)
+		// Another file system: copied.
+		if b, rerr := os.ReadFile(dump); rerr != nil || os.WriteFile(filepath.Join(dir, "dump.elf"), b, 0o644) != nil {
+			t.Logf("keep dump: %v", err)
+		}
 	}
 	os.WriteFile(filepath.Join(dir, "dmesg"), []byte(g.Sh(t, ctx, "dmesg")), 0o644)
 	t.Logf("dump and kernel log kept in %s", dir)
