@@ -47,11 +47,7 @@ func CoreSearch(k *core.Kernel, values []uint64, asJSON bool, w io.Writer) error
 	if len(values) == 0 {
 		return errors.New("search: give one or more values")
 	}
-	h, err := openHeap(k)
-	if err != nil {
-		return err
-	}
-	id, err := typeid.New(kernelView{k}, h)
+	h, id, err := openIdentifier(k)
 	if err != nil {
 		return err
 	}

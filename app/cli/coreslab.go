@@ -123,6 +123,16 @@ func openHeap(k *core.Kernel) (*slab.Heap, error) {
 	return h, nil
 }
 
+// openIdentifier is the dump's slab heap and whattype's identifier over it.
+func openIdentifier(k *core.Kernel) (*slab.Heap, *typeid.Identifier, error) {
+	h, err := openHeap(k)
+	if err != nil {
+		return nil, nil, err
+	}
+	id, err := typeid.New(kernelView{k}, h)
+	return h, id, err
+}
+
 // CoreSlabsReport walks every slab of every cache and prints each
 // cache's account.
 func CoreSlabsReport(k *core.Kernel, asJSON bool, w io.Writer) error {
@@ -235,11 +245,7 @@ func CoreWhatType(k *core.Kernel, at string, graph bool, graphFile string, asJSO
 	if a < kernelHalf {
 		return fmt.Errorf("whattype: %#x is not a kernel address", a)
 	}
-	h, err := openHeap(k)
-	if err != nil {
-		return err
-	}
-	id, err := typeid.New(kernelView{k}, h)
+	h, id, err := openIdentifier(k)
 	if err != nil {
 		return err
 	}

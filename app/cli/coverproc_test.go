@@ -515,21 +515,10 @@ func TestTimeProcessCommand(t *testing.T) {
 // TestTimeProcessLineRange times a source line range of a started
 // command (the line of nap()'s nanosleep, from the executable's DWARF)
 // beside nap() itself: the same 100 calls, and the line's wall time is
-// nearly all of the function's (the 2 ms sleep). A line range in a
-// library is refused, and nothing is started.
+// nearly all of the function's (the 2 ms sleep).
 func TestTimeProcessLineRange(t *testing.T) {
 	bin := buildWork(t)
-	src, err := os.ReadFile("../../process/testdata/work.c")
-	if err != nil {
-		t.Fatal(err)
-	}
-	line := 0
-	for i, l := range strings.Split(string(src), "\n") {
-		if strings.Contains(l, "nanosleep(&ts, NULL)") {
-			line = i + 1
-		}
-	}
-	rng := fmt.Sprintf("work.c:%d", line)
+	rng := fmt.Sprintf("work.c:%d", lineOf(t, "../../process/testdata/work.c", "nanosleep(&ts, NULL)"))
 	var out, errb, cmdOut bytes.Buffer
 	env := Env{Out: &out, Err: &errb, CmdIn: strings.NewReader("nap 100\n"), CmdOut: &cmdOut, CmdErr: &cmdOut}
 	status, err := TimeProcess(context.Background(), 0, TimeOptions{Functions: []string{"nap", rng}, Command: []string{bin}, JSON: true}, env)
@@ -551,6 +540,22 @@ func TestTimeProcessLineRange(t *testing.T) {
 		t.Errorf("%s: average %.0f ns, nap's %.0f ns; want at least the 2 ms sleep and nearly all of nap's", rng, lr.AvgWallNS, fn.AvgWallNS)
 	}
 	t.Logf("%s: %d calls, average %.3f ms; nap %.3f ms\n%s", rng, lr.Calls, lr.AvgWallNS/1e6, fn.AvgWallNS/1e6, errb.String())
+}
+
+// lineOf is the number of the line of file holding marker.
+func lineOf(t *testing.T, file, marker string) int {
+	t.Helper()
+	src, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, l := range strings.Split(string(src), "\n") {
+		if strings.Contains(l, marker) {
+			return i + 1
+		}
+	}
+	t.Fatalf("%s: no line holds %q", file, marker)
+	return 0
 }
 
 // TestProcessLibraryLines: a source line of a shared library, from the
@@ -575,16 +580,7 @@ func TestProcessLibraryLines(t *testing.T) {
 			t.Fatalf("gcc %v: %v\n%s", args, err, out)
 		}
 	}
-	src, err := os.ReadFile("../../process/testdata/ktlib.c")
-	if err != nil {
-		t.Fatal(err)
-	}
-	line := 0
-	for i, l := range strings.Split(string(src), "\n") {
-		if strings.Contains(l, "kt_nap's sleep") {
-			line = i + 1
-		}
-	}
+	line := lineOf(t, "../../process/testdata/ktlib.c", "kt_nap's sleep")
 	point := fmt.Sprintf("libkt:ktlib.c:%d", line)
 	var out, errb, cmdOut bytes.Buffer
 	env := Env{Out: &out, Err: &errb, CmdIn: strings.NewReader("nap 50\n"), CmdOut: &cmdOut, CmdErr: &cmdOut}
