@@ -340,10 +340,7 @@ func (e *Engine) spliceEach(ops []driver.SpliceOp) (ids []uint32, errs []error, 
 		batch := make([]driver.SpliceOp, len(live))
 		addrs, origs := make([]uint64, len(live)), make([][]byte, len(live))
 		for j, i := range live {
-			batch[j], addrs[j], origs[j] = ops[i], ops[i].Addr, ops[i].Orig
-			if ops[i].Inst != nil {
-				origs[j] = ops[i].Inst // a punned jmp's bytes run over it all
-			}
+			batch[j], addrs[j], origs[j] = ops[i], ops[i].Addr, overlayOrig(ops[i])
 		}
 		return e.ov.splicedMany(addrs, origs, func() error {
 			t0 := time.Now()

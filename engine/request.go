@@ -642,6 +642,16 @@ func (pt *point) spliceOp(patch uint64) (driver.SpliceOp, error) {
 	return driver.SpliceOp{}, fmt.Errorf("%v splices go through springboardSplice (a slot first)", pt.class)
 }
 
+// overlayOrig is what the text overlay keeps as the original bytes under
+// op: a trap splice's whole instruction where it carries it (a process
+// device may write a punned jmp over all of it), else what op replaces.
+func overlayOrig(op driver.SpliceOp) []byte {
+	if op.Inst != nil {
+		return op.Inst
+	}
+	return op.Orig
+}
+
 // wholeOpSplicer is a device that takes a trap splice's whole op: a
 // process's, which may write a punned jmp over the instruction
 // (driver.SpliceOp.Inst) instead of the int3.
@@ -656,11 +666,7 @@ func (e *Engine) splice(pt *point, patch uint64) (uint32, error) {
 		return 0, err
 	}
 	var id uint32
-	orig := op.Orig
-	if op.Inst != nil {
-		orig = op.Inst // a punned jmp's bytes run over it all
-	}
-	err = e.ov.spliced(op.Addr, orig, func() (err error) {
+	err = e.ov.spliced(op.Addr, overlayOrig(op), func() (err error) {
 		if ws, ok := e.dev.(wholeOpSplicer); ok && op.Inst != nil {
 			id, err = ws.SpliceOp(op)
 		} else if op.Covering {

@@ -631,15 +631,8 @@ func (d *Device) Resplice(id uint32, patch uint64) error {
 	}
 	jmp := []byte{0xe9, 0, 0, 0, 0}
 	binary.LittleEndian.PutUint32(jmp[1:], uint32(int32(rel)))
-	if len(d.puns) > 0 {
-		change := windowChange{windowSplice: windowSplice{addr: s.addr, orig: s.orig, new: jmp}}
-		if _, err := d.planPuns(nil, []windowChange{change}); err != nil {
-			var be *driver.BatchError
-			if errors.As(err, &be) {
-				return be.Err
-			}
-			return err
-		}
+	if err := d.planChanges([]windowChange{{windowSplice: windowSplice{addr: s.addr, orig: s.orig, new: jmp}}}); err != nil {
+		return err
 	}
 	if err := d.write([]spliced{{addr: s.addr, orig: s.new, new: jmp}}); err != nil {
 		return err
@@ -742,18 +735,12 @@ func (d *Device) UnspliceBatch(ids []uint32) error {
 	// The puns over whose windows these splices lie get the trampolines of
 	// the states left (reserved when each state became possible: this
 	// only writes what a failed write left unwritten).
-	if len(d.puns) > 0 {
-		changes := make([]windowChange, len(ws))
-		for i, w := range ws {
-			changes[i] = windowChange{windowSplice: windowSplice{addr: w.addr, orig: w.new, new: w.orig}, gone: true}
-		}
-		if _, err := d.planPuns(nil, changes); err != nil {
-			var be *driver.BatchError
-			if errors.As(err, &be) {
-				return be.Err // a state no trampoline was reserved for: kinst's fault
-			}
-			return err
-		}
+	changes := make([]windowChange, len(ws))
+	for i, w := range ws {
+		changes[i] = windowChange{windowSplice: windowSplice{addr: w.addr, orig: w.new, new: w.orig}, gone: true}
+	}
+	if err := d.planChanges(changes); err != nil {
+		return err // a state no trampoline was reserved for: kinst's fault
 	}
 	for _, s := range traps {
 		d.traps.point(s.addr, s.addr)

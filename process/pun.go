@@ -719,27 +719,32 @@ func (d *Device) touchesPuns(ops []driver.SpliceOp, changes []windowChange) bool
 	if len(d.puns) == 0 {
 		return false
 	}
-	meets := func(a uint64, n int) bool {
-		for pa := a - 8; pa < a+uint64(n); pa++ {
-			if p := d.puns[pa]; p != nil && pa != a {
-				if lo, hi := p.window(); lo < a+uint64(n) && a < hi {
-					return true
-				}
-			}
-		}
-		return false
-	}
 	for _, op := range ops {
-		if meets(op.Addr, len(op.New)) {
+		if len(d.punsOver(op.Addr, len(op.New))) > 0 {
 			return true
 		}
 	}
 	for _, c := range changes {
-		if meets(c.addr, max(len(c.new), len(c.orig))) {
+		if len(d.punsOver(c.addr, max(len(c.new), len(c.orig)))) > 0 {
 			return true
 		}
 	}
 	return false
+}
+
+// planChanges gives the live puns whose windows changes (removals,
+// Resplice's) touch the trampolines of the states those leave: a write
+// that would move one onto memory that cannot hold one is refused
+// (ErrPunned).
+func (d *Device) planChanges(changes []windowChange) error {
+	if len(d.puns) == 0 {
+		return nil
+	}
+	_, err := d.planPuns(nil, changes)
+	if be := (*driver.BatchError)(nil); errors.As(err, &be) {
+		return be.Err
+	}
+	return err
 }
 
 // plan is planPuns' work on the text as read (and as the write will
@@ -791,23 +796,30 @@ func (d *Device) plan(ops []driver.SpliceOp, changes []windowChange, want []int,
 	}
 	// The live puns whose windows the write touches.
 	for a, c := range v.changes {
-		n := uint64(max(len(c.new), len(c.orig)))
-		for pa := a - 8; pa < a+n; pa++ {
-			p := d.puns[pa]
-			if p == nil || pa == a {
-				continue
-			}
-			if c, ok := v.changes[pa]; ok && c.gone {
+		for _, p := range d.punsOver(a, max(len(c.new), len(c.orig))) {
+			if c, ok := v.changes[p.addr]; ok && c.gone {
 				continue // out with this write
 			}
-			if lo, hi := p.window(); lo < a+n && a < hi {
-				if err := v.ensure(p); err != nil {
-					refused = append(refused, &driver.BatchError{Op: "splice", Index: opIndex(ops, a), Where: fmt.Sprintf("%#x", a), Err: err})
-				}
+			if err := v.ensure(p); err != nil {
+				refused = append(refused, &driver.BatchError{Op: "splice", Index: opIndex(ops, a), Where: fmt.Sprintf("%#x", a), Err: err})
 			}
 		}
 	}
 	return refused
+}
+
+// punsOver are the live puns (other than one at a) whose windows meet the
+// n bytes at a. A pun's window lies within 8 bytes after it.
+func (d *Device) punsOver(a uint64, n int) []*pun {
+	var out []*pun
+	for pa := a - 8; pa < a+uint64(n); pa++ {
+		if p := d.puns[pa]; p != nil && pa != a {
+			if lo, hi := p.window(); lo < a+uint64(n) && a < hi {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
 }
 
 // onTrampoline: pc is in a page of trampolines.
