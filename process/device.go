@@ -73,14 +73,15 @@ type Device struct {
 	next        uint32
 
 	// punMu serialises the splice writes, which plan punned jumps and
-	// their trampolines; it protects punning, noInt3, puns, tramps and
-	// trampsNew.
+	// their trampolines; it protects punning, noInt3, puns, tramps,
+	// trampsNew and loopAt.
 	punMu     sync.Mutex
 	punning   bool   // a trap splice becomes a punned jmp where one fits (SetPunning)
 	noInt3    string // a trap splice no pun fits is refused with this reason (SetPunning)
 	puns      map[uint64]*pun
 	tramps    trampSpace
 	trampsNew []uint64 // trampolines reserved, not yet written
+	loopAt    uint64   // mmapLoop's code in the patch region; 0 until written
 }
 
 // SetPunning makes a trap splice a punned jmp where one fits (pun.go),

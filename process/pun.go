@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -229,6 +230,7 @@ type trampSpace struct {
 	// question of a write that needs them (a removal's seldom does):
 	// loadBusy, when set, reads them.
 	busy     []span
+	busyRead time.Time // when busy was read; zero: to be read
 	loadBusy func() ([]span, error)
 }
 
@@ -354,17 +356,62 @@ func (ts *trampSpace) reclaim(held map[int]*stopped) (n int) {
 	return n
 }
 
-// load reads the process's mappings if this write has not yet.
+// load reads the process's mappings when those read are older than
+// busyTTL, or were found stale (stale).
 func (ts *trampSpace) load() {
-	if ts.loadBusy == nil {
+	if ts.loadBusy == nil || !ts.busyRead.IsZero() && time.Since(ts.busyRead) < busyTTL {
 		return
 	}
 	busy, err := ts.loadBusy()
-	ts.loadBusy = nil
+	ts.busyRead = time.Now()
 	if err != nil {
 		busy = []span{{0, 1<<64 - 1}} // nothing new is placed
 	}
 	ts.busy = busy
+}
+
+// busyTTL is how long the process's mappings, once read, are used
+// without reading them again. Reading them was a tenth of arming libc's
+// puns (/proc/PID/maps grows with kinst's own pages, one read a batch);
+// a page the process has mapped since is found as mmap refuses it
+// (EEXIST), and that write is planned again with them read afresh.
+const busyTTL = time.Second
+
+// stale says the mappings read are out of date.
+func (ts *trampSpace) stale() { ts.busyRead = time.Time{} }
+
+// reload reads the mappings again and says whether they changed.
+func (ts *trampSpace) reload() bool {
+	busy, err := ts.loadBusy()
+	if err != nil {
+		return false
+	}
+	ts.busyRead = time.Now()
+	changed := !slices.Equal(ts.others(busy), ts.others(ts.busy))
+	ts.busy = busy
+	return changed
+}
+
+// others are the spans of busy that are not kinst's trampoline pages.
+func (ts *trampSpace) others(busy []span) []span {
+	var out []span
+	for _, s := range busy {
+		ours := true
+		for pg := s.lo; pg < s.hi && ours; pg += pageSize {
+			p, ok := ts.pages[pg]
+			ours = ok && p.mapped
+		}
+		if !ours {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// readBefore: the mappings used were read before t (and not since), so a
+// plan that failed on them may not fail on fresh ones.
+func (ts *trampSpace) readBefore(t time.Time) bool {
+	return ts.loadBusy != nil && !ts.busyRead.IsZero() && ts.busyRead.Before(t)
 }
 
 // candidates are targets to try in [lo, lo+n) for a trampoline: the
@@ -407,8 +454,10 @@ func (ts *trampSpace) candidates(lo, n uint64) []uint64 {
 }
 
 // mapPages maps the trampoline pages not yet mapped (runs of adjacent
-// pages as one mapping), with thread st; the caller holds every thread
-// stopped.
+// pages as one mapping), with thread st running mmapLoop over a table of
+// them in the patch region; the caller holds every thread stopped. An
+// error that wraps unix.EEXIST: the process has mapped one of the pages
+// since its mappings were read (those before it are mapped).
 func (d *Device) mapPages(st *stopped) error {
 	var want []uint64
 	for pg, p := range d.tramps.pages {
@@ -416,28 +465,72 @@ func (d *Device) mapPages(st *stopped) error {
 			want = append(want, pg)
 		}
 	}
+	if len(want) == 0 {
+		return nil
+	}
 	slices.Sort(want)
+	var runs []span
 	for i := 0; i < len(want); {
 		j := i + 1
 		for j < len(want) && want[j] == want[j-1]+pageSize {
 			j++
 		}
-		at, size := want[i], uint64(j-i)*pageSize
-		got, err := remoteSyscall(d.mem, st, unix.SYS_MMAP, at, size,
-			unix.PROT_READ|unix.PROT_EXEC, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_FIXED_NOREPLACE, ^uint64(0), 0)
-		if err == nil && got != at {
-			remoteSyscall(d.mem, st, unix.SYS_MUNMAP, got, size)
-			err = fmt.Errorf("mapped at %#x, not %#x", got, at)
-		}
-		if err != nil {
-			return fmt.Errorf("map trampoline pages at %#x into process %d: %w%s", at, d.pid, err, seccompNote(d.pid))
-		}
-		for _, pg := range want[i:j] {
-			d.tramps.pages[pg].mapped = true
-		}
+		runs = append(runs, span{want[i], want[j-1] + pageSize})
 		i = j
 	}
+	code, table, err := d.mmapLoop()
+	if err != nil {
+		return err
+	}
+	for len(runs) > 0 {
+		n := min(len(runs), mmapTable)
+		for i, r := range runs[:n] {
+			binary.LittleEndian.PutUint64(d.local[table-d.base+16*uint64(i):], r.lo)
+			binary.LittleEndian.PutUint64(d.local[table-d.base+16*uint64(i)+8:], r.hi-r.lo)
+		}
+		out, err := runCode(st, code, code+uint64(len(mmapLoop))-1, table, uint64(n))
+		if err != nil {
+			return fmt.Errorf("map trampoline pages into process %d: %w", d.pid, err)
+		}
+		done := int(min(out.R14, uint64(n)))
+		for _, r := range runs[:done] {
+			for pg := r.lo; pg < r.hi; pg += pageSize {
+				d.tramps.pages[pg].mapped = true
+			}
+		}
+		if done < n {
+			r := runs[done]
+			if got := out.Rax; int64(got) < 0 && int64(got) > -4096 {
+				err = unix.Errno(-int64(got))
+			} else {
+				remoteSyscall(d.mem, st, unix.SYS_MUNMAP, got, r.hi-r.lo)
+				err = fmt.Errorf("mapped at %#x, not %#x", got, r.lo)
+			}
+			return fmt.Errorf("map trampoline pages at %#x into process %d: %w%s", r.lo, d.pid, err, seccompNote(d.pid))
+		}
+		runs = runs[n:]
+	}
 	return nil
+}
+
+// mmapTable is how many runs of pages one run of mmapLoop maps.
+const mmapTable = 255
+
+// mmapLoop is where mmapLoop's code and table are in the patch region,
+// written the first time it is asked for.
+func (d *Device) mmapLoop() (code, table uint64, err error) {
+	if d.loopAt != 0 {
+		return d.loopAt, d.loopAt + 128, nil
+	}
+	d.mu.Lock()
+	a, err := d.heap.Alloc(128 + 16*mmapTable)
+	d.mu.Unlock()
+	if err != nil {
+		return 0, 0, fmt.Errorf("room for kinst's mmap loop in the patch region: %w", err)
+	}
+	copy(d.local[a-d.base:], mmapLoop)
+	d.loopAt = a
+	return a, a + 128, nil
 }
 
 // windowSplice is a splice over a pun's window, whose being in or out
@@ -592,6 +685,7 @@ func (v *punView) placeOnce(addr uint64, inst []byte, patch uint64) (*pun, error
 				}
 				pages += v.d.tramps.newPages(t)
 			}
+			ok = ok && v.keepsLive(addr, inst, punCode(n, k, uint32(x)), patch, bases, x)
 			if ok && (bestPages < 0 || pages < bestPages) {
 				best, bestPages = x, pages
 				if pages == 0 {
@@ -609,6 +703,70 @@ func (v *punView) placeOnce(addr uint64, inst []byte, patch uint64) (*pun, error
 		return p, nil
 	}
 	return nil, lastErr
+}
+
+// keepsLive: with a new pun's code at addr (over inst, leading to patch
+// through trampolines at each of bases+x), every live pun whose window
+// holds its bytes still lands, in each state its window may take, on
+// memory that can hold its trampoline, clear of the new pun's own. The
+// new pun's bytes choose those live puns' targets too: without this, a
+// choice good for it alone could leave one of them nowhere to go, and the
+// splice was refused (ErrPunned) where another choice was fine.
+func (v *punView) keepsLive(addr uint64, inst, code []byte, patch uint64, bases []uint64, x uint64) bool {
+	over := v.d.punsOver(addr, len(code))
+	if len(over) == 0 {
+		return true
+	}
+	// The view with the new pun in, for the question; put back after.
+	prev, had := v.changes[addr]
+	saved := make([]struct {
+		b  byte
+		ok bool
+	}, len(code))
+	for i := range code {
+		saved[i].b, saved[i].ok = v.cur[addr+uint64(i)]
+	}
+	v.changes[addr] = windowChange{windowSplice: windowSplice{addr: addr, orig: inst, new: code}}
+	v.set(addr, code)
+	defer func() {
+		if had {
+			v.changes[addr] = prev
+		} else {
+			delete(v.changes, addr)
+		}
+		for i, c := range saved {
+			if c.ok {
+				v.cur[addr+uint64(i)] = c.b
+			} else {
+				delete(v.cur, addr+uint64(i))
+			}
+		}
+	}()
+	for _, p := range over {
+		if c, ok := v.changes[p.addr]; ok && c.gone {
+			continue // out with this write
+		}
+		lo, hi := p.window()
+		states, err := v.states(lo, hi)
+		if err != nil {
+			return false
+		}
+		for _, w := range states {
+			t := punTarget(p.addr, p.code, w)
+			if !v.d.tramps.usable(t, p.patch) {
+				return false
+			}
+			m := uint64(len(trampoline(t, p.patch)))
+			for _, b := range bases {
+				mine := b + x
+				n := uint64(len(trampoline(mine, patch)))
+				if t < mine+n && mine < t+m && !(t == mine && p.patch == patch) {
+					return false
+				}
+			}
+		}
+	}
+	return true
 }
 
 // reserve takes a trampoline at t for p (new ones are written by the
@@ -669,9 +827,25 @@ func (d *Device) planPuns(ops []driver.SpliceOp, changes []windowChange) (puns [
 	err = d.withStopped(func(held map[int]*stopped) error {
 		clear(puns)
 		refused = refused[:0]
-		d.tramps.busy, d.tramps.loadBusy = nil, func() ([]span, error) { return busySpans(d.pid) }
-		refused = d.plan(ops, changes, want, puns, held)
+		d.tramps.loadBusy = func() ([]span, error) { return busySpans(d.pid) }
+		t0 := time.Now()
+		var missed int
+		refused, missed = d.plan(ops, changes, want, puns, held)
+		if missed > 0 && d.tramps.readBefore(t0) && d.tramps.reload() {
+			// A pun found no room on mappings read before this write,
+			// and they have changed since: again, on the fresh ones.
+			d.unplan()
+			return errRetry
+		}
+		if testBeforeMap != nil {
+			testBeforeMap(d, anyThread(held))
+		}
 		if err := d.mapPages(anyThread(held)); err != nil {
+			if errors.Is(err, unix.EEXIST) && d.tramps.readBefore(t0) {
+				d.unplan() // planned on mappings read before: again, on fresh ones
+				d.tramps.stale()
+				return errRetry
+			}
 			return err
 		}
 		for _, t := range d.trampsNew {
@@ -714,6 +888,33 @@ func opIndex(ops []driver.SpliceOp, addr uint64) int {
 	return -1
 }
 
+// testBeforeMap, set by a test, runs with the threads stopped after a
+// write's puns are planned and before their pages are mapped: where the
+// process may have mapped memory since its mappings were read.
+var testBeforeMap func(d *Device, st *stopped)
+
+// unplan undoes a plan whose trampoline pages could not be mapped: the
+// trampolines it reserved are free again, live puns' lists of targets
+// lose them, and the pages it added, unmapped, are dropped.
+func (d *Device) unplan() {
+	for _, t := range d.trampsNew {
+		d.tramps.mark(t, d.tramps.at[t].n, false)
+		delete(d.tramps.at, t)
+	}
+	d.trampsNew = d.trampsNew[:0]
+	for _, p := range d.puns {
+		p.targets = slices.DeleteFunc(p.targets, func(t uint64) bool {
+			_, ok := d.tramps.at[t]
+			return !ok
+		})
+	}
+	for pg, p := range d.tramps.pages {
+		if !p.mapped {
+			delete(d.tramps.pages, pg)
+		}
+	}
+}
+
 // touchesPuns: a write of ops and changes meets a live pun's window.
 func (d *Device) touchesPuns(ops []driver.SpliceOp, changes []windowChange) bool {
 	if len(d.puns) == 0 {
@@ -750,8 +951,9 @@ func (d *Device) planChanges(changes []windowChange) error {
 // plan is planPuns' work on the text as read (and as the write will
 // leave it): puns[i] for each op i of want that takes a pun, highest
 // address first, and the trampolines of the live puns whose windows the
-// write touches; it returns the ops refused.
-func (d *Device) plan(ops []driver.SpliceOp, changes []windowChange, want []int, puns []*pun, held map[int]*stopped) (refused []*driver.BatchError) {
+// write touches; it returns the ops refused, and how many of the puns
+// asked for (or live puns' states) found no room.
+func (d *Device) plan(ops []driver.SpliceOp, changes []windowChange, want []int, puns []*pun, held map[int]*stopped) (refused []*driver.BatchError, missed int) {
 	v := &punView{d: d, held: held, changes: map[uint64]windowChange{}, cur: map[uint64]byte{}}
 	for _, c := range changes {
 		v.changes[c.addr] = c
@@ -780,6 +982,7 @@ func (d *Device) plan(ops []driver.SpliceOp, changes []windowChange, want []int,
 		op := ops[i]
 		p, err := v.place(op.Addr, op.Inst, op.Patch)
 		if err != nil {
+			missed++
 			if d.noInt3 != "" {
 				refused = append(refused, &driver.BatchError{Op: "splice", Index: i, Where: fmt.Sprintf("%#x", op.Addr),
 					Err: &NoPunError{Addr: op.Addr, Len: len(op.Inst), Why: err, Reason: d.noInt3}})
@@ -801,11 +1004,12 @@ func (d *Device) plan(ops []driver.SpliceOp, changes []windowChange, want []int,
 				continue // out with this write
 			}
 			if err := v.ensure(p); err != nil {
+				missed++
 				refused = append(refused, &driver.BatchError{Op: "splice", Index: opIndex(ops, a), Where: fmt.Sprintf("%#x", a), Err: err})
 			}
 		}
 	}
-	return refused
+	return refused, missed
 }
 
 // punsOver are the live puns (other than one at a) whose windows meet the

@@ -2,12 +2,18 @@ package process
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kinst/kinst/driver"
 	"github.com/kinst/kinst/engine"
@@ -388,7 +394,7 @@ func TestPunOverFallbackInt3(t *testing.T) {
 		{Addr: 0x500001, Patch: 0x8000, Orig: text[1:2], New: []byte{0xcc}, Inst: text[1:2]},
 	}
 	puns := make([]*pun, 2)
-	if refused := d.plan(ops, nil, []int{0, 1}, puns, nil); len(refused) != 0 {
+	if refused, _ := d.plan(ops, nil, []int{0, 1}, puns, nil); len(refused) != 0 {
 		t.Fatalf("refused %v with int3s allowed", refused)
 	}
 	if puns[1] != nil {
@@ -407,12 +413,197 @@ func TestPunOverFallbackInt3(t *testing.T) {
 	d = fakeText(t, 0x500000, text, []span{{0x400000, 0x1000000}})
 	d.noInt3 = TrapHazard
 	clear(puns)
-	refused := d.plan(ops, nil, []int{0, 1}, puns, nil)
+	refused, _ := d.plan(ops, nil, []int{0, 1}, puns, nil)
 	if len(refused) != 1 || refused[0].Index != 1 || puns[0] == nil {
 		t.Fatalf("with int3s refused: refused %v, push's pun %v", refused, puns[0])
 	}
 	var npe *NoPunError
 	if !errors.As(refused[0].Err, &npe) || npe.Len != 1 || !strings.Contains(npe.Error(), "1-byte instruction") {
 		t.Errorf("refusal %v, want a NoPunError of the 1-byte ret", refused[0].Err)
+	}
+}
+
+// TestPunPageMappedSinceRead: the process maps a page where a pun's
+// trampoline was planned after kinst read its mappings (kept for
+// busyTTL). Mapping kinst's pages fails (MAP_FIXED_NOREPLACE), the plan is
+// undone and made again on the mappings read afresh, and every pun is in
+// and counts; the process's page is left as it was.
+func TestPunPageMappedSinceRead(t *testing.T) {
+	needPtrace(t)
+	w := start(t, compile(t, "gcc", "testdata/puns.c", "-pthread"))
+	want := w.round(t)
+	var calls uint64
+	fmt.Sscanf(want, "calls %d", &calls)
+	pid := w.cmd.Process.Pid
+	tg, err := Attach(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tg.Close()
+	tg.NoTraps(TrapHazard)
+	entry, err := tg.Resolve("shorts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Instructions of 3 bytes or more: a 1-byte one's target is its
+	// following bytes' alone, a 2-byte one's within 256 bytes of it (one
+	// page, often), with no other to move to.
+	var sites []*splice.Site
+	for _, in := range entry.Fn.Insns {
+		if strings.HasPrefix(in.String(), "ret") {
+			break // the padding after it is not shorts'
+		}
+		if in.Len() < 3 {
+			continue
+		}
+		s, err := tg.ResolveAs(fmt.Sprintf("shorts+%#x", in.Addr-entry.Fn.Addr), springboard.Trap)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sites = append(sites, s)
+	}
+	var taken uint64
+	plans := 0
+	testBeforeMap = func(d *Device, st *stopped) {
+		plans++
+		if taken != 0 {
+			return
+		}
+		// The process's read is made to look old, and a page the plan
+		// wants is mapped by the process meanwhile.
+		d.tramps.busyRead = time.Now().Add(-time.Hour)
+		for pg, p := range d.tramps.pages {
+			if !p.mapped {
+				taken = pg
+				break
+			}
+		}
+		got, err := remoteSyscall(d.mem, st, unix.SYS_MMAP, taken, pageSize, unix.PROT_READ,
+			unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_FIXED_NOREPLACE, ^uint64(0), 0)
+		if err != nil || got != taken {
+			t.Errorf("map %#x in the process: %#x, %v", taken, got, err)
+		}
+	}
+	defer func() { testBeforeMap = nil }()
+	reqs, err := tg.Count("test", sites)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if taken == 0 || plans < 2 {
+		t.Fatalf("planned %d times, page taken %#x: the retry was not exercised", plans, taken)
+	}
+	r, err := tg.siteRegion(sites[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.dev.punMu.Lock()
+	_, ours := r.dev.tramps.pages[taken]
+	for a := range r.dev.tramps.at {
+		if a&^(pageSize-1) == taken {
+			ours = true
+		}
+	}
+	r.dev.punMu.Unlock()
+	if ours {
+		t.Errorf("the page the process mapped, %#x, holds kinst's trampolines", taken)
+	}
+	for i, q := range reqs {
+		if c := tg.Installed(q).Class; c != springboard.Pun {
+			t.Errorf("%s: installed as %v, want punned", sites[i].Where(), c)
+		}
+	}
+	if got := w.round(t); got != want {
+		t.Errorf("output with the punned splices %q, without %q", got, want)
+	}
+	for i, q := range reqs {
+		if n := tg.Counter(q, 0); n != calls {
+			t.Errorf("%s counted %d, want %d", sites[i].Where(), n, calls)
+		}
+	}
+	page := make([]byte, pageSize)
+	if err := r.dev.mem.read(taken, page); err != nil || !bytes.Equal(page, make([]byte, pageSize)) {
+		t.Errorf("the process's page at %#x: %v, or not as it mapped it (zeros)", taken, err)
+	}
+}
+
+// TestMmapLoop: mmapLoop's bytes are the instructions its comments say,
+// by objdump, with the flags and system call number of this platform.
+func TestMmapLoop(t *testing.T) {
+	if got := binary.LittleEndian.Uint32(mmapLoop[0x18:]); got != unix.PROT_READ|unix.PROT_EXEC {
+		t.Errorf("prot %#x", got)
+	}
+	if got := binary.LittleEndian.Uint32(mmapLoop[0x1e:]); got != unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_FIXED_NOREPLACE {
+		t.Errorf("flags %#x", got)
+	}
+	if got := binary.LittleEndian.Uint32(mmapLoop[0x2d:]); got != unix.SYS_MMAP {
+		t.Errorf("system call %d", got)
+	}
+	objdump, err := exec.LookPath("objdump")
+	if err != nil {
+		t.Skip("no objdump")
+	}
+	bin := filepath.Join(t.TempDir(), "loop.bin")
+	if err := os.WriteFile(bin, mmapLoop, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(objdump, "-D", "-b", "binary", "-mi386:x86-64", bin).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, line := range strings.Split(string(out), "\n") {
+		if f := strings.Split(line, "\t"); len(f) == 3 && strings.HasSuffix(f[0], ":") {
+			got = append(got, strings.Join(strings.Fields(f[2]), " "))
+		}
+	}
+	want := []string{
+		"mov %rdi,%r12", "mov %rsi,%r13", "xor %r14d,%r14d",
+		"cmp %r13,%r14", "jae 0x42",
+		"mov (%r12),%rdi", "mov 0x8(%r12),%rsi", "mov $0x5,%edx", "mov $0x100022,%r10d",
+		"mov $0xffffffffffffffff,%r8", "xor %r9d,%r9d", "mov $0x9,%eax", "syscall",
+		"cmp (%r12),%rax", "jne 0x42", "add $0x10,%r12", "inc %r14", "jmp 0x9",
+		"int3",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("objdump:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestPunKeepsLivePuns: a new pun whose bytes lie in a live pun's window
+// chooses its free bytes so that the live pun's target, which they set
+// too, stays on memory that can hold a trampoline. The choice best for
+// the new pun alone (its target on the first free page) would move the
+// live one onto a mapping, and the write was refused (ErrPunned).
+func TestPunKeepsLivePuns(t *testing.T) {
+	// 0x500000: a live 1-byte pun (e9) over push %rbx; 0x500001: nopl
+	// 0x0(%rax) (0f 1f 40 00), 4 bytes, to be punned; then zeros.
+	text := []byte{0xe9, 0x0f, 0x1f, 0x40, 0x00}
+	busy := []span{{0x400000, 0x600000}, {0x700000, 0x800000}, {0x10000000, 0x20000000}}
+	d := fakeText(t, 0x500000, text, busy)
+	d.noInt3 = TrapHazard
+	live := &pun{addr: 0x500000, inst: []byte{0x53}, code: []byte{0xe9}, patch: 0x9000}
+	d.puns[live.addr] = live
+	ops := []driver.SpliceOp{{Addr: 0x500001, Patch: 0x7000, Orig: text[1:5], New: []byte{0xcc}, Inst: text[1:5]}}
+	// The new pun's first choice, its target at 0x600000, gives it the
+	// code e9 fa ff 0f and the live one the target 0x500005+0x0ffffae9,
+	// inside the mapping at 0x10000000.
+	if got := punTarget(live.addr, live.code, []byte{0xe9, 0xfa, 0xff, 0x0f}); got < 0x10000000 || got >= 0x20000000 {
+		t.Fatalf("the set-up is off: the first choice moves the live pun to %#x", got)
+	}
+	puns := make([]*pun, 1)
+	if refused, _ := d.plan(ops, nil, []int{0}, puns, nil); len(refused) != 0 {
+		t.Fatalf("refused: %v", refused[0])
+	}
+	p := puns[0]
+	if p == nil {
+		t.Fatal("no pun for the nopl")
+	}
+	for _, tg := range live.targets {
+		if d.tramps.isBusy(tg&^(pageSize-1), tg&^(pageSize-1)+pageSize) {
+			t.Errorf("the live pun's target %#x is on a mapping", tg)
+		}
+	}
+	if in := punTarget(live.addr, live.code, p.code[:4]); !slices.Contains(live.targets, in) {
+		t.Errorf("the live pun's targets %x lack %#x, its target with the new pun in", live.targets, in)
 	}
 }

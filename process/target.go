@@ -21,6 +21,7 @@ import (
 	"github.com/kinst/kinst/debuginfo"
 	"github.com/kinst/kinst/engine"
 	"github.com/kinst/kinst/internal/elfsym"
+	"github.com/kinst/kinst/internal/parallel"
 	"github.com/kinst/kinst/kernel"
 	"github.com/kinst/kinst/splice"
 	"github.com/kinst/kinst/springboard"
@@ -560,41 +561,57 @@ func (t *Target) plan(spec string) (*splice.Func, splice.Point, error) {
 
 // funcOf reads and plans sym's function.
 func (t *Target) funcOf(sym kernel.Symbol, spec string) (*splice.Func, error) {
+	r, fn, err := t.decode(sym, spec)
+	if err != nil {
+		return nil, err
+	}
+	return t.planFunc(r, sym, fn), nil
+}
+
+// decode reads and decodes sym's function. Only its region's creation
+// changes the Target: with the region there, several may run at once.
+func (t *Target) decode(sym kernel.Symbol, spec string) (*region, *cfg.Function, error) {
 	if sym.Indirect {
-		return nil, fmt.Errorf("%s: %w (STT_GNU_IFUNC): its symbol is the resolver that picks an implementation as the library loads, not the code calls run; name the implementation (its name is in the library's symbol table or its debug file, e.g. __%s_avx2)",
+		return nil, nil, fmt.Errorf("%s: %w (STT_GNU_IFUNC): its symbol is the resolver that picks an implementation as the library loads, not the code calls run; name the implementation (its name is in the library's symbol table or its debug file, e.g. __%s_avx2)",
 			sym.Name, ErrIndirect, sym.Name)
 	}
 	if t.vdso[0] <= sym.Addr && sym.Addr < t.vdso[1] {
-		return nil, fmt.Errorf("%s is in the vDSO, which the kernel shares between processes: not spliced", spec)
+		return nil, nil, fmt.Errorf("%s is in the vDSO, which the kernel shares between processes: not spliced", spec)
 	}
 	end := t.Syms.End(sym)
 	if sym.Size > 0 { // its code and padding, not what lies past them
 		end = min(end, (sym.Addr+sym.Size+15)&^15)
 	}
 	if end <= sym.Addr || end-sym.Addr > 1<<20 {
-		return nil, fmt.Errorf("%s: function size unknown", sym.Name)
+		return nil, nil, fmt.Errorf("%s: function size unknown", sym.Name)
 	}
 	r, err := t.region(sym.Module)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	code := make([]byte, end-sym.Addr)
 	if err := r.eng.Text().Read(sym.Addr, code); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	fn, err := cfg.Decode(sym.Name, sym.Module, sym.Addr, code)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if sym.Size > 0 && sym.Size < end-sym.Addr {
 		fn.TrimToSize(sym.Addr+sym.Size, end)
 	}
+	r.facts.Decoded.Add(sym, fn)
+	return r, fn, nil
+}
+
+// planFunc is sym's function fn, decoded, as planning sees it.
+func (t *Target) planFunc(r *region, sym kernel.Symbol, fn *cfg.Function) *splice.Func {
 	f := r.facts.Func(fn, t.verdit)
 	f.Sym = sym
 	if !t.goRuntime || sym.Module != "" {
 		f.UseSpringboards(r.eng.Springboards())
 	}
-	return f, nil
+	return f
 }
 
 // Callees lists root (FUNC or LIB:FUNC) and the functions it calls
@@ -644,21 +661,39 @@ func (t *Target) Functions(target string) ([]CoverTarget, error) {
 		return nil, fmt.Errorf("%s: bad pattern: %w", target, err)
 	}
 	glob := strings.ContainsAny(pattern, "*?[")
-	var out []CoverTarget
+	var syms []kernel.Symbol
 	seen := map[uint64]bool{}
 	for _, sym := range t.Syms.All() {
-		if !inModule(sym, lib) || seen[sym.Addr] {
-			continue
-		}
-		if !t.matches(pattern, sym) {
+		if !inModule(sym, lib) || seen[sym.Addr] || !t.matches(pattern, sym) {
 			continue
 		}
 		seen[sym.Addr] = true
-		f, err := t.funcOf(sym, target)
-		if err != nil && !glob {
-			return nil, err
+		syms = append(syms, sym)
+		t.region(sym.Module) // made here, not by the decoders below; an error is theirs
+	}
+	// Decoding is most of the time and touches nothing shared: on every
+	// CPU. Planning's caches (t.verdit) take one goroutine: in order.
+	type decoded struct {
+		r   *region
+		fn  *cfg.Function
+		err error
+	}
+	fns := make([]decoded, len(syms))
+	parallel.For(len(syms), func(i int) {
+		d := &fns[i]
+		d.r, d.fn, d.err = t.decode(syms[i], target)
+	})
+	var out []CoverTarget
+	for i, sym := range syms {
+		d := fns[i]
+		if d.err != nil && !glob {
+			return nil, d.err
 		}
-		out = append(out, CoverTarget{Sym: sym, Func: f, Err: err})
+		ct := CoverTarget{Sym: sym, Err: d.err}
+		if d.err == nil {
+			ct.Func = t.planFunc(d.r, sym, d.fn)
+		}
+		out = append(out, ct)
 	}
 	if len(out) == 0 {
 		return nil, t.notFound(pattern, lib)

@@ -501,8 +501,9 @@ func (h *Host) armCover(s *session, req api.SessionRequest) error {
 	for _, fns := range lists {
 		h.addCover(s, fns)
 	}
-	h.coverDebug(s)
+	debugOpened := h.coverDebugAsync(s) // beside the arming: libc's debug file takes a tenth of a second to find and open
 	set.Arm(h.tg, s.id, cover.Flag(nil), time.Now)
+	debugOpened()
 	// The summary says whether anything was armed; every block's state
 	// (a full report) only when nothing was, for the reason.
 	if sum := set.Summary(time.Now()); sum.Armed == 0 && sum.TotalBlocks > 0 && len(s.coverPending) == 0 {
@@ -570,10 +571,36 @@ func (h *Host) loadCover(s *session) {
 // coverDebug opens the debug information of every module s covers, now:
 // the process (and its /proc/PID/root) may be gone when the report is
 // made. The caller holds h.mu.
-func (h *Host) coverDebug(s *session) {
-	var none []string
+func (h *Host) coverDebug(s *session) { h.coverDebugAsync(s)() }
+
+// coverDebugAsync is coverDebug on another goroutine: the files are found
+// and opened while the caller goes on, and are h's once the function it
+// returns has returned (the caller holds h.mu throughout).
+func (h *Host) coverDebugAsync(s *session) (wait func()) {
+	paths := map[string]string{}
 	for mod := range s.coverModules {
-		if _, ok := h.debug[mod]; !ok && h.openDebug(mod) == nil && mod != "" {
+		if _, ok := h.debug[mod]; !ok {
+			paths[mod] = h.tg.Path(mod)
+		}
+	}
+	opened := make(chan map[string]*debuginfo.File, 1)
+	go func() {
+		files := map[string]*debuginfo.File{}
+		for mod, path := range paths {
+			files[mod], _ = openDebugFile(path)
+		}
+		opened <- files
+	}()
+	return func() { h.addDebug(<-opened) }
+}
+
+// addDebug records the debug files opened (nil: none) and says which
+// modules have none.
+func (h *Host) addDebug(files map[string]*debuginfo.File) {
+	var none []string
+	for mod, f := range files {
+		h.debug[mod] = f
+		if f == nil && mod != "" {
 			none = append(none, mod)
 		}
 	}
@@ -589,12 +616,20 @@ func (h *Host) coverDebug(s *session) {
 func (h *Host) openDebug(module string) *debuginfo.File {
 	dbg, ok := h.debug[module]
 	if !ok {
-		if d, err := debuginfo.OpenOrFind(h.tg.Path(module)); err == nil {
-			dbg = d
-		}
+		dbg, _ = openDebugFile(h.tg.Path(module))
 		h.debug[module] = dbg
 	}
 	return dbg
+}
+
+// openDebugFile is the DWARF of the file at path, its own or its debug
+// file's by build id; nil where it has none.
+func openDebugFile(path string) (*debuginfo.File, error) {
+	d, err := debuginfo.OpenOrFind(path)
+	if err != nil {
+		return nil, err
+	}
+	return d, nil
 }
 
 // coverLines fills the source lines of a coverage report's blocks, each

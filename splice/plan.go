@@ -56,6 +56,18 @@ type Facts struct {
 	// recent: functions decoded lately, shared by the planner's facts
 	// (Planner.FuncOf); nil: none kept.
 	recent *recentFunctions
+	// Decoded, if set, holds functions decoded already, read before the
+	// text is decoded again.
+	Decoded *Decoded
+}
+
+// readFunction is sym's function: the one Decoded holds, else decoded
+// from the text (through the planner's recent ones).
+func (k *Facts) readFunction(sym kernel.Symbol) (*cfg.Function, error) {
+	if fn := k.Decoded.get(sym); fn != nil {
+		return fn, nil
+	}
+	return k.recent.read(k.Text, k.Symbols, sym)
 }
 
 // BlockOptions is how every analysis of kinst splits a function into

@@ -298,7 +298,7 @@ func addSpringboardSpace(heap *springboard.Heap, k *Facts, addr uint64) {
 		if heap.Seen(sym.Addr) {
 			continue
 		}
-		fn, err := k.recent.read(k.Text, k.Symbols, sym)
+		fn, err := k.readFunction(sym)
 		if err != nil || !k.Process && k.functionNoSplice(fn) != "" {
 			continue
 		}

@@ -67,3 +67,34 @@ func (r *recentFunctions) read(text cfg.TextReader, syms *kernel.Symbols, sym ke
 	r.mu.Unlock()
 	return fn, err
 }
+
+// Decoded are the functions a caller has decoded and planned already (a
+// process target decodes each function it plans once, funcOf): the
+// planner's later reads of the same symbol -- a neighbour's springboard
+// space, found as each site is planned -- take them instead of decoding
+// the text again (over libc that was half of planning's time). The
+// functions are shared and must not be changed. It has its own lock.
+type Decoded struct {
+	mu  sync.Mutex
+	fns map[kernel.Symbol]*cfg.Function
+}
+
+// Add records fn as sym's function.
+func (d *Decoded) Add(sym kernel.Symbol, fn *cfg.Function) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.fns == nil {
+		d.fns = map[kernel.Symbol]*cfg.Function{}
+	}
+	d.fns[sym] = fn
+}
+
+// get is sym's function, if one was added.
+func (d *Decoded) get(sym kernel.Symbol) *cfg.Function {
+	if d == nil {
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.fns[sym]
+}

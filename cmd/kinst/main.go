@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"runtime/trace"
 	"strings"
 	"syscall"
 
@@ -26,7 +27,9 @@ import (
 
 func main() {
 	stop := profileCPU(os.Getenv("KINST_CPUPROFILE"))
+	stopTrace := traceRun(os.Getenv("KINST_TRACE"))
 	status := run(os.Args[1:], stdio{os.Stdin, os.Stdout, os.Stderr})
+	stopTrace()
 	stop()
 	os.Exit(status)
 }
@@ -47,6 +50,28 @@ func profileCPU(path string) (stop func()) {
 	}
 	return func() {
 		pprof.StopCPUProfile()
+		f.Close()
+	}
+}
+
+// traceRun writes an execution trace of the command to path (for `go
+// tool trace`; `-pprof=syscall` or `-pprof=sync` there), when set: where
+// a slow command's wall time goes while it waits, which a CPU profile
+// does not show (ptrace stops, /proc reads).
+func traceRun(path string) (stop func()) {
+	if path == "" {
+		return func() {}
+	}
+	f, err := os.Create(path)
+	if err == nil {
+		err = trace.Start(f)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "kinst: KINST_TRACE: %v\n", err)
+		return func() {}
+	}
+	return func() {
+		trace.Stop()
 		f.Close()
 	}
 }
