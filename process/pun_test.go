@@ -149,18 +149,8 @@ func TestTrampSpace(t *testing.T) {
 // again the puns inside another's window (which move its target) keeps
 // it counting; detaching restores every byte.
 func TestPunnedSplices(t *testing.T) {
-	needPtrace(t)
-	w := start(t, compile(t, "gcc", "testdata/puns.c", "-pthread"))
-	want := w.round(t)
-	var calls uint64
-	fmt.Sscanf(want, "calls %d", &calls)
+	w, want, calls, tg := startPuns(t)
 	pid := w.cmd.Process.Pid
-	tg, err := Attach(pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tg.Close()
-	tg.NoTraps(TrapHazard)
 	entry, err := tg.Resolve("shorts")
 	if err != nil {
 		t.Fatal(err)
@@ -258,21 +248,29 @@ func TestPunnedSplices(t *testing.T) {
 	}
 }
 
+// startPuns starts testdata/puns.c and attaches to it with traps
+// refused: its output of a round, the calls of shorts() a round makes.
+func startPuns(t *testing.T) (w *workload, want string, calls uint64, tg *Target) {
+	t.Helper()
+	needPtrace(t)
+	w = start(t, compile(t, "gcc", "testdata/puns.c", "-pthread"))
+	want = w.round(t)
+	fmt.Sscanf(want, "calls %d", &calls)
+	tg, err := Attach(w.cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tg.Close() })
+	tg.NoTraps(TrapHazard)
+	return w, want, calls, tg
+}
+
 // TestPunnedSplicesUnderLoad adds and removes the punned splices inside
 // another's window again and again while the threads run shorts() and
 // check each result: a thread between a pun and its trampoline, or on a
 // trampoline whose pun moved, goes on to the right patch.
 func TestPunnedSplicesUnderLoad(t *testing.T) {
-	needPtrace(t)
-	w := start(t, compile(t, "gcc", "testdata/puns.c", "-pthread"))
-	want := w.round(t)
-	pid := w.cmd.Process.Pid
-	tg, err := Attach(pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tg.Close()
-	tg.NoTraps(TrapHazard)
+	w, want, calls, tg := startPuns(t)
 	var sites []*splice.Site
 	for _, off := range []int{0, 1, 4} {
 		s, err := tg.ResolveAs(fmt.Sprintf("shorts+%#x", off), springboard.Trap)
@@ -320,8 +318,6 @@ func TestPunnedSplicesUnderLoad(t *testing.T) {
 			toggles++
 		}
 	}
-	var calls uint64
-	fmt.Sscanf(want, "calls %d", &calls)
 	if n := tg.Counter(push[0], 0); n != 5*calls {
 		t.Errorf("the push's pun counted %d over five rounds, want %d", n, 5*calls)
 	}
@@ -429,18 +425,7 @@ func TestPunOverFallbackInt3(t *testing.T) {
 // undone and made again on the mappings read afresh, and every pun is in
 // and counts; the process's page is left as it was.
 func TestPunPageMappedSinceRead(t *testing.T) {
-	needPtrace(t)
-	w := start(t, compile(t, "gcc", "testdata/puns.c", "-pthread"))
-	want := w.round(t)
-	var calls uint64
-	fmt.Sscanf(want, "calls %d", &calls)
-	pid := w.cmd.Process.Pid
-	tg, err := Attach(pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tg.Close()
-	tg.NoTraps(TrapHazard)
+	w, want, calls, tg := startPuns(t)
 	entry, err := tg.Resolve("shorts")
 	if err != nil {
 		t.Fatal(err)

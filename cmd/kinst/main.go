@@ -26,52 +26,36 @@ import (
 )
 
 func main() {
-	stop := profileCPU(os.Getenv("KINST_CPUPROFILE"))
-	stopTrace := traceRun(os.Getenv("KINST_TRACE"))
+	// KINST_CPUPROFILE: where a slow command's time goes (`go tool
+	// pprof`). KINST_TRACE: an execution trace (`go tool trace`,
+	// `-pprof=syscall` or `-pprof=sync` there), for the wall time a
+	// command spends waiting, which a CPU profile does not show (ptrace
+	// stops, /proc reads).
+	stop := profile("KINST_CPUPROFILE", pprof.StartCPUProfile, pprof.StopCPUProfile)
+	stopTrace := profile("KINST_TRACE", trace.Start, trace.Stop)
 	status := run(os.Args[1:], stdio{os.Stdin, os.Stdout, os.Stderr})
 	stopTrace()
 	stop()
 	os.Exit(status)
 }
 
-// profileCPU writes a CPU profile of the command to path (for `go tool
-// pprof`), when set: where a slow command's time goes.
-func profileCPU(path string) (stop func()) {
+// profile writes a profile of the command, begun by start and ended by
+// end, to the file the environment variable env names, when it is set.
+func profile(env string, start func(io.Writer) error, end func()) (stop func()) {
+	path := os.Getenv(env)
 	if path == "" {
 		return func() {}
 	}
 	f, err := os.Create(path)
 	if err == nil {
-		err = pprof.StartCPUProfile(f)
+		err = start(f)
 	}
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "kinst: KINST_CPUPROFILE: %v\n", err)
+		fmt.Fprintf(os.Stderr, "kinst: %s: %v\n", env, err)
 		return func() {}
 	}
 	return func() {
-		pprof.StopCPUProfile()
-		f.Close()
-	}
-}
-
-// traceRun writes an execution trace of the command to path (for `go
-// tool trace`; `-pprof=syscall` or `-pprof=sync` there), when set: where
-// a slow command's wall time goes while it waits, which a CPU profile
-// does not show (ptrace stops, /proc reads).
-func traceRun(path string) (stop func()) {
-	if path == "" {
-		return func() {}
-	}
-	f, err := os.Create(path)
-	if err == nil {
-		err = trace.Start(f)
-	}
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "kinst: KINST_TRACE: %v\n", err)
-		return func() {}
-	}
-	return func() {
-		trace.Stop()
+		end()
 		f.Close()
 	}
 }
