@@ -357,7 +357,7 @@ func (ts *trampSpace) reclaim(held map[int]*stopped) (n int) {
 }
 
 // load reads the process's mappings when those read are older than
-// busyTTL, or were found stale (stale).
+// busyTTL.
 func (ts *trampSpace) load() {
 	if ts.loadBusy == nil || !ts.busyRead.IsZero() && time.Since(ts.busyRead) < busyTTL {
 		return
@@ -376,9 +376,6 @@ func (ts *trampSpace) load() {
 // a page the process has mapped since is found as mmap refuses it
 // (EEXIST), and that write is planned again with them read afresh.
 const busyTTL = time.Second
-
-// stale says the mappings read are out of date.
-func (ts *trampSpace) stale() { ts.busyRead = time.Time{} }
 
 // reload reads the mappings again and says whether they changed.
 func (ts *trampSpace) reload() bool {
@@ -825,28 +822,37 @@ func (d *Device) planPuns(ops []driver.SpliceOp, changes []windowChange) (puns [
 	}
 	var refused []*driver.BatchError
 	err = d.withStopped(func(held map[int]*stopped) error {
-		clear(puns)
-		refused = refused[:0]
 		d.tramps.loadBusy = func() ([]span, error) { return busySpans(d.pid) }
-		t0 := time.Now()
-		var missed int
-		refused, missed = d.plan(ops, changes, want, puns, held)
-		if missed > 0 && d.tramps.readBefore(t0) && d.tramps.reload() {
-			// A pun found no room on mappings read before this write,
-			// and they have changed since: again, on the fresh ones.
-			d.unplan()
-			return errRetry
-		}
-		if testBeforeMap != nil {
-			testBeforeMap(d, anyThread(held))
-		}
-		if err := d.mapPages(anyThread(held)); err != nil {
-			if errors.Is(err, unix.EEXIST) && d.tramps.readBefore(t0) {
-				d.unplan() // planned on mappings read before: again, on fresh ones
-				d.tramps.stale()
-				return errRetry
+		// Planned again at most once, in this stop, where the mappings
+		// used turn out out of date: with every thread stopped the fresh
+		// ones stay true until the write is done. (Replanning after a
+		// resume, in a process that maps and unmaps all the time, found
+		// them changed again every time and armed nothing.)
+		for again := false; ; again = true {
+			clear(puns)
+			t0 := time.Now()
+			var missed int
+			refused, missed = d.plan(ops, changes, want, puns, held)
+			if missed > 0 && !again && d.tramps.readBefore(t0) && d.tramps.reload() {
+				// A pun found no room on mappings read before this
+				// write, and they have changed since.
+				d.unplan()
+				continue
 			}
-			return err
+			if testBeforeMap != nil {
+				testBeforeMap(d, anyThread(held))
+			}
+			err := d.mapPages(anyThread(held))
+			if err != nil && errors.Is(err, unix.EEXIST) && !again && d.tramps.readBefore(t0) {
+				// The process mapped one of the pages since they were read.
+				d.unplan()
+				d.tramps.reload()
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			break
 		}
 		for _, t := range d.trampsNew {
 			if err := d.mem.write(t, trampoline(t, d.tramps.at[t].patch)); err != nil {

@@ -31,14 +31,22 @@ import (
 // DWARF.
 func buildWork(t *testing.T, flags ...string) string {
 	t.Helper()
+	return buildC(t, "../../process/testdata/work.c", flags...)
+}
+
+// buildC builds the C program src with DWARF, threaded; the test is
+// skipped where kinst cover --user cannot run (not root) or there is no
+// gcc.
+func buildC(t *testing.T, src string, flags ...string) string {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("kinst cover --user runs as root (ptrace, /proc/PID/mem)")
 	}
 	if _, err := exec.LookPath("gcc"); err != nil {
 		t.Skip("no gcc")
 	}
-	bin := filepath.Join(t.TempDir(), "work")
-	args := append([]string{"-O2", "-g", "-pthread", "-o", bin, "../../process/testdata/work.c"}, flags...)
+	bin := filepath.Join(t.TempDir(), strings.TrimSuffix(filepath.Base(src), ".c"))
+	args := append([]string{"-O2", "-g", "-pthread", "-o", bin, src}, flags...)
 	if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
 		t.Fatalf("gcc: %v\n%s", err, out)
 	}
@@ -935,6 +943,36 @@ func TestRefusalKind(t *testing.T) {
 			t.Errorf("refusalKind(%q) = %q, want %q", tc.in, got, tc.want)
 		}
 	}
+}
+
+// TestCoverProcessLibcMapChurn: all of libc covered in a running process
+// whose threads map and unmap memory without a pause, so its mappings
+// differ between any two reads. Puns are placed on the mappings read at
+// most a second before, and a batch is planned again once, in the same
+// stop, where a pun found no room and the mappings had changed: planning
+// again after letting the threads go found them changed every time, and
+// the arming took until the process exited (its probes refused as "no
+// such file"). At most one block in a hundred may be refused.
+func TestCoverProcessLibcMapChurn(t *testing.T) {
+	churn := buildC(t, "../../process/testdata/mapchurn.c")
+	cmd, _, _ := startWork(t, churn)
+	var out, errb bytes.Buffer
+	status, err := CoverProcess(context.Background(), cmd.Process.Pid, CoverOptions{Targets: []string{"libc:*"}, Duration: time.Second, JSON: true},
+		Env{Out: &out, Err: &errb})
+	if err != nil || status != 0 {
+		t.Fatalf("status %d, %v\n%s", status, err, errb.String())
+	}
+	var rep api.CoverReport
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.TotalBlocks < 10000 || rep.RefusedBlocks*100 > rep.TotalBlocks {
+		t.Errorf("%d of %d blocks refused under map churn, want at most one in a hundred\n%s", rep.RefusedBlocks, rep.TotalBlocks, errb.String())
+	}
+	if !process.Alive(cmd.Process.Pid) {
+		t.Error("the program did not outlive the coverage run")
+	}
+	t.Logf("%d probes armed in %.0f ms over %d blocks (%d refused)", rep.Armed, float64(rep.ArmNS)/1e6, rep.TotalBlocks, rep.RefusedBlocks)
 }
 
 // BenchmarkCoverProcessLibc is the start-up of a coverage run over all of
