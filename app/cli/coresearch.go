@@ -79,6 +79,14 @@ func CoreSearch(k *core.Kernel, values []uint64, asJSON bool, w io.Writer) error
 				}
 				pa := at + uint64(off)
 				va, how := seen(pa)
+				if how == "kernel image" {
+					// A page the image once had and the kernel freed after
+					// boot (section gaps, unused brk) may be a slab's now,
+					// its old alias still mapped: what it is now decides.
+					if r, err := id.WhatType(h.PageOffset + pa); err == nil && r.Kind == typeid.KindSlab {
+						va, how = h.PageOffset+pa, "direct map"
+					}
+				}
 				hit := SearchHit{Value: fmt.Sprintf("%#x", v), Phys: fmt.Sprintf("%#x", pa), Address: fmt.Sprintf("%#x", va), Seen: how}
 				if r, err := id.WhatType(va); err == nil {
 					hit.What = r
