@@ -510,24 +510,25 @@ func (d *Device) mapPages(st *stopped) error {
 	return nil
 }
 
-// mmapTable is how many runs of pages one run of mmapLoop maps.
-const mmapTable = 255
+// mmapTable is how many runs of pages one run of mmapLoop maps; its
+// table follows the code, mmapLoopRoom bytes in.
+const mmapTable, mmapLoopRoom = 255, 128
 
 // mmapLoop is where mmapLoop's code and table are in the patch region,
 // written the first time it is asked for.
 func (d *Device) mmapLoop() (code, table uint64, err error) {
 	if d.loopAt != 0 {
-		return d.loopAt, d.loopAt + 128, nil
+		return d.loopAt, d.loopAt + mmapLoopRoom, nil
 	}
 	d.mu.Lock()
-	a, err := d.heap.Alloc(128 + 16*mmapTable)
+	a, err := d.heap.Alloc(mmapLoopRoom + 16*mmapTable)
 	d.mu.Unlock()
 	if err != nil {
 		return 0, 0, fmt.Errorf("room for kinst's mmap loop in the patch region: %w", err)
 	}
 	copy(d.local[a-d.base:], mmapLoop)
 	d.loopAt = a
-	return a, a + 128, nil
+	return a, a + mmapLoopRoom, nil
 }
 
 // windowSplice is a splice over a pun's window, whose being in or out

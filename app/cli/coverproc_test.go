@@ -74,6 +74,23 @@ func coverCommand(t *testing.T, o CoverOptions, stdin, want string) api.CoverRep
 	return rep
 }
 
+// coverRunning runs kinst cover --user -p PID (JSON) over a running
+// process: its report, and what kinst said on stderr.
+func coverRunning(t *testing.T, pid int, o CoverOptions) (api.CoverReport, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	o.JSON = true
+	status, err := CoverProcess(context.Background(), pid, o, Env{Out: &out, Err: &errb})
+	if err != nil || status != 0 {
+		t.Fatalf("status %d, %v\n%s", status, err, errb.String())
+	}
+	var rep api.CoverReport
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatal(err)
+	}
+	return rep, errb.String()
+}
+
 // startWork starts the test program and waits for it to be ready; it is
 // killed when the test ends.
 func startWork(t *testing.T, bin string) (*exec.Cmd, io.WriteCloser, *bufio.Reader) {
@@ -174,16 +191,7 @@ func TestCoverProcessRunning(t *testing.T) {
 		time.Sleep(300 * time.Millisecond)
 		in.Write([]byte("go\n"))
 	}()
-	var out, errb bytes.Buffer
-	status, err := CoverProcess(context.Background(), pid, CoverOptions{Targets: []string{"wor?", "r*n"}, Duration: 1500 * time.Millisecond, JSON: true},
-		Env{Out: &out, Err: &errb})
-	if err != nil || status != 0 {
-		t.Fatalf("status %d, %v\n%s", status, err, errb.String())
-	}
-	var rep api.CoverReport
-	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
-		t.Fatal(err)
-	}
+	rep, _ := coverRunning(t, pid, CoverOptions{Targets: []string{"wor?", "r*n"}, Duration: 1500 * time.Millisecond})
 	if f := coverFunc(t, rep, "work"); f.Covered == 0 || f.Covered != f.Total-f.Refused {
 		t.Errorf("work: %d of %d covered (%d refused)", f.Covered, f.Total, f.Refused)
 	}
@@ -956,18 +964,9 @@ func TestRefusalKind(t *testing.T) {
 func TestCoverProcessLibcMapChurn(t *testing.T) {
 	churn := buildC(t, "../../process/testdata/mapchurn.c")
 	cmd, _, _ := startWork(t, churn)
-	var out, errb bytes.Buffer
-	status, err := CoverProcess(context.Background(), cmd.Process.Pid, CoverOptions{Targets: []string{"libc:*"}, Duration: time.Second, JSON: true},
-		Env{Out: &out, Err: &errb})
-	if err != nil || status != 0 {
-		t.Fatalf("status %d, %v\n%s", status, err, errb.String())
-	}
-	var rep api.CoverReport
-	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
-		t.Fatal(err)
-	}
+	rep, log := coverRunning(t, cmd.Process.Pid, CoverOptions{Targets: []string{"libc:*"}, Duration: time.Second})
 	if rep.TotalBlocks < 10000 || rep.RefusedBlocks*100 > rep.TotalBlocks {
-		t.Errorf("%d of %d blocks refused under map churn, want at most one in a hundred\n%s", rep.RefusedBlocks, rep.TotalBlocks, errb.String())
+		t.Errorf("%d of %d blocks refused under map churn, want at most one in a hundred\n%s", rep.RefusedBlocks, rep.TotalBlocks, log)
 	}
 	if !process.Alive(cmd.Process.Pid) {
 		t.Error("the program did not outlive the coverage run")
