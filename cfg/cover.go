@@ -1,5 +1,7 @@
 package cfg
 
+import "golang.org/x/arch/x86/x86asm"
+
 // CoverRun finds the run of whole instructions a covering splice at
 // instruction i of fn would overwrite: i and the instructions after it in
 // its basic block blk, until they hold at least need bytes (a jmp
@@ -65,4 +67,46 @@ func BlockOf(blocks []Block, i int) *Block {
 		return &blocks[lo]
 	}
 	return nil
+}
+
+// CoverRunIntoPadding finds a covering run that ends in padding: from
+// instruction i to the end of its block blk, which ends in a ret or jmp,
+// and then the nop padding right after it (padding blocks: never
+// executed, so never a way in), until the bytes hold need. The jmp then
+// overwrites the short tail of a block that no jmp fits ("pop %rbx;
+// ret", a lone ret before the alignment nops of the next label), and the
+// patch runs the block's instructions alone. It returns the number of
+// the block's instructions in the run, i first, and of padding bytes the
+// jmp overwrites; false when the run fits in blk (CoverRun's), blk does
+// not end so, no nop padding follows, or usable refuses one of blk's
+// instructions: usable(j, last) as for CoverRun, last true for the ret
+// or jmp. Whether the padding holds a springboard slot is the caller's to
+// say.
+func CoverRunIntoPadding(fn *Function, blocks []Block, blk *Block, i, need int, usable func(j int, last bool) bool) (n, pad int, ok bool) {
+	if blk.Padding || i < blk.First || i >= blk.First+blk.N {
+		return 0, 0, false
+	}
+	end := blk.First + blk.N // the first instruction after the block
+	size := 0
+	for j := i; j < end; j++ {
+		size += fn.Insns[j].Len()
+		last := j == end-1
+		if size >= need || !usable(j, last) {
+			return 0, 0, false // long enough within the block: CoverRun's
+		}
+	}
+	if op := fn.Insns[end-1].Inst.Op; op != x86asm.RET && op != x86asm.JMP {
+		return 0, 0, false
+	}
+	pad = need - size
+	for j, room := end, 0; j < len(fn.Insns); j++ {
+		b := BlockOf(blocks, j)
+		if b == nil || !b.Padding || fn.Insns[j].Inst.Op != x86asm.NOP {
+			return 0, 0, false
+		}
+		if room += fn.Insns[j].Len(); room >= pad {
+			return end - i, pad, true
+		}
+	}
+	return 0, 0, false
 }

@@ -74,3 +74,66 @@ func TestBlockOf(t *testing.T) {
 		}
 	}
 }
+
+// TestCoverRunIntoPadding: runs that end in a ret or jmp short of a jmp's
+// 5 bytes continue into the nops after them (testdata shapes of
+// process/testdata/padret.c), and only there.
+func TestCoverRunIntoPadding(t *testing.T) {
+	code := []byte{
+		0x48, 0x89, 0xf8, // +0x0 mov %rdi,%rax
+		0x53,                   // +0x3 push %rbx
+		0x40, 0xf6, 0xc7, 0x01, // +0x4 test $1,%dil
+		0x75, 0x05, // +0x8 jne +0xf
+		0x5b,             // +0xa pop %rbx
+		0xc3,             // +0xb ret
+		0x0f, 0x1f, 0x00, // +0xc nopl (%rax): padding
+		0x48, 0x83, 0xc0, 0x01, // +0xf add $1,%rax
+		0x40, 0xf6, 0xc7, 0x02, // +0x13 test $2,%dil
+		0x75, 0x05, // +0x17 jne +0x1e
+		0xc3,                   // +0x19 ret
+		0x0f, 0x1f, 0x40, 0x00, // +0x1a nopl 0x0(%rax): padding
+		0x40, 0xf6, 0xc7, 0x04, // +0x1e test $4,%dil
+		0x75, 0x04, // +0x22 jne +0x28
+		0xeb, 0x03, // +0x24 jmp +0x29
+		0xcc,                   // +0x26 int3: padding, not a nop
+		0xcc,                   // +0x27
+		0x90,                   // +0x28 nop: a jump target
+		0x48, 0x83, 0xc0, 0x10, // +0x29 add $16,%rax
+		0xc3, // +0x2d ret: nothing after it
+	}
+	fn, err := Decode("padret", "", 0x1000, code)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := fn.Blocks(nil)
+	all := func(int, bool) bool { return true }
+	idx := func(off uint64) int {
+		i, err := fn.Index(0x1000 + off)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return i
+	}
+	for _, tc := range []struct {
+		name   string
+		off    uint64
+		usable func(j int, last bool) bool
+		n, pad int
+		ok     bool
+	}{
+		{"pop+ret, 3 bytes of nop", 0xa, all, 2, 3, true},
+		{"ret alone, 4 bytes of nop", 0x19, all, 1, 4, true},
+		{"ret refused", 0xa, func(j int, _ bool) bool { return j != idx(0xb) }, 0, 0, false},
+		{"pop must fall through", 0xa, func(j int, last bool) bool { return last || j != idx(0xa) }, 0, 0, false},
+		{"jmp before int3s: not nops", 0x24, all, 0, 0, false},
+		{"ret with nothing after", 0x2d, all, 0, 0, false},
+		{"long enough within the block", 0xf, all, 0, 0, false},
+		{"test+jne: ends in a jcc", 0x13, all, 0, 0, false},
+	} {
+		b := BlockOf(blocks, idx(tc.off))
+		n, pad, ok := CoverRunIntoPadding(fn, blocks, b, idx(tc.off), 5, tc.usable)
+		if n != tc.n || pad != tc.pad || ok != tc.ok {
+			t.Errorf("%s: %d, %d, %v; want %d, %d, %v", tc.name, n, pad, ok, tc.n, tc.pad, tc.ok)
+		}
+	}
+}

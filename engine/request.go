@@ -65,6 +65,7 @@ func (pt *point) coverBytes() []byte {
 	for _, s := range pt.sites() {
 		b = append(b, s.Bytes()...)
 	}
+	b = append(b, pt.site.CoverPadding()...)
 	return b[:springboard.JmpRel32Len]
 }
 
@@ -257,7 +258,7 @@ func (e *Engine) newPoint(s *splice.Site) *point {
 		return pt
 	}
 	pt.class = springboard.Trap
-	if len(s.Covered()) == 0 {
+	if len(s.Covered()) == 0 && len(s.CoverPadding()) == 0 {
 		return pt
 	}
 	for _, c := range s.Covered() {

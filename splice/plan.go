@@ -182,6 +182,10 @@ type Func struct {
 	// slotFree reports whether a springboard slot is free within rel8
 	// reach of an address (Planner.slotFree); nil: never.
 	slotFree func(addr uint64) bool
+	// padFree reports whether padding bytes hold no springboard slot in
+	// use, and with take keeps slots out of them from then on
+	// (UseSpringboards); nil: runs into padding are not planned.
+	padFree func(r springboard.Range, take bool) bool
 
 	// usable is coverUsable, one closure per function; from is the
 	// instruction the run it checks starts at.
@@ -303,17 +307,55 @@ func (f *Func) fallsThrough(i int) bool {
 // resolved to tables; no symbol starts and no table of the kernel's
 // (exception fixups, static keys' targets) lands after i; every one may
 // be spliced and relocated; and all but the last fall through without a
-// branch or call.
+// branch or call. In a process, a block ending in a ret or jmp may also
+// be covered into the nop padding after it, where no springboard slot is
+// in use (cfg.CoverRunIntoPadding; see padFree).
 func (f *Func) CoverRun(i int) (int, bool) {
+	n, _, ok := f.coverRun(i, true)
+	return n, ok
+}
+
+// coverRun is CoverRun; intoPadding allows a run into padding, and pad is
+// the padding bytes such a run's jmp overwrites (empty for a run within
+// the block).
+func (f *Func) coverRun(i int, intoPadding bool) (n int, pad springboard.Range, ok bool) {
 	if f.why != "" || f.jumpy {
-		return 0, false
+		return 0, pad, false
 	}
 	b := f.block(i)
 	if b == nil {
-		return 0, false
+		return 0, pad, false
 	}
 	f.from = i
-	return cfg.CoverRun(f.Fn, b, i, springboard.JmpRel32Len, f.usable)
+	if n, ok := cfg.CoverRun(f.Fn, b, i, springboard.JmpRel32Len, f.usable); ok || !intoPadding || !f.facts.Process || f.padFree == nil {
+		return n, pad, ok
+	}
+	n, k, ok := cfg.CoverRunIntoPadding(f.Fn, f.Blocks, b, i, springboard.JmpRel32Len, f.usable)
+	if !ok {
+		return 0, pad, false
+	}
+	start := b.Last(f.Fn).End()
+	pad = springboard.Range{Start: start, End: start + uint64(k)}
+	if !f.padFree(pad, false) {
+		return 0, springboard.Range{}, false
+	}
+	return n, pad, true
+}
+
+// bytesAt is the function's bytes in r (padding: instructions of
+// fn.Insns, in order).
+func (f *Func) bytesAt(r springboard.Range) []byte {
+	var b []byte
+	k, err := f.Fn.Index(r.Start)
+	if err != nil {
+		return nil
+	}
+	for ; k < len(f.Fn.Insns) && f.Fn.Insns[k].Addr < r.End; k++ {
+		in := &f.Fn.Insns[k]
+		lo, hi := max(in.Addr, r.Start), min(in.End(), r.End)
+		b = append(b, in.Bytes[lo-in.Addr:hi-in.Addr]...)
+	}
+	return b
 }
 
 // coverUsable is CoverRun's rule for instruction j of the run from f.from.
@@ -524,9 +566,20 @@ func (f *Func) Site(p Point, i int) (*Site, error) {
 	// site's too, for the engine to fall back on if its slot is gone at
 	// install (engine.Engine.SetNoTrap).
 	if s.Class == springboard.Cover || s.Class == springboard.Springboard && f.facts.NoTrap != "" {
-		n, ok := f.CoverRun(i)
+		// A springboard's fallback stays within the block: padding after
+		// it may hold the very slot it was planned with.
+		n, pad, ok := f.coverRun(i, s.Class == springboard.Cover)
+		if ok && pad.Len() > 0 && !f.padFree(pad, true) {
+			ok = false // taken since Class looked
+		}
 		if !ok {
 			n = 0
+		}
+		if s.Class == springboard.Cover && n == 0 {
+			s.Class = springboard.Trap
+			if f.facts.NoTrap != "" && !f.facts.Pun {
+				return nil, &NoSpliceError{Where: s.Where(), Reason: f.facts.NoTrap}
+			}
 		}
 		cs := make([]*Site, 0, max(n-1, 0))
 		for j := i + 1; j < i+n; j++ {
@@ -535,6 +588,9 @@ func (f *Func) Site(p Point, i int) (*Site, error) {
 		}
 		if len(cs) > 0 {
 			s.x.cover = cs
+		}
+		if pad.Len() > 0 && n > 0 {
+			s.x.pad = f.bytesAt(pad)
 		}
 	}
 	return s, nil

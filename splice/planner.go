@@ -270,6 +270,10 @@ func (f *Func) UseSpringboards(heap *springboard.Heap) {
 		_, ok := heap.Find(addr)
 		return ok
 	}
+	f.padFree = func(r springboard.Range, take bool) bool {
+		addSpringboardSpace(heap, k, r.Start) // before a take: added later, the run would come back whole
+		return heap.Reserve(r, take)
+	}
 }
 
 // Resolve maps a point to one instruction of the live kernel and plans

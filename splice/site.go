@@ -37,6 +37,7 @@ type siteExtra struct {
 	index     int32 // of the instruction in Fn.Insns
 	ambiguous int32 // other symbols of the function's name
 	cover     []*Site
+	pad       []byte // CoverPadding
 }
 
 // Point is the point the site was resolved from; nil for a detached
@@ -88,6 +89,12 @@ func (s *Site) Detached(fn *cfg.Function) *Site {
 		}
 		d.x.cover = dc
 	}
+	if pad := s.CoverPadding(); len(pad) > 0 {
+		if d.x == nil {
+			d.x = &siteExtra{}
+		}
+		d.x.pad = pad
+	}
 	return d
 }
 
@@ -113,11 +120,22 @@ func (s *Site) Covered() []*Site {
 	return s.x.cover
 }
 
+// CoverPadding is, for a covering splice whose run ends in a ret or jmp
+// short of a jmp's 5 bytes, the bytes of the padding after it that the
+// jmp overwrites too (never executed; Func.CoverRun). The patch runs the
+// covered instructions only. nil otherwise.
+func (s *Site) CoverPadding() []byte {
+	if s.x == nil {
+		return nil
+	}
+	return s.x.pad
+}
+
 // PlanTrap makes s a trap splice, whatever it was planned as.
 func (s *Site) PlanTrap() {
 	s.Class = springboard.Trap
 	if s.x != nil {
-		s.x.cover = nil
+		s.x.cover, s.x.pad = nil, nil
 	}
 }
 

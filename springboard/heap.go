@@ -240,3 +240,35 @@ func (h *Heap) Forget(lo, hi uint64) {
 		}
 	}
 }
+
+// Reserve reports whether no slot in use overlaps r; with take it also
+// drops r from the runs, so that no slot is handed out there again (the
+// bytes go to a covering splice's jmp, Func.CoverRun's run into padding).
+// The runs on either side stay.
+func (h *Heap) Reserve(r Range, take bool) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for u := r.Start - SlotLen + 1; u < r.End; u++ {
+		if h.used[u] {
+			return false
+		}
+	}
+	if !take {
+		return true
+	}
+	var kept []Range
+	for _, run := range h.runs {
+		if run.End <= r.Start || run.Start >= r.End {
+			kept = append(kept, run)
+			continue
+		}
+		if run.Start < r.Start {
+			kept = append(kept, Range{run.Start, r.Start})
+		}
+		if r.End < run.End {
+			kept = append(kept, Range{r.End, run.End})
+		}
+	}
+	h.runs = kept
+	return true
+}

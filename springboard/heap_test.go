@@ -84,3 +84,43 @@ func TestCensus(t *testing.T) {
 		t.Errorf("census %+v, want %+v", c, want)
 	}
 }
+
+// TestHeapReserve: padding a covering splice's jmp takes is free only
+// where no slot in use overlaps it, and once taken no slot is handed out
+// over it; the run's bytes on either side stay slots.
+func TestHeapReserve(t *testing.T) {
+	h := NewHeap()
+	h.Add(Range{0x1000, 0x1010}) // 16 bytes: three slots
+	if !h.Reserve(Range{0x1004, 0x1008}, false) {
+		t.Fatal("free padding reported in use")
+	}
+	if got := h.Runs(); len(got) != 1 {
+		t.Fatalf("a question took bytes: %v", got)
+	}
+	s, err := h.Alloc(0x1000)
+	if err != nil || s != 0x1000 {
+		t.Fatalf("alloc: %#x, %v", s, err)
+	}
+	if h.Reserve(Range{0x1004, 0x1008}, true) {
+		t.Fatal("padding under the slot at 0x1000 (to 0x1005) reported free")
+	}
+	if !h.Reserve(Range{0x1005, 0x1008}, true) {
+		t.Fatal("padding clear of the slot reported in use")
+	}
+	want := []Range{{0x1000, 0x1005}, {0x1008, 0x1010}}
+	if got := h.Runs(); len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
+		t.Fatalf("runs after the take: %v, want %v", got, want)
+	}
+	for i := 0; i < 2; i++ {
+		s, err := h.Alloc(0x1000)
+		if err == nil && s < 0x1008 && s+SlotLen > 0x1005 {
+			t.Fatalf("slot %#x handed out over the taken bytes", s)
+		}
+		if i == 0 && (err != nil || s != 0x1008) {
+			t.Fatalf("the run after the take: %#x, %v; want 0x1008", s, err)
+		}
+		if i == 1 && err == nil {
+			t.Fatalf("a third slot at %#x: the runs hold two", s)
+		}
+	}
+}

@@ -552,7 +552,13 @@ func TestTimeProcessLineRange(t *testing.T) {
 	if lr.Function != rng || fn.Calls != 100 || lr.Calls != 100 {
 		t.Errorf("%s: %d calls, nap %d; want 100 each", lr.Function, lr.Calls, fn.Calls)
 	}
-	if lr.AvgWallNS < 2e6 || lr.AvgWallNS > fn.AvgWallNS*1.01 || lr.AvgWallNS < fn.AvgWallNS*0.9 {
+	// The range lies within nap, but the two share the exit's patch, where
+	// nap's timer stops first (requests run in the order they came): a
+	// thread preempted between the two stops adds the wait to the range
+	// alone (a run beside CI's VMs found it 1.4% over nap on average: one
+	// call in 100 held ~3 ms). A range timed across calls would be twice
+	// nap or more.
+	if lr.AvgWallNS < 2e6 || lr.AvgWallNS > fn.AvgWallNS*1.25 || lr.AvgWallNS < fn.AvgWallNS*0.9 {
 		t.Errorf("%s: average %.0f ns, nap's %.0f ns; want at least the 2 ms sleep and nearly all of nap's", rng, lr.AvgWallNS, fn.AvgWallNS)
 	}
 	t.Logf("%s: %d calls, average %.3f ms; nap %.3f ms\n%s", rng, lr.Calls, lr.AvgWallNS/1e6, fn.AvgWallNS/1e6, errb.String())
