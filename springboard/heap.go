@@ -3,6 +3,7 @@ package springboard
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 )
@@ -256,19 +257,21 @@ func (h *Heap) Reserve(r Range, take bool) bool {
 	if !take {
 		return true
 	}
-	var kept []Range
-	for _, run := range h.runs {
-		if run.End <= r.Start || run.Start >= r.End {
-			kept = append(kept, run)
-			continue
-		}
-		if run.Start < r.Start {
-			kept = append(kept, Range{run.Start, r.Start})
-		}
-		if r.End < run.End {
-			kept = append(kept, Range{r.End, run.End})
-		}
+	i := sort.Search(len(h.runs), func(i int) bool { return h.runs[i].End > r.Start })
+	j := i
+	for j < len(h.runs) && h.runs[j].Start < r.End {
+		j++
 	}
-	h.runs = kept
+	if i == j {
+		return true
+	}
+	var cut []Range // what is left of the first and last runs met
+	if h.runs[i].Start < r.Start {
+		cut = append(cut, Range{h.runs[i].Start, r.Start})
+	}
+	if r.End < h.runs[j-1].End {
+		cut = append(cut, Range{r.End, h.runs[j-1].End})
+	}
+	h.runs = slices.Replace(h.runs, i, j, cut...)
 	return true
 }
