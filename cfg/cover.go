@@ -110,3 +110,24 @@ func CoverRunIntoPadding(fn *Function, blocks []Block, blk *Block, i, need int, 
 	}
 	return 0, 0, false
 }
+
+// PaddingAfter is how many bytes of nop padding (padding blocks: never
+// executed) follow instruction j, when j ends its block with a ret or
+// jmp; 0 otherwise.
+func PaddingAfter(fn *Function, blocks []Block, j int) int {
+	b := BlockOf(blocks, j)
+	if b == nil || b.Padding || j != b.First+b.N-1 {
+		return 0
+	}
+	if op := fn.Insns[j].Inst.Op; op != x86asm.RET && op != x86asm.JMP {
+		return 0
+	}
+	n := 0
+	for k := j + 1; k < len(fn.Insns); k++ {
+		if pb := BlockOf(blocks, k); pb == nil || !pb.Padding || fn.Insns[k].Inst.Op != x86asm.NOP {
+			break
+		}
+		n += fn.Insns[k].Len()
+	}
+	return n
+}

@@ -77,7 +77,8 @@ func TestBlockOf(t *testing.T) {
 
 // TestCoverRunIntoPadding: runs that end in a ret or jmp short of a jmp's
 // 5 bytes continue into the nops after them (testdata shapes of
-// process/testdata/padret.c), and only there.
+// process/testdata/padret.c), and only there; PaddingAfter counts those
+// nops after a block's final ret or jmp, and none elsewhere.
 func TestCoverRunIntoPadding(t *testing.T) {
 	code := []byte{
 		0x48, 0x89, 0xf8, // +0x0 mov %rdi,%rax
@@ -134,6 +135,14 @@ func TestCoverRunIntoPadding(t *testing.T) {
 		n, pad, ok := CoverRunIntoPadding(fn, blocks, b, idx(tc.off), 5, tc.usable)
 		if n != tc.n || pad != tc.pad || ok != tc.ok {
 			t.Errorf("%s: %d, %d, %v; want %d, %d, %v", tc.name, n, pad, ok, tc.n, tc.pad, tc.ok)
+		}
+	}
+	for _, tc := range []struct {
+		off  uint64
+		want int
+	}{{0xb, 3}, {0x19, 4}, {0xa, 0}, {0x24, 0}, {0x2d, 0}, {0x17, 0}} {
+		if got := PaddingAfter(fn, blocks, idx(tc.off)); got != tc.want {
+			t.Errorf("PaddingAfter(+%#x) = %d, want %d", tc.off, got, tc.want)
 		}
 	}
 }

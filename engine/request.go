@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"slices"
 	"syscall"
 	"unique"
 
@@ -65,7 +66,7 @@ func (pt *point) coverBytes() []byte {
 	for _, s := range pt.sites() {
 		b = append(b, s.Bytes()...)
 	}
-	b = append(b, pt.site.CoverPadding()...)
+	b = append(b, pt.site.Padding()...)
 	return b[:springboard.JmpRel32Len]
 }
 
@@ -258,7 +259,7 @@ func (e *Engine) newPoint(s *splice.Site) *point {
 		return pt
 	}
 	pt.class = springboard.Trap
-	if len(s.Covered()) == 0 && len(s.CoverPadding()) == 0 {
+	if len(s.Covered()) == 0 && len(s.Padding()) == 0 {
 		return pt
 	}
 	for _, c := range s.Covered() {
@@ -638,7 +639,9 @@ func (pt *point) spliceOp(patch uint64) (driver.SpliceOp, error) {
 		}
 		return driver.SpliceOp{Addr: addr, Patch: patch, Orig: orig[:len(jmp)], New: jmp}, nil
 	case springboard.Trap:
-		return driver.SpliceOp{Addr: addr, Patch: patch, Orig: orig[:1], New: []byte{0xcc}, Inst: orig}, nil
+		// A process's device may pun the never-run nops after it too.
+		inst := append(slices.Clip(orig), pt.site.TrapPadding()...)
+		return driver.SpliceOp{Addr: addr, Patch: patch, Orig: orig[:1], New: []byte{0xcc}, Inst: inst}, nil
 	}
 	return driver.SpliceOp{}, fmt.Errorf("%v splices go through springboardSplice (a slot first)", pt.class)
 }

@@ -12,11 +12,13 @@ import (
 // TestCoverIntoPadding: blocks too short for a jmp that end in a ret or
 // jmp with nops after them (testdata/padret.c: "pop %rbx; ret", two lone
 // rets, a lone jmp rel8, before 3- to 5-byte nops) take covering splices
-// whose jmps overwrite the nops, not traps or puns; each counts exactly
-// the calls the program says took its block, with threads running, the
-// program's results unchanged, and detaching restores every byte, the
-// nops' included. The 5-byte nop is room for a springboard slot too: the
-// lone jmp after it, planned later, must not be given a slot there.
+// whose jmps overwrite the nops, not traps or puns; a lone ret with 2
+// bytes of nop, a jmp's 2 bytes short, takes a punned jmp that owns
+// them (3 bytes of its own, not 1). Each counts exactly the calls the
+// program says ran its block, with threads running, the program's
+// results unchanged, and detaching restores every byte, the nops'
+// included. The 5-byte nop is room for a springboard slot too: the lone
+// jmp after it, planned later, must not be given a slot there.
 func TestCoverIntoPadding(t *testing.T) {
 	needPtrace(t)
 	w := start(t, compile(t, "gcc", "testdata/padret.c", "-pthread"))
@@ -32,7 +34,7 @@ func TestCoverIntoPadding(t *testing.T) {
 		off  uint64
 		name string
 		pad  int // nop bytes the jmp overwrites
-	}{{0xa, "tail0", 3}, {0x1a, "tail1", 4}, {0x29, "tail2", 4}, {0x39, "tail3", 3}}
+	}{{0xa, "tail0", 3}, {0x1a, "tail1", 4}, {0x29, "tail2", 4}, {0x39, "tail3", 3}, {0x4c, "tail4", 2}}
 	var specs []string
 	for _, tl := range tails {
 		specs = append(specs, fmt.Sprintf("padret+%#x", tl.off))
@@ -41,11 +43,14 @@ func TestCoverIntoPadding(t *testing.T) {
 	orig := textOf(t, pid, sites[0].Fn)
 	// The lone jmp (2 bytes) may take a springboard, cheaper, where a slot
 	// is in reach: not in the nops the others' jmps overwrite.
-	cover := func(i int) bool { return i < 3 || sites[i].Class == springboard.Cover }
+	cover := func(i int) bool { return i < 3 || i == 3 && sites[i].Class == springboard.Cover }
 	for i, s := range sites {
-		if got := len(s.CoverPadding()); cover(i) && (s.Class != springboard.Cover || got != tails[i].pad) {
+		if got := len(s.Padding()); cover(i) && (s.Class != springboard.Cover || got != tails[i].pad) {
 			t.Errorf("%s (%s): planned %s with %d bytes of padding, want a covering splice over %d", s.Where(), tails[i].name, classes[i], got, tails[i].pad)
 		}
+	}
+	if s := sites[4]; s.Class != springboard.Trap || len(s.TrapPadding()) != tails[4].pad {
+		t.Errorf("%s (tail4): planned %s with %x of padding, want a trap splice (a pun) owning %d bytes", s.Where(), s.Class, s.TrapPadding(), tails[4].pad)
 	}
 	reqs, err := tg.Count("test", sites)
 	if err != nil {
@@ -54,8 +59,18 @@ func TestCoverIntoPadding(t *testing.T) {
 	fn := sites[0].Fn.Addr
 	for i, q := range reqs {
 		in := tg.Installed(q)
-		if cover(i) && in.Class != springboard.Cover || !cover(i) && in.Class != springboard.Springboard {
-			t.Errorf("%s: installed as %s, planned %s", sites[i].Where(), in.Class, sites[i].Class)
+		want := springboard.Springboard
+		switch {
+		case cover(i):
+			want = springboard.Cover
+		case i == 4:
+			want = springboard.Pun
+			if p := tg.owner[q].dev.puns[sites[i].Addr()]; p == nil || len(p.code) != 3 {
+				t.Errorf("%s: pun %+v, want one of 3 bytes (the ret and its nops)", sites[i].Where(), p)
+			}
+		}
+		if in.Class != want {
+			t.Errorf("%s: installed as %s, want %s", sites[i].Where(), in.Class, want)
 		}
 		if in.Springboard != 0 {
 			t.Logf("%s: springboard slot at padret+%#x", sites[i].Where(), in.Springboard-fn)

@@ -342,6 +342,26 @@ func (f *Func) coverRun(i int, intoPadding bool) (n int, pad springboard.Range, 
 	return n, pad, true
 }
 
+// trapPadding gives trap site s at instruction i, a ret or jmp that ends
+// its block, the nop padding after it that a punned jmp over it may own
+// (Site.TrapPadding): up to the pun's 4 bytes, taken out of the
+// springboard heap. Only in a process, and only where no slot in use
+// lies there.
+func (f *Func) trapPadding(s *Site, i int) {
+	if !f.facts.Process || f.padFree == nil || f.why != "" || f.jumpy {
+		return
+	}
+	in := &f.Fn.Insns[i]
+	k := min(cfg.PaddingAfter(f.Fn, f.Blocks, i), springboard.JmpRel32Len-1-in.Len())
+	if k <= 0 {
+		return
+	}
+	pad := springboard.Range{Start: in.End(), End: in.End() + uint64(k)}
+	if f.padFree(pad, true) {
+		s.x.pad = f.bytesAt(pad)
+	}
+}
+
 // bytesAt is the function's bytes in r (padding: instructions of
 // fn.Insns, in order).
 func (f *Func) bytesAt(r springboard.Range) []byte {
@@ -592,6 +612,9 @@ func (f *Func) Site(p Point, i int) (*Site, error) {
 		if pad.Len() > 0 && n > 0 {
 			s.x.pad = f.bytesAt(pad)
 		}
+	}
+	if s.Class == springboard.Trap {
+		f.trapPadding(s, i)
 	}
 	return s, nil
 }

@@ -37,7 +37,7 @@ type siteExtra struct {
 	index     int32 // of the instruction in Fn.Insns
 	ambiguous int32 // other symbols of the function's name
 	cover     []*Site
-	pad       []byte // CoverPadding
+	pad       []byte // Padding
 }
 
 // Point is the point the site was resolved from; nil for a detached
@@ -89,7 +89,7 @@ func (s *Site) Detached(fn *cfg.Function) *Site {
 		}
 		d.x.cover = dc
 	}
-	if pad := s.CoverPadding(); len(pad) > 0 {
+	if pad := s.Padding(); len(pad) > 0 {
 		if d.x == nil {
 			d.x = &siteExtra{}
 		}
@@ -120,22 +120,38 @@ func (s *Site) Covered() []*Site {
 	return s.x.cover
 }
 
-// CoverPadding is, for a covering splice whose run ends in a ret or jmp
-// short of a jmp's 5 bytes, the bytes of the padding after it that the
-// jmp overwrites too (never executed; Func.CoverRun). The patch runs the
-// covered instructions only. nil otherwise.
-func (s *Site) CoverPadding() []byte {
+// Padding is the never-run nops right after the splice's last
+// instruction, a ret or jmp -- the covered run's, or a lone one's own --
+// that the splice may overwrite (Func.CoverRun; only in a process): a
+// covering splice's jmp runs on over them (the patch runs the covered
+// instructions only); a trap splice's punned jmp takes them as free
+// rel32 bytes (TrapPadding). nil otherwise.
+func (s *Site) Padding() []byte {
 	if s.x == nil {
 		return nil
 	}
 	return s.x.pad
 }
 
+// TrapPadding is what of Padding a trap splice at s may take as part of
+// its instruction: the nops right after it, when it covers nothing else,
+// up to 4 bytes in all (a pun's).
+func (s *Site) TrapPadding() []byte {
+	if len(s.Covered()) > 0 {
+		return nil
+	}
+	pad := s.Padding()
+	return pad[:max(0, min(len(pad), springboard.JmpRel32Len-1-len(s.Bytes())))]
+}
+
 // PlanTrap makes s a trap splice, whatever it was planned as.
 func (s *Site) PlanTrap() {
 	s.Class = springboard.Trap
 	if s.x != nil {
-		s.x.cover, s.x.pad = nil, nil
+		if len(s.x.cover) > 0 {
+			s.x.pad = nil // it follows the run, not this instruction
+		}
+		s.x.cover = nil
 	}
 }
 

@@ -1,11 +1,12 @@
-/* A workload for covering splices that run into padding: padret() has
- * four blocks too short for a jmp rel32 that end in a ret or jmp, each
- * followed by never-run nops (a 3-, 4-, 5- and 3-byte nop) before the
- * next label, in assembly so that the shapes are what the test says. On
- * each "go" line, THREADS threads call it CALLS times each, check every
- * result, and the program prints how many calls took each of the four
- * blocks (tail0: "pop %rbx; ret"; tail1, tail2: a lone ret; tail3: a
- * lone jmp). */
+/* A workload for splices that run into padding: padret() has five
+ * blocks too short for a jmp rel32 that end in a ret or jmp, each
+ * followed by never-run nops (a 3-, 4-, 5-, 3- and 2-byte nop) before
+ * the next label, in assembly so that the shapes are what the test says.
+ * On each "go" line, THREADS threads call it CALLS times each, check
+ * every result, and the program prints how many calls ran each of the
+ * five blocks (tail0: "pop %rbx; ret"; tail1, tail2: a lone ret; tail3:
+ * a lone jmp; tail4: a lone ret whose 2 bytes of nop leave a jmp 2
+ * bytes short, for a punned jmp to own). */
 #include <pthread.h>
 #include <stdio.h>
 
@@ -43,25 +44,37 @@ __asm__(
 	"	.byte 0x0f, 0x1f, 0x00\n"
 	"5:	add $8, %rax\n"
 	"4:	add $16, %rax\n"
+	"	test $16, %dil\n"
+	"	jne 6f\n"
+	"	ret\n"                               /* tail4: c3, then 2 bytes */
+	"	.byte 0x66, 0x90\n"                  /* xchg %ax,%ax */
+	"6:	add $32, %rax\n"
 	"	ret\n"
 	".size padret, .-padret\n");
 
-static long expect(long x, int *tail)
+/* expect is padret's result; ran[k] counts the calls that ran tail k. */
+static long expect(long x, long *ran)
 {
 	if (!(x & 1)) {
-		*tail = 0;
+		ran[0]++;
 		return x;
 	}
 	if (!(x & 2)) {
-		*tail = 1;
+		ran[1]++;
 		return x + 1;
 	}
 	if (!(x & 4)) {
-		*tail = 2;
+		ran[2]++;
 		return x + 3;
 	}
-	*tail = x & 8 ? 4 : 3;
-	return x + 7 + (x & 8) + 16;
+	if (!(x & 8))
+		ran[3]++;
+	long r = x + 7 + (x & 8) + 16;
+	if (!(x & 16)) {
+		ran[4]++;
+		return r;
+	}
+	return r + 32;
 }
 
 static long tails[THREADS][5];
@@ -73,10 +86,8 @@ static void *run(void *arg)
 		tails[id][k] = 0;
 	for (long i = 0; i < CALLS; i++) {
 		long x = i * THREADS + id;
-		int tail;
-		if (padret(x) != expect(x, &tail))
+		if (padret(x) != expect(x, tails[id]))
 			__builtin_trap();
-		tails[id][tail]++;
 	}
 	return NULL;
 }
@@ -96,7 +107,8 @@ int main(void)
 			for (int k = 0; k < 5; k++)
 				sum[k] += tails[i][k];
 		}
-		printf("calls %d tail0 %ld tail1 %ld tail2 %ld tail3 %ld\n", THREADS * CALLS, sum[0], sum[1], sum[2], sum[3]);
+		printf("calls %d tail0 %ld tail1 %ld tail2 %ld tail3 %ld tail4 %ld\n", THREADS * CALLS,
+		       sum[0], sum[1], sum[2], sum[3], sum[4]);
 	}
 	return 0;
 }
