@@ -6,8 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-
-	"github.com/kinst/kinst/internal/parallel"
+	"runtime"
+	"sync"
+	"sync/atomic"
 )
 
 // A whole-kernel coverage report has over half a million blocks: over
@@ -71,21 +72,11 @@ func (r *CoverReport) writeJSON(bw *bufio.Writer, indent bool) error {
 		bw.WriteString(`"functions":[`)
 	}
 	// Functions are marshalled on every CPU (a process's libc coverage:
-	// 3,706 functions, 26 MB of indented JSON, a tenth of the run) and
-	// written in order, a bounded window of them held at a time.
-	type marshalled struct {
-		b   []byte
-		err error
-	}
-	var ferr error
-	parallel.Map(len(r.Functions), func(i int) marshalled {
-		b, err := marshal(&r.Functions[i], "    ")
-		return marshalled{b, err}
-	}, func(i int, m marshalled) bool {
-		if m.err != nil {
-			ferr = m.err
-			return false
-		}
+	// 3,706 functions, 26 MB of indented JSON, 0.4 s on one) a batch at
+	// a time, and written in order.
+	err = marshalBatches(len(r.Functions), func(i int) ([]byte, error) {
+		return marshal(&r.Functions[i], "    ")
+	}, func(i int, f []byte) {
 		if i > 0 {
 			if indent {
 				bw.WriteString(",\n    ")
@@ -93,11 +84,10 @@ func (r *CoverReport) writeJSON(bw *bufio.Writer, indent bool) error {
 				bw.WriteByte(',')
 			}
 		}
-		bw.Write(m.b)
-		return true
+		bw.Write(f)
 	})
-	if ferr != nil {
-		return ferr
+	if err != nil {
+		return err
 	}
 	if len(r.Functions) > 0 {
 		if indent {
@@ -240,6 +230,45 @@ func delim(dec *json.Decoder, d json.Delim) error {
 	}
 	if t != d {
 		return fmt.Errorf("json: %v where %v was expected", t, d)
+	}
+	return nil
+}
+
+// marshalBatches calls marshal(i) for every i in [0, n), a batch at a
+// time on up to GOMAXPROCS goroutines (so that at most a batch of
+// results is held), and write(i, result) on the calling goroutine in
+// order of i. The first error stops it. (The package imports nothing of
+// the module: this is internal/parallel's Map, cut down.)
+func marshalBatches(n int, marshal func(i int) ([]byte, error), write func(i int, b []byte)) error {
+	workers := runtime.GOMAXPROCS(0)
+	batch := 256 * workers
+	out := make([][]byte, min(n, batch))
+	errs := make([]error, len(out))
+	for lo := 0; lo < n; lo += batch {
+		hi := min(n, lo+batch)
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		for range min(workers, hi-lo) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					i := lo + int(next.Add(1)) - 1
+					if i >= hi {
+						return
+					}
+					out[i-lo], errs[i-lo] = marshal(i)
+				}
+			}()
+		}
+		wg.Wait()
+		for i := lo; i < hi; i++ {
+			if errs[i-lo] != nil {
+				return errs[i-lo]
+			}
+			write(i, out[i-lo])
+			out[i-lo] = nil
+		}
 	}
 	return nil
 }
