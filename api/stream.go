@@ -241,7 +241,7 @@ func delim(dec *json.Decoder, d json.Delim) error {
 // the module: this is internal/parallel's Map, cut down.)
 func marshalBatches(n int, marshal func(i int) ([]byte, error), write func(i int, b []byte)) error {
 	workers := runtime.GOMAXPROCS(0)
-	batch := 256 * workers
+	batch := 16 * workers
 	out := make([][]byte, min(n, batch))
 	errs := make([]error, len(out))
 	for lo := 0; lo < n; lo += batch {
