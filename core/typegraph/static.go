@@ -29,13 +29,45 @@ const maxStatic = 1 << 16
 
 func (g *Graph) initStatic() {
 	g.static.seen = map[staticKey]bool{}
+	span := func(a, b string) ([2]uint64, bool) {
+		lo, err1 := g.k.SymbolAddr(a)
+		hi, err2 := g.k.SymbolAddr(b)
+		return [2]uint64{lo, hi}, err1 == nil && err2 == nil && lo < hi
+	}
 	for _, r := range [][2]string{{"_sdata", "_edata"}, {"__start_rodata", "__end_rodata"}, {"__bss_start", "__bss_stop"}} {
-		lo, err1 := g.k.SymbolAddr(r[0])
-		hi, err2 := g.k.SymbolAddr(r[1])
-		if err1 == nil && err2 == nil && lo < hi {
-			g.static.ranges = append(g.static.ranges, [2]uint64{lo, hi})
+		if s, ok := span(r[0], r[1]); ok {
+			g.static.ranges = append(g.static.ranges, s)
 		}
 	}
+	// Parts of the image the kernel frees after boot are the page
+	// allocator's, then anyone's: x86's unused .bss..decrypted ("Freeing
+	// unused decrypted memory", mem_encrypt_free_decrypted_mem) lies
+	// inside the bss. Read as the image's, a slab's free object there
+	// was a root: its stale va_start reached a leaked vmalloc area, and
+	// findleaks did not report it (livecompat, a 6.1 dump).
+	for _, r := range [][2]string{{"__start_bss_decrypted_unused", "__end_bss_decrypted"}, {"__init_begin", "__init_end"}} {
+		if s, ok := span(r[0], r[1]); ok {
+			g.static.ranges = cutRange(g.static.ranges, s)
+		}
+	}
+}
+
+// cutRange is rs without the addresses of cut.
+func cutRange(rs [][2]uint64, cut [2]uint64) [][2]uint64 {
+	var out [][2]uint64
+	for _, r := range rs {
+		if r[1] <= cut[0] || r[0] >= cut[1] {
+			out = append(out, r)
+			continue
+		}
+		if r[0] < cut[0] {
+			out = append(out, [2]uint64{r[0], cut[0]})
+		}
+		if cut[1] < r[1] {
+			out = append(out, [2]uint64{cut[1], r[1]})
+		}
+	}
+	return out
 }
 
 // staticRoot reads struct t at v if v lies in the image's data.

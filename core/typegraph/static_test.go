@@ -1,6 +1,7 @@
 package typegraph
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/cilium/ebpf/btf"
@@ -58,5 +59,24 @@ func TestStaticData(t *testing.T) {
 				t.Errorf("item: %+v, want %s known through the static cls", at, tc.want)
 			}
 		})
+	}
+}
+
+// TestCutRange: the image ranges freed after boot come out of the data
+// ranges findleaks and the static typing read as the image's.
+func TestCutRange(t *testing.T) {
+	rs := [][2]uint64{{0x100, 0x200}, {0x300, 0x400}, {0x500, 0x600}}
+	for _, tc := range []struct {
+		cut  [2]uint64
+		want [][2]uint64
+	}{
+		{[2]uint64{0x380, 0x400}, [][2]uint64{{0x100, 0x200}, {0x300, 0x380}, {0x500, 0x600}}}, // x86's bss_decrypted tail
+		{[2]uint64{0x320, 0x340}, [][2]uint64{{0x100, 0x200}, {0x300, 0x320}, {0x340, 0x400}, {0x500, 0x600}}},
+		{[2]uint64{0x200, 0x300}, rs}, // between ranges: nothing
+		{[2]uint64{0x0, 0x1000}, nil},
+	} {
+		if got := cutRange(rs, tc.cut); !slices.Equal(got, tc.want) {
+			t.Errorf("cut %#x: %#x, want %#x", tc.cut, got, tc.want)
+		}
 	}
 }
