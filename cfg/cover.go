@@ -95,20 +95,10 @@ func CoverRunIntoPadding(fn *Function, blocks []Block, blk *Block, i, need int, 
 			return 0, 0, false // long enough within the block: CoverRun's
 		}
 	}
-	if op := fn.Insns[end-1].Inst.Op; op != x86asm.RET && op != x86asm.JMP {
-		return 0, 0, false
+	if pad = need - size; PaddingAfter(fn, blocks, end-1) < pad {
+		return 0, 0, false // not a ret or jmp, or too few nops after it
 	}
-	pad = need - size
-	for j, room := end, 0; j < len(fn.Insns); j++ {
-		b := BlockOf(blocks, j)
-		if b == nil || !b.Padding || fn.Insns[j].Inst.Op != x86asm.NOP {
-			return 0, 0, false
-		}
-		if room += fn.Insns[j].Len(); room >= pad {
-			return end - i, pad, true
-		}
-	}
-	return 0, 0, false
+	return end - i, pad, true
 }
 
 // PaddingAfter is how many bytes of nop padding (padding blocks: never

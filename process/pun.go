@@ -708,12 +708,10 @@ func (v *punView) choose(addr uint64, inst []byte, patch uint64, accept func(cod
 				}
 				pages += v.d.tramps.newPages(t)
 			}
+			better := bestPages < 0 || pages < bestPages
 			code := punCode(n, k, uint32(x))
-			ok = ok && v.keepsLive(addr, inst, code, patch, bases, x)
-			if ok && accept != nil && (bestPages < 0 || pages < bestPages) {
-				ok = accept(code)
-			}
-			if ok && (bestPages < 0 || pages < bestPages) {
+			ok = ok && better && v.keepsLive(addr, inst, code, patch, bases, x) && (accept == nil || accept(code))
+			if ok {
 				best, bestPages = x, pages
 				if pages == 0 {
 					break
@@ -732,9 +730,9 @@ func (v *punView) choose(addr uint64, inst []byte, patch uint64, accept func(cod
 	return punChoice{}, lastErr
 }
 
-// with runs f with code written over inst at addr in the view, and puts
-// the view back after.
-func (v *punView) with(addr uint64, inst, code []byte, f func()) {
+// with returns f's answer with code written over inst at addr in the
+// view, and puts the view back after.
+func (v *punView) with(addr uint64, inst, code []byte, f func() bool) bool {
 	prev, had := v.changes[addr]
 	saved := make([]struct {
 		b  byte
@@ -759,7 +757,7 @@ func (v *punView) with(addr uint64, inst, code []byte, f func()) {
 			}
 		}
 	}()
-	f()
+	return f()
 }
 
 // keepsLive: with a new pun's code at addr (over inst, leading to patch
@@ -775,8 +773,7 @@ func (v *punView) keepsLive(addr uint64, inst, code []byte, patch uint64, bases 
 		return true
 	}
 	// The view with the new pun in, for the question.
-	ok := true
-	v.with(addr, inst, code, func() {
+	return v.with(addr, inst, code, func() bool {
 		for _, p := range over {
 			if c, found := v.changes[p.addr]; found && c.gone {
 				continue // out with this write
@@ -784,28 +781,25 @@ func (v *punView) keepsLive(addr uint64, inst, code []byte, patch uint64, bases 
 			lo, hi := p.window()
 			states, err := v.states(lo, hi)
 			if err != nil {
-				ok = false
-				return
+				return false
 			}
 			for _, w := range states {
 				t := punTarget(p.addr, p.code, w)
 				if !v.d.tramps.usable(t, p.patch) {
-					ok = false
-					return
+					return false
 				}
 				m := uint64(len(trampoline(t, p.patch)))
 				for _, b := range bases {
 					mine := b + x
 					n := uint64(len(trampoline(mine, patch)))
 					if t < mine+n && mine < t+m && !(t == mine && p.patch == patch) {
-						ok = false
-						return
+						return false
 					}
 				}
 			}
 		}
+		return true
 	})
-	return ok
 }
 
 // reserve takes a trampoline at t for p (new ones are written by the
@@ -1077,12 +1071,10 @@ func (v *punView) leavesRoom(ops []driver.SpliceOp, lower []int, op driver.Splic
 		return nil
 	}
 	return func(code []byte) bool {
-		ok := false
-		v.with(op.Addr, op.Inst, code, func() {
+		return v.with(op.Addr, op.Inst, code, func() bool {
 			_, err := v.choose(l.Addr, l.Inst, l.Patch, nil)
-			ok = err == nil
+			return err == nil
 		})
-		return ok
 	}
 }
 
