@@ -348,20 +348,30 @@ func moduleCycle(ko string) (cycle func() error, restore func(), err error) {
 
 // Nice sets the nice value of every thread of this process (Linux keeps
 // it per thread; threads and children made later inherit it from the
-// thread that makes them).
+// thread that makes them). A thread not yet set can make a new thread
+// while the others are set, so the threads are listed again until a
+// listing shows none that was not set.
 func Nice(n int) error {
-	tasks, err := os.ReadDir("/proc/self/task")
-	if err != nil {
-		return fmt.Errorf("nice: %w", err)
-	}
-	for _, t := range tasks {
-		tid, err := strconv.Atoi(t.Name())
+	done := map[int]bool{}
+	for {
+		tasks, err := os.ReadDir("/proc/self/task")
 		if err != nil {
-			continue
+			return fmt.Errorf("nice: %w", err)
 		}
-		if err := unix.Setpriority(unix.PRIO_PROCESS, tid, n); err != nil && !errors.Is(err, unix.ESRCH) {
-			return fmt.Errorf("nice %d: %w", n, err)
+		fresh := false
+		for _, t := range tasks {
+			tid, err := strconv.Atoi(t.Name())
+			if err != nil || done[tid] {
+				continue
+			}
+			fresh = true
+			if err := unix.Setpriority(unix.PRIO_PROCESS, tid, n); err != nil && !errors.Is(err, unix.ESRCH) {
+				return fmt.Errorf("nice %d: %w", n, err)
+			}
+			done[tid] = true
+		}
+		if !fresh {
+			return nil
 		}
 	}
-	return nil
 }
