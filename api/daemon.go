@@ -63,6 +63,13 @@ type Info struct {
 	PeakRSS  uint64 `json:"peak_rss_bytes,omitempty"`
 	Sessions int    `json:"sessions"`
 	Symbols  int    `json:"symbols"`
+	// DirtyFreeCounters counts free counter slots that are not zero, and
+	// StaleCounterWrites slots found written while free when handed out
+	// again. A slot goes back to the allocator zeroed, after the grace
+	// period that frees the last patch writing it, so both are 0 unless
+	// some patch outlived its request (a bug; the live tests check it).
+	DirtyFreeCounters  int `json:"dirty_free_counters"`
+	StaleCounterWrites int `json:"stale_counter_writes"`
 }
 
 // Addr is a kernel address, written in JSON as a "0x…" string.

@@ -749,3 +749,58 @@ func TestRemoveEachInChunks(t *testing.T) {
 		t.Errorf("left installed: %+v", st)
 	}
 }
+
+// Counter slots go back to the allocator zeroed, after the grace period,
+// so a free slot that is not zero was written by a patch that outlived
+// its request: DirtyFreeCounters finds it, and handing it out again
+// counts a stale write and gives the new owner a zero. RetireCounters
+// (a virtual timer's block) waits for the grace period as a request's
+// own slots do.
+func TestFreeCountersStayZero(t *testing.T) {
+	h := newHarness(t)
+	set := func(slot int, v uint64) {
+		h.k.Mu.Lock()
+		h.k.Counters[slot] = v
+		h.k.Mu.Unlock()
+	}
+	r := h.count("a", nil, "filename_lookup+0xb")[0]
+	set(r.Counter(), 41) // hits
+	base, err := h.e.ReserveCounters(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set(base+2, 1<<16|1) // a timer word with a thread inside
+	h.remove(r)
+	h.e.RetireCounters(base, 4)
+	if st := h.e.State(); st.Counters != 5 {
+		t.Errorf("%d slots in use before reclaim, want 5 (retired ones wait)", st.Counters)
+	}
+	h.e.Reclaim()
+	if st, stale := h.e.State(), h.e.StaleCounterWrites(); st.Counters != 0 || stale != 0 {
+		t.Errorf("after reclaim: %d slots in use, %d stale writes; want 0, 0", st.Counters, stale)
+	}
+	if n, first := h.e.DirtyFreeCounters(); n != 0 {
+		t.Errorf("%d free slots not zero after reclaim (first %v)", n, first)
+	}
+	// Something writes every free slot: each is found, and the next
+	// request's slot, handed out dirty, is counted and cleared.
+	for s := range h.k.Counters {
+		set(s, 1)
+	}
+	if n, _ := h.e.DirtyFreeCounters(); n != len(h.k.Counters) {
+		t.Errorf("DirtyFreeCounters found %d of %d written free slots", n, len(h.k.Counters))
+	}
+	r2 := h.count("b", nil, "filename_lookup+0xb")[0]
+	if v := h.k.Counter(r2.Counter()); v != 0 {
+		t.Errorf("new request's slot reads %d, want 0", v)
+	}
+	if stale := h.e.StaleCounterWrites(); stale != 1 {
+		t.Errorf("%d stale writes counted, want 1", stale)
+	}
+	if n, _ := h.e.DirtyFreeCounters(); n != len(h.k.Counters)-1 {
+		t.Errorf("DirtyFreeCounters %d, want %d (the taken slot is not free)", n, len(h.k.Counters)-1)
+	}
+	h.remove(r2)
+	h.e.Reclaim()
+	h.restored()
+}

@@ -89,6 +89,10 @@ type Engine struct {
 	// addresses, handed to its SnippetFunc.
 	// +checklocks:mu
 	counterAddrs []uint64
+	// staleWrites counts free counter slots found written when handed
+	// out again (see takeCounter).
+	// +checklocks:mu
+	staleWrites int
 }
 
 // ArmTimes is where batched arming (AddEach) spent its time, summed over

@@ -126,6 +126,7 @@ func (e *Engine) reclaimLocked() {
 	for _, ok := range freed {
 		waited = waited || ok
 	}
+	var counters []int
 	for i, r := range e.retired {
 		if r.counters != nil {
 			// Retired after their patch, which an earlier round or this
@@ -135,9 +136,7 @@ func (e *Engine) reclaimLocked() {
 				kept = append(kept, r)
 				continue
 			}
-			for _, sl := range r.counters {
-				e.slots.free(sl)
-			}
+			counters = append(counters, r.counters...)
 			continue
 		}
 		if r.patch != 0 && !freed[i] {
@@ -150,6 +149,14 @@ func (e *Engine) reclaimLocked() {
 	}
 	clear(e.retired[len(kept):])
 	e.retired = kept
+	// The slots go back zeroed, so that one found written when handed
+	// out again is known to be a stale write (takeCounter).
+	if err := e.clearRuns(counters); err != nil {
+		e.log.Warn("retired counter slots not cleared", "slots", len(counters), "err", err)
+	}
+	for _, sl := range counters {
+		e.slots.free(sl)
+	}
 }
 
 // freeMany is a device that frees many patches in one call

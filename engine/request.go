@@ -207,20 +207,7 @@ func (e *Engine) newRequest(pt *point, s *splice.Site, sp Spec) (*Request, error
 		slots = nil
 	}
 	for i := 0; i < sp.Slots; i++ {
-		slot, err := e.slots.alloc()
-		if err != nil && e.retiredCounters() {
-			// Removed requests' slots wait for reclaim: reclaim now.
-			e.reclaimLocked()
-			slot, err = e.slots.alloc()
-		}
-		// A slot is handed out only after the grace period that freed
-		// the last patch writing it, so a zero read now stays zero: the
-		// clear (a system call) is needed only when it is not.
-		if err == nil && e.dev.Counter(slot) != 0 {
-			if err = e.dev.ClearCounters(slot, 1); err != nil {
-				e.slots.free(slot)
-			}
-		}
+		slot, err := e.takeCounter()
 		if err != nil {
 			for _, sl := range slots {
 				e.slots.free(sl)

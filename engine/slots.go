@@ -1,6 +1,9 @@
 package engine
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+)
 
 // slotAllocator hands out counter slots: a bitmap, so that a full
 // allocator says so at once (a coverage session over more blocks than
@@ -89,6 +92,12 @@ func (e *Engine) ReserveCounters(n int) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	for s := base; s < base+n; s++ {
+		if v := e.dev.Counter(s); v != 0 {
+			e.staleWrites++
+			e.log.Warn("counter slot written while free", "slot", s, "addr", hex(e.dev.CounterAddr(s)), "value", hex(v))
+		}
+	}
 	if err := e.dev.ClearCounters(base, n); err != nil {
 		for i := base; i < base+n; i++ {
 			e.slots.free(i)
@@ -98,12 +107,129 @@ func (e *Engine) ReserveCounters(n int) (int, error) {
 	return base, nil
 }
 
-// ReleaseCounters returns n slots from first, once no request's snippet
-// writes them any more.
+// ReleaseCounters returns n slots from first, zeroed, at once: for a
+// caller that knows nothing can write them any more (a BPF program's,
+// once its link is closed). Slots that spliced patches wrote go back
+// with RetireCounters.
 func (e *Engine) ReleaseCounters(first, n int) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if err := e.dev.ClearCounters(first, n); err != nil {
+		e.log.Warn("counter slots not cleared", "first", first, "n", n, "err", err)
+	}
 	for i := first; i < first+n; i++ {
 		e.slots.free(i)
 	}
+}
+
+// RetireCounters returns n slots from first that patches wrote, once the
+// requests whose patches did are removed: like a removed request's own
+// slots they go back after the grace period that frees those patches (a
+// task preempted in one may still write them).
+func (e *Engine) RetireCounters(first, n int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	slots := make([]int, n)
+	for i := range slots {
+		slots[i] = first + i
+	}
+	e.retireCounters(slots)
+}
+
+// takeCounter hands out a free counter slot. Slots go back to the
+// allocator zeroed, and only after the grace period that freed the last
+// patch writing them (reclaimLocked), so a slot is zero when taken: one
+// that is not was written by code that no longer owns it. That is a bug
+// (a patch left running after its request went); it is counted and
+// logged, and the slot cleared, so the new owner starts from zero. The
+// caller holds e.mu.
+func (e *Engine) takeCounter() (int, error) {
+	slot, err := e.slots.alloc()
+	if err != nil && e.retiredCounters() {
+		// Removed requests' slots wait for reclaim: reclaim now.
+		e.reclaimLocked()
+		slot, err = e.slots.alloc()
+	}
+	if err != nil {
+		return 0, err
+	}
+	if v := e.dev.Counter(slot); v != 0 {
+		e.staleWrites++
+		e.log.Warn("counter slot written while free", "slot", slot, "addr", hex(e.dev.CounterAddr(slot)), "value", hex(v))
+		if err := e.dev.ClearCounters(slot, 1); err != nil {
+			e.slots.free(slot)
+			return 0, err
+		}
+	}
+	return slot, nil
+}
+
+// clearRuns zeroes slots (any order; sorted here) with one ClearCounters
+// a run of adjacent slots: a whole-kernel session gives back half a
+// million, mostly in long runs.
+func (e *Engine) clearRuns(slots []int) error {
+	slices.Sort(slots)
+	for i := 0; i < len(slots); {
+		j := i + 1
+		for j < len(slots) && slots[j] <= slots[j-1]+1 {
+			j++
+		}
+		if err := e.dev.ClearCounters(slots[i], slots[j-1]-slots[i]+1); err != nil {
+			return err
+		}
+		i = j
+	}
+	return nil
+}
+
+// StaleCounterWrites counts the counter slots found written while free
+// when handed out again (takeCounter, ReserveCounters) since the engine
+// started: 0 unless some patch outlived its request.
+func (e *Engine) StaleCounterWrites() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.staleWrites
+}
+
+// counterReader is a device that loads many counter slots in one call
+// (driver.Device): a scan of the million slots then takes milliseconds.
+type counterReader interface {
+	ReadCounters(first int, dst []uint64) int
+}
+
+// DirtyFreeCounters scans the free counter slots for any that is not
+// zero (a slot is cleared when it goes back to the allocator) and
+// returns how many are, with the first few. Nothing but a patch that
+// outlived its request writes a free slot, so anything but 0 is a bug;
+// kerninstd reports the count (api.Info) and the live tests check it.
+func (e *Engine) DirtyFreeCounters() (n int, first []int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	a := &e.slots
+	bulk, _ := e.dev.(counterReader)
+	var vals [64]uint64
+	for w, bits := range a.bits {
+		if bits == ^uint64(0) {
+			continue
+		}
+		lo, hi := w*64, min(w*64+64, a.n)
+		if bulk != nil {
+			if bulk.ReadCounters(lo, vals[:hi-lo]) < hi-lo {
+				break
+			}
+		} else {
+			for s := lo; s < hi; s++ {
+				vals[s-lo] = e.dev.Counter(s)
+			}
+		}
+		for s := lo; s < hi; s++ {
+			if !a.inUse(s) && vals[s-lo] != 0 {
+				n++
+				if len(first) < 8 {
+					first = append(first, s)
+				}
+			}
+		}
+	}
+	return n, first
 }

@@ -183,6 +183,8 @@ func (d *Daemon) Info() api.Info {
 	d.mu.Unlock()
 	st := d.eng.State()
 	in.Splices, in.CoveringArmed, in.CoveringJumps = st.Splices, st.CoveringArmed, st.CoveringJumps
+	in.StaleCounterWrites = d.eng.StaleCounterWrites()
+	in.DirtyFreeCounters, _ = d.eng.DirtyFreeCounters()
 	return in
 }
 

@@ -120,5 +120,5 @@ var virtualSlots = vTable + codegen.TaskTableSlots(virtualEntries)
 
 // freeVirtualSlots returns a virtual timer's block of slots.
 func (tm *timing) freeVirtualSlots(t *timedFunc) {
-	tm.eng.ReleaseCounters(t.virtual.base, virtualSlots)
+	tm.eng.RetireCounters(t.virtual.base, virtualSlots)
 }

@@ -80,7 +80,13 @@ func MainWith(m *testing.M, name string, o Options, ready func(*VM)) int {
 		return 1
 	}
 	ready(g)
+	stop := watchCounters(name, g.Client)
 	code := m.Run()
+	stop()
+	if err := countersClean(g.Client); err != nil {
+		fmt.Fprintf(os.Stderr, "%s: after every test: %v\n", name, err)
+		code = 1
+	}
 	if code != 0 {
 		if b, err := os.ReadFile(g.SerialLog()); err == nil {
 			fmt.Fprintf(os.Stderr, "%s: serial log tail:\n%s\n", name, Tail(string(b), 40))
@@ -388,4 +394,53 @@ sleep 1; ps | grep -c '[s]leep 3001'`))
 // EmptyHeap undoes FillHeap.
 func (g *VM) EmptyHeap(t testing.TB, ctx context.Context) {
 	g.Sh(t, ctx, `umount /tmp/kinst-tgb; for p in $(ps | grep '[s]leep 3001' | awk '{print $1}'); do kill $p; done; true`)
+}
+
+// countersClean checks kerninstd after a package's tests: nothing left
+// installed, no free counter slot written and none handed out dirty
+// (api.Info). A patch that
+// outlives its request writes a slot that is free, then someone else's;
+// a timer word written so reads as hours of wall time.
+func countersClean(c *api.Client) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	in, err := c.Info(ctx)
+	if err != nil {
+		return nil // no daemon to ask (a test stopped it): nothing to check
+	}
+	if in.Splices != 0 || in.DriverSplices != 0 || in.Sessions != 0 {
+		return fmt.Errorf("%d splices (the driver counts %d) and %d sessions left installed", in.Splices, in.DriverSplices, in.Sessions)
+	}
+	if in.DirtyFreeCounters != 0 || in.StaleCounterWrites != 0 {
+		return fmt.Errorf("%d free counter slots written, %d handed out written: a patch outlived its request", in.DirtyFreeCounters, in.StaleCounterWrites)
+	}
+	return nil
+}
+
+// watchCounters asks kerninstd every 10 s whether a free counter slot
+// was written (countersClean) and says so, with the time, when the count
+// grows: in a package's run of an hour, the time names the test.
+func watchCounters(name string, c *api.Client) (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		tick := time.NewTicker(10 * time.Second)
+		defer tick.Stop()
+		last := 0
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			in, err := c.Info(ctx)
+			cancel()
+			if n := in.DirtyFreeCounters + in.StaleCounterWrites; err == nil && n > last {
+				fmt.Fprintf(os.Stderr, "%s: %s: %d free counter slots written, %d handed out written\n",
+					name, time.Now().Format(time.TimeOnly), in.DirtyFreeCounters, in.StaleCounterWrites)
+				last = n
+			}
+		}
+	}()
+	return func() { close(done) }
 }

@@ -435,11 +435,10 @@ func (ls *leakSearch) take(root int32) {
 
 // builtinRoots are the roots the graph finds itself: the image's data
 // ranges, the memory map (every struct page) and every CPU's per-CPU
-// area. A CPU's area runs from
-// __per_cpu_start for pcpu_unit_size bytes (the static variables, then
-// the first chunk's reserved and dynamic parts, where alloc_percpu's
-// early allocations live), or to __per_cpu_end where the unit size
-// cannot be read.
+// area. A CPU's area runs from __per_cpu_start over what the first chunk
+// uses (perCPUUsed: the static variables, then the reserved and dynamic
+// parts, where alloc_percpu's early allocations live); where that cannot
+// be read, over pcpu_unit_size bytes, or to __per_cpu_end.
 func (g *Graph) builtinRoots() []Range {
 	var rs []Range
 	for _, r := range g.static.ranges {
@@ -466,9 +465,69 @@ func (g *Graph) builtinRoots() []Range {
 			}
 		}
 	}
+	if used, ok := g.perCPUUsed(); ok && used >= hi-lo && used <= size {
+		size = used
+	}
 	offs, _ := g.k.PerCPUOffsets()
 	for _, off := range offs {
 		rs = append(rs, Range{Lo: lo + off, Hi: lo + off + size, What: "per-CPU area"})
 	}
 	return rs
+}
+
+// perCPUUsed is how much of each CPU's unit the first chunk uses, from
+// its start: the static variables, the reserved part and the dynamic
+// part, up to the end of pcpu_first_chunk (its base_addr, nr_pages and
+// end_offset, relative to pcpu_base_addr, unit 0's start). The rest of
+// each unit, up to pcpu_unit_size, the kernel gives back to the page
+// allocator at boot (pcpu_embed_first_chunk), which hands it out again:
+// read as a root, a stale word there (a 6.12 guest's freed vmap_area)
+// reached a leaked vmalloc area.
+func (g *Graph) perCPUUsed() (uint64, bool) {
+	var chunk *btf.Struct
+	if g.structByName("pcpu_chunk", &chunk) != nil {
+		return 0, false
+	}
+	off := map[string]uint32{}
+	for _, m := range chunk.Members {
+		off[m.Name] = m.Offset.Bytes()
+	}
+	fcSym, err1 := g.k.SymbolAddr("pcpu_first_chunk")
+	baseSym, err2 := g.k.SymbolAddr("pcpu_base_addr")
+	bo, ok1 := off["base_addr"]
+	no, ok2 := off["nr_pages"]
+	eo, ok3 := off["end_offset"]
+	if err1 != nil || err2 != nil || !ok1 || !ok2 || !ok3 {
+		return 0, false
+	}
+	var b [8]byte
+	word := func(a uint64) (uint64, bool) {
+		if g.k.ReadVirt(b[:], a) != nil {
+			return 0, false
+		}
+		return binary.LittleEndian.Uint64(b[:]), true
+	}
+	i32 := func(a uint64) (uint64, bool) {
+		if g.k.ReadVirt(b[:4], a) != nil {
+			return 0, false
+		}
+		v := int32(binary.LittleEndian.Uint32(b[:4]))
+		return uint64(v), v >= 0
+	}
+	fc, ok1 := word(fcSym)
+	base, ok2 := word(baseSym)
+	if !ok1 || !ok2 || fc == 0 {
+		return 0, false
+	}
+	cbase, ok1 := word(fc + uint64(bo))
+	pages, ok2 := i32(fc + uint64(no))
+	endOff, ok3 := i32(fc + uint64(eo))
+	if !ok1 || !ok2 || !ok3 || cbase < base {
+		return 0, false
+	}
+	end := cbase + pages*4096 - endOff
+	if end <= base {
+		return 0, false
+	}
+	return end - base, true
 }

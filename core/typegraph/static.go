@@ -44,8 +44,11 @@ func (g *Graph) initStatic() {
 	// unused decrypted memory", mem_encrypt_free_decrypted_mem) lies
 	// inside the bss. Read as the image's, a slab's free object there
 	// was a root: its stale va_start reached a leaked vmalloc area, and
-	// findleaks did not report it (livecompat, a 6.1 dump).
-	for _, r := range [][2]string{{"__start_bss_decrypted_unused", "__end_bss_decrypted"}, {"__init_begin", "__init_end"}} {
+	// findleaks did not report it (livecompat, a 6.1 dump). The init
+	// section goes too, and the SMP alternatives' lock list ("Freeing
+	// SMP alternatives memory"; between the init section and the bss in
+	// 6.1 and 6.12, outside the ranges, but cut wherever it lies).
+	for _, r := range [][2]string{{"__start_bss_decrypted_unused", "__end_bss_decrypted"}, {"__init_begin", "__init_end"}, {"__smp_locks", "__smp_locks_end"}} {
 		if s, ok := span(r[0], r[1]); ok {
 			g.static.ranges = cutRange(g.static.ranges, s)
 		}

@@ -88,11 +88,22 @@ func TestTimeLineRange(t *testing.T) {
 	if len(rep.Functions) != 4 {
 		t.Fatalf("%d timers, want 4: %+v", len(rep.Functions), rep.Functions)
 	}
-	for _, f := range rep.Functions {
+	for i, f := range rep.Functions {
 		avg := f.WallNS / math.Max(float64(f.Calls), 1)
 		t.Logf("%-40s %d calls, %.1f ms a call", f.Function, f.Calls, avg/1e6)
 		if f.Calls != 5 || avg < 195e6 || avg > 260e6 {
 			t.Errorf("%s: %d calls of %.1f ms, want 5 of about 200 ms", f.Function, f.Calls, avg/1e6)
+			// When its wall time went wrong, and whether kerninstd
+			// saw a counter slot written by a patch not its own.
+			for _, iv := range rep.Intervals {
+				if i < len(iv.Functions) {
+					r := iv.Functions[i]
+					t.Logf("  at %.1fs: %.1f calls/s, %.1f ms a call, %.2f inside", float64(iv.ElapsedNS)/1e9, r.CallsPerSec, r.AvgWallNS/1e6, r.Concurrency)
+				}
+			}
+			if in, err := client.Info(ctx); err == nil {
+				t.Logf("  kerninstd: %d free counter slots written, %d handed out written", in.DirtyFreeCounters, in.StaleCounterWrites)
+			}
 		}
 	}
 	if info, err := client.Info(ctx); err != nil || info.Splices != 0 || info.Sessions != 0 {
