@@ -55,8 +55,12 @@ type Device struct {
 
 	// regionMu serialises the mapping of the region; local and base are
 	// written once, under it, before any patch or counter is used.
-	regionMu  sync.Mutex
-	local     []byte // kinst's mapping of the region
+	regionMu sync.Mutex
+	local    []byte // kinst's mapping of the region
+	// unmapped: Close unmapped local. The engine's reclaim, on a timer,
+	// may clear counters after that; counters then read 0 and clear to
+	// nothing. Protected by regionMu.
+	unmapped  bool
 	base      uint64 // the region's address in the process; 0 until mapped
 	regionErr error
 
@@ -779,7 +783,12 @@ func (d *Device) counter(slot int) *uint64 {
 // Counter reads a counter with the process running (an atomic load of
 // the shared page).
 func (d *Device) Counter(slot int) uint64 {
-	if slot < 0 || slot >= NumCounters || !d.Mapped() {
+	if slot < 0 || slot >= NumCounters {
+		return 0
+	}
+	d.regionMu.Lock()
+	defer d.regionMu.Unlock()
+	if d.base == 0 || d.unmapped {
 		return 0
 	}
 	return atomic.LoadUint64(d.counter(slot))
@@ -794,6 +803,11 @@ func (d *Device) ClearCounters(first, n int) error {
 	}
 	if err := d.region(); err != nil {
 		return err
+	}
+	d.regionMu.Lock()
+	defer d.regionMu.Unlock()
+	if d.unmapped {
+		return nil // gone with the mapping
 	}
 	for i := first; i < first+n; i++ {
 		atomic.StoreUint64(d.counter(i), 0)
@@ -840,9 +854,12 @@ func (d *Device) Close() error {
 	d.mu.Unlock()
 	d.tr.close()
 	d.mem.close()
+	d.regionMu.Lock()
 	if d.local != nil && !d.traps.ownedBy(d) { // the owner's view holds the trap table
 		unix.Munmap(d.local)
+		d.unmapped = true
 	}
+	d.regionMu.Unlock()
 	return err
 }
 

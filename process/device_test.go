@@ -97,3 +97,30 @@ func TestPatchQuarantine(t *testing.T) {
 		t.Errorf("program after the allocations: %q, want %q", got, want)
 	}
 }
+
+// The engine's reclaim runs on a timer and may give counters back after
+// the target is detached: the counters then read 0 and clear to nothing,
+// where they once touched kinst's unmapped view of the region (a fault
+// that killed the test binary).
+func TestCountersAfterClose(t *testing.T) {
+	needPtrace(t)
+	w := start(t, build(t))
+	w.round(t)
+	pid := w.cmd.Process.Pid
+	d, err := Open(pid, textStart(t, pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.ClearCounters(0, 4); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.ClearCounters(0, 4); err != nil {
+		t.Errorf("clear after close: %v", err)
+	}
+	if v := d.Counter(1); v != 0 {
+		t.Errorf("counter after close reads %d", v)
+	}
+}
