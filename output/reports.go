@@ -209,6 +209,10 @@ type DaemonVersion struct {
 	Version       string `json:"version,omitempty"` // kerninstd's build
 	DriverABI     uint32 `json:"driver_abi"`        // the loaded driver's ABI version
 	KernelRelease string `json:"kernel_release"`
+	// CounterFaults is the daemon's free counter slots found written
+	// (api.Info's dirty_free_counters plus stale_counter_writes): 0
+	// unless a patch outlived its request, a bug to report.
+	CounterFaults int `json:"counter_faults"`
 }
 
 // ArmReport is `kinst bench arm --json`: one run per block count and

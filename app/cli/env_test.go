@@ -95,6 +95,9 @@ func TestVersionText(t *testing.T) {
 			"kinst v1.2.0 (0123456789ab) go1.26.0\ndriver ABI 3\nkerninstd at /run/kerninstd.sock: v1.2.0 go1.26.0\n  driver ABI 3, kernel 6.1.0-26-amd64\n"},
 		{api.Info{ABIVersion: 2, KernelRelease: "6.1.0-26-amd64"}, nil,
 			"kinst v1.2.0 (0123456789ab) go1.26.0\ndriver ABI 3\nkerninstd at /run/kerninstd.sock: (build not reported)\n  driver ABI 2 (this kinst speaks 3: update one of them), kernel 6.1.0-26-amd64\n"},
+		{api.Info{Version: "v1.2.0 go1.26.0", ABIVersion: 3, KernelRelease: "6.1.0-26-amd64", DirtyFreeCounters: 2, StaleCounterWrites: 1}, nil,
+			"kinst v1.2.0 (0123456789ab) go1.26.0\ndriver ABI 3\nkerninstd at /run/kerninstd.sock: v1.2.0 go1.26.0\n  driver ABI 3, kernel 6.1.0-26-amd64\n" +
+				"  counter heap: 3 slot(s) written while free: a patch outlived its request (a kerninstd bug; its log names the slots)\n"},
 		{api.Info{}, errors.New("connection refused"),
 			"kinst v1.2.0 (0123456789ab) go1.26.0\ndriver ABI 3\nkerninstd: not answering: connection refused\n"},
 	} {

@@ -29,7 +29,8 @@ func versionReport(b buildinfo.Build, abi uint32, addr string, info api.Info, er
 	if err != nil {
 		v.DaemonError = err.Error()
 	} else {
-		v.Daemon = &output.DaemonVersion{Version: info.Version, DriverABI: info.ABIVersion, KernelRelease: info.KernelRelease}
+		v.Daemon = &output.DaemonVersion{Version: info.Version, DriverABI: info.ABIVersion, KernelRelease: info.KernelRelease,
+			CounterFaults: info.DirtyFreeCounters + info.StaleCounterWrites}
 	}
 	return v
 }
@@ -54,5 +55,8 @@ func writeVersion(w io.Writer, v output.Version, asJSON bool) error {
 		abi = fmt.Sprintf(" (this kinst speaks %d: update one of them)", v.DriverABI)
 	}
 	_, err := fmt.Fprintf(w, "kerninstd at %s: %s\n  driver ABI %d%s, kernel %s\n", v.DaemonAddr, version, d.DriverABI, abi, d.KernelRelease)
+	if err == nil && d.CounterFaults > 0 {
+		_, err = fmt.Fprintf(w, "  counter heap: %d slot(s) written while free: a patch outlived its request (a kerninstd bug; its log names the slots)\n", d.CounterFaults)
+	}
 	return err
 }
