@@ -223,11 +223,7 @@ func TestFindLeaksFreedImage(t *testing.T) {
 	c := im.AddCache("kmalloc-64", 64, 64, 0, 0)
 	im.AddSlab(c, 4, nil)
 	im.Finish()
-	const vm = 0xffffc90000200000
-	region := func(i int) Region {
-		lo := vm + uint64(i)*0x2000
-		return Region{Lo: lo, Hi: lo + 0x1000, What: "vmalloc", Caller: 0xffffffff81000000 + uint64(i)}
-	}
+	region := testRegion
 	for i := range 2 {
 		im.U64(region(i).Lo, 0)
 	}
@@ -238,14 +234,7 @@ func TestFindLeaksFreedImage(t *testing.T) {
 	im.U64(bss+72, region(1).Lo) // freed memory's stale word
 	g := buildImageGraph(t, im)
 	r := g.FindLeaksIn(LeakInput{Regions: []Region{region(0), region(1)}})
-	var leaked []uint64
-	for _, gr := range r.Groups {
-		for _, l := range gr.Leaks {
-			if l.Cache == "vmalloc" { // the slab's four objects are leaks too
-				leaked = append(leaked, l.Addr)
-			}
-		}
-	}
+	leaked := vmallocLeaks(r) // the slab's four objects are leaks too
 	if len(leaked) != 1 || leaked[0] != region(1).Lo {
 		t.Errorf("leaks %#x, want only %#x (the region only freed image memory points at)", leaked, region(1).Lo)
 	}
@@ -266,11 +255,7 @@ func TestFindLeaksPerCPUTail(t *testing.T) {
 	im := slabtest.NewImageTypes(t, false, append(slabtest.Types(false), chunk))
 	im.AddSlab(im.AddCache("kmalloc-64", 64, 64, 0, 0), 4, nil)
 	im.Finish()
-	const vm = 0xffffc90000200000
-	region := func(i int) Region {
-		lo := vm + uint64(i)*0x2000
-		return Region{Lo: lo, Hi: lo + 0x1000, What: "vmalloc", Caller: 0xffffffff81000000 + uint64(i)}
-	}
+	region := testRegion
 	for i := range 3 {
 		im.U64(region(i).Lo, 0)
 	}
@@ -292,18 +277,30 @@ func TestFindLeaksPerCPUTail(t *testing.T) {
 	im.U64(unit0[0]+0x3000, region(2).Lo) // given back at boot
 	g := buildImageGraph(t, im)
 	r := g.FindLeaksIn(LeakInput{Regions: []Region{region(0), region(1), region(2)}})
-	var leaked []uint64
-	for _, gr := range r.Groups {
-		for _, l := range gr.Leaks {
-			if l.Cache == "vmalloc" {
-				leaked = append(leaked, l.Addr)
-			}
-		}
-	}
+	leaked := vmallocLeaks(r)
 	if len(leaked) != 1 || leaked[0] != region(2).Lo {
 		t.Errorf("leaks %#x, want only %#x (the region only a freed unit's tail points at)", leaked, region(2).Lo)
 	}
 	if used, ok := g.perCPUUsed(); !ok || used != 0x1f00 {
 		t.Errorf("perCPUUsed %#x, %v; want 0x1f00", used, ok)
 	}
+}
+
+// testRegion is the i'th of a row of vmalloc'd areas of a page each.
+func testRegion(i int) Region {
+	lo := 0xffffc90000200000 + uint64(i)*0x2000
+	return Region{Lo: lo, Hi: lo + 0x1000, What: "vmalloc", Caller: 0xffffffff81000000 + uint64(i)}
+}
+
+// vmallocLeaks are the addresses of the vmalloc'd areas r reports.
+func vmallocLeaks(r *LeakReport) []uint64 {
+	var out []uint64
+	for _, gr := range r.Groups {
+		for _, l := range gr.Leaks {
+			if l.Cache == "vmalloc" {
+				out = append(out, l.Addr)
+			}
+		}
+	}
+	return out
 }
