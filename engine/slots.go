@@ -93,10 +93,7 @@ func (e *Engine) ReserveCounters(n int) (int, error) {
 		return 0, err
 	}
 	for s := base; s < base+n; s++ {
-		if v := e.dev.Counter(s); v != 0 {
-			e.staleWrites++
-			e.log.Warn("counter slot written while free", "slot", s, "addr", hex(e.dev.CounterAddr(s)), "value", hex(v))
-		}
+		e.checkFree(s)
 	}
 	if err := e.dev.ClearCounters(base, n); err != nil {
 		for i := base; i < base+n; i++ {
@@ -153,15 +150,24 @@ func (e *Engine) takeCounter() (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	if v := e.dev.Counter(slot); v != 0 {
-		e.staleWrites++
-		e.log.Warn("counter slot written while free", "slot", slot, "addr", hex(e.dev.CounterAddr(slot)), "value", hex(v))
+	if e.checkFree(slot) {
 		if err := e.dev.ClearCounters(slot, 1); err != nil {
 			e.slots.free(slot)
 			return 0, err
 		}
 	}
 	return slot, nil
+}
+
+// checkFree reports whether slot, just taken, was written while free;
+// if so it counts and logs the stale write. The caller holds e.mu.
+func (e *Engine) checkFree(slot int) bool {
+	v := e.dev.Counter(slot)
+	if v != 0 {
+		e.staleWrites++
+		e.log.Warn("counter slot written while free", "slot", slot, "addr", hex(e.dev.CounterAddr(slot)), "value", hex(v))
+	}
+	return v != 0
 }
 
 // clearRuns zeroes slots (any order; sorted here) with one ClearCounters

@@ -51,7 +51,7 @@ func (d *Daemon) createCover(req api.SessionRequest) (api.Session, error) {
 	// More probes than the driver's splice table has room for fail: said
 	// before planning them all (a whole kernel's sites would not fit in
 	// kerninstd's memory either), not found out probe by probe.
-	in := d.Info()
+	in := d.deviceInfo()
 	room := -1
 	if in.MaxSplices > 0 {
 		room = in.MaxSplices - in.DriverSplices

@@ -165,10 +165,7 @@ func New(c Config) (*Daemon, error) {
 
 // Info reports the daemon's state.
 func (d *Daemon) Info() api.Info {
-	var in api.Info
-	if d.info != nil {
-		in = d.info()
-	}
+	in := d.deviceInfo()
 	in.KernelRelease = d.view.Release()
 	in.Mechanism = MechanismSplice
 	if d.bpf != nil {
@@ -186,6 +183,16 @@ func (d *Daemon) Info() api.Info {
 	in.StaleCounterWrites = d.eng.StaleCounterWrites()
 	in.DirtyFreeCounters, _ = d.eng.DirtyFreeCounters()
 	return in
+}
+
+// deviceInfo is what the device reports (the driver's splice table,
+// heaps, build), without the daemon's own state: Info adds that, and a
+// scan of the counter heap a cover request need not wait for.
+func (d *Daemon) deviceInfo() api.Info {
+	if d.info == nil {
+		return api.Info{}
+	}
+	return d.info()
 }
 
 // refresh brings the planner's facts up to date with the modules loaded

@@ -500,26 +500,20 @@ func (g *Graph) perCPUUsed() (uint64, bool) {
 	if err1 != nil || err2 != nil || !ok1 || !ok2 || !ok3 {
 		return 0, false
 	}
-	var b [8]byte
-	word := func(a uint64) (uint64, bool) {
+	i32 := func(a uint64) (uint64, bool) {
+		var b [4]byte
 		if g.k.ReadVirt(b[:], a) != nil {
 			return 0, false
 		}
-		return binary.LittleEndian.Uint64(b[:]), true
-	}
-	i32 := func(a uint64) (uint64, bool) {
-		if g.k.ReadVirt(b[:4], a) != nil {
-			return 0, false
-		}
-		v := int32(binary.LittleEndian.Uint32(b[:4]))
+		v := int32(binary.LittleEndian.Uint32(b[:]))
 		return uint64(v), v >= 0
 	}
-	fc, ok1 := word(fcSym)
-	base, ok2 := word(baseSym)
+	fc, ok1 := g.readU64(fcSym)
+	base, ok2 := g.readU64(baseSym)
 	if !ok1 || !ok2 || fc == 0 {
 		return 0, false
 	}
-	cbase, ok1 := word(fc + uint64(bo))
+	cbase, ok1 := g.readU64(fc + uint64(bo))
 	pages, ok2 := i32(fc + uint64(no))
 	endOff, ok3 := i32(fc + uint64(eo))
 	if !ok1 || !ok2 || !ok3 || cbase < base {
