@@ -944,5 +944,5 @@ func OpenOrFind(path string) (*File, error) {
 	if dbg, ferr := Find(Search{BuildID: id}); ferr == nil {
 		return dbg, nil
 	}
-	return nil, fmt.Errorf("%w, and no %s of build id %s (install the library's -dbg or -dbgsym package)", err, BuildIDPath(id), id)
+	return nil, fmt.Errorf("%w, and no %s of build id %s (install its package's -dbg or -dbgsym package, or build it with -g)", err, BuildIDPath(id), id)
 }

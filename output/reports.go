@@ -233,7 +233,8 @@ type BisectReport struct {
 }
 
 // LinesReport is `kinst lines FUNC --json`: the source lines of a kernel
-// function and whether the instruction where each starts takes a probe.
+// function (or, with -p, a process's) and whether the instruction where
+// each starts takes a probe.
 type LinesReport struct {
 	Function string   `json:"function"`
 	Address  api.Addr `json:"address"`
@@ -256,9 +257,10 @@ type SourceLine struct {
 	Refused     string `json:"refused,omitempty"`
 }
 
-// AnnotateReport is `kinst annotate FUNC --json`: a kernel function's
-// blocks and instructions with the source line of each and, per block,
-// its count over a live run or its coverage from a saved report.
+// AnnotateReport is `kinst annotate FUNC --json`: a kernel (or, with -p,
+// a process's) function's blocks and instructions with the source line of
+// each and, per block, its count over a live run or its coverage from a
+// saved report.
 type AnnotateReport struct {
 	Function string   `json:"function"`
 	Address  api.Addr `json:"address"`

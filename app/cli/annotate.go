@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/debuginfo"
 	"github.com/kinst/kinst/output"
+	"github.com/kinst/kinst/procsession"
 )
 
 // AnnotateOptions are the flags of kinst annotate.
@@ -32,44 +34,97 @@ func AnnotateFunction(ctx context.Context, c *api.Client, o AnnotateOptions, env
 	if err != nil {
 		return 1, err
 	}
+	dbg, link, err := func() (*debuginfo.File, uint64, error) {
+		dbg, err := debugForFunction(ctx, c, cfg, o.Debug)
+		if err != nil {
+			return nil, 0, err
+		}
+		link, err := linkAddr(dbg.Symbols(), cfg)
+		if err != nil {
+			dbg.Close()
+			return nil, 0, fmt.Errorf("no source lines: %w", err)
+		}
+		return dbg, link, nil
+	}()
+	if err != nil && o.Debug.Vmlinux != "" && cfg.Module == "" {
+		return 1, err
+	}
+	return annotate(ctx, kernelTarget(ctx, c, o.Debug, env.Err), cfg, cfg, sourceOf{dbg, link, err}, o, env)
+}
+
+// AnnotateProcess is AnnotateFunction for a function of the user process
+// pid (FUNC or LIB:FUNC; pid 0 starts o.Command stopped at its entry point
+// and counts over its run), with its source lines from the executable's
+// or the library's DWARF or debug file. With o.From the process is only
+// read (a command started for it is killed): its function is matched to
+// the saved report's by name.
+func AnnotateProcess(ctx context.Context, pid int, o AnnotateOptions, env Env) (int, error) {
+	t, err := processTarget(pid, o.Command, env, procsession.Options{})
+	if err != nil {
+		return 1, err
+	}
+	cfg, err := t.proc.host.CFG(ctx, o.Function)
+	if err != nil {
+		t.proc.abort()
+		return 1, err
+	}
+	dbg, link, derr := t.proc.functionDebug(cfg)
+	// A process's report names a library's function as the library does,
+	// the module apart: saved coverage is looked up so.
+	plain := cfg
+	plain.Function = strings.TrimPrefix(cfg.Function, cfg.Module+":")
+	status, err := annotate(ctx, t, cfg, plain, sourceOf{dbg, link, derr}, o, env)
+	if t.proc.end == "" {
+		t.proc.abort() // no run let it go (--from, or no counter armed)
+	}
+	return status, err
+}
+
+// sourceOf is where annotate's source lines come from: a debug file and
+// the function's link-time address in it, or why there are none.
+type sourceOf struct {
+	dbg  *debuginfo.File
+	link uint64
+	err  error
+}
+
+// annotate is kinst annotate over the function cfg describes, on target
+// t: a live count (a session of t's) or o.From's coverage (found as
+// saved names the function).
+func annotate(ctx context.Context, t sessionTarget, cfg, saved api.CFG, src sourceOf, o AnnotateOptions, env Env) (int, error) {
 	rep := output.AnnotateReport{Function: cfg.Function, Address: cfg.Address, From: "live"}
+	lineOf := func(uint64) string { return "" }
+	if src.err != nil {
+		sayNoLines(env.Err, src.err)
+	} else {
+		dbg, link := src.dbg, src.link
+		defer dbg.Close()
+		rep.Vmlinux = dbg.Path
+		lineOf = func(off uint64) string {
+			l, err := dbg.LineAt(link + off)
+			if err != nil || l.Line == 0 {
+				return ""
+			}
+			return l.String()
+		}
+	}
 	var cov *api.CoverFunction
 	if o.From != "" {
-		saved, err := readCoverReport(o.From)
+		file, err := readCoverReport(o.From)
 		if err != nil {
 			return 1, err
 		}
-		if cov, err = savedFunction(saved, cfg); err != nil {
+		if cov, err = savedFunction(file, saved); err != nil {
 			return 1, fmt.Errorf("%s: %w", o.From, err)
 		}
 		rep.From = o.From
-	}
-	lineOf := func(uint64) string { return "" }
-	if dbg, err := debugForFunction(ctx, c, cfg, o.Debug); err != nil {
-		if o.Debug.Vmlinux != "" && cfg.Module == "" {
-			return 1, err
-		}
-		sayNoLines(env.Err, err)
-	} else {
-		defer dbg.Close()
-		if link, err := linkAddr(dbg.Symbols(), cfg); err == nil {
-			rep.Vmlinux = dbg.Path
-			lineOf = func(off uint64) string {
-				l, err := dbg.LineAt(link + off)
-				if err != nil || l.Line == 0 {
-					return ""
-				}
-				return l.String()
-			}
-		} else if err != nil {
-			fmt.Fprintf(env.Err, "kinst: no source lines: %v\n", err)
-		}
 	}
 	status := 0
 	var counts map[int]uint64
 	var probed map[int]bool
 	if cov == nil {
-		counts, probed, status, rep.DurationNS, err = countBlocks(ctx, c, cfg, o, env)
+		var err error
+		counts, probed, status, rep.DurationNS, err = countBlocks(ctx, t, cfg, o, env)
 		if err != nil {
 			return max(status, 1), err
 		}
@@ -122,7 +177,7 @@ func blockRefusal(b api.CFGBlock) string {
 // countBlocks counts every block of cfg that takes a probe (one session,
 // FUNC:BLOCK points) for the run o bounds; it returns the counts by block
 // index and which blocks had a counter.
-func countBlocks(ctx context.Context, c *api.Client, cfg api.CFG, o AnnotateOptions, env Env) (map[int]uint64, map[int]bool, int, int64, error) {
+func countBlocks(ctx context.Context, t sessionTarget, cfg api.CFG, o AnnotateOptions, env Env) (map[int]uint64, map[int]bool, int, int64, error) {
 	var points []string
 	var index []int
 	for _, b := range cfg.Blocks {
@@ -139,12 +194,12 @@ func countBlocks(ctx context.Context, c *api.Client, cfg api.CFG, o AnnotateOpti
 	if len(points) == 0 {
 		return nil, nil, 1, 0, errors.New("no block of " + cfg.Function + " takes a probe")
 	}
-	sess, err := c.CreateSession(ctx, api.SessionRequest{Points: points, Tied: true})
+	sess, err := t.host.CreateSession(ctx, t.request(api.SessionRequest{Points: points}))
 	if err != nil {
 		return nil, nil, 1, 0, err
 	}
 	fmt.Fprintf(env.Err, "kinst: counting %d of %d blocks of %s\n", len(points), nonPadding(cfg), cfg.Function)
-	res, err := runSession(ctx, daemonHost{c}, sess, runOptions{Duration: o.Duration, Interval: time.Second, Command: o.Command,
+	res, err := t.run(ctx, sess, runOptions{Duration: o.Duration, Interval: time.Second, Command: o.Command,
 		Waiting: "kinst: counting; Ctrl-C to stop"}, env, func(time.Duration, api.Sample) {})
 	status := res.status()
 	if err != nil {

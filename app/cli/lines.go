@@ -8,6 +8,7 @@ import (
 	"github.com/kinst/kinst/debuginfo"
 	"github.com/kinst/kinst/internal/elfsym"
 	"github.com/kinst/kinst/output"
+	"github.com/kinst/kinst/procsession"
 )
 
 // Lines lists the source lines of the kernel function fn, as perf probe
@@ -28,6 +29,36 @@ func Lines(ctx context.Context, c *api.Client, fn string, o DebugOptions, asJSON
 	if err != nil {
 		return fmt.Errorf("%s: %w (in %s)", fn, err, dbg.Path)
 	}
+	return writeLines(cfg, dbg, link, asJSON, env)
+}
+
+// LinesProcess is Lines for a function of the user process pid (FUNC or
+// LIB:FUNC; pid 0 starts command stopped at its entry point for it), from
+// the executable's DWARF or the library's, or their debug files by build
+// id, with the splice classes kinst's own plan of the process gives. Only
+// the process's memory is read; nothing is written into it.
+func LinesProcess(ctx context.Context, pid int, fn string, command []string, asJSON bool, env Env) error {
+	t, err := processTarget(pid, command, env, procsession.Options{})
+	if err != nil {
+		return err
+	}
+	defer t.proc.abort()
+	cfg, err := t.proc.host.CFG(ctx, fn)
+	if err != nil {
+		return err
+	}
+	dbg, link, err := t.proc.functionDebug(cfg)
+	if err != nil {
+		return fmt.Errorf("lines: %w", err)
+	}
+	defer dbg.Close()
+	return writeLines(cfg, dbg, link, asJSON, env)
+}
+
+// writeLines writes the lines report of the function cfg describes, whose
+// code is at link in dbg.
+func writeLines(cfg api.CFG, dbg *debuginfo.File, link uint64, asJSON bool, env Env) error {
+	fn := cfg.Function
 	lines, at, err := dbg.FuncLines(link, link+cfg.Size)
 	if err != nil {
 		return fmt.Errorf("%s: %w (in %s)", fn, err, dbg.Path)

@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -109,4 +111,150 @@ func rootAndGCC(t *testing.T, name string, flags ...string) string {
 		t.Skipf("gcc: %v\n%s", err, out)
 	}
 	return bin
+}
+
+// kinst lines -p 0 work -- CMD: every line listed is where addr2line
+// (binutils, from the same DWARF) says the instruction at its offset
+// comes from; the body's lines are all there, each with a splice class,
+// and the declaration is lines.c:2.
+func TestLinesProcess(t *testing.T) {
+	bin := rootAndGCC(t, "lines", "-O0", "-g")
+	var out, errb bytes.Buffer
+	env := Env{Out: &out, Err: &errb, CmdIn: strings.NewReader(""), CmdOut: io.Discard, CmdErr: io.Discard}
+	if err := LinesProcess(context.Background(), 0, "work", []string{bin}, true, env); err != nil {
+		t.Fatalf("%v\n%s", err, errb.String())
+	}
+	var rep output.LinesReport
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Vmlinux != bin || !strings.HasSuffix(rep.Declared, "lines.c:2") {
+		t.Errorf("lines from %q, declared at %q; want %s and lines.c:2", rep.Vmlinux, rep.Declared, bin)
+	}
+	link := symbolAddr(t, bin, "work")
+	seen := map[int]bool{}
+	for _, l := range rep.Lines {
+		seen[l.Line] = true
+		got := fmt.Sprintf("%s:%d", filepath.Base(l.File), l.Line)
+		if want := addr2line(t, bin, link+l.Offset); got != want {
+			t.Errorf("%s at work+%#x; addr2line says %s", got, l.Offset, want)
+		}
+		if l.SpliceClass == "" || l.Point != fmt.Sprintf("work+%#x", l.Offset) {
+			t.Errorf("line %d: point %q, class %q", l.Line, l.Point, l.SpliceClass)
+		}
+	}
+	for _, n := range []int{4, 5, 6, 7} {
+		if !seen[n] {
+			t.Errorf("line %d not listed: %+v", n, rep.Lines)
+		}
+	}
+}
+
+// kinst annotate -p 0 work -- CMD: the program calls work 1000 times and
+// takes line 6 for the 500 odd x, so the entry block counts 1000 and the
+// block of line 6 counts 500; every block with a count has its source
+// lines. With --from, a saved coverage report of the same program marks
+// each block as the report does (matched by name: the addresses moved).
+func TestAnnotateProcess(t *testing.T) {
+	bin := rootAndGCC(t, "lines", "-O0", "-g")
+	annotateRun := func(o AnnotateOptions) output.AnnotateReport {
+		t.Helper()
+		var out, errb bytes.Buffer
+		env := Env{Out: &out, Err: &errb, CmdIn: strings.NewReader(""), CmdOut: io.Discard, CmdErr: io.Discard}
+		o.Function, o.Command, o.JSON = "work", []string{bin}, true
+		if status, err := AnnotateProcess(context.Background(), 0, o, env); err != nil || status != 0 {
+			t.Fatalf("status %d, %v\n%s", status, err, errb.String())
+		}
+		var rep output.AnnotateReport
+		if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+			t.Fatal(err)
+		}
+		return rep
+	}
+	rep := annotateRun(AnnotateOptions{})
+	if rep.From != "live" || len(rep.Blocks) < 3 || rep.Vmlinux != bin {
+		t.Fatalf("from %q, %d blocks, lines from %q", rep.From, len(rep.Blocks), rep.Vmlinux)
+	}
+	if c := rep.Blocks[0].Count; c == nil || *c != 1000 {
+		t.Errorf("entry block count %v, want 1000", c)
+	}
+	line6 := false
+	for _, b := range rep.Blocks {
+		if b.Count == nil {
+			t.Errorf("block %d: no count (%s)", b.Index, b.Refused)
+			continue
+		}
+		if slices.ContainsFunc(b.Instructions, func(in output.AnnotateInsn) bool { return strings.HasSuffix(in.Line, "lines.c:6") }) {
+			line6 = true
+			if *b.Count != 500 {
+				t.Errorf("block %d (line 6) counted %d, want 500", b.Index, *b.Count)
+			}
+		}
+		if !slices.ContainsFunc(b.Instructions, func(in output.AnnotateInsn) bool { return in.Line != "" }) {
+			t.Errorf("block %d has no source line", b.Index)
+		}
+	}
+	if !line6 {
+		t.Errorf("no block holds lines.c:6: %+v", rep.Blocks)
+	}
+
+	want, err := exec.Command(bin).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cov := coverCommand(t, CoverOptions{Targets: []string{"work"}, Command: []string{bin}, AllBlocks: true}, "", string(want))
+	saved := filepath.Join(t.TempDir(), "cover.json")
+	data, err := json.Marshal(cov)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(saved, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	marked := annotateRun(AnnotateOptions{From: saved})
+	if marked.From != saved || len(marked.Blocks) != len(cov.Functions[0].Blocks) {
+		t.Fatalf("from %q with %d blocks; the report has %d", marked.From, len(marked.Blocks), len(cov.Functions[0].Blocks))
+	}
+	for i, b := range marked.Blocks {
+		if cb := cov.Functions[0].Blocks[i]; b.Covered == nil || *b.Covered != cb.Covered {
+			t.Errorf("block %d marked %v, the report says %v", b.Index, b.Covered, cb.Covered)
+		}
+	}
+	var errb bytes.Buffer
+	o := AnnotateOptions{Function: "main", From: saved, Command: []string{bin}}
+	if _, err := AnnotateProcess(context.Background(), 0, o, Env{Out: io.Discard, Err: &errb, CmdIn: strings.NewReader(""), CmdOut: io.Discard, CmdErr: io.Discard}); err == nil || !strings.Contains(err.Error(), "no coverage of main") {
+		t.Errorf("main from a report of work alone: %v, want no coverage of main", err)
+	}
+}
+
+// symbolAddr is name's address in the symbol table of bin (nm).
+func symbolAddr(t *testing.T, bin, name string) uint64 {
+	t.Helper()
+	out, err := exec.Command("nm", bin).Output()
+	if err != nil {
+		t.Skipf("nm: %v", err)
+	}
+	for _, l := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(l); len(f) == 3 && f[2] == name {
+			a, err := strconv.ParseUint(f[0], 16, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return a
+		}
+	}
+	t.Fatalf("nm: no %s in %s", name, bin)
+	return 0
+}
+
+// addr2line is FILE:LINE of addr in bin as binutils' addr2line prints it
+// (the file's base name, no discriminator).
+func addr2line(t *testing.T, bin string, addr uint64) string {
+	t.Helper()
+	out, err := exec.Command("addr2line", "-e", bin, fmt.Sprintf("%#x", addr)).Output()
+	if err != nil {
+		t.Skipf("addr2line: %v", err)
+	}
+	l, _, _ := strings.Cut(strings.TrimSpace(string(out)), " ")
+	return filepath.Base(l)
 }

@@ -176,11 +176,40 @@ func processTarget(pid int, command []string, env Env, o procsession.Options) (s
 // executableDebug is the process's executable's DWARF, for its source
 // lines.
 func (p *procTarget) executableDebug() (*debuginfo.File, error) {
-	dbg, err := debuginfo.OpenOrFind(fmt.Sprintf("/proc/%d/exe", p.pid))
+	exe := fmt.Sprintf("/proc/%d/exe", p.pid)
+	dbg, err := debuginfo.OpenOrFind(exe)
 	if err != nil {
 		return nil, fmt.Errorf("a source line in a process needs the executable's DWARF (build it with -g) or its debug file: %w", err)
 	}
+	if real, err := os.Readlink(exe); err == nil && dbg.Path == exe {
+		dbg.Path = real // what reports name: the file, not the link
+	}
 	return dbg, nil
+}
+
+// functionDebug opens the debug information of the process's function
+// cfg describes (its executable's or its library's: their DWARF, or their
+// debug files by build id) and finds the function's link-time address
+// there. The caller closes the file.
+func (p *procTarget) functionDebug(cfg api.CFG) (*debuginfo.File, uint64, error) {
+	var dbg *debuginfo.File
+	var err error
+	if cfg.Module == "" {
+		dbg, err = p.executableDebug()
+	} else {
+		dbg, err = p.host.LibraryDebug(cfg.Module)
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	plain := cfg
+	plain.Function = strings.TrimPrefix(cfg.Function, cfg.Module+":")
+	link, err := linkAddr(dbg.Symbols(), plain)
+	if err != nil {
+		dbg.Close()
+		return nil, 0, fmt.Errorf("%s: %w (in %s)", cfg.Function, err, dbg.Path)
+	}
+	return dbg, link, nil
 }
 
 // abort lets the process go when no session could be made: a started

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"os"
+	"os/signal"
 
 	"github.com/kinst/kinst/app/cli"
 	"github.com/spf13/pflag"
@@ -9,8 +11,8 @@ import (
 
 var annotateCommand = &command{
 	name:    "annotate",
-	args:    "FUNC [-- CMD…]",
-	summary: "a kernel function's instructions and source lines with per-block counts or coverage",
+	args:    "FUNC [-p PID] [-- CMD…]",
+	summary: "a kernel or process function's instructions and source lines with per-block counts or coverage",
 	help: `Prints FUNC block by block: each block's count, then its instructions, with
 the source line (from the debug vmlinux: --vmlinux PATH, else the running
 kernel's) above each instruction whose line changes, as perf annotate does.
@@ -18,7 +20,16 @@ The counts come from a live run: a counter at every block that takes one
 (kinst cfg shows why the others do not), for --duration, for CMD's lifetime,
 or until Ctrl-C; the counters are then removed. With --from REPORT, the
 blocks are marked covered or not from a saved kinst cover --json report
-instead, and nothing is installed.`,
+instead, and nothing is installed.
+
+With -p PID, FUNC (or LIB:FUNC) is a function of that user process: the
+counters are spliced into it by kinst (no kerninstd), the lines come from
+the executable's or the library's DWARF or debug file. -p 0 -- CMD starts
+CMD stopped at its entry point, counts over its run and exits with its
+status. With --from, a kinst cover --user --json report gives the coverage
+instead (its function of the same name and library: a process's addresses
+move from run to run); -p 0 -- CMD then starts CMD only to read it, and
+kills it.`,
 	daemon: true, report: true,
 	setup: func(fs *pflag.FlagSet) runFunc {
 		var o cli.AnnotateOptions
@@ -26,14 +37,26 @@ instead, and nothing is installed.`,
 		fs.StringVar(&o.From, "from", "", "mark coverage from this kinst cover --json `REPORT` instead of counting")
 		vmlinuxFlag(fs, &o.Debug)
 		jsonCmdFlag(fs, &o.JSON, "the blocks (index, start, count or covered, refused) with their instructions (offset, text, line)")
+		pid := fs.IntP("pid", "p", 0, "a function of the user process `PID` instead of the kernel's (0: of -- CMD, started for it)")
 		return func(ctx context.Context, inv invocation) (int, error) {
 			if len(inv.args) != 1 {
 				return 2, usagef("want one FUNC")
 			}
+			o.Function, o.Command = inv.args[0], inv.command
+			if fs.Changed("pid") {
+				if o.From != "" && fs.Changed("duration") {
+					return 2, usagef("--from reads a saved report: no --duration")
+				}
+				if err := checkProcessFlags(fs, *pid, inv.command); err != nil {
+					return 2, err
+				}
+				ctx, stop := signal.NotifyContext(ctx, os.Interrupt)
+				defer stop()
+				return inv.report(o.JSON, func(env cli.Env) (int, error) { return cli.AnnotateProcess(ctx, *pid, o, env) })
+			}
 			if o.From != "" && (len(inv.command) > 0 || fs.Changed("duration")) {
 				return 2, usagef("--from reads a saved report: no -- CMD or --duration")
 			}
-			o.Function, o.Command = inv.args[0], inv.command
 			return inv.report(o.JSON, func(env cli.Env) (int, error) { return cli.AnnotateFunction(ctx, inv.client(), o, env) })
 		}
 	},

@@ -121,6 +121,23 @@ func intervalFlag(fs *pflag.FlagSet, p *time.Duration, what string) {
 }
 
 func pidFlag(fs *pflag.FlagSet, p *int, what string) { fs.IntVarP(p, "pid", "p", 0, what) }
+
+// checkProcessFlags checks the flags of a command's -p form: a running
+// process (-p PID), or -p 0 with -- CMD to start, and none of the
+// kernel's debug-file flags.
+func checkProcessFlags(fs *pflag.FlagSet, pid int, command []string) error {
+	switch {
+	case pid < 0:
+		return usagef("-p %d: want a process ID, or 0 with -- CMD", pid)
+	case pid == 0 && len(command) == 0:
+		return usagef("-p 0 starts a command: give it after --")
+	case pid > 0 && len(command) > 0:
+		return usagef("-p %d names a running process: no -- CMD (-p 0 -- CMD starts one)", pid)
+	case fs.Changed("vmlinux") || fs.Changed("module-debug"):
+		return usagef("--vmlinux and --module-debug are for the kernel; a process's lines come from its own DWARF or debug files")
+	}
+	return nil
+}
 func tidFlag(fs *pflag.FlagSet, p *int, what string) { fs.IntVarP(p, "tid", "t", 0, what) }
 
 // sessionFlags are --name and --ttl of the commands that install

@@ -173,6 +173,12 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"count", "-d", "-1s", "f"}, "--duration -1s: want a duration of zero or more"},
 		{[]string{"cover", "--user", "-p", "0", "--ttl", "-5m", "libc:*", "--", "true"}, "--ttl -5m0s: want a duration of zero or more"},
 		{[]string{"count", "--interval", "-1s", "f"}, "--interval -1s: want a duration"},
+		{[]string{"lines", "-p", "0", "f"}, "-p 0 starts a command: give it after --"},
+		{[]string{"lines", "-p", "-1", "f"}, "-p -1: want a process ID"},
+		{[]string{"lines", "f", "--", "true"}, "-- CMD is for -p 0"},
+		{[]string{"annotate", "-p", "1", "f", "--", "true"}, "-p 1 names a running process"},
+		{[]string{"annotate", "-p", "0", "--vmlinux", "/v", "f", "--", "true"}, "--vmlinux and --module-debug are for the kernel"},
+		{[]string{"annotate", "-p", "0", "--from", "r.json", "-d", "1s", "f", "--", "true"}, "no --duration"},
 	} {
 		status, _, errOut := kinst(t, tc.args...)
 		if status != 2 && !(len(tc.args) > 0 && tc.args[0] == "completion") || !strings.Contains(errOut, tc.want) {
