@@ -121,3 +121,52 @@ func PaddingAfter(fn *Function, blocks []Block, j int) int {
 	}
 	return n
 }
+
+// CoverRunIntoNext finds a covering run for block b that starts in the
+// block before it: b is entered only by falling through from that block
+// (its one predecessor, by a fallthrough edge alone: a jcc not taken, no
+// branch or table lands on it), so the run may go from instruction i of
+// the predecessor over the rest of it, the jcc included (its patch part
+// falls through when not taken), into b, up to and including b's first
+// instruction and on within b until the bytes hold need. The splice then
+// reaches b's requests at its first instruction's part of the patch. It
+// returns the run's length in instructions; false when b is not so
+// entered, i is not in its predecessor, or usable(j, last) refuses an
+// instruction (as for CoverRun; the jcc is not last). Whether the
+// function has unresolved indirect jumps is the caller's to check.
+func CoverRunIntoNext(fn *Function, blocks []Block, b, i, need int, usable func(j int, last bool) bool) (int, bool) {
+	if b < 1 || b >= len(blocks) {
+		return 0, false
+	}
+	blk, pred := &blocks[b], &blocks[b-1]
+	if blk.Padding || pred.Padding || blk.N == 0 || i < pred.First || i >= pred.First+pred.N {
+		return 0, false
+	}
+	if len(blk.Preds) != 1 || blk.Preds[0] != b-1 {
+		return 0, false
+	}
+	edges := 0
+	for _, e := range pred.Succs {
+		if e.To == b {
+			if e.Kind != Fallthrough {
+				return 0, false
+			}
+			edges++
+		}
+	}
+	if edges != 1 {
+		return 0, false
+	}
+	size := 0
+	for j := i; j < blk.First+blk.N; j++ {
+		size += fn.Insns[j].Len()
+		last := size >= need && j >= blk.First
+		if !usable(j, last) {
+			return 0, false
+		}
+		if last {
+			return j - i + 1, true
+		}
+	}
+	return 0, false
+}

@@ -146,3 +146,52 @@ func TestCoverRunIntoPadding(t *testing.T) {
 		}
 	}
 }
+
+// CoverRunIntoNext: a block entered only by falling through from a jcc
+// (argz_create's "jne; jmp" in libc) is covered by a run that starts in
+// the block before it; a block a branch lands on, or one with two ways
+// in, is not.
+func TestCoverRunIntoNext(t *testing.T) {
+	code := []byte{
+		0x48, 0x85, 0xff, // +0x0 test %rdi,%rdi  block 0
+		0x74, 0x07, // +0x3 je +0xc
+		0x48, 0x85, 0xf6, // +0x5 test %rsi,%rsi  block 1: falls from block 0 only
+		0x75, 0xf6, // +0x8 jne +0x0
+		0xeb, 0x04, // +0xa jmp +0x10  block 2: falls from block 1 only
+		0x31, 0xc0, // +0xc xor %eax,%eax  block 3: je's target
+		0xeb, 0x00, // +0xe jmp +0x10
+		0xc3, // +0x10 ret  block 4: two jumps land here
+	}
+	fn, err := Decode("f", "", 0x1000, code)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := fn.Blocks(nil)
+	if len(blocks) != 5 {
+		t.Fatalf("%d blocks, want 5", len(blocks))
+	}
+	all := func(int, bool) bool { return true }
+	for _, tc := range []struct {
+		name   string
+		b, i   int
+		usable func(j int, last bool) bool
+		n      int
+		ok     bool
+	}{
+		{"test+jne+jmp into block 2", 2, 2, all, 3, true},
+		{"jne+jmp: 4 bytes, and block 2 ends", 2, 3, all, 0, false},
+		{"je+test into block 1", 1, 1, all, 2, true},
+		{"test+je reach 5 bytes before block 1: its first instruction too", 1, 0, all, 3, true},
+		{"block 3: a branch lands on it", 3, 1, all, 0, false},
+		{"block 4: two ways in", 4, 6, all, 0, false},
+		{"the jne may not fall through", 2, 2, func(j int, last bool) bool { return last || j != 3 }, 0, false},
+		{"block 2's jmp refused", 2, 2, func(j int, _ bool) bool { return j != 4 }, 0, false},
+		{"i outside the block before", 2, 1, all, 0, false},
+		{"the entry block has none before", 0, 0, all, 0, false},
+	} {
+		n, ok := CoverRunIntoNext(fn, blocks, tc.b, tc.i, 5, tc.usable)
+		if n != tc.n || ok != tc.ok {
+			t.Errorf("%s: %d, %v; want %d, %v", tc.name, n, ok, tc.n, tc.ok)
+		}
+	}
+}

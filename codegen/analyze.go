@@ -448,16 +448,21 @@ func FallsThrough(site Site) (bool, error) {
 }
 
 // CanFallThrough reports whether site can be relocated to fall through to
-// the code placed after it (PatchSpec.FallThrough): it neither branches
-// nor calls.
+// the code placed after it (PatchSpec.FallThrough): it neither calls nor
+// jumps but conditionally (a jcc not taken goes on as the original goes
+// on to the next instruction; taken, it leaves for its own target).
 func CanFallThrough(site Site) bool {
 	in, err := analyze(site)
-	return err == nil && in.kind == kindPlain
+	return err == nil && in.kind.canFallThrough()
 }
 
 // CanFallThroughInst is CanFallThrough for an instruction already decoded
 // (the whole-kernel census's cheap form, like CheckRelocatable).
 func CanFallThroughInst(addr uint64, inst x86asm.Inst, b []byte) bool {
 	k, err := checkInst(addr, inst, b)
-	return err == nil && k == kindPlain
+	return err == nil && k.canFallThrough()
 }
+
+// canFallThrough: the kind's relocation may be followed by the next
+// instruction's patch instead of a jmp back (PatchSpec.FallThrough).
+func (k kind) canFallThrough() bool { return k == kindPlain || k == kindJcc }

@@ -68,8 +68,10 @@ type PatchSpec struct {
 	// FallThrough leaves out the jmp back after the relocated instruction:
 	// the code placed right after the patch runs next. A covering splice's
 	// patch is the patches of its instructions laid end to end, each but
-	// the last falling through. Only an instruction that neither branches
-	// nor calls may (a call would return into the covered bytes).
+	// the last falling through. Only an instruction that neither calls
+	// nor jumps but conditionally may (a call would return into the
+	// covered bytes; a jcc not taken goes on into the next part, taken to
+	// its target: CanFallThrough).
 	FallThrough bool
 	// RedZone is how many bytes below %rsp the interrupted code may use
 	// without moving %rsp: 128 in user space under the SysV ABI, 0 in the
@@ -143,8 +145,8 @@ func BuildPatch(addr uint64, spec PatchSpec) (*Patch, error) {
 	if err != nil {
 		return nil, err
 	}
-	if spec.FallThrough && in.kind != kindPlain {
-		return nil, in.refuse("a branch or call cannot fall through to the next instruction's patch")
+	if spec.FallThrough && !in.kind.canFallThrough() {
+		return nil, in.refuse("a call, jmp or ret cannot fall through to the next instruction's patch")
 	}
 	var need Needs
 	for _, s := range spec.Snippets {

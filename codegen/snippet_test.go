@@ -315,9 +315,11 @@ func TestCounterPatchIsBuildPatch(t *testing.T) {
 // TestFallThroughPatches: a covering splice's patch is the patches of its
 // instructions end to end, all but the last without the jmp back. Decoded
 // back (objdump's view via x86asm), the sequence is each instruction's
-// counter and copy in order, then one jmp to the end of the run; a branch
-// or call may not fall through; and a fall-through patch does not verify
-// as an ordinary one (the jmp back is missing).
+// counter and copy in order, then one jmp to the end of the run; a call,
+// jmp or ret may not fall through, a jcc may (not taken, it goes on into
+// the next part: a run into the block a jcc falls through to); and a
+// fall-through patch does not verify as an ordinary one (the jmp back is
+// missing).
 func TestFallThroughPatches(t *testing.T) {
 	const at, patch uint64 = 0xffffffff81000000, 0xffffffffc0000000
 	run := []Site{
@@ -326,6 +328,7 @@ func TestFallThroughPatches(t *testing.T) {
 		{Addr: at + 4, Bytes: []byte{0x41, 0x54}},       // push %r12
 		{Addr: at + 6, Bytes: []byte{0x48, 0x85, 0xc0}}, // test %rax,%rax
 		{Addr: at + 9, Bytes: []byte{0x74, 0x05}},       // je +5
+		{Addr: at + 11, Bytes: []byte{0xeb, 0xf3}},      // jmp -13 (to at)
 	}
 	var code []byte
 	for i, s := range run {
@@ -348,7 +351,8 @@ func TestFallThroughPatches(t *testing.T) {
 		code = append(code, p.Code...)
 	}
 	var ops []string
-	var last x86asm.Inst
+	var last, je x86asm.Inst
+	jeEnd := 0
 	for off := 0; off < len(code); {
 		inst, err := x86dec.Decode(code[off:])
 		if err != nil {
@@ -356,15 +360,24 @@ func TestFallThroughPatches(t *testing.T) {
 		}
 		ops = append(ops, inst.Op.String())
 		last, off = inst, off+inst.Len
+		if inst.Op == x86asm.JE {
+			je, jeEnd = inst, off
+		}
 	}
 	want := "PUSHFQ INC POPFQ PUSH MOV PUSHFQ INC POPFQ PUSH TEST PUSHFQ INC POPFQ JE JMP"
 	if got := strings.Join(ops, " "); got != want {
 		t.Errorf("ops %s\nwant %s", got, want)
 	}
-	if rel, ok := last.Args[0].(x86asm.Rel); !ok || patch+uint64(len(code))+uint64(int64(rel)) != at+11 {
-		t.Errorf("last jmp %v, want to the end of the run %#x", last, at+11)
+	// The je goes to its own target; not taken, it runs into the jmp's
+	// part, which leaves for the jmp's target: no jmp back to the end of
+	// the run is left.
+	if rel, ok := je.Args[0].(x86asm.Rel); !ok || patch+uint64(jeEnd)+uint64(int64(rel)) != at+16 {
+		t.Errorf("je %v, want to the original target %#x", je, at+16)
 	}
-	for _, b := range [][]byte{{0x74, 0x05}, {0xe8, 0, 0, 0, 0}, {0xc3}} {
+	if rel, ok := last.Args[0].(x86asm.Rel); !ok || patch+uint64(len(code))+uint64(int64(rel)) != at {
+		t.Errorf("last jmp %v, want to the jmp's target %#x", last, at)
+	}
+	for _, b := range [][]byte{{0xeb, 0x05}, {0xe8, 0, 0, 0, 0}, {0xc3}, {0xe2, 0xfe}} {
 		if _, err := BuildPatch(patch, PatchSpec{Site: Site{Addr: at, Bytes: b}, FallThrough: true}); err == nil {
 			t.Errorf("% x falls through", b)
 		}
@@ -379,7 +392,7 @@ func TestFallThroughPatches(t *testing.T) {
 		if CanFallThroughInst(at, inst, b) != CanFallThrough(site) {
 			t.Errorf("% x: CanFallThroughInst %v, CanFallThrough %v", b, CanFallThroughInst(at, inst, b), CanFallThrough(site))
 		}
-		if want := len(b) == 1 && b[0] == 0x55 || b[0] == 0x48; CanFallThrough(site) != want {
+		if want := len(b) == 1 && b[0] == 0x55 || b[0] == 0x48 || b[0] == 0x74; CanFallThrough(site) != want {
 			t.Errorf("% x: CanFallThrough %v, want %v", b, !want, want)
 		}
 	}

@@ -16,10 +16,12 @@ import (
 	"slices"
 	"time"
 
+	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/codegen"
 	"github.com/kinst/kinst/engine"
 	"github.com/kinst/kinst/kernel"
 	"github.com/kinst/kinst/splice"
+	"github.com/kinst/kinst/springboard"
 )
 
 // Engine is what a Set splices through: an engine.Engine (the kernel's),
@@ -69,6 +71,19 @@ type Set struct {
 	upArmed  []inference
 	reserve  map[blockRef]*splice.Site
 	noProbe  map[blockRef]int32 // why an inferred block could take no probe (a reason index + 1)
+	// runs are the blocks planned since the last Arm whose own probe
+	// needs a trap, each with the covering run from the block before it
+	// that reaches it instead (splice.Func.RunIntoBlock): armed when the
+	// probe is refused (no punned jmp fits).
+	runs map[blockRef]runInto
+}
+
+// runInto is a block's probe by a covering run from the block before it:
+// the run's site (a probe of pred) and the block's first instruction in
+// it (the block's probe).
+type runInto struct {
+	pred      int32 // the block before, in the same function
+	run, into *splice.Site
 }
 
 // function is one function of the run (Function without the per-block
@@ -156,6 +171,8 @@ type FuncPlan struct {
 	sites []*splice.Site // per kept block: its detached site, nil if refused
 	// inf: Inferable's answer, by kept block (not cfg block).
 	inf map[int32][]int32
+	// runs: by kept block, the run from the block before (Set.runs).
+	runs map[int32]runInto
 }
 
 // Plan is the costly half of Add: every block of f resolved to a probe
@@ -200,6 +217,9 @@ func (s *Set) Plan(f *splice.Func) *FuncPlan {
 		}
 		pos[b] = k
 		p.fn.blocks = append(p.fn.blocks, block{start: uint32(start - p.fn.addr), size: uint32(last.Addr + uint64(last.Len()) - start), index: int32(b)})
+		if site != nil && (site.Class == springboard.Trap || site.Class == springboard.Springboard) && f.Facts().NoTrap != "" {
+			p.planRun(f, b, k, pos, hdr)
+		}
 	}
 	if !s.all {
 		inf := Inferable(f, func(b int) bool {
@@ -223,6 +243,27 @@ func (s *Set) Plan(f *splice.Func) *FuncPlan {
 	return p
 }
 
+// planRun plans the covering run from the block before cfg block b (kept
+// block k) that reaches b without the trap its own probe needs, where
+// traps are refused and the punned jmp the engine tries instead may not
+// fit (Set.runs).
+func (p *FuncPlan) planRun(f *splice.Func, b int, k int32, pos map[int]int32, hdr *cfg.Function) {
+	pred, ok := pos[b-1]
+	if !ok {
+		return
+	}
+	run, into, ok := f.RunIntoBlock(b)
+	if !ok {
+		return
+	}
+	at := slices.Index(run.Covered(), into)
+	d := run.Detached(hdr)
+	if p.runs == nil {
+		p.runs = map[int32]runInto{}
+	}
+	p.runs[k] = runInto{pred: pred, run: d, into: d.Covered()[at]}
+}
+
 // AddPlan makes p's function the Set's next, its probes planned for the
 // next Arm.
 func (s *Set) AddPlan(p *FuncPlan) {
@@ -230,6 +271,12 @@ func (s *Set) AddPlan(p *FuncPlan) {
 	at := int32(len(s.fns))
 	if len(p.inf) > 0 && s.reserve == nil { // none since the last Arm
 		s.reserve, s.noProbe = map[blockRef]*splice.Site{}, map[blockRef]int32{}
+	}
+	for k, r := range p.runs {
+		if s.runs == nil {
+			s.runs = map[blockRef]runInto{}
+		}
+		s.runs[blockRef{at, k}] = r
 	}
 	for k := range cf.blocks {
 		ref := blockRef{at, int32(k)}
@@ -320,6 +367,9 @@ func (s *Set) Arm(eng Engine, owner string, snippet engine.SnippetFunc, now func
 		failed = append(failed, s.refusedRefs(chunk, errs)...)
 		armed = s.keepArmed(armed, chunk, reqs, errs)
 	}
+	// A block whose probe was refused may be reached by a run from the
+	// block before it (after every chunk: that block's own probe is in).
+	failed, armed = s.armRuns(eng, spec, failed, armed)
 	// An inferred block relies on its successors' probes: where one could
 	// not be armed, the block gets its own probe (and so on up).
 	for len(failed) > 0 {
@@ -330,6 +380,7 @@ func (s *Set) Arm(eng Engine, owner string, snippet engine.SnippetFunc, now func
 		reqs, errs := s.armEach(eng, spec, more)
 		failed = s.refusedRefs(more, errs)
 		armed = s.keepArmed(armed, more, reqs, errs)
+		failed, armed = s.armRuns(eng, spec, failed, armed)
 	}
 	// Every block planned so far is armed or refused, so no inference is
 	// taken back any more: what is left of up goes into upArmed (to mark
@@ -514,7 +565,7 @@ func (s *Set) settleInferences() {
 	}
 	slices.SortFunc(s.upArmed, inference.cmp)
 	s.upArmed = slices.Clip(s.upArmed)
-	s.up, s.upSorted, s.reserve, s.noProbe = nil, false, nil, nil
+	s.up, s.upSorted, s.reserve, s.noProbe, s.runs = nil, false, nil, nil, nil
 }
 
 func (a inference) cmp(b inference) int {
@@ -536,6 +587,99 @@ func (s *Set) inferredFrom(from blockRef) []inference {
 		j++
 	}
 	return s.up[i:j]
+}
+
+// armRuns arms, for each block of failed that has one (Set.runs), the
+// covering run from the block before it: a probe of that block at the
+// run's start and the block's own at its first instruction in the run,
+// in one batch. It returns the blocks still failed and armed with the
+// probes armed. Both blocks count as probed (the one before taken out of
+// any inference). The block before's own probe goes first where its
+// splice holds bytes the run's jmp overwrites (its cheapest instruction
+// is often the jcc itself), unless it has run already; it comes back if
+// the run cannot be armed. Where the run arms but the block's probe in it
+// does not (another point took the instruction), the run stays as a
+// probe of the block before.
+func (s *Set) armRuns(eng Engine, spec engine.Spec, failed []blockRef, armed []Probe) ([]blockRef, []Probe) {
+	var ps []Probe
+	still := failed[:0:0]
+	preds := map[blockRef]*splice.Site{} // the run's site, by the block before
+	for _, ref := range failed {
+		r, ok := s.runs[ref]
+		if !ok {
+			still = append(still, ref)
+			continue
+		}
+		delete(s.runs, ref)
+		ps = append(ps, Probe{Function: ref.f, Block: r.pred, site: r.run}, Probe{Function: ref.f, Block: ref.b, site: r.into})
+		preds[blockRef{ref.f, r.pred}] = r.run
+	}
+	if len(ps) == 0 {
+		return failed, armed
+	}
+	// The block before's probes in the way, taken out (and their sites
+	// kept, to put back where the run fails).
+	moved := map[blockRef]*splice.Site{}
+	kept := armed[:0]
+	for _, p := range armed {
+		ref := blockRef{p.Function, p.Block}
+		if run, ok := preds[ref]; ok && moved[ref] == nil && overlaps(p.Request.Site(), run) && !eng.Hit(p.Request) {
+			if errs := eng.RemoveEach([]*engine.Request{p.Request}); errs[0] == nil {
+				moved[ref] = p.Request.Site()
+				continue
+			}
+		}
+		kept = append(kept, p)
+	}
+	clear(armed[len(kept):])
+	armed = kept
+	reqs, errs := s.armEach(eng, spec, ps)
+	var back []Probe
+	for k := 0; k < len(ps); k += 2 {
+		pred, blk := blockRef{ps[k].Function, ps[k].Block}, blockRef{ps[k+1].Function, ps[k+1].Block}
+		if errs[k] != nil {
+			still = append(still, blk) // refused as before, with its own probe's reason
+			if site := moved[pred]; site != nil {
+				back = append(back, Probe{Function: pred.f, Block: pred.b, site: site})
+			}
+			continue
+		}
+		s.probedNow(pred)
+		if errs[k+1] != nil {
+			still = append(still, blk)
+			armed = s.keepArmed(armed, ps[k:k+1], reqs[k:k+1], errs[k:k+1])
+			continue
+		}
+		s.probedNow(blk)
+		armed = s.keepArmed(armed, ps[k:k+2], reqs[k:k+2], errs[k:k+2])
+	}
+	if len(back) > 0 {
+		reqs, errs := s.armEach(eng, spec, back)
+		armed = s.keepArmed(armed, back, reqs, errs)
+	}
+	return still, armed
+}
+
+// overlaps: site's splice may hold bytes of the jmp a splice at run
+// writes (each writes at most a jmp rel32's 5 bytes from its start).
+func overlaps(site, run *splice.Site) bool {
+	a, b := site.Addr(), run.Addr()
+	return a < b+springboard.JmpRel32Len && b < a+springboard.JmpRel32Len
+}
+
+// probedNow makes ref a probed block: no longer refused or inferred.
+func (s *Set) probedNow(ref blockRef) {
+	f := &s.fns[ref.f]
+	cb := &f.blocks[ref.b]
+	if cb.why != 0 {
+		cb.why = 0
+		f.refused--
+	}
+	if cb.flags&blockInferred != 0 {
+		cb.flags &^= blockInferred
+		s.inferred--
+		delete(s.reserve, ref)
+	}
 }
 
 // refusedRefs is the blocks of probes whose arming failed.

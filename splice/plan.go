@@ -342,6 +342,55 @@ func (f *Func) coverRun(i int, intoPadding bool) (n int, pad springboard.Range, 
 	return n, pad, true
 }
 
+// RunIntoBlock plans a covering splice that reaches block b from the
+// block before it, for a block no splice of its own reaches without a
+// trap (a 2-byte jmp after a jcc, no springboard slot in reach, no punned
+// jmp that lands on free memory): where b is entered only by falling
+// through from that block's jcc (cfg.CoverRunIntoNext), the run starts at
+// the latest instruction there it can and takes b's first instruction
+// too. The site returned is the run's start, a request there is for the
+// block before b; b's own requests go at its first instruction, the
+// covered site into (Covered), which the patch runs only when the jcc is
+// not taken. Only in a process: the kernel's short blocks have
+// springboards.
+func (f *Func) RunIntoBlock(b int) (run, into *Site, ok bool) {
+	if !f.facts.Process || f.why != "" || f.jumpy || b < 1 || b >= len(f.Blocks) {
+		return nil, nil, false
+	}
+	blk, pred := &f.Blocks[b], &f.Blocks[b-1]
+	for i := pred.First + pred.N - 1; i >= pred.First; i-- {
+		if f.NoSplice(i) != "" {
+			continue
+		}
+		f.from = i
+		n, ok := cfg.CoverRunIntoNext(f.Fn, f.Blocks, b, i, springboard.JmpRel32Len, f.usable)
+		if !ok {
+			continue
+		}
+		fn := f.Fn
+		point := func(blk int) *Point {
+			return &Point{Spec: fmt.Sprintf("%s:%d", fn.Name, blk), Function: fn.Name, Block: blk, HasBlock: true}
+		}
+		pp, bp := point(b-1), point(b)
+		run = &Site{Fn: fn, Class: springboard.Cover, Live: f.Live(i),
+			x: &siteExtra{point: pp, index: int32(i), ambiguous: int32(f.Ambiguous)}}
+		for j := i + 1; j < i+n; j++ {
+			jp := pp
+			if j >= blk.First {
+				jp = bp
+			}
+			c := &Site{Fn: fn, Class: springboard.Cover, Live: f.Live(j),
+				x: &siteExtra{point: jp, index: int32(j), ambiguous: int32(f.Ambiguous)}}
+			run.x.cover = append(run.x.cover, c)
+			if j == blk.First {
+				into = c
+			}
+		}
+		return run, into, true
+	}
+	return nil, nil, false
+}
+
 // trapPadding gives trap site s at instruction i, a ret or jmp that ends
 // its block, the nop padding after it that a punned jmp over it may own
 // (Site.TrapPadding): up to the pun's 4 bytes, taken out of the
