@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -19,6 +20,7 @@ type AnnotateOptions struct {
 	Duration time.Duration // the live run; 0: until Ctrl-C or CMD exits
 	Command  []string
 	From     string // a kinst cover --json report: its coverage instead of a live run
+	Session  string // a running kerninstd session (NAME or ID): its coverage or counts instead
 	JSON     bool
 	Debug    DebugOptions
 }
@@ -49,7 +51,68 @@ func AnnotateFunction(ctx context.Context, c *api.Client, o AnnotateOptions, env
 	if err != nil && o.Debug.Vmlinux != "" && cfg.Module == "" {
 		return 1, err
 	}
-	return annotate(ctx, kernelTarget(ctx, c, o.Debug, env.Err), cfg, cfg, sourceOf{dbg, link, err}, o, env)
+	src := sourceOf{dbg, link, err}
+	if o.Session != "" {
+		marks, err := sessionMarks(ctx, c, o.Session, cfg)
+		if err != nil {
+			if dbg != nil {
+				dbg.Close()
+			}
+			return 1, err
+		}
+		return annotate(ctx, kernelTarget(ctx, c, o.Debug, env.Err), cfg, cfg, src, o, env, marks)
+	}
+	return annotate(ctx, kernelTarget(ctx, c, o.Debug, env.Err), cfg, cfg, src, o, env, nil)
+}
+
+// blockMarks are what a session already running says of a function's
+// blocks: its coverage, or the counts of its probes there (by block
+// index: a probe at any instruction of a block counts the block's runs).
+type blockMarks struct {
+	from   string // "session NAME"
+	cover  *api.CoverFunction
+	counts map[int]uint64
+}
+
+// sessionMarks reads the running session idOrName's marks on the
+// function cfg describes: a coverage session's report of it, or the
+// counts of a counting session's probes in it.
+func sessionMarks(ctx context.Context, c *api.Client, idOrName string, cfg api.CFG) (*blockMarks, error) {
+	sessions, err := c.Sessions(ctx)
+	if err != nil {
+		return nil, err
+	}
+	i := slices.IndexFunc(sessions, func(s api.Session) bool { return s.ID == idOrName || s.Name == idOrName })
+	if i < 0 {
+		return nil, fmt.Errorf("no session %q (kinst ls lists them)", idOrName)
+	}
+	sess := sessions[i]
+	m := &blockMarks{from: "session " + idOrName}
+	if sess.Cover != nil {
+		rep, err := c.CoverReport(ctx, sess.ID)
+		if err != nil {
+			return nil, err
+		}
+		if m.cover, err = savedFunction(*rep, cfg); err != nil {
+			return nil, fmt.Errorf("session %s: %w", idOrName, err)
+		}
+		return m, nil
+	}
+	m.counts = map[int]uint64{}
+	for _, p := range sess.Probes {
+		if p.Function != cfg.Function || p.Module != cfg.Module {
+			continue
+		}
+		for _, b := range cfg.Blocks {
+			if !b.Padding && len(b.Instructions) > 0 && p.Offset >= b.Instructions[0].Offset && p.Offset <= b.Instructions[len(b.Instructions)-1].Offset {
+				m.counts[b.Index] = max(m.counts[b.Index], p.Count)
+			}
+		}
+	}
+	if len(m.counts) == 0 {
+		return nil, fmt.Errorf("session %s has no coverage and no probe in %s", idOrName, cfg.Function)
+	}
+	return m, nil
 }
 
 // AnnotateProcess is AnnotateFunction for a function of the user process
@@ -73,7 +136,7 @@ func AnnotateProcess(ctx context.Context, pid int, o AnnotateOptions, env Env) (
 	// the module apart: saved coverage is looked up so.
 	plain := cfg
 	plain.Function = strings.TrimPrefix(cfg.Function, cfg.Module+":")
-	status, err := annotate(ctx, t, cfg, plain, sourceOf{dbg, link, derr}, o, env)
+	status, err := annotate(ctx, t, cfg, plain, sourceOf{dbg, link, derr}, o, env, nil)
 	if t.proc.end == "" {
 		t.proc.abort() // no run let it go (--from, or no counter armed)
 	}
@@ -89,9 +152,9 @@ type sourceOf struct {
 }
 
 // annotate is kinst annotate over the function cfg describes, on target
-// t: a live count (a session of t's) or o.From's coverage (found as
-// saved names the function).
-func annotate(ctx context.Context, t sessionTarget, cfg, saved api.CFG, src sourceOf, o AnnotateOptions, env Env) (int, error) {
+// t: a live count (a session of t's), o.From's coverage (found as saved
+// names the function), or a running session's marks.
+func annotate(ctx context.Context, t sessionTarget, cfg, saved api.CFG, src sourceOf, o AnnotateOptions, env Env, marks *blockMarks) (int, error) {
 	rep := output.AnnotateReport{Function: cfg.Function, Address: cfg.Address, From: "live"}
 	lineOf := func(uint64) string { return "" }
 	if src.err != nil {
@@ -109,7 +172,17 @@ func annotate(ctx context.Context, t sessionTarget, cfg, saved api.CFG, src sour
 		}
 	}
 	var cov *api.CoverFunction
-	if o.From != "" {
+	status := 0
+	var counts map[int]uint64
+	var probed map[int]bool
+	switch {
+	case marks != nil:
+		rep.From, cov, counts = marks.from, marks.cover, marks.counts
+		probed = map[int]bool{}
+		for b := range counts {
+			probed[b] = true
+		}
+	case o.From != "":
 		file, err := readCoverReport(o.From)
 		if err != nil {
 			return 1, err
@@ -118,11 +191,7 @@ func annotate(ctx context.Context, t sessionTarget, cfg, saved api.CFG, src sour
 			return 1, fmt.Errorf("%s: %w", o.From, err)
 		}
 		rep.From = o.From
-	}
-	status := 0
-	var counts map[int]uint64
-	var probed map[int]bool
-	if cov == nil {
+	default:
 		var err error
 		counts, probed, status, rep.DurationNS, err = countBlocks(ctx, t, cfg, o, env)
 		if err != nil {
@@ -149,6 +218,8 @@ func annotate(ctx context.Context, t sessionTarget, cfg, saved api.CFG, src sour
 		case probed[b.Index]:
 			n := counts[b.Index]
 			ab.Count = &n
+		case marks != nil:
+			ab.Refused = "no probe of the session here"
 		default:
 			ab.Refused = blockRefusal(b)
 		}
@@ -220,9 +291,12 @@ func countBlocks(ctx context.Context, t sessionTarget, cfg api.CFG, o AnnotateOp
 func writeAnnotate(env Env, rep output.AnnotateReport) error {
 	w := env.Out
 	from := rep.From
-	if from == "live" {
+	switch {
+	case from == "live":
 		from = fmt.Sprintf("counted over %.3f s", time.Duration(rep.DurationNS).Seconds())
-	} else {
+	case strings.HasPrefix(from, "session ") && !slices.ContainsFunc(rep.Blocks, func(b output.AnnotateBlock) bool { return b.Covered != nil }):
+		from = "counts so far of " + from
+	default:
 		from = "coverage from " + from
 	}
 	fmt.Fprintf(w, "%s at %#x: %s\n", rep.Function, uint64(rep.Address), from)

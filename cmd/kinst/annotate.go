@@ -20,7 +20,10 @@ The counts come from a live run: a counter at every block that takes one
 (kinst cfg shows why the others do not), for --duration, for CMD's lifetime,
 or until Ctrl-C; the counters are then removed. With --from REPORT, the
 blocks are marked covered or not from a saved kinst cover --json report
-instead, and nothing is installed.
+instead, and nothing is installed. With --session NAME, they are marked from
+a session already running in kerninstd (a kinst cover --name NAME in another
+terminal: its coverage so far; or a kinst count of FUNC:BLOCK points: its
+counts so far), and nothing is installed either.
 
 With -p PID, FUNC (or LIB:FUNC) is a function of that user process: the
 counters are spliced into it by kinst (no kerninstd), the lines come from
@@ -35,6 +38,7 @@ kills it.`,
 		var o cli.AnnotateOptions
 		durationFlag(fs, &o.Duration, "count for this long (default: until Ctrl-C, or until CMD exits)")
 		fs.StringVar(&o.From, "from", "", "mark coverage from this kinst cover --json `REPORT` instead of counting")
+		fs.StringVar(&o.Session, "session", "", "mark the blocks from this running kerninstd session (`NAME` or ID, as kinst ls lists): its coverage so far, or its probes' counts (kinst count FUNC:BLOCK … --name NAME), instead of counting; nothing is installed")
 		vmlinuxFlag(fs, &o.Debug)
 		jsonCmdFlag(fs, &o.JSON, "the blocks (index, start, count or covered, refused) with their instructions (offset, text, line)")
 		pid := fs.IntP("pid", "p", 0, "a function of the user process `PID` instead of the kernel's (0: of -- CMD, started for it)")
@@ -43,6 +47,9 @@ kills it.`,
 				return 2, usagef("want one FUNC")
 			}
 			o.Function, o.Command = inv.args[0], inv.command
+			if o.Session != "" && (o.From != "" || len(inv.command) > 0 || fs.Changed("duration") || fs.Changed("pid")) {
+				return 2, usagef("--session reads a running kernel session: no --from, -p, -- CMD or --duration")
+			}
 			if fs.Changed("pid") {
 				if o.From != "" && fs.Changed("duration") {
 					return 2, usagef("--from reads a saved report: no --duration")

@@ -179,6 +179,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"annotate", "-p", "1", "f", "--", "true"}, "-p 1 names a running process"},
 		{[]string{"annotate", "-p", "0", "--vmlinux", "/v", "f", "--", "true"}, "--vmlinux and --module-debug are for the kernel"},
 		{[]string{"annotate", "-p", "0", "--from", "r.json", "-d", "1s", "f", "--", "true"}, "no --duration"},
+		{[]string{"annotate", "--session", "s", "--from", "r.json", "f"}, "--session reads a running kernel session"},
+		{[]string{"annotate", "--session", "s", "-p", "1", "f"}, "--session reads a running kernel session"},
 	} {
 		status, _, errOut := kinst(t, tc.args...)
 		if status != 2 && !(len(tc.args) > 0 && tc.args[0] == "completion") || !strings.Contains(errOut, tc.want) {

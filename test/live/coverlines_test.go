@@ -200,6 +200,77 @@ func TestCoverSourceLines(t *testing.T) {
 	noOops(t, ctx, "kinst cover --file")
 }
 
+// annotateSessions: kinst annotate --session marks vfs_statx from
+// sessions running in kerninstd, started by other kinst commands: a
+// counting session's FUNC:0 probe gives the entry block its count (at
+// least the stat loop's 300; the other blocks have no probe of it), a
+// coverage session's report marks the entry block covered. Nothing is
+// installed by annotate: as many sessions are listed after it as before.
+func annotateSessions(t *testing.T, ctx context.Context, remote []string) {
+	t.Helper()
+	var bg []*exec.Cmd
+	defer func() {
+		for _, cmd := range bg {
+			cmd.Process.Signal(os.Interrupt)
+			cmd.Wait()
+		}
+	}()
+	for _, args := range [][]string{
+		{"count", "vfs_statx:0", "--name", "annot-count", "--duration", "60s"},
+		{"cover", "vfs_statx", "--name", "annot-cover", "--duration", "60s"},
+	} {
+		cmd := exec.Command(filepath.Join(live.Bin, "kinst"), append(args, remote[:4]...)...)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		bg = append(bg, cmd)
+		if !waitArmed(ctx, args[3]) {
+			t.Fatalf("kinst %s: session never listed", strings.Join(args, " "))
+		}
+	}
+	gsh(t, ctx, "kinst workload stat 300 / >/dev/null 2>&1")
+	before, _ := client.Sessions(ctx)
+	for _, name := range []string{"annot-count", "annot-cover"} {
+		out, _ := hostKinst(t, append([]string{"annotate", "vfs_statx", "--session", name, "--json"}, remote...)...)
+		var rep output.AnnotateReport
+		if err := json.Unmarshal([]byte(out), &rep); err != nil || len(rep.Blocks) < 2 {
+			t.Fatalf("kinst annotate --session %s: %v\n%.2000s", name, err, out)
+		}
+		if rep.From != "session "+name {
+			t.Errorf("--session %s: from %q", name, rep.From)
+		}
+		b := rep.Blocks[0]
+		t.Logf("kinst annotate vfs_statx --session %s: entry block count %v, covered %v", name, deref(b.Count), deref(b.Covered))
+		switch name {
+		case "annot-count":
+			if b.Count == nil || *b.Count < 300 {
+				t.Errorf("--session %s: entry block %+v, want a count of at least 300", name, b)
+			}
+			if rep.Blocks[1].Count != nil || rep.Blocks[1].Refused != "no probe of the session here" {
+				t.Errorf("--session %s: block 1 %+v, want no probe of the session", name, rep.Blocks[1])
+			}
+		case "annot-cover":
+			if b.Covered == nil || !*b.Covered {
+				t.Errorf("--session %s: entry block %+v, want covered", name, b)
+			}
+		}
+	}
+	if after, _ := client.Sessions(ctx); len(after) != len(before) {
+		t.Errorf("sessions %d before kinst annotate --session, %d after", len(before), len(after))
+	}
+	if _, errOut, status := hostKinstStatus(t, append([]string{"annotate", "vfs_statx", "--session", "no-such-session"}, remote...)...); status != 1 || !strings.Contains(errOut, "no session") {
+		t.Errorf("--session no-such-session: status %d, %q", status, errOut)
+	}
+}
+
+// deref is *p, or nil.
+func deref[T any](p *T) any {
+	if p == nil {
+		return nil
+	}
+	return *p
+}
+
 // waitArmed reports whether a session called name ("": any) is listed by
 // kerninstd within a minute: kerninstd lists a session once its probes
 // are armed.
@@ -338,6 +409,7 @@ func TestSourceLinePoints(t *testing.T) {
 		}
 	}
 	t.Logf("kinst annotate vfs_statx: %d blocks, entry counted %d, %d instructions with lines", len(arep.Blocks), *arep.Blocks[0].Count, len(aaddrs))
+	annotateSessions(t, ctx, remote)
 
 	// kinst cover --file fs/stat.c --lines L-L+3: vfs_statx among the
 	// functions holding those lines, only blocks of those lines reported,
