@@ -28,13 +28,20 @@ type AnnotateOptions struct {
 // AnnotateFunction prints a kernel function's instructions block by
 // block, each with its source line where the line changes (from the
 // debug vmlinux, when found), and per block its count over a live run
-// (a counter at every block that takes one, removed at the end) or its
-// coverage from a saved kinst cover --json report: perf annotate's view,
-// by basic block.
+// (a counter at every block that takes one, removed at the end), its
+// coverage from a saved kinst cover --json report, or what a session
+// already running says of it (o.Session): perf annotate's view, by basic
+// block.
 func AnnotateFunction(ctx context.Context, c *api.Client, o AnnotateOptions, env Env) (int, error) {
 	cfg, err := c.CFG(ctx, o.Function)
 	if err != nil {
 		return 1, err
+	}
+	var marks *blockMarks
+	if o.Session != "" {
+		if marks, err = sessionMarks(ctx, c, o.Session, cfg); err != nil {
+			return 1, err
+		}
 	}
 	dbg, link, err := func() (*debuginfo.File, uint64, error) {
 		dbg, err := debugForFunction(ctx, c, cfg, o.Debug)
@@ -51,18 +58,7 @@ func AnnotateFunction(ctx context.Context, c *api.Client, o AnnotateOptions, env
 	if err != nil && o.Debug.Vmlinux != "" && cfg.Module == "" {
 		return 1, err
 	}
-	src := sourceOf{dbg, link, err}
-	if o.Session != "" {
-		marks, err := sessionMarks(ctx, c, o.Session, cfg)
-		if err != nil {
-			if dbg != nil {
-				dbg.Close()
-			}
-			return 1, err
-		}
-		return annotate(ctx, kernelTarget(ctx, c, o.Debug, env.Err), cfg, cfg, src, o, env, marks)
-	}
-	return annotate(ctx, kernelTarget(ctx, c, o.Debug, env.Err), cfg, cfg, src, o, env, nil)
+	return annotate(ctx, kernelTarget(ctx, c, o.Debug, env.Err), cfg, cfg, sourceOf{dbg, link, err}, o, env, marks)
 }
 
 // blockMarks are what a session already running says of a function's
