@@ -130,9 +130,7 @@ func AnnotateProcess(ctx context.Context, pid int, o AnnotateOptions, env Env) (
 	dbg, link, derr := t.proc.functionDebug(cfg)
 	// A process's report names a library's function as the library does,
 	// the module apart: saved coverage is looked up so.
-	plain := cfg
-	plain.Function = strings.TrimPrefix(cfg.Function, cfg.Module+":")
-	status, err := annotate(ctx, t, cfg, plain, sourceOf{dbg, link, derr}, o, env, nil)
+	status, err := annotate(ctx, t, cfg, unqualified(cfg), sourceOf{dbg, link, derr}, o, env, nil)
 	if t.proc.end == "" {
 		t.proc.abort() // no run let it go (--from, or no counter armed)
 	}
@@ -169,15 +167,10 @@ func annotate(ctx context.Context, t sessionTarget, cfg, saved api.CFG, src sour
 	}
 	var cov *api.CoverFunction
 	status := 0
-	var counts map[int]uint64
-	var probed map[int]bool
+	var counts map[int]uint64 // by block index, the blocks that had a counter
 	switch {
 	case marks != nil:
 		rep.From, cov, counts = marks.from, marks.cover, marks.counts
-		probed = map[int]bool{}
-		for b := range counts {
-			probed[b] = true
-		}
 	case o.From != "":
 		file, err := readCoverReport(o.From)
 		if err != nil {
@@ -189,7 +182,7 @@ func annotate(ctx context.Context, t sessionTarget, cfg, saved api.CFG, src sour
 		rep.From = o.From
 	default:
 		var err error
-		counts, probed, status, rep.DurationNS, err = countBlocks(ctx, t, cfg, o, env)
+		counts, status, rep.DurationNS, err = countBlocks(ctx, t, cfg, o, env)
 		if err != nil {
 			return max(status, 1), err
 		}
@@ -199,6 +192,7 @@ func annotate(ctx context.Context, t sessionTarget, cfg, saved api.CFG, src sour
 			continue
 		}
 		ab := output.AnnotateBlock{Index: b.Index, Start: b.Start}
+		n, counted := counts[b.Index]
 		switch {
 		case cov != nil:
 			for _, cb := range cov.Blocks {
@@ -211,8 +205,7 @@ func annotate(ctx context.Context, t sessionTarget, cfg, saved api.CFG, src sour
 					ab.Covered, ab.Refused = nil, *cb.Refused
 				}
 			}
-		case probed[b.Index]:
-			n := counts[b.Index]
+		case counted:
 			ab.Count = &n
 		case marks != nil:
 			ab.Refused = "no probe of the session here"
@@ -243,8 +236,8 @@ func blockRefusal(b api.CFGBlock) string {
 
 // countBlocks counts every block of cfg that takes a probe (one session,
 // FUNC:BLOCK points) for the run o bounds; it returns the counts by block
-// index and which blocks had a counter.
-func countBlocks(ctx context.Context, t sessionTarget, cfg api.CFG, o AnnotateOptions, env Env) (map[int]uint64, map[int]bool, int, int64, error) {
+// index, of the blocks that had a counter.
+func countBlocks(ctx context.Context, t sessionTarget, cfg api.CFG, o AnnotateOptions, env Env) (map[int]uint64, int, int64, error) {
 	var points []string
 	var index []int
 	for _, b := range cfg.Blocks {
@@ -259,26 +252,26 @@ func countBlocks(ctx context.Context, t sessionTarget, cfg api.CFG, o AnnotateOp
 		}
 	}
 	if len(points) == 0 {
-		return nil, nil, 1, 0, errors.New("no block of " + cfg.Function + " takes a probe")
+		return nil, 1, 0, errors.New("no block of " + cfg.Function + " takes a probe")
 	}
 	sess, err := t.host.CreateSession(ctx, t.request(api.SessionRequest{Points: points}))
 	if err != nil {
-		return nil, nil, 1, 0, err
+		return nil, 1, 0, err
 	}
 	fmt.Fprintf(env.Err, "kinst: counting %d of %d blocks of %s\n", len(points), nonPadding(cfg), cfg.Function)
 	res, err := t.run(ctx, sess, runOptions{Duration: o.Duration, Interval: time.Second, Command: o.Command,
 		Waiting: "kinst: counting; Ctrl-C to stop"}, env, func(time.Duration, api.Sample) {})
 	status := res.status()
 	if err != nil {
-		return nil, nil, status, 0, err
+		return nil, status, 0, err
 	}
-	counts, probed := map[int]uint64{}, map[int]bool{}
+	counts := map[int]uint64{}
 	for i, p := range res.Final.Probes {
 		if i < len(index) {
-			counts[index[i]], probed[index[i]] = p.Count, true
+			counts[index[i]] = p.Count
 		}
 	}
-	return counts, probed, status, int64(res.Duration), nil
+	return counts, status, int64(res.Duration), nil
 }
 
 // writeAnnotate prints the report: a block header with its count or

@@ -202,14 +202,19 @@ func (p *procTarget) functionDebug(cfg api.CFG) (*debuginfo.File, uint64, error)
 	if err != nil {
 		return nil, 0, err
 	}
-	plain := cfg
-	plain.Function = strings.TrimPrefix(cfg.Function, cfg.Module+":")
-	link, err := linkAddr(dbg.Symbols(), plain)
+	link, err := linkAddr(dbg.Symbols(), unqualified(cfg))
 	if err != nil {
 		dbg.Close()
 		return nil, 0, fmt.Errorf("%s: %w (in %s)", cfg.Function, err, dbg.Path)
 	}
 	return dbg, link, nil
+}
+
+// unqualified is a process's CFG with its function named as its library
+// names it: the host qualifies a library's functions (LIB:NAME).
+func unqualified(cfg api.CFG) api.CFG {
+	cfg.Function = strings.TrimPrefix(cfg.Function, cfg.Module+":")
+	return cfg
 }
 
 // abort lets the process go when no session could be made: a started
