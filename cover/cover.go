@@ -179,9 +179,9 @@ type FuncPlan struct {
 // site (detached, so the function's decoded instructions go once the
 // plan is made) and the inferable blocks found. It reads only the Set's
 // AllBlocks choice, so Plans of functions that share no splice.Verdicts
-// (the kernel planner's share none; a process target's share one) may run
-// at once beside each other, not beside AddPlan or AllBlocks; AddPlan
-// takes them in order.
+// (the kernel planner's share none; a process target's get one each from
+// process.Target.EachFunc) may run at once beside each other, not beside
+// AddPlan or AllBlocks; AddPlan takes them in order.
 func (s *Set) Plan(f *splice.Func) *FuncPlan {
 	fn := f.Fn
 	n := 0

@@ -10,8 +10,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -1170,4 +1172,69 @@ func lookupErr(tg *Target, point string) error {
 	}
 	_, err := tg.Resolve(point)
 	return err
+}
+
+// TestEachFunc: planning on every CPU (EachFunc) resolves every block of
+// libc's str* functions to the same instruction and class as planning
+// them one by one, calls work once for each function that has one, and
+// leaves each with the target's own verdict cache.
+func TestEachFunc(t *testing.T) {
+	needPtrace(t)
+	w := start(t, build(t))
+	tg, err := Attach(w.cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tg.Close()
+	plan := func(f *splice.Func) []string {
+		var out []string
+		for b := range f.Blocks {
+			s, err := f.Resolve(splice.Point{Function: f.Fn.Name, Block: b, HasBlock: true})
+			if err != nil {
+				out = append(out, err.Error())
+				continue
+			}
+			out = append(out, fmt.Sprintf("%#x %v", s.Addr(), s.Class))
+		}
+		return out
+	}
+	one, err := tg.Functions("libc:str*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := make([][]string, len(one))
+	for i, ct := range one {
+		if ct.Func != nil {
+			want[i] = plan(ct.Func)
+		}
+	}
+	all, err := tg.Functions("libc:str*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([][]string, len(all))
+	calls := make([]atomic.Int32, len(all))
+	tg.EachFunc(all, func(i int, f *splice.Func) {
+		calls[i].Add(1)
+		got[i] = plan(f)
+	})
+	planned := 0
+	for i, ct := range all {
+		if n := calls[i].Load(); n != map[bool]int32{true: 1, false: 0}[ct.Func != nil] {
+			t.Errorf("%s: work called %d times", ct.Sym.Name, n)
+		}
+		if ct.Func == nil {
+			continue
+		}
+		planned++
+		if !slices.Equal(got[i], want[i]) {
+			t.Errorf("%s planned on every CPU:\n%q\none by one:\n%q", ct.Sym.Name, got[i], want[i])
+		}
+		if ct.Func.Verdicts() != tg.verdit {
+			t.Errorf("%s: left with another verdict cache", ct.Sym.Name)
+		}
+	}
+	if planned < 20 {
+		t.Fatalf("only %d of libc's str* functions planned", planned)
+	}
 }

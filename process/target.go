@@ -10,6 +10,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -650,6 +651,35 @@ type CoverTarget struct {
 	Err  error
 }
 
+// EachFunc calls work with the planned function of every entry of fns
+// that has one, on every CPU at once, each call with a cache of codegen's
+// verdicts to itself (one goroutine uses a splice.Verdicts at a time).
+// work must be safe to call on several goroutines at once, as
+// cover.Set.Plan is; nothing else may plan on t meanwhile.
+func (t *Target) EachFunc(fns []CoverTarget, work func(i int, f *splice.Func)) {
+	free := make(chan *splice.Verdicts, runtime.GOMAXPROCS(0))
+	free <- t.verdit
+	parallel.For(len(fns), func(i int) {
+		f := fns[i].Func
+		if f == nil {
+			return
+		}
+		var v *splice.Verdicts
+		select {
+		case v = <-free:
+		default:
+			v = splice.NewVerdicts() // at most one per goroutine of parallel.For
+		}
+		f.UseVerdicts(v)
+		work(i, f)
+		f.UseVerdicts(t.verdit)
+		select {
+		case free <- v:
+		default:
+		}
+	})
+}
+
 // Functions lists the functions target names: FUNC, or a glob over
 // function names (path.Match: "parse_*"), each optionally LIB: first, in
 // the executable unless a library is named. A name that matches nothing
@@ -672,7 +702,8 @@ func (t *Target) Functions(target string) ([]CoverTarget, error) {
 		t.region(sym.Module) // made here, not by the decoders below; an error is theirs
 	}
 	// Decoding is most of the time and touches nothing shared: on every
-	// CPU. Planning's caches (t.verdit) take one goroutine: in order.
+	// CPU. The splice.Func each gets shares t.verdit: EachFunc plans them
+	// on every CPU too.
 	type decoded struct {
 		r   *region
 		fn  *cfg.Function

@@ -285,6 +285,14 @@ func (f *Func) Refusal(i int) string {
 	return ""
 }
 
+// UseVerdicts makes f ask v (nil: codegen every time) from now on: a
+// caller planning functions on several goroutines gives each goroutine a
+// Verdicts of its own.
+func (f *Func) UseVerdicts(v *Verdicts) { f.v = v }
+
+// Verdicts is the cache f asks (UseVerdicts).
+func (f *Func) Verdicts() *Verdicts { return f.v }
+
 func (f *Func) relocatable(i int) bool {
 	in := &f.Fn.Insns[i]
 	if f.v != nil {
