@@ -701,30 +701,23 @@ func (t *Target) Functions(target string) ([]CoverTarget, error) {
 		syms = append(syms, sym)
 		t.region(sym.Module) // made here, not by the decoders below; an error is theirs
 	}
-	// Decoding is most of the time and touches nothing shared: on every
-	// CPU. The splice.Func each gets shares t.verdit: EachFunc plans them
-	// on every CPU too.
-	type decoded struct {
-		r   *region
-		fn  *cfg.Function
-		err error
-	}
-	fns := make([]decoded, len(syms))
+	// Decoding and splitting into blocks are most of the time and change
+	// nothing shared: on every CPU. The splice.Func each gets shares
+	// t.verdit, so EachFunc plans them on every CPU too.
+	out := make([]CoverTarget, len(syms))
 	parallel.For(len(syms), func(i int) {
-		d := &fns[i]
-		d.r, d.fn, d.err = t.decode(syms[i], target)
+		ct := &out[i]
+		ct.Sym = syms[i]
+		var r *region
+		var fn *cfg.Function
+		if r, fn, ct.Err = t.decode(syms[i], target); ct.Err == nil {
+			ct.Func = t.planFunc(r, syms[i], fn)
+		}
 	})
-	var out []CoverTarget
-	for i, sym := range syms {
-		d := fns[i]
-		if d.err != nil && !glob {
-			return nil, d.err
+	for _, ct := range out {
+		if ct.Err != nil && !glob {
+			return nil, ct.Err
 		}
-		ct := CoverTarget{Sym: sym, Err: d.err}
-		if d.err == nil {
-			ct.Func = t.planFunc(d.r, sym, d.fn)
-		}
-		out = append(out, ct)
 	}
 	if len(out) == 0 {
 		return nil, t.notFound(pattern, lib)
