@@ -1238,3 +1238,48 @@ func TestEachFunc(t *testing.T) {
 		t.Fatalf("only %d of libc's str* functions planned", planned)
 	}
 }
+
+// TestVforkChild: a vfork child runs libc in its parent's memory, as
+// posix_spawn's does until its exec, but is no thread of the process.
+// Kinst writes nothing while it runs: the splice waits until the child
+// has exited (its parent's thread stops only then), so the child, which
+// calls strtol for 600 ms, comes to no harm and none of its calls is
+// counted; the parent's 1000 after it are, exactly.
+func TestVforkChild(t *testing.T) {
+	needPtrace(t)
+	bin := compile(t, "gcc", "testdata/vfork.c")
+	cmd := exec.Command(bin)
+	in, _ := cmd.StdinPipe()
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { in.Close(); cmd.Process.Kill(); cmd.Wait() })
+	r := bufio.NewReader(out)
+	if l, _ := r.ReadString('\n'); l != "child running\n" {
+		t.Fatalf("the program said %q", l)
+	}
+	tg, err := Attach(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tg.Close()
+	sites, _ := resolveAll(t, tg, []string{"libc:strtol"})
+	reqs, err := tg.Count("test", sites)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l, _ := r.ReadString('\n'); l != "child 0\n" {
+		t.Fatalf("the vfork child ended as %q, want \"child 0\"", l)
+	}
+	if n := tg.Counter(reqs[0], 0); n != 0 {
+		t.Fatalf("strtol counted %d times before the parent called it: the vfork child's calls were counted, so its code was spliced while it ran", n)
+	}
+	fmt.Fprintln(in, "call 1000")
+	if l, _ := r.ReadString('\n'); l != "done 7000\n" {
+		t.Fatalf("the parent said %q", l)
+	}
+	if n := tg.Counter(reqs[0], 0); n != 1000 {
+		t.Errorf("strtol counted %d times, want the parent's 1000", n)
+	}
+}

@@ -3,6 +3,7 @@ package process
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"runtime"
@@ -73,6 +74,13 @@ func tasks(pid int) ([]int, error) {
 // finds none new (a thread may be created meanwhile), and reads each
 // one's registers. Run on the tracer thread. On error every thread
 // seized so far is let go.
+//
+// A vfork child (posix_spawn's, until it runs exec) runs in the
+// process's memory but is not one of its threads: it is never held.
+// Its parent thread waits in vfork killably, and stops for the
+// interrupt only once the child has run exec or exited, so stopAll
+// returns only then: no change is written while such a child could be
+// running the code it changes (TestVforkChild).
 func stopAll(pid int) (map[int]*stopped, error) {
 	held := map[int]*stopped{}
 	// gone are the threads found exited or exiting: a zombie stays
@@ -83,6 +91,12 @@ func stopAll(pid int) (map[int]*stopped, error) {
 		tids, err := tasks(pid)
 		if err != nil {
 			resumeAll(pid, held)
+			if errors.Is(err, fs.ErrNotExist) {
+				// It exited while kinst waited for a thread to stop (a
+				// thread in vfork stops only once its child has run exec
+				// or exited).
+				return nil, fmt.Errorf("%w: process %d has exited", ErrNoProcess, pid)
+			}
 			return nil, err
 		}
 		fresh := 0
