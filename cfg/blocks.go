@@ -47,9 +47,10 @@ const (
 	// NoReturnCall: a call to a function that never returns (found by
 	// AnalyzeKernel, not from a list).
 	NoReturnCall
-	// Trap: int3 — control does not continue. (ud2 is not one: WARN()
-	// resumes after its ud2; BUG() does not, but telling them apart needs
-	// __bug_table.)
+	// Trap: int3 — control does not continue; in user code
+	// (BlockOptions.User) hlt and ud2 too. (In the kernel ud2 is not one:
+	// WARN() resumes after its ud2; BUG() does not, but telling them
+	// apart needs __bug_table.)
 	Trap
 )
 
@@ -115,6 +116,11 @@ type BlockOptions struct {
 	Names    NameAt     // names call and jump targets (return thunks, retpolines)
 	NoReturn NoReturn   // calls to these end their block
 	Tables   TextReader // reads jump tables, so indirect jumps through them resolve
+	// User says the code runs in user mode, where hlt, ud0, ud1 and ud2
+	// fault (a signal, not the next instruction): their blocks end as a
+	// Trap, with no fall-through. In the kernel hlt resumes after an
+	// interrupt and WARN()'s ud2 after its report, so they fall through.
+	User bool
 }
 
 // Blocks splits f into basic blocks. Leaders are the entry, every direct
@@ -189,7 +195,7 @@ func (f *Function) BlocksOpt(o BlockOptions) []Block {
 	for bi := range blocks {
 		b := &blocks[bi]
 		first := len(edges)
-		f.succs(b, bi, len(blocks), tables, byAddr, names, noReturn, &edges)
+		f.succs(b, bi, len(blocks), tables, byAddr, names, noReturn, o.User, &edges)
 		b.Succs = edges[first:len(edges):len(edges)]
 	}
 	fillPreds(blocks)
@@ -223,7 +229,7 @@ func fillPreds(blocks []Block) {
 // succs appends block bi's successor edges to edges and sets its exit
 // kind and jump table.
 func (f *Function) succs(b *Block, bi, nblocks int, tables map[int]JumpTable, byAddr func(uint64) (int, bool),
-	names NameAt, noReturn NoReturn, edges *[]Edge) {
+	names NameAt, noReturn NoReturn, user bool, edges *[]Edge) {
 	{
 		last := b.Last(f)
 		target, direct := BranchTarget(last)
@@ -263,7 +269,7 @@ func (f *Function) succs(b *Block, bi, nblocks int, tables map[int]JumpTable, by
 			b.Exit = TailCall
 		case op == x86asm.JMP:
 			b.Exit = IndirectJump
-		case last.Bytes[0] == 0xcc:
+		case last.Bytes[0] == 0xcc, user && userFault(op):
 			b.Exit = Trap
 		case IsControlTransfer(last) && op != x86asm.CALL:
 			// Conditional branch: taken, then not taken.
@@ -279,6 +285,12 @@ func (f *Function) succs(b *Block, bi, nblocks int, tables map[int]JumpTable, by
 			}
 		}
 	}
+}
+
+// userFault: an instruction that faults in user mode, always (hlt is
+// privileged; the ud's are undefined on purpose).
+func userFault(op x86asm.Op) bool {
+	return op == x86asm.HLT || op == x86asm.UD0 || op == x86asm.UD1 || op == x86asm.UD2
 }
 
 func isNoReturnCall(in *Instruction, noReturn NoReturn) bool {

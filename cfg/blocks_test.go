@@ -2,6 +2,7 @@ package cfg
 
 import (
 	"debug/elf"
+	"encoding/hex"
 	"fmt"
 	"os/exec"
 	"path/filepath"
@@ -127,5 +128,60 @@ func TestBlocksEndAtNoReturnCalls(t *testing.T) {
 		if b.Exit == NoReturnCall && lv.LiveOut[bi] != 0 {
 			t.Errorf("live after a noreturn call: %v", lv.LiveOut[bi])
 		}
+	}
+}
+
+// TestBlocksUserFaults: in user code (BlockOptions.User) hlt and ud2
+// fault and never fall through, so the nops or int3s a linker puts after
+// _start's hlt are padding, not a block no run could cover; in the
+// kernel hlt resumes after an interrupt and WARN()'s ud2 after its
+// report, and both fall through.
+func TestBlocksUserFaults(t *testing.T) {
+	unhex := func(s string) []byte {
+		b, err := hex.DecodeString(strings.ReplaceAll(s, " ", ""))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	tests := []struct {
+		name string
+		code string
+		user bool
+		// want: each block as its first instruction's offset, whether it
+		// is padding, and its successors' (taken before fall-through).
+		want string
+	}{
+		{"start hlt nops kernel", "ff 15 0a 00 00 00 f4 66 2e 0f 1f 84 00 00 00 00 00", false, "0:[7] 7:[]"},
+		{"start hlt nops user", "ff 15 0a 00 00 00 f4 66 2e 0f 1f 84 00 00 00 00 00", true, "0:[] 7:pad[]"},
+		{"start hlt int3s user", "ff 15 0a 00 00 00 f4 cc cc cc", true, "0:[] 7:pad[] 8:pad[] 9:pad[]"},
+		{"ud2 kernel", "85 ff 74 02 0f 0b c3", false, "0:[6 4] 4:[6] 6:[]"},
+		{"ud2 user", "85 ff 74 02 0f 0b c3", true, "0:[6 4] 4:[] 6:[]"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fn, err := Decode("f", "", 0x1000, unhex(tt.code))
+			if err != nil {
+				t.Fatal(err)
+			}
+			blocks := fn.BlocksOpt(BlockOptions{User: tt.user})
+			var got []string
+			for _, b := range blocks {
+				s := fmt.Sprint(b.Start(fn) - 0x1000)
+				if b.Padding {
+					s += ":pad["
+				} else {
+					s += ":["
+				}
+				var succs []string
+				for _, e := range b.Succs {
+					succs = append(succs, fmt.Sprint(blocks[e.To].Start(fn)-0x1000))
+				}
+				got = append(got, s+strings.Join(succs, " ")+"]")
+			}
+			if g := strings.Join(got, " "); g != tt.want {
+				t.Errorf("blocks %s, want %s", g, tt.want)
+			}
+		})
 	}
 }

@@ -75,7 +75,7 @@ func (k *Facts) readFunction(sym kernel.Symbol) (*cfg.Function, error) {
 // thunks, retpolines), calls to functions that never return ending their
 // block, jump tables read from the text.
 func (k *Facts) BlockOptions() cfg.BlockOptions {
-	return cfg.BlockOptions{Names: AnalysisNames(k.Symbols), NoReturn: k.NoReturn.Func(), Tables: k.Text}
+	return cfg.BlockOptions{Names: AnalysisNames(k.Symbols), NoReturn: k.NoReturn.Func(), Tables: k.Text, User: k.Process}
 }
 
 // AnalysisNames names call and jump targets for the analysis. Where

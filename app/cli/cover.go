@@ -157,7 +157,7 @@ func writeCover(w io.Writer, r api.CoverReport) error {
 	tw := newTable(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "function\taddress\tblocks\tcovered\trefused\tcoverage\t")
 	for _, f := range r.Functions {
-		fmt.Fprintf(tw, "%s\t%#x\t%d\t%d\t%d\t%s\t\n", unwind.Demangle(f.Function), uint64(f.Address), f.Total, f.Covered, f.Refused, percent(f.Covered, f.Total))
+		fmt.Fprintf(tw, "%s\t%#x\t%d\t%d\t%d\t%s\t\n", cell(unwind.Demangle(f.Function)), uint64(f.Address), f.Total, f.Covered, f.Refused, percent(f.Covered, f.Total))
 	}
 	if err := tw.Flush(); err != nil {
 		return err

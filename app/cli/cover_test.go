@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/kinst/kinst/cover"
 	"github.com/kinst/kinst/kerninstd/kerninstdtest"
@@ -62,5 +64,26 @@ func TestGoldenCover(t *testing.T) {
 			}
 			f.check(map[bool]string{false: "cover", true: "cover-json"}[asJSON], nil)
 		})
+	}
+}
+
+// TestCell: a table's function name is cut to nameWidth runes, its
+// start and end kept; a name that fits is left alone.
+func TestCell(t *testing.T) {
+	long := "<addr2line::lookup::LoopingLookup<core::result::Result<" + strings.Repeat("gimli::read::Error, ", 50) + ">>::new_lookup"
+	tests := []struct{ in, want string }{
+		{"main", "main"},
+		{strings.Repeat("é", nameWidth), strings.Repeat("é", nameWidth)},
+		{long, long[:39] + "…" + long[len(long)-40:]},
+		{strings.Repeat("é", nameWidth+1), strings.Repeat("é", 39) + "…" + strings.Repeat("é", 40)},
+	}
+	for _, tt := range tests {
+		got := cell(tt.in)
+		if got != tt.want {
+			t.Errorf("cell(%.20q…) = %q, want %q", tt.in, got, tt.want)
+		}
+		if n := utf8.RuneCountInString(got); n > nameWidth {
+			t.Errorf("cell(%.20q…) is %d runes", tt.in, n)
+		}
 	}
 }

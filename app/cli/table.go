@@ -28,3 +28,21 @@ func (t *table) Flush() error {
 	}
 	return t.buf.Flush()
 }
+
+// nameWidth is the widest a function's name is printed in a table
+// column.
+const nameWidth = 80
+
+// cell shortens a name for a table column, keeping its start and end
+// with "…" between: a demangled C++ or Rust name can run to a thousand
+// characters (generic arguments), and an aligned column pads every row
+// to its widest. Reports that are read by programs (--json) and lines
+// of their own keep names whole.
+func cell(name string) string {
+	r := []rune(name)
+	if len(r) <= nameWidth {
+		return name
+	}
+	head := (nameWidth - 1) / 2
+	return string(r[:head]) + "…" + string(r[len(r)-(nameWidth-1-head):])
+}
