@@ -163,6 +163,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"cover", "--depth", "2", "vfs_read"}, "--depth goes with --callees"},
 		{[]string{"cover", "--callees", "vfs_read", "--depth", "0"}, "--depth 0: want 1 or more"},
 		{[]string{"time", "--pid", "x", "f"}, "invalid argument"},
+		{[]string{"time", "-p", "0", "libc:write", "--", "ls"}, "-p 0 starts CMD for --user"},
+		{[]string{"cover", "-p", "0", "libc:*", "--", "ls"}, "kinst cover --user -p 0"},
 		{[]string{"drilldown", "f"}, "drilldown FUNC -- CMD"},
 		{[]string{"watch", "--json"}, "--json needs --iterations"},
 		{[]string{"cfg", "--stats", "f"}, "--stats takes no FUNC"},
