@@ -155,6 +155,9 @@ func ShowUnwindStack(pid, tid int, usePtrace, asJSON bool, w io.Writer, opts ...
 		}
 		if err != nil {
 			th.Error = err.Error()
+			if errors.Is(err, unwind.ErrNotBlocked) {
+				th.Error += " (--ptrace stops it for a moment to read its registers)"
+			}
 			out = append(out, th)
 			continue
 		}
