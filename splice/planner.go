@@ -299,14 +299,13 @@ func addSpringboardSpace(heap *springboard.Heap, k *Facts, addr uint64) {
 	lo, hi := springboard.Reach(addr)
 	hi += springboard.SlotLen
 	for _, sym := range k.Symbols.Overlapping(lo, hi) {
-		if heap.Seen(sym.Addr) {
-			continue
-		}
-		fn, err := k.readFunction(sym)
-		if err != nil || !k.Process && k.functionNoSplice(fn) != "" {
-			continue
-		}
-		owned := func(a uint64) bool { return k.Owned.Reason(a) != "" }
-		heap.Add(SpringboardSpace(fn, fn.BlocksOpt(k.BlockOptions()), owned)...)
+		heap.AddFunction(sym.Addr, func() []springboard.Range {
+			fn, err := k.readFunction(sym)
+			if err != nil || !k.Process && k.functionNoSplice(fn) != "" {
+				return nil
+			}
+			owned := func(a uint64) bool { return k.Owned.Reason(a) != "" }
+			return SpringboardSpace(fn, fn.BlocksOpt(k.BlockOptions()), owned)
+		})
 	}
 }

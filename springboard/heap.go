@@ -47,10 +47,14 @@ var ErrNoSlot = errors.New("no free springboard slot within rel8 reach")
 // driver waits for one when the patch is freed), since a task preempted on
 // the slot's jmp would otherwise resume into a reused slot.
 type Heap struct {
-	mu   sync.Mutex      // protects the fields below
-	runs []Range         // sorted by Start, disjoint
-	used map[uint64]bool // slot start → allocated
-	seen map[uint64]bool // functions whose runs were added (by address)
+	// adding is held by AddFunction from its check to its add, so that
+	// a planner on another goroutine never looks at (or reserves from)
+	// a function's padding between the two: it waits, then sees the runs.
+	adding sync.Mutex
+	mu     sync.Mutex      // protects the fields below
+	runs   []Range         // sorted by Start, disjoint
+	used   map[uint64]bool // slot start → allocated
+	seen   map[uint64]bool // functions whose runs were added (by address)
 }
 
 // NewHeap returns an empty heap.
@@ -70,11 +74,46 @@ func (h *Heap) Seen(fn uint64) bool {
 	return false
 }
 
+// AddFunction adds the runs space gives for the function at fn, once:
+// fn is seen only with its runs in. A caller that finds fn added returns
+// at once; one that comes while another goroutine adds it (or any
+// function) waits for that add, so a Find or Reserve made after
+// AddFunction returns sees fn's runs. (Seen then Add let a concurrent
+// planner, finding fn seen but its runs not yet there, reserve padding
+// for a covering run that a springboard slot was later handed out
+// inside: two splices over the same bytes.)
+func (h *Heap) AddFunction(fn uint64, space func() []Range) {
+	h.mu.Lock()
+	done := h.seen[fn]
+	h.mu.Unlock()
+	if done {
+		return
+	}
+	h.adding.Lock()
+	defer h.adding.Unlock()
+	h.mu.Lock()
+	done = h.seen[fn]
+	h.mu.Unlock()
+	if done {
+		return
+	}
+	runs := space()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.add(runs)
+	h.seen[fn] = true
+}
+
 // Add puts runs into the heap; parts overlapping runs already there are
 // dropped, runs shorter than a slot are ignored.
 func (h *Heap) Add(runs ...Range) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.add(runs)
+}
+
+// add is Add with h.mu held.
+func (h *Heap) add(runs []Range) {
 	for _, r := range runs {
 		if r.End < r.Start+SlotLen {
 			continue

@@ -3,6 +3,7 @@ package springboard
 import (
 	"errors"
 	"testing"
+	"time"
 )
 
 const base = 0xffffffff81000000
@@ -122,5 +123,42 @@ func TestHeapReserve(t *testing.T) {
 		if i == 1 && err == nil {
 			t.Fatalf("a third slot at %#x: the runs hold two", s)
 		}
+	}
+}
+
+// TestHeapAddFunctionWaits: a planner that asks for a function's space
+// while another goroutine is adding it waits for the add, and then
+// finds the runs (it used to find the function seen and the runs not
+// yet there, and reserved padding a slot was later handed out in); the
+// space is computed once.
+func TestHeapAddFunctionWaits(t *testing.T) {
+	h := NewHeap()
+	entered, release := make(chan struct{}), make(chan struct{})
+	go h.AddFunction(0x1000, func() []Range {
+		close(entered)
+		<-release
+		return []Range{{0x1010, 0x1020}}
+	})
+	<-entered
+	found := make(chan bool)
+	go func() {
+		h.AddFunction(0x1000, func() []Range {
+			t.Error("the space was computed twice")
+			return nil
+		})
+		_, ok := h.Find(0x1000)
+		found <- ok
+	}()
+	select {
+	case <-found:
+		t.Fatal("a second AddFunction returned while the first was still adding")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	if !<-found {
+		t.Fatal("after AddFunction the function's runs are not in the heap")
+	}
+	if h.AddFunction(0x1000, func() []Range { t.Error("computed again"); return nil }); len(h.Runs()) != 1 {
+		t.Fatalf("runs: %v", h.Runs())
 	}
 }
