@@ -342,13 +342,11 @@ func TestBadInput(t *testing.T) {
 			t.Errorf("%s: %v, want ErrNoFunction saying %q", tc.point, err, tc.says)
 		}
 	}
-	// glibc's strlen is an IFUNC: its symbol is the resolver.
-	for _, sym := range tg.Syms.Named("strlen") {
-		if sym.Indirect {
-			if _, err := tg.Resolve("libc:strlen"); !errors.Is(err, ErrIndirect) {
-				t.Errorf("libc:strlen (an IFUNC): %v, want ErrIndirect", err)
-			}
-		}
+	// glibc's strlen is an IFUNC: its symbol is the resolver, and a point
+	// there is planned at the implementation the process runs
+	// (TestIndirectFunction), which writes nothing either.
+	if s, err := tg.Resolve("libc:strlen"); err != nil || s.Fn.Name == "strlen" {
+		t.Errorf("libc:strlen (an IFUNC): %v, want its implementation", err)
 	}
 	if tg.Splices() != 0 {
 		t.Errorf("%d splices after refusals", tg.Splices())
@@ -1281,5 +1279,77 @@ func TestVforkChild(t *testing.T) {
 	}
 	if n := tg.Counter(reqs[0], 0); n != 1000 {
 		t.Errorf("strtol counted %d times, want the parent's 1000", n)
+	}
+}
+
+// TestIndirectFunction: a point at an indirect function (libc's strlen,
+// an IFUNC) is spliced at the implementation the dynamic loader picked
+// for this process -- the address the program's own calls go to, which
+// it prints -- and counts them: a round of 1000 calls counts 1000 more
+// than a round of none (printf may call strlen too).
+func TestIndirectFunction(t *testing.T) {
+	needPtrace(t)
+	bin := compile(t, "gcc", "testdata/ifunc.c")
+	cmd := exec.Command(bin)
+	in, _ := cmd.StdinPipe()
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { in.Close(); cmd.Process.Kill(); cmd.Wait() })
+	r := bufio.NewReader(out)
+	l, _ := r.ReadString('\n')
+	impl, err := strconv.ParseUint(strings.TrimPrefix(strings.TrimSpace(l), "0x"), 16, 64)
+	if err != nil {
+		t.Fatalf("the program said %q", l)
+	}
+	tg, err := Attach(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tg.Close()
+	s, err := tg.Resolve("libc:strlen")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Fn.Addr != impl {
+		t.Fatalf("libc:strlen resolved to %s at %#x; the program's calls go to %#x", s.Fn.Name, s.Fn.Addr, impl)
+	}
+	if !strings.HasPrefix(s.Fn.Name, "__strlen_") {
+		t.Errorf("libc:strlen resolved to %s", s.Fn.Name)
+	}
+	reqs, err := tg.Count("test", []*splice.Site{s})
+	if err != nil {
+		t.Fatal(err)
+	}
+	round := func(n int) uint64 {
+		before := tg.Counter(reqs[0], 0)
+		fmt.Fprintf(in, "call %d\n", n)
+		if l, _ := r.ReadString('\n'); l != fmt.Sprintf("done %d\n", 7*n) {
+			t.Fatalf("the program said %q", l)
+		}
+		return tg.Counter(reqs[0], 0) - before
+	}
+	none, some := round(0), round(1000)
+	if some-none != 1000 {
+		t.Errorf("a round of 1000 calls counted %d, a round of none %d: want 1000 more", some, none)
+	}
+	// A glob lists the resolver as unreadable, and the implementations
+	// it matches by their own names.
+	fns, err := tg.Functions("libc:strlen*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := false
+	for _, ct := range fns {
+		if ct.Sym.Name == "strlen" {
+			listed = true
+			if !errors.Is(ct.Err, ErrIndirect) {
+				t.Errorf("libc:strlen* lists strlen as %v, want ErrIndirect", ct.Err)
+			}
+		}
+	}
+	if !listed {
+		t.Error("libc:strlen* does not list strlen")
 	}
 }

@@ -68,6 +68,9 @@ type Target struct {
 	// address space of that moment, so it reads nothing once the process
 	// has run exec (Exec).
 	image *memFile
+	// ifuncs: each module's indirect functions (moduleIfuncs), read on
+	// first use.
+	ifuncs map[string]*ifuncs
 }
 
 // mapping is one file-backed line of /proc/PID/maps.
@@ -120,7 +123,7 @@ func Attach(pid int) (*Target, error) {
 		return nil, err
 	}
 	exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
-	t := &Target{PID: pid, exe: filepath.Base(exe), vdso: vdso, verdit: splice.NewVerdicts(), text: map[string][2]uint64{}, paths: map[string]string{},
+	t := &Target{PID: pid, exe: filepath.Base(exe), vdso: vdso, verdit: splice.NewVerdicts(), text: map[string][2]uint64{}, paths: map[string]string{}, ifuncs: map[string]*ifuncs{},
 		traps: &trapSet{}, byModule: map[string]*region{}, owner: map[*engine.Request]*region{}}
 	if parts := t.load(maps); len(parts) == 0 {
 		return nil, fmt.Errorf("process %d: no ELF file it maps has a symbol table (.symtab or .dynsym with functions; a stripped static binary has neither)", pid)
@@ -551,6 +554,15 @@ func (t *Target) plan(spec string) (*splice.Func, splice.Point, error) {
 		return nil, splice.Point{}, t.notFound(p.Function, lib)
 	}
 	sym := syms[0]
+	if sym.Indirect {
+		// An IFUNC's symbol is its resolver: the code calls run is the
+		// implementation the loader picked for this process.
+		impl, err := t.implementation(sym)
+		if err != nil {
+			return nil, splice.Point{}, t.indirectError(sym, err)
+		}
+		sym = impl
+	}
 	p.Function = sym.Name
 	f, err := t.funcOf(sym, spec)
 	if err != nil {
@@ -573,7 +585,7 @@ func (t *Target) funcOf(sym kernel.Symbol, spec string) (*splice.Func, error) {
 // changes the Target: with the region there, several may run at once.
 func (t *Target) decode(sym kernel.Symbol, spec string) (*region, *cfg.Function, error) {
 	if sym.Indirect {
-		return nil, nil, fmt.Errorf("%s: %w (STT_GNU_IFUNC): its symbol is the resolver that picks an implementation as the library loads, not the code calls run; name the implementation (its name is in the library's symbol table or its debug file, e.g. __%s_avx2)",
+		return nil, nil, fmt.Errorf("%s: %w (STT_GNU_IFUNC): its symbol is the resolver that picks an implementation as the library loads, not the code calls run: name %s alone for the one this process runs",
 			sym.Name, ErrIndirect, sym.Name)
 	}
 	if t.vdso[0] <= sym.Addr && sym.Addr < t.vdso[1] {
@@ -694,7 +706,20 @@ func (t *Target) Functions(target string) ([]CoverTarget, error) {
 	var syms []kernel.Symbol
 	seen := map[uint64]bool{}
 	for _, sym := range t.Syms.All() {
-		if !inModule(sym, lib) || seen[sym.Addr] || !t.matches(pattern, sym) {
+		if !inModule(sym, lib) || !t.matches(pattern, sym) {
+			continue
+		}
+		if sym.Indirect && !glob {
+			// Named alone: the implementation this process runs (a
+			// glob lists the resolver, unreadable, beside the
+			// implementations it matches by their own names).
+			impl, err := t.implementation(sym)
+			if err != nil {
+				return nil, t.indirectError(sym, err)
+			}
+			sym = impl
+		}
+		if seen[sym.Addr] {
 			continue
 		}
 		seen[sym.Addr] = true
