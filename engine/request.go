@@ -759,7 +759,8 @@ func (e *Engine) releaseSlot(slot uint64, reused bool, addr uint64) {
 
 // unspliceSlot takes out a slot whose springboard splice failed.
 func (e *Engine) unspliceSlot(slot uint64, id uint32) {
-	if err := e.ov.restored(slot, func() error { return e.dev.Unsplice(id) }); err != nil {
+	err := e.ov.restored(slot, func() error { return e.dev.Unsplice(id) })
+	if err != nil && !errors.Is(err, driver.ErrClosed) { // closed: nothing is left to restore
 		e.log.Error("remove slot after failed springboard splice", "slot", hex(slot), "err", err)
 	}
 }

@@ -1,11 +1,24 @@
 package process
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/kinst/kinst/driver"
+)
+
+// gone is ErrNoProcess. It also matches driver.ErrClosed: to the engine
+// a process that has exited is a device closed under it (nothing left to
+// restore, nothing worth a log line per splice).
+type gone struct{}
+
+func (gone) Error() string        { return "no such process" }
+func (gone) Is(target error) bool { return target == driver.ErrClosed }
 
 // Errors the package wraps, for errors.Is.
 var (
-	// ErrNoProcess: the process does not exist (or exited).
-	ErrNoProcess = errors.New("no such process")
+	// ErrNoProcess: the process does not exist (or exited). It matches
+	// driver.ErrClosed too.
+	ErrNoProcess error = gone{}
 	// ErrNotTraceable: ptrace refused (another tracer, Yama's
 	// ptrace_scope, no CAP_SYS_PTRACE).
 	ErrNotTraceable = errors.New("process cannot be traced")

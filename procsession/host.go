@@ -503,7 +503,17 @@ func (h *Host) armCover(s *session, req api.SessionRequest) error {
 	}
 	debugOpened := h.coverDebugAsync(s) // beside the arming: libc's debug file takes a tenth of a second to find and open
 	set.Arm(h.tg, s.id, cover.Flag(nil), time.Now)
+	alive := h.alive() // first: a process gone took its /proc/PID/root, and its debug files are no news
 	debugOpened()
+	if !alive {
+		// Every batch after its end failed alike: say that, not why each
+		// block was refused.
+		how := map[string]string{"exec": "ran exec"}[h.ended]
+		if how == "" {
+			how = "exited"
+		}
+		return fmt.Errorf("process %d %s while kinst armed its probes (%d of %d blocks armed): %w", h.pid, how, set.Armed(), set.Summary(time.Now()).TotalBlocks, ErrProcessGone)
+	}
 	// The summary says whether anything was armed; every block's state
 	// (a full report) only when nothing was, for the reason.
 	if sum := set.Summary(time.Now()); sum.Armed == 0 && sum.TotalBlocks > 0 && len(s.coverPending) == 0 {
@@ -611,7 +621,7 @@ func (h *Host) addDebug(files map[string]*debuginfo.File) {
 			none = append(none, mod)
 		}
 	}
-	if len(none) > 0 {
+	if len(none) > 0 && !h.gone {
 		slices.Sort(none)
 		fmt.Fprintf(h.log, "kinst: no source lines for %s: no DWARF, nor a debug file by build id under /usr/lib/debug (install the -dbg or -dbgsym package)\n", strings.Join(none, ", "))
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/kinst/kinst/debuginfo"
 	"github.com/kinst/kinst/output"
 	"github.com/kinst/kinst/process"
+	"github.com/kinst/kinst/procsession"
 	"github.com/kinst/kinst/springboard"
 )
 
@@ -1084,5 +1085,42 @@ func TestCoverRunIntoBlock(t *testing.T) {
 				t.Errorf("%s: no block at +%#x: %+v", fn.Function, off, fn.Blocks)
 			}
 		}
+	}
+}
+
+// TestCoverProcessDiesWhileArming: a process killed while kinst decodes,
+// plans or arms all of libc ends the command with one clear error (or,
+// killed after, a report of a process that exited), never a refusal per
+// block ("splice F+0x12: no such process") or an engine log line per
+// springboard slot.
+func TestCoverProcessDiesWhileArming(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("kinst cover --user runs as root")
+	}
+	for _, after := range []time.Duration{200 * time.Millisecond, 500 * time.Millisecond, 800 * time.Millisecond} {
+		cmd := exec.Command("sleep", "30")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < 1000; i++ { // until the loader has mapped libc
+			if maps, _ := os.ReadFile(fmt.Sprintf("/proc/%d/maps", cmd.Process.Pid)); bytes.Contains(maps, []byte("libc.so")) {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		killed := time.AfterFunc(after, func() { cmd.Process.Kill() })
+		var out, errb bytes.Buffer
+		env := Env{Out: &out, Err: &errb, CmdIn: strings.NewReader(""), CmdOut: io.Discard, CmdErr: io.Discard}
+		_, err := CoverProcess(context.Background(), cmd.Process.Pid, CoverOptions{Targets: []string{"libc:*"}, Duration: 5 * time.Second}, env)
+		killed.Stop()
+		cmd.Process.Kill()
+		cmd.Wait()
+		if err != nil && !errors.Is(err, procsession.ErrProcessGone) && !errors.Is(err, process.ErrNoProcess) {
+			t.Errorf("killed after %v: %v, want the process said gone", after, err)
+		}
+		if s := errb.String(); strings.Contains(s, "no such process") {
+			t.Errorf("killed after %v (%v), kinst said:\n%.2000s", after, err, s)
+		}
+		t.Logf("killed after %v: %v; %.300s", after, err, errb.String())
 	}
 }
