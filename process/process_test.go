@@ -1237,6 +1237,20 @@ func TestEachFunc(t *testing.T) {
 	}
 }
 
+// startProgram builds the test program src and starts it, its stdin and
+// stdout piped to the test; it is killed when the test ends.
+func startProgram(t *testing.T, src string) (pid int, in io.Writer, out *bufio.Reader) {
+	t.Helper()
+	cmd := exec.Command(compile(t, "gcc", src))
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stdin.Close(); cmd.Process.Kill(); cmd.Wait() })
+	return cmd.Process.Pid, stdin, bufio.NewReader(stdout)
+}
+
 // TestVforkChild: a vfork child runs libc in its parent's memory, as
 // posix_spawn's does until its exec, but is no thread of the process.
 // Kinst writes nothing while it runs: the splice waits until the child
@@ -1245,19 +1259,11 @@ func TestEachFunc(t *testing.T) {
 // counted; the parent's 1000 after it are, exactly.
 func TestVforkChild(t *testing.T) {
 	needPtrace(t)
-	bin := compile(t, "gcc", "testdata/vfork.c")
-	cmd := exec.Command(bin)
-	in, _ := cmd.StdinPipe()
-	out, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { in.Close(); cmd.Process.Kill(); cmd.Wait() })
-	r := bufio.NewReader(out)
+	pid, in, r := startProgram(t, "testdata/vfork.c")
 	if l, _ := r.ReadString('\n'); l != "child running\n" {
 		t.Fatalf("the program said %q", l)
 	}
-	tg, err := Attach(cmd.Process.Pid)
+	tg, err := Attach(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1289,21 +1295,13 @@ func TestVforkChild(t *testing.T) {
 // than a round of none (printf may call strlen too).
 func TestIndirectFunction(t *testing.T) {
 	needPtrace(t)
-	bin := compile(t, "gcc", "testdata/ifunc.c")
-	cmd := exec.Command(bin)
-	in, _ := cmd.StdinPipe()
-	out, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { in.Close(); cmd.Process.Kill(); cmd.Wait() })
-	r := bufio.NewReader(out)
+	pid, in, r := startProgram(t, "testdata/ifunc.c")
 	l, _ := r.ReadString('\n')
 	impl, err := strconv.ParseUint(strings.TrimPrefix(strings.TrimSpace(l), "0x"), 16, 64)
 	if err != nil {
 		t.Fatalf("the program said %q", l)
 	}
-	tg, err := Attach(cmd.Process.Pid)
+	tg, err := Attach(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
