@@ -47,19 +47,18 @@ var ErrNoSlot = errors.New("no free springboard slot within rel8 reach")
 // driver waits for one when the patch is freed), since a task preempted on
 // the slot's jmp would otherwise resume into a reused slot.
 type Heap struct {
-	// adding is held by AddFunction from its check to its add, so that
-	// a planner on another goroutine never looks at (or reserves from)
-	// a function's padding between the two: it waits, then sees the runs.
-	adding sync.Mutex
-	mu     sync.Mutex      // protects the fields below
-	runs   []Range         // sorted by Start, disjoint
-	used   map[uint64]bool // slot start → allocated
-	seen   map[uint64]bool // functions whose runs were added (by address)
+	mu   sync.Mutex      // protects the fields below
+	runs []Range         // sorted by Start, disjoint
+	used map[uint64]bool // slot start → allocated
+	seen map[uint64]bool // functions whose runs were added (by address)
+	// adding: functions AddFunction is adding, each with a channel
+	// closed once its runs are in (and it is seen).
+	adding map[uint64]chan struct{}
 }
 
 // NewHeap returns an empty heap.
 func NewHeap() *Heap {
-	return &Heap{used: make(map[uint64]bool), seen: make(map[uint64]bool)}
+	return &Heap{used: make(map[uint64]bool), seen: make(map[uint64]bool), adding: make(map[uint64]chan struct{})}
 }
 
 // Seen reports whether the runs of the function at fn were added, and
@@ -76,32 +75,33 @@ func (h *Heap) Seen(fn uint64) bool {
 
 // AddFunction adds the runs space gives for the function at fn, once:
 // fn is seen only with its runs in. A caller that finds fn added returns
-// at once; one that comes while another goroutine adds it (or any
-// function) waits for that add, so a Find or Reserve made after
-// AddFunction returns sees fn's runs. (Seen then Add let a concurrent
-// planner, finding fn seen but its runs not yet there, reserve padding
-// for a covering run that a springboard slot was later handed out
-// inside: two splices over the same bytes.)
+// at once; one that comes while another goroutine adds fn waits for that
+// add, so a Find or Reserve made after AddFunction returns sees fn's
+// runs. Functions are added beside each other. (Seen then Add let a
+// concurrent planner, finding fn seen but its runs not yet there,
+// reserve padding for a covering run that a springboard slot was later
+// handed out inside: two splices over the same bytes.)
 func (h *Heap) AddFunction(fn uint64, space func() []Range) {
 	h.mu.Lock()
-	done := h.seen[fn]
-	h.mu.Unlock()
-	if done {
+	if h.seen[fn] {
+		h.mu.Unlock()
 		return
 	}
-	h.adding.Lock()
-	defer h.adding.Unlock()
-	h.mu.Lock()
-	done = h.seen[fn]
-	h.mu.Unlock()
-	if done {
+	if done, ok := h.adding[fn]; ok {
+		h.mu.Unlock()
+		<-done
 		return
 	}
+	done := make(chan struct{})
+	h.adding[fn] = done
+	h.mu.Unlock()
 	runs := space()
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	h.add(runs)
 	h.seen[fn] = true
+	delete(h.adding, fn)
+	h.mu.Unlock()
+	close(done)
 }
 
 // Add puts runs into the heap; parts overlapping runs already there are
