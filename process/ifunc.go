@@ -122,6 +122,20 @@ func (t *Target) implementations(sym kernel.Symbol, max int) []string {
 	return out
 }
 
+// running is the function calls to sym run: sym itself, or, where sym is
+// an indirect function, its implementation in this process
+// (implementation), and an error saying so where that is not known.
+func (t *Target) running(sym kernel.Symbol) (kernel.Symbol, error) {
+	if !sym.Indirect {
+		return sym, nil
+	}
+	impl, err := t.implementation(sym)
+	if err != nil {
+		return kernel.Symbol{}, t.indirectError(sym, err)
+	}
+	return impl, nil
+}
+
 // indirectError is why a point at an indirect function's symbol cannot
 // be planned: its implementation in this process was not found (why).
 func (t *Target) indirectError(sym kernel.Symbol, why error) error {

@@ -553,15 +553,11 @@ func (t *Target) plan(spec string) (*splice.Func, splice.Point, error) {
 	if found == 0 {
 		return nil, splice.Point{}, t.notFound(p.Function, lib)
 	}
-	sym := syms[0]
-	if sym.Indirect {
-		// An IFUNC's symbol is its resolver: the code calls run is the
-		// implementation the loader picked for this process.
-		impl, err := t.implementation(sym)
-		if err != nil {
-			return nil, splice.Point{}, t.indirectError(sym, err)
-		}
-		sym = impl
+	// An IFUNC's symbol is its resolver: the code calls run is the
+	// implementation the loader picked for this process.
+	sym, err := t.running(syms[0])
+	if err != nil {
+		return nil, splice.Point{}, err
 	}
 	p.Function = sym.Name
 	f, err := t.funcOf(sym, spec)
@@ -709,15 +705,14 @@ func (t *Target) Functions(target string) ([]CoverTarget, error) {
 		if !inModule(sym, lib) || !t.matches(pattern, sym) {
 			continue
 		}
-		if sym.Indirect && !glob {
-			// Named alone: the implementation this process runs (a
-			// glob lists the resolver, unreadable, beside the
+		if !glob {
+			// Named alone, an IFUNC is the implementation this process
+			// runs (a glob lists the resolver, unreadable, beside the
 			// implementations it matches by their own names).
-			impl, err := t.implementation(sym)
-			if err != nil {
-				return nil, t.indirectError(sym, err)
+			var err error
+			if sym, err = t.running(sym); err != nil {
+				return nil, err
 			}
-			sym = impl
 		}
 		if seen[sym.Addr] {
 			continue

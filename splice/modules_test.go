@@ -67,8 +67,9 @@ func TestRefresh(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	heap.Seen(0xffffffffc0000000)
-	heap.Add(springboard.Range{Start: 0xffffffffc0000010, End: 0xffffffffc0000020})
+	heap.AddFunction(0xffffffffc0000000, func() []springboard.Range {
+		return []springboard.Range{{Start: 0xffffffffc0000010, End: 0xffffffffc0000020}}
+	})
 	first := p.Symbols()
 	if err := p.Refresh(); err != nil || len(gone) != 0 || p.Symbols() != first {
 		t.Fatalf("unchanged list: err %v, gone %v, symbols reloaded %v", err, gone, p.Symbols() != first)

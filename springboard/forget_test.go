@@ -7,9 +7,8 @@ import "testing"
 func TestForget(t *testing.T) {
 	h := NewHeap()
 	const base = 0x1000
-	h.Seen(base)
-	h.Seen(base + 0x100)
-	h.Add(Range{base + 0x40, base + 0x50}, Range{base + 0x140, base + 0x150})
+	h.AddFunction(base, func() []Range { return []Range{{base + 0x40, base + 0x50}} })
+	h.AddFunction(base+0x100, func() []Range { return []Range{{base + 0x140, base + 0x150}} })
 	if _, ok := h.Find(base + 0x30); !ok {
 		t.Fatal("no slot before Forget")
 	}

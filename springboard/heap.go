@@ -61,16 +61,12 @@ func NewHeap() *Heap {
 	return &Heap{used: make(map[uint64]bool), seen: make(map[uint64]bool), adding: make(map[uint64]chan struct{})}
 }
 
-// Seen reports whether the runs of the function at fn were added, and
-// marks it so: callers add each function's space once.
+// Seen reports whether the runs of the function at fn were added
+// (AddFunction).
 func (h *Heap) Seen(fn uint64) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.seen[fn] {
-		return true
-	}
-	h.seen[fn] = true
-	return false
+	return h.seen[fn]
 }
 
 // AddFunction adds the runs space gives for the function at fn, once:

@@ -122,12 +122,12 @@ func intervalFlag(fs *pflag.FlagSet, p *time.Duration, what string) {
 
 func pidFlag(fs *pflag.FlagSet, p *int, what string) { fs.IntVarP(p, "pid", "p", 0, what) }
 
-// checkKernelPID refuses -p 0 on a command's kernel form, where -p PID
-// filters by process: -p 0 -- CMD is its --user form's (a process's
-// functions), which the user most likely meant; the kernel's would be
-// the idle task's calls.
-func checkKernelPID(fs *pflag.FlagSet, cmd string, pid int) error {
-	if fs.Changed("pid") && pid == 0 {
+// checkKernelPID refuses -p 0 on a command's kernel form (not user),
+// where -p PID filters by process: -p 0 -- CMD is its --user form's (a
+// process's functions), which the user most likely meant; the kernel's
+// would be the idle task's calls.
+func checkKernelPID(fs *pflag.FlagSet, cmd string, pid int, user bool) error {
+	if !user && fs.Changed("pid") && pid == 0 {
 		return usagef("-p 0 starts CMD for --user (a process's functions: kinst %s --user -p 0 FUNC -- CMD); for the kernel, -p PID keeps only that process's calls", cmd)
 	}
 	return nil

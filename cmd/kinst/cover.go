@@ -78,7 +78,7 @@ kinst cover lcov REPORT.json writes a saved report's lcov tracefile.`,
 		fs.BoolVar(&o.Trap, "trap", false, "with --user: also probe blocks only a trap splice (int3 and a SIGTRAP handler) fits; refused by default, since a thread that reaches one with SIGTRAP blocked (a starting thread, a fork, code that blocks every signal) dies")
 		return func(ctx context.Context, inv invocation) (int, error) {
 			o.Targets, o.Command = inv.args, inv.command
-			if err := checkKernelPID(fs, "cover", o.Filter.PID); !*user && err != nil {
+			if err := checkKernelPID(fs, "cover", o.Filter.PID, *user); err != nil {
 				return 2, err
 			}
 			if *user {

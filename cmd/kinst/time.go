@@ -53,7 +53,7 @@ var timeCommand = &command{
 			if len(o.Functions) == 0 {
 				return 2, usagef("name at least one kernel function or source line range (FILE:A-B)")
 			}
-			if err := checkKernelPID(fs, "time", o.Filter.PID); !*user && err != nil {
+			if err := checkKernelPID(fs, "time", o.Filter.PID, *user); err != nil {
 				return 2, err
 			}
 			if *user {
