@@ -419,9 +419,34 @@ func (e *Engine) inBatches(n int, errs []error, try func(live []int) error) (ful
 // CPU synchronisations per batch (two for springboard points: the jmp
 // rel8s, then their slots).
 func (e *Engine) RemoveEach(rs []*Request) (errs []error) {
-	errs = make([]error, len(rs))
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	return e.removeEachLocked(rs)
+}
+
+// RemoveCounted is RemoveEach that also returns each removed request's
+// count (its first counter slot), read once no patch of the request can
+// be entered any more and before the slot is retired: the final count,
+// every hit in it. A count read before the removal misses the hits
+// between the reading and the splice going, so two points of one
+// straight-line path, read one after the other, could disagree.
+// counts[i] is 0 where errs[i] is not nil.
+func (e *Engine) RemoveCounted(rs []*Request) (errs []error, counts []uint64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.finals = make(map[*Request]uint64, len(rs))
+	errs = e.removeEachLocked(rs)
+	counts = make([]uint64, len(rs))
+	for i, r := range rs {
+		counts[i] = e.finals[r]
+	}
+	e.finals = nil
+	return errs, counts
+}
+
+// removeEachLocked is RemoveEach; the caller holds e.mu.
+func (e *Engine) removeEachLocked(rs []*Request) (errs []error) {
+	errs = make([]error, len(rs))
 	var last []int
 	queued := map[*point]bool{}
 	flush := func() {
@@ -517,7 +542,7 @@ func (e *Engine) retirePoint(r *Request) {
 	pt.reqs, pt.patch = nil, 0
 	e.retire(old, pt.slot, pt.site.Addr(), r.hooks())
 	pt.slot = 0
-	e.retireCounters(r.Slots())
+	e.retireRequest(r)
 	e.dropPoint(pt)
 }
 

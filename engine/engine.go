@@ -77,6 +77,10 @@ type Engine struct {
 	// retired are patches and slots waiting for reclaim.
 	// +checklocks:mu
 	retired []retired
+	// finals, during RemoveCounted, takes each removed request's count
+	// as its slots are retired (retireRequest).
+	// +checklocks:mu
+	finals map[*Request]uint64
 	// reclaimArmed: a reclaim of retired is scheduled.
 	// +checklocks:mu
 	reclaimArmed bool

@@ -201,3 +201,12 @@ func (e *Engine) noteFree(patch uint64, err error) {
 		e.log.Error("free retired patch", "patch", hex(patch), "err", err)
 	}
 }
+
+// retireRequest retires a removed request's counter slots, first taking
+// its count for RemoveCounted. The caller holds e.mu.
+func (e *Engine) retireRequest(r *Request) {
+	if slots := r.Slots(); e.finals != nil && len(slots) > 0 {
+		e.finals[r] = e.dev.Counter(slots[0])
+	}
+	e.retireCounters(r.Slots())
+}

@@ -337,7 +337,7 @@ func (e *Engine) removeLocked(r *Request) error {
 	// A task preempted in the old patch may still write the slots: they
 	// go back after the grace period that frees the patch, never to a
 	// new request before it.
-	e.retireCounters(r.Slots())
+	e.retireRequest(r)
 	if len(pt.reqs) == 0 {
 		e.dropPoint(pt)
 	}

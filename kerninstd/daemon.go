@@ -100,6 +100,9 @@ type session struct {
 	cover   *coverState   // a coverage session's probes; nil for others
 	bpf     []*bpfCount   // without the driver: the points' BPF counters
 	done    chan struct{} // closed when the session is removed
+	// removed are the final counts of the requests removeLocked took
+	// out, read as each went (engine.RemoveCounted).
+	removed map[*engine.Request]uint64
 }
 
 // New loads the symbol table and returns a daemon ready to serve.
@@ -358,8 +361,15 @@ func (d *Daemon) RemoveSession(id string) (api.Session, error) {
 	if ss.cover != nil {
 		ss.cover.sweep(d.eng, d.log, ss.id, d.clock.Now()) // the last hits count
 	}
-	final := d.describe(ss)
+	final, reqs := d.describe(ss), ss.reqs
 	err := d.removeLocked(ss)
+	// The counts as the splices went, not as described a moment before:
+	// the hits in between are in them.
+	for i, r := range reqs {
+		if c, ok := ss.removed[r]; ok {
+			final.Probes[i].Count = c
+		}
+	}
 	if ss.cover != nil {
 		// The final state, every block, made once the probes are gone:
 		// a whole kernel's report is 100 MB, its probes as much again.
@@ -404,8 +414,15 @@ func (d *Daemon) removeLocked(ss *session) error {
 	for i, r := range ss.reqs {
 		rev[len(ss.reqs)-1-i] = r
 	}
-	for i, err := range d.eng.RemoveEach(rev) {
+	errsRev, counts := d.eng.RemoveCounted(rev)
+	for i, err := range errsRev {
 		r := rev[i]
+		if err == nil {
+			if ss.removed == nil {
+				ss.removed = make(map[*engine.Request]uint64, len(rev))
+			}
+			ss.removed[r] = counts[i]
+		}
 		if err != nil {
 			errs = append(errs, err)
 			kept = append([]*engine.Request{r}, kept...)

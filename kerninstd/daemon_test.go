@@ -494,3 +494,56 @@ func TestAnalysisSeesOriginalBytes(t *testing.T) {
 		t.Errorf("not restored (state %+v)", d.eng.State())
 	}
 }
+
+// hitsAsRemoved is a kernel whose probed code runs once more at every
+// point while the session's splices are being taken out: hits kerninstd
+// can only see if it reads the counts after the splices went.
+type hitsAsRemoved struct {
+	*enginetest.Kernel
+	addrs []uint64
+}
+
+func (k *hitsAsRemoved) UnspliceBatch(ids []uint32) error {
+	addrs := k.addrs
+	k.addrs = nil // once: the first batch takes out the splices they go through
+	for _, a := range addrs {
+		if err := k.Count(a, 1); err != nil {
+			return err
+		}
+	}
+	return k.Kernel.UnspliceBatch(ids)
+}
+
+// A session's final counts are read as its splices go, not before: two
+// points of one straight-line path end equal, the hits made while the
+// removal ran included. Read before, both missed the last hit.
+func TestFinalCountsAfterRemoval(t *testing.T) {
+	k, path, err := enginetest.Fixture(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev := &hitsAsRemoved{Kernel: k}
+	d, err := New(Config{Device: dev, Kallsyms: path, Release: "test", Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := d.CreateSession(api.SessionRequest{Points: []string{"filename_lookup+0xb", "filename_lookup+0x12"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range s.Probes {
+		if err := k.Count(uint64(p.Address), 10); err != nil {
+			t.Fatal(err)
+		}
+		dev.addrs = append(dev.addrs, uint64(p.Address))
+	}
+	final, err := d.RemoveSession(s.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range final.Probes {
+		if p.Count != 11 {
+			t.Errorf("%s: final count %d, want 11 (10 before the removal, 1 during it)", p.Point, p.Count)
+		}
+	}
+}
