@@ -27,6 +27,13 @@ import (
 // declaration) are each timed as regions beside do_nanosleep itself:
 // each counts the five calls and about 200 ms a call. A region the
 // timer cannot follow, or code that is not there, is refused.
+//
+// The workload starts as soon as the session is listed, while the
+// covering splices among the timers' sites may still be int3 only: a
+// first call that got past one of them unseen (the emulator kept a
+// translation of the bytes the int3 replaced) failed this test one run
+// in about 30 until the driver rewrote int3-only writes with the CPUs
+// parked, as it does every other write (ki_poke_many).
 func TestTimeLineRange(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -78,7 +85,7 @@ func TestTimeLineRange(t *testing.T) {
 	body := fmt.Sprintf("%s:%d-%d", file, decl.Line+1, last)
 	remote := []string{"--addr", guest.KerninstdAddr(), "--token-file", guest.TokenFile(), "--vmlinux", vmlinux}
 	args := append([]string{"time", "do_nanosleep", callLine, around, body, "--comm", "sleep", "--name", "timelines",
-		"--duration", "20s", "--json"}, remote...)
+		"--duration", "8s", "--interval", "100ms", "--json"}, remote...)
 	out, stderr := hostUnder(t, ctx, "timelines", "for i in 1 2 3 4 5; do sleep 0.2; done", args...)
 	t.Logf("kinst %s:\n%s", strings.Join(args[:6], " "), stderr)
 	var rep output.TimeReport
@@ -88,22 +95,31 @@ func TestTimeLineRange(t *testing.T) {
 	if len(rep.Functions) != 4 {
 		t.Fatalf("%d timers, want 4: %+v", len(rep.Functions), rep.Functions)
 	}
-	for i, f := range rep.Functions {
+	failed := false
+	for _, f := range rep.Functions {
 		avg := f.WallNS / math.Max(float64(f.Calls), 1)
 		t.Logf("%-40s %d calls, %.1f ms a call", f.Function, f.Calls, avg/1e6)
 		if f.Calls != 5 || avg < 195e6 || avg > 260e6 {
 			t.Errorf("%s: %d calls of %.1f ms, want 5 of about 200 ms", f.Function, f.Calls, avg/1e6)
-			// When its wall time went wrong, and whether kerninstd
-			// saw a counter slot written by a patch not its own.
-			for _, iv := range rep.Intervals {
-				if i < len(iv.Functions) {
-					r := iv.Functions[i]
-					t.Logf("  at %.1fs: %.1f calls/s, %.1f ms a call, %.2f inside", float64(iv.ElapsedNS)/1e9, r.CallsPerSec, r.AvgWallNS/1e6, r.Concurrency)
-				}
+			failed = true
+		}
+	}
+	if failed {
+		// Which timer missed which call, every 100 ms (the idle
+		// intervals left out), and whether kerninstd saw a counter slot
+		// written by a patch not its own.
+		for _, iv := range rep.Intervals {
+			s, busy := "", false
+			for _, r := range iv.Functions {
+				s += fmt.Sprintf(" | %4.1f calls/s %.2f inside", r.CallsPerSec, r.Concurrency)
+				busy = busy || r.CallsPerSec != 0 || r.Concurrency != 0
 			}
-			if in, err := client.Info(ctx); err == nil {
-				t.Logf("  kerninstd: %d free counter slots written, %d handed out written", in.DirtyFreeCounters, in.StaleCounterWrites)
+			if busy {
+				t.Logf("  at %.2fs:%s", float64(iv.ElapsedNS)/1e9, s)
 			}
+		}
+		if in, err := client.Info(ctx); err == nil {
+			t.Logf("  kerninstd: %d free counter slots written, %d handed out written, %d covering splices int3 only", in.DirtyFreeCounters, in.StaleCounterWrites, in.CoveringArmed)
 		}
 	}
 	if info, err := client.Info(ctx); err != nil || info.Splices != 0 || info.Sessions != 0 {
