@@ -417,17 +417,15 @@ func (d *Daemon) removeLocked(ss *session) error {
 	errsRev, counts := d.eng.RemoveCounted(rev)
 	for i, err := range errsRev {
 		r := rev[i]
-		if err == nil {
-			if ss.removed == nil {
-				ss.removed = make(map[*engine.Request]uint64, len(rev))
-			}
-			ss.removed[r] = counts[i]
-		}
 		if err != nil {
 			errs = append(errs, err)
 			kept = append([]*engine.Request{r}, kept...)
 			continue
 		}
+		if ss.removed == nil {
+			ss.removed = make(map[*engine.Request]uint64, len(rev))
+		}
+		ss.removed[r] = counts[i]
 		d.log.Debug("unspliced", "session", ss.id, "at", r.Site().Where(), "requests left", d.eng.Installed(r).Requests)
 	}
 	if n := len(rev) - len(kept); n > 0 {
