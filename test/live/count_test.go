@@ -296,3 +296,51 @@ func TestExceptionTableSitesRefused(t *testing.T) {
 		t.Fatal("no exception-table site found in the first 64 entries")
 	}
 }
+
+// Two probes of one straight-line run of do_nanosleep's entry block, a
+// covering splice (armed as an int3 alone) and a direct one after it,
+// count exactly alike, with the guest's own nanosleep calls (its Go
+// runtime's) running throughout, in every one of ten sessions. The final
+// counts are read as the splices go (engine.RemoveCounted): read a moment
+// before, 11 sessions in 80 ended unequal; and an int3 written alone is
+// written again with the CPUs parked, without which the emulator can run
+// a translation of the bytes it replaced (ki_poke_many).
+func TestCountsOfOneBlockAgree(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	g, err := client.CFG(ctx, "do_nanosleep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var covering, direct string
+	for _, in := range g.Blocks[0].Instructions {
+		switch {
+		case covering == "" && in.SpliceClass == "covering":
+			covering = fmt.Sprintf("do_nanosleep+%#x", in.Offset)
+		case covering != "" && in.SpliceClass == "direct":
+			direct = fmt.Sprintf("do_nanosleep+%#x", in.Offset)
+		case strings.HasPrefix(in.Text, "call"):
+			covering = "" // a call between them: not one straight-line run
+		}
+		if direct != "" {
+			break
+		}
+	}
+	if covering == "" || direct == "" {
+		t.Fatalf("no covering splice followed by a direct one in do_nanosleep's entry block: %+v", g.Blocks[0].Instructions)
+	}
+	for i := 0; i < 10; i++ {
+		out, errOut, code := gexec(t, ctx, "kinst", "count", covering, direct, "--duration", "1s", "--json")
+		if code != 0 {
+			t.Fatalf("kinst count %s %s: status %d\n%s", covering, direct, code, errOut)
+		}
+		var rep output.CountReport
+		if err := json.Unmarshal([]byte(out), &rep); err != nil || len(rep.Probes) != 2 {
+			t.Fatalf("%v: %s", err, out)
+		}
+		a, b := rep.Probes[0].Count, rep.Probes[1].Count
+		if a != b || a == 0 {
+			t.Errorf("session %d: %s counted %d, %s counted %d: want equal and not 0", i, covering, a, direct, b)
+		}
+	}
+}
