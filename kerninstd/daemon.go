@@ -100,9 +100,6 @@ type session struct {
 	cover   *coverState   // a coverage session's probes; nil for others
 	bpf     []*bpfCount   // without the driver: the points' BPF counters
 	done    chan struct{} // closed when the session is removed
-	// removed are the final counts of the requests removeLocked took
-	// out, read as each went (engine.RemoveCounted).
-	removed map[*engine.Request]uint64
 }
 
 // New loads the symbol table and returns a daemon ready to serve.
@@ -362,11 +359,11 @@ func (d *Daemon) RemoveSession(id string) (api.Session, error) {
 		ss.cover.sweep(d.eng, d.log, ss.id, d.clock.Now()) // the last hits count
 	}
 	final, reqs := d.describe(ss), ss.reqs
-	err := d.removeLocked(ss)
+	removed, err := d.removeCountedLocked(ss)
 	// The counts as the splices went, not as described a moment before:
 	// the hits in between are in them.
 	for i, r := range reqs {
-		if c, ok := ss.removed[r]; ok {
+		if c, ok := removed[r]; ok {
 			final.Probes[i].Count = c
 		}
 	}
@@ -383,6 +380,13 @@ func (d *Daemon) RemoveSession(id string) (api.Session, error) {
 // cannot be removed stays listed so a later attempt (or the driver, on
 // close) restores it.
 func (d *Daemon) removeLocked(ss *session) error {
+	_, err := d.removeCountedLocked(ss)
+	return err
+}
+
+// removeCountedLocked is removeLocked that also returns the final count
+// of each request it took out, read as it went (engine.RemoveCounted).
+func (d *Daemon) removeCountedLocked(ss *session) (removed map[*engine.Request]uint64, err error) {
 	var errs []error
 	if ss.expiry != nil {
 		ss.expiry.Stop()
@@ -422,10 +426,10 @@ func (d *Daemon) removeLocked(ss *session) error {
 			kept = append([]*engine.Request{r}, kept...)
 			continue
 		}
-		if ss.removed == nil {
-			ss.removed = make(map[*engine.Request]uint64, len(rev))
+		if removed == nil {
+			removed = make(map[*engine.Request]uint64, len(rev))
 		}
-		ss.removed[r] = counts[i]
+		removed[r] = counts[i]
 		d.log.Debug("unspliced", "session", ss.id, "at", r.Site().Where(), "requests left", d.eng.Installed(r).Requests)
 	}
 	if n := len(rev) - len(kept); n > 0 {
@@ -446,7 +450,7 @@ func (d *Daemon) removeLocked(ss *session) error {
 			close(ss.done)
 		}
 	}
-	return errors.Join(errs...)
+	return removed, errors.Join(errs...)
 }
 
 // Close removes every session.
