@@ -24,7 +24,10 @@ type CoverReport struct {
 	CoveredInferred int   `json:"covered_inferred"`
 	Removed         int   `json:"removed"` // probes removed after their first hit
 	ArmNS           int64 `json:"arm_ns"`  // from the first probe's splice to the last's
-	DurationNS      int64 `json:"duration_ns"`
+	// PlanNS is the time before the first splice: finding the functions,
+	// reading and decoding their code, and planning every block's probe.
+	PlanNS     int64 `json:"plan_ns"`
+	DurationNS int64 `json:"duration_ns"`
 	// Timeline has a row when the probes were armed and one each time
 	// the daemon found blocks newly covered (and removed their probes).
 	Timeline   []CoverSample `json:"timeline"`

@@ -49,8 +49,9 @@ type Set struct {
 	reasonAt map[string]int32 // reasons' indices
 
 	covered, inferred, coveredInferred, removed, armedN int
-	armNS                                               int64
+	armNS, planNS                                       int64
 	timeline                                            []Sample
+	planStart                                           time.Time // Planning's; zero when not said
 
 	pending []Probe // planned by Add, spliced by Arm
 	live    []Probe
@@ -130,6 +131,11 @@ type Probe struct {
 func New(filter string) *Set {
 	return &Set{filter: filter, reasonAt: map[string]int32{}}
 }
+
+// Planning says that finding, reading and planning the run's functions
+// began at start: the first Arm reports the time from there to its own
+// start as the plan time (Summary.Plan).
+func (s *Set) Planning(start time.Time) { s.planStart = start }
 
 // Planned is the number of probes Add planned that Arm has not armed.
 func (s *Set) Planned() int { return len(s.pending) }
@@ -347,6 +353,9 @@ func Flag(pred codegen.Predicate) engine.SnippetFunc {
 func (s *Set) Arm(eng Engine, owner string, snippet engine.SnippetFunc, now func() time.Time) {
 	spec := engine.Spec{Owner: owner, Slots: 1, Snippet: snippet}
 	start := now()
+	if s.armed.IsZero() && !s.planStart.IsZero() {
+		s.planNS = int64(start.Sub(s.planStart))
+	}
 	// The probes go in chunks, each chunk's armed probes written back
 	// over the planned ones they came from: a whole kernel's half a
 	// million would otherwise be held twice (planned and live) beside
@@ -744,6 +753,7 @@ type Summary struct {
 	CoveredBlocks, Armed, Inferred, Removed int
 	CoveredInferred                         int
 	Arm                                     time.Duration // from the first probe's splice to the last's
+	Plan                                    time.Duration // from Planning to the first Arm; 0 when not said
 	Duration                                time.Duration // since arming
 	Timeline                                []Sample
 }
@@ -772,6 +782,7 @@ type Block struct {
 func (s *Set) Summary(now time.Time) Summary {
 	sum := Summary{Filter: s.filter, CoveredBlocks: s.covered, Armed: s.armedN, Inferred: s.inferred,
 		CoveredInferred: s.coveredInferred, Removed: s.removed, Arm: time.Duration(s.armNS),
+		Plan:     time.Duration(s.planNS),
 		Duration: now.Sub(s.armed), Functions: len(s.fns), Timeline: slices.Clone(s.timeline)}
 	if sum.Timeline == nil {
 		sum.Timeline = []Sample{}

@@ -207,3 +207,29 @@ type snapshot struct {
 func snap(s *Set, now time.Time) snapshot {
 	return snapshot{s.Summary(now), slices.Collect(s.Functions())}
 }
+
+// TestPlanTime: the plan time is from Planning to the first Arm's start,
+// and a later Arm (a library loaded after the start) adds to the arm
+// time only.
+func TestPlanTime(t *testing.T) {
+	f := newFixture(t)
+	s := f.set(t, "filename_lookup")
+	clock := time.Unix(1000, 0)
+	now := func() time.Time { clock = clock.Add(time.Millisecond); return clock }
+	if s.Summary(clock).Plan != 0 {
+		t.Fatal("a plan time before Arm")
+	}
+	s.Planning(clock.Add(-40 * time.Millisecond))
+	s.Arm(f.e, "test", Flag(nil), now) // starts at clock+1ms, ends at +2ms
+	sum := s.Summary(clock)
+	if sum.Plan != 41*time.Millisecond || sum.Arm != time.Millisecond {
+		t.Fatalf("plan %v, arm %v; want 41ms, 1ms", sum.Plan, sum.Arm)
+	}
+	s.Arm(f.e, "test", Flag(nil), now)
+	if sum := s.Summary(clock); sum.Plan != 41*time.Millisecond || sum.Arm != 2*time.Millisecond {
+		t.Fatalf("after a second Arm: plan %v, arm %v; want 41ms, 2ms", sum.Plan, sum.Arm)
+	}
+	if _, err := s.Remove(f.e); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -36,6 +36,7 @@ func (d *Daemon) createCover(req api.SessionRequest) (api.Session, error) {
 	if req.TTLNS < 0 {
 		return api.Session{}, badRequest(errors.New("negative time-to-live"))
 	}
+	start := d.clock.Now()
 	pred, desc, err := d.tm.predicate(req.Filter)
 	if err != nil {
 		return api.Session{}, err
@@ -45,6 +46,7 @@ func (d *Daemon) createCover(req api.SessionRequest) (api.Session, error) {
 		return api.Session{}, err
 	}
 	set := cover.New(desc)
+	set.Planning(start)
 	if req.CoverAllBlocks {
 		set.AllBlocks()
 	}

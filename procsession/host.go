@@ -464,6 +464,7 @@ func (h *Host) armCover(s *session, req api.SessionRequest) error {
 		h.tg.NoTraps(process.TrapHazard + "; kinst cover --user --trap allows it")
 	}
 	set := cover.New("")
+	set.Planning(time.Now())
 	if req.CoverAllBlocks {
 		set.AllBlocks()
 	}

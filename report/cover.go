@@ -13,7 +13,7 @@ func CoverSummary(s *cover.Set, session string, now time.Time) *api.CoverReport 
 	sum := s.Summary(now)
 	rep := &api.CoverReport{Session: session, Filter: sum.Filter, FunctionCount: sum.Functions, TotalBlocks: sum.TotalBlocks,
 		RefusedBlocks: sum.RefusedBlocks, CoveredBlocks: sum.CoveredBlocks, Armed: sum.Armed, Inferred: sum.Inferred,
-		CoveredInferred: sum.CoveredInferred, Removed: sum.Removed, ArmNS: int64(sum.Arm), DurationNS: int64(sum.Duration),
+		CoveredInferred: sum.CoveredInferred, Removed: sum.Removed, ArmNS: int64(sum.Arm), PlanNS: int64(sum.Plan), DurationNS: int64(sum.Duration),
 		Timeline: make([]api.CoverSample, len(sum.Timeline))}
 	for i, t := range sum.Timeline {
 		rep.Timeline[i] = api.CoverSample{ElapsedNS: int64(t.Elapsed), LiveProbes: t.LiveProbes, Covered: t.Covered}

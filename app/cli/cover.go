@@ -88,8 +88,8 @@ func coverOn(ctx context.Context, t sessionTarget, sess api.Session, o CoverOpti
 	if t.proc != nil {
 		where = fmt.Sprintf(" in process %d", t.proc.pid)
 	}
-	fmt.Fprintf(env.Err, "kinst: %d probes armed%s in %s over %d blocks of %d functions (%d inferred from their successors, %d refused)",
-		armed.Armed, where, fmtNS(float64(armed.ArmNS)), armed.TotalBlocks, armed.FunctionCount, armed.Inferred, armed.RefusedBlocks)
+	fmt.Fprintf(env.Err, "kinst: %d probes armed%s in %s (planned in %s) over %d blocks of %d functions (%d inferred from their successors, %d refused)",
+		armed.Armed, where, fmtNS(float64(armed.ArmNS)), fmtNS(float64(armed.PlanNS)), armed.TotalBlocks, armed.FunctionCount, armed.Inferred, armed.RefusedBlocks)
 	if armed.Filter != "" {
 		fmt.Fprintf(env.Err, "; %s only", armed.Filter)
 	}
