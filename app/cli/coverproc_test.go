@@ -994,6 +994,7 @@ func BenchmarkCoverProcessLibc(b *testing.B) {
 	if os.Geteuid() != 0 {
 		b.Skip("kinst cover --user runs as root")
 	}
+	TuneGC() // as kinst runs
 	var arm, plan float64
 	for b.Loop() {
 		var out, errb bytes.Buffer

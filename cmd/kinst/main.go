@@ -23,6 +23,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/app/cli"
 )
 
 func main() {
@@ -33,6 +34,7 @@ func main() {
 	// stops, /proc reads).
 	stop := profile("KINST_CPUPROFILE", pprof.StartCPUProfile, pprof.StopCPUProfile)
 	stopTrace := profile("KINST_TRACE", trace.Start, trace.Stop)
+	cli.TuneGC()
 	status := run(os.Args[1:], stdio{os.Stdin, os.Stdout, os.Stderr})
 	stopTrace()
 	stop()
