@@ -2,6 +2,7 @@ package api
 
 import (
 	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -75,7 +76,9 @@ type Info struct {
 // Addr is a kernel address, written in JSON as a "0x…" string.
 type Addr uint64
 
-func (a Addr) MarshalText() ([]byte, error) { return []byte(fmt.Sprintf("%#x", uint64(a))), nil }
+func (a Addr) MarshalText() ([]byte, error) {
+	return strconv.AppendUint([]byte("0x"), uint64(a), 16), nil
+}
 
 func (a *Addr) UnmarshalText(b []byte) error {
 	var v uint64
