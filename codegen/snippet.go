@@ -431,15 +431,10 @@ func verifyInstrumentation(code []byte, base uint64) error {
 	if cur != 0 {
 		return fail("stack depth %d at the end of the instrumentation", cur)
 	}
-	// Every branch target must be an instruction boundary: walk again.
-	bound := map[int]bool{len(code): true}
-	for off := 0; off < len(code); {
-		inst, _ := x86dec.Decode(code[off:])
-		bound[off] = true
-		off += inst.Len
-	}
+	// Every branch target must be an instruction boundary: one of those
+	// decoded above (every instruction, in order), or the end.
 	for to := range depth {
-		if !bound[to] {
+		if _, ok := seen[to]; !ok && to != len(code) {
 			return &VerifyError{Offset: to, Reason: "a branch lands inside an instruction"}
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"iter"
 	"os"
 	"slices"
 	"sort"
@@ -315,18 +316,26 @@ func (s *Symbols) FunctionsAt(addr uint64) []Symbol {
 // Overlapping returns the functions whose extent [Addr, End) overlaps
 // [lo, hi), one symbol per start address, in address order.
 func (s *Symbols) Overlapping(lo, hi uint64) []Symbol {
-	i := sort.Search(len(s.byAddr), func(i int) bool { return s.byAddr[i].Addr > lo })
-	if i > 0 && s.End(s.byAddr[i-1]) > lo {
-		i--
-	}
-	var out []Symbol
-	for ; i < len(s.byAddr) && s.byAddr[i].Addr < hi; i++ {
-		if len(out) > 0 && out[len(out)-1].Addr == s.byAddr[i].Addr {
-			continue
+	return slices.Collect(s.EachOverlapping(lo, hi))
+}
+
+// EachOverlapping yields what Overlapping returns, without making a
+// slice of it (the planner asks for every instruction's reach).
+func (s *Symbols) EachOverlapping(lo, hi uint64) iter.Seq[Symbol] {
+	return func(yield func(Symbol) bool) {
+		i := sort.Search(len(s.byAddr), func(i int) bool { return s.byAddr[i].Addr > lo })
+		if i > 0 && s.End(s.byAddr[i-1]) > lo {
+			i--
 		}
-		out = append(out, s.byAddr[i])
+		for first := i; i < len(s.byAddr) && s.byAddr[i].Addr < hi; i++ {
+			if i > first && s.byAddr[i-1].Addr == s.byAddr[i].Addr {
+				continue
+			}
+			if !yield(s.byAddr[i]) {
+				return
+			}
+		}
 	}
-	return out
 }
 
 // Before returns the last symbol of module ("" for the core kernel), of

@@ -298,7 +298,7 @@ func (p *Planner) Liveness(s *Site) cfg.LiveSet {
 func addSpringboardSpace(heap *springboard.Heap, k *Facts, addr uint64) {
 	lo, hi := springboard.Reach(addr)
 	hi += springboard.SlotLen
-	for _, sym := range k.Symbols.Overlapping(lo, hi) {
+	for sym := range k.Symbols.EachOverlapping(lo, hi) {
 		heap.AddFunction(sym.Addr, func() []springboard.Range {
 			fn, err := k.readFunction(sym)
 			if err != nil || !k.Process && k.functionNoSplice(fn) != "" {
