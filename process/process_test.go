@@ -45,6 +45,12 @@ func compile(t *testing.T, cc, src string, flags ...string) string {
 	if _, err := exec.LookPath(cc); err != nil {
 		t.Skip("no " + cc)
 	}
+	if slices.Contains(flags, "-fuse-ld=lld") {
+		// gcc says only "cannot find 'ld'" when ld.lld is missing.
+		if _, err := exec.LookPath("ld.lld"); err != nil {
+			t.Skip("no ld.lld (scripts/deps.sh installs lld)")
+		}
+	}
 	bin := filepath.Join(t.TempDir(), strings.TrimSuffix(filepath.Base(src), filepath.Ext(src)))
 	args := append([]string{"-O2", "-o", bin, src}, flags...)
 	if out, err := exec.Command(cc, args...).CombinedOutput(); err != nil {
