@@ -52,6 +52,9 @@ type Device struct {
 	near uint64
 	tr   *tracer
 	mem  *memFile
+	// note is told when a thread is slow to stop (stopAll); set before
+	// the device is used.
+	note func(string)
 
 	// regionMu serialises the mapping of the region; local and base are
 	// written once, under it, before any patch or counter is used.
@@ -179,7 +182,7 @@ func (d *Device) mapRegion(near uint64) error {
 		return err
 	}
 	return d.tr.do(func() error {
-		held, err := stopAll(d.pid)
+		held, err := stopAll(d.pid, d.note)
 		if err != nil {
 			return err
 		}
@@ -477,7 +480,7 @@ var errRetry = fmt.Errorf("retry")
 func (d *Device) withStopped(f func(map[int]*stopped) error) error {
 	for i := 0; i < retries; i++ {
 		err := d.tr.do(func() error {
-			held, err := stopAll(d.pid)
+			held, err := stopAll(d.pid, d.note)
 			if err != nil {
 				return err
 			}

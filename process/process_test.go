@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -1261,8 +1262,9 @@ func startProgram(t *testing.T, src string) (pid int, in io.Writer, out *bufio.R
 // posix_spawn's does until its exec, but is no thread of the process.
 // Kinst writes nothing while it runs: the splice waits until the child
 // has exited (its parent's thread stops only then), so the child, which
-// calls strtol for 600 ms, comes to no harm and none of its calls is
-// counted; the parent's 1000 after it are, exactly.
+// calls strtol for 1.5 s, comes to no harm and none of its calls is
+// counted; the parent's 1000 after it are, exactly. The wait is told, once,
+// as the parent's thread in vfork.
 func TestVforkChild(t *testing.T) {
 	needPtrace(t)
 	pid, in, r := startProgram(t, "testdata/vfork.c")
@@ -1274,11 +1276,19 @@ func TestVforkChild(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tg.Close()
+	var mu sync.Mutex
+	var notes []string
+	tg.SetStopNote(func(msg string) { mu.Lock(); notes = append(notes, msg); mu.Unlock() })
 	sites, _ := resolveAll(t, tg, []string{"libc:strtol"})
 	reqs, err := tg.Count("test", sites)
 	if err != nil {
 		t.Fatal(err)
 	}
+	mu.Lock()
+	if len(notes) != 1 || !strings.Contains(notes[0], fmt.Sprintf("thread %d of process %d has not stopped", pid, pid)) || !strings.Contains(notes[0], "in vfork") {
+		t.Errorf("the wait for the thread in vfork was told as %q, want once, as a thread in vfork", notes)
+	}
+	mu.Unlock()
 	if l, _ := r.ReadString('\n'); l != "child 0\n" {
 		t.Fatalf("the vfork child ended as %q, want \"child 0\"", l)
 	}

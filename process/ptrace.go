@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -80,8 +81,11 @@ func tasks(pid int) ([]int, error) {
 // Its parent thread waits in vfork killably, and stops for the
 // interrupt only once the child has run exec or exited, so stopAll
 // returns only then: no change is written while such a child could be
-// running the code it changes (TestVforkChild).
-func stopAll(pid int) (map[int]*stopped, error) {
+// running the code it changes (TestVforkChild). A thread that has not
+// stopped after slowStop is described to note (nil: no one is told),
+// once: kinst would otherwise wait without a word for as long as such a
+// child runs.
+func stopAll(pid int, note func(string)) (map[int]*stopped, error) {
 	held := map[int]*stopped{}
 	// gone are the threads found exited or exiting: a zombie stays
 	// listed (a thread group leader that called pthread_exit, until the
@@ -119,7 +123,14 @@ func stopAll(pid int) (map[int]*stopped, error) {
 				continue
 			}
 			st := &stopped{tid: tid}
-			if err := waitStop(st); err != nil {
+			slow := time.AfterFunc(slowStop, func() {
+				if note != nil {
+					note(notStopped(pid, tid))
+				}
+			})
+			err := waitStop(st)
+			slow.Stop()
+			if err != nil {
 				if errors.Is(err, unix.ECHILD) || errors.Is(err, unix.ESRCH) {
 					gone[tid] = true
 					continue // exited
@@ -142,6 +153,28 @@ func stopAll(pid int) (map[int]*stopped, error) {
 			return held, nil
 		}
 	}
+}
+
+// slowStop is how long stopAll waits for a thread to stop before it says
+// so.
+const slowStop = time.Second
+
+// notStopped says why thread tid of pid may not have stopped yet: a
+// thread in vfork (its wchan kernel_clone, or one naming vfork) stops
+// once its child has run exec or exited.
+func notStopped(pid, tid int) string {
+	task := fmt.Sprintf("/proc/%d/task/%d/", pid, tid)
+	wchan, _ := os.ReadFile(task + "wchan")
+	children, _ := os.ReadFile(task + "children")
+	kids := strings.Fields(string(children))
+	what := fmt.Sprintf("thread %d of process %d has not stopped after %v", tid, pid, slowStop)
+	if w := string(wchan); len(kids) > 0 && (w == "kernel_clone" || strings.Contains(w, "vfork")) {
+		return fmt.Sprintf("%s: it is in vfork, and stops once its child %s has run exec or exited; kinst writes nothing while the child runs in the process's memory, and waits", what, kids[0])
+	}
+	if w := string(wchan); w != "" && w != "0" {
+		return fmt.Sprintf("%s (it waits in the kernel, in %s); kinst waits", what, w)
+	}
+	return what + "; kinst waits"
 }
 
 // exits are the exit statuses the tracer's waits took (pid → status): a

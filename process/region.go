@@ -52,6 +52,7 @@ func (t *Target) region(module string) (*region, error) {
 	if err != nil {
 		return nil, err
 	}
+	dev.note = t.stopNote
 	// The engine's notes (a trap splice chosen) are the daemon's log
 	// lines; here the command reports what matters itself.
 	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))

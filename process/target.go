@@ -61,6 +61,7 @@ type Target struct {
 	goRuntime bool
 
 	regions  []*region
+	stopNote func(string) // SetStopNote's
 	byModule map[string]*region
 	owner    map[*engine.Request]*region
 
@@ -214,6 +215,12 @@ func (t *Target) load(maps []mapping) []*kernel.Symbols {
 // start (glibc's pthread_create, fork, posix_spawn) and wherever a
 // program blocks all signals.
 const TrapHazard = "only a trap splice (int3) fits here, and a thread that reaches one with SIGTRAP blocked (a starting thread, a fork, code that blocks every signal) dies"
+
+// SetStopNote has note told, from another goroutine, when a thread of
+// the process is slow to stop for a change of its text: one in vfork
+// stops only once its child has run exec or exited, which may be never.
+// Set it before the first request.
+func (t *Target) SetStopNote(note func(string)) { t.stopNote = note }
 
 // NoTraps refuses trap splices from now on, with reason why: a point
 // only an int3 could take is refused instead (ResolveAs, which asks for

@@ -33,7 +33,7 @@ func TestWaitAfterTracerReaped(t *testing.T) {
 		unix.Kill(pid, unix.SIGCONT)
 		for Alive(pid) {
 			tr.do(func() error {
-				if held, err := stopAll(pid); err == nil {
+				if held, err := stopAll(pid, nil); err == nil {
 					resumeAll(pid, held)
 				}
 				return nil
@@ -87,7 +87,7 @@ func TestStopAllLeaderExited(t *testing.T) {
 	tr := newTracer()
 	defer tr.close()
 	go tr.do(func() error {
-		held, err := stopAll(pid)
+		held, err := stopAll(pid, nil)
 		if err == nil {
 			resumeAll(pid, held)
 		}

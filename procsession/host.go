@@ -115,6 +115,7 @@ func Open(pid int, o Options) (*Host, error) {
 	if o.Log == nil {
 		o.Log = io.Discard
 	}
+	tg.SetStopNote(func(msg string) { fmt.Fprintf(o.Log, "kinst: %s\n", msg) })
 	comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
 	h := &Host{tg: tg, pid: tg.PID, comm: strings.TrimSpace(string(comm)), clock: metrics.NewClock(),
 		sessions: map[string]*session{}, done: make(chan struct{}), goneC: make(chan struct{}), debug: map[string]*debuginfo.File{},

@@ -1,5 +1,5 @@
 // A vfork child that runs libc code (strtol) in its parent's memory for
-// 600 ms before it exits, as posix_spawn's child runs libc until its
+// 1.5 s before it exits, as posix_spawn's child runs libc until its
 // exec; then the parent, told "call N" on stdin, calls strtol N times.
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -23,7 +23,7 @@ int main(void) {
 	if (pid == 0) {
 		static const char msg[] = "child running\n";
 		write(1, msg, sizeof msg - 1);
-		double end = now() + 0.6;
+		double end = now() + 1.5;
 		long sum = 0;
 		while (now() < end)
 			sum += conv("12345", NULL, 10);
