@@ -510,8 +510,24 @@ func (f *File) seqAt(addr uint64) (*lineTable, *sequence, error) {
 func (f *File) Lines(lo, hi uint64) ([]Line, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	seen := map[Line]bool{}
-	var out []Line
+	// A block's lines are a handful: found again by a scan of out, with a
+	// map only past 32. A map and a slice grown from nothing for each of
+	// a report's 71,000 blocks cost more than the lookups.
+	var seen map[Line]bool
+	out := make([]Line, 0, 8)
+	dup := func(l Line) bool {
+		if seen != nil {
+			return seen[l]
+		}
+		if len(out) < 32 {
+			return slices.Contains(out, l)
+		}
+		seen = make(map[Line]bool, 2*len(out))
+		for _, o := range out {
+			seen[o] = true
+		}
+		return seen[l]
+	}
 	for at := lo; at < hi; {
 		t, s, err := f.seqAt(at)
 		if err != nil {
@@ -526,8 +542,10 @@ func (f *File) Lines(lo, hi uint64) ([]Line, error) {
 			if r.line == 0 || s.rows[i+1].addr == r.addr {
 				continue
 			}
-			if l := (Line{File: t.files[r.file], Line: int(r.line)}); !seen[l] {
-				seen[l] = true
+			if l := (Line{File: t.files[r.file], Line: int(r.line)}); !dup(l) {
+				if seen != nil {
+					seen[l] = true
+				}
 				out = append(out, l)
 			}
 		}
