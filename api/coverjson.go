@@ -62,22 +62,7 @@ func appendFunction(b []byte, f *CoverFunction, in jsonIndent) []byte {
 	b = strconv.AppendInt(in.key(b, 1, "total", false), int64(f.Total), 10)
 	b = strconv.AppendInt(in.key(b, 1, "covered", false), int64(f.Covered), 10)
 	b = strconv.AppendInt(in.key(b, 1, "refused", false), int64(f.Refused), 10)
-	b = in.key(b, 1, "blocks", false)
-	switch {
-	case f.Blocks == nil:
-		b = append(b, "null"...)
-	case len(f.Blocks) == 0:
-		b = append(b, "[]"...)
-	default:
-		b = append(b, '[')
-		for i := range f.Blocks {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = appendBlock(in.newline(b, 2), &f.Blocks[i], in)
-		}
-		b = append(in.newline(b, 1), ']')
-	}
+	b = appendArray(in.key(b, 1, "blocks", false), f.Blocks, in, 1, func(b []byte, k *CoverBlock) []byte { return appendBlock(b, k, in) })
 	if f.Error != "" {
 		b = appendJSONString(in.key(b, 1, "error", false), f.Error)
 	}
@@ -96,23 +81,27 @@ func appendBlock(b []byte, k *CoverBlock, in jsonIndent) []byte {
 	b = strconv.AppendBool(in.key(b, 3, "covered", false), k.Covered)
 	b = appendStringPtr(in.key(b, 3, "point", false), k.Point)
 	b = appendStringPtr(in.key(b, 3, "refused", false), k.Refused)
-	b = in.key(b, 3, "lines", false)
-	switch {
-	case k.Lines == nil:
-		b = append(b, "null"...)
-	case len(k.Lines) == 0:
-		b = append(b, "[]"...)
-	default:
-		b = append(b, '[')
-		for i, l := range k.Lines {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = appendJSONString(in.newline(b, 4), l)
-		}
-		b = append(in.newline(b, 3), ']')
-	}
+	b = appendArray(in.key(b, 3, "lines", false), k.Lines, in, 3, func(b []byte, l *string) []byte { return appendJSONString(b, *l) })
 	return append(in.newline(b, 2), '}')
+}
+
+// appendArray appends items as a JSON array whose members are at depth+1
+// (null when nil), each by item.
+func appendArray[T any](b []byte, items []T, in jsonIndent, depth int, item func([]byte, *T) []byte) []byte {
+	switch {
+	case items == nil:
+		return append(b, "null"...)
+	case len(items) == 0:
+		return append(b, "[]"...)
+	}
+	b = append(b, '[')
+	for i := range items {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = item(in.newline(b, depth+1), &items[i])
+	}
+	return append(in.newline(b, depth), ']')
 }
 
 func appendStringPtr(b []byte, s *string) []byte {
