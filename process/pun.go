@@ -996,7 +996,10 @@ func (d *Device) planChanges(changes []windowChange) error {
 // write touches; it returns the ops refused, and how many of the puns
 // asked for (or live puns' states) found no room.
 func (d *Device) plan(ops []driver.SpliceOp, changes []windowChange, want []int, puns []*pun, held map[int]*stopped) (refused []*driver.BatchError, missed int) {
-	v := &punView{d: d, held: held, changes: map[uint64]windowChange{}, cur: map[uint64]byte{}}
+	// Sized for every op and its bytes up front: grown from nothing, the
+	// maps of a batch over libc (16,384 ops) were rehashed over and over.
+	n := len(ops) + len(changes)
+	v := &punView{d: d, held: held, changes: make(map[uint64]windowChange, n), cur: make(map[uint64]byte, 6*n)}
 	for _, c := range changes {
 		v.changes[c.addr] = c
 		if c.gone {
