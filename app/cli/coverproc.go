@@ -116,11 +116,25 @@ func writeRefusals(w io.Writer, rep *api.CoverReport, top int) {
 // ("+0x12 retq: "): the same reason at another offset is the same kind.
 var blockInsn = regexp.MustCompile(`(^|; )\+0x[0-9a-f]+ .*?: `)
 
-// refusalKind is a block's refusal without the offsets and instructions
-// of "no instruction of the block may be spliced: +0xOFF INSN: WHY; …"
-// (each reason once per block already), so the summary counts blocks by
-// why, not by where.
+// spliceSite is where a refusal of one instruction names it ("splice
+// FUNC+0xOFF: "), and runAddr an address inside a reason (" at 0x7f…").
+var (
+	spliceSite = regexp.MustCompile(`^splice \S+\+0x[0-9a-f]+: `)
+	runAddr    = regexp.MustCompile(` at 0x[0-9a-f]+`)
+)
+
+// refusalKind is a block's refusal without where it is: the offsets and
+// instructions of "no instruction of the block may be spliced: +0xOFF
+// INSN: WHY; …" (each reason once per block already), the FUNC+0xOFF of
+// "splice FUNC+0xOFF: WHY", and addresses in a reason, so the summary
+// counts blocks by why, not by where. (Counted by where, the 180
+// trap-only blocks of python3 were 180 kinds of one block each.)
 func refusalKind(why string) string {
+	why = runAddr.ReplaceAllString(why, "")
+	if rest, ok := strings.CutPrefix(why, "splice "); ok && spliceSite.MatchString(why) {
+		_, rest, _ = strings.Cut(rest, ": ")
+		return "splice: " + rest
+	}
 	const none = "no instruction of the block may be spliced: "
 	rest, ok := strings.CutPrefix(why, none)
 	if !ok {

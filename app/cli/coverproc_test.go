@@ -954,6 +954,11 @@ func TestRefusalKind(t *testing.T) {
 		{none + "+0x3 endbr64: landing pad; +0x1a jmp *%rax: " + trap, none + "landing pad; " + trap},
 		{none + "none takes a splice of any class", none + "none takes a splice of any class"},
 		{none + "+0x278 mov %fs:(%r9),%rsi: " + trap, none + trap}, // a colon in the instruction
+		{"splice _PyEval_EvalFrameDefault+0x4e2: " + trap, "splice: " + trap},
+		{"splice PyToken_ThreeChars+0x1f: " + trap, "splice: " + trap},
+		{"splice a+0x1: b: c", "splice: b: c"},
+		{"splice here: not a site", "splice here: not a site"},
+		{none + `+0x2d hlt: cannot relocate "hlt" at 0x7f133c06952d: waits for an interrupt`, none + `cannot relocate "hlt": waits for an interrupt`},
 	} {
 		if got := refusalKind(tc.in); got != tc.want {
 			t.Errorf("refusalKind(%q) = %q, want %q", tc.in, got, tc.want)
