@@ -4,6 +4,7 @@ import (
 	"debug/elf"
 	"encoding/binary"
 	"errors"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -188,6 +189,56 @@ func TestLinesOfRange(t *testing.T) {
 	if _, err := f.LineAt(addr + size + 1<<20); !errors.Is(err, ErrNoLine) {
 		t.Errorf("LineAt past the code: %v, want ErrNoLine", err)
 	}
+}
+
+// Lines of a range with more lines than Lines finds again by a scan
+// (32; a map past that) gives each line once, and the lines of the range
+// cut into 16-byte pieces (each with a few, found by the scan), all
+// together: libc's vfprintf, from libc6-dbg's debug file.
+func TestLinesOfLongRange(t *testing.T) {
+	f, err := OpenOrFind("/lib/x86_64-linux-gnu/libc.so.6")
+	if err != nil {
+		t.Skipf("libc's debug file (libc6-dbg): %v", err)
+	}
+	defer f.Close()
+	var fn elfsym.Symbol
+	for _, s := range funcs(t, f.Path) {
+		if s.Name == "__vfprintf_internal" || s.Name == "__printf_buffer" {
+			fn = s
+			break
+		}
+	}
+	if fn.Size == 0 {
+		t.Skip("no vfprintf in libc's debug file")
+	}
+	all, err := f.Lines(fn.Addr, fn.Addr+fn.Size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) <= 32 {
+		t.Fatalf("%s: %d lines, too few to pass the scan", fn.Name, len(all))
+	}
+	want := map[Line]bool{}
+	for at := fn.Addr; at < fn.Addr+fn.Size; at += 16 {
+		ls, err := f.Lines(at, min(at+16, fn.Addr+fn.Size))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range ls {
+			want[l] = true
+		}
+	}
+	got := map[Line]bool{}
+	for _, l := range all {
+		if got[l] {
+			t.Errorf("%v twice", l)
+		}
+		got[l] = true
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("%s: %d lines over its bytes, %d over them in pieces", fn.Name, len(got), len(want))
+	}
+	t.Logf("%s: %d lines", fn.Name, len(all))
 }
 
 // FuncsInFile: the functions whose first line addr2line places in the

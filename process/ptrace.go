@@ -123,13 +123,14 @@ func stopAll(pid int, note func(string)) (map[int]*stopped, error) {
 				continue
 			}
 			st := &stopped{tid: tid}
-			slow := time.AfterFunc(slowStop, func() {
-				if note != nil {
-					note(notStopped(pid, tid))
-				}
-			})
+			var slow *time.Timer
+			if note != nil {
+				slow = time.AfterFunc(slowStop, func() { note(notStopped(pid, tid)) })
+			}
 			err := waitStop(st)
-			slow.Stop()
+			if slow != nil {
+				slow.Stop()
+			}
 			if err != nil {
 				if errors.Is(err, unix.ECHILD) || errors.Is(err, unix.ESRCH) {
 					gone[tid] = true
