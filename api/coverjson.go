@@ -113,9 +113,7 @@ func appendStringPtr(b []byte, s *string) []byte {
 
 // appendAddr appends a as its MarshalText, quoted.
 func appendAddr(b []byte, a Addr) []byte {
-	b = append(b, `"0x`...)
-	b = strconv.AppendUint(b, uint64(a), 16)
-	return append(b, '"')
+	return append(a.appendText(append(b, '"')), '"')
 }
 
 // appendJSONString appends s quoted as encoding/json quotes it: printable

@@ -76,8 +76,11 @@ type Info struct {
 // Addr is a kernel address, written in JSON as a "0x…" string.
 type Addr uint64
 
-func (a Addr) MarshalText() ([]byte, error) {
-	return strconv.AppendUint([]byte("0x"), uint64(a), 16), nil
+func (a Addr) MarshalText() ([]byte, error) { return a.appendText(nil), nil }
+
+// appendText appends a as MarshalText writes it.
+func (a Addr) appendText(b []byte) []byte {
+	return strconv.AppendUint(append(b, "0x"...), uint64(a), 16)
 }
 
 func (a *Addr) UnmarshalText(b []byte) error {

@@ -42,13 +42,13 @@ func (r *CoverReport) WriteJSON(w io.Writer, indent bool) error {
 func (r *CoverReport) writeJSON(bw *bufio.Writer, indent bool) error {
 	head := *r
 	head.Functions = nil
-	marshal := func(v any, prefix string) ([]byte, error) {
-		if indent {
-			return json.MarshalIndent(v, prefix, "  ")
-		}
-		return json.Marshal(v)
+	var b []byte
+	var err error
+	if indent {
+		b, err = json.MarshalIndent(&head, "", "  ")
+	} else {
+		b, err = json.Marshal(&head)
 	}
-	b, err := marshal(&head, "")
 	if err != nil {
 		return err
 	}

@@ -515,18 +515,23 @@ func (f *File) Lines(lo, hi uint64) ([]Line, error) {
 	// a report's 71,000 blocks cost more than the lookups.
 	var seen map[Line]bool
 	out := make([]Line, 0, 8)
-	dup := func(l Line) bool {
-		if seen != nil {
-			return seen[l]
+	add := func(l Line) {
+		switch {
+		case seen != nil:
+			if seen[l] {
+				return
+			}
+			seen[l] = true
+		case slices.Contains(out, l):
+			return
+		case len(out) >= 32:
+			seen = make(map[Line]bool, 2*len(out))
+			for _, o := range out {
+				seen[o] = true
+			}
+			seen[l] = true
 		}
-		if len(out) < 32 {
-			return slices.Contains(out, l)
-		}
-		seen = make(map[Line]bool, 2*len(out))
-		for _, o := range out {
-			seen[o] = true
-		}
-		return seen[l]
+		out = append(out, l)
 	}
 	for at := lo; at < hi; {
 		t, s, err := f.seqAt(at)
@@ -542,12 +547,7 @@ func (f *File) Lines(lo, hi uint64) ([]Line, error) {
 			if r.line == 0 || s.rows[i+1].addr == r.addr {
 				continue
 			}
-			if l := (Line{File: t.files[r.file], Line: int(r.line)}); !dup(l) {
-				if seen != nil {
-					seen[l] = true
-				}
-				out = append(out, l)
-			}
+			add(Line{File: t.files[r.file], Line: int(r.line)})
 		}
 		at = s.hi()
 	}

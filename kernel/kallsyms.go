@@ -313,14 +313,9 @@ func (s *Symbols) FunctionsAt(addr uint64) []Symbol {
 	return s.byAddr[lo:hi]
 }
 
-// Overlapping returns the functions whose extent [Addr, End) overlaps
-// [lo, hi), one symbol per start address, in address order.
-func (s *Symbols) Overlapping(lo, hi uint64) []Symbol {
-	return slices.Collect(s.EachOverlapping(lo, hi))
-}
-
-// EachOverlapping yields what Overlapping returns, without making a
-// slice of it (the planner asks for every instruction's reach).
+// EachOverlapping yields the functions whose extent [Addr, End) overlaps
+// [lo, hi), one symbol per start address, in address order (the planner
+// asks for every instruction's reach: no slice is made of them).
 func (s *Symbols) EachOverlapping(lo, hi uint64) iter.Seq[Symbol] {
 	return func(yield func(Symbol) bool) {
 		i := sort.Search(len(s.byAddr), func(i int) bool { return s.byAddr[i].Addr > lo })

@@ -131,9 +131,8 @@ var (
 // trap-only blocks of python3 were 180 kinds of one block each.)
 func refusalKind(why string) string {
 	why = runAddr.ReplaceAllString(why, "")
-	if rest, ok := strings.CutPrefix(why, "splice "); ok && spliceSite.MatchString(why) {
-		_, rest, _ = strings.Cut(rest, ": ")
-		return "splice: " + rest
+	if at := spliceSite.FindStringIndex(why); at != nil {
+		return "splice: " + why[at[1]:]
 	}
 	const none = "no instruction of the block may be spliced: "
 	rest, ok := strings.CutPrefix(why, none)
