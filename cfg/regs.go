@@ -348,15 +348,42 @@ type Liveness struct {
 	names   NameAt
 	protos  kernel.Prototypes
 	reads   CalleeReads
+	abi     ABI
 	LiveIn  []LiveSet // per block
 	LiveOut []LiveSet // per block
 }
 
+// ABI is what a function's callers may assume of it, and it of its
+// callees, about the registers a call leaves alone.
+type ABI uint8
+
+const (
+	// SysV: a call may overwrite every caller-saved register, so a
+	// return need leave only the return and callee-saved registers as
+	// they were. The kernel's functions: it is built with -pg (ftrace's
+	// __fentry__ call), which turns GCC's -fipa-ra off.
+	SysV ABI = iota
+	// CallersKnow: a caller may keep a value in any register its callee
+	// is known not to write, across the call (GCC's interprocedural
+	// register allocation, -fipa-ra, on from -O2 for every callee whose
+	// code the compiler sees bind locally: an executable's functions, a
+	// library's static and hidden ones). A return therefore reads every
+	// register, and a call writes none of them (only the flags, which
+	// GCC does not keep across a call), which is what a program's or a
+	// library's text must be analysed with: `gcc -O2` keeps a caller's
+	// %ecx across a call to a static function that leaves %rcx alone.
+	CallersKnow
+)
+
 // exitUses is what a block that leaves the function reads at its end.
 func (lv *Liveness) exitUses(b *Block) LiveSet {
+	var callers LiveSet // what the callers may keep in registers
+	if lv.abi == CallersKnow {
+		callers = allRegs
+	}
 	switch b.Exit {
 	case Return:
-		return retSet(lv.protos, lv.fn.Name) | calleeSaved | regRSP
+		return retSet(lv.protos, lv.fn.Name) | calleeSaved | regRSP | callers
 	case NoReturnCall:
 		// The call itself (the block's last instruction) reads its
 		// arguments; nothing after it runs.
@@ -376,9 +403,18 @@ func (lv *Liveness) exitUses(b *Block) LiveSet {
 				}
 			}
 		}
-		return args | calleeSaved | regRSP
+		return args | calleeSaved | regRSP | callers
 	}
 	return allLive // indirect jump, trap: assume anything
+}
+
+// useDef is the instruction's uses and definitions under lv's ABI.
+func (lv *Liveness) useDef(in *Instruction) (use, def LiveSet) {
+	use, def = useDef(in, lv.names, lv.protos, lv.reads)
+	if lv.abi == CallersKnow && in.Inst.Op == x86asm.CALL {
+		def &= FlagBits // the callee may leave any register as it was
+	}
+	return use, def
 }
 
 // Live computes liveness of registers and flags over f's blocks,
@@ -397,7 +433,12 @@ type CalleeReads map[uint64]LiveSet
 
 // LiveWith is Live with callee summaries; reads may be nil.
 func (f *Function) LiveWith(blocks []Block, names NameAt, protos kernel.Prototypes, reads CalleeReads) *Liveness {
-	lv := &Liveness{fn: f, blocks: blocks, names: names, protos: protos, reads: reads,
+	return f.LiveABI(blocks, names, protos, reads, SysV)
+}
+
+// LiveABI is LiveWith under abi.
+func (f *Function) LiveABI(blocks []Block, names NameAt, protos kernel.Prototypes, reads CalleeReads, abi ABI) *Liveness {
+	lv := &Liveness{fn: f, blocks: blocks, names: names, protos: protos, reads: reads, abi: abi,
 		LiveIn: make([]LiveSet, len(blocks)), LiveOut: make([]LiveSet, len(blocks))}
 	type ud struct{ use, def LiveSet }
 	summary := make([]ud, len(blocks))
@@ -405,7 +446,7 @@ func (f *Function) LiveWith(blocks []Block, names NameAt, protos kernel.Prototyp
 		b := &blocks[bi]
 		var s ud
 		for i := b.First + b.N - 1; i >= b.First; i-- {
-			u, d := useDef(&f.Insns[i], names, protos, reads)
+			u, d := lv.useDef(&f.Insns[i])
 			s.use = u | (s.use &^ d)
 			s.def |= d
 		}
@@ -440,7 +481,7 @@ func (lv *Liveness) Before(b, i int) LiveSet {
 	blk := &lv.blocks[b]
 	live := lv.LiveOut[b]
 	for j := blk.First + blk.N - 1; j >= i; j-- {
-		u, d := useDef(&lv.fn.Insns[j], lv.names, lv.protos, lv.reads)
+		u, d := lv.useDef(&lv.fn.Insns[j])
 		live = u | (live &^ d)
 	}
 	return live

@@ -1367,3 +1367,54 @@ func TestIndirectFunction(t *testing.T) {
 		t.Error("libc:strlen* does not list strlen")
 	}
 }
+
+// TestTimeKeepsCallersRegisters: GCC at -O2 lets a caller keep values in
+// caller-saved registers across a call to a function it knows leaves
+// them alone (-fipa-ra), so a timer's patches at a process function's
+// entry and exits may use none of them unsaved. Timed at once, leaf's
+// asm caller keeps eight registers across 1,000 calls, and fibRound
+// keeps values in %edx, %r8d and %ecx across calls to tail and fib
+// (testdata/callers.c; a program of that shape printed wrong sums, or
+// crashed, when the timer took such registers for dead at entry).
+func TestTimeKeepsCallersRegisters(t *testing.T) {
+	needPtrace(t)
+	w := start(t, compile(t, "gcc", "testdata/callers.c"))
+	tg, err := Attach(w.cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tg.Close()
+	var timers []*Timer
+	for _, fn := range []string{"leaf", "fib", "tail"} {
+		tm, err := tg.Time("test", fn)
+		if err != nil {
+			t.Fatalf("time %s: %v", fn, err)
+		}
+		timers = append(timers, tm)
+	}
+	fibs := []int64{0, 1}
+	for i := 2; i <= 20; i++ {
+		fibs = append(fibs, fibs[i-1]+fibs[i-2])
+	}
+	for n := 15; n <= 20; n++ {
+		fmt.Fprintln(w.in, n)
+		l, err := w.out.ReadString('\n')
+		if err != nil {
+			w.cmd.Wait()
+			t.Fatalf("n=%d: %v (%v)", n, err, w.cmd.ProcessState)
+		}
+		want := fmt.Sprintf("0 %d %d\n", fibs[n], 10*n*(10*n+1)/2)
+		if l != want {
+			t.Errorf("n=%d: the program printed %q, want %q (registers changed, then fib(n), sum 1..10n)", n, l, want)
+		}
+	}
+	for i, tm := range timers {
+		calls, _ := tm.Read()
+		if calls == 0 {
+			t.Errorf("timer %d counted no call", i)
+		}
+		if err := tg.Untime(tm); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

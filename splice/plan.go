@@ -211,12 +211,33 @@ func (f *Func) block(i int) *cfg.Block {
 }
 
 // Liveness is the function's block liveness: calls read their arguments
-// as the prototypes and callee summaries say.
+// as the prototypes and callee summaries say, under the ABI its callers
+// may have been compiled to (ABI).
 func (f *Func) Liveness() *cfg.Liveness {
 	if f.live == nil {
-		f.live = f.Fn.LiveWith(f.Blocks, f.names, f.facts.Prototypes, f.facts.Reads)
+		f.live = f.Fn.LiveABI(f.Blocks, f.names, f.facts.Prototypes, f.facts.Reads, f.ABI())
 	}
 	return f.live
+}
+
+// ABI is what the function's callers may assume it leaves alone. A
+// process's code may come from GCC at -O2, whose callers keep values in
+// the registers a callee they can see does not write (cfg.CallersKnow).
+// So may a kernel function without ftrace's __fentry__ call at its entry
+// (or after its endbr64): its file may have been built without -pg,
+// which is what turns that allocation off; the others' files were built
+// with it (a notrace function among them is treated as the former, which
+// costs a timer a spill at most).
+func (f *Func) ABI() cfg.ABI {
+	if f.facts.Process {
+		return cfg.CallersKnow
+	}
+	for i := range min(2, len(f.Fn.Insns)) {
+		if IsFtraceSite(f.facts.Owned, f.Fn, i) {
+			return cfg.SysV
+		}
+	}
+	return cfg.CallersKnow
 }
 
 // Live is what may be live before instruction i: the block data-flow's
