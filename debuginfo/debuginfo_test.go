@@ -4,6 +4,7 @@ import (
 	"debug/elf"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"maps"
 	"os"
 	"os/exec"
@@ -444,5 +445,104 @@ func TestVariable(t *testing.T) {
 	}
 	if _, err := f.Variable("no_such_variable_anywhere"); !errors.Is(err, ErrNoVariable) {
 		t.Errorf("an unknown name: %v", err)
+	}
+}
+
+// libcPieces opens libc's debug file and cuts every function of it into
+// 16-byte pieces, about as many as a coverage report of libc has blocks.
+func libcPieces(tb testing.TB) (path string, pieces [][2]uint64) {
+	f, err := OpenOrFind("/lib/x86_64-linux-gnu/libc.so.6")
+	if err != nil {
+		tb.Skipf("libc's debug file (libc6-dbg): %v", err)
+	}
+	f.Close()
+	for _, s := range funcs(tb, f.Path) {
+		for at := s.Addr; at < s.Addr+s.Size; at += 16 {
+			pieces = append(pieces, [2]uint64{at, min(at+16, s.Addr+s.Size)})
+		}
+	}
+	return f.Path, pieces
+}
+
+// linesOf is every piece's LineAt and Lines, as text.
+func linesOf(f *File, pieces [][2]uint64) []string {
+	out := make([]string, 0, len(pieces))
+	for _, p := range pieces {
+		first, err := f.LineAt(p[0])
+		ls, err2 := f.Lines(p[0], p[1])
+		out = append(out, fmt.Sprint(first, err, ls, err2))
+	}
+	return out
+}
+
+// TestPreload: the line tables read on every CPU give every lookup the
+// answer it gets without them (libc: every function in 16-byte pieces),
+// and a second Preload reads nothing again.
+func TestPreload(t *testing.T) {
+	path, pieces := libcPieces(t)
+	plain, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	want := linesOf(plain, pieces)
+	pre, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pre.Close()
+	starts := make([]uint64, len(pieces))
+	for i, p := range pieces {
+		starts[i] = p[0]
+	}
+	pre.Preload(starts)
+	n := len(pre.tables)
+	if n == 0 {
+		t.Fatal("Preload read no table")
+	}
+	pre.Preload(starts)
+	if len(pre.tables) != n {
+		t.Errorf("a second Preload: %d tables, %d after the first", len(pre.tables), n)
+	}
+	got := linesOf(pre, pieces)
+	if len(pre.tables) != n {
+		t.Errorf("lookups after Preload read %d more tables", len(pre.tables)-n)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("piece %#x-%#x: %s with Preload, %s without", pieces[i][0], pieces[i][1], got[i], want[i])
+		}
+	}
+	t.Logf("%d pieces, %d units' tables", len(pieces), n)
+	pre.Close()
+	pre.Preload(starts) // closed: nothing, no fault
+}
+
+// BenchmarkLinesOfLibc: every line of libc in 16-byte pieces (about a
+// coverage report's blocks), from a file just opened, with the tables
+// read as the lookups come (serial) or first on every CPU (preload).
+func BenchmarkLinesOfLibc(b *testing.B) {
+	path, pieces := libcPieces(b)
+	starts := make([]uint64, len(pieces))
+	for i, p := range pieces {
+		starts[i] = p[0]
+	}
+	for _, preload := range []bool{false, true} {
+		b.Run(map[bool]string{false: "serial", true: "preload"}[preload], func(b *testing.B) {
+			for range b.N {
+				f, err := Open(path)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if preload {
+					f.Preload(starts)
+				}
+				for _, p := range pieces {
+					f.LineAt(p[0])
+					f.Lines(p[0], p[1])
+				}
+				f.Close()
+			}
+		})
 	}
 }

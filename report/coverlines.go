@@ -75,6 +75,14 @@ func AnnotateModule(rep *api.CoverReport, dbg *debuginfo.File, module string) (A
 	for sec, v := range votes {
 		slides[sec], _ = MostVoted(v)
 	}
+	// The functions matched and their slides first, then every block's
+	// line table read at once (Preload: on every CPU), then the lookups.
+	type match struct {
+		f     *api.CoverFunction
+		slide uint64
+	}
+	var matched []match
+	var starts []uint64
 	for i := range rep.Functions {
 		f := &rep.Functions[i]
 		if f.Error != "" {
@@ -100,9 +108,16 @@ func AnnotateModule(rep *api.CoverReport, dbg *debuginfo.File, module string) (A
 			}
 		}
 		a.Functions++
-		for j := range f.Blocks {
-			b := &f.Blocks[j]
-			lo, hi := uint64(b.Start)-slide, uint64(b.End)-slide
+		matched = append(matched, match{f, slide})
+		for _, b := range f.Blocks {
+			starts = append(starts, uint64(b.Start)-slide)
+		}
+	}
+	dbg.Preload(starts)
+	for _, m := range matched {
+		for j := range m.f.Blocks {
+			b := &m.f.Blocks[j]
+			lo, hi := uint64(b.Start)-m.slide, uint64(b.End)-m.slide
 			if b.End == 0 { // a report of a kerninstd that did not give ends
 				hi = lo
 			}
