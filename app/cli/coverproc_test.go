@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -526,6 +527,15 @@ func TestTimeProcessCommand(t *testing.T) {
 	f := rep.Functions[0]
 	if f.Calls != 100 || f.Concurrency < 0.5 || f.Concurrency > 1.1 || f.AvgWallNS < 2e6 {
 		t.Errorf("nap: %d calls, concurrency %.3f, average %.0f ns; want 100, about 1, at least 2 ms", f.Calls, f.Concurrency, f.AvgWallNS)
+	}
+	// The rates are over the run the report gives (they were over the
+	// session's life, arming and removal included: a 5 ms command's
+	// calls/s a third of calls over duration).
+	if want := float64(f.Calls) / (float64(rep.DurationNS) / 1e9); math.Abs(f.CallsPerSec-want) > want*1e-6 {
+		t.Errorf("%.0f calls/s, want calls over the run's %d ns: %.0f", f.CallsPerSec, rep.DurationNS, want)
+	}
+	if want := f.WallNS / float64(rep.DurationNS); math.Abs(f.Concurrency-want) > want*1e-6 {
+		t.Errorf("concurrency %.6f, want wall time over the run: %.6f", f.Concurrency, want)
 	}
 	t.Logf("nap: %d calls, %.0f/s, average %.2f ms, concurrency %.3f", f.Calls, f.CallsPerSec, f.AvgWallNS/1e6, f.Concurrency)
 }

@@ -245,7 +245,7 @@ func timeOn(ctx context.Context, t sessionTarget, o TimeOptions, env Env) (int, 
 	report.DurationNS = int64(res.Duration)
 	report.DetachNS = int64(res.Detach)
 	for i, t := range res.Final.Timers {
-		tf, last := sessionTotals(t, sess.Created)
+		tf, last := sessionTotals(t, sess.Created, res.Duration)
 		report.Functions = append(report.Functions, tf)
 		if i < len(series) {
 			series[i].Add(last)
@@ -288,11 +288,17 @@ func timerSeries(sess api.Session) (series []metrics.Series, width int) {
 }
 
 // sessionTotals is a timer's totals over its session's whole life, as
-// the daemon saw it, and its last point.
-func sessionTotals(t api.TimerInfo, created time.Time) (output.TimedFunction, metrics.Point) {
+// the daemon saw it, with its rates over the run (dur: what the report
+// says the totals are over; the session's life adds the arming and the
+// removal around it, in which a command's process makes no call), and
+// its last point.
+func sessionTotals(t api.TimerInfo, created time.Time, dur time.Duration) (output.TimedFunction, metrics.Point) {
 	last := metrics.Point(t.Totals)
 	first := last
 	first.Calls, first.WallNS, first.VirtualNS, first.Time = 0, 0, 0, created
+	if dur > 0 {
+		first.Time = last.Time.Add(-dur)
+	}
 	r := metrics.Derive(first, last)
 	tf := output.TimedFunction{Function: t.Function, Entry: at(t.Entry), Calls: t.Calls, CallsPerSec: r.CallsPerSec,
 		WallNS: t.WallNS, AvgWallNS: r.AvgWallNS, Concurrency: r.Concurrency, Mechanism: t.Mechanism}
@@ -309,7 +315,7 @@ func sessionTotals(t api.TimerInfo, created time.Time) (output.TimedFunction, me
 // printTimeReport is `kinst time`'s table of totals; removed says what
 // became of the splices (sessionTarget.removed).
 func printTimeReport(w io.Writer, report output.TimeReport, dur time.Duration, removed string) error {
-	fmt.Fprintf(w, "\ntotals over %.3f s %s%s:\n", dur.Seconds(), removed, filterNote(report.Filter))
+	fmt.Fprintf(w, "\ntotals over %s %s%s:\n", fmtSeconds(dur), removed, filterNote(report.Filter))
 	tw := newTable(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "calls\tcalls/s\ttotal wall\tavg wall\ttotal virtual\tavg virtual\tconcurrency\tfunction\t")
 	for _, f := range report.Functions {
@@ -320,6 +326,16 @@ func printTimeReport(w io.Writer, report output.TimeReport, dur time.Duration, r
 		fmt.Fprintf(tw, "%d\t%.0f\t%s\t%s\t%s\t%s\t%.3f\t%s\t\n", f.Calls, f.CallsPerSec, fmtNS(f.WallNS), fmtNS(f.AvgWallNS), tv, av, f.Concurrency, f.Function)
 	}
 	return tw.Flush()
+}
+
+// fmtSeconds is a run's length: seconds to the millisecond, and a run
+// shorter than a tenth of a second to the microsecond (a command's 5 ms
+// said "0.005 s", a 400 µs one "0.000 s").
+func fmtSeconds(d time.Duration) string {
+	if d < 100*time.Millisecond {
+		return fmt.Sprintf("%.3f ms", float64(d)/1e6)
+	}
+	return fmt.Sprintf("%.3f s", d.Seconds())
 }
 
 func filterNote(f string) string {
