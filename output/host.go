@@ -104,6 +104,7 @@ type UnwindThread struct {
 	Comm    string        `json:"comm"`
 	Syscall *int          `json:"syscall,omitempty"` // number of the system call it is blocked in
 	Error   string        `json:"error,omitempty"`   // why it has no stack (e.g. "thread is running")
+	Note    string        `json:"note,omitempty"`    // how it was unwound when not as asked (--ptrace refused: from /proc)
 	Frames  []UnwindFrame `json:"frames"`
 	// KernelThread: a kernel thread (PF_KTHREAD), which has no user
 	// stack; KernelStack is its kernel stack from

@@ -287,7 +287,7 @@ func exiting(pid, tid int) bool {
 // ptraceNote says why ptrace may have refused thread tid: another
 // tracer holds it (only one may), or Yama's ptrace_scope forbids it.
 func ptraceNote(tid int) string {
-	if by := tracedBy(tid); by != "" {
+	if by := TracedBy(tid); by != "" {
 		return by
 	}
 	b, err := os.ReadFile("/proc/sys/kernel/yama/ptrace_scope")
@@ -301,9 +301,10 @@ func ptraceNote(tid int) string {
 	return ""
 }
 
-// tracedBy names the tracer holding thread tid, if one does (a debugger,
-// strace, another kinst): only one tracer may hold a thread.
-func tracedBy(tid int) string {
+// TracedBy names the tracer holding thread tid, if one does (a debugger,
+// strace, another kinst), as " (process P, COMM, traces it: one tracer
+// at a time)"; "" if none does. Only one tracer may hold a thread.
+func TracedBy(tid int) string {
 	st, err := readStatus(fmt.Sprintf("/proc/%d/status", tid))
 	pid := st["TracerPid"]
 	if err != nil || pid == "" || pid == "0" {

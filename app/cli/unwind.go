@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/kinst/kinst/internal/elfsym"
 	"github.com/kinst/kinst/output"
+	"github.com/kinst/kinst/process"
 	"github.com/kinst/kinst/unwind"
 )
 
@@ -127,11 +129,15 @@ func ShowUnwindStack(pid, tid int, usePtrace, asJSON bool, w io.Writer, opts ...
 	if err != nil {
 		return err
 	}
-	tids := []int{tid}
-	if tid == 0 {
-		if tids, err = threads(pid); err != nil {
-			return err
+	tids, err := threads(pid)
+	if err != nil {
+		return err
+	}
+	if tid != 0 {
+		if !slices.Contains(tids, tid) {
+			return fmt.Errorf("process %d has no thread %d (its threads: %s)", pid, tid, listInts(tids, 8))
 		}
+		tids = []int{tid}
 	}
 	var out []output.UnwindThread
 	for _, t := range tids {
@@ -151,7 +157,17 @@ func ShowUnwindStack(pid, tid int, usePtrace, asJSON bool, w io.Writer, opts ...
 			th.Syscall = &nr
 		}
 		if usePtrace {
-			regs, err = unwind.PtraceRegs(t)
+			pregs, perr := unwind.PtraceRegs(t)
+			switch {
+			case perr == nil:
+				regs, err = pregs, nil
+			case err == nil:
+				// Refused (another tracer holds it), but blocked: its
+				// registers in /proc unwind it all the same.
+				th.Note = fmt.Sprintf("not stopped: %v%s; unwound from its registers in /proc/PID/task/TID/syscall, as it is not running", perr, process.TracedBy(t))
+			default:
+				err = fmt.Errorf("%w%s", perr, process.TracedBy(t))
+			}
 		}
 		if err != nil {
 			th.Error = err.Error()
@@ -229,6 +245,9 @@ func printUnwindThread(w io.Writer, th output.UnwindThread) {
 		fmt.Fprintf(w, ": %s\n", th.Error)
 		return
 	}
+	if th.Note != "" {
+		fmt.Fprintf(w, " (%s)", th.Note)
+	}
 	fmt.Fprintln(w)
 	for i, f := range th.Frames {
 		where := f.File
@@ -241,6 +260,21 @@ func printUnwindThread(w io.Writer, th output.UnwindThread) {
 		}
 		fmt.Fprintf(w, "  #%-2d %-18s %s+%s %s%s\n", i, f.PC, where, f.Offset, f.Method, src)
 	}
+}
+
+// listInts is up to n of xs, with how many more.
+func listInts(xs []int, n int) string {
+	var b strings.Builder
+	for i, x := range xs[:min(n, len(xs))] {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(strconv.Itoa(x))
+	}
+	if len(xs) > n {
+		fmt.Fprintf(&b, " and %d more", len(xs)-n)
+	}
+	return b.String()
 }
 
 func threads(pid int) ([]int, error) {

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -126,6 +128,47 @@ func TestUnwindStack(t *testing.T) {
 	if len(names) < 4 || names[0] != "clock_nanosleep" || !slices.Contains(names, "__libc_start_main") {
 		t.Errorf("stack %q: want clock_nanosleep first and __libc_start_main", names)
 	}
+
+	// A thread that is not the process's is an error, not an empty
+	// stack (it exited 0 with "open /proc/PID/task/1/syscall" said).
+	out.Reset()
+	if err := ShowUnwindStack(pid, 1, false, false, &out); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("process %d has no thread 1 (its threads: %d)", pid, pid)) {
+		t.Errorf("thread 1 of process %d: %v, want no such thread\n%s", pid, err, out.String())
+	}
+
+	// --ptrace while another tracer holds the thread: the blocked thread
+	// still unwinds from /proc, and the tracer is named.
+	held := make(chan error)
+	release := make(chan struct{})
+	go func() {
+		runtime.LockOSThread() // ptrace requests come from the attaching thread
+		defer runtime.UnlockOSThread()
+		err := unix.PtraceSeize(pid)
+		held <- err
+		<-release
+		if err == nil {
+			unix.PtraceDetach(pid)
+		}
+	}()
+	if err := <-held; err != nil {
+		close(release)
+		t.Skipf("ptrace seize: %v", err)
+	}
+	out.Reset()
+	err := ShowUnwindStack(pid, 0, true, true, &out)
+	close(release)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep.Threads = nil
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil || len(rep.Threads) != 1 {
+		t.Fatalf("%v: %s", err, out.String())
+	}
+	th := rep.Threads[0]
+	if len(th.Frames) != len(frames) || th.Error != "" || !strings.Contains(th.Note, "traces it") {
+		t.Errorf("--ptrace with another tracer: %d frames (want %d), error %q, note %q (want the tracer named)", len(th.Frames), len(frames), th.Error, th.Note)
+	}
+	t.Logf("--ptrace refused: %s", th.Note)
 }
 
 // TestUnwindStackKernelThread asks for the stack of kthreadd (pid 2): it

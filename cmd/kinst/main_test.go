@@ -191,6 +191,33 @@ func TestUsageErrors(t *testing.T) {
 	}
 }
 
+// TestUnwindTablePCHex: --pc is hex, as its help says, with or without
+// 0x (readelf and objdump print addresses without it); it was read as
+// decimal without.
+func TestUnwindTablePCHex(t *testing.T) {
+	const lib = "/lib/x86_64-linux-gnu/libc.so.6"
+	if _, err := os.Stat(lib); err != nil {
+		t.Skip(err)
+	}
+	row := func(pc string) (string, string) { // the row, without the timed header
+		_, out, errOut := kinst(t, "unwind", "table", lib, "--pc", pc)
+		_, r, _ := strings.Cut(out, "\n")
+		return r, errOut
+	}
+	want, errOut := row("0x29000")
+	if !strings.Contains(want, "0x2") {
+		t.Fatalf("--pc 0x29000: no row (%s)", errOut)
+	}
+	for _, pc := range []string{"29000", "0X29000"} {
+		if got, errOut := row(pc); got != want {
+			t.Errorf("--pc %s: %q (%s), want --pc 0x29000's %q", pc, got, errOut, want)
+		}
+	}
+	if status, _, errOut := kinst(t, "unwind", "table", lib, "--pc", "zz"); status != 2 || !strings.Contains(errOut, "want a hex address") {
+		t.Errorf("--pc zz: status %d, %q", status, errOut)
+	}
+}
+
 func TestVersion(t *testing.T) {
 	s := kerninstdtest.New(t)
 	status, out, errOut := kinst(t, "--version", "--addr", s.Addr)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"strconv"
+	"strings"
 
 	"github.com/kinst/kinst/app/cli"
 	"github.com/spf13/pflag"
@@ -36,7 +37,9 @@ DWARF expression; CFA u = no FDE covers the range).`,
 			}
 			var pc *uint64
 			if *pcArg != "" {
-				v, err := strconv.ParseUint(*pcArg, 0, 64)
+				// Hex, as the help says, with or without 0x: readelf's
+				// and objdump's addresses are printed without it.
+				v, err := strconv.ParseUint(strings.TrimPrefix(strings.ToLower(*pcArg), "0x"), 16, 64)
 				if err != nil {
 					return 2, usagef("--pc %q: want a hex address such as 0x1139", *pcArg)
 				}
