@@ -341,6 +341,15 @@ func CoverLcov(o CoverLcovOptions, env Env) error {
 	if err != nil {
 		return err
 	}
+	// A report that carries its lines (a process's: kinst cover --user
+	// reads each binary's DWARF when it ends) is written as it is; only
+	// a kernel report without them needs the debug vmlinux.
+	if o.Debug.Vmlinux == "" && reportHasLines(rep) {
+		return WriteLcov(env.Out, rep)
+	}
+	if strings.HasPrefix(rep.Session, "process ") && o.Debug.Vmlinux == "" {
+		return fmt.Errorf("lcov needs source lines, and the report of %s has none: its binaries had no DWARF and no debug file by build id when it ended (install their -dbg or -dbgsym packages and run it again)", rep.Session)
+	}
 	dbg, err := openDebugInfo(o.Debug, "")
 	if err != nil {
 		return fmt.Errorf("lcov needs source lines: %w", err)
@@ -353,6 +362,18 @@ func CoverLcov(o CoverLcovOptions, env Env) error {
 	sayAnnotation(a, env.Err, dbg.Path)
 	annotateModules(env.Err, &rep, debuginfo.ModuleSearch{Dirs: o.Debug.ModuleDirs, Release: localRelease()}, nil)
 	return WriteLcov(env.Out, rep)
+}
+
+// reportHasLines reports whether any block of rep has source lines.
+func reportHasLines(rep api.CoverReport) bool {
+	for _, f := range rep.Functions {
+		for _, b := range f.Blocks {
+			if len(b.Lines) > 0 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // CoverReportOptions are the flags of kinst cover report.

@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -40,6 +41,35 @@ func TestGoldenLcov(t *testing.T) {
 	b, _ := readCoverReport("testdata/cover-b.json")
 	if err := WriteLcov(io.Discard, b); err == nil || !strings.Contains(err.Error(), "no source lines") {
 		t.Errorf("a report without lines: %v", err)
+	}
+}
+
+// TestCoverLcovOfSavedLines: kinst cover lcov writes a report that
+// carries its lines (A, as a process's report does) as it is, with no
+// debug vmlinux to look for; a process's report without lines says why
+// it has none, not which vmlinux it lacks.
+func TestCoverLcovOfSavedLines(t *testing.T) {
+	var want bytes.Buffer
+	rep, err := readCoverReport("testdata/cover-a.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteLcov(&want, rep); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	o := CoverLcovOptions{Report: "testdata/cover-a.json"}
+	if err := CoverLcov(o, Env{Out: &out, Err: &errb}); err != nil || out.String() != want.String() {
+		t.Errorf("lcov of a report with lines: %v (%d bytes, want %d)\n%s", err, out.Len(), want.Len(), errb.String())
+	}
+	b, _ := readCoverReport("testdata/cover-b.json")
+	b.Session = "process 42"
+	path := filepath.Join(t.TempDir(), "b.json")
+	data, _ := json.Marshal(b)
+	os.WriteFile(path, data, 0o644)
+	err = CoverLcov(CoverLcovOptions{Report: path}, Env{Out: io.Discard, Err: io.Discard})
+	if err == nil || !strings.Contains(err.Error(), "the report of process 42 has none") || strings.Contains(err.Error(), "vmlinux") {
+		t.Errorf("lcov of a process report without lines: %v", err)
 	}
 }
 

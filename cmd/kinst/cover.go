@@ -169,11 +169,13 @@ var coverLcovCommand = &command{
 	name:    "lcov",
 	args:    "REPORT.json",
 	summary: "a saved coverage report as an lcov tracefile, for genhtml",
-	help: `Writes the lcov tracefile of a report saved by kinst cover --json, with
-source lines from the debug vmlinux (--vmlinux PATH, else the running
-kernel's), so that a report taken on one machine can be annotated on
-another. Runtime addresses are mapped to the vmlinux's by the KASLR slide
-found from the functions' names. Per source file: FN at each function's
+	help: `Writes the lcov tracefile of a report saved by kinst cover --json. A report
+that carries its source lines (a process's, kinst cover --user, from its
+binaries' DWARF; a kernel report saved with them) is written as it is.
+Otherwise, or with --vmlinux, the lines come from the debug vmlinux
+(--vmlinux PATH, else the running kernel's), so that a report taken on one
+machine can be annotated on another. Runtime addresses are mapped to the
+vmlinux's by the KASLR slide found from the functions' names. Per source file: FN at each function's
 first line, FNDA 1 when any of its blocks ran, DA 1 for a line of a covered
 block, 0 for a line only uncovered blocks have; lines of refused blocks only
 are left out. Functions of modules are left out.
