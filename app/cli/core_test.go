@@ -3,12 +3,19 @@ package cli
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/kinst/kinst/core"
 	"github.com/kinst/kinst/internal/btftest"
 	"github.com/kinst/kinst/internal/dumpgen"
+	"github.com/kinst/kinst/kernel/dumpview"
 	"github.com/kinst/kinst/output"
 )
 
@@ -111,5 +118,30 @@ func TestPrintStackFoldsCycles(t *testing.T) {
 `
 	if b.String() != want {
 		t.Errorf("got\n%s\nwant\n%s", b.String(), want)
+	}
+}
+
+// TestCoreOfProcess: a user process's core (gdb's gcore of a sleep) is
+// said to be one, naming the process, not a dump missing VMCOREINFO.
+func TestCoreOfProcess(t *testing.T) {
+	gcore, err := exec.LookPath("gcore")
+	if err != nil {
+		t.Skip("no gcore (gdb)")
+	}
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Skip(err)
+	}
+	defer cmd.Wait()
+	defer cmd.Process.Kill()
+	prefix := filepath.Join(t.TempDir(), "core")
+	if out, err := exec.Command(gcore, "-o", prefix, strconv.Itoa(cmd.Process.Pid)).CombinedOutput(); err != nil {
+		t.Skipf("gcore: %v\n%s", err, out)
+	}
+	path := fmt.Sprintf("%s.%d", prefix, cmd.Process.Pid)
+	err = Core(CoreRequest{Dump: path, Command: "info"}, io.Discard)
+	want := fmt.Sprintf("the core of a user process (pid %d, sleep", cmd.Process.Pid)
+	if !errors.Is(err, dumpview.ErrNotKernel) || !strings.Contains(err.Error(), want) {
+		t.Errorf("core info of a process's core: %v, want %q (dumpview.ErrNotKernel)", err, want)
 	}
 }

@@ -169,6 +169,9 @@ func OpenELF(f *os.File) (*ELF, error) {
 		if n.VMCoreInfo != "" {
 			e.notes.VMCoreInfo = n.VMCoreInfo
 		}
+		if n.Process != nil {
+			e.notes.Process = n.Process
+		}
 	}
 	for i := range e.notes.CPUs {
 		e.notes.CPUs[i].Index = i
@@ -215,7 +218,11 @@ func disjoint(segs []elfSegment) []elfSegment {
 
 func (e *ELF) Format() string     { return elfFormat }
 func (e *ELF) VMCoreInfo() string { return e.notes.VMCoreInfo }
-func (e *ELF) CPUs() []CPU        { return e.notes.CPUs }
+
+// Process is the command whose core this is, when it is a user
+// process's (NT_PRPSINFO), not a kernel's; nil otherwise.
+func (e *ELF) Process() *ProcessInfo { return e.notes.Process }
+func (e *ELF) CPUs() []CPU           { return e.notes.CPUs }
 
 // PhysRanges lists each PT_LOAD's physical range.
 func (e *ELF) PhysRanges() []Range { return physRanges(e.segs) }

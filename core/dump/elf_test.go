@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"testing"
 )
 
@@ -261,5 +262,38 @@ func TestELFOverlap(t *testing.T) {
 	}
 	if !bytes.Equal(b[:0x4000], ram) || !bytes.Equal(b[0x4000:], tail[0x1000:]) {
 		t.Errorf("overlapping segments read wrong bytes")
+	}
+}
+
+// TestELFProcessCore: a user process's core (gdb's gcore, the kernel's
+// core dump) names its command in NT_PRPSINFO; a kernel dump has none,
+// and /proc/kcore's is zeroed.
+func TestELFProcessCore(t *testing.T) {
+	info := make([]byte, prpsinfoSize)
+	binary.LittleEndian.PutUint32(info[prpsinfoPID:], 4242)
+	copy(info[prpsinfoFname:], "work")
+	copy(info[prpsinfoArgs:], "./work 10")
+	for _, tc := range []struct {
+		name  string
+		notes []byte
+		want  *ProcessInfo
+	}{
+		{"process", append(note("CORE", ntPRPSInfo, info), note("CORE", ntPRStatus, prstatus(4242, 0x401000, 0x7ffc0000))...),
+			&ProcessInfo{PID: 4242, Name: "work", Args: "./work 10"}},
+		{"kernel", note("CORE", ntPRStatus, prstatus(1, 0xffffffff81000010, 0x1000)), nil},
+		{"zeroed", append(note("CORE", ntPRPSInfo, make([]byte, prpsinfoSize)), note("CORE", ntPRStatus, prstatus(1, 0, 0))...), nil},
+	} {
+		d, err := Open(writeTemp(t, buildCore(tc.notes, []seg{{paddr: 0, data: make([]byte, 4096)}})))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		e, ok := d.(*ELF)
+		if !ok {
+			t.Fatalf("%s: a %T", tc.name, d)
+		}
+		if got := e.Process(); !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("%s: %+v, want %+v", tc.name, got, tc.want)
+		}
+		d.Close()
 	}
 }

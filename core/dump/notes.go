@@ -8,6 +8,12 @@ import (
 // ELF note types and names found in kernel dumps.
 const (
 	ntPRStatus = 1 // NT_PRSTATUS, owner "CORE": struct elf_prstatus
+	// ntPRPSInfo is NT_PRPSINFO, owner "CORE": struct elf_prpsinfo, a
+	// process core's command (/proc/kcore's is zeroed).
+	ntPRPSInfo = 3
+	// prpsinfoPID, prpsinfoFname and prpsinfoArgs are offsets in struct
+	// elf_prpsinfo on x86-64 (pr_fname 16 bytes, pr_psargs 80).
+	prpsinfoPID, prpsinfoFname, prpsinfoArgs, prpsinfoSize = 24, 40, 56, 136
 	// prstatusSize is sizeof(struct elf_prstatus) on x86-64.
 	prstatusSize = 336
 	// prstatusPID and prstatusRegs are offsets in struct elf_prstatus.
@@ -25,6 +31,16 @@ type Notes struct {
 	// QEMU is set when QEMU wrote the notes (dump-guest-memory): its
 	// NT_PRSTATUS pid is then the CPU number plus one, not a task.
 	QEMU bool
+	// Process is the command of a user process's core (gdb's gcore, the
+	// kernel's core dump): NT_PRPSINFO naming one. Kernel dumps have
+	// none (/proc/kcore's is zeroed).
+	Process *ProcessInfo
+}
+
+// ProcessInfo is what a process core's NT_PRPSINFO says of it.
+type ProcessInfo struct {
+	PID        int
+	Name, Args string // pr_fname (comm), pr_psargs (the command line, cut at 80 bytes)
 }
 
 // ParseNotes decodes a blob of little-endian 64-bit ELF notes (a PT_NOTE
@@ -72,6 +88,11 @@ func ParseNotes(blob []byte, format string, fileOff int64) (*Notes, error) {
 			}
 			n.QEMU = true
 			qemu = append(qemu, qemuRegsOf(desc))
+		case name == "CORE" && typ == ntPRPSInfo && len(desc) >= prpsinfoSize:
+			if fname := cstring(desc[prpsinfoFname:prpsinfoArgs]); fname != "" {
+				n.Process = &ProcessInfo{PID: int(int32(binary.LittleEndian.Uint32(desc[prpsinfoPID:]))),
+					Name: fname, Args: cstring(desc[prpsinfoArgs:prpsinfoSize])}
+			}
 		case name == "VMCOREINFO":
 			n.VMCoreInfo = cstring(desc)
 		}

@@ -34,6 +34,10 @@ var ErrMissing = errors.New("missing from the dump")
 // matches ErrMissing.
 type MissingError struct{ What, Where string }
 
+// ErrNotKernel is matched by the error of New for a dump that is not a
+// kernel's: a user process's core.
+var ErrNotKernel = errors.New("not a kernel dump")
+
 func (e *MissingError) Error() string {
 	return fmt.Sprintf("%s not found in %s", e.What, e.Where)
 }
@@ -93,6 +97,10 @@ func New(d dump.Dump, o Options) (*View, error) {
 		return nil, errors.New("a FreeBSD minidump has no Linux kernel view")
 	}
 	text := d.VMCoreInfo()
+	if e, ok := d.(*dump.ELF); ok && text == "" && e.Process() != nil {
+		p := e.Process()
+		return nil, fmt.Errorf("this is the core of a user process (pid %d, %s: %q), %w: kinst core reads a kernel's (kdump's vmcore, QEMU's dump-guest-memory, /proc/kcore), gdb a process's", p.PID, p.Name, p.Args, ErrNotKernel)
+	}
 	if text == "" {
 		return nil, &MissingError{What: "VMCOREINFO", Where: "the dump's notes (boot QEMU with -device vmcoreinfo and load qemu_fw_cfg in the guest, or take the dump with kdump)"}
 	}
