@@ -58,8 +58,11 @@ func (e *NoCodeError) Is(target error) bool { return target == ErrNoLine }
 // address per function: where the compiler spread the line over several
 // runs in one function (scheduling, a loop's test), the others are left
 // out, so that a counter there counts the line once per pass through its
-// first run. In address order. A file no line table names gives
-// ErrNoLine; a line of it without code, a *NoCodeError.
+// first run. A line whose rows in a function all share their address
+// with the next line's (its statement merged into the next: `else if (a
+// == b) r = 0;` folded into the else's code) starts there, as gdb's
+// breakpoint on it does. In address order. A file no line table names
+// gives ErrNoLine; a line of it without code, a *NoCodeError.
 func (f *File) LineAddrs(suffix string, line int) ([]LineAddr, error) {
 	return f.LineRangeAddrs(suffix, line, line)
 }
@@ -71,8 +74,11 @@ func (f *File) LineAddrs(suffix string, line int) ([]LineAddr, error) {
 func (f *File) LineRangeAddrs(suffix string, lo, hi int) ([]LineAddr, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	first := map[string]LineAddr{} // by function symbol
-	noCode, err := f.rangeRows(suffix, lo, hi, func(s *sequence, i int) {
+	// By function symbol: the first run of code, and the first place
+	// of a line whose rows there cover no byte (taken where the function
+	// has no run).
+	first, merged := map[string]LineAddr{}, map[string]LineAddr{}
+	noCode, err := f.rangeRows(suffix, lo, hi, func(s *sequence, i int, empty bool) {
 		r := s.rows[i]
 		l := int(r.line)
 		if i > 0 && s.rows[i-1].file == r.file && int(s.rows[i-1].line) == l && s.rows[i-1].addr < r.addr {
@@ -82,12 +88,21 @@ func (f *File) LineRangeAddrs(suffix string, lo, hi int) ([]LineAddr, error) {
 		if !ok || sym.Kind != elfsym.Func {
 			return
 		}
-		if a, ok := first[sym.Name]; !ok || r.addr < a.Addr {
-			first[sym.Name] = LineAddr{Addr: r.addr, Func: sym.Name, Off: off}
+		m := first
+		if empty {
+			m = merged
+		}
+		if a, ok := m[sym.Name]; !ok || r.addr < a.Addr {
+			m[sym.Name] = LineAddr{Addr: r.addr, Func: sym.Name, Off: off}
 		}
 	})
 	if err != nil {
 		return nil, err
+	}
+	for fn, a := range merged {
+		if _, ok := first[fn]; !ok {
+			first[fn] = a
+		}
 	}
 	if len(first) == 0 {
 		return nil, noCode
@@ -105,7 +120,7 @@ func (f *File) LineRangeAddrs(suffix string, lo, hi int) ([]LineAddr, error) {
 // a range that turns out to have no code: a *NoCodeError naming the
 // nearest lines that have some. A file no table names is ErrNoLine, at
 // once. The caller holds f.mu.
-func (f *File) rangeRows(suffix string, lo, hi int, visit func(s *sequence, i int)) (noCode, err error) {
+func (f *File) rangeRows(suffix string, lo, hi int, visit func(s *sequence, i int, empty bool)) (noCode, err error) {
 	if f.closed {
 		return nil, errors.New("debuginfo: file closed")
 	}
@@ -113,7 +128,7 @@ func (f *File) rangeRows(suffix string, lo, hi int, visit func(s *sequence, i in
 		return nil, fmt.Errorf("%s has no symbol table to name functions", f.Path)
 	}
 	before, after := 0, 0
-	named, err := f.eachRow(suffix, func(s *sequence, i int) {
+	named, err := f.eachRow(suffix, func(s *sequence, i int, empty bool) {
 		switch l := int(s.rows[i].line); {
 		case l < lo:
 			before = max(before, l)
@@ -122,7 +137,7 @@ func (f *File) rangeRows(suffix string, lo, hi int, visit func(s *sequence, i in
 				after = l
 			}
 		default:
-			visit(s, i)
+			visit(s, i, empty)
 		}
 	})
 	if err != nil {
@@ -139,11 +154,11 @@ func (f *File) rangeRows(suffix string, lo, hi int, visit func(s *sequence, i in
 }
 
 // eachRow calls visit with every row of the line tables that names a
-// line of the source file called suffix (MatchFile) and covers at least
-// one byte (the next row is at a higher address), and gives the file's
-// name as the first table to name it has it ("" when none does). The
-// caller holds f.mu.
-func (f *File) eachRow(suffix string, visit func(s *sequence, i int)) (string, error) {
+// line of the source file called suffix (MatchFile), empty when it
+// covers no byte (the next row is at the same address), and gives the
+// file's name as the first table to name it has it ("" when none does).
+// The caller holds f.mu.
+func (f *File) eachRow(suffix string, visit func(s *sequence, i int, empty bool)) (string, error) {
 	named := ""
 	err := f.eachUnit(func(d *dwarf.Data, cu *dwarf.Entry, hdr dwarf.Offset) (bool, error) {
 		if cu.Tag != dwarf.TagCompileUnit {
@@ -163,8 +178,8 @@ func (f *File) eachRow(suffix string, visit func(s *sequence, i int)) (string, e
 		for si := range t.seqs {
 			s := &t.seqs[si]
 			for i := 0; i < len(s.rows)-1; i++ {
-				if r := s.rows[i]; match[r.file] && r.line != 0 && s.rows[i+1].addr != r.addr {
-					visit(s, i)
+				if r := s.rows[i]; match[r.file] && r.line != 0 {
+					visit(s, i, s.rows[i+1].addr == r.addr)
 				}
 			}
 		}
@@ -207,8 +222,10 @@ func (f *File) LineRangeSpans(suffix string, lo, hi int) ([]FuncSpans, error) {
 		}
 		fs.Spans = append(fs.Spans, sp)
 	}
-	noCode, err := f.rangeRows(suffix, lo, hi, func(s *sequence, i int) {
-		add(Span{s.rows[i].addr, s.rows[i+1].addr})
+	noCode, err := f.rangeRows(suffix, lo, hi, func(s *sequence, i int, empty bool) {
+		if !empty {
+			add(Span{s.rows[i].addr, s.rows[i+1].addr})
+		}
 	})
 	if err != nil {
 		return nil, err
@@ -289,7 +306,9 @@ func (f *File) inlinedCalls(suffix string, lo, hi int, add func(Span)) error {
 func (f *File) FuncLines(lo, hi uint64) ([]Line, []uint64, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	firstAt := map[Line]uint64{}
+	// Where each line's code starts first, and where a line whose rows
+	// cover no byte starts (LineAddrs): listed where it has no code.
+	firstAt, mergedAt := map[Line]uint64{}, map[Line]uint64{}
 	for at := lo; at < hi; {
 		t, s, err := f.seqAt(at)
 		if err != nil {
@@ -299,17 +318,29 @@ func (f *File) FuncLines(lo, hi uint64) ([]Line, []uint64, error) {
 			break
 		}
 		i := sort.Search(len(s.rows), func(i int) bool { return s.rows[i].addr > at }) - 1
+		for i > 0 && s.rows[i-1].addr == s.rows[i].addr && s.rows[i].addr >= lo {
+			i-- // rows that cover no byte before the last one there
+		}
 		for ; i < len(s.rows)-1 && s.rows[i].addr < hi; i++ {
 			r := s.rows[i]
-			if r.line == 0 || s.rows[i+1].addr == r.addr {
+			if r.line == 0 {
 				continue
 			}
+			m := firstAt
+			if s.rows[i+1].addr == r.addr {
+				m = mergedAt
+			}
 			l := Line{File: t.files[r.file], Line: int(r.line)}
-			if a, ok := firstAt[l]; !ok || max(r.addr, lo) < a {
-				firstAt[l] = max(r.addr, lo)
+			if a, ok := m[l]; !ok || max(r.addr, lo) < a {
+				m[l] = max(r.addr, lo)
 			}
 		}
 		at = s.hi()
+	}
+	for l, a := range mergedAt {
+		if _, ok := firstAt[l]; !ok {
+			firstAt[l] = a
+		}
 	}
 	lines := make([]Line, 0, len(firstAt))
 	for l := range firstAt {

@@ -28,7 +28,8 @@ func TestLineAddrsMatchAddr2line(t *testing.T) {
 			addrs, owner = append(addrs, a), append(owner, s.Name)
 		}
 	}
-	want := map[string]map[string]uint64{} // "file:line" → function → lowest address
+	want := map[string]map[string]uint64{}    // "file:line" → function → lowest address
+	emptyOnly := map[string]map[string]bool{} // of want: placed by rows covering no byte only
 	for i, l := range debuginfotest.Addr2line(t, prog, addrs) {
 		if debuginfotest.Unknown(l) {
 			continue
@@ -40,6 +41,53 @@ func TestLineAddrsMatchAddr2line(t *testing.T) {
 			want[l][owner[i]] = addrs[i]
 		}
 	}
+	// A line whose rows in a function all cover no byte (merged into
+	// the next line's) is placed at its first such row there, from
+	// readelf's decoded table: addr2line never names it.
+	ownerOf := func(a uint64) string {
+		for _, s := range fns {
+			if a >= s.Addr && a < s.Addr+s.Size {
+				return s.Name
+			}
+		}
+		return ""
+	}
+	byBase := map[string]string{} // "base:line" → addr2line's "file:line"
+	for l := range want {
+		i := strings.LastIndexByte(l, ':')
+		byBase[path.Base(l[:i])+l[i:]] = l
+	}
+	merged := 0
+	for key, addrs := range debuginfotest.EmptyRows(t, prog) {
+		if strings.HasSuffix(key, ":0") {
+			continue
+		}
+		l, ok := byBase[key]
+		if !ok {
+			l = key // a line addr2line never names: by its base name
+			byBase[key] = l
+		}
+		for _, a := range addrs {
+			fn := ownerOf(a)
+			if fn == "" {
+				continue
+			}
+			if want[l] == nil {
+				want[l] = map[string]uint64{}
+			}
+			if old, ok := want[l][fn]; !ok || emptyOnly[l][fn] && a < old {
+				want[l][fn] = a
+				if emptyOnly[l] == nil {
+					emptyOnly[l] = map[string]bool{}
+				}
+				if !emptyOnly[l][fn] {
+					merged++
+				}
+				emptyOnly[l][fn] = true
+			}
+		}
+	}
+	t.Logf("%d lines placed in a function only by rows that cover no byte", merged)
 	f, err := Open(prog)
 	if err != nil {
 		t.Fatal(err)
@@ -82,16 +130,27 @@ func TestLineAddrsMatchAddr2line(t *testing.T) {
 	for file, last := range maxLine {
 		for lo := 1; lo <= last; lo += 4 {
 			hi := lo + 6
-			wantFn := map[string]uint64{}
+			// Rows covering no byte place a function only where
+			// none of the range's lines has a byte in it.
+			wantFn, mergedFn := map[string]uint64{}, map[string]uint64{}
 			for l, byFn := range want {
 				i := strings.LastIndexByte(l, ':')
 				if n := atoi(t, l[i+1:]); path.Base(l[:i]) != file || n < lo || n > hi {
 					continue
 				}
 				for fn, a := range byFn {
-					if b, ok := wantFn[fn]; !ok || a < b {
-						wantFn[fn] = a
+					m := wantFn
+					if emptyOnly[l][fn] {
+						m = mergedFn
 					}
+					if b, ok := m[fn]; !ok || a < b {
+						m[fn] = a
+					}
+				}
+			}
+			for fn, a := range mergedFn {
+				if _, ok := wantFn[fn]; !ok {
+					wantFn[fn] = a
 				}
 			}
 			got, err := f.LineRangeAddrs(file, lo, hi)
@@ -127,8 +186,12 @@ func TestLineAddrsMatchAddr2line(t *testing.T) {
 		}
 		n := 0
 		for i, l := range lines {
-			if want[l.String()][s.Name] != at[i] {
-				t.Errorf("%s: %s first at %#x, addr2line's lowest %#x", s.Name, l, at[i], want[l.String()][s.Name])
+			byFn, ok := want[l.String()]
+			if !ok { // a line addr2line never names
+				byFn = want[path.Base(l.File)+":"+strconv.Itoa(l.Line)]
+			}
+			if byFn[s.Name] != at[i] {
+				t.Errorf("%s: %s first at %#x, addr2line's lowest %#x", s.Name, l, at[i], byFn[s.Name])
 			}
 		}
 		for _, byFn := range want {

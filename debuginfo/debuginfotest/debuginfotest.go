@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"fmt"
 	"os/exec"
+	"path"
 	"strings"
 	"testing"
 )
@@ -100,4 +101,43 @@ func Addr2lineChains(t testing.TB, file string, addrs []uint64) [][]string {
 		t.Fatalf("addr2line: %d chains for %d addresses", len(chains), len(addrs))
 	}
 	return chains
+}
+
+// EmptyRows are the rows of binutils' decoded line table of file
+// (readelf --debug-dump=decodedline) that cover no byte, the next row
+// being at the same address: by "base:line" (the source file's base
+// name), their addresses. addr2line never reports their lines; gdb's
+// breakpoints on them go there. It skips the test when readelf is not
+// installed.
+func EmptyRows(t testing.TB, file string) map[string][]uint64 {
+	t.Helper()
+	if _, err := exec.LookPath("readelf"); err != nil {
+		t.Skip("readelf is not installed (binutils)")
+	}
+	out, err := exec.Command("readelf", "-W", "--debug-dump=decodedline", file).Output()
+	if err != nil {
+		t.Fatalf("readelf --debug-dump=decodedline %s: %v", file, err)
+	}
+	rows := map[string][]uint64{}
+	var prevKey string // "" after an end of sequence
+	var prevAddr uint64
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 3 || !strings.HasPrefix(f[2], "0x") {
+			continue // a header, a unit's name
+		}
+		var addr uint64
+		if _, err := fmt.Sscanf(f[2], "0x%x", &addr); err != nil {
+			continue
+		}
+		if prevKey != "" && addr == prevAddr {
+			rows[prevKey] = append(rows[prevKey], addr)
+		}
+		prevKey, prevAddr = "", addr
+		if f[1] != "-" { // "-": the end of a sequence
+			prevKey = path.Base(f[0]) + ":" + f[1]
+		}
+	}
+	return rows
 }
