@@ -427,7 +427,7 @@ func (t *Target) Func(spec string) (*splice.Func, error) {
 		return nil, err
 	}
 	if p.HasOffset || p.HasBlock {
-		return nil, fmt.Errorf("cfg %s: name a function, not an instruction or block", spec)
+		return nil, fmt.Errorf("%s: name a function, not an instruction or block", spec)
 	}
 	return f, nil
 }

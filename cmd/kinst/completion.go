@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"io"
+	"slices"
 	"strings"
 
 	"github.com/kinst/kinst/app/cli"
@@ -27,6 +28,9 @@ command's flags. Load it:
 		return func(ctx context.Context, inv invocation) (int, error) {
 			if len(inv.args) != 1 {
 				return 2, usagef("name one shell: %s", strings.Join(cli.Shells, ", "))
+			}
+			if !slices.Contains(cli.Shells, inv.args[0]) {
+				return 2, usagef("no shell %q (want %s)", inv.args[0], strings.Join(cli.Shells, ", "))
 			}
 			return 0, writeCompletion(inv.out, inv.args[0])
 		}

@@ -41,7 +41,7 @@ Live rows and CMD's output share stdout: -o FILE keeps the report apart.`,
 	setup: func(fs *pflag.FlagSet) runFunc {
 		var o cli.CountOptions
 		durationFlag(fs, &o.Duration, "stop after this long (default: until Ctrl-C, or until CMD exits)")
-		intervalFlag(fs, &o.Interval, "print counts this often")
+		intervalFlag(fs, &o.Interval, "print counts this often (0: only the totals at the end)")
 		sessionFlags(fs, &o.Name, &o.TTL)
 		svgFlag(fs, &o.SVG, "a chart of the counts per second over time")
 		jsonCmdFlag(fs, &o.JSON, "one report")

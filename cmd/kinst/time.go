@@ -94,7 +94,7 @@ average number of waiters, avg virtual the spinning part of a wait.`,
 // timeFlags are the flags time and waiters share.
 func timeFlags(fs *pflag.FlagSet, o *cli.TimeOptions) {
 	durationFlag(fs, &o.Duration, "stop after this long (default: until Ctrl-C, or until CMD exits)")
-	intervalFlag(fs, &o.Interval, "print rates this often")
+	intervalFlag(fs, &o.Interval, "print rates this often (0: only the totals at the end)")
 	sessionFlags(fs, &o.Name, &o.TTL)
 	svgFlag(fs, &o.SVG, "a chart of calls/s and concurrency (waiters) over time")
 	jsonCmdFlag(fs, &o.JSON, "one report")
