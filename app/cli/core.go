@@ -411,7 +411,15 @@ func corePhysRead(d dump.Dump, at string, n int, asJSON bool, w io.Writer) error
 		return fmt.Errorf("rd --phys: %q is not a physical address", at)
 	}
 	b := make([]byte, n)
-	if _, err := d.ReadPhys(b, a); err != nil {
+	got, err := d.ReadPhys(b, a)
+	if err != nil {
+		// The bytes before the page the dump lacks, as crash's rd
+		// shows them, then why it stopped.
+		if got > 0 && !asJSON {
+			if perr := printMemory(w, output.CoreMemory{Address: fmt.Sprintf("%#x", a), Physical: true, Bytes: hex.EncodeToString(b[:got])}, a, b[:got], false); perr != nil {
+				return perr
+			}
+		}
 		return err
 	}
 	return printMemory(w, output.CoreMemory{Address: fmt.Sprintf("%#x", a), Physical: true, Bytes: hex.EncodeToString(b)}, a, b, asJSON)

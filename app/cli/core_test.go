@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/kinst/kinst/core"
+	"github.com/kinst/kinst/core/dump"
 	"github.com/kinst/kinst/internal/btftest"
 	"github.com/kinst/kinst/internal/dumpgen"
 	"github.com/kinst/kinst/kernel/dumpview"
@@ -143,5 +144,30 @@ func TestCoreOfProcess(t *testing.T) {
 	want := fmt.Sprintf("the core of a user process (pid %d, sleep", cmd.Process.Pid)
 	if !errors.Is(err, dumpview.ErrNotKernel) || !strings.Contains(err.Error(), want) {
 		t.Errorf("core info of a process's core: %v, want %q (dumpview.ErrNotKernel)", err, want)
+	}
+}
+
+// TestCorePhysReadPartial: rd --phys across the end of what the dump
+// holds prints the bytes it has, as crash's rd does, then fails on the
+// page it lacks; --json prints nothing but the error.
+func TestCorePhysReadPartial(t *testing.T) {
+	path := dumpgen.LinuxKdump(t, false) // 16 pages of memory, all dumped
+	d, err := dump.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	end := d.PhysRanges()[0].End // the first hole
+	d.Close()
+	at := fmt.Sprintf("%#x", end-16)
+	btfPath := btftest.TaskFile(t)
+	var b bytes.Buffer
+	err = Core(CoreRequest{Dump: path, Command: "rd", Arg: at, Length: 32, Phys: true, Options: core.Options{BTF: btfPath}}, &b)
+	if !errors.Is(err, dump.ErrNotPresent) || !strings.HasPrefix(b.String(), fmt.Sprintf("%016x:  ", end-16)) || strings.Count(b.String(), "\n") != 1 {
+		t.Errorf("rd --phys %s 32: %v, printed %q; want the 16 bytes before %#x, then not present", at, err, b.String(), end)
+	}
+	b.Reset()
+	err = Core(CoreRequest{Dump: path, Command: "rd", Arg: at, Length: 32, Phys: true, JSON: true, Options: core.Options{BTF: btfPath}}, &b)
+	if !errors.Is(err, dump.ErrNotPresent) || b.Len() != 0 {
+		t.Errorf("rd --phys --json: %v, printed %q", err, b.String())
 	}
 }
