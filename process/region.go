@@ -60,7 +60,7 @@ func (t *Target) region(module string) (*region, error) {
 	eng.SetNoTrap(t.noTrap)
 	eng.SetPunned(!t.noPun)
 	dev.SetPunning(!t.noPun, t.noTrap)
-	r := &region{dev: dev, eng: eng, facts: &splice.Facts{Symbols: t.Syms, Text: eng.Text(), Process: true, NoTrap: t.noTrap, Pun: !t.noPun, Decoded: &splice.Decoded{}}}
+	r := &region{dev: dev, eng: eng, facts: &splice.Facts{Symbols: t.Syms, Text: eng.Text(), Process: true, NoTrap: t.noTrap, Pun: !t.noPun, Decoded: &splice.Decoded{}, GoModules: t.goModules}}
 	t.regions = append(t.regions, r)
 	t.byModule[module] = r
 	return r, nil

@@ -41,8 +41,11 @@ type Target struct {
 	vdso   [2]uint64
 	verdit *splice.Verdicts
 	text   map[string][2]uint64 // module ("" for the executable) → its text's span
-	paths  map[string]string    // module → its file, through /proc/PID/root
-	traps  *trapSet
+	// goModules are the modules Go built (splice.Facts.GoModules): shared
+	// with every region's facts, written only by load.
+	goModules map[string]bool
+	paths     map[string]string // module → its file, through /proc/PID/root
+	traps     *trapSet
 	// readable is the demangled names of mangled symbols, by address
 	// (made on first use).
 	readable map[uint64]readable
@@ -124,7 +127,7 @@ func Attach(pid int) (*Target, error) {
 		return nil, err
 	}
 	exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
-	t := &Target{PID: pid, exe: filepath.Base(exe), vdso: vdso, verdit: splice.NewVerdicts(), text: map[string][2]uint64{}, paths: map[string]string{}, ifuncs: map[string]*ifuncs{},
+	t := &Target{PID: pid, exe: filepath.Base(exe), vdso: vdso, verdit: splice.NewVerdicts(), text: map[string][2]uint64{}, paths: map[string]string{}, goModules: map[string]bool{}, ifuncs: map[string]*ifuncs{},
 		traps: &trapSet{}, byModule: map[string]*region{}, owner: map[*engine.Request]*region{}}
 	if parts := t.load(maps); len(parts) == 0 {
 		return nil, fmt.Errorf("process %d: no ELF file it maps has a symbol table (.symtab or .dynsym with functions; a stripped static binary has neither)", pid)
@@ -183,6 +186,7 @@ func (t *Target) load(maps []mapping) []*kernel.Symbols {
 		}
 		bias, err := elfsym.LoadSegments(f).MappingBias(*text, ms)
 		symFile := symbolFile(f, root)
+		isGo := f.Section(".go.buildinfo") != nil || f.Section(".gopclntab") != nil || f.Section(".note.go.buildid") != nil
 		f.Close()
 		if err != nil {
 			continue
@@ -205,6 +209,9 @@ func (t *Target) load(maps []mapping) []*kernel.Symbols {
 		parts = append(parts, s)
 		t.text[mod] = [2]uint64{text.Start, text.End}
 		t.paths[mod] = file
+		if isGo {
+			t.goModules[mod] = true
+		}
 	}
 	return parts
 }

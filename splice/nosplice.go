@@ -3,6 +3,7 @@ package splice
 import (
 	"errors"
 	"fmt"
+	"golang.org/x/arch/x86/x86asm"
 	"strings"
 
 	"github.com/kinst/kinst/cfg"
@@ -163,11 +164,52 @@ func ProcessNoSplice(f *cfg.Function, i int) string {
 	return ""
 }
 
+// GoFaultReason refuses to move an instruction of Go code that may fault
+// on purpose.
+const GoFaultReason = "Go code's load or store through a pointer: Go's nil checks are such accesses, which fault on purpose, and its runtime finds the function by the faulting pc (a copy of the instruction elsewhere is a pc it does not know: the program dies with \"unknown caller pc\")"
+
+// GoMayFault reports whether the instruction reads or writes memory
+// through a pointer that may be nil: an operand in memory whose base is
+// not the stack (%rsp, %rbp), the pc or Go's g (%r14), or a string
+// instruction's. Go compiles a nil check into such an access, and turns
+// its fault into a panic by the faulting pc.
+func GoMayFault(in *cfg.Instruction) bool {
+	switch in.Inst.Op {
+	case x86asm.LEA, x86asm.NOP, x86asm.PREFETCHNTA, x86asm.PREFETCHT0, x86asm.PREFETCHT1, x86asm.PREFETCHT2, x86asm.PREFETCHW:
+		return false // no access
+	case x86asm.MOVSB, x86asm.MOVSW, x86asm.MOVSD, x86asm.MOVSQ, x86asm.STOSB, x86asm.STOSW, x86asm.STOSD, x86asm.STOSQ,
+		x86asm.LODSB, x86asm.LODSW, x86asm.LODSD, x86asm.LODSQ, x86asm.CMPSB, x86asm.CMPSW, x86asm.CMPSQ, x86asm.SCASB, x86asm.SCASW, x86asm.SCASQ:
+		return true
+	}
+	for _, a := range in.Inst.Args {
+		m, ok := a.(x86asm.Mem)
+		if !ok {
+			continue
+		}
+		switch {
+		case m.Index != 0:
+		case m.Base == x86asm.RSP, m.Base == x86asm.RBP, m.Base == x86asm.RIP, m.Base == x86asm.R14:
+			continue
+		case m.Base == 0 && (m.Segment == x86asm.FS || m.Segment == x86asm.GS):
+			continue // thread-local: Go's g where it is not in %r14
+		}
+		return true
+	}
+	return false
+}
+
 // instructionNoSplice is InstructionNoSplice or ProcessNoSplice, as k's
-// text is the kernel's or a process's.
+// text is the kernel's or a process's; in a process's Go code, what
+// GoMayFault finds too.
 func (k *Facts) instructionNoSplice(f *cfg.Function, i int) string {
 	if k.Process {
-		return ProcessNoSplice(f, i)
+		if why := ProcessNoSplice(f, i); why != "" {
+			return why
+		}
+		if k.GoModules[f.Module] && GoMayFault(&f.Insns[i]) {
+			return GoFaultReason
+		}
+		return ""
 	}
 	return InstructionNoSplice(k.Owned, f, i)
 }

@@ -53,6 +53,11 @@ type Facts struct {
 	// process's): NoTrap does not refuse them; the device refuses the
 	// one it can make only an int3.
 	Pun bool
+	// GoModules are a process's modules built by Go ("" the executable):
+	// their loads and stores through a pointer are its nil checks, which
+	// fault on purpose and are found again by the faulting pc
+	// (ProcessNoSplice). Read only; nil: none.
+	GoModules map[string]bool
 	// recent: functions decoded lately, shared by the planner's facts
 	// (Planner.FuncOf); nil: none kept.
 	recent *recentFunctions

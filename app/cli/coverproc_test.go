@@ -21,11 +21,15 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/arch/x86/x86asm"
+
 	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/debuginfo"
 	"github.com/kinst/kinst/output"
 	"github.com/kinst/kinst/process"
 	"github.com/kinst/kinst/procsession"
+	"github.com/kinst/kinst/splice"
 	"github.com/kinst/kinst/springboard"
 )
 
@@ -1143,5 +1147,74 @@ func TestCoverProcessDiesWhileArming(t *testing.T) {
 			t.Errorf("killed after %v (%v), kinst said:\n%.2000s", after, err, s)
 		}
 		t.Logf("killed after %v: %v; %.300s", after, err, errb.String())
+	}
+}
+
+// TestGoNilChecks: Go compiles a nil check into a plain load that faults
+// on purpose, and its runtime finds the function by the faulting pc, so
+// such an instruction must stay where it is: a counter there made the
+// program die ("unknown caller pc") at its first recovered nil
+// dereference. Each of load's and load2's loads through a pointer is
+// refused with the reason; coverage of all of main still leaves the
+// program's output and status as they were.
+func TestGoNilChecks(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("kinst count -p runs as root (ptrace, /proc/PID/mem)")
+	}
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go")
+	}
+	bin := filepath.Join(t.TempDir(), "gonil")
+	build := exec.Command(goTool, "build", "-o", bin, "main.go")
+	build.Dir = "testdata/gonil"
+	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	const want = "2259900 100 100\n"
+	ef, err := elf.Open(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	syms, _ := ef.Symbols()
+	text := ef.Section(".text")
+	code, _ := text.Data()
+	ef.Close()
+	var faulting []string
+	for _, s := range syms {
+		if s.Name != "main.load" && s.Name != "main.load2" {
+			continue
+		}
+		b := code[s.Value-text.Addr : s.Value-text.Addr+s.Size]
+		for off := 0; off < len(b); {
+			inst, err := x86asm.Decode(b[off:], 64)
+			if err != nil {
+				break
+			}
+			in := &cfg.Instruction{Addr: s.Value + uint64(off), Bytes: b[off : off+inst.Len], Inst: inst}
+			if splice.GoMayFault(in) && inst.Op == x86asm.ADD { // the nil dereferences: s += p.b, s += p.c
+				faulting = append(faulting, fmt.Sprintf("%s+%#x", s.Name, off))
+			}
+			off += inst.Len
+		}
+	}
+	if len(faulting) != 2 {
+		t.Fatalf("nil dereferences of load and load2 found: %v, want 2 (an add from memory each)", faulting)
+	}
+	for _, p := range faulting {
+		var out, errb, cmdOut bytes.Buffer
+		env := Env{Out: &out, Err: &errb, CmdOut: &cmdOut, CmdErr: &cmdOut}
+		_, err := CountProcess(context.Background(), 0, CountOptions{Points: []string{p}, Command: []string{bin}}, env)
+		if err == nil || !strings.Contains(err.Error(), "nil checks") {
+			said, _, _ := strings.Cut(cmdOut.String(), "\n")
+			t.Errorf("count at %s: %v, program said %q…; want it refused as a nil check", p, err, said)
+		}
+	}
+	var out, errb, cmdOut bytes.Buffer
+	env := Env{Out: &out, Err: &errb, CmdOut: &cmdOut, CmdErr: &cmdOut}
+	status, err := CoverProcess(context.Background(), 0, CoverOptions{Targets: []string{"main.*"}, AllBlocks: true, Command: []string{bin}, JSON: true}, env)
+	if err != nil || status != 0 || cmdOut.String() != want {
+		t.Errorf("cover 'main.*': status %d, %v; the program said %q, want %q\n%s", status, err, cmdOut.String(), want, errb.String())
 	}
 }
