@@ -1418,3 +1418,39 @@ func TestTimeKeepsCallersRegisters(t *testing.T) {
 		}
 	}
 }
+
+// TestTimeTinyFunction: a timer on a function of a lea and a ret, whose
+// exit moves onto the entry's instruction (no jmp fits the ret), enters
+// and then leaves at that instruction: 100 calls a millisecond apart are
+// 100 calls of nanoseconds each. Its exit spliced as a site of its own
+// ran before the entry, and the timer measured the millisecond between
+// calls.
+func TestTimeTinyFunction(t *testing.T) {
+	needPtrace(t)
+	w := start(t, compile(t, "gcc", "testdata/tiny.c"))
+	tg, err := Attach(w.cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tg.Close()
+	tm, err := tg.Time("test", "tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := metrics.NewClock()
+	var acc metrics.TimerAcc
+	_, word0 := tm.Read()
+	acc.Add(word0, metrics.TSC())
+	if l := w.round(t); l != "14950" {
+		t.Fatalf("the program printed %q, want 14950", l)
+	}
+	calls, word := tm.Read()
+	ns := clock.Nanos(acc.Add(word, metrics.TSC()))
+	t.Logf("tiny: entry %s, exits %v: %d calls, %.0f ns inside in all", tm.Entry.Where(), tm.Exits, calls, ns)
+	if calls != 100 || ns > 100*100e3 || metrics.TimerInside(word) != 0 {
+		t.Errorf("%d calls, %.0f ns inside, %d inside now; want 100 calls of well under 100 µs each (a millisecond apart), none inside", calls, ns, metrics.TimerInside(word))
+	}
+	if err := tg.Untime(tm); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -841,13 +841,23 @@ func (t *Target) Time(owner, spec string) (*Timer, error) {
 			exits[i] = earlierExit(f, x)
 		}
 	}
+	// An exit moved onto the entry's instruction (a function of a lea
+	// and a ret) is the entry's own site, which enters, then leaves: as
+	// a site of its own, spliced first, its exit ran before the entry and
+	// the timer measured the time between calls. Two exits moved onto
+	// one instruction are one.
 	var sites []splice.TimerSite
 	entryIsExit := false
+	seen := map[uint64]bool{}
 	for _, x := range exits {
-		if x == entry {
+		if x == entry || x.Addr() == entry.Addr() {
 			entryIsExit = true
 			continue
 		}
+		if seen[x.Addr()] {
+			continue
+		}
+		seen[x.Addr()] = true
 		sites = append(sites, splice.TimerSite{Site: x, Exit: true})
 	}
 	sites = append(sites, splice.TimerSite{Site: entry, Count: true, Enter: true, Exit: entryIsExit})

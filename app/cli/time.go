@@ -354,11 +354,15 @@ func describeTimer(w io.Writer, t api.TimerInfo) {
 		return
 	}
 	var exits []string
+	same := ""
 	for _, e := range t.Exits {
 		exits = append(exits, fmt.Sprintf("+%#x", e.Offset))
+		if e.Offset == t.Entry.Offset && e.Function == t.Entry.Function {
+			same = " (an exit at the entry's instruction: no other fits before the return, so its calls are counted but the time inside is not seen)"
+		}
 	}
-	fmt.Fprintf(w, "kinst: timing %s: entry at +%#x, %d exit(s) at %s%s\n", t.Function, t.Entry.Offset, len(t.Exits),
-		strings.Join(exits, " "), filterNote(t.Filter))
+	fmt.Fprintf(w, "kinst: timing %s: entry at +%#x, %d exit(s) at %s%s%s\n", t.Function, t.Entry.Offset, len(t.Exits),
+		strings.Join(exits, " "), filterNote(t.Filter), same)
 }
 
 // fmtNS prints a duration given in (fractional) nanoseconds.
