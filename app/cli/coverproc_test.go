@@ -1217,4 +1217,13 @@ func TestGoNilChecks(t *testing.T) {
 	if err != nil || status != 0 || cmdOut.String() != want {
 		t.Errorf("cover 'main.*': status %d, %v; the program said %q, want %q\n%s", status, err, cmdOut.String(), want, errb.String())
 	}
+	// A Go source line as a point (main.go:55, bad++: once per recovered
+	// nil dereference of load).
+	out.Reset()
+	cmdOut.Reset()
+	status, err = CountProcess(context.Background(), 0, CountOptions{Points: []string{"main.go:55"}, Command: []string{bin}, JSON: true}, env)
+	var rep output.CountReport
+	if err != nil || status != 0 || json.Unmarshal(out.Bytes(), &rep) != nil || len(rep.Probes) != 1 || rep.Probes[0].Count != 100 {
+		t.Errorf("count main.go:55: status %d, %v: %s; want 100", status, err, out.String())
+	}
 }

@@ -18,7 +18,7 @@ import (
 // probe users write it (fs/namei.c:2450). The file must end in a source
 // suffix: FUNC:BLOCK is a point too, and function names hold dots
 // (foo.cold:2, bar.isra.0:1).
-var sourceLine = regexp.MustCompile(`^(.+\.(?:c|h|S|s|rs|cc|cpp)):([0-9]+)$`)
+var sourceLine = regexp.MustCompile(`^(.+\.(?:c|h|S|s|rs|cc|cpp|cxx|hh|hpp|hxx|go)):([0-9]+)$`)
 
 // relativeLine matches FUNC:+N, a line counted from the line FUNC is
 // declared at (perf probe's relative line).
