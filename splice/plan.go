@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"golang.org/x/arch/x86/x86asm"
 	"strings"
 
 	"github.com/kinst/kinst/cfg"
@@ -554,8 +555,19 @@ func (f *Func) Entry() (int, error) {
 	if f.why != "" {
 		return 0, &NoSpliceError{Where: fn.Name, Reason: f.why}
 	}
-	n := fn.EntryBlock()
-	if i, ok := f.Pick(0, n); ok {
+	lo, n := 0, fn.EntryBlock()
+	if f.facts.Process {
+		if body, ok := f.goStackChecked(n); ok {
+			// Go's stack check: growing the stack calls morestack and
+			// jumps back to the entry, which so runs twice for one call;
+			// the block after the check runs once per call.
+			lo, n = body, body
+			for n < len(fn.Insns) && !cfg.IsControlTransfer(&fn.Insns[n]) {
+				n++
+			}
+		}
+	}
+	if i, ok := f.Pick(lo, n); ok {
 		return i, nil
 	}
 	var listing bytes.Buffer
@@ -569,6 +581,43 @@ func (f *Func) Entry() (int, error) {
 	}
 	return 0, fmt.Errorf("%w of %s: every instruction before its first branch %s; pick one with %s+0xOFF:%s",
 		ErrNoEntryInstruction, fn.Name, what, fn.Name, listing.String())
+}
+
+// goStackChecked reports whether the entry block's last instruction (n
+// instructions long, its branch included) is the stack check of a Go
+// function's prologue: a conditional jump to code that calls
+// runtime.morestack (or a variant) and jumps back to the function's
+// start. It gives the index of the first instruction after the branch.
+func (f *Func) goStackChecked(n int) (int, bool) {
+	fn := f.Fn
+	if n < 1 || n >= len(fn.Insns) || f.names == nil {
+		return 0, false
+	}
+	br := &fn.Insns[n-1]
+	if br.Inst.Op == x86asm.JMP || br.Inst.Op == x86asm.CALL || br.Inst.Op == x86asm.RET {
+		return 0, false
+	}
+	t, ok := cfg.BranchTarget(br)
+	if !ok {
+		return 0, false
+	}
+	j, err := fn.Index(t)
+	if err != nil {
+		return 0, false
+	}
+	called := false
+	for end := min(j+8, len(fn.Insns)); j < end; j++ {
+		in := &fn.Insns[j]
+		to, ok := cfg.BranchTarget(in)
+		switch {
+		case in.Inst.Op == x86asm.CALL && ok:
+			name, _ := f.names(to)
+			called = strings.HasPrefix(name, "runtime.morestack")
+		case in.Inst.Op == x86asm.JMP:
+			return n, called && ok && to == fn.Addr
+		}
+	}
+	return 0, false
 }
 
 // ErrNoBlock is matched by errors for a FUNC:BLOCK that names no block.

@@ -1150,6 +1150,24 @@ func TestCoverProcessDiesWhileArming(t *testing.T) {
 	}
 }
 
+// buildGo builds the Go program in dir (main.go) with the go command
+// on the PATH; the test is skipped without one.
+func buildGo(t *testing.T, dir string) string {
+	t.Helper()
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go")
+	}
+	bin := filepath.Join(t.TempDir(), filepath.Base(dir))
+	build := exec.Command(goTool, "build", "-o", bin, "main.go")
+	build.Dir = dir
+	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
 // TestGoNilChecks: Go compiles a nil check into a plain load that faults
 // on purpose, and its runtime finds the function by the faulting pc, so
 // such an instruction must stay where it is: a counter there made the
@@ -1161,17 +1179,7 @@ func TestGoNilChecks(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("kinst count -p runs as root (ptrace, /proc/PID/mem)")
 	}
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		t.Skip("no go")
-	}
-	bin := filepath.Join(t.TempDir(), "gonil")
-	build := exec.Command(goTool, "build", "-o", bin, "main.go")
-	build.Dir = "testdata/gonil"
-	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := buildGo(t, "testdata/gonil")
 	const want = "2259900 100 100\n"
 	ef, err := elf.Open(bin)
 	if err != nil {
@@ -1225,5 +1233,30 @@ func TestGoNilChecks(t *testing.T) {
 	var rep output.CountReport
 	if err != nil || status != 0 || json.Unmarshal(out.Bytes(), &rep) != nil || len(rep.Probes) != 1 || rep.Probes[0].Count != 100 {
 		t.Errorf("count main.go:55: status %d, %v: %s; want 100", status, err, out.String())
+	}
+}
+
+// TestGoStackGrowth: a Go function's stack check calls morestack when the
+// stack must grow and then runs the function again from its start, so a
+// counter at the first instruction counted some calls twice (and a
+// timer entered twice for one exit). The entry of a call is the block
+// after the check: grow's 321,600 calls are counted exactly, on eight
+// goroutines whose stacks grow as they recurse.
+func TestGoStackGrowth(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("kinst count -p runs as root (ptrace, /proc/PID/mem)")
+	}
+	bin := buildGo(t, "testdata/gogrow")
+	var out, errb, cmdOut bytes.Buffer
+	env := Env{Out: &out, Err: &errb, CmdOut: &cmdOut, CmdErr: &cmdOut}
+	status, err := CountProcess(context.Background(), 0, CountOptions{Points: []string{"main.grow"}, Command: []string{bin}, JSON: true}, env)
+	var rep output.CountReport
+	if err != nil || status != 0 || json.Unmarshal(out.Bytes(), &rep) != nil || len(rep.Probes) != 1 {
+		t.Fatalf("count main.grow: status %d, %v: %s\n%s", status, err, out.String(), errb.String())
+	}
+	p := rep.Probes[0]
+	t.Logf("main.grow counted at +%#x: %d", p.Offset, p.Count)
+	if p.Count != 321600 || p.Offset == 0 {
+		t.Errorf("main.grow: %d calls counted at +%#x, want 321600 after the stack check", p.Count, p.Offset)
 	}
 }
