@@ -399,6 +399,42 @@ func libMatches(lib, base string) bool {
 	return base == lib || strings.HasPrefix(base, lib+".") || strings.HasPrefix(base, lib+"-")
 }
 
+// LibraryInstalled reports whether a file a LIB: target could name
+// (libMatches) is in the process's library directories: the standard
+// ones, those /etc/ld.so.conf.d names and its LD_LIBRARY_PATH, under its
+// root. A library neither loaded nor there is most likely misspelt; one
+// dlopen takes by a path elsewhere is not found here.
+func (t *Target) LibraryInstalled(lib string) bool {
+	root := fmt.Sprintf("/proc/%d/root", t.PID)
+	dirs := []string{"/lib", "/lib64", "/usr/lib", "/usr/lib64", "/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/usr/local/lib"}
+	if confs, _ := filepath.Glob(root + "/etc/ld.so.conf.d/*.conf"); len(confs) > 0 {
+		for _, c := range confs {
+			b, _ := os.ReadFile(c)
+			for _, l := range strings.Split(string(b), "\n") {
+				if l = strings.TrimSpace(l); strings.HasPrefix(l, "/") {
+					dirs = append(dirs, l)
+				}
+			}
+		}
+	}
+	if env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", t.PID)); err == nil {
+		for _, kv := range strings.Split(string(env), "\x00") {
+			if v, ok := strings.CutPrefix(kv, "LD_LIBRARY_PATH="); ok {
+				dirs = append(dirs, filepath.SplitList(v)...)
+			}
+		}
+	}
+	for _, d := range dirs {
+		ents, _ := os.ReadDir(root + d)
+		for _, e := range ents {
+			if libMatches(lib, e.Name()) || libMatches("lib"+lib, e.Name()) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // ErrNoFunction is returned for a point naming no function of the
 // process.
 var ErrNoFunction = errors.New("no such function in the process")

@@ -358,7 +358,7 @@ func (h *Host) install(s *session, req api.SessionRequest) error {
 		site, err := h.tg.Resolve(p)
 		if errors.Is(err, process.ErrNoLibrary) {
 			s.pending[i] = true
-			fmt.Fprintf(h.log, "kinst: %s: the library is not loaded yet; the counter is spliced when the process loads it (kinst looks every %s: calls before that are not counted)\n", p, cover.Poll)
+			fmt.Fprintf(h.log, "kinst: %s: the library is not loaded yet; the counter is spliced when the process loads it (kinst looks every %s: calls before that are not counted)%s\n", p, cover.Poll, h.notInstalled(p))
 			continue
 		}
 		if err != nil {
@@ -477,7 +477,7 @@ func (h *Host) armCover(s *session, req api.SessionRequest) error {
 		switch {
 		case errors.Is(err, process.ErrNoLibrary):
 			s.coverPending = append(s.coverPending, target)
-			fmt.Fprintf(h.log, "kinst: %s: the library is not loaded yet; its probes are armed when the process loads it (kinst looks every %s: what runs before is not seen)\n", target, cover.Poll)
+			fmt.Fprintf(h.log, "kinst: %s: the library is not loaded yet; its probes are armed when the process loads it (kinst looks every %s: what runs before is not seen)%s\n", target, cover.Poll, h.notInstalled(target))
 			continue
 		case errors.Is(err, process.ErrNoFunction) && strings.ContainsAny(target, "*?[") && len(req.Cover)+len(req.CoverCallees) > 1:
 			// A glob over one object (the executable's '*' when it is
@@ -522,6 +522,17 @@ func (h *Host) armCover(s *session, req api.SessionRequest) error {
 		return badRequest(fmt.Errorf("no probe could be armed over %d blocks: %s", sum.TotalBlocks, firstRefusal(report.Cover(set, "", time.Now()))))
 	}
 	return nil
+}
+
+// notInstalled is a warning for a LIB: point whose library is neither
+// loaded nor in the process's library directories (a misspelling: the
+// run would end with nothing of it seen); "" otherwise.
+func (h *Host) notInstalled(point string) string {
+	lib, _ := process.SplitLib(point)
+	if lib == "" || h.tg.LibraryInstalled(lib) {
+		return ""
+	}
+	return fmt.Sprintf("; warning: no library %q is in the library directories either (misspelt? one dlopen loads by a path elsewhere still counts)", lib)
 }
 
 // firstRefusal is why a report's first refused block was refused.

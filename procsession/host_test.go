@@ -227,15 +227,31 @@ func TestSamples(t *testing.T) {
 	}
 	defer h.Close()
 	ctx := context.Background()
-	sess, err := h.CreateSession(ctx, api.SessionRequest{Points: []string{"work", "libm:cbrt"}})
+	sess, err := h.CreateSession(ctx, api.SessionRequest{Points: []string{"work", "libm:cbrt", "libnosuchthing:f"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(sess.Probes) != 2 || sess.Probes[0].Mechanism != "splice" || sess.Probes[1].Mechanism != "none" || sess.Probes[1].Point != "libm:cbrt" {
+	if len(sess.Probes) != 3 || sess.Probes[0].Mechanism != "splice" || sess.Probes[1].Mechanism != "none" || sess.Probes[1].Point != "libm:cbrt" {
 		t.Fatalf("probes %+v, want work spliced and libm:cbrt waiting", sess.Probes)
 	}
-	if !strings.Contains(log.String(), "libm:cbrt: the library is not loaded yet") {
-		t.Errorf("the wait is not said: %q", log.String())
+	// libm is installed, so it waits without a word more; a library no
+	// directory holds is most likely misspelt, and that is said.
+	for _, l := range strings.Split(strings.TrimSpace(log.String()), "\n") {
+		switch {
+		case strings.Contains(l, "libm:cbrt: the library is not loaded yet"):
+			if strings.Contains(l, "warning") {
+				t.Errorf("libm is installed: %q", l)
+			}
+		case strings.Contains(l, "libnosuchthing:f: the library is not loaded yet"):
+			if !strings.Contains(l, `no library "libnosuchthing" is in the library directories`) {
+				t.Errorf("a library no directory holds: %q", l)
+			}
+		default:
+			t.Errorf("said %q", l)
+		}
+	}
+	if n := strings.Count(log.String(), "not loaded yet"); n != 2 {
+		t.Errorf("the waits are not said: %q", log.String())
 	}
 	st, err := h.Samples(ctx, sess.ID, 20*time.Millisecond)
 	if err != nil {
@@ -252,7 +268,7 @@ func TestSamples(t *testing.T) {
 		if err != nil {
 			t.Fatalf("next: %v", err)
 		}
-		if len(s.Totals) != 2 || len(s.Deltas) != 2 || s.Totals[1] != 0 {
+		if len(s.Totals) != 3 || len(s.Deltas) != 3 || s.Totals[1] != 0 || s.Totals[2] != 0 {
 			t.Fatalf("sample %+v", s)
 		}
 		total, deltas = s.Totals[0], deltas+s.Deltas[0]
