@@ -18,6 +18,9 @@ type CountOptions struct {
 	Points   []string
 	Duration time.Duration // 0: until Ctrl-C or the command exits
 	Interval time.Duration
+	// TotalsOnly leaves out the rows every Interval (--interval 0): only
+	// the totals at the end are printed, and no intervals in --json.
+	TotalsOnly bool
 	JSON     bool
 	SVG      string // write an SVG chart of the counts per second here
 	Name     string // session name (kinst ls, kinst detach)
@@ -82,19 +85,25 @@ func count(ctx context.Context, t sessionTarget, o CountOptions, env Env) (int, 
 		describeProbe(stderr, p.Resolved, p.Mechanism)
 	}
 	report := output.CountReport{IntervalNS: int64(o.Interval)}
+	if o.TotalsOnly {
+		report.IntervalNS = 0
+	}
 	series, locWidth := probeSeries(sess)
-	if !o.JSON {
+	if !o.JSON && !o.TotalsOnly {
 		fmt.Fprintf(stdout, "%8s  %-*s  %12s  %12s\n", "time", locWidth, "location", "+interval", "total")
 	}
 	res, err := t.run(ctx, sess, runOptions{Duration: o.Duration, Interval: o.Interval, Command: o.Command,
 		Waiting: "kinst: counting; Ctrl-C to stop"}, env,
 		func(el time.Duration, s api.Sample) {
-			report.Intervals = append(report.Intervals, output.CountSample{ElapsedNS: int64(el), Deltas: s.Deltas})
 			for i := range series {
 				if i < len(s.Totals) {
 					series[i].Add(metrics.Point{Time: s.Time, Calls: s.Totals[i]})
 				}
 			}
+			if o.TotalsOnly {
+				return
+			}
+			report.Intervals = append(report.Intervals, output.CountSample{ElapsedNS: int64(el), Deltas: s.Deltas})
 			if !o.JSON {
 				for i, p := range sess.Probes {
 					fmt.Fprintf(stdout, "%8.3f  %-*s  %12d  %12d\n", el.Seconds(), locWidth, location(p.Resolved), s.Deltas[i], s.Totals[i])

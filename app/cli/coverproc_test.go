@@ -1260,3 +1260,28 @@ func TestGoStackGrowth(t *testing.T) {
 		t.Errorf("main.grow: %d calls counted at +%#x, want 321600 after the stack check", p.Count, p.Offset)
 	}
 }
+
+// TestCountTotalsOnly: --interval 0 prints only the totals: no row every
+// interval (nap's 100 calls take 200 ms, rows were asked every 20 ms), in
+// text and in --json.
+func TestCountTotalsOnly(t *testing.T) {
+	bin := buildWork(t)
+	for _, asJSON := range []bool{false, true} {
+		var out, errb, cmdOut bytes.Buffer
+		env := Env{Out: &out, Err: &errb, CmdIn: strings.NewReader("nap 100\n"), CmdOut: &cmdOut, CmdErr: &cmdOut}
+		o := CountOptions{Points: []string{"nap"}, Command: []string{bin}, Interval: 20 * time.Millisecond, TotalsOnly: true, JSON: asJSON}
+		if status, err := CountProcess(context.Background(), 0, o, env); err != nil || status != 0 {
+			t.Fatalf("status %d, %v\n%s", status, err, errb.String())
+		}
+		if !asJSON {
+			if strings.Contains(out.String(), "+interval") || !strings.Contains(out.String(), "counts over") || !strings.Contains(out.String(), "100  ") {
+				t.Errorf("text with --interval 0:\n%s", out.String())
+			}
+			continue
+		}
+		var rep output.CountReport
+		if err := json.Unmarshal(out.Bytes(), &rep); err != nil || len(rep.Intervals) != 0 || rep.IntervalNS != 0 || len(rep.Probes) != 1 || rep.Probes[0].Count != 100 {
+			t.Errorf("--json with --interval 0: %v %s", err, out.String())
+		}
+	}
+}

@@ -27,6 +27,8 @@ type TimeOptions struct {
 	Virtual   bool
 	Duration  time.Duration
 	Interval  time.Duration
+	// TotalsOnly leaves out the rows every Interval (--interval 0).
+	TotalsOnly bool
 	JSON      bool
 	SVG       string // write an SVG chart here
 	Name      string
@@ -199,13 +201,16 @@ func timeOn(ctx context.Context, t sessionTarget, o TimeOptions, env Env) (int, 
 	}
 	series, width := timerSeries(sess)
 	report := output.TimeReport{Session: sess.Name, IntervalNS: int64(o.Interval)}
+	if o.TotalsOnly {
+		report.IntervalNS = 0
+	}
 	if t.proc != nil {
 		report.Session = fmt.Sprintf("process %d", t.proc.pid)
 	}
 	if len(sess.Timers) > 0 {
 		report.Filter = sess.Timers[0].Filter
 	}
-	if !o.JSON {
+	if !o.JSON && !o.TotalsOnly {
 		fmt.Fprintf(stdout, "%8s  %-*s  %10s  %12s  %12s  %11s  %6s\n", "time", width, "function", "calls/s", "avg wall", "avg virtual", "concurrency", "inside")
 	}
 	res, err := t.run(ctx, sess, runOptions{Duration: o.Duration, Interval: o.Interval, Command: o.Command,
@@ -223,7 +228,7 @@ func timeOn(ctx context.Context, t sessionTarget, o TimeOptions, env Env) (int, 
 				series[i].Add(metrics.Point(p))
 				r := metrics.Derive(prev, metrics.Point(p))
 				iv.Functions = append(iv.Functions, output.Rates(r))
-				if !o.JSON {
+				if !o.JSON && !o.TotalsOnly {
 					virt := "-"
 					if o.Virtual {
 						virt = fmtNS(r.AvgVirtualNS)
@@ -232,7 +237,9 @@ func timeOn(ctx context.Context, t sessionTarget, o TimeOptions, env Env) (int, 
 						r.CallsPerSec, fmtNS(r.AvgWallNS), virt, r.Concurrency, p.Inside)
 				}
 			}
-			report.Intervals = append(report.Intervals, iv)
+			if !o.TotalsOnly {
+				report.Intervals = append(report.Intervals, iv)
+			}
 		})
 	report.ExitStatus = res.ExitStatus
 	status := res.status()

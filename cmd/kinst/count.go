@@ -49,6 +49,7 @@ Live rows and CMD's output share stdout: -o FILE keeps the report apart.`,
 		pid := fs.IntP("pid", "p", 0, "count in the user process `PID` instead of the kernel: POINT is FUNC[+0xOFF], FUNC:BLOCK or LIB:FUNC (the engine runs in kinst through ptrace; no kerninstd). With -p 0 -- CMD, CMD is started and spliced at its entry point (its libraries mapped, none of its code run)")
 		return func(ctx context.Context, inv invocation) (int, error) {
 			o.Points, o.Command = inv.args, inv.command
+			o.TotalsOnly = fs.Changed("interval") && o.Interval == 0
 			if len(o.Points) == 0 {
 				return 2, usagef("name at least one POINT (FUNC, FUNC+0xOFF, FUNC:BLOCK, FILE:LINE or a classic name such as lookuppn)")
 			}

@@ -50,6 +50,7 @@ var timeCommand = &command{
 		user := fs.Bool("user", false, "time FUNC (FUNC or LIB:FUNC) in the user process -p PID instead of the kernel, or with -p 0 in -- CMD, started and spliced at its entry point (its libraries mapped, none of its code run); the engine runs in kinst through ptrace (no kerninstd)")
 		return func(ctx context.Context, inv invocation) (int, error) {
 			o.Functions, o.Command = inv.args, inv.command
+			o.TotalsOnly = fs.Changed("interval") && o.Interval == 0
 			if len(o.Functions) == 0 {
 				return 2, usagef("name at least one kernel function or source line range (FILE:A-B)")
 			}
@@ -86,6 +87,7 @@ average number of waiters, avg virtual the spinning part of a wait.`,
 				return 2, usagef("name one lock: a kernel data symbol or 0xADDR")
 			}
 			o.Lock, o.Command = inv.args[0], inv.command
+			o.TotalsOnly = fs.Changed("interval") && o.Interval == 0
 			return inv.report(o.JSON, func(env cli.Env) (int, error) { return cli.Time(ctx, inv.client(), o, env) })
 		}
 	},
