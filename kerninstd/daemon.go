@@ -87,7 +87,7 @@ type Daemon struct {
 }
 
 // session is what one request installed. Its fields do not change after
-// creation except reqs and timers, under Daemon.mu.
+// creation except reqs, timers and streamed, under Daemon.mu.
 type session struct {
 	id      string
 	name    string
@@ -95,11 +95,14 @@ type session struct {
 	expires time.Time   // zero: no TTL
 	expiry  *time.Timer // removes the session at expires
 	tied    bool
-	reqs    []*engine.Request // in the order of the session's points
-	timers  []*timedFunc
-	cover   *coverState   // a coverage session's probes; nil for others
-	bpf     []*bpfCount   // without the driver: the points' BPF counters
-	done    chan struct{} // closed when the session is removed
+	// streamed: a sample stream has been opened for the session (a
+	// tied one is removed unclaimed without one). Under Daemon.mu.
+	streamed bool
+	reqs     []*engine.Request // in the order of the session's points
+	timers   []*timedFunc
+	cover    *coverState   // a coverage session's probes; nil for others
+	bpf      []*bpfCount   // without the driver: the points' BPF counters
+	done     chan struct{} // closed when the session is removed
 }
 
 // New loads the symbol table and returns a daemon ready to serve.

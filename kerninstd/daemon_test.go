@@ -547,3 +547,54 @@ func TestFinalCountsAfterRemoval(t *testing.T) {
 		}
 	}
 }
+
+// TestTiedSessionUnclaimed: a tied session ends with its client's sample
+// stream, so one whose client never opens that stream must not outlive
+// it: a client gone while its session was made (killed while a whole
+// kernel's coverage armed) had left it spliced until a detach by hand.
+// The session is removed at once when the request's client is gone by
+// the time it is made, and after TiedGrace when no stream comes.
+func TestTiedSessionUnclaimed(t *testing.T) {
+	d, k := newTestDaemon(t)
+	srv := httptest.NewServer(d.Handler())
+	defer srv.Close()
+
+	// Gone while it was made: the request's context is over when the
+	// session exists.
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest("POST", "/v1/sessions", strings.NewReader(`{"points":["lookuppn"],"tied":true}`)).WithContext(gone)
+	d.Handler().ServeHTTP(rec, req)
+	if rec.Code == 201 || !strings.Contains(rec.Body.String(), "went away") || d.Info().Splices != 0 || !bytes.Equal(textNow(t, k), text) {
+		t.Errorf("a tied session whose client went away while it was made: status %d, %d splices left\n%s", rec.Code, d.Info().Splices, rec.Body.String())
+	}
+
+	// Made, but no stream comes: removed after the grace; a session
+	// whose stream came stays.
+	defer func(g time.Duration) { TiedGrace = g }(TiedGrace)
+	TiedGrace = 100 * time.Millisecond
+	c := api.NewClient(strings.TrimPrefix(srv.URL, "http://"))
+	ctx := context.Background()
+	orphan, err := c.CreateSession(ctx, api.SessionRequest{Points: []string{"lookuppn"}, Tied: true, Name: "orphan"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept, err := c.CreateSession(ctx, api.SessionRequest{Points: []string{"filename_lookup+0xb"}, Tied: true, Name: "kept"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := c.Samples(ctx, kept.ID, 20*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for len(d.Sessions()) != 1 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	ss := d.Sessions()
+	if len(ss) != 1 || ss[0].ID != kept.ID {
+		t.Errorf("sessions after the grace: %+v; want only %s (%s unclaimed)", ss, kept.ID, orphan.ID)
+	}
+}

@@ -38,8 +38,22 @@ func (d *Daemon) Handler() http.Handler {
 		}
 		return res, nil
 	}))
-	mux.HandleFunc("POST /v1/sessions", postJSON(http.StatusCreated, func(_ *http.Request, req api.SessionRequest) (api.Session, error) {
-		return d.CreateSession(req)
+	mux.HandleFunc("POST /v1/sessions", postJSON(http.StatusCreated, func(r *http.Request, req api.SessionRequest) (api.Session, error) {
+		s, err := d.CreateSession(req)
+		if err != nil || !req.Tied {
+			return s, err
+		}
+		// A tied session ends with its client's sample stream. A client
+		// gone while the session was made (killed while a whole
+		// kernel's coverage armed) never opens one: its session would
+		// outlive it, as one did. Removed at once, and, should the
+		// client go between this answer and its stream, after a grace.
+		if r.Context().Err() != nil {
+			d.removeUnclaimed(s.ID, "client gone while the session was made")
+			return api.Session{}, fmt.Errorf("the client went away while session %s was made: removed", s.ID)
+		}
+		d.claimWithin(s.ID, TiedGrace)
+		return s, nil
 	}))
 	mux.HandleFunc("DELETE /v1/sessions/{id}", func(w http.ResponseWriter, r *http.Request) {
 		s, err := d.RemoveSession(r.PathValue("id"))
@@ -141,6 +155,7 @@ func (d *Daemon) serveSamples(w http.ResponseWriter, r *http.Request) {
 	var slots []int
 	var timers []*timedFunc
 	if ok {
+		ss.streamed = true
 		id = ss.id
 		for _, r := range ss.reqs {
 			slots = append(slots, r.Counter())

@@ -52,6 +52,35 @@ func (d *Daemon) startTTL(ss *session, ttl time.Duration) {
 	})
 }
 
+// TiedGrace is how long a tied session waits for its client's sample
+// stream before it is removed as unclaimed. A variable for the tests.
+var TiedGrace = 30 * time.Second
+
+// claimWithin removes the tied session id if no sample stream has been
+// opened for it after grace.
+func (d *Daemon) claimWithin(id string, grace time.Duration) {
+	time.AfterFunc(grace, func() {
+		d.mu.Lock()
+		ss := d.findLocked(id)
+		unclaimed := ss != nil && ss.id == id && !ss.streamed
+		d.mu.Unlock()
+		if unclaimed {
+			d.removeUnclaimed(id, fmt.Sprintf("no sample stream within %s", grace))
+		}
+	})
+}
+
+// removeUnclaimed removes a tied session its client will never end.
+func (d *Daemon) removeUnclaimed(id, why string) {
+	if _, err := d.RemoveSession(id); err != nil {
+		if !errors.Is(err, ErrNoSession) {
+			d.log.Error("remove unclaimed tied session", "session", id, "err", err)
+		}
+		return
+	}
+	d.log.Info("tied session removed", "session", id, "why", why)
+}
+
 // Sessions describes every live session, oldest first, with current
 // totals.
 func (d *Daemon) Sessions() []api.Session {
