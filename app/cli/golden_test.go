@@ -500,3 +500,30 @@ func TestGoldenAnnotate(t *testing.T) {
 		t.Error("--from a report without the function succeeded")
 	}
 }
+
+// A session removed by another client (kinst detach) while its run goes
+// on: the stream ends, and the report stands on the last totals seen,
+// said so, with kinst's status the command's (it failed with "no such
+// session" and no totals).
+func TestCountDetachedElsewhere(t *testing.T) {
+	f := newFixture(t, false)
+	f.workloads["lookups"] = func(stdout io.Writer) int {
+		f.streaming(1)
+		f.must(f.s.Kernel.Count(lookup, 1000))
+		f.tick(time.Second)
+		ss, err := f.c.Sessions(context.Background())
+		f.must(err)
+		_, err = f.c.RemoveSession(context.Background(), ss[0].ID) // kinst detach, elsewhere
+		f.must(err)
+		time.Sleep(100 * time.Millisecond) // the stream's end reaches the run first
+		return 0
+	}
+	status, err := Count(context.Background(), f.c, CountOptions{Points: []string{"lookuppn"}, Interval: time.Second,
+		Name: "fs", Command: []string{"lookups"}}, f.env)
+	if err != nil || status != 0 {
+		t.Fatalf("status %d, %v\n%s", status, err, f.stderr.String())
+	}
+	if !strings.Contains(f.stderr.String(), "session fs was removed elsewhere") || !regexp.MustCompile(`(?m)^1000 +lookuppn `).MatchString(f.stdout.String()) {
+		t.Errorf("stdout:\n%s\nstderr:\n%s", f.stdout.String(), f.stderr.String())
+	}
+}

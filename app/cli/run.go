@@ -2,13 +2,16 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
 	"time"
 
 	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/procsession"
 )
 
 // runOptions say how long a session's report runs.
@@ -93,6 +96,7 @@ func (o runOptions) command(env Env) (Process, <-chan int, error) {
 func runSession(ctx context.Context, c sessionHost, sess api.Session, o runOptions, env Env,
 	onSample func(elapsed time.Duration, s api.Sample)) (runResult, error) {
 	var res runResult
+	var last api.Sample // the latest totals, for a session removed elsewhere
 	remove := func() { c.RemoveSession(context.WithoutCancel(ctx), sess.ID) }
 	stream, err := c.Samples(context.WithoutCancel(ctx), sess.ID, o.Interval)
 	if err != nil {
@@ -133,6 +137,7 @@ loop:
 				break loop
 			}
 			onSample(s.Time.Sub(start), s)
+			last = s
 			if env.sampled != nil {
 				env.sampled()
 			}
@@ -167,7 +172,41 @@ loop:
 		exited(<-cmdDone)
 	}
 	res.Duration = env.since(start)
-	return detachRun(ctx, c, sess.ID, env, res)
+	res, err = detachRun(ctx, c, sess.ID, env, res)
+	if isNoSession(err) && sess.Cover == nil && !last.Time.IsZero() {
+		// Removed by another client (kinst detach, its TTL): the last
+		// totals seen stand for the final ones.
+		fmt.Fprintf(env.Err, "kinst: session %s was removed elsewhere (kinst detach, or its --ttl): the totals are those of %s\n", sess.Name, last.Time.Format("15:04:05.000"))
+		res.Final, err = finalFromSample(sess, last), nil
+	} else if isNoSession(err) {
+		err = fmt.Errorf("session %s was removed elsewhere (kinst detach, or its --ttl) before kinst read its final state: that removal's answer had it", sess.Name)
+	}
+	return res, err
+}
+
+// isNoSession: err says the session is gone (kerninstd's no_session, a
+// process host's ErrNoSession).
+func isNoSession(err error) bool {
+	var ae *api.APIError
+	return errors.As(err, &ae) && ae.Code == api.CodeNoSession || errors.Is(err, procsession.ErrNoSession)
+}
+
+// finalFromSample is sess with the totals of sample s.
+func finalFromSample(sess api.Session, s api.Sample) api.Session {
+	out := sess
+	out.Probes = slices.Clone(sess.Probes)
+	for i := range out.Probes {
+		if i < len(s.Totals) {
+			out.Probes[i].Count = s.Totals[i]
+		}
+	}
+	out.Timers = slices.Clone(sess.Timers)
+	for i := range out.Timers {
+		if i < len(s.Timers) {
+			out.Timers[i].Totals = s.Timers[i]
+		}
+	}
+	return out
 }
 
 // detachRun removes a run's session, timing it: res with its final
