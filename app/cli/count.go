@@ -21,9 +21,9 @@ type CountOptions struct {
 	// TotalsOnly leaves out the rows every Interval (--interval 0): only
 	// the totals at the end are printed, and no intervals in --json.
 	TotalsOnly bool
-	JSON     bool
-	SVG      string // write an SVG chart of the counts per second here
-	Name     string // session name (kinst ls, kinst detach)
+	JSON       bool
+	SVG        string // write an SVG chart of the counts per second here
+	Name       string // session name (kinst ls, kinst detach)
 	// TTL removes the counters after this long even if kinst is gone.
 	TTL     time.Duration
 	Command []string // run this and count for its lifetime

@@ -29,12 +29,12 @@ type TimeOptions struct {
 	Interval  time.Duration
 	// TotalsOnly leaves out the rows every Interval (--interval 0).
 	TotalsOnly bool
-	JSON      bool
-	SVG       string // write an SVG chart here
-	Name      string
-	TTL       time.Duration
-	Command   []string
-	Debug     DebugOptions // the debug vmlinux of FILE:A-B regions
+	JSON       bool
+	SVG        string // write an SVG chart here
+	Name       string
+	TTL        time.Duration
+	Command    []string
+	Debug      DebugOptions // the debug vmlinux of FILE:A-B regions
 }
 
 // Time times kernel functions: calls, wall time, concurrency.
