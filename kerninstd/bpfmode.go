@@ -135,8 +135,8 @@ func (d *Daemon) createBPFSession(req api.SessionRequest) (api.Session, error) {
 	seen := map[string]bool{}
 	for _, name := range req.Timers {
 		f, p, err := d.plan.Func(name)
-		if err == nil && p.HasOffset {
-			err = badRequest(fmt.Errorf("time %s: name a function, not an instruction", name))
+		if err == nil && (p.HasOffset || p.HasBlock) {
+			err = badRequest(fmt.Errorf("time %s: name a function, not an instruction or block", name))
 		}
 		var entry *splice.Site
 		if err == nil {

@@ -69,12 +69,14 @@ func (tm *timing) resolveTimed(name string) (*timedFunc, error) {
 	if err != nil {
 		return nil, err
 	}
+	if p.HasOffset || p.HasBlock {
+		// A block's probe as an entry timed nothing: its calls were
+		// never counted as the function's (kinst time FUNC:2 said 0).
+		return nil, badRequest(fmt.Errorf("time %s: name a function, not an instruction or block (kinst time times whole functions, or FILE:A-B a range of lines)", name))
+	}
 	entry, err := f.Resolve(p)
 	if err != nil {
 		return nil, err
-	}
-	if p.HasOffset {
-		return nil, badRequest(fmt.Errorf("time %s: name a function, not an instruction", name))
 	}
 	t := &timedFunc{function: f.Fn.Name, entry: entry}
 	if t.exits, err = f.Exits(entry); err != nil {

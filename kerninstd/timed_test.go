@@ -152,6 +152,7 @@ func TestTimedRefusals(t *testing.T) {
 	d.tm.loadTask = func(*kernel.Symbols) (kernel.TaskLayout, error) { return kernel.TaskLayout{}, errors.New("no BTF") }
 	for _, req := range []api.SessionRequest{
 		{Timers: []string{"filename_lookup+0xb"}},
+		{Timers: []string{"filename_lookup:1"}}, // a block: it timed nothing, said 0 calls
 		{Timers: []string{"no_such_function"}},
 		{Timers: []string{"filename_lookup", "lookuppn"}},
 		{Timers: []string{"filename_lookup"}, Filter: &api.Filter{PID: 1, Comm: "x"}},
