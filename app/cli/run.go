@@ -32,15 +32,19 @@ type runOptions struct {
 // runResult is how a run ended.
 type runResult struct {
 	ExitStatus *int // of the command, if one ran
-	Duration   time.Duration
-	Final      api.Session   // with final totals; the session is removed
-	Detach     time.Duration // how long the removal took
+	// DurationEnded: the run's --duration ended the command (kinst sent
+	// it SIGTERM), so that its status says how it was stopped, not how
+	// the run went: kinst exits 0.
+	DurationEnded bool
+	Duration      time.Duration
+	Final         api.Session   // with final totals; the session is removed
+	Detach        time.Duration // how long the removal took
 }
 
 // status is the command's exit status, 0 when none ran: what kinst exits
 // with after a run.
 func (r runResult) status() int {
-	if r.ExitStatus != nil {
+	if r.ExitStatus != nil && !r.DurationEnded {
 		return *r.ExitStatus
 	}
 	return 0
@@ -170,6 +174,7 @@ loop:
 		// --duration ended first: a bounded run must end.
 		cmd.Signal(syscall.SIGTERM)
 		exited(<-cmdDone)
+		res.DurationEnded = true
 	}
 	res.Duration = env.since(start)
 	res, err = detachRun(ctx, c, sess.ID, env, res)

@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"os"
 	"strings"
@@ -10,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kinst/kinst/output"
 )
 
 // A SIGINT sent to kinst alone (kill -INT, timeout -s INT), not to the
@@ -46,5 +49,22 @@ func TestInterruptKinstAlone(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "counts over") {
 		t.Errorf("no report:\n%s", out.String())
+	}
+}
+
+// A run whose --duration ends before its command: kinst ends the command
+// with SIGTERM, reports its status (128+15), and exits 0, the run having
+// gone as asked (it exited 143).
+func TestDurationEndsCommand(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the process engine's tests run as root")
+	}
+	var out, errb bytes.Buffer
+	env := Env{Out: &out, Err: &errb, CmdIn: strings.NewReader(""), CmdOut: io.Discard, CmdErr: io.Discard}
+	st, err := CountProcess(context.Background(), 0, CountOptions{Points: []string{"libc:nanosleep"}, Duration: 300 * time.Millisecond,
+		Command: []string{"sleep", "60"}, JSON: true}, env)
+	var rep output.CountReport
+	if err != nil || st != 0 || json.Unmarshal(out.Bytes(), &rep) != nil || rep.ExitStatus == nil || *rep.ExitStatus != 128+int(syscall.SIGTERM) {
+		t.Errorf("status %d, %v; want 0, and the command's 143 in the report: %s\n%s", st, err, out.String(), errb.String())
 	}
 }

@@ -35,11 +35,12 @@ starts no code is refused with the nearest lines that do; kinst lines FUNC
 lists them, and FUNC's declaration.
 
 Counts print every --interval until --duration ends, CMD exits (kinst then
-exits with its status) or Ctrl-C; then the totals, and the splices are removed.
-Each total is read as its splice goes, so that two counters on one
-straight-line path end equal: the totals include the calls made while the
-removal ran (a moment; seconds in an emulated guest), and counters on one
-instruction, removed one after another, can differ by those.
+exits with its status; ended by --duration it gets SIGTERM, and kinst exits
+0) or Ctrl-C; then the totals, and the splices are removed. Each total is
+read as its splice goes, so that two counters on one straight-line path
+end equal: the totals include the calls made while the removal ran (a
+moment; seconds in an emulated guest), and counters on one instruction,
+removed one after another, can differ by those.
 Live rows and CMD's output share stdout: -o FILE keeps the report apart.`,
 	daemon: true, report: true,
 	setup: func(fs *pflag.FlagSet) runFunc {

@@ -30,7 +30,8 @@ range is the executable's, from its DWARF (build it with -g) or its debug
 file by build id, or a library's as LIB:FILE:A-B.
 
 Rates print every --interval until --duration ends, CMD exits (kinst then
-exits with its status) or Ctrl-C; then the totals, and the splices are removed.
+exits with its status; ended by --duration it gets SIGTERM, and kinst exits
+0) or Ctrl-C; then the totals, and the splices are removed.
 Live rows and CMD's output share stdout: -o FILE keeps the report apart.`
 
 var timeCommand = &command{
