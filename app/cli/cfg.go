@@ -93,7 +93,9 @@ func writeCFG(w io.Writer, g api.CFG, format CFGFormat, core string) error {
 			if in.Target != "" {
 				text += " <" + in.Target + ">"
 			}
-			fmt.Fprintf(w, "  +%-5x %-27s %-44s %-12s live-in: %s\n", in.Offset, spacedHex(in.Bytes), text, class, live)
+			// +0xOFF, as FUNC+0xOFF is written (a bare +b read as decimal
+			// named another instruction).
+			fmt.Fprintf(w, "  %-8s %-27s %-44s %-12s live-in: %s\n", fmt.Sprintf("+%#x", in.Offset), spacedHex(in.Bytes), text, class, live)
 		}
 	}
 	return nil
@@ -124,7 +126,7 @@ func writeDot(w io.Writer, g api.CFG) error {
 		var lines []string
 		lines = append(lines, fmt.Sprintf("block %d", b.Index))
 		for _, in := range b.Instructions {
-			lines = append(lines, fmt.Sprintf("+%x  %s", in.Offset, in.Text))
+			lines = append(lines, fmt.Sprintf("+%#x  %s", in.Offset, in.Text))
 		}
 		if b.Exit != "" {
 			lines = append(lines, "["+b.Exit+"]")
