@@ -88,8 +88,8 @@ func coverOn(ctx context.Context, t sessionTarget, sess api.Session, o CoverOpti
 	if t.proc != nil {
 		where = fmt.Sprintf(" in process %d", t.proc.pid)
 	}
-	fmt.Fprintf(env.Err, "kinst: %d probes armed%s in %s (planned in %s) over %d blocks of %d functions (%d inferred from their successors, %d refused)",
-		armed.Armed, where, fmtNS(float64(armed.ArmNS)), fmtNS(float64(armed.PlanNS)), armed.TotalBlocks, armed.FunctionCount, armed.Inferred, armed.RefusedBlocks)
+	fmt.Fprintf(env.Err, "kinst: %d probes armed%s in %s (planned in %s) over %d blocks of %s (%d inferred from their successors, %d refused)",
+		armed.Armed, where, fmtNS(float64(armed.ArmNS)), fmtNS(float64(armed.PlanNS)), armed.TotalBlocks, functions(armed.FunctionCount), armed.Inferred, armed.RefusedBlocks)
 	if armed.Filter != "" {
 		fmt.Fprintf(env.Err, "; %s only", armed.Filter)
 	}
@@ -147,8 +147,8 @@ func writeCoverOutputs(o CoverOptions, report api.CoverReport, exitStatus int, e
 // writeCover prints a coverage report: totals, a row per function, each
 // function's blocks, and the timeline of live probes.
 func writeCover(w io.Writer, r api.CoverReport) error {
-	fmt.Fprintf(w, "coverage over %.3f s: %d of %d blocks (%s) in %d functions", time.Duration(r.DurationNS).Seconds(),
-		r.CoveredBlocks, r.TotalBlocks, percent(r.CoveredBlocks, r.TotalBlocks), len(r.Functions))
+	fmt.Fprintf(w, "coverage over %.3f s: %d of %d blocks (%s) in %s", time.Duration(r.DurationNS).Seconds(),
+		r.CoveredBlocks, r.TotalBlocks, percent(r.CoveredBlocks, r.TotalBlocks), functions(len(r.Functions)))
 	if r.Filter != "" {
 		fmt.Fprintf(w, ", %s only", r.Filter)
 	}
@@ -238,4 +238,12 @@ func coverSummary(r *api.CoverReport) string {
 		fns = "function"
 	}
 	return fmt.Sprintf("cover %d %s (%d/%d blocks, %d probes live)", r.FunctionCount, fns, r.CoveredBlocks, r.TotalBlocks, live)
+}
+
+// functions is "1 function" or "N functions".
+func functions(n int) string {
+	if n == 1 {
+		return "1 function"
+	}
+	return fmt.Sprintf("%d functions", n)
 }
