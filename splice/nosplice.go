@@ -3,8 +3,9 @@ package splice
 import (
 	"errors"
 	"fmt"
-	"golang.org/x/arch/x86/x86asm"
 	"strings"
+
+	"golang.org/x/arch/x86/x86asm"
 
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/kernel"

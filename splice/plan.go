@@ -4,8 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"golang.org/x/arch/x86/x86asm"
 	"strings"
+
+	"golang.org/x/arch/x86/x86asm"
 
 	"github.com/kinst/kinst/cfg"
 	"github.com/kinst/kinst/codegen"
