@@ -151,10 +151,22 @@ func writeDot(w io.Writer, g api.CFG) error {
 // on stderr while it runs.
 func ShowStats(ctx context.Context, c *api.Client, asJSON bool, env Env) error {
 	w, stderr := env.Out, env.Err
+	// On a terminal the progress redraws one line; into a file or a pipe
+	// it is one line now and then (a tenth of the way each), not a run of
+	// carriage returns.
+	tty, shown := isTerminal(stderr), -1
 	st, err := c.CFGStats(ctx, func(done, total int) {
-		fmt.Fprintf(stderr, "\rkinst: analysing %d/%d functions…", done, total)
+		switch {
+		case tty:
+			fmt.Fprintf(stderr, "\rkinst: analysing %d/%d functions…", done, total)
+		case total > 0 && done*10/total != shown:
+			shown = done * 10 / total
+			fmt.Fprintf(stderr, "kinst: analysing %d/%d functions…\n", done, total)
+		}
 	})
-	fmt.Fprintln(stderr)
+	if tty {
+		fmt.Fprintln(stderr)
+	}
 	if err != nil {
 		return err
 	}
