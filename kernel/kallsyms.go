@@ -264,7 +264,20 @@ func (s *Symbols) LookupModule(name, module string) (Symbol, error) {
 		}
 		weak = weak || c.IsText()
 	}
+	if !weak && !s.hasModule(module) {
+		return Symbol{}, fmt.Errorf("%w: %s:%s: no module %q is loaded (kallsyms lists none of its symbols; see lsmod)", ErrUnknownFunction, module, name, module)
+	}
 	return Symbol{}, &UnknownFunctionError{Name: module + ":" + name, Weak: weak}
+}
+
+// hasModule reports whether any symbol is module's.
+func (s *Symbols) hasModule(module string) bool {
+	for i := range s.all {
+		if s.all[i].Module == module {
+			return true
+		}
+	}
+	return false
 }
 
 // End returns the address where the function starting at sym.Addr ends:

@@ -158,7 +158,11 @@ func TestLookupModule(t *testing.T) {
 			t.Errorf("LookupModule(probe, %s) = %#x [%s], %v; want %#x", mod, sym.Addr, sym.Module, err, want)
 		}
 	}
-	if _, err := s.LookupModule("other", "evdev"); !errors.Is(err, ErrUnknownFunction) {
+	if _, err := s.LookupModule("other", "evdev"); !errors.Is(err, ErrUnknownFunction) || strings.Contains(err.Error(), "no module") {
 		t.Errorf("LookupModule of the core kernel's function in a module: %v, want ErrUnknownFunction", err)
+	}
+	// A module not loaded is said to be, not its function unknown.
+	if _, err := s.LookupModule("probe", "nomod"); !errors.Is(err, ErrUnknownFunction) || !strings.Contains(err.Error(), `no module "nomod" is loaded`) {
+		t.Errorf("LookupModule in a module not loaded: %v", err)
 	}
 }
