@@ -6,6 +6,7 @@ import (
 	"sort"
 
 	"github.com/kinst/kinst/api"
+	"github.com/kinst/kinst/splice"
 )
 
 // functionCalls returns the callers and callees of a function from the
@@ -26,6 +27,10 @@ func (c *kernelCensus) functionCalls(ctx context.Context, name string) (api.Call
 	if err != nil {
 		return api.Calls{}, err
 	}
+	// A callee is named as the analysis names call targets: of several
+	// symbols at one address, a retpoline thunk's name beats a marker's
+	// (__x86_indirect_thunk_rax, not __static_call_text_end).
+	names := splice.AnalysisNames(syms)
 	ref := func(fn, site uint64, tail bool) api.CallRef {
 		r := api.CallRef{Function: "?", Site: api.Addr(site), Kind: "call"}
 		if tail {
@@ -33,6 +38,9 @@ func (c *kernelCensus) functionCalls(ctx context.Context, name string) (api.Call
 		}
 		if s, off, ok := syms.At(fn); ok && off == 0 {
 			r.Function, r.Module = s.Name, s.Module
+			if n, ok := names(fn); ok {
+				r.Function = n
+			}
 		}
 		if s, off, ok := syms.At(site); ok {
 			r.At = fmt.Sprintf("%s+%#x", s.Name, off)
