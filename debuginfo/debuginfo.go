@@ -71,8 +71,11 @@ type File struct {
 	sections                        []Section // a relocatable file's layout (reloc.go)
 	aranges                         []arange  // by lo
 
-	mu      sync.Mutex
-	closed  bool
+	mu     sync.Mutex
+	closed bool
+	// merged: a line whose rows in a function all cover no byte starts
+	// at them (PlaceMergedLines); otherwise it starts no code there.
+	merged  bool
 	tables  map[dwarf.Offset]*lineTable // by the unit's header offset
 	cus     []arange                    // every unit's ranges, when .debug_aranges does not do
 	cusDone bool
@@ -212,6 +215,19 @@ func (f *File) Close() error {
 	f.unmap()
 	f.closed, f.tables = true, nil
 	return f.osf.Close()
+}
+
+// PlaceMergedLines makes LineAddrs, LineRangeAddrs and FuncLines place a
+// line whose rows in a function all cover no byte (its statement merged
+// into the next line's: gcc -O2's folded else-if) at its first such row,
+// as gdb's breakpoint on it goes there, where by default (addr2line's
+// view, which never names such a line) it starts no code. A user
+// program's lines take it; the kernel's keep addr2line's view, where
+// inlining leaves such rows at most instructions.
+func (f *File) PlaceMergedLines() {
+	f.mu.Lock()
+	f.merged = true
+	f.mu.Unlock()
 }
 
 // Symbols are the file's function and object symbols; nil for a file

@@ -60,8 +60,9 @@ func (e *NoCodeError) Is(target error) bool { return target == ErrNoLine }
 // out, so that a counter there counts the line once per pass through its
 // first run. A line whose rows in a function all share their address
 // with the next line's (its statement merged into the next: `else if (a
-// == b) r = 0;` folded into the else's code) starts there, as gdb's
-// breakpoint on it does. In address order. A file no line table names
+// == b) r = 0;` folded into the else's code) starts there with
+// PlaceMergedLines, as gdb's breakpoint on it does, and starts no code
+// without. In address order. A file no line table names
 // gives ErrNoLine; a line of it without code, a *NoCodeError.
 func (f *File) LineAddrs(suffix string, line int) ([]LineAddr, error) {
 	return f.LineRangeAddrs(suffix, line, line)
@@ -100,7 +101,7 @@ func (f *File) LineRangeAddrs(suffix string, lo, hi int) ([]LineAddr, error) {
 		return nil, err
 	}
 	for fn, a := range merged {
-		if _, ok := first[fn]; !ok {
+		if _, ok := first[fn]; !ok && f.merged {
 			first[fn] = a
 		}
 	}
@@ -129,6 +130,9 @@ func (f *File) rangeRows(suffix string, lo, hi int, visit func(s *sequence, i in
 	}
 	before, after := 0, 0
 	named, err := f.eachRow(suffix, func(s *sequence, i int, empty bool) {
+		if empty && !f.merged {
+			return // addr2line's view: such a row places no line
+		}
 		switch l := int(s.rows[i].line); {
 		case l < lo:
 			before = max(before, l)
@@ -338,7 +342,7 @@ func (f *File) FuncLines(lo, hi uint64) ([]Line, []uint64, error) {
 		at = s.hi()
 	}
 	for l, a := range mergedAt {
-		if _, ok := firstAt[l]; !ok {
+		if _, ok := firstAt[l]; !ok && f.merged {
 			firstAt[l] = a
 		}
 	}

@@ -88,11 +88,38 @@ func TestLineAddrsMatchAddr2line(t *testing.T) {
 		}
 	}
 	t.Logf("%d lines placed in a function only by rows that cover no byte", merged)
+	// By default (the kernel's view) a line placed only so starts no
+	// code, as addr2line names it nowhere.
+	plain, err := Open(prog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	onlyMerged := 0
+	for l, byFn := range want {
+		all := true
+		for fn := range byFn {
+			all = all && emptyOnly[l][fn]
+		}
+		if !all {
+			continue
+		}
+		onlyMerged++
+		i := strings.LastIndexByte(l, ':')
+		var nc *NoCodeError
+		if got, err := plain.LineAddrs(path.Base(l[:i]), atoi(t, l[i+1:])); !errors.As(err, &nc) {
+			t.Errorf("%s without PlaceMergedLines: %v, %v; want it to start no code", l, got, err)
+		}
+	}
+	if onlyMerged == 0 {
+		t.Error("no line placed only by rows that cover no byte: the program does not test PlaceMergedLines")
+	}
 	f, err := Open(prog)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
+	f.PlaceMergedLines()
 	checked, maxLine := 0, map[string]int{}
 	for l, byFn := range want {
 		i := strings.LastIndexByte(l, ':')

@@ -273,7 +273,11 @@ func (h *Host) LibraryDebug(lib string) (*debuginfo.File, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w %s", process.ErrNoLibrary, lib)
 	}
-	return debuginfo.OpenOrFind(path)
+	d, err := debuginfo.OpenOrFind(path)
+	if err == nil {
+		d.PlaceMergedLines() // a library's lines as gdb places them
+	}
+	return d, err
 }
 
 // Lines fills the source lines of a function's instructions from its
@@ -659,6 +663,7 @@ func openDebugFile(path string) (*debuginfo.File, error) {
 	if err != nil {
 		return nil, err
 	}
+	d.PlaceMergedLines()
 	return d, nil
 }
 

@@ -73,6 +73,7 @@ func fileTargetsOfProcess(o *CoverOptions, pid int, env Env) error {
 		return fmt.Errorf("--lcov and --file need the executable's DWARF (build it with -g): %w", err)
 	}
 	defer d.Close()
+	d.PlaceMergedLines()
 	return fileTargets(o, func(mod string) (*debuginfo.File, error) {
 		if mod != "" {
 			return nil, fmt.Errorf("a module's source file (%s:…) is the kernel's", mod)

@@ -258,3 +258,18 @@ func addr2line(t *testing.T, bin string, addr uint64) string {
 	l, _, _ := strings.Cut(strings.TrimSpace(string(out)), " ")
 	return filepath.Base(l)
 }
+
+// TestMergedLinePoint: a process's line whose only row covers no byte
+// (testdata/merged.c:10, an else-if gcc -O2 folds into the next line's
+// code) is counted where gdb would break on it: 501 of 1,000 calls (a <=
+// b). It said the line started no code.
+func TestMergedLinePoint(t *testing.T) {
+	bin := buildC(t, "testdata/merged.c")
+	var out, errb, cmdOut bytes.Buffer
+	env := Env{Out: &out, Err: &errb, CmdOut: &cmdOut, CmdErr: &cmdOut}
+	status, err := CountProcess(context.Background(), 0, CountOptions{Points: []string{"merged.c:10"}, Command: []string{bin}, JSON: true}, env)
+	var rep output.CountReport
+	if err != nil || status != 0 || json.Unmarshal(out.Bytes(), &rep) != nil || len(rep.Probes) != 1 || rep.Probes[0].Count != 501 {
+		t.Errorf("count merged.c:10: status %d, %v: %s\n%s", status, err, out.String(), errb.String())
+	}
+}

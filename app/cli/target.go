@@ -181,6 +181,7 @@ func (p *procTarget) executableDebug() (*debuginfo.File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("a source line in a process needs the executable's DWARF (build it with -g) or its debug file: %w", err)
 	}
+	dbg.PlaceMergedLines() // a program's lines as gdb places them
 	if real, err := os.Readlink(exe); err == nil && dbg.Path == exe {
 		dbg.Path = real // what reports name: the file, not the link
 	}
