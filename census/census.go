@@ -406,12 +406,12 @@ func analyzeOne(k *splice.Facts, s kernel.Symbol, st *Stats, w *worker) *summary
 	fnWhy := f.FunctionNoSplice()
 	// Liveness is part of the analysis (its block live-in sets are what
 	// splicing consults), so the census pays for it too.
-	lv := f.Liveness()
+	f.Liveness()
 	if fnWhy == "" {
 		owned := func(a uint64) bool { return k.Owned.Reason(a) != "" }
 		st.springRuns = append(st.springRuns, splice.SpringboardSpace(fn, blocks, owned)...)
 	}
-	sum := &summary{blocks: make([]summaryBlock, len(blocks)), entryLive: lv.LiveIn[0]}
+	sum := &summary{blocks: make([]summaryBlock, len(blocks)), entryLive: f.EntryReads()}
 	// The blocks' slices share backing arrays, one allocation each per
 	// function rather than per block.
 	var succs []int

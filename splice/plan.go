@@ -227,6 +227,20 @@ func (f *Func) Liveness() *cfg.Liveness {
 	return f.live
 }
 
+// EntryReads is what the function reads before writing it: its entry
+// live-in under the ABI's rules, the summary its callers' liveness takes
+// (cfg.CalleeReads). Under CallersKnow a return reads every register,
+// which is what the callers may keep across the call, not what the
+// function reads: taken for reads, it made every caller of a kernel
+// function without ftrace's call (memset, an asm helper) keep R10 and
+// R11 live before the call, and up to its own entry.
+func (f *Func) EntryReads() cfg.LiveSet {
+	if f.ABI() == cfg.SysV {
+		return f.Liveness().LiveIn[0]
+	}
+	return f.Fn.LiveABI(f.Blocks, f.names, f.facts.Prototypes, f.facts.Reads, cfg.SysV).LiveIn[0]
+}
+
 // ABI is what the function's callers may assume it leaves alone. A
 // process's code may come from GCC at -O2, whose callers keep values in
 // the registers a callee they can see does not write (cfg.CallersKnow).
