@@ -34,7 +34,8 @@ type runResult struct {
 	ExitStatus *int // of the command, if one ran
 	// DurationEnded: the run's --duration ended the command (kinst sent
 	// it SIGTERM), so that its status says how it was stopped, not how
-	// the run went: kinst exits 0.
+	// the run went: kinst exits 0. Not set when the command was ended
+	// for another reason (its session removed elsewhere).
 	DurationEnded bool
 	Duration      time.Duration
 	Final         api.Session   // with final totals; the session is removed
@@ -149,6 +150,7 @@ loop:
 			exited(st)
 			break loop
 		case <-deadline:
+			res.DurationEnded = cmd != nil // the command, still running, is ended below
 			break loop
 		case sg := <-sig:
 			if cmd != nil {
@@ -174,7 +176,6 @@ loop:
 		// --duration ended first: a bounded run must end.
 		cmd.Signal(syscall.SIGTERM)
 		exited(<-cmdDone)
-		res.DurationEnded = true
 	}
 	res.Duration = env.since(start)
 	res, err = detachRun(ctx, c, sess.ID, env, res)
