@@ -100,8 +100,8 @@ func (f *File) LineRangeAddrs(suffix string, lo, hi int) ([]LineAddr, error) {
 	if err != nil {
 		return nil, err
 	}
-	for fn, a := range merged {
-		if _, ok := first[fn]; !ok && f.merged {
+	for fn, a := range merged { // empty without PlaceMergedLines (rangeRows)
+		if _, ok := first[fn]; !ok {
 			first[fn] = a
 		}
 	}
@@ -332,6 +332,9 @@ func (f *File) FuncLines(lo, hi uint64) ([]Line, []uint64, error) {
 			}
 			m := firstAt
 			if s.rows[i+1].addr == r.addr {
+				if !f.merged {
+					continue // addr2line's view: such a row places no line
+				}
 				m = mergedAt
 			}
 			l := Line{File: t.files[r.file], Line: int(r.line)}
@@ -342,7 +345,7 @@ func (f *File) FuncLines(lo, hi uint64) ([]Line, []uint64, error) {
 		at = s.hi()
 	}
 	for l, a := range mergedAt {
-		if _, ok := firstAt[l]; !ok && f.merged {
+		if _, ok := firstAt[l]; !ok {
 			firstAt[l] = a
 		}
 	}

@@ -886,7 +886,7 @@ func (t *Target) Time(owner, spec string) (*Timer, error) {
 	entryIsExit := false
 	seen := map[uint64]bool{}
 	for _, x := range exits {
-		if x == entry || x.Addr() == entry.Addr() {
+		if x.Addr() == entry.Addr() {
 			entryIsExit = true
 			continue
 		}

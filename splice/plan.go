@@ -572,11 +572,11 @@ func (f *Func) Entry() (int, error) {
 	}
 	lo, n := 0, fn.EntryBlock()
 	if f.facts.Process {
-		if body, ok := f.goStackChecked(n); ok {
+		if f.goStackChecked(n) {
 			// Go's stack check: growing the stack calls morestack and
 			// jumps back to the entry, which so runs twice for one call;
-			// the block after the check runs once per call.
-			lo, n = body, body
+			// the code after the check runs once per call.
+			lo = n
 			for n < len(fn.Insns) && !cfg.IsControlTransfer(&fn.Insns[n]) {
 				n++
 			}
@@ -602,23 +602,23 @@ func (f *Func) Entry() (int, error) {
 // instructions long, its branch included) is the stack check of a Go
 // function's prologue: a conditional jump to code that calls
 // runtime.morestack (or a variant) and jumps back to the function's
-// start. It gives the index of the first instruction after the branch.
-func (f *Func) goStackChecked(n int) (int, bool) {
+// start.
+func (f *Func) goStackChecked(n int) bool {
 	fn := f.Fn
 	if n < 1 || n >= len(fn.Insns) || f.names == nil {
-		return 0, false
+		return false
 	}
 	br := &fn.Insns[n-1]
 	if br.Inst.Op == x86asm.JMP || br.Inst.Op == x86asm.CALL || br.Inst.Op == x86asm.RET {
-		return 0, false
+		return false
 	}
 	t, ok := cfg.BranchTarget(br)
 	if !ok {
-		return 0, false
+		return false
 	}
 	j, err := fn.Index(t)
 	if err != nil {
-		return 0, false
+		return false
 	}
 	called := false
 	for end := min(j+8, len(fn.Insns)); j < end; j++ {
@@ -629,10 +629,10 @@ func (f *Func) goStackChecked(n int) (int, bool) {
 			name, _ := f.names(to)
 			called = strings.HasPrefix(name, "runtime.morestack")
 		case in.Inst.Op == x86asm.JMP:
-			return n, called && ok && to == fn.Addr
+			return called && ok && to == fn.Addr
 		}
 	}
-	return 0, false
+	return false
 }
 
 // ErrNoBlock is matched by errors for a FUNC:BLOCK that names no block.

@@ -388,7 +388,7 @@ type CoverReportOptions struct {
 // the final report would show it now.
 func CoverReport(ctx context.Context, c *api.Client, o CoverReportOptions, env Env) error {
 	rep, err := c.CoverReport(ctx, o.Session)
-	if ae := (*api.APIError)(nil); errors.As(err, &ae) && ae.Code == api.CodeNoSession {
+	if isNoSession(err) {
 		return fmt.Errorf("no session %q (see kinst ls)", o.Session)
 	}
 	if err != nil {

@@ -179,15 +179,18 @@ loop:
 	}
 	res.Duration = env.since(start)
 	res, err = detachRun(ctx, c, sess.ID, env, res)
-	if isNoSession(err) && sess.Cover == nil && !last.Time.IsZero() {
-		// Removed by another client (kinst detach, its TTL): the last
-		// totals seen stand for the final ones.
-		fmt.Fprintf(env.Err, "kinst: session %s was removed elsewhere (kinst detach, or its --ttl): the totals are those of %s\n", sess.Name, last.Time.Format("15:04:05.000"))
-		res.Final, err = finalFromSample(sess, last), nil
-	} else if isNoSession(err) {
-		err = fmt.Errorf("session %s was removed elsewhere (kinst detach, or its --ttl) before kinst read its final state: that removal's answer had it", sess.Name)
+	if !isNoSession(err) {
+		return res, err
 	}
-	return res, err
+	// Removed by another client (kinst detach, its TTL): the last totals
+	// seen stand for the final ones; a coverage session's report went
+	// with that removal.
+	if sess.Cover != nil || last.Time.IsZero() {
+		return res, fmt.Errorf("session %s was removed elsewhere (kinst detach, or its --ttl) before kinst read its final state: that removal's answer had it", sess.Name)
+	}
+	fmt.Fprintf(env.Err, "kinst: session %s was removed elsewhere (kinst detach, or its --ttl): the totals are those of %s\n", sess.Name, last.Time.Format("15:04:05.000"))
+	res.Final = finalFromSample(sess, last)
+	return res, nil
 }
 
 // isNoSession: err says the session is gone (kerninstd's no_session, a
